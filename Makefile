@@ -1,0 +1,41 @@
+# chronolog — developer commands. `make run` starts a node; `make test` proves it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## the whole suite, with every service it needs started and stopped here (Kafka, PostgreSQL)
+test: $(STAMP)
+	$(BIN)/python scripts/with_services.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## only the pure tests (no services)
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+schemas: $(STAMP)
+	$(BIN)/python -m chronolog.domain.schemas schemas
+
+run: $(STAMP)
+	$(BIN)/chronolog dev $(ARGS)
+
+kafka-up: $(STAMP)
+	scripts/kafka.sh up
+
+kafka-down:
+	scripts/kafka.sh down
+
+bench: $(STAMP)
+	$(BIN)/python bench/decider.py
+
+clean:
+	rm -rf $(VENV) .chronolog .pytest_cache .hypothesis

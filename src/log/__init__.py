@@ -1,0 +1,1 @@
+"""The EventLog port and its adapters: SqliteEventLog, KafkaEventLog."""

@@ -1,0 +1,228 @@
+"""The EventLog port: the one protocol both log adapters implement.
+
+chronolog's source of truth is a partitioned, append-only log. Two adapters implement this
+port — ``KafkaEventLog`` (aiokafka, transactions) and ``SqliteEventLog`` (one WAL database
+file) — and one contract suite (``tests/contract/test_event_log.py``) runs against both.
+
+Vocabulary:
+
+* a *record* is (topic, partition, offset, key, value, headers, timestamp);
+* *committed* reads only return records of committed transactions (Kafka
+  ``read_committed``; SQLite only ever stores committed records);
+* a *PartitionOwner* is the single writer of one input partition p of ``commands``: it
+  appends output records and the consumed input offsets in ONE atomic unit, and acquiring
+  ownership of p fences every older owner of p (its next ``commit`` raises ``Fenced``);
+* a *GroupConsumer* is a member of a consumer group over some topics, with partitions
+  assigned among the live members (Kafka group protocol; SQLite: a lease table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+
+class LogError(Exception):
+    """Base class of log adapter errors."""
+
+
+class Fenced(LogError):
+    """This owner was superseded by a newer owner of the partition; it must stop at once.
+
+    Raised by ``PartitionOwner.commit`` (Kafka: ProducerFenced / OutOfOrderSequenceNumber /
+    InvalidProducerEpoch; SQLite: the epoch stored for the partition is newer than ours).
+    Nothing of the failed commit is visible to committed readers.
+    """
+
+
+class LogUnavailable(LogError):
+    """The log could not be reached within the configured bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a record landed: enough to wait for a projection to reach it."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A committed record read from the log."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """A record to append. ``partition=None`` means murmur2(key) mod the topic's count."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names under a prefix (default ``chronolog.``) and the shared partition count."""
+
+    prefix: str = "chronolog."
+    partitions: int = 12
+
+    @property
+    def commands(self) -> str:
+        return f"{self.prefix}commands"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}events"
+
+    @property
+    def replies(self) -> str:
+        return f"{self.prefix}replies"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}commands.dlq"
+
+    def ready(self, resource_class: str) -> str:
+        return f"{self.prefix}ready.{resource_class}"
+
+    @property
+    def effects(self) -> str:
+        """Effect intents are read from ``events``; this topic carries kafka-effect output."""
+        return f"{self.prefix}effects.out"
+
+
+# (topic, partition) -> the NEXT offset to consume (Kafka convention: last consumed + 1)
+Offsets = Mapping[tuple[str, int], int]
+
+
+@runtime_checkable
+class PartitionOwner(Protocol):
+    """Exclusive writer for one input partition (a processor's transactional producer)."""
+
+    partition: int
+    epoch: int
+
+    async def commit(
+        self, records: Sequence[OutRecord], consumed: Offsets, group: str
+    ) -> list[Position]:
+        """Append ``records`` and store ``consumed`` as ``group``'s offsets, atomically.
+
+        Either everything becomes visible to committed readers, or nothing does.
+        Raises ``Fenced`` when a newer owner of this partition exists.
+        Returns the positions of ``records`` in order.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release resources (not ownership: a newer owner fences us anyway)."""
+        ...
+
+
+# Called with the partitions newly assigned / revoked for a GroupConsumer.
+RebalanceCallback = Callable[[set[tuple[str, int]]], Awaitable[None]]
+
+
+@runtime_checkable
+class GroupConsumer(Protocol):
+    """A member of a consumer group; partitions are spread across live members."""
+
+    async def start(self) -> None:
+        """Join the group; ``on_assigned`` runs before records of new partitions flow."""
+        ...
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The (topic, partition) pairs currently assigned to this member."""
+        ...
+
+    async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
+        """Committed records from the assigned partitions, from each one's position."""
+        ...
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Set the next offset to read for an assigned partition."""
+        ...
+
+    async def commit(self, offsets: Offsets) -> None:
+        """Store the group's offsets (non-transactional: workers' hint acknowledgements)."""
+        ...
+
+    async def close(self) -> None:
+        """Leave the group."""
+        ...
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """The partitioned append-only log."""
+
+    topics: Topics
+
+    async def start(self) -> None:
+        """Connect (Kafka) or open the file (SQLite)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
+        """Create every topic idempotently: commands/events with ``topics.partitions``."""
+        ...
+
+    async def partitions_for(self, topic: str) -> int: ...
+
+    async def append(self, records: Sequence[OutRecord]) -> list[Position]:
+        """Non-transactional, durable append (clients emitting commands)."""
+        ...
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_records: int = 1000,
+        timeout_ms: int = 0,
+    ) -> list[Record]:
+        """Committed records of one partition from ``offset`` (inclusive), oldest first.
+
+        Waits up to ``timeout_ms`` for at least one record when none is there yet.
+        """
+        ...
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        """The offset after the last committed record (Kafka: the last stable offset)."""
+        ...
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's stored next offset for the partition, or None."""
+        ...
+
+    async def acquire(self, partition: int, owner_id: str) -> PartitionOwner:
+        """Become the single writer for input partition ``partition``, fencing older owners."""
+        ...
+
+    def group_consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        member_id: str,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
+    ) -> GroupConsumer:
+        """Join ``group`` over ``topics`` (start it with ``await gc.start()``)."""
+        ...
+
+
+@dataclass
+class RecordBatch:
+    """A convenience accumulator for a processor batch (outputs + consumed offsets)."""
+
+    records: list[OutRecord] = field(default_factory=list)
+    consumed: dict[tuple[str, int], int] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Partition-owning processors: ownership, restore, timers, batching, transactions."""

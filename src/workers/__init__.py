@@ -1,0 +1,1 @@
+"""Worker runtime and SDK; result stores."""
