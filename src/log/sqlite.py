@@ -1,0 +1,959 @@
+"""SqliteEventLog: the EventLog port on one SQLite database file (WAL mode).
+
+The embedded backend for a single machine. Several OS processes (a processor, workers, a
+projector, the CLI) may open the same file; SQLite's own locking serializes the writers and
+WAL lets readers run alongside them.
+
+Durability
+    ``journal_mode=WAL`` with ``synchronous=FULL`` by default: every commit fsyncs the WAL
+    before it returns, so "the log is durable before a reply is sent" holds even across a
+    power loss. ``NORMAL`` would survive a process crash (``kill -9``) but may lose the last
+    commits on power loss — too weak for the guarantee. FULL costs one fsync per *commit*,
+    not per record, so processors batch (one ``owner.commit`` per batch of commands).
+    ``synchronous`` is a constructor argument for benchmarks and throwaway logs.
+
+Schema (``PRAGMA user_version`` = 1)
+    ``topics(topic, partitions)``; ``records(topic, partition, offset, key, value, headers,
+    ts)`` WITHOUT ROWID, primary key (topic, partition, offset); ``log_ends(topic, partition,
+    next_offset)`` — the next offset of every partition, updated in the appending
+    transaction; ``group_offsets(grp, topic, partition, next_offset)``; ``owners(name, epoch,
+    owner_id, acquired_ms)`` — one row per ``<prefix>processor-p<n>``; ``members(grp,
+    member_id, topics, heartbeat_until)`` — consumer group membership.
+
+Ownership and fencing
+    ``acquire(p)`` bumps the epoch of ``<prefix>processor-p<p>`` in one IMMEDIATE transaction.
+    ``owner.commit`` opens ``BEGIN IMMEDIATE`` (the database write lock), checks the stored
+    epoch is still its own — otherwise it rolls back and raises ``Fenced`` — then appends
+    the records and upserts the group offsets, and commits: all or nothing. Because the check
+    and the writes happen under the one write lock, an older owner can never write once a
+    newer ``acquire`` has committed, whichever process it lives in. ``ProcessLock`` (an
+    ``fcntl.flock`` on ``<db>.<prefix>owner-p<n>.lock``) is an optional helper that lets a
+    standby processor *wait* for the active one to die before acquiring; it is advisory and
+    not needed for safety — the epoch check is what guarantees it.
+
+Consumer groups
+    Members upsert ``members(grp, member_id, topics, heartbeat_until)`` every
+    ``heartbeat_interval_s``; a member whose ``heartbeat_until`` (now + ``session_timeout_s``)
+    has passed is not live and its row is deleted by the next heartbeat of any member.
+    Assignment is deterministic: for every topic, Kafka's *range* assignment of its
+    partitions over the sorted ids of the live members subscribed to it (so partition p of
+    co-partitioned topics goes to the same member). Every member recomputes it in
+    ``getmany`` whenever the database changed; on a change it awaits ``on_revoked(lost)``
+    then ``on_assigned(gained)`` before it returns more records, and starts a gained
+    partition at the group's committed offset (or 0). During a hand-over two members can
+    briefly both read a partition: delivery is at least once (duplicates, never losses), as
+    with Kafka. ``close()`` leaves the group (deletes the row) without calling
+    ``on_revoked`` — like aiokafka's ``stop()``.
+
+Async
+    Each log has two connections, each driven by its own single-thread executor: a writer
+    (all transactions) and a reader (all queries), so polling readers never queue behind a
+    writer that waits for the database lock. ``read(timeout_ms=...)`` and ``getmany`` poll
+    ``PRAGMA data_version`` (a counter that moves when another connection commits) with a
+    short, backing-off interval and only re-run their queries when it moved.
+
+Offsets are contiguous (0, 1, 2, ...): there are no transaction markers as in Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import functools
+import json
+import logging
+import os
+import random
+import sqlite3
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import (
+    Fenced,
+    LogError,
+    LogUnavailable,
+    Offsets,
+    OutRecord,
+    Position,
+    RebalanceCallback,
+    Record,
+    Topics,
+)
+
+__all__ = ["SqliteEventLog", "SqlitePartitionOwner", "SqliteGroupConsumer", "ProcessLock"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TP = tuple[str, int]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (
+    topic       TEXT PRIMARY KEY,
+    partitions  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    topic       TEXT NOT NULL,
+    partition   INTEGER NOT NULL,
+    offset      INTEGER NOT NULL,
+    key         BLOB,
+    value       BLOB NOT NULL,
+    headers     BLOB,
+    ts          INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS log_ends (
+    topic       TEXT NOT NULL,
+    partition   INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_offsets (
+    grp         TEXT NOT NULL,
+    topic       TEXT NOT NULL,
+    partition   INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (grp, topic, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owners (
+    name        TEXT PRIMARY KEY,
+    epoch       INTEGER NOT NULL,
+    owner_id    TEXT NOT NULL,
+    acquired_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS members (
+    grp             TEXT NOT NULL,
+    member_id       TEXT NOT NULL,
+    topics          TEXT NOT NULL,
+    heartbeat_until REAL NOT NULL,
+    PRIMARY KEY (grp, member_id)
+) WITHOUT ROWID;
+"""
+
+_UPSERT_OFFSET = (
+    "INSERT INTO group_offsets (grp, topic, partition, next_offset) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (grp, topic, partition) DO UPDATE SET next_offset = excluded.next_offset"
+)
+_UPSERT_END = (
+    "INSERT INTO log_ends (topic, partition, next_offset) VALUES (?, ?, ?) "
+    "ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset"
+)
+_SELECT_RECORDS = (
+    "SELECT offset, key, value, headers, ts FROM records "
+    "WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?"
+)
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes]]) -> bytes | None:
+    """Length-prefixed encoding: per header u16 name length, u32 value length, name, value."""
+    if not headers:
+        return None
+    parts: list[bytes] = []
+    for name, value in headers:
+        raw = name.encode()
+        parts.append(struct.pack("<HI", len(raw), len(value)))
+        parts.append(raw)
+        parts.append(bytes(value))
+    return b"".join(parts)
+
+
+def _decode_headers(blob: bytes | None) -> tuple[tuple[str, bytes], ...]:
+    if not blob:
+        return ()
+    out: list[tuple[str, bytes]] = []
+    i, n = 0, len(blob)
+    while i < n:
+        nlen, vlen = struct.unpack_from("<HI", blob, i)
+        i += 6
+        name = blob[i : i + nlen].decode()
+        i += nlen
+        out.append((name, bytes(blob[i : i + vlen])))
+        i += vlen
+    return tuple(out)
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:  # pragma: no cover - the connection is already in trouble
+            log.exception("rollback failed")
+
+
+def _range_assign(members: list[str], partitions: int) -> dict[str, range]:
+    """Kafka's RangeAssignor for one topic: contiguous ranges, the first ones one larger."""
+    per, extra = divmod(partitions, len(members))
+    out: dict[str, range] = {}
+    start = 0
+    for i, member in enumerate(members):
+        size = per + (1 if i < extra else 0)
+        out[member] = range(start, start + size)
+        start += size
+    return out
+
+
+class _Conn:
+    """One sqlite3 connection confined to one dedicated thread."""
+
+    def __init__(self, path: str, name: str, busy_timeout_ms: int, synchronous: str) -> None:
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = synchronous
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._conn: sqlite3.Connection | None = None
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(
+            self._path,
+            isolation_level=None,  # autocommit; transactions are explicit BEGIN/COMMIT
+            timeout=self._busy_timeout_ms / 1000,
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        self._conn = conn
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on this connection's thread, mapping SQLite errors."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._conn is None:
+            self._open()
+        assert self._conn is not None
+        try:
+            return fn(self._conn, *args)
+        except sqlite3.OperationalError as exc:
+            _rollback(self._conn)
+            if _is_busy(exc):
+                raise LogUnavailable(f"sqlite log {self._path} is locked: {exc}") from exc
+            raise LogError(f"sqlite log {self._path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            _rollback(self._conn)
+            raise LogError(f"sqlite log {self._path}: {exc}") from exc
+        except BaseException:
+            _rollback(self._conn)
+            raise
+
+    async def close(self) -> None:
+        def _close(_: Any) -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, functools.partial(_close, None))
+        self._executor.shutdown(wait=False)
+
+
+# ---------------------------------------------------------------------------------------
+# blocking operations (run on a connection's thread)
+
+
+def _setup(conn: sqlite3.Connection) -> None:
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise LogError(f"could not switch the sqlite log to WAL (journal_mode={mode})")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise LogError(f"sqlite log schema {version} is newer than this code ({SCHEMA_VERSION})")
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _topic_partitions(conn: sqlite3.Connection, cache: dict[str, int], topic: str) -> int:
+    n = cache.get(topic)
+    if n is None:
+        row = conn.execute("SELECT partitions FROM topics WHERE topic = ?", (topic,)).fetchone()
+        if row is None:
+            raise LogError(f"unknown topic {topic!r} (call ensure_topics first)")
+        n = cache[topic] = int(row[0])
+    return n
+
+
+def _append_in_tx(
+    conn: sqlite3.Connection, cache: dict[str, int], records: Sequence[OutRecord]
+) -> list[Position]:
+    """Insert ``records`` inside the caller's write transaction; return their positions."""
+    if not records:
+        return []
+    ts = _now_ms()
+    next_offsets: dict[TP, int] = {}
+    rows: list[tuple[Any, ...]] = []
+    positions: list[Position] = []
+    for rec in records:
+        n = _topic_partitions(conn, cache, rec.topic)
+        if rec.partition is not None:
+            p = rec.partition
+            if not 0 <= p < n:
+                raise LogError(f"partition {p} out of range for {rec.topic!r} ({n} partitions)")
+        elif rec.key is not None:
+            p = partition_for(rec.key, n)
+        else:
+            p = random.randrange(n)
+        tp = (rec.topic, p)
+        off = next_offsets.get(tp)
+        if off is None:
+            row = conn.execute(
+                "SELECT next_offset FROM log_ends WHERE topic = ? AND partition = ?", tp
+            ).fetchone()
+            off = int(row[0]) if row else 0
+        rows.append((rec.topic, p, off, rec.key, rec.value, _encode_headers(rec.headers), ts))
+        positions.append(Position(rec.topic, p, off))
+        next_offsets[tp] = off + 1
+    conn.executemany(
+        "INSERT INTO records (topic, partition, offset, key, value, headers, ts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in next_offsets.items()])
+    return positions
+
+
+def _append(
+    conn: sqlite3.Connection, cache: dict[str, int], records: Sequence[OutRecord]
+) -> list[Position]:
+    conn.execute("BEGIN IMMEDIATE")
+    positions = _append_in_tx(conn, cache, records)
+    conn.execute("COMMIT")
+    return positions
+
+
+def _owner_commit(
+    conn: sqlite3.Connection,
+    cache: dict[str, int],
+    name: str,
+    epoch: int,
+    records: Sequence[OutRecord],
+    consumed: list[tuple[str, str, int, int]],
+) -> list[Position]:
+    conn.execute("BEGIN IMMEDIATE")
+    row = conn.execute("SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)).fetchone()
+    if row is None or int(row[0]) != epoch:
+        conn.execute("ROLLBACK")
+        current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
+        raise Fenced(f"{name} epoch {epoch} was fenced ({current})")
+    positions = _append_in_tx(conn, cache, records)
+    if consumed:
+        conn.executemany(_UPSERT_OFFSET, consumed)
+    conn.execute("COMMIT")
+    return positions
+
+
+def _acquire(conn: sqlite3.Connection, name: str, owner_id: str) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    row = conn.execute(
+        "INSERT INTO owners (name, epoch, owner_id, acquired_ms) VALUES (?, 1, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET epoch = epoch + 1, owner_id = excluded.owner_id, "
+        "acquired_ms = excluded.acquired_ms RETURNING epoch",
+        (name, owner_id, _now_ms()),
+    ).fetchone()
+    conn.execute("COMMIT")
+    return int(row[0])
+
+
+def _ensure_topics(conn: sqlite3.Connection, wanted: list[tuple[str, int]]) -> dict[str, int]:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        "INSERT INTO topics (topic, partitions) VALUES (?, ?) ON CONFLICT (topic) DO NOTHING",
+        wanted,
+    )
+    found = {
+        str(t): int(n)
+        for t, n in conn.execute("SELECT topic, partitions FROM topics").fetchall()
+    }
+    conn.execute("COMMIT")
+    return found
+
+
+def _upsert_offsets(conn: sqlite3.Connection, rows: list[tuple[str, str, int, int]]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(_UPSERT_OFFSET, rows)
+    conn.execute("COMMIT")
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _rows_to_records(topic: str, partition: int, rows: Iterable[tuple[Any, ...]]) -> list[Record]:
+    return [
+        Record(
+            topic=topic,
+            partition=partition,
+            offset=int(off),
+            key=None if key is None else bytes(key),
+            value=bytes(value),
+            headers=_decode_headers(headers),
+            timestamp_ms=int(ts),
+        )
+        for off, key, value, headers, ts in rows
+    ]
+
+
+def _poll_partition(
+    conn: sqlite3.Connection,
+    topic: str,
+    partition: int,
+    offset: int,
+    limit: int,
+    last_version: int | None,
+) -> tuple[int, list[Record] | None]:
+    """Return (data_version, records); records is None when nothing was committed since."""
+    version = _data_version(conn)
+    if version == last_version:
+        return version, None
+    rows = conn.execute(_SELECT_RECORDS, (topic, partition, offset, limit)).fetchall()
+    return version, _rows_to_records(topic, partition, rows)
+
+
+# ---------------------------------------------------------------------------------------
+# the public classes
+
+
+class ProcessLock:
+    """An exclusive, advisory, per-process lock file (``fcntl.flock``) — optional.
+
+    ``SqliteEventLog.process_lock(p)`` returns the lock of ``<db>.<prefix>owner-p<p>.lock``
+    (``p=None``: one lock for the whole node, ``<db>.<prefix>owner.lock``). A standby
+    processor can ``await lock.acquire()`` to wait until the active one exits (the kernel
+    releases a flock when its process dies, even by ``kill -9``) and only then call
+    ``log.acquire(p)``. It is a convenience against needless fencing ping-pong, not a safety
+    mechanism: correctness comes from the epoch check in ``SqlitePartitionOwner.commit``.
+    flock is per open file description, so two ``ProcessLock`` objects on one path exclude
+    each other even inside one process.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock without waiting; True when it is now held by this object."""
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    async def acquire(self, timeout_s: float | None = None, poll_s: float = 0.1) -> bool:
+        """Wait (polling) until the lock is held; False when ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while not self.try_acquire():
+            if deadline is not None and loop.time() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+class SqlitePartitionOwner:
+    """The single writer of input partition ``partition`` at ``epoch`` (see module doc)."""
+
+    def __init__(self, log: SqliteEventLog, partition: int, epoch: int, owner_id: str) -> None:
+        self._log = log
+        self.partition = partition
+        self.epoch = epoch
+        self.owner_id = owner_id
+        self.name = log._owner_name(partition)
+        self._fenced = False
+        self._closed = False
+
+    async def commit(
+        self, records: Sequence[OutRecord], consumed: Offsets, group: str
+    ) -> list[Position]:
+        """Check our epoch, append ``records`` and store ``consumed`` — one transaction."""
+        if self._fenced:
+            raise Fenced(f"{self.name} epoch {self.epoch} was fenced")
+        if self._closed:
+            raise LogError(f"{self.name} owner is closed")
+        rows = [(group, t, int(p), int(o)) for (t, p), o in consumed.items()]
+        try:
+            return await self._log._w.run(
+                _owner_commit, self._log._partitions, self.name, self.epoch, list(records), rows
+            )
+        except Fenced:
+            self._fenced = True
+            raise
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+class SqliteGroupConsumer:
+    """A consumer group member over the members table (see module doc for the protocol)."""
+
+    def __init__(
+        self,
+        log: SqliteEventLog,
+        group: str,
+        topics: Sequence[str],
+        member_id: str,
+        on_assigned: RebalanceCallback | None,
+        on_revoked: RebalanceCallback | None,
+    ) -> None:
+        self._log = log
+        self.group = group
+        self.topics = sorted(set(topics))
+        self.member_id = member_id
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._assigned: set[TP] = set()
+        self._positions: dict[TP, int] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._last_heartbeat = 0.0  # loop time of the last successful heartbeat
+        self._last_version: int | None = None
+        self._dirty = True  # positions or assignment changed since the last query
+        self._rotation = 0
+        self._started = False
+        self._closed = False
+
+    # -- membership -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await self._log._ready()
+        for topic in self.topics:
+            await self._log.partitions_for(topic)  # fail fast on unknown topics
+        await self._heartbeat()
+        self._started = True
+        self._heartbeat_task = asyncio.create_task(
+            self._heartbeat_loop(), name=f"sqlite-heartbeat-{self.group}-{self.member_id}"
+        )
+        members = await self._log._r.run(self._live_members)
+        await self._rebalance(members)
+
+    async def _heartbeat(self) -> None:
+        until = time.time() + self._log.session_timeout_s
+        await self._log._w.run(
+            self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
+        )
+        self._last_heartbeat = asyncio.get_running_loop().time()
+
+    @staticmethod
+    def _upsert_member(
+        conn: sqlite3.Connection, group: str, member_id: str, topics: str, until: float
+    ) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO members (grp, member_id, topics, heartbeat_until) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (grp, member_id) DO UPDATE SET topics = excluded.topics, "
+            "heartbeat_until = excluded.heartbeat_until",
+            (group, member_id, topics, until),
+        )
+        conn.execute(
+            "DELETE FROM members WHERE grp = ? AND heartbeat_until < ?", (group, time.time())
+        )
+        conn.execute("COMMIT")
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self._log.heartbeat_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep trying; expiry will hand our partitions over
+                log.warning("heartbeat of %s/%s failed", self.group, self.member_id, exc_info=True)
+
+    def _live_members(self, conn: sqlite3.Connection) -> list[tuple[str, list[str]]]:
+        rows = conn.execute(
+            "SELECT member_id, topics FROM members WHERE grp = ? AND heartbeat_until > ?",
+            (self.group, time.time()),
+        ).fetchall()
+        return [(str(m), list(json.loads(t))) for m, t in rows]
+
+    def _compute_assignment(self, members: list[tuple[str, list[str]]]) -> set[TP]:
+        subs: dict[str, list[str]] = {}
+        for member_id, topics in members:
+            for topic in topics:
+                subs.setdefault(topic, []).append(member_id)
+        mine: set[TP] = set()
+        for topic in self.topics:
+            ids = sorted(set(subs.get(topic, [])) | {self.member_id})  # we are alive
+            n = self._log._partitions[topic]
+            mine.update((topic, p) for p in _range_assign(ids, n)[self.member_id])
+        return mine
+
+    async def _rebalance(self, members: list[tuple[str, list[str]]]) -> None:
+        new = self._compute_assignment(members)
+        if new == self._assigned:
+            return
+        lost = self._assigned - new
+        gained = new - self._assigned
+        if lost:
+            self._assigned -= lost
+            for tp in lost:
+                self._positions.pop(tp, None)
+            if self._on_revoked is not None:
+                await self._on_revoked(set(lost))
+        if gained:
+            committed = await self._log._r.run(self._committed_many, sorted(gained))
+            for tp in gained:
+                self._positions[tp] = committed.get(tp, 0)
+            self._assigned |= gained
+            if self._on_assigned is not None:
+                await self._on_assigned(set(gained))
+        self._dirty = True
+
+    def _committed_many(self, conn: sqlite3.Connection, tps: list[TP]) -> dict[TP, int]:
+        out: dict[TP, int] = {}
+        for topic, p in tps:
+            row = conn.execute(
+                "SELECT next_offset FROM group_offsets WHERE grp = ? AND topic = ? AND partition = ?",
+                (self.group, topic, p),
+            ).fetchone()
+            if row is not None:
+                out[(topic, p)] = int(row[0])
+        return out
+
+    # -- consuming --------------------------------------------------------------------
+
+    def assignment(self) -> set[TP]:
+        return set(self._assigned)
+
+    def _poll(
+        self,
+        conn: sqlite3.Connection,
+        positions: list[tuple[TP, int]],
+        limit: int,
+        last_version: int | None,
+        force: bool,
+    ) -> tuple[int, list[tuple[str, list[str]]] | None, list[Record] | None]:
+        version = _data_version(conn)
+        if version == last_version and not force:
+            return version, None, None
+        members = self._live_members(conn)
+        out: list[Record] = []
+        for (topic, p), offset in positions:
+            if len(out) >= limit:
+                break
+            rows = conn.execute(_SELECT_RECORDS, (topic, p, offset, limit - len(out))).fetchall()
+            out.extend(_rows_to_records(topic, p, rows))
+        return version, members, out
+
+    async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
+        if not self._started:
+            raise LogError("group consumer not started")
+        if self._closed:
+            raise LogError("group consumer closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_ms, 0) / 1000
+        delay = self._log.poll_min_s
+        while True:
+            if loop.time() - self._last_heartbeat > self._log.session_timeout_s / 2:
+                await self._heartbeat()  # the background task fell behind: do not expire
+            positions = sorted(self._positions.items())
+            if positions:  # rotate so that a busy partition does not starve the others
+                k = self._rotation % len(positions)
+                positions = positions[k:] + positions[:k]
+                self._rotation += 1
+            force, self._dirty = self._dirty, False
+            version, members, records = await self._log._r.run(
+                self._poll, positions, max_records, self._last_version, force
+            )
+            self._last_version = version
+            if members is not None:
+                before = set(self._assigned)
+                await self._rebalance(members)
+                if self._assigned != before:
+                    continue  # positions changed: query again before returning anything
+            if records:
+                kept: list[Record] = []
+                for rec in records:
+                    tp = (rec.topic, rec.partition)
+                    # a seek or rebalance during the query wins over what it returned
+                    if self._positions.get(tp) == rec.offset:
+                        kept.append(rec)
+                        self._positions[tp] = rec.offset + 1
+                if len(kept) >= max_records:
+                    self._dirty = True  # there may be more right away
+                if kept:
+                    return kept
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, self._log.poll_max_s)
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        tp = (topic, partition)
+        if tp not in self._assigned:
+            raise LogError(f"{tp} is not assigned to {self.member_id}")
+        self._positions[tp] = offset
+        self._dirty = True
+
+    def position(self, topic: str, partition: int) -> int:
+        """The next offset ``getmany`` returns for an assigned partition."""
+        return self._positions[(topic, partition)]
+
+    async def commit(self, offsets: Offsets) -> None:
+        rows = [(self.group, t, int(p), int(o)) for (t, p), o in offsets.items()]
+        if rows:
+            await self._log._w.run(_upsert_offsets, rows)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            try:
+                await self._heartbeat_task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # pragma: no cover
+                log.exception("heartbeat task failed")
+        if self._started:
+
+            def _leave(conn: sqlite3.Connection) -> None:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(
+                    "DELETE FROM members WHERE grp = ? AND member_id = ?",
+                    (self.group, self.member_id),
+                )
+                conn.execute("COMMIT")
+
+            try:
+                await self._log._w.run(_leave)
+            except LogError:
+                log.warning("could not leave group %s cleanly", self.group, exc_info=True)
+        self._assigned.clear()
+        self._positions.clear()
+        self._log._consumers.discard(self)
+
+
+class SqliteEventLog:
+    """The EventLog port on one SQLite file (see the module docstring for the design)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        topics: Topics = Topics(),
+        *,
+        synchronous: str = "FULL",
+        busy_timeout_ms: int = 10_000,
+        session_timeout_s: float = 4.0,
+        heartbeat_interval_s: float = 0.5,
+        poll_min_s: float = 0.002,
+        poll_max_s: float = 0.02,
+    ) -> None:
+        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError(f"bad synchronous mode {synchronous!r}")
+        self.path = Path(path)
+        self.topics = topics
+        self.synchronous = synchronous.upper()
+        self.session_timeout_s = session_timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.poll_min_s = poll_min_s
+        self.poll_max_s = poll_max_s
+        self._busy_timeout_ms = busy_timeout_ms
+        self._w = _Conn(str(self.path), "sqlite-log-w", busy_timeout_ms, self.synchronous)
+        self._r = _Conn(str(self.path), "sqlite-log-r", busy_timeout_ms, self.synchronous)
+        self._partitions: dict[str, int] = {}  # topic -> partition count (never changes)
+        self._consumers: set[SqliteGroupConsumer] = set()
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> SqliteEventLog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        if self._closed:
+            raise LogError("sqlite log is closed")
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            await self._w.run(_setup)
+            rows = await self._r.run(
+                lambda c: c.execute("SELECT topic, partitions FROM topics").fetchall()
+            )
+            self._partitions.update({str(t): int(n) for t, n in rows})
+            self._started = True
+
+    async def _ready(self) -> None:
+        if not self._started:
+            await self.start()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for consumer in list(self._consumers):
+            await consumer.close()
+        self._closed = True
+        await self._w.close()
+        await self._r.close()
+
+    # -- topics -----------------------------------------------------------------------
+
+    async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
+        await self._ready()
+        t = self.topics
+        names = [t.commands, t.events, t.replies, t.dlq, t.effects]
+        names += [t.ready(c) for c in ready_classes]
+        found = await self._w.run(_ensure_topics, [(n, t.partitions) for n in names])
+        for name in names:
+            if found[name] != t.partitions:
+                log.warning(
+                    "topic %s exists with %d partitions, not %d", name, found[name], t.partitions
+                )
+        self._partitions.update(found)
+
+    async def partitions_for(self, topic: str) -> int:
+        await self._ready()
+        n = self._partitions.get(topic)
+        if n is None:
+            n = await self._r.run(_topic_partitions, self._partitions, topic)
+        return n
+
+    # -- records ----------------------------------------------------------------------
+
+    async def append(self, records: Sequence[OutRecord]) -> list[Position]:
+        await self._ready()
+        if not records:
+            return []
+        return await self._w.run(_append, self._partitions, list(records))
+
+    async def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 1000,
+        timeout_ms: int = 0,
+    ) -> list[Record]:
+        n = await self.partitions_for(topic)
+        if not 0 <= partition < n:
+            raise LogError(f"partition {partition} out of range for {topic!r} ({n} partitions)")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_ms, 0) / 1000
+        delay = self.poll_min_s
+        last: int | None = None
+        while True:
+            last, records = await self._r.run(
+                _poll_partition, topic, partition, offset, max_records, last
+            )
+            if records:
+                return records
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, self.poll_max_s)
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        await self.partitions_for(topic)
+
+        def _end(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT next_offset FROM log_ends WHERE topic = ? AND partition = ?",
+                (topic, partition),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._r.run(_end)
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        await self._ready()
+
+        def _committed(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT next_offset FROM group_offsets "
+                "WHERE grp = ? AND topic = ? AND partition = ?",
+                (group, topic, partition),
+            ).fetchone()
+            return int(row[0]) if row else None
+
+        return await self._r.run(_committed)
+
+    # -- ownership --------------------------------------------------------------------
+
+    def _owner_name(self, partition: int) -> str:
+        return f"{self.topics.prefix}processor-p{partition}"
+
+    async def acquire(self, partition: int, owner_id: str) -> SqlitePartitionOwner:
+        n = await self.partitions_for(self.topics.commands)
+        if not 0 <= partition < n:
+            raise LogError(f"partition {partition} out of range ({n} partitions)")
+        epoch = await self._w.run(_acquire, self._owner_name(partition), owner_id)
+        return SqlitePartitionOwner(self, partition, epoch, owner_id)
+
+    def process_lock(self, partition: int | None = None) -> ProcessLock:
+        """The optional advisory process lock for ``partition`` (None: the whole node)."""
+        suffix = "owner" if partition is None else f"owner-p{partition}"
+        return ProcessLock(f"{self.path}.{self.topics.prefix}{suffix}.lock")
+
+    # -- groups -----------------------------------------------------------------------
+
+    def group_consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        member_id: str,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
+    ) -> SqliteGroupConsumer:
+        consumer = SqliteGroupConsumer(self, group, topics, member_id, on_assigned, on_revoked)
+        self._consumers.add(consumer)
+        return consumer
