@@ -1,0 +1,755 @@
+"""Recurrence rules: when does a schedule fire next? (pure: no I/O, no clock, no randomness)
+
+A trigger answers one question, ``next_after(after)``: the first instant strictly after
+``after`` (any tz-aware datetime) at which the schedule fires, as a tz-aware UTC datetime,
+or ``None`` once the rule is exhausted (past its end bound, a one-shot already passed).
+
+Kinds (exactly one per trigger, see :func:`compile_trigger`):
+
+* ``cron``  — 5-field cron (or ``@hourly @daily @midnight @weekly @monthly @yearly
+  @annually``) evaluated on the local wall clock of an IANA zone. croniter validates the
+  expression; this module parses the field sets itself and owns the daylight-saving rules
+  of DESIGN §4 (croniter's own DST handling fires a fixed-time job twice on fall-back day):
+
+  - a *wildcard* job (minute or hour field starts with ``*``) fires at every real instant
+    whose local wall time matches: both passes of a repeated hour, nothing in a skipped one;
+  - a *fixed-time* job fires each matching wall time once: an ambiguous one per
+    ``dst_ambiguous`` (``first`` = fold 0, ``second`` = fold 1, ``both``), a nonexistent one
+    per ``dst_nonexistent`` (``shift_forward`` = the UTC instant the gap ends, ``skip``).
+    Several wall times shifted onto the same instant fire once.
+  - day-of-month / day-of-week follow Vixie cron: when both fields are restricted (neither
+    starts with ``*`` or ``?``) a day matches if EITHER matches, otherwise both must match.
+    So ``0 0 1 * 1`` is "the 1st and every Monday", while ``0 0 */2 * 1`` is "Mondays that
+    fall on an odd day" (croniter's ``day_or`` would OR the latter too). Day-of-week 7 is
+    Sunday. Ranges must ascend (``22-2`` is rejected; croniter would wrap it).
+    ``L``, ``W``, ``#`` and ``H`` are not supported.
+
+* ``every`` — instants ``anchor + k * interval`` (k any integer) in real elapsed time; the
+  zone is for display only. ``anchor`` is required (callers pass the schedule's creation
+  instant by default).
+* ``at``    — one shot: ``at`` if it is after ``after``, else ``None``.
+* ``delay`` — fixed delay after the previous run finished: ``next_after(finished)`` returns
+  ``finished + delay``. The first run is :meth:`DelayTrigger.first_instant` ``(anchor)``,
+  i.e. the anchor itself (or ``start`` if later).
+
+Bounds: no returned instant is before ``start``; none is after ``end`` (``None`` instead).
+Naive datetimes and naive ISO strings given to :func:`compile_trigger` are local wall times
+in ``timezone``; ``next_after`` requires a tz-aware argument. Cron instants have
+microsecond 0. Compiled triggers are immutable and cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import calendar
+import functools
+import hashlib
+import math
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone as dt_timezone
+from typing import Iterator, Protocol, runtime_checkable
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from chronolog.domain.durations import InvalidDuration, parse_duration
+
+__all__ = [
+    "RecurrenceError",
+    "Trigger",
+    "CronTrigger",
+    "EveryTrigger",
+    "AtTrigger",
+    "DelayTrigger",
+    "CronSpec",
+    "compile_trigger",
+    "parse_cron",
+    "parse_instant",
+    "resolve_zone",
+    "upcoming",
+    "jitter_offset",
+    "is_wildcard_cron",
+    "DST_AMBIGUOUS_CHOICES",
+    "DST_NONEXISTENT_CHOICES",
+]
+
+UTC = dt_timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
+_ONE_DAY = timedelta(days=1)
+_UNIX_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_SEARCH_YEARS = 100  # a satisfiable cron matches within 28 years; beyond this: exhausted
+
+DST_AMBIGUOUS_CHOICES = ("first", "second", "both")
+DST_NONEXISTENT_CHOICES = ("shift_forward", "skip")
+
+
+class RecurrenceError(ValueError):
+    """An invalid recurrence input. ``str(e)`` is one line: ``invalid <field> '<value>': <why>``.
+
+    ``field`` is one of cron, timezone, every, at, anchor, delay, start, end, dst.ambiguous,
+    dst.nonexistent, trigger (not exactly one kind given) or after (naive ``next_after`` arg).
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = str(value)
+        self.reason = reason
+        shown = self.value.replace("\r", "\\r").replace("\n", "\\n")
+        super().__init__(f"invalid {field} '{shown}': {reason}")
+
+
+@runtime_checkable
+class Trigger(Protocol):
+    """A compiled recurrence rule."""
+
+    kind: str
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """The first firing instant strictly after ``after`` (UTC), or None when exhausted."""
+        ...
+
+
+# --------------------------------------------------------------------------- instants
+
+
+def resolve_zone(name: str) -> ZoneInfo:
+    """Return the IANA zone ``name`` or raise ``RecurrenceError(field="timezone")``."""
+    if not isinstance(name, str) or not name.strip():
+        raise RecurrenceError("timezone", name, "unknown IANA zone")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
+        raise RecurrenceError("timezone", name, "unknown IANA zone") from None
+
+
+def _aware_timestamp(value: datetime) -> float:
+    """POSIX timestamp of a tz-aware datetime (naive is a programming error)."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise RecurrenceError("after", value.isoformat(), "must be timezone-aware")
+    return value.timestamp()
+
+
+def _to_us(value: datetime) -> int:
+    """Exact integer microseconds since the epoch of a tz-aware datetime."""
+    return (value - _EPOCH) // _ONE_US
+
+
+def _from_us(micros: int) -> datetime:
+    """UTC datetime from integer microseconds since the epoch."""
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _offset_at(zone: ZoneInfo, ts: int) -> timedelta:
+    """UTC offset of ``zone`` at the instant ``ts`` (POSIX seconds)."""
+    offset = datetime.fromtimestamp(ts, zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _gap_end(zone: ZoneInfo, before_ts: int, after_ts: int) -> int:
+    """The transition instant in ``(before_ts, after_ts]`` where ``zone``'s offset changes."""
+    low, high = before_ts, after_ts
+    offset_low = _offset_at(zone, low)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _offset_at(zone, mid) == offset_low:
+            low = mid
+        else:
+            high = mid
+    return high
+
+
+def _wall_instants(zone: ZoneInfo, wall: datetime, ambiguous: str, nonexistent: str) -> tuple[int, ...]:
+    """POSIX seconds at which the naive local ``wall`` time fires under the DST policy."""
+    first = wall.replace(tzinfo=zone, fold=0).utcoffset()
+    second = wall.replace(tzinfo=zone, fold=1).utcoffset()
+    assert first is not None and second is not None
+    base = (wall.toordinal() - _UNIX_EPOCH_ORDINAL) * 86400 + wall.hour * 3600 + wall.minute * 60 + wall.second
+    ts_first = base - int(first.total_seconds())
+    ts_second = base - int(second.total_seconds())
+    if first == second:
+        return (ts_first,)
+    if first > second:  # repeated wall time: fold 0 is the earlier instant
+        return {"first": (ts_first,), "second": (ts_second,), "both": (ts_first, ts_second)}[ambiguous]
+    if nonexistent == "skip":  # wall time inside a gap
+        return ()
+    return (_gap_end(zone, ts_second, ts_first),)
+
+
+def _local_to_utc(zone: ZoneInfo, wall: datetime, field_name: str, ambiguous: str, nonexistent: str) -> datetime:
+    """Map a naive wall time to one UTC instant (``both`` means the first pass)."""
+    choice = "first" if ambiguous == "both" else ambiguous
+    instants = _wall_instants(zone, wall.replace(microsecond=0), choice, nonexistent)
+    if not instants:
+        raise RecurrenceError(
+            field_name, wall.isoformat(), f"local time does not exist in {zone.key} (DST gap) and dst.nonexistent is skip"
+        )
+    return datetime.fromtimestamp(instants[0], UTC) + timedelta(microseconds=wall.microsecond)
+
+
+def parse_instant(
+    value: datetime | str,
+    timezone: str = "UTC",
+    *,
+    field: str = "at",
+    dst_ambiguous: str = "first",
+    dst_nonexistent: str = "shift_forward",
+) -> datetime:
+    """Read an instant (ISO-8601 text, ``Z`` allowed, or a datetime) as tz-aware UTC.
+
+    A naive value is a wall time in ``timezone``: an ambiguous one takes the pass chosen by
+    ``dst_ambiguous`` (``both`` -> first), a nonexistent one moves to the end of the gap
+    (or is an error with ``skip``). Errors are ``RecurrenceError(field=field)``.
+    """
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise RecurrenceError(field, value, "not an ISO-8601 date-time such as 2026-03-08T09:00:00Z") from None
+    elif isinstance(value, datetime):
+        parsed = value
+    else:
+        raise RecurrenceError(field, value, f"expected a datetime or ISO-8601 text, not {type(value).__name__}")
+    if parsed.tzinfo is not None and parsed.utcoffset() is not None:
+        return parsed.astimezone(UTC)
+    return _local_to_utc(resolve_zone(timezone), parsed, field, dst_ambiguous, dst_nonexistent)
+
+
+# --------------------------------------------------------------------------- cron parsing
+
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_MONTH_NAMES = {name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}
+_DOW_NAMES = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldDef:
+    name: str
+    low: int
+    high: int
+    names: dict[str, int] = field(default_factory=dict, hash=False, compare=False)
+    star_high: int | None = None  # day-of-week: '*' means 0-6 although 7 is accepted
+    allows_question: bool = False
+
+
+_FIELDS = (
+    _FieldDef("minute", 0, 59),
+    _FieldDef("hour", 0, 23),
+    _FieldDef("day-of-month", 1, 31, allows_question=True),
+    _FieldDef("month", 1, 12, _MONTH_NAMES),
+    _FieldDef("day-of-week", 0, 7, _DOW_NAMES, star_high=6, allows_question=True),
+)
+
+
+class _FieldError(Exception):
+    """A reason why one cron field is invalid (wrapped into RecurrenceError)."""
+
+
+def _field_value(token: str, spec: _FieldDef) -> int:
+    """One number or name of a field, range-checked."""
+    if token.isdigit():
+        number = int(token)
+    elif token.lower() in spec.names:
+        return spec.names[token.lower()]
+    else:
+        kind = "a number or a name" if spec.names else "a number"
+        hint = " (L, W, # and H are not supported)" if any(c in token.upper() for c in "LW#H") else ""
+        raise _FieldError(f"{spec.name} '{token}' is not {kind}{hint}")
+    if not spec.low <= number <= spec.high:
+        raise _FieldError(f"{spec.name} {number} out of range {spec.low}-{spec.high}")
+    return number
+
+
+def _field_step(text: str, spec: _FieldDef) -> int:
+    """The ``/step`` of an item: a positive integer."""
+    if not text.isdigit() or int(text) == 0:
+        raise _FieldError(f"{spec.name} step '{text}' must be a positive integer")
+    return int(text)
+
+
+def _field_item(item: str, spec: _FieldDef) -> set[int]:
+    """Expand one comma-separated item: ``*``, ``a``, ``a-b``, each optionally ``/step``."""
+    base, slash, step_text = item.partition("/")
+    step = _field_step(step_text, spec) if slash else 1
+    if base == "*" or (base == "?" and spec.allows_question):
+        low, high = spec.low, spec.star_high if spec.star_high is not None else spec.high
+    elif "-" in base:
+        first, _, last = base.partition("-")
+        low, high = _field_value(first, spec), _field_value(last, spec)
+        if low > high:
+            raise _FieldError(f"{spec.name} range {base} is reversed")
+    else:
+        low = _field_value(base, spec)
+        high = spec.high if slash else low
+    return set(range(low, high + 1, step))
+
+
+def _parse_field(text: str, spec: _FieldDef) -> frozenset[int]:
+    """Expand a whole field (comma-separated items)."""
+    values: set[int] = set()
+    for item in text.split(","):
+        if not item:
+            raise _FieldError(f"{spec.name} '{text}' has an empty list item")
+        values |= _field_item(item, spec)
+    if spec.star_high is not None and 7 in values:  # day-of-week 7 is Sunday
+        values = (values - {7}) | {0}
+    return frozenset(values)
+
+
+def _expand_macro(expr: str) -> str:
+    """Normalize whitespace and replace ``@daily``-style macros by their 5 fields."""
+    text = " ".join(expr.split())
+    if text.startswith("@"):
+        if text.lower() not in _MACROS:
+            raise RecurrenceError("cron", expr, f"unknown macro {text} (use {', '.join(_MACROS)})")
+        return _MACROS[text.lower()]
+    return text
+
+
+_DAYS_IN_MONTH_MAX = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+
+
+@dataclass(frozen=True, slots=True)
+class CronSpec:
+    """A parsed 5-field cron expression (field sets, Vixie star flags, wildcard flag)."""
+
+    expr: str
+    minutes: frozenset[int]
+    hours: frozenset[int]
+    doms: frozenset[int]
+    months: frozenset[int]
+    dows: frozenset[int]  # 0 = Sunday
+    dom_star: bool
+    dow_star: bool
+    wildcard: bool
+    seconds_of_day: tuple[int, ...]  # sorted matching wall times of a day, in seconds
+
+    def matches_day(self, day: date) -> bool:
+        """Does ``day`` match month and the Vixie DOM/DOW rule?"""
+        if day.month not in self.months:
+            return False
+        dom_ok = day.day in self.doms
+        dow_ok = (day.weekday() + 1) % 7 in self.dows
+        if self.dom_star or self.dow_star:
+            return dom_ok and dow_ok
+        return dom_ok or dow_ok
+
+    def matches_time(self, hour: int, minute: int) -> bool:
+        """Does the wall clock time ``hour:minute`` match?"""
+        return hour in self.hours and minute in self.minutes
+
+
+def _check_satisfiable(expr: str, spec: CronSpec) -> None:
+    """Reject expressions no calendar day can ever match (e.g. ``0 0 30 2 *``)."""
+    if not (spec.dom_star or spec.dow_star):
+        return  # OR rule: every month has every weekday
+    if any(day <= _DAYS_IN_MONTH_MAX[month] for month in spec.months for day in spec.doms):
+        return
+    raise RecurrenceError("cron", expr, "day-of-month never occurs in the selected month(s)")
+
+
+def _validate_with_croniter(expr: str, fields: str) -> None:
+    """Let croniter confirm the expression (it is the reference parser we build on)."""
+    try:
+        croniter.expand(fields)
+    except Exception as exc:  # croniter raises several unrelated classes
+        raise RecurrenceError("cron", expr, f"rejected by croniter: {exc}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_cron(expr: str) -> CronSpec:
+    """Parse and validate a cron expression; raise ``RecurrenceError(field="cron")``."""
+    if not isinstance(expr, str):
+        raise RecurrenceError("cron", expr, "expected text")
+    fields_text = _expand_macro(expr)
+    parts = fields_text.split(" ") if fields_text else []
+    if len(parts) != 5:
+        raise RecurrenceError(
+            "cron", expr, f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
+        )
+    try:
+        sets = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS)]
+    except _FieldError as exc:
+        raise RecurrenceError("cron", expr, str(exc)) from None
+    _validate_with_croniter(expr, fields_text)
+    minutes, hours, doms, months, dows = sets
+    spec = CronSpec(
+        expr=fields_text,
+        minutes=minutes,
+        hours=hours,
+        doms=doms,
+        months=months,
+        dows=dows,
+        dom_star=parts[2][0] in "*?",
+        dow_star=parts[4][0] in "*?",
+        wildcard=parts[0].startswith("*") or parts[1].startswith("*"),
+        seconds_of_day=tuple(sorted(h * 3600 + m * 60 for h in hours for m in minutes)),
+    )
+    _check_satisfiable(expr, spec)
+    return spec
+
+
+def is_wildcard_cron(expr: str) -> bool:
+    """True if the (valid) expression's minute or hour field starts with ``*`` (DESIGN §4).
+
+    Macros are expanded first (``@hourly`` is wildcard, ``@daily`` is not). Raises
+    ``RecurrenceError`` for an invalid expression.
+    """
+    return parse_cron(expr).wildcard
+
+
+# --------------------------------------------------------------------------- cron search
+
+
+def _day_epoch(day: date) -> int:
+    """POSIX seconds of ``day`` 00:00 as if it were UTC."""
+    return (day.toordinal() - _UNIX_EPOCH_ORDINAL) * 86400
+
+
+@functools.lru_cache(maxsize=65536)
+def _steady_offset(zone: ZoneInfo, day: date) -> int | None:
+    """The zone's UTC offset in seconds if it is the same all local day, else None.
+
+    Compares both folds at the day's start and at the next day's start: any transition
+    inside the day (or at its edges) makes them differ. (Two transitions cancelling out
+    within one day do not occur in tzdata.)
+    """
+    start = datetime(day.year, day.month, day.day)
+    end = start + _ONE_DAY
+    offsets = {
+        start.replace(tzinfo=zone, fold=0).utcoffset(),
+        start.replace(tzinfo=zone, fold=1).utcoffset(),
+        end.replace(tzinfo=zone, fold=0).utcoffset(),
+        end.replace(tzinfo=zone, fold=1).utcoffset(),
+    }
+    if len(offsets) != 1:
+        return None
+    (offset,) = offsets
+    assert offset is not None
+    return int(offset.total_seconds())
+
+
+@functools.lru_cache(maxsize=4096)
+def _transition_day(expr: str, zone: ZoneInfo, ambiguous: str, nonexistent: str, day: date) -> tuple[int, ...]:
+    """Sorted, de-duplicated firing instants (POSIX seconds) of a day with a DST transition."""
+    instants: set[int] = set()
+    for seconds in parse_cron(expr).seconds_of_day:
+        wall = datetime(day.year, day.month, day.day, seconds // 3600, seconds % 3600 // 60)
+        instants.update(_wall_instants(zone, wall, ambiguous, nonexistent))
+    return tuple(sorted(instants))
+
+
+def _next_month_start(day: date) -> date:
+    """The first day of the month after ``day``'s."""
+    return date(day.year + 1, 1, 1) if day.month == 12 else date(day.year, day.month + 1, 1)
+
+
+def _matching_days(spec: CronSpec, first: date) -> Iterator[date]:
+    """Calendar days matching ``spec``, from ``first`` on, for at most ``_SEARCH_YEARS``."""
+    day = first
+    last_year = min(first.year + _SEARCH_YEARS, date.max.year - 1)
+    while day.year <= last_year:
+        if day.month not in spec.months:
+            day = _next_month_start(day)
+        else:
+            if spec.matches_day(day):
+                yield day
+            day += _ONE_DAY
+
+
+@dataclass(frozen=True, slots=True)
+class CronTrigger:
+    """Cron on the wall clock of ``timezone`` with the DST rules of DESIGN §4."""
+
+    spec: CronSpec
+    zone: ZoneInfo
+    dst_ambiguous: str = "first"
+    dst_nonexistent: str = "shift_forward"
+    start: datetime | None = None
+    end: datetime | None = None
+    kind: str = field(default="cron", init=False)
+
+    @property
+    def timezone(self) -> str:
+        """The IANA zone name."""
+        return self.zone.key
+
+    @property
+    def wildcard(self) -> bool:
+        """Wildcard jobs fire on every real matching instant, whatever the DST options."""
+        return self.spec.wildcard
+
+    def _policy(self) -> tuple[str, str]:
+        """(ambiguous, nonexistent) as applied: wildcard jobs are always both/skip."""
+        if self.spec.wildcard:
+            return "both", "skip"
+        return self.dst_ambiguous, self.dst_nonexistent
+
+    def _first_in_day(self, day: date, ts: float) -> int | None:
+        """The first firing instant of local ``day`` strictly after ``ts``."""
+        offset = _steady_offset(self.zone, day)
+        if offset is not None:
+            base = _day_epoch(day) - offset
+            sods = self.spec.seconds_of_day
+            index = bisect.bisect_right(sods, ts - base)
+            return base + sods[index] if index < len(sods) else None
+        instants = _transition_day(self.spec.expr, self.zone, *self._policy(), day)
+        index = bisect.bisect_right(instants, ts)
+        return instants[index] if index < len(instants) else None
+
+    def _search(self, ts: float) -> int | None:
+        """First firing instant strictly after ``ts`` (POSIX seconds), unbounded by end."""
+        today = datetime.fromtimestamp(ts, self.zone).date()
+        yesterday = today - _ONE_DAY  # a transition day may fire past its own local end
+        if self.spec.matches_day(yesterday) and _steady_offset(self.zone, yesterday) is None:
+            found = self._first_in_day(yesterday, ts)
+            if found is not None:
+                return found
+        for day in _matching_days(self.spec, today):
+            found = self._first_in_day(day, ts)
+            if found is not None:
+                return found
+        return None
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """The first firing instant strictly after ``after`` (UTC), None past ``end``."""
+        ts = _aware_timestamp(after)
+        if self.start is not None:
+            ts = max(ts, math.ceil(self.start.timestamp()) - 1)  # integer instants >= start
+        if self.end is not None and ts >= self.end.timestamp():
+            return None
+        found = self._search(ts)
+        if found is None or (self.end is not None and found > self.end.timestamp()):
+            return None
+        return datetime.fromtimestamp(found, UTC)
+
+
+# --------------------------------------------------------------------------- other kinds
+
+
+@dataclass(frozen=True, slots=True)
+class EveryTrigger:
+    """Fixed interval aligned to ``anchor``: ``anchor + k * interval`` in real time."""
+
+    interval: timedelta
+    anchor: datetime
+    zone: ZoneInfo
+    start: datetime | None = None
+    end: datetime | None = None
+    kind: str = field(default="every", init=False)
+
+    @property
+    def timezone(self) -> str:
+        """The IANA zone name (display only)."""
+        return self.zone.key
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """The first ``anchor + k * interval`` strictly after ``after`` and within bounds."""
+        if after.tzinfo is None or after.utcoffset() is None:
+            raise RecurrenceError("after", after.isoformat(), "must be timezone-aware")
+        floor = _to_us(after)
+        if self.start is not None:
+            floor = max(floor, _to_us(self.start) - 1)
+        step = self.interval // _ONE_US
+        anchor = _to_us(self.anchor)
+        instant = anchor + ((floor - anchor) // step + 1) * step
+        if self.end is not None and instant > _to_us(self.end):
+            return None
+        return _from_us(instant)
+
+
+@dataclass(frozen=True, slots=True)
+class AtTrigger:
+    """One shot at ``at``."""
+
+    at: datetime
+    zone: ZoneInfo
+    start: datetime | None = None
+    end: datetime | None = None
+    kind: str = field(default="at", init=False)
+
+    @property
+    def timezone(self) -> str:
+        """The IANA zone name (display only)."""
+        return self.zone.key
+
+    def _in_bounds(self) -> bool:
+        """Is ``at`` inside [start, end]?"""
+        return (self.start is None or self.at >= self.start) and (self.end is None or self.at <= self.end)
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """``at`` if it is strictly after ``after`` (and within bounds), else None."""
+        _aware_timestamp(after)
+        return self.at if self.at > after and self._in_bounds() else None
+
+
+@dataclass(frozen=True, slots=True)
+class DelayTrigger:
+    """Fixed delay after the previous run finished.
+
+    ``next_after(finished)`` is ``finished + delay`` (moved up to ``start`` if earlier).
+    The first run has no previous finish: it is :meth:`first_instant` of the anchor.
+    """
+
+    delay: timedelta
+    zone: ZoneInfo
+    start: datetime | None = None
+    end: datetime | None = None
+    kind: str = field(default="delay", init=False)
+
+    @property
+    def timezone(self) -> str:
+        """The IANA zone name (display only)."""
+        return self.zone.key
+
+    def _bounded(self, instant: datetime) -> datetime | None:
+        """Clamp up to ``start``; None past ``end``."""
+        if self.start is not None and instant < self.start:
+            instant = self.start
+        if self.end is not None and instant > self.end:
+            return None
+        return instant
+
+    def first_instant(self, anchor: datetime) -> datetime | None:
+        """The first run: the anchor itself (or ``start`` if later); None past ``end``."""
+        _aware_timestamp(anchor)
+        return self._bounded(anchor.astimezone(UTC))
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """``after + delay`` where ``after`` is when the previous run finished."""
+        _aware_timestamp(after)
+        return self._bounded(after.astimezone(UTC) + self.delay)
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def _check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
+    """Reject a DST option outside ``choices``."""
+    if value not in choices:
+        raise RecurrenceError(field_name, value, f"expected {', '.join(choices[:-1])} or {choices[-1]}")
+
+
+def _positive_duration(field_name: str, value: str | float) -> timedelta:
+    """Parse a duration that must be > 0 (microsecond resolution)."""
+    try:
+        seconds = parse_duration(value)
+    except InvalidDuration as exc:
+        raise RecurrenceError(field_name, value, exc.reason) from None
+    micros = round(seconds * 1_000_000)
+    if micros <= 0:
+        raise RecurrenceError(field_name, value, "must be greater than zero")
+    return timedelta(microseconds=micros)
+
+
+def _optional_instant(field_name: str, value: datetime | str | None, zone: ZoneInfo) -> datetime | None:
+    """Read an optional bound/anchor as UTC (naive = wall time in ``zone``)."""
+    if value is None:
+        return None
+    return parse_instant(value, zone.key, field=field_name)
+
+
+def _chosen_kind(cron: object, every: object, at: object, delay: object) -> str:
+    """The one trigger kind given, or RecurrenceError(field="trigger")."""
+    given = [name for name, v in (("cron", cron), ("every", every), ("at", at), ("delay", delay)) if v is not None]
+    if len(given) != 1:
+        raise RecurrenceError("trigger", ", ".join(given) or "none", "give exactly one of cron, every, at, delay")
+    return given[0]
+
+
+@functools.lru_cache(maxsize=8192)
+def _compile(
+    cron: str | None,
+    every: str | float | None,
+    at: datetime | str | None,
+    delay: str | float | None,
+    timezone: str,
+    anchor: datetime | None,
+    start: datetime | None,
+    end: datetime | None,
+    dst_ambiguous: str,
+    dst_nonexistent: str,
+) -> Trigger:
+    """Build a trigger (cached; see :func:`compile_trigger`)."""
+    _check_choice("dst.ambiguous", dst_ambiguous, DST_AMBIGUOUS_CHOICES)
+    _check_choice("dst.nonexistent", dst_nonexistent, DST_NONEXISTENT_CHOICES)
+    zone = resolve_zone(timezone)
+    kind = _chosen_kind(cron, every, at, delay)
+    start_utc = _optional_instant("start", start, zone)
+    end_utc = _optional_instant("end", end, zone)
+    if start_utc is not None and end_utc is not None and end_utc < start_utc:
+        raise RecurrenceError("end", end_utc.isoformat(), f"is before start {start_utc.isoformat()}")
+    if kind == "cron":
+        assert cron is not None
+        return CronTrigger(parse_cron(cron), zone, dst_ambiguous, dst_nonexistent, start_utc, end_utc)
+    if kind == "every":
+        assert every is not None
+        interval = _positive_duration("every", every)
+        anchor_utc = _optional_instant("anchor", anchor, zone)
+        if anchor_utc is None:
+            raise RecurrenceError("anchor", "none", "every needs an anchor (e.g. the schedule's creation instant)")
+        return EveryTrigger(interval, anchor_utc, zone, start_utc, end_utc)
+    if kind == "at":
+        assert at is not None
+        at_utc = parse_instant(at, zone.key, field="at", dst_ambiguous=dst_ambiguous, dst_nonexistent=dst_nonexistent)
+        return AtTrigger(at_utc, zone, start_utc, end_utc)
+    assert delay is not None
+    return DelayTrigger(_positive_duration("delay", delay), zone, start_utc, end_utc)
+
+
+def compile_trigger(
+    *,
+    cron: str | None = None,
+    every: str | float | None = None,
+    at: datetime | str | None = None,
+    delay: str | float | None = None,
+    timezone: str = "UTC",
+    anchor: datetime | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    dst_ambiguous: str = "first",
+    dst_nonexistent: str = "shift_forward",
+) -> Trigger:
+    """Compile exactly one of cron / every / at / delay into an immutable, cached Trigger.
+
+    Raises ``RecurrenceError`` (one line naming field and value) for any invalid input.
+    """
+    return _compile(cron, every, at, delay, timezone, anchor, start, end, dst_ambiguous, dst_nonexistent)
+
+
+def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
+    """The next ``count`` instants strictly after ``after`` (fewer if the rule runs out)."""
+    out: list[datetime] = []
+    current: datetime | None = after
+    while len(out) < count and current is not None:
+        current = trigger.next_after(current)
+        if current is not None:
+            out.append(current)
+    return out
+
+
+# --------------------------------------------------------------------------- jitter
+
+
+def jitter_offset(schedule_id: str, instant: datetime, window_seconds: float) -> float:
+    """Deterministic jitter in ``[0, window_seconds)`` from blake2b(schedule_id, instant).
+
+    An aware instant is normalized to UTC first, so equal instants give equal jitter
+    whatever their zone. ``0.0`` when the window is not positive.
+    """
+    if not window_seconds > 0 or math.isinf(window_seconds):
+        return 0.0
+    if instant.tzinfo is not None:
+        instant = instant.astimezone(UTC)
+    digest = hashlib.blake2b(f"{schedule_id}\x00{instant.isoformat()}".encode(), digest_size=8).digest()
+    fraction = (int.from_bytes(digest, "big") >> 11) / float(1 << 53)  # in [0, 1)
+    return min(fraction * window_seconds, math.nextafter(window_seconds, 0.0))
