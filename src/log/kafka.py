@@ -1,0 +1,735 @@
+"""KafkaEventLog: the EventLog port (``chronolog.log.port``) on Apache Kafka through aiokafka.
+
+Mapping of the port onto Kafka:
+
+* ``append`` — one shared idempotent, non-transactional producer (acks=all). Keyed records with
+  ``partition=None`` are placed with ``chronolog.log.partitioner.partition_for`` (Kafka's
+  default murmur2), so both log adapters agree on placement.
+* ``read`` / ``end_offset`` — a small pool of group-less ``read_committed`` consumers used with
+  manual ``assign`` + ``seek``; ``end_offset`` is the last stable offset (ListOffsets with
+  read_committed isolation).
+* ``committed`` — OffsetFetch through the admin client.
+* ``acquire(p)`` — a transactional producer with ``transactional_id = <prefix>processor-p<p>``
+  (one stable id per input partition: aiokafka speaks the v0 transaction protocol, so zombie
+  fencing rests on the id alone). Its ``start()`` (InitProducerId) fences every older producer
+  with the same id. ``commit`` = begin, send, ``send_offsets_to_transaction``, commit.
+* ``group_consumer`` — an ``AIOKafkaConsumer`` in ``group``, ``read_committed``, manual commits;
+  after the user's ``on_assigned`` callback (which typically acquires the partition and so
+  completes any pending transaction of an older owner) the committed offsets are fetched and
+  sought for each newly assigned partition the callback did not seek itself.
+
+Visibility: Kafka acknowledges ``EndTxn`` before the commit markers are written, so for a few
+milliseconds after ``commit_transaction`` a ``read_committed`` reader (and OffsetFetch) may not
+see the transaction yet. ``KafkaPartitionOwner.commit`` therefore waits (bounded) until the last
+stable offset of every written partition has passed its records and the group's stored offsets
+equal ``consumed``, so ``commit`` returning means "visible to committed readers", as in the
+SQLite adapter. Pass ``await_visible=False`` to skip that wait.
+
+Failures: ``Fenced`` when the partition's producer is fenced or otherwise unusable (the caller
+must drop the partition's state and re-acquire); ``LogUnavailable`` when the broker does not
+answer within the configured bounds. After a timeout in the middle of ``commit_transaction`` the
+outcome is unknown (the broker may still complete it); the owner then reports ``Fenced`` and a
+new owner sees whatever landed when it rebuilds from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    IllegalStateError,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    InvalidTxnState,
+    KafkaError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    TopicAlreadyExistsError,
+    TransactionalIdAuthorizationFailed,
+    for_code,
+)
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import (
+    Fenced,
+    LogError,
+    LogUnavailable,
+    Offsets,
+    OutRecord,
+    Position,
+    RebalanceCallback,
+    Record,
+    Topics,
+)
+
+__all__ = ["KafkaEventLog", "KafkaPartitionOwner", "KafkaGroupConsumer"]
+
+log = logging.getLogger(__name__)
+
+# Errors after which a transactional producer can never be used again.
+_FATAL_TXN_ERRORS: tuple[type[BaseException], ...] = (
+    ProducerFenced,
+    OutOfOrderSequenceNumber,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    InvalidTxnState,
+    TransactionalIdAuthorizationFailed,
+    IllegalStateError,
+)
+
+_READER_POOL_SIZE = 4
+_VISIBILITY_TIMEOUT_S = 10.0
+
+
+def _headers_out(headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]] | None:
+    return [(k, bytes(v)) for k, v in headers] if headers else None
+
+
+def _to_record(msg: Any) -> Record:
+    return Record(
+        topic=msg.topic,
+        partition=msg.partition,
+        offset=msg.offset,
+        key=msg.key,
+        value=msg.value if msg.value is not None else b"",
+        headers=tuple((k, bytes(v)) for k, v in (msg.headers or ())),
+        timestamp_ms=int(msg.timestamp or 0),
+    )
+
+
+async def _bounded(aw: Any, seconds: float, what: str) -> Any:
+    """Await ``aw`` for at most ``seconds``; a timeout becomes ``LogUnavailable``."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except asyncio.TimeoutError as exc:
+        raise LogUnavailable(f"kafka: {what} did not finish within {seconds:.0f}s") from exc
+
+
+class _Reader:
+    """A group-less read_committed consumer, leased to one read at a time."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+        self.tp: TopicPartition | None = None
+
+
+class KafkaEventLog:
+    """The EventLog port on Kafka (see the module docstring for the mapping)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: Topics = Topics(),
+        client_id: str = "chronolog",
+        transaction_timeout_ms: int = 60000,
+        *,
+        request_timeout_ms: int = 30000,
+        aux_partitions: int | None = None,
+        await_visible: bool = True,
+    ) -> None:
+        """``aux_partitions``: partition count of replies, commands.dlq and ready.<class>
+        (default: ``topics.partitions``)."""
+        self.topics = topics
+        self.bootstrap_servers = bootstrap_servers
+        self.client_id = client_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.aux_partitions = aux_partitions or topics.partitions
+        self.await_visible = await_visible
+        self._bound_s = request_timeout_ms / 1000 + 5
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._readers: list[_Reader] = []
+        self._free_readers: asyncio.Queue[_Reader] | None = None
+        self._readers_lock = asyncio.Lock()
+        self._partition_counts: dict[str, int] = {}
+        self._group_coordinators: dict[str, int] = {}
+        self._owners: set[KafkaPartitionOwner] = set()
+        self._started = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self.client_id}-admin",
+            request_timeout_ms=self.request_timeout_ms,
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self.client_id}-append",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            max_batch_size=512 * 1024,
+            request_timeout_ms=self.request_timeout_ms,
+            retry_backoff_ms=50,
+        )
+        try:
+            await _bounded(admin.start(), self._bound_s, "admin connect")
+            await _bounded(producer.start(), self._bound_s, "producer connect")
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 10)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(admin.close(), 10)
+            if isinstance(exc, KafkaError):
+                raise LogUnavailable(
+                    f"kafka: cannot connect to {self.bootstrap_servers}: {exc!r}"
+                ) from exc
+            raise
+        self._admin, self._producer = admin, producer
+        self._free_readers = asyncio.Queue()
+        self._started = True
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for owner in list(self._owners):
+            with contextlib.suppress(Exception):
+                await owner.close()
+        for reader in self._readers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader.consumer.stop(), 10)
+        self._readers.clear()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.stop(), self._bound_s)
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._admin.close(), 10)
+        self._producer = self._admin = None
+
+    async def __aenter__(self) -> KafkaEventLog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _require(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
+        if not self._started or self._producer is None or self._admin is None:
+            raise LogError("KafkaEventLog is not started")
+        return self._producer, self._admin
+
+    # ------------------------------------------------------------------ topics
+
+    async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
+        _, admin = self._require()
+        t = self.topics
+        wanted: dict[str, tuple[int, dict[str, str]]] = {
+            t.commands: (t.partitions, {}),
+            t.events: (t.partitions, {"retention.ms": "-1", "retention.bytes": "-1"}),
+            t.replies: (self.aux_partitions, {}),
+            t.dlq: (self.aux_partitions, {}),
+        }
+        for cls in ready_classes:
+            wanted[t.ready(cls)] = (self.aux_partitions, {})
+        new = [
+            NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=cfg)
+            for name, (n, cfg) in wanted.items()
+        ]
+        resp = await _bounded(
+            admin.create_topics(new, timeout_ms=self.request_timeout_ms),
+            self._bound_s,
+            "create_topics",
+        )
+        for item in resp.topic_errors:
+            name, code = item[0], item[1]
+            if code == 0:
+                continue
+            err = for_code(code)
+            if err is TopicAlreadyExistsError:
+                continue
+            raise LogError(f"kafka: creating topic {name} failed: {err.__name__}")
+        # Wait until the new topics' metadata has propagated to the broker's cache, so an
+        # append right after ensure_topics does not stall on metadata.
+        deadline = time.monotonic() + self._bound_s
+        names = list(wanted)
+        while True:
+            counts = await self._describe(names)
+            if all(counts.get(n) for n in names):
+                self._partition_counts.update(counts)  # type: ignore[arg-type]
+                return
+            if time.monotonic() > deadline:
+                missing = [n for n in names if not counts.get(n)]
+                raise LogUnavailable(f"kafka: topics not visible in metadata: {missing}")
+            await asyncio.sleep(0.05)
+
+    async def _describe(self, names: list[str]) -> dict[str, int | None]:
+        _, admin = self._require()
+        topics = await _bounded(admin.describe_topics(names), self._bound_s, "describe_topics")
+        out: dict[str, int | None] = {}
+        for t in topics:
+            ok = t["error_code"] == 0 and t["partitions"]
+            out[t["topic"]] = len(t["partitions"]) if ok else None
+        return out
+
+    async def partitions_for(self, topic: str) -> int:
+        n = self._partition_counts.get(topic)
+        if n is None:
+            n = (await self._describe([topic])).get(topic)
+            if not n:
+                raise LogError(f"kafka: unknown topic {topic!r}")
+            self._partition_counts[topic] = n
+        return n
+
+    async def _placed(self, records: Sequence[OutRecord]) -> list[tuple[OutRecord, int]]:
+        placed: list[tuple[OutRecord, int]] = []
+        for rec in records:
+            if rec.partition is not None:
+                placed.append((rec, rec.partition))
+            elif rec.key is not None:
+                placed.append((rec, partition_for(rec.key, await self.partitions_for(rec.topic))))
+            else:
+                raise LogError(f"kafka: record for {rec.topic} has neither key nor partition")
+        return placed
+
+    # ------------------------------------------------------------------ append
+
+    async def append(self, records: Sequence[OutRecord]) -> list[Position]:
+        producer, _ = self._require()
+        placed = await self._placed(records)
+        try:
+            futures = [
+                await producer.send(
+                    rec.topic, rec.value, key=rec.key, partition=p,
+                    headers=_headers_out(rec.headers),
+                )
+                for rec, p in placed
+            ]
+            metas = await _bounded(asyncio.gather(*futures), self._bound_s, "append")
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: append failed: {exc!r}") from exc
+        return [Position(m.topic, m.partition, m.offset) for m in metas]
+
+    # ------------------------------------------------------------------ reads
+
+    @contextlib.asynccontextmanager
+    async def _reader(self, tp: TopicPartition) -> AsyncIterator[_Reader]:
+        assert self._free_readers is not None
+        reader: _Reader | None = None
+        async with self._readers_lock:
+            if self._free_readers.empty() and len(self._readers) < _READER_POOL_SIZE:
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap_servers,
+                    client_id=f"{self.client_id}-reader{len(self._readers)}",
+                    group_id=None,
+                    enable_auto_commit=False,
+                    isolation_level="read_committed",
+                    auto_offset_reset="none",
+                    request_timeout_ms=self.request_timeout_ms,
+                    fetch_max_wait_ms=100,
+                    max_partition_fetch_bytes=4 * 1024 * 1024,
+                )
+                await _bounded(consumer.start(), self._bound_s, "reader connect")
+                reader = _Reader(consumer)
+                self._readers.append(reader)
+        if reader is None:
+            reader = await self._free_readers.get()
+            # prefer a reader already positioned on this partition
+            others: list[_Reader] = []
+            while reader.tp != tp and not self._free_readers.empty():
+                others.append(reader)
+                reader = self._free_readers.get_nowait()
+            if reader.tp != tp and others:
+                others.append(reader)
+                reader = others.pop(0)
+            for o in others:
+                self._free_readers.put_nowait(o)
+        try:
+            yield reader
+        finally:
+            self._free_readers.put_nowait(reader)
+
+    async def _lso(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return await _bounded(consumer.end_offsets(tps), self._bound_s, "end_offsets")
+
+    async def read(
+        self, topic: str, partition: int, offset: int, max_records: int = 1000,
+        timeout_ms: int = 0,
+    ) -> list[Record]:
+        self._require()
+        await self.partitions_for(topic)  # unknown topics fail fast instead of hanging
+        tp = TopicPartition(topic, partition)
+        max_records = max(1, max_records)
+        async with self._reader(tp) as reader:
+            c = reader.consumer
+            if reader.tp != tp:
+                c.assign([tp])
+                reader.tp = tp
+            lso = (await self._lso(c, [tp]))[tp]
+            if offset < 0:
+                offset = 0
+            begin: int | None = None
+            if offset < lso:
+                begin = (await _bounded(c.beginning_offsets([tp]), self._bound_s, "beginning"))[tp]
+                offset = max(offset, begin)
+            c.seek(tp, offset)
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            wait_deadline = now + timeout_ms / 1000
+            # Records exist below the LSO: fetch until we get some or pass the LSO (only aborted
+            # batches / control markers were there), bounded by the request timeout.
+            hard_deadline = max(wait_deadline, now + self._bound_s)
+            while True:
+                now = loop.time()
+                have_data = offset < lso
+                deadline = hard_deadline if have_data else wait_deadline
+                remaining_ms = int(max(0.0, deadline - now) * 1000)
+                try:
+                    batch = await c.getmany(tp, timeout_ms=min(remaining_ms, 500) if have_data
+                                            else remaining_ms, max_records=max_records)
+                except OffsetOutOfRangeError:
+                    return []
+                msgs = batch.get(tp, [])
+                if msgs:
+                    return [_to_record(m) for m in msgs]
+                position = await _bounded(c.position(tp), self._bound_s, "position")
+                if have_data and position >= lso:
+                    # everything below the LSO was aborted/control; wait for new data if asked
+                    offset = position
+                    if loop.time() >= wait_deadline:
+                        return []
+                    continue
+                if loop.time() >= deadline:
+                    if have_data:
+                        raise LogUnavailable(
+                            f"kafka: no committed data fetched from {topic}[{partition}] "
+                            f"between {offset} and LSO {lso}"
+                        )
+                    return []
+                if not have_data and position >= lso:
+                    # the LSO may have moved while we waited
+                    lso = (await self._lso(c, [tp]))[tp]
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        self._require()
+        await self.partitions_for(topic)
+        tp = TopicPartition(topic, partition)
+        async with self._reader(tp) as reader:
+            return (await self._lso(reader.consumer, [tp]))[tp]
+
+    async def _end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        tps = list(tps)
+        if not tps:
+            return {}
+        async with self._reader(tps[0]) as reader:
+            return await self._lso(reader.consumer, tps)
+
+    async def committed(self, group: str, topic: str, partition: int) -> int | None:
+        offsets = await self._committed_many(group, [TopicPartition(topic, partition)])
+        return offsets.get(TopicPartition(topic, partition))
+
+    async def _committed_many(
+        self, group: str, tps: list[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        _, admin = self._require()
+        coordinator = self._group_coordinators.get(group)
+        try:
+            if coordinator is None:
+                coordinator = await _bounded(
+                    admin.find_coordinator(group), self._bound_s, "find_coordinator"
+                )
+                self._group_coordinators[group] = coordinator
+            resp = await _bounded(
+                admin.list_consumer_group_offsets(group, coordinator, tps),
+                self._bound_s,
+                "list_consumer_group_offsets",
+            )
+        except KafkaError:
+            self._group_coordinators.pop(group, None)
+            raise
+        out: dict[TopicPartition, int | None] = {tp: None for tp in tps}
+        for tp, meta in resp.items():
+            out[tp] = meta.offset if meta.offset >= 0 else None
+        return out
+
+    # ------------------------------------------------------------------ ownership
+
+    async def acquire(self, partition: int, owner_id: str) -> KafkaPartitionOwner:
+        self._require()
+        txn_id = f"{self.topics.prefix}processor-p{partition}"
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=f"{self.client_id}-{owner_id}-p{partition}",
+            transactional_id=txn_id,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=0,
+            max_batch_size=512 * 1024,
+            request_timeout_ms=self.request_timeout_ms,
+            retry_backoff_ms=20,
+        )
+        try:
+            # InitProducerId: bumps the epoch of txn_id, fencing older producers (and aborting
+            # or completing their open transaction).
+            await _bounded(producer.start(), self._bound_s, f"InitProducerId for {txn_id}")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 10)
+            raise
+        owner = KafkaPartitionOwner(self, partition, owner_id, producer)
+        self._owners.add(owner)
+        return owner
+
+    # ------------------------------------------------------------------ groups
+
+    def group_consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        member_id: str,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
+    ) -> KafkaGroupConsumer:
+        self._require()
+        return KafkaGroupConsumer(self, group, list(topics), member_id, on_assigned, on_revoked)
+
+
+class KafkaPartitionOwner:
+    """The single writer of input partition ``partition``: a transactional producer."""
+
+    def __init__(
+        self, log_: KafkaEventLog, partition: int, owner_id: str, producer: AIOKafkaProducer
+    ) -> None:
+        self._log = log_
+        self.partition = partition
+        self.owner_id = owner_id
+        self._producer: AIOKafkaProducer | None = producer
+        self._lock = asyncio.Lock()
+        self._dead: str | None = None
+        txn = getattr(producer, "_txn_manager", None)
+        self.epoch: int = int(getattr(txn, "producer_epoch", 0) or 0)
+        self.producer_id: int = int(getattr(txn, "producer_id", -1))
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self._log.topics.prefix}processor-p{self.partition}"
+
+    async def commit(
+        self, records: Sequence[OutRecord], consumed: Offsets, group: str
+    ) -> list[Position]:
+        async with self._lock:
+            if self._dead is not None or self._producer is None:
+                raise Fenced(f"{self.transactional_id}: owner is no longer usable ({self._dead})")
+            producer = self._producer
+            placed = await self._log._placed(records)
+            offsets = {
+                TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in consumed.items()
+            }
+            bound = self._log._bound_s
+            try:
+                await _bounded(producer.begin_transaction(), bound, "begin_transaction")
+                futures = [
+                    await producer.send(
+                        rec.topic, rec.value, key=rec.key, partition=p,
+                        headers=_headers_out(rec.headers),
+                    )
+                    for rec, p in placed
+                ]
+                if offsets:
+                    await _bounded(
+                        producer.send_offsets_to_transaction(offsets, group),
+                        bound,
+                        "send_offsets_to_transaction",
+                    )
+                await _bounded(producer.commit_transaction(), bound, "commit_transaction")
+                metas = await _bounded(asyncio.gather(*futures), bound, "produce")
+            except BaseException as exc:
+                await self._fail(producer, exc)
+                raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
+            positions = [Position(m.topic, m.partition, m.offset) for m in metas]
+        if self._log.await_visible:
+            await self._await_visible(positions, offsets, group)
+        return positions
+
+    async def _fail(self, producer: AIOKafkaProducer, exc: BaseException) -> None:
+        """Turn a failed transaction into Fenced / LogUnavailable; always raises."""
+        txn = getattr(producer, "_txn_manager", None)
+        fatal = isinstance(exc, _FATAL_TXN_ERRORS) or bool(txn and txn.is_fatal_error())
+        if not fatal and isinstance(exc, (KafkaError, LogUnavailable)):
+            try:
+                await asyncio.wait_for(producer.abort_transaction(), self._log._bound_s)
+            except Exception as abort_exc:  # noqa: BLE001 - any abort failure kills the owner
+                log.warning("%s: abort after %r failed: %r", self.transactional_id, exc, abort_exc)
+                fatal = True
+            else:
+                raise LogUnavailable(
+                    f"{self.transactional_id}: transaction aborted after {exc!r}"
+                ) from exc
+        elif not fatal:
+            # Cancellation or a bug: the transaction state is unknown; the owner cannot go on.
+            fatal = True
+            self._dead = f"interrupted by {exc!r}"
+            await self._drop()
+            raise exc
+        self._dead = repr(exc)
+        await self._drop()
+        raise Fenced(f"{self.transactional_id} (epoch {self.epoch}) fenced/unusable: {exc!r}") from (
+            exc if isinstance(exc, Exception) else None
+        )
+
+    async def _drop(self) -> None:
+        producer, self._producer = self._producer, None
+        self._log._owners.discard(self)
+        if producer is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(producer.stop(), 10)
+
+    async def _await_visible(
+        self, positions: list[Position], offsets: dict[TopicPartition, OffsetAndMetadata],
+        group: str,
+    ) -> None:
+        """Wait (bounded) until committed readers see the transaction we just committed."""
+        want: dict[TopicPartition, int] = {}
+        for pos in positions:
+            tp = TopicPartition(pos.topic, pos.partition)
+            want[tp] = max(want.get(tp, 0), pos.offset + 1)
+        deadline = time.monotonic() + _VISIBILITY_TIMEOUT_S
+        delay = 0.002
+        while want or offsets:
+            if want:
+                lso = await self._log._end_offsets(want)
+                want = {tp: o for tp, o in want.items() if lso.get(tp, -1) < o}
+            if offsets:
+                stored = await self._log._committed_many(group, list(offsets))
+                offsets = {
+                    tp: m for tp, m in offsets.items() if stored.get(tp) != m.offset
+                }
+            if not (want or offsets):
+                return
+            if time.monotonic() > deadline:
+                log.warning(
+                    "%s: transaction committed but not yet visible after %.0fs "
+                    "(partitions %s, offsets %s)",
+                    self.transactional_id, _VISIBILITY_TIMEOUT_S, list(want), list(offsets),
+                )
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._dead is None:
+                self._dead = "closed"
+            await self._drop()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, gc: KafkaGroupConsumer) -> None:
+        self._gc = gc
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._gc._revoked({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._gc._assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
+class KafkaGroupConsumer:
+    """A consumer-group member over ``topics`` (read_committed, manual offset commits)."""
+
+    def __init__(
+        self,
+        log_: KafkaEventLog,
+        group: str,
+        topics: list[str],
+        member_id: str,
+        on_assigned: RebalanceCallback | None,
+        on_revoked: RebalanceCallback | None,
+    ) -> None:
+        self._log = log_
+        self.group = group
+        self.topics = topics
+        self.member_id = member_id
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._sought: set[tuple[str, int]] | None = None
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=log_.bootstrap_servers,
+            client_id=f"{log_.client_id}-{member_id}",
+            group_id=group,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=log_.request_timeout_ms,
+            session_timeout_ms=10000,
+            heartbeat_interval_ms=1000,
+            fetch_max_wait_ms=100,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
+        self._started = False
+
+    async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
+        self._sought = set()
+        try:
+            if self._on_assigned is not None:
+                await self._on_assigned(set(assigned))
+            # Fetch the committed offsets only now: the callback may have started the
+            # partition's transactional producer, completing an older owner's transaction.
+            for topic, partition in sorted(assigned - self._sought):
+                tp = TopicPartition(topic, partition)
+                offset = await self._consumer.committed(tp)
+                if offset is not None and offset >= 0:
+                    self._consumer.seek(tp, offset)
+        finally:
+            self._sought = None
+
+    async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        if self._on_revoked is not None and revoked:
+            await self._on_revoked(set(revoked))
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await _bounded(self._consumer.start(), self._log._bound_s, "group consumer connect")
+        self._consumer.subscribe(self.topics, listener=_Listener(self))
+        self._started = True
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        out: list[Record] = []
+        for msgs in batches.values():
+            out.extend(_to_record(m) for m in msgs)
+        return out
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        if self._sought is not None:
+            self._sought.add((topic, partition))
+        self._consumer.seek(TopicPartition(topic, partition), offset)
+
+    async def commit(self, offsets: Offsets) -> None:
+        if not offsets:
+            return
+        await _bounded(
+            self._consumer.commit(
+                {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+            ),
+            self._log._bound_s,
+            "offset commit",
+        )
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._consumer.stop(), self._log._bound_s)
+

@@ -1,0 +1,241 @@
+"""Kafka-only checks of KafkaEventLog that the shared contract suite cannot express.
+
+Transactions and zombie fencing on a real broker (a second owner's ``acquire`` fences the
+first; the fenced owner's output never reaches a ``read_committed`` reader), output and
+consumed offsets committed atomically, the last stable offset held back by an open
+transaction, and agreement of our partitioner with aiokafka's DefaultPartitioner on the
+broker. Needs ``KAFKA_BOOTSTRAP_SERVERS`` (fails without it, never skips).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
+
+from chronolog.log.kafka import KafkaEventLog
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import Fenced, OutRecord, Record, Topics
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 4
+GROUP = "processor"
+
+
+@pytest.fixture
+async def klog(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[KafkaEventLog]:
+    log = KafkaEventLog(kafka_bootstrap, Topics(prefix=topic_prefix, partitions=PARTITIONS))
+    await log.start()
+    await log.ensure_topics(["default"])
+    yield log
+    await log.close()
+
+
+@pytest.fixture
+async def second_log(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator[KafkaEventLog]:
+    """Another process's view of the same broker and prefix."""
+    log = KafkaEventLog(
+        kafka_bootstrap, Topics(prefix=topic_prefix, partitions=PARTITIONS), client_id="other"
+    )
+    await log.start()
+    yield log
+    await log.close()
+
+
+async def read_all(log: KafkaEventLog, topic: str, partition: int) -> list[Record]:
+    """Every committed record of a partition, from offset 0 up to its last stable offset."""
+    end = await log.end_offset(topic, partition)
+    out: list[Record] = []
+    offset = 0
+    while offset < end:
+        batch = await log.read(topic, partition, offset, timeout_ms=0)
+        if not batch:
+            break
+        out.extend(batch)
+        offset = batch[-1].offset + 1
+    return out
+
+
+async def eventually(cond: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.05)
+
+
+async def test_partitioner_agrees_with_aiokafka_on_the_broker(klog: KafkaEventLog) -> None:
+    keys = [f"tenant{i % 3}/schedule-{i}".encode() for i in range(64)]
+    positions = await klog.append(
+        [OutRecord(klog.topics.commands, key=k, value=b"v") for k in keys]
+    )
+    aiokafka_partitioner = DefaultPartitioner()
+    all_partitions = list(range(PARTITIONS))
+    for key, pos in zip(keys, positions, strict=True):
+        assert pos.partition == partition_for(key, PARTITIONS)
+        assert pos.partition == aiokafka_partitioner(key, all_partitions, all_partitions)
+    assert len({p.partition for p in positions}) == PARTITIONS
+
+
+async def test_append_then_read_preserves_key_value_headers(klog: KafkaEventLog) -> None:
+    topic = klog.topics.events
+    recs = [
+        OutRecord(topic, key=b"k", value=f"v{i}".encode(), partition=2, headers=(("h", b"x"),))
+        for i in range(5)
+    ]
+    positions = await klog.append(recs)
+    assert [p.offset for p in positions] == [0, 1, 2, 3, 4]
+    assert await klog.end_offset(topic, 2) == 5
+    got = await klog.read(topic, 2, 1, max_records=3)
+    assert [(r.offset, r.key, r.value, r.headers) for r in got] == [
+        (1, b"k", b"v1", (("h", b"x"),)),
+        (2, b"k", b"v2", (("h", b"x"),)),
+        (3, b"k", b"v3", (("h", b"x"),)),
+    ]
+    assert got[0].timestamp_ms > 0
+    # nothing beyond the end: returns empty after the (short) wait
+    assert await klog.read(topic, 2, 5, timeout_ms=100) == []
+
+
+async def test_read_waits_for_a_record_within_timeout(klog: KafkaEventLog) -> None:
+    topic = klog.topics.replies
+
+    async def late_append() -> None:
+        await asyncio.sleep(0.3)  # the record must arrive while read is already waiting
+        await klog.append([OutRecord(topic, key=None, value=b"late", partition=0)])
+
+    task = asyncio.create_task(late_append())
+    got = await klog.read(topic, 0, 0, timeout_ms=10_000)
+    await task
+    assert [r.value for r in got] == [b"late"]
+
+
+async def test_commit_is_atomic_with_consumed_offsets(klog: KafkaEventLog) -> None:
+    t = klog.topics
+    owner = await klog.acquire(1, "owner-a")
+    positions = await owner.commit(
+        [OutRecord(t.events, key=b"s1", value=b"e1", partition=1),
+         OutRecord(t.replies, key=None, value=b"r1", partition=0)],
+        {(t.commands, 1): 7},
+        GROUP,
+    )
+    # commit returns only once committed readers can see the outputs and offsets
+    assert [(p.topic, p.partition, p.offset) for p in positions] == [
+        (t.events, 1, 0), (t.replies, 0, 0)
+    ]
+    assert await klog.committed(GROUP, t.commands, 1) == 7
+    assert [r.value for r in await read_all(klog, t.events, 1)] == [b"e1"]
+    assert [r.value for r in await read_all(klog, t.replies, 0)] == [b"r1"]
+    # a transaction leaves a commit marker: the LSO is past it
+    assert await klog.end_offset(t.events, 1) == 2
+    # the next commit continues after the marker
+    more = await owner.commit(
+        [OutRecord(t.events, key=b"s1", value=b"e2", partition=1)], {(t.commands, 1): 9}, GROUP
+    )
+    assert more[0].offset == 2
+    assert await klog.committed(GROUP, t.commands, 1) == 9
+    await owner.close()
+
+
+async def test_second_owner_fences_first(klog: KafkaEventLog, second_log: KafkaEventLog) -> None:
+    t = klog.topics
+    first = await klog.acquire(0, "owner-a")
+    await first.commit([OutRecord(t.events, key=b"k", value=b"a1", partition=0)],
+                       {(t.commands, 0): 1}, GROUP)
+
+    second = await second_log.acquire(0, "owner-b")
+    assert second.epoch > first.epoch
+    with pytest.raises(Fenced):
+        await first.commit([OutRecord(t.events, key=b"k", value=b"zombie", partition=0)],
+                           {(t.commands, 0): 2}, GROUP)
+    # a fenced owner stays dead
+    with pytest.raises(Fenced):
+        await first.commit([], {(t.commands, 0): 3}, GROUP)
+
+    await second.commit([OutRecord(t.events, key=b"k", value=b"b1", partition=0)],
+                        {(t.commands, 0): 2}, GROUP)
+    assert [r.value for r in await read_all(second_log, t.events, 0)] == [b"a1", b"b1"]
+    assert await second_log.committed(GROUP, t.commands, 0) == 2
+    await second.close()
+
+
+async def test_zombie_open_transaction_is_aborted_by_new_owner(
+    klog: KafkaEventLog, second_log: KafkaEventLog, kafka_bootstrap: str
+) -> None:
+    """A producer that dies mid-transaction: the new owner's acquire aborts its output."""
+    t = klog.topics
+    zombie = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap,
+        transactional_id=f"{t.prefix}processor-p3",
+        enable_idempotence=True,
+    )
+    await zombie.start()
+    try:
+        await zombie.begin_transaction()
+        meta = await (await zombie.send(t.events, b"uncommitted", key=b"z", partition=3))
+        assert meta.offset == 0
+        # the open transaction holds the last stable offset back
+        assert await klog.end_offset(t.events, 3) == 0
+        assert await klog.read(t.events, 3, 0, timeout_ms=200) == []
+
+        owner = await second_log.acquire(3, "owner-b")  # fences + aborts the zombie's txn
+        await owner.commit([OutRecord(t.events, key=b"z", value=b"committed", partition=3)],
+                           {(t.commands, 3): 1}, GROUP)
+        got = await read_all(klog, t.events, 3)
+        assert [r.value for r in got] == [b"committed"]
+        # reading from the aborted record's offset skips it
+        assert [r.value for r in await klog.read(t.events, 3, 0)] == [b"committed"]
+        with pytest.raises(Exception):
+            await zombie.commit_transaction()
+        await owner.close()
+    finally:
+        await zombie.stop()
+
+
+async def test_group_consumer_sees_committed_records_and_commits(klog: KafkaEventLog) -> None:
+    t = klog.topics
+    owner = await klog.acquire(0, "w")
+    await owner.commit([OutRecord(t.ready("default"), key=b"r", value=f"h{i}".encode(),
+                                  partition=i % PARTITIONS) for i in range(8)], {}, GROUP)
+    assigned: list[set[tuple[str, int]]] = []
+
+    async def on_assigned(parts: set[tuple[str, int]]) -> None:
+        assigned.append(parts)
+
+    gc = klog.group_consumer("workers", [t.ready("default")], "m1", on_assigned=on_assigned)
+    await gc.start()
+    got: list[Record] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 8 and time.monotonic() < deadline:
+        got.extend(await gc.getmany(timeout_ms=200))
+    assert sorted(r.value for r in got) == [f"h{i}".encode() for i in range(8)]
+    assert assigned and assigned[-1] == {(t.ready("default"), p) for p in range(PARTITIONS)}
+    assert gc.assignment() == assigned[-1]
+    await gc.commit({(t.ready("default"), 0): 2})
+    assert await klog.committed("workers", t.ready("default"), 0) == 2
+    await gc.close()
+    await owner.close()
+
+
+async def test_group_members_split_partitions(klog: KafkaEventLog) -> None:
+    topic = klog.topics.commands
+    a = klog.group_consumer("split", [topic], "a")
+    b = klog.group_consumer("split", [topic], "b")
+    await a.start()
+    await b.start()
+
+    async def balanced() -> bool:
+        await asyncio.gather(a.getmany(timeout_ms=100), b.getmany(timeout_ms=100))
+        sa, sb = a.assignment(), b.assignment()
+        return len(sa) == len(sb) == PARTITIONS // 2 and not (sa & sb)
+
+    try:
+        await eventually(balanced, 40)
+    finally:
+        await a.close()
+        await b.close()
