@@ -1,0 +1,59 @@
+"""Fixtures for the EventLog contract suite: every test runs against SQLite and Kafka.
+
+``event_log`` is a started log with its topics created (4 partitions, a fresh prefix per
+test). ``open_log()`` opens *another* instance on the same backend — the same database file
+or the same broker and prefix — standing for a second process. The Kafka params need a real
+broker (``KAFKA_BOOTSTRAP_SERVERS``); without one they fail, they never skip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from chronolog.log.port import EventLog, Topics
+
+PARTITIONS = 4
+
+OpenLog = Callable[[], Awaitable[EventLog]]
+
+
+@pytest.fixture(params=["sqlite", "kafka"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def open_log(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, topic_prefix: str
+) -> AsyncIterator[OpenLog]:
+    topics = Topics(prefix=topic_prefix, partitions=PARTITIONS)
+    opened: list[EventLog] = []
+
+    async def _open() -> EventLog:
+        log: EventLog
+        if backend == "sqlite":
+            from chronolog.log.sqlite import SqliteEventLog
+
+            log = SqliteEventLog(tmp_path / "log.db", topics)
+        else:
+            from chronolog.log.kafka import KafkaEventLog
+
+            bootstrap = request.getfixturevalue("kafka_bootstrap")
+            log = KafkaEventLog(bootstrap, topics)
+        await log.start()
+        opened.append(log)
+        return log
+
+    yield _open
+    for log in reversed(opened):
+        await log.close()
+
+
+@pytest.fixture
+async def event_log(open_log: OpenLog) -> EventLog:
+    log = await open_log()
+    await log.ensure_topics()
+    return log

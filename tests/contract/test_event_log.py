@@ -1,0 +1,439 @@
+"""The EventLog contract: one suite, run against SqliteEventLog and KafkaEventLog.
+
+Each test is named after the rule it checks. The suite only assumes what the port promises:
+Kafka offsets are not contiguous after transactions (commit markers take offsets), group
+assignment happens in the background after ``start()``, and a rebalance can take seconds,
+so every wait is an explicit deadline on a condition — never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Awaitable, Callable, Sequence
+
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import (
+    EventLog,
+    Fenced,
+    GroupConsumer,
+    OutRecord,
+    PartitionOwner,
+    Record,
+)
+
+import pytest
+
+from .conftest import PARTITIONS, OpenLog
+
+GROUP_DEADLINE_S = 45.0  # Kafka joins and rebalances take seconds
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def read_all(log: EventLog, topic: str, partition: int) -> list[Record]:
+    """Every committed record of a partition, up to its end offset at the time of the call."""
+    end = await log.end_offset(topic, partition)
+    out: list[Record] = []
+    pos = 0
+    while pos < end:
+        # Kafka: a trailing transaction marker occupies an offset no record has, so an
+        # empty read (after a short wait) means the rest are markers / aborted records.
+        batch = await log.read(topic, partition, pos, timeout_ms=1000)
+        if not batch:
+            break
+        out.extend(batch)
+        pos = batch[-1].offset + 1
+    return out
+
+
+async def read_values(log: EventLog, topic: str) -> list[bytes]:
+    values: list[bytes] = []
+    for p in range(PARTITIONS):
+        values.extend(r.value for r in await read_all(log, topic, p))
+    return values
+
+
+def keys_per_partition(per_partition: int, prefix: str = "k") -> list[bytes]:
+    """Keys that spread exactly ``per_partition`` records onto every partition."""
+    counts = [0] * PARTITIONS
+    keys: list[bytes] = []
+    i = 0
+    while min(counts) < per_partition:
+        key = f"{prefix}{i}".encode()
+        i += 1
+        p = partition_for(key, PARTITIONS)
+        if counts[p] < per_partition:
+            counts[p] += 1
+            keys.append(key)
+    return keys
+
+
+async def poll_until(
+    consumers: Sequence[GroupConsumer],
+    condition: Callable[[], bool],
+    sink: dict[int, list[Record]] | None = None,
+    deadline_s: float = GROUP_DEADLINE_S,
+    what: str = "condition",
+) -> None:
+    """Poll every consumer concurrently (records go to ``sink[i]``) until ``condition()``."""
+
+    if sink is not None:
+        for i in range(len(consumers)):
+            sink.setdefault(i, [])
+
+    async def _loop() -> None:
+        while not condition():
+            batches = await asyncio.gather(*(c.getmany(timeout_ms=100) for c in consumers))
+            if sink is not None:
+                for i, batch in enumerate(batches):
+                    sink.setdefault(i, []).extend(batch)
+
+    try:
+        await asyncio.wait_for(_loop(), deadline_s)
+    except TimeoutError:
+        pytest.fail(
+            f"timed out waiting for {what}; assignments: "
+            f"{[sorted(c.assignment()) for c in consumers]}"
+        )
+
+
+async def wait_for(cond: Callable[[], Awaitable[bool]], deadline_s: float, what: str) -> None:
+    async def _loop() -> None:
+        delay = 0.01
+        while not await cond():
+            await asyncio.sleep(delay)  # polling interval, the deadline is the sync point
+            delay = min(delay * 2, 0.2)
+
+    try:
+        await asyncio.wait_for(_loop(), deadline_s)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting for {what}")
+
+
+# --------------------------------------------------------------------------- records
+
+
+async def test_append_then_read_returns_records_in_order_with_offsets_from_zero(
+    event_log: EventLog,
+) -> None:
+    topic = event_log.topics.commands
+    records = [
+        OutRecord(topic, f"key-{i}".encode(), f"value-{i}".encode(), partition=i % PARTITIONS,
+                  headers=(("n", str(i).encode()), ("kind", b"test")))
+        for i in range(20)
+    ]
+    before_ms = int(time.time() * 1000)
+    positions = await event_log.append(records)
+
+    assert [(p.topic, p.partition) for p in positions] == [(topic, i % PARTITIONS) for i in range(20)]
+    for p in range(PARTITIONS):
+        mine = [(rec, pos) for rec, pos in zip(records, positions) if pos.partition == p]
+        assert [pos.offset for _, pos in mine] == list(range(len(mine)))
+        got = await event_log.read(topic, p, 0)
+        assert [r.offset for r in got] == list(range(len(mine)))
+        assert [r.value for r in got] == [rec.value for rec, _ in mine]
+        assert [r.key for r in got] == [rec.key for rec, _ in mine]
+        assert [r.headers for r in got] == [rec.headers for rec, _ in mine]
+        assert all(r.topic == topic and r.partition == p for r in got)
+        assert all(abs(r.timestamp_ms - before_ms) < 60_000 for r in got)
+
+
+async def test_keyed_append_lands_on_partition_for_key(event_log: EventLog) -> None:
+    topic = event_log.topics.events
+    keys = [f"tenant-{i % 3}/schedule-{i}".encode() for i in range(40)]
+    positions = await event_log.append([OutRecord(topic, k, b"v:" + k) for k in keys])
+    for key, pos in zip(keys, positions):
+        assert pos.partition == partition_for(key, PARTITIONS), key
+    for p in range(PARTITIONS):
+        got = await read_all(event_log, topic, p)
+        assert sorted(r.key for r in got if r.key) == sorted(
+            k for k in keys if partition_for(k, PARTITIONS) == p
+        )
+
+
+async def test_read_from_offset(event_log: EventLog) -> None:
+    topic = event_log.topics.commands
+    await event_log.append([OutRecord(topic, None, b"%d" % i, partition=2) for i in range(10)])
+    got = await event_log.read(topic, 2, 4)
+    assert [r.offset for r in got] == list(range(4, 10))
+    assert [r.value for r in got] == [b"%d" % i for i in range(4, 10)]
+    limited = await event_log.read(topic, 2, 2, max_records=3)
+    assert [r.offset for r in limited] == [2, 3, 4]
+
+
+async def test_read_waits_up_to_timeout_then_returns_empty(event_log: EventLog) -> None:
+    topic = event_log.topics.commands
+    await event_log.append([OutRecord(topic, None, b"x", partition=1)])
+    started = time.monotonic()
+    assert await event_log.read(topic, 1, 1, timeout_ms=300) == []
+    elapsed = time.monotonic() - started
+    assert 0.25 <= elapsed < 5.0, elapsed
+    assert await event_log.read(topic, 3, 0, timeout_ms=0) == []
+
+
+async def test_read_with_timeout_returns_as_soon_as_a_record_arrives(
+    event_log: EventLog, open_log: OpenLog
+) -> None:
+    writer = await open_log()  # another instance: another process's append wakes us
+    topic = event_log.topics.commands
+    started = time.monotonic()
+    reader = asyncio.create_task(event_log.read(topic, 0, 0, timeout_ms=15_000))
+    await asyncio.sleep(0.05)  # let the read start waiting (not a synchronisation point)
+    await writer.append([OutRecord(topic, None, b"late", partition=0)])
+    got = await asyncio.wait_for(reader, 20)
+    assert [r.value for r in got] == [b"late"]
+    assert time.monotonic() - started < 10
+
+
+async def test_end_offset(event_log: EventLog) -> None:
+    topic = event_log.topics.events
+    assert await event_log.end_offset(topic, 0) == 0
+    await event_log.append([OutRecord(topic, None, b"e", partition=0) for _ in range(5)])
+    assert await event_log.end_offset(topic, 0) == 5
+    assert await event_log.end_offset(topic, 1) == 0
+
+
+# --------------------------------------------------------------------------- owners
+
+
+async def test_owner_commit_makes_records_and_group_offsets_visible_atomically(
+    event_log: EventLog,
+) -> None:
+    t = event_log.topics
+    owner = await event_log.acquire(0, "proc-a")
+    assert isinstance(owner, PartitionOwner)
+    assert owner.partition == 0
+    assert await event_log.committed("processors", t.commands, 0) is None
+    assert await event_log.end_offset(t.events, 0) == 0
+
+    out = [OutRecord(t.events, None, b"event-%d" % i, partition=0) for i in range(3)]
+    out.append(OutRecord(t.replies, b"client-1", b"reply"))
+    positions = await owner.commit(out, {(t.commands, 0): 7}, "processors")
+
+    assert [(p.topic, p.partition) for p in positions[:3]] == [(t.events, 0)] * 3
+    assert positions[0].offset < positions[1].offset < positions[2].offset
+    assert positions[3].partition == partition_for(b"client-1", PARTITIONS)
+    assert await event_log.committed("processors", t.commands, 0) == 7
+    assert [r.value for r in await read_all(event_log, t.events, 0)] == [
+        b"event-0", b"event-1", b"event-2"
+    ]
+    assert await event_log.end_offset(t.events, 0) > positions[2].offset
+    replies = await read_all(event_log, t.replies, positions[3].partition)
+    assert [(r.offset, r.value) for r in replies] == [(positions[3].offset, b"reply")]
+    await owner.close()
+
+
+async def test_second_acquire_fences_the_first(event_log: EventLog, open_log: OpenLog) -> None:
+    t = event_log.topics
+    other = await open_log()  # the new owner lives in another "process"
+    first = await event_log.acquire(0, "proc-a")
+    await first.commit([OutRecord(t.events, None, b"a-1", partition=0)],
+                       {(t.commands, 0): 1}, "processors")
+
+    second = await other.acquire(0, "proc-b")
+    with pytest.raises(Fenced):
+        await first.commit([OutRecord(t.events, None, b"a-2", partition=0)],
+                           {(t.commands, 0): 2}, "processors")
+    # nothing of the fenced commit is visible
+    assert await event_log.committed("processors", t.commands, 0) == 1
+    assert await read_values(event_log, t.events) == [b"a-1"]
+
+    await second.commit([OutRecord(t.events, None, b"b-1", partition=0)],
+                        {(t.commands, 0): 3}, "processors")
+    assert await event_log.committed("processors", t.commands, 0) == 3
+    assert await read_values(event_log, t.events) == [b"a-1", b"b-1"]
+    # a fenced owner stays fenced
+    with pytest.raises(Fenced):
+        await first.commit([], {(t.commands, 0): 9}, "processors")
+    assert await event_log.committed("processors", t.commands, 0) == 3
+    await first.close()
+    await second.close()
+
+
+async def test_acquire_is_per_partition(event_log: EventLog, open_log: OpenLog) -> None:
+    t = event_log.topics
+    other = await open_log()
+    owner0 = await event_log.acquire(0, "proc-a")
+    owner1 = await other.acquire(1, "proc-b")
+    await owner0.commit([OutRecord(t.events, None, b"p0", partition=0)],
+                        {(t.commands, 0): 1}, "processors")
+    await owner1.commit([OutRecord(t.events, None, b"p1", partition=1)],
+                        {(t.commands, 1): 1}, "processors")
+    await owner0.commit([OutRecord(t.events, None, b"p0-again", partition=0)],
+                        {(t.commands, 0): 2}, "processors")
+    assert [r.value for r in await read_all(event_log, t.events, 0)] == [b"p0", b"p0-again"]
+    assert [r.value for r in await read_all(event_log, t.events, 1)] == [b"p1"]
+    await owner0.close()
+    await owner1.close()
+
+
+async def test_consumed_offsets_readable_via_committed(event_log: EventLog) -> None:
+    t = event_log.topics
+    owner = await event_log.acquire(2, "proc-a")
+    await owner.commit([], {(t.commands, 2): 11, (t.events, 2): 4}, "processors")
+    assert await event_log.committed("processors", t.commands, 2) == 11
+    assert await event_log.committed("processors", t.events, 2) == 4
+    assert await event_log.committed("processors", t.commands, 1) is None
+    assert await event_log.committed("someone-else", t.commands, 2) is None
+    await owner.commit([], {(t.commands, 2): 12}, "processors")
+    assert await event_log.committed("processors", t.commands, 2) == 12
+    await owner.close()
+
+
+# --------------------------------------------------------------------------- groups
+
+
+async def test_group_consumer_one_member_gets_all_partitions(event_log: EventLog) -> None:
+    t = event_log.topics
+    assigned: set[tuple[str, int]] = set()
+
+    async def on_assigned(tps: set[tuple[str, int]]) -> None:
+        assigned.update(tps)
+
+    consumer = event_log.group_consumer("workers", [t.commands], "member-a", on_assigned=on_assigned)
+    await consumer.start()
+    everything = {(t.commands, p) for p in range(PARTITIONS)}
+    sink: dict[int, list[Record]] = {}
+    await poll_until([consumer], lambda: consumer.assignment() == everything, sink,
+                     what="the only member to get every partition")
+    assert assigned == everything
+
+    keys = keys_per_partition(3)
+    positions = await event_log.append([OutRecord(t.commands, k, k) for k in keys])
+    await poll_until([consumer], lambda: len(sink[0]) >= len(keys), sink,
+                     what="every record")
+    got = sink[0]
+    assert sorted((r.partition, r.offset) for r in got) == sorted(
+        (p.partition, p.offset) for p in positions
+    )
+    for p in range(PARTITIONS):  # per partition in order
+        offsets = [r.offset for r in got if r.partition == p]
+        assert offsets == sorted(offsets)
+    await consumer.close()
+
+
+async def _two_members(
+    event_log: EventLog, open_log: OpenLog, group: str,
+    gained_b: set[tuple[str, int]] | None = None,
+) -> tuple[GroupConsumer, GroupConsumer, dict[int, list[Record]]]:
+    t = event_log.topics
+    other = await open_log()
+
+    async def on_assigned_b(tps: set[tuple[str, int]]) -> None:
+        if gained_b is not None:
+            gained_b.update(tps)
+
+    a = event_log.group_consumer(group, [t.commands], "member-a")
+    b = other.group_consumer(group, [t.commands], "member-b", on_assigned=on_assigned_b)
+    await a.start()
+    await b.start()
+    everything = {(t.commands, p) for p in range(PARTITIONS)}
+
+    def split() -> bool:
+        sa, sb = a.assignment(), b.assignment()
+        return bool(sa) and bool(sb) and not (sa & sb) and (sa | sb) == everything
+
+    sink: dict[int, list[Record]] = {}
+    await poll_until([a, b], split, sink, what="two members to split the partitions")
+    return a, b, sink
+
+
+async def test_group_two_members_split_partitions_and_read_every_record_once(
+    event_log: EventLog, open_log: OpenLog
+) -> None:
+    t = event_log.topics
+    a, b, sink = await _two_members(event_log, open_log, "workers")
+    keys = keys_per_partition(5)
+    positions = await event_log.append([OutRecord(t.commands, k, k) for k in keys])
+
+    def total() -> int:
+        return sum(len(v) for v in sink.values())
+
+    await poll_until([a, b], lambda: total() >= len(keys), sink, what="every record")
+    # two more rounds: a duplicate arriving late would show up here
+    for _ in range(2):
+        for i, batch in enumerate(await asyncio.gather(a.getmany(200), b.getmany(200))):
+            sink.setdefault(i, []).extend(batch)
+
+    read = Counter((r.partition, r.offset) for v in sink.values() for r in v)
+    assert set(read) == {(p.partition, p.offset) for p in positions}
+    assert max(read.values()) == 1, "a record was read twice without a rebalance"
+    for i, member in enumerate((a, b)):
+        assert {(r.topic, r.partition) for r in sink.get(i, [])} <= member.assignment()
+    await a.close()
+    await b.close()
+
+
+async def test_group_member_leaving_hands_partitions_over_from_committed_offsets(
+    event_log: EventLog, open_log: OpenLog
+) -> None:
+    t = event_log.topics
+    gained_b: set[tuple[str, int]] = set()
+    a, b, sink = await _two_members(event_log, open_log, "workers", gained_b)
+    a_parts = sorted(a.assignment())
+    keys = keys_per_partition(10)
+    positions = await event_log.append([OutRecord(t.commands, k, k) for k in keys])
+    per_tp = Counter((p.topic, p.partition) for p in positions)
+
+    def a_has_read_its_partitions() -> bool:
+        seen = Counter((r.topic, r.partition) for r in sink.get(0, []))
+        return all(seen[tp] >= per_tp[tp] for tp in a_parts)
+
+    await poll_until([a, b], a_has_read_its_partitions, sink, what="member a to read its records")
+    # a "processes" only the first 4 records of each of its partitions, commits, and leaves
+    processed: list[Record] = []
+    commit: dict[tuple[str, int], int] = {}
+    for tp in a_parts:
+        mine = sorted((r for r in sink[0] if (r.topic, r.partition) == tp), key=lambda r: r.offset)
+        processed.extend(mine[:4])
+        commit[tp] = mine[3].offset + 1
+    await a.commit(commit)
+    for tp, off in commit.items():
+        assert await event_log.committed("workers", *tp) == off
+    await a.close()
+
+    everything = {(t.commands, p) for p in range(PARTITIONS)}
+    b_before = len(sink.get(1, []))
+
+    def b_took_over_and_caught_up() -> bool:
+        if b.assignment() != everything:
+            return False
+        seen = Counter((r.topic, r.partition) for r in sink[1][b_before:])
+        return all(seen[tp] >= per_tp[tp] - 4 for tp in a_parts)
+
+    b_sink: dict[int, list[Record]] = {0: sink[1]}
+    await poll_until([b], b_took_over_and_caught_up, b_sink, what="member b to take over")
+
+    assert set(a_parts) <= gained_b
+    for tp in a_parts:
+        resumed = sorted(r.offset for r in sink[1][b_before:] if (r.topic, r.partition) == tp)
+        assert resumed and resumed[0] == commit[tp], (tp, resumed, commit[tp])
+    # no record lost: a processed + everything b read covers the log
+    covered = {(r.partition, r.offset) for r in processed} | {
+        (r.partition, r.offset) for r in sink[1]
+    }
+    assert covered >= {(p.partition, p.offset) for p in positions}
+    await b.close()
+
+
+# --------------------------------------------------------------------------- topics
+
+
+async def test_ensure_topics_is_idempotent(event_log: EventLog) -> None:
+    t = event_log.topics
+    await event_log.append([OutRecord(t.commands, None, b"keep", partition=0)])
+    await event_log.ensure_topics()
+    await event_log.ensure_topics(("default", "gpu"))
+    await event_log.ensure_topics(("default", "gpu"))
+    assert await event_log.partitions_for(t.commands) == PARTITIONS
+    assert await event_log.partitions_for(t.ready("gpu")) == PARTITIONS
+    assert [r.value for r in await event_log.read(t.commands, 0, 0)] == [b"keep"]
+
+
+async def test_partitions_for(event_log: EventLog) -> None:
+    t = event_log.topics
+    for topic in (t.commands, t.events, t.replies, t.dlq, t.effects, t.ready("default")):
+        assert await event_log.partitions_for(topic) == PARTITIONS, topic
