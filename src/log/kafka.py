@@ -136,8 +136,8 @@ class KafkaEventLog:
         aux_partitions: int | None = None,
         await_visible: bool = True,
     ) -> None:
-        """``aux_partitions``: partition count of replies, commands.dlq and ready.<class>
-        (default: ``topics.partitions``)."""
+        """``aux_partitions``: partition count of replies, commands.dlq, effects.out and
+        ready.<class> (default: ``topics.partitions``)."""
         self.topics = topics
         self.bootstrap_servers = bootstrap_servers
         self.client_id = client_id
@@ -234,6 +234,7 @@ class KafkaEventLog:
             t.events: (t.partitions, {"retention.ms": "-1", "retention.bytes": "-1"}),
             t.replies: (self.aux_partitions, {}),
             t.dlq: (self.aux_partitions, {}),
+            t.effects: (self.aux_partitions, {}),
         }
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})
