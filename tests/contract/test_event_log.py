@@ -39,9 +39,10 @@ async def read_all(log: EventLog, topic: str, partition: int) -> list[Record]:
     out: list[Record] = []
     pos = 0
     while pos < end:
+        # Records below the end offset are "there": read must return them without waiting.
         # Kafka: a trailing transaction marker occupies an offset no record has, so an
-        # empty read (after a short wait) means the rest are markers / aborted records.
-        batch = await log.read(topic, partition, pos, timeout_ms=1000)
+        # empty read means only markers / aborted records are left below the end.
+        batch = await log.read(topic, partition, pos, timeout_ms=0)
         if not batch:
             break
         out.extend(batch)
