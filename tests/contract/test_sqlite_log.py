@@ -1,0 +1,295 @@
+"""SqliteEventLog across real OS processes: fencing, kill -9 atomicity, group expiry.
+
+Child processes run small scripts (``python -c``) against the same database file and talk
+to the test over stdin/stdout lines; every wait is a deadline on such a line or on a
+condition read from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from chronolog.log.port import OutRecord, Topics
+from chronolog.log.sqlite import ProcessLock, SqliteEventLog
+
+PARTITIONS = 4
+DEADLINE_S = 30.0
+
+_PRELUDE = """
+import asyncio, os, sys
+from chronolog.log.port import Fenced, OutRecord, Topics
+from chronolog.log.sqlite import SqliteEventLog
+DB, PREFIX = sys.argv[1], sys.argv[2]
+def say(*parts):
+    print(*parts, flush=True)
+async def line():
+    return (await asyncio.to_thread(sys.stdin.readline)).strip()
+"""
+
+
+class Child:
+    """A child process speaking a line protocol on stdin/stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def expect(self, prefix: str, deadline_s: float = DEADLINE_S) -> str:
+        assert self.proc.stdout is not None
+        try:
+            while True:
+                raw = await asyncio.wait_for(self.proc.stdout.readline(), deadline_s)
+                if not raw:
+                    err = b""
+                    if self.proc.stderr is not None:
+                        err = await self.proc.stderr.read()
+                    pytest.fail(f"child exited before {prefix!r}: {err.decode()[-2000:]}")
+                text = raw.decode().strip()
+                if text.startswith(prefix):
+                    return text
+        except TimeoutError:
+            pytest.fail(f"child did not say {prefix!r} within {deadline_s}s")
+
+    async def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    def kill9(self) -> None:
+        if self.proc.returncode is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+
+
+Spawn = Callable[..., Awaitable[Child]]
+
+
+@pytest.fixture
+def topics(topic_prefix: str) -> Topics:
+    return Topics(prefix=topic_prefix, partitions=PARTITIONS)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "log.db"
+
+
+@pytest.fixture
+async def log(db: Path, topics: Topics) -> AsyncIterator[SqliteEventLog]:
+    lg = SqliteEventLog(db, topics, session_timeout_s=1.0, heartbeat_interval_s=0.2)
+    await lg.start()
+    await lg.ensure_topics()
+    yield lg
+    await lg.close()
+
+
+@pytest.fixture
+async def spawn(db: Path, topics: Topics) -> AsyncIterator[Spawn]:
+    children: list[Child] = []
+
+    async def _spawn(body: str, *args: str) -> Child:
+        script = _PRELUDE + textwrap.dedent(body)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, str(db), topics.prefix, *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        child = Child(proc)
+        children.append(child)
+        return child
+
+    yield _spawn
+    for child in children:
+        child.kill9()
+        await child.proc.wait()
+
+
+async def wait_until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
+    async def _loop() -> None:
+        delay = 0.005
+        while not await cond():
+            await asyncio.sleep(delay)  # polling interval; the deadline is the sync point
+            delay = min(delay * 2, 0.1)
+
+    try:
+        await asyncio.wait_for(_loop(), DEADLINE_S)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting for {what}")
+
+
+# ---------------------------------------------------------------------------------------
+
+
+FENCED_CHILD = """
+async def main():
+    log = SqliteEventLog(DB, Topics(prefix=PREFIX, partitions=4))
+    await log.start()
+    owner = await log.acquire(0, "child")
+    t = log.topics
+    await owner.commit([OutRecord(t.events, None, b"child-1", partition=0)],
+                       {(t.commands, 0): 1}, "processors")
+    say("ready", owner.epoch)
+    await line()
+    try:
+        await owner.commit([OutRecord(t.events, None, b"child-2", partition=0)],
+                           {(t.commands, 0): 2}, "processors")
+        say("committed")
+    except Fenced:
+        say("fenced")
+    await log.close()
+asyncio.run(main())
+"""
+
+
+async def test_acquire_in_another_process_fences_the_first(
+    log: SqliteEventLog, spawn: Spawn
+) -> None:
+    t = log.topics
+    child = await spawn(FENCED_CHILD)
+    ready = await child.expect("ready")
+    child_epoch = int(ready.split()[1])
+
+    owner = await log.acquire(0, "parent")
+    assert owner.epoch > child_epoch
+    await child.send("go")
+    assert await child.expect("") == "fenced"  # the next line the child prints
+    assert await log.committed("processors", t.commands, 0) == 1  # its commit left nothing
+    await owner.commit([OutRecord(t.events, None, b"parent-1", partition=0)],
+                       {(t.commands, 0): 5}, "processors")
+    values = [r.value for r in await log.read(t.events, 0, 0)]
+    assert values == [b"child-1", b"parent-1"]
+    assert await log.committed("processors", t.commands, 0) == 5
+    assert await asyncio.wait_for(child.proc.wait(), DEADLINE_S) == 0
+
+
+COMMIT_LOOP_CHILD = """
+BATCH = int(sys.argv[3])
+async def main():
+    log = SqliteEventLog(DB, Topics(prefix=PREFIX, partitions=4))
+    await log.start()
+    t = log.topics
+    lock = log.process_lock(0)
+    assert lock.try_acquire()
+    owner = await log.acquire(0, f"child-{os.getpid()}")
+    batch = await log.committed("processors", t.commands, 0) or 0
+    pad = b"x" * 280
+    say("started", batch)
+    while True:
+        records = [OutRecord(t.events, None, b"%d:%d:" % (batch, j) + pad, partition=j % 4)
+                   for j in range(BATCH)]
+        await owner.commit(records, {(t.commands, 0): batch + 1}, "processors")
+        batch += 1
+asyncio.run(main())
+"""
+
+
+def _batches(db: Path, events: str) -> Counter[int]:
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return Counter(
+            int(bytes(v).split(b":", 1)[0])
+            for (v,) in conn.execute("SELECT value FROM records WHERE topic = ?", (events,))
+        )
+    finally:
+        conn.close()
+
+
+async def test_kill_9_during_commit_loop_leaves_no_partial_batch(
+    log: SqliteEventLog, spawn: Spawn, db: Path
+) -> None:
+    t = log.topics
+    batch_size = 1000
+    rng = random.Random(1234)
+    for round_ in range(3):
+        before = await log.committed("processors", t.commands, 0) or 0
+        child = await spawn(COMMIT_LOOP_CHILD, str(batch_size))
+        started = await child.expect("started")
+        assert int(started.split()[1]) == before  # restarts resume from the committed batch
+
+        async def progressed(target: int = before + 2) -> bool:
+            return (await log.committed("processors", t.commands, 0) or 0) >= target
+
+        await wait_until(progressed, f"round {round_}: the child to commit batches")
+        # the optional process lock is held by the live child
+        assert not ProcessLock(f"{db}.{t.prefix}owner-p0.lock").try_acquire()
+        # fault injection at a random moment: commits of 1000 records take most of the time
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
+        child.kill9()
+        assert await asyncio.wait_for(child.proc.wait(), DEADLINE_S) == -signal.SIGKILL
+
+        committed = await log.committed("processors", t.commands, 0)
+        assert committed is not None
+        counts = _batches(db, t.events)
+        # every batch is all-or-nothing, and exactly the batches the offsets say
+        assert set(counts) == set(range(committed)), (committed, sorted(counts)[-3:])
+        assert set(counts.values()) == {batch_size}
+        ends = [await log.end_offset(t.events, p) for p in range(PARTITIONS)]
+        assert sum(ends) == committed * batch_size
+
+    # the lock died with its process: a standby can take it now
+    lock = log.process_lock(0)
+    assert await lock.acquire(timeout_s=DEADLINE_S)
+    lock.release()
+
+
+GROUP_CHILD = """
+async def main():
+    log = SqliteEventLog(DB, Topics(prefix=PREFIX, partitions=4),
+                         session_timeout_s=1.0, heartbeat_interval_s=0.2)
+    await log.start()
+    gc = log.group_consumer("workers", [log.topics.commands], "member-child")
+    await gc.start()
+    say("joined")
+    while True:
+        await gc.getmany(timeout_ms=200)
+asyncio.run(main())
+"""
+
+
+async def test_killed_member_expires_and_its_partitions_move(
+    log: SqliteEventLog, spawn: Spawn
+) -> None:
+    t = log.topics
+    everything = {(t.commands, p) for p in range(PARTITIONS)}
+    gained: set[tuple[str, int]] = set()
+    revoked: set[tuple[str, int]] = set()
+
+    async def on_assigned(tps: set[tuple[str, int]]) -> None:
+        gained.update(tps)
+
+    async def on_revoked(tps: set[tuple[str, int]]) -> None:
+        revoked.update(tps)
+
+    gc = log.group_consumer("workers", [t.commands], "member-a", on_assigned, on_revoked)
+    await gc.start()
+    child = await spawn(GROUP_CHILD)
+    await child.expect("joined")
+
+    async def split() -> bool:
+        await gc.getmany(timeout_ms=50)
+        return len(gc.assignment()) == PARTITIONS // 2
+
+    await wait_until(split, "the child to take half of the partitions")
+    lost = everything - gc.assignment()
+    assert revoked == lost
+    child.kill9()
+    await child.proc.wait()
+
+    async def took_over() -> bool:
+        await gc.getmany(timeout_ms=50)
+        return gc.assignment() == everything
+
+    await wait_until(took_over, "the dead member's partitions to come back")
+    assert gained == everything
+    await gc.close()
