@@ -1,0 +1,446 @@
+"""The PostgreSQL side of the projector: row changes, batched writes, offsets in one transaction.
+
+``RowChanges`` is what the pure projection (``project.py``) returns for one event, and what a
+batch of events folds into: per table, a dict from primary key to the columns that change.
+Folding merges a later change into an earlier one column by column, so a batch of 1000
+events touching one run becomes one row write. A column value is either a plain value
+(overwrite, ``None`` included: it sets SQL NULL) or ``First(value)`` (set only while the
+stored value is NULL: "first writer wins", e.g. a run's first start). A column absent from a
+change is never touched — that is the merge rule that keeps a ``ResultPublished`` from wiping
+the columns its run row got from ``OccurrenceMaterialized``.
+
+``PostgresProjectionStore.apply(changes, offsets)`` writes a batch in ONE transaction:
+
+1. compare-and-set of each consumed partition's ``next_offset`` (the expected one must be the
+   stored one, a missing row counting as 0), which also row-locks those offsets; any
+   mismatch raises ``OffsetConflict`` and rolls the whole transaction back (another projector
+   or a replay raced us);
+2. per table, the rows grouped by their *column signature* (which columns, and which of them
+   are ``First``); one statement per group, whatever the number of rows:
+   * a group that sets every required column of the table (NOT NULL, no default: what the
+     row's creating event sets) is an ``INSERT ... SELECT FROM unnest($1::text[], ...)
+     ON CONFLICT (key) DO UPDATE SET`` *only those columns*;
+   * any other group is an ``UPDATE ... FROM unnest(...)`` of existing rows. (An INSERT of a
+     partial row would fail PostgreSQL's NOT NULL check even when the row exists.) Rows it
+     does not find are reported in ``ApplyResult.missing`` rather than invented.
+
+jsonb values are encoded with orjson and sent as ``text[]``; timestamps must be aware datetimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+import asyncpg
+import orjson
+
+from chronolog.projections.migrate import migrate as _migrate
+
+__all__ = [
+    "ApplyResult",
+    "First",
+    "OffsetConflict",
+    "PostgresProjectionStore",
+    "RowChanges",
+    "TABLES",
+    "TableSpec",
+]
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class First:
+    """A column value that is written only if the stored value is NULL (first writer wins)."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A read-model table as the store writes it (must agree with the migrations)."""
+
+    name: str
+    key: tuple[str, ...]
+    types: Mapping[str, str]  # every writable column, key included -> PostgreSQL type
+    required: frozenset[str]  # non-key columns that are NOT NULL without a default
+
+    @property
+    def columns(self) -> frozenset[str]:
+        """The writable non-key columns."""
+        return frozenset(self.types) - frozenset(self.key)
+
+
+def _spec(name: str, key: tuple[str, ...], required: Iterable[str], **types: str) -> TableSpec:
+    spec = TableSpec(name, key, MappingProxyType(types), frozenset(required))
+    assert set(key) <= set(types) and spec.required <= spec.columns, name
+    return spec
+
+
+TS, TEXT, BIGINT, INT, BOOL, JSONB = "timestamptz", "text", "bigint", "integer", "boolean", "jsonb"
+
+TABLES: Mapping[str, TableSpec] = MappingProxyType(
+    {
+        "schedules": _spec(
+            "schedules",
+            ("tenant", "schedule_id"),
+            ("revision", "state", "spec", "created_at", "updated_at", "last_event_at"),
+            tenant=TEXT, schedule_id=TEXT, revision=BIGINT, state=TEXT, spec=JSONB,
+            request_key=TEXT, anchor=TS, fence=BIGINT, next_run_at=TS, next_due_at=TS,
+            paused_at=TS, pause_reason=TEXT, deleted_at=TS, created_at=TS, updated_at=TS,
+            last_event_at=TS,
+        ),
+        "runs": _spec(
+            "runs",
+            ("run_id",),
+            ("tenant", "schedule_id", "scheduled_at", "revision", "trigger", "state", "updated_at"),
+            run_id=TEXT, tenant=TEXT, schedule_id=TEXT, scheduled_at=TS, due_at=TS,
+            revision=BIGINT, trigger=TEXT, request_key=TEXT, state=TEXT, attempt=INT,
+            job_type=TEXT, params=JSONB, resource_class=TEXT, priority=INT, sequence=BIGINT,
+            start_deadline_at=TS, materialized_at=TS, ready_at=TS, retry_at=TS, started_at=TS,
+            finished_at=TS, result_checksum=TEXT, result_size=BIGINT, result_uri=TEXT,
+            result_inline=JSONB, result_attempt=INT, skipped_reason=TEXT, skipped_through=TS,
+            skipped_count=INT, cancellation_requested=BOOL, cancel_reason=TEXT,
+            dead_reason=TEXT, dead_message=TEXT, last_error_class=TEXT, last_error=TEXT,
+            reconciliation=JSONB, reconciliation_resolution=JSONB, updated_at=TS,
+        ),
+        "attempts": _spec(
+            "attempts",
+            ("run_id", "attempt"),
+            ("tenant", "schedule_id", "fence", "worker_id", "claimed_at", "lease_until",
+             "updated_at"),
+            run_id=TEXT, attempt=INT, tenant=TEXT, schedule_id=TEXT, fence=BIGINT,
+            worker_id=TEXT, claimed_at=TS, lease_until=TS, outcome=TEXT, error_class=TEXT,
+            error=TEXT, finished_at=TS, updated_at=TS,
+        ),
+        "effects": _spec(
+            "effects",
+            ("effect_id",),
+            ("tenant", "schedule_id", "run_id", "kind", "state", "created_at", "updated_at"),
+            effect_id=TEXT, tenant=TEXT, schedule_id=TEXT, run_id=TEXT, kind=TEXT, state=TEXT,
+            attempts=INT, checksum=TEXT, config=JSONB, evidence=JSONB, created_at=TS,
+            updated_at=TS,
+        ),
+    }
+)
+
+Row = dict[str, Any]
+
+
+def _merge_value(old: Any, new: Any) -> Any:
+    """The value of a column after ``old`` then ``new`` were applied in that order."""
+    if not isinstance(new, First):
+        return new
+    if isinstance(old, First):
+        return old if old.value is not None else new
+    return new.value if old is None else old
+
+
+@dataclass
+class RowChanges:
+    """Per-table changes keyed by primary key (a tuple, in ``TableSpec.key`` order).
+
+    Build with ``set``; fold a later change into an earlier one with ``merge``. Each row
+    dict holds only the columns that change (key columns excluded).
+    """
+
+    schedules: dict[tuple[Any, ...], Row] = field(default_factory=dict)
+    runs: dict[tuple[Any, ...], Row] = field(default_factory=dict)
+    attempts: dict[tuple[Any, ...], Row] = field(default_factory=dict)
+    effects: dict[tuple[Any, ...], Row] = field(default_factory=dict)
+
+    def table(self, name: str) -> dict[tuple[Any, ...], Row]:
+        """The changes to table ``name``."""
+        if name not in TABLES:
+            raise KeyError(f"unknown table {name!r}")
+        rows: dict[tuple[Any, ...], Row] = getattr(self, name)
+        return rows
+
+    def set(self, table: str, key: tuple[Any, ...], **columns: Any) -> RowChanges:
+        """Change ``columns`` of the row ``key`` of ``table`` (merging into earlier changes)."""
+        spec = TABLES[table]
+        if len(key) != len(spec.key):
+            raise ValueError(f"{table}: key {key!r} does not match {spec.key}")
+        unknown = columns.keys() - spec.columns
+        if unknown:
+            raise ValueError(f"{table}: unknown or key columns {sorted(unknown)}")
+        rows = self.table(table)
+        row = rows.get(key)
+        if row is None:
+            rows[key] = dict(columns)
+        else:
+            for col, value in columns.items():
+                row[col] = _merge_value(row[col], value) if col in row else value
+        return self
+
+    def merge(self, later: RowChanges) -> RowChanges:
+        """Fold ``later`` (changes that happened after these) into ``self``; returns self."""
+        for name in TABLES:
+            mine = self.table(name)
+            for key, row in later.table(name).items():
+                current = mine.get(key)
+                if current is None:
+                    mine[key] = dict(row)
+                else:
+                    for col, value in row.items():
+                        current[col] = _merge_value(current[col], value) if col in current else value
+        return self
+
+    @classmethod
+    def fold(cls, changes: Iterable[RowChanges]) -> RowChanges:
+        """The changes of a batch, in log order, folded into one."""
+        out = cls()
+        for c in changes:
+            out.merge(c)
+        return out
+
+    def row_count(self) -> int:
+        """How many rows this would write."""
+        return sum(len(self.table(name)) for name in TABLES)
+
+    def __bool__(self) -> bool:
+        return self.row_count() > 0
+
+
+class OffsetConflict(RuntimeError):
+    """A stored offset differed from the expected one; the transaction was rolled back."""
+
+    def __init__(
+        self,
+        projection: str,
+        expected: Mapping[TopicPartition, int],
+        actual: Mapping[TopicPartition, int | None],
+    ) -> None:
+        self.projection = projection
+        self.expected = dict(expected)
+        self.actual = dict(actual)
+        diff = ", ".join(
+            f"{t}[{p}] expected {expected[(t, p)]} stored {actual.get((t, p))}"
+            for (t, p) in sorted(expected)
+            if actual.get((t, p), 0) != expected[(t, p)]
+        )
+        super().__init__(f"projection {projection!r}: offset conflict: {diff}")
+
+
+@dataclass
+class ApplyResult:
+    """What one ``apply`` wrote."""
+
+    rows: dict[str, int] = field(default_factory=dict)  # rows written per table
+    statements: int = 0  # row statements executed (offsets excluded)
+    # partial changes whose row did not exist (not written): table -> keys
+    missing: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+
+
+def _quote(ident: str) -> str:
+    return '"' + ident.replace('"', '""') + '"'
+
+
+def _encode(pg_type: str, value: Any) -> Any:
+    if pg_type == JSONB and value is not None:
+        return orjson.dumps(value).decode()
+    return value
+
+
+class _SqlCache:
+    """The SQL text per (table, signature, mode), built once."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, tuple[tuple[str, bool], ...], bool], str] = {}
+
+    def get(self, spec: TableSpec, signature: tuple[tuple[str, bool], ...], insert: bool) -> str:
+        k = (spec.name, signature, insert)
+        sql = self._cache.get(k)
+        if sql is None:
+            sql = self._cache[k] = self._build(spec, signature, insert)
+        return sql
+
+    @staticmethod
+    def _build(spec: TableSpec, signature: tuple[tuple[str, bool], ...], insert: bool) -> str:
+        cols = [c for c, _ in signature]
+        allc = [*spec.key, *cols]
+        params = ", ".join(
+            f"${i}::{'text' if spec.types[c] == JSONB else spec.types[c]}[]"
+            for i, c in enumerate(allc, start=1)
+        )
+        alias = ", ".join(_quote(c) for c in allc)
+
+        def src(c: str) -> str:
+            return f"u.{_quote(c)}" + ("::jsonb" if spec.types[c] == JSONB else "")
+
+        table = _quote(spec.name)
+        keys = ", ".join(_quote(k) for k in spec.key)
+        if insert:
+            sets = ", ".join(
+                f"{_quote(c)} = COALESCE(t.{_quote(c)}, EXCLUDED.{_quote(c)})"
+                if first
+                else f"{_quote(c)} = EXCLUDED.{_quote(c)}"
+                for c, first in signature
+            )
+            return (
+                f"INSERT INTO {table} AS t ({alias}) "
+                f"SELECT {', '.join(src(c) for c in allc)} FROM unnest({params}) AS u({alias}) "
+                f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
+            )
+        sets = ", ".join(
+            f"{_quote(c)} = COALESCE(t.{_quote(c)}, {src(c)})" if first else f"{_quote(c)} = {src(c)}"
+            for c, first in signature
+        )
+        match = " AND ".join(f"t.{_quote(k)} = u.{_quote(k)}" for k in spec.key)
+        returning = ", ".join(f"t.{_quote(k)}" for k in spec.key)
+        return (
+            f"UPDATE {table} AS t SET {sets} FROM unnest({params}) AS u({alias}) "
+            f"WHERE {match} RETURNING {returning}"
+        )
+
+
+class PostgresProjectionStore:
+    """The projector's PostgreSQL store: migrations, offsets and atomic batched writes."""
+
+    def __init__(self, pool: asyncpg.Pool, projection: str = "main") -> None:
+        self.pool = pool
+        self.projection = projection
+        self._sql = _SqlCache()
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, projection: str = "main", *, min_size: int = 1, max_size: int = 4
+    ) -> PostgresProjectionStore:
+        """Open a connection pool on ``dsn``."""
+        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+        assert pool is not None
+        return cls(pool, projection)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def __aenter__(self) -> PostgresProjectionStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations (advisory-locked); return the versions applied now."""
+        async with self.pool.acquire() as conn:
+            return await _migrate(conn)
+
+    async def offsets(self) -> dict[TopicPartition, int]:
+        """The next offset to consume per (topic, partition), as stored for this projection."""
+        rows = await self.pool.fetch(
+            "SELECT topic, partition, next_offset FROM projection_offsets WHERE projection = $1",
+            self.projection,
+        )
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+
+    async def apply(
+        self,
+        changes: RowChanges,
+        offsets: Mapping[TopicPartition, tuple[int, int]],
+        *,
+        last_event_at: Mapping[TopicPartition, datetime] | None = None,
+    ) -> ApplyResult:
+        """Write ``changes`` and advance ``offsets`` ({tp: (expected_next, new_next)}) atomically.
+
+        Raises ``OffsetConflict`` (nothing written) if a stored offset is not the expected one.
+        """
+        for tp, (expected, new) in offsets.items():
+            if expected < 0 or new < expected:
+                raise ValueError(f"{tp}: offsets must move forward, got {expected} -> {new}")
+        result = ApplyResult()
+        async with self.pool.acquire() as conn, conn.transaction():
+            if offsets:
+                await self._advance_offsets(conn, offsets, last_event_at or {})
+            for spec in TABLES.values():
+                rows = changes.table(spec.name)
+                if rows:
+                    await self._write_table(conn, spec, rows, result)
+        return result
+
+    async def _advance_offsets(
+        self,
+        conn: asyncpg.Connection,
+        offsets: Mapping[TopicPartition, tuple[int, int]],
+        last_event_at: Mapping[TopicPartition, datetime],
+    ) -> None:
+        tps = sorted(offsets)  # a fixed lock order: concurrent projectors cannot deadlock
+        topics = [t for t, _ in tps]
+        parts = [p for _, p in tps]
+        await conn.execute(
+            """
+            INSERT INTO projection_offsets (projection, topic, partition, next_offset)
+            SELECT $1, u.topic, u.partition, 0 FROM unnest($2::text[], $3::integer[]) AS u(topic, partition)
+            ORDER BY u.topic, u.partition
+            ON CONFLICT (projection, topic, partition) DO NOTHING
+            """,
+            self.projection, topics, parts,
+        )
+        moved = await conn.fetch(
+            """
+            UPDATE projection_offsets AS o
+               SET next_offset = u.new_offset,
+                   last_event_at = COALESCE(u.last_event_at, o.last_event_at),
+                   updated_at = now()
+              FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[], $6::timestamptz[])
+                   AS u(topic, partition, expected, new_offset, last_event_at)
+             WHERE o.projection = $1 AND o.topic = u.topic AND o.partition = u.partition
+               AND o.next_offset = u.expected
+            RETURNING o.topic, o.partition
+            """,
+            self.projection, topics, parts,
+            [offsets[tp][0] for tp in tps], [offsets[tp][1] for tp in tps],
+            [last_event_at.get(tp) for tp in tps],
+        )
+        if len(moved) != len(tps):
+            rows = await conn.fetch(
+                "SELECT topic, partition, next_offset FROM projection_offsets WHERE projection = $1",
+                self.projection,
+            )
+            actual: dict[TopicPartition, int | None] = {
+                (r["topic"], r["partition"]): r["next_offset"] for r in rows
+            }
+            raise OffsetConflict(
+                self.projection, {tp: offsets[tp][0] for tp in tps}, actual
+            )  # raised inside the transaction: everything rolls back
+
+    async def _write_table(
+        self,
+        conn: asyncpg.Connection,
+        spec: TableSpec,
+        rows: Mapping[tuple[Any, ...], Row],
+        result: ApplyResult,
+    ) -> None:
+        groups: dict[tuple[tuple[str, bool], ...], list[tuple[tuple[Any, ...], Row]]] = {}
+        for key, row in rows.items():
+            if not row:
+                continue
+            signature = tuple(sorted((c, isinstance(v, First)) for c, v in row.items()))
+            groups.setdefault(signature, []).append((key, row))
+        for signature, members in groups.items():
+            cols = [c for c, _ in signature]
+            insert = spec.required <= set(cols)
+            args: list[list[Any]] = [[key[i] for key, _ in members] for i in range(len(spec.key))]
+            for c in cols:
+                pg_type = spec.types[c]
+                column: list[Any] = []
+                for _, row in members:
+                    v = row[c]
+                    column.append(_encode(pg_type, v.value if isinstance(v, First) else v))
+                args.append(column)
+            sql = self._sql.get(spec, signature, insert)
+            if insert:
+                await conn.execute(sql, *args)
+                written = len(members)
+            else:
+                found = await conn.fetch(sql, *args)
+                written = len(found)
+                if written != len(members):
+                    have = {tuple(r) for r in found}
+                    lost = [key for key, _ in members if tuple(key) not in have]
+                    result.missing.setdefault(spec.name, []).extend(lost)
+            result.statements += 1
+            result.rows[spec.name] = result.rows.get(spec.name, 0) + written
