@@ -1,0 +1,1198 @@
+"""The decider: ``decide(state, command, now) -> Decision`` and ``evolve(state, event)``.
+
+Pure: no I/O, no clock, no randomness. Time enters as ``now`` (authority time); jitter is a
+hash of (run ID, attempt) or (schedule ID, instant). Every computed value is written into
+the events, so ``evolve`` (replay) never recomputes a schedule instant, a retry time, a lease
+deadline or a fence.
+
+Rejections are data: a ``Decision`` with a non-``ok`` status and a reason. A rejection may
+still carry events (a stale completion is recorded as CompletionRejected for audit; a
+heartbeat that finds its lease expired also expires it).
+
+``decide`` works on a clone of the state and applies each event to it as it goes, so a
+command that emits several dependent events (a Tick expiring a lease, releasing the overlap
+guard and materializing the next occurrence) sees a consistent state at every step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, assert_never
+
+from chronolog.commands.state import (
+    DEAD_KEPT,
+    MANUAL_KEYS_KEPT,
+    RECENT_TERMINAL_KEPT,
+    Policy,
+    Run,
+    ScheduleState,
+    initial_state,
+    policy_for,
+)
+from chronolog.domain import messages as m
+from chronolog.domain.ids import effect_id_for, manual_run_id, run_id_for
+from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter_offset
+
+__all__ = [
+    "Decision",
+    "TenantContext",
+    "decide",
+    "evolve",
+    "fold",
+    "initial_state",
+    "next_wakeup",
+]
+
+MAX_INSTANTS_PER_DECISION = 1000  # a Tick materializes or skips at most this many instants
+COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
+_US = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantContext:
+    """Tenant policy as seen by the processor: allowed job types and schedule quota."""
+
+    allowed_jobs: frozenset[str] | None = None  # None: every job type
+    max_schedules: int | None = None
+    active_schedules: int = 0
+
+    def allows(self, job_type: str) -> bool:
+        return self.allowed_jobs is None or "*" in self.allowed_jobs or job_type in self.allowed_jobs
+
+
+OPEN_TENANT = TenantContext()
+
+
+@dataclass(slots=True)
+class Decision:
+    """The outcome of one command: a status, a reason, a reply body and the events."""
+
+    status: m.Status = "ok"
+    events: list[Any] = field(default_factory=list)
+    body: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    field: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _reject(status: m.Status, reason: str, field_: str | None = None, **body: Any) -> Decision:
+    return Decision(status=status, reason=reason, field=field_, body=dict(body))
+
+
+class _Draft:
+    """A scratch copy of the state; ``emit`` appends an event and folds it at once."""
+
+    __slots__ = ("state", "events")
+
+    def __init__(self, state: ScheduleState) -> None:
+        self.state = state.clone()
+        self.events: list[Any] = []
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+        evolve(self.state, event)
+
+
+# =======================================================================================
+# decide
+
+
+def decide(
+    state: ScheduleState,
+    command: m.CommandEnvelope,
+    now: datetime,
+    tenant: TenantContext = OPEN_TENANT,
+) -> Decision:
+    """Decide one command against one schedule's state at authority time ``now``."""
+    p = command.payload
+    match p:
+        case m.CreateSchedule():
+            return _create(state, p, now, tenant)
+        case m.ReviseSchedule():
+            return _revise(state, p, now, tenant)
+        case m.PauseSchedule():
+            return _pause(state, p, now)
+        case m.ResumeSchedule():
+            return _resume(state, now)
+        case m.DeleteSchedule():
+            return _delete(state, command.principal)
+        case m.TriggerRun():
+            return _trigger(state, p, now)
+        case m.CancelRun():
+            return _cancel(state, p, now, command.principal)
+        case m.RedriveRun():
+            return _redrive(state, p, command.principal)
+        case m.ResolveReconciliation():
+            return _resolve(state, p, now, command.principal)
+        case m.ClaimRun():
+            return _claim(state, p, now)
+        case m.Heartbeat():
+            return _heartbeat(state, p, now)
+        case m.CompleteRun():
+            return _complete(state, p, now)
+        case m.FailRun():
+            return _fail(state, p, now)
+        case m.RecordEffectOutcome():
+            return _effect_outcome(state, p, now)
+        case m.Tick():
+            return tick(state, now)
+        case _:
+            assert_never(p)
+
+
+# ---------------------------------------------------------------------------------------
+# schedule lifecycle
+
+
+def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Any:
+    return compile_trigger(
+        cron=spec.cron,
+        every=spec.every,
+        at=spec.at,
+        delay=spec.delay,
+        timezone=spec.timezone,
+        anchor=anchor,
+        start=spec.start,
+        end=spec.end,
+        dst_ambiguous=spec.dst.ambiguous,
+        dst_nonexistent=spec.dst.nonexistent,
+    )
+
+
+def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | None:
+    """The instant plus the schedule's deterministic jitter (the moment it becomes due)."""
+    if instant is None:
+        return None
+    if pol.jitter <= 0:
+        return instant
+    return instant + timedelta(seconds=jitter_offset(schedule_id, instant, pol.jitter))
+
+
+def _first_instant(trigger: Any, pol: Policy, spec: m.ScheduleSpec, now: datetime) -> datetime | None:
+    """The first instant of a new schedule: the first at/after its start (or now)."""
+    if pol.kind == "at":
+        return spec.at
+    floor = spec.start if spec.start is not None and spec.start > now else now
+    return trigger.next_after(floor - _US)
+
+
+def _create(
+    state: ScheduleState, p: m.CreateSchedule, now: datetime, tenant: TenantContext
+) -> Decision:
+    if state.status != "NEW":
+        if state.status == "DELETED":
+            return _reject("conflict", "schedule id was deleted; choose another", "scheduleId")
+        assert state.policy is not None
+        new_hash = policy_for(p.spec).spec_hash
+        if p.request_key is not None and p.request_key == state.request_key:
+            if new_hash == state.policy.spec_hash:
+                return Decision(body=_schedule_body(state))
+            return _reject(
+                "conflict", "request key reused with a different spec", "Idempotency-Key",
+                revision=state.revision,
+            )
+        return _reject("conflict", "schedule id taken", "scheduleId", revision=state.revision)
+    if not tenant.allows(p.spec.job.type):
+        return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
+    if tenant.max_schedules is not None and tenant.active_schedules >= tenant.max_schedules:
+        return _reject("quota", f"tenant has {tenant.active_schedules} active schedules "
+                       f"(max {tenant.max_schedules})")
+    pol = policy_for(p.spec)
+    anchor = p.spec.anchor or now
+    try:
+        trigger = _compile(p.spec, anchor)
+    except RecurrenceError as exc:
+        return _reject("invalid", str(exc), exc.field)
+    first = _first_instant(trigger, pol, p.spec, now)
+    if pol.kind == "at" and first is not None and first < now - timedelta(seconds=pol.grace):
+        return _reject("invalid", f"invalid at '{m_iso(first)}': in the past", "at")
+    d = _Draft(state)
+    d.emit(
+        m.ScheduleCreated(
+            revision=1,
+            spec=p.spec,
+            request_key=p.request_key,
+            created_at=now,
+            anchor=anchor,
+            next_run_at=first,
+            next_due_at=_due(state.schedule_id, first, pol),
+        )
+    )
+    return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def m_iso(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def _schedule_body(s: ScheduleState) -> dict[str, Any]:
+    return {
+        "schedule_id": s.schedule_id,
+        "revision": s.revision,
+        "state": s.status,
+        "next_run_at": s.next_run_at,
+    }
+
+
+def _revise(
+    state: ScheduleState, p: m.ReviseSchedule, now: datetime, tenant: TenantContext
+) -> Decision:
+    if not state.exists:
+        return _reject("not_found", "no such schedule")
+    if p.expected_revision != state.revision:
+        return _reject(
+            "conflict",
+            f"expected revision {p.expected_revision}, current is {state.revision}",
+            "If-Match",
+            revision=state.revision,
+        )
+    if not tenant.allows(p.spec.job.type):
+        return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
+    pol = policy_for(p.spec)
+    anchor = p.spec.anchor or state.anchor or now
+    try:
+        trigger = _compile(p.spec, anchor)
+    except RecurrenceError as exc:
+        return _reject("invalid", str(exc), exc.field)
+    # Only unmaterialized occurrences change: the next instant is strictly after both
+    # now and the last materialized instant, so no revision can reuse an occurrence key.
+    after = now - _US
+    if state.last_scheduled_at is not None and state.last_scheduled_at > after:
+        after = state.last_scheduled_at
+    if pol.kind == "at":
+        nxt = p.spec.at if p.spec.at is not None and p.spec.at > after else None
+    elif pol.kind == "delay" and any(r.active for r in (state.runs or {}).values()):
+        nxt = None  # planned when the running occurrence finishes
+    else:
+        nxt = trigger.next_after(after)
+    if pol.max_count is not None and state.count >= pol.max_count:
+        nxt = None
+    d = _Draft(state)
+    d.emit(
+        m.ScheduleRevised(
+            revision=state.revision + 1,
+            spec=p.spec,
+            anchor=anchor,
+            next_run_at=nxt,
+            next_due_at=_due(state.schedule_id, nxt, pol),
+        )
+    )
+    return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
+    if not state.exists:
+        return _reject("not_found", "no such schedule")
+    if state.status == "PAUSED":
+        return Decision(body=_schedule_body(state))
+    d = _Draft(state)
+    d.emit(m.SchedulePaused(reason=p.reason, paused_at=now))
+    return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def _resume(state: ScheduleState, now: datetime) -> Decision:
+    if not state.exists:
+        return _reject("not_found", "no such schedule")
+    if state.status == "ACTIVE":
+        return Decision(body=_schedule_body(state))
+    d = _Draft(state)
+    d.emit(
+        m.ScheduleResumed(
+            resumed_at=now, next_run_at=state.next_run_at, next_due_at=state.next_due_at
+        )
+    )
+    # The misfire policy applies to the instants of the paused span, right away.
+    _materialize_due(d, now, late_reason="paused")
+    return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def _delete(state: ScheduleState, principal: str) -> Decision:
+    if not state.exists:
+        return _reject("not_found", "no such schedule")
+    d = _Draft(state)
+    # Runs not yet started will never start; running ones finish under their fence.
+    for run in list((d.state.runs or {}).values()):
+        if run.state in ("PENDING", "READY", "RETRY_WAIT"):
+            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason="schedule deleted"))
+    d.emit(m.ScheduleDeleted())
+    return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+# ---------------------------------------------------------------------------------------
+# time: Tick
+
+
+def tick(state: ScheduleState, now: datetime) -> Decision:
+    """Everything due at ``now``: lease expiry, retry release, start deadlines, instants."""
+    if state.status == "NEW":
+        return Decision()
+    d = _Draft(state)
+    _expire_leases(d, now)
+    _release_retries(d, now)
+    _expire_start_deadlines(d, now)
+    if d.state.status == "ACTIVE":
+        _materialize_due(d, now, late_reason="misfire")
+    return Decision(events=d.events)
+
+
+def _expire_leases(d: _Draft, now: datetime) -> None:
+    for run in list((d.state.runs or {}).values()):
+        if run.state == "LEASED" and run.lease_until is not None and run.lease_until < now:
+            _expire_lease(d, run.run_id, now)
+
+
+def _expire_lease(d: _Draft, run_id: str, now: datetime) -> None:
+    """Lease expiry advances the fence at once; the run goes back to READY (or ends)."""
+    run = d.state.runs[run_id]  # type: ignore[index]
+    assert run.lease_until is not None
+    d.emit(m.LeaseExpired(run_id=run_id, attempt=run.attempt, fence=run.fence,
+                          lease_until=run.lease_until))
+    d.emit(m.FenceAdvanced(fence=d.state.fence + 1, run_id=run_id, reason="lease_expired"))
+    run = d.state.runs[run_id]  # type: ignore[index]
+    if run.cancel_requested:
+        d.emit(m.OccurrenceCancelled(run_id=run_id, reason="cancelled while its lease expired"))
+    else:
+        _retry_or_dead(d, run, now, immediate=True)
+    _after_run_left_guard(d, now)
+
+
+def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool) -> None:
+    """A failed or expired attempt: another attempt (bounded) or the dead-letter state."""
+    pol = d.state.policy
+    assert pol is not None
+    used = run.attempt - run.attempt_base + 1
+    if used >= pol.max_attempts:
+        d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_attempts",
+                                        message=f"{used} attempts used"))
+        return
+    deadline = run.scheduled_at + timedelta(seconds=pol.retry_max_age)
+    if immediate:
+        if now > deadline:
+            d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_age"))
+        else:
+            d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt + 1,
+                                     resource_class=run.resource_class, priority=run.priority))
+        return
+    retry_at = now + timedelta(seconds=retry_delay(pol, run.run_id, run.attempt, used))
+    if retry_at > deadline:
+        d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_age",
+                                        message=f"next retry {m_iso(retry_at)} past max age"))
+        return
+    d.emit(m.RetryScheduled(run_id=run.run_id, attempt=run.attempt + 1, retry_at=retry_at))
+
+
+def retry_delay(pol: Policy, run_id: str, attempt: int, used: int) -> float:
+    """Exponential backoff, capped, with deterministic jitter in [50%, 100%] of the step."""
+    base = min(pol.max_backoff, pol.initial_backoff * pol.multiplier ** (used - 1))
+    return base * (0.5 + 0.5 * unit_hash(f"{run_id}#{attempt}"))
+
+
+def unit_hash(text: str) -> float:
+    """A deterministic number in [0, 1) from a string (the decider's only 'randomness')."""
+    h = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def _release_retries(d: _Draft, now: datetime) -> None:
+    for run in list((d.state.runs or {}).values()):
+        if run.state == "RETRY_WAIT" and run.retry_at is not None and run.retry_at <= now:
+            d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt,
+                                     resource_class=run.resource_class, priority=run.priority))
+
+
+def _expire_start_deadlines(d: _Draft, now: datetime) -> None:
+    for run in list((d.state.runs or {}).values()):
+        if (
+            run.state in ("READY", "PENDING")
+            and not run.claimed
+            and run.start_deadline_at is not None
+            and run.start_deadline_at < now
+        ):
+            d.emit(m.OccurrenceSkipped(run_id=run.run_id, scheduled_at=run.scheduled_at,
+                                       reason="start_deadline", materialized=True,
+                                       revision=run.revision, advances_schedule=False))
+            _after_run_left_guard(d, now)
+
+
+# ---------------------------------------------------------------------------------------
+# materialization and misfire
+
+
+def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
+    """Materialize or skip every instant due at ``now`` (bounded per decision)."""
+    s = d.state
+    pol = s.policy
+    if pol is None or s.status != "ACTIVE":
+        return
+    due = _collect_due(s, pol, now, MAX_INSTANTS_PER_DECISION)
+    if not due:
+        return
+    later = _count_due_after(s, pol, due[-1], now, pol.max_catchup)
+    keep = _instants_to_run(due, later, pol, now)
+    skipped_run: list[tuple[datetime, str]] = []
+    for i, instant in enumerate(due):
+        nxt = due[i + 1] if i + 1 < len(due) else _next_instant(s, pol, instant)
+        if instant in keep:
+            _flush_skips(d, skipped_run, instant)
+            _materialize(d, instant, nxt, now)
+        else:
+            skipped_run.append((instant, keep_reason(instant, pol, now, late_reason)))
+    if skipped_run:
+        last = skipped_run[-1][0]
+        _flush_skips(d, skipped_run, None, final_next=_next_instant(s, pol, last))
+
+
+def _collect_due(s: ScheduleState, pol: Policy, now: datetime, budget: int) -> list[datetime]:
+    out: list[datetime] = []
+    t = s.next_run_at
+    while t is not None and len(out) < budget:
+        if not _is_due(s, pol, t, now, len(out)):
+            break
+        out.append(t)
+        t = _next_instant(s, pol, t)
+    return out
+
+
+def _is_due(s: ScheduleState, pol: Policy, t: datetime, now: datetime, queued: int) -> bool:
+    due_at = _due(s.schedule_id, t, pol)
+    assert due_at is not None
+    if due_at > now:
+        return False
+    return pol.max_count is None or s.count + queued < pol.max_count
+
+
+def _count_due_after(
+    s: ScheduleState, pol: Policy, last: datetime, now: datetime, limit: int
+) -> int:
+    """How many more instants after ``last`` are already due (up to ``limit``)."""
+    n = 0
+    t = _next_instant(s, pol, last)
+    while t is not None and n < limit and _is_due(s, pol, t, now, MAX_INSTANTS_PER_DECISION):
+        n += 1
+        t = _next_instant(s, pol, t)
+    return n
+
+
+def _next_instant(s: ScheduleState, pol: Policy, after: datetime) -> datetime | None:
+    if pol.kind in ("delay", "at"):
+        return None  # a delay schedule plans its next instant when the run finishes
+    return s.trigger.next_after(after)
+
+
+def _instants_to_run(
+    due: list[datetime], later: int, pol: Policy, now: datetime
+) -> set[datetime]:
+    """The misfire policy: which due instants run (``later`` more are due after these).
+
+    An instant no later than ``grace`` is simply on time and always runs. For the late
+    (misfired) ones — skip: none run; latest: only the newest, and only when no newer
+    instant is due and it is younger than ``max_age``; all: every one younger than
+    ``max_age``, at most ``max_catchup`` in all (the newest win).
+    """
+    grace = timedelta(seconds=pol.grace)
+    max_age = timedelta(seconds=pol.misfire_max_age)
+    on_time = {t for t in due if now - t <= grace}
+    late = [t for t in due if t not in on_time]
+    if not late or pol.misfire == "skip":
+        return on_time
+    if pol.misfire == "latest":
+        newest = late[-1]
+        if later == 0 and not on_time and now - newest <= max_age:
+            return {newest}
+        return on_time
+    room = pol.max_catchup - later - len(on_time)
+    young = [t for t in late if now - t <= max_age]
+    return on_time | (set(young[-room:]) if room > 0 else set())
+
+
+def keep_reason(instant: datetime, pol: Policy, now: datetime, late_reason: str) -> str:
+    """Why an instant is skipped under the misfire policy."""
+    if pol.misfire == "all":
+        if now - instant > timedelta(seconds=pol.misfire_max_age):
+            return "misfire_max_age"
+        return "misfire_max_catchup"
+    return late_reason
+
+
+def _flush_skips(
+    d: _Draft,
+    skipped: list[tuple[datetime, str]],
+    next_kept: datetime | None,
+    final_next: datetime | None = None,
+) -> None:
+    """Record skipped instants: one event each, or one range event per long same-reason run."""
+    if not skipped:
+        return
+    s = d.state
+    pol = s.policy
+    assert pol is not None
+    groups: list[list[tuple[datetime, str]]] = []
+    for item in skipped:
+        if groups and groups[-1][0][1] == item[1]:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    flat: list[tuple[datetime, datetime | None, int, str]] = []
+    for g in groups:
+        if len(g) > COLLAPSE_SKIPS_OVER:
+            flat.append((g[0][0], g[-1][0], len(g), g[0][1]))
+        else:
+            flat.extend((t, None, 1, r) for t, r in g)
+    for i, (first, through, count, reason) in enumerate(flat):
+        if i + 1 < len(flat):
+            nxt: datetime | None = flat[i + 1][0]
+        else:
+            nxt = next_kept if next_kept is not None else final_next
+        d.emit(
+            m.OccurrenceSkipped(
+                run_id=run_id_for(s.tenant, s.schedule_id, first),
+                scheduled_at=first,
+                reason=reason,  # type: ignore[arg-type]
+                through=through,
+                count=count,
+                revision=s.revision,
+                next_run_at=nxt,
+                next_due_at=_due(s.schedule_id, nxt, pol),
+            )
+        )
+    skipped.clear()
+
+
+def _materialize(d: _Draft, instant: datetime, nxt: datetime | None, now: datetime) -> None:
+    s = d.state
+    pol = s.policy
+    assert pol is not None
+    if pol.max_count is not None and s.count + 1 >= pol.max_count:
+        nxt = None
+    run_id = run_id_for(s.tenant, s.schedule_id, instant)
+    _admit(d, run_id, instant, pol.job, "schedule", None, nxt, now, advances=True)
+
+
+def _admit(
+    d: _Draft,
+    run_id: str,
+    instant: datetime,
+    job: m.JobSpec,
+    trigger: str,
+    request_key: str | None,
+    nxt: datetime | None,
+    now: datetime,
+    advances: bool,
+    request_digest: str | None = None,
+) -> None:
+    """Create an occurrence under the overlap policy (READY, PENDING, or skipped)."""
+    s = d.state
+    pol = s.policy
+    assert pol is not None
+    due_at = _due(s.schedule_id, instant, pol) or instant
+    next_due = _due(s.schedule_id, nxt, pol)
+    active = s.active_runs()
+    state = "READY"
+    if active:
+        policy = pol.overlap
+        if policy == "skip" or (policy == "buffer_one" and s.pending):
+            d.emit(
+                m.OccurrenceSkipped(
+                    run_id=run_id, scheduled_at=instant,
+                    reason="overlap" if policy == "skip" else "overlap_buffer_full",
+                    revision=s.revision, next_run_at=nxt if advances else None,
+                    next_due_at=next_due if advances else None, advances_schedule=advances,
+                    request_key=request_key, request_digest=request_digest,
+                )
+            )
+            return
+        if policy in ("buffer_one", "buffer_all"):
+            state = "PENDING"
+        elif policy == "cancel_previous":
+            for run in active:
+                if run.state == "LEASED":
+                    d.emit(m.FenceAdvanced(fence=s.fence + 1, run_id=run.run_id,
+                                           reason="superseded"))
+                d.emit(m.OccurrenceCancelled(run_id=run.run_id, by="overlap",
+                                             reason="superseded by a newer occurrence"))
+    deadline = (
+        due_at + timedelta(seconds=pol.start_deadline) if pol.start_deadline is not None else None
+    )
+    d.emit(
+        m.OccurrenceMaterialized(
+            run_id=run_id,
+            scheduled_at=instant,
+            due_at=due_at,
+            revision=s.revision,
+            job=job,
+            trigger=trigger,  # type: ignore[arg-type]
+            request_key=request_key,
+            request_digest=request_digest,
+            state=state,  # type: ignore[arg-type]
+            start_deadline_at=deadline,
+            resource_class=pol.resource_class,
+            priority=pol.priority,
+            sequence=s.count + 1 if advances else s.count,
+            next_run_at=nxt if advances else None,
+            next_due_at=next_due if advances else None,
+            advances_schedule=advances,
+        )
+    )
+
+
+def _after_run_left_guard(d: _Draft, now: datetime) -> None:
+    """A run stopped holding the overlap guard: promote a buffered one; plan a delay run."""
+    s = d.state
+    pol = s.policy
+    if pol is None:
+        return
+    if s.pending and not s.active_runs():
+        head = s.pending[0]
+        run = s.runs[head]  # type: ignore[index]
+        d.emit(m.OccurrenceReady(run_id=head, attempt=run.attempt,
+                                 resource_class=run.resource_class, priority=run.priority))
+    if (
+        pol.kind == "delay"
+        and s.status in ("ACTIVE", "PAUSED")
+        and s.next_run_at is None
+        and not s.active_runs()
+        and (pol.max_count is None or s.count < pol.max_count)
+    ):
+        assert pol.spec.delay is not None
+        nxt = s.trigger.next_after(now)
+        if pol.spec.end is not None and nxt is not None and nxt > pol.spec.end:
+            nxt = None
+        if nxt is not None:
+            d.emit(m.NextRunPlanned(next_run_at=nxt, next_due_at=_due(s.schedule_id, nxt, pol)))
+
+
+# ---------------------------------------------------------------------------------------
+# runs: manual trigger, cancel, redrive, reconciliation
+
+
+def params_digest(params: dict[str, Any] | None) -> str:
+    import orjson
+
+    raw = orjson.dumps(params, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
+    if not state.exists:
+        return _reject("not_found", "no such schedule")
+    digest = params_digest(p.params)
+    known = (state.manual or {}).get(p.request_key)
+    if known is not None:
+        run_id, old_digest = known
+        if old_digest != digest:
+            return _reject("conflict", "request key reused with other params", "Idempotency-Key",
+                           run_id=run_id)
+        run = state.run(run_id)
+        return Decision(body={"run_id": run_id, "state": run.state if run else "SKIPPED"})
+    pol = state.policy
+    assert pol is not None
+    job = pol.job
+    if p.params is not None:
+        job = m.JobSpec(type=job.type, params={**job.params, **p.params}, timeout=job.timeout)
+    run_id = manual_run_id(state.tenant, state.schedule_id, p.request_key)
+    d = _Draft(state)
+    _admit(d, run_id, now, job, "manual", p.request_key, None, now, advances=False,
+           request_digest=digest)
+    run = d.state.run(run_id)
+    return Decision(events=d.events, body={"run_id": run_id,
+                                           "state": run.state if run else "SKIPPED"})
+
+
+def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime, principal: str) -> Decision:
+    run = state.run(p.run_id)
+    if run is None:
+        return _reject("not_found", "no such run")
+    if run.terminal or run.state == "RECONCILING":
+        return _reject("conflict", f"too late: run is {run.state}", state=run.state)
+    if run.state == "LEASED":
+        if run.cancel_requested:
+            return Decision(body={"run_id": run.run_id, "outcome": "requested", "state": "LEASED"})
+        d = _Draft(state)
+        d.emit(m.CancellationRequested(run_id=run.run_id, by=principal, reason=p.reason))
+        return Decision(events=d.events,
+                        body={"run_id": run.run_id, "outcome": "requested", "state": "LEASED"})
+    d = _Draft(state)
+    d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason=p.reason))
+    _after_run_left_guard(d, now)
+    return Decision(events=d.events,
+                    body={"run_id": run.run_id, "outcome": "cancelled", "state": "CANCELLED"})
+
+
+def _redrive(state: ScheduleState, p: m.RedriveRun, principal: str) -> Decision:
+    run = state.run(p.run_id)
+    if run is None:
+        return _reject("not_found", "no such run")
+    if run.state != "DEAD":
+        return _reject("conflict", f"only a DEAD run can be redriven; run is {run.state}",
+                       state=run.state)
+    d = _Draft(state)
+    d.emit(m.OccurrenceRedriven(run_id=run.run_id, attempt=run.attempt + 1, by=principal))
+    return Decision(events=d.events, body={"run_id": run.run_id, "state": "READY",
+                                           "attempt": run.attempt + 1})
+
+
+def _resolve(
+    state: ScheduleState, p: m.ResolveReconciliation, now: datetime, principal: str
+) -> Decision:
+    run = state.run(p.run_id)
+    if run is None:
+        return _reject("not_found", "no such run")
+    if run.state != "RECONCILING":
+        return _reject("conflict", f"run is {run.state}, not RECONCILING", state=run.state)
+    target = run.reconcile or "run"
+    if p.effect_id is not None and p.effect_id != target:
+        return _reject("conflict", f"run is reconciling {target}, not {p.effect_id}")
+    d = _Draft(state)
+    effect_id = None if target == "run" else target
+    d.emit(m.ReconciliationResolved(run_id=run.run_id, decision=p.decision, by=principal,
+                                    note=p.note, effect_id=effect_id))
+    if target == "run":
+        if p.decision == "retry":
+            d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt + 1,
+                                     resource_class=run.resource_class, priority=run.priority))
+        elif p.decision == "abandon":
+            d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="reconciliation_abandoned",
+                                            message=p.note))
+        _after_run_left_guard(d, now)
+    elif p.decision == "retry":
+        assert run.effects is not None
+        _st, attempt, intent = run.effects[target]
+        d.emit(intent.model_copy(update={"attempt": attempt + 1}))
+    live = d.state.run(run.run_id)
+    return Decision(events=d.events, body={"run_id": run.run_id,
+                                           "state": live.state if live else "UNKNOWN"})
+
+
+# ---------------------------------------------------------------------------------------
+# attempts: claim, heartbeat, complete, fail
+
+
+def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
+    run = state.run(p.run_id)
+    if run is None:
+        return _reject("not_found", "no such run")
+    if run.state != "READY":
+        return _reject("conflict", f"run is {run.state}", state=run.state, run_id=run.run_id)
+    pol = state.policy
+    assert pol is not None
+    fence = state.fence + 1
+    lease_until = now + timedelta(seconds=pol.lease)
+    d = _Draft(state)
+    d.emit(m.FenceAdvanced(fence=fence, run_id=run.run_id, reason="claim"))
+    d.emit(m.AttemptClaimed(run_id=run.run_id, attempt=run.attempt, fence=fence,
+                            worker_id=p.worker_id, claimed_at=now, lease_until=lease_until))
+    return Decision(
+        events=d.events,
+        body={
+            "run_id": run.run_id,
+            "attempt": run.attempt,
+            "fence": fence,
+            "lease_until": lease_until,
+            "lease_seconds": pol.lease,
+            "scheduled_at": run.scheduled_at,
+            "revision": run.revision,
+            "job_type": run.job.type,
+            "params": run.job.params,
+            "timeout": run.job.timeout,
+        },
+    )
+
+
+def _current_lease(
+    state: ScheduleState, run: Run | None, fence: int, now: datetime
+) -> tuple[str, str] | None:
+    """None when ``fence`` holds an unexpired lease on ``run``; else (status, reason)."""
+    if run is None:
+        return ("not_found", "no such run")
+    if run.state != "LEASED":
+        return ("stale_fence", f"run is {run.state}")
+    if fence != run.fence:
+        return ("stale_fence", f"fence {fence} is not current ({run.fence})")
+    if run.lease_until is not None and now > run.lease_until:
+        return ("stale_fence", "lease expired")
+    return None
+
+
+def _heartbeat(state: ScheduleState, p: m.Heartbeat, now: datetime) -> Decision:
+    run = state.run(p.run_id)
+    problem = _current_lease(state, run, p.fence, now)
+    if problem is not None:
+        dec = _reject(problem[0], problem[1], current_fence=state.fence)  # type: ignore[arg-type]
+        if problem[1] == "lease expired" and run is not None:
+            d = _Draft(state)  # never revive an expired epoch: expire it now
+            _expire_lease(d, run.run_id, now)
+            dec.events = d.events
+        return dec
+    assert run is not None
+    pol = state.policy
+    assert pol is not None
+    lease_until = now + timedelta(seconds=pol.lease)
+    d = _Draft(state)
+    d.emit(m.LeaseExtended(run_id=run.run_id, attempt=run.attempt, fence=run.fence,
+                           lease_until=lease_until))
+    return Decision(events=d.events, body={"lease_until": lease_until,
+                                           "cancel_requested": run.cancel_requested})
+
+
+def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision:
+    run = state.run(p.run_id)
+    if run is None:
+        return _reject("not_found", "no such run")
+    if run.state == "SUCCEEDED" and run.checksum is not None:
+        if p.fence == run.result_fence and p.checksum == run.checksum:
+            return Decision(body=_result_body(run))  # a repeat returns the saved result
+        reason = "checksum_conflict" if p.fence == run.result_fence else "stale_fence"
+        d = _Draft(state)
+        d.emit(_rejected(run, p, state.fence, reason))
+        status: m.Status = "conflict" if reason == "checksum_conflict" else "stale_fence"
+        return Decision(status=status, events=d.events, reason=reason,
+                        body={"current_fence": state.fence, **_result_body(run)})
+    problem = _current_lease(state, run, p.fence, now)
+    if problem is not None:
+        d = _Draft(state)
+        if problem[1] == "lease expired":
+            d.emit(_rejected(run, p, state.fence, "lease_expired"))
+            _expire_lease(d, run.run_id, now)
+        else:
+            reason = "not_leased" if run.state != "LEASED" and run.fence == p.fence else "stale_fence"
+            d.emit(_rejected(run, p, state.fence, reason))
+        return Decision(status="stale_fence", events=d.events, reason=problem[1],
+                        body={"current_fence": d.state.fence})
+    d = _Draft(state)
+    d.emit(m.ResultPublished(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
+                             worker_id=p.worker_id, checksum=p.checksum, size=p.size,
+                             uri=p.uri, inline=p.inline, finished_at=now))
+    pol = state.policy
+    assert pol is not None
+    for eff in pol.effects:
+        d.emit(m.EffectIntended(effect_id=effect_id_for(eff.effect_name, run.run_id),
+                                run_id=run.run_id, kind=eff.kind, config=eff.config,
+                                checksum=p.checksum, uri=p.uri, inline=p.inline))
+    _after_run_left_guard(d, now)
+    return Decision(events=d.events, body=_result_body(d.state.run(run.run_id)))  # type: ignore[arg-type]
+
+
+def _rejected(run: Run, p: m.CompleteRun, current: int, reason: str) -> m.CompletionRejected:
+    return m.CompletionRejected(run_id=run.run_id, attempt=p.attempt, fence=p.fence,
+                                current_fence=current, worker_id=p.worker_id,
+                                checksum=p.checksum, reason=reason)  # type: ignore[arg-type]
+
+
+def _result_body(run: Run) -> dict[str, Any]:
+    return {"run_id": run.run_id, "state": run.state, "checksum": run.checksum,
+            "fence": run.result_fence, "result": run.result}
+
+
+def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
+    run = state.run(p.run_id)
+    problem = _current_lease(state, run, p.fence, now)
+    if problem is not None:
+        dec = _reject(problem[0], problem[1], current_fence=state.fence)  # type: ignore[arg-type]
+        if problem[1] == "lease expired" and run is not None:
+            d = _Draft(state)
+            _expire_lease(d, run.run_id, now)
+            dec.events = d.events
+        return dec
+    assert run is not None
+    d = _Draft(state)
+    d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
+                           worker_id=p.worker_id, error_class=p.error_class, message=p.message))
+    run = d.state.runs[run.run_id]  # type: ignore[index]
+    if run.cancel_requested:
+        d.emit(m.OccurrenceCancelled(run_id=run.run_id, reason="cancelled; attempt failed"))
+    elif p.error_class == "transient":
+        _retry_or_dead(d, run, now, immediate=False)
+    elif p.error_class == "permanent":
+        d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="permanent_error",
+                                        message=p.message))
+    else:
+        d.emit(m.ReconciliationRequired(
+            run_id=run.run_id, reason="ambiguous failure: the outcome is unknown",
+            evidence={"attempt": run.attempt, "fence": p.fence, "worker_id": p.worker_id,
+                      "message": p.message},
+        ))
+    _after_run_left_guard(d, now)
+    live = d.state.runs[run.run_id]  # type: ignore[index]
+    return Decision(events=d.events, body={"run_id": run.run_id, "state": live.state,
+                                           "attempt": live.attempt,
+                                           "retry_at": live.retry_at})
+
+
+def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome, now: datetime) -> Decision:
+    run = state.run(p.run_id)
+    if run is None or run.effects is None or p.effect_id not in run.effects:
+        return _reject("not_found", "no such effect")
+    current = run.effects[p.effect_id][0]
+    if current in ("SUCCEEDED", "FAILED", "ABANDONED"):
+        return Decision(body={"effect_id": p.effect_id, "state": current})
+    d = _Draft(state)
+    if p.outcome == "succeeded":
+        d.emit(m.EffectSucceeded(effect_id=p.effect_id, run_id=run.run_id, evidence=p.evidence))
+    elif p.outcome == "failed":
+        d.emit(m.EffectFailed(effect_id=p.effect_id, run_id=run.run_id, evidence=p.evidence))
+    else:
+        if current == "UNCERTAIN":
+            return Decision(body={"effect_id": p.effect_id, "state": current})
+        d.emit(m.EffectUncertain(effect_id=p.effect_id, run_id=run.run_id, evidence=p.evidence))
+        d.emit(m.ReconciliationRequired(run_id=run.run_id, effect_id=p.effect_id,
+                                        reason="effect outcome unknown and the destination "
+                                        "offers no idempotency or status lookup",
+                                        evidence=p.evidence))
+    live = d.state.runs[run.run_id]  # type: ignore[index]
+    return Decision(events=d.events, body={"effect_id": p.effect_id,
+                                           "state": live.effects[p.effect_id][0]})  # type: ignore[index]
+
+
+# =======================================================================================
+# evolve
+
+
+def evolve(state: ScheduleState, event: Any) -> ScheduleState:
+    """Fold one event into the state (in place; returns it). Never recomputes a value."""
+    match event:
+        case m.ScheduleCreated():
+            pol = policy_for(event.spec)
+            state.status = "ACTIVE"
+            state.revision = event.revision
+            state.policy = pol
+            state.trigger = _compile(event.spec, event.anchor)
+            state.request_key = event.request_key
+            state.created_at = event.created_at
+            state.anchor = event.anchor
+            state.next_run_at = event.next_run_at
+            state.next_due_at = event.next_due_at
+        case m.ScheduleRevised():
+            state.revision = event.revision
+            state.policy = policy_for(event.spec)
+            state.anchor = event.anchor
+            state.trigger = _compile(event.spec, event.anchor)
+            state.next_run_at = event.next_run_at
+            state.next_due_at = event.next_due_at
+        case m.SchedulePaused():
+            state.status = "PAUSED"
+            state.paused_at = event.paused_at
+        case m.ScheduleResumed():
+            state.status = "ACTIVE"
+            state.paused_at = None
+            state.next_run_at = event.next_run_at
+            state.next_due_at = event.next_due_at
+        case m.ScheduleDeleted():
+            state.status = "DELETED"
+            state.next_run_at = state.next_due_at = None
+            state.pending = None
+        case m.NextRunPlanned():
+            state.next_run_at = event.next_run_at
+            state.next_due_at = event.next_due_at
+        case m.OccurrenceMaterialized():
+            _evolve_materialized(state, event)
+        case m.OccurrenceSkipped():
+            _evolve_skipped(state, event)
+        case m.OccurrenceReady():
+            run = _run(state, event.run_id)
+            run.state = "READY"
+            run.attempt = event.attempt
+            run.retry_at = None
+            run.lease_until = None
+            _unpend(state, event.run_id)
+        case m.FenceAdvanced():
+            state.fence = event.fence
+        case m.AttemptClaimed():
+            run = _run(state, event.run_id)
+            run.state = "LEASED"
+            run.attempt = event.attempt
+            run.fence = event.fence
+            run.worker_id = event.worker_id
+            run.lease_until = event.lease_until
+            run.claimed = True
+        case m.LeaseExtended():
+            _run(state, event.run_id).lease_until = event.lease_until
+        case m.LeaseExpired():
+            run = _run(state, event.run_id)
+            run.lease_until = None
+            run.worker_id = None
+        case m.AttemptFailed():
+            pass  # the following event (retry, dead, reconciliation, cancel) moves the run
+        case m.RetryScheduled():
+            run = _run(state, event.run_id)
+            run.state = "RETRY_WAIT"
+            run.attempt = event.attempt
+            run.retry_at = event.retry_at
+            run.lease_until = None
+        case m.OccurrenceDeadLettered():
+            run = _run(state, event.run_id)
+            run.state = "DEAD"
+            run.lease_until = None
+            run.reconcile = None
+            _retire(state, run)
+        case m.OccurrenceRedriven():
+            run = _run(state, event.run_id)
+            run.state = "READY"
+            run.attempt = event.attempt
+            run.attempt_base = event.attempt
+        case m.ResultPublished():
+            run = _run(state, event.run_id)
+            run.state = "SUCCEEDED"
+            run.checksum = event.checksum
+            run.result_fence = event.fence
+            run.result = {"checksum": event.checksum, "size": event.size, "uri": event.uri,
+                          "inline": event.inline}
+            run.lease_until = None
+            _retire(state, run)
+        case m.CompletionRejected():
+            pass  # kept for audit; no state change
+        case m.CancellationRequested():
+            _run(state, event.run_id).cancel_requested = True
+        case m.OccurrenceCancelled():
+            run = _run(state, event.run_id)
+            run.state = "CANCELLED"
+            run.lease_until = None
+            _unpend(state, event.run_id)
+            _retire(state, run)
+        case m.ReconciliationRequired():
+            run = _run(state, event.run_id)
+            run.state = "RECONCILING"
+            run.reconcile = event.effect_id or "run"
+            run.lease_until = None
+        case m.ReconciliationResolved():
+            _evolve_resolved(state, event)
+        case m.EffectIntended():
+            run = _run(state, event.run_id)
+            if run.effects is None:
+                run.effects = {}
+            run.effects[event.effect_id] = ["INTENDED", event.attempt, event]
+        case m.EffectSucceeded():
+            _set_effect(state, event.run_id, event.effect_id, "SUCCEEDED")
+        case m.EffectFailed():
+            _set_effect(state, event.run_id, event.effect_id, "FAILED")
+        case m.EffectUncertain():
+            _set_effect(state, event.run_id, event.effect_id, "UNCERTAIN")
+        case _:
+            assert_never(event)
+    return state
+
+
+def _run(state: ScheduleState, run_id: str) -> Run:
+    assert state.runs is not None, f"event for unknown run {run_id}"
+    return state.runs[run_id]
+
+
+def _unpend(state: ScheduleState, run_id: str) -> None:
+    if state.pending and run_id in state.pending:
+        state.pending.remove(run_id)
+        if not state.pending:
+            state.pending = None
+
+
+def _evolve_materialized(state: ScheduleState, e: m.OccurrenceMaterialized) -> None:
+    pol = state.policy
+    assert pol is not None
+    run = Run(e.run_id, e.scheduled_at, e.due_at, e.revision, e.job, e.trigger, e.state,
+              e.start_deadline_at, e.resource_class, e.priority)
+    if state.runs is None:
+        state.runs = {}
+    state.runs[e.run_id] = run
+    if e.state == "PENDING":
+        if state.pending is None:
+            state.pending = []
+        state.pending.append(e.run_id)
+    if e.advances_schedule:
+        state.last_scheduled_at = e.scheduled_at
+        state.count = e.sequence
+        state.next_run_at = e.next_run_at
+        state.next_due_at = e.next_due_at
+    if e.request_key is not None:
+        _remember_manual(state, e.request_key, e.request_digest or "", e.run_id)
+
+
+def _remember_manual(state: ScheduleState, key: str, digest: str, run_id: str) -> None:
+    if state.manual is None:
+        state.manual = {}
+    state.manual[key] = (run_id, digest)
+    if len(state.manual) > MANUAL_KEYS_KEPT:
+        del state.manual[next(iter(state.manual))]
+
+
+def _evolve_skipped(state: ScheduleState, e: m.OccurrenceSkipped) -> None:
+    if e.materialized:
+        run = _run(state, e.run_id)
+        run.state = "SKIPPED"
+        _unpend(state, e.run_id)
+        _retire(state, run)
+        return
+    if e.request_key is not None:
+        _remember_manual(state, e.request_key, e.request_digest or "", e.run_id)
+    if e.advances_schedule:
+        state.last_scheduled_at = e.through or e.scheduled_at
+        state.next_run_at = e.next_run_at
+        state.next_due_at = e.next_due_at
+
+
+def _evolve_resolved(state: ScheduleState, e: m.ReconciliationResolved) -> None:
+    run = _run(state, e.run_id)
+    run.reconcile = None
+    if e.effect_id is None:
+        if e.decision == "delivered":
+            run.state = "SUCCEEDED"
+            _retire(state, run)
+        # retry / abandon: the following OccurrenceReady / OccurrenceDeadLettered moves it
+        return
+    assert run.effects is not None
+    entry = run.effects[e.effect_id]
+    entry[0] = {"delivered": "SUCCEEDED", "abandon": "ABANDONED", "retry": "INTENDED"}[e.decision]
+    run.state = "SUCCEEDED"
+
+
+def _set_effect(state: ScheduleState, run_id: str, effect_id: str, value: str) -> None:
+    run = _run(state, run_id)
+    assert run.effects is not None
+    run.effects[effect_id][0] = value
+
+
+def _retire(state: ScheduleState, run: Run) -> None:
+    """Bound the terminal runs kept: a few recent ones, and the DEAD ones for redrive."""
+    runs = state.runs
+    if runs is None:
+        return
+    terminal = [r for r in runs.values() if r.terminal and r.state != "DEAD"
+                and not _has_open_effects(r)]
+    while len(terminal) > RECENT_TERMINAL_KEPT:
+        del runs[terminal.pop(0).run_id]
+    dead = [r for r in runs.values() if r.state == "DEAD"]
+    while len(dead) > DEAD_KEPT:
+        del runs[dead.pop(0).run_id]
+
+
+def _has_open_effects(run: Run) -> bool:
+    return run.effects is not None and any(v[0] in ("INTENDED", "UNCERTAIN")
+                                           for v in run.effects.values())
+
+
+def fold(tenant: str, schedule_id: str, events: list[Any]) -> ScheduleState:
+    """The state after folding ``events`` from the initial state."""
+    s = initial_state(tenant, schedule_id)
+    for e in events:
+        evolve(s, e)
+    return s
+
+
+def next_wakeup(state: ScheduleState) -> datetime | None:
+    """The earliest instant at which a Tick would change something for this schedule."""
+    best: datetime | None = None
+    if state.status == "ACTIVE" and state.next_due_at is not None:
+        best = state.next_due_at
+    for run in (state.runs or {}).values():
+        t: datetime | None = None
+        if run.state == "LEASED" and run.lease_until is not None:
+            t = run.lease_until + _US  # expiry is strictly after lease_until
+        elif run.state == "RETRY_WAIT":
+            t = run.retry_at
+        elif run.state in ("READY", "PENDING") and not run.claimed and run.start_deadline_at:
+            t = run.start_deadline_at + _US
+        if t is not None and (best is None or t < best):
+            best = t
+    return best

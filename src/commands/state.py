@@ -1,0 +1,292 @@
+"""Per-schedule aggregate state: plain slotted classes, small enough for 100,000 schedules.
+
+``ScheduleState`` is the fold of one schedule's events (``evolve``); it holds the compact
+policy derived from the spec (shared between schedules with identical specs), the counters
+that make identities unique (fence, last materialized instant), and the live runs plus a
+few recent terminal ones (enough to answer duplicate hints and repeated completions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from chronolog.domain.messages import JobSpec, ScheduleSpec
+
+ACTIVE_STATES = frozenset({"READY", "LEASED", "RETRY_WAIT"})
+TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
+RECENT_TERMINAL_KEPT = 4  # terminal runs kept per schedule (besides DEAD ones)
+DEAD_KEPT = 64  # dead-lettered runs kept for redrive per schedule
+MANUAL_KEYS_KEPT = 256  # manual-trigger request keys remembered per schedule
+
+
+class Policy:
+    """The decider's view of a ScheduleSpec; interned, so identical specs share one."""
+
+    __slots__ = (
+        "spec",
+        "spec_hash",
+        "job",
+        "misfire",
+        "grace",
+        "max_catchup",
+        "misfire_max_age",
+        "overlap",
+        "max_attempts",
+        "initial_backoff",
+        "max_backoff",
+        "multiplier",
+        "retry_max_age",
+        "lease",
+        "start_deadline",
+        "jitter",
+        "effects",
+        "resource_class",
+        "priority",
+        "max_count",
+        "kind",
+    )
+
+    def __init__(self, spec: ScheduleSpec, spec_hash: str) -> None:
+        self.spec = spec
+        self.spec_hash = spec_hash
+        self.job: JobSpec = spec.job
+        self.misfire = spec.misfire.policy
+        self.grace = spec.misfire.grace
+        self.max_catchup = spec.misfire.max_catchup
+        self.misfire_max_age = spec.misfire.max_age
+        self.overlap = spec.overlap
+        self.max_attempts = spec.retry.max_attempts
+        self.initial_backoff = spec.retry.initial_backoff
+        self.max_backoff = spec.retry.max_backoff
+        self.multiplier = spec.retry.multiplier
+        self.retry_max_age = spec.retry.max_age
+        self.lease = spec.lease
+        self.start_deadline = spec.start_deadline
+        self.jitter = spec.jitter
+        self.effects = spec.effects
+        self.resource_class = spec.resource_class
+        self.priority = spec.priority
+        self.max_count = spec.max_count
+        self.kind = (
+            "cron"
+            if spec.cron is not None
+            else "every"
+            if spec.every is not None
+            else "at"
+            if spec.at is not None
+            else "delay"
+        )
+
+
+_POLICIES: dict[str, Policy] = {}
+_POLICY_CACHE_MAX = 50_000
+
+
+def spec_hash(spec: ScheduleSpec) -> str:
+    """A stable digest of a spec (idempotent create: same key + same spec)."""
+    raw = orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
+def policy_for(spec: ScheduleSpec) -> Policy:
+    """The interned Policy of a spec."""
+    h = spec_hash(spec)
+    pol = _POLICIES.get(h)
+    if pol is None:
+        if len(_POLICIES) >= _POLICY_CACHE_MAX:
+            _POLICIES.clear()
+        pol = _POLICIES[h] = Policy(spec, h)
+    return pol
+
+
+class Run:
+    """One occurrence (run) of a schedule and its current attempt."""
+
+    __slots__ = (
+        "run_id",
+        "scheduled_at",
+        "due_at",
+        "revision",
+        "job",
+        "trigger",
+        "state",
+        "attempt",
+        "attempt_base",
+        "fence",
+        "worker_id",
+        "lease_until",
+        "retry_at",
+        "start_deadline_at",
+        "claimed",
+        "cancel_requested",
+        "checksum",
+        "result_fence",
+        "result",
+        "reconcile",
+        "effects",
+        "resource_class",
+        "priority",
+    )
+
+    def __init__(
+        self,
+        run_id: str,
+        scheduled_at: datetime,
+        due_at: datetime,
+        revision: int,
+        job: JobSpec,
+        trigger: str,
+        state: str,
+        start_deadline_at: datetime | None,
+        resource_class: str,
+        priority: int,
+    ) -> None:
+        self.run_id = run_id
+        self.scheduled_at = scheduled_at
+        self.due_at = due_at
+        self.revision = revision
+        self.job = job
+        self.trigger = trigger
+        self.state = state
+        self.attempt = 1
+        self.attempt_base = 1
+        self.fence = 0
+        self.worker_id: str | None = None
+        self.lease_until: datetime | None = None
+        self.retry_at: datetime | None = None
+        self.start_deadline_at = start_deadline_at
+        self.claimed = False
+        self.cancel_requested = False
+        self.checksum: str | None = None
+        self.result_fence = 0
+        self.result: dict[str, Any] | None = None
+        self.reconcile: str | None = None  # "run" or an effect_id
+        self.effects: dict[str, list[Any]] | None = None  # effect_id -> [state, attempt, intent]
+        self.resource_class = resource_class
+        self.priority = priority
+
+    def clone(self) -> "Run":
+        r = Run.__new__(Run)
+        for name in Run.__slots__:
+            setattr(r, name, getattr(self, name))
+        if self.effects is not None:
+            r.effects = {k: list(v) for k, v in self.effects.items()}
+        return r
+
+    @property
+    def active(self) -> bool:
+        """Holds the overlap guard: executing, or about to, or its outcome unknown."""
+        return self.state in ACTIVE_STATES or (
+            self.state == "RECONCILING" and self.reconcile == "run"
+        )
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """A comparable value of everything the run holds (tests compare folds)."""
+        return tuple(
+            (k, v if k != "effects" else sorted((v or {}).items()))
+            for k in Run.__slots__
+            for v in [getattr(self, k)]
+            if k != "job"
+        ) + (("job", self.job.model_dump()),)
+
+
+class ScheduleState:
+    """The fold of one schedule's events."""
+
+    __slots__ = (
+        "tenant",
+        "schedule_id",
+        "status",
+        "revision",
+        "policy",
+        "trigger",
+        "request_key",
+        "created_at",
+        "anchor",
+        "paused_at",
+        "next_run_at",
+        "next_due_at",
+        "last_scheduled_at",
+        "count",
+        "fence",
+        "runs",
+        "pending",
+        "manual",
+    )
+
+    def __init__(self, tenant: str, schedule_id: str) -> None:
+        self.tenant = tenant
+        self.schedule_id = schedule_id
+        self.status = "NEW"  # NEW | ACTIVE | PAUSED | DELETED
+        self.revision = 0
+        self.policy: Policy | None = None
+        self.trigger: Any = None
+        self.request_key: str | None = None
+        self.created_at: datetime | None = None
+        self.anchor: datetime | None = None
+        self.paused_at: datetime | None = None
+        self.next_run_at: datetime | None = None
+        self.next_due_at: datetime | None = None
+        self.last_scheduled_at: datetime | None = None
+        self.count = 0
+        self.fence = 0
+        self.runs: dict[str, Run] | None = None
+        self.pending: list[str] | None = None
+        self.manual: dict[str, tuple[str, str]] | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.status in ("ACTIVE", "PAUSED")
+
+    def clone(self) -> "ScheduleState":
+        s = ScheduleState.__new__(ScheduleState)
+        for name in ScheduleState.__slots__:
+            setattr(s, name, getattr(self, name))
+        if self.runs is not None:
+            s.runs = {k: r.clone() for k, r in self.runs.items()}
+        if self.pending is not None:
+            s.pending = list(self.pending)
+        if self.manual is not None:
+            s.manual = dict(self.manual)
+        return s
+
+    def run(self, run_id: str) -> Run | None:
+        return None if self.runs is None else self.runs.get(run_id)
+
+    def active_runs(self) -> list[Run]:
+        return [] if self.runs is None else [r for r in self.runs.values() if r.active]
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """A comparable value of the whole state (restore == live, fold == live)."""
+        return (
+            self.tenant,
+            self.schedule_id,
+            self.status,
+            self.revision,
+            None if self.policy is None else self.policy.spec_hash,
+            self.request_key,
+            self.created_at,
+            self.anchor,
+            self.paused_at,
+            self.next_run_at,
+            self.next_due_at,
+            self.last_scheduled_at,
+            self.count,
+            self.fence,
+            tuple((k, r.snapshot()) for k, r in (self.runs or {}).items()),
+            tuple(self.pending or ()),
+            tuple(sorted((self.manual or {}).items())),
+        )
+
+
+def initial_state(tenant: str, schedule_id: str) -> ScheduleState:
+    """The state of a schedule before its first event."""
+    return ScheduleState(tenant, schedule_id)

@@ -1,0 +1,123 @@
+"""orjson codec for envelopes and replies, with an upcasting hook keyed by (type, version).
+
+Events are stored forever, so their shape may evolve: an upcaster registered for
+``(type, version)`` turns a stored dict of that version into the next version's dict before
+validation, repeatedly, until the current version is reached.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import orjson
+from pydantic import BaseModel
+
+from chronolog.domain.messages import (
+    CURRENT_VERSION,
+    CommandEnvelope,
+    DeadLetter,
+    EventEnvelope,
+    Reply,
+)
+
+_OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid message; the reason names the field."""
+
+
+def register_upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register ``fn(dict) -> dict`` turning ``event_type`` v``from_version`` into v+1."""
+
+    def deco(fn: Upcaster) -> Upcaster:
+        _UPCASTERS[(event_type, from_version)] = fn
+        return fn
+
+    return deco
+
+
+def upcast(raw: dict[str, Any]) -> dict[str, Any]:
+    """Apply registered upcasters until the event reaches the current version."""
+    version = int(raw.get("version", 1))
+    etype = str(raw.get("type", ""))
+    while version < CURRENT_VERSION or (etype, version) in _UPCASTERS:
+        fn = _UPCASTERS.get((etype, version))
+        if fn is None:
+            raise DecodeError(f"no upcaster for {etype} v{version}")
+        raw = fn(raw)
+        version += 1
+        raw["version"] = version
+    return raw
+
+
+def dumps(model: BaseModel) -> bytes:
+    """Serialize any message model (None fields kept: schemas stay explicit)."""
+    return orjson.dumps(model.model_dump(mode="python"), option=_OPTS)
+
+
+def encode_event(env: EventEnvelope) -> bytes:
+    return dumps(env)
+
+
+def decode_event(data: bytes) -> EventEnvelope:
+    try:
+        raw = orjson.loads(data)
+        if not isinstance(raw, dict):
+            raise DecodeError("event is not a JSON object")
+        return EventEnvelope.model_validate(upcast(raw))
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"event is not JSON: {exc}") from exc
+    except ValueError as exc:
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(_first_error(exc)) from exc
+
+
+def encode_command(env: CommandEnvelope) -> bytes:
+    return dumps(env)
+
+
+def decode_command(data: bytes) -> CommandEnvelope:
+    """Parse and validate a command; ``DecodeError`` names the first bad field."""
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"command is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise DecodeError("command is not a JSON object")
+    try:
+        return CommandEnvelope.model_validate(raw)
+    except ValueError as exc:
+        raise DecodeError(_first_error(exc)) from exc
+
+
+def encode_reply(reply: Reply) -> bytes:
+    return dumps(reply)
+
+
+def decode_reply(data: bytes) -> Reply:
+    return Reply.model_validate(orjson.loads(data))
+
+
+def encode_dead_letter(dl: DeadLetter) -> bytes:
+    return dumps(dl)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    return DeadLetter.model_validate(orjson.loads(data))
+
+
+def _first_error(exc: ValueError) -> str:
+    """One line naming the field and the problem, from a pydantic ValidationError."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        errs = errors()
+        if errs:
+            e = errs[0]
+            loc = ".".join(str(p) for p in e.get("loc", ()) if not isinstance(p, int) or True)
+            return f"{loc or 'message'}: {e.get('msg', str(exc))}"
+    return str(exc).splitlines()[0]

@@ -1,0 +1,45 @@
+"""Deterministic identities: partition keys, run IDs, effect IDs and event IDs.
+
+Nothing here is random. A run ID is a hash of the occurrence key, so the same occurrence
+gets the same ID on every processor, in every replay, for the life of the schedule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+
+
+def partition_key(tenant: str, schedule_id: str) -> str:
+    """The log key of a schedule aggregate: ``tenant/schedule_id``."""
+    return f"{tenant}/{schedule_id}"
+
+
+def iso_utc(instant: datetime) -> str:
+    """ISO-8601 UTC with a ``Z`` suffix, seconds precision unless sub-second is set."""
+    s = instant.astimezone(timezone.utc).isoformat()
+    return s.replace("+00:00", "Z")
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
+
+def run_id_for(tenant: str, schedule_id: str, scheduled_at: datetime) -> str:
+    """The run ID of the occurrence ``(schedule_id, scheduled_at)`` of a tenant."""
+    return "r_" + _digest(f"{tenant}/{schedule_id}@{iso_utc(scheduled_at)}")
+
+
+def manual_run_id(tenant: str, schedule_id: str, request_key: str) -> str:
+    """The run ID of a manual trigger, keyed by ``(schedule_id, request_key)``."""
+    return "m_" + _digest(f"{tenant}/{schedule_id}#manual#{request_key}")
+
+
+def effect_id_for(name: str, run_id: str) -> str:
+    """A stable effect identity such as ``send-<run_id>``."""
+    return f"{name}-{run_id}"
+
+
+def event_id_for(command_id: str, index: int) -> str:
+    """Event IDs derive from the causing command, so a re-decided command repeats them."""
+    return f"{command_id}.{index}"
