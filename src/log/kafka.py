@@ -263,6 +263,11 @@ class KafkaEventLog:
             counts = await self._describe(names)
             if all(counts.get(n) for n in names):
                 self._partition_counts.update(counts)  # type: ignore[arg-type]
+                # ListOffsets is answered by the partition's leader only once it hosts the
+                # partition: a cheap way to wait until the broker is really ready to write.
+                await self._end_offsets(
+                    TopicPartition(n, p) for n in names for p in range(counts[n] or 0)
+                )
                 return
             if time.monotonic() > deadline:
                 missing = [n for n in names if not counts.get(n)]
@@ -274,8 +279,13 @@ class KafkaEventLog:
         topics = await _bounded(admin.describe_topics(names), self._bound_s, "describe_topics")
         out: dict[str, int | None] = {}
         for t in topics:
-            ok = t["error_code"] == 0 and t["partitions"]
-            out[t["topic"]] = len(t["partitions"]) if ok else None
+            parts = t["partitions"]
+            # ready = every partition has a leader and a non-empty ISR (right after creation
+            # produce requests otherwise bounce with NotLeader / NotEnoughReplicas)
+            ok = t["error_code"] == 0 and parts and all(
+                p["error_code"] == 0 and p["leader"] >= 0 and p["isr"] for p in parts
+            )
+            out[t["topic"]] = len(parts) if ok else None
         return out
 
     async def partitions_for(self, topic: str) -> int:
