@@ -293,3 +293,41 @@ async def test_killed_member_expires_and_its_partitions_move(
     await wait_until(took_over, "the dead member's partitions to come back")
     assert gained == everything
     await gc.close()
+
+
+APPEND_CHILD = """
+N = int(sys.argv[3])
+async def main():
+    log = SqliteEventLog(DB, Topics(prefix=PREFIX, partitions=4))
+    await log.start()
+    t = log.topics
+    say("ready")
+    await line()
+    for i in range(N):
+        await log.append([OutRecord(t.commands, None, b"%d:%d" % (os.getpid(), i), partition=1)])
+    say("done")
+    await log.close()
+asyncio.run(main())
+"""
+
+
+async def test_concurrent_appends_from_processes_get_contiguous_unique_offsets(
+    log: SqliteEventLog, spawn: Spawn
+) -> None:
+    t = log.topics
+    per_child = 150
+    children = [await spawn(APPEND_CHILD, str(per_child)) for _ in range(3)]
+    for child in children:
+        await child.expect("ready")
+    for child in children:  # start them together: they contend for the write lock
+        await child.send("go")
+    for child in children:
+        await child.expect("done")
+    records = await log.read(t.commands, 1, 0, max_records=10_000)
+    assert [r.offset for r in records] == list(range(3 * per_child))
+    by_pid: dict[bytes, list[int]] = {}
+    for r in records:
+        pid, i = r.value.split(b":")
+        by_pid.setdefault(pid, []).append(int(i))
+    assert len(by_pid) == 3
+    assert all(seq == list(range(per_child)) for seq in by_pid.values())  # per-process order
