@@ -1,0 +1,96 @@
+"""``chronolog preview`` run as a real subprocess of the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHRONOLOG = next(
+    (p for p in (ROOT / ".venv" / "bin" / "chronolog", Path(sys.executable).with_name("chronolog")) if p.exists()),
+    ROOT / ".venv" / "bin" / "chronolog",
+)
+
+
+def preview(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CHRONOLOG), "preview", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_json_output_has_exact_shape_for_new_york_gap() -> None:
+    result = preview("--cron", "30 2 * * *", "--tz", "America/New_York", "--from", "2026-03-07T00:00:00Z", "-n", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "instants": [
+            {"utc": "2026-03-07T07:30:00Z", "local": "2026-03-07T02:30:00-05:00"},
+            {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00"},
+            {"utc": "2026-03-09T06:30:00Z", "local": "2026-03-09T02:30:00-04:00"},
+        ]
+    }
+
+
+def test_default_count_is_five_and_default_from_is_now() -> None:
+    result = preview("--cron", "*/5 * * * *", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["instants"]
+    assert len(rows) == 5 and all(set(row) == {"utc", "local"} for row in rows)
+    assert rows == sorted(rows, key=lambda row: row["utc"])
+
+
+def test_naive_from_is_wall_time_in_tz() -> None:
+    result = preview("--cron", "0 * * * *", "--tz", "Europe/London", "--from", "2026-07-01T09:30", "-n", "1", "--json")
+    assert json.loads(result.stdout) == {"instants": [{"utc": "2026-07-01T09:00:00Z", "local": "2026-07-01T10:00:00+01:00"}]}
+
+
+def test_every_without_anchor_is_anchored_at_from() -> None:
+    result = preview("--every", "90m", "--from", "2026-01-01T00:00:00Z", "-n", "2", "--json")
+    assert [row["utc"] for row in json.loads(result.stdout)["instants"]] == ["2026-01-01T01:30:00Z", "2026-01-01T03:00:00Z"]
+
+
+def test_every_with_anchor_aligns_to_it() -> None:
+    result = preview("--every", "PT15M", "--anchor", "2026-01-01T00:07:00Z", "--from", "2026-01-01T10:00:00Z", "-n", "2", "--json")
+    assert [row["utc"] for row in json.loads(result.stdout)["instants"]] == ["2026-01-01T10:07:00Z", "2026-01-01T10:22:00Z"]
+
+
+def test_at_in_the_past_prints_no_instants() -> None:
+    result = preview("--at", "2020-01-01T00:00:00Z", "--from", "2026-01-01T00:00:00Z", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == {"instants": []}
+
+
+def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
+    result = preview("--cron", "0 * * * *", "--tz", "America/New_York", "--from", "2026-11-01T04:30:00Z", "-n", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "UTC" in lines[0] and "America/New_York" in lines[0]
+    assert "2026-11-01T05:00:00Z" in lines[1] and "2026-11-01T01:00:00-04:00" in lines[1]
+    assert "2026-11-01T06:00:00Z" in lines[2] and "2026-11-01T01:00:00-05:00" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--cron", "61 * * * *"], "invalid cron '61 * * * *': minute 61 out of range 0-59"),
+        (["--cron", "* * * * *", "--tz", "Mars/Base"], "invalid timezone 'Mars/Base': unknown IANA zone"),
+        (["--every", "5x"], "invalid every '5x': unknown unit 'x' (use ms, s, m, h, d, w)"),
+        (["--at", "soon"], "invalid at 'soon': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--cron", "* * * * *", "--from", "2026-13-01"], "invalid from '2026-13-01': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--every", "1h", "--anchor", "x"], "invalid anchor 'x': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--cron", "* * * * *", "-n", "0"], "invalid n '0': must be between 1 and 10000"),
+    ],
+)
+def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str], line: str) -> None:
+    result = preview(*args)
+    assert result.returncode == 2
+    assert result.stderr == line + "\n"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [[], ["--cron", "* * * * *", "--every", "5m"], ["--at", "2030-01-01", "--cron", "@daily"]])
+def test_not_exactly_one_kind_exits_2_with_one_line(args: list[str]) -> None:
+    result = preview(*args)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1 and "--cron" in result.stderr
+    assert "Traceback" not in result.stderr
