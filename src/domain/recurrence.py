@@ -101,9 +101,12 @@ class RecurrenceError(ValueError):
 
 @runtime_checkable
 class Trigger(Protocol):
-    """A compiled recurrence rule."""
+    """A compiled recurrence rule (``kind`` is read-only on the concrete frozen classes)."""
 
-    kind: str
+    @property
+    def kind(self) -> str:
+        """``"cron"``, ``"every"``, ``"at"`` or ``"delay"``."""
+        ...
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first firing instant strictly after ``after`` (UTC), or None when exhausted."""
@@ -517,8 +520,19 @@ class CronTrigger:
         for day in _matching_days(self.spec, today):
             found = self._first_in_day(day, ts)
             if found is not None:
-                return found
+                return self._earliest_with_next_day(day, ts, found)
         return None
+
+    def _earliest_with_next_day(self, day: date, ts: float, found: int) -> int:
+        """On a transition day, a repeat spanning midnight can put the next day's first
+        instant before this day's second pass: take the earlier of the two."""
+        if _steady_offset(self.zone, day) is not None:
+            return found
+        tomorrow = day + _ONE_DAY
+        if not self.spec.matches_day(tomorrow):
+            return found
+        other = self._first_in_day(tomorrow, ts)
+        return found if other is None else min(found, other)
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first firing instant strictly after ``after`` (UTC), None past ``end``."""
@@ -666,7 +680,7 @@ def _chosen_kind(cron: object, every: object, at: object, delay: object) -> str:
     return given[0]
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=8192, typed=True)
 def _compile(
     cron: str | None,
     every: str | float | None,
