@@ -397,3 +397,126 @@ async def test_all_tables_round_trip(store: PostgresProjectionStore) -> None:
     assert eff is not None
     assert (eff["state"], eff["kind"], eff["attempts"]) == ("SUCCEEDED", "webhook", 1)
     assert eff["evidence"] == '{"status": 200}'
+
+
+# ------------------------------------------------------------------ projecting real events
+
+
+def _lifecycle_events() -> list[Any]:
+    """A schedule's log: create, three runs (success, retry then dead then redriven and
+    succeeded with an effect, skipped range), pause, revise, delete."""
+    from chronolog.domain import messages as m
+
+    spec = m.ScheduleSpec(every=60, job=m.JobSpec(type="report", params={"x": 1}))
+    t, sid = "acme", "every-minute"
+    out: list[m.EventEnvelope] = []
+
+    def emit(payload: Any, seconds: float) -> None:
+        n = len(out)
+        out.append(m.EventEnvelope(event_id=f"c{n}.0", type=payload.type, key=f"{t}/{sid}",
+                                   tenant=t, schedule_id=sid, at=T0 + timedelta(seconds=seconds),
+                                   causation_id=f"c{n}", payload=payload))
+
+    def at(s: float) -> datetime:
+        return T0 + timedelta(seconds=s)
+
+    emit(m.ScheduleCreated(revision=1, spec=spec, created_at=T0, anchor=T0,
+                           next_run_at=at(60), next_due_at=at(60)), 0)
+    for i, rid in enumerate(("r_a", "r_b")):
+        s = 60 * (i + 1)
+        emit(m.OccurrenceMaterialized(run_id=rid, scheduled_at=at(s), due_at=at(s), revision=1,
+                                      job=spec.job, state="READY", sequence=i + 1,
+                                      next_run_at=at(s + 60), next_due_at=at(s + 60)), s)
+        emit(m.FenceAdvanced(fence=i * 10 + 1, run_id=rid, reason="claim"), s + 1)
+        emit(m.AttemptClaimed(run_id=rid, attempt=1, fence=i * 10 + 1, worker_id="w1",
+                              claimed_at=at(s + 1.5), lease_until=at(s + 31)), s + 1.5)
+    emit(m.LeaseExtended(run_id="r_a", attempt=1, fence=1, lease_until=at(101)), 70)
+    emit(m.ResultPublished(run_id="r_a", attempt=1, fence=1, worker_id="w1", checksum="c-a",
+                           size=3, inline=[1, 2, 3], finished_at=at(75)), 75)
+    emit(m.AttemptFailed(run_id="r_b", attempt=1, fence=11, worker_id="w1",
+                         error_class="transient", message="boom"), 130)
+    emit(m.RetryScheduled(run_id="r_b", attempt=2, retry_at=at(140)), 130)
+    emit(m.OccurrenceReady(run_id="r_b", attempt=2), 140)
+    emit(m.AttemptClaimed(run_id="r_b", attempt=2, fence=12, worker_id="w2",
+                          claimed_at=at(141), lease_until=at(171)), 141)
+    emit(m.LeaseExpired(run_id="r_b", attempt=2, fence=12, lease_until=at(171)), 172)
+    emit(m.OccurrenceDeadLettered(run_id="r_b", reason="max_attempts", message="2 used"), 172)
+    emit(m.OccurrenceRedriven(run_id="r_b", attempt=3, by="ops"), 200)
+    emit(m.AttemptClaimed(run_id="r_b", attempt=3, fence=13, worker_id="w1",
+                          claimed_at=at(201), lease_until=at(231)), 201)
+    emit(m.CompletionRejected(run_id="r_b", attempt=2, fence=12, current_fence=13,
+                              worker_id="w2", checksum="old", reason="stale_fence"), 202)
+    emit(m.ResultPublished(run_id="r_b", attempt=3, fence=13, worker_id="w1", checksum="c-b",
+                           size=9, uri="file:///r_b/3", finished_at=at(210)), 210)
+    emit(m.EffectIntended(effect_id="send-r_b", run_id="r_b", kind="webhook",
+                          config={"url": "http://x"}, checksum="c-b"), 210)
+    emit(m.EffectUncertain(effect_id="send-r_b", run_id="r_b", evidence={"err": "reset"}), 215)
+    emit(m.ReconciliationRequired(run_id="r_b", reason="uncertain", effect_id="send-r_b"), 215)
+    emit(m.ReconciliationResolved(run_id="r_b", decision="delivered", by="ops",
+                                  effect_id="send-r_b"), 300)
+    emit(m.SchedulePaused(reason="holiday", paused_at=at(310)), 310)
+    emit(m.OccurrenceSkipped(run_id="r_c", scheduled_at=at(360), reason="paused",
+                             through=at(600), count=5, revision=1, next_run_at=at(660),
+                             next_due_at=at(660)), 610)
+    emit(m.ScheduleResumed(resumed_at=at(610), next_run_at=at(660), next_due_at=at(660)), 610)
+    emit(m.ScheduleRevised(revision=2, spec=spec, anchor=T0, next_run_at=at(660),
+                           next_due_at=at(661)), 620)
+    emit(m.ScheduleDeleted(), 700)
+    return out
+
+
+async def _dump(store: PostgresProjectionStore) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for spec in TABLES.values():
+        order = ", ".join(spec.key)
+        rows = await store.pool.fetch(f"SELECT * FROM {spec.name} ORDER BY {order}")
+        out[spec.name] = [dict(r) for r in rows]
+    return out
+
+
+async def _project_in_batches(dsn: str, events: list[Any], size: int) -> dict[str, Any]:
+    from chronolog.projections.project import project_batch
+
+    async with await PostgresProjectionStore.connect(dsn) as store:
+        await store.migrate()
+        for start in range(0, len(events), size):
+            chunk = events[start:start + size]
+            result = await store.apply(
+                project_batch(chunk), {(EV, 0): (start, start + len(chunk))},
+                last_event_at={(EV, 0): chunk[-1].at},
+            )
+            assert not result.missing
+        assert await store.offsets() == {(EV, 0): len(events)}
+        return await _dump(store)
+
+
+async def test_any_batching_of_the_log_gives_the_same_tables(database_url: str) -> None:
+    """Per-event, chunked and whole-log batches agree row for row (the fold is right)."""
+    events = _lifecycle_events()
+    dumps = []
+    for size in (1, 4, len(events)):
+        async with _fresh_db(database_url) as dsn:
+            dumps.append(await _project_in_batches(dsn, events, size))
+    assert dumps[0] == dumps[1] == dumps[2]
+
+    tables = dumps[0]
+    (sched,) = tables["schedules"]
+    assert (sched["state"], sched["revision"], sched["fence"]) == ("DELETED", 2, 11)
+    assert sched["next_run_at"] is None and sched["pause_reason"] is None  # resumed
+    runs = {r["run_id"]: r for r in tables["runs"]}
+    a, b, c = runs["r_a"], runs["r_b"], runs["r_c"]
+    assert (a["state"], a["attempt"], a["result_checksum"], a["lateness_ms"]) == (
+        "SUCCEEDED", 1, "c-a", 1500)
+    assert a["result_inline"] == "[1, 2, 3]" and a["job_type"] == "report"
+    assert (b["state"], b["attempt"], b["result_attempt"], b["result_uri"]) == (
+        "SUCCEEDED", 3, 3, "file:///r_b/3")
+    assert b["started_at"] == T0 + timedelta(seconds=121.5)  # the first claim, kept
+    assert b["dead_reason"] is None and b["last_error"] == "boom"
+    assert b["finished_at"] == T0 + timedelta(seconds=210)
+    assert (c["state"], c["skipped_reason"], c["skipped_count"]) == ("SKIPPED", "paused", 5)
+    attempts = {(r["run_id"], r["attempt"]): r["outcome"] for r in tables["attempts"]}
+    assert attempts == {("r_a", 1): "succeeded", ("r_b", 1): "failed",
+                        ("r_b", 2): "lease_expired", ("r_b", 3): "succeeded"}
+    (effect,) = tables["effects"]
+    assert (effect["state"], effect["kind"], effect["evidence"]) == (
+        "SUCCEEDED", "webhook", '{"err": "reset"}')

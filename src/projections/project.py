@@ -1,0 +1,175 @@
+"""The pure projection: one event envelope -> the read-model row changes it causes.
+
+No I/O, no clock: every value comes from the envelope (``at`` is authority time) or its
+payload, so replaying the log from offset 0 rebuilds exactly the live tables. A batch is
+``RowChanges.fold(project(e) for e in events)``.
+
+Run and effect states follow the decider's ``evolve`` (commands/decider.py): where an event
+does not itself move a run (AttemptFailed, LeaseExpired), the event the processor emits right
+after it does (RetryScheduled, OccurrenceReady, OccurrenceDeadLettered, ...). Every event
+also stamps ``schedules.last_event_at``.
+
+Column conventions:
+* ``runs.started_at`` is the *first* claim (``First``), so ``lateness_ms`` (a generated
+  column: first start minus due_at) is the start lateness of the occurrence, not of a retry;
+* ``runs.finished_at`` is set when the run reaches a terminal state and cleared by a redrive;
+* ``runs.attempt`` mirrors the decider: 1 at materialization, then the attempt each event
+  names; ``runs.skipped_count`` is the number of instants a SKIPPED row stands for (a
+  collapsed range), so skipped counters are ``sum(skipped_count) ... group by skipped_reason``;
+* CompletionRejected changes no row (it is kept in the log for audit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, assert_never
+
+from chronolog.domain import messages as m
+from chronolog.domain.ids import iso_utc
+from chronolog.projections.store import First, RowChanges
+
+__all__ = ["project", "project_batch"]
+
+_EFFECT_STATE_AFTER_RESOLUTION = {"delivered": "SUCCEEDED", "abandon": "ABANDONED", "retry": "INTENDED"}
+
+
+def project(envelope: m.EventEnvelope) -> RowChanges:
+    """The row changes of one event."""
+    c = RowChanges()
+    at = envelope.at
+    tenant, sid = envelope.tenant, envelope.schedule_id
+    skey = (tenant, sid)
+
+    def sched(**cols: Any) -> None:
+        c.set("schedules", skey, **cols)
+
+    def run(run_id: str, **cols: Any) -> None:
+        c.set("runs", (run_id,), updated_at=at, **cols)
+
+    def attempt(run_id: str, number: int, **cols: Any) -> None:
+        c.set("attempts", (run_id, number), updated_at=at, **cols)
+
+    def effect(effect_id: str, **cols: Any) -> None:
+        c.set("effects", (effect_id,), updated_at=at, **cols)
+
+    p = envelope.payload
+    match p:
+        case m.ScheduleCreated():
+            # every definition column, so a re-created (previously deleted) ID starts clean
+            sched(revision=p.revision, state="ACTIVE", spec=p.spec.model_dump(mode="json"),
+                  request_key=p.request_key, anchor=p.anchor, next_run_at=p.next_run_at,
+                  next_due_at=p.next_due_at, paused_at=None, pause_reason=None,
+                  deleted_at=None, created_at=p.created_at, updated_at=at)
+        case m.ScheduleRevised():
+            sched(revision=p.revision, spec=p.spec.model_dump(mode="json"), anchor=p.anchor,
+                  next_run_at=p.next_run_at, next_due_at=p.next_due_at, updated_at=at)
+        case m.SchedulePaused():
+            sched(state="PAUSED", paused_at=p.paused_at, pause_reason=p.reason or None,
+                  updated_at=at)
+        case m.ScheduleResumed():
+            sched(state="ACTIVE", paused_at=None, pause_reason=None,
+                  next_run_at=p.next_run_at, next_due_at=p.next_due_at, updated_at=at)
+        case m.ScheduleDeleted():
+            sched(state="DELETED", deleted_at=at, next_run_at=None, next_due_at=None,
+                  updated_at=at)
+        case m.NextRunPlanned():
+            sched(next_run_at=p.next_run_at, next_due_at=p.next_due_at)
+        case m.OccurrenceMaterialized():
+            run(p.run_id, tenant=tenant, schedule_id=sid, scheduled_at=p.scheduled_at,
+                due_at=p.due_at, revision=p.revision, trigger=p.trigger,
+                request_key=p.request_key, state=p.state, attempt=1, job_type=p.job.type,
+                params=p.job.params, resource_class=p.resource_class, priority=p.priority,
+                sequence=p.sequence, start_deadline_at=p.start_deadline_at,
+                materialized_at=at, ready_at=at if p.state == "READY" else None)
+            if p.advances_schedule:
+                sched(next_run_at=p.next_run_at, next_due_at=p.next_due_at)
+        case m.OccurrenceSkipped():
+            skipped: dict[str, Any] = dict(
+                state="SKIPPED", skipped_reason=p.reason, skipped_count=p.count,
+                skipped_through=p.through, finished_at=at,
+            )
+            if p.materialized:
+                run(p.run_id, **skipped)
+            else:  # an instant that never became a run is still recorded, with its reason
+                run(p.run_id, tenant=tenant, schedule_id=sid, scheduled_at=p.scheduled_at,
+                    revision=p.revision, trigger="manual" if p.request_key else "schedule",
+                    request_key=p.request_key, **skipped)
+            if p.advances_schedule:
+                sched(next_run_at=p.next_run_at, next_due_at=p.next_due_at)
+        case m.OccurrenceReady():
+            run(p.run_id, state="READY", attempt=p.attempt, ready_at=at, retry_at=None,
+                resource_class=p.resource_class, priority=p.priority)
+        case m.FenceAdvanced():
+            sched(fence=p.fence)
+        case m.AttemptClaimed():
+            run(p.run_id, state="LEASED", attempt=p.attempt, started_at=First(p.claimed_at))
+            attempt(p.run_id, p.attempt, tenant=tenant, schedule_id=sid, fence=p.fence,
+                    worker_id=p.worker_id, claimed_at=p.claimed_at, lease_until=p.lease_until,
+                    outcome=None, error_class=None, error=None, finished_at=None)
+        case m.LeaseExtended():
+            attempt(p.run_id, p.attempt, lease_until=p.lease_until)
+        case m.LeaseExpired():
+            attempt(p.run_id, p.attempt, outcome="lease_expired", lease_until=p.lease_until,
+                    finished_at=at)
+        case m.AttemptFailed():
+            attempt(p.run_id, p.attempt, outcome="failed", error_class=p.error_class,
+                    error=p.message or None, finished_at=at)
+            run(p.run_id, last_error_class=p.error_class, last_error=p.message or None)
+        case m.RetryScheduled():
+            run(p.run_id, state="RETRY_WAIT", attempt=p.attempt, retry_at=p.retry_at)
+        case m.OccurrenceDeadLettered():
+            run(p.run_id, state="DEAD", dead_reason=p.reason, dead_message=p.message or None,
+                finished_at=at)
+        case m.OccurrenceRedriven():
+            run(p.run_id, state="READY", attempt=p.attempt, ready_at=at, retry_at=None,
+                finished_at=None, dead_reason=None, dead_message=None)
+        case m.ResultPublished():
+            run(p.run_id, state="SUCCEEDED", attempt=p.attempt, result_checksum=p.checksum,
+                result_size=p.size, result_uri=p.uri, result_inline=p.inline,
+                result_attempt=p.attempt, finished_at=p.finished_at)
+            attempt(p.run_id, p.attempt, outcome="succeeded", finished_at=p.finished_at)
+        case m.CompletionRejected():
+            pass  # kept in the log for audit; no read-model row changes
+        case m.CancellationRequested():
+            run(p.run_id, cancellation_requested=True, cancel_reason=p.reason or None)
+        case m.OccurrenceCancelled():
+            extra = {"cancel_reason": p.reason} if p.reason else {}
+            run(p.run_id, state="CANCELLED", finished_at=at, **extra)
+        case m.ReconciliationRequired():
+            run(p.run_id, state="RECONCILING", reconciliation_resolution=None,
+                reconciliation={"reason": p.reason, "effectId": p.effect_id,
+                                "evidence": p.evidence, "at": iso_utc(at)})
+        case m.ReconciliationResolved():
+            resolution = {"decision": p.decision, "by": p.by, "note": p.note,
+                          "effectId": p.effect_id, "at": iso_utc(at)}
+            if p.effect_id is not None:
+                run(p.run_id, state="SUCCEEDED", finished_at=First(at),
+                    reconciliation_resolution=resolution)
+                effect(p.effect_id, state=_EFFECT_STATE_AFTER_RESOLUTION[p.decision])
+            elif p.decision == "delivered":
+                run(p.run_id, state="SUCCEEDED", finished_at=First(at),
+                    reconciliation_resolution=resolution)
+            else:  # retry / abandon: the following OccurrenceReady / DeadLettered moves it
+                run(p.run_id, reconciliation_resolution=resolution)
+        case m.EffectIntended():
+            effect(p.effect_id, tenant=tenant, schedule_id=sid, run_id=p.run_id, kind=p.kind,
+                   state="INTENDED", attempts=p.attempt, checksum=p.checksum, config=p.config,
+                   evidence=None, created_at=First(at))
+        case m.EffectSucceeded():
+            effect(p.effect_id, state="SUCCEEDED", evidence=p.evidence)
+        case m.EffectUncertain():
+            effect(p.effect_id, state="UNCERTAIN", evidence=p.evidence)
+        case m.EffectFailed():
+            effect(p.effect_id, state="FAILED", evidence=p.evidence)
+        case _:
+            assert_never(p)
+    sched(last_event_at=at)
+    return c
+
+
+def project_batch(envelopes: Iterable[m.EventEnvelope]) -> RowChanges:
+    """The folded row changes of a batch of envelopes, in log order."""
+    out = RowChanges()
+    for env in envelopes:
+        out.merge(project(env))
+    return out

@@ -1,0 +1,376 @@
+"""The pure projection (event -> row changes) and the RowChanges merge rules. No I/O."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from chronolog.domain import messages as m
+from chronolog.projections.project import project, project_batch
+from chronolog.projections.store import TABLES, First, RowChanges
+
+T0 = datetime(2030, 3, 1, 9, 0, tzinfo=timezone.utc)
+TENANT, SID = "acme", "nightly"
+SKEY = (TENANT, SID)
+RUN = "r_0123456789abcdef0123"
+SPEC = m.ScheduleSpec(cron="0 9 * * *", timezone="Europe/Berlin",
+                      job=m.JobSpec(type="report", params={"region": "eu"}))
+
+
+def env(payload: Any, at: datetime = T0, n: int = 0) -> m.EventEnvelope:
+    return m.EventEnvelope(event_id=f"c1.{n}", type=payload.type, key=f"{TENANT}/{SID}",
+                           tenant=TENANT, schedule_id=SID, at=at, causation_id="c1",
+                           payload=payload)
+
+
+def sched_row(c: RowChanges) -> dict[str, Any]:
+    return c.schedules[SKEY]
+
+
+def run_row(c: RowChanges, run_id: str = RUN) -> dict[str, Any]:
+    return c.runs[(run_id,)]
+
+
+# One sample of every event type (the coverage test below keeps this complete).
+SAMPLES: dict[str, Any] = {
+    "ScheduleCreated": m.ScheduleCreated(revision=1, spec=SPEC, request_key="k1", created_at=T0,
+                                         anchor=T0, next_run_at=T0 + timedelta(days=1),
+                                         next_due_at=T0 + timedelta(days=1, seconds=3)),
+    "ScheduleRevised": m.ScheduleRevised(revision=2, spec=SPEC, anchor=T0, next_run_at=None,
+                                         next_due_at=None),
+    "SchedulePaused": m.SchedulePaused(reason="maintenance", paused_at=T0),
+    "ScheduleResumed": m.ScheduleResumed(resumed_at=T0, next_run_at=T0, next_due_at=T0),
+    "ScheduleDeleted": m.ScheduleDeleted(),
+    "NextRunPlanned": m.NextRunPlanned(next_run_at=T0, next_due_at=T0),
+    "OccurrenceMaterialized": m.OccurrenceMaterialized(
+        run_id=RUN, scheduled_at=T0, due_at=T0 + timedelta(seconds=3), revision=1,
+        job=SPEC.job, state="READY", sequence=7, resource_class="gpu", priority=5,
+        next_run_at=T0 + timedelta(days=1), next_due_at=T0 + timedelta(days=1, seconds=1)),
+    "OccurrenceSkipped": m.OccurrenceSkipped(run_id=RUN, scheduled_at=T0, reason="misfire",
+                                             through=T0 + timedelta(hours=3), count=4,
+                                             revision=1, next_run_at=T0 + timedelta(days=1),
+                                             next_due_at=T0 + timedelta(days=1)),
+    "OccurrenceReady": m.OccurrenceReady(run_id=RUN, attempt=2, resource_class="gpu", priority=5),
+    "AttemptClaimed": m.AttemptClaimed(run_id=RUN, attempt=1, fence=4, worker_id="w1",
+                                       claimed_at=T0 + timedelta(seconds=5),
+                                       lease_until=T0 + timedelta(seconds=35)),
+    "FenceAdvanced": m.FenceAdvanced(fence=4, run_id=RUN, reason="claim"),
+    "LeaseExtended": m.LeaseExtended(run_id=RUN, attempt=1, fence=4,
+                                     lease_until=T0 + timedelta(seconds=65)),
+    "LeaseExpired": m.LeaseExpired(run_id=RUN, attempt=1, fence=4,
+                                   lease_until=T0 + timedelta(seconds=65)),
+    "AttemptFailed": m.AttemptFailed(run_id=RUN, attempt=1, fence=4, worker_id="w1",
+                                     error_class="transient", message="timeout"),
+    "RetryScheduled": m.RetryScheduled(run_id=RUN, attempt=2, retry_at=T0 + timedelta(minutes=1)),
+    "OccurrenceDeadLettered": m.OccurrenceDeadLettered(run_id=RUN, reason="max_attempts",
+                                                       message="3 attempts used"),
+    "OccurrenceRedriven": m.OccurrenceRedriven(run_id=RUN, attempt=4, by="ops"),
+    "ResultPublished": m.ResultPublished(run_id=RUN, attempt=1, fence=4, worker_id="w1",
+                                         checksum="sha256:ab", size=12, inline={"rows": 3},
+                                         finished_at=T0 + timedelta(seconds=20)),
+    "CompletionRejected": m.CompletionRejected(run_id=RUN, attempt=1, fence=3, current_fence=4,
+                                               worker_id="w0", checksum="sha256:cd",
+                                               reason="stale_fence"),
+    "CancellationRequested": m.CancellationRequested(run_id=RUN, by="ops", reason="wrong params"),
+    "OccurrenceCancelled": m.OccurrenceCancelled(run_id=RUN, by="ops", reason="wrong params"),
+    "ReconciliationRequired": m.ReconciliationRequired(run_id=RUN, reason="ambiguous",
+                                                       evidence={"status": 504}),
+    "ReconciliationResolved": m.ReconciliationResolved(run_id=RUN, decision="delivered",
+                                                       by="ops", note="checked"),
+    "EffectIntended": m.EffectIntended(effect_id=f"send-{RUN}", run_id=RUN, kind="email",
+                                       config={"to": "a@b"}, checksum="sha256:ab", attempt=1),
+    "EffectSucceeded": m.EffectSucceeded(effect_id=f"send-{RUN}", run_id=RUN,
+                                         evidence={"id": "m1"}),
+    "EffectUncertain": m.EffectUncertain(effect_id=f"send-{RUN}", run_id=RUN,
+                                         evidence={"error": "reset"}),
+    "EffectFailed": m.EffectFailed(effect_id=f"send-{RUN}", run_id=RUN, evidence={"code": 550}),
+}
+
+
+def test_every_event_type_has_a_sample() -> None:
+    assert set(SAMPLES) == {t.model_fields["type"].default for t in m.EVENT_TYPES}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_event_projects_valid_changes_and_stamps_the_schedule(name: str) -> None:
+    at = T0 + timedelta(minutes=9)
+    c = project(env(SAMPLES[name], at=at))
+    assert sched_row(c)["last_event_at"] == at
+    for table in TABLES:
+        for key, row in c.table(table).items():
+            assert len(key) == len(TABLES[table].key)
+            assert set(row) <= TABLES[table].columns
+            if table != "schedules":
+                assert row["updated_at"] == at
+
+
+def test_project_is_pure_and_deterministic() -> None:
+    e = env(SAMPLES["OccurrenceMaterialized"])
+    assert project(e) == project(e)
+
+
+# ------------------------------------------------------------------ schedules
+
+
+def test_schedule_created_sets_every_required_column() -> None:
+    c = project(env(SAMPLES["ScheduleCreated"]))
+    row = sched_row(c)
+    assert TABLES["schedules"].required <= set(row)  # an insert, not a partial update
+    assert row["state"] == "ACTIVE" and row["revision"] == 1
+    assert row["spec"]["cron"] == "0 9 * * *" and row["spec"]["job"]["params"] == {"region": "eu"}
+    assert row["next_run_at"] == T0 + timedelta(days=1)
+    assert row["created_at"] == T0 and row["request_key"] == "k1"
+    assert row["deleted_at"] is None and row["paused_at"] is None
+    assert not c.runs and not c.attempts and not c.effects
+
+
+def test_schedule_lifecycle_columns() -> None:
+    revised = sched_row(project(env(SAMPLES["ScheduleRevised"])))
+    assert revised["revision"] == 2 and revised["next_run_at"] is None
+    assert "state" not in revised and "created_at" not in revised
+
+    paused = sched_row(project(env(SAMPLES["SchedulePaused"])))
+    assert (paused["state"], paused["paused_at"], paused["pause_reason"]) == (
+        "PAUSED", T0, "maintenance")
+    assert "next_run_at" not in paused  # pausing keeps the next instant
+
+    resumed = sched_row(project(env(SAMPLES["ScheduleResumed"])))
+    assert resumed["state"] == "ACTIVE" and resumed["paused_at"] is None
+
+    deleted = sched_row(project(env(SAMPLES["ScheduleDeleted"], at=T0)))
+    assert deleted["state"] == "DELETED" and deleted["deleted_at"] == T0
+    assert deleted["next_run_at"] is None and deleted["next_due_at"] is None
+
+    planned = sched_row(project(env(SAMPLES["NextRunPlanned"])))
+    assert set(planned) == {"next_run_at", "next_due_at", "last_event_at"}
+
+    fence = sched_row(project(env(SAMPLES["FenceAdvanced"])))
+    assert fence["fence"] == 4
+
+
+# ------------------------------------------------------------------ runs
+
+
+def test_materialized_creates_the_run_and_advances_the_schedule() -> None:
+    c = project(env(SAMPLES["OccurrenceMaterialized"], at=T0 + timedelta(seconds=1)))
+    row = run_row(c)
+    assert TABLES["runs"].required <= set(row)
+    assert (row["tenant"], row["schedule_id"], row["trigger"], row["state"]) == (
+        TENANT, SID, "schedule", "READY")
+    assert row["scheduled_at"] == T0 and row["due_at"] == T0 + timedelta(seconds=3)
+    assert row["params"] == {"region": "eu"} and row["job_type"] == "report"
+    assert row["attempt"] == 1 and row["sequence"] == 7 and row["resource_class"] == "gpu"
+    assert row["ready_at"] == T0 + timedelta(seconds=1)
+    assert sched_row(c)["next_run_at"] == T0 + timedelta(days=1)
+
+
+def test_manual_materialization_leaves_the_schedule_alone() -> None:
+    manual = SAMPLES["OccurrenceMaterialized"].model_copy(update=dict(
+        run_id="m_1", trigger="manual", request_key="req-1", state="PENDING",
+        advances_schedule=False, next_run_at=None, next_due_at=None))
+    c = project(env(manual))
+    row = run_row(c, "m_1")
+    assert row["trigger"] == "manual" and row["request_key"] == "req-1"
+    assert row["state"] == "PENDING" and row["ready_at"] is None
+    assert "next_run_at" not in sched_row(c)
+
+
+def test_skipped_unmaterialized_instant_is_recorded_with_its_reason() -> None:
+    c = project(env(SAMPLES["OccurrenceSkipped"]))
+    row = run_row(c)
+    assert TABLES["runs"].required <= set(row)  # a row of its own
+    assert row["state"] == "SKIPPED" and row["skipped_reason"] == "misfire"
+    assert row["skipped_count"] == 4 and row["skipped_through"] == T0 + timedelta(hours=3)
+    assert row["trigger"] == "schedule"
+    assert sched_row(c)["next_run_at"] == T0 + timedelta(days=1)
+
+
+def test_skipped_materialized_run_is_a_partial_update() -> None:
+    e = SAMPLES["OccurrenceSkipped"].model_copy(update=dict(
+        materialized=True, reason="start_deadline", count=1, through=None,
+        advances_schedule=False))
+    c = project(env(e, at=T0 + timedelta(minutes=5)))
+    row = run_row(c)
+    assert not TABLES["runs"].required <= set(row)
+    assert "scheduled_at" not in row and "revision" not in row
+    assert row["state"] == "SKIPPED" and row["finished_at"] == T0 + timedelta(minutes=5)
+    assert "next_run_at" not in sched_row(c)
+
+
+def test_skipped_manual_trigger() -> None:
+    e = SAMPLES["OccurrenceSkipped"].model_copy(update=dict(
+        run_id="m_2", reason="overlap", request_key="req-2", advances_schedule=False))
+    assert run_row(project(env(e)), "m_2")["trigger"] == "manual"
+
+
+def test_claim_sets_the_first_start_and_opens_an_attempt() -> None:
+    c = project(env(SAMPLES["AttemptClaimed"]))
+    row = run_row(c)
+    assert row["state"] == "LEASED" and row["attempt"] == 1
+    assert row["started_at"] == First(T0 + timedelta(seconds=5))
+    att = c.attempts[(RUN, 1)]
+    assert TABLES["attempts"].required <= set(att)
+    assert (att["fence"], att["worker_id"], att["outcome"]) == (4, "w1", None)
+    assert att["lease_until"] == T0 + timedelta(seconds=35)
+
+
+def test_lease_extended_and_expired_touch_only_the_attempt() -> None:
+    ext = project(env(SAMPLES["LeaseExtended"]))
+    assert not ext.runs
+    assert set(ext.attempts[(RUN, 1)]) == {"lease_until", "updated_at"}
+    exp = project(env(SAMPLES["LeaseExpired"], at=T0 + timedelta(seconds=70)))
+    assert not exp.runs  # the following OccurrenceReady / RetryScheduled moves the run
+    att = exp.attempts[(RUN, 1)]
+    assert att["outcome"] == "lease_expired" and att["finished_at"] == T0 + timedelta(seconds=70)
+
+
+def test_attempt_failed_records_the_error_not_the_state() -> None:
+    c = project(env(SAMPLES["AttemptFailed"]))
+    assert c.attempts[(RUN, 1)]["outcome"] == "failed"
+    assert c.attempts[(RUN, 1)]["error"] == "timeout"
+    row = run_row(c)
+    assert "state" not in row and row["last_error_class"] == "transient"
+
+
+def test_retry_dead_redrive() -> None:
+    retry = run_row(project(env(SAMPLES["RetryScheduled"])))
+    assert (retry["state"], retry["attempt"]) == ("RETRY_WAIT", 2)
+    assert retry["retry_at"] == T0 + timedelta(minutes=1)
+
+    dead = run_row(project(env(SAMPLES["OccurrenceDeadLettered"], at=T0)))
+    assert (dead["state"], dead["dead_reason"], dead["finished_at"]) == ("DEAD", "max_attempts", T0)
+
+    redriven = run_row(project(env(SAMPLES["OccurrenceRedriven"], at=T0)))
+    assert (redriven["state"], redriven["attempt"]) == ("READY", 4)
+    assert redriven["finished_at"] is None and redriven["dead_reason"] is None
+    assert "started_at" not in redriven  # start lateness stays that of the first start
+
+
+def test_ready_clears_retry_at() -> None:
+    row = run_row(project(env(SAMPLES["OccurrenceReady"], at=T0)))
+    assert (row["state"], row["attempt"], row["ready_at"], row["retry_at"]) == (
+        "READY", 2, T0, None)
+
+
+def test_result_published_sets_the_canonical_result() -> None:
+    c = project(env(SAMPLES["ResultPublished"]))
+    row = run_row(c)
+    assert row["state"] == "SUCCEEDED"
+    assert (row["result_checksum"], row["result_size"], row["result_uri"]) == ("sha256:ab", 12, None)
+    assert row["result_inline"] == {"rows": 3} and row["result_attempt"] == 1
+    assert row["finished_at"] == T0 + timedelta(seconds=20)
+    assert "scheduled_at" not in row  # a partial change: the rest of the row stays
+    assert c.attempts[(RUN, 1)]["outcome"] == "succeeded"
+
+
+def test_completion_rejected_changes_no_row() -> None:
+    c = project(env(SAMPLES["CompletionRejected"]))
+    assert not c.runs and not c.attempts and not c.effects
+    assert set(sched_row(c)) == {"last_event_at"}
+
+
+def test_cancellation() -> None:
+    req = run_row(project(env(SAMPLES["CancellationRequested"])))
+    assert req["cancellation_requested"] is True and "state" not in req
+    done = run_row(project(env(SAMPLES["OccurrenceCancelled"], at=T0)))
+    assert (done["state"], done["finished_at"], done["cancel_reason"]) == ("CANCELLED", T0,
+                                                                          "wrong params")
+    bare = run_row(project(env(m.OccurrenceCancelled(run_id=RUN))))
+    assert "cancel_reason" not in bare  # an empty reason keeps the requested one
+
+
+def test_reconciliation_of_a_run() -> None:
+    req = run_row(project(env(SAMPLES["ReconciliationRequired"], at=T0)))
+    assert req["state"] == "RECONCILING"
+    assert req["reconciliation"] == {"reason": "ambiguous", "effectId": None,
+                                     "evidence": {"status": 504}, "at": "2030-03-01T09:00:00Z"}
+    delivered = run_row(project(env(SAMPLES["ReconciliationResolved"], at=T0)))
+    assert delivered["state"] == "SUCCEEDED" and delivered["finished_at"] == First(T0)
+    assert delivered["reconciliation_resolution"]["decision"] == "delivered"
+    for decision in ("retry", "abandon"):
+        e = SAMPLES["ReconciliationResolved"].model_copy(update={"decision": decision})
+        row = run_row(project(env(e)))
+        assert "state" not in row  # the following OccurrenceReady / DeadLettered moves it
+
+
+@pytest.mark.parametrize(("decision", "effect_state"),
+                         [("delivered", "SUCCEEDED"), ("abandon", "ABANDONED"),
+                          ("retry", "INTENDED")])
+def test_reconciliation_of_an_effect(decision: str, effect_state: str) -> None:
+    e = m.ReconciliationResolved(run_id=RUN, decision=decision, effect_id=f"send-{RUN}")
+    c = project(env(e))
+    assert c.effects[(f"send-{RUN}",)]["state"] == effect_state
+    assert run_row(c)["state"] == "SUCCEEDED"  # as the decider's evolve has it
+
+
+def test_effects() -> None:
+    c = project(env(SAMPLES["EffectIntended"], at=T0))
+    row = c.effects[(f"send-{RUN}",)]
+    assert TABLES["effects"].required <= set(row)
+    assert (row["kind"], row["state"], row["attempts"], row["run_id"]) == (
+        "email", "INTENDED", 1, RUN)
+    assert row["created_at"] == First(T0)
+    for name, state in (("EffectSucceeded", "SUCCEEDED"), ("EffectUncertain", "UNCERTAIN"),
+                        ("EffectFailed", "FAILED")):
+        eff = project(env(SAMPLES[name])).effects[(f"send-{RUN}",)]
+        assert eff["state"] == state and "kind" not in eff
+
+
+# ------------------------------------------------------------------ folding a batch
+
+
+def test_a_run_lifecycle_folds_into_one_row_per_table() -> None:
+    names = ["OccurrenceMaterialized", "FenceAdvanced", "AttemptClaimed", "LeaseExtended",
+             "ResultPublished", "EffectIntended", "EffectSucceeded"]
+    batch = project_batch(env(SAMPLES[n], at=T0 + timedelta(seconds=i), n=i)
+                          for i, n in enumerate(names))
+    assert batch.row_count() == 4  # schedule, run, attempt, effect
+    row = run_row(batch)
+    assert row["state"] == "SUCCEEDED" and row["job_type"] == "report"
+    assert row["started_at"] == First(T0 + timedelta(seconds=5))
+    assert row["updated_at"] == T0 + timedelta(seconds=4)
+    att = batch.attempts[(RUN, 1)]
+    assert att["outcome"] == "succeeded" and att["lease_until"] == T0 + timedelta(seconds=65)
+    assert batch.effects[(f"send-{RUN}",)]["state"] == "SUCCEEDED"
+    assert sched_row(batch)["last_event_at"] == T0 + timedelta(seconds=6)
+    assert sched_row(batch)["fence"] == 4
+
+
+def test_merge_rules() -> None:
+    def one(**cols: Any) -> RowChanges:
+        return RowChanges().set("runs", ("r",), **cols)
+
+    def folded(*changes: RowChanges) -> dict[str, Any]:
+        return RowChanges.fold(changes).runs[("r",)]
+
+    assert folded(one(state="READY"), one(state="LEASED")) == {"state": "LEASED"}
+    assert folded(one(state="READY", attempt=1), one(attempt=2)) == {"state": "READY", "attempt": 2}
+    assert folded(one(dead_reason="x"), one(dead_reason=None)) == {"dead_reason": None}
+    # First: the earliest non-null wins; a plain value after it overwrites
+    assert folded(one(started_at=First(1)), one(started_at=First(2))) == {"started_at": First(1)}
+    assert folded(one(started_at=First(None)), one(started_at=First(2))) == {"started_at": First(2)}
+    assert folded(one(started_at=First(1)), one(started_at=3)) == {"started_at": 3}
+    assert folded(one(started_at=3), one(started_at=First(1))) == {"started_at": 3}
+    # a plain NULL then First: the column is NULL, so First fills it
+    assert folded(one(started_at=None), one(started_at=First(1))) == {"started_at": 1}
+
+
+def test_merge_does_not_alias_the_inputs() -> None:
+    a = RowChanges().set("runs", ("r",), state="READY")
+    b = RowChanges().set("runs", ("r",), attempt=2)
+    folded = RowChanges.fold([a, b])
+    folded.set("runs", ("r",), state="DEAD")
+    assert a.runs[("r",)] == {"state": "READY"} and b.runs[("r",)] == {"attempt": 2}
+
+
+def test_set_rejects_unknown_columns_and_bad_keys() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        RowChanges().set("runs", ("r",), stat="READY")
+    with pytest.raises(ValueError, match="unknown or key"):
+        RowChanges().set("runs", ("r",), run_id="r")
+    with pytest.raises(ValueError, match="key"):
+        RowChanges().set("attempts", ("r",), outcome="failed")
+    with pytest.raises(KeyError):
+        RowChanges().set("nope", ("r",), x=1)
