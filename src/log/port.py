@@ -107,6 +107,9 @@ class Topics:
 # (topic, partition) -> the NEXT offset to consume (Kafka convention: last consumed + 1)
 Offsets = Mapping[tuple[str, int], int]
 
+# Given the positions of a commit's records, the records to append after them (same txn).
+ThenCallback = Callable[[list["Position"]], Sequence["OutRecord"]]
+
 
 @runtime_checkable
 class PartitionOwner(Protocol):
@@ -116,13 +119,20 @@ class PartitionOwner(Protocol):
     epoch: int
 
     async def commit(
-        self, records: Sequence[OutRecord], consumed: Offsets, group: str
+        self,
+        records: Sequence[OutRecord],
+        consumed: Offsets,
+        group: str,
+        then: ThenCallback | None = None,
     ) -> list[Position]:
         """Append ``records`` and store ``consumed`` as ``group``'s offsets, atomically.
 
         Either everything becomes visible to committed readers, or nothing does.
+        ``then(positions_of_records)``, when given, is called inside the same atomic unit
+        once ``records`` have their positions, and the records it returns are appended in
+        the same transaction (a processor's replies carry the positions of their events).
         Raises ``Fenced`` when a newer owner of this partition exists.
-        Returns the positions of ``records`` in order.
+        Returns the positions of ``records`` followed by those of ``then``'s records.
         """
         ...
 

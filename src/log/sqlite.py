@@ -82,6 +82,7 @@ from chronolog.log.port import (
     RebalanceCallback,
     Record,
     Topics,
+    ThenCallback,
 )
 
 __all__ = ["SqliteEventLog", "SqlitePartitionOwner", "SqliteGroupConsumer", "ProcessLock"]
@@ -353,6 +354,7 @@ def _owner_commit(
     epoch: int,
     records: Sequence[OutRecord],
     consumed: list[tuple[str, str, int, int]],
+    then: ThenCallback | None = None,
 ) -> list[Position]:
     conn.execute("BEGIN IMMEDIATE")
     row = conn.execute("SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)).fetchone()
@@ -360,7 +362,15 @@ def _owner_commit(
         conn.execute("ROLLBACK")
         current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
         raise Fenced(f"{name} epoch {epoch} was fenced ({current})")
-    positions = _append_in_tx(conn, cache, records)
+    try:
+        positions = _append_in_tx(conn, cache, records)
+        if then is not None:
+            late = then(positions)
+            if late:
+                positions = positions + _append_in_tx(conn, cache, late)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
     if consumed:
         conn.executemany(_UPSERT_OFFSET, consumed)
     conn.execute("COMMIT")
@@ -507,7 +517,11 @@ class SqlitePartitionOwner:
         self._closed = False
 
     async def commit(
-        self, records: Sequence[OutRecord], consumed: Offsets, group: str
+        self,
+        records: Sequence[OutRecord],
+        consumed: Offsets,
+        group: str,
+        then: ThenCallback | None = None,
     ) -> list[Position]:
         """Check our epoch, append ``records`` and store ``consumed`` — one transaction."""
         if self._fenced:
@@ -517,7 +531,8 @@ class SqlitePartitionOwner:
         rows = [(group, t, int(p), int(o)) for (t, p), o in consumed.items()]
         try:
             return await self._log._w.run(
-                _owner_commit, self._log._partitions, self.name, self.epoch, list(records), rows
+                _owner_commit, self._log._partitions, self.name, self.epoch, list(records), rows,
+                then,
             )
         except Fenced:
             self._fenced = True

@@ -1,0 +1,286 @@
+"""The command client: emit commands onto ``commands`` and await their replies.
+
+``Client`` works on any ``EventLog`` (Kafka or the embedded SQLite log). It appends a
+``CommandEnvelope`` keyed ``tenant/schedule_id`` and waits — bounded — for the reply with the
+same ``command_id`` on ``replies`` (the processor writes it to the same partition number, in
+the same transaction as the events it caused). A timed-out command may still be decided:
+re-sending it with the same ``command_id`` is safe (the processor answers a duplicate with
+the original reply).
+
+Typed helpers (``create_schedule``, ``claim``, ...) return the reply body on ``ok`` and raise
+a typed error otherwise: ``Invalid``, ``Forbidden``, ``NotFound``, ``Conflict``,
+``QuotaExceeded``, ``StaleFence``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import structlog
+
+from chronolog.domain import codec
+from chronolog.domain import messages as m
+from chronolog.domain.ids import partition_key
+from chronolog.log.port import EventLog, OutRecord
+
+log = structlog.get_logger("chronolog.client")
+
+
+class CommandError(Exception):
+    """A command was answered with a non-ok status."""
+
+    status = "error"
+
+    def __init__(self, reply: m.Reply) -> None:
+        super().__init__(f"{reply.status}: {reply.reason}")
+        self.reply = reply
+        self.reason = reply.reason
+        self.body = reply.body
+        self.field: str | None = reply.body.get("field")
+
+
+class Invalid(CommandError):
+    status = "invalid"
+
+
+class Forbidden(CommandError):
+    status = "forbidden"
+
+
+class NotFound(CommandError):
+    status = "not_found"
+
+
+class Conflict(CommandError):
+    status = "conflict"
+
+
+class QuotaExceeded(CommandError):
+    status = "quota"
+
+
+class StaleFence(CommandError):
+    status = "stale_fence"
+
+
+class ReplyTimeout(Exception):
+    """No reply within the bound; the command may still be decided (re-send the same ID)."""
+
+
+ERRORS: dict[str, type[CommandError]] = {
+    c.status: c for c in (Invalid, Forbidden, NotFound, Conflict, QuotaExceeded, StaleFence)
+}
+
+
+def raise_for(reply: m.Reply) -> dict[str, Any]:
+    """The body of an ok reply, or the typed error of any other."""
+    if reply.status == "ok":
+        return reply.body
+    raise ERRORS.get(reply.status, CommandError)(reply)
+
+
+class Client:
+    """Emits commands and correlates replies by command ID."""
+
+    def __init__(
+        self,
+        log_: EventLog,
+        principal: str = "",
+        reply_timeout: float = 15.0,
+        client_id: str | None = None,
+    ) -> None:
+        self.log = log_
+        self.topics = log_.topics
+        self.principal = principal
+        self.reply_timeout = reply_timeout
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self._waiters: dict[str, asyncio.Future[m.Reply]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: Any = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        """Start following ``replies`` from their current end."""
+        self._consumer = self.log.group_consumer(
+            f"{self.topics.prefix}{self.client_id}", [self.topics.replies], self.client_id,
+            on_assigned=self._on_assigned,
+        )
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._pump(), name=f"{self.client_id}-replies")
+        await asyncio.wait_for(self._ready.wait(), 30)
+
+    async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
+        for topic, p in tps:
+            self._consumer.seek(topic, p, await self.log.end_offset(topic, p))
+        self._ready.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.close()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.cancel()
+
+    async def __aenter__(self) -> "Client":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                records = await self._consumer.getmany(timeout_ms=200, max_records=1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep following; waiters time out
+                log.warning("reply_read_failed", error=str(exc))
+                await asyncio.sleep(0.2)
+                continue
+            for rec in records:
+                cid = rec.key.decode() if rec.key else None
+                fut = self._waiters.get(cid) if cid else None
+                if fut is None or fut.done():
+                    continue
+                try:
+                    fut.set_result(codec.decode_reply(rec.value))
+                except Exception as exc:  # noqa: BLE001
+                    fut.set_exception(exc)
+
+    # ------------------------------------------------------------------ sending
+
+    def envelope(
+        self,
+        tenant: str,
+        schedule_id: str,
+        payload: Any,
+        command_id: str | None = None,
+        issued_at: datetime | None = None,
+    ) -> m.CommandEnvelope:
+        return m.CommandEnvelope(
+            command_id=command_id or uuid.uuid4().hex,
+            type=payload.type,
+            tenant=tenant,
+            principal=self.principal,
+            schedule_id=schedule_id,
+            issued_at=issued_at or datetime.now(timezone.utc),
+            reply_to=self.client_id,
+            payload=payload,
+        )
+
+    async def send(
+        self, env: m.CommandEnvelope, timeout: float | None = None
+    ) -> m.Reply:
+        """Append the command and wait for its reply (``ReplyTimeout`` past the bound)."""
+        if self._task is None:
+            raise RuntimeError("Client.start() first")
+        loop = asyncio.get_running_loop()
+        fut = self._waiters.get(env.command_id)
+        if fut is None or fut.done():
+            fut = self._waiters[env.command_id] = loop.create_future()
+        try:
+            await self.log.append([OutRecord(
+                topic=self.topics.commands,
+                key=partition_key(env.tenant, env.schedule_id).encode(),
+                value=codec.encode_command(env),
+            )])
+            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.reply_timeout)
+        except asyncio.TimeoutError as exc:
+            raise ReplyTimeout(f"no reply to {env.type} {env.command_id}") from exc
+        finally:
+            if fut.done():
+                self._waiters.pop(env.command_id, None)
+
+    async def call(
+        self, tenant: str, schedule_id: str, payload: Any, command_id: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Send and return the ok body, or raise the typed error."""
+        reply = await self.send(self.envelope(tenant, schedule_id, payload, command_id), timeout)
+        return raise_for(reply)
+
+    # ------------------------------------------------------------------ typed helpers
+
+    async def create_schedule(
+        self, tenant: str, schedule_id: str, spec: m.ScheduleSpec | dict[str, Any],
+        request_key: str | None = None,
+    ) -> dict[str, Any]:
+        spec = spec if isinstance(spec, m.ScheduleSpec) else m.ScheduleSpec.model_validate(spec)
+        return await self.call(tenant, schedule_id,
+                               m.CreateSchedule(spec=spec, request_key=request_key))
+
+    async def revise_schedule(
+        self, tenant: str, schedule_id: str, spec: m.ScheduleSpec | dict[str, Any],
+        expected_revision: int,
+    ) -> dict[str, Any]:
+        spec = spec if isinstance(spec, m.ScheduleSpec) else m.ScheduleSpec.model_validate(spec)
+        return await self.call(tenant, schedule_id,
+                               m.ReviseSchedule(spec=spec, expected_revision=expected_revision))
+
+    async def pause(self, tenant: str, schedule_id: str, reason: str = "") -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.PauseSchedule(reason=reason))
+
+    async def resume(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.ResumeSchedule())
+
+    async def delete(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.DeleteSchedule())
+
+    async def trigger(
+        self, tenant: str, schedule_id: str, request_key: str,
+        params: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id,
+                               m.TriggerRun(request_key=request_key, params=params))
+
+    async def cancel(self, tenant: str, schedule_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.CancelRun(run_id=run_id, reason=reason))
+
+    async def redrive(self, tenant: str, schedule_id: str, run_id: str) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.RedriveRun(run_id=run_id))
+
+    async def resolve(
+        self, tenant: str, schedule_id: str, run_id: str, decision: str, note: str = "",
+        effect_id: str | None = None,
+    ) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.ResolveReconciliation(
+            run_id=run_id, decision=decision, note=note, effect_id=effect_id))  # type: ignore[arg-type]
+
+    async def claim(self, tenant: str, schedule_id: str, run_id: str, attempt: int,
+                    worker_id: str) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id,
+                               m.ClaimRun(run_id=run_id, attempt=attempt, worker_id=worker_id))
+
+    async def heartbeat(self, tenant: str, schedule_id: str, run_id: str, attempt: int,
+                        fence: int, worker_id: str) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.Heartbeat(
+            run_id=run_id, attempt=attempt, fence=fence, worker_id=worker_id))
+
+    async def complete(self, tenant: str, schedule_id: str, run_id: str, attempt: int,
+                       fence: int, worker_id: str, checksum: str, size: int,
+                       uri: str | None = None, inline: Any = None,
+                       command_id: str | None = None) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.CompleteRun(
+            run_id=run_id, attempt=attempt, fence=fence, worker_id=worker_id,
+            checksum=checksum, size=size, uri=uri, inline=inline), command_id=command_id)
+
+    async def fail(self, tenant: str, schedule_id: str, run_id: str, attempt: int, fence: int,
+                   worker_id: str, error_class: str = "transient", message: str = "") -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.FailRun(
+            run_id=run_id, attempt=attempt, fence=fence, worker_id=worker_id,
+            error_class=error_class, message=message))  # type: ignore[arg-type]
+
+    async def record_effect(self, tenant: str, schedule_id: str, run_id: str, effect_id: str,
+                            outcome: str, evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self.call(tenant, schedule_id, m.RecordEffectOutcome(
+            run_id=run_id, effect_id=effect_id, outcome=outcome,  # type: ignore[arg-type]
+            evidence=evidence or {}))
