@@ -1,0 +1,87 @@
+"""Configuration from flags and environment, and the wiring of ports to adapters.
+
+``CHRONOLOG_LOG``: ``sqlite:///path/to/log.db`` or ``kafka://host:port[,host:port]``;
+``CHRONOLOG_DATABASE_URL``; ``CHRONOLOG_TENANTS``; ``CHRONOLOG_PARTITIONS`` (default 12);
+``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_DATA_DIR`` (default
+``./.chronolog``). A bad value raises ``ConfigError`` with one line naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from chronolog.log.port import EventLog, Topics
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names it (exit status 2)."""
+
+
+DEFAULT_DATA_DIR = ".chronolog"
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    kind: str  # "sqlite" | "kafka"
+    target: str  # a file path or bootstrap servers
+    topics: Topics
+
+
+def partitions_from_env(value: str | None = None) -> int:
+    raw = value if value is not None else os.environ.get("CHRONOLOG_PARTITIONS", "12")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ConfigError(f"invalid CHRONOLOG_PARTITIONS '{raw}': not an integer") from None
+    if not 1 <= n <= 1024:
+        raise ConfigError(f"invalid CHRONOLOG_PARTITIONS '{raw}': must be 1..1024")
+    return n
+
+
+def data_dir(value: str | None = None) -> Path:
+    return Path(value or os.environ.get("CHRONOLOG_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+def parse_log_url(
+    url: str | None, data_dir_: str | Path | None = None, partitions: int | None = None,
+    prefix: str | None = None,
+) -> LogConfig:
+    """``sqlite:///path`` | ``kafka://h:p[,h:p]`` | None (the data dir's embedded log)."""
+    n = partitions if partitions is not None else partitions_from_env()
+    topics = Topics(prefix=prefix or os.environ.get("CHRONOLOG_TOPIC_PREFIX", "chronolog."),
+                    partitions=n)
+    url = url or os.environ.get("CHRONOLOG_LOG")
+    if not url:
+        return LogConfig("sqlite", str(data_dir(str(data_dir_) if data_dir_ else None) / "log.db"),
+                         topics)
+    if url.startswith("sqlite://"):
+        path = url[len("sqlite://"):]
+        if not path or path == "/":
+            raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': no file path")
+        return LogConfig("sqlite", path, topics)
+    if url.startswith("kafka://"):
+        parsed = url[len("kafka://"):].rstrip("/")
+        hosts = [h for h in parsed.split(",") if h]
+        for h in hosts:
+            u = urlparse(f"//{h}")
+            if not u.hostname or u.port is None:
+                raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': '{h}' is not host:port")
+        if not hosts:
+            raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': no broker")
+        return LogConfig("kafka", ",".join(hosts), topics)
+    raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': expected sqlite:///path or kafka://host:port")
+
+
+def open_log(cfg: LogConfig) -> EventLog:
+    """The EventLog adapter for a configuration (not started)."""
+    if cfg.kind == "sqlite":
+        from chronolog.log.sqlite import SqliteEventLog
+
+        Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
+        return SqliteEventLog(cfg.target, cfg.topics)
+    from chronolog.log.kafka import KafkaEventLog
+
+    return KafkaEventLog(cfg.target, cfg.topics)
