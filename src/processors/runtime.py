@@ -273,7 +273,8 @@ class Processor:
     # ------------------------------------------------------------------ the batch
 
     async def _process(self, ps: PartitionState, batch: list[Record], now: datetime) -> None:
-        out = _Output(self.topics, ps.partition)
+        out = _Output(self.topics, ps.partition, (
+            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())))
         consumed: dict[tuple[str, int], int] = {}
         for rec in batch:
             self._handle(ps, rec, now, out)
@@ -323,7 +324,7 @@ class Processor:
             return
         if env.command_id in out.seen:
             self.stats.duplicates += 1
-            out.reply(out.seen[env.command_id])
+            out.reply(*out.seen[env.command_id])
             return
         st = ps.states.get(key)
         if st is None:
@@ -368,7 +369,7 @@ class Processor:
             reply = m.Reply(command_id=command_id, status=dec.status, reason=dec.reason,
                             body=body, tenant=st.tenant, schedule_id=st.schedule_id)
             out.reply(reply, first_index, len(out.events))
-            out.seen[command_id] = reply
+            out.seen[command_id] = (reply, first_index, len(out.events))
 
     def _hint(self, st: ScheduleState, ev: Any, out: "_Output") -> None:
         if isinstance(ev, m.OccurrenceMaterialized) and ev.state != "READY":
@@ -412,15 +413,16 @@ class _Output:
     inside the same transaction (the port's two-phase commit).
     """
 
-    def __init__(self, topics: Any, partition: int) -> None:
+    def __init__(self, topics: Any, partition: int, writer: tuple[tuple[str, bytes], ...] = ()) -> None:
         self.topics = topics
         self.partition = partition
+        self.writer = writer  # headers naming the processor and its epoch (audit trail)
         self.records: list[OutRecord] = []
         self.events: list[m.EventEnvelope] = []
         self.event_index: list[int] = []  # index in records of each event
         self.replies: list[tuple[m.Reply, int, int]] = []  # reply, first event, end event
         self.final_replies: list[m.Reply] = []
-        self.seen: dict[str, m.Reply] = {}
+        self.seen: dict[str, tuple[m.Reply, int, int]] = {}
 
     @property
     def empty(self) -> bool:
@@ -430,7 +432,8 @@ class _Output:
         self.events.append(env)
         self.event_index.append(len(self.records))
         self.records.append(OutRecord(topic=self.topics.events, key=env.key.encode(),
-                                      value=codec.encode_event(env), partition=self.partition))
+                                      value=codec.encode_event(env), partition=self.partition,
+                                      headers=self.writer))
 
     def reply(self, reply: m.Reply, first_event: int = 0, end_event: int = 0) -> None:
         self.replies.append((reply, first_event, end_event))

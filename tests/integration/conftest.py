@@ -1,0 +1,108 @@
+"""Fixtures for integration tests: a real log of each kind, processes, and bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from chronolog.log.port import Topics
+from chronolog.settings import LogConfig, open_log
+
+ROOT = Path(__file__).resolve().parents[2]
+CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
+
+
+async def wait_until(
+    cond: Callable[[], Awaitable[Any]] | Callable[[], Any], timeout: float = 20.0,
+    interval: float = 0.05, what: str = "condition",
+) -> Any:
+    """Poll ``cond`` until it returns a truthy value, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
+
+
+@pytest.fixture(params=["sqlite", "kafka"])
+def log_config(request: pytest.FixtureRequest, tmp_path: Path, topic_prefix: str) -> LogConfig:
+    """A fresh log of each kind (4 partitions) under a unique topic prefix."""
+    topics = Topics(prefix=topic_prefix, partitions=4)
+    if request.param == "sqlite":
+        return LogConfig("sqlite", str(tmp_path / "log.db"), topics)
+    servers = request.getfixturevalue("kafka_bootstrap")
+    return LogConfig("kafka", servers, topics)
+
+
+def log_url(cfg: LogConfig) -> str:
+    return f"sqlite://{cfg.target}" if cfg.kind == "sqlite" else f"kafka://{cfg.target}"
+
+
+@pytest.fixture
+async def event_log(log_config: LogConfig) -> AsyncIterator[Any]:
+    lg = open_log(log_config)
+    await lg.start()
+    await lg.ensure_topics()
+    try:
+        yield lg
+    finally:
+        await lg.close()
+
+
+class ProcessorProcess:
+    """A ``chronolog processor`` subprocess (stopped by PID at teardown)."""
+
+    def __init__(self, cfg: LogConfig, member: str, log_dir: Path) -> None:
+        self.member = member
+        self.log_path = log_dir / f"{member}.log"
+        env = dict(os.environ, CHRONOLOG_LOG_LEVEL="INFO")
+        self.proc = subprocess.Popen(
+            [CHRONOLOG, "processor", "--log", log_url(cfg), "--topic-prefix", cfg.topics.prefix,
+             "--partitions", str(cfg.topics.partitions), "--member-id", member, "--batch", "50"],
+            stdout=subprocess.DEVNULL, stderr=open(self.log_path, "wb"), env=env, cwd=ROOT,
+        )
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 20) -> int | None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Any:
+    started: list[ProcessorProcess] = []
+
+    def start(cfg: LogConfig, member: str) -> ProcessorProcess:
+        p = ProcessorProcess(cfg, member, tmp_path)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()

@@ -1,0 +1,190 @@
+"""The processor on both logs: decisions, timers, replies, duplicates, DLQ and restore."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import orjson
+
+from chronolog.commands.client import Client, Conflict, NotFound
+from chronolog.domain import codec
+from chronolog.domain import messages as m
+from chronolog.log.port import OutRecord
+from chronolog.processors.runtime import Processor
+
+from .conftest import wait_until
+
+
+async def read_all(lg: Any, topic: str) -> list[Any]:
+    out = []
+    for p in range(lg.topics.partitions):
+        end = await lg.end_offset(topic, p)
+        offset = 0
+        while offset < end:
+            recs = await lg.read(topic, p, offset, 1000)
+            if not recs:
+                break
+            out.extend(recs)
+            offset = recs[-1].offset + 1
+    return out
+
+
+async def events(lg: Any) -> list[m.EventEnvelope]:
+    return [codec.decode_event(r.value) for r in await read_all(lg, lg.topics.events)]
+
+
+class Running:
+    """An in-process processor plus a client, on one log."""
+
+    def __init__(self, lg: Any, member: str = "p1") -> None:
+        self.lg = lg
+        self.proc = Processor(lg, member)
+        self.client = Client(lg, reply_timeout=30)
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> "Running":
+        self.task = asyncio.create_task(self.proc.run())
+        await self.client.start()
+        await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,
+                         30, what="partitions assigned")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+        self.proc.stop()
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 30)
+
+
+SPEC = {"every": "1s", "job": {"type": "echo", "params": {"x": 1}}, "overlap": "allow"}
+
+
+async def test_create_schedule_replies_with_positions_of_its_events(event_log: Any) -> None:
+    async with Running(event_log) as r:
+        reply = await r.client.send(r.client.envelope(
+            "acme", "s1", m.CreateSchedule(spec=m.ScheduleSpec.model_validate(SPEC))))
+        assert reply.status == "ok" and reply.body["revision"] == 1
+        assert len(reply.positions) == 1
+        pos = reply.positions[0]
+        recs = await event_log.read(pos.topic, pos.partition, pos.offset, 1)
+        env = codec.decode_event(recs[0].value)
+        assert env.type == "ScheduleCreated" and env.causation_id == reply.command_id
+
+
+async def test_timer_materializes_due_occurrences_and_writes_ready_hints(event_log: Any) -> None:
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s1", SPEC)
+
+        async def materialized() -> int:
+            return sum(1 for e in await events(event_log) if e.type == "OccurrenceMaterialized")
+
+        await wait_until(lambda: materialized(), 20, what="occurrences")
+        hints = await read_all(event_log, event_log.topics.ready("default"))
+        runs = {e.payload.run_id for e in await events(event_log)
+                if e.type == "OccurrenceMaterialized"}
+        assert {orjson.loads(h.value)["run_id"] for h in hints} >= runs
+
+
+async def test_rejections_are_typed_errors(event_log: Any) -> None:
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s1", SPEC)
+        try:
+            await r.client.create_schedule("acme", "s1", SPEC)
+        except Conflict as exc:
+            assert "taken" in exc.reason
+        else:
+            raise AssertionError("a second create of s1 must conflict")
+        try:
+            await r.client.pause("acme", "nope")
+        except NotFound:
+            pass
+        else:
+            raise AssertionError("pausing an unknown schedule must be not_found")
+
+
+async def test_duplicate_command_id_is_answered_with_the_original_reply(event_log: Any) -> None:
+    async with Running(event_log) as r:
+        env = r.client.envelope("acme", "s1", m.CreateSchedule(
+            spec=m.ScheduleSpec.model_validate(SPEC)))
+        first = await r.client.send(env)
+        again = await r.client.send(env)  # a client re-sending after a timeout
+        assert first == again and first.status == "ok"
+        created = [e for e in await events(event_log) if e.type == "ScheduleCreated"]
+        assert len(created) == 1
+
+
+async def test_malformed_command_goes_to_dlq_and_the_processor_keeps_running(
+    event_log: Any,
+) -> None:
+    async with Running(event_log) as r:
+        bad = orjson.dumps({"command_id": "bad-1", "type": "ClaimRun", "tenant": "acme",
+                            "schedule_id": "s1", "issued_at": "2026-01-01T00:00:00Z",
+                            "payload": {"type": "ClaimRun", "run_id": "r"}})
+        await event_log.append([OutRecord(event_log.topics.commands, b"acme/s1", bad)])
+        await event_log.append([OutRecord(event_log.topics.commands, b"acme/s1", b"\x00garbage")])
+
+        async def dead() -> list[Any]:
+            return await read_all(event_log, event_log.topics.dlq)
+
+        letters = await wait_until(lambda: _two(dead()), 20, what="two dead letters")
+        decoded = [codec.decode_dead_letter(x.value) for x in letters]
+        assert any("attempt" in d.reason or "worker_id" in d.reason for d in decoded)
+        assert any(d.original for d in decoded)
+        # still deciding
+        body = await r.client.create_schedule("acme", "s2", SPEC)
+        assert body["revision"] == 1
+
+
+async def _two(aw: Any) -> list[Any] | None:
+    out = await aw
+    return out if len(out) >= 2 else None
+
+
+async def test_restart_restores_the_same_state(event_log: Any) -> None:
+    async with Running(event_log, "p1") as r:
+        for i in range(5):
+            await r.client.create_schedule("acme", f"s{i}", SPEC)
+        await r.client.pause("acme", "s1")
+        await r.client.trigger("acme", "s2", "manual-1", {"y": 2})
+        await wait_until(lambda: r.proc.stats.ticks > 5, 20, what="some ticks")
+        r.proc.stop()
+        assert r.task is not None
+        await asyncio.wait_for(r.task, 30)
+        before = {}
+        # the live state at stop time is what the events say; fold them independently
+    from chronolog.commands.decider import fold
+
+    by_key: dict[str, list[Any]] = {}
+    for e in await events(event_log):
+        by_key.setdefault(e.key, []).append(e)
+    before = {k: fold(v[0].tenant, v[0].schedule_id, [e.payload for e in v]).snapshot()
+              for k, v in by_key.items()}
+    restored = Processor(event_log, "p2")
+    consumer = event_log.group_consumer(restored.group, [event_log.topics.commands], "probe")
+    restored._consumer = consumer
+    await consumer.start()
+    try:
+        await restored._on_assigned({(event_log.topics.commands, p)
+                                     for p in range(event_log.topics.partitions)})
+        after = {k: st.snapshot() for ps in restored.partitions.values()
+                 for k, st in ps.states.items()}
+        assert after == before and len(after) == 5
+    finally:
+        await consumer.close()
+        for p in list(restored.partitions):
+            await restored._drop(p, "test")
+
+
+async def test_unique_command_ids_each_cause_one_decision(event_log: Any) -> None:
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s1", SPEC)
+        ids = [uuid.uuid4().hex for _ in range(30)]
+        await asyncio.gather(*(
+            r.client.call("acme", "s1", m.TriggerRun(request_key=f"k{i}"), command_id=cid)
+            for i, cid in enumerate(ids)
+        ))
+        causes = [e.causation_id for e in await events(event_log)
+                  if e.type == "OccurrenceMaterialized" and e.payload.trigger == "manual"]
+        assert sorted(causes) == sorted(ids)
