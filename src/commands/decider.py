@@ -173,10 +173,17 @@ def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | 
     return instant + timedelta(seconds=jitter_offset(schedule_id, instant, pol.jitter))
 
 
-def _first_instant(trigger: Any, pol: Policy, spec: m.ScheduleSpec, now: datetime) -> datetime | None:
-    """The first instant of a new schedule: the first at/after its start (or now)."""
+def _first_instant(
+    trigger: Any, pol: Policy, spec: m.ScheduleSpec, now: datetime, anchor: datetime
+) -> datetime | None:
+    """The first instant of a new schedule: the first at/after its start (or now).
+
+    A fixed-delay schedule first runs at its anchor (now by default; start if later).
+    """
     if pol.kind == "at":
         return spec.at
+    if pol.kind == "delay":
+        return trigger.first_instant(max(anchor, now))
     floor = spec.start if spec.start is not None and spec.start > now else now
     return trigger.next_after(floor - _US)
 
@@ -190,7 +197,9 @@ def _create(
         assert state.policy is not None
         new_hash = policy_for(p.spec).spec_hash
         if p.request_key is not None and p.request_key == state.request_key:
-            if new_hash == state.policy.spec_hash:
+            # compared with the spec it was created with: a retried create still matches
+            # after the schedule has been revised since
+            if new_hash == (state.created_hash or state.policy.spec_hash):
                 return Decision(body=_schedule_body(state))
             return _reject(
                 "conflict", "request key reused with a different spec", "Idempotency-Key",
@@ -208,7 +217,7 @@ def _create(
         trigger = _compile(p.spec, anchor)
     except RecurrenceError as exc:
         return _reject("invalid", str(exc), exc.field)
-    first = _first_instant(trigger, pol, p.spec, now)
+    first = _first_instant(trigger, pol, p.spec, now, anchor)
     if pol.kind == "at" and first is not None and first < now - timedelta(seconds=pol.grace):
         return _reject("invalid", f"invalid at '{m_iso(first)}': in the past", "at")
     d = _Draft(state)
@@ -259,27 +268,35 @@ def _revise(
         trigger = _compile(p.spec, anchor)
     except RecurrenceError as exc:
         return _reject("invalid", str(exc), exc.field)
-    # Only unmaterialized occurrences change: the next instant is strictly after both
-    # now and the last materialized instant, so no revision can reuse an occurrence key.
-    after = now - _US
-    if state.last_scheduled_at is not None and state.last_scheduled_at > after:
-        after = state.last_scheduled_at
+    d = _Draft(state)
+    # Instants of the old revision already due belong to it: settle them first (exactly as
+    # a Tick just before the revision would), so none is silently dropped.
+    _materialize_due(d, now, late_reason="misfire")
+    s = d.state
+    # Only unmaterialized occurrences change: the next instant is strictly after the last
+    # materialized (or skipped) one, so no revision can reuse an occurrence key. An active
+    # schedule's new rule starts now; a paused one's starts where the pause began, so the
+    # resume applies the misfire policy to the new rule's instants of the paused span.
+    start = now if s.status == "ACTIVE" or s.paused_at is None else min(now, s.paused_at)
+    after = start - _US
+    if s.last_scheduled_at is not None and s.last_scheduled_at > after:
+        after = s.last_scheduled_at
     if pol.kind == "at":
         nxt = p.spec.at if p.spec.at is not None and p.spec.at > after else None
-    elif pol.kind == "delay" and any(r.active for r in (state.runs or {}).values()):
-        nxt = None  # planned when the running occurrence finishes
+    elif pol.kind == "delay":
+        # planned when the running occurrence finishes; else the delay counts from now
+        nxt = None if s.active_runs() else trigger.next_after(now)
     else:
         nxt = trigger.next_after(after)
-    if pol.max_count is not None and state.count >= pol.max_count:
+    if pol.max_count is not None and s.count >= pol.max_count:
         nxt = None
-    d = _Draft(state)
     d.emit(
         m.ScheduleRevised(
-            revision=state.revision + 1,
+            revision=s.revision + 1,
             spec=p.spec,
             anchor=anchor,
             next_run_at=nxt,
-            next_due_at=_due(state.schedule_id, nxt, pol),
+            next_due_at=_due(s.schedule_id, nxt, pol),
         )
     )
     return Decision(events=d.events, body=_schedule_body(d.state))
@@ -291,6 +308,8 @@ def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
     if state.status == "PAUSED":
         return Decision(body=_schedule_body(state))
     d = _Draft(state)
+    # what was already due when the pause arrived is not "missed while paused"
+    _materialize_due(d, now, late_reason="misfire")
     d.emit(m.SchedulePaused(reason=p.reason, paused_at=now))
     return Decision(events=d.events, body=_schedule_body(d.state))
 
@@ -365,6 +384,10 @@ def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool) -> None:
     """A failed or expired attempt: another attempt (bounded) or the dead-letter state."""
     pol = d.state.policy
     assert pol is not None
+    if d.state.status == "DELETED":
+        # the schedule is gone: a running attempt may finish, but no new attempt starts
+        d.emit(m.OccurrenceCancelled(run_id=run.run_id, reason="schedule deleted"))
+        return
     used = run.attempt - run.attempt_base + 1
     if used >= pol.max_attempts:
         d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_attempts",
@@ -413,10 +436,14 @@ def _expire_start_deadlines(d: _Draft, now: datetime) -> None:
             and run.start_deadline_at is not None
             and run.start_deadline_at < now
         ):
-            d.emit(m.OccurrenceSkipped(run_id=run.run_id, scheduled_at=run.scheduled_at,
-                                       reason="start_deadline", materialized=True,
-                                       revision=run.revision, advances_schedule=False))
-            _after_run_left_guard(d, now)
+            _skip_for_start_deadline(d, run, now)
+
+
+def _skip_for_start_deadline(d: _Draft, run: Run, now: datetime) -> None:
+    d.emit(m.OccurrenceSkipped(run_id=run.run_id, scheduled_at=run.scheduled_at,
+                               reason="start_deadline", materialized=True,
+                               revision=run.revision, advances_schedule=False))
+    _after_run_left_guard(d, now)
 
 
 # ---------------------------------------------------------------------------------------
@@ -433,7 +460,8 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
     if not due:
         return
     later = _count_due_after(s, pol, due[-1], now, pol.max_catchup)
-    keep = _instants_to_run(due, later, pol, now)
+    lateness = _lateness(s.schedule_id, due, pol, now)
+    keep = _instants_to_run(due, lateness, later, pol)
     skipped_run: list[tuple[datetime, str]] = []
     for i, instant in enumerate(due):
         nxt = due[i + 1] if i + 1 < len(due) else _next_instant(s, pol, instant)
@@ -441,7 +469,7 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
             _flush_skips(d, skipped_run, instant)
             _materialize(d, instant, nxt, now)
         else:
-            skipped_run.append((instant, keep_reason(instant, pol, now, late_reason)))
+            skipped_run.append((instant, keep_reason(lateness[instant], pol, late_reason)))
     if skipped_run:
         last = skipped_run[-1][0]
         _flush_skips(d, skipped_run, None, final_next=_next_instant(s, pol, last))
@@ -484,36 +512,50 @@ def _next_instant(s: ScheduleState, pol: Policy, after: datetime) -> datetime | 
     return s.trigger.next_after(after)
 
 
+def _lateness(
+    schedule_id: str, due: list[datetime], pol: Policy, now: datetime
+) -> dict[datetime, timedelta]:
+    """How late each instant is at ``now``, counted from when it became due (with jitter).
+
+    Counting from the bare instant would make a jitter window wider than the grace turn
+    every on-time occurrence into a misfire.
+    """
+    if pol.jitter <= 0:
+        return {t: now - t for t in due}
+    return {t: now - _due(schedule_id, t, pol) for t in due}  # type: ignore[operator]
+
+
 def _instants_to_run(
-    due: list[datetime], later: int, pol: Policy, now: datetime
+    due: list[datetime], lateness: dict[datetime, timedelta], later: int, pol: Policy
 ) -> set[datetime]:
     """The misfire policy: which due instants run (``later`` more are due after these).
 
-    An instant no later than ``grace`` is simply on time and always runs. For the late
+    ``lateness`` is how long each instant has been due. An instant no later than
+    ``grace`` is simply on time and always runs. For the late
     (misfired) ones — skip: none run; latest: only the newest, and only when no newer
     instant is due and it is younger than ``max_age``; all: every one younger than
     ``max_age``, at most ``max_catchup`` in all (the newest win).
     """
     grace = timedelta(seconds=pol.grace)
     max_age = timedelta(seconds=pol.misfire_max_age)
-    on_time = {t for t in due if now - t <= grace}
+    on_time = {t for t in due if lateness[t] <= grace}
     late = [t for t in due if t not in on_time]
     if not late or pol.misfire == "skip":
         return on_time
     if pol.misfire == "latest":
         newest = late[-1]
-        if later == 0 and not on_time and now - newest <= max_age:
+        if later == 0 and not on_time and lateness[newest] <= max_age:
             return {newest}
         return on_time
     room = pol.max_catchup - later - len(on_time)
-    young = [t for t in late if now - t <= max_age]
+    young = [t for t in late if lateness[t] <= max_age]
     return on_time | (set(young[-room:]) if room > 0 else set())
 
 
-def keep_reason(instant: datetime, pol: Policy, now: datetime, late_reason: str) -> str:
-    """Why an instant is skipped under the misfire policy."""
+def keep_reason(lateness: timedelta, pol: Policy, late_reason: str) -> str:
+    """Why an instant that has been due for ``lateness`` is skipped by the misfire policy."""
     if pol.misfire == "all":
-        if now - instant > timedelta(seconds=pol.misfire_max_age):
+        if lateness > timedelta(seconds=pol.misfire_max_age):
             return "misfire_max_age"
         return "misfire_max_catchup"
     return late_reason
@@ -567,10 +609,12 @@ def _materialize(d: _Draft, instant: datetime, nxt: datetime | None, now: dateti
     s = d.state
     pol = s.policy
     assert pol is not None
+    skip_nxt = nxt  # an overlap skip does not use up max_count: the schedule continues
     if pol.max_count is not None and s.count + 1 >= pol.max_count:
         nxt = None
     run_id = run_id_for(s.tenant, s.schedule_id, instant)
-    _admit(d, run_id, instant, pol.job, "schedule", None, nxt, now, advances=True)
+    _admit(d, run_id, instant, pol.job, "schedule", None, nxt, now, advances=True,
+           skip_nxt=skip_nxt)
 
 
 def _admit(
@@ -584,8 +628,13 @@ def _admit(
     now: datetime,
     advances: bool,
     request_digest: str | None = None,
+    skip_nxt: datetime | None = None,
 ) -> None:
-    """Create an occurrence under the overlap policy (READY, PENDING, or skipped)."""
+    """Create an occurrence under the overlap policy (READY, PENDING, or skipped).
+
+    ``nxt`` is the schedule's next instant after this occurrence; ``skip_nxt`` (default
+    ``nxt``) the one after it when the overlap policy skips it instead.
+    """
     s = d.state
     pol = s.policy
     assert pol is not None
@@ -596,6 +645,9 @@ def _admit(
     if active:
         policy = pol.overlap
         if policy == "skip" or (policy == "buffer_one" and s.pending):
+            if skip_nxt is not None:
+                nxt = skip_nxt
+                next_due = _due(s.schedule_id, nxt, pol)
             d.emit(
                 m.OccurrenceSkipped(
                     run_id=run_id, scheduled_at=instant,
@@ -610,6 +662,8 @@ def _admit(
             state = "PENDING"
         elif policy == "cancel_previous":
             for run in active:
+                if run.state == "RECONCILING":
+                    continue  # its outcome is unknown: never cancelled behind a human's back
                 if run.state == "LEASED":
                     d.emit(m.FenceAdvanced(fence=s.fence + 1, run_id=run.run_id,
                                            reason="superseded"))
@@ -730,6 +784,17 @@ def _redrive(state: ScheduleState, p: m.RedriveRun, principal: str) -> Decision:
     if run.state != "DEAD":
         return _reject("conflict", f"only a DEAD run can be redriven; run is {run.state}",
                        state=run.state)
+    if state.status == "DELETED":
+        return _reject("conflict", "the schedule was deleted", state=run.state)
+    pol = state.policy
+    assert pol is not None
+    if pol.overlap in ("skip", "buffer_one", "buffer_all"):
+        busy = state.active_runs()
+        if busy:
+            # a redriven run must not overlap a running one under this policy
+            return _reject("conflict", f"run {busy[0].run_id} holds the overlap guard "
+                           f"(overlap={pol.overlap}); redrive when it has finished",
+                           state=run.state, blocking_run_id=busy[0].run_id)
     d = _Draft(state)
     d.emit(m.OccurrenceRedriven(run_id=run.run_id, attempt=run.attempt + 1, by=principal))
     return Decision(events=d.events, body={"run_id": run.run_id, "state": "READY",
@@ -746,7 +811,10 @@ def _resolve(
         return _reject("conflict", f"run is {run.state}, not RECONCILING", state=run.state)
     target = run.reconcile or "run"
     if p.effect_id is not None and p.effect_id != target:
-        return _reject("conflict", f"run is reconciling {target}, not {p.effect_id}")
+        # several effects may be uncertain at once: each one is resolved on its own
+        if target == "run" or (run.effects or {}).get(p.effect_id, [None])[0] != "UNCERTAIN":
+            return _reject("conflict", f"run is reconciling {target}, not {p.effect_id}")
+        target = p.effect_id
     d = _Draft(state)
     effect_id = None if target == "run" else target
     d.emit(m.ReconciliationResolved(run_id=run.run_id, decision=p.decision, by=principal,
@@ -778,6 +846,12 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
         return _reject("not_found", "no such run")
     if run.state != "READY":
         return _reject("conflict", f"run is {run.state}", state=run.state, run_id=run.run_id)
+    if not run.claimed and run.start_deadline_at is not None and run.start_deadline_at < now:
+        # the Tick has not run yet, but the deadline has passed: skip it now, never start it
+        d = _Draft(state)
+        _skip_for_start_deadline(d, d.state.runs[run.run_id], now)  # type: ignore[index]
+        return Decision(status="conflict", events=d.events, reason="start deadline passed",
+                        body={"state": "SKIPPED", "run_id": run.run_id})
     pol = state.policy
     assert pol is not None
     fence = state.fence + 1
@@ -962,6 +1036,7 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             state.policy = pol
             state.trigger = _compile(event.spec, event.anchor)
             state.request_key = event.request_key
+            state.created_hash = pol.spec_hash
             state.created_at = event.created_at
             state.anchor = event.anchor
             state.next_run_at = event.next_run_at
@@ -1144,13 +1219,28 @@ def _evolve_resolved(state: ScheduleState, e: m.ReconciliationResolved) -> None:
     assert run.effects is not None
     entry = run.effects[e.effect_id]
     entry[0] = {"delivered": "SUCCEEDED", "abandon": "ABANDONED", "retry": "INTENDED"}[e.decision]
-    run.state = "SUCCEEDED"
+    _settle_effect_reconciliation(run)
+
+
+def _settle_effect_reconciliation(run: Run) -> None:
+    """A run reconciling its effects stays so while any effect is still uncertain."""
+    assert run.effects is not None
+    uncertain = [k for k, v in run.effects.items() if v[0] == "UNCERTAIN"]
+    if uncertain:
+        run.state = "RECONCILING"
+        run.reconcile = uncertain[0]
+    else:
+        run.state = "SUCCEEDED"
+        run.reconcile = None
 
 
 def _set_effect(state: ScheduleState, run_id: str, effect_id: str, value: str) -> None:
     run = _run(state, run_id)
     assert run.effects is not None
     run.effects[effect_id][0] = value
+    if run.state == "RECONCILING" and run.reconcile not in (None, "run") and value != "UNCERTAIN":
+        # a late definite outcome (e.g. a status lookup) ends that effect's reconciliation
+        _settle_effect_reconciliation(run)
 
 
 def _retire(state: ScheduleState, run: Run) -> None:

@@ -209,6 +209,7 @@ class ScheduleState:
         "policy",
         "trigger",
         "request_key",
+        "created_hash",
         "created_at",
         "anchor",
         "paused_at",
@@ -230,6 +231,7 @@ class ScheduleState:
         self.policy: Policy | None = None
         self.trigger: Any = None
         self.request_key: str | None = None
+        self.created_hash: str | None = None  # spec hash at creation (idempotent create)
         self.created_at: datetime | None = None
         self.anchor: datetime | None = None
         self.paused_at: datetime | None = None
@@ -273,6 +275,7 @@ class ScheduleState:
             self.revision,
             None if self.policy is None else self.policy.spec_hash,
             self.request_key,
+            self.created_hash,
             self.created_at,
             self.anchor,
             self.paused_at,
