@@ -38,12 +38,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
@@ -56,6 +58,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
     for_code,
 )
+from aiokafka.protocol.commit import OffsetFetchRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from chronolog.log.partitioner import partition_for
@@ -112,6 +115,24 @@ async def _bounded(aw: Any, seconds: float, what: str) -> Any:
         return await asyncio.wait_for(aw, seconds)
     except asyncio.TimeoutError as exc:
         raise LogUnavailable(f"kafka: {what} did not finish within {seconds:.0f}s") from exc
+
+
+async def _retrying(call: Callable[[], Awaitable[Any]], seconds: float, what: str) -> Any:
+    """Run ``call()`` until it succeeds, retrying retriable Kafka errors (coordinator loading,
+    leader moving, ...) with a short backoff; bounded by ``seconds`` overall."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    delay = 0.02
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            return await _bounded(call(), max(remaining, 0.001), what)
+        except KafkaError as exc:
+            if not getattr(exc, "retriable", False) or loop.time() + delay >= deadline:
+                raise LogUnavailable(f"kafka: {what} failed: {exc!r}") from exc
+            log.debug("kafka: %s: retrying after %r", what, exc)
+        await asyncio.sleep(delay)  # backoff between retries of a failed request
+        delay = min(delay * 2, 0.5)
 
 
 class _Reader:
@@ -242,8 +263,8 @@ class KafkaEventLog:
             NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=cfg)
             for name, (n, cfg) in wanted.items()
         ]
-        resp = await _bounded(
-            admin.create_topics(new, timeout_ms=self.request_timeout_ms),
+        resp = await _retrying(
+            lambda: admin.create_topics(new, timeout_ms=self.request_timeout_ms),
             self._bound_s,
             "create_topics",
         )
@@ -276,7 +297,9 @@ class KafkaEventLog:
 
     async def _describe(self, names: list[str]) -> dict[str, int | None]:
         _, admin = self._require()
-        topics = await _bounded(admin.describe_topics(names), self._bound_s, "describe_topics")
+        topics = await _retrying(
+            lambda: admin.describe_topics(names), self._bound_s, "describe_topics"
+        )
         out: dict[str, int | None] = {}
         for t in topics:
             parts = t["partitions"]
@@ -448,24 +471,38 @@ class KafkaEventLog:
         self, group: str, tps: list[TopicPartition]
     ) -> dict[TopicPartition, int | None]:
         _, admin = self._require()
-        coordinator = self._group_coordinators.get(group)
-        try:
+
+        async def fetch() -> Any:
+            coordinator = self._group_coordinators.get(group)
             if coordinator is None:
-                coordinator = await _bounded(
-                    admin.find_coordinator(group), self._bound_s, "find_coordinator"
-                )
+                coordinator = await admin.find_coordinator(group)
                 self._group_coordinators[group] = coordinator
-            resp = await _bounded(
-                admin.list_consumer_group_offsets(group, coordinator, tps),
-                self._bound_s,
-                "list_consumer_group_offsets",
-            )
-        except KafkaError:
-            self._group_coordinators.pop(group, None)
-            raise
-        out: dict[TopicPartition, int | None] = {tp: None for tp in tps}
-        for tp, meta in resp.items():
-            out[tp] = meta.offset if meta.offset >= 0 else None
+            by_topic: dict[str, list[int]] = {}
+            for tp in tps:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            # OffsetFetch sent directly: aiokafka's list_consumer_group_offsets ignores the
+            # top-level error code, so "coordinator loading" would read as "no offset".
+            request = OffsetFetchRequest(group, list(by_topic.items()))
+            try:
+                resp = await admin._send_request(request, coordinator)
+                top = getattr(resp, "error_code", 0)
+                if top:
+                    raise for_code(top)(f"OffsetFetch for group {group!r}")
+                result: dict[TopicPartition, int | None] = {tp: None for tp in tps}
+                for topic, parts in resp.topics:
+                    for partition, offset, _meta, code in parts:
+                        if code:
+                            raise for_code(code)(f"OffsetFetch {topic}[{partition}]")
+                        result[TopicPartition(topic, partition)] = offset if offset >= 0 else None
+                return result
+            except KafkaError as exc:
+                if isinstance(exc, (NotCoordinatorError, CoordinatorNotAvailableError)):
+                    self._group_coordinators.pop(group, None)  # it moved or is starting
+                raise
+
+        out: dict[TopicPartition, int | None] = await _retrying(
+            fetch, self._bound_s, f"fetching offsets of group {group!r}"
+        )
         return out
 
     # ------------------------------------------------------------------ ownership
