@@ -399,18 +399,14 @@ class KafkaEventLog:
         await self.partitions_for(topic)  # unknown topics fail fast instead of hanging
         tp = TopicPartition(topic, partition)
         max_records = max(1, max_records)
+        offset = max(0, offset)
         async with self._reader(tp) as reader:
             c = reader.consumer
+            lso = (await self._lso(c, [tp]))[tp]
+            # assign + seek with no await in between: the reader never needs a reset policy
             if reader.tp != tp:
                 c.assign([tp])
                 reader.tp = tp
-            lso = (await self._lso(c, [tp]))[tp]
-            if offset < 0:
-                offset = 0
-            begin: int | None = None
-            if offset < lso:
-                begin = (await _bounded(c.beginning_offsets([tp]), self._bound_s, "beginning"))[tp]
-                offset = max(offset, begin)
             c.seek(tp, offset)
             loop = asyncio.get_running_loop()
             now = loop.time()
@@ -427,7 +423,16 @@ class KafkaEventLog:
                     batch = await c.getmany(tp, timeout_ms=min(remaining_ms, 500) if have_data
                                             else remaining_ms, max_records=max_records)
                 except OffsetOutOfRangeError:
-                    return []
+                    # below the log start (retention) -> resume at the start; beyond the end
+                    # (caller error) -> nothing to return
+                    begin = (
+                        await _bounded(c.beginning_offsets([tp]), self._bound_s, "log start")
+                    )[tp]
+                    if offset >= begin:
+                        return []
+                    offset = begin
+                    c.seek(tp, offset)
+                    continue
                 msgs = batch.get(tp, [])
                 if msgs:
                     return [_to_record(m) for m in msgs]

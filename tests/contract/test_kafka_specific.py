@@ -15,6 +15,8 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.structs import TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from chronolog.log.kafka import KafkaEventLog
@@ -113,6 +115,24 @@ async def test_read_waits_for_a_record_within_timeout(klog: KafkaEventLog) -> No
     got = await klog.read(topic, 0, 0, timeout_ms=10_000)
     await task
     assert [r.value for r in got] == [b"late"]
+
+
+async def test_read_below_log_start_resumes_at_log_start(
+    klog: KafkaEventLog, kafka_bootstrap: str
+) -> None:
+    """Records removed by retention (here: DeleteRecords) are skipped, not an error."""
+    topic = klog.topics.replies
+    await klog.append([OutRecord(topic, None, b"%d" % i, partition=1) for i in range(5)])
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({TopicPartition(topic, 1): RecordsToDelete(3)})
+    finally:
+        await admin.close()
+    got = await klog.read(topic, 1, 0)
+    assert [(r.offset, r.value) for r in got] == [(3, b"3"), (4, b"4")]
+    # beyond the end: nothing, and no exception
+    assert await klog.read(topic, 1, 50, timeout_ms=0) == []
 
 
 async def test_commit_is_atomic_with_consumed_offsets(klog: KafkaEventLog) -> None:
