@@ -12,6 +12,7 @@ Usage: python scripts/with_services.py [--no-kafka] [--no-postgres] -- CMD ARGS.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,9 @@ def main(argv: list[str]) -> int:
             from chronolog.projections.embedded import EmbeddedPostgres
 
             tmp = tempfile.mkdtemp(prefix="chronolog-pg-")
-            pg = EmbeddedPostgres(Path(tmp) / "pg")
+            pg = EmbeddedPostgres(Path(tmp) / "pg", fast=True)
             env["CHRONOLOG_TEST_DATABASE_URL"] = pg.start()
+            cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
             cleanups.append(pg.stop)
         env.setdefault("CHRONOLOG_REQUIRE_SERVICES", "1")
         print(

@@ -566,6 +566,7 @@ class SqliteGroupConsumer:
         self._last_heartbeat = 0.0  # loop time of the last successful heartbeat
         self._last_version: int | None = None
         self._dirty = True  # positions or assignment changed since the last query
+        self._expired = False  # our membership lapsed: revoke everything, then rejoin
         self._rotation = 0
         self._started = False
         self._closed = False
@@ -587,6 +588,13 @@ class SqliteGroupConsumer:
         await self._rebalance(members)
 
     async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._started and loop.time() - self._last_heartbeat > self._log.session_timeout_s:
+            # We were out of the group (paused, starved): other members may own our
+            # partitions by now. Like a Kafka member fenced by a new generation, give
+            # everything up before taking any assignment again.
+            self._expired = True
+            self._dirty = True
         until = time.time() + self._log.session_timeout_s
         await self._log._w.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
@@ -640,6 +648,14 @@ class SqliteGroupConsumer:
         return mine
 
     async def _rebalance(self, members: list[tuple[str, list[str]]]) -> None:
+        if self._expired:
+            self._expired = False
+            expelled = set(self._assigned)
+            if expelled:
+                self._assigned.clear()
+                self._positions.clear()
+                if self._on_revoked is not None:
+                    await self._on_revoked(expelled)
         new = self._compute_assignment(members)
         if new == self._assigned:
             return
