@@ -15,6 +15,7 @@ from typing import Sequence
 # Modules that add sub-commands (each defines register(subparsers)).
 COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.domain.preview_cli",
+    "chronolog.projections.audit_cli",
     "chronolog.processors.cli",
 )
 

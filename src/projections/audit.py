@@ -1,0 +1,621 @@
+"""The audit: a pure checker of the guarantees of DESIGN §10 over a sequence of events.
+
+``Auditor.feed(envelope, partition, offset)`` folds the events of each schedule in log order
+(one schedule's events all live in one partition, so per-partition order is enough);
+``Auditor.finish()`` returns an ``AuditReport``. ``audit(events)`` does both for an iterable
+of envelopes (numbered partition 0, offsets 0, 1, ...) or ``(partition, offset, envelope)``.
+No I/O and no clock: ``chronolog audit`` (``audit_cli.py``) reads the log and prints.
+
+Checks (``CHECKS``), each reported with the offending events (partition, offset, event_id,
+type):
+
+``occurrence_unique``
+    One occurrence per key for the life of a schedule, whatever its revision: an
+    ``OccurrenceMaterialized`` or an ``OccurrenceSkipped`` with ``materialized=False`` claims
+    the key ``(schedule_id, scheduled_at)``, or ``(schedule_id, request_key)`` for a manual
+    trigger. A collapsed skip range (``through``/``count``) claims the whole span
+    ``[scheduled_at, through]``: its first instant is its key, and the instants inside it
+    are implied by the trigger, so any later scheduled occurrence whose instant falls inside
+    an earlier range (or a range that swallows an earlier instant) is a duplicate too.
+``fence_monotonic``
+    ``FenceAdvanced.fence`` is strictly greater than every earlier fence of the schedule.
+``fence_current``
+    ``AttemptClaimed.fence`` equals the schedule's latest ``FenceAdvanced``, which must have
+    been advanced for that same run. ``LeaseExtended.fence`` and ``ResultPublished.fence``
+    equal the fence the run was claimed with *and* the run's latest fence: any later
+    ``FenceAdvanced`` for the run (lease expired, superseded) makes the claimed fence stale.
+    (The run's latest fence rather than the schedule's: under overlap ``allow`` two runs of
+    one schedule legitimately hold different fences at once, and the decider checks a
+    heartbeat or completion against its own run's fence.)
+``result_once``
+    At most one ``ResultPublished`` per run.
+``result_within_lease``
+    A ``ResultPublished`` comes from an attempt holding a lease: the run was claimed, its
+    lease was not expired or ended by a failure since, and the envelope's ``at`` (authority
+    time) is no later than the ``lease_until`` of the latest ``AttemptClaimed`` /
+    ``LeaseExtended`` of the run.
+``overlap``
+    Under overlap ``skip``, ``buffer_one`` and ``buffer_all`` never two LEASED runs of one
+    schedule at once (checked at each ``AttemptClaimed``; a run stops being LEASED at its
+    result, failure, lease expiry, cancellation, reconciliation or dead-lettering); under
+    ``buffer_one`` never more than one PENDING run. The policy is the one of the schedule's
+    ``ScheduleCreated``/``ScheduleRevised`` spec; a claim is only judged when both the
+    current policy and the policy of the revision its run was materialized with are guarded,
+    so a revision from ``allow`` to ``skip`` does not turn runs admitted under ``allow``
+    into violations.
+``misfire_all_complete``
+    For each revision of a schedule whose spec has misfire ``all`` and a cron or interval
+    trigger, every instant of that trigger (compiled from the revision's spec and anchor)
+    between the first and the last scheduled instant recorded under that revision is
+    recorded as materialized or skipped (a skip range covers its span; its ``count`` must
+    equal the trigger's instants in it). Work is bounded: at most ``misfire_walk_limit``
+    instants per revision; a truncated walk is listed in ``AuditReport.notes``.
+``effect_unique``
+    One ``EffectIntended`` per effect ID, unless a ``ReconciliationResolved`` with decision
+    ``retry`` for that effect came in between; an effect ID belongs to one schedule; at most
+    one ``EffectSucceeded`` per effect ID.
+``decodable``
+    Only for readers of raw records (the CLI): a record of ``events`` that does not decode.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, assert_never
+
+from chronolog.domain import messages as m
+from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
+
+__all__ = [
+    "CHECKS",
+    "AuditReport",
+    "Auditor",
+    "EventRef",
+    "Violation",
+    "audit",
+]
+
+CHECKS: tuple[str, ...] = (
+    "occurrence_unique",
+    "fence_monotonic",
+    "fence_current",
+    "result_once",
+    "result_within_lease",
+    "overlap",
+    "misfire_all_complete",
+    "effect_unique",
+    "decodable",
+)
+
+GUARDED_OVERLAP = frozenset({"skip", "buffer_one", "buffer_all"})
+DEFAULT_MISFIRE_WALK_LIMIT = 100_000  # trigger instants walked per schedule revision
+_US = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRef:
+    """Where an event sits in the log and what it is."""
+
+    partition: int
+    offset: int
+    event_id: str
+    type: str
+
+    def __str__(self) -> str:
+        return f"p{self.partition}@{self.offset} {self.type} {self.event_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partition": self.partition, "offset": self.offset,
+                "event_id": self.event_id, "type": self.type}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: the check, a sentence, and the events that show it (log order)."""
+
+    check: str
+    message: str
+    events: tuple[EventRef, ...]
+    tenant: str = ""
+    schedule_id: str = ""
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "message": self.message, "tenant": self.tenant,
+                "schedule_id": self.schedule_id, "run_id": self.run_id,
+                "events": [e.to_dict() for e in self.events]}
+
+
+@dataclass
+class AuditReport:
+    """What the audit saw and what it found."""
+
+    events: int = 0
+    schedules: int = 0
+    runs: int = 0
+    results: int = 0
+    effects: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def violation_counts(self) -> dict[str, int]:
+        """Violations per check, every check listed (zero included)."""
+        counts = dict.fromkeys(CHECKS, 0)
+        for v in self.violations:
+            counts[v.check] = counts.get(v.check, 0) + 1
+        return counts
+
+    def by_check(self, check: str) -> list[Violation]:
+        return [v for v in self.violations if v.check == check]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "events": self.events, "schedules": self.schedules,
+                "runs": self.runs, "results": self.results, "effects": self.effects,
+                "violation_counts": self.violation_counts,
+                "violations": [v.to_dict() for v in self.violations], "notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------------------------------
+# per-schedule fold
+
+
+class _Run:
+    __slots__ = ("run_id", "revision", "state", "claimed_fence", "run_fence", "lease_until",
+                 "lease_ref", "claim_ref", "result_ref", "materialized_ref")
+
+    def __init__(self, run_id: str, revision: int, state: str, ref: EventRef | None) -> None:
+        self.run_id = run_id
+        self.revision = revision
+        self.state = state
+        self.claimed_fence = 0  # the fence of the latest AttemptClaimed
+        self.run_fence = 0  # the latest FenceAdvanced for this run
+        self.lease_until: datetime | None = None  # None: no lease held
+        self.lease_ref: EventRef | None = None
+        self.claim_ref: EventRef | None = None
+        self.result_ref: EventRef | None = None
+        self.materialized_ref = ref
+
+
+@dataclass
+class _Revision:
+    """One revision's spec, and what misfire ``all`` must see recorded under it."""
+
+    revision: int
+    spec: m.ScheduleSpec
+    anchor: datetime
+    ref: EventRef
+    check_misfire: bool
+    instants: dict[datetime, EventRef] = field(default_factory=dict)
+    ranges: list[tuple[datetime, datetime, int, EventRef]] = field(default_factory=list)
+
+
+class _Schedule:
+    __slots__ = ("tenant", "schedule_id", "revisions", "current", "fence", "max_fence",
+                 "fence_ref", "fence_run", "starts", "spans", "manual", "runs", "leased",
+                 "pending")
+
+    def __init__(self, tenant: str, schedule_id: str) -> None:
+        self.tenant = tenant
+        self.schedule_id = schedule_id
+        self.revisions: dict[int, _Revision] = {}
+        self.current: _Revision | None = None
+        self.fence = 0
+        self.max_fence = 0
+        self.fence_ref: EventRef | None = None
+        self.fence_run: str | None = None
+        # claimed occurrence spans [start, end] (an instant is [t, t]), disjoint, by start
+        self.starts: list[datetime] = []
+        self.spans: list[tuple[datetime, datetime, EventRef]] = []
+        self.manual: dict[str, EventRef] = {}
+        self.runs: dict[str, _Run] = {}
+        self.leased: set[str] = set()
+        self.pending: set[str] = set()
+
+    def overlap_policy(self, revision: int | None = None) -> str | None:
+        rev = self.current if revision is None else self.revisions.get(revision, self.current)
+        return None if rev is None else rev.spec.overlap
+
+
+@dataclass
+class _Effect:
+    owner: tuple[str, str]
+    intent_ref: EventRef
+    retry_allowed: bool = False
+    success_ref: EventRef | None = None
+
+
+def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Trigger:
+    """The schedule's trigger, compiled exactly as the decider compiles it."""
+    return compile_trigger(cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
+                           timezone=spec.timezone, anchor=anchor, start=spec.start,
+                           end=spec.end, dst_ambiguous=spec.dst.ambiguous,
+                           dst_nonexistent=spec.dst.nonexistent)
+
+
+def _iso(t: datetime | None) -> str:
+    return "none" if t is None else t.isoformat().replace("+00:00", "Z")
+
+
+class Auditor:
+    """Feed events in log order (per partition); ``finish`` checks what needs the whole log."""
+
+    def __init__(self, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> None:
+        self.misfire_walk_limit = misfire_walk_limit
+        self.report = AuditReport()
+        self._schedules: dict[tuple[str, str], _Schedule] = {}
+        self._effects: dict[str, _Effect] = {}
+        self._finished = False
+
+    # -- input ----------------------------------------------------------------------
+
+    def undecodable(self, partition: int, offset: int, reason: str) -> None:
+        """Record a raw record that is not a valid event."""
+        self.report.events += 1
+        ref = EventRef(partition, offset, "?", "?")
+        self.report.violations.append(
+            Violation("decodable", f"record does not decode: {reason}", (ref,)))
+
+    def feed(self, env: m.EventEnvelope, partition: int = 0, offset: int = 0) -> None:
+        """Fold one event (events of one schedule must come in log order)."""
+        assert not self._finished, "feed after finish"
+        self.report.events += 1
+        key = (env.tenant, env.schedule_id)
+        s = self._schedules.get(key)
+        if s is None:
+            s = self._schedules[key] = _Schedule(env.tenant, env.schedule_id)
+        ref = EventRef(partition, offset, env.event_id, env.payload.type)
+        self._fold(s, env, ref)
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _violate(self, s: _Schedule, check: str, message: str, *refs: EventRef | None,
+                 run_id: str | None = None) -> None:
+        events = tuple(sorted({r for r in refs if r is not None},
+                              key=lambda r: (r.partition, r.offset)))
+        self.report.violations.append(
+            Violation(check, message, events, s.tenant, s.schedule_id, run_id))
+
+    def _run(self, s: _Schedule, run_id: str) -> _Run:
+        run = s.runs.get(run_id)
+        if run is None:  # an event for a run never materialized: judge it from here on
+            rev = s.current.revision if s.current else 0
+            run = s.runs[run_id] = _Run(run_id, rev, "UNKNOWN", None)
+        return run
+
+    @staticmethod
+    def _set_state(s: _Schedule, run: _Run, state: str) -> None:
+        run.state = state
+        if state == "LEASED":
+            s.leased.add(run.run_id)
+        else:
+            s.leased.discard(run.run_id)
+            if state in ("EXPIRED", "FAILED", "CANCELLED", "RECONCILING", "DEAD"):
+                run.lease_until = None  # the attempt's lease is over
+        if state == "PENDING":
+            s.pending.add(run.run_id)
+        else:
+            s.pending.discard(run.run_id)
+
+    def _claim_key(self, s: _Schedule, start: datetime, end: datetime, ref: EventRef,
+                   what: str) -> None:
+        """Claim the occurrence span [start, end]; report it if an earlier one overlaps."""
+        i = bisect.bisect_right(s.starts, end)
+        if i > 0:
+            a, b, old = s.spans[i - 1]
+            if b >= start:
+                if a == b == start == end:
+                    msg = f"occurrence {_iso(start)} recorded twice ({what})"
+                else:
+                    msg = (f"{what} [{_iso(start)} .. {_iso(end)}] overlaps the occurrence(s) "
+                           f"[{_iso(a)} .. {_iso(b)}] recorded earlier")
+                self._violate(s, "occurrence_unique", msg, old, ref)
+                return
+        s.starts.insert(i, start)
+        s.spans.insert(i, (start, end, ref))
+
+    def _record_instant(self, s: _Schedule, start: datetime, end: datetime | None, count: int,
+                        ref: EventRef, what: str) -> None:
+        self._claim_key(s, start, end or start, ref, what)
+        rev = s.current
+        if rev is not None and rev.check_misfire:
+            if end is None or (end == start and count == 1):
+                rev.instants.setdefault(start, ref)
+            else:
+                rev.ranges.append((start, end, count, ref))
+
+    def _fence_of_run(self, s: _Schedule, run: _Run, fence: int, ref: EventRef,
+                      what: str) -> None:
+        """A heartbeat or publication must carry the run's claimed and still-current fence."""
+        if run.claim_ref is None:
+            self._violate(s, "fence_current",
+                          f"{what} with fence {fence} for a run that was never claimed",
+                          ref, run_id=run.run_id)
+        elif fence != run.claimed_fence:
+            self._violate(s, "fence_current",
+                          f"{what} carries fence {fence}, the run was claimed with "
+                          f"{run.claimed_fence}", run.claim_ref, ref, run_id=run.run_id)
+        elif fence != run.run_fence:
+            self._violate(s, "fence_current",
+                          f"{what} carries fence {fence}, but the run's fence has advanced "
+                          f"to {run.run_fence}", run.claim_ref, s.fence_ref, ref,
+                          run_id=run.run_id)
+
+    # -- the fold -------------------------------------------------------------------
+
+    def _fold(self, s: _Schedule, env: m.EventEnvelope, ref: EventRef) -> None:
+        p = env.payload
+        match p:
+            case m.ScheduleCreated() | m.ScheduleRevised():
+                kind_ok = p.spec.cron is not None or p.spec.every is not None
+                rev = _Revision(p.revision, p.spec, p.anchor, ref,
+                                check_misfire=kind_ok and p.spec.misfire.policy == "all")
+                s.revisions[p.revision] = rev
+                s.current = rev
+            case (m.SchedulePaused() | m.ScheduleResumed() | m.ScheduleDeleted()
+                  | m.NextRunPlanned()):
+                pass
+            case m.OccurrenceMaterialized():
+                self.report.runs += 1
+                if p.request_key is not None or p.trigger == "manual":
+                    self._manual_key(s, p.request_key or p.run_id, ref)
+                else:
+                    self._record_instant(s, p.scheduled_at, None, 1, ref, "materialized")
+                if p.state == "PENDING" and s.overlap_policy() == "buffer_one" and s.pending:
+                    other = s.runs.get(next(iter(sorted(s.pending))))
+                    self._violate(s, "overlap",
+                                  "overlap buffer_one: a second PENDING run while "
+                                  f"{other.run_id if other else '?'} is PENDING",
+                                  other.materialized_ref if other else None, ref,
+                                  run_id=p.run_id)
+                run = s.runs.get(p.run_id)
+                if run is None:
+                    run = s.runs[p.run_id] = _Run(p.run_id, p.revision, p.state, ref)
+                else:
+                    run.revision = p.revision
+                    run.materialized_ref = run.materialized_ref or ref
+                self._set_state(s, run, p.state)
+            case m.OccurrenceSkipped():
+                if p.materialized:
+                    self._set_state(s, self._run(s, p.run_id), "SKIPPED")
+                elif p.request_key is not None:
+                    self._manual_key(s, p.request_key, ref)
+                else:
+                    self._record_instant(s, p.scheduled_at, p.through, p.count, ref,
+                                         "skipped range" if p.through else "skipped")
+            case m.OccurrenceReady():
+                self._set_state(s, self._run(s, p.run_id), "READY")
+            case m.FenceAdvanced():
+                if p.fence <= s.max_fence:
+                    self._violate(s, "fence_monotonic",
+                                  f"fence advanced to {p.fence}, not above {s.max_fence}",
+                                  s.fence_ref, ref, run_id=p.run_id)
+                s.fence = p.fence
+                s.max_fence = max(s.max_fence, p.fence)
+                s.fence_ref = ref
+                s.fence_run = p.run_id
+                self._run(s, p.run_id).run_fence = p.fence
+            case m.AttemptClaimed():
+                run = self._run(s, p.run_id)
+                if p.fence != s.fence or s.fence_run != p.run_id:
+                    detail = (f"the schedule's current fence is {s.fence}"
+                              if p.fence != s.fence else
+                              f"fence {s.fence} was advanced for run {s.fence_run}")
+                    self._violate(s, "fence_current",
+                                  f"AttemptClaimed carries fence {p.fence}; {detail}",
+                                  s.fence_ref, ref, run_id=p.run_id)
+                self._check_overlap_claim(s, run, ref)
+                run.claimed_fence = p.fence
+                run.lease_until = p.lease_until
+                run.lease_ref = ref
+                run.claim_ref = ref
+                self._set_state(s, run, "LEASED")
+            case m.LeaseExtended():
+                run = self._run(s, p.run_id)
+                self._fence_of_run(s, run, p.fence, ref, "LeaseExtended")
+                run.lease_until = p.lease_until
+                run.lease_ref = ref
+            case m.LeaseExpired():
+                run = self._run(s, p.run_id)
+                self._set_state(s, run, "EXPIRED")
+                run.lease_ref = ref
+            case m.AttemptFailed():
+                run = self._run(s, p.run_id)
+                self._set_state(s, run, "FAILED")
+                run.lease_ref = ref
+            case m.RetryScheduled():
+                self._set_state(s, self._run(s, p.run_id), "RETRY_WAIT")
+            case m.OccurrenceDeadLettered():
+                self._set_state(s, self._run(s, p.run_id), "DEAD")
+            case m.OccurrenceRedriven():
+                self._set_state(s, self._run(s, p.run_id), "READY")
+            case m.ResultPublished():
+                self.report.results += 1
+                self._result(s, env, p, ref)
+            case m.CompletionRejected() | m.CancellationRequested():
+                pass
+            case m.OccurrenceCancelled():
+                self._set_state(s, self._run(s, p.run_id), "CANCELLED")
+            case m.ReconciliationRequired():
+                run = self._run(s, p.run_id)
+                if p.effect_id is None or run.state == "LEASED":
+                    self._set_state(s, run, "RECONCILING")
+            case m.ReconciliationResolved():
+                if p.effect_id is not None and p.decision == "retry":
+                    eff = self._effects.get(p.effect_id)
+                    if eff is not None:
+                        eff.retry_allowed = True
+            case m.EffectIntended():
+                self._effect_intended(s, p, ref)
+            case m.EffectSucceeded():
+                eff = self._effects.get(p.effect_id)
+                if eff is None:
+                    self._effects[p.effect_id] = _Effect((s.tenant, s.schedule_id), ref,
+                                                         success_ref=ref)
+                elif eff.success_ref is not None:
+                    self._violate(s, "effect_unique",
+                                  f"effect {p.effect_id} succeeded twice",
+                                  eff.success_ref, ref, run_id=p.run_id)
+                else:
+                    eff.success_ref = ref
+            case m.EffectUncertain() | m.EffectFailed():
+                pass
+            case _:
+                assert_never(p)
+
+    def _manual_key(self, s: _Schedule, request_key: str, ref: EventRef) -> None:
+        old = s.manual.get(request_key)
+        if old is not None:
+            self._violate(s, "occurrence_unique",
+                          f"manual trigger request key {request_key!r} recorded twice", old, ref)
+        else:
+            s.manual[request_key] = ref
+
+    def _check_overlap_claim(self, s: _Schedule, run: _Run, ref: EventRef) -> None:
+        others = sorted(r for r in s.leased if r != run.run_id)
+        if not others:
+            return
+        now_policy = s.overlap_policy()
+        run_policy = s.overlap_policy(run.revision)
+        if now_policy in GUARDED_OVERLAP and run_policy in GUARDED_OVERLAP:
+            other = s.runs[others[0]]
+            self._violate(s, "overlap",
+                          f"overlap {now_policy}: run {run.run_id} claimed while run "
+                          f"{other.run_id} is LEASED", other.claim_ref, ref, run_id=run.run_id)
+
+    def _result(self, s: _Schedule, env: m.EventEnvelope, p: m.ResultPublished,
+                ref: EventRef) -> None:
+        run = self._run(s, p.run_id)
+        self._fence_of_run(s, run, p.fence, ref, "ResultPublished")
+        if run.result_ref is not None:
+            self._violate(s, "result_once", f"a second ResultPublished for run {run.run_id}",
+                          run.result_ref, ref, run_id=run.run_id)
+        else:
+            run.result_ref = ref
+        if run.lease_until is None:
+            why = ("the run was never claimed" if run.claim_ref is None
+                   else f"its lease had ended ({run.lease_ref.type if run.lease_ref else '?'})")
+            self._violate(s, "result_within_lease",
+                          f"ResultPublished at {_iso(env.at)} without a lease: {why}",
+                          run.lease_ref, ref, run_id=run.run_id)
+        elif env.at > run.lease_until:
+            self._violate(s, "result_within_lease",
+                          f"ResultPublished at {_iso(env.at)} after the lease ended at "
+                          f"{_iso(run.lease_until)}", run.lease_ref, ref, run_id=run.run_id)
+        self._set_state(s, run, "SUCCEEDED")
+
+    def _effect_intended(self, s: _Schedule, p: m.EffectIntended, ref: EventRef) -> None:
+        owner = (s.tenant, s.schedule_id)
+        eff = self._effects.get(p.effect_id)
+        if eff is None:
+            self._effects[p.effect_id] = _Effect(owner, ref)
+            return
+        if eff.owner != owner:
+            self._violate(s, "effect_unique",
+                          f"effect ID {p.effect_id} also intended by schedule "
+                          f"{eff.owner[0]}/{eff.owner[1]}", eff.intent_ref, ref,
+                          run_id=p.run_id)
+        elif not eff.retry_allowed:
+            self._violate(s, "effect_unique",
+                          f"effect {p.effect_id} intended again without a reconciliation "
+                          "retry in between", eff.intent_ref, ref, run_id=p.run_id)
+        eff.intent_ref = ref
+        eff.retry_allowed = False
+
+    # -- whole-log checks -----------------------------------------------------------
+
+    def finish(self) -> AuditReport:
+        """Run the checks that need every event, and return the report."""
+        if not self._finished:
+            self._finished = True
+            for s in self._schedules.values():
+                for rev in s.revisions.values():
+                    if rev.check_misfire:
+                        self._check_misfire_all(s, rev)
+            self.report.schedules = len(self._schedules)
+            self.report.effects = len(self._effects)
+        return self.report
+
+    def _check_misfire_all(self, s: _Schedule, rev: _Revision) -> None:
+        points = [(t, t) for t in rev.instants] + [(a, b) for a, b, _, _ in rev.ranges]
+        if len(points) < 2:
+            return
+        lo = min(a for a, _ in points)
+        hi = max(b for _, b in points)
+        try:
+            trigger = _compile(rev.spec, rev.anchor)
+        except RecurrenceError as exc:
+            self.report.notes.append(
+                f"misfire_all_complete: {s.tenant}/{s.schedule_id} revision {rev.revision}: "
+                f"trigger does not compile ({exc}); not checked")
+            return
+        ranges = sorted(rev.ranges, key=lambda r: r[0])
+        starts = [r[0] for r in ranges]
+        seen_in_range = [0] * len(ranges)
+        walked = 0
+        last_ref: EventRef | None = None
+        gap: list[datetime] = []  # [first missing, last missing]
+        gap_count = 0
+        t = trigger.next_after(lo - _US)
+        while t is not None and t <= hi:
+            if walked >= self.misfire_walk_limit:
+                self.report.notes.append(
+                    f"misfire_all_complete: {s.tenant}/{s.schedule_id} revision "
+                    f"{rev.revision}: checked {walked} instants up to {_iso(t)} of "
+                    f"{_iso(lo)} .. {_iso(hi)} (limit)")
+                break
+            walked += 1
+            ref = rev.instants.get(t)
+            if ref is None:
+                i = bisect.bisect_right(starts, t) - 1
+                if i >= 0 and ranges[i][0] <= t <= ranges[i][1]:
+                    seen_in_range[i] += 1
+                    ref = ranges[i][3]
+            if ref is None:
+                if not gap:
+                    gap = [t, t]
+                else:
+                    gap[1] = t
+                gap_count += 1
+            else:
+                if gap:
+                    self._gap(s, rev, gap, gap_count, last_ref, ref)
+                    gap, gap_count = [], 0
+                last_ref = ref
+            t = trigger.next_after(t)
+        else:
+            if gap:
+                self._gap(s, rev, gap, gap_count, last_ref, None)
+            for i, (a, b, count, ref) in enumerate(ranges):
+                if seen_in_range[i] != count:
+                    self._violate(s, "misfire_all_complete",
+                                  f"skip range {_iso(a)} .. {_iso(b)} says {count} instants, "
+                                  f"the trigger has {seen_in_range[i]} in it (misfire all)",
+                                  ref)
+
+    def _gap(self, s: _Schedule, rev: _Revision, gap: list[datetime], count: int,
+             before: EventRef | None, after: EventRef | None) -> None:
+        span = _iso(gap[0]) if gap[0] == gap[1] else f"{_iso(gap[0])} .. {_iso(gap[1])}"
+        self._violate(s, "misfire_all_complete",
+                      f"misfire all (revision {rev.revision}): {count} instant(s) {span} "
+                      "neither materialized nor skipped", before, after)
+
+
+def audit(events: Iterable[m.EventEnvelope | tuple[int, int, m.EventEnvelope]],
+          misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> AuditReport:
+    """Audit a sequence of envelopes (bare ones are numbered partition 0, offsets 0, 1, ...)."""
+    auditor = Auditor(misfire_walk_limit=misfire_walk_limit)
+    for n, item in enumerate(events):
+        if isinstance(item, m.EventEnvelope):
+            auditor.feed(item, 0, n)
+        else:
+            partition, offset, env = item
+            auditor.feed(env, partition, offset)
+    return auditor.finish()

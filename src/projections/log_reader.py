@@ -1,0 +1,115 @@
+"""Reading the whole ``events`` topic for the offline tools (``chronolog audit``, ``replay``).
+
+``add_log_arguments(parser)`` adds ``--log URL | --data-dir DIR`` and ``--partitions N``;
+``log_config(args)`` turns them into a ``LogConfig`` (``ConfigError`` -> ``UsageError``, so
+the CLI prints one line and exits 2); ``open_existing_log(cfg)`` opens the log without
+creating anything (a missing SQLite file or a missing ``events`` topic is a usage error, not
+an empty log); ``read_partition`` yields one partition's committed records from an offset up
+to the end offset taken when it starts, oldest first, through the EventLog port.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from chronolog.log.port import EventLog, LogError, Record
+from chronolog.settings import ConfigError, LogConfig, open_log, parse_log_url
+
+__all__ = [
+    "add_log_arguments",
+    "event_partitions",
+    "log_config",
+    "open_existing_log",
+    "read_partition",
+    "usage_error",
+]
+
+READ_BATCH = 2000
+
+
+def usage_error(message: str) -> Exception:
+    """A chronolog.cli.UsageError (imported late: cli imports the command modules)."""
+    from chronolog.cli import UsageError
+
+    return UsageError(message)
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--log URL | --data-dir DIR`` and ``--partitions N``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--log", metavar="URL",
+                       help="sqlite:///path/log.db or kafka://host:port[,host:port] "
+                            "(default: $CHRONOLOG_LOG, else DATA_DIR/log.db)")
+    where.add_argument("--data-dir", metavar="DIR",
+                       help="read the embedded log DIR/log.db (default: $CHRONOLOG_DATA_DIR "
+                            "or ./.chronolog)")
+    parser.add_argument("--partitions", type=int, metavar="N",
+                        help="expected partition count (default: $CHRONOLOG_PARTITIONS); "
+                             "every partition the log has is read either way")
+
+
+def log_config(args: argparse.Namespace) -> LogConfig:
+    """The log the arguments name; an explicit ``--data-dir`` wins over ``$CHRONOLOG_LOG``."""
+    url: str | None = args.log
+    if args.data_dir is not None:
+        url = f"sqlite://{Path(args.data_dir) / 'log.db'}"
+    n: int | None = args.partitions
+    if n is not None and not 1 <= n <= 1024:
+        raise usage_error(f"invalid partitions '{n}': must be 1..1024")
+    try:
+        return parse_log_url(url, partitions=n)
+    except ConfigError as exc:
+        raise usage_error(str(exc)) from None
+
+
+async def open_existing_log(cfg: LogConfig) -> EventLog:
+    """Open and start the log, refusing to create a new SQLite file."""
+    if cfg.kind == "sqlite" and not Path(cfg.target).is_file():
+        raise usage_error(f"invalid log '{cfg.target}': no such file")
+    log = open_log(cfg)
+    try:
+        await log.start()
+    except (LogError, OSError) as exc:
+        await _close_quietly(log)
+        raise usage_error(f"cannot open log {cfg.kind}:{cfg.target}: {exc}") from None
+    return log
+
+
+async def event_partitions(log: EventLog) -> int:
+    """How many partitions ``events`` has (a missing topic is a usage error)."""
+    topic = log.topics.events
+    try:
+        return await log.partitions_for(topic)
+    except LogError as exc:
+        raise usage_error(f"no topic '{topic}' in the log ({exc}); wrong --log or "
+                          "CHRONOLOG_TOPIC_PREFIX?") from None
+
+
+async def read_partition(
+    log: EventLog, topic: str, partition: int, start: int = 0, stop: int | None = None,
+    batch: int = READ_BATCH,
+) -> AsyncIterator[list[Record]]:
+    """Batches of committed records of one partition, offsets in ``[start, stop)``.
+
+    ``stop`` defaults to the end offset when reading starts, so a live log is read to a
+    fixed point and the iteration ends.
+    """
+    end = await log.end_offset(topic, partition) if stop is None else stop
+    offset = start
+    while offset < end:
+        records = await log.read(topic, partition, offset, max_records=batch, timeout_ms=0)
+        records = [r for r in records if r.offset < end]
+        if not records:
+            return  # only aborted data / control markers remain below the end (Kafka)
+        yield records
+        offset = records[-1].offset + 1
+
+
+async def _close_quietly(log: Any) -> None:
+    try:
+        await log.close()
+    except Exception:  # noqa: BLE001 - closing a log that failed to start
+        pass

@@ -1,0 +1,200 @@
+"""``chronolog audit`` end to end: events appended to a real SQLite log file, the CLI run as a
+subprocess (``.venv/bin/chronolog``), its exit status and output checked.
+
+The clean log is produced by the real decider (create, tick, claim, heartbeat, complete,
+fail and retry) on three schedules spread over the partitions by their keys; broken logs
+are the clean one plus a hand-made event that breaks one rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chronolog.commands.decider import decide, evolve
+from chronolog.commands.state import initial_state
+from chronolog.domain import codec
+from chronolog.domain import messages as m
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import OutRecord, Topics
+from chronolog.log.sqlite import SqliteEventLog
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+TENANT = "acme"
+PARTITIONS = 3
+CHRONOLOG = Path(sys.executable).parent / "chronolog"
+
+
+def _clean_events(schedule_id: str) -> list[m.EventEnvelope]:
+    """One schedule through the real decider: two runs, a retry, a heartbeat."""
+    state = initial_state(TENANT, schedule_id)
+    out: list[m.EventEnvelope] = []
+    n = 0
+
+    def do(payload: Any, now: datetime) -> list[Any]:
+        nonlocal n
+        n += 1
+        cid = f"{schedule_id}-c{n}"
+        dec = decide(state, m.CommandEnvelope(command_id=cid, type=payload.type, tenant=TENANT,
+                                              schedule_id=schedule_id, issued_at=now,
+                                              payload=payload), now)
+        assert dec.ok, dec.reason
+        for i, ev in enumerate(dec.events):
+            evolve(state, ev)
+            out.append(m.EventEnvelope(event_id=f"{cid}.{i}", type=ev.type,
+                                       key=f"{TENANT}/{schedule_id}", tenant=TENANT,
+                                       schedule_id=schedule_id, at=now, causation_id=cid,
+                                       payload=ev))
+        return list(dec.events)
+
+    def claim(run_id: str, now: datetime) -> m.AttemptClaimed:
+        run = state.run(run_id)
+        assert run is not None
+        evs = do(m.ClaimRun(run_id=run_id, attempt=run.attempt, worker_id="w1"), now)
+        return next(e for e in evs if isinstance(e, m.AttemptClaimed))
+
+    def complete(c: m.AttemptClaimed, now: datetime) -> None:
+        do(m.CompleteRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence, worker_id="w1",
+                         checksum="sha256:ab", size=2), now)
+
+    do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
+                                            misfire="all", lease=30.0)), T0)
+    ev = do(m.Tick(), T0)
+    run1 = next(e for e in ev if isinstance(e, m.OccurrenceMaterialized)).run_id
+    c = claim(run1, T0 + timedelta(seconds=1))
+    do(m.Heartbeat(run_id=run1, attempt=c.attempt, fence=c.fence, worker_id="w1"),
+       T0 + timedelta(seconds=10))
+    complete(c, T0 + timedelta(seconds=20))
+    ev = do(m.Tick(), T0 + timedelta(seconds=60))
+    run2 = next(e for e in ev if isinstance(e, m.OccurrenceMaterialized)).run_id
+    c = claim(run2, T0 + timedelta(seconds=61))
+    do(m.FailRun(run_id=run2, attempt=c.attempt, fence=c.fence, worker_id="w1"),
+       T0 + timedelta(seconds=62))
+    retry_at = state.run(run2).retry_at  # type: ignore[union-attr]
+    assert retry_at is not None
+    do(m.Tick(), retry_at)
+    complete(claim(run2, retry_at), retry_at + timedelta(seconds=1))
+    do(m.Tick(), T0 + timedelta(seconds=300))  # misfire all: 120, 180, 240, 300 (+ overlap)
+    return out
+
+
+def _write_log(path: Path, envelopes: list[m.EventEnvelope], extra: list[bytes] = ()) -> None:  # type: ignore[assignment]
+    async def main() -> None:
+        log = SqliteEventLog(str(path), Topics(partitions=PARTITIONS), synchronous="NORMAL")
+        await log.start()
+        await log.ensure_topics()
+        await log.append([OutRecord(topic=log.topics.events, key=e.key.encode(),
+                                    value=codec.encode_event(e)) for e in envelopes])
+        if extra:
+            await log.append([OutRecord(topic=log.topics.events, key=b"acme/junk", value=v)
+                              for v in extra])
+        await log.close()
+
+    asyncio.run(main())
+
+
+def _chronolog(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
+    return subprocess.run([str(CHRONOLOG), *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.fixture
+def clean() -> list[m.EventEnvelope]:
+    return [e for sid in ("nightly", "hourly", "reports-eu") for e in _clean_events(sid)]
+
+
+def test_a_clean_log_exits_0_with_a_summary(tmp_path: Path, clean: list[m.EventEnvelope]) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, clean)
+    proc = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines == [f"audit ok: {len(clean)} events, 3 schedules, "
+                     f"{sum(e.type == 'OccurrenceMaterialized' for e in clean)} runs, "
+                     f"{sum(e.type == 'ResultPublished' for e in clean)} results, "
+                     "0 effects; 0 violations"]
+    # the three schedules landed on more than one partition, and all were read
+    assert len({partition_for(e.key.encode(), PARTITIONS) for e in clean}) > 1
+    assert proc.stderr == ""
+
+
+def test_the_data_dir_and_json_forms(tmp_path: Path, clean: list[m.EventEnvelope]) -> None:
+    _write_log(tmp_path / "log.db", clean)
+    proc = _chronolog("audit", "--data-dir", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["events"] == len(clean)
+    assert set(report["violation_counts"].values()) == {0}
+
+
+def test_a_broken_log_exits_1_and_prints_the_violation_with_its_events(
+    tmp_path: Path, clean: list[m.EventEnvelope]
+) -> None:
+    first = next(e for e in clean if e.type == "ResultPublished")
+    again = first.model_copy(update={"event_id": "forged.0"})
+    db = tmp_path / "log.db"
+    _write_log(db, clean + [again])
+    proc = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    (head,) = [i for i, line in enumerate(out) if line.startswith("VIOLATION")]
+    assert out[head].startswith("VIOLATION result_once: a second ResultPublished for run ")
+    assert f"[acme/{first.schedule_id} run {first.payload.run_id}]" in out[head]  # type: ignore[union-attr]
+    events = out[head + 1: head + 3]
+    assert events[0].strip().endswith(f"ResultPublished {first.event_id}")
+    assert events[1].strip().endswith("ResultPublished forged.0")
+    assert all(line.startswith("    p") and "@" in line for line in events)
+    assert out[-1].startswith("audit FAILED: 1 violations (result_once=1)")
+
+
+def test_an_undecodable_record_is_reported(tmp_path: Path, clean: list[m.EventEnvelope]) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, clean, extra=[b"{not json"])
+    proc = _chronolog("audit", "--log", f"sqlite:///{db}", "--json")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["violation_counts"]["decodable"] == 1
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--log", "postgres://x"], "invalid CHRONOLOG_LOG 'postgres://x'"),
+    (["--log", "sqlite://"], "no file path"),
+    (["--log", "kafka://nohost"], "is not host:port"),
+    (["--partitions", "0"], "invalid partitions '0'"),
+])
+def test_a_bad_log_value_exits_2_with_one_line(args: list[str], fragment: str) -> None:
+    proc = _chronolog("audit", *args)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr
+
+
+def test_a_missing_log_file_exits_2_and_is_not_created(tmp_path: Path) -> None:
+    db = tmp_path / "nope" / "log.db"
+    proc = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert proc.returncode == 2
+    assert "no such file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+def test_a_log_without_the_events_topic_exits_2(tmp_path: Path) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, [])
+    env_prefix = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert env_prefix.returncode == 0  # topics exist, no events: a clean, empty log
+    assert "audit ok: 0 events" in env_prefix.stdout
+    proc = subprocess.run(
+        [str(CHRONOLOG), "audit", "--log", f"sqlite:///{db}"], capture_output=True, text=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")},
+             "CHRONOLOG_TOPIC_PREFIX": "other."}, timeout=120)
+    assert proc.returncode == 2
+    assert "no topic 'other.events'" in proc.stderr

@@ -1,0 +1,635 @@
+"""The pure audit (chronolog.projections.audit): each check fails on a log that breaks it.
+
+Two kinds of logs:
+
+* clean logs produced by the real decider (``decide``/``evolve``) through scenarios with
+  claims, heartbeats, completions, failures and retries, lease expiry, misfire ``all`` with
+  overlap skips and collapsed skip ranges, buffered overlap, concurrent runs under ``allow``,
+  manual triggers and an effect retried through reconciliation: zero violations;
+* small hand-built logs that break exactly one rule each: that check (and only that check)
+  reports it, naming the offending events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from chronolog.commands.decider import Decision, decide, evolve
+from chronolog.commands.state import initial_state
+from chronolog.domain import messages as m
+from chronolog.domain.ids import manual_run_id, run_id_for
+from chronolog.projections.audit import CHECKS, AuditReport, Auditor, audit
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+TENANT = "acme"
+
+
+def sec(n: float) -> timedelta:
+    return timedelta(seconds=n)
+
+
+def spec(**overrides: Any) -> m.ScheduleSpec:
+    base: dict[str, Any] = {"every": 60.0, "job": {"type": "report"}, "overlap": "skip"}
+    base.update(overrides)
+    return m.ScheduleSpec.model_validate(base)
+
+
+# ---------------------------------------------------------------------------------------
+# driving the real decider
+
+
+class Driver:
+    """One schedule driven through ``decide``; every event lands in ``log`` as an envelope."""
+
+    def __init__(self, schedule_id: str) -> None:
+        self.sid = schedule_id
+        self.state = initial_state(TENANT, schedule_id)
+        self.log: list[m.EventEnvelope] = []
+        self.n = 0
+
+    def do(self, payload: Any, now: datetime, expect_ok: bool = True) -> Decision:
+        self.n += 1
+        cid = f"{self.sid}-c{self.n}"
+        cmd = m.CommandEnvelope(command_id=cid, type=payload.type, tenant=TENANT,
+                                principal="ops", schedule_id=self.sid, issued_at=now,
+                                payload=payload)
+        dec = decide(self.state, cmd, now)
+        assert dec.ok or not expect_ok, f"{payload.type} refused: {dec.status} {dec.reason}"
+        for i, ev in enumerate(dec.events):
+            evolve(self.state, ev)
+            self.log.append(m.EventEnvelope(
+                event_id=f"{cid}.{i}", type=ev.type, key=f"{TENANT}/{self.sid}", tenant=TENANT,
+                schedule_id=self.sid, at=now, causation_id=cid, payload=ev))
+        return dec
+
+    def create(self, now: datetime, **overrides: Any) -> None:
+        self.do(m.CreateSchedule(spec=spec(**overrides)), now)
+
+    def tick(self, now: datetime) -> Decision:
+        return self.do(m.Tick(), now)
+
+    def claim(self, run_id: str, now: datetime, worker: str = "w1") -> m.AttemptClaimed:
+        run = self.state.run(run_id)
+        assert run is not None
+        dec = self.do(m.ClaimRun(run_id=run_id, attempt=run.attempt, worker_id=worker), now)
+        (claimed,) = [e for e in dec.events if isinstance(e, m.AttemptClaimed)]
+        return claimed
+
+    def heartbeat(self, c: m.AttemptClaimed, now: datetime) -> Decision:
+        return self.do(m.Heartbeat(run_id=c.run_id, attempt=c.attempt, fence=c.fence,
+                                   worker_id=c.worker_id), now)
+
+    def complete(self, c: m.AttemptClaimed, now: datetime, expect_ok: bool = True) -> Decision:
+        return self.do(m.CompleteRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence,
+                                     worker_id=c.worker_id, checksum=f"sha256:{c.fence}",
+                                     size=2, inline={"n": c.fence}), now, expect_ok)
+
+    def fail(self, c: m.AttemptClaimed, now: datetime, error_class: str = "transient") -> Decision:
+        return self.do(m.FailRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence,
+                                 worker_id=c.worker_id, error_class=error_class,
+                                 message="boom"), now)
+
+    def runs_in(self, *states: str) -> list[str]:
+        return sorted((r.run_id for r in (self.state.runs or {}).values() if r.state in states),
+                      key=lambda rid: self.state.runs[rid].scheduled_at)  # type: ignore[index]
+
+    def types(self) -> list[str]:
+        return [e.type for e in self.log]
+
+
+def _scenario_retries_effects_misfire_all() -> Driver:
+    """misfire all + overlap skip + a webhook effect: retries, lease expiry, reconciliation."""
+    d = Driver("nightly")
+    d.create(T0, misfire="all", effects=[{"kind": "webhook"}], lease=30.0,
+             retry={"max_attempts": 5, "initial_backoff": 5, "max_backoff": 5})
+    d.tick(T0)
+    (r1,) = d.runs_in("READY")
+    c = d.claim(r1, T0 + sec(1))
+    d.heartbeat(c, T0 + sec(20))
+    d.complete(c, T0 + sec(40))  # inside the extended lease (T0+50)
+    (eff,) = (e for e in d.log if e.type == "EffectIntended")
+    effect_id = eff.payload.effect_id  # type: ignore[union-attr]
+    d.do(m.RecordEffectOutcome(run_id=r1, effect_id=effect_id, outcome="uncertain"), T0 + sec(41))
+    d.do(m.ResolveReconciliation(run_id=r1, decision="retry", effect_id=effect_id), T0 + sec(42))
+    d.do(m.RecordEffectOutcome(run_id=r1, effect_id=effect_id, outcome="succeeded"), T0 + sec(43))
+    # run 2: a transient failure, a retry, then success
+    d.tick(T0 + sec(60))
+    (r2,) = d.runs_in("READY")
+    c = d.claim(r2, T0 + sec(61))
+    d.fail(c, T0 + sec(62))
+    retry_at = d.state.run(r2).retry_at  # type: ignore[union-attr]
+    assert retry_at is not None
+    d.tick(retry_at)
+    c = d.claim(r2, retry_at + sec(1))
+    d.complete(c, retry_at + sec(2))
+    # downtime: instants 120 .. 600 are late; misfire all catches every one of them up,
+    # the overlap guard skips those that come while one is active
+    d.tick(T0 + sec(605))
+    ready = d.runs_in("READY")
+    assert len(ready) == 1
+    c = d.claim(ready[0], T0 + sec(606))
+    d.tick(T0 + sec(606 + 31))  # the lease expires: fence advances, the run is ready again
+    c = d.claim(ready[0], T0 + sec(640))
+    d.complete(c, T0 + sec(641))
+    d.tick(T0 + sec(660))
+    (r_last,) = d.runs_in("READY")
+    d.claim(r_last, T0 + sec(661))
+    return d
+
+
+def _scenario_buffer_all_ranges() -> Driver:
+    """misfire all bounded by max_catchup (a collapsed skip range) + overlap buffer_all."""
+    d = Driver("hourly-catchup")
+    d.create(T0, misfire={"policy": "all", "max_catchup": 5}, overlap="buffer_all")
+    d.tick(T0 + sec(3600 + 10))  # 61 instants due: 56 skipped as one range, 5 run in order
+    assert any(e.type == "OccurrenceSkipped" and e.payload.count > 1  # type: ignore[union-attr]
+               for e in d.log)
+    now = T0 + sec(3620)
+    for _ in range(5):
+        (rid,) = d.runs_in("READY")
+        c = d.claim(rid, now)
+        d.complete(c, now + sec(1))
+        now += sec(2)
+    assert not d.runs_in("READY", "PENDING")
+    return d
+
+
+def _scenario_allow_and_buffer_one_and_manual() -> tuple[Driver, Driver]:
+    """overlap allow: two runs leased at once, each heartbeats with its own fence."""
+    a = Driver("allow")
+    a.create(T0, overlap="allow", lease=60.0)
+    a.tick(T0)
+    (r1,) = a.runs_in("READY")
+    c1 = a.claim(r1, T0 + sec(1))
+    a.tick(T0 + sec(60))
+    (r2,) = a.runs_in("READY")
+    c2 = a.claim(r2, T0 + sec(61))
+    assert c2.fence > c1.fence
+    a.heartbeat(c1, T0 + sec(50 + 10))  # fence 1 while the schedule's fence is 2
+    a.complete(c1, T0 + sec(70))
+    a.complete(c2, T0 + sec(71))
+    a.do(m.TriggerRun(request_key="by-hand-1", params={"x": 1}), T0 + sec(72))
+    a.do(m.TriggerRun(request_key="by-hand-1", params={"x": 1}), T0 + sec(73))  # idempotent
+    (rm,) = a.runs_in("READY")
+    assert rm == manual_run_id(TENANT, "allow", "by-hand-1")
+    a.complete(a.claim(rm, T0 + sec(74)), T0 + sec(75))
+
+    b = Driver("buffer-one")
+    b.create(T0, overlap="buffer_one", lease=600.0)
+    b.tick(T0)
+    (r1,) = b.runs_in("READY")
+    c1 = b.claim(r1, T0 + sec(1))
+    b.tick(T0 + sec(60))  # buffered (PENDING)
+    b.tick(T0 + sec(120))  # buffer full: skipped
+    b.tick(T0 + sec(180))
+    assert len(b.runs_in("PENDING")) == 1
+    b.complete(c1, T0 + sec(181))  # the pending one is promoted
+    (r2,) = b.runs_in("READY")
+    b.complete(b.claim(r2, T0 + sec(182)), T0 + sec(183))
+    b.do(m.PauseSchedule(), T0 + sec(184))
+    b.do(m.DeleteSchedule(), T0 + sec(185))
+    return a, b
+
+
+def _positioned(*drivers: Driver) -> list[tuple[int, int, m.EventEnvelope]]:
+    """Each driver's events on its own partition, offsets from 0."""
+    out = []
+    for p, d in enumerate(drivers):
+        out.extend((p, off, env) for off, env in enumerate(d.log))
+    return out
+
+
+def _assert_clean(report: AuditReport) -> None:
+    assert report.violations == [], "\n".join(
+        f"{v.check}: {v.message} {[str(e) for e in v.events]}" for v in report.violations)
+
+
+def test_a_log_produced_by_the_real_decider_has_no_violations() -> None:
+    d1 = _scenario_retries_effects_misfire_all()
+    d2 = _scenario_buffer_all_ranges()
+    d3, d4 = _scenario_allow_and_buffer_one_and_manual()
+    types = {t for d in (d1, d2, d3, d4) for t in d.types()}
+    # the scenarios really cover what the checks look at
+    assert {"FenceAdvanced", "AttemptClaimed", "LeaseExtended", "LeaseExpired",
+            "AttemptFailed", "RetryScheduled", "ResultPublished", "EffectIntended",
+            "EffectSucceeded", "EffectUncertain", "ReconciliationResolved",
+            "OccurrenceSkipped", "OccurrenceMaterialized", "OccurrenceReady",
+            "ScheduleDeleted"} <= types
+    log = _positioned(d1, d2, d3, d4)
+    report = audit(log)
+    _assert_clean(report)
+    assert report.ok
+    assert report.events == len(log)
+    assert report.schedules == 4
+    assert report.results == sum(t == "ResultPublished" for d in (d1, d2, d3, d4)
+                                 for t in d.types())
+    assert report.runs == sum(t == "OccurrenceMaterialized" for d in (d1, d2, d3, d4)
+                              for t in d.types())
+    assert report.effects == len({e.payload.effect_id for d in (d1, d2, d3, d4)  # type: ignore[union-attr]
+                                  for e in d.log if e.type == "EffectIntended"})
+    assert report.violation_counts == dict.fromkeys(CHECKS, 0)
+    assert report.notes == []
+
+
+def test_dropping_one_skip_from_a_clean_misfire_all_log_is_found() -> None:
+    d = _scenario_retries_effects_misfire_all()
+    skips = [i for i, e in enumerate(d.log) if e.type == "OccurrenceSkipped"]
+    assert skips, "the scenario must record overlap skips under misfire all"
+    dropped = d.log[skips[len(skips) // 2]]
+    broken = [e for e in d.log if e is not dropped]
+    report = audit(broken)
+    assert [v.check for v in report.violations] == ["misfire_all_complete"]
+    assert "1 instant(s)" in report.violations[0].message
+    assert dropped.payload.scheduled_at.isoformat()[:19] in report.violations[0].message  # type: ignore[union-attr]
+
+
+def test_a_collapsed_range_with_a_wrong_count_in_a_clean_log_is_found() -> None:
+    d = _scenario_buffer_all_ranges()
+    rng = next(e for e in d.log if e.type == "OccurrenceSkipped"
+               and e.payload.count > 1)  # type: ignore[union-attr]
+    wrong = rng.model_copy(update={"payload": rng.payload.model_copy(
+        update={"count": rng.payload.count - 1})})  # type: ignore[union-attr]
+    report = audit([wrong if e is rng else e for e in d.log])
+    (v,) = only(report, "misfire_all_complete")
+    assert "says 55 instants, the trigger has 56" in v.message
+
+
+def test_known_limit_a_dropped_leading_range_is_invisible() -> None:
+    """The window is bounded by what was recorded: losing its very first record (here the
+    leading skip range) moves the window's start and cannot be seen by this check."""
+    d = _scenario_buffer_all_ranges()
+    broken = [e for e in d.log if not (e.type == "OccurrenceSkipped"
+                                       and e.payload.count > 1)]  # type: ignore[union-attr]
+    _assert_clean(audit(broken))
+
+
+# ---------------------------------------------------------------------------------------
+# hand-built logs, one broken rule each
+
+
+class Log:
+    """A hand-built log of one schedule (or several), partition 0, offsets in order."""
+
+    def __init__(self, sid: str = "s1") -> None:
+        self.sid = sid
+        self.events: list[m.EventEnvelope] = []
+
+    def add(self, payload: Any, at: datetime = T0, sid: str | None = None) -> "Log":
+        sid = sid or self.sid
+        n = len(self.events)
+        self.events.append(m.EventEnvelope(
+            event_id=f"e{n}", type=payload.type, key=f"{TENANT}/{sid}", tenant=TENANT,
+            schedule_id=sid, at=at, causation_id=f"c{n}", payload=payload))
+        return self
+
+    def created(self, **overrides: Any) -> "Log":
+        return self.add(m.ScheduleCreated(revision=1, spec=spec(**overrides), created_at=T0,
+                                          anchor=T0, next_run_at=T0, next_due_at=T0))
+
+    def revised(self, revision: int, **overrides: Any) -> "Log":
+        return self.add(m.ScheduleRevised(revision=revision, spec=spec(**overrides), anchor=T0,
+                                          next_run_at=None, next_due_at=None))
+
+    def mat(self, minute: int, state: str = "READY", revision: int = 1) -> "Log":
+        t = T0 + timedelta(minutes=minute)
+        return self.add(m.OccurrenceMaterialized(
+            run_id=rid(minute, self.sid), scheduled_at=t, due_at=t, revision=revision,
+            job=m.JobSpec(type="report"), state=state, sequence=minute + 1))  # type: ignore[arg-type]
+
+    def skipped(self, minute: int, through: int | None = None, count: int = 1,
+                reason: str = "overlap") -> "Log":
+        return self.add(m.OccurrenceSkipped(
+            run_id=rid(minute, self.sid), scheduled_at=T0 + timedelta(minutes=minute),
+            through=None if through is None else T0 + timedelta(minutes=through), count=count,
+            reason=reason))  # type: ignore[arg-type]
+
+    def fence(self, fence: int, minute: int, reason: str = "claim") -> "Log":
+        return self.add(m.FenceAdvanced(fence=fence, run_id=rid(minute, self.sid),
+                                        reason=reason))  # type: ignore[arg-type]
+
+    def claim(self, minute: int, fence: int, at: datetime = T0, lease: float = 30,
+              attempt: int = 1) -> "Log":
+        return self.add(m.AttemptClaimed(run_id=rid(minute, self.sid), attempt=attempt,
+                                         fence=fence, worker_id="w1", claimed_at=at,
+                                         lease_until=at + sec(lease)), at)
+
+    def extend(self, minute: int, fence: int, at: datetime, lease: float = 30) -> "Log":
+        return self.add(m.LeaseExtended(run_id=rid(minute, self.sid), attempt=1, fence=fence,
+                                        lease_until=at + sec(lease)), at)
+
+    def result(self, minute: int, fence: int, at: datetime, attempt: int = 1) -> "Log":
+        return self.add(m.ResultPublished(run_id=rid(minute, self.sid), attempt=attempt,
+                                          fence=fence, worker_id="w1", checksum="sha256:x",
+                                          size=1, finished_at=at), at)
+
+    def claimed_and_done(self, minute: int, fence: int) -> "Log":
+        at = T0 + timedelta(minutes=minute)
+        return self.fence(fence, minute).claim(minute, fence, at).result(minute, fence, at + sec(5))
+
+    def audit(self) -> AuditReport:
+        return audit(self.events)
+
+
+def rid(minute: int, sid: str = "s1") -> str:
+    return run_id_for(TENANT, sid, T0 + timedelta(minutes=minute))
+
+
+def only(report: AuditReport, check: str, count: int = 1) -> list[Any]:
+    """Exactly ``count`` violations, all of ``check``; each names at least one event."""
+    assert report.violation_counts[check] == count, report.violations
+    others = {k: v for k, v in report.violation_counts.items() if k != check and v}
+    assert not others, report.violations
+    for v in report.violations:
+        assert v.events and all(e.event_id and e.type for e in v.events)
+    return report.violations
+
+
+def test_the_hand_built_baseline_is_clean() -> None:
+    log = Log().created().mat(0).claimed_and_done(0, 1).mat(1).claimed_and_done(1, 2)
+    _assert_clean(log.audit())
+
+
+# -- occurrence_unique
+
+
+def test_an_instant_materialized_twice_is_a_duplicate_occurrence() -> None:
+    log = Log().created().mat(0).claimed_and_done(0, 1).mat(0)
+    (v,) = only(log.audit(), "occurrence_unique")
+    assert [e.offset for e in v.events] == [1, 5]
+    assert [e.type for e in v.events] == ["OccurrenceMaterialized"] * 2
+
+
+def test_an_instant_materialized_and_also_skipped_is_a_duplicate_occurrence() -> None:
+    log = Log().created().skipped(0, reason="misfire").mat(0)
+    (v,) = only(log.audit(), "occurrence_unique")
+    assert [e.type for e in v.events] == ["OccurrenceSkipped", "OccurrenceMaterialized"]
+
+
+def test_an_instant_inside_an_earlier_skip_range_is_a_duplicate_occurrence() -> None:
+    # the range [0, 30] claims every instant in it, not only its first one
+    log = Log().created().skipped(0, through=30, count=31, reason="misfire").mat(12)
+    (v,) = only(log.audit(), "occurrence_unique")
+    assert "overlaps" in v.message
+
+
+def test_a_skip_range_swallowing_an_earlier_instant_is_a_duplicate_occurrence() -> None:
+    log = Log().created().mat(5).skipped(0, through=30, count=31, reason="misfire")
+    only(log.audit(), "occurrence_unique")
+
+
+def test_a_manual_request_key_used_twice_is_a_duplicate_occurrence() -> None:
+    log = Log().created()
+    for n in range(2):
+        log.add(m.OccurrenceMaterialized(
+            run_id=manual_run_id(TENANT, "s1", "k1") + str(n), scheduled_at=T0 + sec(n),
+            due_at=T0, revision=1, job=m.JobSpec(type="report"), trigger="manual",
+            request_key="k1", state="READY", sequence=0, advances_schedule=False))
+    only(log.audit(), "occurrence_unique")
+
+
+def test_the_same_instant_on_two_schedules_and_a_manual_run_at_an_instant_are_fine() -> None:
+    log = Log().created().mat(0)
+    log.add(m.ScheduleCreated(revision=1, spec=spec(), created_at=T0, anchor=T0,
+                              next_run_at=T0, next_due_at=T0), sid="s2")
+    log.add(m.OccurrenceMaterialized(run_id=rid(0, "s2"), scheduled_at=T0, due_at=T0,
+                                     revision=1, job=m.JobSpec(type="r"), state="READY",
+                                     sequence=1), sid="s2")
+    log.add(m.OccurrenceMaterialized(run_id=manual_run_id(TENANT, "s1", "k"), scheduled_at=T0,
+                                     due_at=T0, revision=1, job=m.JobSpec(type="r"),
+                                     trigger="manual", request_key="k", state="READY",
+                                     sequence=0, advances_schedule=False))
+    _assert_clean(log.audit())
+
+
+# -- fence_monotonic
+
+
+@pytest.mark.parametrize("second", [2, 1])
+def test_a_fence_that_does_not_grow_is_reported(second: int) -> None:
+    log = (Log().created().mat(0).fence(2, 0, reason="lease_expired")
+           .fence(second, 0, reason="lease_expired"))
+    (v,) = only(log.audit(), "fence_monotonic")
+    assert [e.offset for e in v.events] == [2, 3]
+    assert f"advanced to {second}, not above 2" in v.message
+
+
+# -- fence_current
+
+
+def test_a_claim_with_a_fence_that_is_not_the_current_one_is_reported() -> None:
+    log = Log().created().mat(0).fence(1, 0).claim(0, fence=7)
+    (v,) = only(log.audit(), "fence_current")
+    assert [e.type for e in v.events] == ["FenceAdvanced", "AttemptClaimed"]
+
+
+def test_a_claim_reusing_the_fence_advanced_for_another_run_is_reported() -> None:
+    log = Log().created(overlap="allow").mat(0).mat(1).fence(1, 0).claim(1, fence=1)
+    (v,) = only(log.audit(), "fence_current")
+    assert "advanced for run" in v.message
+
+
+def test_a_heartbeat_with_a_stale_fence_after_lease_expiry_is_reported() -> None:
+    log = (Log().created().mat(0).fence(1, 0).claim(0, 1)
+           .add(m.LeaseExpired(run_id=rid(0), attempt=1, fence=1, lease_until=T0 + sec(30)),
+                T0 + sec(31))
+           .fence(2, 0, reason="lease_expired")
+           .extend(0, fence=1, at=T0 + sec(32)))
+    (v,) = only(log.audit(), "fence_current")
+    assert "has advanced to 2" in v.message
+    assert v.events[-1].type == "LeaseExtended"
+
+
+def test_a_publication_with_another_fence_than_the_claim_is_reported() -> None:
+    log = Log().created().mat(0).fence(1, 0).claim(0, 1).result(0, fence=3, at=T0 + sec(5))
+    (v,) = only(log.audit(), "fence_current")
+    assert "claimed with 1" in v.message
+
+
+# -- result_once
+
+
+def test_two_results_for_one_run_are_reported() -> None:
+    log = (Log().created().mat(0).fence(1, 0).claim(0, 1)
+           .result(0, 1, T0 + sec(5)).result(0, 1, T0 + sec(6)))
+    (v,) = only(log.audit(), "result_once")
+    assert [e.type for e in v.events] == ["ResultPublished", "ResultPublished"]
+
+
+# -- result_within_lease
+
+
+def test_a_result_after_the_lease_deadline_is_reported() -> None:
+    log = Log().created().mat(0).fence(1, 0).claim(0, 1, lease=30).result(0, 1, T0 + sec(31))
+    (v,) = only(log.audit(), "result_within_lease")
+    assert [e.type for e in v.events] == ["AttemptClaimed", "ResultPublished"]
+
+
+def test_a_result_exactly_at_the_lease_deadline_is_fine() -> None:
+    log = Log().created().mat(0).fence(1, 0).claim(0, 1, lease=30).result(0, 1, T0 + sec(30))
+    _assert_clean(log.audit())
+
+
+def test_a_heartbeat_moves_the_lease_deadline() -> None:
+    log = (Log().created().mat(0).fence(1, 0).claim(0, 1, lease=30)
+           .extend(0, 1, T0 + sec(20), lease=30).result(0, 1, T0 + sec(45)))
+    _assert_clean(log.audit())
+    late = (Log().created().mat(0).fence(1, 0).claim(0, 1, lease=30)
+            .extend(0, 1, T0 + sec(20), lease=30).result(0, 1, T0 + sec(51)))
+    (v,) = only(late.audit(), "result_within_lease")
+    assert v.events[0].type == "LeaseExtended"
+
+
+def test_a_result_after_the_lease_expired_is_reported_even_before_its_deadline() -> None:
+    log = (Log().created().mat(0).fence(1, 0).claim(0, 1, lease=30)
+           .add(m.LeaseExpired(run_id=rid(0), attempt=1, fence=1, lease_until=T0 + sec(30)),
+                T0 + sec(10))
+           .result(0, 1, T0 + sec(11)))
+    (v,) = only(log.audit(), "result_within_lease")
+    assert "without a lease" in v.message
+
+
+def test_a_result_for_a_run_never_claimed_is_reported() -> None:
+    report = Log().created().mat(0).result(0, 1, T0).audit()
+    assert report.violation_counts["result_within_lease"] == 1
+    assert report.violation_counts["fence_current"] == 1  # no claim, so no fence either
+
+
+# -- overlap
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "buffer_all"])
+def test_two_leased_runs_under_a_guarded_overlap_policy_are_reported(policy: str) -> None:
+    log = (Log().created(overlap=policy).mat(0).mat(1)
+           .fence(1, 0).claim(0, 1).fence(2, 1).claim(1, 2))
+    (v,) = only(log.audit(), "overlap")
+    assert [e.type for e in v.events] == ["AttemptClaimed", "AttemptClaimed"]
+
+
+@pytest.mark.parametrize("policy", ["allow", "cancel_previous"])
+def test_two_leased_runs_under_allow_are_fine(policy: str) -> None:
+    log = (Log().created(overlap=policy).mat(0).mat(1)
+           .fence(1, 0).claim(0, 1).fence(2, 1).claim(1, 2))
+    _assert_clean(log.audit())
+
+
+def test_a_claim_after_the_first_run_finished_is_fine() -> None:
+    log = Log().created(overlap="skip").mat(0).mat(1).claimed_and_done(0, 1).claimed_and_done(1, 2)
+    _assert_clean(log.audit())
+
+
+def test_runs_admitted_under_allow_are_not_judged_after_a_revision_to_skip() -> None:
+    log = (Log().created(overlap="allow").mat(0).mat(1).revised(2, overlap="skip")
+           .fence(1, 0).claim(0, 1).fence(2, 1).claim(1, 2))
+    _assert_clean(log.audit())
+
+
+def test_a_second_pending_run_under_buffer_one_is_reported() -> None:
+    log = Log().created(overlap="buffer_one").mat(0).mat(1, "PENDING").mat(2, "PENDING")
+    (v,) = only(log.audit(), "overlap")
+    assert "PENDING" in v.message
+    ok = Log().created(overlap="buffer_all").mat(0).mat(1, "PENDING").mat(2, "PENDING")
+    _assert_clean(ok.audit())
+
+
+# -- misfire_all_complete
+
+
+def test_a_missing_instant_under_misfire_all_is_reported() -> None:
+    log = Log().created(misfire="all").mat(0).skipped(1).mat(3)  # minute 2 never recorded
+    (v,) = only(log.audit(), "misfire_all_complete")
+    assert "1 instant(s) 2026-03-02T09:02:00Z" in v.message
+    assert [e.offset for e in v.events] == [2, 3]  # the records around the gap
+
+
+def test_a_gap_between_skip_ranges_under_misfire_all_is_reported_once() -> None:
+    log = (Log().created(misfire="all").skipped(0, through=29, count=30, reason="misfire_max_age")
+           .skipped(40, through=69, count=30, reason="misfire_max_age").mat(70))
+    (v,) = only(log.audit(), "misfire_all_complete")
+    assert "10 instant(s) 2026-03-02T09:30:00Z .. 2026-03-02T09:39:00Z" in v.message
+
+
+def test_the_same_gap_under_misfire_latest_is_not_a_violation() -> None:
+    _assert_clean(Log().created(misfire="latest").mat(0).skipped(1).mat(3).audit())
+
+
+def test_a_complete_misfire_all_window_with_ranges_is_fine() -> None:
+    log = (Log().created(misfire="all").skipped(0, through=29, count=30, reason="misfire_max_age")
+           .mat(30).skipped(31).mat(32))
+    _assert_clean(log.audit())
+
+
+def test_the_misfire_walk_is_bounded_and_says_so() -> None:
+    log = Log().created(misfire="all").mat(0).mat(1000)
+    report = Auditor(misfire_walk_limit=50)
+    for n, e in enumerate(log.events):
+        report.feed(e, 0, n)
+    result = report.finish()
+    assert result.violations == []  # the walk stopped before it found the gap
+    assert len(result.notes) == 1 and "limit" in result.notes[0]
+
+
+# -- effect_unique
+
+
+def _effect(run_minute: int, attempt: int = 1) -> m.EffectIntended:
+    return m.EffectIntended(effect_id=f"webhook-{rid(run_minute)}", run_id=rid(run_minute),
+                            kind="webhook", checksum="sha256:x", attempt=attempt)
+
+
+def test_an_effect_intended_twice_is_reported() -> None:
+    log = Log().created().mat(0).claimed_and_done(0, 1).add(_effect(0)).add(_effect(0))
+    (v,) = only(log.audit(), "effect_unique")
+    assert "without a reconciliation retry" in v.message
+
+
+def test_an_effect_intended_again_after_a_reconciliation_retry_is_fine() -> None:
+    eid = f"webhook-{rid(0)}"
+    log = (Log().created().mat(0).claimed_and_done(0, 1).add(_effect(0))
+           .add(m.EffectUncertain(effect_id=eid, run_id=rid(0)))
+           .add(m.ReconciliationRequired(run_id=rid(0), reason="?", effect_id=eid))
+           .add(m.ReconciliationResolved(run_id=rid(0), decision="retry", effect_id=eid))
+           .add(_effect(0, attempt=2))
+           .add(m.EffectSucceeded(effect_id=eid, run_id=rid(0))))
+    _assert_clean(log.audit())
+    log.add(_effect(0, attempt=3))  # the retry allowed one new intent, not two
+    only(log.audit(), "effect_unique")
+
+
+def test_an_effect_that_succeeds_twice_is_reported() -> None:
+    eid = f"webhook-{rid(0)}"
+    log = (Log().created().mat(0).claimed_and_done(0, 1).add(_effect(0))
+           .add(m.EffectSucceeded(effect_id=eid, run_id=rid(0)))
+           .add(m.EffectSucceeded(effect_id=eid, run_id=rid(0))))
+    (v,) = only(log.audit(), "effect_unique")
+    assert "succeeded twice" in v.message
+
+
+def test_an_effect_id_shared_by_two_schedules_is_reported() -> None:
+    log = Log().created().mat(0).claimed_and_done(0, 1).add(_effect(0))
+    log.add(m.ScheduleCreated(revision=1, spec=spec(), created_at=T0, anchor=T0,
+                              next_run_at=T0, next_due_at=T0), sid="s2")
+    log.add(_effect(0), sid="s2")
+    (v,) = only(log.audit(), "effect_unique")
+    assert "also intended by schedule acme/s1" in v.message
+
+
+# -- decodable and the report
+
+
+def test_an_undecodable_record_is_a_violation() -> None:
+    auditor = Auditor()
+    auditor.undecodable(3, 17, "payload.type: bad")
+    report = auditor.finish()
+    (v,) = only(report, "decodable")
+    assert (v.events[0].partition, v.events[0].offset) == (3, 17)
+
+
+def test_the_report_as_a_dict_lists_every_check() -> None:
+    report = Log().created().mat(0).mat(0).audit()
+    d = report.to_dict()
+    assert d["ok"] is False and set(d["violation_counts"]) == set(CHECKS)
+    assert d["violations"][0]["events"][0] == {"partition": 0, "offset": 1, "event_id": "e1",
+                                               "type": "OccurrenceMaterialized"}
