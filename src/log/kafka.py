@@ -72,6 +72,7 @@ from chronolog.log.port import (
     RebalanceCallback,
     Record,
     Topics,
+    ThenCallback,
 )
 
 __all__ = ["KafkaEventLog", "KafkaPartitionOwner", "KafkaGroupConsumer"]
@@ -574,7 +575,11 @@ class KafkaPartitionOwner:
         return f"{self._log.topics.prefix}processor-p{self.partition}"
 
     async def commit(
-        self, records: Sequence[OutRecord], consumed: Offsets, group: str
+        self,
+        records: Sequence[OutRecord],
+        consumed: Offsets,
+        group: str,
+        then: ThenCallback | None = None,
     ) -> list[Position]:
         async with self._lock:
             if self._dead is not None or self._producer is None:
@@ -594,6 +599,16 @@ class KafkaPartitionOwner:
                     )
                     for rec, p in placed
                 ]
+                if then is not None:
+                    # the first records' offsets are known once the broker acked them (still
+                    # inside the open transaction); then() builds records that carry them
+                    first = await _bounded(asyncio.gather(*futures), bound, "produce")
+                    late = then([Position(m.topic, m.partition, m.offset) for m in first])
+                    for rec, p in await self._log._placed(late):
+                        futures.append(await producer.send(
+                            rec.topic, rec.value, key=rec.key, partition=p,
+                            headers=_headers_out(rec.headers),
+                        ))
                 if offsets:
                     await _bounded(
                         producer.send_offsets_to_transaction(offsets, group),
@@ -611,30 +626,37 @@ class KafkaPartitionOwner:
         return positions
 
     async def _fail(self, producer: AIOKafkaProducer, exc: BaseException) -> None:
-        """Turn a failed transaction into Fenced / LogUnavailable; always raises."""
+        """Handle an exception raised inside a transaction; always raises.
+
+        * fenced / fatal producer errors: drop the producer, raise ``Fenced``;
+        * cancellation: the transaction's state is unknown; drop the producer, re-raise;
+        * any other error (broker error, timeout, an exception from ``then``): abort the
+          transaction; if that works the owner stays usable and ``LogUnavailable`` (Kafka
+          errors, timeouts) or the original exception is raised; if the abort fails too the
+          producer is dropped and ``Fenced`` raised.
+        """
         txn = getattr(producer, "_txn_manager", None)
         fatal = isinstance(exc, _FATAL_TXN_ERRORS) or bool(txn and txn.is_fatal_error())
-        if not fatal and isinstance(exc, (KafkaError, LogUnavailable)):
+        if not fatal and not isinstance(exc, Exception):
+            self._dead = f"interrupted by {exc!r}"
+            await self._drop()
+            raise exc
+        if not fatal:
             try:
                 await asyncio.wait_for(producer.abort_transaction(), self._log._bound_s)
             except Exception as abort_exc:  # noqa: BLE001 - any abort failure kills the owner
                 log.warning("%s: abort after %r failed: %r", self.transactional_id, exc, abort_exc)
-                fatal = True
             else:
-                raise LogUnavailable(
-                    f"{self.transactional_id}: transaction aborted after {exc!r}"
-                ) from exc
-        elif not fatal:
-            # Cancellation or a bug: the transaction state is unknown; the owner cannot go on.
-            fatal = True
-            self._dead = f"interrupted by {exc!r}"
-            await self._drop()
-            raise exc
+                if isinstance(exc, (KafkaError, LogUnavailable)):
+                    raise LogUnavailable(
+                        f"{self.transactional_id}: transaction aborted after {exc!r}"
+                    ) from exc
+                raise exc
         self._dead = repr(exc)
         await self._drop()
-        raise Fenced(f"{self.transactional_id} (epoch {self.epoch}) fenced/unusable: {exc!r}") from (
-            exc if isinstance(exc, Exception) else None
-        )
+        raise Fenced(
+            f"{self.transactional_id} (epoch {self.epoch}) fenced or unusable: {exc!r}"
+        ) from exc
 
     async def _drop(self) -> None:
         producer, self._producer = self._producer, None
