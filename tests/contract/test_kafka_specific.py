@@ -21,7 +21,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.partitioner import partition_for
-from chronolog.log.port import Fenced, OutRecord, Record, Topics
+from chronolog.log.port import Fenced, OutRecord, Position, Record, Topics
 
 pytestmark = pytest.mark.kafka
 
@@ -159,6 +159,40 @@ async def test_commit_is_atomic_with_consumed_offsets(klog: KafkaEventLog) -> No
     )
     assert more[0].offset == 2
     assert await klog.committed(GROUP, t.commands, 1) == 9
+    await owner.close()
+
+
+async def test_commit_then_records_carry_positions_and_errors_abort(klog: KafkaEventLog) -> None:
+    t = klog.topics
+    owner = await klog.acquire(2, "owner-a")
+
+    def reply(positions: list[Position]) -> list[OutRecord]:
+        body = ",".join(f"{p.topic}:{p.partition}:{p.offset}" for p in positions).encode()
+        return [OutRecord(t.replies, key=None, value=body, partition=3)]
+
+    positions = await owner.commit(
+        [OutRecord(t.events, key=b"s", value=b"e", partition=2)], {(t.commands, 2): 1}, GROUP,
+        then=reply,
+    )
+    assert [(p.topic, p.partition, p.offset) for p in positions] == [
+        (t.events, 2, 0), (t.replies, 3, 0)
+    ]
+    assert [r.value for r in await read_all(klog, t.replies, 3)] == [f"{t.events}:2:0".encode()]
+
+    class Boom(Exception):
+        pass
+
+    def broken(positions: list[Position]) -> list[OutRecord]:
+        raise Boom()
+
+    with pytest.raises(Boom):
+        await owner.commit([OutRecord(t.events, key=b"s", value=b"lost", partition=2)],
+                           {(t.commands, 2): 2}, GROUP, then=broken)
+    # aborted: neither the record nor the offset is visible, and the owner goes on
+    await owner.commit([OutRecord(t.events, key=b"s", value=b"e2", partition=2)],
+                       {(t.commands, 2): 3}, GROUP)
+    assert [r.value for r in await read_all(klog, t.events, 2)] == [b"e", b"e2"]
+    assert await klog.committed(GROUP, t.commands, 2) == 3
     await owner.close()
 
 
