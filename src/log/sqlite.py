@@ -24,7 +24,8 @@ Ownership and fencing
     ``acquire(p)`` bumps the epoch of ``<prefix>processor-p<p>`` in one IMMEDIATE transaction.
     ``owner.commit`` opens ``BEGIN IMMEDIATE`` (the database write lock), checks the stored
     epoch is still its own — otherwise it rolls back and raises ``Fenced`` — then appends
-    the records and upserts the group offsets, and commits: all or nothing. Because the check
+    the records (then the records of the optional ``then(positions)`` callback) and upserts
+    the group offsets, and commits: all or nothing. Because the check
     and the writes happen under the one write lock, an older owner can never write once a
     newer ``acquire`` has committed, whichever process it lives in. ``ProcessLock`` (an
     ``fcntl.flock`` on ``<db>.<prefix>owner-p<n>.lock``) is an optional helper that lets a
@@ -523,7 +524,11 @@ class SqlitePartitionOwner:
         group: str,
         then: ThenCallback | None = None,
     ) -> list[Position]:
-        """Check our epoch, append ``records`` and store ``consumed`` — one transaction."""
+        """Check our epoch, append ``records`` and store ``consumed`` — one transaction.
+
+        ``then(positions)`` runs inside that transaction, on the writer thread (not the
+        event loop): it must be quick, pure and must not touch asyncio objects.
+        """
         if self._fenced:
             raise Fenced(f"{self.name} epoch {self.epoch} was fenced")
         if self._closed:

@@ -20,6 +20,7 @@ from chronolog.log.port import (
     GroupConsumer,
     OutRecord,
     PartitionOwner,
+    Position,
     Record,
 )
 
@@ -224,6 +225,41 @@ async def test_owner_commit_makes_records_and_group_offsets_visible_atomically(
     assert await event_log.end_offset(t.events, 0) > positions[2].offset
     replies = await read_all(event_log, t.replies, positions[3].partition)
     assert [(r.offset, r.value) for r in replies] == [(positions[3].offset, b"reply")]
+    await owner.close()
+
+
+async def test_owner_commit_then_records_join_the_same_transaction_with_positions(
+    event_log: EventLog, open_log: OpenLog
+) -> None:
+    t = event_log.topics
+    seen: list[list[Position]] = []
+
+    def replies(positions: list[Position]) -> list[OutRecord]:
+        seen.append(list(positions))
+        return [OutRecord(t.replies, b"client", b"event-at-%d" % positions[-1].offset)]
+
+    owner = await event_log.acquire(1, "proc-a")
+    events = [OutRecord(t.events, None, b"e-%d" % i, partition=1) for i in range(2)]
+    positions = await owner.commit(events, {(t.commands, 1): 2}, "processors", then=replies)
+    assert len(positions) == 3
+    assert seen == [positions[:2]]
+    reply_pos = positions[2]
+    assert reply_pos.topic == t.replies
+    got = await read_all(event_log, t.replies, reply_pos.partition)
+    assert [(r.offset, r.value) for r in got] == [
+        (reply_pos.offset, b"event-at-%d" % positions[1].offset)
+    ]
+    assert [r.value for r in await read_all(event_log, t.events, 1)] == [b"e-0", b"e-1"]
+
+    # a fenced commit shows neither its records nor its then-records
+    other = await open_log()
+    await other.acquire(1, "proc-b")
+    with pytest.raises(Fenced):
+        await owner.commit([OutRecord(t.events, None, b"zombie", partition=1)],
+                           {(t.commands, 1): 3}, "processors", then=replies)
+    assert await read_values(event_log, t.replies) == [b"event-at-%d" % positions[1].offset]
+    assert await read_values(event_log, t.events) == [b"e-0", b"e-1"]
+    assert await event_log.committed("processors", t.commands, 1) == 2
     await owner.close()
 
 
