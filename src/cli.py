@@ -16,6 +16,7 @@ from typing import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.domain.preview_cli",
     "chronolog.projections.audit_cli",
+    "chronolog.projections.replay_cli",
     "chronolog.processors.cli",
 )
 
