@@ -92,8 +92,22 @@ def spec_hash(spec: ScheduleSpec) -> str:
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
+_BY_IDENTITY: dict[int, tuple[ScheduleSpec, Policy]] = {}
+
+
 def policy_for(spec: ScheduleSpec) -> Policy:
-    """The interned Policy of a spec."""
+    """The interned Policy of a spec (the same spec object is hashed only once)."""
+    hit = _BY_IDENTITY.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    pol = _policy_by_hash(spec)
+    if len(_BY_IDENTITY) >= 4096:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(spec)] = (spec, pol)
+    return pol
+
+
+def _policy_by_hash(spec: ScheduleSpec) -> Policy:
     h = spec_hash(spec)
     pol = _POLICIES.get(h)
     if pol is None:

@@ -84,14 +84,11 @@ def encode_command(env: CommandEnvelope) -> bytes:
 def decode_command(data: bytes) -> CommandEnvelope:
     """Parse and validate a command; ``DecodeError`` names the first bad field."""
     try:
-        raw = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"command is not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise DecodeError("command is not a JSON object")
-    try:
-        return CommandEnvelope.model_validate(raw)
+        return CommandEnvelope.model_validate_json(data)  # pydantic's own JSON parser: fast
     except ValueError as exc:
+        errors = getattr(exc, "errors", None)
+        if callable(errors) and errors() and errors()[0].get("type") == "json_invalid":
+            raise DecodeError(f"command is not JSON: {errors()[0].get('msg')}") from exc
         raise DecodeError(_first_error(exc)) from exc
 
 

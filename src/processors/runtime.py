@@ -350,9 +350,10 @@ class Processor:
         existed = st.exists
         first_index = len(out.events)
         for i, ev in enumerate(dec.events):
-            env = m.EventEnvelope(
-                event_id=event_id_for(command_id, i), type=ev.type, key=key, tenant=st.tenant,
-                schedule_id=st.schedule_id, at=now, causation_id=command_id, payload=ev,
+            env = m.EventEnvelope.model_construct(  # every field is already valid
+                event_id=event_id_for(command_id, i), type=ev.type, version=m.CURRENT_VERSION,
+                key=key, tenant=st.tenant, schedule_id=st.schedule_id, at=now,
+                causation_id=command_id, payload=ev,
             )
             evolve(st, ev)
             out.event(env)
