@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.projections.audit_cli",
     "chronolog.projections.replay_cli",
     "chronolog.processors.cli",
+    "chronolog.effect_adapters.cli",
 )
 
 

@@ -1,0 +1,153 @@
+"""``chronolog effects`` (the effect runner service) and ``chronolog reconcile`` (operators).
+
+``chronolog effects [--log URL | --data-dir DIR] [--partitions N] [--topic-prefix P]
+[--database-url DSN] [--results DIR] [--member-id ID]`` runs an effect runner until
+SIGTERM/SIGINT (it finishes the intent at hand, or leaves a waiting one unrecorded).
+``--database-url`` (env ``CHRONOLOG_DATABASE_URL``) is the default database of ``postgres``
+effects without a ``dsn``; ``--results`` the result store directory (default
+``<data dir>/results``).
+
+``chronolog reconcile list [--json]`` prints the runs in RECONCILING with their evidence
+(one line each, or a JSON array); exit 0 even when there are none.
+
+``chronolog reconcile resolve RUN_ID --schedule S --tenant T --decision
+delivered|retry|abandon --note TEXT [--effect EFFECT_ID] [--by NAME]`` sends
+ResolveReconciliation (principal = ``--by``, else ``$USER``) and prints the reply body as
+JSON. A processor must be running to answer. Exit status: 0 ok; 1 when the processor
+refuses (not_found, conflict — e.g. the run is not reconciling) or does not answer in
+``--timeout`` seconds; 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import orjson
+
+from chronolog.processors.cli import add_log_flags, log_from_args
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("effects", help="run the effect runner (performs effect intents)")
+    add_log_flags(p)
+    p.add_argument("--database-url", default=None,
+                   help="default database of postgres effects (env CHRONOLOG_DATABASE_URL)")
+    p.add_argument("--results", default=None, help="result store directory")
+    p.add_argument("--member-id", default=None, help="group member id (default host-pid)")
+    p.set_defaults(func=_run_effects)
+
+    r = sub.add_parser("reconcile", help="list and resolve runs waiting for an operator")
+    rsub = r.add_subparsers(dest="reconcile_command", metavar="ACTION")
+    rsub.required = True
+    lp = rsub.add_parser("list", help="runs in RECONCILING with their evidence")
+    add_log_flags(lp)
+    lp.add_argument("--json", action="store_true", help="print a JSON array")
+    lp.set_defaults(func=_run_list)
+    rp = rsub.add_parser("resolve", help="record an operator's decision for a run")
+    add_log_flags(rp)
+    rp.add_argument("run_id", metavar="RUN_ID")
+    rp.add_argument("--schedule", required=True, help="schedule ID of the run")
+    rp.add_argument("--tenant", required=True)
+    rp.add_argument("--decision", required=True, choices=["delivered", "retry", "abandon"])
+    rp.add_argument("--note", required=True, help="why (kept in the event)")
+    rp.add_argument("--effect", default=None, help="the effect ID being reconciled")
+    rp.add_argument("--by", default=None, help="who decides (default $USER)")
+    rp.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
+    rp.set_defaults(func=_run_resolve)
+
+
+# ---------------------------------------------------------------------- effects
+
+
+def _run_effects(args: Any) -> int:
+    from chronolog.logging import configure_logging
+    from chronolog.settings import data_dir
+
+    configure_logging()
+    log_ = log_from_args(args)
+    member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
+    results = args.results or str(data_dir(args.data_dir) / "results")
+    db = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
+    return asyncio.run(run_effects(log_, member, db, results))
+
+
+async def run_effects(log_: Any, member: str, database_url: str | None,
+                      results_dir: str | None) -> int:
+    from chronolog.effect_adapters.runner import EffectRunner
+    from chronolog.workers.results import FilesystemResultStore
+
+    store = FilesystemResultStore(results_dir) if results_dir else None
+    await log_.start()
+    await log_.ensure_topics()
+    runner = EffectRunner(log_, member, database_url=database_url, result_store=store)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runner.stop)
+    try:
+        await runner.run()
+    finally:
+        await log_.close()
+    return 0
+
+
+# ---------------------------------------------------------------------- reconcile
+
+
+def _run_list(args: Any) -> int:
+    return asyncio.run(_list(log_from_args(args), args.json))
+
+
+async def _list(log_: Any, as_json: bool) -> int:
+    from chronolog.effect_adapters.reconcile import open_reconciliations
+
+    await log_.start()
+    try:
+        await log_.ensure_topics()
+        items = await open_reconciliations(log_)
+    finally:
+        await log_.close()
+    if as_json:
+        sys.stdout.write(orjson.dumps(items, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    if not items:
+        print("no runs are reconciling")
+        return 0
+    for it in items:
+        ev = orjson.dumps(it.get("evidence", {})).decode()
+        print(f"{it['run_id']}  tenant={it['tenant']} schedule={it['schedule_id']} "
+              f"effect={it.get('effect_id') or '-'} kind={it.get('kind', '-')} "
+              f"since={it['since']}\n    reason: {it['reason']}\n    evidence: {ev}")
+    return 0
+
+
+def _run_resolve(args: Any) -> int:
+    by = args.by or os.environ.get("USER") or getpass.getuser()
+    return asyncio.run(_resolve(log_from_args(args), args, by))
+
+
+async def _resolve(log_: Any, args: Any, by: str) -> int:
+    from chronolog.commands.client import Client, CommandError, ReplyTimeout
+
+    await log_.start()
+    try:
+        await log_.ensure_topics()
+        async with Client(log_, principal=by, reply_timeout=args.timeout) as client:
+            try:
+                body = await client.resolve(args.tenant, args.schedule, args.run_id,
+                                            args.decision, args.note, args.effect)
+            except CommandError as exc:
+                print(f"reconcile resolve: {exc.reply.status}: {exc.reason}", file=sys.stderr)
+                return 1
+            except ReplyTimeout as exc:
+                print(f"reconcile resolve: {exc} (is a processor running?)", file=sys.stderr)
+                return 1
+    finally:
+        await log_.close()
+    print(orjson.dumps({**body, "decision": args.decision, "by": by}).decode())
+    return 0

@@ -1,0 +1,194 @@
+"""Kafka topic effects: the result published to a topic, keyed by the effect ID.
+
+On a **Kafka** log the adapter is ``transactional``. One Kafka transaction of a
+transactional producer with ``transactional_id = <prefix>effects-<member>`` (one per effect
+runner instance; a restarted instance with the same member ID fences its zombie) holds:
+
+1. the result record on ``config.topic`` (default ``<prefix>effects.out``), key = effect ID,
+   value = ``{effect_id, run_id, attempt, checksum, result}``, headers ``effect_id``/``run_id``;
+2. the runner's ``RecordEffectOutcome(succeeded)`` command (a deterministic command ID, so
+   the runner's later re-send of it is answered as a duplicate);
+3. the runner's consumer-group offset on ``events`` past the intent
+   (``send_offsets_to_transaction``).
+
+Either all three become visible to ``read_committed`` readers or none does: a crash before
+the commit publishes nothing (the intent is re-read and retried), a crash after it leaves an
+offset past the intent and an outcome command the processor will decide. A read_committed
+consumer of the topic sees the result once. Caveat: exactly once holds while one runner
+instance owns the intent's partition; if the group rebalances the partition to another
+instance while a transaction is open, the new owner may read the offset from before it and
+publish again (the effect ID key lets a consumer drop such a duplicate).
+
+On the **embedded SQLite** log the adapter appends the record to the same-named topic of
+the log (created on first use). That append is atomic but is not tied to the runner's
+progress: a crash between the append and the recorded outcome appends it again on restart.
+That path is **at-least-once**; consumers deduplicate by the record key (the effect ID).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+
+from chronolog.domain import codec
+from chronolog.domain import messages as m
+from chronolog.domain.ids import partition_key
+from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import EventLog, LogError, OutRecord
+
+
+def _is_kafka(log_: EventLog) -> bool:
+    return type(log_).__name__ == "KafkaEventLog"
+
+
+class KafkaEffectAdapter:
+    """Publish the result to a topic (Kafka transaction, or the SQLite log's topic)."""
+
+    kind = "kafka"
+
+    def __init__(self, log_: EventLog, member_id: str) -> None:
+        self.log = log_
+        self.member_id = member_id
+        self._producer: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def contract(self) -> Contract:
+        # the SQLite path is at-least-once (see the module docstring)
+        return "transactional" if _is_kafka(self.log) else "idempotent"
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.log.topics.prefix}effects-{self.member_id}"
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.stop(), 15)
+            self._producer = None
+
+    def _record(self, intent: m.EffectIntended, payload: Any, topic: str) -> OutRecord:
+        value = orjson.dumps({"effect_id": intent.effect_id, "run_id": intent.run_id,
+                              "attempt": intent.attempt, "checksum": intent.checksum,
+                              "result": payload})
+        return OutRecord(topic=topic, key=intent.effect_id.encode(), value=value,
+                         headers=(("effect_id", intent.effect_id.encode()),
+                                  ("run_id", intent.run_id.encode())))
+
+    async def perform(
+        self, intent: m.EffectIntended, payload: Any, ctx: EffectContext | None = None
+    ) -> Outcome:
+        topic = intent.config.get("topic") or self.log.topics.effects
+        rec = self._record(intent, payload, topic)
+        if _is_kafka(self.log):
+            return await self._transactional(intent, rec, ctx)
+        return await self._append(rec)
+
+    # ------------------------------------------------------------------ sqlite
+
+    async def _append(self, rec: OutRecord) -> Outcome:
+        sw = Stopwatch()
+        try:
+            await self.log.partitions_for(rec.topic)
+        except LogError:
+            await _create_sqlite_topic(self.log, rec.topic)
+        try:
+            pos = (await self.log.append([rec]))[0]
+        except LogError as exc:
+            return Outcome.retry_later(error=str(exc), elapsed_ms=sw.ms())
+        return Outcome.succeeded(contract="at-least-once (embedded log)", topic=pos.topic,
+                                 partition=pos.partition, offset=pos.offset, elapsed_ms=sw.ms())
+
+    # ------------------------------------------------------------------ kafka
+
+    async def _start_producer(self) -> Any:
+        if self._producer is None:
+            from aiokafka import AIOKafkaProducer
+
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.log.bootstrap_servers,  # type: ignore[attr-defined]
+                client_id=f"chronolog-{self.transactional_id}",
+                transactional_id=self.transactional_id, enable_idempotence=True, acks="all",
+                linger_ms=0, request_timeout_ms=30000,
+            )
+            try:
+                await asyncio.wait_for(producer.start(), 40)  # InitProducerId fences zombies
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(producer.stop(), 10)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _transactional(
+        self, intent: m.EffectIntended, rec: OutRecord, ctx: EffectContext | None
+    ) -> Outcome:
+        from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+        sw = Stopwatch()
+        async with self._lock:
+            try:
+                producer = await self._start_producer()
+                n = await self.log.partitions_for(rec.topic)
+                await asyncio.wait_for(producer.begin_transaction(), 30)
+                meta = await asyncio.wait_for(producer.send_and_wait(
+                    rec.topic, rec.value, key=rec.key, partition=partition_for(rec.key or b"", n),
+                    headers=list(rec.headers)), 30)
+                evidence = {"contract": "transactional", "transactional_id": self.transactional_id,
+                            "topic": meta.topic, "partition": meta.partition,
+                            "offset": meta.offset}
+                recorded = False
+                if ctx is not None and ctx.outcome_envelope is not None:
+                    env = ctx.outcome_envelope("succeeded", evidence)
+                    key = partition_key(env.tenant, env.schedule_id).encode()
+                    cmds = self.log.topics.commands
+                    await asyncio.wait_for(producer.send_and_wait(
+                        cmds, codec.encode_command(env), key=key,
+                        partition=partition_for(key, await self.log.partitions_for(cmds))), 30)
+                    await asyncio.wait_for(producer.send_offsets_to_transaction(
+                        {TopicPartition(ctx.events_topic, ctx.partition):
+                         OffsetAndMetadata(ctx.offset + 1, "")}, ctx.group), 30)
+                    recorded = True
+                await asyncio.wait_for(producer.commit_transaction(), 30)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                landed = await self._landed(ctx)
+                await self._reset(abort=not landed)
+                if landed:
+                    return Outcome("succeeded", {"contract": "transactional",
+                                                 "verified_by": "committed group offset",
+                                                 "error": repr(exc)[:300]}, recorded=True)
+                return Outcome.retry_later(error=repr(exc)[:300], elapsed_ms=sw.ms(),
+                                           reason="transaction aborted; nothing visible")
+        return Outcome("succeeded", {**evidence, "elapsed_ms": sw.ms()}, recorded=recorded)
+
+    async def _landed(self, ctx: EffectContext | None) -> bool:
+        """After an ambiguous commit error: did the transaction (and our offset) commit?"""
+        if ctx is None or not ctx.group:
+            return False
+        try:
+            committed = await self.log.committed(ctx.group, ctx.events_topic, ctx.partition)
+        except Exception:  # noqa: BLE001
+            return False
+        return committed is not None and committed > ctx.offset
+
+    async def _reset(self, abort: bool) -> None:
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        if abort:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.abort_transaction(), 10)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), 15)
+
+
+async def _create_sqlite_topic(log_: Any, topic: str) -> None:
+    """Create ``topic`` on the embedded log with the log's partition count."""
+    from chronolog.log.sqlite import _ensure_topics  # the embedded log has no public API for it
+
+    found = await log_._w.run(_ensure_topics, [(topic, log_.topics.partitions)])
+    log_._partitions.update(found)

@@ -1,0 +1,214 @@
+"""Webhook effects over HTTP (httpx): idempotent within a retention, optionally queryable.
+
+Request: ``POST <url>`` with JSON ``{effect_id, run_id, attempt, checksum, result}`` and the
+header ``Idempotency-Key: <effect_id>`` (the same key on every try, by every runner
+instance, for the life of the effect).
+
+Config (the effect's ``config`` in the schedule spec):
+
+* ``url`` (required); ``headers`` (extra headers); ``timeout`` (per request, default 10s);
+* ``max_attempts`` (tries per ``perform``, default 4), ``backoff`` (first delay, default
+  0.5s, doubling, capped at ``max_backoff`` 10s);
+* ``retention`` (default ``24h``): how long the destination remembers an Idempotency-Key;
+* ``idempotent`` (default true): set false for a destination that ignores the key;
+* ``status_url`` (optional): ``GET <status_url>?key=<effect_id>`` answers
+  ``{"status": "done"|"pending"|"not_found"|"failed", "receipt": ...}`` (404 = not found);
+  ``status_checks`` (default 5) and ``status_interval`` (default 1s) bound the polling.
+
+Classification of one try:
+
+* 2xx → **succeeded** (evidence: status, receipt from the body's ``receipt``/``receipt_id``/
+  ``id`` or the ``Receipt-Id``/``X-Receipt-Id`` header, elapsed_ms);
+* 408, 409, 425, 429 → not processed / in progress: tried again (same key);
+* any other 4xx → **failed** (permanent; not retried);
+* connection refused / connect timeout → the request never left: tried again;
+* read timeout, connection reset or closed before the response, or 5xx → *ambiguous*: the
+  destination may have committed the effect. With a ``status_url`` the runner asks (bounded):
+  ``done`` → succeeded, ``failed`` → failed; ``pending``/``not_found`` → undecided.
+
+Contract and guarantee. With ``idempotent`` (the default) an undecided effect is re-sent
+with the SAME key — but only while ``now + timeout < intended_at + retention``: the
+destination first saw the key no earlier than the intent was recorded, so within that bound
+it still remembers it. Past the retention nothing is re-sent blindly: with a ``status_url``
+an authoritative ``done`` still settles it, otherwise the outcome is **uncertain** (the run
+goes to reconciliation). Without idempotency (``idempotent: false``) an ambiguous try is
+never repeated: the status URL may settle it, otherwise uncertain. Exactly one external
+effect therefore holds only if the destination honours the key as declared; a first try
+after a runner crash may repeat a try the crashed instance made, which the key absorbs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from chronolog.domain import messages as m
+from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch, seconds
+
+RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+DEFAULT_RETENTION = 24 * 3600.0
+
+
+def _receipt(resp: httpx.Response) -> Any:
+    for h in ("Receipt-Id", "X-Receipt-Id"):
+        if h in resp.headers:
+            return resp.headers[h]
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    if isinstance(body, dict):
+        for k in ("receipt", "receipt_id", "id"):
+            if k in body:
+                return body[k]
+    return None
+
+
+class WebhookEffectAdapter:
+    """POST with ``Idempotency-Key``; contract ``idempotent`` (or ``queryable``/``none``)."""
+
+    kind = "webhook"
+
+    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+        self._client = client
+        self._own = client is None
+
+    def contract_for(self, config: dict[str, Any]) -> Contract:
+        if config.get("idempotent", True):
+            return "idempotent"
+        return "queryable" if config.get("status_url") else "none"
+
+    @property
+    def contract(self) -> Contract:
+        return "idempotent"  # the default configuration; see contract_for(config)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(follow_redirects=False)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None and self._own:
+            await self._client.aclose()
+            self._client = None
+
+    # ------------------------------------------------------------------ perform
+
+    async def perform(
+        self, intent: m.EffectIntended, payload: Any, ctx: EffectContext | None = None
+    ) -> Outcome:
+        cfg = intent.config
+        url = cfg.get("url")
+        if not url:
+            return Outcome.failed(reason="config: url is required")
+        timeout = seconds(cfg.get("timeout"), 10.0)
+        retention = seconds(cfg.get("retention"), DEFAULT_RETENTION)
+        idempotent = bool(cfg.get("idempotent", True))
+        max_attempts = max(1, int(cfg.get("max_attempts", 4)))
+        delay = seconds(cfg.get("backoff"), 0.5)
+        max_delay = seconds(cfg.get("max_backoff"), 10.0)
+        status_url = cfg.get("status_url")
+        body = {"effect_id": intent.effect_id, "run_id": intent.run_id,
+                "attempt": intent.attempt, "checksum": intent.checksum, "result": payload}
+        headers = {**(cfg.get("headers") or {}), "Idempotency-Key": intent.effect_id}
+        sw = Stopwatch()
+        tries: list[dict[str, Any]] = []
+        ambiguous = False
+        base = {"idempotency_key": intent.effect_id, "contract": self.contract_for(cfg)}
+
+        for n in range(1, max_attempts + 1):
+            if n > 1:
+                await asyncio.sleep(delay)
+                delay = min(max_delay, delay * 2)
+            if idempotent:
+                if ctx is not None and ctx.age() + timeout >= retention:
+                    return await self._past_retention(intent, cfg, base, tries, sw, retention)
+            elif ambiguous:
+                break  # never repeat an ambiguous try without idempotency
+            t = Stopwatch()
+            try:
+                resp = await self._http().post(url, json=body, headers=headers, timeout=timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                tries.append({"try": n, "error": type(exc).__name__, "sent": False,
+                              "elapsed_ms": t.ms()})
+                continue
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                tries.append({"try": n, "error": type(exc).__name__, "sent": "maybe",
+                              "elapsed_ms": t.ms()})
+                ambiguous = True
+            else:
+                tries.append({"try": n, "status": resp.status_code, "elapsed_ms": t.ms()})
+                if 200 <= resp.status_code < 300:
+                    return Outcome.succeeded(**base, status=resp.status_code,
+                                             receipt=_receipt(resp), tries=tries,
+                                             elapsed_ms=sw.ms())
+                if 400 <= resp.status_code < 500 and resp.status_code not in RETRYABLE_4XX:
+                    return Outcome.failed(**base, status=resp.status_code,
+                                          body=resp.text[:500], tries=tries, elapsed_ms=sw.ms())
+                if resp.status_code >= 500:
+                    ambiguous = True
+            if ambiguous and status_url:
+                settled = await self._ask(intent, cfg, base, tries, sw)
+                if settled is not None:
+                    return settled
+
+        if not ambiguous:
+            return Outcome.retry_later(**base, reason="destination unavailable; nothing sent "
+                                       "or nothing processed", tries=tries, elapsed_ms=sw.ms())
+        if idempotent:
+            return Outcome.retry_later(**base, reason="ambiguous; safe to repeat with the same "
+                                       "key within the retention", tries=tries,
+                                       elapsed_ms=sw.ms())
+        return Outcome.uncertain(**base, reason="ambiguous outcome and the destination does not "
+                                 "deduplicate", tries=tries, elapsed_ms=sw.ms())
+
+    async def _past_retention(
+        self, intent: m.EffectIntended, cfg: dict[str, Any], base: dict[str, Any],
+        tries: list[dict[str, Any]], sw: Stopwatch, retention: float,
+    ) -> Outcome:
+        if cfg.get("status_url"):
+            settled = await self._ask(intent, cfg, base, tries, sw)
+            if settled is not None:
+                return settled
+        return Outcome.uncertain(**base, reason=f"idempotency retention ({retention:g}s) elapsed; "
+                                 "a repeat could duplicate the effect", tries=tries,
+                                 elapsed_ms=sw.ms())
+
+    async def _ask(
+        self, intent: m.EffectIntended, cfg: dict[str, Any], base: dict[str, Any],
+        tries: list[dict[str, Any]], sw: Stopwatch,
+    ) -> Outcome | None:
+        """Poll the status URL (bounded): an Outcome when it is authoritative, else None."""
+        checks = max(1, int(cfg.get("status_checks", 5)))
+        interval = seconds(cfg.get("status_interval"), 1.0)
+        timeout = seconds(cfg.get("timeout"), 10.0)
+        seen: list[str] = []
+        for i in range(checks):
+            if i:
+                await asyncio.sleep(interval)
+            try:
+                resp = await self._http().get(cfg["status_url"], params={"key": intent.effect_id},
+                                              timeout=timeout)
+            except httpx.HTTPError as exc:
+                seen.append(type(exc).__name__)
+                continue
+            if resp.status_code == 404:
+                seen.append("not_found")
+                continue
+            try:
+                doc = resp.json()
+            except ValueError:
+                seen.append(f"http {resp.status_code}")
+                continue
+            status = str(doc.get("status", "")) if isinstance(doc, dict) else ""
+            seen.append(status or f"http {resp.status_code}")
+            if status == "done":
+                return Outcome.succeeded(**base, via="status_url", receipt=doc.get("receipt"),
+                                         status_checks=seen, tries=tries, elapsed_ms=sw.ms())
+            if status == "failed":
+                return Outcome.failed(**base, via="status_url", detail=doc,
+                                      status_checks=seen, tries=tries, elapsed_ms=sw.ms())
+        tries.append({"status_checks": seen})
+        return None
