@@ -35,6 +35,8 @@ goes to reconciliation). Without idempotency (``idempotent: false``) an ambiguou
 never repeated: the status URL may settle it, otherwise uncertain. Exactly one external
 effect therefore holds only if the destination honours the key as declared; a first try
 after a runner crash may repeat a try the crashed instance made, which the key absorbs.
+The retention bound compares the runner's clock with the processor's authority time of the
+intent: clock skew between them eats into the safety margin (one request timeout).
 """
 
 from __future__ import annotations
