@@ -366,7 +366,8 @@ class KafkaEventLog:
                     isolation_level="read_committed",
                     auto_offset_reset="none",
                     request_timeout_ms=self.request_timeout_ms,
-                    fetch_max_wait_ms=100,
+                    # short long-polls: a seek waits for the in-flight fetch to come back
+                    fetch_max_wait_ms=25,
                     max_partition_fetch_bytes=4 * 1024 * 1024,
                 )
                 await _bounded(consumer.start(), self._bound_s, "reader connect")
@@ -387,6 +388,9 @@ class KafkaEventLog:
         try:
             yield reader
         finally:
+            if reader.tp is not None and reader.tp in reader.consumer.assignment():
+                # an idle pooled reader must not keep long-polling its last partition
+                reader.consumer.pause(reader.tp)
             self._free_readers.put_nowait(reader)
 
     async def _lso(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -409,6 +413,7 @@ class KafkaEventLog:
                 c.assign([tp])
                 reader.tp = tp
             c.seek(tp, offset)
+            c.resume(tp)
             loop = asyncio.get_running_loop()
             now = loop.time()
             wait_deadline = now + timeout_ms / 1000
@@ -421,7 +426,10 @@ class KafkaEventLog:
                 deadline = hard_deadline if have_data else wait_deadline
                 remaining_ms = int(max(0.0, deadline - now) * 1000)
                 try:
-                    batch = await c.getmany(tp, timeout_ms=min(remaining_ms, 500) if have_data
+                    # Below the LSO, poll in short slices: a fetch that returns only aborted
+                    # batches or commit markers yields no record, and getmany would otherwise
+                    # sit out its whole timeout although the position has already moved on.
+                    batch = await c.getmany(tp, timeout_ms=min(remaining_ms, 20) if have_data
                                             else remaining_ms, max_records=max_records)
                 except OffsetOutOfRangeError:
                     # below the log start (retention) -> resume at the start; beyond the end
