@@ -17,6 +17,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.domain.preview_cli",
     "chronolog.projections.audit_cli",
     "chronolog.projections.replay_cli",
+    "chronolog.projections.cli",
+    "chronolog.projections.api_cli",
     "chronolog.processors.cli",
     "chronolog.effect_adapters.cli",
 )
