@@ -12,7 +12,8 @@ Mapping of the port onto Kafka:
 * ``acquire(p)`` — a transactional producer with ``transactional_id = <prefix>processor-p<p>``
   (one stable id per input partition: aiokafka speaks the v0 transaction protocol, so zombie
   fencing rests on the id alone). Its ``start()`` (InitProducerId) fences every older producer
-  with the same id. ``commit`` = begin, send, ``send_offsets_to_transaction``, commit.
+  with the same id. ``commit`` = begin, send, (``then(positions)``: wait for the produce acks
+  inside the open transaction, send its records), ``send_offsets_to_transaction``, commit.
 * ``group_consumer`` — an ``AIOKafkaConsumer`` in ``group``, ``read_committed``, manual commits;
   after the user's ``on_assigned`` callback (which typically acquires the partition and so
   completes any pending transaction of an older owner) the committed offsets are fetched and
