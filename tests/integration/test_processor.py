@@ -81,9 +81,10 @@ async def test_timer_materializes_due_occurrences_and_writes_ready_hints(event_l
             return sum(1 for e in await events(event_log) if e.type == "OccurrenceMaterialized")
 
         await wait_until(lambda: materialized(), 20, what="occurrences")
-        hints = await read_all(event_log, event_log.topics.ready("default"))
+        # events first: every hint of those events was committed in the same transaction
         runs = {e.payload.run_id for e in await events(event_log)
                 if e.type == "OccurrenceMaterialized"}
+        hints = await read_all(event_log, event_log.topics.ready("default"))
         assert {orjson.loads(h.value)["run_id"] for h in hints} >= runs
 
 
