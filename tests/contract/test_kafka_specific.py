@@ -21,7 +21,15 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.partitioner import partition_for
-from chronolog.log.port import Fenced, OutRecord, Position, Record, Topics
+from chronolog.log.port import (
+    Fenced,
+    LogError,
+    LogUnavailable,
+    OutRecord,
+    Position,
+    Record,
+    Topics,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -293,3 +301,20 @@ async def test_group_members_split_partitions(klog: KafkaEventLog) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_unreachable_broker_is_log_unavailable_within_bound() -> None:
+    log = KafkaEventLog("127.0.0.1:1", Topics(prefix="unreachable."), request_timeout_ms=2000)
+    started = time.monotonic()
+    with pytest.raises(LogUnavailable):
+        await log.start()
+    assert time.monotonic() - started < 15
+
+
+async def test_unknown_topic_fails_fast(klog: KafkaEventLog) -> None:
+    started = time.monotonic()
+    with pytest.raises(LogError):
+        await klog.read(f"{klog.topics.prefix}nope", 0, 0, timeout_ms=0)
+    with pytest.raises(LogError):
+        await klog.append([OutRecord(f"{klog.topics.prefix}nope", key=b"k", value=b"v")])
+    assert time.monotonic() - started < 10
