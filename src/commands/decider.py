@@ -356,6 +356,8 @@ def tick(state: ScheduleState, now: datetime) -> Decision:
     _expire_start_deadlines(d, now)
     if d.state.status == "ACTIVE":
         _materialize_due(d, now, late_reason="misfire")
+        # an occurrence materialized late may already be past its start deadline
+        _expire_start_deadlines(d, now)
     return Decision(events=d.events)
 
 
@@ -468,6 +470,8 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
         if instant in keep:
             _flush_skips(d, skipped_run, instant)
             _materialize(d, instant, nxt, now)
+            if pol.max_count is not None and s.count >= pol.max_count:
+                return  # the last run: later instants are past the schedule's end
         else:
             skipped_run.append((instant, keep_reason(lateness[instant], pol, late_reason)))
     if skipped_run:
@@ -487,11 +491,13 @@ def _collect_due(s: ScheduleState, pol: Policy, now: datetime, budget: int) -> l
 
 
 def _is_due(s: ScheduleState, pol: Policy, t: datetime, now: datetime, queued: int) -> bool:
+    """Is instant ``t`` due at ``now``? (``max_count`` is applied when materializing: a
+    skipped instant does not use up a run, so it must not shorten the look-ahead.)"""
+    if pol.jitter <= 0:
+        return t <= now
     due_at = _due(s.schedule_id, t, pol)
     assert due_at is not None
-    if due_at > now:
-        return False
-    return pol.max_count is None or s.count + queued < pol.max_count
+    return due_at <= now
 
 
 def _count_due_after(
@@ -948,12 +954,7 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
                                 run_id=run.run_id, kind=eff.kind, config=eff.config,
                                 checksum=p.checksum, uri=p.uri, inline=p.inline))
     _after_run_left_guard(d, now)
-    live = d.state.run(run.run_id)
-    if live is None:  # retired at once (a bounded number of terminal runs is kept)
-        return Decision(events=d.events, body={
-            "run_id": run.run_id, "state": "SUCCEEDED", "checksum": p.checksum, "fence": p.fence,
-            "result": {"checksum": p.checksum, "size": p.size, "uri": p.uri, "inline": p.inline}})
-    return Decision(events=d.events, body=_result_body(live))
+    return Decision(events=d.events, body=_result_body(d.state.run(run.run_id)))  # type: ignore[arg-type]
 
 
 def _rejected(run: Run, p: m.CompleteRun, current: int, reason: str) -> m.CompletionRejected:
@@ -996,12 +997,7 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
                       "message": p.message},
         ))
     _after_run_left_guard(d, now)
-    live = (d.state.runs or {}).get(run.run_id)
-    if live is None:  # retired at once (a bounded number of terminal runs is kept)
-        ended = "CANCELLED" if any(isinstance(e, m.OccurrenceCancelled) and e.run_id == run.run_id
-                                   for e in d.events) else "DEAD"
-        return Decision(events=d.events, body={"run_id": run.run_id, "state": ended,
-                                               "attempt": run.attempt, "retry_at": None})
+    live = d.state.runs[run.run_id]  # type: ignore[index]
     return Decision(events=d.events, body={"run_id": run.run_id, "state": live.state,
                                            "attempt": live.attempt,
                                            "retry_at": live.retry_at})

@@ -292,3 +292,28 @@ def test_fold_of_the_history_equals_the_live_state(gwt: SimpleNamespace) -> None
     s.when(m.Tick(), gwt.T0 + gwt.sec(200))
     s.when(gwt.heartbeat(claimed), gwt.T0 + gwt.sec(201))
     assert s.replayed().snapshot() == s.state.snapshot()
+
+
+def test_max_count_with_misfire_latest_runs_only_the_newest_late_instant(gwt: SimpleNamespace) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, misfire="latest", max_count=3)
+    s.materialize(gwt.T0)
+    d = s.when(m.Tick(), gwt.T0 + gwt.sec(60 * 10 + 30))  # 09:01..09:10 due, all late
+    assert [e.scheduled_at for e in gwt.all(d, m.OccurrenceMaterialized)] == [
+        gwt.T0 + gwt.sec(600)]
+    # everything due was handled by this Tick: nothing is left due before now
+    assert s.state.next_due_at == gwt.T0 + gwt.sec(660)
+
+
+def test_an_occurrence_materialized_past_its_start_deadline_is_skipped_by_the_same_tick(
+    gwt: SimpleNamespace,
+) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, start_deadline=30)  # misfire latest, grace 60 s
+    [first] = s.materialize(gwt.T0)
+    s.claim(first.run_id, gwt.T0)
+    d = s.when(m.Tick(), gwt.T0 + gwt.sec(60 + 45))  # 09:01 is 45 s late: within the grace
+    assert gwt.names(d)[-2:] == ["OccurrenceMaterialized", "OccurrenceSkipped"]
+    late = gwt.one(d, m.OccurrenceMaterialized)
+    skipped = gwt.one(d, m.OccurrenceSkipped)
+    assert (skipped.run_id, skipped.reason) == (late.run_id, "start_deadline")
