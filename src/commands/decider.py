@@ -954,7 +954,12 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
                                 run_id=run.run_id, kind=eff.kind, config=eff.config,
                                 checksum=p.checksum, uri=p.uri, inline=p.inline))
     _after_run_left_guard(d, now)
-    return Decision(events=d.events, body=_result_body(d.state.run(run.run_id)))  # type: ignore[arg-type]
+    live = d.state.run(run.run_id)
+    if live is None:  # retired at once (a bounded number of terminal runs is kept)
+        return Decision(events=d.events, body={
+            "run_id": run.run_id, "state": "SUCCEEDED", "checksum": p.checksum, "fence": p.fence,
+            "result": {"checksum": p.checksum, "size": p.size, "uri": p.uri, "inline": p.inline}})
+    return Decision(events=d.events, body=_result_body(live))
 
 
 def _rejected(run: Run, p: m.CompleteRun, current: int, reason: str) -> m.CompletionRejected:
@@ -997,7 +1002,12 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
                       "message": p.message},
         ))
     _after_run_left_guard(d, now)
-    live = d.state.runs[run.run_id]  # type: ignore[index]
+    live = (d.state.runs or {}).get(run.run_id)
+    if live is None:  # retired at once (a bounded number of terminal runs is kept)
+        ended = "CANCELLED" if any(isinstance(e, m.OccurrenceCancelled) and e.run_id == run.run_id
+                                   for e in d.events) else "DEAD"
+        return Decision(events=d.events, body={"run_id": run.run_id, "state": ended,
+                                               "attempt": run.attempt, "retry_at": None})
     return Decision(events=d.events, body={"run_id": run.run_id, "state": live.state,
                                            "attempt": live.attempt,
                                            "retry_at": live.retry_at})
