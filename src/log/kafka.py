@@ -137,6 +137,43 @@ async def _retrying(call: Callable[[], Awaitable[Any]], seconds: float, what: st
         delay = min(delay * 2, 0.5)
 
 
+def _retrieve_exceptions(futures: Iterable[asyncio.Future[Any]]) -> None:
+    """Mark the exceptions of abandoned futures as retrieved (now or when they finish).
+
+    After a failed transaction aiokafka fails every pending send future (and its transaction
+    waiter) with the same error; nobody awaits them any more, and asyncio would report each one
+    as "Future exception was never retrieved" when it is garbage-collected.
+    """
+
+    def retrieve(fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            fut.exception()
+
+    for fut in futures:
+        if fut.done():
+            retrieve(fut)
+        else:
+            fut.add_done_callback(retrieve)
+
+
+def _internal_futures(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
+    """aiokafka-internal futures a dead transactional producer leaves failed behind: its
+    transaction waiter and each unsent batch's result and drain waiters (private attributes,
+    looked up defensively: missing ones are simply skipped)."""
+    found: list[Any] = []
+    txn = getattr(producer, "_txn_manager", None)
+    found.append(getattr(txn, "_transaction_waiter", None))
+    acc = getattr(producer, "_message_accumulator", None)
+    batches: list[Any] = []
+    for queue in (getattr(acc, "_batches", None) or {}).values():
+        batches.extend(queue)
+    batches.extend(getattr(acc, "_pending_batches", None) or ())
+    for batch in batches:
+        found.append(getattr(batch, "future", None))
+        found.append(getattr(batch, "_drain_waiter", None))
+    return [f for f in found if isinstance(f, asyncio.Future)]
+
+
 class _Reader:
     """A group-less read_committed consumer, leased to one read at a time."""
 
@@ -599,6 +636,7 @@ class KafkaPartitionOwner:
                 TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in consumed.items()
             }
             bound = self._log._bound_s
+            futures: list[asyncio.Future[Any]] = []
             try:
                 await _bounded(producer.begin_transaction(), bound, "begin_transaction")
                 futures = [
@@ -627,6 +665,7 @@ class KafkaPartitionOwner:
                 await _bounded(producer.commit_transaction(), bound, "commit_transaction")
                 metas = await _bounded(asyncio.gather(*futures), bound, "produce")
             except BaseException as exc:
+                _retrieve_exceptions(futures)
                 await self._fail(producer, exc)
                 raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
             positions = [Position(m.topic, m.partition, m.offset) for m in metas]
@@ -673,6 +712,7 @@ class KafkaPartitionOwner:
         if producer is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(producer.stop(), 10)
+            _retrieve_exceptions(_internal_futures(producer))
 
     async def _await_visible(
         self, positions: list[Position], offsets: dict[TopicPartition, OffsetAndMetadata],
