@@ -1,0 +1,326 @@
+"""``chronolog dev``: a whole chronolog node in one process, on one machine.
+
+Processors, the projector, workers with the built-in jobs, the effect runner and the HTTP
+API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
+``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
+
+SIGTERM / Ctrl-C stops it in order — API, workers (drain), effects, processor (finishing its
+open transaction), projector — then closes the log and stops the embedded PostgreSQL. A
+restart on the same data directory restores every schedule from the log and applies each
+schedule's misfire policy to the downtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("chronolog.dev")
+
+DEMO_SCHEDULES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("demo-echo", {"every": "5s", "job": {"type": "echo", "params": {"hello": "chronolog"}},
+                   "overlap": "skip"}),
+    ("demo-weekday-report", {"cron": "0 9 * * 1-5", "timezone": "America/New_York",
+                             "job": {"type": "echo", "params": {"report": "sales"}},
+                             "misfire": "latest"}),
+)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("dev", help="run a whole node on the embedded log and PostgreSQL")
+    p.add_argument("--data-dir", default=None, help="data directory (default ./.chronolog)")
+    p.add_argument("--port", type=int, default=8080, help="HTTP API port (default 8080)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP API address (default 127.0.0.1)")
+    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
+    p.add_argument("--quiet", action="store_true", help="no live view; logs only")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partition count (env CHRONOLOG_PARTITIONS, default 12)")
+    p.add_argument("--database-url", default=None,
+                   help="use this PostgreSQL instead of the embedded one")
+    p.add_argument("--no-demo", action="store_true", help="do not seed the demo schedules")
+    p.set_defaults(func=_run)
+
+
+@dataclass
+class DevNode:
+    """The running parts of a dev node (for the live view and the shutdown order)."""
+
+    data_dir: Path
+    port: int
+    host: str
+    started: float = field(default_factory=time.monotonic)
+    parts: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+
+
+def _run(args: Any) -> int:
+    from chronolog.cli import UsageError
+    from chronolog.logging import configure_logging
+    from chronolog.settings import ConfigError, data_dir, partitions_from_env
+
+    try:
+        ddir = data_dir(args.data_dir)
+        partitions = args.partitions if args.partitions is not None else partitions_from_env()
+        if not 1 <= partitions <= 1024:
+            raise ConfigError(f"invalid --partitions '{partitions}': must be 1..1024")
+        if not 0 < args.port < 65536:
+            raise ConfigError(f"invalid --port '{args.port}': must be 1..65535")
+        tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
+        tenants = _tenants(tenants_path)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    ddir.mkdir(parents=True, exist_ok=True)
+    if args.quiet or not sys.stdout.isatty():
+        configure_logging()
+    else:  # the live view owns the terminal: logs go to a file
+        _log_to_file(ddir / "dev.log")
+    if not _port_free(args.host, args.port):
+        raise UsageError(f"invalid --port '{args.port}': {args.host}:{args.port} is in use")
+    return asyncio.run(run_dev(ddir, args.host, args.port, tenants, partitions,
+                               quiet=args.quiet or not sys.stdout.isatty(),
+                               database_url=args.database_url or
+                               os.environ.get("CHRONOLOG_DATABASE_URL"),
+                               demo=not args.no_demo, tenants_path=tenants_path))
+
+
+def _tenants(path: str | None) -> Any:
+    from chronolog.tenants import dev_tenants, load_tenants
+
+    return load_tenants(path) if path else dev_tenants()
+
+
+def _log_to_file(path: Path) -> None:
+    import logging
+
+    stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=stream)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+async def run_dev(
+    ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
+    database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
+) -> int:
+    """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
+    import uvicorn
+
+    from chronolog.commands.client import Client
+    from chronolog.effect_adapters.runner import EffectRunner
+    from chronolog.log.port import Topics
+    from chronolog.log.sqlite import SqliteEventLog
+    from chronolog.processors.runtime import Processor
+    from chronolog.projections.api import create_app
+    from chronolog.projections.embedded import EmbeddedPostgres
+    from chronolog.projections.projector import Projector
+    from chronolog.projections.store import PostgresProjectionStore
+    from chronolog.workers.results import FilesystemResultStore
+    from chronolog.workers.runtime import Worker
+
+    node = DevNode(ddir, port, host)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    pg = None
+    if database_url is None:
+        pg = EmbeddedPostgres(ddir / "pg")
+        database_url = await asyncio.to_thread(pg.start)
+    lg = SqliteEventLog(ddir / "log.db", Topics(partitions=partitions))
+    store = None
+    try:
+        await lg.start()
+        first_run = await _is_empty(lg)
+        await lg.ensure_topics()
+        store = await PostgresProjectionStore.connect(database_url)
+        await store.migrate()
+        results = FilesystemResultStore(ddir / "results")
+
+        processor = Processor(lg, f"dev-{os.getpid()}", tenants=tenants)
+        projector = Projector(lg, store)
+        worker = Worker(lg, worker_id=f"dev-worker-{os.getpid()}", concurrency=8,
+                        result_store=results)
+        worker.builtin_jobs()
+        effects = EffectRunner(lg, f"dev-effects-{os.getpid()}", database_url=database_url,
+                               result_store=results)
+        client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
+        from chronolog.dev_view import Recent
+
+        recent = Recent()
+        processor.on_commit.append(recent)
+        node.parts.update(processor=processor, projector=projector, worker=worker,
+                          effects=effects, client=client, store=store, log=lg, recent=recent)
+
+        node.tasks["processor"] = asyncio.create_task(processor.run(), name="processor")
+        node.tasks["projector"] = asyncio.create_task(projector.run(), name="projector")
+        await client.start()
+        node.tasks["worker"] = asyncio.create_task(worker.run(), name="worker")
+        node.tasks["effects"] = asyncio.create_task(effects.run(), name="effects")
+        app = create_app(client, store, tenants, projector=projector)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                lifespan="on", access_log=False)
+        server = uvicorn.Server(config)
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        node.tasks["api"] = asyncio.create_task(server.serve(), name="api")
+        await _wait_serving(server, node.tasks["api"])
+
+        if first_run and demo:
+            await _seed_demo(client, tenants)
+        _banner(node, tenants, tenants_path, first_run and demo)
+        view = None if quiet else asyncio.create_task(_live_view(node, stop), name="view")
+
+        # run until asked to stop, or until a part fails
+        waiters = [asyncio.create_task(stop.wait(), name="stop")] + list(node.tasks.values())
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t.get_name() != "stop" and t.exception() is not None:
+                log.error("part_failed", part=t.get_name(), error=repr(t.exception()))
+                print(f"chronolog dev: {t.get_name()} failed: {t.exception()!r}", file=sys.stderr)
+        if view is not None:
+            view.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await view
+        print("chronolog dev: stopping ...", file=sys.stderr, flush=True)
+        server.should_exit = True
+        await _finish(node.tasks.get("api"), 10)
+        worker.stop()
+        await _finish(node.tasks.get("worker"), 15)
+        effects.stop()
+        await _finish(node.tasks.get("effects"), 10)
+        processor.stop()
+        await _finish(node.tasks.get("processor"), 15)
+        projector.stop()
+        await _finish(node.tasks.get("projector"), 10)
+        await client.close()
+        return 0
+    finally:
+        if store is not None:
+            with contextlib.suppress(Exception):
+                await store.close()
+        with contextlib.suppress(Exception):
+            await lg.close()
+        if pg is not None:
+            await asyncio.to_thread(pg.stop)
+        print("chronolog dev: stopped", file=sys.stderr, flush=True)
+
+
+async def _is_empty(lg: Any) -> bool:
+    try:
+        n = await lg.partitions_for(lg.topics.events)
+    except Exception:  # noqa: BLE001 - no events topic yet: a new data directory
+        return True
+    for p in range(n):
+        if await lg.end_offset(lg.topics.events, p) > 0:
+            return False
+    return True
+
+
+async def _wait_serving(server: Any, task: asyncio.Task[Any], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if task.done():
+            task.result()  # raises the server's error
+            raise RuntimeError("the API server stopped during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the API server did not start within 30 s")
+        await asyncio.sleep(0.05)
+
+
+async def _finish(task: asyncio.Task[Any] | None, timeout: float) -> None:
+    if task is None or task.done():
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(task), timeout)
+    except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - force it
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def _seed_demo(client: Any, tenants: Any) -> None:
+    tenant = next(iter(tenants.tenants)) if tenants.tenants else "default"
+    for sid, spec in DEMO_SCHEDULES:
+        try:
+            await client.create_schedule(tenant, sid, spec, request_key=f"demo:{sid}")
+        except Exception as exc:  # noqa: BLE001 - a demo that cannot be created is not fatal
+            log.warning("demo_schedule_failed", schedule=sid, error=str(exc))
+
+
+def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool) -> None:
+    url = f"http://{node.host}:{node.port}"
+    tenant = next(iter(tenants.tenants.values()))
+    token = tenant.tokens[0] if tenant.tokens else "<token>"
+    lines = [
+        f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
+        f"data directory: {node.data_dir.resolve()}",
+        f"tenant '{tenant.name}', token: {token}"
+        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)"),
+        "",
+        "create a schedule with curl:",
+        f"  curl -s -X POST {url}/v1/schedules -H 'Authorization: Bearer {token}' "
+        "-H 'Content-Type: application/json' \\",
+        "    -d '{\"scheduleId\": \"hello\", \"every\": \"10s\", "
+        "\"job\": {\"type\": \"echo\", \"params\": {\"hi\": 1}}}'",
+        "or with the CLI:",
+        f"  .venv/bin/chronolog schedule create hello --every 10s --job echo "
+        f"--data-dir {node.data_dir}",
+        "watch its runs:",
+        f"  curl -s {url}/v1/schedules/hello/runs -H 'Authorization: Bearer {token}'",
+    ]
+    if seeded:
+        lines += ["", "seeded demo schedules: demo-echo (every 5 s), demo-weekday-report "
+                  "(09:00 America/New_York, Mon-Fri) - delete them when you like"]
+    lines += ["", "Ctrl-C stops it cleanly."]
+    print("\n".join(lines), flush=True)
+
+
+async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
+    from chronolog.dev_view import render
+
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    with Live(console=console, refresh_per_second=2, screen=False) as live:
+        while not stop.is_set():
+            try:
+                live.update(await render(node))
+            except Exception as exc:  # noqa: BLE001 - the view must never stop the node
+                log.warning("live_view_failed", error=repr(exc))
+            await asyncio.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - manual use
+    from chronolog.cli import main as cli_main
+
+    return cli_main(["dev", *(argv or [])])
+
+
+__all__ = ["register", "run_dev", "DevNode", "argparse"]
