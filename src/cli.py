@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.projections.cli",
     "chronolog.projections.api_cli",
     "chronolog.processors.cli",
+    "chronolog.dev",
+    "chronolog.workers.cli",
     "chronolog.effect_adapters.cli",
 )
 
