@@ -1,0 +1,157 @@
+"""`chronolog dev` and `make run` as a user runs them: real processes, real HTTP.
+
+A node on a fresh data directory runs an `every: 1s` echo schedule created through the API,
+is stopped with SIGTERM, restarted on the same directory, keeps its whole history, goes on
+without repeating a scheduled instant, and `chronolog audit` passes on its log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
+AUTH = {"Authorization": "Bearer dev"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(fn: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # not under pytest's tmp_path: the embedded PostgreSQL runs as another system user,
+    # and pytest keeps its temporary root private (mode 0700)
+    d = Path(tempfile.mkdtemp(prefix="chronolog-dev-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Node:
+    def __init__(self, data_dir: Path, port: int, log: Path) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [CHRONOLOG, "dev", "--quiet", "--data-dir", str(data_dir), "--port", str(port),
+             "--partitions", "4", "--no-demo"],
+            stdout=open(log.with_suffix(".out"), "wb"), stderr=open(log, "wb"), cwd=ROOT,
+        )
+
+    def healthy(self) -> bool:
+        return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                raise AssertionError("chronolog dev did not stop within 30 s of SIGTERM")
+        return self.proc.returncode
+
+
+def runs(url: str, state: str | None = None) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 100}
+        if cursor:
+            params["after"] = cursor
+        if state:
+            params["state"] = state
+        r = httpx.get(f"{url}/v1/schedules/tick/runs", params=params, headers=AUTH, timeout=5)
+        r.raise_for_status()
+        body = r.json()
+        items += body["items"]
+        cursor = body["nextCursor"]
+        if not cursor:
+            return items
+
+
+def test_dev_node_survives_a_restart_without_losing_or_repeating_an_occurrence(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    node = Node(data_dir, port, tmp_path / "dev1.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        r = httpx.post(f"{node.url}/v1/schedules", headers=AUTH, timeout=10, json={
+            "scheduleId": "tick", "every": "1s", "job": {"type": "echo", "params": {"n": 1}},
+            "misfire": "all", "overlap": "allow"})
+        assert r.status_code == 201, r.text
+        first = wait_for(lambda: len(runs(node.url, "SUCCEEDED")) >= 3 and runs(node.url),
+                         60, "three SUCCEEDED runs")
+    finally:
+        assert node.stop() == 0, (tmp_path / "dev1.log").read_text()[-2000:]
+    before = {r["runId"] for r in first if r["state"] == "SUCCEEDED"}
+
+    node = Node(data_dir, port, tmp_path / "dev2.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API after restart")
+        after = wait_for(
+            lambda: (lambda items: items if len([i for i in items if i["state"] == "SUCCEEDED"])
+                     >= len(before) + 3 else None)(runs(node.url)),
+            60, "new runs after the restart")
+    finally:
+        assert node.stop() == 0, (tmp_path / "dev2.log").read_text()[-2000:]
+    ids = {r["runId"] for r in after}
+    assert before <= ids, "history from before the restart is gone"
+    instants = Counter(r["scheduledAt"] for r in after)
+    assert [k for k, n in instants.items() if n > 1] == []
+    audit = subprocess.run([CHRONOLOG, "audit", "--data-dir", str(data_dir)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "0 violations" in audit.stdout
+
+
+def test_make_run_reaches_a_healthy_api(data_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    log = open(tmp_path / "make-run.log", "wb")
+    proc = subprocess.Popen(
+        ["make", "run", f"ARGS=--quiet --no-demo --port {port} --data-dir {data_dir}"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=dict(os.environ),
+    )
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code
+                 == 200, 90, "make run -> /healthz")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group make run started
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+            raise AssertionError("make run did not stop within 30 s")
