@@ -54,6 +54,12 @@ def write_all(root: Path) -> list[Path]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
         written.append(p)
+    from chronolog.projections.api import openapi_json  # late: the API imports the domain
+
+    api = root / "api" / "openapi.json"
+    api.parent.mkdir(parents=True, exist_ok=True)
+    api.write_text(openapi_json())
+    written.append(api)
     return written
 
 

@@ -1,0 +1,1114 @@
+"""The HTTP API (FastAPI): commands through the log, queries from the PostgreSQL read model.
+
+``create_app(client, store, tenants, ...)`` builds the app; ``openapi_document()`` returns
+its OpenAPI spec (written to ``schemas/api/openapi.json`` by ``make schemas``; a test checks
+for drift). The contract is issue 5 §2; decisions it leaves open are stated here.
+
+Conventions
+-----------
+* JSON fields are camelCase, times UTC ISO-8601 with ``Z``, durations are seconds (numbers)
+  on output and numbers or text such as ``90s``/``15m`` on input.
+* Every error is ``{"error": <status>, "field": <field or null>, "message": "..."}`` where
+  ``<status>`` is a word: ``invalid`` (400), ``unauthorized`` (401), ``forbidden`` (403),
+  ``not_found`` (404), ``method_not_allowed`` (405), ``conflict`` (409),
+  ``precondition_required`` (428), ``quota`` (429), ``unavailable`` (503) — the reply
+  statuses of DESIGN §6 plus the HTTP-only ones. A 409 may carry more (``revision``: the
+  current one; ``state``: the run's state).
+* Auth: ``Authorization: Bearer <token>`` -> tenant (``Tenants.by_token``); a missing or
+  unknown token is 401. Every read and write is tenant-scoped: another tenant's schedule or
+  run is 404, exactly like a missing one.
+
+Writes
+------
+A write validates what it can first (body shape, exactly one trigger, the trigger compiles:
+cron / timezone / every / at / anchor / dst..., the tenant may run the job type), then sends
+one command and waits — bounded, ``reply_timeout`` — for the processor's reply. No reply in
+time is 503 ``unavailable``: the command may still be decided, so the message says to read
+the resource (or retry with the same ``Idempotency-Key``) before retrying blindly.
+
+Every successful write returns the header ``X-Chronolog-Consistency``: an opaque token that
+encodes the log positions of the events the command caused (for a write that caused none,
+e.g. an idempotent replay, just past the last record of its partition of ``events`` when the
+reply came, which covers the events of the original). A read that sends it back in the same header waits
+until the projection has passed those positions, at most ``consistency_timeout`` (5 s); if
+it has not by then the read is **503** ``unavailable`` with ``Retry-After: 1`` — never
+stale data presented as fresh. Reads without the header answer at once from whatever the
+projection holds (every list carries the projection ``watermark``).
+
+Max schedules (429) is enforced twice, on purpose: the processor's check is authoritative
+and race-free but it only sees its own partition's schedules (a tenant spread over P
+partitions could otherwise own up to P x max_schedules); the API's pre-check counts the
+tenant's live schedules across all partitions in the read model, which bounds the global
+total but can lag the log and race with concurrent creates. Together: a hard per-partition
+bound plus a global bound that is exact whenever the projection is caught up. The job-type
+check (403) is likewise done here (early answer) and by the processor (the authority).
+
+Run commands (cancel, redrive, reconcile) find the run's schedule — its partition key — in
+the read model, so they honour a consistency token as reads do.
+
+Schedules
+---------
+``GET /v1/schedules/{id}`` returns ``definition`` (the body of a PUT), ``state``,
+``revision`` (also the ``ETag``), ``nextRunAt``, ``nextDueAt`` and ``preview``: the next 5
+occurrences ``{scheduledAt, dueAt, local}`` where ``dueAt`` includes the schedule's
+deterministic jitter (the same hash the processor uses). Preview decisions: an ACTIVE
+schedule's preview starts at its ``nextRunAt`` (which may be slightly in the past when a
+tick is due); a PAUSED (or DELETED) schedule's preview is empty — nothing runs while paused,
+and what a resume would run depends on the misfire policy at resume time; ``delay``
+schedules show only ``nextRunAt`` (later instants depend on when runs finish). The preview
+does not count ``maxCount`` down (an exhausted schedule has no ``nextRunAt`` and so no
+preview).
+
+History paging
+--------------
+``GET /v1/schedules/{id}/runs`` lists newest first by ``(scheduledAt, runId)``. The first
+page fixes an upper bound (the newest key then); ``nextCursor`` encodes that bound and the
+last key returned, and each next page is strictly below the last key and at or below the
+bound. Keys are immutable and unique, so runs created while a client pages (above the bound)
+never shift a page: nothing is skipped or repeated. The cursor also pins the schedule and
+the ``state`` filter (a mismatch is 400 on ``after``).
+"""
+
+# no `from __future__ import annotations`: FastAPI resolves the local dependency aliases
+
+import asyncio
+import base64
+import binascii
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any, Literal
+
+import asyncpg
+import orjson
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chronolog.commands.client import Client, ReplyTimeout
+from chronolog.domain import messages as m
+from chronolog.domain.ids import partition_key
+from chronolog.domain.recurrence import (
+    RecurrenceError,
+    compile_trigger,
+    jitter_offset,
+    parse_instant,
+    resolve_zone,
+    upcoming,
+)
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import LogError
+from chronolog.projections.metrics import MetricsSource, render
+from chronolog.projections.store import PostgresProjectionStore
+from chronolog.tenants import Tenant, Tenants
+
+__all__ = ["ApiError", "CONSISTENCY_HEADER", "create_app", "decode_token", "encode_token",
+           "openapi_document", "openapi_json"]
+
+CONSISTENCY_HEADER = "X-Chronolog-Consistency"
+API_VERSION = "1.0.0"
+PREVIEW_COUNT = 5
+MAX_PAGE = 500
+
+_STATUS_WORDS = {
+    400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+    405: "method_not_allowed", 409: "conflict", 422: "invalid", 428: "precondition_required",
+    429: "quota", 500: "internal", 503: "unavailable",
+}
+_REPLY_HTTP = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409,
+               "quota": 429, "stale_fence": 409}
+
+
+# =======================================================================================
+# errors
+
+
+class ApiError(Exception):
+    """An error answer: ``{"error", "field", "message", **extra}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.headers = headers
+        self.extra = extra
+
+    def response(self) -> JSONResponse:
+        body = {"error": _STATUS_WORDS.get(self.status, str(self.status)), "field": self.field,
+                "message": self.message, **self.extra}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _camel_path(name: str) -> str:
+    """``retry.max_attempts`` -> ``retry.maxAttempts`` (header names stay as they are)."""
+    if "-" in name or name[:1].isupper():
+        return name
+    return ".".join(to_camel(part) if "_" in part else part for part in name.split("."))
+
+
+def _loc_field(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    if parts and parts[0] in ("body", "query", "header", "path"):
+        kind = parts.pop(0)
+        if kind == "header" and parts:
+            return parts[0]
+    # union / tagged-union branch names that pydantic inserts
+    parts = [p for p in parts if not p.startswith(("function-", "literal[", "str", "float",
+                                                   "MisfireIn", "json-or-python"))]
+    return _camel_path(".".join(parts)) if parts else None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    error: str = Field(description="invalid | unauthorized | forbidden | not_found | "
+                       "method_not_allowed | conflict | precondition_required | quota | "
+                       "unavailable")
+    field: str | None = Field(description="the offending field, header or parameter")
+    message: str
+    revision: int | None = Field(default=None, description="409 on a schedule: the current revision")
+    state: str | None = Field(default=None, description="409 on a run: its state")
+
+
+# =======================================================================================
+# request / response models (camelCase)
+
+
+class _Api(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class JobIn(_Api):
+    type: str = Field(min_length=1, max_length=200)
+    params: dict[str, Any] = Field(default_factory=dict)
+    timeout: m.Seconds | None = None
+
+
+class MisfireIn(_Api):
+    policy: Literal["skip", "latest", "all"] = "latest"
+    grace: m.Seconds | None = None
+    max_catchup: int | None = Field(default=None, ge=1, le=100_000)
+    max_age: m.Seconds | None = None
+
+
+class RetryIn(_Api):
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    initial_backoff: m.Seconds | None = None
+    max_backoff: m.Seconds | None = None
+    multiplier: float | None = Field(default=None, ge=1.0, le=10.0)
+    max_age: m.Seconds | None = None
+
+
+class DstIn(_Api):
+    ambiguous: Literal["first", "second", "both"] = "first"
+    nonexistent: Literal["shift_forward", "skip"] = "shift_forward"
+
+
+class EffectIn(_Api):
+    kind: Literal["webhook", "email", "postgres", "kafka"]
+    name: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.-]*$")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScheduleDefinition(_Api):
+    """A schedule's definition: exactly one of cron / every / at / delay, the job, policies."""
+
+    cron: str | None = Field(default=None, description="5-field cron or @daily-style macro")
+    timezone: str | None = Field(default=None, description="IANA zone for cron (default UTC)")
+    every: m.Seconds | None = Field(default=None, description="interval (seconds or 15m, 1h...)")
+    anchor: m.UtcDatetime | None = Field(default=None, description="alignment of every")
+    at: m.UtcDatetime | None = Field(default=None, description="one-shot instant")
+    delay: m.Seconds | None = Field(default=None, description="fixed delay after each run")
+    start: m.UtcDatetime | None = None
+    end: m.UtcDatetime | None = None
+    max_count: int | None = Field(default=None, ge=1)
+    job: JobIn
+    misfire: Literal["skip", "latest", "all"] | MisfireIn | None = None
+    overlap: Literal["allow", "skip", "buffer_one", "buffer_all", "cancel_previous"] | None = None
+    retry: RetryIn | None = None
+    lease: m.Seconds | None = None
+    start_deadline: m.Seconds | None = None
+    jitter: m.Seconds | None = None
+    dst: DstIn | None = None
+    effects: list[EffectIn] | None = None
+    resource_class: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    priority: int | None = Field(default=None, ge=-100, le=100)
+
+
+class ScheduleIn(ScheduleDefinition):
+    """``POST /v1/schedules``."""
+
+    schedule_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
+
+
+class TriggerIn(_Api):
+    params: dict[str, Any] | None = None
+
+
+class CancelIn(_Api):
+    reason: str = Field(default="", max_length=1000)
+
+
+class ReconcileIn(_Api):
+    decision: Literal["delivered", "retry", "abandon"]
+    note: str = Field(default="", max_length=2000)
+    effect_id: str | None = None
+
+
+class ScheduleWritten(_Api):
+    schedule_id: str
+    revision: int
+    next_run_at: datetime | None
+
+
+class ScheduleStateOut(ScheduleWritten):
+    state: Literal["ACTIVE", "PAUSED", "DELETED"]
+
+
+class RevisedOut(_Api):
+    revision: int
+    next_run_at: datetime | None
+
+
+class PreviewItem(_Api):
+    scheduled_at: datetime
+    due_at: datetime
+    local: str
+
+
+class ScheduleOut(_Api):
+    schedule_id: str
+    state: Literal["ACTIVE", "PAUSED", "DELETED"]
+    revision: int
+    next_run_at: datetime | None
+    next_due_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    paused_at: datetime | None
+    pause_reason: str | None
+    deleted_at: datetime | None
+    definition: ScheduleDefinition
+    preview: list[PreviewItem]
+
+
+class RunCreated(_Api):
+    run_id: str
+    state: str
+
+
+class RunItem(_Api):
+    run_id: str
+    schedule_id: str
+    scheduled_at: datetime
+    state: str
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class WatermarkOut(_Api):
+    partitions: dict[str, int] = Field(description="partition -> next offset projected")
+    time: datetime | None = Field(description="authority time of the last event projected")
+
+
+class RunPage(_Api):
+    items: list[RunItem]
+    next_cursor: str | None
+    watermark: WatermarkOut
+
+
+class AttemptOut(_Api):
+    attempt: int
+    fence: int
+    worker_id: str
+    claimed_at: datetime
+    lease_until: datetime
+    outcome: str | None
+    error_class: str | None
+    error: str | None
+    finished_at: datetime | None
+
+
+class ResultOut(_Api):
+    checksum: str
+    size: int
+    uri: str | None = None
+    inline: Any = None
+    attempt: int | None = None
+
+
+class EffectOut(_Api):
+    effect_id: str
+    kind: str
+    state: str
+    attempts: int
+    evidence: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunOut(_Api):
+    run_id: str
+    schedule_id: str
+    revision: int
+    trigger: str
+    request_key: str | None
+    scheduled_at: datetime
+    due_at: datetime | None
+    state: str
+    attempt: int
+    job_type: str | None
+    params: dict[str, Any] | None
+    resource_class: str | None
+    priority: int | None
+    ready_at: datetime | None
+    retry_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    lateness_ms: int | None
+    attempts: list[AttemptOut]
+    result: ResultOut | None
+    skipped_reason: str | None
+    skipped_through: datetime | None
+    skipped_count: int
+    cancellation_requested: bool
+    cancel_reason: str | None
+    dead_reason: str | None
+    dead_message: str | None
+    last_error_class: str | None
+    last_error: str | None
+    reconciliation: dict[str, Any] | None
+    reconciliation_resolution: dict[str, Any] | None
+    effects: list[EffectOut]
+
+
+class RunWritten(_Api):
+    run_id: str
+    state: str
+    outcome: str | None = None
+    attempt: int | None = None
+
+
+class InstantOut(_Api):
+    utc: str
+    local: str
+
+
+class PreviewOut(_Api):
+    instants: list[InstantOut]
+
+
+def _jsonable(model: BaseModel) -> Any:
+    return model.model_dump(mode="json", by_alias=True)
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# =======================================================================================
+# consistency tokens
+
+
+def encode_token(required: dict[int, int]) -> str:
+    """An opaque token for ``partition -> next offset the projection must reach``."""
+    raw = orjson.dumps({"v": 1, "p": {str(p): n for p, n in sorted(required.items())}})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_token(token: str) -> dict[int, int]:
+    """The requirement of a token; ``ValueError`` when it is not one of ours."""
+    try:
+        raw = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if not isinstance(raw, dict) or raw.get("v") != 1 or not isinstance(raw.get("p"), dict):
+            raise ValueError("not a consistency token")
+        out = {int(p): int(n) for p, n in raw["p"].items()}
+    except (binascii.Error, orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+        raise ValueError("not a consistency token") from None
+    if any(p < 0 or n < 0 for p, n in out.items()):
+        raise ValueError("not a consistency token")
+    return out
+
+
+def _encode_cursor(data: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(data)).decode().rstrip("=")
+
+
+def _decode_cursor(text: str) -> dict[str, Any]:
+    try:
+        raw = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        if not isinstance(raw, dict):
+            raise ValueError
+        raw["b"] = (datetime.fromisoformat(raw["b"][0]), str(raw["b"][1]))
+        raw["l"] = (datetime.fromisoformat(raw["l"][0]), str(raw["l"][1]))
+        return raw
+    except (binascii.Error, orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
+        raise ApiError(400, f"invalid after '{text[:40]}': not a cursor of this API", "after") from None
+
+
+# =======================================================================================
+# spec conversion
+
+
+def _to_spec(defn: ScheduleDefinition) -> m.ScheduleSpec:
+    """The domain spec of an API definition (400 naming the field when it is invalid)."""
+    given = [n for n in ("cron", "every", "at", "delay") if getattr(defn, n) is not None]
+    if len(given) != 1:
+        raise ApiError(400, "exactly one of cron, every, at, delay is required"
+                       + (f" (got {', '.join(given)})" if given else ""),
+                       given[1] if len(given) > 1 else "cron")
+    if defn.anchor is not None and defn.every is None:
+        raise ApiError(400, "anchor only applies to every", "anchor")
+    if defn.timezone is not None and defn.cron is None and defn.at is None:
+        # every/delay are elapsed time; the zone only labels them, but it must still exist
+        pass
+    data = defn.model_dump(exclude_none=True, exclude={"schedule_id"})
+    data["effects"] = tuple(data.get("effects", ()))
+    for key in ("retry", "misfire", "dst"):
+        if isinstance(data.get(key), dict):
+            data[key] = {k: v for k, v in data[key].items() if v is not None}
+    try:
+        spec = m.ScheduleSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = _loc_field(tuple(err.get("loc", ())))
+        if field is None:  # a whole-spec rule: its message starts with the field it is about
+            first = msg.split(" ", 1)[0]
+            field = {"effect": "effects"}.get(first, first if first in _SPEC_FIELDS else None)
+        raise ApiError(400, msg, field) from None
+    try:
+        compile_trigger(
+            cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
+            timezone=spec.timezone, anchor=spec.anchor or datetime.now(timezone.utc),
+            start=spec.start, end=spec.end, dst_ambiguous=spec.dst.ambiguous,
+            dst_nonexistent=spec.dst.nonexistent,
+        )
+    except RecurrenceError as exc:
+        raise ApiError(400, str(exc), _camel_path(exc.field)) from None
+    return spec
+
+
+_SPEC_FIELDS = frozenset({"every", "delay", "lease", "end", "start"})
+
+
+def _definition(spec_json: Any) -> ScheduleDefinition:
+    """The API definition of a stored (snake_case) spec."""
+    raw = orjson.loads(spec_json) if isinstance(spec_json, (str, bytes)) else spec_json
+    spec = m.ScheduleSpec.model_validate(raw)
+    data = spec.model_dump()
+    data["effects"] = list(data["effects"])
+    return ScheduleDefinition.model_validate(data)
+
+
+def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:
+    if row["state"] != "ACTIVE" or row["next_run_at"] is None:
+        return []
+    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]))
+    first: datetime = row["next_run_at"]
+    instants = [first]
+    if spec.cron is not None or spec.every is not None:
+        trigger = compile_trigger(
+            cron=spec.cron, every=spec.every, timezone=spec.timezone,
+            anchor=row["anchor"] or spec.anchor or first, start=spec.start, end=spec.end,
+            dst_ambiguous=spec.dst.ambiguous, dst_nonexistent=spec.dst.nonexistent,
+        )
+        instants += upcoming(trigger, first, count - 1)
+    zone = resolve_zone(spec.timezone)
+    out = []
+    for t in instants[:count]:
+        due = t + timedelta(seconds=jitter_offset(row["schedule_id"], t, spec.jitter)) \
+            if spec.jitter > 0 else t
+        out.append(PreviewItem(scheduled_at=t, due_at=due,
+                               local=t.astimezone(zone).isoformat(timespec="seconds")))
+    return out
+
+
+# =======================================================================================
+# the read model
+
+
+class ReadModel:
+    """The API's queries; every one is tenant-scoped."""
+
+    def __init__(self, pool: asyncpg.Pool, topic: str, projection: str = "main") -> None:
+        self.pool = pool
+        self.topic = topic
+        self.projection = projection
+
+    async def offsets(self) -> tuple[dict[int, int], datetime | None]:
+        rows = await self.pool.fetch(
+            "SELECT partition, next_offset, last_event_at FROM projection_offsets "
+            "WHERE projection = $1 AND topic = $2", self.projection, self.topic)
+        times = [r["last_event_at"] for r in rows if r["last_event_at"] is not None]
+        return {r["partition"]: r["next_offset"] for r in rows}, (max(times) if times else None)
+
+    async def schedule(self, tenant: str, schedule_id: str) -> asyncpg.Record | None:
+        return await self.pool.fetchrow(
+            "SELECT * FROM schedules WHERE tenant = $1 AND schedule_id = $2", tenant, schedule_id)
+
+    async def live_schedules(self, tenant: str, schedule_id: str) -> tuple[int, bool]:
+        row = await self.pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, "
+            "COALESCE(bool_or(schedule_id = $2), false) AS known "
+            "FROM schedules WHERE tenant = $1", tenant, schedule_id)
+        assert row is not None
+        return int(row["live"]), bool(row["known"])
+
+    async def run(self, tenant: str, run_id: str) -> asyncpg.Record | None:
+        return await self.pool.fetchrow(
+            "SELECT * FROM runs WHERE run_id = $1 AND tenant = $2", run_id, tenant)
+
+    async def attempts(self, run_id: str) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt", run_id)
+
+    async def effects(self, run_id: str) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            "SELECT * FROM effects WHERE run_id = $1 ORDER BY created_at, effect_id", run_id)
+
+    async def newest_run_key(self, tenant: str, schedule_id: str) -> tuple[datetime, str] | None:
+        row = await self.pool.fetchrow(
+            "SELECT scheduled_at, run_id FROM runs WHERE tenant = $1 AND schedule_id = $2 "
+            "ORDER BY scheduled_at DESC, run_id DESC LIMIT 1", tenant, schedule_id)
+        return None if row is None else (row["scheduled_at"], row["run_id"])
+
+    async def runs_page(
+        self, tenant: str, schedule_id: str, bound: tuple[datetime, str],
+        last: tuple[datetime, str] | None, states: list[str] | None, limit: int,
+    ) -> list[asyncpg.Record]:
+        sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
+               "finished_at FROM runs WHERE tenant = $1 AND schedule_id = $2 "
+               "AND (scheduled_at, run_id) <= ($3, $4)")
+        args: list[Any] = [tenant, schedule_id, bound[0], bound[1]]
+        if last is not None:
+            sql += " AND (scheduled_at, run_id) < ($5, $6)"
+            args += [last[0], last[1]]
+        if states:
+            args.append(states)
+            sql += f" AND state = ANY(${len(args)}::text[])"
+        args.append(limit)
+        sql += f" ORDER BY scheduled_at DESC, run_id DESC LIMIT ${len(args)}"
+        return await self.pool.fetch(sql, *args)
+
+
+# =======================================================================================
+# the app
+
+
+_bearer = HTTPBearer(auto_error=False, description="a tenant token")
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {c: {"model": ErrorBody, "description": _STATUS_WORDS[c]} for c in (401, 503, *codes)}
+
+
+_WRITE_HEADERS = {CONSISTENCY_HEADER: {
+    "description": "opaque read-your-writes token: send it back on reads",
+    "schema": {"type": "string"}}}
+
+
+def create_app(
+    client: Client | None,
+    store: PostgresProjectionStore | asyncpg.Pool | None,
+    tenants: Tenants,
+    *,
+    projector: Any = None,
+    projection: str = "main",
+    reply_timeout: float = 10.0,
+    consistency_timeout: float = 5.0,
+    consistency_poll: float = 0.02,
+) -> FastAPI:
+    """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
+    ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
+    process, serves read-your-writes waits and the fence-rejection metrics directly."""
+    pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
+    log_ = client.log if client is not None else None
+    topics = client.topics if client is not None else m_topics_default()
+    rm = ReadModel(pool, topics.events, projection) if pool is not None else None
+    metrics = MetricsSource(pool, log_, projection, projector) if pool is not None else None
+    partitions_cache: dict[str, int] = {}
+
+    app = FastAPI(
+        title="chronolog", version=API_VERSION,
+        description="Event-sourced job scheduler: schedules, runs and their history.",
+    )
+
+    # ---------------------------------------------------------------- error handlers
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        err = errs[0] if errs else {}
+        loc = tuple(err.get("loc", ()))
+        if err.get("type") == "json_invalid":
+            return ApiError(400, "the body is not valid JSON", None).response()
+        if err.get("type") == "missing" and loc == ("body",):
+            return ApiError(400, "a JSON body is required", None).response()
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = _loc_field(loc)
+        if err.get("type") == "extra_forbidden":
+            msg = f"unknown field '{field}'"
+        return ApiError(400, f"{field}: {msg}" if field else msg, field).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return ApiError(exc.status_code, str(exc.detail), None,
+                        headers=getattr(exc, "headers", None)).response()
+
+    # ---------------------------------------------------------------- dependencies
+
+    async def tenant_of(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Tenant:
+        if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+            raise ApiError(401, "missing bearer token", "Authorization",
+                           headers={"WWW-Authenticate": "Bearer"})
+        tenant = tenants.by_token(creds.credentials)
+        if tenant is None:
+            raise ApiError(401, "unknown token", "Authorization",
+                           headers={"WWW-Authenticate": "Bearer"})
+        return tenant
+
+    TenantDep = Annotated[Tenant, Depends(tenant_of)]
+
+    def need_rm() -> ReadModel:
+        if rm is None:
+            raise ApiError(503, "no read model configured")
+        return rm
+
+    async def consistent(
+        token: Annotated[str | None, Header(alias=CONSISTENCY_HEADER,
+                                            description="a token from a write response")] = None,
+    ) -> None:
+        """Wait (bounded) until the projection reached the token's positions."""
+        if not token:
+            return
+        try:
+            required = decode_token(token)
+        except ValueError:
+            raise ApiError(400, f"invalid {CONSISTENCY_HEADER}: not a token of this API",
+                           CONSISTENCY_HEADER) from None
+        if not required:
+            return
+        if projector is not None:
+            if await projector.wait_for(required, consistency_timeout):
+                return
+        else:
+            read = need_rm()
+            deadline = time.monotonic() + consistency_timeout
+            while True:
+                have, _ = await read.offsets()
+                if all(have.get(p, 0) >= n for p, n in required.items()):
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(consistency_poll)
+        raise ApiError(503, f"the read model has not reached the consistency token within "
+                       f"{consistency_timeout:g}s; retry shortly", CONSISTENCY_HEADER,
+                       headers={"Retry-After": "1"})
+
+    ConsistentDep = Depends(consistent)
+
+    async def send(tenant: Tenant, schedule_id: str, payload: Any
+                   ) -> tuple[m.Reply, str]:
+        """Send one command; the ok reply and its consistency token, or an ApiError."""
+        if client is None:
+            raise ApiError(503, "no command client configured")
+        env = client.envelope(tenant.name, schedule_id, payload)
+        env = env.model_copy(update={"principal": f"api:{tenant.name}"})
+        try:
+            reply = await client.send(env, reply_timeout)
+        except ReplyTimeout:
+            raise ApiError(503, f"no reply from the processor within {reply_timeout:g}s; the "
+                           "command may still be decided: read the resource (or retry with the "
+                           "same Idempotency-Key) before retrying", None,
+                           headers={"Retry-After": "1"}) from None
+        except LogError as exc:
+            raise ApiError(503, f"the log is unavailable: {exc}", None,
+                           headers={"Retry-After": "1"}) from None
+        if reply.status != "ok":
+            body = dict(reply.body)
+            field = body.pop("field", None)
+            extra = {k: v for k, v in (("revision", body.get("revision")),
+                                       ("state", body.get("state"))) if v is not None}
+            raise ApiError(_REPLY_HTTP.get(reply.status, 409), reply.reason or reply.status,
+                           _camel_path(field) if isinstance(field, str) else None, **extra)
+        required: dict[int, int] = {}
+        for pos in reply.positions:
+            if pos.topic == topics.events:
+                required[pos.partition] = max(required.get(pos.partition, 0), pos.offset + 1)
+        if not required and log_ is not None:
+            required = await tail_of_partition(tenant.name, schedule_id)
+        return reply, encode_token(required)
+
+    async def tail_of_partition(tenant_name: str, schedule_id: str) -> dict[int, int]:
+        """For a reply without events: just past the last record of its partition of events.
+
+        (Not the end offset itself: on Kafka the end may be a transaction marker, which the
+        projection never stores as consumed.)"""
+        assert log_ is not None
+        n = await events_partitions()
+        p = partition_for(partition_key(tenant_name, schedule_id).encode(), n)
+        end = await log_.end_offset(topics.events, p)
+        if end == 0:
+            return {}
+        recs = await log_.read(topics.events, p, max(0, end - 16), 16, 0)
+        offsets = [r.offset for r in recs if r.offset < end]
+        return {p: max(offsets) + 1} if offsets else {}
+
+    async def events_partitions() -> int:
+        n = partitions_cache.get("events")
+        if n is None:
+            assert log_ is not None
+            n = partitions_cache["events"] = await log_.partitions_for(topics.events)
+        return n
+
+    def written(content: BaseModel, status: int, token: str,
+                headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(_jsonable(content), status_code=status,
+                            headers={CONSISTENCY_HEADER: token, **(headers or {})})
+
+    async def schedule_row(tenant: Tenant, schedule_id: str) -> asyncpg.Record:
+        row = await need_rm().schedule(tenant.name, schedule_id)
+        if row is None:
+            raise ApiError(404, f"no schedule '{schedule_id}'", "scheduleId")
+        return row
+
+    async def run_row(tenant: Tenant, run_id: str) -> asyncpg.Record:
+        row = await need_rm().run(tenant.name, run_id)
+        if row is None:
+            raise ApiError(404, f"no run '{run_id}'", "runId")
+        return row
+
+    def check_job(tenant: Tenant, spec: m.ScheduleSpec) -> None:
+        if tenant.allowed_jobs is not None and spec.job.type not in tenant.allowed_jobs:
+            raise ApiError(403, f"job type '{spec.job.type}' not allowed", "job.type")
+
+    # ---------------------------------------------------------------- schedules
+
+    @app.post("/v1/schedules", status_code=201, response_model=ScheduleWritten,
+              responses={**_errors(400, 403, 409, 429), 201: {"headers": _WRITE_HEADERS}},
+              tags=["schedules"], summary="Create a schedule")
+    async def create_schedule(
+        body: ScheduleIn, tenant: TenantDep,
+        idempotency_key: Annotated[str | None, Header(
+            alias="Idempotency-Key", min_length=1, max_length=200,
+            description="the same key and body replays the first answer")] = None,
+    ) -> JSONResponse:
+        spec = _to_spec(body)
+        check_job(tenant, spec)
+        if tenant.max_schedules is not None:
+            live, known = await need_rm().live_schedules(tenant.name, body.schedule_id)
+            if not known and live >= tenant.max_schedules:
+                raise ApiError(429, f"tenant has {live} schedules (max {tenant.max_schedules})")
+        reply, token = await send(tenant, body.schedule_id,
+                                  m.CreateSchedule(spec=spec, request_key=idempotency_key))
+        return written(ScheduleWritten(schedule_id=body.schedule_id,
+                                       revision=reply.body["revision"],
+                                       next_run_at=reply.body.get("next_run_at")), 201, token)
+
+    @app.get("/v1/schedules/{schedule_id}", response_model=ScheduleOut,
+             responses=_errors(400, 404), tags=["schedules"], summary="Read a schedule",
+             dependencies=[ConsistentDep])
+    async def get_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+        row = await schedule_row(tenant, schedule_id)
+        out = ScheduleOut(
+            schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
+            next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            paused_at=row["paused_at"], pause_reason=row["pause_reason"],
+            deleted_at=row["deleted_at"], definition=_definition(row["spec"]),
+            preview=_preview(row),
+        )
+        content = out.model_dump(mode="json", by_alias=True)
+        content["definition"] = out.definition.model_dump(mode="json", by_alias=True,
+                                                          exclude_none=True)
+        return JSONResponse(content, headers={"ETag": f'"{row["revision"]}"'})
+
+    @app.put("/v1/schedules/{schedule_id}", response_model=RevisedOut,
+             responses={**_errors(400, 403, 404, 409, 428), 200: {"headers": _WRITE_HEADERS}},
+             tags=["schedules"], summary="Revise a schedule (If-Match: revision)")
+    async def revise_schedule(
+        schedule_id: str, body: ScheduleDefinition, tenant: TenantDep,
+        if_match: Annotated[str | None, Header(alias="If-Match",
+                                               description="the revision being revised")] = None,
+    ) -> JSONResponse:
+        if if_match is None:
+            raise ApiError(428, "If-Match with the current revision is required", "If-Match")
+        text = if_match.strip().removeprefix("W/").strip('"')
+        if not text.isdigit() or int(text) < 1:
+            raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
+        spec = _to_spec(body)
+        check_job(tenant, spec)
+        reply, token = await send(tenant, schedule_id,
+                                  m.ReviseSchedule(spec=spec, expected_revision=int(text)))
+        return written(RevisedOut(revision=reply.body["revision"],
+                                  next_run_at=reply.body.get("next_run_at")), 200, token,
+                       {"ETag": f'"{reply.body["revision"]}"'})
+
+    async def _lifecycle(tenant: Tenant, schedule_id: str, payload: Any) -> JSONResponse:
+        reply, token = await send(tenant, schedule_id, payload)
+        b = reply.body
+        return written(ScheduleStateOut(schedule_id=schedule_id, revision=b["revision"],
+                                        state=b["state"], next_run_at=b.get("next_run_at")),
+                       200, token)
+
+    _life: dict[str, Any] = {"response_model": ScheduleStateOut, "tags": ["schedules"],
+             "responses": {**_errors(404), 200: {"headers": _WRITE_HEADERS}}}
+
+    @app.post("/v1/schedules/{schedule_id}:pause", summary="Pause a schedule", **_life)
+    async def pause_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+        return await _lifecycle(tenant, schedule_id, m.PauseSchedule())
+
+    @app.post("/v1/schedules/{schedule_id}:resume", summary="Resume a schedule", **_life)
+    async def resume_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+        return await _lifecycle(tenant, schedule_id, m.ResumeSchedule())
+
+    @app.delete("/v1/schedules/{schedule_id}", summary="Delete a schedule", **_life)
+    async def delete_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+        return await _lifecycle(tenant, schedule_id, m.DeleteSchedule())
+
+    # ---------------------------------------------------------------- runs
+
+    @app.post("/v1/schedules/{schedule_id}/runs", status_code=201, response_model=RunCreated,
+              responses={**_errors(400, 404, 409), 201: {"headers": _WRITE_HEADERS}},
+              tags=["runs"], summary="Trigger a run now (Idempotency-Key required)")
+    async def trigger_run(
+        schedule_id: str, tenant: TenantDep,
+        idempotency_key: Annotated[str | None, Header(
+            alias="Idempotency-Key", max_length=200,
+            description="required: the same key and body give the same run")] = None,
+        body: Annotated[TriggerIn | None, Body()] = None,
+    ) -> JSONResponse:
+        if not idempotency_key:
+            raise ApiError(400, "Idempotency-Key is required", "Idempotency-Key")
+        params = body.params if body is not None else None
+        reply, token = await send(tenant, schedule_id,
+                                  m.TriggerRun(request_key=idempotency_key, params=params))
+        return written(RunCreated(run_id=reply.body["run_id"], state=reply.body["state"]),
+                       201, token)
+
+    @app.get("/v1/schedules/{schedule_id}/runs", response_model=RunPage,
+             responses=_errors(400, 404), tags=["runs"],
+             summary="A schedule's runs, newest first", dependencies=[ConsistentDep])
+    async def list_runs(
+        schedule_id: str, tenant: TenantDep,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        after: Annotated[str | None, Query(description="nextCursor of the previous page")] = None,
+        state: Annotated[str | None, Query(description="comma-separated run states")] = None,
+    ) -> JSONResponse:
+        read = need_rm()
+        states: list[str] | None = None
+        if state:
+            states = sorted({s.strip().upper() for s in state.split(",") if s.strip()})
+            bad = [s for s in states if s not in _RUN_STATES]
+            if bad or not states:
+                raise ApiError(400, f"invalid state '{state}': expected {', '.join(_RUN_STATES)}",
+                               "state")
+        await schedule_row(tenant, schedule_id)
+        offsets, wm_time = await read.offsets()  # read before the rows: a lower bound
+        cur: dict[str, Any] | None = None
+        if after:
+            cur = _decode_cursor(after)
+            if cur.get("s") != schedule_id or cur.get("f") != (",".join(states) if states else None):
+                raise ApiError(400, "invalid after: the cursor belongs to another query", "after")
+            bound, last = cur["b"], cur["l"]
+        else:
+            newest = await read.newest_run_key(tenant.name, schedule_id)
+            bound, last = newest, None
+        rows = [] if bound is None else await read.runs_page(
+            tenant.name, schedule_id, bound, last, states, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = None
+        if more:
+            tail = rows[-1]
+            next_cursor = _encode_cursor({
+                "s": schedule_id, "f": ",".join(states) if states else None,
+                "b": [bound[0].isoformat(), bound[1]],  # type: ignore[index]
+                "l": [tail["scheduled_at"].isoformat(), tail["run_id"]],
+            })
+        n = await events_partitions() if log_ is not None else 0
+        parts = {str(p): offsets.get(p, 0) for p in range(n)} or \
+            {str(p): v for p, v in sorted(offsets.items())}
+        page = RunPage(
+            items=[RunItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
+                           scheduled_at=r["scheduled_at"], state=r["state"],
+                           attempt=r["attempt"], started_at=r["started_at"],
+                           finished_at=r["finished_at"]) for r in rows],
+            next_cursor=next_cursor, watermark=WatermarkOut(partitions=parts, time=wm_time),
+        )
+        return JSONResponse(_jsonable(page))
+
+    @app.get("/v1/runs/{run_id}", response_model=RunOut, responses=_errors(400, 404),
+             tags=["runs"], summary="A run with its attempts, result and effects",
+             dependencies=[ConsistentDep])
+    async def get_run(run_id: str, tenant: TenantDep) -> JSONResponse:
+        r = await run_row(tenant, run_id)
+        read = need_rm()
+        attempts = await read.attempts(run_id)
+        effects = await read.effects(run_id)
+        result = None
+        if r["result_checksum"] is not None:
+            result = ResultOut(checksum=r["result_checksum"], size=r["result_size"] or 0,
+                               uri=r["result_uri"], attempt=r["result_attempt"],
+                               inline=_json(r["result_inline"]) if r["result_uri"] is None else None)
+        out = RunOut(
+            run_id=r["run_id"], schedule_id=r["schedule_id"], revision=r["revision"],
+            trigger=r["trigger"], request_key=r["request_key"], scheduled_at=r["scheduled_at"],
+            due_at=r["due_at"], state=r["state"], attempt=r["attempt"], job_type=r["job_type"],
+            params=_json(r["params"]), resource_class=r["resource_class"],
+            priority=r["priority"], ready_at=r["ready_at"], retry_at=r["retry_at"],
+            started_at=r["started_at"], finished_at=r["finished_at"],
+            lateness_ms=r["lateness_ms"],
+            attempts=[AttemptOut(attempt=a["attempt"], fence=a["fence"], worker_id=a["worker_id"],
+                                 claimed_at=a["claimed_at"], lease_until=a["lease_until"],
+                                 outcome=a["outcome"], error_class=a["error_class"],
+                                 error=a["error"], finished_at=a["finished_at"])
+                      for a in attempts],
+            result=result, skipped_reason=r["skipped_reason"],
+            skipped_through=r["skipped_through"], skipped_count=r["skipped_count"],
+            cancellation_requested=r["cancellation_requested"], cancel_reason=r["cancel_reason"],
+            dead_reason=r["dead_reason"], dead_message=r["dead_message"],
+            last_error_class=r["last_error_class"], last_error=r["last_error"],
+            reconciliation=_json(r["reconciliation"]),
+            reconciliation_resolution=_json(r["reconciliation_resolution"]),
+            effects=[EffectOut(effect_id=e["effect_id"], kind=e["kind"], state=e["state"],
+                               attempts=e["attempts"], evidence=_json(e["evidence"]),
+                               created_at=e["created_at"], updated_at=e["updated_at"])
+                     for e in effects],
+        )
+        content = _jsonable(out)
+        if result is not None:  # uri | inline: exactly one of them is shown
+            content["result"].pop("inline" if result.uri is not None else "uri")
+        return JSONResponse(content, headers={"ETag": f'"{r["revision"]}"'})
+
+    # a run command finds the run's schedule (its partition key) in the read model, so it
+    # honours a consistency token too
+    _run_write: dict[str, Any] = {"response_model": RunWritten, "tags": ["runs"], "dependencies": [ConsistentDep]}
+
+    @app.post("/v1/runs/{run_id}:cancel", summary="Cancel a run",
+              responses={**_errors(404, 409), 200: {"description": "cancelled",
+                                                    "headers": _WRITE_HEADERS},
+                         202: {"model": RunWritten, "description": "cancellation requested "
+                               "(the run is executing)", "headers": _WRITE_HEADERS}},
+              **_run_write)
+    async def cancel_run(run_id: str, tenant: TenantDep,
+                         body: Annotated[CancelIn | None, Body()] = None) -> JSONResponse:
+        r = await run_row(tenant, run_id)
+        reply, token = await send(tenant, r["schedule_id"], m.CancelRun(
+            run_id=run_id, reason=body.reason if body else ""))
+        outcome = reply.body.get("outcome")
+        return written(RunWritten(run_id=run_id, state=reply.body.get("state", ""),
+                                  outcome=outcome), 202 if outcome == "requested" else 200, token)
+
+    @app.post("/v1/runs/{run_id}:redrive", summary="Redrive a DEAD run (same run ID)",
+              responses={**_errors(404, 409), 200: {"headers": _WRITE_HEADERS}}, **_run_write)
+    async def redrive_run(run_id: str, tenant: TenantDep) -> JSONResponse:
+        r = await run_row(tenant, run_id)
+        reply, token = await send(tenant, r["schedule_id"], m.RedriveRun(run_id=run_id))
+        return written(RunWritten(run_id=run_id, state=reply.body.get("state", "READY"),
+                                  attempt=reply.body.get("attempt")), 200, token)
+
+    @app.post("/v1/runs/{run_id}:reconcile", summary="Resolve a RECONCILING run",
+              responses={**_errors(400, 404, 409), 200: {"headers": _WRITE_HEADERS}},
+              **_run_write)
+    async def reconcile_run(run_id: str, body: ReconcileIn, tenant: TenantDep) -> JSONResponse:
+        r = await run_row(tenant, run_id)
+        reply, token = await send(tenant, r["schedule_id"], m.ResolveReconciliation(
+            run_id=run_id, decision=body.decision, note=body.note, effect_id=body.effect_id))
+        return written(RunWritten(run_id=run_id, state=reply.body.get("state", "")), 200, token)
+
+    # ---------------------------------------------------------------- preview, ops
+
+    @app.get("/v1/preview", response_model=PreviewOut, responses=_errors(400),
+             tags=["preview"], summary="The next instants of a rule")
+    async def preview(
+        tenant: TenantDep,
+        cron: str | None = None, timezone_: Annotated[str, Query(alias="timezone")] = "UTC",
+        every: str | None = None, at: str | None = None, anchor: str | None = None,
+        count: Annotated[int, Query(ge=1, le=1000)] = PREVIEW_COUNT,
+        from_: Annotated[str | None, Query(alias="from")] = None,
+    ) -> JSONResponse:
+        given = [n for n, v in (("cron", cron), ("every", every), ("at", at)) if v is not None]
+        if len(given) != 1:
+            raise ApiError(400, "exactly one of cron, every, at is required",
+                           given[1] if len(given) > 1 else "cron")
+        try:
+            zone = resolve_zone(timezone_)
+            start = (parse_instant(from_, timezone_, field="from") if from_
+                     else datetime.now(timezone.utc).replace(microsecond=0))
+            if every is not None:
+                anchor_at = parse_instant(anchor, timezone_, field="anchor") if anchor else start
+                trigger = compile_trigger(every=every, anchor=anchor_at, timezone=timezone_)
+            else:
+                trigger = compile_trigger(cron=cron, at=at, timezone=timezone_)
+        except RecurrenceError as exc:
+            raise ApiError(400, str(exc), _camel_path(exc.field)) from None
+        rows = [InstantOut(utc=t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           local=t.astimezone(zone).isoformat(timespec="seconds"))
+                for t in upcoming(trigger, start, count)]
+        return JSONResponse(_jsonable(PreviewOut(instants=rows)))
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness and database reachability",
+             responses={503: {"model": ErrorBody}})
+    async def healthz() -> JSONResponse:
+        try:
+            if pool is not None:
+                await asyncio.wait_for(pool.fetchval("SELECT 1"), 5)
+        except Exception as exc:  # noqa: BLE001 - any failure is "not healthy"
+            raise ApiError(503, f"database unreachable: {exc}") from None
+        body: dict[str, Any] = {"status": "ok"}
+        if rm is not None:
+            offsets, t = await rm.offsets()
+            body["watermark"] = {"partitions": {str(p): n for p, n in sorted(offsets.items())},
+                                 "time": _iso(t)}
+        return JSONResponse(body)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics",
+             response_class=Response)
+    async def prometheus() -> Response:
+        if metrics is None:
+            raise ApiError(503, "no read model configured")
+        snap = await metrics.snapshot()
+        return Response(render(snap), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+_RUN_STATES: tuple[str, ...] = ("PENDING", "READY", "LEASED", "RETRY_WAIT", "SUCCEEDED", "DEAD",
+                                "RECONCILING", "CANCELLED", "SKIPPED")
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (str, bytes)):
+        return orjson.loads(value)
+    return value
+
+
+def m_topics_default() -> Any:
+    from chronolog.log.port import Topics
+
+    return Topics()
+
+
+def openapi_document() -> dict[str, Any]:
+    """The API's OpenAPI document (no client, database or tenants needed)."""
+    return create_app(None, None, Tenants()).openapi()
+
+
+def openapi_json() -> str:
+    """``schemas/api/openapi.json`` as ``make schemas`` writes it (stable key order)."""
+    import json
+
+    return json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n"
+

@@ -1,0 +1,119 @@
+"""``chronolog api``: serve the HTTP API (uvicorn) until SIGTERM/SIGINT.
+
+    chronolog api [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
+                  [--database-url DSN] [--tenants FILE] [--host 127.0.0.1] [--port 8080]
+                  [--with-projector] [--reply-timeout S]
+
+Commands go to the log through a ``Client`` (replies read back from ``replies``); queries
+read PostgreSQL (``--database-url`` / ``$CHRONOLOG_DATABASE_URL`` / an embedded server in
+``DATA_DIR/postgres``, migrated at start). Tenants come from ``--tenants`` /
+``$CHRONOLOG_TENANTS``; without a file the dev registry applies (tenant ``default``, token
+``dev``). ``--with-projector`` also runs a projector in this process (single-node setups;
+read-your-writes then waits on it directly and ``/metrics`` includes fence rejections).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from chronolog.processors.cli import add_log_flags, log_from_args
+from chronolog.projections.cli import add_database_flag, database
+
+__all__ = ["register", "serve"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("api", help="serve the HTTP API")
+    add_log_flags(p)
+    add_database_flag(p)
+    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--with-projector", action="store_true",
+                   help="also run the projector in this process")
+    p.add_argument("--reply-timeout", type=float, default=10.0,
+                   help="seconds to wait for a command's reply before answering 503")
+    p.set_defaults(func=_run)
+
+
+def _run(args: Any) -> int:
+    from chronolog.cli import UsageError
+    from chronolog.logging import configure_logging
+    from chronolog.settings import ConfigError
+    from chronolog.tenants import dev_tenants, load_tenants
+
+    configure_logging()
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"invalid port '{args.port}': must be 0..65535")
+    path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
+    try:
+        tenants = load_tenants(path) if path else dev_tenants()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return asyncio.run(serve(args, tenants))
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: uvicorn re-raises a captured SIGTERM after
+    shutting down, which would kill the process before the log, client and projector
+    close. Here SIGTERM/SIGINT only ask the server to exit; ``serve`` then cleans up."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+
+
+async def serve(args: Any, tenants: Any) -> int:
+    from chronolog.cli import UsageError
+    from chronolog.commands.client import Client
+    from chronolog.projections.api import create_app
+    from chronolog.projections.projector import Projector
+    from chronolog.projections.store import PostgresProjectionStore
+
+    log_ = log_from_args(args)
+    async with database(args) as dsn:
+        try:
+            store = await PostgresProjectionStore.connect(dsn, max_size=10)
+        except Exception as exc:  # noqa: BLE001 - any connect failure is a usage error
+            raise UsageError(f"cannot connect to database-url: {exc}") from None
+        client: Client | None = None
+        projector: Projector | None = None
+        task: asyncio.Task[None] | None = None
+        try:
+            await store.migrate()
+            await log_.start()
+            await log_.ensure_topics()
+            client = Client(log_, principal="api", reply_timeout=args.reply_timeout)
+            await client.start()
+            if args.with_projector:
+                projector = Projector(log_, store)
+                task = asyncio.create_task(projector.run(), name="projector")
+            app = create_app(client, store, tenants, projector=projector,
+                             reply_timeout=args.reply_timeout)
+            config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                    lifespan="off")
+            server = _Server(config)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, server.request_exit)
+            await server.serve()
+        finally:
+            if projector is not None and task is not None:
+                projector.stop()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(task, 30)
+            if client is not None:
+                await client.close()
+            await log_.close()
+            await store.close()
+    return 0

@@ -1,0 +1,251 @@
+"""Prometheus metrics (names prefixed ``chronolog_``), derived at scrape time.
+
+Nothing here keeps its own counters on a hot path: a scrape reads the read model, the log's
+end offsets and — when one runs in the same process — the projector's in-memory stats, and
+renders them (``render(snapshot)``). The families:
+
+* ``chronolog_start_lateness_seconds`` (histogram; tenant, resource_class): first claim minus
+  the intended start (``runs.lateness_ms``) of every run that started;
+* ``chronolog_oldest_due_age_seconds`` (gauge; resource_class): how long the oldest READY
+  run has been waiting for a worker;
+* ``chronolog_expired_leases`` (gauge): open attempts whose lease ended (database clock) and
+  that the processor has not expired yet;
+* ``chronolog_fence_rejections_total`` (counter; reason): CompletionRejected events applied
+  by *this process's* projector (the event changes no read-model row, so only a projector
+  sees it: the API exposes it when it runs the projector in-process, ``chronolog projector
+  --metrics-port`` always);
+* ``chronolog_skipped_occurrences_total`` (counter; tenant, reason): skipped instants, a
+  collapsed range counting each instant it stands for;
+* ``chronolog_projection_lag_events`` (gauge; partition): records between the projection's
+  stored offsets and the log's end (on Kafka a commit marker counts as one);
+* ``chronolog_projection_lag_seconds`` (gauge): with an in-process projector, its last
+  commit's delay behind the append time of the oldest record it applied; otherwise how long
+  ago the projector last advanced a partition that still has unread records (0 caught up);
+* ``chronolog_commands_total`` / ``chronolog_events_total`` (counters): records in the
+  ``commands`` / ``events`` topics (sum of end offsets) — take ``rate()`` of them;
+  ``chronolog_commands_per_second`` / ``chronolog_events_per_second`` (gauges): the same
+  rate measured by this process between its last two scrapes (0 on the first);
+* ``chronolog_schedules`` (gauge; tenant, state).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import asyncpg
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from chronolog.log.port import EventLog
+
+__all__ = ["LATENESS_BUCKETS", "MetricsSource", "ProjectorCollector", "Snapshot", "render"]
+
+LATENESS_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+)
+
+
+@dataclass
+class Snapshot:
+    """Everything one scrape renders."""
+
+    lateness: list[tuple[str, str, list[int], int, float]] = field(default_factory=list)
+    oldest_due: dict[str, float] = field(default_factory=dict)
+    expired_leases: int = 0
+    fence_rejections: dict[str, int] | None = None  # None: no projector in this process
+    skipped: list[tuple[str, str, int]] = field(default_factory=list)
+    lag_events: dict[int, int] = field(default_factory=dict)
+    lag_seconds: float = 0.0
+    commands_total: int = 0
+    events_total: int = 0
+    commands_per_second: float = 0.0
+    events_per_second: float = 0.0
+    schedules: list[tuple[str, str, int]] = field(default_factory=list)
+    projector: dict[str, Any] | None = None
+
+
+def _projector_families(stats: Any) -> Iterator[Metric]:
+    c = CounterMetricFamily("chronolog_projector_events", "Events applied by this projector",
+                            labels=["type"])
+    for t, n in sorted(stats.by_type.items()):
+        c.add_metric([t], n)
+    yield c
+    yield CounterMetricFamily("chronolog_projector_batches", "Batches committed by this projector",
+                              value=stats.batches)
+    yield CounterMetricFamily("chronolog_projector_offset_conflicts",
+                              "Batches discarded on an offset conflict", value=stats.conflicts)
+    f = CounterMetricFamily("chronolog_fence_rejections", "Completions rejected (stale fence, "
+                            "expired lease, ...) seen by this projector", labels=["reason"])
+    for r, n in sorted(stats.completion_rejections.items()):
+        f.add_metric([r], n)
+    yield f
+    yield GaugeMetricFamily("chronolog_projection_lag_seconds",
+                            "Delay of the last commit behind the oldest record's append time",
+                            value=stats.last_delay_s)
+
+
+class ProjectorCollector(Collector):
+    """The projector's own counters (for ``chronolog projector --metrics-port``)."""
+
+    def __init__(self, projector: Any) -> None:
+        self.projector = projector
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _projector_families(self.projector.stats)
+
+
+class MetricsSource:
+    """Reads a ``Snapshot`` from the read model, the log and an optional projector."""
+
+    def __init__(self, pool: asyncpg.Pool, log_: EventLog | None, projection: str = "main",
+                 projector: Any = None) -> None:
+        self.pool = pool
+        self.log = log_
+        self.projection = projection
+        self.projector = projector
+        self._last: tuple[float, int, int] | None = None
+
+    async def snapshot(self) -> Snapshot:
+        s = Snapshot()
+        cols = ", ".join(f"count(*) FILTER (WHERE lateness_ms <= {int(b * 1000)})"
+                         for b in LATENESS_BUCKETS)
+        async with self.pool.acquire() as conn:
+            for r in await conn.fetch(
+                f"SELECT tenant, COALESCE(resource_class, 'default') AS rc, {cols}, count(*), "
+                "COALESCE(sum(lateness_ms), 0) FROM runs WHERE started_at IS NOT NULL "
+                "GROUP BY 1, 2 ORDER BY 1, 2"
+            ):
+                vals = list(r.values())
+                s.lateness.append((vals[0], vals[1], [int(v) for v in vals[2:-2]], int(vals[-2]),
+                                   float(vals[-1]) / 1000))
+            for r in await conn.fetch(
+                "SELECT COALESCE(resource_class, 'default') AS rc, "
+                "EXTRACT(EPOCH FROM (now() - min(ready_at)))::float8 AS age "
+                "FROM runs WHERE state = 'READY' AND ready_at IS NOT NULL GROUP BY 1"
+            ):
+                s.oldest_due[r["rc"]] = max(0.0, r["age"])
+            s.expired_leases = await conn.fetchval(
+                "SELECT count(*) FROM attempts WHERE outcome IS NULL AND lease_until < now()")
+            s.skipped = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
+                "SELECT tenant, skipped_reason, sum(GREATEST(skipped_count, 1)) FROM runs "
+                "WHERE state = 'SKIPPED' AND skipped_reason IS NOT NULL GROUP BY 1, 2 "
+                "ORDER BY 1, 2")]
+            s.schedules = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
+                "SELECT tenant, state, count(*) FROM schedules GROUP BY 1, 2 ORDER BY 1, 2")]
+            offsets = await conn.fetch(
+                "SELECT topic, partition, next_offset, "
+                "EXTRACT(EPOCH FROM (now() - updated_at))::float8 AS idle "
+                "FROM projection_offsets WHERE projection = $1", self.projection)
+        if self.log is not None:
+            topics = self.log.topics
+            stored = {r["partition"]: (r["next_offset"], r["idle"]) for r in offsets
+                      if r["topic"] == topics.events}
+            n_events = await self.log.partitions_for(topics.events)
+            n_commands = await self.log.partitions_for(topics.commands)
+            stalled = 0.0
+            for p in range(n_events):
+                end = await self.log.end_offset(topics.events, p)
+                s.events_total += end
+                nxt, idle = stored.get(p, (0, 0.0))
+                s.lag_events[p] = max(0, end - nxt)
+                if end - nxt > 1:  # > 1: a Kafka commit marker alone is not lag
+                    stalled = max(stalled, idle)
+            for p in range(n_commands):
+                s.commands_total += await self.log.end_offset(topics.commands, p)
+            s.lag_seconds = stalled
+            now = time.monotonic()
+            if self._last is not None and now > self._last[0]:
+                dt = now - self._last[0]
+                s.commands_per_second = max(0, s.commands_total - self._last[1]) / dt
+                s.events_per_second = max(0, s.events_total - self._last[2]) / dt
+            self._last = (now, s.commands_total, s.events_total)
+        if self.projector is not None:
+            st = self.projector.stats
+            s.fence_rejections = dict(st.completion_rejections)
+            s.lag_seconds = st.last_delay_s
+        return s
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, s: Snapshot) -> None:
+        self.s = s
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.s
+        h = HistogramMetricFamily(
+            "chronolog_start_lateness_seconds",
+            "First start of a run minus its intended start (due time)",
+            labels=["tenant", "resource_class"])
+        for tenant, rc, counts, total, total_s in s.lateness:
+            buckets = [(_le(b), float(c)) for b, c in zip(LATENESS_BUCKETS, counts)]
+            buckets.append(("+Inf", float(total)))
+            h.add_metric([tenant, rc], buckets, total_s)
+        yield h
+        g = GaugeMetricFamily("chronolog_oldest_due_age_seconds",
+                              "Age of the oldest READY run waiting for a worker",
+                              labels=["resource_class"])
+        for rc, age in sorted(s.oldest_due.items()):
+            g.add_metric([rc], age)
+        yield g
+        yield GaugeMetricFamily("chronolog_expired_leases",
+                                "Open attempts whose lease has ended", value=s.expired_leases)
+        if s.fence_rejections is not None:
+            f = CounterMetricFamily("chronolog_fence_rejections",
+                                    "Completions rejected, by reason (in-process projector)",
+                                    labels=["reason"])
+            for r, n in sorted(s.fence_rejections.items()):
+                f.add_metric([r], n)
+            yield f
+        k = CounterMetricFamily("chronolog_skipped_occurrences",
+                                "Occurrences skipped, by reason", labels=["tenant", "reason"])
+        for tenant, reason, n in s.skipped:
+            k.add_metric([tenant, reason], n)
+        yield k
+        lag = GaugeMetricFamily("chronolog_projection_lag_events",
+                                "Records of events not yet projected", labels=["partition"])
+        for p, n in sorted(s.lag_events.items()):
+            lag.add_metric([str(p)], n)
+        yield lag
+        yield GaugeMetricFamily("chronolog_projection_lag_seconds",
+                                "How far the projection is behind, in seconds",
+                                value=s.lag_seconds)
+        yield CounterMetricFamily("chronolog_commands", "Records in the commands topic",
+                                  value=s.commands_total)
+        yield CounterMetricFamily("chronolog_events", "Records in the events topic",
+                                  value=s.events_total)
+        yield GaugeMetricFamily("chronolog_commands_per_second",
+                                "Commands per second since the previous scrape",
+                                value=s.commands_per_second)
+        yield GaugeMetricFamily("chronolog_events_per_second",
+                                "Events per second since the previous scrape",
+                                value=s.events_per_second)
+        sc = GaugeMetricFamily("chronolog_schedules", "Schedules by state",
+                               labels=["tenant", "state"])
+        for tenant, state, n in s.schedules:
+            sc.add_metric([tenant, state], n)
+        yield sc
+
+
+def _le(b: float) -> str:
+    return repr(float(b))
+
+
+def render(snapshot: Snapshot) -> bytes:
+    """The Prometheus text exposition of a snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(snapshot))
+    return generate_latest(registry)
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)

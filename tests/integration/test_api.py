@@ -1,0 +1,575 @@
+"""The HTTP API contract (issue 5 §2) on both logs, a real processor and a real PostgreSQL.
+
+One stack per backend for the module (processor, client, projector, app through
+``httpx.ASGITransport``); tests keep apart by schedule ID. Every status code of the contract
+is exercised, with the error body shape, camelCase fields, tenant isolation, cursor paging
+while new runs arrive, and read-your-writes through ``X-Chronolog-Consistency``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from chronolog.log.port import EventLog, Topics
+from chronolog.projections.api import CONSISTENCY_HEADER, create_app
+from chronolog.settings import LogConfig, open_log
+
+from .api_stack import ACME, GLOBEX, INITECH, TENANTS, ApiStack
+from .conftest import wait_until
+from .pgdb import create_database, drop_database
+
+pytestmark = [pytest.mark.postgres, pytest.mark.asyncio(loop_scope="module")]
+
+CRON = {"cron": "*/5 * * * *", "timezone": "Europe/Berlin", "job": {"type": "report"}}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "kafka"])
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> LogConfig:
+    topics = Topics(prefix=f"api{uuid.uuid4().hex[:8]}.", partitions=4)
+    if request.param == "sqlite":
+        return LogConfig("sqlite", str(tmp_path_factory.mktemp("api") / "log.db"), topics)
+    return LogConfig("kafka", request.getfixturevalue("kafka_bootstrap"), topics)
+
+
+@pytest.fixture(scope="module")
+def module_dsn(database_url: str) -> Iterator[str]:
+    dsn = asyncio.run(create_database(database_url, "test_api"))
+    yield dsn
+    asyncio.run(drop_database(database_url, dsn))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def lg(backend: LogConfig) -> AsyncIterator[EventLog]:
+    log_ = open_log(backend)
+    await log_.start()
+    await log_.ensure_topics()
+    yield log_
+    await log_.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(lg: EventLog, module_dsn: str) -> AsyncIterator[ApiStack]:
+    async with ApiStack(lg, module_dsn) as s:
+        yield s
+
+
+def sid(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def assert_error(r: httpx.Response, status: int, error: str, field: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) >= {"error", "field", "message"}, body
+    assert body["error"] == error and isinstance(body["message"], str) and body["message"]
+    if field is not None:
+        assert body["field"] == field, body
+    return body
+
+
+async def create(stack: ApiStack, body: dict[str, Any], headers: dict[str, str] = ACME,
+                 **extra: str) -> httpx.Response:
+    assert stack.http is not None
+    return await stack.http.post("/v1/schedules", json=body, headers={**headers, **extra})
+
+
+def consistent(r: httpx.Response, headers: dict[str, str] = ACME) -> dict[str, str]:
+    return {**headers, CONSISTENCY_HEADER: r.headers[CONSISTENCY_HEADER]}
+
+
+# ------------------------------------------------------------------ auth and errors
+
+
+async def test_missing_or_unknown_token_is_401_with_the_error_body(stack: ApiStack) -> None:
+    assert stack.http is not None
+    r = await stack.http.get("/v1/schedules/x")
+    assert_error(r, 401, "unauthorized", "Authorization")
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = await stack.http.get("/v1/schedules/x", headers={"Authorization": "Bearer nope"})
+    assert_error(r, 401, "unauthorized", "Authorization")
+    r = await stack.http.post("/v1/schedules", json={}, headers={"Authorization": "Basic x"})
+    assert_error(r, 401, "unauthorized")
+
+
+async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid()
+    body = {"scheduleId": s, **CRON, "jitter": "30s", "misfire": "all", "overlap": "buffer_one",
+            "retry": {"maxAttempts": 5, "initialBackoff": "2s", "maxBackoff": 60, "maxAge": "1h"},
+            "lease": "45s", "startDeadline": "10m", "dst": {"ambiguous": "both",
+                                                             "nonexistent": "skip"},
+            "effects": [{"kind": "webhook", "config": {"url": "http://example.invalid/h"}}]}
+    r = await create(stack, body, **{"Idempotency-Key": "k1"})
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert set(out) == {"scheduleId", "revision", "nextRunAt"}
+    assert out["scheduleId"] == s and out["revision"] == 1 and out["nextRunAt"].endswith("Z")
+    assert r.headers[CONSISTENCY_HEADER]
+
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.status_code == 200, g.text
+    got = g.json()
+    assert got["state"] == "ACTIVE" and got["revision"] == 1 and g.headers["etag"] == '"1"'
+    assert got["nextRunAt"] == out["nextRunAt"]
+    d = got["definition"]
+    assert d["cron"] == "*/5 * * * *" and d["timezone"] == "Europe/Berlin"
+    assert d["retry"] == {"maxAttempts": 5, "initialBackoff": 2.0, "maxBackoff": 60.0,
+                          "multiplier": 2.0, "maxAge": 3600.0}
+    assert d["misfire"]["policy"] == "all" and "maxCatchup" in d["misfire"]
+    assert d["startDeadline"] == 600.0 and d["dst"] == {"ambiguous": "both", "nonexistent": "skip"}
+    assert d["job"] == {"type": "report", "params": {}}
+    assert d["resourceClass"] == "default"
+    preview = got["preview"]
+    assert len(preview) == 5 and preview[0]["scheduledAt"] == out["nextRunAt"]
+    times = [datetime.fromisoformat(p["scheduledAt"]) for p in preview]
+    assert all(b - a == timedelta(minutes=5) for a, b in zip(times, times[1:]))
+    for p, t in zip(preview, times):
+        due = datetime.fromisoformat(p["dueAt"])
+        assert timedelta(0) <= due - t < timedelta(seconds=30)
+        assert p["local"].endswith(("+01:00", "+02:00"))
+    assert any(p["dueAt"] != p["scheduledAt"] for p in preview)  # jitter is applied
+
+
+async def test_invalid_bodies_are_400_naming_the_field(stack: ApiStack) -> None:
+    assert stack.http is not None
+    cases: list[tuple[dict[str, Any], str | None]] = [
+        ({"cron": "61 * * * *", "job": {"type": "a"}}, "cron"),
+        ({"cron": "0 9 * * *", "timezone": "Mars/Olympus", "job": {"type": "a"}}, "timezone"),
+        ({"every": "soon", "job": {"type": "a"}}, "every"),
+        ({"every": 0, "job": {"type": "a"}}, "every"),
+        ({"cron": "0 9 * * *", "every": "1h", "job": {"type": "a"}}, "every"),
+        ({"job": {"type": "a"}}, "cron"),
+        ({"every": "1h"}, "job"),
+        ({"every": "1h", "job": {"type": "a"}, "retry": {"maxAttempts": 0}}, "retry.maxAttempts"),
+        ({"every": "1h", "job": {"type": "a"}, "misfire": "sometimes"}, None),
+        ({"every": "1h", "job": {"type": "a"}, "overlap": "maybe"}, "overlap"),
+        ({"every": "1h", "job": {"type": "a"}, "color": "red"}, "color"),
+        ({"every": "1h", "job": {"type": "a"}, "dst": {"ambiguous": "twice"}}, "dst.ambiguous"),
+    ]
+    for body, field in cases:
+        r = await create(stack, {"scheduleId": sid(), **body})
+        assert_error(r, 400, "invalid", field)
+    r = await create(stack, {"scheduleId": "bad id!", "every": "1h", "job": {"type": "a"}})
+    assert_error(r, 400, "invalid", "scheduleId")
+    r = await stack.http.post("/v1/schedules", content=b"{nope", headers={
+        **ACME, "Content-Type": "application/json"})
+    body = assert_error(r, 400, "invalid")
+    assert body["field"] is None
+
+
+async def test_job_type_not_allowed_is_403(stack: ApiStack) -> None:
+    r = await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "mine"}},
+                     GLOBEX)
+    assert_error(r, 403, "forbidden", "job.type")
+    r = await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "report"}},
+                     GLOBEX)
+    assert r.status_code == 201
+
+
+async def test_taken_id_and_idempotency_key(stack: ApiStack) -> None:
+    s = sid()
+    body = {"scheduleId": s, "every": "1h", "job": {"type": "a"}}
+    first = await create(stack, body, **{"Idempotency-Key": "same"})
+    assert first.status_code == 201
+    again = await create(stack, body, **{"Idempotency-Key": "same"})
+    # the processor answers a replay with the schedule as it is now (nextRunAt may have moved)
+    assert again.status_code == 201
+    assert {k: again.json()[k] for k in ("scheduleId", "revision")} == \
+        {k: first.json()[k] for k in ("scheduleId", "revision")}
+    other = await create(stack, {**body, "every": "2h"}, **{"Idempotency-Key": "same"})
+    assert_error(other, 409, "conflict", "Idempotency-Key")
+    taken = await create(stack, body)
+    err = assert_error(taken, 409, "conflict", "scheduleId")
+    assert err["revision"] == 1
+
+
+async def test_max_schedules_is_429(stack: ApiStack) -> None:
+    assert stack.http is not None
+    made = []
+    for _ in range(2):
+        r = await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "a"}},
+                         INITECH)
+        assert r.status_code == 201
+        made.append(r)
+    # the API's global pre-check reads the projection: make sure it has seen both
+    await stack.http.get(f"/v1/schedules/{made[-1].json()['scheduleId']}",
+                         headers=consistent(made[-1], INITECH))
+    r = await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "a"}}, INITECH)
+    assert_error(r, 429, "quota")
+    # a replay of an existing schedule is not a new one: the processor answers it
+    again = await create(stack, {"scheduleId": made[0].json()["scheduleId"], "every": "1h",
+                                 "job": {"type": "a"}}, INITECH)
+    assert_error(again, 409, "conflict")
+
+
+# ------------------------------------------------------------------ revise, pause, delete
+
+
+async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid()
+    assert (await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})).status_code == 201
+    new = {"every": "30m", "job": {"type": "a", "params": {"v": 2}}}
+    r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers=ACME)
+    assert_error(r, 428, "precondition_required", "If-Match")
+    r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": "x"})
+    assert_error(r, 400, "invalid", "If-Match")
+    r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": '"1"'})
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == {"revision", "nextRunAt"} and r.json()["revision"] == 2
+    stale = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": "1"})
+    assert assert_error(stale, 409, "conflict", "If-Match")["revision"] == 2
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.json()["revision"] == 2 and g.json()["definition"]["every"] == 1800.0
+    assert g.json()["definition"]["job"]["params"] == {"v": 2}
+    r = await stack.http.put(f"/v1/schedules/{sid()}", json=new, headers={**ACME, "If-Match": "1"})
+    assert_error(r, 404, "not_found")
+    r = await stack.http.put(f"/v1/schedules/{s}", json={"every": "1h"}, headers={
+        **ACME, "If-Match": "2"})
+    assert_error(r, 400, "invalid", "job")
+
+
+async def test_pause_resume_delete_with_colons_in_the_path(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = f"nightly:{uuid.uuid4().hex[:6]}:pause"  # IDs may hold colons, even ':pause'
+    assert (await create(stack, {"scheduleId": s, **CRON})).status_code == 201
+    r = await stack.http.post(f"/v1/schedules/{s}:pause", headers=ACME)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "PAUSED" and r.json()["scheduleId"] == s
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.json()["state"] == "PAUSED" and g.json()["preview"] == []
+    r = await stack.http.post(f"/v1/schedules/{s}:resume", headers=ACME)
+    assert r.status_code == 200 and r.json()["state"] == "ACTIVE"
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.json()["state"] == "ACTIVE" and len(g.json()["preview"]) == 5
+    r = await stack.http.delete(f"/v1/schedules/{s}", headers=ACME)
+    assert r.status_code == 200 and r.json()["state"] == "DELETED"
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.json()["state"] == "DELETED" and g.json()["nextRunAt"] is None
+    for path in (f"/v1/schedules/{sid()}:pause", f"/v1/schedules/{sid()}:resume"):
+        assert_error(await stack.http.post(path, headers=ACME), 404, "not_found")
+    assert_error(await stack.http.delete(f"/v1/schedules/{sid()}", headers=ACME), 404, "not_found")
+    # not an action: the path names schedule "<id>:explode", which has no POST
+    assert_error(await stack.http.post(f"/v1/schedules/{s}:explode", headers=ACME), 405,
+                 "method_not_allowed")
+
+
+# ------------------------------------------------------------------ runs
+
+
+async def _schedule(stack: ApiStack, headers: dict[str, str] = ACME) -> str:
+    s = sid()
+    r = await create(stack, {"scheduleId": s, "every": "1h", "overlap": "allow",
+                             "retry": {"maxAttempts": 1}, "job": {"type": "report"}}, headers)
+    assert r.status_code == 201, r.text
+    return s
+
+
+async def _trigger(stack: ApiStack, s: str, key: str, body: Any = None,
+                   headers: dict[str, str] = ACME) -> httpx.Response:
+    assert stack.http is not None
+    kw: dict[str, Any] = {"json": body} if body is not None else {}
+    return await stack.http.post(f"/v1/schedules/{s}/runs",
+                                 headers={**headers, "Idempotency-Key": key}, **kw)
+
+
+async def test_manual_trigger_and_run_detail(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = await _schedule(stack)
+    r = await stack.http.post(f"/v1/schedules/{s}/runs", headers=ACME)
+    assert_error(r, 400, "invalid", "Idempotency-Key")
+    r = await _trigger(stack, s, "k1", {"params": {"x": 1}})
+    assert r.status_code == 201, r.text
+    assert set(r.json()) == {"runId", "state"} and r.json()["state"] == "READY"
+    run_id = r.json()["runId"]
+    same = await _trigger(stack, s, "k1", {"params": {"x": 1}})
+    assert same.status_code == 201 and same.json()["runId"] == run_id
+    other = await _trigger(stack, s, "k1", {"params": {"x": 2}})
+    assert_error(other, 409, "conflict", "Idempotency-Key")
+    assert_error(await _trigger(stack, sid(), "k1"), 404, "not_found")
+
+    g = await stack.http.get(f"/v1/runs/{run_id}", headers=consistent(r))
+    assert g.status_code == 200, g.text
+    run = g.json()
+    assert run["runId"] == run_id and run["scheduleId"] == s and run["state"] == "READY"
+    assert run["revision"] == 1 and run["trigger"] == "manual" and run["params"] == {"x": 1}
+    assert run["attempts"] == [] and run["result"] is None and run["effects"] == []
+    assert run["cancellationRequested"] is False and run["skippedReason"] is None
+    assert run["scheduledAt"].endswith("Z")
+    assert_error(await stack.http.get("/v1/runs/r_nope", headers=ACME), 404, "not_found")
+
+
+async def test_cancel_redrive_reconcile(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = await _schedule(stack)
+    ready = (await _trigger(stack, s, "a")).json()["runId"]
+    r = await stack.http.post(f"/v1/runs/{ready}:cancel", headers=consistent(
+        await _trigger(stack, s, "a")))
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "CANCELLED" and r.json()["outcome"] == "cancelled"
+    assert_error(await stack.http.post(f"/v1/runs/{ready}:cancel", headers=ACME), 409, "conflict")
+    assert_error(await stack.http.post(f"/v1/runs/{ready}:redrive", headers=ACME), 409,
+                 "conflict")
+    assert_error(await stack.http.post(f"/v1/runs/{ready}:reconcile", json={"decision": "retry"},
+                                       headers=ACME), 409, "conflict")
+    assert_error(await stack.http.post(f"/v1/runs/{ready}:reconcile", json={"decision": "maybe"},
+                                       headers=ACME), 400, "invalid", "decision")
+
+    # a running (LEASED) run: cancellation is requested -> 202
+    t = await _trigger(stack, s, "b")
+    leased = t.json()["runId"]
+    claim = await stack.client.claim("acme", s, leased, 1, "w1")
+    r = await stack.http.post(f"/v1/runs/{leased}:cancel", headers=consistent(t))
+    assert r.status_code == 202, r.text
+    assert r.json()["outcome"] == "requested"
+    g = (await stack.http.get(f"/v1/runs/{leased}", headers=consistent(r))).json()
+    assert g["cancellationRequested"] is True and g["state"] == "LEASED"
+    assert g["attempts"][0]["workerId"] == "w1" and g["attempts"][0]["outcome"] is None
+    assert g["attempts"][0]["fence"] == claim["fence"]
+    assert set(g["attempts"][0]) >= {"attempt", "fence", "workerId", "claimedAt", "leaseUntil",
+                                     "outcome"}
+
+    # another run fails permanently -> DEAD -> redrive keeps the run ID
+    t = await _trigger(stack, s, "c")
+    doomed = t.json()["runId"]
+    claim = await stack.client.claim("acme", s, doomed, 1, "w2")
+    await stack.client.fail("acme", s, doomed, 1, claim["fence"], "w2", "permanent", "boom")
+
+    async def dead() -> bool:
+        g = await stack.http.get(f"/v1/runs/{doomed}", headers=ACME)
+        return g.json()["state"] == "DEAD"
+
+    await wait_until(dead, 30, what="run DEAD in the read model")
+    g = (await stack.http.get(f"/v1/runs/{doomed}", headers=ACME)).json()
+    assert g["attempts"][0]["outcome"] == "failed" and g["deadReason"] == "permanent_error"
+    r = await stack.http.post(f"/v1/runs/{doomed}:redrive", headers=ACME)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "READY" and r.json()["attempt"] == 2
+    assert_error(await stack.http.post("/v1/runs/r_nope:cancel", headers=ACME), 404, "not_found")
+
+
+async def test_result_is_shown_with_checksum_size_and_inline(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = await _schedule(stack)
+    run_id = (await _trigger(stack, s, "k")).json()["runId"]
+    claim = await stack.client.claim("acme", s, run_id, 1, "w9")
+    reply = await stack.client.send(stack.client.envelope("acme", s, __import__(
+        "chronolog.domain.messages", fromlist=["CompleteRun"]).CompleteRun(
+        run_id=run_id, attempt=1, fence=claim["fence"], worker_id="w9", checksum="sha256:ab",
+        size=2, inline={"ok": True})))
+    assert reply.status == "ok"
+    from chronolog.projections.api import encode_token
+    token = encode_token({p.partition: p.offset + 1 for p in reply.positions})
+    g = await stack.http.get(f"/v1/runs/{run_id}", headers={**ACME, CONSISTENCY_HEADER: token})
+    run = g.json()
+    assert run["state"] == "SUCCEEDED"
+    assert run["result"] == {"checksum": "sha256:ab", "size": 2, "inline": {"ok": True},
+                             "attempt": 1}
+    assert run["attempts"][0]["outcome"] == "succeeded" and run["startedAt"] and run["finishedAt"]
+
+
+async def test_tenant_isolation(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = await _schedule(stack)
+    t = await _trigger(stack, s, "k")
+    run_id = t.json()["runId"]
+    await stack.http.get(f"/v1/runs/{run_id}", headers=consistent(t))
+    for method, path in (("GET", f"/v1/schedules/{s}"), ("GET", f"/v1/schedules/{s}/runs"),
+                         ("GET", f"/v1/runs/{run_id}"), ("POST", f"/v1/runs/{run_id}:cancel"),
+                         ("POST", f"/v1/schedules/{s}:pause"), ("DELETE", f"/v1/schedules/{s}")):
+        r = await stack.http.request(method, path, headers=GLOBEX)
+        assert_error(r, 404, "not_found")
+    r = await stack.http.put(f"/v1/schedules/{s}", json={"every": "1h", "job": {"type": "report"}},
+                             headers={**GLOBEX, "If-Match": "1"})
+    assert_error(r, 404, "not_found")
+    # the same schedule ID is free for the other tenant
+    r = await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "report"}}, GLOBEX)
+    assert r.status_code == 201
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
+    assert g.json()["state"] == "ACTIVE" and g.json()["definition"]["overlap"] == "allow"
+
+
+# ------------------------------------------------------------------ history paging
+
+
+async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = await _schedule(stack)
+    last: httpx.Response | None = None
+    for i in range(7):
+        last = await _trigger(stack, s, f"pre-{i}")
+    assert last is not None
+    first = await stack.http.get(f"/v1/schedules/{s}/runs", params={"limit": 2},
+                                 headers=consistent(last))
+    assert first.status_code == 200, first.text
+    page = first.json()
+    assert set(page) == {"items", "nextCursor", "watermark"}
+    assert set(page["items"][0]) == {"runId", "scheduleId", "scheduledAt", "state", "attempt",
+                                     "startedAt", "finishedAt"}
+    wm = page["watermark"]
+    assert set(wm["partitions"]) == {"0", "1", "2", "3"} and wm["time"].endswith("Z")
+    seen = list(page["items"])
+    cursor = page["nextCursor"]
+    n = 0
+    while cursor:
+        n += 1
+        arrived = await _trigger(stack, s, f"during-{n}")  # new runs while paging
+        r = await stack.http.get(f"/v1/schedules/{s}/runs", params={"limit": 2, "after": cursor},
+                                 headers=consistent(arrived))
+        assert r.status_code == 200, r.text
+        seen += r.json()["items"]
+        cursor = r.json()["nextCursor"]
+    keys = [(i["scheduledAt"], i["runId"]) for i in seen]
+    assert len(keys) == len(set(keys)) == 8  # the schedule's own first run + 7 manual ones
+    assert keys == sorted(keys, reverse=True)
+    everything = await stack.http.get(f"/v1/schedules/{s}/runs", params={"limit": 500},
+                                      headers=ACME)
+    all_keys = [(i["scheduledAt"], i["runId"]) for i in everything.json()["items"]]
+    assert len(all_keys) == 8 + n and [k for k in all_keys if k <= keys[0]] == keys
+
+    # filters and bad input
+    r = await stack.http.get(f"/v1/schedules/{s}/runs", params={"state": "ready,leased"},
+                             headers=ACME)
+    assert r.status_code == 200 and all(i["state"] in ("READY", "LEASED") for i in r.json()["items"])
+    for params, field in (({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
+                          ({"state": "BOGUS"}, "state"), ({"after": "garbage"}, "after")):
+        assert_error(await stack.http.get(f"/v1/schedules/{s}/runs", params=params, headers=ACME),
+                     400, "invalid", field)
+    assert_error(await stack.http.get(f"/v1/schedules/{s}/runs",
+                                      params={"after": first.json()["nextCursor"], "state": "READY"},
+                                      headers=ACME), 400, "invalid", "after")
+    assert_error(await stack.http.get(f"/v1/schedules/{sid()}/runs", headers=ACME), 404,
+                 "not_found")
+
+
+# ------------------------------------------------------------------ read-your-writes
+
+
+async def test_a_read_with_the_token_waits_for_the_projection(stack: ApiStack) -> None:
+    assert stack.http is not None
+    await stack.pause_projector()
+    try:
+        s = sid()
+        r = await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})
+        assert r.status_code == 201
+        plain = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
+        assert_error(plain, 404, "not_found")  # no token: whatever the projection holds now
+        waiting = asyncio.create_task(stack.http.get(f"/v1/schedules/{s}", headers=consistent(r)))
+        assert stack.store is not None
+        stored = await stack.store.offsets()
+        assert not waiting.done() and stored == await stack.store.offsets()
+    finally:
+        stack.resume_projector()
+    got = await asyncio.wait_for(waiting, 10)
+    assert got.status_code == 200 and got.json()["scheduleId"] == s
+    r = await stack.http.get(f"/v1/schedules/{s}", headers={**ACME, CONSISTENCY_HEADER: "zz"})
+    assert_error(r, 400, "invalid", CONSISTENCY_HEADER)
+
+
+async def test_a_token_the_projection_does_not_reach_in_time_is_503(
+    stack: ApiStack, lg: EventLog
+) -> None:
+    assert stack.store is not None
+    app = create_app(stack.client, stack.store, TENANTS, consistency_timeout=0.3)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as http:
+        from chronolog.projections.api import encode_token
+        far = encode_token({0: 10**9})
+        r = await http.get("/v1/schedules/x", headers={**ACME, CONSISTENCY_HEADER: far})
+        assert_error(r, 503, "unavailable", CONSISTENCY_HEADER)
+        assert r.headers["retry-after"] == "1"
+
+
+async def test_no_reply_in_time_is_503_saying_the_command_may_still_be_decided(
+    stack: ApiStack, lg: EventLog
+) -> None:
+    # a client on a topic prefix no processor serves
+    from chronolog.commands.client import Client
+    idle_topics = Topics(prefix=f"idle{uuid.uuid4().hex[:6]}.", partitions=1)
+    other = open_log(_config_like(lg, idle_topics))
+    await other.start()
+    await other.ensure_topics()
+    client = Client(other, reply_timeout=0.5)
+    await client.start()
+    try:
+        assert stack.store is not None
+        app = create_app(client, stack.store, TENANTS, reply_timeout=0.5)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as http:
+            r = await http.post("/v1/schedules", json={"scheduleId": sid(), "every": "1h",
+                                                       "job": {"type": "a"}}, headers=ACME)
+            body = assert_error(r, 503, "unavailable")
+            assert "may still be decided" in body["message"]
+    finally:
+        await client.close()
+        await other.close()
+
+
+def _config_like(lg: EventLog, topics: Topics) -> LogConfig:
+    path = getattr(lg, "path", None)
+    if path is not None:
+        return LogConfig("sqlite", str(path), topics)
+    return LogConfig("kafka", getattr(lg, "bootstrap_servers"), topics)
+
+
+# ------------------------------------------------------------------ preview, health, metrics
+
+
+async def test_preview_endpoint(stack: ApiStack) -> None:
+    assert stack.http is not None
+    r = await stack.http.get("/v1/preview", params={
+        "cron": "30 2 * * *", "timezone": "Europe/Berlin", "count": 3,
+        "from": "2026-03-28T00:00:00Z"}, headers=ACME)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"instants": [
+        {"utc": "2026-03-28T01:30:00Z", "local": "2026-03-28T02:30:00+01:00"},
+        {"utc": "2026-03-29T01:00:00Z", "local": "2026-03-29T03:00:00+02:00"},  # DST gap
+        {"utc": "2026-03-30T00:30:00Z", "local": "2026-03-30T02:30:00+02:00"},
+    ]}
+    r = await stack.http.get("/v1/preview", params={"every": "90m", "from": "2026-01-01T00:00:00Z",
+                                                    "count": 2}, headers=ACME)
+    assert [i["utc"] for i in r.json()["instants"]] == ["2026-01-01T01:30:00Z",
+                                                        "2026-01-01T03:00:00Z"]
+    for params, field in (({"cron": "nope"}, "cron"), ({"cron": "* * * * *", "timezone": "X/Y"},
+                                                        "timezone"),
+                          ({"every": "-1m"}, "every"), ({}, "cron"),
+                          ({"cron": "* * * * *", "count": 0}, "count")):
+        assert_error(await stack.http.get("/v1/preview", params=params, headers=ACME), 400,
+                     "invalid", field)
+
+
+async def test_healthz_and_metrics(stack: ApiStack) -> None:
+    assert stack.http is not None
+    h = await stack.http.get("/healthz")
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+    s = await _schedule(stack)
+    run_id = (await _trigger(stack, s, "m")).json()["runId"]
+    claim = await stack.client.claim("acme", s, run_id, 1, "wm")
+    assert claim["fence"] >= 1
+    await stack.http.get("/metrics")
+    r = await stack.http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name in ("chronolog_start_lateness_seconds_bucket", "chronolog_oldest_due_age_seconds",
+                 "chronolog_expired_leases", "chronolog_skipped_occurrences_total",
+                 "chronolog_projection_lag_events", "chronolog_projection_lag_seconds",
+                 "chronolog_commands_total", "chronolog_events_total",
+                 "chronolog_commands_per_second", "chronolog_events_per_second"):
+        assert name in text, name
+    await wait_until(lambda: _has_lateness(stack), 20, what="lateness sample for acme")
+    assert_error(await stack.http.get("/nowhere"), 404, "not_found")
+
+
+async def _has_lateness(stack: ApiStack) -> bool:
+    assert stack.http is not None
+    text = (await stack.http.get("/metrics")).text
+    return 'chronolog_start_lateness_seconds_count{resource_class="default",tenant="acme"}' in text

@@ -1,0 +1,34 @@
+"""The committed ``schemas/api/openapi.json`` matches the API (no drift; ``make schemas``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from chronolog.projections.api import openapi_document, openapi_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_openapi_matches_the_app() -> None:
+    on_disk = (ROOT / "schemas" / "api" / "openapi.json").read_text()
+    assert on_disk == openapi_json(), "run `make schemas` and commit schemas/api/openapi.json"
+
+
+def test_the_contract_paths_and_error_body_are_documented() -> None:
+    doc = openapi_document()
+    paths = doc["paths"]
+    assert {"/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}:pause",
+            "/v1/schedules/{schedule_id}:resume", "/v1/schedules/{schedule_id}/runs",
+            "/v1/runs/{run_id}", "/v1/runs/{run_id}:cancel", "/v1/runs/{run_id}:redrive",
+            "/v1/runs/{run_id}:reconcile", "/v1/preview", "/healthz", "/metrics"} <= set(paths)
+    error = doc["components"]["schemas"]["ErrorBody"]
+    assert {"error", "field", "message"} <= set(error["properties"])
+    create = paths["/v1/schedules"]["post"]
+    assert {"201", "400", "401", "403", "409", "429", "503"} <= set(create["responses"])
+    assert "428" in paths["/v1/schedules/{schedule_id}"]["put"]["responses"]
+    assert "202" in paths["/v1/runs/{run_id}:cancel"]["post"]["responses"]
+    body = doc["components"]["schemas"]["ScheduleIn"]["properties"]
+    assert {"scheduleId", "cron", "timezone", "every", "anchor", "at", "job", "misfire", "overlap",
+            "retry", "lease", "startDeadline", "jitter", "dst", "effects"} <= set(body)
+    json.dumps(doc)  # serializable
