@@ -185,12 +185,17 @@ class Processor:
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
+        work = []
         for p, ps in list(self.partitions.items()):
             batch = by_partition.get(p, [])
             nw = ps.next_wake()
             if not batch and (nw is None or nw > now):
                 continue
-            await self._process(ps, batch, now)
+            work.append((ps, batch, self._decide_partition(ps, batch, now)))
+        # decisions are CPU work done above, partition by partition; the transactions are
+        # I/O and run concurrently (one owner per partition, so they never conflict)
+        await asyncio.gather(*(self._commit_partition(ps, batch, out, consumed)
+                               for ps, batch, (out, consumed) in work if out is not None))
 
     def _poll_timeout(self) -> int:
         wakes = [w for w in (ps.next_wake() for ps in self.partitions.values()) if w is not None]
@@ -272,7 +277,10 @@ class Processor:
 
     # ------------------------------------------------------------------ the batch
 
-    async def _process(self, ps: PartitionState, batch: list[Record], now: datetime) -> None:
+    def _decide_partition(
+        self, ps: PartitionState, batch: list[Record], now: datetime
+    ) -> tuple["_Output | None", dict[tuple[str, int], int]]:
+        """Decide a partition's commands and due timers (state is evolved as we go)."""
         out = _Output(self.topics, ps.partition, (
             ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())))
         consumed: dict[tuple[str, int], int] = {}
@@ -288,13 +296,31 @@ class Processor:
             self._apply(ps, key, st, dec, cid, now, out, reply_to=None)
             self.stats.ticks += 1
         if out.empty and not consumed:
-            return
+            return None, consumed
+        return out, consumed
+
+    async def _commit_partition(
+        self, ps: PartitionState, batch: list[Record], out: "_Output",
+        consumed: dict[tuple[str, int], int],
+    ) -> None:
+        """One transaction: the partition's output plus its consumed command offsets.
+
+        The live state was evolved while deciding; if the transaction does not commit, that
+        state is ahead of the log, so the partition is dropped — and, unless we were fenced,
+        taken over again at once from the log (restore + seek to the committed offset).
+        """
         try:
             await ps.owner.commit(out.records, consumed, self.group, then=out.then)
         except Fenced as exc:
             self.stats.fenced += 1
             log.warning("partition_fenced", partition=ps.partition, error=str(exc))
             await self._drop(ps.partition, "fenced")
+            return
+        except Exception as exc:  # noqa: BLE001 - unknown outcome: rebuild from the log
+            log.warning("partition_commit_failed", partition=ps.partition, error=repr(exc))
+            await self._drop(ps.partition, "commit failed")
+            if (self.topics.commands, ps.partition) in self._consumer.assignment():
+                await self._on_assigned({(self.topics.commands, ps.partition)})
             return
         self.stats.transactions += 1
         self.stats.commands += len(batch)
