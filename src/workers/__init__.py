@@ -1,1 +1,12 @@
-"""Worker runtime and SDK; result stores."""
+"""Worker runtime and SDK; result stores.
+
+``Worker`` runs registered handlers for ready runs (``@worker.job("name")``); a handler gets a
+``JobContext`` and may raise ``Permanent`` / ``Ambiguous`` to classify its failure. Results
+larger than 8 KiB are staged in a ``ResultStore`` (``FilesystemResultStore``).
+"""
+
+from chronolog.workers.results import FilesystemResultStore, ResultStore
+from chronolog.workers.runtime import Ambiguous, Cancelled, JobContext, Permanent, Worker
+
+__all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "ResultStore",
+           "FilesystemResultStore"]

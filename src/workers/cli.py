@@ -1,0 +1,151 @@
+"""``chronolog worker`` and ``chronolog gc``.
+
+``chronolog worker [--log URL|--data-dir DIR] [--partitions N] [--classes a,b]
+[--concurrency N] [--worker-id ID] [--builtin-jobs] [--jobs MODULE_OR_FILE ...]``
+runs a worker until SIGTERM/SIGINT (graceful drain; a second signal forces it). ``--jobs``
+imports a module (``pkg.mod``) or a file (``path/jobs.py``) and calls its
+``register(worker)``. Staged results go to ``--results DIR`` (default ``<data dir>/results``).
+
+``chronolog gc [--data-dir DIR | --results DIR] [--log URL] --grace 1h [--dry-run] [--json]``
+deletes staged result objects that no ResultPublished references and whose attempt can never
+publish, once older than the grace period (see ``chronolog.workers.gc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from chronolog.processors.cli import add_log_flags, log_from_args
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("worker", help="run job handlers for ready runs")
+    add_log_flags(p)
+    p.add_argument("--classes", default="default",
+                   help="comma-separated resource classes to serve (default: default)")
+    p.add_argument("--concurrency", type=int, default=4, help="slots per resource class")
+    p.add_argument("--worker-id", default=None, help="worker identity (default host-pid-rand)")
+    p.add_argument("--builtin-jobs", action="store_true",
+                   help="register the built-in jobs noop, echo, sleep, fail")
+    p.add_argument("--jobs", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="import a module or .py file and call its register(worker); repeatable")
+    p.add_argument("--results", default=None, help="result store directory "
+                   "(default <data dir>/results)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds running handlers may finish after SIGTERM (default 30)")
+    p.add_argument("--reply-timeout", type=float, default=10.0,
+                   help="seconds to wait for a command's reply before re-sending it")
+    p.add_argument("--group", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=_run_worker)
+
+    g = sub.add_parser("gc", help="remove unreferenced staged result objects")
+    add_log_flags(g)
+    g.add_argument("--results", default=None, help="result store directory "
+                   "(default <data dir>/results)")
+    g.add_argument("--grace", default="1h", help="minimum age of a removed object (default 1h)")
+    g.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
+    g.set_defaults(func=_run_gc)
+
+
+def results_dir(args: Any) -> Path:
+    from chronolog.settings import data_dir
+
+    return Path(args.results) if args.results else data_dir(args.data_dir) / "results"
+
+
+def _load_jobs(spec: str, worker: Any) -> None:
+    from chronolog.cli import UsageError
+
+    try:
+        if spec.endswith(".py") or "/" in spec:
+            path = Path(spec)
+            mod_spec = importlib.util.spec_from_file_location(f"chronolog_jobs_{path.stem}", path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise UsageError(f"--jobs: cannot load '{spec}'")
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(spec)
+    except (ImportError, OSError) as exc:
+        raise UsageError(f"--jobs: cannot import '{spec}': {exc}") from None
+    reg = getattr(module, "register", None)
+    if not callable(reg):
+        raise UsageError(f"--jobs: '{spec}' has no register(worker) function")
+    reg(worker)
+
+
+def _run_worker(args: Any) -> int:
+    from chronolog.cli import UsageError
+    from chronolog.logging import configure_logging
+    from chronolog.workers.results import FilesystemResultStore
+    from chronolog.workers.runtime import Worker, run_until_signalled
+
+    configure_logging()
+    classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    if not classes:
+        raise UsageError("--classes: at least one resource class is required")
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency: must be at least 1, got {args.concurrency}")
+    log_ = log_from_args(args)
+    worker = Worker(log_, worker_id=args.worker_id, resource_classes=classes,
+                    concurrency=args.concurrency,
+                    result_store=FilesystemResultStore(results_dir(args)),
+                    group=args.group, drain_timeout=args.drain_timeout,
+                    reply_timeout=args.reply_timeout)
+    if args.builtin_jobs:
+        worker.builtin_jobs()
+    for spec in args.jobs:
+        _load_jobs(spec, worker)
+    if not worker.job_types:
+        raise UsageError("no jobs registered: pass --builtin-jobs or --jobs MODULE_OR_FILE")
+
+    async def main() -> int:
+        await log_.start()
+        try:
+            await run_until_signalled(worker)
+        finally:
+            await log_.close()
+        return 0
+
+    return asyncio.run(main())
+
+
+def _run_gc(args: Any) -> int:
+    import orjson
+
+    from chronolog.cli import UsageError
+    from chronolog.domain.durations import parse_duration
+    from chronolog.workers.gc import collect
+    from chronolog.workers.results import FilesystemResultStore
+
+    try:
+        grace = parse_duration(args.grace)
+    except ValueError as exc:
+        raise UsageError(f"--grace: invalid duration '{args.grace}': {exc}") from None
+    log_ = log_from_args(args)
+    store = FilesystemResultStore(results_dir(args))
+
+    async def main() -> Any:
+        await log_.start()
+        try:
+            await log_.ensure_topics()  # idempotent; a brand-new log simply references nothing
+            return await collect(log_, store, grace, dry_run=args.dry_run)
+        finally:
+            await log_.close()
+
+    report = asyncio.run(main())
+    if args.json:
+        sys.stdout.write(orjson.dumps(report.as_dict()).decode() + "\n")
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(f"scanned {report.scanned} staged objects: {verb} {len(report.deleted)}, kept "
+              f"{report.kept_referenced} referenced, {report.kept_open} still publishable or "
+              f"unknown to the log, {report.kept_young} younger than the grace")
+    return 0

@@ -1,0 +1,147 @@
+"""Garbage collection of staged result objects (``chronolog gc``).
+
+The reference registry is the log itself: a staged object is *referenced* when a
+ResultPublished event names its uri. ``collect`` folds the ``events`` topic into, per run,
+the published uris and the fate of every claimed fence, then deletes a staged object only
+when ALL of these hold:
+
+1. no ResultPublished names it;
+2. the attempt that staged it can never publish: its fence ``f`` was claimed for that run
+   (AttemptClaimed in the log) and that claim is *closed* — a later claim of the run with a
+   higher fence, LeaseExpired / AttemptFailed of fence ``f``, a ResultPublished, or the run
+   ending (OccurrenceCancelled / OccurrenceDeadLettered);
+3. it is older than the grace period (mtime).
+
+Why this is safe against a publication in flight: the processor publishes a CompleteRun only
+while the run is LEASED under the presented fence (``_current_lease`` in the decider), and a
+closed claim never reopens — fences only grow and a run leaves LEASED for good under that
+fence. All events of one schedule are in one partition, in order, so a ResultPublished for
+fence ``f`` must precede the event that closed ``f``: if gc has read the closing event it has
+also read any publication that could name the object. An object whose fence gc has not seen
+claimed (gc's read raced the claim, or the object is a stranger) is kept — gc errs only on the
+side of keeping. Nothing is deleted because of what gc *did not* read.
+
+The grace period is belt and braces (and a window for people who want to look at a stale
+attempt's output); safety does not depend on clocks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from chronolog.log.port import EventLog
+from chronolog.workers.results import ResultStore, StagedObject
+
+_CLOSING_ALL = ("OccurrenceCancelled", "OccurrenceDeadLettered")
+
+
+@dataclass
+class _RunRefs:
+    claimed: set[int] = field(default_factory=set)  # every fence ever claimed for the run
+    open_fence: int | None = None  # the fence of the current, still-open claim
+    published: set[str] = field(default_factory=set)
+
+
+@dataclass
+class References:
+    """What the log says about staged objects: published uris and claim fates per run."""
+
+    runs: dict[str, _RunRefs] = field(default_factory=dict)
+    events_read: int = 0
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        t = ev.get("type")
+        run_id = ev.get("run_id")
+        if not isinstance(run_id, str):
+            return
+        if t == "AttemptClaimed":
+            r = self.runs.setdefault(run_id, _RunRefs())
+            r.claimed.add(int(ev["fence"]))
+            r.open_fence = int(ev["fence"])
+        elif t in ("LeaseExpired", "AttemptFailed"):
+            r = self.runs.setdefault(run_id, _RunRefs())
+            if r.open_fence == int(ev["fence"]):
+                r.open_fence = None
+        elif t == "ResultPublished":
+            r = self.runs.setdefault(run_id, _RunRefs())
+            if ev.get("uri"):
+                r.published.add(str(ev["uri"]))
+            r.open_fence = None
+        elif t in _CLOSING_ALL:
+            r = self.runs.setdefault(run_id, _RunRefs())
+            r.open_fence = None
+
+    def referenced(self, uri: str, run_id: str) -> bool:
+        r = self.runs.get(run_id)
+        return r is not None and uri in r.published
+
+    def can_never_publish(self, obj: StagedObject) -> bool:
+        """True only when the log proves the staging attempt's claim is closed."""
+        r = self.runs.get(obj.run_id)
+        if r is None or obj.fence not in r.claimed:
+            return False  # unknown to the log we read: keep
+        return r.open_fence != obj.fence
+
+
+async def fold_references(log_: EventLog) -> References:
+    """Read every partition of ``events`` to its current end."""
+    refs = References()
+    topic = log_.topics.events
+    for p in range(await log_.partitions_for(topic)):
+        end = await log_.end_offset(topic, p)
+        offset = 0
+        while offset < end:
+            recs = await log_.read(topic, p, offset, 2000)
+            if not recs:
+                break
+            for rec in recs:
+                env = orjson.loads(rec.value)
+                payload = env.get("payload") if isinstance(env, dict) else None
+                if isinstance(payload, dict):
+                    refs.apply(payload)
+                refs.events_read += 1
+            offset = recs[-1].offset + 1
+    return refs
+
+
+@dataclass
+class GcReport:
+    scanned: int = 0
+    deleted: list[str] = field(default_factory=list)
+    kept_referenced: int = 0
+    kept_open: int = 0  # the attempt may still publish (or the log does not know it yet)
+    kept_young: int = 0
+    events_read: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scanned": self.scanned, "deleted": len(self.deleted),
+                "kept_referenced": self.kept_referenced, "kept_open": self.kept_open,
+                "kept_young": self.kept_young, "events_read": self.events_read,
+                "deleted_uris": self.deleted}
+
+
+async def collect(
+    log_: EventLog, store: ResultStore, grace_s: float, dry_run: bool = False,
+    now: float | None = None,
+) -> GcReport:
+    """Delete unreferenced staged objects that can never be published and are old enough."""
+    objects = await store.list()
+    refs = await fold_references(log_)
+    report = GcReport(scanned=len(objects), events_read=refs.events_read)
+    wall = time.time() if now is None else now
+    for obj in objects:
+        if refs.referenced(obj.uri, obj.run_id):
+            report.kept_referenced += 1
+        elif not refs.can_never_publish(obj):
+            report.kept_open += 1
+        elif wall - obj.mtime < grace_s:
+            report.kept_young += 1
+        else:
+            if not dry_run:
+                await store.delete(obj.uri)
+            report.deleted.append(obj.uri)
+    return report
