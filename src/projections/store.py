@@ -69,10 +69,12 @@ class TableSpec:
     types: Mapping[str, str]  # every writable column, key included -> PostgreSQL type
     required: frozenset[str]  # non-key columns that are NOT NULL without a default
 
-    @property
-    def columns(self) -> frozenset[str]:
-        """The writable non-key columns."""
-        return frozenset(self.types) - frozenset(self.key)
+    # The writable non-key columns; computed once (RowChanges.set checks every change
+    # against it, so a property recomputing it was a measurable part of projecting).
+    columns: frozenset[str] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", frozenset(self.types) - frozenset(self.key))
 
 
 def _spec(name: str, key: tuple[str, ...], required: Iterable[str], **types: str) -> TableSpec:
@@ -165,8 +167,8 @@ class RowChanges:
         spec = TABLES[table]
         if len(key) != len(spec.key):
             raise ValueError(f"{table}: key {key!r} does not match {spec.key}")
-        unknown = columns.keys() - spec.columns
-        if unknown:
+        if not spec.columns.issuperset(columns):
+            unknown = columns.keys() - spec.columns
             raise ValueError(f"{table}: unknown or key columns {sorted(unknown)}")
         rows = self.table(table)
         row = rows.get(key)
