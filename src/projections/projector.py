@@ -13,7 +13,7 @@ One *pass*:
    offset, ``batch_max / P`` records at most, the reads run concurrently; when the previous
    pass found nothing the reads wait up to ``idle_ms`` for new records instead of spinning);
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
-   ``project_batch`` — partition order is kept; across partitions order does not matter
+   ``project_batch`` (both while the previous batch is being written) — partition order is kept; across partitions order does not matter
    because every row (schedule, run, attempt, effect) belongs to one aggregate, i.e. to one
    partition;
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
@@ -25,8 +25,9 @@ and the loop continues from there — two projectors on one database never write
 twice. A record that does not decode stops the projector with ``ProjectionError`` after the
 batches before it committed: skipping it would make the live tables differ from a replay.
 
-While the database is written, the next batch is already being read and decoded (one batch
-of read-ahead), which is where most of the throughput comes from.
+While the database is written, the next batches are already being read, decoded and
+projected by a reader task (``read_ahead`` batches, default 2, in a bounded queue), so the
+CPU work overlaps PostgreSQL's; on a conflict the queued batches are dropped with it.
 
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
 event applied), ``lag()`` (records between the stored offsets and the log's end offsets —
@@ -46,6 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import structlog
 
@@ -53,7 +55,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.port import EventLog, Record
 from chronolog.projections.project import project_batch
-from chronolog.projections.store import OffsetConflict, PostgresProjectionStore
+from chronolog.projections.store import OffsetConflict, PostgresProjectionStore, RowChanges
 
 __all__ = ["Commit", "ProjectionError", "Projector", "ProjectorStats", "Watermark"]
 
@@ -108,6 +110,7 @@ class _Batch:
     records: dict[int, list[Record]]
     envelopes: dict[int, list[m.EventEnvelope]]
     error: str | None = None  # a record that did not decode ends the batch before it
+    changes: RowChanges | None = None  # projected while the previous batch is written
 
     @property
     def size(self) -> int:
@@ -124,12 +127,14 @@ class Projector:
         *,
         batch_max: int = DEFAULT_BATCH,
         idle_ms: int = DEFAULT_IDLE_MS,
+        read_ahead: int = 2,
     ) -> None:
         self.log = log_
         self.store = store
         self.topic = log_.topics.events
         self.batch_max = max(1, batch_max)
         self.idle_ms = max(0, idle_ms)
+        self.read_ahead = max(1, read_ahead)
         self.stats = ProjectorStats()
         self.on_commit: list[Callable[[Commit], None]] = []
         self._offsets: dict[int, int] = {}
@@ -156,45 +161,58 @@ class Projector:
     async def run(self) -> None:
         """Project until ``stop()``; a ``ProjectionError`` ends it."""
         await self.start()
-        ahead: asyncio.Task[_Batch] | None = None
-        idle = False
+        stopping = asyncio.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
-                if ahead is None:
-                    batch = await self._read(wait_ms=self.idle_ms if idle else 0)
-                else:
-                    batch = await ahead
-                    ahead = None
-                if self._stopping.is_set():
-                    break
-                if batch.size == 0 and batch.error is None:
-                    idle = True
-                    continue
-                idle = False
-                # read the next batch (from the offsets this one ends at) while this one is
-                # written; on a conflict it is thrown away with it
-                if batch.error is None:
-                    ahead = asyncio.create_task(self._read(0, after=batch))
+                # a reader task reads, decodes and projects ahead (a bounded queue) from the
+                # stored offsets; this loop writes. On a conflict both start over.
+                queue: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=self.read_ahead)
+                reader = asyncio.create_task(self._reader(queue, dict(self._offsets)))
                 try:
-                    await self._apply(batch)
-                except OffsetConflict as exc:
-                    if ahead is not None:
-                        await _cancel(ahead)
-                        ahead = None
-                    self.stats.conflicts += 1
-                    log.warning("projector_offset_conflict", error=str(exc))
-                    await self._load_offsets()
-                    continue
-                if batch.error is not None:
-                    raise ProjectionError(batch.error)
+                    while True:
+                        getter = asyncio.create_task(queue.get())
+                        await asyncio.wait({getter, stopping, reader},
+                                           return_when=asyncio.FIRST_COMPLETED)
+                        if not getter.done():
+                            await _cancel(getter)
+                            if reader.done():
+                                reader.result()  # a read failure ends the projector
+                            return  # stopping
+                        batch = getter.result()
+                        try:
+                            await self._apply(batch)
+                        except OffsetConflict as exc:
+                            self.stats.conflicts += 1
+                            log.warning("projector_offset_conflict", error=str(exc))
+                            await self._load_offsets()
+                            break  # read again from the offsets stored now
+                        if batch.error is not None:
+                            raise ProjectionError(batch.error)
+                finally:
+                    await _cancel(reader)
         finally:
-            if ahead is not None:
-                await _cancel(ahead)
+            await _cancel(stopping)
+
+    async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
+        """Fill ``queue`` with decoded, projected batches read from ``start`` on."""
+        position = dict(start)
+        idle = False
+        while True:
+            batch = await self._read(position, self.idle_ms if idle else 0)
+            if batch.size == 0 and batch.error is None:
+                idle = True
+                continue
+            idle = False
+            for p, recs in batch.records.items():
+                position[p] = recs[-1].offset + 1
+            await queue.put(batch)
+            if batch.error is not None:
+                return
 
     async def step(self, wait_ms: int = 0) -> int:
         """One pass without read-ahead (tests, tools): the number of events applied."""
         await self.start()
-        batch = await self._read(wait_ms)
+        batch = await self._read(dict(self._offsets), wait_ms)
         if batch.size == 0 and batch.error is None:
             return 0
         try:
@@ -252,16 +270,14 @@ class Projector:
     async def _load_offsets(self) -> None:
         stored = await self.store.offsets()
         self._offsets = {p: n for (t, p), n in stored.items() if t == self.topic}
+        self._last_event_at = await self.store.pool.fetchval(
+            "SELECT max(last_event_at) FROM projection_offsets WHERE projection = $1 "
+            "AND topic = $2", self.store.projection, self.topic)
 
-    async def _read(self, wait_ms: int, after: _Batch | None = None) -> _Batch:
-        """Read and decode one batch, from the stored offsets or from where ``after`` ends."""
+    async def _read(self, start: dict[int, int], wait_ms: int) -> _Batch:
+        """Read, decode and project one batch, each partition from ``start``."""
         n = max(1, self._partitions)
         per_partition = max(1, self.batch_max // n)
-        start = dict(self._offsets)
-        if after is not None:
-            for p, recs in after.records.items():
-                if recs:
-                    start[p] = recs[-1].offset + 1
         reads = await asyncio.gather(*(
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
             for p in range(self._partitions)
@@ -283,6 +299,8 @@ class Projector:
                 batch.envelopes[p] = envs
             if batch.error is not None:
                 break  # later partitions wait for the next projector start
+        if batch.envelopes:
+            batch.changes = project_batch(_chain(batch.envelopes.values()))
         return batch
 
     async def _apply(self, batch: _Batch) -> None:
@@ -294,7 +312,7 @@ class Projector:
             tp = (self.topic, p)
             offsets[tp] = (self._offsets.get(p, 0), recs[-1].offset + 1)
             last_at[tp] = max(e.at for e in batch.envelopes[p])
-        changes = project_batch(_chain(batch.envelopes.values()))
+        changes = batch.changes or project_batch(_chain(batch.envelopes.values()))
         result = await self.store.apply(changes, offsets, last_event_at=last_at)
         committed_ms = time.time() * 1000
         # bookkeeping only after the transaction committed
@@ -331,7 +349,7 @@ def _chain(groups: Iterable[list[m.EventEnvelope]]) -> Iterable[m.EventEnvelope]
         yield from g
 
 
-async def _cancel(task: asyncio.Task[_Batch]) -> None:
+async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task

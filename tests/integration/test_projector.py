@@ -69,7 +69,7 @@ async def test_restart_resumes_from_the_stored_offsets(
     live = await _store(module_dsn, stores)
     first_commits: list[Commit] = []
     async with Running(event_log) as r:
-        for i in range(5):
+        for i in range(12):
             await r.client.create_schedule("acme", f"s{i}", SPEC)
         one = Projector(event_log, live, batch_max=40, idle_ms=20)
         task = asyncio.create_task(one.run())
@@ -117,11 +117,18 @@ async def test_two_projectors_on_one_database_apply_each_event_once(
 ) -> None:
     shared = await _store(module_dsn, stores)
     async with Running(event_log) as r:
-        for i in range(6):
+        for i in range(20):
             await r.client.create_schedule("acme", f"s{i}", SPEC)
-        await wait_until(lambda: _more(event_log, 60), 30, what="events")
+        await wait_until(lambda: _more(event_log, 100), 30, what="events")
     a = Projector(event_log, shared, batch_max=9, idle_ms=10)
     b = Projector(event_log, shared, batch_max=13, idle_ms=10)
+    # deterministic race first: b loads the offsets, a moves them, b's batch conflicts
+    await b.start()
+    applied = await a.step()
+    assert applied > 0
+    assert await b.step() == 0 and b.stats.conflicts == 1 and b.stats.events == 0
+    assert b.watermark() == a.watermark()  # b re-read the stored offsets
+    # then both run freely
     tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
     rebuilt, rb = await _rebuild(event_log, module_dsn, stores)
     total = rb.stats.events
