@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.dev",
     "chronolog.workers.cli",
     "chronolog.effect_adapters.cli",
+    "chronolog.ops_cli",
 )
 
 

@@ -1,0 +1,1055 @@
+"""The operator CLI: schedules, runs and their history, on either log.
+
+    chronolog schedule create ID (--cron EXPR [--tz ZONE] | --every DUR [--anchor ISO] | --at ISO)
+                              --job TYPE [--params JSON] [--misfire skip|latest|all]
+                              [--overlap allow|skip|buffer_one|buffer_all|cancel_previous]
+                              [--max-attempts N] [--lease DUR] [--start-deadline DUR]
+                              [--jitter DUR] [--dst-ambiguous first|second|both]
+                              [--dst-nonexistent shift_forward|skip] [--idempotency-key K]
+                              [--spec FILE.json]
+    chronolog schedule revise ID --if-match REV (the same definition flags, or --spec)
+    chronolog schedule pause|resume|delete ID
+    chronolog schedule list [--state ACTIVE|PAUSED|DELETED] [--limit N]
+    chronolog schedule show ID
+    chronolog trigger SCHEDULE_ID [--idempotency-key K] [--params JSON]
+    chronolog cancel RUN_ID [--schedule S] [--reason TEXT]
+    chronolog redrive RUN_ID [--schedule S]
+    chronolog runs SCHEDULE_ID [--limit N] [--state S[,S]] [--after CURSOR]
+    chronolog run RUN_ID
+
+Every command takes the log flags (``--log``/``--data-dir``/``--partitions``/
+``--topic-prefix``, env ``CHRONOLOG_LOG`` ...), ``--tenant`` (default: the only tenant of the
+tenants file, else ``default``), ``--tenants FILE`` (env ``CHRONOLOG_TENANTS``; when given,
+the tenant must exist in it and its job types are checked locally, as the API does) and
+``--json`` (machine output: the HTTP API's camelCase bodies; see below).
+
+Writes go to the log through ``chronolog.commands.client.Client`` and wait, bounded
+(``--timeout``, default 15 s), for the processor's reply. Reads come from the PostgreSQL
+read model through the API's ``ReadModel`` queries (and its response models, so ``--json``
+prints exactly what the API would): ``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the
+embedded PostgreSQL of ``--data-dir`` (``DIR/pg`` as ``chronolog dev`` makes it, or
+``DIR/postgres`` as ``chronolog projector`` makes it); a cluster that is not running is started
+for the command, with a note on stderr, and stopped again on exit.
+
+Exit status
+    0   done.
+    1   the command was refused or could not be decided: one line on stderr
+        ``error: <status>: <reason>`` where status is the reply / API word (``invalid``,
+        ``forbidden``, ``not_found``, ``conflict``, ``quota``, ``stale_fence``) or
+        ``unavailable`` (no reply within the bound — the command may still be decided —, the
+        log or the database unreachable). With ``--json`` the API's error body
+        ``{"error", "field", "message", ...}`` is also printed on stdout.
+    2   bad local input or configuration (validated before anything is sent): one line
+        naming the field and value, the same messages as ``chronolog preview``.
+
+``--json`` shapes (as the API): create ``{scheduleId, revision, nextRunAt}``; revise
+``{revision, nextRunAt}``; pause/resume/delete ``{scheduleId, revision, state, nextRunAt}``;
+trigger ``{runId, state}``; cancel ``{runId, state, outcome}``; redrive ``{runId, state,
+attempt}``; show = ``GET /v1/schedules/{id}``; runs = ``GET /v1/schedules/{id}/runs``;
+run = ``GET /v1/runs/{id}``; list (no API counterpart) ``{items: [{scheduleId, state,
+revision, nextRunAt, nextDueAt, createdAt, updatedAt, definition}], watermark}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import os
+import sys
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Coroutine
+
+from chronolog.processors.cli import add_log_flags
+from chronolog.projections.cli import add_database_flag
+from chronolog.settings import ConfigError, LogConfig, data_dir, open_log, parse_log_url
+
+__all__ = ["register", "build_definition"]
+
+DEFAULT_TIMEOUT = 15.0
+_DURATION_FLAGS = (("lease", "lease"), ("start_deadline", "startDeadline"), ("jitter", "jitter"))
+_TRIGGER_KEYS = ("cron", "every", "at", "delay", "anchor")
+
+
+# =======================================================================================
+# errors
+
+
+def _usage(message: str) -> Exception:
+    from chronolog.cli import UsageError
+
+    return UsageError(message)
+
+
+class Failure(Exception):
+    """A refused or undecidable operation: exit status 1, ``error: <status>: <message>``."""
+
+    def __init__(self, status: str, message: str, field: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.extra = extra or {}
+
+    def __str__(self) -> str:
+        return f"error: {self.status}: {self.message}"
+
+
+# =======================================================================================
+# registration
+
+
+def register(sub: Any) -> None:
+    """Add ``schedule``, ``trigger``, ``cancel``, ``redrive``, ``runs`` and ``run``."""
+    sched = sub.add_parser("schedule", help="create, revise, pause, resume, delete, list, show "
+                           "schedules")
+    ssub = sched.add_subparsers(dest="action", metavar="ACTION")
+    ssub.required = True
+
+    p = ssub.add_parser("create", help="create a schedule")
+    p.add_argument("schedule_id", metavar="ID")
+    _definition_flags(p)
+    p.add_argument("--idempotency-key", default=None, metavar="K",
+                   help="the same key and definition replays the first answer")
+    _common(p, write=True)
+    p.set_defaults(func=_command(_create))
+
+    p = ssub.add_parser("revise", help="replace a schedule's definition (like PUT)")
+    p.add_argument("schedule_id", metavar="ID")
+    p.add_argument("--if-match", required=True, type=int, metavar="REV",
+                   help="the revision being revised (a stale one is a conflict)")
+    _definition_flags(p)
+    _common(p, write=True)
+    p.set_defaults(func=_command(_revise))
+
+    for action, helptext in (("pause", "pause a schedule"), ("resume", "resume a schedule"),
+                             ("delete", "delete a schedule")):
+        p = ssub.add_parser(action, help=helptext)
+        p.add_argument("schedule_id", metavar="ID")
+        if action == "pause":
+            p.add_argument("--reason", default="", help="recorded with the pause")
+        _common(p, write=True)
+        p.set_defaults(func=_command(_lifecycle), lifecycle=action)
+
+    p = ssub.add_parser("list", help="list the tenant's schedules")
+    p.add_argument("--state", default=None, type=str.upper,
+                   choices=("ACTIVE", "PAUSED", "DELETED"), help="only this state")
+    p.add_argument("--limit", type=int, default=500, help="at most N (default 500)")
+    _common(p)
+    p.set_defaults(func=_command(_list))
+
+    p = ssub.add_parser("show", help="a schedule: definition, state, revision, next 5 instants")
+    p.add_argument("schedule_id", metavar="ID")
+    _common(p)
+    p.set_defaults(func=_command(_show))
+
+    p = sub.add_parser("trigger", help="run a schedule's job now (manual run)")
+    p.add_argument("schedule_id", metavar="SCHEDULE_ID")
+    p.add_argument("--idempotency-key", "--key", default=None, metavar="K",
+                   help="the same key and params give the same run (default: a new key)")
+    p.add_argument("--params", default=None, metavar="JSON", help="params for this run")
+    _common(p, write=True)
+    p.set_defaults(func=_command(_trigger))
+
+    for name, helptext in (("cancel", "cancel a run (or request its cancellation)"),
+                           ("redrive", "run a DEAD run again (same run ID)")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("run_id", metavar="RUN_ID")
+        p.add_argument("--schedule", default=None, metavar="S",
+                       help="the run's schedule (default: looked up in the read model)")
+        if name == "cancel":
+            p.add_argument("--reason", default="", help="recorded with the cancellation")
+        _common(p, write=True)
+        p.set_defaults(func=_command(_run_command), run_command=name)
+
+    p = sub.add_parser("runs", help="a schedule's runs, newest first")
+    p.add_argument("schedule_id", metavar="SCHEDULE_ID")
+    p.add_argument("--limit", type=int, default=50, help="page size 1..500 (default 50)")
+    p.add_argument("--state", default=None, metavar="S[,S]", help="only these run states")
+    p.add_argument("--after", default=None, metavar="CURSOR",
+                   help="the nextCursor of the previous page")
+    _common(p)
+    p.set_defaults(func=_command(_runs))
+
+    p = sub.add_parser("run", help="a run with its attempts (fences), result and effects")
+    p.add_argument("run_id", metavar="RUN_ID")
+    _common(p)
+    p.set_defaults(func=_command(_run))
+
+
+def _common(p: argparse.ArgumentParser, *, write: bool = False) -> None:
+    add_log_flags(p)
+    p.add_argument("--tenant", default=None,
+                   help="tenant (default: the only one in the tenants file, else 'default')")
+    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
+    p.add_argument("--json", action="store_true", help="machine output (the API's JSON)")
+    if write:
+        p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                       help=f"seconds to wait for the processor's reply (default "
+                            f"{DEFAULT_TIMEOUT:g})")
+    add_database_flag(p)  # every command accepts it (one set of flags); writes ignore it
+
+
+def _definition_flags(p: argparse.ArgumentParser) -> None:
+    rule = p.add_mutually_exclusive_group()
+    rule.add_argument("--cron", default=None, metavar="EXPR", help="5-field cron or @daily")
+    rule.add_argument("--every", default=None, metavar="DUR", help="interval: 90s, 15m, PT1H")
+    rule.add_argument("--at", default=None, metavar="ISO", help="one-shot instant")
+    p.add_argument("--tz", default=None, metavar="ZONE",
+                   help="IANA zone of --cron and of naive --at/--anchor (default UTC)")
+    p.add_argument("--anchor", default=None, metavar="ISO", help="alignment of --every")
+    p.add_argument("--job", default=None, metavar="TYPE", help="job type")
+    p.add_argument("--params", default=None, metavar="JSON", help="job params (a JSON object)")
+    p.add_argument("--misfire", default=None, choices=("skip", "latest", "all"))
+    p.add_argument("--overlap", default=None,
+                   choices=("allow", "skip", "buffer_one", "buffer_all", "cancel_previous"))
+    p.add_argument("--max-attempts", default=None, type=int, metavar="N")
+    p.add_argument("--lease", default=None, metavar="DUR", help="lease of an attempt")
+    p.add_argument("--start-deadline", default=None, metavar="DUR",
+                   help="a run not started this long after its instant is skipped")
+    p.add_argument("--jitter", default=None, metavar="DUR", help="deterministic start jitter")
+    p.add_argument("--dst-ambiguous", default=None, choices=("first", "second", "both"))
+    p.add_argument("--dst-nonexistent", default=None, choices=("shift_forward", "skip"))
+    p.add_argument("--spec", default=None, metavar="FILE.json",
+                   help="the API body as a file (flags given as well override its fields)")
+
+
+# =======================================================================================
+# the command wrapper: local validation, then the async work, then the exit status
+
+
+@dataclass
+class Ctx:
+    """What every command resolves before it touches the log or the database."""
+
+    args: Any
+    log_cfg: LogConfig
+    tenant: str
+    allowed_jobs: frozenset[str] | None = None
+
+
+Handler = Callable[[Ctx], Coroutine[Any, Any, int]]
+
+
+def _command(prepare_and_run: Callable[[Ctx], Handler]) -> Callable[[Any], int]:
+    """Wrap ``prepare_and_run`` (synchronous validation returning the async work)."""
+
+    def run(args: Any) -> int:
+        from chronolog.logging import configure_logging
+
+        configure_logging()
+        if not os.environ.get("CHRONOLOG_LOG_LEVEL"):
+            # a failure is reported as one line; aiokafka's own connection errors would
+            # duplicate it (CHRONOLOG_LOG_LEVEL=DEBUG shows them)
+            logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        ctx = _context(args)
+        work = prepare_and_run(ctx)  # UsageError here: exit 2 before anything is sent
+        try:
+            return asyncio.run(work(ctx))
+        except Failure as exc:
+            if args.json:
+                body = {"error": exc.status, "field": exc.field, "message": exc.message,
+                        **exc.extra}
+                print(json.dumps(body))
+            print(str(exc), file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _context(args: Any) -> Ctx:
+    try:
+        cfg = parse_log_url(args.log, args.data_dir, args.partitions, args.topic_prefix)
+    except ConfigError as exc:
+        raise _usage(str(exc)) from None
+    path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
+    if not path:
+        return Ctx(args, cfg, args.tenant or "default")
+    from chronolog.tenants import load_tenants
+
+    try:
+        tenants = load_tenants(path)
+    except ConfigError as exc:
+        raise _usage(str(exc)) from None
+    if args.tenant is None:
+        if len(tenants.tenants) != 1:
+            raise _usage(f"invalid tenant: --tenant is required ({path} has "
+                         f"{', '.join(sorted(tenants.tenants))})")
+        name = next(iter(tenants.tenants))
+    elif args.tenant not in tenants.tenants:
+        raise _usage(f"invalid tenant '{args.tenant}': not in {path}")
+    else:
+        name = args.tenant
+    return Ctx(args, cfg, name, tenants.tenants[name].allowed_jobs)
+
+
+# =======================================================================================
+# definitions: flags (and --spec) -> API body -> ScheduleSpec, validated locally
+
+
+def _json_object(text: str, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _usage(f"invalid {name} '{_short(text)}': not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise _usage(f"invalid {name} '{_short(text)}': must be a JSON object")
+    return value
+
+
+def _short(text: str, n: int = 60) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
+    """The API body (camelCase, without ``scheduleId``) and its ``ScheduleSpec``.
+
+    Raises ``UsageError`` with one line naming the field and value; the trigger is checked
+    exactly as ``chronolog preview`` checks it (same messages)."""
+    from chronolog.domain.durations import InvalidDuration, parse_duration
+    from chronolog.domain.recurrence import (
+        RecurrenceError,
+        compile_trigger,
+        parse_instant,
+        resolve_zone,
+    )
+
+    body: dict[str, Any] = {}
+    if args.spec:
+        try:
+            text = Path(args.spec).read_text()
+        except OSError as exc:
+            raise _usage(f"invalid spec '{args.spec}': {exc.strerror or exc}") from None
+        body = _json_object(text, "spec")
+        sid = body.pop("scheduleId", None)
+        if sid is not None and sid != schedule_id:
+            raise _usage(f"invalid scheduleId '{sid}': the spec names another schedule than "
+                         f"'{schedule_id}'")
+
+    given = [n for n in ("cron", "every", "at") if getattr(args, n) is not None]
+    if given:
+        for key in _TRIGGER_KEYS:
+            body.pop(key, None)
+    elif not args.spec:
+        raise _usage("invalid schedule: one of --cron, --every, --at (or --spec) is required")
+    if args.anchor is not None and args.every is None and "every" not in body:
+        raise _usage(f"invalid anchor '{args.anchor}': --anchor only applies to --every")
+
+    tz = args.tz if args.tz is not None else body.get("timezone") or "UTC"
+    try:
+        resolve_zone(tz)
+        if args.every is not None:
+            now = datetime.now(timezone.utc).replace(microsecond=0)
+            anchor = parse_instant(args.anchor, tz, field="anchor") if args.anchor else None
+            compile_trigger(every=args.every, anchor=anchor or now, timezone=tz)
+            body["every"] = args.every
+            if anchor is not None:
+                body["anchor"] = _iso(anchor)
+        elif args.anchor is not None:
+            body["anchor"] = _iso(parse_instant(args.anchor, tz, field="anchor"))
+        if args.cron is not None:
+            compile_trigger(cron=args.cron, timezone=tz,
+                            dst_ambiguous=args.dst_ambiguous or "first",
+                            dst_nonexistent=args.dst_nonexistent or "shift_forward")
+            body["cron"] = args.cron
+        if args.at is not None:
+            body["at"] = _iso(parse_instant(args.at, tz, field="at"))
+    except RecurrenceError as exc:
+        raise _usage(str(exc)) from None
+    if args.tz is not None:
+        body["timezone"] = args.tz
+
+    if args.job is not None:
+        job = dict(body.get("job") or {})
+        job["type"] = args.job
+        body["job"] = job
+    if args.params is not None:
+        job = dict(body.get("job") or {})
+        job["params"] = _json_object(args.params, "params")
+        body["job"] = job
+    if "job" not in body:
+        raise _usage("invalid job: --job TYPE is required")
+    if args.misfire is not None:
+        mis = body.get("misfire")
+        body["misfire"] = ({**mis, "policy": args.misfire} if isinstance(mis, dict)
+                           else args.misfire)
+    if args.overlap is not None:
+        body["overlap"] = args.overlap
+    if args.max_attempts is not None:
+        if args.max_attempts < 1:
+            raise _usage(f"invalid retry.maxAttempts '{args.max_attempts}': must be >= 1")
+        body["retry"] = {**(body.get("retry") or {}), "maxAttempts": args.max_attempts}
+    for attr, key in _DURATION_FLAGS:
+        value = getattr(args, attr)
+        if value is None:
+            continue
+        try:
+            parse_duration(value)
+        except InvalidDuration as exc:
+            raise _usage(f"invalid {key} '{value}': {exc.reason}") from None
+        body[key] = value
+    if args.dst_ambiguous is not None or args.dst_nonexistent is not None:
+        dst = dict(body.get("dst") or {})
+        if args.dst_ambiguous is not None:
+            dst["ambiguous"] = args.dst_ambiguous
+        if args.dst_nonexistent is not None:
+            dst["nonexistent"] = args.dst_nonexistent
+        body["dst"] = dst
+    return body, _spec_of(body)
+
+
+def _spec_of(body: dict[str, Any]) -> Any:
+    """The API's own validation of a definition body (``_to_spec``), as a usage error."""
+    from pydantic import ValidationError
+
+    from chronolog.projections import api
+
+    try:
+        defn = api.ScheduleDefinition.model_validate(body)
+        return api._to_spec(defn)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = api._loc_field(tuple(err.get("loc", ()))) or "spec"
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field"
+        value = err.get("input")
+        shown = "" if isinstance(value, (dict, list)) or value is None else f" '{value}'"
+        raise _usage(f"invalid {name}{shown}: {msg}") from None
+    except api.ApiError as exc:
+        if exc.message.startswith("invalid "):
+            raise _usage(exc.message) from None
+        raise _usage(f"invalid {exc.field or 'spec'}: {exc.message}") from None
+
+
+def _check_job(ctx: Ctx, spec: Any) -> None:
+    if ctx.allowed_jobs is not None and spec.job.type not in ctx.allowed_jobs:
+        raise Failure("forbidden", f"job type '{spec.job.type}' not allowed", "job.type")
+
+
+# =======================================================================================
+# the log and the database
+
+
+@asynccontextmanager
+async def _client(ctx: Ctx) -> AsyncIterator[Any]:
+    """A started ``Client`` on the configured log (closed on exit)."""
+    from chronolog.commands.client import Client
+    from chronolog.log.port import LogError
+
+    if ctx.log_cfg.kind == "sqlite" and not Path(ctx.log_cfg.target).exists():
+        raise _usage(f"invalid log 'sqlite://{ctx.log_cfg.target}': no such file (start "
+                     f"`chronolog dev --data-dir DIR` or a processor first, or pass --log / "
+                     f"--data-dir)")
+    lg = open_log(ctx.log_cfg)
+    try:
+        try:
+            await lg.start()
+            client = Client(lg, principal=f"cli:{_user()}", reply_timeout=ctx.args.timeout)
+            await client.start()
+        except (LogError, asyncio.TimeoutError, OSError) as exc:
+            raise Failure("unavailable", _log_problem(ctx, exc)) from None
+        try:
+            yield client
+        finally:
+            await client.close()
+    finally:
+        await lg.close()
+
+
+def _log_problem(ctx: Ctx, exc: BaseException) -> str:
+    where = (f"sqlite://{ctx.log_cfg.target}" if ctx.log_cfg.kind == "sqlite"
+             else f"kafka://{ctx.log_cfg.target}")
+    text = str(exc) or type(exc).__name__
+    hint = ""
+    if "unknown topic" in text:
+        hint = (f" (no chronolog topics with prefix '{ctx.log_cfg.topics.prefix}' there: is a "
+                f"processor running on this log?)")
+    return f"the log {where} is unavailable: {text}{hint}"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in a container
+        return str(os.getuid())
+
+
+async def _send(ctx: Ctx, schedule_id: str, payload: Any) -> dict[str, Any]:
+    """Send one command; the ok body, or ``Failure`` (refused / timed out / no log)."""
+    from chronolog.commands.client import CommandError, ReplyTimeout
+    from chronolog.log.port import LogError
+
+    async with _client(ctx) as client:
+        env = client.envelope(ctx.tenant, schedule_id, payload)
+        try:
+            reply = await client.send(env, ctx.args.timeout)
+        except ReplyTimeout:
+            again = ("read the resource, or retry with the same --idempotency-key"
+                     if getattr(ctx.args, "idempotency_key", None) else "read the resource")
+            raise Failure("unavailable", f"no reply from the processor within "
+                          f"{ctx.args.timeout:g}s; the command may still be decided: {again} "
+                          f"before retrying") from None
+        except LogError as exc:
+            raise Failure("unavailable", _log_problem(ctx, exc)) from None
+    from chronolog.commands.client import raise_for
+
+    try:
+        return raise_for(reply)
+    except CommandError as exc:
+        from chronolog.projections.api import _camel_path
+
+        body = dict(exc.body)
+        fld = body.pop("field", None)
+        extra = {k: body[k] for k in ("revision", "state") if body.get(k) is not None}
+        raise Failure(exc.reply.status, exc.reason or exc.reply.status,
+                      _camel_path(fld) if isinstance(fld, str) else None, extra) from None
+
+
+@asynccontextmanager
+async def _database(args: Any) -> AsyncIterator[str]:
+    """The read model's DSN: the flag, the environment, or the data dir's embedded server."""
+    url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
+    if url:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
+        yield url
+        return
+    ddir = data_dir(args.data_dir)
+    clusters = [ddir / "pg", ddir / "postgres"]  # chronolog dev / chronolog projector
+    cluster = next((c for c in clusters if (c / "PG_VERSION").exists()), None)
+    if cluster is None:
+        raise _usage(f"invalid database-url: none given and no embedded PostgreSQL in "
+                     f"{ddir}/pg or {ddir}/postgres (pass --database-url or set "
+                     f"CHRONOLOG_DATABASE_URL)")
+    from chronolog.projections.embedded import EmbeddedPostgres, EmbeddedPostgresError
+
+    pg = EmbeddedPostgres(cluster)
+    try:
+        if await asyncio.to_thread(pg.is_running):
+            yield await asyncio.to_thread(pg.dsn)
+            return
+        print(f"note: starting the embedded PostgreSQL in {cluster} for this command (it is "
+              f"stopped again on exit; without a running projector its data may be stale)",
+              file=sys.stderr, flush=True)
+        dsn = await asyncio.to_thread(pg.start)
+    except EmbeddedPostgresError as exc:
+        raise Failure("unavailable", f"the embedded PostgreSQL in {cluster}: {exc}") from None
+    try:
+        yield dsn
+    finally:
+        await asyncio.to_thread(pg.stop)
+
+
+@asynccontextmanager
+async def _read_model(ctx: Ctx) -> AsyncIterator[Any]:
+    """The API's ``ReadModel`` on the configured database (with ``schedules_list``)."""
+    import asyncpg
+
+    async with _database(ctx.args) as dsn:
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, timeout=10)
+        except Exception as exc:  # noqa: BLE001 - any connect failure is a configuration error
+            raise _usage(f"invalid database-url: cannot connect ({exc})") from None
+        assert pool is not None
+        try:
+            yield _cli_read_model(pool, ctx.log_cfg.topics.events)
+        except asyncpg.UndefinedTableError:
+            raise Failure("unavailable", "the database holds no chronolog read model (run "
+                          "`chronolog projector` against it)") from None
+        except (asyncpg.PostgresError, OSError) as exc:
+            raise Failure("unavailable", f"the database: {exc}") from None
+        finally:
+            await pool.close()
+
+
+_READ_MODEL_CLASS: list[type] = []
+
+
+def _cli_read_model(pool: Any, topic: str) -> Any:
+    """The API's ``ReadModel`` plus ``schedules_list`` (the API has no list of schedules).
+
+    Built on first use so that ``chronolog --help`` does not import FastAPI."""
+    if not _READ_MODEL_CLASS:
+        from chronolog.projections.api import ReadModel
+
+        class CliReadModel(ReadModel):  # type: ignore[misc, valid-type]
+            async def schedules_list(self, tenant: str, state: str | None,
+                                     limit: int) -> list[Any]:
+                sql = "SELECT * FROM schedules WHERE tenant = $1"
+                params: list[Any] = [tenant]
+                if state:
+                    params.append(state)
+                    sql += " AND state = $2"
+                params.append(limit)
+                sql += f" ORDER BY schedule_id LIMIT ${len(params)}"
+                return list(await self.pool.fetch(sql, *params))
+
+        _READ_MODEL_CLASS.append(CliReadModel)
+    return _READ_MODEL_CLASS[0](pool, topic)
+
+
+async def _schedule_of_run(ctx: Ctx, run_id: str) -> str:
+    if ctx.args.schedule:
+        return str(ctx.args.schedule)
+    async with _read_model(ctx) as rm:
+        row = await rm.run(ctx.tenant, run_id)
+    if row is None:
+        raise Failure("not_found", f"no run '{run_id}' (in the read model; pass --schedule if "
+                      f"it is not projected yet)", "runId")
+    return str(row["schedule_id"])
+
+
+# =======================================================================================
+# output
+
+
+def _iso(t: Any) -> str | None:
+    if t is None:
+        return None
+    if isinstance(t, str):
+        t = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data))
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # a pipe gets wide lines rather than rich's 80-column default
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _t(value: str | None) -> str:
+    """A UTC time for people: whole seconds (``2026-11-29T10:37:28Z``)."""
+    if not value:
+        return "-"
+    return value.split(".", 1)[0].removesuffix("Z") + "Z"
+
+
+def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*["" if v is None else str(v) for v in r])
+    return table
+
+
+def _kv(pairs: list[tuple[str, Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in pairs:
+        table.add_row(k, "-" if v is None or v == "" else str(v))
+    return table
+
+
+def _watermark(offsets: dict[int, int], t: datetime | None, partitions: int) -> dict[str, Any]:
+    parts = {str(p): offsets.get(p, 0) for p in range(partitions)}
+    parts.update({str(p): n for p, n in offsets.items() if p >= partitions})
+    return {"partitions": parts, "time": _iso(t)}
+
+
+# =======================================================================================
+# commands
+
+
+def _create(ctx: Ctx) -> Handler:
+    from chronolog.domain import messages as m
+
+    body, spec = build_definition(ctx.args, ctx.args.schedule_id)
+
+    async def work(ctx: Ctx) -> int:
+        _check_job(ctx, spec)
+        out = await _send(ctx, ctx.args.schedule_id,
+                          m.CreateSchedule(spec=spec, request_key=ctx.args.idempotency_key))
+        result = {"scheduleId": ctx.args.schedule_id, "revision": out["revision"],
+                  "nextRunAt": _iso(out.get("next_run_at"))}
+        if ctx.args.json:
+            _print_json(result)
+        else:
+            print(f"created schedule {result['scheduleId']} (revision {result['revision']}); "
+                  f"next run {result['nextRunAt'] or '-'}")
+        return 0
+
+    return work
+
+
+def _revise(ctx: Ctx) -> Handler:
+    from chronolog.domain import messages as m
+
+    if ctx.args.if_match < 1:
+        raise _usage(f"invalid If-Match '{ctx.args.if_match}': expected a revision >= 1")
+    body, spec = build_definition(ctx.args, ctx.args.schedule_id)
+
+    async def work(ctx: Ctx) -> int:
+        _check_job(ctx, spec)
+        out = await _send(ctx, ctx.args.schedule_id,
+                          m.ReviseSchedule(spec=spec, expected_revision=ctx.args.if_match))
+        result = {"revision": out["revision"], "nextRunAt": _iso(out.get("next_run_at"))}
+        if ctx.args.json:
+            _print_json(result)
+        else:
+            print(f"revised schedule {ctx.args.schedule_id} (revision {result['revision']}); "
+                  f"next run {result['nextRunAt'] or '-'}")
+        return 0
+
+    return work
+
+
+def _lifecycle(ctx: Ctx) -> Handler:
+    from chronolog.domain import messages as m
+
+    action = ctx.args.lifecycle
+    payload = {"pause": lambda: m.PauseSchedule(reason=ctx.args.reason),
+               "resume": m.ResumeSchedule, "delete": m.DeleteSchedule}[action]()
+
+    async def work(ctx: Ctx) -> int:
+        out = await _send(ctx, ctx.args.schedule_id, payload)
+        result = {"scheduleId": ctx.args.schedule_id, "revision": out["revision"],
+                  "state": out["state"], "nextRunAt": _iso(out.get("next_run_at"))}
+        if ctx.args.json:
+            _print_json(result)
+        else:
+            done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[action]
+            nxt = f"; next run {result['nextRunAt']}" if result["state"] == "ACTIVE" and \
+                result["nextRunAt"] else ""
+            print(f"{done} schedule {result['scheduleId']}: {result['state']} (revision "
+                  f"{result['revision']}){nxt}")
+        return 0
+
+    return work
+
+
+def _trigger(ctx: Ctx) -> Handler:
+    from chronolog.domain import messages as m
+
+    params = _json_object(ctx.args.params, "params") if ctx.args.params is not None else None
+    key = ctx.args.idempotency_key or f"cli-{uuid.uuid4().hex}"
+    if len(key) > 200:
+        raise _usage(f"invalid Idempotency-Key '{_short(key)}': at most 200 characters")
+
+    async def work(ctx: Ctx) -> int:
+        try:
+            out = await _send(ctx, ctx.args.schedule_id, m.TriggerRun(request_key=key,
+                                                                       params=params))
+        except Failure as exc:
+            if exc.status == "unavailable" and ctx.args.idempotency_key is None:
+                exc.message += f" (this trigger's key: --idempotency-key {key})"
+            raise
+        result = {"runId": out["run_id"], "state": out["state"]}
+        if ctx.args.json:
+            _print_json(result)
+        else:
+            print(f"triggered run {result['runId']} of {ctx.args.schedule_id}: "
+                  f"{result['state']}")
+        return 0
+
+    return work
+
+
+def _run_command(ctx: Ctx) -> Handler:
+    from chronolog.domain import messages as m
+
+    name = ctx.args.run_command
+    run_id = ctx.args.run_id
+
+    async def work(ctx: Ctx) -> int:
+        schedule_id = await _schedule_of_run(ctx, run_id)
+        if name == "cancel":
+            out = await _send(ctx, schedule_id, m.CancelRun(run_id=run_id,
+                                                            reason=ctx.args.reason))
+            result: dict[str, Any] = {"runId": run_id, "state": out.get("state", ""),
+                                      "outcome": out.get("outcome")}
+            text = ("cancellation requested (the run is executing)"
+                    if result["outcome"] == "requested" else "cancelled")
+        else:
+            out = await _send(ctx, schedule_id, m.RedriveRun(run_id=run_id))
+            result = {"runId": run_id, "state": out.get("state", "READY"),
+                      "attempt": out.get("attempt")}
+            text = f"redriven: {result['state']} (attempt {result['attempt']})"
+        if ctx.args.json:
+            _print_json(result)
+        else:
+            print(f"run {run_id}: {text}")
+        return 0
+
+    return work
+
+
+def _show(ctx: Ctx) -> Handler:
+    async def work(ctx: Ctx) -> int:
+        from chronolog.projections import api
+
+        sid = ctx.args.schedule_id
+        async with _read_model(ctx) as rm:
+            row = await rm.schedule(ctx.tenant, sid)
+        if row is None:
+            raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
+        out = api.ScheduleOut(
+            schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
+            next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            paused_at=row["paused_at"], pause_reason=row["pause_reason"],
+            deleted_at=row["deleted_at"], definition=api._definition(row["spec"]),
+            preview=api._preview(row),
+        )
+        doc = out.model_dump(mode="json", by_alias=True)
+        doc["definition"] = out.definition.model_dump(mode="json", by_alias=True,
+                                                      exclude_none=True)
+        if ctx.args.json:
+            _print_json(doc)
+            return 0
+        d = doc["definition"]
+        con = _console()
+        con.print(_kv([
+            ("schedule", doc["scheduleId"]), ("state", doc["state"]),
+            ("revision", doc["revision"]), ("rule", _rule_text(d)),
+            ("job", f"{d['job']['type']} {json.dumps(d['job'].get('params') or {})}"),
+            ("misfire", _policy_text(d.get("misfire"))), ("overlap", d.get("overlap")),
+            ("retry", json.dumps(d.get("retry")) if d.get("retry") else None),
+            ("lease", d.get("lease")), ("startDeadline", d.get("startDeadline")),
+            ("jitter", d.get("jitter")), ("nextRunAt", _t(doc["nextRunAt"])),
+            ("created / updated", f"{_t(doc['createdAt'])} / {_t(doc['updatedAt'])}"),
+        ] + ([("paused", f"{_t(doc['pausedAt'])} {doc['pauseReason'] or ''}".strip())]
+             if doc["pausedAt"] else [])))
+        if doc["preview"]:
+            con.print(_table("next instants", ["#", "scheduledAt", "dueAt", "local"],
+                             [[i, _t(p["scheduledAt"]), _t(p["dueAt"]), p["local"]]
+                              for i, p in enumerate(doc["preview"], 1)]))
+        else:
+            con.print(f"no upcoming instants ({doc['state']})")
+        return 0
+
+    return work
+
+
+def _rule_text(d: dict[str, Any]) -> str:
+    if "cron" in d:
+        return f"cron '{d['cron']}' {d.get('timezone', 'UTC')}"
+    if "every" in d:
+        return f"every {d['every']:g}s" + (f" anchor {d['anchor']}" if d.get("anchor") else "")
+    if "at" in d:
+        return f"at {d['at']}"
+    if "delay" in d:
+        return f"delay {d['delay']:g}s"
+    return "-"
+
+
+def _policy_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return str(value.get("policy"))
+    return None if value is None else str(value)
+
+
+def _list(ctx: Ctx) -> Handler:
+    if not 1 <= ctx.args.limit <= 10_000:
+        raise _usage(f"invalid limit '{ctx.args.limit}': must be 1..10000")
+
+    async def work(ctx: Ctx) -> int:
+        from chronolog.projections import api
+
+        async with _read_model(ctx) as rm:
+            offsets, wm_time = await rm.offsets()
+            rows = await rm.schedules_list(ctx.tenant, ctx.args.state, ctx.args.limit)
+        items = []
+        for r in rows:
+            defn = api._definition(r["spec"]).model_dump(mode="json", by_alias=True,
+                                                         exclude_none=True)
+            items.append({"scheduleId": r["schedule_id"], "state": r["state"],
+                          "revision": r["revision"], "nextRunAt": _iso(r["next_run_at"]),
+                          "nextDueAt": _iso(r["next_due_at"]),
+                          "createdAt": _iso(r["created_at"]),
+                          "updatedAt": _iso(r["updated_at"]), "definition": defn})
+        doc = {"items": items,
+               "watermark": _watermark(offsets, wm_time, ctx.log_cfg.topics.partitions)}
+        if ctx.args.json:
+            _print_json(doc)
+            return 0
+        if not items:
+            print("no schedules" + (f" in state {ctx.args.state}" if ctx.args.state else ""))
+            return 0
+        _console().print(_table(None, ["schedule", "state", "rev", "rule", "job", "nextRunAt"],
+                                [[i["scheduleId"], i["state"], i["revision"],
+                                  _rule_text(i["definition"]), i["definition"]["job"]["type"],
+                                  _t(i["nextRunAt"])] for i in items]))
+        return 0
+
+    return work
+
+
+def _runs(ctx: Ctx) -> Handler:
+    from chronolog.projections import api
+
+    args = ctx.args
+    if not 1 <= args.limit <= api.MAX_PAGE:
+        raise _usage(f"invalid limit '{args.limit}': must be 1..{api.MAX_PAGE}")
+    states: list[str] | None = None
+    if args.state:
+        states = sorted({s.strip().upper() for s in args.state.split(",") if s.strip()})
+        if not states or any(s not in api._RUN_STATES for s in states):
+            raise _usage(f"invalid state '{args.state}': expected {', '.join(api._RUN_STATES)}")
+    cursor: dict[str, Any] | None = None
+    if args.after:
+        try:
+            cursor = api._decode_cursor(args.after)
+        except api.ApiError as exc:
+            raise _usage(exc.message) from None
+        if cursor.get("s") != args.schedule_id or \
+                cursor.get("f") != (",".join(states) if states else None):
+            raise _usage("invalid after: the cursor belongs to another query")
+
+    async def work(ctx: Ctx) -> int:
+        sid = args.schedule_id
+        async with _read_model(ctx) as rm:
+            if await rm.schedule(ctx.tenant, sid) is None:
+                raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
+            offsets, wm_time = await rm.offsets()  # before the rows: a lower bound
+            if cursor is not None:
+                bound, last = cursor["b"], cursor["l"]
+            else:
+                bound, last = await rm.newest_run_key(ctx.tenant, sid), None
+            rows = [] if bound is None else await rm.runs_page(
+                ctx.tenant, sid, bound, last, states, args.limit + 1)
+        more = len(rows) > args.limit
+        rows = rows[: args.limit]
+        next_cursor = None
+        if more:
+            tail = rows[-1]
+            next_cursor = api._encode_cursor({
+                "s": sid, "f": ",".join(states) if states else None,
+                "b": [bound[0].isoformat(), bound[1]],
+                "l": [tail["scheduled_at"].isoformat(), tail["run_id"]],
+            })
+        items = [api.RunItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
+                             scheduled_at=r["scheduled_at"], state=r["state"],
+                             attempt=r["attempt"], started_at=r["started_at"],
+                             finished_at=r["finished_at"]) for r in rows]
+        dumped: list[dict[str, Any]] = [api._jsonable(i) for i in items]
+        doc = {"items": dumped, "nextCursor": next_cursor,
+               "watermark": _watermark(offsets, wm_time, ctx.log_cfg.topics.partitions)}
+        if args.json:
+            _print_json(doc)
+            return 0
+        con = _console()
+        if not items:
+            con.print(f"no runs of {sid}" + (f" in state {args.state}" if states else ""))
+        else:
+            con.print(_table(None, ["runId", "scheduledAt", "state", "attempt", "startedAt",
+                                    "finishedAt"],
+                             [[i["runId"], _t(i["scheduledAt"]), i["state"], i["attempt"],
+                               _t(i["startedAt"]), _t(i["finishedAt"])]
+                              for i in dumped]))
+        if next_cursor:
+            con.print(f"more: --after {next_cursor}", soft_wrap=True)
+        return 0
+
+    return work
+
+
+async def run_document(rm: Any, tenant: str, run_id: str) -> dict[str, Any] | None:
+    """``GET /v1/runs/{id}``'s body from the read model (None: no such run)."""
+    from chronolog.projections import api
+
+    r = await rm.run(tenant, run_id)
+    if r is None:
+        return None
+    attempts = await rm.attempts(run_id)
+    effects = await rm.effects(run_id)
+    result = None
+    if r["result_checksum"] is not None:
+        result = api.ResultOut(
+            checksum=r["result_checksum"], size=r["result_size"] or 0, uri=r["result_uri"],
+            attempt=r["result_attempt"],
+            inline=api._json(r["result_inline"]) if r["result_uri"] is None else None)
+    out = api.RunOut(
+        run_id=r["run_id"], schedule_id=r["schedule_id"], revision=r["revision"],
+        trigger=r["trigger"], request_key=r["request_key"], scheduled_at=r["scheduled_at"],
+        due_at=r["due_at"], state=r["state"], attempt=r["attempt"], job_type=r["job_type"],
+        params=api._json(r["params"]), resource_class=r["resource_class"],
+        priority=r["priority"], ready_at=r["ready_at"], retry_at=r["retry_at"],
+        started_at=r["started_at"], finished_at=r["finished_at"], lateness_ms=r["lateness_ms"],
+        attempts=[api.AttemptOut(attempt=a["attempt"], fence=a["fence"],
+                                 worker_id=a["worker_id"], claimed_at=a["claimed_at"],
+                                 lease_until=a["lease_until"], outcome=a["outcome"],
+                                 error_class=a["error_class"], error=a["error"],
+                                 finished_at=a["finished_at"]) for a in attempts],
+        result=result, skipped_reason=r["skipped_reason"],
+        skipped_through=r["skipped_through"], skipped_count=r["skipped_count"],
+        cancellation_requested=r["cancellation_requested"], cancel_reason=r["cancel_reason"],
+        dead_reason=r["dead_reason"], dead_message=r["dead_message"],
+        last_error_class=r["last_error_class"], last_error=r["last_error"],
+        reconciliation=api._json(r["reconciliation"]),
+        reconciliation_resolution=api._json(r["reconciliation_resolution"]),
+        effects=[api.EffectOut(effect_id=e["effect_id"], kind=e["kind"], state=e["state"],
+                               attempts=e["attempts"], evidence=api._json(e["evidence"]),
+                               created_at=e["created_at"], updated_at=e["updated_at"])
+                 for e in effects],
+    )
+    doc: dict[str, Any] = api._jsonable(out)
+    if result is not None:  # uri | inline: exactly one of them is shown, as the API does
+        doc["result"].pop("inline" if result.uri is not None else "uri")
+    return doc
+
+
+def _run(ctx: Ctx) -> Handler:
+    async def work(ctx: Ctx) -> int:
+        run_id = ctx.args.run_id
+        async with _read_model(ctx) as rm:
+            doc = await run_document(rm, ctx.tenant, run_id)
+        if doc is None:
+            raise Failure("not_found", f"no run '{run_id}'", "runId")
+        if ctx.args.json:
+            _print_json(doc)
+            return 0
+        con = _console()
+        pairs: list[tuple[str, Any]] = [
+            ("run", doc["runId"]), ("schedule", f"{doc['scheduleId']} (revision "
+                                                f"{doc['revision']})"),
+            ("trigger", doc["trigger"] + (f" key {doc['requestKey']}" if doc["requestKey"]
+                                          else "")),
+            ("state", doc["state"]), ("job", f"{doc['jobType']} {json.dumps(doc['params'])}"),
+            ("scheduledAt", doc["scheduledAt"]), ("dueAt", doc["dueAt"]),
+            ("startedAt", doc["startedAt"]), ("finishedAt", doc["finishedAt"]),
+            ("lateness", None if doc["latenessMs"] is None else f"{doc['latenessMs']} ms"),
+        ]
+        for key in ("skippedReason", "cancelReason", "deadReason", "deadMessage", "lastError"):
+            if doc.get(key):
+                pairs.append((key, doc[key]))
+        if doc["cancellationRequested"]:
+            pairs.append(("cancellation", "requested"))
+        res = doc["result"]
+        if res is not None:
+            where = res.get("uri") or _short(json.dumps(res.get("inline")), 100)
+            pairs.append(("result", f"{where} ({res['size']} bytes, checksum "
+                                    f"{res['checksum']}, attempt {res.get('attempt')})"))
+        con.print(_kv(pairs))
+        if doc["attempts"]:
+            con.print(_table("attempts", ["#", "fence", "worker", "claimedAt", "leaseUntil",
+                                          "outcome", "error"],
+                             [[a["attempt"], a["fence"], a["workerId"], _t(a["claimedAt"]),
+                               _t(a["leaseUntil"]), a["outcome"] or "(running)",
+                               a["error"] or ""] for a in doc["attempts"]]))
+        if doc["effects"]:
+            con.print(_table("effects", ["effectId", "kind", "state", "attempts"],
+                             [[e["effectId"], e["kind"], e["state"], e["attempts"]]
+                              for e in doc["effects"]]))
+        return 0
+
+    return work

@@ -1,0 +1,326 @@
+"""The operator CLI (``chronolog schedule|trigger|cancel|runs|run``) driving real services.
+
+Every service and every CLI call is the real ``chronolog`` executable in its own process:
+``chronolog processor``, ``chronolog projector``, ``chronolog worker --builtin-jobs`` (and on
+Kafka ``chronolog api``), then the CLI goes through a schedule's whole life — bad input
+(exit 2, one line), create, runs appear, pause, manual trigger (idempotent), a run with its
+attempt and fence, resume, revise with ``--if-match`` (a stale one is a conflict: exit 1),
+cancel too late (exit 1), delete — on the embedded SQLite log and on real Kafka, both with a
+fresh PostgreSQL database. On Kafka the HTTP API of the running ``api`` process must show
+the same runs as ``chronolog runs``. Waits are bounded polls; every process is stopped by
+PID and must exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import CHRONOLOG, ROOT, wait_until
+from .pgdb import create_database, drop_database
+
+pytestmark = pytest.mark.postgres
+
+PARTITIONS = "2"
+
+
+@pytest.fixture
+def dsn(database_url: str) -> Iterator[str]:
+    d = asyncio.run(create_database(database_url, "test_ops_cli"))
+    yield d
+    asyncio.run(drop_database(database_url, d))
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The environment without any CHRONOLOG_* setting of the developer's shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
+    return {**env, **extra}
+
+
+class Services:
+    """Service processes (stopped by PID, SIGTERM then a bounded wait)."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.files: list[Any] = []
+
+    def start(self, name: str, args: list[str]) -> None:
+        stderr = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all
+        self.files.append(stderr)
+        self.procs[name] = subprocess.Popen(
+            [CHRONOLOG, *args], stdout=subprocess.DEVNULL, stderr=stderr, env=self.env,
+            cwd=ROOT)
+
+    def check_alive(self) -> None:
+        for name, p in self.procs.items():
+            assert p.poll() is None, f"{name} exited {p.returncode}: {self.tail(name)}"
+
+    def tail(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+
+    def stop_all(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for name, p in reversed(list(self.procs.items())):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+            codes[name] = p.returncode
+        for f in self.files:
+            f.close()
+        return codes
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        assert self.rc == 0, f"rc={self.rc} stderr={self.err!r}"
+        return json.loads(self.out)
+
+
+class Cli:
+    """Runs ``chronolog <args> <common flags>`` and collects its exit status and output."""
+
+    def __init__(self, common: list[str], env: dict[str, str], services: Services) -> None:
+        self.common = common
+        self.env = env
+        self.services = services
+
+    async def __call__(self, *args: str) -> Result:
+        proc = await asyncio.create_subprocess_exec(
+            CHRONOLOG, *args, *self.common, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=self.env, cwd=ROOT)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s")
+        assert proc.returncode is not None
+        return Result(proc.returncode, out.decode(), err.decode())
+
+    async def ok(self, *args: str) -> Any:
+        return (await self(*args, "--json")).json()
+
+    async def poll(self, what: str, *args: str, until: Any, timeout: float = 30) -> Any:
+        """Run a JSON read until ``until(doc)`` holds (bounded); the doc that satisfied it."""
+        async def check() -> Any:
+            self.services.check_alive()
+            r = await self(*args, "--json")
+            if r.rc != 0:
+                return None
+            doc = json.loads(r.out)
+            return doc if until(doc) else None
+
+        return await wait_until(check, timeout, interval=0.2, what=what)
+
+
+def _one_line(r: Result) -> str:
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    return lines[0]
+
+
+async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
+    """A schedule's whole life through the CLI; the IDs of its runs at the end."""
+    # bad input: exit 2 and one line naming the field and value, nothing sent
+    for args, line in (
+        (["--cron", "61 * * * *"], "invalid cron '61 * * * *': "),
+        (["--every", "soon"], "invalid every 'soon': "),
+        (["--cron", "0 9 * * *", "--tz", "Mars/Olympus"], "invalid timezone 'Mars/Olympus': "),
+        (["--every", "1s", "--lease", "long"], "invalid lease 'long': "),
+        (["--every", "1s", "--params", "[1]"], "invalid params '[1]': "),
+    ):
+        r = await cli("schedule", "create", "bad", *args, "--job", job)
+        assert r.rc == 2, (args, r)
+        assert _one_line(r).startswith(line), (args, r.err)
+        assert r.out == ""
+
+    # create (the processor may not own its partitions yet: retry with the same key)
+    async def created() -> Any:
+        cli.services.check_alive()
+        r = await cli("schedule", "create", "nightly", "--every", "1s", "--job", job,
+                      "--params", '{"n": 1}', "--overlap", "skip", "--idempotency-key", "c-1",
+                      "--timeout", "5", "--json")
+        return json.loads(r.out) if r.rc == 0 else None
+
+    doc = await wait_until(created, 90, interval=0.2, what="create answered")
+    assert doc["scheduleId"] == "nightly" and doc["revision"] == 1 and doc["nextRunAt"]
+    again = await cli("schedule", "create", "nightly", "--every", "1s", "--job", job,
+                      "--params", '{"n": 2}', "--idempotency-key", "c-1")
+    assert again.rc == 1 and _one_line(again).startswith("error: conflict: "), again
+
+    # runs appear and succeed
+    page = await cli.poll("two succeeded runs", "runs", "nightly", "--state", "SUCCEEDED",
+                          until=lambda d: len(d["items"]) >= 2)
+    assert set(page) == {"items", "nextCursor", "watermark"}
+    first = page["items"][-1]
+    assert first["scheduleId"] == "nightly" and first["attempt"] == 1
+    before = await cli.ok("run", first["runId"])
+    assert before["attempts"][0]["outcome"] == "succeeded"
+    assert before["result"]["inline"] == {"n": 1}
+    one = await cli.ok("runs", "nightly", "--limit", "1")
+    assert len(one["items"]) == 1 and one["nextCursor"]
+    two = await cli.ok("runs", "nightly", "--limit", "1", "--after", one["nextCursor"])
+    assert two["items"][0]["runId"] != one["items"][0]["runId"]
+
+    # pause: no preview, then a manual trigger runs anyway (idempotent by key)
+    paused = await cli.ok("schedule", "pause", "nightly", "--reason", "maintenance")
+    assert paused["state"] == "PAUSED" and paused["scheduleId"] == "nightly"
+    show = await cli.poll("the pause projected", "schedule", "show", "nightly",
+                          until=lambda d: d["state"] == "PAUSED")
+    assert show["preview"] == [] and show["definition"]["every"] == 1.0
+    trig = await cli.ok("trigger", "nightly", "--idempotency-key", "t-1",
+                        "--params", '{"manual": true}')
+    assert trig["runId"] and trig["state"] in ("READY", "PENDING")
+    same = await cli.ok("trigger", "nightly", "--idempotency-key", "t-1",
+                        "--params", '{"manual": true}')
+    assert same["runId"] == trig["runId"]
+    run = await cli.poll("the manual run succeeded", "run", trig["runId"],
+                         until=lambda d: d["state"] == "SUCCEEDED")
+    assert run["trigger"] == "manual" and run["requestKey"] == "t-1"
+    (attempt,) = run["attempts"]
+    assert attempt["outcome"] == "succeeded" and attempt["workerId"]
+    assert attempt["fence"] > before["attempts"][0]["fence"]  # fences only grow
+    assert run["result"]["inline"] == {"n": 1, "manual": True}  # merged over the job's
+    human = await cli("run", trig["runId"])
+    assert human.rc == 0 and "fence" in human.out and trig["runId"] in human.out
+
+    # a finished run cannot be cancelled or redriven: exit 1 with one line
+    late = await cli("cancel", trig["runId"])
+    assert late.rc == 1 and _one_line(late) == "error: conflict: too late: run is SUCCEEDED"
+    redrive = await cli("redrive", trig["runId"], "--schedule", "nightly")
+    assert redrive.rc == 1 and _one_line(redrive).startswith("error: conflict: ")
+
+    # resume, revise with the current revision, then with a stale one
+    resumed = await cli.ok("schedule", "resume", "nightly")
+    assert resumed["state"] == "ACTIVE"
+    rev = resumed["revision"]
+    revised = await cli.ok("schedule", "revise", "nightly", "--if-match", str(rev),
+                           "--every", "2s", "--job", job, "--params", '{"n": 3}')
+    assert revised["revision"] == rev + 1 and revised["nextRunAt"]
+    stale = await cli("schedule", "revise", "nightly", "--if-match", str(rev), "--every", "3s",
+                      "--job", job, "--json")
+    assert stale.rc == 1
+    assert _one_line(stale) == f"error: conflict: expected revision {rev}, current is {rev + 1}"
+    assert json.loads(stale.out) == {"error": "conflict", "field": "If-Match", "message":
+                                     f"expected revision {rev}, current is {rev + 1}",
+                                     "revision": rev + 1}
+    show = await cli.poll("the revision projected", "schedule", "show", "nightly",
+                          until=lambda d: d["revision"] == rev + 1)
+    assert show["definition"]["every"] == 2.0 and len(show["preview"]) == 5
+
+    # delete; reads say so; unknown things are not_found (exit 1)
+    deleted = await cli.ok("schedule", "delete", "nightly")
+    assert deleted["state"] == "DELETED"
+    listed = await cli.poll("the delete projected", "schedule", "list", "--state", "DELETED",
+                            until=lambda d: [i["scheduleId"] for i in d["items"]] == ["nightly"])
+    assert listed["items"][0]["definition"]["job"]["type"] == job
+    missing = await cli("run", "r_nope")
+    assert missing.rc == 1 and _one_line(missing) == "error: not_found: no run 'r_nope'"
+    missing = await cli("schedule", "pause", "ghost")
+    assert missing.rc == 1 and _one_line(missing) == "error: not_found: no such schedule"
+
+    # the history, all pages: stable now that nothing runs
+    final = await cli.ok("runs", "nightly", "--limit", "500")
+    ids = [i["runId"] for i in final["items"]]
+    assert trig["runId"] in ids and first["runId"] in ids and len(ids) == len(set(ids))
+    return ids
+
+
+async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
+    log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
+                "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
+    env = _env()
+    services = Services(tmp_path, env)
+    services.start("processor", ["processor", *log_args])
+    services.start("projector", ["projector", *log_args, "--database-url", dsn])
+    services.start("worker", ["worker", *log_args, "--builtin-jobs",
+                              "--results", str(tmp_path / "results")])
+    try:
+        cli = Cli([*log_args, "--database-url", dsn], env, services)
+        await wait_until(lambda: (tmp_path / "log.db").exists(), 30, what="the log file")
+        await _lifecycle(cli)
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.kafka
+async def test_lifecycle_on_kafka_with_separate_services(
+    tmp_path: Path, dsn: str, kafka_bootstrap: str,
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\ntokens = ["acme-token"]\nallowed_jobs = ["echo"]\n'
+                       "max_schedules = 10\n")
+    log_args = ["--log", f"kafka://{kafka_bootstrap}", "--partitions", PARTITIONS,
+                "--topic-prefix", f"t{uuid.uuid4().hex[:10]}."]
+    port = _free_port()
+    env = _env(CHRONOLOG_TENANTS=str(tenants))
+    services = Services(tmp_path, env)
+    services.start("processor", ["processor", *log_args])
+    services.start("projector", ["projector", *log_args, "--database-url", dsn])
+    services.start("worker", ["worker", *log_args, "--builtin-jobs",
+                              "--results", str(tmp_path / "results")])
+    services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
+    try:
+        cli = Cli([*log_args, "--database-url", dsn], env, services)
+        # the tenants file names one tenant: the CLI uses it, and checks its job types
+        forbidden = await cli("schedule", "create", "x", "--every", "1s", "--job", "report")
+        assert forbidden.rc == 1
+        assert _one_line(forbidden) == "error: forbidden: job type 'report' not allowed"
+        unknown = await cli("schedule", "list", "--tenant", "globex")
+        assert unknown.rc == 2 and "invalid tenant 'globex'" in _one_line(unknown)
+
+        ids = await _lifecycle(cli)
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            auth = {"Authorization": "Bearer acme-token"}
+
+            async def same_runs() -> Any:
+                services.check_alive()
+                try:
+                    r = await http.get("/v1/schedules/nightly/runs", params={"limit": 500},
+                                       headers=auth)
+                except httpx.TransportError:
+                    return None
+                return r.json() if r.status_code == 200 else None
+
+            page = await wait_until(same_runs, 30, interval=0.2, what="the API answers")
+            assert [i["runId"] for i in page["items"]] == ids
+            cli_page = await cli.ok("runs", "nightly", "--limit", "500")
+            assert cli_page["items"] == page["items"]
+            show = (await http.get("/v1/schedules/nightly", headers=auth)).json()
+            assert show == await cli.ok("schedule", "show", "nightly")
+            run = (await http.get(f"/v1/runs/{ids[0]}", headers=auth)).json()
+            assert run == await cli.ok("run", ids[0])
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}

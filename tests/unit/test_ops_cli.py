@@ -1,0 +1,101 @@
+"""``chronolog schedule create|revise``: the local validation of a definition (no services).
+
+Flags and ``--spec FILE.json`` become the API body and the domain ``ScheduleSpec``; bad input
+is exit status 2 with one line naming the field and value — for the rule, the very line
+``chronolog preview`` prints for the same value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chronolog.cli import build_parser, main
+from chronolog.ops_cli import build_definition
+
+
+def _definition(*argv: str) -> tuple[dict, object]:
+    args = build_parser().parse_args(["schedule", "create", "s1", *argv])
+    return build_definition(args, "s1")
+
+
+def test_flags_become_the_api_body_and_the_spec() -> None:
+    body, spec = _definition("--cron", "30 9 * * 1-5", "--tz", "Europe/Paris", "--job", "report",
+                             "--params", '{"full": true}', "--misfire", "all", "--overlap",
+                             "buffer_one", "--max-attempts", "5", "--lease", "2m",
+                             "--start-deadline", "10m", "--jitter", "30s",
+                             "--dst-ambiguous", "both")
+    assert body == {"cron": "30 9 * * 1-5", "timezone": "Europe/Paris",
+                    "job": {"type": "report", "params": {"full": True}}, "misfire": "all",
+                    "overlap": "buffer_one", "retry": {"maxAttempts": 5}, "lease": "2m",
+                    "startDeadline": "10m", "jitter": "30s", "dst": {"ambiguous": "both"}}
+    assert spec.lease == 120 and spec.start_deadline == 600 and spec.retry.max_attempts == 5
+    assert spec.misfire.policy == "all" and spec.dst.ambiguous == "both"
+
+
+def test_naive_at_and_anchor_are_wall_times_in_tz() -> None:
+    body, spec = _definition("--at", "2030-01-15T09:00:00", "--tz", "America/New_York",
+                             "--job", "echo")
+    assert body["at"] == "2030-01-15T14:00:00Z"
+    body, _ = _definition("--every", "1h", "--anchor", "2030-07-01T00:30:00", "--tz",
+                          "Europe/Berlin", "--job", "echo")
+    assert body["anchor"] == "2030-06-30T22:30:00Z"
+
+
+def test_a_spec_file_with_flags_overriding_it(tmp_path: Path) -> None:
+    f = tmp_path / "s1.json"
+    f.write_text(json.dumps({"scheduleId": "s1", "cron": "0 3 * * *", "timezone": "UTC",
+                             "job": {"type": "report", "params": {"a": 1}},
+                             "retry": {"initialBackoff": "5s"}}))
+    body, spec = _definition("--spec", str(f), "--every", "15m", "--max-attempts", "2")
+    assert "cron" not in body and body["every"] == "15m"
+    assert body["retry"] == {"initialBackoff": "5s", "maxAttempts": 2}
+    assert spec.every == 900 and spec.job.params == {"a": 1}
+
+
+@pytest.mark.parametrize(("argv", "preview", "line"), [
+    (["--cron", "0 25 * * *"], ["--cron", "0 25 * * *"], None),
+    (["--every", "often"], ["--every", "often"], None),
+    (["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"],
+     ["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"], None),
+    (["--at", "tomorrow"], ["--at", "tomorrow"], None),
+    (["--every", "1s", "--anchor", "x"], ["--every", "1s", "--anchor", "x"], None),
+    (["--every", "1s", "--jitter=-5s"], None, "invalid jitter '-5s': must not be negative"),
+    (["--every", "1s", "--params", "{"], None, "invalid params '{': not JSON"),
+    (["--every", "1s", "--max-attempts", "0"], None,
+     "invalid retry.maxAttempts '0': must be >= 1"),
+    (["--every", "1s", "--job", ""], None, "invalid job.type '': "),
+    ([], None, "invalid schedule: one of --cron, --every, --at (or --spec) is required"),
+])
+def test_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], preview: list[str] | None,
+    line: str | None,
+) -> None:
+    job = [] if "--job" in argv else ["--job", "echo"]
+    rc = main(["schedule", "create", "s1", *argv, *job, "--log", "sqlite:///nonexistent/x.db"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    if preview is not None:
+        assert main(["preview", *preview]) == 2
+        assert err == capsys.readouterr().err  # the same line as chronolog preview
+    else:
+        assert err.startswith(line), err
+
+
+def test_spec_naming_another_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"scheduleId": "other", "every": "1m", "job": {"type": "echo"}}))
+    assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
+    assert capsys.readouterr().err.startswith("invalid scheduleId 'other': ")
+    f.write_text(json.dumps({"every": "1m", "job": {"type": "echo"}, "colour": "red"}))
+    assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
+    assert capsys.readouterr().err.strip() == "invalid colour 'red': unknown field"
+
+
+def test_revise_needs_if_match(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["schedule", "revise", "s1", "--every", "1m", "--job", "echo"])
+    assert exc.value.code == 2
+    assert "--if-match" in capsys.readouterr().err
