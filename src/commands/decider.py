@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, assert_never
+from typing import Any, Iterator, assert_never
 
 from chronolog.commands.state import (
     DEAD_KEPT,
@@ -90,7 +90,7 @@ class _Draft:
     __slots__ = ("state", "events")
 
     def __init__(self, state: ScheduleState) -> None:
-        self.state = state.clone()
+        self.state = state.draft()  # copy-on-write: only the runs an event touches are cloned
         self.events: list[Any] = []
 
     def emit(self, event: Any) -> None:
@@ -111,6 +111,16 @@ def decide(
     """Decide one command against one schedule's state at authority time ``now``."""
     p = command.payload
     match p:
+        case m.Tick():
+            return tick(state, now)
+        case m.ClaimRun():
+            return _claim(state, p, now)
+        case m.Heartbeat():
+            return _heartbeat(state, p, now)
+        case m.CompleteRun():
+            return _complete(state, p, now)
+        case m.FailRun():
+            return _fail(state, p, now)
         case m.CreateSchedule():
             return _create(state, p, now, tenant)
         case m.ReviseSchedule():
@@ -129,18 +139,8 @@ def decide(
             return _redrive(state, p, command.principal)
         case m.ResolveReconciliation():
             return _resolve(state, p, now, command.principal)
-        case m.ClaimRun():
-            return _claim(state, p, now)
-        case m.Heartbeat():
-            return _heartbeat(state, p, now)
-        case m.CompleteRun():
-            return _complete(state, p, now)
-        case m.FailRun():
-            return _fail(state, p, now)
         case m.RecordEffectOutcome():
             return _effect_outcome(state, p, now)
-        case m.Tick():
-            return tick(state, now)
         case _:
             assert_never(p)
 
@@ -335,7 +335,7 @@ def _delete(state: ScheduleState, principal: str) -> Decision:
         return _reject("not_found", "no such schedule")
     d = _Draft(state)
     # Runs not yet started will never start; running ones finish under their fence.
-    for run in list((d.state.runs or {}).values()):
+    for run in _current_runs(d):
         if run.state in ("PENDING", "READY", "RETRY_WAIT"):
             d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason="schedule deleted"))
     d.emit(m.ScheduleDeleted())
@@ -361,8 +361,20 @@ def tick(state: ScheduleState, now: datetime) -> Decision:
     return Decision(events=d.events)
 
 
+def _current_runs(d: _Draft) -> Iterator[Run]:
+    """The draft's runs, each fetched when reached: an earlier event may have replaced it
+    (copy-on-write) or retired it, so a list of run objects taken up front can be stale."""
+    runs = d.state.runs
+    if not runs:
+        return
+    for run_id in list(runs):
+        run = (d.state.runs or {}).get(run_id)
+        if run is not None:
+            yield run
+
+
 def _expire_leases(d: _Draft, now: datetime) -> None:
-    for run in list((d.state.runs or {}).values()):
+    for run in _current_runs(d):
         if run.state == "LEASED" and run.lease_until is not None and run.lease_until < now:
             _expire_lease(d, run.run_id, now)
 
@@ -424,14 +436,14 @@ def unit_hash(text: str) -> float:
 
 
 def _release_retries(d: _Draft, now: datetime) -> None:
-    for run in list((d.state.runs or {}).values()):
+    for run in _current_runs(d):
         if run.state == "RETRY_WAIT" and run.retry_at is not None and run.retry_at <= now:
             d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt,
                                      resource_class=run.resource_class, priority=run.priority))
 
 
 def _expire_start_deadlines(d: _Draft, now: datetime) -> None:
-    for run in list((d.state.runs or {}).values()):
+    for run in _current_runs(d):
         if (
             run.state in ("READY", "PENDING")
             and not run.claimed
@@ -458,15 +470,15 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
     pol = s.policy
     if pol is None or s.status != "ACTIVE":
         return
-    due = _collect_due(s, pol, now, MAX_INSTANTS_PER_DECISION)
+    due, following = _collect_due(s, pol, now, MAX_INSTANTS_PER_DECISION)
     if not due:
         return
-    later = _count_due_after(s, pol, due[-1], now, pol.max_catchup)
+    later = _count_due_after(s, pol, following, now, pol.max_catchup)
     lateness = _lateness(s.schedule_id, due, pol, now)
     keep = _instants_to_run(due, lateness, later, pol)
     skipped_run: list[tuple[datetime, str]] = []
     for i, instant in enumerate(due):
-        nxt = due[i + 1] if i + 1 < len(due) else _next_instant(s, pol, instant)
+        nxt = due[i + 1] if i + 1 < len(due) else following
         if instant in keep:
             _flush_skips(d, skipped_run, instant)
             _materialize(d, instant, nxt, now)
@@ -474,12 +486,14 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
                 return  # the last run: later instants are past the schedule's end
         else:
             skipped_run.append((instant, keep_reason(lateness[instant], pol, late_reason)))
-    if skipped_run:
-        last = skipped_run[-1][0]
-        _flush_skips(d, skipped_run, None, final_next=_next_instant(s, pol, last))
+    if skipped_run:  # the last due instant was skipped: the schedule goes on after it
+        _flush_skips(d, skipped_run, None, final_next=following)
 
 
-def _collect_due(s: ScheduleState, pol: Policy, now: datetime, budget: int) -> list[datetime]:
+def _collect_due(
+    s: ScheduleState, pol: Policy, now: datetime, budget: int
+) -> tuple[list[datetime], datetime | None]:
+    """The instants due at ``now`` (at most ``budget``) and the instant following them."""
     out: list[datetime] = []
     t = s.next_run_at
     while t is not None and len(out) < budget:
@@ -487,7 +501,7 @@ def _collect_due(s: ScheduleState, pol: Policy, now: datetime, budget: int) -> l
             break
         out.append(t)
         t = _next_instant(s, pol, t)
-    return out
+    return out, t
 
 
 def _is_due(s: ScheduleState, pol: Policy, t: datetime, now: datetime, queued: int) -> bool:
@@ -501,11 +515,11 @@ def _is_due(s: ScheduleState, pol: Policy, t: datetime, now: datetime, queued: i
 
 
 def _count_due_after(
-    s: ScheduleState, pol: Policy, last: datetime, now: datetime, limit: int
+    s: ScheduleState, pol: Policy, following: datetime | None, now: datetime, limit: int
 ) -> int:
-    """How many more instants after ``last`` are already due (up to ``limit``)."""
+    """How many instants from ``following`` on are already due (up to ``limit``)."""
     n = 0
-    t = _next_instant(s, pol, last)
+    t = following
     while t is not None and n < limit and _is_due(s, pol, t, now, MAX_INSTANTS_PER_DECISION):
         n += 1
         t = _next_instant(s, pol, t)
@@ -969,8 +983,11 @@ def _rejected(run: Run, p: m.CompleteRun, current: int, reason: str) -> m.Comple
 
 
 def _result_body(run: Run) -> dict[str, Any]:
+    saved = run.result
+    result = None if saved is None else {"checksum": run.checksum, "size": saved[0],
+                                         "uri": saved[1], "inline": saved[2]}
     return {"run_id": run.run_id, "state": run.state, "checksum": run.checksum,
-            "fence": run.result_fence, "result": run.result}
+            "fence": run.result_fence, "result": result}
 
 
 def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
@@ -1045,6 +1062,55 @@ def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome, now: datetim
 def evolve(state: ScheduleState, event: Any) -> ScheduleState:
     """Fold one event into the state (in place; returns it). Never recomputes a value."""
     match event:
+        case m.FenceAdvanced():
+            state.fence = event.fence
+        case m.AttemptClaimed():
+            run = _run(state, event.run_id)
+            run.state = "LEASED"
+            run.attempt = event.attempt
+            run.fence = event.fence
+            run.worker_id = event.worker_id
+            run.lease_until = event.lease_until
+            run.claimed = True
+        case m.LeaseExtended():
+            _run(state, event.run_id).lease_until = event.lease_until
+        case m.OccurrenceMaterialized():
+            _evolve_materialized(state, event)
+        case m.ResultPublished():
+            run = _run(state, event.run_id)
+            run.state = "SUCCEEDED"
+            run.checksum = event.checksum
+            run.result_fence = event.fence
+            run.result = (event.size, event.uri, event.inline)  # compact; see _result_body
+            run.lease_until = None
+            run.worker_id = None  # not needed once terminal (ResultPublished keeps it)
+            _retire(state, run)
+        case m.OccurrenceReady():
+            run = _run(state, event.run_id)
+            run.state = "READY"
+            run.attempt = event.attempt
+            run.retry_at = None
+            run.lease_until = None
+            _unpend(state, event.run_id)
+        case m.OccurrenceSkipped():
+            _evolve_skipped(state, event)
+        case m.LeaseExpired():
+            run = _run(state, event.run_id)
+            run.lease_until = None
+            run.worker_id = None
+        case m.RetryScheduled():
+            run = _run(state, event.run_id)
+            run.state = "RETRY_WAIT"
+            run.attempt = event.attempt
+            run.retry_at = event.retry_at
+            run.lease_until = None
+        case m.AttemptFailed():
+            pass  # the following event (retry, dead, reconciliation, cancel) moves the run
+        case m.EffectIntended():
+            run = _run(state, event.run_id)
+            if run.effects is None:
+                run.effects = {}
+            run.effects[event.effect_id] = ["INTENDED", event.attempt, event]
         case m.ScheduleCreated():
             pol = policy_for(event.spec)
             state.status = "ACTIVE"
@@ -1079,41 +1145,6 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
         case m.NextRunPlanned():
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
-        case m.OccurrenceMaterialized():
-            _evolve_materialized(state, event)
-        case m.OccurrenceSkipped():
-            _evolve_skipped(state, event)
-        case m.OccurrenceReady():
-            run = _run(state, event.run_id)
-            run.state = "READY"
-            run.attempt = event.attempt
-            run.retry_at = None
-            run.lease_until = None
-            _unpend(state, event.run_id)
-        case m.FenceAdvanced():
-            state.fence = event.fence
-        case m.AttemptClaimed():
-            run = _run(state, event.run_id)
-            run.state = "LEASED"
-            run.attempt = event.attempt
-            run.fence = event.fence
-            run.worker_id = event.worker_id
-            run.lease_until = event.lease_until
-            run.claimed = True
-        case m.LeaseExtended():
-            _run(state, event.run_id).lease_until = event.lease_until
-        case m.LeaseExpired():
-            run = _run(state, event.run_id)
-            run.lease_until = None
-            run.worker_id = None
-        case m.AttemptFailed():
-            pass  # the following event (retry, dead, reconciliation, cancel) moves the run
-        case m.RetryScheduled():
-            run = _run(state, event.run_id)
-            run.state = "RETRY_WAIT"
-            run.attempt = event.attempt
-            run.retry_at = event.retry_at
-            run.lease_until = None
         case m.OccurrenceDeadLettered():
             run = _run(state, event.run_id)
             run.state = "DEAD"
@@ -1125,15 +1156,6 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             run.state = "READY"
             run.attempt = event.attempt
             run.attempt_base = event.attempt
-        case m.ResultPublished():
-            run = _run(state, event.run_id)
-            run.state = "SUCCEEDED"
-            run.checksum = event.checksum
-            run.result_fence = event.fence
-            run.result = {"checksum": event.checksum, "size": event.size, "uri": event.uri,
-                          "inline": event.inline}
-            run.lease_until = None
-            _retire(state, run)
         case m.CompletionRejected():
             pass  # kept for audit; no state change
         case m.CancellationRequested():
@@ -1151,11 +1173,6 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             run.lease_until = None
         case m.ReconciliationResolved():
             _evolve_resolved(state, event)
-        case m.EffectIntended():
-            run = _run(state, event.run_id)
-            if run.effects is None:
-                run.effects = {}
-            run.effects[event.effect_id] = ["INTENDED", event.attempt, event]
         case m.EffectSucceeded():
             _set_effect(state, event.run_id, event.effect_id, "SUCCEEDED")
         case m.EffectFailed():
@@ -1168,8 +1185,7 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
 
 
 def _run(state: ScheduleState, run_id: str) -> Run:
-    assert state.runs is not None, f"event for unknown run {run_id}"
-    return state.runs[run_id]
+    return state.own(run_id)
 
 
 def _unpend(state: ScheduleState, run_id: str) -> None:
@@ -1187,6 +1203,8 @@ def _evolve_materialized(state: ScheduleState, e: m.OccurrenceMaterialized) -> N
     if state.runs is None:
         state.runs = {}
     state.runs[e.run_id] = run
+    if state.owned is not None:
+        state.owned.add(e.run_id)
     if e.state == "PENDING":
         if state.pending is None:
             state.pending = []
@@ -1201,11 +1219,10 @@ def _evolve_materialized(state: ScheduleState, e: m.OccurrenceMaterialized) -> N
 
 
 def _remember_manual(state: ScheduleState, key: str, digest: str, run_id: str) -> None:
-    if state.manual is None:
-        state.manual = {}
-    state.manual[key] = (run_id, digest)
-    if len(state.manual) > MANUAL_KEYS_KEPT:
-        del state.manual[next(iter(state.manual))]
+    manual = state.own_manual()
+    manual[key] = (run_id, digest)
+    if len(manual) > MANUAL_KEYS_KEPT:
+        del manual[next(iter(manual))]
 
 
 def _evolve_skipped(state: ScheduleState, e: m.OccurrenceSkipped) -> None:

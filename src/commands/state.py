@@ -177,7 +177,7 @@ class Run:
         self.cancel_requested = False
         self.checksum: str | None = None
         self.result_fence = 0
-        self.result: dict[str, Any] | None = None
+        self.result: tuple[int, str | None, Any] | None = None  # (size, uri, inline)
         self.reconcile: str | None = None  # "run" or an effect_id
         self.effects: dict[str, list[Any]] | None = None  # effect_id -> [state, attempt, intent]
         self.resource_class = resource_class
@@ -185,10 +185,30 @@ class Run:
 
     def clone(self) -> "Run":
         r = Run.__new__(Run)
-        for name in Run.__slots__:
-            setattr(r, name, getattr(self, name))
-        if self.effects is not None:
-            r.effects = {k: list(v) for k, v in self.effects.items()}
+        r.run_id = self.run_id
+        r.scheduled_at = self.scheduled_at
+        r.due_at = self.due_at
+        r.revision = self.revision
+        r.job = self.job
+        r.trigger = self.trigger
+        r.state = self.state
+        r.attempt = self.attempt
+        r.attempt_base = self.attempt_base
+        r.fence = self.fence
+        r.worker_id = self.worker_id
+        r.lease_until = self.lease_until
+        r.retry_at = self.retry_at
+        r.start_deadline_at = self.start_deadline_at
+        r.claimed = self.claimed
+        r.cancel_requested = self.cancel_requested
+        r.checksum = self.checksum
+        r.result_fence = self.result_fence
+        r.result = self.result
+        r.reconcile = self.reconcile
+        r.effects = (None if self.effects is None
+                     else {k: list(v) for k, v in self.effects.items()})
+        r.resource_class = self.resource_class
+        r.priority = self.priority
         return r
 
     @property
@@ -235,6 +255,7 @@ class ScheduleState:
         "runs",
         "pending",
         "manual",
+        "owned",
     )
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
@@ -257,22 +278,75 @@ class ScheduleState:
         self.runs: dict[str, Run] | None = None
         self.pending: list[str] | None = None
         self.manual: dict[str, tuple[str, str]] | None = None
+        # None: this state owns all its runs (a live state). A set: a copy-on-write draft
+        # (see ``draft``) that owns only the runs named in it; the others are shared.
+        self.owned: set[str] | None = None
 
     @property
     def exists(self) -> bool:
         return self.status in ("ACTIVE", "PAUSED")
 
     def clone(self) -> "ScheduleState":
-        s = ScheduleState.__new__(ScheduleState)
-        for name in ScheduleState.__slots__:
-            setattr(s, name, getattr(self, name))
+        """A deep, independent copy."""
+        s = self.draft()
         if self.runs is not None:
             s.runs = {k: r.clone() for k, r in self.runs.items()}
-        if self.pending is not None:
-            s.pending = list(self.pending)
         if self.manual is not None:
             s.manual = dict(self.manual)
+        s.owned = None
         return s
+
+    def draft(self) -> "ScheduleState":
+        """A copy-on-write copy for deciding one command: cheap whatever the number of runs.
+
+        The runs dict is copied but the runs themselves are shared until ``own`` clones one
+        for a change; the manual-key map is copied on its first change. The original is
+        never modified through a draft.
+        """
+        s = ScheduleState.__new__(ScheduleState)
+        s.tenant = self.tenant
+        s.schedule_id = self.schedule_id
+        s.status = self.status
+        s.revision = self.revision
+        s.policy = self.policy
+        s.trigger = self.trigger
+        s.request_key = self.request_key
+        s.created_hash = self.created_hash
+        s.created_at = self.created_at
+        s.anchor = self.anchor
+        s.paused_at = self.paused_at
+        s.next_run_at = self.next_run_at
+        s.next_due_at = self.next_due_at
+        s.last_scheduled_at = self.last_scheduled_at
+        s.count = self.count
+        s.fence = self.fence
+        s.runs = None if self.runs is None else dict(self.runs)
+        s.pending = None if self.pending is None else list(self.pending)
+        s.manual = self.manual
+        s.owned = set()
+        return s
+
+    def own(self, run_id: str) -> Run:
+        """The run ``run_id``, safe to change in place (cloned first in a draft)."""
+        runs = self.runs
+        assert runs is not None, f"event for unknown run {run_id}"
+        run = runs[run_id]
+        owned = self.owned
+        if owned is not None and run_id not in owned:
+            run = runs[run_id] = run.clone()
+            owned.add(run_id)
+        return run
+
+    def own_manual(self) -> dict[str, tuple[str, str]]:
+        """The manual-key map, safe to change in place (copied first in a draft)."""
+        owned = self.owned
+        if self.manual is None:
+            self.manual = {}
+        elif owned is not None and "\0manual" not in owned:
+            self.manual = dict(self.manual)
+        if owned is not None:
+            owned.add("\0manual")
+        return self.manual
 
     def run(self, run_id: str) -> Run | None:
         return None if self.runs is None else self.runs.get(run_id)
