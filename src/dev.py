@@ -151,7 +151,7 @@ async def run_dev(
 
     pg = None
     if database_url is None:
-        pg = EmbeddedPostgres(ddir / "pg")
+        pg = EmbeddedPostgres(ddir / "postgres")
         database_url = await asyncio.to_thread(pg.start)
     lg = SqliteEventLog(ddir / "log.db", Topics(partitions=partitions))
     store = None
