@@ -367,3 +367,27 @@ def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(gwt: 
                                      outcome="succeeded"), gwt.T0 + gwt.sec(7))
     assert gwt.names(d) == ["EffectSucceeded"]
     assert (s.run(claimed.run_id).state, s.run(claimed.run_id).reconcile) == ("SUCCEEDED", None)
+
+
+def test_crash_trace_one_run_two_owners(gwt: SimpleNamespace) -> None:
+    """The seed's crash-and-redelivery timeline, step by step (times from 12:00:00)."""
+    m = gwt.m
+    t = lambda sec: gwt.T0 + gwt.sec(sec)  # noqa: E731
+    s = gwt.story().create(gwt.T0, lease=4)
+    [run] = s.materialize(t(0))                                     # 0.000 READY
+    a = s.claim(run.run_id, t(1.0), worker="A")                     # 1.000 A leases to 5.000
+    assert a.lease_until == t(5.0)
+    dup = s.when(m.ClaimRun(run_id=run.run_id, attempt=1, worker_id="B"), t(2.0))
+    assert (dup.status, dup.events) == ("conflict", [])             # 2.000 B cannot lease
+    expired = s.when(m.Tick(), t(5.1))                              # 5.100 lease expired
+    assert gwt.names(expired) == ["LeaseExpired", "FenceAdvanced", "OccurrenceReady"]
+    b = s.claim(run.run_id, t(5.2), worker="B")                     # 5.200 B, new epoch
+    assert b.fence > a.fence and b.attempt == 2 and b.run_id == a.run_id
+    late = s.when(gwt.complete(a, checksum="sha256:receipt900"), t(5.3))
+    assert late.status == "stale_fence"                             # 5.300 A rejected
+    assert gwt.one(late, m.CompletionRejected).reason == "stale_fence"
+    ok = s.when(gwt.complete(b, checksum="sha256:receipt900"), t(5.5))
+    assert gwt.one(ok, m.ResultPublished).fence == b.fence          # 5.500 SUCCEEDED
+    c = s.when(m.ClaimRun(run_id=run.run_id, attempt=2, worker_id="C"), t(6.0))
+    assert (c.status, c.events, c.body["state"]) == ("conflict", [], "SUCCEEDED")  # 6.000 ack
+    assert [type(e).__name__ for e in s.history].count("ResultPublished") == 1
