@@ -184,6 +184,24 @@ class _Slots:
             pass
 
 
+class _Decided(asyncio.Event):
+    """Set once a hint's claim is decided (or abandoned); leaves its tracking set then."""
+
+    def __init__(self, pending: set["_Decided"]) -> None:
+        super().__init__()
+        self._pending = pending
+        pending.add(self)
+
+    def set(self) -> None:
+        super().set()
+        self._pending.discard(self)
+
+    def on_done(self, _task: Any) -> None:
+        self.set()
+
+    __hash__ = object.__hash__
+
+
 class _Acks:
     """Commits hint offsets as a contiguous prefix of decided hints, per partition."""
 
@@ -377,7 +395,7 @@ class Worker:
                                            on_revoked=revoked)
         await consumer.start()
         slots = _Slots(self.concurrency)
-        undecided: set[asyncio.Event] = set()  # hints whose claim is still in flight
+        undecided: set[_Decided] = set()  # hints whose claim is still in flight
         try:
             while not self._stopping.is_set():
                 if slots.free == 0:
@@ -390,14 +408,13 @@ class Worker:
                     slots.take()
                     acks.add(rec)
                     self.stats.hints += 1
-                    decided = asyncio.Event()
-                    undecided.add(decided)
+                    decided = _Decided(undecided)
                     t = asyncio.create_task(self._hint(rec, slots, acks, consumer, decided))
-                    t.add_done_callback(lambda _t, d=decided: d.set())
+                    t.add_done_callback(decided.on_done)
                     self._tasks.add(t)
                     t.add_done_callback(self._tasks.discard)
             # drain: let claims in flight be decided (and acknowledged) before leaving
-            waits = [asyncio.create_task(d.wait()) for d in undecided if not d.is_set()]
+            waits = [asyncio.create_task(d.wait()) for d in list(undecided)]
             if waits:
                 _, pending = await asyncio.wait(waits, timeout=self.reply_timeout * (
                     self.send_attempts + 1))
@@ -418,7 +435,7 @@ class Worker:
                                   offset=c[1], error=repr(exc))
 
     async def _hint(self, rec: Record, slots: _Slots, acks: _Acks, consumer: Any,
-                    decided: asyncio.Event) -> None:
+                    decided: "_Decided") -> None:
         try:
             try:
                 hint = orjson.loads(rec.value)

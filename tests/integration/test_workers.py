@@ -24,6 +24,8 @@ from typing import Any, AsyncIterator
 
 import orjson
 
+from chronolog.commands.client import Client
+from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.port import OutRecord
 from chronolog.settings import LogConfig
@@ -415,3 +417,63 @@ async def test_sigterm_drains_a_running_handler_then_exits(
                                      what="the drained handler's result")
     assert res.inline == {"slept": 1.5}
     assert "worker_draining" in a.log_text()
+
+
+# ---------------------------------------------------------------------------------------
+# a completion whose reply is lost is re-sent with the same command ID; per-job timeout
+
+
+class LosingClient(Client):
+    """Appends the first CompleteRun but reports its reply lost (ReplyTimeout)."""
+
+    lost: list[str] = []
+
+    async def send(self, env: m.CommandEnvelope, timeout: float | None = None) -> m.Reply:
+        if env.type == "CompleteRun" and not self.lost:
+            self.lost.append(env.command_id)
+            return await super().send(env, timeout=0.0001)  # appended; the wait times out
+        return await super().send(env, timeout)
+
+
+async def test_lost_completion_reply_is_resent_with_the_same_command_id(
+    event_log: Any, tmp_path: Path
+) -> None:
+    store = FilesystemResultStore(tmp_path / "results")
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s", manual_spec("echo", {"v": 1}))
+        client = LosingClient(event_log, reply_timeout=5)
+        client.lost = []
+        await client.start()
+        w = Worker(event_log, worker_id="w1", result_store=store, client=client, reply_timeout=5)
+        w.builtin_jobs()
+        task = asyncio.create_task(w.run())
+        try:
+            run_id = (await r.client.trigger("acme", "s", "k"))["run_id"]
+            await wait_until(lambda: w.stats.completed == 1, 20, what="completion confirmed")
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 30)
+            await client.close()
+    sent = [codec.decode_command(rec.value) for rec in
+            await read_all(event_log, event_log.topics.commands)]
+    completes = [c.command_id for c in sent if c.type == "CompleteRun"]
+    assert completes == client.lost * 2  # the same command ID, twice
+    assert len(await published(event_log, run_id)) == 1
+    assert not await of_type(event_log, "CompletionRejected", run_id)
+    assert r.proc.stats.duplicates >= 1
+
+
+async def test_per_job_timeout_is_a_transient_failure(event_log: Any, tmp_path: Path) -> None:
+    store = FilesystemResultStore(tmp_path / "results")
+    async with Running(event_log) as r, serving(event_log, store, "w1"):
+        await r.client.create_schedule("acme", "s", {
+            "at": FAR, "overlap": "allow", "retry": {"max_attempts": 2, "initial_backoff": 0.05},
+            "job": {"type": "sleep", "params": {"seconds": 30}, "timeout": 0.3}})
+        run_id = (await r.client.trigger("acme", "s", "k"))["run_id"]
+        await wait_until(lambda: of_type(event_log, "OccurrenceDeadLettered", run_id), 30,
+                         what="two timed-out attempts, then dead")
+    failures = await of_type(event_log, "AttemptFailed", run_id)
+    assert [(f.attempt, f.error_class) for f in failures] == [(1, "transient"), (2, "transient")]
+    assert all("timeout" in f.message for f in failures)
+    [dead] = await of_type(event_log, "OccurrenceDeadLettered", run_id)
+    assert dead.reason == "max_attempts"
