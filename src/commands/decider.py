@@ -136,7 +136,7 @@ def decide(
         case m.CancelRun():
             return _cancel(state, p, now, command.principal)
         case m.RedriveRun():
-            return _redrive(state, p, command.principal)
+            return _redrive(state, p, now, command.principal)
         case m.ResolveReconciliation():
             return _resolve(state, p, now, command.principal)
         case m.RecordEffectOutcome():
@@ -282,6 +282,8 @@ def _revise(
     if s.last_scheduled_at is not None and s.last_scheduled_at > after:
         after = s.last_scheduled_at
     if pol.kind == "at":
+        if p.spec.at is not None and p.spec.at < now - timedelta(seconds=pol.grace):
+            return _reject("invalid", f"invalid at '{m_iso(p.spec.at)}': in the past", "at")
         nxt = p.spec.at if p.spec.at is not None and p.spec.at > after else None
     elif pol.kind == "delay":
         # planned when the running occurrence finishes; else the delay counts from now
@@ -407,7 +409,7 @@ def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool) -> None:
         d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_attempts",
                                         message=f"{used} attempts used"))
         return
-    deadline = run.scheduled_at + timedelta(seconds=pol.retry_max_age)
+    deadline = (run.age_base or run.scheduled_at) + timedelta(seconds=pol.retry_max_age)
     if immediate:
         if now > deadline:
             d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_age"))
@@ -797,7 +799,7 @@ def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime, principal: str)
                     body={"run_id": run.run_id, "outcome": "cancelled", "state": "CANCELLED"})
 
 
-def _redrive(state: ScheduleState, p: m.RedriveRun, principal: str) -> Decision:
+def _redrive(state: ScheduleState, p: m.RedriveRun, now: datetime, principal: str) -> Decision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -816,7 +818,8 @@ def _redrive(state: ScheduleState, p: m.RedriveRun, principal: str) -> Decision:
                            f"(overlap={pol.overlap}); redrive when it has finished",
                            state=run.state, blocking_run_id=busy[0].run_id)
     d = _Draft(state)
-    d.emit(m.OccurrenceRedriven(run_id=run.run_id, attempt=run.attempt + 1, by=principal))
+    d.emit(m.OccurrenceRedriven(run_id=run.run_id, attempt=run.attempt + 1, by=principal,
+                                redriven_at=now))
     return Decision(events=d.events, body={"run_id": run.run_id, "state": "READY",
                                            "attempt": run.attempt + 1})
 
@@ -830,6 +833,9 @@ def _resolve(
     if run.state != "RECONCILING":
         return _reject("conflict", f"run is {run.state}, not RECONCILING", state=run.state)
     target = run.reconcile or "run"
+    if p.decision == "retry" and target == "run" and state.status == "DELETED":
+        return _reject("conflict", "the schedule was deleted: a new attempt cannot start; "
+                       "resolve as delivered or abandon", state=run.state)
     if p.effect_id is not None and p.effect_id != target:
         # several effects may be uncertain at once: each one is resolved on its own
         if target == "run" or (run.effects or {}).get(p.effect_id, [None])[0] != "UNCERTAIN":
@@ -1156,6 +1162,7 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             run.state = "READY"
             run.attempt = event.attempt
             run.attempt_base = event.attempt
+            run.age_base = event.redriven_at
         case m.CompletionRejected():
             pass  # kept for audit; no state change
         case m.CancellationRequested():

@@ -130,6 +130,7 @@ class Run:
         "state",
         "attempt",
         "attempt_base",
+        "age_base",
         "fence",
         "worker_id",
         "lease_until",
@@ -168,6 +169,7 @@ class Run:
         self.state = state
         self.attempt = 1
         self.attempt_base = 1
+        self.age_base: datetime | None = None  # max-age origin after a redrive
         self.fence = 0
         self.worker_id: str | None = None
         self.lease_until: datetime | None = None
@@ -194,6 +196,7 @@ class Run:
         r.state = self.state
         r.attempt = self.attempt
         r.attempt_base = self.attempt_base
+        r.age_base = self.age_base
         r.fence = self.fence
         r.worker_id = self.worker_id
         r.lease_until = self.lease_until

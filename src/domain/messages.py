@@ -514,6 +514,8 @@ class OccurrenceRedriven(_Event):
     run_id: str
     attempt: int  # the next attempt number (history continues)
     by: str = ""
+    # the retry budget's max age counts from here after a redrive (None: from scheduled_at)
+    redriven_at: UtcDatetime | None = None
 
 
 class ResultPublished(_Event):

@@ -391,3 +391,25 @@ def test_crash_trace_one_run_two_owners(gwt: SimpleNamespace) -> None:
     c = s.when(m.ClaimRun(run_id=run.run_id, attempt=2, worker_id="C"), t(6.0))
     assert (c.status, c.events, c.body["state"]) == ("conflict", [], "SUCCEEDED")  # 6.000 ack
     assert [type(e).__name__ for e in s.history].count("ResultPublished") == 1
+
+
+def test_redriven_run_gets_a_fresh_max_age_budget(gwt: SimpleNamespace) -> None:
+    m = gwt.m
+    s, claimed = _leased(gwt, retry={"max_attempts": 5, "max_age": 3600})
+    s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="permanent")
+    redrive_at = gwt.T0 + gwt.sec(7200)  # long after the original max age
+    d = s.when(m.RedriveRun(run_id=claimed.run_id), redrive_at)
+    assert gwt.one(d, m.OccurrenceRedriven).redriven_at == redrive_at
+    again = s.claim(claimed.run_id, redrive_at + gwt.sec(1))
+    failed = s.when(m.FailRun(run_id=claimed.run_id, attempt=again.attempt, fence=again.fence,
+                              worker_id="w1", error_class="transient"), redrive_at + gwt.sec(2))
+    assert gwt.names(failed) == ["AttemptFailed", "RetryScheduled"]
+
+
+def test_reconciliation_retry_on_a_deleted_schedule_is_conflict(gwt: SimpleNamespace) -> None:
+    m = gwt.m
+    s, claimed = _leased(gwt)
+    s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="ambiguous")
+    s.given(m.DeleteSchedule(), gwt.T0 + gwt.sec(2))
+    d = s.when(m.ResolveReconciliation(run_id=claimed.run_id, decision="retry"), gwt.T0)
+    assert (d.status, d.events) == ("conflict", [])

@@ -213,3 +213,11 @@ def test_a_run_of_a_deleted_schedule_is_never_retried(gwt: SimpleNamespace) -> N
                          error_class="transient"), gwt.T0 + gwt.sec(3))
     assert "RetryScheduled" not in gwt.names(d)
     assert s.run(a.run_id).state == "CANCELLED"
+
+
+def test_revising_a_one_shot_to_a_past_instant_is_invalid(gwt: SimpleNamespace) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, at=(gwt.T0 + gwt.sec(3600)).isoformat())
+    d = s.when(m.ReviseSchedule(spec=gwt.spec(at=(gwt.T0 - gwt.sec(3600)).isoformat()),
+                                expected_revision=1), gwt.T0)
+    assert (d.status, d.field, d.events) == ("invalid", "at", [])
