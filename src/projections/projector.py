@@ -29,6 +29,11 @@ While the database is written, the next batches are already being read, decoded 
 projected by a reader task (``read_ahead`` batches, default 2, in a bounded queue), so the
 CPU work overlaps PostgreSQL's; on a conflict the queued batches are dropped with it.
 
+``partitions=`` restricts a projector to some partitions of ``events``: projectors on
+disjoint partition sets share one database without ever conflicting (offsets are
+compare-and-set per partition, and every row belongs to one partition), which is how the
+projection scales past one process's CPU.
+
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
 event applied), ``lag()`` (records between the stored offsets and the log's end offsets —
 on Kafka a transaction's commit marker takes an offset too, so a caught-up partition can
@@ -128,6 +133,7 @@ class Projector:
         batch_max: int = DEFAULT_BATCH,
         idle_ms: int = DEFAULT_IDLE_MS,
         read_ahead: int = 2,
+        partitions: Iterable[int] | None = None,
     ) -> None:
         self.log = log_
         self.store = store
@@ -140,6 +146,8 @@ class Projector:
         self._offsets: dict[int, int] = {}
         self._last_event_at: datetime | None = None
         self._partitions = 0
+        self._only = None if partitions is None else frozenset(partitions)
+        self._owned: list[int] = []
         self._stopping = asyncio.Event()
         self._progress = asyncio.Condition()
         self._started = False
@@ -151,6 +159,9 @@ class Projector:
         if self._started:
             return
         self._partitions = await self.log.partitions_for(self.topic)
+        self._owned = [p for p in range(self._partitions) if self._only is None or p in self._only]
+        if not self._owned:
+            raise ValueError(f"no partition of {self.topic} ({self._partitions}) to project")
         await self._load_offsets()
         self._started = True
 
@@ -228,7 +239,7 @@ class Projector:
     async def run_until_caught_up(self, timeout: float = 30.0) -> None:
         """Apply passes until every partition reached the end offset seen at the start."""
         await self.start()
-        ends = {p: await self.log.end_offset(self.topic, p) for p in range(self._partitions)}
+        ends = {p: await self.log.end_offset(self.topic, p) for p in self._owned}
         deadline = time.monotonic() + timeout
         while any(self._offsets.get(p, 0) < e for p, e in ends.items()):
             if time.monotonic() > deadline:
@@ -242,14 +253,14 @@ class Projector:
     def watermark(self) -> Watermark:
         """Next offset per partition (0 for partitions never written) + last event time."""
         return Watermark(
-            {p: self._offsets.get(p, 0) for p in range(self._partitions)}, self._last_event_at
+            {p: self._offsets.get(p, 0) for p in self._owned}, self._last_event_at
         )
 
     async def lag(self) -> dict[int, int]:
         """Records per partition between the stored offsets and the log's end offsets."""
         await self.start()
         out: dict[int, int] = {}
-        for p in range(self._partitions):
+        for p in self._owned:
             end = await self.log.end_offset(self.topic, p)
             out[p] = max(0, end - self._offsets.get(p, 0))
         return out
@@ -272,18 +283,19 @@ class Projector:
         self._offsets = {p: n for (t, p), n in stored.items() if t == self.topic}
         self._last_event_at = await self.store.pool.fetchval(
             "SELECT max(last_event_at) FROM projection_offsets WHERE projection = $1 "
-            "AND topic = $2", self.store.projection, self.topic)
+            "AND topic = $2 AND partition = ANY($3::integer[])", self.store.projection,
+            self.topic, self._owned)
 
     async def _read(self, start: dict[int, int], wait_ms: int) -> _Batch:
         """Read, decode and project one batch, each partition from ``start``."""
-        n = max(1, self._partitions)
+        n = max(1, len(self._owned))
         per_partition = max(1, self.batch_max // n)
         reads = await asyncio.gather(*(
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
-            for p in range(self._partitions)
+            for p in self._owned
         ))
         batch = _Batch({}, {})
-        for p, records in enumerate(reads):
+        for p, records in zip(self._owned, reads):
             envs: list[m.EventEnvelope] = []
             kept: list[Record] = []
             for rec in records:
