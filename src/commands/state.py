@@ -18,7 +18,7 @@ from chronolog.domain.messages import JobSpec, ScheduleSpec
 
 ACTIVE_STATES = frozenset({"READY", "LEASED", "RETRY_WAIT"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
-RECENT_TERMINAL_KEPT = 4  # terminal runs kept per schedule (besides DEAD ones)
+RECENT_TERMINAL_KEPT = 1  # terminal runs kept per schedule (besides DEAD ones)
 DEAD_KEPT = 64  # dead-lettered runs kept for redrive per schedule
 MANUAL_KEYS_KEPT = 256  # manual-trigger request keys remembered per schedule
 
