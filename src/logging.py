@@ -9,6 +9,23 @@ import sys
 import structlog
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is at write time (not the object seen at configure time:
+    pytest and daemons swap it, and a captured stream may be closed later)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+STDERR = _Stderr()
+
+
 def configure_logging(level: str | None = None, json: bool | None = None) -> None:
     lvl = getattr(logging, (level or os.environ.get("CHRONOLOG_LOG_LEVEL", "INFO")).upper(),
                   logging.INFO)
@@ -25,7 +42,8 @@ def configure_logging(level: str | None = None, json: bool | None = None) -> Non
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=STDERR),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=lvl, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=lvl, stream=STDERR,  # type: ignore[arg-type]
+                        format="%(levelname)s %(name)s %(message)s")
