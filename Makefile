@@ -34,6 +34,10 @@ kafka-up: $(STAMP)
 kafka-down:
 	scripts/kafka.sh down
 
+## type-check the package (mypy-clean)
+lint: $(STAMP)
+	$(BIN)/mypy src
+
 bench: $(STAMP)
 	$(BIN)/python bench/decider.py
 

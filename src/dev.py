@@ -137,6 +137,7 @@ async def run_dev(
     from chronolog.log.sqlite import SqliteEventLog
     from chronolog.processors.runtime import Processor
     from chronolog.projections.api import create_app
+    from chronolog.projections.api_cli import _Server
     from chronolog.projections.embedded import EmbeddedPostgres
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
@@ -186,8 +187,7 @@ async def run_dev(
         app = create_app(client, store, tenants, projector=projector)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 lifespan="on", access_log=False)
-        server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server = _Server(config)  # our handlers stop the node; uvicorn captures none
         node.tasks["api"] = asyncio.create_task(server.serve(), name="api")
         await _wait_serving(server, node.tasks["api"])
 
