@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from chronolog.domain import messages as m
+from chronolog.domain.durations import format_duration
 
 
 class Recent:
@@ -56,6 +57,12 @@ def _hm(t: datetime | None) -> str:
     return "-" if t is None else t.astimezone(timezone.utc).strftime("%H:%M:%S")
 
 
+def _when(t: datetime, now: datetime) -> str:
+    """Time of day today, or the date too when it is another day."""
+    fmt = "%H:%M:%S" if t.date() == now.date() else "%a %d %b %H:%M"
+    return t.astimezone(timezone.utc).strftime(fmt)
+
+
 async def render(node: Any) -> Group:
     proc = node.parts["processor"]
     recent: Recent | None = node.parts.get("recent")
@@ -68,8 +75,9 @@ async def render(node: Any) -> Group:
     nexts = sorted((st.next_due_at, st) for st in states
                    if st.status == "ACTIVE" and st.next_due_at is not None)
     for due, st in nexts[:6]:
-        upcoming.add_row(f"{st.tenant}/{st.schedule_id}", _hm(due),
-                         f"{max(0.0, (due - now).total_seconds()):.0f}s", st.status)
+        wait = max(0.0, round((due - now).total_seconds()))
+        upcoming.add_row(f"{st.tenant}/{st.schedule_id}", _when(due, now),
+                         format_duration(wait), st.status)
 
     running = Table(title="running attempts", expand=True)
     for col in ("run", "schedule", "attempt", "fence", "worker", "lease until"):
