@@ -1,14 +1,30 @@
 """Benchmark: commands per second through one processor, and command-to-reply latency.
 
-Throughput: N CreateSchedule commands are appended up front, then one in-process processor
-drains them with one transaction per partition per batch; the figure is N / (time until
-the last reply is committed). Latency: a client sends commands paced at --rate per second
-and measures send -> reply (p50/p99).
+Throughput: N commands are appended up front, then one in-process processor drains them with
+one transaction per partition per batch; the figure is N / (time from "every partition is
+assigned and restored" until the last command is decided and committed).
 
-    .venv/bin/python bench/processor.py --log sqlite --n 20000 --batch 500
+Workloads (``--workload``):
+
+* ``create`` — N ``CreateSchedule`` commands on new schedules. Each one also triggers the
+  schedule's first materialization in the same batch (``every`` schedules start at their
+  anchor), so a command costs two decisions, two events, a ready hint and a reply.
+* ``mixed`` — the run lifecycle on existing schedules: N/4 schedules are created and drained
+  by a setup processor first (not timed); then, per schedule, ``ClaimRun``, ``Heartbeat``,
+  ``CompleteRun`` (of its first run) and ``TriggerRun`` (a new manual run) are appended and a
+  fresh processor (restore not timed) drains them. ``ok_fraction`` checks the mix really
+  exercised the happy path (every reply should be ``ok``).
+
+Latency: a client sends commands paced at --rate per second (send -> reply, p50/p99) with the
+same workload (``mixed``: Claim/Heartbeat/Complete/Trigger on pre-created schedules).
+
+    .venv/bin/python bench/processor.py --log sqlite --n 20000 --batch 500 --runs 3
+    .venv/bin/python bench/processor.py --log sqlite --workload mixed --runs 3
     KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 .venv/bin/python bench/processor.py --log kafka
 
-Prints one JSON line per run; --runs K repeats and reports the median.
+``--sync NORMAL`` runs the SQLite log with ``synchronous=NORMAL`` (not the product default:
+it may lose the last commits on power loss). Prints one JSON line per run; with --runs K > 1
+it also prints the medians.
 """
 
 from __future__ import annotations
@@ -16,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -23,132 +40,253 @@ import time
 import uuid
 from typing import Any
 
+import structlog
+
 from chronolog.commands.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.log.port import OutRecord, Topics
 from chronolog.processors.runtime import Processor, ProcessorConfig
-from chronolog.settings import LogConfig, open_log
 
 SPEC = m.ScheduleSpec.model_validate({"every": "1h", "job": {"type": "noop"}})
+TENANT = "bench"
 
 
-def make_log(kind: str, partitions: int) -> Any:
+def make_log(kind: str, partitions: int, sync: str) -> Any:
     topics = Topics(prefix=f"bench{uuid.uuid4().hex[:8]}.", partitions=partitions)
     if kind == "sqlite":
+        from chronolog.log.sqlite import SqliteEventLog
+
         path = os.path.join(tempfile.mkdtemp(prefix="chronolog-bench-"), "log.db")
-        return open_log(LogConfig("sqlite", path, topics))
+        return SqliteEventLog(path, topics, synchronous=sync)
+    from chronolog.log.kafka import KafkaEventLog
+
     servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
-    return open_log(LogConfig("kafka", servers, topics))
+    return KafkaEventLog(servers, topics)
 
 
-def command(i: int) -> m.CommandEnvelope:
+def envelope(schedule_id: str, payload: Any, reply_to: str | None = None) -> m.CommandEnvelope:
     return m.CommandEnvelope(
-        command_id=uuid.uuid4().hex, type="CreateSchedule", tenant="bench",
-        schedule_id=f"s{i}", issued_at="2026-01-01T00:00:00Z",  # type: ignore[arg-type]
-        payload=m.CreateSchedule(spec=SPEC),
+        command_id=uuid.uuid4().hex, type=payload.type, tenant=TENANT,
+        schedule_id=schedule_id, issued_at="2026-01-01T00:00:00Z",  # type: ignore[arg-type]
+        reply_to=reply_to, payload=payload,
     )
 
 
-async def count_replies(lg: Any) -> int:
-    total = 0
-    for p in range(lg.topics.partitions):
-        total += await lg.end_offset(lg.topics.replies, p)
-    return total
+def create_commands(n: int, prefix: str = "s") -> list[m.CommandEnvelope]:
+    return [envelope(f"{prefix}{i}", m.CreateSchedule(spec=SPEC)) for i in range(n)]
 
 
-async def throughput(kind: str, n: int, batch: int, partitions: int) -> dict[str, Any]:
-    lg = make_log(kind, partitions)
-    await lg.start()
-    await lg.ensure_topics()
-    recs = [OutRecord(lg.topics.commands, partition_key("bench", f"s{i}").encode(),
-                      codec.encode_command(command(i))) for i in range(n)]
-    for i in range(0, n, 5000):
+def mixed_commands(runs: dict[str, str], n: int) -> list[m.CommandEnvelope]:
+    """Per schedule, in this order: claim, heartbeat, complete its first run, trigger a run.
+
+    Rounds are appended one after another, so each schedule's four commands reach its
+    partition in lifecycle order (a fresh schedule's first claim gets fence 1).
+    """
+    sids = sorted(runs)
+    rounds: list[list[m.CommandEnvelope]] = [[], [], [], []]
+    for sid in sids:
+        rid = runs[sid]
+        rounds[0].append(envelope(sid, m.ClaimRun(run_id=rid, attempt=1, worker_id="w")))
+        rounds[1].append(envelope(sid, m.Heartbeat(run_id=rid, attempt=1, fence=1, worker_id="w")))
+        rounds[2].append(envelope(sid, m.CompleteRun(run_id=rid, attempt=1, fence=1,
+                                                     worker_id="w", checksum="sha256:00",
+                                                     size=0)))
+        rounds[3].append(envelope(sid, m.TriggerRun(request_key=f"t-{uuid.uuid4().hex[:8]}")))
+    return [c for r in rounds for c in r][:n]
+
+
+def records_of(lg: Any, cmds: list[m.CommandEnvelope]) -> list[OutRecord]:
+    return [OutRecord(lg.topics.commands, partition_key(c.tenant, c.schedule_id).encode(),
+                      codec.encode_command(c)) for c in cmds]
+
+
+async def append_all(lg: Any, recs: list[OutRecord]) -> None:
+    for i in range(0, len(recs), 5000):
         await lg.append(recs[i:i + 5000])
-    proc = Processor(lg, "bench", config=ProcessorConfig(batch_max=batch))
+
+
+async def drain(lg: Any, n: int, config: ProcessorConfig) -> tuple[Processor, float, float]:
+    """Run a processor until it decided ``n`` commands: (processor, restore_s, drain_s)."""
+    proc = Processor(lg, f"bench-{uuid.uuid4().hex[:6]}", config=config)
     t0 = time.perf_counter()
     task = asyncio.create_task(proc.run())
-    replies_at_end = n
-    while True:
-        # replies are committed with their commands; on Kafka each transaction also adds
-        # a control record per partition, so count decided commands from the stats
-        if proc.stats.commands >= replies_at_end:
-            break
-        await asyncio.sleep(0.01)
-    elapsed = time.perf_counter() - t0
-    stats = proc.stats
+    while len(proc.partitions) < lg.topics.partitions:
+        if task.done():
+            await task
+        await asyncio.sleep(0.001)
+    t1 = time.perf_counter()
+    base = proc.stats.commands
+    while proc.stats.commands < n:
+        if task.done():
+            await task
+        await asyncio.sleep(0.002)
+    t2 = time.perf_counter()
     proc.stop()
     await task
-    await lg.close()
-    return {"log": kind, "n": n, "batch": batch, "partitions": partitions,
-            "seconds": round(elapsed, 3), "commands_per_s": round(n / elapsed),
-            "transactions": stats.transactions,
-            "commands_per_txn": round(stats.commands / max(stats.transactions, 1), 1)}
+    if base:
+        print(json.dumps({"warning": f"{base} commands decided before the clock started"}))
+    return proc, t1 - t0, t2 - t1
 
 
-async def latency(kind: str, rate: int, seconds: float, partitions: int) -> dict[str, Any]:
-    lg = make_log(kind, partitions)
+async def first_runs(lg: Any) -> dict[str, str]:
+    """schedule_id -> run_id of its first ready run, from the ready hints."""
+    out: dict[str, str] = {}
+    topic = lg.topics.ready("default")
+    for p in range(await lg.partitions_for(topic)):
+        offset, end = 0, await lg.end_offset(topic, p)
+        while offset < end:
+            recs = await lg.read(topic, p, offset, 5000)
+            if not recs:
+                break
+            for rec in recs:
+                hint = json.loads(rec.value)
+                out.setdefault(hint["schedule_id"], hint["run_id"])
+            offset = recs[-1].offset + 1
+    return out
+
+
+async def reply_statuses(lg: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for p in range(lg.topics.partitions):
+        offset, end = 0, await lg.end_offset(lg.topics.replies, p)
+        while offset < end:
+            recs = await lg.read(lg.topics.replies, p, offset, 5000)
+            if not recs:
+                break
+            for rec in recs:
+                status = codec.decode_reply(rec.value).status
+                counts[status] = counts.get(status, 0) + 1
+            offset = recs[-1].offset + 1
+    return counts
+
+
+async def setup_schedules(lg: Any, schedules: int, config: ProcessorConfig) -> dict[str, str]:
+    await append_all(lg, records_of(lg, create_commands(schedules)))
+    await drain(lg, schedules, config)
+    runs = await first_runs(lg)
+    assert len(runs) == schedules, (len(runs), schedules)
+    return runs
+
+
+async def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    lg = make_log(args.log, args.partitions, args.sync)
     await lg.start()
     await lg.ensure_topics()
-    proc = Processor(lg, "bench")
+    config = ProcessorConfig(batch_max=args.batch)
+    n = args.n
+    before: dict[str, int] = {}
+    if args.workload == "create":
+        cmds = create_commands(n)
+    else:
+        runs = await setup_schedules(lg, n // 4, config)
+        before = await reply_statuses(lg)
+        cmds = mixed_commands(runs, n)
+    await append_all(lg, records_of(lg, cmds))
+    del cmds  # a processor process does not hold its input
+    proc, restore_s, elapsed = await drain(lg, n, config)
+    stats = proc.stats
+    ok = None
+    if args.workload == "mixed":
+        after = await reply_statuses(lg)
+        ok = round((after.get("ok", 0) - before.get("ok", 0)) / n, 4)
+    await lg.close()
+    return {"log": args.log, "sync": args.sync if args.log == "sqlite" else None,
+            "workload": args.workload, "n": n, "batch": args.batch,
+            "partitions": args.partitions, "restore_s": round(restore_s, 3),
+            "seconds": round(elapsed, 3), "commands_per_s": round(n / elapsed),
+            "transactions": stats.transactions,
+            "commands_per_txn": round(stats.commands / max(stats.transactions, 1), 1),
+            "events": stats.events, "ok_fraction": ok}
+
+
+async def latency(args: argparse.Namespace) -> dict[str, Any]:
+    lg = make_log(args.log, args.partitions, args.sync)
+    await lg.start()
+    await lg.ensure_topics()
+    n = int(args.rate * args.seconds)
+    config = ProcessorConfig(batch_max=args.batch)
+    if args.workload == "create":
+        cmds = [envelope(f"s{i}", m.CreateSchedule(spec=SPEC)) for i in range(n)]
+    else:
+        runs = await setup_schedules(lg, (n + 3) // 4, config)
+        cmds = mixed_commands(runs, n)
+    proc = Processor(lg, "bench", config=config)
     task = asyncio.create_task(proc.run())
     client = Client(lg, reply_timeout=30)
     await client.start()
-    while len(proc.partitions) < partitions:
+    while len(proc.partitions) < args.partitions:
         await asyncio.sleep(0.05)
     lat: list[float] = []
+    statuses: dict[str, int] = {}
 
-    async def one(i: int) -> None:
+    async def one(env: m.CommandEnvelope) -> None:
         t = time.perf_counter()
-        await client.send(client.envelope("bench", f"s{i}", m.CreateSchedule(spec=SPEC)))
+        env = env.model_copy(update={"reply_to": client.client_id})
+        reply = await client.send(env)
         lat.append((time.perf_counter() - t) * 1000)
+        statuses[reply.status] = statuses.get(reply.status, 0) + 1
 
-    n = int(rate * seconds)
     pending = []
     start = time.perf_counter()
-    for i in range(n):
-        target = start + i / rate
+    for i, env in enumerate(cmds):
+        target = start + i / args.rate
         delay = target - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        pending.append(asyncio.create_task(one(i)))
+        pending.append(asyncio.create_task(one(env)))
     await asyncio.gather(*pending)
     await client.close()
     proc.stop()
     await task
     await lg.close()
     lat.sort()
-    return {"log": kind, "rate": rate, "n": n, "p50_ms": round(lat[len(lat) // 2], 2),
-            "p99_ms": round(lat[int(len(lat) * 0.99) - 1], 2), "max_ms": round(lat[-1], 2)}
+    return {"log": args.log, "sync": args.sync if args.log == "sqlite" else None,
+            "workload": args.workload, "rate": args.rate, "n": n,
+            "p50_ms": round(lat[len(lat) // 2], 2),
+            "p99_ms": round(lat[int(len(lat) * 0.99) - 1], 2), "max_ms": round(lat[-1], 2),
+            "ok_fraction": round(statuses.get("ok", 0) / n, 4)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", choices=["sqlite", "kafka"], default="sqlite")
+    ap.add_argument("--workload", choices=["create", "mixed"], default="create")
     ap.add_argument("--n", type=int, default=20000)
-    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=500,
+                    help="the processor's batch_max (= its getmany max_records)")
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--sync", default="FULL", help="SQLite synchronous mode (FULL: product)")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="keep the processor's info logs")
     args = ap.parse_args()
-    tps = []
-    for _ in range(args.runs):
-        r = asyncio.run(throughput(args.log, args.n, args.batch, args.partitions))
-        print(json.dumps(r), flush=True)
-        tps.append(r["commands_per_s"])
-    if args.runs > 1:
-        print(json.dumps({"log": args.log, "median_commands_per_s": statistics.median(tps)}))
-    if not args.skip_latency:
-        p99s = []
+    if not args.verbose:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if not args.skip_throughput:
+        tps = []
         for _ in range(args.runs):
-            r = asyncio.run(latency(args.log, args.rate, args.seconds, args.partitions))
+            r = asyncio.run(throughput(args))
             print(json.dumps(r), flush=True)
+            tps.append(r["commands_per_s"])
+        if args.runs > 1:
+            print(json.dumps({"log": args.log, "workload": args.workload, "batch": args.batch,
+                              "median_commands_per_s": statistics.median(tps)}), flush=True)
+    if not args.skip_latency:
+        p50s, p99s = [], []
+        for _ in range(args.runs):
+            r = asyncio.run(latency(args))
+            print(json.dumps(r), flush=True)
+            p50s.append(r["p50_ms"])
             p99s.append(r["p99_ms"])
         if args.runs > 1:
-            print(json.dumps({"log": args.log, "median_p99_ms": statistics.median(p99s)}))
+            print(json.dumps({"log": args.log, "workload": args.workload, "rate": args.rate,
+                              "median_p50_ms": statistics.median(p50s),
+                              "median_p99_ms": statistics.median(p99s)}), flush=True)
 
 
 if __name__ == "__main__":
