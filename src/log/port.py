@@ -141,6 +141,29 @@ class PartitionOwner(Protocol):
         ...
 
 
+@runtime_checkable
+class MultiCommit(Protocol):
+    """Optional capability of an ``EventLog``: several owners' commits in one unit of I/O.
+
+    Not part of ``EventLog`` (Kafka has one transactional producer per partition, so its
+    commits cannot share a transaction); a caller checks ``isinstance(log, MultiCommit)`` or
+    ``getattr(log, "commit_many", None)`` and otherwise calls each ``owner.commit``.
+
+    Each batch ``(owner, records, consumed, group, then)`` keeps exactly the semantics of
+    ``owner.commit(records, consumed, group, then)``: atomic by itself, ``Fenced`` when a
+    newer owner exists (nothing of that batch visible). Result i is batch i's positions or
+    the exception its commit would have raised. The batches are NOT atomic together: a
+    fenced owner's batch is left out while the others commit.
+    """
+
+    async def commit_many(
+        self,
+        batches: Sequence[
+            tuple[PartitionOwner, Sequence[OutRecord], Offsets, str, ThenCallback | None]
+        ],
+    ) -> list[list[Position] | BaseException]: ...
+
+
 # Called with the partitions newly assigned / revoked for a GroupConsumer.
 RebalanceCallback = Callable[[set[tuple[str, int]]], Awaitable[None]]
 

@@ -300,6 +300,18 @@ def _topic_partitions(conn: sqlite3.Connection, cache: dict[str, int], topic: st
     return n
 
 
+def _insert_sql(rows: int) -> str:
+    return _INSERT_RECORDS + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows)
+
+
+_INSERT_RECORDS = "INSERT INTO records (topic, partition, offset, key, value, headers, ts) VALUES "
+# Rows per multi-row INSERT: one sqlite3_step (one release of the GIL) per chunk instead of
+# one per row — the writer thread then no longer convoys behind the event loop's thread for
+# the GIL on every record. 64 rows x 7 values stay far below SQLITE_MAX_VARIABLE_NUMBER.
+_INSERT_CHUNK = 64
+_INSERT_SQL = [_insert_sql(n) for n in range(_INSERT_CHUNK + 1)]
+
+
 def _append_in_tx(
     conn: sqlite3.Connection, cache: dict[str, int], records: Sequence[OutRecord]
 ) -> list[Position]:
@@ -308,33 +320,43 @@ def _append_in_tx(
         return []
     ts = _now_ms()
     next_offsets: dict[TP, int] = {}
-    rows: list[tuple[Any, ...]] = []
+    values: list[Any] = []
     positions: list[Position] = []
+    headers_seen: dict[tuple[tuple[str, bytes], ...], bytes | None] = {}
     for rec in records:
-        n = _topic_partitions(conn, cache, rec.topic)
+        topic = rec.topic
+        n = cache.get(topic)
+        if n is None:
+            n = _topic_partitions(conn, cache, topic)
         if rec.partition is not None:
             p = rec.partition
             if not 0 <= p < n:
-                raise LogError(f"partition {p} out of range for {rec.topic!r} ({n} partitions)")
+                raise LogError(f"partition {p} out of range for {topic!r} ({n} partitions)")
         elif rec.key is not None:
             p = partition_for(rec.key, n)
         else:
             p = random.randrange(n)
-        tp = (rec.topic, p)
+        tp = (topic, p)
         off = next_offsets.get(tp)
         if off is None:
             row = conn.execute(
                 "SELECT next_offset FROM log_ends WHERE topic = ? AND partition = ?", tp
             ).fetchone()
             off = int(row[0]) if row else 0
-        rows.append((rec.topic, p, off, rec.key, rec.value, _encode_headers(rec.headers), ts))
-        positions.append(Position(rec.topic, p, off))
+        headers = rec.headers
+        if headers:
+            blob = headers_seen.get(headers)
+            if blob is None:
+                blob = headers_seen[headers] = _encode_headers(headers)
+        else:
+            blob = None
+        values += (topic, p, off, rec.key, rec.value, blob, ts)
+        positions.append(Position(topic, p, off))
         next_offsets[tp] = off + 1
-    conn.executemany(
-        "INSERT INTO records (topic, partition, offset, key, value, headers, ts) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        rows,
-    )
+    width = 7 * _INSERT_CHUNK
+    for i in range(0, len(values), width):
+        chunk = values[i:i + width]
+        conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
     conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in next_offsets.items()])
     return positions
 
@@ -376,6 +398,55 @@ def _owner_commit(
         conn.executemany(_UPSERT_OFFSET, consumed)
     conn.execute("COMMIT")
     return positions
+
+
+def _owners_commit(
+    conn: sqlite3.Connection,
+    cache: dict[str, int],
+    items: list[tuple[str, int, Sequence[OutRecord], list[tuple[str, str, int, int]],
+                      ThenCallback | None]],
+) -> list[list[Position] | Exception]:
+    """Several owners' commits in ONE write transaction (one WAL sync), each all-or-nothing.
+
+    Each owner's epoch is checked under the write lock, as in ``_owner_commit``; a fenced
+    owner's part is left out (result: ``Fenced``), and an exception raised while building
+    one owner's part (``then``) rolls back that part only (a savepoint) and is its result.
+    A SQLite error aborts the whole transaction (raised: no part is visible).
+    """
+    results: list[list[Position] | Exception] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for name, epoch, records, consumed, then in items:
+            row = conn.execute(
+                "SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None or int(row[0]) != epoch:
+                current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
+                results.append(Fenced(f"{name} epoch {epoch} was fenced ({current})"))
+                continue
+            conn.execute("SAVEPOINT owner_part")
+            try:
+                positions = _append_in_tx(conn, cache, records)
+                if then is not None:
+                    late = then(positions)
+                    if late:
+                        positions = positions + _append_in_tx(conn, cache, late)
+                if consumed:
+                    conn.executemany(_UPSERT_OFFSET, consumed)
+            except sqlite3.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - this owner's part only
+                conn.execute("ROLLBACK TO owner_part")
+                conn.execute("RELEASE owner_part")
+                results.append(exc)
+                continue
+            conn.execute("RELEASE owner_part")
+            results.append(positions)
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return results
 
 
 def _acquire(conn: sqlite3.Connection, name: str, owner_id: str) -> int:
@@ -974,6 +1045,46 @@ class SqliteEventLog:
             raise LogError(f"partition {partition} out of range ({n} partitions)")
         epoch = await self._w.run(_acquire, self._owner_name(partition), owner_id)
         return SqlitePartitionOwner(self, partition, epoch, owner_id)
+
+    async def commit_many(
+        self,
+        batches: Sequence[
+            tuple[SqlitePartitionOwner, Sequence[OutRecord], Offsets, str, ThenCallback | None]
+        ],
+    ) -> list[list[Position] | BaseException]:
+        """Commit several owners' batches in ONE SQLite transaction (the ``MultiCommit``
+        capability of ``chronolog.log.port``).
+
+        Each batch ``(owner, records, consumed, group, then)`` behaves exactly like
+        ``owner.commit(records, consumed, group, then)`` — atomic by itself, its owner's
+        epoch checked under the write lock — and its result is the positions or the exception
+        that call would have raised (``Fenced`` for a superseded owner, whose part is left
+        out). The batches share one transaction and so one WAL sync: with
+        ``synchronous=FULL`` a processor owning many partitions pays one fsync per poll, not
+        one per partition. A SQLite error fails every batch (nothing is visible).
+        """
+        results: list[list[Position] | BaseException | None] = [None] * len(batches)
+        items: list[tuple[str, int, Sequence[OutRecord], list[tuple[str, str, int, int]],
+                          ThenCallback | None]] = []
+        index: list[int] = []
+        for i, (owner, records, consumed, group, then) in enumerate(batches):
+            if owner._log is not self:
+                results[i] = LogError(f"{owner.name} belongs to another log")
+            elif owner._fenced:
+                results[i] = Fenced(f"{owner.name} epoch {owner.epoch} was fenced")
+            elif owner._closed:
+                results[i] = LogError(f"{owner.name} owner is closed")
+            else:
+                rows = [(group, t, int(p), int(o)) for (t, p), o in consumed.items()]
+                items.append((owner.name, owner.epoch, list(records), rows, then))
+                index.append(i)
+        if items:
+            done = await self._w.run(_owners_commit, self._partitions, items)
+            for i, res in zip(index, done):
+                if isinstance(res, Fenced):
+                    batches[i][0]._fenced = True
+                results[i] = res
+        return [r if r is not None else LogError("not committed") for r in results]
 
     def process_lock(self, partition: int | None = None) -> ProcessLock:
         """The optional advisory process lock for ``partition`` (None: the whole node)."""

@@ -331,3 +331,86 @@ async def test_concurrent_appends_from_processes_get_contiguous_unique_offsets(
         by_pid.setdefault(pid, []).append(int(i))
     assert len(by_pid) == 3
     assert all(seq == list(range(per_child)) for seq in by_pid.values())  # per-process order
+
+
+# ---------------------------------------------------------------------------------------
+# commit_many: the optional MultiCommit capability (several owners, one transaction)
+
+
+async def _values(lg: SqliteEventLog, topic: str, partition: int) -> list[bytes]:
+    return [r.value for r in await lg.read(topic, partition, 0, 100)]
+
+
+async def test_commit_many_commits_each_owner_atomically_with_its_offsets(
+    log: SqliteEventLog,
+) -> None:
+    from chronolog.log.port import MultiCommit, Position
+
+    assert isinstance(log, MultiCommit)
+    t = log.topics
+    o0, o1 = await log.acquire(0, "m"), await log.acquire(1, "m")
+    seen: list[list[Position]] = []
+
+    def then(positions: list[Position]) -> list[OutRecord]:
+        seen.append(positions)
+        return [OutRecord(t.replies, b"c", f"reply-{positions[0].offset}".encode(),
+                          partition=positions[0].partition)]
+
+    results = await log.commit_many([
+        (o0, [OutRecord(t.events, None, b"e0", partition=0)], {(t.commands, 0): 5}, "g", then),
+        (o1, [OutRecord(t.events, None, b"e1a", partition=1),
+              OutRecord(t.events, None, b"e1b", partition=1)], {(t.commands, 1): 7}, "g", None),
+    ])
+    assert results[0] == [Position(t.events, 0, 0), Position(t.replies, 0, 0)]
+    assert results[1] == [Position(t.events, 1, 0), Position(t.events, 1, 1)]
+    assert seen == [[Position(t.events, 0, 0)]]
+    assert await _values(log, t.events, 0) == [b"e0"]
+    assert await _values(log, t.events, 1) == [b"e1a", b"e1b"]
+    assert await _values(log, t.replies, 0) == [b"reply-0"]
+    assert await log.committed("g", t.commands, 0) == 5
+    assert await log.committed("g", t.commands, 1) == 7
+
+
+async def test_commit_many_leaves_out_a_fenced_owner_and_an_owner_whose_then_fails(
+    log: SqliteEventLog, db: Path, topics: Topics,
+) -> None:
+    from chronolog.log.port import Fenced
+
+    t = log.topics
+    old0, o1, o2 = await log.acquire(0, "old"), await log.acquire(1, "m"), await log.acquire(2, "m")
+    other = SqliteEventLog(db, topics)  # a second process's log on the same file
+    await other.start()
+    try:
+        new0 = await other.acquire(0, "new")  # fences old0
+
+        def boom(_: object) -> list[OutRecord]:
+            raise RuntimeError("then failed")
+
+        results = await log.commit_many([
+            (old0, [OutRecord(t.events, None, b"zombie", partition=0)],
+             {(t.commands, 0): 3}, "g", None),
+            (o1, [OutRecord(t.events, None, b"lost", partition=1)],
+             {(t.commands, 1): 4}, "g", boom),
+            (o2, [OutRecord(t.events, None, b"kept", partition=2)],
+             {(t.commands, 2): 5}, "g", None),
+        ])
+        assert isinstance(results[0], Fenced)
+        assert isinstance(results[1], RuntimeError)
+        assert not isinstance(results[2], BaseException)
+        assert await _values(log, t.events, 0) == []
+        assert await _values(log, t.events, 1) == []
+        assert await _values(log, t.events, 2) == [b"kept"]
+        assert await log.committed("g", t.commands, 0) is None
+        assert await log.committed("g", t.commands, 1) is None
+        assert await log.committed("g", t.commands, 2) == 5
+        # the fenced owner stays fenced; the others stay usable; the new owner writes
+        with pytest.raises(Fenced):
+            await old0.commit([], {(t.commands, 0): 9}, "g")
+        await o1.commit([OutRecord(t.events, None, b"retry", partition=1)],
+                        {(t.commands, 1): 4}, "g")
+        await new0.commit([OutRecord(t.events, None, b"new", partition=0)],
+                          {(t.commands, 0): 3}, "g")
+        assert await _values(log, t.events, 0) == [b"new"]
+        assert await _values(log, t.events, 1) == [b"retry"]
+    finally:
+        await other.close()
