@@ -97,6 +97,14 @@ def mixed_commands(runs: dict[str, str], n: int) -> list[m.CommandEnvelope]:
     return [c for r in rounds for c in r][:n]
 
 
+def processor_config(args: argparse.Namespace) -> ProcessorConfig:
+    config = ProcessorConfig(batch_max=args.batch)
+    for flag in ("pipeline", "gc_tuning"):  # present in runtimes that have them
+        if hasattr(config, flag) and getattr(args, f"no_{flag}"):
+            setattr(config, flag, False)
+    return config
+
+
 def records_of(lg: Any, cmds: list[m.CommandEnvelope]) -> list[OutRecord]:
     return [OutRecord(lg.topics.commands, partition_key(c.tenant, c.schedule_id).encode(),
                       codec.encode_command(c)) for c in cmds]
@@ -174,7 +182,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
     lg = make_log(args.log, args.partitions, args.sync)
     await lg.start()
     await lg.ensure_topics()
-    config = ProcessorConfig(batch_max=args.batch)
+    config = processor_config(args)
     n = args.n
     before: dict[str, int] = {}
     if args.workload == "create":
@@ -206,7 +214,7 @@ async def latency(args: argparse.Namespace) -> dict[str, Any]:
     await lg.start()
     await lg.ensure_topics()
     n = int(args.rate * args.seconds)
-    config = ProcessorConfig(batch_max=args.batch)
+    config = processor_config(args)
     if args.workload == "create":
         cmds = [envelope(f"s{i}", m.CreateSchedule(spec=SPEC)) for i in range(n)]
     else:
@@ -261,6 +269,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--sync", default="FULL", help="SQLite synchronous mode (FULL: product)")
+    ap.add_argument("--no-pipeline", action="store_true",
+                    help="commit each batch before polling the next (ProcessorConfig.pipeline)")
+    ap.add_argument("--no-gc-tuning", action="store_true", help="ProcessorConfig.gc_tuning off")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="keep the processor's info logs")

@@ -69,3 +69,72 @@ def test_upcaster_is_applied_by_type_and_version(monkeypatch: pytest.MonkeyPatch
     old["payload"]["epoch"] = old["payload"].pop("fence")
     env = codec.decode_event(orjson.dumps(old))
     assert env.payload.fence == 3 and env.version == 2
+
+
+def _lifecycle_events() -> list[m.EventEnvelope]:
+    """Every event a schedule's life produces, enveloped as the processor does."""
+    from datetime import timedelta
+
+    from chronolog.commands.decider import TenantContext, decide, evolve
+    from chronolog.commands.state import initial_state
+
+    spec = m.ScheduleSpec.model_validate({
+        "every": "1h", "job": {"type": "echo", "params": {"x": [1, 2.5, None]}, "timeout": 5},
+        "effects": [{"kind": "webhook", "config": {"url": "http://x"}}],
+        "start_deadline": "10m",
+    })
+    st = initial_state("acme", "s1")
+    out: list[m.EventEnvelope] = []
+    now = T0
+
+    def run(payload: object, cid: str) -> dict[str, object]:
+        env = m.CommandEnvelope(command_id=cid, type=payload.type,  # type: ignore[attr-defined]
+                                tenant="acme", schedule_id="s1", issued_at=now,
+                                payload=payload)  # type: ignore[arg-type]
+        dec = decide(st, env, now, TenantContext())
+        for i, ev in enumerate(dec.events):
+            evolve(st, ev)
+            out.append(m.EventEnvelope(event_id=f"{cid}.{i}", type=ev.type, key="acme/s1",
+                                       tenant="acme", schedule_id="s1", at=now,
+                                       causation_id=cid, payload=ev))
+        return dec.body
+
+    run(m.CreateSchedule(spec=spec), "c1")
+    run(m.Tick(), "t1")
+    rid = next(e.payload.run_id for e in out if e.type == "OccurrenceMaterialized")  # type: ignore[attr-defined]
+    body = run(m.ClaimRun(run_id=rid, attempt=1, worker_id="w"), "c2")
+    fence = int(body["fence"])  # type: ignore[arg-type]
+    run(m.Heartbeat(run_id=rid, attempt=1, fence=fence, worker_id="w"), "c3")
+    run(m.CompleteRun(run_id=rid, attempt=1, fence=fence, worker_id="w", checksum="sha256:0",
+                      size=3, inline={"ok": True}), "c4")
+    run(m.TriggerRun(request_key="k1", params={"y": "z"}), "c5")
+    run(m.PauseSchedule(reason="r"), "c6")
+    run(m.ResumeSchedule(), "c7")
+    now = now + timedelta(hours=2)
+    run(m.Tick(), "t2")
+    run(m.DeleteSchedule(), "c8")
+    return out
+
+
+def test_encode_event_is_byte_identical_to_the_generic_dump() -> None:
+    events = _lifecycle_events()
+    assert len({e.type for e in events}) >= 8
+    for env in events:
+        assert codec.encode_event(env) == codec.dumps(env), env.type
+        assert codec.decode_event(codec.encode_event(env)) == env
+
+
+def test_encode_reply_fields_is_byte_identical_to_a_reply_model() -> None:
+    body = {"run_id": "r_1", "lease_until": T0, "params": {"a": [1, None]}, "timeout": None}
+    positions = [("p.events", 3, 17), ("p.events", 3, 18)]
+    reply = m.Reply(command_id="c1", status="ok", reason="", body=body,
+                    positions=tuple(m.LogPosition(topic=t, partition=p, offset=o)
+                                    for t, p, o in positions),
+                    tenant="acme", schedule_id="s1")
+    data = codec.encode_reply_fields("c1", "ok", "", body, positions, "acme", "s1")
+    assert data == codec.encode_reply(reply)
+    pre = codec.encode_reply_fields("c1", "ok", "", codec.encode_body(body), positions, "acme", "s1")
+    assert pre == data
+    assert codec.decode_reply(data).body["lease_until"] == "2026-03-08T07:00:00Z"
+    assert codec.encode_reply_fields("c2", "invalid", "bad", {}, [], "", "") == codec.encode_reply(
+        m.Reply(command_id="c2", status="invalid", reason="bad"))
