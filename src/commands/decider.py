@@ -370,7 +370,7 @@ def _current_runs(d: _Draft) -> Iterator[Run]:
     if not runs:
         return
     for run_id in list(runs):
-        run = (d.state.runs or {}).get(run_id)
+        run = d.state.run(run_id)
         if run is not None:
             yield run
 
@@ -383,12 +383,14 @@ def _expire_leases(d: _Draft, now: datetime) -> None:
 
 def _expire_lease(d: _Draft, run_id: str, now: datetime) -> None:
     """Lease expiry advances the fence at once; the run goes back to READY (or ends)."""
-    run = d.state.runs[run_id]  # type: ignore[index]
+    run = d.state.run(run_id)
+    assert run is not None
     assert run.lease_until is not None
     d.emit(m.LeaseExpired(run_id=run_id, attempt=run.attempt, fence=run.fence,
                           lease_until=run.lease_until))
     d.emit(m.FenceAdvanced(fence=d.state.fence + 1, run_id=run_id, reason="lease_expired"))
-    run = d.state.runs[run_id]  # type: ignore[index]
+    run = d.state.run(run_id)
+    assert run is not None
     if run.cancel_requested:
         d.emit(m.OccurrenceCancelled(run_id=run_id, reason="cancelled while its lease expired"))
     else:
@@ -724,7 +726,8 @@ def _after_run_left_guard(d: _Draft, now: datetime) -> None:
         return
     if s.pending and not s.active_runs():
         head = s.pending[0]
-        run = s.runs[head]  # type: ignore[index]
+        run = s.run(head)
+        assert run is not None
         d.emit(m.OccurrenceReady(run_id=head, attempt=run.attempt,
                                  resource_class=run.resource_class, priority=run.priority))
     if (
@@ -875,7 +878,7 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
     if not run.claimed and run.start_deadline_at is not None and run.start_deadline_at < now:
         # the Tick has not run yet, but the deadline has passed: skip it now, never start it
         d = _Draft(state)
-        _skip_for_start_deadline(d, d.state.runs[run.run_id], now)  # type: ignore[index]
+        _skip_for_start_deadline(d, d.state.run(run.run_id), now)  # type: ignore[arg-type]
         return Decision(status="conflict", events=d.events, reason="start deadline passed",
                         body={"state": "SKIPPED", "run_id": run.run_id})
     pol = state.policy
@@ -1010,7 +1013,7 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
     d = _Draft(state)
     d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                            worker_id=p.worker_id, error_class=p.error_class, message=p.message))
-    run = d.state.runs[run.run_id]  # type: ignore[index]
+    run = d.state.run(run.run_id)  # type: ignore[assignment]
     if run.cancel_requested:
         d.emit(m.OccurrenceCancelled(run_id=run.run_id, reason="cancelled; attempt failed"))
     elif p.error_class == "transient":
@@ -1025,7 +1028,7 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
                       "message": p.message},
         ))
     _after_run_left_guard(d, now)
-    live = (d.state.runs or {}).get(run.run_id)
+    live = d.state.run(run.run_id)
     if live is None:  # retired at once (a bounded number of terminal runs is kept)
         ended = "CANCELLED" if any(isinstance(e, m.OccurrenceCancelled) and e.run_id == run.run_id
                                    for e in d.events) else "DEAD"
@@ -1056,7 +1059,7 @@ def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome, now: datetim
                                         reason="effect outcome unknown and the destination "
                                         "offers no idempotency or status lookup",
                                         evidence=p.evidence))
-    live = d.state.runs[run.run_id]  # type: ignore[index]
+    live = d.state.run(run.run_id)  # type: ignore[assignment]
     return Decision(events=d.events, body={"effect_id": p.effect_id,
                                            "state": live.effects[p.effect_id][0]})  # type: ignore[index]
 
@@ -1284,17 +1287,24 @@ def _set_effect(state: ScheduleState, run_id: str, effect_id: str, value: str) -
 
 
 def _retire(state: ScheduleState, run: Run) -> None:
-    """Bound the terminal runs kept: a few recent ones, and the DEAD ones for redrive."""
+    """Bound the finished runs kept: the newest one (``state.done``), and the DEAD ones.
+
+    Finished runs with open effects stay in ``runs`` until their effects are settled.
+    """
     runs = state.runs
     if runs is None:
         return
-    terminal = [r for r in runs.values() if r.terminal and r.state != "DEAD"
+    finished = [r for r in runs.values() if r.terminal and r.state != "DEAD"
                 and not _has_open_effects(r)]
-    while len(terminal) > RECENT_TERMINAL_KEPT:
-        del runs[terminal.pop(0).run_id]
+    if finished:
+        for r in finished:
+            del runs[r.run_id]
+        state.done = finished[-1]
     dead = [r for r in runs.values() if r.state == "DEAD"]
     while len(dead) > DEAD_KEPT:
         del runs[dead.pop(0).run_id]
+    if not runs:
+        state.runs = None
 
 
 def _has_open_effects(run: Run) -> bool:

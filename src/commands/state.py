@@ -18,7 +18,7 @@ from chronolog.domain.messages import JobSpec, ScheduleSpec
 
 ACTIVE_STATES = frozenset({"READY", "LEASED", "RETRY_WAIT"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
-RECENT_TERMINAL_KEPT = 1  # terminal runs kept per schedule (besides DEAD ones)
+RECENT_TERMINAL_KEPT = 1  # finished runs kept per schedule: state.done (besides DEAD ones)
 DEAD_KEPT = 64  # dead-lettered runs kept for redrive per schedule
 MANUAL_KEYS_KEPT = 256  # manual-trigger request keys remembered per schedule
 
@@ -256,6 +256,7 @@ class ScheduleState:
         "count",
         "fence",
         "runs",
+        "done",
         "pending",
         "manual",
         "owned",
@@ -279,6 +280,9 @@ class ScheduleState:
         self.count = 0
         self.fence = 0
         self.runs: dict[str, Run] | None = None
+        # the newest finished run, kept outside ``runs`` (a dict costs ~230 B even for one
+        # entry): it answers a duplicate hint or a repeated completion with its saved result
+        self.done: Run | None = None
         self.pending: list[str] | None = None
         self.manual: dict[str, tuple[str, str]] | None = None
         # None: this state owns all its runs (a live state). A set: a copy-on-write draft
@@ -294,6 +298,7 @@ class ScheduleState:
         s = self.draft()
         if self.runs is not None:
             s.runs = {k: r.clone() for k, r in self.runs.items()}
+        s.done = None if self.done is None else self.done.clone()
         if self.manual is not None:
             s.manual = dict(self.manual)
         s.owned = None
@@ -324,6 +329,7 @@ class ScheduleState:
         s.count = self.count
         s.fence = self.fence
         s.runs = None if self.runs is None else dict(self.runs)
+        s.done = self.done  # shared until ``own`` brings it back (cloned) into ``runs``
         s.pending = None if self.pending is None else list(self.pending)
         s.manual = self.manual
         s.owned = set()
@@ -332,6 +338,17 @@ class ScheduleState:
     def own(self, run_id: str) -> Run:
         """The run ``run_id``, safe to change in place (cloned first in a draft)."""
         runs = self.runs
+        done = self.done
+        if (runs is None or run_id not in runs) and done is not None and done.run_id == run_id:
+            # an event for the kept finished run (e.g. its effects): back into ``runs``
+            if self.owned is not None:
+                done = done.clone()
+                self.owned.add(run_id)
+            if runs is None:
+                runs = self.runs = {}
+            runs[run_id] = done
+            self.done = None
+            return done
         assert runs is not None, f"event for unknown run {run_id}"
         run = runs[run_id]
         owned = self.owned
@@ -352,7 +369,11 @@ class ScheduleState:
         return self.manual
 
     def run(self, run_id: str) -> Run | None:
-        return None if self.runs is None else self.runs.get(run_id)
+        """A live run, a DEAD one, or the kept finished one; None when unknown/retired."""
+        run = None if self.runs is None else self.runs.get(run_id)
+        if run is None and self.done is not None and self.done.run_id == run_id:
+            return self.done
+        return run
 
     def active_runs(self) -> list[Run]:
         return [] if self.runs is None else [r for r in self.runs.values() if r.active]
@@ -376,6 +397,7 @@ class ScheduleState:
             self.count,
             self.fence,
             tuple((k, r.snapshot()) for k, r in (self.runs or {}).items()),
+            None if self.done is None else self.done.snapshot(),
             tuple(self.pending or ()),
             tuple(sorted((self.manual or {}).items())),
         )

@@ -65,7 +65,10 @@ def of_type(evs: list[m.EventEnvelope], typ: str, **match: Any) -> list[Any]:
 
 
 async def run_state(lg: Any, run_id: str) -> tuple[str | None, dict[str, Any]]:
-    evs = [e.payload for e in await all_events(lg) if e.schedule_id == SCHEDULE]
+    # fold the schedule's own events and this run's (the decider keeps only the newest
+    # finished run of a schedule, so other runs finishing later would retire this one)
+    evs = [e.payload for e in await all_events(lg) if e.schedule_id == SCHEDULE
+           and getattr(e.payload, "run_id", run_id) == run_id]
     run = fold(TENANT, SCHEDULE, evs).run(run_id)
     if run is None:
         return None, {}
