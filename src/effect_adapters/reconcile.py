@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from chronolog.log.reading import read_partition
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import iso_utc
@@ -35,12 +36,7 @@ async def open_reconciliations(log_: EventLog) -> list[dict[str, Any]]:
     open_: dict[tuple[str, str, str], dict[str, Any]] = {}
     intents: dict[tuple[str, str, str], m.EffectIntended] = {}
     for p in range(await log_.partitions_for(topic)):
-        end = await log_.end_offset(topic, p)
-        offset = 0
-        while offset < end:
-            recs = await log_.read(topic, p, offset, 2000)
-            if not recs:
-                break
+        async for recs in read_partition(log_, topic, p):
             for rec in recs:
                 env = codec.decode_event(rec.value)
                 ev = env.payload
@@ -60,5 +56,4 @@ async def open_reconciliations(log_: EventLog) -> list[dict[str, Any]]:
                     open_[(env.tenant, env.schedule_id, ev.run_id)] = item
                 elif isinstance(ev, m.ReconciliationResolved):
                     open_.pop((env.tenant, env.schedule_id, ev.run_id), None)
-            offset = recs[-1].offset + 1
     return sorted(open_.values(), key=lambda i: (i["since"], i["run_id"]))

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from chronolog.log.port import EventLog, LogError, Record
+from chronolog.log.port import EventLog, LogError
+from chronolog.log.reading import READ_BATCH, read_partition
 from chronolog.settings import ConfigError, LogConfig, open_log, parse_log_url
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "usage_error",
 ]
 
-READ_BATCH = 2000
 
 
 def usage_error(message: str) -> Exception:
@@ -86,26 +86,6 @@ async def event_partitions(log: EventLog) -> int:
     except LogError as exc:
         raise usage_error(f"no topic '{topic}' in the log ({exc}); wrong --log or "
                           "CHRONOLOG_TOPIC_PREFIX?") from None
-
-
-async def read_partition(
-    log: EventLog, topic: str, partition: int, start: int = 0, stop: int | None = None,
-    batch: int = READ_BATCH,
-) -> AsyncIterator[list[Record]]:
-    """Batches of committed records of one partition, offsets in ``[start, stop)``.
-
-    ``stop`` defaults to the end offset when reading starts, so a live log is read to a
-    fixed point and the iteration ends.
-    """
-    end = await log.end_offset(topic, partition) if stop is None else stop
-    offset = start
-    while offset < end:
-        records = await log.read(topic, partition, offset, max_records=batch, timeout_ms=0)
-        records = [r for r in records if r.offset < end]
-        if not records:
-            return  # only aborted data / control markers remain below the end (Kafka)
-        yield records
-        offset = records[-1].offset + 1
 
 
 async def _close_quietly(log: Any) -> None:

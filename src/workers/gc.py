@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from chronolog.log.reading import read_partition
 from chronolog.log.port import EventLog
 from chronolog.workers.results import ResultStore, StagedObject
 
@@ -92,19 +93,13 @@ async def fold_references(log_: EventLog) -> References:
     refs = References()
     topic = log_.topics.events
     for p in range(await log_.partitions_for(topic)):
-        end = await log_.end_offset(topic, p)
-        offset = 0
-        while offset < end:
-            recs = await log_.read(topic, p, offset, 2000)
-            if not recs:
-                break
+        async for recs in read_partition(log_, topic, p):
             for rec in recs:
                 env = orjson.loads(rec.value)
                 payload = env.get("payload") if isinstance(env, dict) else None
                 if isinstance(payload, dict):
                     refs.apply(payload)
                 refs.events_read += 1
-            offset = recs[-1].offset + 1
     return refs
 
 
