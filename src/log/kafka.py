@@ -24,7 +24,21 @@ milliseconds after ``commit_transaction`` a ``read_committed`` reader (and Offse
 see the transaction yet. ``KafkaPartitionOwner.commit`` therefore waits (bounded) until the last
 stable offset of every written partition has passed its records and the group's stored offsets
 equal ``consumed``, so ``commit`` returning means "visible to committed readers", as in the
-SQLite adapter. Pass ``await_visible=False`` to skip that wait.
+SQLite adapter. Pass ``await_visible=False`` to skip that wait (or set it per owner:
+``KafkaPartitionOwner.await_visible``). A processor skips it: it never reads its own writes
+back through the log (its state is in memory; replies are read by clients asynchronously),
+and a new owner's ``acquire`` (InitProducerId) only returns once the previous owner's
+pending transaction is completed, so the restore that follows sees it. The wait costs two
+to four extra broker round trips per commit.
+
+Back-to-back transactions: for a few milliseconds after ``EndTxn`` the coordinator is still
+writing the markers, and the next transaction's first AddPartitionsToTxn is refused with
+CONCURRENT_TRANSACTIONS; aiokafka then retries after a fixed 20 ms (``BACKOFF_OVERRIDE``,
+KAFKA-5477) — a processor committing one batch after another waited ~20 ms in most of its
+transactions. ``concurrent_txn_backoff_ms`` (default 2) lowers that process-wide constant.
+
+Within ``commit`` the consumed offsets (AddOffsetsToTxn + TxnOffsetCommit) are queued right
+after the records, so they travel while ``then()`` waits for the records' acks.
 
 Failures: ``Fenced`` when the partition's producer is fenced or otherwise unusable (the caller
 must drop the partition's state and re-acquire); ``LogUnavailable`` when the broker does not
@@ -174,6 +188,15 @@ def _internal_futures(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
     return [f for f in found if isinstance(f, asyncio.Future)]
 
 
+def _lower_concurrent_txn_backoff(seconds: float) -> None:
+    """Lower aiokafka's retry delay after CONCURRENT_TRANSACTIONS (never raise it)."""
+    from aiokafka.producer import sender
+
+    current = getattr(sender, "BACKOFF_OVERRIDE", None)
+    if isinstance(current, (int, float)) and seconds < current:
+        sender.BACKOFF_OVERRIDE = seconds
+
+
 class _Reader:
     """A group-less read_committed consumer, leased to one read at a time."""
 
@@ -195,9 +218,11 @@ class KafkaEventLog:
         request_timeout_ms: int = 30000,
         aux_partitions: int | None = None,
         await_visible: bool = True,
+        concurrent_txn_backoff_ms: float | None = 2.0,
     ) -> None:
         """``aux_partitions``: partition count of replies, commands.dlq, effects.out and
-        ready.<class> (default: ``topics.partitions``)."""
+        ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
+        retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's)."""
         self.topics = topics
         self.bootstrap_servers = bootstrap_servers
         self.client_id = client_id
@@ -205,6 +230,8 @@ class KafkaEventLog:
         self.request_timeout_ms = request_timeout_ms
         self.aux_partitions = aux_partitions or topics.partitions
         self.await_visible = await_visible
+        if concurrent_txn_backoff_ms is not None:
+            _lower_concurrent_txn_backoff(concurrent_txn_backoff_ms / 1000)
         self._bound_s = request_timeout_ms / 1000 + 5
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
@@ -612,6 +639,10 @@ class KafkaPartitionOwner:
         self._producer: AIOKafkaProducer | None = producer
         self._lock = asyncio.Lock()
         self._dead: str | None = None
+        # wait after each commit until committed readers see it (see the module docstring);
+        # a processor turns this off for its own owners (ProcessorConfig.await_visible)
+        self.await_visible: bool = log_.await_visible
+        self._late_tps: set[TopicPartition] = set()  # partitions then() wrote last time
         txn = getattr(producer, "_txn_manager", None)
         self.epoch: int = int(getattr(txn, "producer_epoch", 0) or 0)
         self.producer_id: int = int(getattr(txn, "producer_id", -1))
@@ -637,8 +668,10 @@ class KafkaPartitionOwner:
             }
             bound = self._log._bound_s
             futures: list[asyncio.Future[Any]] = []
+            offsets_sent: asyncio.Future[Any] | None = None
             try:
                 await _bounded(producer.begin_transaction(), bound, "begin_transaction")
+                self._preadd_late_partitions(producer)
                 futures = [
                     await producer.send(
                         rec.topic, rec.value, key=rec.key, partition=p,
@@ -646,32 +679,56 @@ class KafkaPartitionOwner:
                     )
                     for rec, p in placed
                 ]
+                if offsets:
+                    # AddOffsetsToTxn + TxnOffsetCommit go out now, alongside the produce
+                    # requests (and then()'s wait for their acks), not after them
+                    futures.append(asyncio.ensure_future(
+                        producer.send_offsets_to_transaction(offsets, group)))
+                    offsets_sent = futures[-1]
                 if then is not None:
                     # the first records' offsets are known once the broker acked them (still
                     # inside the open transaction); then() builds records that carry them
-                    first = await _bounded(asyncio.gather(*futures), bound, "produce")
+                    first = await _bounded(asyncio.gather(*futures[:len(placed)]), bound,
+                                           "produce")
                     late = then([Position(m.topic, m.partition, m.offset) for m in first])
-                    for rec, p in await self._log._placed(late):
+                    late_placed = await self._log._placed(late)
+                    self._late_tps = {TopicPartition(rec.topic, p) for rec, p in late_placed}
+                    for rec, p in late_placed:
                         futures.append(await producer.send(
                             rec.topic, rec.value, key=rec.key, partition=p,
                             headers=_headers_out(rec.headers),
                         ))
                 if offsets:
-                    await _bounded(
-                        producer.send_offsets_to_transaction(offsets, group),
-                        bound,
-                        "send_offsets_to_transaction",
-                    )
+                    await _bounded(offsets_sent, bound, "send_offsets_to_transaction")
                 await _bounded(producer.commit_transaction(), bound, "commit_transaction")
-                metas = await _bounded(asyncio.gather(*futures), bound, "produce")
+                metas = await _bounded(
+                    asyncio.gather(*(f for f in futures if f is not offsets_sent)), bound,
+                    "produce")
             except BaseException as exc:
                 _retrieve_exceptions(futures)
                 await self._fail(producer, exc)
                 raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
             positions = [Position(m.topic, m.partition, m.offset) for m in metas]
-        if self._log.await_visible:
+        if self.await_visible:
             await self._await_visible(positions, offsets, group)
         return positions
+
+    def _preadd_late_partitions(self, producer: AIOKafkaProducer) -> None:
+        """Register the partitions ``then()`` wrote last time with the new transaction now.
+
+        aiokafka adds a partition to a transaction (AddPartitionsToTxn, one sequential
+        coordinator round trip) when the first record for it is sent; ``then()``'s records
+        (a processor's replies) are only sent after the first records' acks, which cost a
+        second AddPartitionsToTxn round trip per transaction. Registered up front, they go
+        out in the first request. Harmless when unused: the commit writes a marker there.
+        Uses aiokafka's transaction manager (skipped if that internal is missing).
+        """
+        if not self._late_tps:
+            return
+        add = getattr(getattr(producer, "_txn_manager", None), "maybe_add_partition_to_txn", None)
+        if add is not None:
+            for tp in self._late_tps:
+                add(tp)
 
     async def _fail(self, producer: AIOKafkaProducer, exc: BaseException) -> None:
         """Handle an exception raised inside a transaction; always raises.

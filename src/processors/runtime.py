@@ -96,6 +96,9 @@ class ProcessorConfig:
     # raise gen-0 GC threshold during run() and gc.freeze() the restored state
     gc_tuning: bool = True
     gc_gen0_threshold: int = 50_000
+    # Kafka: return from a commit without waiting until committed readers see it (nothing
+    # on the processor's path reads its own writes back; see chronolog.log.kafka)
+    await_visible: bool = False
 
 
 @dataclass
@@ -272,6 +275,8 @@ class Processor:
             if topic != self.topics.commands or p in self.partitions:
                 continue
             owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
+            if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
+                owner.await_visible = self.config.await_visible
             ps = PartitionState(p, owner)
             await self._restore(ps)
             committed = await self.log.committed(self.group, self.topics.commands, p)
