@@ -10,6 +10,10 @@ the original reply).
 Typed helpers (``create_schedule``, ``claim``, ...) return the reply body on ``ok`` and raise
 a typed error otherwise: ``Invalid``, ``Forbidden``, ``NotFound``, ``Conflict``,
 ``QuotaExceeded``, ``StaleFence``.
+
+Group append: commands sent while an append is in flight are appended together by the next
+one (one ``log.append`` — on SQLite one transaction and one fsync — instead of one each);
+every ``send`` still returns only after its own command is durably appended.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class Client:
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
         self._ready = asyncio.Event()
+        self._outbox: list[tuple[OutRecord, asyncio.Future[None]]] = []
+        self._appender: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start following ``replies`` from their current end."""
@@ -119,6 +125,9 @@ class Client:
         self._ready.set()
 
     async def close(self) -> None:
+        if self._appender is not None and not self._appender.done():
+            with contextlib.suppress(Exception):
+                await self._appender  # commands already handed over are appended
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -188,17 +197,44 @@ class Client:
         if fut is None or fut.done():
             fut = self._waiters[env.command_id] = loop.create_future()
         try:
-            await self.log.append([OutRecord(
+            await self._append(OutRecord(
                 topic=self.topics.commands,
                 key=partition_key(env.tenant, env.schedule_id).encode(),
                 value=codec.encode_command(env),
-            )])
+            ))
             return await asyncio.wait_for(asyncio.shield(fut), timeout or self.reply_timeout)
         except asyncio.TimeoutError as exc:
             raise ReplyTimeout(f"no reply to {env.type} {env.command_id}") from exc
         finally:
             if fut.done():
                 self._waiters.pop(env.command_id, None)
+
+    async def _append(self, rec: OutRecord) -> None:
+        """Append ``rec`` durably, together with whatever else is waiting (group append)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outbox.append((rec, done))
+        if self._appender is None or self._appender.done():
+            self._appender = asyncio.create_task(self._append_loop(),
+                                                 name=f"{self.client_id}-append")
+        await asyncio.shield(done)
+
+    async def _append_loop(self) -> None:
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            try:
+                await self.log.append([rec for rec, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - every waiter of the batch sees it
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc if isinstance(exc, Exception)
+                                           else RuntimeError(f"append interrupted: {exc!r}"))
+                        done.exception()  # retrieved here; the sender re-raises its copy
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
 
     async def call(
         self, tenant: str, schedule_id: str, payload: Any, command_id: str | None = None,
