@@ -374,8 +374,13 @@ async def test_kafka_transaction_carries_the_outcome_so_a_crash_before_recording
             await adapter.close()  # "crash": the outcome is never sent by this runner
             assert out.status == "succeeded" and out.recorded
             # the group offset moved past the intent in the same transaction, so the next
-            # runner starts after it whether or not the outcome event exists yet
-            assert await lg.committed(crashed.group, rec.topic, p) == rec.offset + 1
+            # runner starts after it whether or not the outcome event exists yet (the broker
+            # confirms a commit a moment before offset fetches see it: wait, bounded)
+
+            async def offset_moved() -> bool:
+                return await lg.committed(crashed.group, rec.topic, p) == rec.offset + 1
+
+            await wait_until(offset_moved, 10, what="the group offset committed with the txn")
             await wait_until(lambda: _effect_done(lg, effect_id), 30, what="outcome via txn")
             fx, task = await s.runner("fx2")
             marker = await s.quick_run("marker")
