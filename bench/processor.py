@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -65,6 +66,14 @@ def make_log(kind: str, partitions: int, sync: str) -> Any:
 
     servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
     return KafkaEventLog(servers, topics)
+
+
+async def close_log(lg: Any) -> None:
+    """Close the log; a SQLite log's temporary directory is deleted (runs add up to GBs)."""
+    await close_log(lg)
+    path = getattr(lg, "path", None)
+    if path is not None and path.parent.name.startswith("chronolog-bench-"):
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def envelope(schedule_id: str, payload: Any, reply_to: str | None = None) -> m.CommandEnvelope:
@@ -213,7 +222,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
     if args.workload == "mixed":
         after = await reply_statuses(lg)
         ok = round((after.get("ok", 0) - before.get("ok", 0)) / n, 4)
-    await lg.close()
+    await close_log(lg)
     return {"log": args.log, "sync": args.sync if args.log == "sqlite" else None,
             "workload": args.workload, "n": n, "batch": args.batch,
             "partitions": args.partitions, "restore_s": round(restore_s, 3),
@@ -262,7 +271,7 @@ async def latency(args: argparse.Namespace) -> dict[str, Any]:
     await client.close()
     proc.stop()
     await task
-    await lg.close()
+    await close_log(lg)
     lat.sort()
     return {"log": args.log, "sync": args.sync if args.log == "sqlite" else None,
             "workload": args.workload, "rate": args.rate, "n": n,
