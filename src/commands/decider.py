@@ -1299,7 +1299,8 @@ def _retire(state: ScheduleState, run: Run) -> None:
     if finished:
         for r in finished:
             del runs[r.run_id]
-        state.done = finished[-1]
+        # keep the run that just finished: the same decision may go on with it (its effects)
+        state.done = run if any(r is run for r in finished) else finished[-1]
     dead = [r for r in runs.values() if r.state == "DEAD"]
     while len(dead) > DEAD_KEPT:
         del runs[dead.pop(0).run_id]
