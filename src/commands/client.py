@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import structlog
 
+from chronolog.environment import new_id, utc_now
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
@@ -101,7 +101,7 @@ class Client:
         self.topics = log_.topics
         self.principal = principal
         self.reply_timeout = reply_timeout
-        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self.client_id = client_id or f"client-{new_id()[:12]}"
         self._waiters: dict[str, asyncio.Future[m.Reply]] = {}
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
@@ -176,12 +176,12 @@ class Client:
         issued_at: datetime | None = None,
     ) -> m.CommandEnvelope:
         return m.CommandEnvelope(
-            command_id=command_id or uuid.uuid4().hex,
+            command_id=command_id or new_id(),
             type=payload.type,
             tenant=tenant,
             principal=self.principal,
             schedule_id=schedule_id,
-            issued_at=issued_at or datetime.now(timezone.utc),
+            issued_at=issued_at or utc_now(),
             reply_to=self.client_id,
             payload=payload,
         )

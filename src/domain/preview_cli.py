@@ -18,6 +18,7 @@ import json
 from datetime import datetime, timezone as dt_timezone
 from typing import Any
 
+from chronolog.environment import utc_now
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger, parse_instant, resolve_zone, upcoming
 
 DEFAULT_COUNT = 5
@@ -61,7 +62,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def _start_instant(args: argparse.Namespace) -> datetime:
     """--from as UTC, or now."""
     if args.from_ is None:
-        return datetime.now(dt_timezone.utc).replace(microsecond=0)
+        return utc_now().replace(microsecond=0)
     return parse_instant(args.from_, args.tz, field="from")
 
 

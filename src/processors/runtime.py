@@ -41,12 +41,13 @@ import heapq
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import orjson
 import structlog
 
+from chronolog.environment import utc_now
 from chronolog.commands.decider import Decision, TenantContext, decide, evolve, next_wakeup
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
@@ -58,10 +59,6 @@ log = structlog.get_logger("chronolog.processor")
 
 PROCESSOR_GROUP_SUFFIX = "processors"
 READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRedriven")
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class TenantPolicies(Protocol):
