@@ -47,7 +47,9 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import orjson
 import structlog
 
-from chronolog.environment import utc_now
+from chronolog.environment import gc_tune as _gc_tune
+from chronolog.environment import gc_untune as _gc_untune
+from chronolog.environment import gc_tuned, utc_now
 from chronolog.commands.decider import Decision, TenantContext, decide, evolve, next_wakeup
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
@@ -281,7 +283,7 @@ class Processor:
             self.partitions[p] = ps
             log.info("partition_assigned", partition=p, schedules=len(ps.states),
                      events_offset=ps.events_offset, commands_offset=committed or 0)
-        if self.config.gc_tuning and _GC_USERS:
+        if self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
 
     async def _on_revoked(self, tps: set[tuple[str, int]]) -> None:
@@ -622,26 +624,6 @@ class _Output:
         return out
 
 
-def _gc_tune(gen0: int) -> None:
-    """Raise the gen-0 threshold while at least one processor runs (process-wide)."""
-    global _GC_SAVED, _GC_USERS
-    if _GC_USERS == 0:
-        _GC_SAVED = gc.get_threshold()
-        if _GC_SAVED[0] < gen0:
-            gc.set_threshold(gen0, *_GC_SAVED[1:])
-    _GC_USERS += 1
-
-
-def _gc_untune() -> None:
-    global _GC_SAVED, _GC_USERS
-    _GC_USERS -= 1
-    if _GC_USERS == 0 and _GC_SAVED is not None:
-        gc.set_threshold(*_GC_SAVED)
-        _GC_SAVED = None
-
-
-_GC_SAVED: tuple[int, ...] | None = None
-_GC_USERS = 0
 
 
 def _tick_envelope(st: ScheduleState, command_id: str, now: datetime) -> m.CommandEnvelope:

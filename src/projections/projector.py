@@ -56,6 +56,7 @@ from typing import Any
 
 import structlog
 
+from chronolog.environment import gc_tune, gc_untune
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.port import EventLog, Record
@@ -69,6 +70,8 @@ log = structlog.get_logger("chronolog.projector")
 DEFAULT_BATCH = 5000
 DEFAULT_IDLE_MS = 100
 
+
+GC_GEN0_THRESHOLD = 50_000  # while run() is active (see chronolog.environment.gc_tune)
 
 class ProjectionError(RuntimeError):
     """The projector cannot go on (a record that does not decode); earlier batches stay."""
@@ -173,6 +176,7 @@ class Projector:
         """Project until ``stop()``; a ``ProjectionError`` ends it."""
         await self.start()
         stopping = asyncio.create_task(self._stopping.wait())
+        gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
                 # a reader task reads, decodes and projects ahead (a bounded queue) from the
@@ -202,6 +206,7 @@ class Projector:
                 finally:
                     await _cancel(reader)
         finally:
+            gc_untune()
             await _cancel(stopping)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
