@@ -1,6 +1,6 @@
 """Deterministic identities: partition keys, run IDs, effect IDs and event IDs.
 
-Nothing here is random. A run ID is a hash of the occurrence key, so the same occurrence
+Nothing here draws on chance: a run ID is a hash of the occurrence key, so the same occurrence
 gets the same ID on every processor, in every replay, for the life of the schedule.
 """
 
