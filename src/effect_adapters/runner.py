@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 import structlog
 
+from chronolog.log.reading import read_partition
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -191,12 +192,8 @@ class EffectRunner:
                 continue
             start = await self.log.committed(self.group, topic, p) or 0
             fold = _PartitionFold()
-            end = await self.log.end_offset(topic, p)
             offset = start
-            while offset < end:
-                recs = await self.log.read(topic, p, offset, 2000)
-                if not recs:
-                    break
+            async for recs in read_partition(self.log, topic, p, start):
                 for rec in recs:
                     fold.apply(codec.decode_event(rec.value))
                 offset = recs[-1].offset + 1

@@ -55,6 +55,7 @@ from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import event_id_for, partition_key
+from chronolog.log.reading import read_partition
 from chronolog.log.port import EventLog, Fenced, OutRecord, PartitionOwner, Position, Record
 
 log = structlog.get_logger("chronolog.processor")
@@ -311,11 +312,8 @@ class Processor:
             snap = await self.snapshots.load(p)
             if snap is not None:
                 offset, ps.states = snap
-        end = await self.log.end_offset(self.topics.events, p)
-        while offset < end:
-            recs = await self.log.read(self.topics.events, p, offset, self.config.restore_chunk)
-            if not recs:
-                break
+        async for recs in read_partition(self.log, self.topics.events, p, offset,
+                                         batch=self.config.restore_chunk):
             for rec in recs:
                 env = codec.decode_event(rec.value)
                 st = ps.states.get(env.key)
@@ -331,16 +329,13 @@ class Processor:
         await self._restore_replies(ps)
 
     async def _restore_replies(self, ps: PartitionState) -> None:
-        end = await self.log.end_offset(self.topics.replies, ps.partition)
-        offset = max(0, end - self.config.reply_cache_size)
-        while offset < end:
-            recs = await self.log.read(self.topics.replies, ps.partition, offset, 2000)
-            if not recs:
-                break
+        topic = self.topics.replies
+        end = await self.log.end_offset(topic, ps.partition)
+        start = max(0, end - self.config.reply_cache_size)
+        async for recs in read_partition(self.log, topic, ps.partition, start, end):
             for rec in recs:
                 cid = rec.key.decode() if rec.key else codec.decode_reply(rec.value).command_id
                 ps.replies[cid] = (rec.timestamp_ms / 1000.0, rec.value)
-            offset = recs[-1].offset + 1
         while len(ps.replies) > self.config.reply_cache_size:
             ps.replies.popitem(last=False)
 
