@@ -15,17 +15,16 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from chronolog.commands.decider import decide, evolve
-from chronolog.commands.state import initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
+
+from .decider_log import ScheduleLog
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 TENANT = "acme"
@@ -35,55 +34,29 @@ CHRONOLOG = Path(sys.executable).parent / "chronolog"
 
 def _clean_events(schedule_id: str) -> list[m.EventEnvelope]:
     """One schedule through the real decider: two runs, a retry, a heartbeat."""
-    state = initial_state(TENANT, schedule_id)
-    out: list[m.EventEnvelope] = []
-    n = 0
-
-    def do(payload: Any, now: datetime) -> list[Any]:
-        nonlocal n
-        n += 1
-        cid = f"{schedule_id}-c{n}"
-        dec = decide(state, m.CommandEnvelope(command_id=cid, type=payload.type, tenant=TENANT,
-                                              schedule_id=schedule_id, issued_at=now,
-                                              payload=payload), now)
-        assert dec.ok, dec.reason
-        for i, ev in enumerate(dec.events):
-            evolve(state, ev)
-            out.append(m.EventEnvelope(event_id=f"{cid}.{i}", type=ev.type,
-                                       key=f"{TENANT}/{schedule_id}", tenant=TENANT,
-                                       schedule_id=schedule_id, at=now, causation_id=cid,
-                                       payload=ev))
-        return list(dec.events)
-
-    def claim(run_id: str, now: datetime) -> m.AttemptClaimed:
-        run = state.run(run_id)
-        assert run is not None
-        evs = do(m.ClaimRun(run_id=run_id, attempt=run.attempt, worker_id="w1"), now)
-        return next(e for e in evs if isinstance(e, m.AttemptClaimed))
+    sl = ScheduleLog(TENANT, schedule_id)
 
     def complete(c: m.AttemptClaimed, now: datetime) -> None:
-        do(m.CompleteRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence, worker_id="w1",
-                         checksum="sha256:ab", size=2), now)
+        sl.do(m.CompleteRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence, worker_id="w1",
+                            checksum="sha256:ab", size=2), now)
 
-    do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
-                                            misfire="all", lease=30.0)), T0)
-    ev = do(m.Tick(), T0)
-    run1 = next(e for e in ev if isinstance(e, m.OccurrenceMaterialized)).run_id
-    c = claim(run1, T0 + timedelta(seconds=1))
-    do(m.Heartbeat(run_id=run1, attempt=c.attempt, fence=c.fence, worker_id="w1"),
-       T0 + timedelta(seconds=10))
+    sl.do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
+                                               misfire="all", lease=30.0)), T0)
+    run1 = sl.materialized(sl.do(m.Tick(), T0))
+    c = sl.claim(run1, T0 + timedelta(seconds=1))
+    sl.do(m.Heartbeat(run_id=run1, attempt=c.attempt, fence=c.fence, worker_id="w1"),
+          T0 + timedelta(seconds=10))
     complete(c, T0 + timedelta(seconds=20))
-    ev = do(m.Tick(), T0 + timedelta(seconds=60))
-    run2 = next(e for e in ev if isinstance(e, m.OccurrenceMaterialized)).run_id
-    c = claim(run2, T0 + timedelta(seconds=61))
-    do(m.FailRun(run_id=run2, attempt=c.attempt, fence=c.fence, worker_id="w1"),
-       T0 + timedelta(seconds=62))
-    retry_at = state.run(run2).retry_at  # type: ignore[union-attr]
+    run2 = sl.materialized(sl.do(m.Tick(), T0 + timedelta(seconds=60)))
+    c = sl.claim(run2, T0 + timedelta(seconds=61))
+    sl.do(m.FailRun(run_id=run2, attempt=c.attempt, fence=c.fence, worker_id="w1"),
+          T0 + timedelta(seconds=62))
+    retry_at = sl.state.run(run2).retry_at  # type: ignore[union-attr]
     assert retry_at is not None
-    do(m.Tick(), retry_at)
-    complete(claim(run2, retry_at), retry_at + timedelta(seconds=1))
-    do(m.Tick(), T0 + timedelta(seconds=300))  # misfire all: 120, 180, 240, 300 (+ overlap)
-    return out
+    sl.do(m.Tick(), retry_at)
+    complete(sl.claim(run2, retry_at), retry_at + timedelta(seconds=1))
+    sl.do(m.Tick(), T0 + timedelta(seconds=300))  # misfire all: 120, 180, 240, 300 (+ overlap)
+    return sl.envelopes
 
 
 def _write_log(path: Path, envelopes: list[m.EventEnvelope], extra: list[bytes] = ()) -> None:  # type: ignore[assignment]

@@ -23,13 +23,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from chronolog.commands.decider import decide, evolve
-from chronolog.commands.state import initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
+
+from .decider_log import ScheduleLog
 from chronolog.projections.project import project
 from chronolog.projections.replay_cli import connect_store, reset
 from chronolog.projections.store import TABLES
@@ -46,54 +46,32 @@ KEYS = {"schedules": "tenant, schedule_id", "runs": "run_id", "attempts": "run_i
 
 def _events(schedule_id: str) -> list[m.EventEnvelope]:
     """One schedule through the real decider: runs, a retry, an effect, a manual run."""
-    state = initial_state(TENANT, schedule_id)
-    out: list[m.EventEnvelope] = []
-    n = 0
-
-    def do(payload: Any, now: datetime) -> list[Any]:
-        nonlocal n
-        n += 1
-        cid = f"{schedule_id}-c{n}"
-        dec = decide(state, m.CommandEnvelope(command_id=cid, type=payload.type, tenant=TENANT,
-                                              schedule_id=schedule_id, issued_at=now,
-                                              payload=payload), now)
-        assert dec.ok, dec.reason
-        for i, ev in enumerate(dec.events):
-            evolve(state, ev)
-            out.append(m.EventEnvelope(event_id=f"{cid}.{i}", type=ev.type,
-                                       key=f"{TENANT}/{schedule_id}", tenant=TENANT,
-                                       schedule_id=schedule_id, at=now, causation_id=cid,
-                                       payload=ev))
-        return list(dec.events)
+    sl = ScheduleLog(TENANT, schedule_id)
 
     def claim_and(run_id: str, now: datetime, fail: bool = False) -> None:
-        run = state.run(run_id)
-        assert run is not None
-        evs = do(m.ClaimRun(run_id=run_id, attempt=run.attempt, worker_id="w1"), now)
-        c = next(e for e in evs if isinstance(e, m.AttemptClaimed))
+        c = sl.claim(run_id, now)
         if fail:
-            do(m.FailRun(run_id=run_id, attempt=c.attempt, fence=c.fence, worker_id="w1"),
-               now + timedelta(seconds=1))
+            sl.do(m.FailRun(run_id=run_id, attempt=c.attempt, fence=c.fence, worker_id="w1"),
+                  now + timedelta(seconds=1))
         else:
-            do(m.CompleteRun(run_id=run_id, attempt=c.attempt, fence=c.fence, worker_id="w1",
-                             checksum="sha256:ab", size=2, inline={"ok": 1}),
-               now + timedelta(seconds=1))
+            sl.do(m.CompleteRun(run_id=run_id, attempt=c.attempt, fence=c.fence, worker_id="w1",
+                                checksum="sha256:ab", size=2, inline={"ok": 1}),
+                  now + timedelta(seconds=1))
 
-    do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
-                                            effects=[{"kind": "webhook"}], misfire="all")), T0)
+    sl.do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
+                                               effects=[{"kind": "webhook"}], misfire="all")), T0)
     for k in range(4):
         now = T0 + timedelta(minutes=k)
-        evs = do(m.Tick(), now)
-        run_id = next(e for e in evs if isinstance(e, m.OccurrenceMaterialized)).run_id
+        run_id = sl.materialized(sl.do(m.Tick(), now))
         claim_and(run_id, now + timedelta(seconds=1), fail=(k == 1))
         if k == 1:
-            retry_at = state.run(run_id).retry_at  # type: ignore[union-attr]
+            retry_at = sl.state.run(run_id).retry_at  # type: ignore[union-attr]
             assert retry_at is not None
-            do(m.Tick(), retry_at)
+            sl.do(m.Tick(), retry_at)
             claim_and(run_id, retry_at)
-    do(m.TriggerRun(request_key="by-hand"), T0 + timedelta(minutes=5))
-    do(m.PauseSchedule(reason="maintenance"), T0 + timedelta(minutes=6))
-    return out
+    sl.do(m.TriggerRun(request_key="by-hand"), T0 + timedelta(minutes=5))
+    sl.do(m.PauseSchedule(reason="maintenance"), T0 + timedelta(minutes=6))
+    return sl.envelopes
 
 
 @pytest.fixture(scope="module")
