@@ -23,8 +23,13 @@ its batch N+1 is discarded (never written), and it is rebuilt from the log. A du
 command whose reply is still in flight is answered once that reply's positions are known.
 
 When the log offers ``commit_many`` (SQLite: one database transaction, one fsync, each
-owner's epoch still checked), the partitions of one batch commit together; otherwise (Kafka:
-one producer per partition) their transactions run concurrently.
+owner's epoch still checked), the partitions of one batch commit together, and batch N+1
+waits for that one commit. Otherwise (Kafka: one producer per partition) each partition has
+its own commit chain: its transactions run one after another, each started as soon as the
+partition's previous one finished, independently of the other partitions — a slow
+transaction on one partition delays only that partition's commands (no barrier across the
+partitions of a poll). The loop keeps polling and deciding meanwhile; a partition with
+``max_inflight`` transactions queued makes the loop wait for its oldest (backpressure).
 
 GC: ``ProcessorConfig.gc_tuning`` (default on) raises the first-generation threshold while
 the processor runs and freezes the restored state, so the collector does not rescan the
@@ -39,7 +44,7 @@ import base64
 import gc
 import heapq
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Protocol, Sequence
@@ -93,6 +98,11 @@ class ProcessorConfig:
     restore_chunk: int = 2000
     # pipelining: decide batch N+1 while batch N's transactions are in flight
     pipeline: bool = True
+    # per-partition commit chains: None = when the log has no commit_many (Kafka); True /
+    # False force them on / off (off: one barrier per batch, as with commit_many)
+    commit_chains: bool | None = None
+    # with chains: transactions queued per partition before the loop waits for its oldest
+    max_inflight: int = 2
     # raise gen-0 GC threshold during run() and gc.freeze() the restored state
     gc_tuning: bool = True
     gc_gen0_threshold: int = 50_000
@@ -128,6 +138,14 @@ class PartitionState:
         self.pending: dict[str, _Output] = {}
         self.active_by_tenant: dict[str, int] = {}
         self.events_offset = 0
+        # this partition's commit chain: its transactions still running or queued, in order
+        self.commits: deque[asyncio.Task[None]] = deque()
+
+    def inflight(self) -> int:
+        """Transactions of this partition not finished yet (finished ones are forgotten)."""
+        while self.commits and self.commits[0].done():
+            self.commits.popleft()
+        return len(self.commits)
 
     def arm(self, key: str, state: ScheduleState) -> None:
         wake = next_wakeup(state)
@@ -182,6 +200,8 @@ class Processor:
         self._ready_classes: set[str] = set()
         self._inflight: asyncio.Task[None] | None = None  # the previous batch's commits
         self._rebuild: list[int] = []  # partitions to take over again (commit failed)
+        # commit chains of dropped partitions that may still be running (waited at shutdown)
+        self._orphans: list[asyncio.Task[None]] = []
         self.on_commit: list[Callable[[int, list[m.EventEnvelope]], None]] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -229,15 +249,28 @@ class Processor:
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
+        chains = self._chains()
+        if chains:
+            await self._take_over_again()
         work: list[_Work] = []
         for p, ps in list(self.partitions.items()):
             batch = by_partition.get(p, [])
             nw = ps.next_wake()
             if not batch and (nw is None or nw > now):
                 continue
+            if chains and ps.inflight() >= self.config.max_inflight:
+                await asyncio.wait([ps.commits[0]])  # backpressure: its oldest commit first
+                if self.partitions.get(p) is not ps:
+                    continue  # that commit failed: the partition was dropped
+                now = self.clock()
             out, consumed = self._decide_partition(ps, batch, now)
             if out is not None:
                 work.append(_Work(ps, batch, out, consumed))
+        if chains:
+            for w in work:
+                prev = w.ps.commits[-1] if w.ps.inflight() else None
+                w.ps.commits.append(asyncio.create_task(self._chain(prev, w)))
+            return
         # The previous transactions first: a partition's transactions stay in order, and a
         # partition whose previous transaction failed was dropped: its new work is discarded.
         await self._settle()
@@ -247,6 +280,34 @@ class Processor:
             if not self.config.pipeline:
                 await self._settle()
 
+    def _chains(self) -> bool:
+        """Whether partitions commit through their own chains (module docstring)."""
+        if not self.config.pipeline:
+            return False
+        if self.config.commit_chains is not None:
+            return self.config.commit_chains
+        return getattr(self.log, "commit_many", None) is None
+
+    async def _chain(self, prev: "asyncio.Task[None] | None", w: "_Work") -> None:
+        """One link of a partition's commit chain: after ``prev``, commit ``w``; never raises.
+
+        If an earlier transaction of the partition failed, the partition was dropped and
+        ``w`` (decided against the dropped state) is discarded without being written.
+        """
+        if prev is not None:
+            await asyncio.wait([prev])
+        if self.partitions.get(w.ps.partition) is not w.ps:
+            return
+        try:
+            result: Any = await w.ps.owner.commit(w.out.records, w.consumed, self.group,
+                                                  then=w.out.then)
+        except Exception as exc:  # noqa: BLE001 - the outcome is handled as data
+            result = exc
+        try:
+            await self._committed(w, result)
+        except Exception:  # noqa: BLE001 - a chain task must not die with an unread error
+            log.exception("commit_accounting_failed", partition=w.ps.partition)
+
     async def _settle(self, rebuild: bool = True) -> None:
         """Wait for the transactions in flight; take over again partitions whose commit failed."""
         task = self._inflight
@@ -254,8 +315,17 @@ class Processor:
             await asyncio.shield(task)  # cancelled while waiting: run()'s finally waits again
             if self._inflight is task:
                 self._inflight = None
+        chains = [t for ps in list(self.partitions.values()) for t in ps.commits] + list(
+            self._orphans)
+        if chains:
+            await asyncio.shield(asyncio.wait(chains))
+        self._orphans = [t for t in self._orphans if not t.done()]
         if not rebuild:
             return
+        await self._take_over_again()
+
+    async def _take_over_again(self) -> None:
+        """Acquire again (restore + seek) the partitions whose commit failed, not fenced."""
         again, self._rebuild = self._rebuild, []
         for p in again:
             if p not in self.partitions and (self.topics.commands, p) in self._consumer.assignment():
@@ -289,13 +359,18 @@ class Processor:
 
     async def _on_revoked(self, tps: set[tuple[str, int]]) -> None:
         for topic, p in sorted(tps):
-            if topic == self.topics.commands and p in self.partitions:
+            ps = self.partitions.get(p)
+            if topic == self.topics.commands and ps is not None:
+                if ps.inflight():  # its decided batches commit (offsets included) first
+                    await asyncio.shield(asyncio.wait(list(ps.commits)))
                 await self._drop(p, "revoked")
 
     async def _drop(self, p: int, why: str) -> None:
         ps = self.partitions.pop(p, None)
         if ps is None:
             return
+        if ps.inflight():
+            self._orphans.extend(ps.commits)  # they see the drop and write nothing more
         try:
             await ps.owner.close()
         except Exception:  # noqa: BLE001 - the owner is being discarded either way

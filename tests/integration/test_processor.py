@@ -189,3 +189,59 @@ async def test_unique_command_ids_each_cause_one_decision(event_log: Any) -> Non
         causes = [e.causation_id for e in await events(event_log)
                   if e.type == "OccurrenceMaterialized" and e.payload.trigger == "manual"]
         assert sorted(causes) == sorted(ids)
+
+
+async def test_a_slow_transaction_delays_only_its_own_partition(event_log: Any) -> None:
+    """Per-partition commit chains: no barrier across partitions, order kept within one."""
+    from chronolog.domain.ids import partition_key
+    from chronolog.log.partitioner import partition_for
+    from chronolog.processors.runtime import ProcessorConfig
+
+    n = event_log.topics.partitions
+    slow_id = "slow"
+    slow_p = partition_for(partition_key("acme", slow_id).encode(), n)
+    fast_id = next(f"fast{i}" for i in range(100)
+                   if partition_for(partition_key("acme", f"fast{i}").encode(), n) != slow_p)
+    gate = asyncio.Event()
+    held: list[int] = []
+    acquire = event_log.acquire
+
+    async def gated_acquire(p: int, member: str) -> Any:
+        owner = await acquire(p, member)
+        if p == slow_p:
+            commit = owner.commit
+
+            async def held_commit(*args: Any, **kwargs: Any) -> Any:
+                held.append(len(held))
+                await gate.wait()  # this partition's transaction is slow
+                return await commit(*args, **kwargs)
+
+            owner.commit = held_commit
+        return owner
+
+    event_log.acquire = gated_acquire
+    proc = Processor(event_log, "p1", config=ProcessorConfig(commit_chains=True))
+    client = Client(event_log, reply_timeout=30)
+    task = asyncio.create_task(proc.run())
+    await client.start()
+    try:
+        await wait_until(lambda: len(proc.partitions) == n, 30, what="partitions assigned")
+        spec = m.ScheduleSpec.model_validate(SPEC)
+        created = asyncio.create_task(client.send(client.envelope(
+            "acme", slow_id, m.CreateSchedule(spec=spec))))
+        await wait_until(lambda: held, 10, what="the slow partition's commit to start")
+        paused = asyncio.create_task(client.send(client.envelope(
+            "acme", slow_id, m.PauseSchedule())))
+        fast = await asyncio.wait_for(client.send(client.envelope(
+            "acme", fast_id, m.CreateSchedule(spec=spec))), 20)
+        assert fast.status == "ok"  # committed while the slow partition's commit is held
+        assert not created.done() and not paused.done()
+        gate.set()
+        first, second = await asyncio.wait_for(asyncio.gather(created, paused), 20)
+        assert (first.status, second.status) == ("ok", "ok")
+        assert first.positions[-1].offset < second.positions[0].offset  # chain order kept
+    finally:
+        gate.set()
+        await client.close()
+        proc.stop()
+        await asyncio.wait_for(task, 30)
