@@ -1,7 +1,10 @@
 """Benchmark: commands per second through one processor, and command-to-reply latency.
 
 Throughput: N commands drained by one in-process processor with one transaction per
-partition per batch. ``--feed backlog`` (default): the N commands are appended first, the
+partition per batch. ``--feed process`` (default): a separate feeder process (as real clients are) appends the
+N commands in chunks of 5,000 once the processor owns every partition; the clock runs from
+that moment until the last command is decided and committed. ``--feed backlog``: the N
+commands are appended first, the
 processor joins and restores (not timed), and the clock runs from the moment it owns every
 partition until the last command is decided and committed (commands it decided before that
 moment are left out of the count: ``timed``). ``--feed live``: the processor joins first and
@@ -39,8 +42,10 @@ import asyncio
 import json
 import logging
 import os
+import pickle
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -129,8 +134,47 @@ async def append_all(lg: Any, recs: list[OutRecord]) -> None:
         await lg.append(recs[i:i + 5000])
 
 
+FEEDER = """
+import asyncio, pickle, sys, time
+from chronolog.log.port import OutRecord, Topics
+from chronolog.settings import LogConfig, open_log
+kind, target, prefix, partitions, path = sys.argv[1:6]
+recs = [OutRecord(t, k, v) for t, k, v in pickle.load(open(path, "rb"))]
+async def main():
+    lg = open_log(LogConfig(kind, target, Topics(prefix=prefix, partitions=int(partitions))))
+    await lg.start()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t = time.perf_counter()
+    for i in range(0, len(recs), 5000):
+        await lg.append(recs[i:i + 5000])
+    print(f"done {time.perf_counter() - t:.3f}", flush=True)
+    await lg.close()
+asyncio.run(main())
+"""
+
+
+async def feeder(lg: Any, recs: list[OutRecord]) -> asyncio.subprocess.Process:
+    """A separate process that appends ``recs`` to ``lg`` when told to (a line on stdin)."""
+    fd, path = tempfile.mkstemp(prefix="chronolog-bench-feed-")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump([(r.topic, r.key, r.value) for r in recs], f)
+    kind = "sqlite" if hasattr(lg, "path") else "kafka"
+    target = str(lg.path) if kind == "sqlite" else lg.bootstrap_servers
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FEEDER, kind, target, lg.topics.prefix, str(lg.topics.partitions),
+        path, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    line = await proc.stdout.readline()
+    os.unlink(path)
+    if line.strip() != b"ready":
+        raise RuntimeError(f"feeder did not start: {line!r}")
+    return proc
+
+
 async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] | None = None,
-                backlog: bool = False) -> tuple[Processor, float, float, float, int]:
+                backlog: bool = False, feed: asyncio.subprocess.Process | None = None,
+                ) -> tuple[Processor, float, float, float, int]:
     """Run a processor until it decided ``n`` commands (setup: ``recs`` is None).
 
     ``backlog``: ``recs`` are appended first, then the processor joins and restores, and
@@ -154,7 +198,11 @@ async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] 
         await asyncio.sleep(0.001)
     t1 = time.perf_counter()
     base = proc.stats.commands  # decided before the clock started
-    if recs is not None and not backlog:
+    if feed is not None:
+        assert feed.stdin is not None and feed.stdout is not None
+        feed.stdin.write(b"go\n")
+        await feed.stdin.drain()
+    elif recs is not None and not backlog:
         await append_all(lg, recs)
         append_s = time.perf_counter() - t1
     while proc.stats.commands < n:
@@ -164,6 +212,10 @@ async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] 
     t2 = time.perf_counter()
     proc.stop()
     await task
+    if feed is not None:
+        assert feed.stdout is not None
+        append_s = float((await feed.stdout.readline()).split()[1])
+        await feed.wait()
     return proc, t1 - t0, t2 - t1, append_s, n - base
 
 
@@ -222,8 +274,9 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
         cmds = mixed_commands(runs, n)
     recs = records_of(lg, cmds)
     del cmds
-    proc, restore_s, elapsed, append_s, timed = await drain(lg, n, config, recs,
-                                                            backlog=args.feed == "backlog")
+    feed = await feeder(lg, recs) if args.feed == "process" else None
+    proc, restore_s, elapsed, append_s, timed = await drain(
+        lg, n, config, recs, backlog=args.feed == "backlog", feed=feed)
     del recs
     stats = proc.stats
     ok = None
@@ -300,9 +353,10 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--feed", choices=["backlog", "live"], default="backlog",
-                    help="backlog: commands appended before the clock starts; live: appended "
-                         "by the bench process while the processor drains them")
+    ap.add_argument("--feed", choices=["process", "backlog", "live"], default="process",
+                    help="process: appended by a separate process once the clock starts; "
+                         "backlog: appended before the clock starts; live: appended by the "
+                         "bench process itself while the processor drains them")
     ap.add_argument("--sync", default="FULL", help="SQLite synchronous mode (FULL: product)")
     ap.add_argument("--no-pipeline", action="store_true",
                     help="commit each batch before polling the next (ProcessorConfig.pipeline)")
