@@ -24,7 +24,9 @@ Workloads (``--workload``):
   exercised the happy path (every reply should be ``ok``).
 
 Latency: a client sends commands paced at --rate per second (send -> reply, p50/p99) with the
-same workload (``mixed``: Claim/Heartbeat/Complete/Trigger on pre-created schedules).
+same workload (``mixed``: Claim/Heartbeat/Complete/Trigger on pre-created schedules). The
+client runs in the processor's process (``--client inline``, default) or in a separate one
+(``--client process``; on this 2-core machine with a co-located broker its p50 was higher).
 
     .venv/bin/python bench/processor.py --log sqlite --n 20000 --batch 500 --runs 3
     .venv/bin/python bench/processor.py --log sqlite --workload mixed --runs 3
@@ -294,23 +296,9 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
             "events": stats.events, "ok_fraction": ok}
 
 
-async def latency(args: argparse.Namespace) -> dict[str, Any]:
-    lg = make_log(args.log, args.partitions, args.sync)
-    await lg.start()
-    await lg.ensure_topics()
-    n = int(args.rate * args.seconds)
-    config = processor_config(args)
-    if args.workload == "create":
-        cmds = [envelope(f"s{i}", m.CreateSchedule(spec=SPEC)) for i in range(n)]
-    else:
-        runs = await setup_schedules(lg, (n + 3) // 4, config)
-        cmds = mixed_commands(runs, n)
-    proc = Processor(lg, "bench", config=config)
-    task = asyncio.create_task(proc.run())
-    client = Client(lg, reply_timeout=30)
-    await client.start()
-    while len(proc.partitions) < args.partitions:
-        await asyncio.sleep(0.05)
+async def paced(client: Client, cmds: list[m.CommandEnvelope], rate: int
+                ) -> tuple[list[float], dict[str, int]]:
+    """Send ``cmds`` at ``rate`` per second; each one's send -> reply time (ms), sorted."""
     lat: list[float] = []
     statuses: dict[str, int] = {}
 
@@ -324,19 +312,83 @@ async def latency(args: argparse.Namespace) -> dict[str, Any]:
     pending = []
     start = time.perf_counter()
     for i, env in enumerate(cmds):
-        target = start + i / args.rate
-        delay = target - time.perf_counter()
+        delay = start + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         pending.append(asyncio.create_task(one(env)))
     await asyncio.gather(*pending)
+    lat.sort()
+    return lat, statuses
+
+
+CLIENT_CHILD = "--client-process-child"
+
+
+async def client_child(kind: str, target: str, prefix: str, partitions: int, path: str,
+                       rate: int) -> None:
+    """The client of ``--client process``: a separate process, like a real client."""
+    from chronolog.log.port import Topics
+    from chronolog.settings import LogConfig, open_log
+
+    with open(path, "rb") as f:
+        cmds = [codec.decode_command(v) for v in pickle.load(f)]
+    lg = open_log(LogConfig(kind, target, Topics(prefix=prefix, partitions=partitions)))
+    await lg.start()
+    client = Client(lg, reply_timeout=30)
+    await client.start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    lat, statuses = await paced(client, cmds, rate)
     await client.close()
+    await lg.close()
+    print(json.dumps({"lat": lat, "statuses": statuses}), flush=True)
+
+
+async def latency(args: argparse.Namespace) -> dict[str, Any]:
+    lg = make_log(args.log, args.partitions, args.sync)
+    await lg.start()
+    await lg.ensure_topics()
+    n = int(args.rate * args.seconds)
+    config = processor_config(args)
+    if args.workload == "create":
+        cmds = [envelope(f"s{i}", m.CreateSchedule(spec=SPEC)) for i in range(n)]
+    else:
+        runs = await setup_schedules(lg, (n + 3) // 4, config)
+        cmds = mixed_commands(runs, n)
+    proc = Processor(lg, "bench", config=config)
+    task = asyncio.create_task(proc.run())
+    while len(proc.partitions) < args.partitions:
+        await asyncio.sleep(0.05)
+    if args.client == "process":
+        fd, path = tempfile.mkstemp(prefix="chronolog-bench-client-")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump([codec.encode_command(c) for c in cmds], f)
+        kind = "sqlite" if args.log == "sqlite" else "kafka"
+        target = str(lg.path) if kind == "sqlite" else lg.bootstrap_servers
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, CLIENT_CHILD, kind, target, lg.topics.prefix,
+            str(args.partitions), path, str(args.rate),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 24)
+        assert child.stdin is not None and child.stdout is not None
+        line = await child.stdout.readline()
+        os.unlink(path)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"client process did not start: {line!r}")
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+        result = json.loads(await child.stdout.readline())
+        await child.wait()
+        lat, statuses = result["lat"], result["statuses"]
+    else:
+        client = Client(lg, reply_timeout=30)
+        await client.start()
+        lat, statuses = await paced(client, cmds, args.rate)
+        await client.close()
     proc.stop()
     await task
     await close_log(lg)
-    lat.sort()
     return {"log": args.log, "sync": args.sync if args.log == "sqlite" else None,
-            "workload": args.workload, "rate": args.rate, "n": n,
+            "workload": args.workload, "client": args.client, "rate": args.rate, "n": n,
             "p50_ms": round(lat[len(lat) // 2], 2),
             "p99_ms": round(lat[int(len(lat) * 0.99) - 1], 2), "max_ms": round(lat[-1], 2),
             "ok_fraction": round(statuses.get("ok", 0) / n, 4)}
@@ -361,6 +413,9 @@ def main() -> None:
     ap.add_argument("--no-pipeline", action="store_true",
                     help="commit each batch before polling the next (ProcessorConfig.pipeline)")
     ap.add_argument("--no-gc-tuning", action="store_true", help="ProcessorConfig.gc_tuning off")
+    ap.add_argument("--client", choices=["inline", "process"], default="inline",
+                    help="latency: the client runs in this process (inline, with the "
+                         "processor) or in a separate process, as real clients do")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="keep the processor's info logs")
@@ -390,4 +445,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == CLIENT_CHILD:
+        k, tg, pre, parts, pth, rt = sys.argv[2:8]
+        asyncio.run(client_child(k, tg, pre, int(parts), pth, int(rt)))
+    else:
+        main()
