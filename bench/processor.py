@@ -136,42 +136,75 @@ async def append_all(lg: Any, recs: list[OutRecord]) -> None:
         await lg.append(recs[i:i + 5000])
 
 
-FEEDER = """
-import asyncio, pickle, sys, time
-from chronolog.log.port import OutRecord, Topics
-from chronolog.settings import LogConfig, open_log
-kind, target, prefix, partitions, path = sys.argv[1:6]
-recs = [OutRecord(t, k, v) for t, k, v in pickle.load(open(path, "rb"))]
-async def main():
+CHILD = "--child"
+
+
+def log_target(lg: Any) -> tuple[str, str]:
+    """(kind, target) to open ``lg`` again from another process."""
+    return ("sqlite", str(lg.path)) if hasattr(lg, "path") else ("kafka", lg.bootstrap_servers)
+
+
+async def spawn(lg: Any, role: str, payload: list[Any], *extra: str) -> asyncio.subprocess.Process:
+    """A child process (``role``: feeder or client) on ``lg``, started and ready; it begins
+    its work when ``go`` is called. ``payload`` reaches it through a pickle file."""
+    fd, path = tempfile.mkstemp(prefix=f"chronolog-bench-{role}-")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(payload, f)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, CHILD, role, *log_target(lg), lg.topics.prefix,
+            str(lg.topics.partitions), path, *extra,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 24)
+        assert proc.stdout is not None
+        line = await proc.stdout.readline()
+    finally:
+        os.unlink(path)
+    if line.strip() != b"ready":
+        raise RuntimeError(f"{role} process did not start: {line!r}")
+    return proc
+
+
+async def go(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
+
+
+async def finish(proc: asyncio.subprocess.Process) -> Any:
+    """The child's result (its last line, JSON), once it exited."""
+    assert proc.stdout is not None
+    result = json.loads(await proc.stdout.readline())
+    await proc.wait()
+    return result
+
+
+async def child(role: str, kind: str, target: str, prefix: str, partitions: str, path: str,
+                *extra: str) -> None:
+    """The child side of ``spawn``: a feeder appends records, a client sends paced commands."""
+    from chronolog.log.port import Topics
+    from chronolog.settings import LogConfig, open_log
+
+    with open(path, "rb") as f:
+        payload = pickle.load(f)
     lg = open_log(LogConfig(kind, target, Topics(prefix=prefix, partitions=int(partitions))))
     await lg.start()
+    client = None
+    if role == "client":
+        client = Client(lg, reply_timeout=30)
+        await client.start()
     print("ready", flush=True)
-    sys.stdin.readline()
-    t = time.perf_counter()
-    for i in range(0, len(recs), 5000):
-        await lg.append(recs[i:i + 5000])
-    print(f"done {time.perf_counter() - t:.3f}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    if client is not None:
+        cmds = [codec.decode_command(v) for v in payload]
+        lat, statuses = await paced(client, cmds, int(extra[0]))
+        await client.close()
+        result: dict[str, Any] = {"lat": lat, "statuses": statuses}
+    else:
+        t = time.perf_counter()
+        await append_all(lg, [OutRecord(tp, k, v) for tp, k, v in payload])
+        result = {"append_s": time.perf_counter() - t}
     await lg.close()
-asyncio.run(main())
-"""
-
-
-async def feeder(lg: Any, recs: list[OutRecord]) -> asyncio.subprocess.Process:
-    """A separate process that appends ``recs`` to ``lg`` when told to (a line on stdin)."""
-    fd, path = tempfile.mkstemp(prefix="chronolog-bench-feed-")
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump([(r.topic, r.key, r.value) for r in recs], f)
-    kind = "sqlite" if hasattr(lg, "path") else "kafka"
-    target = str(lg.path) if kind == "sqlite" else lg.bootstrap_servers
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FEEDER, kind, target, lg.topics.prefix, str(lg.topics.partitions),
-        path, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None
-    line = await proc.stdout.readline()
-    os.unlink(path)
-    if line.strip() != b"ready":
-        raise RuntimeError(f"feeder did not start: {line!r}")
-    return proc
+    print(json.dumps(result), flush=True)
 
 
 async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] | None = None,
@@ -201,9 +234,7 @@ async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] 
     t1 = time.perf_counter()
     base = proc.stats.commands  # decided before the clock started
     if feed is not None:
-        assert feed.stdin is not None and feed.stdout is not None
-        feed.stdin.write(b"go\n")
-        await feed.stdin.drain()
+        await go(feed)
     elif recs is not None and not backlog:
         await append_all(lg, recs)
         append_s = time.perf_counter() - t1
@@ -215,9 +246,7 @@ async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] 
     proc.stop()
     await task
     if feed is not None:
-        assert feed.stdout is not None
-        append_s = float((await feed.stdout.readline()).split()[1])
-        await feed.wait()
+        append_s = (await finish(feed))["append_s"]
     return proc, t1 - t0, t2 - t1, append_s, n - base
 
 
@@ -276,7 +305,8 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
         cmds = mixed_commands(runs, n)
     recs = records_of(lg, cmds)
     del cmds
-    feed = await feeder(lg, recs) if args.feed == "process" else None
+    feed = (await spawn(lg, "feeder", [(r.topic, r.key, r.value) for r in recs])
+            if args.feed == "process" else None)
     proc, restore_s, elapsed, append_s, timed = await drain(
         lg, n, config, recs, backlog=args.feed == "backlog", feed=feed)
     del recs
@@ -321,29 +351,6 @@ async def paced(client: Client, cmds: list[m.CommandEnvelope], rate: int
     return lat, statuses
 
 
-CLIENT_CHILD = "--client-process-child"
-
-
-async def client_child(kind: str, target: str, prefix: str, partitions: int, path: str,
-                       rate: int) -> None:
-    """The client of ``--client process``: a separate process, like a real client."""
-    from chronolog.log.port import Topics
-    from chronolog.settings import LogConfig, open_log
-
-    with open(path, "rb") as f:
-        cmds = [codec.decode_command(v) for v in pickle.load(f)]
-    lg = open_log(LogConfig(kind, target, Topics(prefix=prefix, partitions=partitions)))
-    await lg.start()
-    client = Client(lg, reply_timeout=30)
-    await client.start()
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    lat, statuses = await paced(client, cmds, rate)
-    await client.close()
-    await lg.close()
-    print(json.dumps({"lat": lat, "statuses": statuses}), flush=True)
-
-
 async def latency(args: argparse.Namespace) -> dict[str, Any]:
     lg = make_log(args.log, args.partitions, args.sync)
     await lg.start()
@@ -360,24 +367,10 @@ async def latency(args: argparse.Namespace) -> dict[str, Any]:
     while len(proc.partitions) < args.partitions:
         await asyncio.sleep(0.05)
     if args.client == "process":
-        fd, path = tempfile.mkstemp(prefix="chronolog-bench-client-")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump([codec.encode_command(c) for c in cmds], f)
-        kind = "sqlite" if args.log == "sqlite" else "kafka"
-        target = str(lg.path) if kind == "sqlite" else lg.bootstrap_servers
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, CLIENT_CHILD, kind, target, lg.topics.prefix,
-            str(args.partitions), path, str(args.rate),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 24)
-        assert child.stdin is not None and child.stdout is not None
-        line = await child.stdout.readline()
-        os.unlink(path)
-        if line.strip() != b"ready":
-            raise RuntimeError(f"client process did not start: {line!r}")
-        child.stdin.write(b"go\n")
-        await child.stdin.drain()
-        result = json.loads(await child.stdout.readline())
-        await child.wait()
+        sender = await spawn(lg, "client", [codec.encode_command(c) for c in cmds],
+                             str(args.rate))
+        await go(sender)
+        result = await finish(sender)
         lat, statuses = result["lat"], result["statuses"]
     else:
         client = Client(lg, reply_timeout=30)
@@ -445,8 +438,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == CLIENT_CHILD:
-        k, tg, pre, parts, pth, rt = sys.argv[2:8]
-        asyncio.run(client_child(k, tg, pre, int(parts), pth, int(rt)))
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        asyncio.run(child(*sys.argv[2:]))
     else:
         main()

@@ -147,9 +147,9 @@ class PartitionState:
         self.chain: asyncio.Task[None] | None = None
         self.held: list[Record] = []
 
-    def busy(self) -> bool:
-        """Whether this partition's commit chain is running."""
-        return self.chain is not None and not self.chain.done()
+    def running(self) -> asyncio.Task[None] | None:
+        """This partition's commit chain while it runs (None when idle)."""
+        return self.chain if self.chain is not None and not self.chain.done() else None
 
     def arm(self, key: str, state: ScheduleState) -> None:
         wake = next_wakeup(state)
@@ -259,10 +259,11 @@ class Processor:
         work: list[_Work] = []
         for p, ps in list(self.partitions.items()):
             batch = by_partition.get(p, [])
-            if chains and ps.busy():
+            chain = ps.running() if chains else None
+            if chain is not None:
                 ps.held.extend(batch)  # its chain decides them when its transaction ends
-                if len(ps.held) > self.config.max_held and ps.chain is not None:
-                    await asyncio.wait([ps.chain])  # backpressure
+                if len(ps.held) > self.config.max_held:
+                    await asyncio.wait([chain])  # backpressure
                 continue
             if ps.held:
                 batch, ps.held = ps.held + batch, []
@@ -331,8 +332,8 @@ class Processor:
             await asyncio.shield(task)  # cancelled while waiting: run()'s finally waits again
             if self._inflight is task:
                 self._inflight = None
-        chains = [ps.chain for ps in list(self.partitions.values())
-                  if ps.chain is not None and not ps.chain.done()] + self._orphans
+        chains = [t for t in (ps.running() for ps in list(self.partitions.values()))
+                  if t is not None] + self._orphans
         if chains:
             await asyncio.shield(asyncio.wait(chains))
         self._orphans = [t for t in self._orphans if not t.done()]
@@ -349,7 +350,7 @@ class Processor:
 
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
-        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values() if not ps.busy())
+        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values() if ps.running() is None)
                  if w is not None]
         if not wakes:
             return self.config.poll_ms
@@ -379,16 +380,18 @@ class Processor:
         for topic, p in sorted(tps):
             ps = self.partitions.get(p)
             if topic == self.topics.commands and ps is not None:
-                if ps.busy() and ps.chain is not None:  # what it decided commits first
-                    await asyncio.shield(asyncio.wait([ps.chain]))
+                chain = ps.running()
+                if chain is not None:  # what it decided commits first
+                    await asyncio.shield(asyncio.wait([chain]))
                 await self._drop(p, "revoked")
 
     async def _drop(self, p: int, why: str) -> None:
         ps = self.partitions.pop(p, None)
         if ps is None:
             return
-        if ps.busy() and ps.chain is not None:
-            self._orphans.append(ps.chain)  # it sees the drop and writes nothing more
+        chain = ps.running()
+        if chain is not None:
+            self._orphans.append(chain)  # it sees the drop and writes nothing more
         try:
             await ps.owner.close()
         except Exception:  # noqa: BLE001 - the owner is being discarded either way
