@@ -7,6 +7,7 @@ validation, repeatedly, until the current version is reached.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Callable, Sequence
 
 import orjson
@@ -21,6 +22,18 @@ from chronolog.domain.messages import (
 )
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
+
+
+def dumps_kept(obj: Any, option: int = _OPTS) -> bytes:
+    """``orjson.dumps`` for bytes that are kept (a batch's records): a copy of its result.
+
+    orjson builds its output in a 1 KiB buffer and shrinks it in place; when thousands of
+    those results are kept, glibc's allocator then serves every new 1 KiB buffer from
+    the top of a heap full of shrunken-block remainders — measured 1.8 us per small dict
+    instead of 0.16 us discarded, and 0.44 us with this copy (Python's small-object
+    allocator takes the copy; the orjson buffer is freed at once and reused).
+    """
+    return bytes(memoryview(orjson.dumps(obj, option=option)))
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 _UPCASTERS: dict[tuple[str, int], Upcaster] = {}
@@ -65,11 +78,19 @@ def encode_event(env: EventEnvelope) -> bytes:
     Byte-for-byte what ``dumps(env)`` gives (tests/unit/test_codec.py checks it), about a
     third cheaper: pydantic does not walk the envelope's discriminated union.
     """
-    return orjson.dumps({
-        "event_id": env.event_id, "type": env.type, "version": env.version, "key": env.key,
-        "tenant": env.tenant, "schedule_id": env.schedule_id, "at": env.at,
-        "causation_id": env.causation_id, "payload": env.payload.model_dump(mode="python"),
-    }, option=_OPTS)
+    return encode_event_fields(env.event_id, env.version, env.key, env.tenant, env.schedule_id,
+                               env.at, env.causation_id, env.payload)
+
+
+def encode_event_fields(event_id: str, version: int, key: str, tenant: str, schedule_id: str,
+                        at: datetime, causation_id: str | None, payload: BaseModel) -> bytes:
+    """``encode_event`` straight from the fields, without building the envelope model (the
+    processor's hot path: the payload is a validated event, ``at`` an aware datetime)."""
+    return dumps_kept({
+        "event_id": event_id, "type": payload.type, "version": version,  # type: ignore[attr-defined]
+        "key": key, "tenant": tenant, "schedule_id": schedule_id, "at": at,
+        "causation_id": causation_id, "payload": payload.model_dump(mode="python"),
+    })
 
 
 def decode_event(data: bytes) -> EventEnvelope:
@@ -107,7 +128,7 @@ def encode_reply(reply: Reply) -> bytes:
 
 def encode_body(body: dict[str, Any]) -> bytes:
     """A reply body as JSON (datetimes as ISO strings with Z), for ``encode_reply_fields``."""
-    return orjson.dumps(body, option=_OPTS)
+    return dumps_kept(body)
 
 
 def encode_reply_fields(
@@ -126,12 +147,12 @@ def encode_reply_fields(
     ``positions`` are (topic, partition, offset) triples; ``body`` may be given already
     encoded (``encode_body``: a snapshot taken when the decision was made).
     """
-    return orjson.dumps({
+    return dumps_kept({
         "command_id": command_id, "status": status, "reason": reason,
         "body": orjson.Fragment(body) if isinstance(body, bytes) else body,
         "positions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
         "tenant": tenant, "schedule_id": schedule_id,
-    }, option=_OPTS)
+    })
 
 
 def decode_reply(data: bytes) -> Reply:

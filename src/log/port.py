@@ -153,7 +153,9 @@ class MultiCommit(Protocol):
     ``owner.commit(records, consumed, group, then)``: atomic by itself, ``Fenced`` when a
     newer owner exists (nothing of that batch visible). Result i is batch i's positions or
     the exception its commit would have raised. The batches are NOT atomic together: a
-    fenced owner's batch is left out while the others commit.
+    fenced owner's batch is left out while the others commit. One owner may have several
+    batches in one call: they apply in order, and once one of them fails its later batches
+    fail too (a later batch was decided on the state the failed one left behind).
     """
 
     async def commit_many(

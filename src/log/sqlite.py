@@ -20,6 +20,12 @@ Schema (``PRAGMA user_version`` = 1)
     owner_id, acquired_ms)`` — one row per ``<prefix>processor-p<n>``; ``members(grp,
     member_id, topics, heartbeat_until)`` — consumer group membership.
 
+Page size
+    New files get 16 KiB pages (``PAGE_SIZE``). ``records`` is a WITHOUT ROWID table, whose
+    cells spill to an overflow page above about 1 KB with 4 KiB pages — and a
+    ``ScheduleCreated`` event is about 1 KB: measured 25 us instead of 8 us per insert and
+    4x the file size. With 16 KiB pages records up to about 4 KB stay in their cell. An
+    existing file keeps the page size it was created with (WAL mode cannot change it).
 Ownership and fencing
     ``acquire(p)`` bumps the epoch of ``<prefix>processor-p<p>`` in one IMMEDIATE transaction.
     ``owner.commit`` opens ``BEGIN IMMEDIATE`` (the database write lock), checks the stored
@@ -94,6 +100,7 @@ T = TypeVar("T")
 TP = tuple[str, int]
 
 SCHEMA_VERSION = 1
+PAGE_SIZE = 16384
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
@@ -272,6 +279,8 @@ class _Conn:
 
 
 def _setup(conn: sqlite3.Connection) -> None:
+    # a no-op once the file exists (its page size is fixed by then; see "Page size")
+    conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
     mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
     if str(mode).lower() != "wal":
         raise LogError(f"could not switch the sqlite log to WAL (journal_mode={mode})")
@@ -411,18 +420,26 @@ def _owners_commit(
     Each owner's epoch is checked under the write lock, as in ``_owner_commit``; a fenced
     owner's part is left out (result: ``Fenced``), and an exception raised while building
     one owner's part (``then``) rolls back that part only (a savepoint) and is its result.
-    A SQLite error aborts the whole transaction (raised: no part is visible).
+    An owner's later parts after a failed one fail too (``MultiCommit``). A SQLite error
+    aborts the whole transaction (raised: no part is visible).
     """
     results: list[list[Position] | Exception] = []
+    failed: dict[str, Exception] = {}  # owner name -> why its earlier part failed
     conn.execute("BEGIN IMMEDIATE")
     try:
         for name, epoch, records, consumed, then in items:
+            earlier = failed.get(name)
+            if earlier is not None:  # decided on the state the failed part left behind
+                results.append(earlier if isinstance(earlier, Fenced) else LogError(
+                    f"{name}: an earlier batch of this owner failed in this commit: {earlier!r}"))
+                continue
             row = conn.execute(
                 "SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)
             ).fetchone()
             if row is None or int(row[0]) != epoch:
                 current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
-                results.append(Fenced(f"{name} epoch {epoch} was fenced ({current})"))
+                failed[name] = Fenced(f"{name} epoch {epoch} was fenced ({current})")
+                results.append(failed[name])
                 continue
             conn.execute("SAVEPOINT owner_part")
             try:
@@ -438,6 +455,7 @@ def _owners_commit(
             except Exception as exc:  # noqa: BLE001 - this owner's part only
                 conn.execute("ROLLBACK TO owner_part")
                 conn.execute("RELEASE owner_part")
+                failed[name] = exc
                 results.append(exc)
                 continue
             conn.execute("RELEASE owner_part")

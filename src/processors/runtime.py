@@ -23,8 +23,15 @@ its batch N+1 is discarded (never written), and it is rebuilt from the log. A du
 command whose reply is still in flight is answered once that reply's positions are known.
 
 When the log offers ``commit_many`` (SQLite: one database transaction, one fsync, each
-owner's epoch still checked), the partitions of one batch commit together, and batch N+1
-waits for that one commit. Otherwise (Kafka: one producer per partition) each partition has
+owner's epoch still checked), one writer loop commits: whatever was decided while its
+commit was in flight (any number of polls, any partitions) is queued and committed right
+after it, all in one ``commit_many`` — the loop keeps deciding instead of waiting for the
+writer, and a busy log gets fewer, larger commits (measured on the mixed benchmark: the
+event loop sat idle about 40% of the time when batch N+1 waited for batch N's commit).
+A partition whose commit failed is dropped, so its queued work is discarded, never written.
+Past ``max_held`` queued commands the loop waits for the writer (backpressure).
+
+Otherwise (Kafka: one producer per partition) each partition has
 its own commit chain, independent of the other partitions — a slow transaction on one
 partition delays only that partition's commands (no barrier across the partitions of a
 poll). A partition has at most one transaction in flight: records that arrive for it
@@ -102,10 +109,10 @@ class ProcessorConfig:
     # pipelining: decide batch N+1 while batch N's transactions are in flight
     pipeline: bool = True
     # per-partition commit chains: None = when the log has no commit_many (Kafka); True /
-    # False force them on / off (off: one barrier per batch, as with commit_many)
+    # False force them on / off (off: the one writer loop, as with commit_many)
     commit_chains: bool | None = None
     # with chains: records held for a partition whose transaction is in flight before the
-    # loop waits for it
+    # loop waits for it; with commit_many: commands queued for the writer loop
     max_held: int = 5000
     # raise gen-0 GC threshold during run() and gc.freeze() the restored state
     gc_tuning: bool = True
@@ -202,7 +209,9 @@ class Processor:
         self._stopping = asyncio.Event()
         self._consumer: Any = None
         self._ready_classes: set[str] = set()
-        self._inflight: asyncio.Task[None] | None = None  # the previous batch's commits
+        self._inflight: asyncio.Task[None] | None = None  # the writer loop (commit_many)
+        self._queued: list[_Work] = []  # decided, waiting for the writer loop
+        self._queued_commands = 0
         self._rebuild: list[int] = []  # partitions to take over again (commit failed)
         # commit chains of dropped partitions that may still be running (waited at shutdown)
         self._orphans: list[asyncio.Task[None]] = []
@@ -277,14 +286,20 @@ class Processor:
             for w in work:
                 w.ps.chain = asyncio.create_task(self._chain(w))
             return
-        # The previous transactions first: a partition's transactions stay in order, and a
-        # partition whose previous transaction failed was dropped: its new work is discarded.
-        await self._settle()
-        work = [w for w in work if self.partitions.get(w.ps.partition) is w.ps]
+        # One writer loop: work decided while a commit is in flight is queued and committed
+        # by the loop right after it, all of it in one commit (see the module docstring).
         if work:
-            self._inflight = asyncio.create_task(self._commit_all(work))
-            if not self.config.pipeline:
-                await self._settle()
+            self._queued.extend(work)
+            self._queued_commands += sum(len(w.batch) for w in work)
+        task = self._inflight
+        if task is None or task.done():
+            await self._settle()  # the finished loop's failed partitions are taken over again
+            if self._queued:
+                self._inflight = asyncio.create_task(self._commit_queued())
+        elif self._queued_commands > self.config.max_held:
+            await asyncio.shield(asyncio.wait([task]))  # backpressure
+        if not self.config.pipeline:
+            await self._settle()
 
     def _chains(self) -> bool:
         """Whether partitions commit through their own chains (module docstring)."""
@@ -460,6 +475,20 @@ class Processor:
             return None, consumed
         return out, consumed
 
+    async def _commit_queued(self) -> None:
+        """The writer loop (logs with ``commit_many``): commit everything queued, in order,
+        until the queue is empty; never raises.
+
+        A partition dropped meanwhile (its commit failed, fenced, revoked) has its queued
+        work discarded: it was decided on a state that is gone, and its commands were not
+        consumed, so whoever owns the partition next reads them again.
+        """
+        while self._queued:
+            work, self._queued, self._queued_commands = self._queued, [], 0
+            work = [w for w in work if self.partitions.get(w.ps.partition) is w.ps]
+            if work:
+                await self._commit_all(work)
+
     async def _commit_all(self, work: list["_Work"]) -> None:
         """Commit every partition's transaction of one batch; never raises.
 
@@ -513,8 +542,10 @@ class Processor:
                 del ps.pending[cid]
         while len(ps.replies) > self.config.reply_cache_size:
             ps.replies.popitem(last=False)
-        for hook in self.on_commit:
-            hook(ps.partition, out.events)
+        if self.on_commit:
+            envelopes = out.envelopes()
+            for hook in self.on_commit:
+                hook(ps.partition, envelopes)
 
     async def _discard(self, ps: PartitionState, why: str) -> bool:
         """Drop ``ps`` if it is still the live state of its partition (True when dropped)."""
@@ -572,13 +603,9 @@ class Processor:
         existed = st.exists
         first_index = len(out.events)
         for i, ev in enumerate(dec.events):
-            env = m.EventEnvelope(  # validating constructor: cheaper than model_construct
-                event_id=event_id_for(command_id, i), type=ev.type, version=m.CURRENT_VERSION,
-                key=key, tenant=st.tenant, schedule_id=st.schedule_id, at=now,
-                causation_id=command_id, payload=ev,
-            )
             evolve(st, ev)
-            out.event(env)
+            out.event(event_id_for(command_id, i), key, st.tenant, st.schedule_id, now,
+                      command_id, ev)
             if ev.type in READY_EVENT_TYPES:
                 self._hint(st, ev, out)
         if st.exists != existed:
@@ -605,7 +632,7 @@ class Processor:
         self._ready_classes.add(run.resource_class)
         out.records.append(OutRecord(
             topic=self.topics.ready(run.resource_class), key=run.run_id.encode(),
-            value=orjson.dumps(hint, option=orjson.OPT_UTC_Z),
+            value=codec.dumps_kept(hint, orjson.OPT_UTC_Z),
         ))
 
     def _dead_letter(
@@ -652,10 +679,13 @@ class _Output:
 
     def __init__(self, topics: Any, partition: int, writer: tuple[tuple[str, bytes], ...] = ()) -> None:
         self.topics = topics
+        self.events_topic = topics.events
         self.partition = partition
         self.writer = writer  # headers naming the processor and its epoch (audit trail)
         self.records: list[OutRecord] = []
-        self.events: list[m.EventEnvelope] = []
+        # (event_id, key, tenant, schedule_id, at, causation_id, payload) of each event;
+        # envelope models are only built for on_commit hooks (``envelopes``)
+        self.events: list[tuple[str, str, str, str, datetime, str, Any]] = []
         self.event_index: list[int] = []  # index in records of each event
         # (kind, command_id, data): _NEW data = (status, reason, body json, tenant,
         # schedule_id, first event, end event); _BYTES data = the reply's bytes; _AGAIN
@@ -669,12 +699,21 @@ class _Output:
     def empty(self) -> bool:
         return not self.records and not self.replies
 
-    def event(self, env: m.EventEnvelope) -> None:
-        self.events.append(env)
+    def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
+              causation_id: str, payload: Any) -> None:
+        self.events.append((event_id, key, tenant, schedule_id, at, causation_id, payload))
         self.event_index.append(len(self.records))
-        self.records.append(OutRecord(topic=self.topics.events, key=env.key.encode(),
-                                      value=codec.encode_event(env), partition=self.partition,
-                                      headers=self.writer))
+        self.records.append(OutRecord(
+            self.events_topic, key.encode(),
+            codec.encode_event_fields(event_id, m.CURRENT_VERSION, key, tenant, schedule_id, at,
+                                      causation_id, payload),
+            self.partition, self.writer))
+
+    def envelopes(self) -> list[m.EventEnvelope]:
+        return [m.EventEnvelope(event_id=event_id, type=payload.type, version=m.CURRENT_VERSION,
+                                key=key, tenant=tenant, schedule_id=schedule_id, at=at,
+                                causation_id=causation_id, payload=payload)
+                for event_id, key, tenant, schedule_id, at, causation_id, payload in self.events]
 
     def reply_new(self, command_id: str, status: str, reason: str, body: bytes, tenant: str,
                   schedule_id: str, first_event: int, end_event: int) -> None:

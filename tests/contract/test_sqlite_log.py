@@ -414,3 +414,51 @@ async def test_commit_many_leaves_out_a_fenced_owner_and_an_owner_whose_then_fai
         assert await _values(log, t.events, 1) == [b"retry"]
     finally:
         await other.close()
+
+
+async def test_commit_many_fails_an_owners_later_batches_once_one_of_them_failed(
+    log: SqliteEventLog,
+) -> None:
+    """A later batch of one owner was decided on the state its failed batch left behind."""
+    from chronolog.log.port import LogError as PortLogError
+
+    t = log.topics
+    o0, o1 = await log.acquire(0, "m"), await log.acquire(1, "m")
+
+    def boom(_: object) -> list[OutRecord]:
+        raise RuntimeError("then failed")
+
+    results = await log.commit_many([
+        (o0, [OutRecord(t.events, None, b"first", partition=0)], {(t.commands, 0): 1}, "g", boom),
+        (o1, [OutRecord(t.events, None, b"other", partition=1)], {(t.commands, 1): 1}, "g", None),
+        (o0, [OutRecord(t.events, None, b"second", partition=0)], {(t.commands, 0): 2}, "g", None),
+    ])
+    assert isinstance(results[0], RuntimeError)
+    assert not isinstance(results[1], BaseException)
+    assert isinstance(results[2], PortLogError) and "earlier batch" in str(results[2])
+    assert await _values(log, t.events, 0) == []
+    assert await _values(log, t.events, 1) == [b"other"]
+    assert await log.committed("g", t.commands, 0) is None
+    # two batches of one owner that both succeed apply in order, offsets of the last
+    await log.commit_many([
+        (o0, [OutRecord(t.events, None, b"a", partition=0)], {(t.commands, 0): 1}, "g", None),
+        (o0, [OutRecord(t.events, None, b"b", partition=0)], {(t.commands, 0): 2}, "g", None),
+    ])
+    assert await _values(log, t.events, 0) == [b"a", b"b"]
+    assert await log.committed("g", t.commands, 0) == 2
+
+
+async def test_a_new_log_file_uses_pages_that_hold_a_record_without_overflow(
+    log: SqliteEventLog, db: Path,
+) -> None:
+    """16 KiB pages: an event of a few KiB stays in its b-tree cell (4 KiB pages spilled
+    every record over ~1 KB to an overflow page: 4x the file, ~3x the insert time)."""
+    import sqlite3
+
+    from chronolog.log.sqlite import PAGE_SIZE
+
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 16384
+    finally:
+        conn.close()

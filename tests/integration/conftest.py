@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,15 +52,21 @@ def log_url(cfg: LogConfig) -> str:
     return f"sqlite://{cfg.target}" if cfg.kind == "sqlite" else f"kafka://{cfg.target}"
 
 
-@pytest.fixture
-async def event_log(log_config: LogConfig) -> AsyncIterator[Any]:
-    lg = open_log(log_config)
+@contextlib.asynccontextmanager
+async def started(lg: Any) -> AsyncIterator[Any]:
+    """``lg`` started with its topics ensured; closed afterwards."""
     await lg.start()
     await lg.ensure_topics()
     try:
         yield lg
     finally:
         await lg.close()
+
+
+@pytest.fixture
+async def event_log(log_config: LogConfig) -> AsyncIterator[Any]:
+    async with started(open_log(log_config)) as lg:
+        yield lg
 
 
 class ProcessorProcess:

@@ -122,6 +122,17 @@ def test_encode_event_is_byte_identical_to_the_generic_dump() -> None:
     for env in events:
         assert codec.encode_event(env) == codec.dumps(env), env.type
         assert codec.decode_event(codec.encode_event(env)) == env
+        fields = codec.encode_event_fields(env.event_id, env.version, env.key, env.tenant,
+                                           env.schedule_id, env.at, env.causation_id,
+                                           env.payload)
+        assert fields == codec.dumps(env), env.type
+
+
+def test_dumps_kept_gives_the_bytes_orjson_gives() -> None:
+    value = {"at": T0, "n": [1, 2.5, None], "s": "x" * 2000}
+    kept = codec.dumps_kept(value)
+    assert kept == orjson.dumps(value, option=orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC)
+    assert type(kept) is bytes
 
 
 def test_encode_reply_fields_is_byte_identical_to_a_reply_model() -> None:
