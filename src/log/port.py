@@ -131,6 +131,9 @@ class PartitionOwner(Protocol):
         ``then(positions_of_records)``, when given, is called inside the same atomic unit
         once ``records`` have their positions, and the records it returns are appended in
         the same transaction (a processor's replies carry the positions of their events).
+        ``then`` may be called more than once (an adapter may call it with predicted
+        positions and abort if they prove wrong): only records built from the real
+        positions are ever committed, so it must depend on nothing but its argument.
         Raises ``Fenced`` when a newer owner of this partition exists.
         Returns the positions of ``records`` followed by those of ``then``'s records.
         """

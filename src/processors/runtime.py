@@ -630,7 +630,7 @@ class Processor:
             "due_at": run.due_at, "priority": run.priority, "resource_class": run.resource_class,
         }
         self._ready_classes.add(run.resource_class)
-        out.records.append(OutRecord(
+        out.hints.append(OutRecord(
             topic=self.topics.ready(run.resource_class), key=run.run_id.encode(),
             value=codec.dumps_kept(hint, orjson.OPT_UTC_Z),
         ))
@@ -683,6 +683,10 @@ class _Output:
         self.partition = partition
         self.writer = writer  # headers naming the processor and its epoch (audit trail)
         self.records: list[OutRecord] = []
+        # ready hints: written after the events, with the replies (``then``), so that the
+        # first records are this partition's events only — a Kafka owner can then predict
+        # their positions and send everything in one round trip (chronolog.log.kafka)
+        self.hints: list[OutRecord] = []
         # (event_id, key, tenant, schedule_id, at, causation_id, payload) of each event;
         # envelope models are only built for on_commit hooks (``envelopes``)
         self.events: list[tuple[str, str, str, str, datetime, str, Any]] = []
@@ -697,7 +701,7 @@ class _Output:
 
     @property
     def empty(self) -> bool:
-        return not self.records and not self.replies
+        return not self.records and not self.replies and not self.hints
 
     def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
               causation_id: str, payload: Any) -> None:
@@ -731,8 +735,9 @@ class _Output:
         self.replies.append((_FROM, command_id, earlier))
 
     def then(self, positions: list[Position]) -> list[OutRecord]:
-        """Replies with the positions of their events (called inside the transaction)."""
-        out = []
+        """The ready hints, then the replies with the positions of their events (called
+        inside the transaction; again if a prediction of the positions was wrong)."""
+        out = list(self.hints)
         final: dict[str, bytes] = {}
         topic, partition = self.topics.replies, self.partition
         for kind, cid, data in self.replies:

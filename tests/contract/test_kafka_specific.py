@@ -204,6 +204,85 @@ async def test_commit_then_records_carry_positions_and_errors_abort(klog: KafkaE
     await owner.close()
 
 
+def _naming_reply(t: Topics, partition: int) -> Callable[[list[Position]], list[OutRecord]]:
+    """A ``then`` whose reply names the offsets it was given (and a keyed, hint-like record)."""
+    def then(positions: list[Position]) -> list[OutRecord]:
+        body = ",".join(str(p.offset) for p in positions).encode()
+        return [OutRecord(t.ready("default"), key=body, value=b"hint"),
+                OutRecord(t.replies, key=None, value=body, partition=partition)]
+    return then
+
+
+async def _replies_match_events(klog: KafkaEventLog, partition: int, per_commit: int) -> None:
+    """Every committed reply names exactly the offsets its commit's events landed at."""
+    t = klog.topics
+    events = [r.offset for r in await read_all(klog, t.events, partition)]
+    replies = [r.value.decode() for r in await read_all(klog, t.replies, partition)]
+    chunks = [events[i:i + per_commit] for i in range(0, len(events), per_commit)]
+    assert replies == [",".join(map(str, c)) for c in chunks]
+
+
+async def test_predicted_commits_go_out_in_one_round_trip_with_the_real_positions(
+    klog: KafkaEventLog,
+) -> None:
+    """The owner predicts its own events partition's offsets (the last commit's + marker),
+    so ``then``'s records travel with the events; the replies still carry the real offsets
+    — also across an aborted transaction, which makes the owner learn them again."""
+    t = klog.topics
+    owner = await klog.acquire(1, "owner-a")
+    then = _naming_reply(t, 1)
+
+    async def commit(i: int) -> None:
+        await owner.commit([OutRecord(t.events, b"s", b"e%d-%d" % (i, k), partition=1)
+                            for k in range(3)], {(t.commands, 1): i + 1}, GROUP, then=then)
+
+    for i in range(4):
+        await commit(i)
+    assert owner.predicted == 3 and owner.mispredicted == 0  # the first one learns
+
+    class Boom(Exception):
+        pass
+
+    def broken(positions: list[Position]) -> list[OutRecord]:
+        raise Boom()
+
+    owner._next_event = None  # a plain commit whose then() fails: sent, then aborted
+    with pytest.raises(Boom):
+        await owner.commit([OutRecord(t.events, b"s", b"lost", partition=1)],
+                           {(t.commands, 1): 9}, GROUP, then=broken)
+    for i in range(4, 7):
+        await commit(i)
+    assert owner.predicted == 5 and owner.mispredicted == 0
+    await _replies_match_events(klog, 1, 3)
+    assert await klog.committed(GROUP, t.commands, 1) == 7
+    await owner.close()
+
+
+async def test_a_wrong_prediction_is_aborted_and_committed_the_plain_way(
+    klog: KafkaEventLog,
+) -> None:
+    t = klog.topics
+    owner = await klog.acquire(2, "owner-a")
+    then = _naming_reply(t, 2)
+    await owner.commit([OutRecord(t.events, b"s", b"e0", partition=2)],
+                       {(t.commands, 2): 1}, GROUP, then=then)
+    assert owner._next_event is not None
+    owner._next_event += 5  # as if someone else had written there
+    positions = await owner.commit([OutRecord(t.events, b"s", b"e1", partition=2)],
+                                   {(t.commands, 2): 2}, GROUP, then=then)
+    assert owner.mispredicted == 1
+    # the aborted attempt left nothing visible; the plain commit's reply is right
+    assert [r.value for r in await read_all(klog, t.events, 2)] == [b"e0", b"e1"]
+    await _replies_match_events(klog, 2, 1)
+    assert positions[0].offset == (await read_all(klog, t.events, 2))[-1].offset
+    assert await klog.committed(GROUP, t.commands, 2) == 2
+    await owner.commit([OutRecord(t.events, b"s", b"e2", partition=2)],
+                       {(t.commands, 2): 3}, GROUP, then=then)
+    assert owner.predicted == 1  # learnt again from the plain commit
+    await _replies_match_events(klog, 2, 1)
+    await owner.close()
+
+
 async def test_second_owner_fences_first(klog: KafkaEventLog, second_log: KafkaEventLog) -> None:
     t = klog.topics
     first = await klog.acquire(0, "owner-a")
