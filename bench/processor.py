@@ -37,7 +37,8 @@ Measured (2 cores, Python 3.11, Kafka 4.4.0 co-located, medians of 3; issue 3's 
 SQLite (synchronous=FULL) mixed 21.7-22.3k commands/s at --batch 500, 22.0-23.7k at 2000;
 create 8.5k (9.0k at 2000). Kafka mixed 17.0-18.5k, create 7.5-8.0k. Latency at 1,000/s:
 SQLite mixed p50 5.7 / p99 11-13 ms (create 6.9 / 17 ms); Kafka mixed, warm broker, p50
-13-14 / p99 35-44 ms (create p50 17-23 / p99 46-74 ms: the process is CPU-saturated).
+13-18 / p99 35-50 ms, median of 10 sets 42.7 (create p50 17-23 / p99 46-74 ms: the
+process is CPU-saturated).
 
 ``--sync NORMAL`` runs the SQLite log with ``synchronous=NORMAL`` (not the product default:
 it may lose the last commits on power loss). Prints one JSON line per run; with --runs K > 1

@@ -707,13 +707,14 @@ class KafkaPartitionOwner:
             positions: list[Position] | None = None
             if then is not None and self._predictable(placed):
                 try:
-                    positions = await self._commit_predicted(producer, placed, offsets, group,
-                                                             then)
+                    positions = await self._transaction(producer, placed, offsets, group, then,
+                                                        predict=True)
                 except _Mispredicted as exc:  # aborted: nothing of it is visible
                     self.mispredicted += 1
                     log.warning("%s: %s; committing the plain way", self.transactional_id, exc)
             if positions is None:
-                positions = await self._commit_plain(producer, placed, offsets, group, then)
+                positions = await self._transaction(producer, placed, offsets, group, then,
+                                                    predict=False)
         if self.await_visible:
             await self._await_visible(positions, offsets, group)
         return positions
@@ -735,34 +736,52 @@ class KafkaPartitionOwner:
         if last:
             self._next_event = last[-1] + 2
 
-    async def _commit_predicted(
+    async def _transaction(
         self, producer: AIOKafkaProducer, placed: list[tuple[OutRecord, int]],
-        offsets: dict[TopicPartition, OffsetAndMetadata], group: str, then: ThenCallback,
+        offsets: dict[TopicPartition, OffsetAndMetadata], group: str,
+        then: ThenCallback | None, predict: bool,
     ) -> list[Position]:
-        """One produce round trip for everything: ``then`` gets the predicted positions of
-        the records, and the records, ``then``'s records and the offsets all go out at once;
-        if the acknowledged offsets differ from the prediction, the transaction is aborted
-        (``_Mispredicted``) before anything becomes visible."""
-        base = self._next_event
-        assert base is not None
-        predicted = [Position(rec.topic, p, base + i) for i, (rec, p) in enumerate(placed)]
-        late = then(predicted)
-        late_placed = await self._log._placed(late)
+        """One transaction: the records, ``then``'s records, the consumed offsets.
+
+        ``predict``: ``then`` gets the predicted positions of the records and everything goes
+        out at once; acks that differ from the prediction abort it (``_Mispredicted``).
+        Otherwise ``then`` gets the acknowledged positions, and its records follow them.
+        """
         bound = self._log._bound_s
+        predicted: list[Position] = []
+        late_placed: list[tuple[OutRecord, int]] = []
+        if predict:
+            assert then is not None and self._next_event is not None
+            base = self._next_event
+            predicted = [Position(rec.topic, p, base + i) for i, (rec, p) in enumerate(placed)]
+            late_placed = await self._log._placed(then(predicted))
         futures: list[asyncio.Future[Any]] = []
+        offsets_sent: asyncio.Future[Any] | None = None
         try:
             await _bounded(producer.begin_transaction(), bound, "begin_transaction")
+            if not predict:
+                self._preadd_late_partitions(producer)
             for rec, p in placed + late_placed:
                 futures.append(await producer.send(rec.topic, rec.value, key=rec.key,
                                                    partition=p, headers=_headers_out(rec.headers)))
-            offsets_sent = (asyncio.ensure_future(producer.send_offsets_to_transaction(
-                offsets, group)) if offsets else None)
-            if offsets_sent is not None:
+            if offsets:
+                # AddOffsetsToTxn + TxnOffsetCommit go out now, alongside the produce
+                # requests (and the wait for their acks), not after them
+                offsets_sent = asyncio.ensure_future(
+                    producer.send_offsets_to_transaction(offsets, group))
                 futures.append(offsets_sent)
-            first = await _bounded(asyncio.gather(*futures[:len(placed)]), bound, "produce")
-            if [m.offset for m in first] != [q.offset for q in predicted]:
-                raise _Mispredicted(f"predicted offsets from {base}, acknowledged "
-                                    f"{[m.offset for m in first][:3]}...")
+            if then is not None:
+                first = await _bounded(asyncio.gather(*futures[:len(placed)]), bound, "produce")
+                acked = [Position(m.topic, m.partition, m.offset) for m in first]
+                if predict and acked != predicted:
+                    raise _Mispredicted(f"predicted offsets from {predicted[0].offset}, "
+                                        f"acknowledged from {acked[0].offset}")
+                if not predict:  # then() builds records that carry the acked positions
+                    late_placed = await self._log._placed(then(acked))
+                    for rec, p in late_placed:
+                        futures.append(await producer.send(
+                            rec.topic, rec.value, key=rec.key, partition=p,
+                            headers=_headers_out(rec.headers)))
             if offsets_sent is not None:
                 await _bounded(offsets_sent, bound, "send_offsets_to_transaction")
             await _bounded(producer.commit_transaction(), bound, "commit_transaction")
@@ -773,64 +792,12 @@ class KafkaPartitionOwner:
             _retrieve_exceptions(futures)
             await self._fail(producer, exc)  # aborts; raises exc itself, or Fenced
             raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
+        # explicitly placed late records (a processor's replies) land on the same
+        # partitions every time: registered up front next time
         self._late_tps = {TopicPartition(rec.topic, p) for rec, p in late_placed
                           if rec.partition is not None}
         self._learn(placed, metas)
-        self.predicted += 1
-        return [Position(m.topic, m.partition, m.offset) for m in metas]
-
-    async def _commit_plain(
-        self, producer: AIOKafkaProducer, placed: list[tuple[OutRecord, int]],
-        offsets: dict[TopicPartition, OffsetAndMetadata], group: str,
-        then: ThenCallback | None,
-    ) -> list[Position]:
-        bound = self._log._bound_s
-        futures: list[asyncio.Future[Any]] = []
-        offsets_sent: asyncio.Future[Any] | None = None
-        try:
-            await _bounded(producer.begin_transaction(), bound, "begin_transaction")
-            self._preadd_late_partitions(producer)
-            futures = [
-                await producer.send(
-                    rec.topic, rec.value, key=rec.key, partition=p,
-                    headers=_headers_out(rec.headers),
-                )
-                for rec, p in placed
-            ]
-            if offsets:
-                # AddOffsetsToTxn + TxnOffsetCommit go out now, alongside the produce
-                # requests (and then()'s wait for their acks), not after them
-                futures.append(asyncio.ensure_future(
-                    producer.send_offsets_to_transaction(offsets, group)))
-                offsets_sent = futures[-1]
-            if then is not None:
-                # the first records' offsets are known once the broker acked them (still
-                # inside the open transaction); then() builds records that carry them
-                first = await _bounded(asyncio.gather(*futures[:len(placed)]), bound,
-                                       "produce")
-                late = then([Position(m.topic, m.partition, m.offset) for m in first])
-                late_placed = await self._log._placed(late)
-                # explicitly placed late records (a processor's replies) land on the same
-                # partitions every time: registered up front next time
-                self._late_tps = {TopicPartition(rec.topic, p) for rec, p in late_placed
-                                  if rec.partition is not None}
-                for rec, p in late_placed:
-                    futures.append(await producer.send(
-                        rec.topic, rec.value, key=rec.key, partition=p,
-                        headers=_headers_out(rec.headers),
-                    ))
-            if offsets:
-                await _bounded(offsets_sent, bound, "send_offsets_to_transaction")
-            await _bounded(producer.commit_transaction(), bound, "commit_transaction")
-            metas = await _bounded(
-                asyncio.gather(*(f for f in futures if f is not offsets_sent)), bound,
-                "produce")
-        except BaseException as exc:
-            self._next_event = None
-            _retrieve_exceptions(futures)
-            await self._fail(producer, exc)
-            raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
-        self._learn(placed, metas)
+        self.predicted += predict
         return [Position(m.topic, m.partition, m.offset) for m in metas]
 
     def _preadd_late_partitions(self, producer: AIOKafkaProducer) -> None:

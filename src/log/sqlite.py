@@ -389,23 +389,44 @@ def _owner_commit(
     then: ThenCallback | None = None,
 ) -> list[Position]:
     conn.execute("BEGIN IMMEDIATE")
-    row = conn.execute("SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)).fetchone()
-    if row is None or int(row[0]) != epoch:
+    fenced = _fenced(conn, name, epoch)
+    if fenced is not None:
         conn.execute("ROLLBACK")
-        current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
-        raise Fenced(f"{name} epoch {epoch} was fenced ({current})")
+        raise fenced
     try:
-        positions = _append_in_tx(conn, cache, records)
-        if then is not None:
-            late = then(positions)
-            if late:
-                positions = positions + _append_in_tx(conn, cache, late)
+        positions = _owner_part(conn, cache, records, consumed, then)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    conn.execute("COMMIT")
+    return positions
+
+
+def _fenced(conn: sqlite3.Connection, name: str, epoch: int) -> Fenced | None:
+    """``Fenced`` unless ``name`` is still at ``epoch`` (checked under the write lock)."""
+    row = conn.execute("SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)).fetchone()
+    if row is not None and int(row[0]) == epoch:
+        return None
+    current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
+    return Fenced(f"{name} epoch {epoch} was fenced ({current})")
+
+
+def _owner_part(
+    conn: sqlite3.Connection,
+    cache: dict[str, int],
+    records: Sequence[OutRecord],
+    consumed: list[tuple[str, str, int, int]],
+    then: ThenCallback | None,
+) -> list[Position]:
+    """One owner's records, ``then``'s records and consumed offsets, inside the caller's
+    write transaction."""
+    positions = _append_in_tx(conn, cache, records)
+    if then is not None:
+        late = then(positions)
+        if late:
+            positions = positions + _append_in_tx(conn, cache, late)
     if consumed:
         conn.executemany(_UPSERT_OFFSET, consumed)
-    conn.execute("COMMIT")
     return positions
 
 
@@ -433,23 +454,14 @@ def _owners_commit(
                 results.append(earlier if isinstance(earlier, Fenced) else LogError(
                     f"{name}: an earlier batch of this owner failed in this commit: {earlier!r}"))
                 continue
-            row = conn.execute(
-                "SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)
-            ).fetchone()
-            if row is None or int(row[0]) != epoch:
-                current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
-                failed[name] = Fenced(f"{name} epoch {epoch} was fenced ({current})")
-                results.append(failed[name])
+            fenced = _fenced(conn, name, epoch)
+            if fenced is not None:
+                failed[name] = fenced
+                results.append(fenced)
                 continue
             conn.execute("SAVEPOINT owner_part")
             try:
-                positions = _append_in_tx(conn, cache, records)
-                if then is not None:
-                    late = then(positions)
-                    if late:
-                        positions = positions + _append_in_tx(conn, cache, late)
-                if consumed:
-                    conn.executemany(_UPSERT_OFFSET, consumed)
+                positions = _owner_part(conn, cache, records, consumed, then)
             except sqlite3.Error:
                 raise
             except Exception as exc:  # noqa: BLE001 - this owner's part only

@@ -211,7 +211,6 @@ class Processor:
         self._ready_classes: set[str] = set()
         self._inflight: asyncio.Task[None] | None = None  # the writer loop (commit_many)
         self._queued: list[_Work] = []  # decided, waiting for the writer loop
-        self._queued_commands = 0
         self._rebuild: list[int] = []  # partitions to take over again (commit failed)
         # commit chains of dropped partitions that may still be running (waited at shutdown)
         self._orphans: list[asyncio.Task[None]] = []
@@ -288,15 +287,13 @@ class Processor:
             return
         # One writer loop: work decided while a commit is in flight is queued and committed
         # by the loop right after it, all of it in one commit (see the module docstring).
-        if work:
-            self._queued.extend(work)
-            self._queued_commands += sum(len(w.batch) for w in work)
+        self._queued.extend(work)
         task = self._inflight
         if task is None or task.done():
             await self._settle()  # the finished loop's failed partitions are taken over again
             if self._queued:
                 self._inflight = asyncio.create_task(self._commit_queued())
-        elif self._queued_commands > self.config.max_held:
+        elif sum(len(w.batch) for w in self._queued) > self.config.max_held:
             await asyncio.shield(asyncio.wait([task]))  # backpressure
         if not self.config.pipeline:
             await self._settle()
@@ -484,7 +481,7 @@ class Processor:
         consumed, so whoever owns the partition next reads them again.
         """
         while self._queued:
-            work, self._queued, self._queued_commands = self._queued, [], 0
+            work, self._queued = self._queued, []
             work = [w for w in work if self.partitions.get(w.ps.partition) is w.ps]
             if work:
                 await self._commit_all(work)
