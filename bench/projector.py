@@ -94,6 +94,15 @@ async def fresh_store(dsn: str) -> PostgresProjectionStore:
     return store
 
 
+def workload(topics: Topics, runs: int, schedules: int) -> list[OutRecord]:
+    """``schedules`` ScheduleCreated events, then about ``runs`` run lifecycles over them."""
+    records = [schedule_created(topics, "bench", f"s{i}") for i in range(schedules)]
+    for k in range(max(1, runs // schedules)):
+        for i in range(schedules):
+            records.extend(run_lifecycle(topics, "bench", f"s{i}", k))
+    return records
+
+
 async def append_all(lg: EventLog, records: list[OutRecord], chunk: int = 5000) -> None:
     for i in range(0, len(records), chunk):
         await lg.append(records[i:i + chunk])
@@ -101,11 +110,7 @@ async def append_all(lg: EventLog, records: list[OutRecord], chunk: int = 5000) 
 
 async def throughput(lg: EventLog, dsn: str, runs: int, schedules: int, batch: int) -> float:
     topics = lg.topics
-    records = [schedule_created(topics, "bench", f"s{i}") for i in range(schedules)]
-    per = max(1, runs // schedules)
-    for k in range(per):
-        for i in range(schedules):
-            records.extend(run_lifecycle(topics, "bench", f"s{i}", k))
+    records = workload(topics, runs, schedules)
     t = time.perf_counter()
     await append_all(lg, records)
     print(f"appended {len(records)} events in {time.perf_counter() - t:.1f}s", file=sys.stderr)
@@ -140,11 +145,7 @@ async def throughput_processes(lg: EventLog, log_url: str, dsn: str, runs: int,
     import subprocess
 
     topics = lg.topics
-    records = [schedule_created(topics, "bench", f"s{i}") for i in range(schedules)]
-    per = max(1, runs // schedules)
-    for k in range(per):
-        for i in range(schedules):
-            records.extend(run_lifecycle(topics, "bench", f"s{i}", k))
+    records = workload(topics, runs, schedules)
     await append_all(lg, records)
     ends = {p: await lg.end_offset(topics.events, p) for p in range(topics.partitions)}
     store = await fresh_store(dsn)
