@@ -1,0 +1,357 @@
+"""Burst benchmark: N one-shot schedules due at one instant T, run by separate processes.
+
+The protocol (shared with the peers in ``bench/peers/``): N one-shot jobs all due at T, placed
+after the enqueue with a margin; the handler is a no-op that records its start
+(``bench/burstlib.py``); 1 ``chronolog processor`` + ``--workers`` ``chronolog worker``
+processes with ``--concurrency`` slots each, started as a deployment would start them.
+
+    .venv/bin/python bench/burst.py [--log sqlite|kafka] [--n 10000] [--runs 3]
+        [--workers 2] [--concurrency 8] [--partitions 12] [--window 200] [--awaited 200]
+        [--compare celery]
+
+Per run it prints: first/last start after T, p50/p99/max lateness, runs/s over the burst,
+lost/duplicated/early, the enqueue rate (pipelined, ``--window`` in flight) and the reply
+latency of creates sent one at a time (``--awaited`` of them), CPU seconds of the processor,
+the workers and the broker during the burst, and whether ``chronolog audit`` passed. Then the
+medians. ``--compare celery`` interleaves a Celery 5 + Redis run (``bench/peers/``) after
+each chronolog run and prints both side by side; its environment (a venv under
+``bench/.peers/`` and Debian's ``redis-server``) is set up on first use.
+
+Kafka needs ``KAFKA_BOOTSTRAP_SERVERS`` (``scripts/kafka.sh up``). Run dirs and the SQLite
+logs live under ``bench/results/`` (git-ignored), one per run, removed unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import burstlib as B
+
+from chronolog.commands.client import Client, NotFound
+from chronolog.domain import messages as m
+from chronolog.log.reading import read_partition
+from chronolog.settings import LogConfig, open_log
+from chronolog.log.port import Topics
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
+PEERS = HERE / ".peers"
+TENANT = "bench"
+
+
+# --------------------------------------------------------------------------- processes
+
+def spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([CHRONOLOG, *args], env=env, stdout=open(log_path, "wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM by PID, workers first (they drain through the processor), bounded, then kill."""
+    for group in (procs[1:], procs[:1]):
+        for p in group:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in group:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def broker_pid(servers: str) -> int | None:
+    port = servers.split(",")[0].rsplit(":", 1)[1]
+    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True,
+                         check=False).stdout
+    found = re.search(r"pid=(\d+)", out)
+    return int(found.group(1)) if found else None
+
+
+async def live_members(cfg: LogConfig, group: str) -> int:
+    if cfg.kind == "sqlite":
+        with sqlite3.connect(f"file:{cfg.target}?mode=ro", uri=True) as db:
+            return db.execute("SELECT count(*) FROM members WHERE grp = ? AND heartbeat_until > ?",
+                              (group, time.time())).fetchone()[0]
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.target)
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([group])
+        groups = described[0].groups if hasattr(described[0], "groups") else described
+        return sum(len(g[5]) for g in groups if g[3] == "Stable")
+    finally:
+        await admin.close()
+
+
+async def delete_topics(cfg: LogConfig) -> None:
+    if cfg.kind != "kafka":
+        return
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.target)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(cfg.topics.prefix)]
+        if names:
+            await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+# --------------------------------------------------------------------------- one run
+
+async def wait_processor(client: Client, deadline: float) -> None:
+    """The processor owns and has restored every partition: a probe on each gets not_found."""
+    for p in range(client.topics.partitions):
+        while True:
+            try:
+                await client.pause(TENANT, f"probe-{p}-{uuid.uuid4().hex[:6]}")
+            except NotFound:
+                break
+            except Exception:  # noqa: BLE001 - not ready yet
+                if time.time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def count_results(lg: Any, topic: str, partitions: int, offsets: list[int],
+                        seen: int) -> int:
+    for p in range(partitions):
+        async for batch in read_partition(lg, topic, p, start=offsets[p]):
+            offsets[p] = batch[-1].offset + 1
+            seen += sum(1 for rec in batch if b'"ResultPublished"' in rec.value)
+    return seen
+
+
+async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
+    prefix = f"burst{uuid.uuid4().hex[:8]}."
+    topics = Topics(prefix=prefix, partitions=args.partitions)
+    if args.log == "sqlite":
+        cfg = LogConfig("sqlite", str(run_dir / "log.db"), topics)
+        url = f"sqlite://{cfg.target}"
+    else:
+        servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not servers:
+            raise SystemExit("--log kafka needs KAFKA_BOOTSTRAP_SERVERS (scripts/kafka.sh up)")
+        cfg = LogConfig("kafka", servers, topics)
+        url = f"kafka://{servers}"
+    flags = ["--log", url, "--partitions", str(args.partitions), "--topic-prefix", prefix]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CHRONOLOG_LOG", "CHRONOLOG_TOPIC_PREFIX", "CHRONOLOG_PARTITIONS")}
+    env.update(BENCH_RUN_DIR=str(run_dir), CHRONOLOG_LOG_LEVEL="WARNING",
+               PYTHONPATH=str(HERE) + os.pathsep + env.get("PYTHONPATH", ""))
+    lg = open_log(cfg)
+    await lg.start()
+    await lg.ensure_topics()
+    procs = [spawn(["processor", *flags, "--member-id", "burst-p"], run_dir / "processor.log", env)]
+    for i in range(args.workers):
+        procs.append(spawn(["worker", *flags, "--jobs", "burst_jobs", "--worker-id", f"burst-w{i}",
+                            "--concurrency", str(args.concurrency),
+                            "--results", str(run_dir / "results")],
+                           run_dir / f"worker{i}.log", env))
+    kpid = broker_pid(cfg.target) if cfg.kind == "kafka" else None
+    client = Client(lg, reply_timeout=120)
+    await client.start()
+    res: dict[str, Any] = {"system": f"chronolog-{args.log}"}
+    try:
+        deadline = time.time() + 120
+        await wait_processor(client, deadline)
+        while await live_members(cfg, f"{prefix}workers") < args.workers:
+            if time.time() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit(f"workers did not join within 120 s (see {run_dir})")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(3)  # settle after the last rebalance, as the peers' protocol does
+
+        def cpu() -> dict[str, float]:
+            out = {"processor": B.cpu_seconds([procs[0].pid]),
+                   "workers": B.cpu_seconds([p.pid for p in procs[1:]])}
+            if kpid:
+                out["broker"] = B.cpu_seconds([kpid])
+            return out
+
+        cpu0, t0 = cpu(), time.time()
+        instant = float(int(t0 + args.n / args.est_rate * 1.2 + args.margin) + 1)
+        at = datetime.fromtimestamp(instant, tz=timezone.utc).isoformat()
+
+        def spec(i: int) -> m.ScheduleSpec:
+            return m.ScheduleSpec.model_validate({"at": at, "job": {"type": "bench",
+                                                                   "params": {"jid": i}}})
+
+        awaited = min(args.awaited, args.n)
+        latencies = []
+        for i in range(awaited):  # one at a time, each awaited: the reply latency a caller sees
+            s = time.perf_counter()
+            await client.create_schedule(TENANT, f"j{i}", spec(i))
+            latencies.append(time.perf_counter() - s)
+        t1 = time.time()
+        window = asyncio.Semaphore(args.window)
+
+        async def create(i: int) -> None:
+            async with window:
+                await client.create_schedule(TENANT, f"j{i}", spec(i))
+
+        await asyncio.gather(*(create(i) for i in range(awaited, args.n)))
+        t2 = time.time()
+        cpu1 = cpu()
+        latencies.sort()
+        res.update(
+            enqueue_rate=(args.n - awaited) / (t2 - t1) if args.n > awaited else None,
+            create_p50_ms=B.pct(latencies, 50) * 1000, create_p99_ms=B.pct(latencies, 99) * 1000,
+            gap_after_enqueue=instant - t2,
+            cpu_enqueue={k: cpu1[k] - cpu0[k] for k in cpu0},
+        )
+        await asyncio.to_thread(B.wait_until, instant - 2)
+        cpu2 = cpu()
+        await asyncio.to_thread(B.wait_records, str(run_dir), args.n, instant + args.timeout)
+        cpu3 = cpu()
+        res.update(B.analyse(str(run_dir), args.n, instant))
+        res["cpu_burst"] = {k: cpu3[k] - cpu2[k] for k in cpu2}
+        # completion: every run's result is published (chronolog's own record of it)
+        offsets, seen = [0] * args.partitions, 0
+        deadline = time.time() + 120
+        while seen < args.n and time.time() < deadline:
+            seen = await count_results(lg, topics.events, args.partitions, offsets, seen)
+            if seen < args.n:
+                await asyncio.sleep(0.2)
+        res["results_published"] = seen
+        res["all_published_after_T"] = time.time() - instant
+    finally:
+        await client.close()
+        stop(procs)
+    audit = subprocess.run([CHRONOLOG, "audit", "--log", url, "--partitions", str(args.partitions),
+                            "--json"], env=dict(env, CHRONOLOG_TOPIC_PREFIX=prefix),
+                           capture_output=True, text=True, check=False)
+    res["audit_ok"] = audit.returncode == 0
+    if audit.returncode != 0:
+        res["audit_output"] = (audit.stdout + audit.stderr)[-2000:]
+    await delete_topics(cfg)
+    await lg.close()
+    return res
+
+
+# --------------------------------------------------------------------------- peers
+
+def peer_python() -> str:
+    """The Celery venv under bench/.peers (created on first use)."""
+    py = PEERS / "venv" / "bin" / "python"
+    if not (PEERS / "venv" / ".installed").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS / "venv")], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "celery[redis]>=5.4,<6", "psutil"],
+                       check=True)
+        (PEERS / "venv" / ".installed").touch()
+    if shutil.which("redis-server") is None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "redis-server"], check=False)
+        if shutil.which("redis-server") is None:
+            raise SystemExit("redis-server is needed for --compare celery: apt-get install redis-server")
+    return str(py)
+
+
+def celery_run(args: Any, run_dir: Path) -> dict[str, Any]:
+    out = subprocess.run([peer_python(), str(HERE / "peers" / "celery_burst.py"), "--n", str(args.n),
+                          "--run-dir", str(run_dir), "--workers", str(args.workers),
+                          "--concurrency", str(args.concurrency), "--margin", str(args.margin)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"celery run failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- report
+
+COLUMNS = [("first_start", "first s", "{:.3f}"), ("last_start", "last s", "{:.2f}"),
+           ("runs_per_s", "runs/s", "{:.0f}"), ("p50", "p50 s", "{:.2f}"),
+           ("p99", "p99 s", "{:.2f}"), ("max", "max s", "{:.2f}"),
+           ("enqueue_rate", "enq/s", "{:.0f}"), ("create_p50_ms", "create p50 ms", "{:.1f}"),
+           ("create_p99_ms", "create p99 ms", "{:.1f}")]
+
+
+def row(name: str, r: dict[str, Any]) -> str:
+    cells = [("-" if r.get(k) is None else fmt.format(r[k])) for k, _, fmt in COLUMNS]
+    cpu = r.get("cpu_burst", {})
+    checks = (f"lost {r.get('lost')} dup {r.get('duplicated')} early {r.get('early')}"
+              + (f" audit {'ok' if r.get('audit_ok') else 'FAILED'}" if "audit_ok" in r else ""))
+    return (f"{name:18} " + " ".join(f"{c:>9}" for c in cells)
+            + "  cpu " + ",".join(f"{k}={v:.1f}" for k, v in cpu.items()) + "  " + checks)
+
+
+def header() -> str:
+    return f"{'system':18} " + " ".join(f"{h:>9}" for _, h, _ in COLUMNS)
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: B.median([r.get(k) for r in results]) for k, _, _ in COLUMNS}
+    out["cpu_burst"] = {k: B.median([r["cpu_burst"].get(k) for r in results])
+                        for k in results[0].get("cpu_burst", {})}
+    for k in ("lost", "duplicated", "early"):
+        out[k] = max(r.get(k) or 0 for r in results)
+    if any("audit_ok" in r for r in results):
+        out["audit_ok"] = all(r.get("audit_ok") for r in results)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--log", choices=("sqlite", "kafka"), default="sqlite")
+    ap.add_argument("--n", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--window", type=int, default=200, help="pipelined creates in flight")
+    ap.add_argument("--awaited", type=int, default=200,
+                    help="creates sent one at a time first, for the reply latency")
+    ap.add_argument("--est-rate", type=float, default=None,
+                    help="enqueue rate guess that places T (default 1500 sqlite, 600 kafka)")
+    ap.add_argument("--margin", type=float, default=10.0, help="seconds from enqueue end to T")
+    ap.add_argument("--timeout", type=float, default=600.0, help="bound on the burst, seconds")
+    ap.add_argument("--compare", choices=("celery",), default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    ap.add_argument("--json", default=None, help="also write every result to this file")
+    args = ap.parse_args()
+    if args.est_rate is None:
+        args.est_rate = 1500.0 if args.log == "sqlite" else 600.0
+    base = HERE / "results" / f"burst-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    print(f"burst: n={args.n} log={args.log} {args.workers} workers x {args.concurrency} slots, "
+          f"{args.partitions} partitions, cpus={os.cpu_count()}", flush=True)
+    print(header(), flush=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for i in range(args.runs):
+        systems = [f"chronolog-{args.log}"] + (["celery"] if args.compare else [])
+        for system in systems:
+            run_dir = base / f"{system}-{i + 1}"
+            run_dir.mkdir(parents=True)
+            r = (asyncio.run(chronolog_run(args, run_dir)) if system.startswith("chronolog")
+                 else celery_run(args, run_dir))
+            if r.get("gap_after_enqueue", 0) < 2:
+                r["warning"] = f"T came {r.get('gap_after_enqueue', 0):.1f} s after the enqueue"
+            results.setdefault(system, []).append(r)
+            print(row(f"{system} #{i + 1}", r)
+                  + (f"  WARNING {r['warning']}" if "warning" in r else ""), flush=True)
+            if not args.keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"medians of {args.runs}:")
+    for system, rs in results.items():
+        print(row(system, medians(rs)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

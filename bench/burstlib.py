@@ -1,0 +1,107 @@
+"""The burst protocol shared by chronolog's and the peers' sides of ``bench/burst.py``.
+
+A job handler records its start with ``record(job_id, start)``: one fixed-width line
+``b"%08d %.6f %.6f\\n"`` (job id, start, end; 45 bytes) appended with one ``os.write`` to a
+file per process in ``$BENCH_RUN_DIR``, so counting executed jobs is summing file sizes.
+``analyse`` turns the files into first/last start, lateness percentiles and the
+lost/duplicated/early counts; ``cpu_seconds`` sums user+system CPU of process trees.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+import time
+from typing import Any
+
+import psutil
+
+REC_LEN = 45
+_fd: int | None = None
+
+
+def record(job_id: int, start: float) -> None:
+    global _fd
+    if _fd is None:
+        _fd = os.open(os.path.join(os.environ["BENCH_RUN_DIR"], f"starts.{os.getpid()}.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(_fd, b"%08d %.6f %.6f\n" % (job_id, start, time.time()))
+
+
+def count_records(run_dir: str) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(f"{run_dir}/starts.*.log")) // REC_LEN
+
+
+def pct(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    k = max(0, min(len(sorted_values) - 1, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
+def analyse(run_dir: str, n: int, instant: float) -> dict[str, Any]:
+    """Starts relative to ``instant`` (seconds); jobs are ``0..n-1``."""
+    starts: dict[int, float] = {}
+    total = 0
+    for path in glob.glob(f"{run_dir}/starts.*.log"):
+        with open(path, "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 3:
+                    continue
+                jid, start = int(parts[0]), float(parts[1])
+                total += 1
+                if jid not in starts or start < starts[jid]:
+                    starts[jid] = start
+    late = sorted(s - instant for s in starts.values())
+    outside = sum(1 for j in starts if not 0 <= j < n)
+    return {
+        "n": n, "records": total,
+        "lost": n - len(starts) + outside, "duplicated": total - len(starts),
+        "early": sum(1 for x in late if x < 0),
+        "first_start": late[0] if late else None, "last_start": late[-1] if late else None,
+        "p50": pct(late, 50), "p99": pct(late, 99), "max": late[-1] if late else None,
+        "runs_per_s": (len(late) / late[-1]) if late and late[-1] > 0 else None,
+    }
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """user+system CPU of the processes, their live children and the children they reaped."""
+    total, seen = 0.0, set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def wait_until(instant: float) -> None:
+    while (left := instant - time.time()) > 0:
+        time.sleep(min(left, 0.2))
+
+
+def wait_records(run_dir: str, n: int, deadline: float, interval: float = 0.02) -> int:
+    """Bounded wait until ``n`` records exist; returns the count seen last."""
+    count = count_records(run_dir)
+    while count < n and time.time() < deadline:
+        time.sleep(interval)
+        count = count_records(run_dir)
+    return count
+
+
+def median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
