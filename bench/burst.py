@@ -117,6 +117,20 @@ async def delete_topics(cfg: LogConfig) -> None:
 
 # --------------------------------------------------------------------------- one run
 
+def profile(args: Any, procs: list[subprocess.Popen[bytes]], run_dir: Path) -> list[Any]:
+    """``--profile DIR``: py-spy samples every chronolog process through the burst."""
+    if not args.profile:
+        return []
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    names = ["processor"] + [f"worker{i}" for i in range(len(procs) - 1)]
+    return [subprocess.Popen([spy, "record", "--pid", str(p.pid), "--format", "raw", "--rate", "200", *(["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []),
+                              "--output", str(out / f"{name}.txt"), "--nonblocking"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, p in zip(names, procs)]
+
+
 async def wait_processor(client: Client, deadline: float) -> None:
     """The processor owns and has restored every partition: a probe on each gets not_found."""
     for p in range(client.topics.partitions):
@@ -164,6 +178,7 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
     for i in range(args.workers):
         procs.append(spawn(["worker", *flags, "--jobs", "burst_jobs", "--worker-id", f"burst-w{i}",
                             "--concurrency", str(args.concurrency),
+                            *(["--prefetch", str(args.prefetch)] if args.prefetch is not None else []),
                             "--results", str(run_dir / "results")],
                            run_dir / f"worker{i}.log", env))
     kpid = broker_pid(cfg.target) if cfg.kind == "kafka" else None
@@ -219,8 +234,12 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
         )
         await asyncio.to_thread(B.wait_until, instant - 2)
         cpu2 = cpu()
+        spies = profile(args, procs, run_dir)
         await asyncio.to_thread(B.wait_records, str(run_dir), args.n, instant + args.timeout)
         cpu3 = cpu()
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            spy.wait(60)
         res.update(B.analyse(str(run_dir), args.n, instant))
         res["cpu_burst"] = {k: cpu3[k] - cpu2[k] for k in cpu2}
         # completion: every run's result is published (chronolog's own record of it)
@@ -314,6 +333,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="worker --prefetch (default: the worker's own default)")
     ap.add_argument("--window", type=int, default=200, help="pipelined creates in flight")
     ap.add_argument("--awaited", type=int, default=200,
                     help="creates sent one at a time first, for the reply latency")
@@ -323,6 +344,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="bound on the burst, seconds")
     ap.add_argument("--compare", choices=("celery",), default=None)
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="sample each chronolog process with py-spy during the burst "
+                         "(collapsed stacks in DIR; needs py-spy)")
     ap.add_argument("--json", default=None, help="also write every result to this file")
     args = ap.parse_args()
     if args.est_rate is None:

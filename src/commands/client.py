@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import datetime
-from typing import Any
+from typing import Any, Sequence
 
 import structlog
 
@@ -80,6 +80,16 @@ ERRORS: dict[str, type[CommandError]] = {
 }
 
 
+def _reply_of(env: m.CommandEnvelope, fut: "asyncio.Future[m.Reply]") -> m.Reply | None:
+    if not fut.done() or fut.cancelled():
+        return None
+    exc = fut.exception()
+    if exc is not None:  # a reply that does not decode: as if lost (re-sending is safe)
+        log.warning("reply_undecodable", command_id=env.command_id, error=repr(exc))
+        return None
+    return fut.result()
+
+
 def raise_for(reply: m.Reply) -> dict[str, Any]:
     """The body of an ok reply, or the typed error of any other."""
     if reply.status == "ok":
@@ -106,7 +116,7 @@ class Client:
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
         self._ready = asyncio.Event()
-        self._outbox: list[tuple[OutRecord, asyncio.Future[None]]] = []
+        self._outbox: list[tuple[list[OutRecord], asyncio.Future[None]]] = []
         self._appender: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -190,29 +200,69 @@ class Client:
         self, env: m.CommandEnvelope, timeout: float | None = None
     ) -> m.Reply:
         """Append the command and wait for its reply (``ReplyTimeout`` past the bound)."""
+        [reply] = await self.send_batch([env], timeout)
+        if reply is None:
+            raise ReplyTimeout(f"no reply to {env.type} {env.command_id}")
+        return reply
+
+    async def send_batch(
+        self, envs: Sequence[m.CommandEnvelope], timeout: float | None = None
+    ) -> list[m.Reply | None]:
+        """Append the commands in one append and wait, one bound for all, for their replies.
+
+        The replies in the order of ``envs``; None where none came within the bound (the
+        command may still be decided: re-send the same envelope, it is answered with the
+        original reply). An append that fails raises, and none of the commands is known sent.
+        """
+        futs = await self.submit(envs)
+        return await self.collect(envs, futs, timeout)
+
+    async def submit(self, envs: Sequence[m.CommandEnvelope]) -> list[asyncio.Future[m.Reply]]:
+        """Append the commands durably (one append); the futures of their replies."""
         if self._task is None:
             raise RuntimeError("Client.start() first")
         loop = asyncio.get_running_loop()
-        fut = self._waiters.get(env.command_id)
-        if fut is None or fut.done():
-            fut = self._waiters[env.command_id] = loop.create_future()
+        futs: list[asyncio.Future[m.Reply]] = []
+        for env in envs:
+            fut = self._waiters.get(env.command_id)
+            if fut is None or fut.done():
+                fut = self._waiters[env.command_id] = loop.create_future()
+            futs.append(fut)
         try:
-            await self._append(OutRecord(
+            await self._append([OutRecord(
                 topic=self.topics.commands,
                 key=partition_key(env.tenant, env.schedule_id).encode(),
                 value=codec.encode_command(env),
-            ))
-            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.reply_timeout)
-        except asyncio.TimeoutError as exc:
-            raise ReplyTimeout(f"no reply to {env.type} {env.command_id}") from exc
-        finally:
-            if fut.done():
-                self._waiters.pop(env.command_id, None)
+            ) for env in envs])
+        except BaseException:
+            self._forget(envs, futs)
+            raise
+        return futs
 
-    async def _append(self, rec: OutRecord) -> None:
-        """Append ``rec`` durably, together with whatever else is waiting (group append)."""
+    async def collect(
+        self, envs: Sequence[m.CommandEnvelope], futs: list[asyncio.Future[m.Reply]],
+        timeout: float | None = None,
+    ) -> list[m.Reply | None]:
+        """Wait (bounded) for the replies of submitted commands; None where none came."""
+        try:
+            pending = [f for f in futs if not f.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=self.reply_timeout if timeout is None
+                                   else timeout)
+            return [_reply_of(env, f) for env, f in zip(envs, futs)]
+        finally:
+            self._forget(envs, futs)
+
+    def _forget(self, envs: Sequence[m.CommandEnvelope],
+                futs: list[asyncio.Future[m.Reply]]) -> None:
+        for env, fut in zip(envs, futs):
+            if fut.done() and self._waiters.get(env.command_id) is fut:
+                del self._waiters[env.command_id]
+
+    async def _append(self, recs: list[OutRecord]) -> None:
+        """Append ``recs`` durably, together with whatever else is waiting (group append)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._outbox.append((rec, done))
+        self._outbox.append((recs, done))
         if self._appender is None or self._appender.done():
             self._appender = asyncio.create_task(self._append_loop(),
                                                  name=f"{self.client_id}-append")
@@ -222,7 +272,7 @@ class Client:
         while self._outbox:
             batch, self._outbox = self._outbox, []
             try:
-                await self.log.append([rec for rec, _ in batch])
+                await self.log.append([rec for recs, _ in batch for rec in recs])
             except BaseException as exc:  # noqa: BLE001 - every waiter of the batch sees it
                 for _, done in batch:
                     if not done.done():

@@ -55,9 +55,14 @@ Consumer groups
 Async
     Each log has two connections, each driven by its own single-thread executor: a writer
     (all transactions) and a reader (all queries), so polling readers never queue behind a
-    writer that waits for the database lock. ``read(timeout_ms=...)`` and ``getmany`` poll
-    ``PRAGMA data_version`` (a counter that moves when another connection commits) with a
-    short, backing-off interval and only re-run their queries when it moved.
+    writer that waits for the database lock. ``read(timeout_ms=...)`` and ``getmany`` check
+    ``PRAGMA data_version`` (a counter that moves when another connection commits) and only
+    re-run their queries when it moved. Between checks they wait on the log's doorbell
+    (``chronolog.log.doorbell``), which every writer rings after each commit, so a reader
+    wakes as soon as any process writes; ``poll_idle_s`` bounds the wait in case a ring is
+    lost. Without a doorbell (no abstract sockets) they poll with a short, backing-off
+    interval. The writer waits for the database write lock in its own short steps
+    (``_begin``), not in SQLite's busy handler, whose sleeps grow to 100 ms.
 
 Offsets are contiguous (0, 1, 2, ...): there are no transaction markers as in Kafka.
 """
@@ -79,6 +84,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from chronolog.log.partitioner import partition_for
+from chronolog.log.doorbell import Doorbell
 from chronolog.log.port import (
     Fenced,
     LogError,
@@ -200,6 +206,38 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in msg or "busy" in msg
 
 
+class _LogConnection(sqlite3.Connection):
+    """A connection that knows how long its writer may wait for the write lock."""
+
+    wait_s: float = 10.0
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE``, waiting for another process's write transaction in short steps.
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between tries, so under
+    contention a lock freed after one fsync is taken tens of milliseconds later; here the
+    writer connection has no busy timeout and retries every 0.1-1 ms up to ``wait_s``.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        return
+    except sqlite3.OperationalError as exc:
+        if not _is_busy(exc):
+            raise
+    deadline = time.monotonic() + getattr(conn, "wait_s", 10.0)
+    pause = 0.0001
+    while True:
+        time.sleep(pause)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() > deadline:
+                raise
+        pause = min(pause * 2, 0.001)
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         try:
@@ -223,8 +261,11 @@ def _range_assign(members: list[str], partitions: int) -> dict[str, range]:
 class _Conn:
     """One sqlite3 connection confined to one dedicated thread."""
 
-    def __init__(self, path: str, name: str, busy_timeout_ms: int, synchronous: str) -> None:
+    def __init__(self, path: str, name: str, busy_timeout_ms: int, synchronous: str,
+                 writer: bool = False, after_write: Callable[[], None] | None = None) -> None:
         self._path = path
+        self._writer = writer
+        self._after_write = after_write
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -235,8 +276,12 @@ class _Conn:
             self._path,
             isolation_level=None,  # autocommit; transactions are explicit BEGIN/COMMIT
             timeout=self._busy_timeout_ms / 1000,
+            factory=_LogConnection,
         )
-        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+        conn.wait_s = self._busy_timeout_ms / 1000
+        # the writer waits for the write lock in _begin, in steps far shorter than SQLite's
+        busy_ms = 0 if self._writer else int(self._busy_timeout_ms)
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         self._conn = conn
 
@@ -250,7 +295,10 @@ class _Conn:
             self._open()
         assert self._conn is not None
         try:
-            return fn(self._conn, *args)
+            result = fn(self._conn, *args)
+            if self._after_write is not None:
+                self._after_write()
+            return result
         except sqlite3.OperationalError as exc:
             _rollback(self._conn)
             if _is_busy(exc):
@@ -281,10 +329,15 @@ class _Conn:
 def _setup(conn: sqlite3.Connection) -> None:
     # a no-op once the file exists (its page size is fixed by then; see "Page size")
     conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    # switching a new file to WAL may meet another process doing the same: SQLite's wait
+    conn.execute(f"PRAGMA busy_timeout = {int(getattr(conn, 'wait_s', 10.0) * 1000)}")
+    try:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
     if str(mode).lower() != "wal":
         raise LogError(f"could not switch the sqlite log to WAL (journal_mode={mode})")
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -373,7 +426,7 @@ def _append_in_tx(
 def _append(
     conn: sqlite3.Connection, cache: dict[str, int], records: Sequence[OutRecord]
 ) -> list[Position]:
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     positions = _append_in_tx(conn, cache, records)
     conn.execute("COMMIT")
     return positions
@@ -388,7 +441,7 @@ def _owner_commit(
     consumed: list[tuple[str, str, int, int]],
     then: ThenCallback | None = None,
 ) -> list[Position]:
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     fenced = _fenced(conn, name, epoch)
     if fenced is not None:
         conn.execute("ROLLBACK")
@@ -446,7 +499,7 @@ def _owners_commit(
     """
     results: list[list[Position] | Exception] = []
     failed: dict[str, Exception] = {}  # owner name -> why its earlier part failed
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     try:
         for name, epoch, records, consumed, then in items:
             earlier = failed.get(name)
@@ -480,7 +533,7 @@ def _owners_commit(
 
 
 def _acquire(conn: sqlite3.Connection, name: str, owner_id: str) -> int:
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     row = conn.execute(
         "INSERT INTO owners (name, epoch, owner_id, acquired_ms) VALUES (?, 1, ?, ?) "
         "ON CONFLICT (name) DO UPDATE SET epoch = epoch + 1, owner_id = excluded.owner_id, "
@@ -492,7 +545,7 @@ def _acquire(conn: sqlite3.Connection, name: str, owner_id: str) -> int:
 
 
 def _ensure_topics(conn: sqlite3.Connection, wanted: list[tuple[str, int]]) -> dict[str, int]:
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     conn.executemany(
         "INSERT INTO topics (topic, partitions) VALUES (?, ?) ON CONFLICT (topic) DO NOTHING",
         wanted,
@@ -506,7 +559,7 @@ def _ensure_topics(conn: sqlite3.Connection, wanted: list[tuple[str, int]]) -> d
 
 
 def _upsert_offsets(conn: sqlite3.Connection, rows: list[tuple[str, str, int, int]]) -> None:
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     conn.executemany(_UPSERT_OFFSET, rows)
     conn.execute("COMMIT")
 
@@ -711,7 +764,7 @@ class SqliteGroupConsumer:
     def _upsert_member(
         conn: sqlite3.Connection, group: str, member_id: str, topics: str, until: float
     ) -> None:
-        conn.execute("BEGIN IMMEDIATE")
+        _begin(conn)
         conn.execute(
             "INSERT INTO members (grp, member_id, topics, heartbeat_until) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (grp, member_id) DO UPDATE SET topics = excluded.topics, "
@@ -835,6 +888,7 @@ class SqliteGroupConsumer:
                 positions = positions[k:] + positions[:k]
                 self._rotation += 1
             force, self._dirty = self._dirty, False
+            rung = self._log._bell.rings
             version, members, records = await self._log._r.run(
                 self._poll, positions, max_records, self._last_version, force
             )
@@ -859,8 +913,7 @@ class SqliteGroupConsumer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, self._log.poll_max_s)
+            delay = await self._log._wait_for_writes(rung, delay, remaining)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         tp = (topic, partition)
@@ -893,7 +946,7 @@ class SqliteGroupConsumer:
         if self._started:
 
             def _leave(conn: sqlite3.Connection) -> None:
-                conn.execute("BEGIN IMMEDIATE")
+                _begin(conn)
                 conn.execute(
                     "DELETE FROM members WHERE grp = ? AND member_id = ?",
                     (self.group, self.member_id),
@@ -923,6 +976,7 @@ class SqliteEventLog:
         heartbeat_interval_s: float = 0.5,
         poll_min_s: float = 0.002,
         poll_max_s: float = 0.02,
+        poll_idle_s: float = 0.1,
     ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"bad synchronous mode {synchronous!r}")
@@ -933,8 +987,11 @@ class SqliteEventLog:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.poll_min_s = poll_min_s
         self.poll_max_s = poll_max_s
+        self.poll_idle_s = poll_idle_s
         self._busy_timeout_ms = busy_timeout_ms
-        self._w = _Conn(str(self.path), "sqlite-log-w", busy_timeout_ms, self.synchronous)
+        self._bell = Doorbell(self.path)
+        self._w = _Conn(str(self.path), "sqlite-log-w", busy_timeout_ms, self.synchronous,
+                        writer=True, after_write=self._bell.ring)
         self._r = _Conn(str(self.path), "sqlite-log-r", busy_timeout_ms, self.synchronous)
         self._partitions: dict[str, int] = {}  # topic -> partition count (never changes)
         self._consumers: set[SqliteGroupConsumer] = set()
@@ -967,6 +1024,7 @@ class SqliteEventLog:
                 lambda c: c.execute("SELECT topic, partitions FROM topics").fetchall()
             )
             self._partitions.update({str(t): int(n) for t, n in rows})
+            self._bell.open()
             self._started = True
 
     async def _ready(self) -> None:
@@ -981,6 +1039,7 @@ class SqliteEventLog:
         self._closed = True
         await self._w.close()
         await self._r.close()
+        self._bell.close()
 
     # -- topics -----------------------------------------------------------------------
 
@@ -1028,6 +1087,7 @@ class SqliteEventLog:
         delay = self.poll_min_s
         last: int | None = None
         while True:
+            rung = self._bell.rings
             last, records = await self._r.run(
                 _poll_partition, topic, partition, offset, max_records, last
             )
@@ -1036,8 +1096,17 @@ class SqliteEventLog:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, self.poll_max_s)
+            delay = await self._wait_for_writes(rung, delay, remaining)
+
+    async def _wait_for_writes(self, rung: int, delay: float, remaining: float) -> float:
+        """Wait before querying again: until a write rings the doorbell (``rung`` = rings
+        counted before the last query), at most ``poll_idle_s``; without a doorbell, the
+        backing-off poll interval. Returns the next poll interval."""
+        if self._bell.active:
+            await self._bell.wait(rung, min(self.poll_idle_s, remaining))
+            return delay
+        await asyncio.sleep(min(delay, remaining))
+        return min(delay * 2, self.poll_max_s)
 
     async def end_offset(self, topic: str, partition: int) -> int:
         await self.partitions_for(topic)

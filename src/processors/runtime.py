@@ -72,6 +72,8 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import event_id_for, partition_key
 from chronolog.log.reading import read_partition
 from chronolog.log.port import EventLog, Fenced, OutRecord, PartitionOwner, Position, Record
+from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.processors.dispatch import Dispatcher
 
 log = structlog.get_logger("chronolog.processor")
 
@@ -102,7 +104,9 @@ class SnapshotStore(Protocol):
 class ProcessorConfig:
     batch_max: int = 500
     poll_ms: int = 50
-    ticks_per_batch: int = 2000
+    # due timers decided per iteration, shared by the owned partitions: a burst of instants
+    # goes out in several smaller transactions, so its first runs start a few ms after T
+    ticks_per_step: int = 600
     reply_cache_size: int = 10_000
     reply_retention_s: float = 3600.0
     restore_chunk: int = 2000
@@ -153,6 +157,7 @@ class PartitionState:
         # records that arrived meanwhile, decided by the chain when that transaction ends
         self.chain: asyncio.Task[None] | None = None
         self.held: list[Record] = []
+        self.dispatch = Dispatcher()  # workers' seats and the READY runs waiting for one
 
     def running(self) -> asyncio.Task[None] | None:
         """This partition's commit chain while it runs (None when idle)."""
@@ -208,7 +213,6 @@ class Processor:
         self.stats = ProcessorStats()
         self._stopping = asyncio.Event()
         self._consumer: Any = None
-        self._ready_classes: set[str] = set()
         self._inflight: asyncio.Task[None] | None = None  # the writer loop (commit_many)
         self._queued: list[_Work] = []  # decided, waiting for the writer loop
         self._rebuild: list[int] = []  # partitions to take over again (commit failed)
@@ -432,6 +436,11 @@ class Processor:
         ps.events_offset = offset
         for key, st in ps.states.items():
             ps.arm(key, st)
+            for run in (st.runs or {}).values():
+                if run.state == "READY":
+                    ps.dispatch.wait(run.resource_class, key, run.run_id, run.attempt)
+                elif run.state == "LEASED" and run.worker_id:
+                    ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
             if st.exists:
                 ps.active_by_tenant[st.tenant] = ps.active_by_tenant.get(st.tenant, 0) + 1
         await self._restore_replies(ps)
@@ -460,7 +469,8 @@ class Processor:
             self._handle(ps, rec, now, out)
         if batch:
             consumed[(self.topics.commands, ps.partition)] = batch[-1].offset + 1
-        for key in ps.due_keys(now, self.config.ticks_per_batch):
+        budget = max(16, self.config.ticks_per_step // max(1, len(self.partitions)))
+        for key in ps.due_keys(now, budget):
             st = ps.states.get(key)
             if st is None:
                 continue
@@ -468,6 +478,7 @@ class Processor:
             dec = decide(st, _tick_envelope(st, cid, now), now, TenantContext())
             self._apply(ps, key, st, dec, cid, now, out, reply_to=None)
             self.stats.ticks += 1
+        self._dispatch(ps, now, out)
         if out.empty and not consumed:
             return None, consumed
         return out, consumed
@@ -552,6 +563,12 @@ class Processor:
         return True
 
     def _handle(self, ps: PartitionState, rec: Record, now: datetime, out: "_Output") -> None:
+        if rec.headers and is_offer(rec.headers):
+            try:
+                ps.dispatch.offer(Offer.decode(rec.value), time.monotonic())
+            except BadOffer as exc:
+                self._dead_letter(ps, rec, str(exc), out)
+            return
         try:
             env = codec.decode_command(rec.value)
         except codec.DecodeError as exc:
@@ -596,7 +613,11 @@ class Processor:
         now: datetime,
         out: "_Output",
         reply_to: str | None,
+        internal: bool = False,
     ) -> None:
+        """Evolve and record a decision's events (and its reply unless the command is the
+        processor's own: a timer or an assignment)."""
+        internal = internal or command_id.startswith("tick:")
         existed = st.exists
         first_index = len(out.events)
         for i, ev in enumerate(dec.events):
@@ -604,33 +625,63 @@ class Processor:
             out.event(event_id_for(command_id, i), key, st.tenant, st.schedule_id, now,
                       command_id, ev)
             if ev.type in READY_EVENT_TYPES:
-                self._hint(st, ev, out)
+                self._ready(ps, key, st, ev)
+        for ev in dec.events:
+            run_id = getattr(ev, "run_id", None)
+            if run_id is not None and run_id in ps.dispatch.assigned:
+                ps.dispatch.settle(run_id, st.run(run_id))
         if st.exists != existed:
             delta = 1 if st.exists else -1
             ps.active_by_tenant[st.tenant] = ps.active_by_tenant.get(st.tenant, 0) + delta
         ps.arm(key, st)
-        if not command_id.startswith("tick:"):
+        if not internal:
             body = dec.body if not dec.field else {**dec.body, "field": dec.field}
             out.reply_new(command_id, dec.status, dec.reason, codec.encode_body(body),
                           st.tenant, st.schedule_id, first_index, len(out.events))
             ps.pending[command_id] = out
 
-    def _hint(self, st: ScheduleState, ev: Any, out: "_Output") -> None:
+    def _ready(self, ps: PartitionState, key: str, st: ScheduleState, ev: Any) -> None:
+        """A run became READY: it waits for a worker's seat (``_dispatch``)."""
         if isinstance(ev, m.OccurrenceMaterialized) and ev.state != "READY":
             return
         run = st.run(ev.run_id)
-        if run is None or run.state != "READY":
-            return
-        hint = {
-            "run_id": run.run_id, "tenant": st.tenant, "schedule_id": st.schedule_id,
-            "attempt": run.attempt, "job_type": run.job.type, "scheduled_at": run.scheduled_at,
-            "due_at": run.due_at, "priority": run.priority, "resource_class": run.resource_class,
-        }
-        self._ready_classes.add(run.resource_class)
-        out.hints.append(OutRecord(
-            topic=self.topics.ready(run.resource_class), key=run.run_id.encode(),
-            value=codec.dumps_kept(hint, orjson.OPT_UTC_Z),
-        ))
+        if run is not None and run.state == "READY":
+            ps.dispatch.wait(run.resource_class, key, run.run_id, run.attempt)
+
+    def _dispatch(self, ps: PartitionState, now: datetime, out: "_Output") -> None:
+        """Assign waiting READY runs to seats with credit: the decider's ClaimRun on the
+        worker's behalf, and an assignment record on partition p of ``ready.<class>``."""
+        d = ps.dispatch
+        mono = time.monotonic()
+        for cls, queue in d.waiting.items():
+            kept: list[tuple[str, str, int]] = []
+            while queue and any(s.credit > 0 for s in d.seats.get(cls, {}).values()):
+                key, run_id, attempt = queue.popleft()
+                st = ps.states.get(key)
+                run = st.run(run_id) if st is not None else None
+                if st is None or run is None or run.state != "READY" or run.attempt != attempt:
+                    continue  # cancelled, skipped or assigned meanwhile
+                seat = d.seat_for(cls, run.job.type, mono)
+                if seat is None:
+                    kept.append((key, run_id, attempt))  # no live seat takes its job type
+                    continue
+                cid = f"assign:{ps.partition}:{run_id}:{attempt}"
+                dec = decide(st, _assign_envelope(st, cid, now, run_id, attempt, seat.worker_id),
+                             now, TenantContext())
+                self._apply(ps, key, st, dec, cid, now, out, reply_to=None, internal=True)
+                if dec.status != "ok":
+                    continue
+                d.assign(cls, seat, run_id, int(dec.body["fence"]))
+                out.assignments.append(OutRecord(
+                    topic=self.topics.ready(cls), key=run_id.encode(),
+                    value=codec.dumps_kept({"assignee": seat.worker_id, "tenant": st.tenant,
+                                            "schedule_id": st.schedule_id, **dec.body},
+                                           orjson.OPT_UTC_Z),
+                    partition=ps.partition,
+                ))
+            if kept:
+                queue.extendleft(reversed(kept))
+        d.prune(mono)
 
     def _dead_letter(
         self, ps: PartitionState, rec: Record, reason: str, out: "_Output",
@@ -680,10 +731,10 @@ class _Output:
         self.partition = partition
         self.writer = writer  # headers naming the processor and its epoch (audit trail)
         self.records: list[OutRecord] = []
-        # ready hints: written after the events, with the replies (``then``), so that the
+        # assignment records: written after the events, with the replies (``then``), so that the
         # first records are this partition's events only — a Kafka owner can then predict
         # their positions and send everything in one round trip (chronolog.log.kafka)
-        self.hints: list[OutRecord] = []
+        self.assignments: list[OutRecord] = []
         # (event_id, key, tenant, schedule_id, at, causation_id, payload) of each event;
         # envelope models are only built for on_commit hooks (``envelopes``)
         self.events: list[tuple[str, str, str, str, datetime, str, Any]] = []
@@ -698,7 +749,7 @@ class _Output:
 
     @property
     def empty(self) -> bool:
-        return not self.records and not self.replies and not self.hints
+        return not self.records and not self.replies and not self.assignments
 
     def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
               causation_id: str, payload: Any) -> None:
@@ -732,9 +783,9 @@ class _Output:
         self.replies.append((_FROM, command_id, earlier))
 
     def then(self, positions: list[Position]) -> list[OutRecord]:
-        """The ready hints, then the replies with the positions of their events (called
+        """The assignment records, then the replies with the positions of their events (called
         inside the transaction; again if a prediction of the positions was wrong)."""
-        out = list(self.hints)
+        out = list(self.assignments)
         final: dict[str, bytes] = {}
         topic, partition = self.topics.replies, self.partition
         for kind, cid, data in self.replies:
@@ -762,6 +813,16 @@ def _tick_envelope(st: ScheduleState, command_id: str, now: datetime) -> m.Comma
     return m.CommandEnvelope.model_construct(
         command_id=command_id, type="Tick", tenant=st.tenant, principal="processor",
         schedule_id=st.schedule_id, issued_at=now, reply_to=None, payload=m.Tick(),
+    )
+
+
+def _assign_envelope(st: ScheduleState, command_id: str, now: datetime, run_id: str,
+                     attempt: int, worker_id: str) -> m.CommandEnvelope:
+    return m.CommandEnvelope.model_construct(
+        command_id=command_id, type="ClaimRun", tenant=st.tenant, principal="processor",
+        schedule_id=st.schedule_id, issued_at=now, reply_to=None,
+        payload=m.ClaimRun.model_construct(type="ClaimRun", run_id=run_id, attempt=attempt,
+                                           worker_id=worker_id),
     )
 
 

@@ -30,6 +30,8 @@ def register(sub: Any) -> None:
     p.add_argument("--classes", default="default",
                    help="comma-separated resource classes to serve (default: default)")
     p.add_argument("--concurrency", type=int, default=4, help="slots per resource class")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="claimed runs that may wait for a slot, per class (default: concurrency)")
     p.add_argument("--worker-id", default=None, help="worker identity (default host-pid-rand)")
     p.add_argument("--builtin-jobs", action="store_true",
                    help="register the built-in jobs noop, echo, sleep, fail")
@@ -93,12 +95,14 @@ def _run_worker(args: Any) -> int:
         raise UsageError("--classes: at least one resource class is required")
     if args.concurrency < 1:
         raise UsageError(f"--concurrency: must be at least 1, got {args.concurrency}")
+    if args.prefetch is not None and args.prefetch < 0:
+        raise UsageError(f"--prefetch: must not be negative, got {args.prefetch}")
     log_ = log_from_args(args)
     worker = Worker(log_, worker_id=args.worker_id, resource_classes=classes,
                     concurrency=args.concurrency,
                     result_store=FilesystemResultStore(results_dir(args)),
                     group=args.group, drain_timeout=args.drain_timeout,
-                    reply_timeout=args.reply_timeout)
+                    reply_timeout=args.reply_timeout, prefetch=args.prefetch)
     if args.builtin_jobs:
         worker.builtin_jobs()
     for spec in args.jobs:

@@ -1,35 +1,41 @@
-"""The worker runtime: ready hints -> claim -> handler (with heartbeats) -> result.
+"""The worker runtime: offers -> assignments -> handler (with heartbeats) -> result.
 
 A ``Worker`` registers handlers by job type and, for each resource class it serves, joins the
-consumer group ``<prefix>workers`` on ``ready.<class>``. Per hint:
+consumer group ``<prefix>workers`` on ``ready.<class>``. The processors dispatch runs to it
+(``chronolog.processors.dispatch``); no slot ever waits for a command's round trip:
 
-1. send ClaimRun (one command ID, re-sent on a lost reply — the processor answers a duplicate
-   with the original reply);
-2. acknowledge the hint (commit its offset) once the claim is *decided*: won, or refused
-   (``conflict``: the run is leased or terminal — duplicate hints are normal; ``not_found``).
-   A refused claim never runs the handler. Offsets are committed as a contiguous prefix, so
-   an undecided hint is never skipped over;
-3. only after an ok claim (the AttemptClaimed reply with its fence) start the handler, with a
-   ``JobContext``; heartbeat every ``lease/3``. A ``stale_fence``/``not_found`` heartbeat
-   reply means the lease is lost: the handler is cancelled cooperatively and its result is
-   discarded (nothing is sent). ``cancel_requested`` in a heartbeat body cancels it too; the
-   worker then reports the attempt failed so the processor can settle the cancellation;
-4. on return: JSON-encode (orjson), SHA-256 the bytes; at most 8 KiB travels inline, larger
-   results are staged in the ``ResultStore`` first; send CompleteRun with fence and checksum.
-   A lost reply is re-sent with the SAME command ID, a bounded number of times.
-   An exception is a transient failure unless it is ``Permanent`` or ``Ambiguous``; a
-   per-job timeout (JobSpec ``timeout``) is transient.
+1. **offer**: for every partition p of ``ready.<class>`` it consumes, the worker offers
+   itself to the processor of partition p (an offer record on ``commands``): its job types
+   and a *window* — twice its slots and prefetch, spread over the partitions it consumes.
+   Offers are renewed every ``offer_interval`` seconds and withdrawn when a partition is
+   revoked or the worker stops;
+2. **assignment**: the processor claims a READY run on the worker's behalf (fence, lease)
+   and writes an assignment record to partition p of ``ready.<class>``. The worker admits
+   the records addressed to it — a record for another worker (left over from a rebalance) or
+   for an attempt it already has or recently finished is skipped — and commits the offsets;
+3. **run**: an assigned attempt starts at once if a slot is free, else waits for one in
+   arrival order. From the assignment on, one heartbeat loop beats for every attempt every
+   ``lease/3`` (batched). A ``stale_fence``/``not_found`` reply means the lease is lost: the
+   handler is cancelled cooperatively and its result is discarded (nothing is sent).
+   ``cancel_requested`` in a heartbeat body cancels it too; the worker then reports the
+   attempt failed so the processor can settle the cancellation;
+4. **report**: on return, JSON-encode (orjson) and SHA-256 the bytes; at most 8 KiB travels
+   inline, larger results are staged in the ``ResultStore`` first. The slot is free as soon
+   as the handler returns: CompleteRun (or FailRun) is queued, outcomes queued together go
+   out in one append, and each is re-sent with the SAME command ID after a lost reply, a
+   bounded number of times. Heartbeats go on until the outcome is decided. If the worker
+   dies before that, the lease expires and the run is retried: a result is never lost, a
+   handler may run again (at least once). An exception is a transient failure unless it is
+   ``Permanent`` or ``Ambiguous``; a per-job timeout (JobSpec ``timeout``) is transient.
 
-Concurrency: ``concurrency`` slots per resource class; the class's consumer stops pulling
-hints while its slots are full (it asks for at most as many hints as it has free slots).
-
-Graceful drain (``stop()``, SIGTERM in the CLI): stop claiming; hints whose claim is in
-flight are decided and acknowledged; running handlers may finish for up to ``drain_timeout``
-seconds; the rest are cancelled and reported as transient failures ("worker shutting
-down"), so their runs are retried elsewhere without waiting for lease expiry.
+Graceful drain (``stop()``, SIGTERM in the CLI): withdraw the offers; assigned runs still
+waiting for a slot are handed back at once (reported as transient failures, "worker shutting
+down"); running handlers may finish for up to ``drain_timeout`` seconds; the rest are
+cancelled and reported the same way, so their runs are retried elsewhere without waiting for
+lease expiry; outcomes already queued are decided (bounded) before the worker leaves.
 
 Fault injection for tests: ``CHRONOLOG_WORKER_FAILPOINT=before_complete:stop`` makes the
-worker SIGSTOP itself after staging a result and before sending CompleteRun (the seeds'
+worker SIGSTOP itself after staging a result and before sending CompleteRun (the
 "paused stale worker" and "crash before the completion commit" windows).
 """
 
@@ -46,21 +52,26 @@ import signal
 import socket
 import threading
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import orjson
 import structlog
 
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
-from chronolog.log.port import EventLog, Record
+from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.workers.results import INLINE_LIMIT, ResultStore, sha256_hex
 
 log = structlog.get_logger("chronolog.worker")
 
 WORKER_GROUP_SUFFIX = "workers"
+WINDOW_S = 0.25  # an offer's window covers about this much work at the current rate
+MAX_WINDOW = 1000  # runs one partition may assign to one worker at once
+FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment is not re-run
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 
 Handler = Callable[["JobContext"], Any]
@@ -98,6 +109,7 @@ class JobContext:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: str | None = None
     _flag: threading.Event = field(default_factory=threading.Event, repr=False)
+    _waker: "asyncio.Future[None] | None" = field(default=None, repr=False)
 
     def check_cancelled(self) -> None:
         """Raise ``Cancelled`` if the attempt was cancelled (safe from a handler thread)."""
@@ -127,6 +139,8 @@ class JobContext:
         self.cancel_reason = reason
         self._flag.set()
         self.cancelled.set()
+        if self._waker is not None and not self._waker.done():
+            self._waker.set_result(None)
 
 
 @dataclass
@@ -139,105 +153,56 @@ class _Job:
 
 @dataclass
 class WorkerStats:
-    hints: int = 0
-    claims_won: int = 0
-    claims_refused: int = 0
+    assignments: int = 0  # assignment records addressed to this worker, admitted
+    foreign: int = 0  # records for another worker, or an attempt already known here
+    offers: int = 0
     invocations: int = 0
     completed: int = 0
     failed: int = 0
     discarded: int = 0  # results thrown away: the lease was lost or the completion refused
-    bad_hints: int = 0
+    bad_records: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Attempt:
     ctx: JobContext
+    lane: "_Lane"
     lost: bool = False  # stale fence / not found: never send anything for it again
     cancel_requested: bool = False
     drained: bool = False  # cancelled by shutdown
     timed_out: bool = False
-    task: asyncio.Future[Any] | None = None
+    task: asyncio.Task[Any] | None = None  # the attempt's run (handler and outcome)
+    beat_every: float = 10.0
+    next_beat: float = 0.0
 
 
-class _Slots:
-    """A counting semaphore whose free count the pulling loop can read."""
+@dataclass(eq=False)
+class _Report:
+    """An outcome command (CompleteRun or FailRun) of an attempt, until it is decided."""
 
-    def __init__(self, n: int) -> None:
-        self.free = n
-        self._changed = asyncio.Event()
-
-    def take(self) -> None:
-        assert self.free > 0
-        self.free -= 1
-
-    def give(self) -> None:
-        self.free += 1
-        self._changed.set()
-
-    async def wait_free(self, timeout: float) -> None:
-        if self.free > 0:
-            return
-        self._changed.clear()
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+    att: _Attempt
+    env: m.CommandEnvelope
+    tries: int = 0
 
 
-class _Decided(asyncio.Event):
-    """Set once a hint's claim is decided (or abandoned); leaves its tracking set then."""
+class _Lane:
+    """One resource class: its slots, and the assigned runs waiting for one."""
 
-    def __init__(self, pending: set["_Decided"]) -> None:
-        super().__init__()
-        self._pending = pending
-        pending.add(self)
+    def __init__(self, cls: str, slots: int) -> None:
+        self.cls = cls
+        self.slots = slots
+        self.running = 0
+        self.queue: deque[_Attempt] = deque()
+        self.owned: set[int] = set()  # partitions of ready.<cls> this worker consumes
+        self.finished: deque[float] = deque(maxlen=100_000)  # loop times handlers returned
+        self.offered = 0  # the window last offered
+        self.reoffer: asyncio.Task[None] | None = None
 
-    def set(self) -> None:
-        super().set()
-        self._pending.discard(self)
-
-    def on_done(self, _task: Any) -> None:
-        self.set()
-
-    __hash__ = object.__hash__
-
-
-class _Acks:
-    """Commits hint offsets as a contiguous prefix of decided hints, per partition."""
-
-    def __init__(self) -> None:
-        self.pending: dict[tuple[str, int], dict[int, bool]] = {}
-        self.committed: dict[tuple[str, int], int] = {}
-        self.lock = asyncio.Lock()
-
-    def add(self, rec: Record) -> None:
-        self.pending.setdefault((rec.topic, rec.partition), {})[rec.offset] = False
-
-    def decide(self, rec: Record) -> tuple[tuple[str, int], int] | None:
-        tp = (rec.topic, rec.partition)
-        offsets = self.pending.get(tp)
-        if offsets is None or rec.offset not in offsets:
-            return None  # revoked meanwhile
-        offsets[rec.offset] = True
-        nxt: int | None = None
-        for off in sorted(offsets):
-            if not offsets[off]:
-                break
-            del offsets[off]
-            nxt = off + 1
-        if nxt is None or nxt <= self.committed.get(tp, -1):
-            return None
-        self.committed[tp] = nxt
-        return tp, nxt
-
-    def revoke(self, tps: set[tuple[str, int]]) -> None:
-        for tp in tps:
-            self.pending.pop(tp, None)
-            self.committed.pop(tp, None)
-
-    @property
-    def undecided(self) -> int:
-        return sum(1 for offs in self.pending.values() for done in offs.values() if not done)
+    def rate(self, now: float, span: float = 1.0) -> float:
+        """Handlers finished per second over the last ``span`` seconds."""
+        while self.finished and self.finished[0] < now - span:
+            self.finished.popleft()
+        return len(self.finished) / span
 
 
 class Worker:
@@ -258,9 +223,13 @@ class Worker:
         send_attempts: int = 5,
         drain_timeout: float = 30.0,
         cancel_grace: float = 5.0,
+        prefetch: int | None = None,
+        offer_interval: float = 1.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch is not None and prefetch < 0:
+            raise ValueError("prefetch must not be negative")
         if not resource_classes:
             raise ValueError("at least one resource class is required")
         self.log = log_
@@ -268,6 +237,8 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.resource_classes = tuple(dict.fromkeys(resource_classes))
         self.concurrency = concurrency
+        self.prefetch = concurrency if prefetch is None else prefetch
+        self.offer_interval = offer_interval
         self._store = result_store
         self._own_client = client is None
         self.client = client or Client(log_, reply_timeout=reply_timeout,
@@ -283,7 +254,15 @@ class Worker:
         self._stopping = asyncio.Event()
         self._forced = False
         self._attempts: dict[tuple[str, int], _Attempt] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._finished: dict[tuple[str, int], None] = {}  # recently finished, oldest first
+        self._lanes: dict[str, _Lane] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # attempts' runs
+        self._outgoing: list[_Report] = []
+        self._unsettled: set[_Report] = set()
+        self._reporter: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._beat_wake = asyncio.Event()
+        self._beat_at = float("inf")
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = asyncio.Event()
         self._log = log.bind(worker_id=self.worker_id)
@@ -343,14 +322,17 @@ class Worker:
             max_workers=self.concurrency * len(self.resource_classes),
             thread_name_prefix="chronolog-job",
         )
+        beats: asyncio.Task[None] | None = None
         try:
             await self.log.ensure_topics(ready_classes=self.resource_classes)
             if self._own_client:
                 await self.client.start()
+            beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
             pullers = [asyncio.create_task(self._pull(c), name=f"pull-{c}")
                        for c in self.resource_classes]
             self._log.info("worker_started", classes=list(self.resource_classes),
-                           concurrency=self.concurrency, jobs=self.job_types, group=self.group)
+                           concurrency=self.concurrency, prefetch=self.prefetch,
+                           jobs=self.job_types, group=self.group)
             self._started.set()
             stop_wait = asyncio.create_task(self._stopping.wait())
             done, _ = await asyncio.wait([stop_wait, *pullers],
@@ -363,12 +345,21 @@ class Worker:
             stop_wait.cancel()
             await self._drain()
         finally:
+            if beats is not None:
+                beats.cancel()
+            for t in list(self._background):
+                t.cancel()
             if self._own_client:
                 await self.client.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._log.info("worker_stopped", **self.stats.__dict__)
 
     async def _drain(self) -> None:
+        for lane in self._lanes.values():  # claimed, never started: hand them back now
+            while lane.queue:
+                att = lane.queue.popleft()
+                att.drained = True
+                self._report_failure(att, "transient", "worker shutting down")
         running = [t for t in self._tasks if not t.done()]
         if running:
             self._log.info("worker_draining", running=len(running), bound_s=self.drain_timeout)
@@ -377,121 +368,123 @@ class Worker:
                 for att in list(self._attempts.values()):
                     att.drained = True
                     att.ctx._cancel("worker shutting down")
-                _, pending = await asyncio.wait(pending, timeout=self.cancel_grace + self.reply_timeout
-                                                * self.send_attempts)
+                _, pending = await asyncio.wait(pending, timeout=self.cancel_grace)
                 for t in pending:
                     t.cancel()
+        # every outcome already reported is decided (bounded) before the worker leaves
+        deadline = asyncio.get_running_loop().time() + self.reply_timeout * self.send_attempts
+        while (self._outgoing or self._unsettled) and asyncio.get_running_loop().time() < deadline:
+            waits = [t for t in (self._reporter, *self._background) if t is not None and not t.done()]
+            if not waits:
+                break
+            await asyncio.wait(waits, timeout=deadline - asyncio.get_running_loop().time(),
+                               return_when=asyncio.FIRST_COMPLETED)
 
-    # ------------------------------------------------------------------ hints
+    def _spawn(self, coro: Any, name: str | None = None) -> asyncio.Task[Any]:
+        t = asyncio.create_task(coro, name=name)
+        self._background.add(t)
+        t.add_done_callback(self._background.discard)
+        return t
+
+    # ------------------------------------------------------------------ offers and assignments
+
+    def window(self, lane: _Lane) -> int:
+        """Runs one partition may assign at once: enough to keep the slots busy for
+        ``WINDOW_S`` at the rate handlers are finishing (at least twice the slots and
+        prefetch), spread over the partitions this worker consumes; at least 2."""
+        total = max(2 * (self.concurrency + self.prefetch),
+                    int(lane.rate(asyncio.get_running_loop().time()) * WINDOW_S))
+        return min(MAX_WINDOW, max(2, -(-total // max(1, len(lane.owned)))))
+
+    def _grown(self, lane: _Lane) -> None:
+        """After a handler returned: offer again at once when the window should double."""
+        lane.finished.append(asyncio.get_running_loop().time())
+        if lane.reoffer is None or lane.reoffer.done():
+            if self.window(lane) >= 2 * lane.offered and lane.owned:
+                lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
+
+    async def _offer(self, lane: _Lane, partitions: Iterable[int], withdraw: bool = False) -> None:
+        """Offer this worker to the processors of ``partitions`` (window 0 withdraws)."""
+        window = 0 if withdraw else self.window(lane)
+        if not withdraw:
+            lane.offered = window
+        offer = Offer(self.worker_id, lane.cls, window, frozenset(self._jobs))
+        value = offer.encode()
+        recs = [OutRecord(self.topics.commands, None, value, partition=p, headers=(OFFER_HEADER,))
+                for p in sorted(partitions)]
+        if not recs:
+            return
+        try:
+            await self.log.append(recs)
+            self.stats.offers += len(recs)
+        except Exception as exc:  # noqa: BLE001 - the next offer (a second later) tries again
+            self._log.warning("offer_failed", error=repr(exc))
+
+    async def _offers(self, lane: _Lane) -> None:
+        """Renew this worker's offers every ``offer_interval`` seconds."""
+        while True:
+            await asyncio.sleep(self.offer_interval)
+            await self._offer(lane, lane.owned)
 
     async def _pull(self, cls: str) -> None:
         topic = self.topics.ready(cls)
-        acks = _Acks()
+        lane = self._lanes[cls] = _Lane(cls, self.concurrency)
+
+        async def assigned(tps: set[tuple[str, int]]) -> None:
+            gained = {p for t, p in tps if t == topic}
+            lane.owned |= gained
+            await self._offer(lane, lane.owned)  # the window depends on how many are owned
 
         async def revoked(tps: set[tuple[str, int]]) -> None:
-            acks.revoke(tps)
+            lost = {p for t, p in tps if t == topic}
+            lane.owned -= lost
+            await self._offer(lane, lost, withdraw=True)
 
         consumer = self.log.group_consumer(self.group, [topic], f"{self.worker_id}-{cls}",
-                                           on_revoked=revoked)
+                                           on_assigned=assigned, on_revoked=revoked)
         await consumer.start()
-        slots = _Slots(self.concurrency)
-        undecided: set[_Decided] = set()  # hints whose claim is still in flight
+        renew = asyncio.create_task(self._offers(lane), name=f"offers-{cls}")
         try:
             while not self._stopping.is_set():
-                if slots.free == 0:
-                    await slots.wait_free(0.2)
+                recs = await consumer.getmany(timeout_ms=200, max_records=1000)
+                if not recs:
                     continue
-                recs = await consumer.getmany(timeout_ms=200, max_records=slots.free)
                 for rec in recs:
-                    if self._stopping.is_set():
-                        break  # not acknowledged: redelivered to another member
-                    slots.take()
-                    acks.add(rec)
-                    self.stats.hints += 1
-                    decided = _Decided(undecided)
-                    t = asyncio.create_task(self._hint(rec, slots, acks, consumer, decided))
-                    t.add_done_callback(decided.on_done)
-                    self._tasks.add(t)
-                    t.add_done_callback(self._tasks.discard)
-            # drain: let claims in flight be decided (and acknowledged) before leaving
-            waits = [asyncio.create_task(d.wait()) for d in list(undecided)]
-            if waits:
-                _, pending = await asyncio.wait(waits, timeout=self.reply_timeout * (
-                    self.send_attempts + 1))
-                for w in pending:
-                    w.cancel()
+                    self._assignment(lane, rec)
+                offsets: dict[tuple[str, int], int] = {}
+                for rec in recs:
+                    offsets[(rec.topic, rec.partition)] = rec.offset + 1
+                try:
+                    await consumer.commit(offsets)
+                except Exception as exc:  # noqa: BLE001 - a lost ack means a re-read: harmless
+                    self._log.warning("ack_failed", error=repr(exc))
         finally:
+            renew.cancel()
+            await self._offer(lane, lane.owned, withdraw=True)
             await consumer.close()
 
-    async def _ack(self, rec: Record, acks: _Acks, consumer: Any) -> None:
-        async with acks.lock:
-            c = acks.decide(rec)
-            if c is None:
-                return
-            try:
-                await consumer.commit({c[0]: c[1]})
-            except Exception as exc:  # noqa: BLE001 - a lost ack only means a duplicate hint
-                self._log.warning("hint_ack_failed", topic=c[0][0], partition=c[0][1],
-                                  offset=c[1], error=repr(exc))
-
-    async def _hint(self, rec: Record, slots: _Slots, acks: _Acks, consumer: Any,
-                    decided: "_Decided") -> None:
+    def _assignment(self, lane: _Lane, rec: Record) -> None:
+        """Admit an assignment addressed to this worker; skip anything else (re-reads,
+        another worker's assignments after a rebalance, records that do not decode)."""
         try:
-            try:
-                hint = orjson.loads(rec.value)
-                tenant, schedule_id = str(hint["tenant"]), str(hint["schedule_id"])
-                run_id, attempt = str(hint["run_id"]), int(hint["attempt"])
-            except Exception as exc:  # noqa: BLE001
-                self.stats.bad_hints += 1
-                self._log.warning("bad_hint", offset=rec.offset, error=repr(exc))
-                await self._ack(rec, acks, consumer)
-                return
-            claim = m.ClaimRun(run_id=run_id, attempt=attempt, worker_id=self.worker_id)
-            reply = await self._send(tenant, schedule_id, claim, until_decided=True)
-            if reply is None:  # shutting down before the claim was decided: not acknowledged
-                return
-            await self._ack(rec, acks, consumer)
-            decided.set()
-            if reply.status != "ok":
-                self.stats.claims_refused += 1
-                self._log.debug("claim_refused", run_id=run_id, attempt=attempt,
-                                status=reply.status, reason=reply.reason)
-                return
-            self.stats.claims_won += 1
-            await self._execute(tenant, schedule_id, reply.body)
-        finally:
-            slots.give()
-
-    # ------------------------------------------------------------------ sending
-
-    async def _send(self, tenant: str, schedule_id: str, payload: Any,
-                    until_decided: bool = False, attempts: int | None = None) -> m.Reply | None:
-        """Send with one command ID, re-sending it after a lost reply.
-
-        Bounded by ``attempts`` (default ``send_attempts``); ``until_decided`` keeps trying
-        until a reply or shutdown. None when no reply came.
-        """
-        env = self.client.envelope(tenant, schedule_id, payload)
-        n = 0
-        while True:
-            n += 1
-            try:
-                return await self.client.send(env, timeout=self.reply_timeout)
-            except ReplyTimeout:
-                self._log.warning("reply_lost", type=payload.type, command_id=env.command_id,
-                                  tries=n, run_id=getattr(payload, "run_id", None))
-            except Exception as exc:  # noqa: BLE001 - the log is unavailable: retry, bounded
-                self._log.warning("send_failed", type=payload.type, error=repr(exc), tries=n)
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** n) * (0.5 + random.random()))
-            if until_decided:
-                if self._stopping.is_set() and n >= (attempts or self.send_attempts):
-                    return None
-            elif n >= (attempts or self.send_attempts):
-                return None
+            body = orjson.loads(rec.value)
+            worker, run_id, fence = body["assignee"], str(body["run_id"]), int(body["fence"])
+            tenant, schedule_id = str(body["tenant"]), str(body["schedule_id"])
+        except Exception as exc:  # noqa: BLE001
+            self.stats.bad_records += 1
+            self._log.warning("bad_assignment", partition=rec.partition, offset=rec.offset,
+                              error=repr(exc))
+            return
+        if worker != self.worker_id or (run_id, fence) in self._attempts \
+                or (run_id, fence) in self._finished:
+            self.stats.foreign += 1
+            return
+        self.stats.assignments += 1
+        self._admit(lane, tenant, schedule_id, body)
 
     # ------------------------------------------------------------------ attempts
 
-    async def _execute(self, tenant: str, schedule_id: str, body: dict[str, Any]) -> None:
+    def _admit(self, lane: _Lane, tenant: str, schedule_id: str, body: dict[str, Any]) -> None:
         run_id = str(body["run_id"])
         attempt = int(body["attempt"])
         fence = int(body["fence"])
@@ -500,34 +493,56 @@ class Worker:
         timeout = body.get("timeout")
         if timeout is None and job is not None:
             timeout = job.timeout
-        scheduled = body.get("scheduled_at")
         ctx = JobContext(
             run_id=run_id, attempt=attempt, fence=fence,
-            scheduled_at=_parse_time(scheduled),
+            scheduled_at=_parse_time(body.get("scheduled_at")),
             params=dict(body.get("params") or {}), tenant=tenant, schedule_id=schedule_id,
             job_type=job_type, worker_id=self.worker_id,
             lease_seconds=float(body.get("lease_seconds") or 30.0),
             timeout=float(timeout) if timeout else None,
             log=self._log.bind(run_id=run_id, attempt=attempt, fence=fence, job_type=job_type),
         )
-        att = _Attempt(ctx)
+        att = _Attempt(ctx, lane, beat_every=max(0.05, ctx.lease_seconds / 3))
+        att.next_beat = asyncio.get_running_loop().time() + att.beat_every
         self._attempts[(run_id, fence)] = att
-        beats = asyncio.create_task(self._heartbeats(att))
-        try:
-            if job is None:
-                ctx.log.error("no_handler", registered=self.job_types)
-                await self._fail(att, "transient",
-                                 f"no handler for job type {job_type!r} on worker {self.worker_id}")
-                return
-            if self._forced or (self._stopping.is_set() and self.drain_timeout <= 0):
-                await self._fail(att, "transient", "worker shutting down")
-                return
-            await self._attempt(att, job)
-        finally:
-            beats.cancel()
-            self._attempts.pop((run_id, fence), None)
+        if att.next_beat < self._beat_at:
+            self._beat_wake.set()
+        if lane.running < lane.slots:
+            self._start(att)
+        else:
+            lane.queue.append(att)
 
-    async def _attempt(self, att: _Attempt, job: _Job) -> None:
+    def _start(self, att: _Attempt) -> None:
+        att.lane.running += 1
+        t = att.task = asyncio.create_task(self._run(att))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _run(self, att: _Attempt) -> None:
+        """The attempt's handler and its outcome; its slot is free as soon as the handler is."""
+        lane = att.lane
+        try:
+            job = self._jobs.get(att.ctx.job_type)
+            if att.lost:  # the lease was lost while it waited for a slot
+                self.stats.discarded += 1
+                self._forget(att)
+            elif att.ctx.is_cancelled:  # cancelled while it waited for a slot
+                self._report_failure(att, "transient", att.ctx.cancel_reason or "cancelled")
+            elif job is None:
+                att.ctx.log.error("no_handler", registered=self.job_types)
+                self._report_failure(att, "transient", f"no handler for job type "
+                                     f"{att.ctx.job_type!r} on worker {self.worker_id}")
+            elif self._forced or (self._stopping.is_set() and self.drain_timeout <= 0):
+                self._report_failure(att, "transient", "worker shutting down")
+            else:
+                await self._invoke(att, job)
+        finally:
+            lane.running -= 1
+            self._grown(lane)
+            if lane.queue and not self._stopping.is_set():
+                self._start(lane.queue.popleft())
+
+    async def _invoke(self, att: _Attempt, job: _Job) -> None:
         ctx = att.ctx
         self.stats.invocations += 1
         ctx.log.info("handler_started")
@@ -538,20 +553,16 @@ class Worker:
         else:
             cv = contextvars.copy_context()
             fut = loop.run_in_executor(self._executor, functools.partial(cv.run, job.fn, ctx))
-        att.task = fut
-        cancel_wait = asyncio.create_task(ctx.cancelled.wait())
-        try:
-            done, _ = await asyncio.wait({fut, cancel_wait}, timeout=ctx.timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if fut not in done:
-                if cancel_wait not in done:  # the per-job timeout
-                    att.timed_out = True
-                    ctx._cancel(f"timeout after {ctx.timeout}s")
-                    ctx.log.warning("handler_timeout", timeout=ctx.timeout)
-                    await self._fail(att, "transient", f"timeout after {ctx.timeout}s")
-                await self._settle(fut, job)
-        finally:
-            cancel_wait.cancel()
+        waker = ctx._waker = loop.create_future()
+        done, _ = await asyncio.wait({fut, waker}, timeout=ctx.timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if fut not in done:
+            if waker not in done:  # the per-job timeout
+                att.timed_out = True
+                ctx._cancel(f"timeout after {ctx.timeout}s")
+                ctx.log.warning("handler_timeout", timeout=ctx.timeout)
+                self._report_failure(att, "transient", f"timeout after {ctx.timeout}s")
+            await self._settle(fut, job)
         await self._finish(att, fut)
 
     async def _settle(self, fut: asyncio.Future[Any], job: _Job) -> None:
@@ -577,6 +588,7 @@ class Worker:
             self.stats.discarded += 1
             ctx.log.warning("result_discarded", reason=ctx.cancel_reason,
                             error=repr(error) if error else None)
+            self._forget(att)
             return
         if att.timed_out:
             return  # already reported
@@ -584,94 +596,174 @@ class Worker:
             await self._complete(att, value)
             return
         if att.cancel_requested or att.drained:
-            await self._fail(att, "transient", ctx.cancel_reason or "cancelled")
+            self._report_failure(att, "transient", ctx.cancel_reason or "cancelled")
             return
         kind = ("permanent" if isinstance(error, Permanent)
                 else "ambiguous" if isinstance(error, Ambiguous) else "transient")
         ctx.log.warning("handler_failed", error_class=kind, error=repr(error))
-        await self._fail(att, kind, f"{type(error).__name__}: {error}"[:2000])
-
-    async def _heartbeats(self, att: _Attempt) -> None:
-        ctx = att.ctx
-        interval = max(0.05, ctx.lease_seconds / 3)
-        while True:
-            await asyncio.sleep(interval)
-            beat = m.Heartbeat(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
-                               worker_id=self.worker_id)
-            try:
-                reply = await self.client.send(
-                    self.client.envelope(ctx.tenant, ctx.schedule_id, beat), timeout=interval)
-            except ReplyTimeout:
-                ctx.log.warning("heartbeat_reply_lost")
-                continue
-            except Exception as exc:  # noqa: BLE001
-                ctx.log.warning("heartbeat_failed", error=repr(exc))
-                continue
-            if reply.status in ("stale_fence", "not_found"):
-                att.lost = True
-                ctx.log.warning("lease_lost", status=reply.status, reason=reply.reason)
-                ctx._cancel(f"lease lost: {reply.reason}")
-                return
-            if reply.status == "ok" and reply.body.get("cancel_requested"):
-                if not att.cancel_requested:
-                    att.cancel_requested = True
-                    ctx.log.info("cancel_requested")
-                    ctx._cancel("cancellation requested")
-
-    async def _fail(self, att: _Attempt, error_class: str, message: str) -> None:
-        ctx = att.ctx
-        if att.lost:
-            return
-        cmd = m.FailRun(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
-                        worker_id=self.worker_id, error_class=error_class,  # type: ignore[arg-type]
-                        message=message)
-        reply = await self._send(ctx.tenant, ctx.schedule_id, cmd)
-        self.stats.failed += 1
-        if reply is None:
-            ctx.log.error("failure_undecided", error_class=error_class)
-        elif reply.status != "ok":
-            ctx.log.warning("failure_refused", status=reply.status, reason=reply.reason)
-        else:
-            ctx.log.info("attempt_failed", error_class=error_class, state=reply.body.get("state"))
+        self._report_failure(att, kind, f"{type(error).__name__}: {error}"[:2000])
 
     async def _complete(self, att: _Attempt, value: Any) -> None:
         ctx = att.ctx
         try:
             data = orjson.dumps(value, option=orjson.OPT_UTC_Z)
         except TypeError as exc:
-            await self._fail(att, "permanent", f"result is not JSON-serializable: {exc}")
+            self._report_failure(att, "permanent", f"result is not JSON-serializable: {exc}")
             return
         checksum = sha256_hex(data)
         uri: str | None = None
         inline: Any = None
         if len(data) <= self.inline_limit:
-            inline = orjson.loads(data)
+            inline = value if value is None else orjson.loads(data)
         else:
             try:
                 uri = await self.result_store.put(ctx.run_id, ctx.attempt, ctx.fence, data)
             except Exception as exc:  # noqa: BLE001
                 ctx.log.error("staging_failed", error=repr(exc))
-                await self._fail(att, "transient", f"staging the result failed: {exc}")
+                self._report_failure(att, "transient", f"staging the result failed: {exc}")
                 return
         _failpoint("before_complete")
         if att.lost:  # the lease was lost while staging: do not try to publish
             self.stats.discarded += 1
             ctx.log.warning("result_discarded", reason=ctx.cancel_reason, uri=uri)
+            self._forget(att)
             return
-        cmd = m.CompleteRun(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
-                            worker_id=self.worker_id, checksum=checksum, size=len(data),
-                            uri=uri, inline=inline)
-        reply = await self._send(ctx.tenant, ctx.schedule_id, cmd)
-        if reply is None:
-            ctx.log.error("completion_undecided", checksum=checksum, uri=uri)
+        self._report(att, m.CompleteRun(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
+                                        worker_id=self.worker_id, checksum=checksum,
+                                        size=len(data), uri=uri, inline=inline))
+
+    def _forget(self, att: _Attempt) -> None:
+        """The attempt needs nothing more: no heartbeats, no outcome to send."""
+        key = (att.ctx.run_id, att.ctx.fence)
+        if self._attempts.pop(key, None) is not None:
+            self._finished[key] = None  # a re-read of its assignment is not run again
+            if len(self._finished) > FINISHED_KEPT:
+                del self._finished[next(iter(self._finished))]
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _report_failure(self, att: _Attempt, error_class: str, message: str) -> None:
+        ctx = att.ctx
+        if att.lost:
+            self._forget(att)
             return
-        if reply.status == "ok":
-            self.stats.completed += 1
-            ctx.log.info("result_published", size=len(data), uri=uri, checksum=checksum)
+        self._report(att, m.FailRun(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
+                                    worker_id=self.worker_id,
+                                    error_class=error_class,  # type: ignore[arg-type]
+                                    message=message))
+
+    def _report(self, att: _Attempt, payload: Any) -> None:
+        """Queue an outcome; outcomes go out together, each re-sent with its command ID
+        until decided (bounded by ``send_attempts``). The attempt keeps its heartbeats until
+        then, so its lease holds while the outcome travels."""
+        self._outgoing.append(_Report(att, self.client.envelope(att.ctx.tenant,
+                                                                att.ctx.schedule_id, payload)))
+        if self._reporter is None or self._reporter.done():
+            self._reporter = asyncio.create_task(self._send_reports(), name="reports")
+
+    async def _send_reports(self) -> None:
+        """Append queued outcomes, one append at a time (whatever queued meanwhile goes in
+        the next one); their replies are awaited apart, so a lost reply delays nobody."""
+        while self._outgoing:
+            batch, self._outgoing = self._outgoing, []
+            for r in batch:
+                r.tries += 1
+            try:
+                futs = await self.client.submit([r.env for r in batch])
+            except Exception as exc:  # noqa: BLE001 - the log is unavailable: retry, bounded
+                self._log.warning("send_failed", commands=len(batch), error=repr(exc),
+                                  tries=batch[0].tries)
+                self._retry_or_give_up(batch)
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** batch[0].tries) * (0.5 + random.random()))
+                continue
+            self._unsettled.update(batch)
+            self._spawn(self._settle_reports(batch, futs))
+
+    async def _settle_reports(self, batch: list[_Report],
+                              futs: list[asyncio.Future[m.Reply]]) -> None:
+        try:
+            replies = await self.client.collect([r.env for r in batch], futs,
+                                                timeout=self.reply_timeout)
+        finally:
+            self._unsettled.difference_update(batch)
+        lost = [r for r, reply in zip(batch, replies) if reply is None]
+        if lost:
+            self._log.warning("reply_lost", commands=len(lost), tries=lost[0].tries)
+            self._retry_or_give_up(lost)
+            if self._outgoing and (self._reporter is None or self._reporter.done()):
+                self._reporter = asyncio.create_task(self._send_reports(), name="reports")
+        for r, reply in zip(batch, replies):
+            if reply is not None:
+                self._decided(r, reply)
+
+    def _retry_or_give_up(self, reports: list[_Report]) -> None:
+        for r in reports:
+            if r.tries < self.send_attempts:
+                self._outgoing.append(r)
+                continue
+            r.att.ctx.log.error("completion_undecided" if r.env.type == "CompleteRun"
+                                else "failure_undecided")
+            self._forget(r.att)
+
+    def _decided(self, r: _Report, reply: m.Reply) -> None:
+        ctx = r.att.ctx
+        self._forget(r.att)
+        if r.env.type == "CompleteRun":
+            if reply.status == "ok":
+                self.stats.completed += 1
+                ctx.log.info("result_published", uri=r.env.payload.uri)  # type: ignore[union-attr]
+            else:
+                self.stats.discarded += 1
+                ctx.log.warning("completion_refused", status=reply.status, reason=reply.reason)
+            return
+        self.stats.failed += 1
+        if reply.status != "ok":
+            ctx.log.warning("failure_refused", status=reply.status, reason=reply.reason)
         else:
-            self.stats.discarded += 1
-            ctx.log.warning("completion_refused", status=reply.status, reason=reply.reason,
-                            uri=uri)
+            ctx.log.info("attempt_failed", state=reply.body.get("state"))
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def _heartbeat_loop(self) -> None:
+        """One loop beats for every attempt whose heartbeat is due, in one batch."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            due = [a for a in self._attempts.values() if a.next_beat <= now and not a.lost]
+            for att in due:
+                att.next_beat = now + att.beat_every
+            if due:
+                self._spawn(self._beat(due, min(a.beat_every for a in due)))
+            self._beat_at = min((a.next_beat for a in self._attempts.values()),
+                                default=now + 1.0)
+            self._beat_wake.clear()
+            try:
+                await asyncio.wait_for(self._beat_wake.wait(), max(0.01, self._beat_at - now))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _beat(self, atts: list[_Attempt], timeout: float) -> None:
+        envs = [self.client.envelope(a.ctx.tenant, a.ctx.schedule_id, m.Heartbeat(
+            run_id=a.ctx.run_id, attempt=a.ctx.attempt, fence=a.ctx.fence,
+            worker_id=self.worker_id)) for a in atts]
+        try:
+            replies = await self.client.send_batch(envs, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - the next beat tries again
+            self._log.warning("heartbeat_failed", attempts=len(atts), error=repr(exc))
+            return
+        for att, reply in zip(atts, replies):
+            ctx = att.ctx
+            if reply is None:
+                ctx.log.warning("heartbeat_reply_lost")
+            elif reply.status in ("stale_fence", "not_found"):
+                att.lost = True
+                ctx.log.warning("lease_lost", status=reply.status, reason=reply.reason)
+                ctx._cancel(f"lease lost: {reply.reason}")
+            elif reply.status == "ok" and reply.body.get("cancel_requested"):
+                if not att.cancel_requested:
+                    att.cancel_requested = True
+                    ctx.log.info("cancel_requested")
+                    ctx._cancel("cancellation requested")
 
 
 def _parse_time(value: Any) -> datetime:

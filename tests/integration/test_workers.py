@@ -424,15 +424,16 @@ async def test_sigterm_drains_a_running_handler_then_exits(
 
 
 class LosingClient(Client):
-    """Appends the first CompleteRun but reports its reply lost (ReplyTimeout)."""
+    """Appends the first CompleteRun but reports its reply lost (no reply within the bound)."""
 
     lost: list[str] = []
 
-    async def send(self, env: m.CommandEnvelope, timeout: float | None = None) -> m.Reply:
-        if env.type == "CompleteRun" and not self.lost:
-            self.lost.append(env.command_id)
-            return await super().send(env, timeout=0.0001)  # appended; the wait times out
-        return await super().send(env, timeout)
+    async def collect(self, envs: Any, futs: Any, timeout: float | None = None) -> Any:
+        first = [env.command_id for env in envs if env.type == "CompleteRun"]
+        if first and not self.lost:
+            self.lost.append(first[0])
+            return await super().collect(envs, futs, timeout=0.0001)  # appended; times out
+        return await super().collect(envs, futs, timeout)
 
 
 async def test_lost_completion_reply_is_resent_with_the_same_command_id(
