@@ -4,7 +4,8 @@ On a **Kafka** log the adapter is ``transactional``. One Kafka transaction of a
 transactional producer with ``transactional_id = <prefix>effects-<member>`` (one per effect
 runner instance; a restarted instance with the same member ID fences its zombie) holds:
 
-1. the result record on ``config.topic`` (default ``<prefix>effects.out``), key = effect ID,
+1. the result record on the destination's ``topic`` (the operator's; chronolog's own topics
+   under the prefix are refused, except ``<prefix>effects.out``), key = effect ID,
    value = ``{effect_id, run_id, attempt, checksum, result}``, headers ``effect_id``/``run_id``;
 2. the runner's ``RecordEffectOutcome(succeeded)`` command (a deterministic command ID, so
    the runner's later re-send of it is answered as a duplicate);
@@ -33,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from chronolog.destinations import chronolog_topic
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
@@ -83,6 +85,9 @@ class KafkaEffectAdapter:
         self, intent: m.EffectIntended, payload: Any, ctx: EffectContext | None = None
     ) -> Outcome:
         topic = intent.config.get("topic") or self.log.topics.effects
+        if chronolog_topic(topic, self.log.topics):
+            return Outcome.failed(reason=f"config: topic '{topic}' is one of chronolog's own "
+                                  "topics; refused")
         rec = self._record(intent, payload, topic)
         if _is_kafka(self.log):
             return await self._transactional(intent, rec, ctx)
@@ -149,9 +154,10 @@ class KafkaEffectAdapter:
                     await asyncio.wait_for(producer.send_and_wait(
                         cmds, codec.encode_command(env), key=key,
                         partition=partition_for(key, await self.log.partitions_for(cmds))), 30)
+                    target = ctx.commit_to() if ctx.commit_to is not None else ctx.offset + 1
                     await asyncio.wait_for(producer.send_offsets_to_transaction(
                         {TopicPartition(ctx.events_topic, ctx.partition):
-                         OffsetAndMetadata(ctx.offset + 1, "")}, ctx.group), 30)
+                         OffsetAndMetadata(target, "")}, ctx.group), 30)
                     recorded = True
                 await asyncio.wait_for(producer.commit_transaction(), 30)
             except Exception as exc:  # noqa: BLE001 - classified below
@@ -166,7 +172,10 @@ class KafkaEffectAdapter:
         return Outcome("succeeded", {**evidence, "elapsed_ms": sw.ms()}, recorded=recorded)
 
     async def _landed(self, ctx: EffectContext | None) -> bool:
-        """After an ambiguous commit error: did the transaction (and our offset) commit?"""
+        """After an ambiguous commit error: did the transaction (and our offset) commit?
+
+        Only answerable when the transaction moved the offset past the intent (no older
+        intent of the partition was open); otherwise it is retried (the key deduplicates)."""
         if ctx is None or not ctx.group:
             return False
         try:

@@ -107,7 +107,8 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
             "retry": {"maxAttempts": 5, "initialBackoff": "2s", "maxBackoff": 60, "maxAge": "1h"},
             "lease": "45s", "startDeadline": "10m", "dst": {"ambiguous": "both",
                                                              "nonexistent": "skip"},
-            "effects": [{"kind": "webhook", "config": {"url": "http://example.invalid/h"}}]}
+            "effects": [{"kind": "webhook", "destination": "hook",
+                         "headers": {"X-Trace": "t1"}}]}
     r = await create(stack, body, **{"Idempotency-Key": "k1"})
     assert r.status_code == 201, r.text
     out = r.json()
