@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import structlog
 
@@ -97,9 +97,11 @@ class Breaker:
     """A destination's circuit breaker: open after ``failures`` consecutive failures, one
     probe (half-open) after ``cooldown`` seconds."""
 
-    def __init__(self, failures: int, cooldown: float) -> None:
+    def __init__(self, failures: int, cooldown: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold = failures
         self.cooldown = cooldown
+        self.clock = clock
         self.failures = 0
         self.open_until: float | None = None
 
@@ -107,21 +109,23 @@ class Breaker:
     def state(self) -> str:
         if self.open_until is None:
             return "closed"
-        return "open" if time.monotonic() < self.open_until else "half-open"
+        return "open" if self.clock() < self.open_until else "half-open"
 
     def wait(self) -> float:
         """Seconds until an attempt may be made (0: closed, or half-open for a probe)."""
         if self.open_until is None:
             return 0.0
-        return max(0.0, self.open_until - time.monotonic())
+        return max(0.0, self.open_until - self.clock())
 
     def record(self, available: bool) -> None:
+        """After an attempt: ``available`` unless the outcome was retry_later. A failed
+        probe (half-open) opens the breaker again at once."""
         if available:
             self.failures, self.open_until = 0, None
             return
         self.failures += 1
         if self.failures >= self.threshold:
-            self.open_until = time.monotonic() + self.cooldown
+            self.open_until = self.clock() + self.cooldown
 
 
 @dataclass
