@@ -34,7 +34,7 @@ from chronolog.processors.runtime import Processor
 from chronolog.settings import ConfigError, LogConfig, open_log
 from chronolog.tenants import Tenant, Tenants
 
-from .conftest import wait_until
+from .conftest import CHRONOLOG, ROOT, wait_until
 from .effect_servers import HookServer, free_port
 from .pgdb import create_database, drop_database
 
@@ -221,6 +221,25 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
         own_topic = Tenants({"acme": tenant("acme", out={"kind": "kafka", "topic": topic})})
         with pytest.raises(ConfigError, match=r"destinations\.out: topic .* chronolog's own"):
             check_destinations(own_topic, topics, node_db)
+
+
+@pytest.mark.parametrize("command", ["effects", "dev"])
+@pytest.mark.parametrize("destination", [
+    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"', 'kind = "kafka"\ntopic = "chronolog.events"'])
+async def test_the_cli_exits_2_on_a_destination_the_node_must_refuse(
+    tmp_path: Path, command: str, destination: str,
+) -> None:
+    node_db = "postgresql://chronolog@127.0.0.1:5432/readmodel"
+    path = tmp_path / "tenants.toml"
+    path.write_text('[tenants.acme]\ntokens = ["t"]\n[tenants.acme.destinations.x]\n'
+                    + destination.replace("NODE", node_db) + "\n")
+    proc = await asyncio.create_subprocess_exec(
+        CHRONOLOG, command, "--data-dir", str(tmp_path / "data"), "--tenants", str(path),
+        "--database-url", node_db, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, err
+    assert b"tenants.acme.destinations.x" in err
 
 
 # ---------------------------------------------------------------------- isolation
