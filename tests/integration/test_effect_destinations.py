@@ -284,15 +284,21 @@ async def test_a_failing_destination_delays_only_its_own_effects(lg: Any) -> Non
     assert committed is None or committed <= a_intent  # A's intent is never skipped
 
 
+async def webhook_outcome(lg: Any, tenants: Tenants, tenant_: str, destination: str) -> Any:
+    """Through the processor and a runner: one run of a schedule with one webhook effect to
+    ``destination``; the outcome event of that effect."""
+    async with Node(lg, tenants) as node:
+        await node.client.create_schedule(tenant_, "s", spec(
+            "noop", {"kind": "webhook", "destination": destination}))
+        await node.runner(tenants)
+        run_id = await node.completed_run(tenant_, "s")
+        return await wait_until(lambda: outcome(lg, f"webhook-{run_id}"), 20, what="outcome")
+
+
 async def test_the_give_up_time_is_the_destinations(lg: Any) -> None:
     tenants = Tenants({"a": tenant("a", down=hook_destination(
         f"http://127.0.0.1:{free_port()}/hook", give_up_after="1s"))})
-    async with Node(lg, tenants) as node:
-        await node.client.create_schedule("a", "sa", spec(
-            "noop", {"kind": "webhook", "destination": "down"}))
-        await node.runner(tenants)
-        run_a = await node.completed_run("a", "sa")
-        got = await wait_until(lambda: outcome(lg, f"webhook-{run_a}"), 15, what="gave up")
+    got = await webhook_outcome(lg, tenants, "a", "down")
     assert got.type == "EffectUncertain" and "gave up" in got.payload.evidence["reason"]
 
 
@@ -389,11 +395,6 @@ async def test_evidence_carries_no_response_body(hook: HookServer) -> None:
 
 async def test_the_runner_refuses_a_loopback_webhook_by_default(lg: Any, hook: HookServer) -> None:
     tenants = Tenants({"acme": tenant("acme", internal={"kind": "webhook", "url": hook.url})})
-    async with Node(lg, tenants) as node:
-        await node.client.create_schedule("acme", "s", spec(
-            "noop", {"kind": "webhook", "destination": "internal"}))
-        await node.runner(tenants)
-        run_id = await node.completed_run("acme", "s")
-        got = await wait_until(lambda: outcome(lg, f"webhook-{run_id}"), 20, what="outcome")
+    got = await webhook_outcome(lg, tenants, "acme", "internal")
     assert got.type == "EffectFailed" and "not a public address" in got.payload.evidence["reason"]
     assert hook.requests == []
