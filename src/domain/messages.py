@@ -24,6 +24,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     WithJsonSchema,
     model_validator,
 )
@@ -147,6 +148,7 @@ MAX_EFFECT_HEADERS = 16
 _HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"
 _HEADER_VALUE = r"^[\x20-\x7e]{0,512}$"
 MAX_EFFECT_GIVE_UP = 7 * 86_400.0
+STORED = {"stored": True}  # validation context of records already in the log or read model
 
 
 def effect_header_denied(name: str) -> bool:
@@ -175,6 +177,22 @@ class EffectSpec(_Model):
         default_factory=dict, max_length=MAX_EFFECT_HEADERS)
     subject: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
     give_up_after: Seconds | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_destinations(cls, value: Any, info: ValidationInfo) -> Any:
+        """A stored effect written before destinations existed (``{kind, name, config}``)
+        still decodes: it names the destination of its effect name and its ``config`` (a
+        target the tenant wrote) is dropped — it reaches nothing unless the operator grants
+        that tenant a destination of that name. Only for records already stored
+        (``context=STORED``); a new spec with ``config`` is invalid."""
+        if (isinstance(value, dict) and "config" in value and "destination" not in value
+                and info.context and info.context.get("stored")):
+            kind = value.get("kind")
+            name = value.get("name") or {"email": "send"}.get(str(kind), kind)
+            value = {k: v for k, v in value.items() if k != "config"}
+            value["destination"] = name
+        return value
 
     @model_validator(mode="after")
     def _options_fit_the_kind(self) -> "EffectSpec":

@@ -510,7 +510,7 @@ _SPEC_FIELDS = frozenset({"every", "delay", "lease", "end", "start"})
 def _definition(spec_json: Any) -> ScheduleDefinition:
     """The API definition of a stored (snake_case) spec."""
     raw = orjson.loads(spec_json) if isinstance(spec_json, (str, bytes)) else spec_json
-    spec = m.ScheduleSpec.model_validate(raw)
+    spec = m.ScheduleSpec.model_validate(raw, context=m.STORED)
     data = spec.model_dump()
     data["effects"] = list(data["effects"])
     return ScheduleDefinition.model_validate(data)
@@ -519,7 +519,7 @@ def _definition(spec_json: Any) -> ScheduleDefinition:
 def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:
     if row["state"] != "ACTIVE" or row["next_run_at"] is None:
         return []
-    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]))
+    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]), context=m.STORED)
     first: datetime = row["next_run_at"]
     instants = [first]
     if spec.cron is not None or spec.every is not None:

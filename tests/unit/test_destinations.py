@@ -137,3 +137,28 @@ def test_the_circuit_breaker_opens_probes_and_closes() -> None:
 def test_which_addresses_a_webhook_may_reach(address: str, private_ok: bool,
                                               refused: bool) -> None:
     assert (address_refusal(ipaddress.ip_address(address), private_ok) is not None) == refused
+
+
+def test_a_schedule_stored_before_destinations_still_decodes_and_names_no_target() -> None:
+    """A ScheduleCreated already in the log with a tenant-written effect ``config`` decodes
+    (the log is replayed forever); the config is dropped and the effect names the destination
+    of its effect name. A new spec with a ``config`` is invalid."""
+    from datetime import datetime, timezone
+
+    from chronolog.domain import codec
+
+    legacy = {"every": 3600.0, "job": {"type": "noop"}, "effects": [
+        {"kind": "postgres", "name": "", "config": {"sql": "DELETE FROM schedules"}},
+        {"kind": "email", "name": "", "config": {"host": "10.0.0.1"}}]}
+    raw = {"event_id": "e1", "type": "ScheduleCreated", "version": 1, "key": "acme/s1",
+           "tenant": "acme", "schedule_id": "s1", "at": datetime.now(timezone.utc),
+           "causation_id": None, "payload": {
+               "type": "ScheduleCreated", "revision": 1, "spec": legacy,
+               "created_at": datetime.now(timezone.utc),
+               "anchor": datetime.now(timezone.utc), "next_run_at": None, "next_due_at": None}}
+    env = codec.decode_event(orjson.dumps(raw))
+    effects = env.payload.spec.effects  # type: ignore[union-attr]
+    assert [(e.kind, e.destination, e.options()) for e in effects] == [
+        ("postgres", "postgres", {}), ("email", "send", {})]
+    with pytest.raises(ValueError, match="config"):
+        m.ScheduleSpec.model_validate(legacy)
