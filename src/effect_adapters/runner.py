@@ -258,11 +258,8 @@ class EffectRunner:
     async def step(self) -> None:
         if self._failure is not None:
             raise self._failure
-        if sum(len(o) for o in self._open.values()) >= self.config.max_open:
-            self._progress.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), self.config.poll_ms / 1000)
-            await self._commit_progress()
+        if self.open_intents >= self.config.max_open:
+            await self._wait_for_room()
             return
         records = await self._consumer.getmany(timeout_ms=self.config.poll_ms,
                                                max_records=self.config.max_records)
@@ -272,6 +269,23 @@ class EffectRunner:
                 by_partition.setdefault(rec.partition, []).append(rec)
         for p, recs in by_partition.items():
             self._partition(p, recs)
+        await self._commit_progress()
+
+    @property
+    def open_intents(self) -> int:
+        """Intents read and not yet recorded, over all partitions."""
+        return sum(len(o) for o in self._open.values())
+
+    async def _wait_for_room(self) -> None:
+        """Too many intents open: read nothing new until some finish. The consumer is still
+        polled (a Kafka member that stops polling leaves its group), and what it returns is
+        put back (seek) to be read again."""
+        self._progress.clear()
+        records = await self._consumer.getmany(timeout_ms=0, max_records=1)
+        for rec in records:
+            self._consumer.seek(rec.topic, rec.partition, rec.offset)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._progress.wait(), self.config.poll_ms / 1000)
         await self._commit_progress()
 
     async def _close_lanes(self) -> None:

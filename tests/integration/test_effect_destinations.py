@@ -250,6 +250,14 @@ def hook_destination(url: str, **kw: Any) -> dict[str, Any]:
             "max_attempts": 1, **kw}
 
 
+async def a_and_b_schedules(node: Node) -> None:
+    """Schedule ``sa`` of tenant a (webhook to its ``down``), ``sb`` of b (to its ``up``)."""
+    await node.client.create_schedule("a", "sa", spec(
+        "noop", {"kind": "webhook", "destination": "down"}))
+    await node.client.create_schedule("b", "sb", spec(
+        "noop", {"kind": "webhook", "destination": "up"}))
+
+
 async def test_a_failing_destination_delays_only_its_own_effects(lg: Any) -> None:
     """Tenant A's destination is a closed port; B's effect, behind A's in the same partition,
     is delivered while A's is still being retried. A's circuit breaker opens and postpones
@@ -261,10 +269,7 @@ async def test_a_failing_destination_delays_only_its_own_effects(lg: Any) -> Non
         "b": tenant("b", up=hook_destination(hook.url))})
     try:
         async with Node(lg, tenants) as node:
-            await node.client.create_schedule("a", "sa", spec(
-                "noop", {"kind": "webhook", "destination": "down"}))
-            await node.client.create_schedule("b", "sb", spec(
-                "noop", {"kind": "webhook", "destination": "up"}))
+            await a_and_b_schedules(node)
             fx = await node.runner(tenants)
             run_a = await node.completed_run("a", "sa")  # A's intent first in the partition
             run_b = await node.completed_run("b", "sb")
@@ -398,3 +403,29 @@ async def test_the_runner_refuses_a_loopback_webhook_by_default(lg: Any, hook: H
     got = await webhook_outcome(lg, tenants, "acme", "internal")
     assert got.type == "EffectFailed" and "not a public address" in got.payload.evidence["reason"]
     assert hook.requests == []
+
+
+async def test_with_too_many_open_intents_the_runner_waits_and_loses_nothing(lg: Any) -> None:
+    """``max_open`` bounds the intents held open: B's intent, read while A's holds the only
+    slot, is put back and delivered once A's gives up."""
+    hook = await HookServer().start()
+    tenants = Tenants({
+        "a": tenant("a", down=hook_destination(f"http://127.0.0.1:{free_port()}/hook",
+                                                give_up_after="1s")),
+        "b": tenant("b", up=hook_destination(hook.url))})
+    try:
+        async with Node(lg, tenants) as node:
+            await a_and_b_schedules(node)
+            fx = EffectRunner(lg, "fx-capped", tenants=tenants, config=RunnerConfig(
+                poll_ms=50, retry_initial=0.05, retry_max=0.2, max_open=1))
+            node.tasks.append((fx, asyncio.create_task(fx.run())))
+            await wait_until(fx.ready.is_set, 30, what="runner assigned")
+            run_a = await node.completed_run("a", "sa")
+            await wait_until(lambda: fx.open_intents == 1, 10, what="A open")
+            run_b = await node.completed_run("b", "sb")
+            b_done = await wait_until(lambda: outcome(lg, f"webhook-{run_b}"), 20, what="B")
+            a_done = await outcome(lg, f"webhook-{run_a}")
+    finally:
+        await hook.close()
+    assert a_done is not None and a_done.type == "EffectUncertain"  # A settled first
+    assert b_done.type == "EffectSucceeded" and len(hook.requests) == 1
