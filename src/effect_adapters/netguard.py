@@ -37,11 +37,11 @@ def address_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     if ip in METADATA_ADDRESSES:
-        return f"{ip} is a cloud metadata address"
+        return "a cloud metadata address"
     if allow_private:
         return None
     if ip.is_multicast or ip.is_unspecified or not ip.is_global:
-        return f"{ip} is not a public address (loopback, private, link-local or reserved)"
+        return "not a public address (loopback, private, link-local or reserved)"
     return None
 
 
@@ -73,7 +73,8 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         for addr in addresses:  # one refused answer refuses the name: no mixed answers
             why = address_refusal(ipaddress.ip_address(addr.split("%")[0]), self.allow_private)
             if why is not None:
-                raise BlockedAddress(f"{host} resolves to {why}")
+                raise BlockedAddress(f"{host} is {addr}, {why}" if addr != host
+                                     else f"{addr} is {why}")
         last: Exception | None = None
         for addr in addresses:
             try:
