@@ -31,6 +31,7 @@ from chronolog.settings import ConfigError
 
 DEFAULT_GIVE_UP = 3600.0
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$"
+_SERVERS = r"^[A-Za-z0-9.:\[\]_-]+(,[A-Za-z0-9.:\[\]_-]+)*$"  # host:port[,host:port]
 
 
 class _Destination(BaseModel):
@@ -97,6 +98,8 @@ class PostgresDestination(_Destination):
 class KafkaDestination(_Destination):
     kind: Literal["kafka"]
     topic: str = Field(pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # another Kafka cluster (host:port[,host:port]); none: the node's own log
+    bootstrap: str | None = Field(default=None, pattern=_SERVERS)
 
 
 class EmailDestination(_Destination):

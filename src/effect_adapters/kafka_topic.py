@@ -24,6 +24,11 @@ On the **embedded SQLite** log the adapter appends the record to the same-named 
 the log (created on first use). That append is atomic but is not tied to the runner's
 progress: a crash between the append and the recorded outcome appends it again on restart.
 That path is **at-least-once**; consumers deduplicate by the record key (the effect ID).
+
+A destination with its own ``bootstrap`` publishes to **another Kafka cluster** with an
+idempotent producer (acks=all), outside any transaction of the node: **at-least-once** too
+(a send whose acknowledgement was lost is sent again), deduplicated by the key. The topic
+must exist there.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class KafkaEffectAdapter:
         self.member_id = member_id
         self._producer: Any = None
         self._lock = asyncio.Lock()
+        self._remote: dict[str, Any] = {}  # bootstrap -> producer of another cluster
 
     @property
     def contract(self) -> Contract:
@@ -72,6 +78,10 @@ class KafkaEffectAdapter:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._producer.stop(), 15)
             self._producer = None
+        for producer in self._remote.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 15)
+        self._remote.clear()
 
     def _record(self, intent: m.EffectIntended, payload: Any, topic: str) -> OutRecord:
         value = orjson.dumps({"effect_id": intent.effect_id, "run_id": intent.run_id,
@@ -89,6 +99,8 @@ class KafkaEffectAdapter:
             return Outcome.failed(reason=f"config: topic '{topic}' is one of chronolog's own "
                                   "topics; refused")
         rec = self._record(intent, payload, topic)
+        if intent.config.get("bootstrap"):
+            return await self._other_cluster(str(intent.config["bootstrap"]), rec)
         if _is_kafka(self.log):
             return await self._transactional(intent, rec, ctx)
         return await self._append(rec)
@@ -107,6 +119,36 @@ class KafkaEffectAdapter:
             return Outcome.retry_later(error=str(exc), elapsed_ms=sw.ms())
         return Outcome.succeeded(contract="at-least-once (embedded log)", topic=pos.topic,
                                  partition=pos.partition, offset=pos.offset, elapsed_ms=sw.ms())
+
+    # ------------------------------------------------------------------ another cluster
+
+    async def _other_cluster(self, bootstrap: str, rec: OutRecord) -> Outcome:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import KafkaError
+
+        sw = Stopwatch()
+        try:
+            producer = self._remote.get(bootstrap)
+            if producer is None:
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=bootstrap, client_id=f"chronolog-effects-{self.member_id}",
+                    enable_idempotence=True, acks="all", linger_ms=0, request_timeout_ms=30000)
+                try:
+                    await asyncio.wait_for(producer.start(), 40)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(producer.stop(), 10)
+                    raise
+                self._remote[bootstrap] = producer
+            meta = await asyncio.wait_for(producer.send_and_wait(
+                rec.topic, rec.value, key=rec.key, headers=list(rec.headers)), 40)
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            return Outcome.retry_later(error=repr(exc)[:300], elapsed_ms=sw.ms(),
+                                       reason="not acknowledged; sent again (the key "
+                                       "deduplicates)")
+        return Outcome.succeeded(contract="at-least-once (another cluster)", topic=meta.topic,
+                                 partition=meta.partition, offset=meta.offset,
+                                 elapsed_ms=sw.ms())
 
     # ------------------------------------------------------------------ kafka
 

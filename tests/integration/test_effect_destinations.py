@@ -29,7 +29,7 @@ from chronolog.destinations import check_destinations, parse_destinations
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
-from chronolog.log.port import Topics
+from chronolog.log.port import LogError, Topics
 from chronolog.processors.runtime import Processor
 from chronolog.settings import ConfigError, LogConfig, open_log
 from chronolog.tenants import Tenant, Tenants
@@ -429,3 +429,45 @@ async def test_with_too_many_open_intents_the_runner_waits_and_loses_nothing(lg:
         await hook.close()
     assert a_done is not None and a_done.type == "EffectUncertain"  # A settled first
     assert b_done.type == "EffectSucceeded" and len(hook.requests) == 1
+
+
+async def test_a_kafka_destination_on_another_cluster_gets_the_result_keyed_by_effect(
+    lg: Any, kafka_bootstrap: str, topic_prefix: str,
+) -> None:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    topic = f"{topic_prefix}acme.results"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    finally:
+        await admin.close()
+    tenants = Tenants({"acme": tenant("acme", results={
+        "kind": "kafka", "topic": topic, "bootstrap": kafka_bootstrap})})
+    async with Node(lg, tenants) as node:
+        await node.client.create_schedule("acme", "s", spec(
+            "noop", {"kind": "kafka", "destination": "results"}))
+        await node.runner(tenants)
+        run_id = await node.completed_run("acme", "s")
+        got = await wait_until(lambda: outcome(lg, f"kafka-{run_id}"), 60, what="published")
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        async def read() -> bool:
+            batch = await consumer.getmany(timeout_ms=500)
+            records.extend(r for recs in batch.values() for r in recs)
+            return bool(records)
+
+        await wait_until(read, 30, what="the record on the other cluster")
+    finally:
+        await consumer.stop()
+    assert got.type == "EffectSucceeded"
+    assert got.payload.evidence["contract"].startswith("at-least-once")
+    assert [r.key for r in records] == [f"kafka-{run_id}".encode()]
+    assert orjson.loads(records[0].value)["result"] == {"total": 57}
+    with pytest.raises(LogError):  # nothing went to the node's own log
+        await lg.partitions_for(topic)
