@@ -254,6 +254,8 @@ class EffectRunner:
             for adapter in self.adapters.values():
                 with contextlib.suppress(Exception):
                     await adapter.close()
+        if self._failure is not None:  # a lane could not record an outcome: fail loudly
+            raise self._failure
 
     async def step(self) -> None:
         if self._failure is not None:
@@ -387,12 +389,13 @@ class EffectRunner:
     # ------------------------------------------------------------------ lanes
 
     def _lane(self, tenant: str, intent: m.EffectIntended) -> _Lane:
-        key = (tenant, intent.destination or f"<{intent.kind}>")
+        dest = self._destination(tenant, intent)[0]
+        # the refused ones of a tenant share one lane: they are only recorded as failed
+        key = (tenant, intent.destination if dest is not None else "<refused>")
         lane = self._lanes.get(key)
         if lane is None:
-            dest = self._destination(tenant, intent)[0]
             breaker = (Breaker(dest.breaker_failures, dest.breaker_cooldown) if dest is not None
-                       else Breaker(5, 30.0))
+                       else Breaker(1, 0.0))
             lane = self._lanes[key] = _Lane(key, breaker)
             lane.task = asyncio.create_task(self._lane_loop(lane),
                                             name=f"effects-lane-{key[0]}-{key[1]}")
