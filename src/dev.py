@@ -78,6 +78,8 @@ def _run(args: Any) -> int:
             raise ConfigError(f"invalid --port '{args.port}': must be 1..65535")
         tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
         tenants = _tenants(tenants_path)
+        _check_destinations(tenants, partitions, args.database_url
+                            or os.environ.get("CHRONOLOG_DATABASE_URL"))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +94,14 @@ def _run(args: Any) -> int:
                                database_url=args.database_url or
                                os.environ.get("CHRONOLOG_DATABASE_URL"),
                                demo=not args.no_demo, tenants_path=tenants_path))
+
+
+def _check_destinations(tenants: Any, partitions: int, database_url: str | None) -> None:
+    """``ConfigError`` for a destination this node must refuse (its database, its topics)."""
+    from chronolog.destinations import check_destinations
+    from chronolog.log.port import Topics
+
+    check_destinations(tenants, Topics(partitions=partitions), database_url)
 
 
 def _tenants(path: str | None) -> Any:
@@ -131,6 +141,7 @@ async def run_dev(
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     import uvicorn
 
+    from chronolog.cli import UsageError
     from chronolog.commands.client import Client
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.log.port import Topics
@@ -141,6 +152,7 @@ async def run_dev(
     from chronolog.projections.embedded import EmbeddedPostgres
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
+    from chronolog.settings import ConfigError
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker
 
@@ -160,6 +172,10 @@ async def run_dev(
         await lg.start()
         first_run = await _is_empty(lg)
         await lg.ensure_topics()
+        try:  # the embedded database's address is known only now
+            _check_destinations(tenants, partitions, database_url)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         store = await PostgresProjectionStore.connect(database_url)
         await store.migrate()
         results = FilesystemResultStore(ddir / "results")
@@ -170,7 +186,7 @@ async def run_dev(
                         result_store=results)
         worker.builtin_jobs()
         effects = EffectRunner(lg, f"dev-effects-{os.getpid()}", database_url=database_url,
-                               result_store=results)
+                               result_store=results, tenants=tenants)
         client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
         from chronolog.dev_view import Recent
 

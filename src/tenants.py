@@ -5,7 +5,13 @@
 tokens = ["s3cret"]
 allowed_jobs = ["*"]        # or a list of job types
 max_schedules = 1000
+
+[tenants.acme.destinations.billing]   # effect destinations granted to the tenant
+kind = "webhook"
+url = "https://billing.example/hooks"
 ```
+
+Destinations are parsed by ``chronolog.destinations`` (see README, Tenants).
 
 Without a file, ``dev_tenants()`` has one tenant ``default`` with token ``dev``.
 """
@@ -16,6 +22,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chronolog.destinations import AnyDestination, parse_destinations
 from chronolog.settings import ConfigError
 
 
@@ -25,6 +32,7 @@ class Tenant:
     tokens: tuple[str, ...] = ()
     allowed_jobs: frozenset[str] | None = None  # None: every job type
     max_schedules: int | None = None
+    destinations: dict[str, AnyDestination] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -44,6 +52,18 @@ class Tenants:
         if t is None:
             return (frozenset(), 0)  # an unknown tenant may do nothing
         return (t.allowed_jobs, t.max_schedules)
+
+    def destinations(self, tenant: str) -> dict[str, str]:
+        """The destinations granted to ``tenant``: name -> kind (none for an unknown tenant)."""
+        t = self.tenants.get(tenant)
+        return {} if t is None else {n: d.kind for n, d in t.destinations.items()}
+
+    def destination(self, tenant: str, name: str) -> AnyDestination | None:
+        t = self.tenants.get(tenant)
+        return None if t is None else t.destinations.get(name)
+
+    def all_destinations(self) -> dict[str, dict[str, AnyDestination]]:
+        return {n: t.destinations for n, t in self.tenants.items() if t.destinations}
 
 
 def dev_tenants() -> Tenants:
@@ -75,5 +95,6 @@ def load_tenants(path: str | Path) -> Tenants:
         max_s = cfg.get("max_schedules")
         if max_s is not None and (not isinstance(max_s, int) or max_s < 0):
             raise ConfigError(f"invalid tenants.{name}.max_schedules '{max_s}'")
-        out[name] = Tenant(name, tuple(tokens), None if "*" in jobs else frozenset(jobs), max_s)
+        out[name] = Tenant(name, tuple(tokens), None if "*" in jobs else frozenset(jobs), max_s,
+                           parse_destinations(name, cfg.get("destinations")))
     return Tenants(out)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator, assert_never
+from typing import Any, Iterator, Mapping, assert_never
 
 from chronolog.commands.state import (
     DEAD_KEPT,
@@ -38,6 +38,7 @@ from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter
 __all__ = [
     "Decision",
     "TenantContext",
+    "ungranted_effect",
     "decide",
     "evolve",
     "fold",
@@ -57,6 +58,8 @@ class TenantContext:
     allowed_jobs: frozenset[str] | None = None  # None: every job type
     max_schedules: int | None = None
     active_schedules: int = 0
+    # the effect destinations the operator granted, name -> kind; None: not checked here
+    destinations: Mapping[str, str] | None = None
 
     def allows(self, job_type: str) -> bool:
         return self.allowed_jobs is None or "*" in self.allowed_jobs or job_type in self.allowed_jobs
@@ -208,6 +211,8 @@ def _create(
         return _reject("conflict", "schedule id taken", "scheduleId", revision=state.revision)
     if not tenant.allows(p.spec.job.type):
         return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
+    if (refused := ungranted_effect(p.spec, tenant)) is not None:
+        return refused
     if tenant.max_schedules is not None and tenant.active_schedules >= tenant.max_schedules:
         return _reject("quota", f"tenant has {tenant.active_schedules} active schedules "
                        f"(max {tenant.max_schedules})")
@@ -233,6 +238,21 @@ def _create(
         )
     )
     return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def ungranted_effect(spec: m.ScheduleSpec, tenant: TenantContext) -> Decision | None:
+    """An effect may only name a destination the operator granted to the tenant, of its kind."""
+    if tenant.destinations is None:
+        return None
+    for i, eff in enumerate(spec.effects):
+        kind = tenant.destinations.get(eff.destination)
+        if kind is None:
+            return _reject("forbidden", f"effect destination '{eff.destination}' is not granted "
+                           "to this tenant", f"effects[{i}].destination")
+        if kind != eff.kind:
+            return _reject("invalid", f"effect destination '{eff.destination}' is a {kind} "
+                           f"destination, not {eff.kind}", f"effects[{i}].kind")
+    return None
 
 
 def m_iso(t: datetime) -> str:
@@ -262,6 +282,8 @@ def _revise(
         )
     if not tenant.allows(p.spec.job.type):
         return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
+    if (refused := ungranted_effect(p.spec, tenant)) is not None:
+        return refused
     pol = policy_for(p.spec)
     anchor = p.spec.anchor or state.anchor or now
     try:
@@ -974,7 +996,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
     assert pol is not None
     for eff in pol.effects:
         d.emit(m.EffectIntended(effect_id=effect_id_for(eff.effect_name, run.run_id),
-                                run_id=run.run_id, kind=eff.kind, config=eff.config,
+                                run_id=run.run_id, kind=eff.kind,
+                                destination=eff.destination, config=eff.options(),
                                 checksum=p.checksum, uri=p.uri, inline=p.inline))
     _after_run_left_guard(d, now)
     live = d.state.run(run.run_id)

@@ -17,6 +17,7 @@ from chronolog.domain.messages import (
     CURRENT_VERSION,
     CommandEnvelope,
     DeadLetter,
+    STORED,
     EventEnvelope,
     Reply,
 )
@@ -98,7 +99,7 @@ def decode_event(data: bytes) -> EventEnvelope:
         raw = orjson.loads(data)
         if not isinstance(raw, dict):
             raise DecodeError("event is not a JSON object")
-        return EventEnvelope.model_validate(upcast(raw))
+        return EventEnvelope.model_validate(upcast(raw), context=STORED)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"event is not JSON: {exc}") from exc
     except ValueError as exc:

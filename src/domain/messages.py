@@ -24,6 +24,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     WithJsonSchema,
     model_validator,
 )
@@ -135,16 +136,92 @@ class DstSpec(_Model):
     nonexistent: Literal["shift_forward", "skip"] = "shift_forward"
 
 
+# Headers a tenant may never set on a webhook effect: routing (Host, Forwarded, X-Forwarded-*),
+# hop-by-hop and framing headers, and the ones the adapter or the operator own.
+DENIED_EFFECT_HEADERS = frozenset({
+    "host", "connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
+    "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "content-length",
+    "content-type", "content-encoding", "expect", "forwarded", "via", "x-real-ip",
+    "idempotency-key", "authorization", "cookie", "metadata-flavor", "x-aws-ec2-metadata-token",
+})
+MAX_EFFECT_HEADERS = 16
+_HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"
+_HEADER_VALUE = r"^[\x20-\x7e]{0,512}$"
+MAX_EFFECT_GIVE_UP = 7 * 86_400.0
+STORED = {"stored": True}  # validation context of records already in the log or read model
+
+
+def effect_header_denied(name: str) -> bool:
+    """A header a tenant may not choose (routing, hop-by-hop, framing or owned by others)."""
+    low = name.lower()
+    return low in DENIED_EFFECT_HEADERS or low.startswith(("x-forwarded-", "proxy-"))
+
+
+EffectHeaderName = Annotated[str, Field(pattern=_HEADER_NAME)]
+EffectHeaderValue = Annotated[str, Field(pattern=_HEADER_VALUE)]
+
+
 class EffectSpec(_Model):
-    """An external action performed after a result is published, with a stable ID."""
+    """An external action performed after a result is published, with a stable ID.
+
+    ``destination`` names a destination the operator granted to the tenant (the tenants
+    file); where it points and how it is reached are the operator's. A tenant chooses only
+    ``headers`` (webhook; never Host, hop-by-hop or routing headers), ``subject`` (email)
+    and ``give_up_after`` (capped by the destination's own).
+    """
 
     kind: Literal["webhook", "email", "postgres", "kafka"]
     name: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.-]*$")
-    config: dict[str, Any] = Field(default_factory=dict)
+    destination: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    headers: dict[EffectHeaderName, EffectHeaderValue] = Field(
+        default_factory=dict, max_length=MAX_EFFECT_HEADERS)
+    subject: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
+    give_up_after: Seconds | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_destinations(cls, value: Any, info: ValidationInfo) -> Any:
+        """A stored effect written before destinations existed (``{kind, name, config}``)
+        still decodes: it names the destination of its effect name and its ``config`` (a
+        target the tenant wrote) is dropped — it reaches nothing unless the operator grants
+        that tenant a destination of that name. Only for records already stored
+        (``context=STORED``); a new spec with ``config`` is invalid."""
+        if (isinstance(value, dict) and "config" in value and "destination" not in value
+                and info.context and info.context.get("stored")):
+            kind = value.get("kind")
+            name = value.get("name") or {"email": "send"}.get(str(kind), kind)
+            value = {k: v for k, v in value.items() if k != "config"}
+            value["destination"] = name
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> "EffectSpec":
+        denied = sorted(h for h in self.headers if effect_header_denied(h))
+        if denied:
+            raise ValueError(f"effect header '{denied[0]}' may not be set by a schedule")
+        if self.headers and self.kind != "webhook":
+            raise ValueError("effect headers apply to webhook effects only")
+        if self.subject is not None and self.kind != "email":
+            raise ValueError("effect subject applies to email effects only")
+        if self.give_up_after is not None and not 0 < self.give_up_after <= MAX_EFFECT_GIVE_UP:
+            raise ValueError(f"effect give_up_after must be in (0, {MAX_EFFECT_GIVE_UP:g}] "
+                             f"seconds, got {self.give_up_after}")
+        return self
 
     @property
     def effect_name(self) -> str:
         return self.name or {"email": "send"}.get(self.kind, self.kind)
+
+    def options(self) -> dict[str, Any]:
+        """The tenant-chosen options carried by the EffectIntended event."""
+        out: dict[str, Any] = {}
+        if self.headers:
+            out["headers"] = dict(self.headers)
+        if self.subject is not None:
+            out["subject"] = self.subject
+        if self.give_up_after is not None:
+            out["give_up_after"] = self.give_up_after
+        return out
 
 
 OverlapPolicy = Literal["allow", "skip", "buffer_one", "buffer_all", "cancel_previous"]
@@ -578,7 +655,8 @@ class EffectIntended(_Event):
     effect_id: str
     run_id: str
     kind: Literal["webhook", "email", "postgres", "kafka"]
-    config: dict[str, Any] = Field(default_factory=dict)
+    destination: str = ""  # the operator-granted destination, by name
+    config: dict[str, Any] = Field(default_factory=dict)  # the tenant's options only
     checksum: str
     uri: str | None = None
     inline: Any = None

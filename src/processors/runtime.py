@@ -57,7 +57,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import orjson
 import structlog
@@ -80,16 +80,26 @@ READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRed
 
 
 class TenantPolicies(Protocol):
-    """Where a processor learns a tenant's allowed job types and schedule quota."""
+    """Where a processor learns a tenant's allowed job types, schedule quota and the effect
+    destinations (name -> kind) the operator granted it."""
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]: ...
 
+    def destinations(self, tenant: str) -> Mapping[str, str] | None: ...
+
 
 class OpenTenants:
-    """Every tenant may run every job, with no quota (embedded single-user default)."""
+    """Every tenant may run every job, with no quota (embedded single-user default).
+
+    Effect destinations are not checked here (None): the effect runner, which resolves each
+    destination from the tenants file when it performs an effect, refuses any not granted.
+    """
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         return (None, None)
+
+    def destinations(self, tenant: str) -> Mapping[str, str] | None:
+        return None
 
 
 class SnapshotStore(Protocol):
@@ -580,7 +590,8 @@ class Processor:
         if st is None:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
-        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0))
+        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0),
+                               self.tenants.destinations(env.tenant))
         dec = decide(st, env, now, tenant)
         if dec.events and key not in ps.states:
             ps.states[key] = st

@@ -89,6 +89,7 @@ from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chronolog.commands.client import Client, ReplyTimeout
+from chronolog.commands.decider import TenantContext, ungranted_effect
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.domain.recurrence import (
@@ -210,9 +211,18 @@ class DstIn(_Api):
 
 
 class EffectIn(_Api):
+    """An effect: a destination the operator granted the tenant, by name, and its options."""
+
     kind: Literal["webhook", "email", "postgres", "kafka"]
     name: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.-]*$")
-    config: dict[str, Any] = Field(default_factory=dict)
+    destination: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$",
+                             description="a destination named in the tenants file")
+    headers: dict[str, str] | None = Field(
+        default=None, description="webhook only: extra request headers (never Host, "
+        "hop-by-hop, forwarding or authorization headers)")
+    subject: str | None = Field(default=None, max_length=200, description="email only")
+    give_up_after: m.Seconds | None = Field(
+        default=None, description="stop retrying after this long (capped by the destination)")
 
 
 class ScheduleDefinition(_Api):
@@ -500,7 +510,7 @@ _SPEC_FIELDS = frozenset({"every", "delay", "lease", "end", "start"})
 def _definition(spec_json: Any) -> ScheduleDefinition:
     """The API definition of a stored (snake_case) spec."""
     raw = orjson.loads(spec_json) if isinstance(spec_json, (str, bytes)) else spec_json
-    spec = m.ScheduleSpec.model_validate(raw)
+    spec = m.ScheduleSpec.model_validate(raw, context=m.STORED)
     data = spec.model_dump()
     data["effects"] = list(data["effects"])
     return ScheduleDefinition.model_validate(data)
@@ -509,7 +519,7 @@ def _definition(spec_json: Any) -> ScheduleDefinition:
 def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:
     if row["state"] != "ACTIVE" or row["next_run_at"] is None:
         return []
-    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]))
+    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]), context=m.STORED)
     first: datetime = row["next_run_at"]
     instants = [first]
     if spec.cron is not None or spec.every is not None:
@@ -792,6 +802,11 @@ def create_app(
     def check_job(tenant: Tenant, spec: m.ScheduleSpec) -> None:
         if tenant.allowed_jobs is not None and spec.job.type not in tenant.allowed_jobs:
             raise ApiError(403, f"job type '{spec.job.type}' not allowed", "job.type")
+        refused = ungranted_effect(spec, TenantContext(destinations={
+            name: d.kind for name, d in tenant.destinations.items()}))
+        if refused is not None:
+            raise ApiError(403 if refused.status == "forbidden" else 400, refused.reason,
+                           refused.field)
 
     # ---------------------------------------------------------------- schedules
 

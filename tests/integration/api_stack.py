@@ -20,13 +20,15 @@ from chronolog.processors.runtime import Processor
 from chronolog.projections.api import create_app
 from chronolog.projections.projector import Projector
 from chronolog.projections.store import PostgresProjectionStore
+from chronolog.destinations import WebhookDestination
 from chronolog.tenants import Tenant, Tenants
 
 from .conftest import wait_until
 from .pgdb import schema_store
 
 TENANTS = Tenants({
-    "acme": Tenant("acme", ("acme-token",), None, 1000),
+    "acme": Tenant("acme", ("acme-token",), None, 1000, {"hook": WebhookDestination(
+        kind="webhook", url="https://hooks.example/chronolog")}),
     "globex": Tenant("globex", ("globex-token",), frozenset({"report"}), 1000),
     "initech": Tenant("initech", ("initech-token",), None, 2),
 })
