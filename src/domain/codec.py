@@ -101,7 +101,7 @@ def decode_event(data: bytes) -> EventEnvelope:
         return EventEnvelope.model_validate(upcast(raw))
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"event is not JSON: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # a version that is no integer, ...
         if isinstance(exc, DecodeError):
             raise
         raise DecodeError(_first_error(exc)) from exc

@@ -47,6 +47,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import EffectAdapter, EffectContext, Outcome
 from chronolog.effect_adapters.payload import PayloadError, resolve_payload
+from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 
 log = structlog.get_logger("chronolog.effects")
@@ -139,6 +140,7 @@ class EffectRunner:
         self._stopping = asyncio.Event()
         self._consumer: Any = None
         self.ready = asyncio.Event()  # set once partitions are assigned and folded
+        self.dead_letters = DeadLetters(log_, "effects")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -195,7 +197,9 @@ class EffectRunner:
             offset = start
             async for recs in read_partition(self.log, topic, p, start):
                 for rec in recs:
-                    fold.apply(codec.decode_event(rec.value))
+                    env = _decoded(rec)
+                    if env is not None:  # a poison record is dead-lettered when consumed
+                        fold.apply(env)
                 offset = recs[-1].offset + 1
             self._folds[p] = fold
             self._consumer.seek(topic, p, start)
@@ -217,7 +221,12 @@ class EffectRunner:
         next_offset: int | None = None
         try:
             for rec in recs:
-                env = codec.decode_event(rec.value)
+                try:
+                    env = codec.decode_event(rec.value)
+                except codec.DecodeError as exc:  # not an event: recorded, then passed
+                    await self.dead_letters.put(rec, exc)
+                    next_offset = rec.offset + 1
+                    continue
                 fold.apply(env)
                 if isinstance(env.payload, m.EffectIntended):
                     intent = env.payload
@@ -311,3 +320,11 @@ class EffectRunner:
             return
         raise RuntimeError(f"no reply to {env.command_id} after "
                            f"{self.config.record_attempts} tries; stopping unrecorded")
+
+
+def _decoded(rec: Record) -> m.EventEnvelope | None:
+    """The event in ``rec``, or None when it is not one."""
+    try:
+        return codec.decode_event(rec.value)
+    except codec.DecodeError:
+        return None
