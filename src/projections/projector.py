@@ -225,7 +225,10 @@ class Projector:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Project until ``stop()`` (a log or database failure ends it, raised)."""
+        """Project until ``stop()`` (a log or database failure ends it, raised; ``run`` may
+        be called again then: it goes on from the offsets stored in the database)."""
+        if self._started:
+            await self._load_offsets()
         await self.start()
         stopping = asyncio.create_task(self._stopping.wait())
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
