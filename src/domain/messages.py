@@ -689,7 +689,7 @@ class DeadLetter(BaseModel):
     to the ``dlq`` topic for a record it skips: which record (``source_topic``,
     ``source_partition``, ``source_offset``), who skipped it (``consumer``), why
     (``error_class`` and ``reason``, the error's message) and the record's bytes
-    (``original``, base64, at most ``ORIGINAL_LIMIT`` bytes of them; ``original_size`` is
+    (``original``, base64, at most its first 64 KiB; ``original_size`` is
     the whole size). Records written before these fields existed read back with their
     defaults (a command the processor could not parse).
     """
