@@ -167,7 +167,7 @@ def decode_dead_letter(data: bytes) -> DeadLetter:
     return DeadLetter.model_validate(orjson.loads(data))
 
 
-def _first_error(exc: ValueError) -> str:
+def _first_error(exc: Exception) -> str:
     """One line naming the field and the problem, from a pydantic ValidationError."""
     errors = getattr(exc, "errors", None)
     if callable(errors):
