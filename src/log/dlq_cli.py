@@ -15,7 +15,6 @@ flags.
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
 import orjson
@@ -71,16 +70,21 @@ async def _list(log_: Any, args: Any) -> int:
     if args.limit is not None:
         letters = letters[-args.limit:]
     if args.json:
-        items = [d.model_dump(mode="json") for d in letters]
-        sys.stdout.write(orjson.dumps(items, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return 0
-    if not letters:
-        print("no dead letters")
-        return 0
+        print(orjson.dumps([d.model_dump(mode="json") for d in letters],
+                           option=orjson.OPT_INDENT_2).decode())
+    else:
+        print("\n".join(_lines(letters)) if letters else "no dead letters")
+    return 0
+
+
+def _lines(letters: list[Any]) -> list[str]:
+    """Two lines per letter: when, who, which record, its size; the error."""
+    out = []
     for d in letters:
         at = d.dead_lettered_at.isoformat().replace("+00:00", "Z") if d.dead_lettered_at else "-"
         cid = f" command={d.command_id}" if d.command_id else ""
-        print(f"{at}  {d.consumer}  {d.source_topic}[{d.source_partition}]@{d.source_offset}"
-              f"  {d.original_size if d.original_size is not None else '?'} bytes{cid}\n"
-              f"    {d.error_class}: {d.reason}")
-    return 0
+        size = d.original_size if d.original_size is not None else "?"
+        out.append(f"{at}  {d.consumer}  {d.source_topic}[{d.source_partition}]@"
+                   f"{d.source_offset}  {size} bytes{cid}")
+        out.append(f"    {d.error_class}: {d.reason}")
+    return out
