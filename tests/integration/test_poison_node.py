@@ -38,7 +38,7 @@ from chronolog.dev import DevNode, run_node
 from chronolog.domain import codec
 from chronolog.log.dead_letters import read_dead_letters
 from chronolog.log.port import OutRecord
-from chronolog.projections.metrics import MetricsSource
+from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig
 from chronolog.supervisor import Supervisor
@@ -208,6 +208,9 @@ async def test_every_poison_record_is_dead_lettered_and_the_other_tenant_keeps_b
         snap = await MetricsSource(store.pool, event_log).snapshot()
         assert snap.dead_letters[("projector", t.events)] == 2
         assert snap.dead_letters[("processor", t.commands)] >= 2
+        text = render(snap).decode()
+        assert f'chronolog_dead_letters_total{{consumer="effects",topic="{t.events}"}} 2.0' in text
+        assert f'chronolog_dead_letters_total{{consumer="client",topic="{t.replies}"}}' in text
 
     # ---- chronolog dlq list shows them (JSON and table), on this log
     flags = ["--log", log_url(log_config), "--topic-prefix", t.prefix, "--partitions",

@@ -20,10 +20,12 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.port import OutRecord
+from chronolog.projections.metrics import ProjectorCollector
 from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
 
@@ -213,6 +215,10 @@ async def test_poison_records_are_dead_lettered_and_skipped_and_the_rest_is_proj
     assert base64.b64decode(first.original) == b"{not json" and first.original_size == 9
     assert "int32" in next(d.reason for d in letters if d.source_offset == offsets[3])
     assert pr.dead_letters.counts[topic] == 3
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProjectorCollector(pr))
+    assert (f'chronolog_projector_dead_letters_total{{topic="{topic}"}} 3.0'
+            in generate_latest(registry).decode())
 
     # a second projector from offset 0 skips the same records: the same tables
     again = await _store(module_dsn, stores)
