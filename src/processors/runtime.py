@@ -131,6 +131,7 @@ class ProcessorStats:
     dead_letters: int = 0
     decide_errors: int = 0  # commands whose decide raised (rejected as invalid)
     tick_errors: int = 0  # timers whose decide raised (the schedule is not re-armed)
+    apply_errors: int = 0  # decisions that could not be applied (the partition was rebuilt)
     duplicates: int = 0
     fenced: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -218,6 +219,9 @@ class Processor:
         self._orphans: list[asyncio.Task[None]] = []
         self.on_commit: list[Callable[[int, list[m.EventEnvelope]], None]] = []
         self.dead_letters = DeadLetters(log_, "processor")
+        # commands (partition, offset) and timers (key) whose decision could not be applied
+        self._unapplied: dict[tuple[int, int], Exception] = {}
+        self._unapplied_keys: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,7 +285,7 @@ class Processor:
             nw = ps.next_wake()
             if not batch and (nw is None or nw > now):
                 continue
-            out, consumed = self._decide_partition(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now)
             if out is not None:
                 work.append(_Work(ps, batch, out, consumed))
         if chains:
@@ -335,7 +339,7 @@ class Processor:
             nw = ps.next_wake()
             if not batch and (nw is None or nw > now):
                 return
-            out, consumed = self._decide_partition(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now)
             if out is None:
                 return
             w = _Work(ps, batch, out, consumed)
@@ -459,6 +463,23 @@ class Processor:
 
     # ------------------------------------------------------------------ the batch
 
+    async def _decide(
+        self, ps: PartitionState, batch: list[Record], now: datetime
+    ) -> tuple["_Output | None", dict[tuple[str, int], int]]:
+        """``_decide_partition``; when a decision could not be applied to the state (a bug in
+        ``evolve``), the state is no longer the log's: the partition is dropped and taken
+        over again from the log, and the command at fault is dead-lettered when it is read
+        again (the timer at fault is not armed again), so it cannot stop the partition twice.
+        """
+        try:
+            return self._decide_partition(ps, batch, now)
+        except _Unapplied as exc:
+            self.stats.apply_errors += 1
+            log.error("decision_not_applied", partition=ps.partition, error=str(exc))
+            if await self._discard(ps, "a decision could not be applied"):
+                self._rebuild.append(ps.partition)
+            return None, {}
+
     def _decide_partition(
         self, ps: PartitionState, batch: list[Record], now: datetime
     ) -> tuple["_Output | None", dict[tuple[str, int], int]]:
@@ -472,8 +493,8 @@ class Processor:
             consumed[(self.topics.commands, ps.partition)] = batch[-1].offset + 1
         for key in ps.due_keys(now, self.config.ticks_per_batch):
             st = ps.states.get(key)
-            if st is None:
-                continue
+            if st is None or key in self._unapplied_keys:
+                continue  # a timer whose decision could not be applied waits for a command
             cid = f"tick:{ps.partition}:{int(now.timestamp() * 1e6)}:{key}"
             try:
                 dec = decide(st, _tick_envelope(st, cid, now), now, TenantContext())
@@ -482,7 +503,11 @@ class Processor:
                 self.stats.tick_errors += 1
                 log.exception("tick_decide_failed", partition=ps.partition, key=key)
                 continue  # not re-armed: the schedule's next command decides again
-            self._apply(ps, key, st, dec, encoded, cid, now, out)
+            try:
+                self._apply(ps, key, st, dec, encoded, cid, now, out)
+            except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+                self._unapplied_keys.add(key)
+                raise _Unapplied(f"timer of {key}: {type(exc).__name__}: {exc}") from exc
             self.stats.ticks += 1
         if out.empty and not consumed:
             return None, consumed
@@ -568,6 +593,11 @@ class Processor:
         return True
 
     def _handle(self, ps: PartitionState, rec: Record, now: datetime, out: "_Output") -> None:
+        unapplied = self._unapplied.get((ps.partition, rec.offset))
+        if unapplied is not None:  # it stopped this partition once: not decided again
+            self._dead_letter(ps, rec, f"the command's events could not be applied: "
+                              f"{type(unapplied).__name__}: {unapplied}", out, error=unapplied)
+            return
         try:
             env = codec.decode_command(rec.value)
         except codec.DecodeError as exc:
@@ -609,7 +639,12 @@ class Processor:
             return
         if dec.events and key not in ps.states:
             ps.states[key] = st
-        self._apply(ps, key, st, dec, encoded, cid, now, out)
+        try:
+            self._apply(ps, key, st, dec, encoded, cid, now, out)
+        except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+            self._unapplied[(ps.partition, rec.offset)] = exc
+            raise _Unapplied(f"command {cid}: {type(exc).__name__}: {exc}") from exc
+        self._unapplied_keys.discard(key)
 
     def _encode(self, key: str, st: ScheduleState, dec: Decision, command_id: str,
                 now: datetime) -> tuple[list[bytes], bytes | None]:
@@ -682,6 +717,10 @@ class Processor:
         if command_id:
             out.reply_bytes(command_id, codec.encode_reply(
                 m.Reply(command_id=command_id, status="invalid", reason=reason)))
+
+
+class _Unapplied(Exception):
+    """A decision could not be applied to the partition's state (see ``Processor._decide``)."""
 
 
 @dataclass

@@ -331,3 +331,36 @@ async def test_a_record_on_events_that_is_no_event_is_skipped_when_a_partition_i
                                                                          event_log.topics.dlq)]
     assert [(d.consumer, d.source_partition, d.source_offset) for d in letters
             if d.source_topic == event_log.topics.events] == [("processor", p, pos.offset)]
+
+
+async def test_a_decision_that_cannot_be_applied_rebuilds_the_partition_and_is_dead_lettered(
+    event_log: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import chronolog.processors.runtime as runtime
+
+    real = runtime.evolve
+
+    def buggy(st: Any, ev: Any) -> Any:  # a bug in evolve, test-only: half-applied, raises
+        real(st, ev)
+        if st.schedule_id == "half" and ev.type == "ScheduleCreated":
+            raise KeyError("a bug in evolve")
+
+    monkeypatch.setattr(runtime, "evolve", buggy)
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "before", SPEC)
+        await event_log.append([OutRecord(event_log.topics.commands, b"acme/half",
+                                          _raw_create("c-half", "half", SPEC))])
+        reply = await wait_until(lambda: _reply_to(event_log, "c-half"), 30,
+                                 what="the reply to c-half")
+        assert reply.status == "invalid" and "KeyError" in reply.reason
+        assert r.proc.stats.apply_errors == 1  # once: read again, it was not decided again
+        # the rebuilt partition holds no trace of the half-applied schedule; others go on
+        p = next(p for p, ps in r.proc.partitions.items() if "acme/before" in ps.states)
+        assert all("acme/half" not in ps.states for ps in r.proc.partitions.values())
+        assert not [e for e in await events(event_log) if e.schedule_id == "half"]
+        assert (await r.client.pause("acme", "before"))["state"] == "PAUSED"
+        assert p in r.proc.partitions
+        [letter] = [d for d in (codec.decode_dead_letter(x.value) for x in
+                                await read_all(event_log, event_log.topics.dlq))
+                    if d.command_id == "c-half"]
+        assert letter.error_class == "KeyError" and letter.consumer == "processor"
