@@ -102,7 +102,7 @@ def decode_event(data: bytes) -> EventEnvelope:
         return EventEnvelope.model_validate(upcast(raw), context=STORED)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"event is not JSON: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # a version that is no integer, ...
         if isinstance(exc, DecodeError):
             raise
         raise DecodeError(_first_error(exc)) from exc
@@ -168,7 +168,7 @@ def decode_dead_letter(data: bytes) -> DeadLetter:
     return DeadLetter.model_validate(orjson.loads(data))
 
 
-def _first_error(exc: ValueError) -> str:
+def _first_error(exc: Exception) -> str:
     """One line naming the field and the problem, from a pydantic ValidationError."""
     errors = getattr(exc, "errors", None)
     if callable(errors):

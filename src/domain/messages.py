@@ -761,12 +761,26 @@ class Reply(BaseModel):
 
 
 class DeadLetter(BaseModel):
-    """A command that could not be parsed or validated, kept with its original bytes."""
+    """A record a consumer could not use, kept with its reason and its original bytes.
+
+    Every consumer (processor, projector, effect runner, workers, reply readers) writes one
+    to the ``dlq`` topic for a record it skips: which record (``source_topic``,
+    ``source_partition``, ``source_offset``), who skipped it (``consumer``), why
+    (``error_class`` and ``reason``, the error's message) and the record's bytes
+    (``original``, base64, at most its first 64 KiB; ``original_size`` is
+    the whole size). Records written before these fields existed read back with their
+    defaults (a command the processor could not parse).
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     reason: str
-    original: str  # the original bytes, base64
+    original: str  # the original bytes (a prefix of them when original_size is larger), base64
     source_partition: int
     source_offset: int
     command_id: str | None = None
+    source_topic: str = ""
+    consumer: str = "processor"
+    error_class: str = "DecodeError"
+    original_size: int | None = None
+    dead_lettered_at: datetime | None = None

@@ -64,6 +64,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import EffectAdapter, EffectContext, Outcome
 from chronolog.effect_adapters.payload import PayloadError, resolve_payload
+from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 
 log = structlog.get_logger("chronolog.effects")
@@ -225,6 +226,7 @@ class EffectRunner:
         self._stopping = asyncio.Event()
         self._consumer: Any = None
         self.ready = asyncio.Event()  # set once partitions are assigned and folded
+        self.dead_letters = DeadLetters(log_, "effects")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -270,7 +272,7 @@ class EffectRunner:
             if rec.topic == self.topics.events:
                 by_partition.setdefault(rec.partition, []).append(rec)
         for p, recs in by_partition.items():
-            self._partition(p, recs)
+            await self._partition(p, recs)
         await self._commit_progress()
 
     @property
@@ -315,7 +317,9 @@ class EffectRunner:
             offset = start
             async for recs in read_partition(self.log, topic, p, start):
                 for rec in recs:
-                    fold.apply(codec.decode_event(rec.value))
+                    env = _decoded(rec)
+                    if env is not None:  # a poison record is dead-lettered when consumed
+                        fold.apply(env)
                 offset = recs[-1].offset + 1
             self._folds[p] = fold
             self._open[p] = {}
@@ -337,13 +341,18 @@ class EffectRunner:
 
     # ------------------------------------------------------------------ work
 
-    def _partition(self, p: int, recs: list[Record]) -> None:
+    async def _partition(self, p: int, recs: list[Record]) -> None:
         """Fold the partition's records and hand each open intent to its destination's lane."""
         fold = self._folds.get(p)
         if fold is None:
             return  # revoked meanwhile
         for rec in recs:
-            env = codec.decode_event(rec.value)
+            try:
+                env = codec.decode_event(rec.value)
+            except codec.DecodeError as exc:  # not an event: recorded, then passed
+                await self.dead_letters.put(rec, exc)
+                self._read_to[p] = rec.offset + 1
+                continue
             fold.apply(env)
             if isinstance(env.payload, m.EffectIntended):
                 intent = env.payload
@@ -547,3 +556,11 @@ class EffectRunner:
             return
         raise RuntimeError(f"no reply to {env.command_id} after "
                            f"{self.config.record_attempts} tries; stopping unrecorded")
+
+
+def _decoded(rec: Record) -> m.EventEnvelope | None:
+    """The event in ``rec``, or None when it is not one."""
+    try:
+        return codec.decode_event(rec.value)
+    except codec.DecodeError:
+        return None

@@ -55,6 +55,7 @@ import structlog
 
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
+from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.workers.results import INLINE_LIMIT, ResultStore, sha256_hex
 
@@ -287,6 +288,7 @@ class Worker:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = asyncio.Event()
         self._log = log.bind(worker_id=self.worker_id)
+        self.dead_letters = DeadLetters(log_, "worker")
 
     # ------------------------------------------------------------------ registration
 
@@ -441,9 +443,13 @@ class Worker:
                 hint = orjson.loads(rec.value)
                 tenant, schedule_id = str(hint["tenant"]), str(hint["schedule_id"])
                 run_id, attempt = str(hint["run_id"]), int(hint["attempt"])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - not a hint: recorded, then passed
                 self.stats.bad_hints += 1
-                self._log.warning("bad_hint", offset=rec.offset, error=repr(exc))
+                try:
+                    await self.dead_letters.put(rec, exc)
+                except Exception as err:  # noqa: BLE001 - unacknowledged: read again later
+                    self._log.warning("bad_hint_not_recorded", offset=rec.offset, error=repr(err))
+                    return
                 await self._ack(rec, acks, consumer)
                 return
             claim = m.ClaimRun(run_id=run_id, attempt=attempt, worker_id=self.worker_id)
