@@ -67,7 +67,7 @@ class DevNode:
 def _run(args: Any) -> int:
     from chronolog.cli import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, data_dir, partitions_from_env
+    from chronolog.settings import ConfigError, data_dir, max_body_bytes, partitions_from_env
 
     try:
         ddir = data_dir(args.data_dir)
@@ -78,6 +78,7 @@ def _run(args: Any) -> int:
             raise ConfigError(f"invalid --port '{args.port}': must be 1..65535")
         tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
         tenants = _tenants(tenants_path)
+        max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +138,7 @@ async def run_dev(
     from chronolog.log.sqlite import SqliteEventLog
     from chronolog.processors.runtime import Processor
     from chronolog.projections.api import create_app
+    from chronolog.settings import max_body_bytes
     from chronolog.projections.api_cli import _Server
     from chronolog.projections.embedded import EmbeddedPostgres
     from chronolog.projections.projector import Projector
@@ -184,7 +186,8 @@ async def run_dev(
         await client.start()
         node.tasks["worker"] = asyncio.create_task(worker.run(), name="worker")
         node.tasks["effects"] = asyncio.create_task(effects.run(), name="effects")
-        app = create_app(client, store, tenants, projector=projector)
+        app = create_app(client, store, tenants, projector=projector,
+                         max_body_bytes=max_body_bytes())
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 lifespan="on", access_log=False)
         server = _Server(config)  # our handlers stop the node; uvicorn captures none
@@ -276,12 +279,15 @@ async def _seed_demo(client: Any, tenants: Any) -> None:
 def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool) -> None:
     url = f"http://{node.host}:{node.port}"
     tenant = next(iter(tenants.tenants.values()))
-    token = tenant.tokens[0] if tenant.tokens else "<token>"
+    # the token itself only on a terminal: redirected output (a CI log, a file) keeps it out
+    shown = sys.stdout.isatty() and bool(tenant.tokens)
+    token = tenant.tokens[0] if shown else "<token>"
     lines = [
         f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
         f"data directory: {node.data_dir.resolve()}",
         f"tenant '{tenant.name}', token: {token}"
-        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)"),
+        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)")
+        + ("" if shown else "  (shown only on a terminal)"),
         "",
         "create a schedule with curl:",
         f"  curl -s -X POST {url}/v1/schedules -H 'Authorization: Bearer {token}' "

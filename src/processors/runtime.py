@@ -66,6 +66,7 @@ from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.environment import gc_tuned, utc_now
 from chronolog.commands.decider import Decision, TenantContext, decide, evolve, next_wakeup
+from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -90,6 +91,9 @@ class OpenTenants:
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         return (None, None)
+
+    def min_interval(self, tenant: str) -> float:
+        return MIN_INTERVAL_SECONDS
 
 
 class SnapshotStore(Protocol):
@@ -580,7 +584,8 @@ class Processor:
         if st is None:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
-        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0))
+        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0),
+                               min_interval=self.tenants.min_interval(env.tenant))
         dec = decide(st, env, now, tenant)
         if dec.events and key not in ps.states:
             ps.states[key] = st
