@@ -273,7 +273,8 @@ def _check_ids(args: Any) -> None:
                                           ("run_id", "runId", RUN_ID_PATTERN, 64)):
         value = getattr(args, attr, None)
         if value is not None and (len(value) > longest or not re.fullmatch(pattern, value)):
-            raise _usage(f"invalid {name} '{_short(value)}': at most {longest} of A-Z a-z 0-9 "
+            shown = _short(value.encode("unicode_escape").decode())
+            raise _usage(f"invalid {name} '{shown}': at most {longest} of A-Z a-z 0-9 "
                          + ("_ . : @ -, not only dots" if attr == "schedule_id" else "_ -"))
 
 
