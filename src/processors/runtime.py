@@ -81,9 +81,12 @@ READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRed
 
 
 class TenantPolicies(Protocol):
-    """Where a processor learns a tenant's allowed job types and schedule quota."""
+    """Where a processor learns a tenant's allowed job types, schedule quota and minimum
+    interval."""
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]: ...
+
+    def min_interval(self, tenant: str) -> float: ...
 
 
 class OpenTenants:

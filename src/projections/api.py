@@ -718,7 +718,7 @@ def create_app(
         if exc.status_code == 405:  # every method some route of this path answers
             path = request.scope.get("path", "")
             methods = {meth for r in app.router.routes if isinstance(r, APIRoute)
-                       and r.path_regex.match(path) for meth in r.methods}
+                       and r.path_regex.match(path) for meth in r.methods or ()}
             headers["Allow"] = ", ".join(sorted(methods))
             return ApiError(405, f"method {request.method} not allowed here (allowed: "
                             f"{headers['Allow']})", None, headers=headers).response()
