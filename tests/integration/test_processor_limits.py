@@ -9,6 +9,8 @@ import uuid
 from typing import Any
 
 import orjson
+import pytest
+from pydantic import ValidationError
 
 from chronolog.domain import codec
 from chronolog.log.port import OutRecord
@@ -67,3 +69,23 @@ async def test_raw_commands_beyond_the_limits_are_invalid_naming_the_field(
         assert await read_all(event_log, event_log.topics.events) == []
         body = await r.client.create_schedule("acme", "s-ok", {"every": "1s", "job": JOB})
         assert body["revision"] == 1
+
+
+async def test_the_client_refuses_a_command_beyond_the_limits_before_appending(
+    event_log: Any,
+) -> None:
+    async with Running(event_log) as r:
+        cmds = event_log.topics.commands
+        before = [await event_log.end_offset(cmds, p) for p in range(event_log.topics.partitions)]
+        hostile = [
+            ("s-a", {"every": "1h", "job": {"type": "echo", "params": {"k": "\u0000"}}}),
+            ("s-b", {"every": "1h", "jitter": 1e300, "job": JOB}),
+            ("..", {"every": "1h", "job": JOB}),
+        ]
+        for schedule_id, spec in hostile:
+            with pytest.raises(ValidationError):
+                await r.client.create_schedule("acme", schedule_id, spec)
+        with pytest.raises(ValidationError, match="NUL"):
+            await r.client.pause("acme", "s-a", reason="why\u0000")
+        after = [await event_log.end_offset(cmds, p) for p in range(event_log.topics.partitions)]
+        assert after == before
