@@ -6,11 +6,10 @@ none of these paths depends on the log). Each test names one limit (README.md, "
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,12 +17,13 @@ import pytest
 import pytest_asyncio
 
 from chronolog.domain.limits import MAX_BODY_BYTES, MAX_DOCUMENT_DEPTH
-from chronolog.log.port import EventLog, Topics
+from chronolog.log.port import Topics
 from chronolog.projections.api import CONSISTENCY_HEADER, create_app
 from chronolog.settings import LogConfig, open_log
 from chronolog.tenants import RateLimit, Tenant, Tenants
 
 from .api_stack import ApiStack
+from .conftest import started
 from .pgdb import create_database, drop_database, schema_store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio(loop_scope="module")]
@@ -39,28 +39,17 @@ BURSTY = {"Authorization": "Bearer bursty-token"}
 JOB = {"type": "report"}
 
 
-@pytest.fixture(scope="module")
-def module_dsn(database_url: str) -> Iterator[str]:
-    dsn = asyncio.run(create_database(database_url, "test_api_limits"))
-    yield dsn
-    asyncio.run(drop_database(database_url, dsn))
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def lg(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EventLog]:
+async def stack(database_url: str, tmp_path_factory: pytest.TempPathFactory
+                ) -> AsyncIterator[ApiStack]:
     cfg = LogConfig("sqlite", str(tmp_path_factory.mktemp("limits") / "log.db"),
                     Topics(prefix=f"lim{uuid.uuid4().hex[:8]}.", partitions=2))
-    log_ = open_log(cfg)
-    await log_.start()
-    await log_.ensure_topics()
-    yield log_
-    await log_.close()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(lg: EventLog, module_dsn: str) -> AsyncIterator[ApiStack]:
-    async with ApiStack(lg, module_dsn, LIMITED) as s:
-        yield s
+    dsn = await create_database(database_url, "test_api_limits")
+    try:
+        async with started(open_log(cfg)) as lg, ApiStack(lg, dsn, LIMITED) as s:
+            yield s
+    finally:
+        await drop_database(database_url, dsn)
 
 
 @pytest.fixture
@@ -294,8 +283,8 @@ async def test_metrics_need_an_operator_token(http: httpx.AsyncClient) -> None:
     assert r.status_code == 200 and "chronolog_" in r.text
 
 
-async def test_a_bug_is_a_json_500_with_an_error_id(stack: ApiStack, module_dsn: str) -> None:
-    store = await schema_store(module_dsn, max_size=2)
+async def test_a_bug_is_a_json_500_with_an_error_id(stack: ApiStack) -> None:
+    store = await schema_store(stack.dsn, max_size=2)
     app = create_app(stack.client, store, LIMITED)
     await store.close()  # every query now fails inside the app: an unexpected exception
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),

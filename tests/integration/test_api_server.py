@@ -58,6 +58,20 @@ def _stop(p: subprocess.Popen[bytes]) -> int | None:
     return p.returncode
 
 
+async def _healthy(http: httpx.AsyncClient, started: list[subprocess.Popen[bytes]],
+                   api_log: Path) -> None:
+    """Wait until the API answers /healthz (every service still running meanwhile)."""
+    async def up() -> bool:
+        for p in started:
+            assert p.poll() is None, api_log.read_text()
+        try:
+            return (await http.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_until(up, 60, what="the API to answer /healthz")
+
+
 async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> None:
     cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(prefix="chronolog.", partitions=4))
     log_args = ["--log", f"sqlite://{cfg.target}", "--partitions", "4"]
@@ -71,15 +85,7 @@ async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> No
     try:
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
-            async def up() -> bool:
-                for p in started:
-                    assert p.poll() is None, (tmp_path / "api.log").read_text()
-                try:
-                    return (await http.get("/healthz")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await wait_until(up, 60, what="the API to answer /healthz")
+            await _healthy(http, started, tmp_path / "api.log")
             auth = {"Authorization": "Bearer dev"}
             body = {"scheduleId": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Paris",
                     "job": {"type": "report", "params": {"full": True}}}
@@ -180,15 +186,7 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     try:
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
-            async def up() -> bool:
-                for p in started:
-                    assert p.poll() is None, (tmp_path / "api.log").read_text()
-                try:
-                    return (await http.get("/healthz")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await wait_until(up, 60, what="the API to answer /healthz")
+            await _healthy(http, started, tmp_path / "api.log")
         calls, failures = await asyncio.to_thread(_schemathesis_run, base)
     finally:
         codes = [_stop(p) for p in reversed(started)]
