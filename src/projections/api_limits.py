@@ -3,7 +3,8 @@
 ``RequestGuard`` is an ASGI middleware between the server and the app. Before FastAPI reads
 anything it refuses, with the JSON error body:
 
-* a body larger than ``max_body_bytes`` (413; by ``Content-Length`` or while reading);
+* a body larger than ``max_body_bytes`` (413; by ``Content-Length`` or while reading) —
+  bodies of GET, HEAD and OPTIONS are never read, so never refused either;
 * a non-empty body that is not JSON by its ``Content-Type`` (415);
 * a body nested deeper than ``limits.MAX_DOCUMENT_DEPTH`` (400) — counted without parsing,
   so no parser recurses into a hostile document;
@@ -92,6 +93,8 @@ class RequestGuard:
             if "\x00" in name or "\x00" in value:
                 return self.error(400, f"query parameter '{name.replace(chr(0), '')}' must "
                                   "not contain NUL (\\u0000)", name.replace("\x00", "")), receive
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return None, receive  # no route reads a body here: it is never read
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         length = headers.get("content-length")
