@@ -10,10 +10,18 @@ Conventions
   on output and numbers or text such as ``90s``/``15m`` on input.
 * Every error is ``{"error": <status>, "field": <field or null>, "message": "..."}`` where
   ``<status>`` is a word: ``invalid`` (400), ``unauthorized`` (401), ``forbidden`` (403),
-  ``not_found`` (404), ``method_not_allowed`` (405), ``conflict`` (409),
-  ``precondition_required`` (428), ``quota`` (429), ``unavailable`` (503) — the reply
-  statuses of DESIGN §6 plus the HTTP-only ones. A 409 may carry more (``revision``: the
-  current one; ``state``: the run's state).
+  ``not_found`` (404), ``method_not_allowed`` (405, with ``Allow``), ``conflict`` (409),
+  ``too_large`` (413), ``unsupported_media_type`` (415), ``precondition_required`` (428),
+  ``quota`` (429), ``internal`` (500: a bug, with an error id in the log), ``unavailable``
+  (503) — the reply statuses of DESIGN §6 plus the HTTP-only ones. A 409 may carry more
+  (``revision``: the current one; ``state``: the run's state). Validation is always 400
+  (never FastAPI's 422), an unknown query parameter included; ``openapi_document``
+  lists every status each operation can answer.
+* Limits (``chronolog.domain.limits``; README "Limits"): the request guard
+  (``api_limits.RequestGuard``) refuses oversized bodies, non-JSON bodies, deep nesting
+  and NUL before FastAPI parses anything; path IDs must match their patterns; a tenant's
+  commands pass its token bucket (429 with ``Retry-After``). ``/metrics`` takes an
+  operator token whenever the tenants come from a file.
 * Auth: ``Authorization: Bearer <token>`` -> tenant (``Tenants.by_token``); a missing or
   unknown token is 401. Every read and write is tenant-scoped: another tenant's schedule or
   run is 404, exactly like a missing one.
