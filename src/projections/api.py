@@ -792,12 +792,12 @@ def create_app(
         """Send one command; the ok reply and its consistency token, or an ApiError."""
         if client is None:
             raise ApiError(503, "no command client configured")
-        wait = limiter.take(tenant.name, tenant.rate_limit)
-        if wait is not None:
+        limit = tenant.rate_limit
+        wait = limiter.take(tenant.name, limit)
+        if wait is not None and limit is not None:
             raise ApiError(429, f"tenant '{tenant.name}' sends commands faster than its rate "
-                           f"limit ({tenant.rate_limit.per_second:g}/s, burst "  # type: ignore[union-attr]
-                           f"{tenant.rate_limit.burst}); retry in {wait}s", None,  # type: ignore[union-attr]
-                           headers={"Retry-After": str(wait)})
+                           f"limit ({limit.per_second:g}/s, burst {limit.burst}); retry in "
+                           f"{wait}s", None, headers={"Retry-After": str(wait)})
         env = client.envelope(tenant.name, schedule_id, payload)
         env = env.model_copy(update={"principal": f"api:{tenant.name}"})
         try:
