@@ -68,7 +68,7 @@ class DevNode:
 def _run(args: Any) -> int:
     from chronolog.cli import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, data_dir, partitions_from_env
+    from chronolog.settings import ConfigError, data_dir, max_body_bytes, partitions_from_env
 
     try:
         ddir = data_dir(args.data_dir)
@@ -81,6 +81,7 @@ def _run(args: Any) -> int:
         tenants = _tenants(tenants_path)
         _check_destinations(tenants, partitions, args.database_url
                             or os.environ.get("CHRONOLOG_DATABASE_URL"))
+        max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
@@ -211,6 +212,7 @@ async def run_node(
     from chronolog.projections.api import create_app
     from chronolog.projections.api_cli import _Server
     from chronolog.projections.projector import Projector
+    from chronolog.settings import max_body_bytes
     from chronolog.supervisor import Supervisor
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker
@@ -240,7 +242,8 @@ async def run_node(
                                                  tenants=tenants)
         return e
 
-    app = create_app(client, store, tenants, projector=projector)
+    app = create_app(client, store, tenants, projector=projector,
+                     max_body_bytes=max_body_bytes())
 
     def api() -> Any:
         config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
@@ -309,12 +312,15 @@ async def _seed_demo(client: Any, tenants: Any) -> None:
 def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool) -> None:
     url = f"http://{node.host}:{node.port}"
     tenant = next(iter(tenants.tenants.values()))
-    token = tenant.tokens[0] if tenant.tokens else "<token>"
+    # the token itself only on a terminal: redirected output (a CI log, a file) keeps it out
+    shown = sys.stdout.isatty() and bool(tenant.tokens)
+    token = tenant.tokens[0] if shown else "<token>"
     lines = [
         f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
         f"data directory: {node.data_dir.resolve()}",
         f"tenant '{tenant.name}', token: {token}"
-        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)"),
+        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)")
+        + ("" if shown else "  (shown only on a terminal)"),
         "",
         "create a schedule with curl:",
         f"  curl -s -X POST {url}/v1/schedules -H 'Authorization: Bearer {token}' "

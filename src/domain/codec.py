@@ -176,5 +176,8 @@ def _first_error(exc: Exception) -> str:
         if errs:
             e = errs[0]
             loc = ".".join(str(p) for p in e.get("loc", ()) if not isinstance(p, int) or True)
-            return f"{loc or 'message'}: {e.get('msg', str(exc))}"
+            msg = str(e.get("msg", str(exc)))
+            if not loc:  # a whole-message rule: its text starts with the path it is about
+                return msg.removeprefix("Value error, ")
+            return f"{loc}: {msg}"
     return str(exc).splitlines()[0]

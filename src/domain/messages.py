@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
+import orjson
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -28,6 +29,8 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
+
+from chronolog.domain import limits as lim
 
 # ---------------------------------------------------------------------------------------
 # scalar types
@@ -51,6 +54,9 @@ def _parse_seconds(value: Any) -> Any:
 def _non_negative(value: float) -> float:
     if value < 0:
         raise ValueError(f"must not be negative, got {value}")
+    if not value <= lim.MAX_DURATION_SECONDS:  # NaN fails too
+        raise ValueError(f"must be at most {lim.MAX_DURATION_SECONDS} seconds (ten years), "
+                         f"got {value:g}")
     return value
 
 
@@ -61,12 +67,29 @@ Seconds = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "number", "minimum": 0},
+                {"type": "number", "minimum": 0, "maximum": lim.MAX_DURATION_SECONDS},
                 {"type": "string", "description": "duration such as 90s, 15m, 2h, 1d"},
             ]
         }
     ),
 ]
+
+# an instant of a definition: UTC, within the years chronolog computes with
+Instant = Annotated[UtcDatetime, AfterValidator(lim.check_instant)]
+
+
+def _check_params(value: dict[str, Any]) -> dict[str, Any]:
+    """A job's params: NUL-free text, bounded depth, 64-bit integers, bounded size."""
+    bad = lim.text_violation(value, "", lim.MAX_DEPTH)
+    if bad is not None:
+        raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
+    size = len(orjson.dumps(value))
+    if size > lim.MAX_PARAMS_BYTES:
+        raise ValueError(f"{size} bytes as JSON, at most {lim.MAX_PARAMS_BYTES}")
+    return value
+
+
+Params = Annotated[dict[str, Any], AfterValidator(_check_params)]
 
 Status = Literal["ok", "invalid", "forbidden", "not_found", "conflict", "quota", "stale_fence"]
 ErrorClass = Literal["transient", "permanent", "ambiguous"]
@@ -96,7 +119,7 @@ class JobSpec(_Model):
     """What a run executes: a registered job type and its parameters."""
 
     type: str = Field(min_length=1, max_length=200)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict)
     timeout: Seconds | None = None
 
 
@@ -232,13 +255,13 @@ class ScheduleSpec(_Model):
 
     cron: str | None = None
     every: Seconds | None = None
-    at: UtcDatetime | None = None
+    at: Instant | None = None
     delay: Seconds | None = None
     timezone: str = "UTC"
-    anchor: UtcDatetime | None = None
-    start: UtcDatetime | None = None
-    end: UtcDatetime | None = None
-    max_count: int | None = Field(default=None, ge=1)
+    anchor: Instant | None = None
+    start: Instant | None = None
+    end: Instant | None = None
+    max_count: int | None = Field(default=None, ge=1, le=lim.MAX_COUNT)
     job: JobSpec
     misfire: Annotated[MisfireSpec, BeforeValidator(_misfire_from_string)] = Field(
         default_factory=MisfireSpec
@@ -288,7 +311,7 @@ class CreateSchedule(_Model):
 class ReviseSchedule(_Model):
     type: Literal["ReviseSchedule"] = "ReviseSchedule"
     spec: ScheduleSpec
-    expected_revision: int = Field(ge=1)
+    expected_revision: int = Field(ge=1, le=lim.MAX_INT)
 
 
 class PauseSchedule(_Model):
@@ -307,7 +330,7 @@ class DeleteSchedule(_Model):
 class TriggerRun(_Model):
     type: Literal["TriggerRun"] = "TriggerRun"
     request_key: str = Field(min_length=1, max_length=200)
-    params: dict[str, Any] | None = None
+    params: Params | None = None
 
 
 class CancelRun(_Model):
@@ -332,26 +355,26 @@ class ResolveReconciliation(_Model):
 class ClaimRun(_Model):
     type: Literal["ClaimRun"] = "ClaimRun"
     run_id: str
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
 
 
 class Heartbeat(_Model):
     type: Literal["Heartbeat"] = "Heartbeat"
     run_id: str
-    attempt: int = Field(ge=1)
-    fence: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
+    fence: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
 
 
 class CompleteRun(_Model):
     type: Literal["CompleteRun"] = "CompleteRun"
     run_id: str
-    attempt: int = Field(ge=1)
-    fence: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
+    fence: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
     checksum: str
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=lim.MAX_INT)
     uri: str | None = None
     inline: Any = None
 
@@ -359,8 +382,8 @@ class CompleteRun(_Model):
 class FailRun(_Model):
     type: Literal["FailRun"] = "FailRun"
     run_id: str
-    attempt: int = Field(ge=1)
-    fence: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
+    fence: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
     error_class: ErrorClass = "transient"
     message: str = ""
@@ -407,10 +430,20 @@ class CommandEnvelope(_Model):
     type: str
     tenant: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     principal: str = ""
-    schedule_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    schedule_id: str = Field(min_length=1, max_length=200, pattern=lim.SCHEDULE_ID_PATTERN)
     issued_at: UtcDatetime
     reply_to: str | None = None
     payload: Command
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clean_text(cls, data: Any) -> Any:
+        """No NUL in any text or key, bounded nesting, 64-bit integers — in every field of
+        every command (PostgreSQL and the JSON codec refuse them further down)."""
+        bad = lim.text_violation(data, "", lim.MAX_DOCUMENT_DEPTH)
+        if bad is not None:
+            raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
+        return data
 
     @model_validator(mode="after")
     def _type_matches_payload(self) -> "CommandEnvelope":

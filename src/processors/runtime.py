@@ -65,6 +65,7 @@ from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.environment import gc_tuned, utc_now
 from chronolog.commands.decider import Decision, TenantContext, decide, evolve, next_wakeup
+from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -80,10 +81,12 @@ READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRed
 
 
 class TenantPolicies(Protocol):
-    """Where a processor learns a tenant's allowed job types, schedule quota and the effect
-    destinations (name -> kind) the operator granted it."""
+    """Where a processor learns a tenant's allowed job types, schedule quota, minimum
+    interval and the effect destinations (name -> kind) the operator granted it."""
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]: ...
+
+    def min_interval(self, tenant: str) -> float: ...
 
     def destinations(self, tenant: str) -> Mapping[str, str] | None: ...
 
@@ -97,6 +100,9 @@ class OpenTenants:
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         return (None, None)
+
+    def min_interval(self, tenant: str) -> float:
+        return MIN_INTERVAL_SECONDS
 
     def destinations(self, tenant: str) -> Mapping[str, str] | None:
         return None
@@ -637,7 +643,8 @@ class Processor:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
         tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0),
-                               self.tenants.destinations(env.tenant))
+                               destinations=self.tenants.destinations(env.tenant),
+                               min_interval=self.tenants.min_interval(env.tenant))
         try:
             dec = decide(st, env, now, tenant)
             encoded = self._encode(key, st, dec, cid, now)

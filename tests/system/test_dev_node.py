@@ -209,3 +209,20 @@ def test_dev_node_restarts_a_failed_part_and_says_so(
         assert "part_restarting" in text  # the log line
     finally:
         assert node.stop() == 0, stderr.read_text()[-2000:]
+
+
+def test_dev_banner_keeps_the_token_off_redirected_output_and_metrics_are_open(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    node = Node(data_dir, free_port(), tmp_path / "dev.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        out = tmp_path / "dev.out"
+        banner = wait_for(lambda: "chronolog dev is running" in out.read_text()
+                          and out.read_text(), 30, "the banner")
+        # a dev node without a tenants file: /metrics needs no token
+        assert httpx.get(f"{node.url}/metrics", timeout=10).status_code == 200
+    finally:
+        assert node.stop() == 0, (tmp_path / "dev.log").read_text()[-2000:]
+    assert "token: <token>" in banner and "Bearer <token>" in banner, banner
+    assert "Bearer dev" not in banner and "token: dev" not in banner, banner
