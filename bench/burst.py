@@ -201,56 +201,7 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
                 out["broker"] = B.cpu_seconds([kpid])
             return out
 
-        cpu0, t0 = cpu(), time.time()
-        instant = float(int(t0 + args.n / args.est_rate * 1.2 + args.margin) + 1)
-        at = datetime.fromtimestamp(instant, tz=timezone.utc).isoformat()
-
-        def spec(i: int) -> m.ScheduleSpec:
-            return m.ScheduleSpec.model_validate({"at": at, "job": {"type": "bench",
-                                                                   "params": {"jid": i}}})
-
-        awaited = min(args.awaited, args.n)
-        latencies = []
-        for i in range(awaited):  # one at a time, each awaited: the reply latency a caller sees
-            s = time.perf_counter()
-            await client.create_schedule(TENANT, f"j{i}", spec(i))
-            latencies.append(time.perf_counter() - s)
-        t1 = time.time()
-        window = asyncio.Semaphore(args.window)
-
-        async def create(i: int) -> None:
-            async with window:
-                await client.create_schedule(TENANT, f"j{i}", spec(i))
-
-        await asyncio.gather(*(create(i) for i in range(awaited, args.n)))
-        t2 = time.time()
-        cpu1 = cpu()
-        latencies.sort()
-        res.update(
-            enqueue_rate=(args.n - awaited) / (t2 - t1) if args.n > awaited else None,
-            create_p50_ms=B.pct(latencies, 50) * 1000, create_p99_ms=B.pct(latencies, 99) * 1000,
-            gap_after_enqueue=instant - t2,
-            cpu_enqueue={k: cpu1[k] - cpu0[k] for k in cpu0},
-        )
-        await asyncio.to_thread(B.wait_until, instant - 2)
-        cpu2 = cpu()
-        spies = profile(args, procs, run_dir)
-        await asyncio.to_thread(B.wait_records, str(run_dir), args.n, instant + args.timeout)
-        cpu3 = cpu()
-        for spy in spies:
-            spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
-            spy.wait(60)
-        res.update(B.analyse(str(run_dir), args.n, instant))
-        res["cpu_burst"] = {k: cpu3[k] - cpu2[k] for k in cpu2}
-        # completion: every run's result is published (chronolog's own record of it)
-        offsets, seen = [0] * args.partitions, 0
-        deadline = time.time() + 120
-        while seen < args.n and time.time() < deadline:
-            seen = await count_results(lg, topics.events, args.partitions, offsets, seen)
-            if seen < args.n:
-                await asyncio.sleep(0.2)
-        res["results_published"] = seen
-        res["all_published_after_T"] = time.time() - instant
+        await (sustained if args.sustained else burst)(args, run_dir, client, lg, cpu, procs, res)
     finally:
         await client.close()
         stop(procs)
@@ -263,6 +214,87 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
     await delete_topics(cfg)
     await lg.close()
     return res
+
+
+async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
+                procs: list[Any], res: dict[str, Any]) -> None:
+    """N one-shots due at one instant T, placed after the enqueue."""
+    cpu0, t0 = cpu(), time.time()
+    instant = float(int(t0 + args.n / args.est_rate * 1.2 + args.margin) + 1)
+    at = datetime.fromtimestamp(instant, tz=timezone.utc).isoformat()
+
+    def spec(i: int) -> m.ScheduleSpec:
+        return m.ScheduleSpec.model_validate({"at": at, "job": {"type": "bench",
+                                                               "params": {"jid": i}}})
+
+    awaited = min(args.awaited, args.n)
+    latencies = []
+    for i in range(awaited):  # one at a time, each awaited: the reply latency a caller sees
+        s = time.perf_counter()
+        await client.create_schedule(TENANT, f"j{i}", spec(i))
+        latencies.append(time.perf_counter() - s)
+    t1 = time.time()
+    window = asyncio.Semaphore(args.window)
+
+    async def create(i: int) -> None:
+        async with window:
+            await client.create_schedule(TENANT, f"j{i}", spec(i))
+
+    await asyncio.gather(*(create(i) for i in range(awaited, args.n)))
+    t2 = time.time()
+    cpu1 = cpu()
+    latencies.sort()
+    res.update(
+        enqueue_rate=(args.n - awaited) / (t2 - t1) if args.n > awaited else None,
+        create_p50_ms=B.pct(latencies, 50) * 1000, create_p99_ms=B.pct(latencies, 99) * 1000,
+        gap_after_enqueue=instant - t2,
+        cpu_enqueue={k: cpu1[k] - cpu0[k] for k in cpu0},
+    )
+    await asyncio.to_thread(B.wait_until, instant - 2)
+    cpu2 = cpu()
+    spies = profile(args, procs, run_dir)
+    await asyncio.to_thread(B.wait_records, str(run_dir), args.n, instant + args.timeout)
+    cpu3 = cpu()
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        spy.wait(60)
+    res.update(B.analyse(str(run_dir), args.n, instant))
+    res["cpu_burst"] = {k: cpu3[k] - cpu2[k] for k in cpu2}
+    # completion: every run's result is published (chronolog's own record of it)
+    offsets, seen = [0] * args.partitions, 0
+    deadline = time.time() + 120
+    while seen < args.n and time.time() < deadline:
+        seen = await count_results(lg, lg.topics.events, args.partitions, offsets, seen)
+        if seen < args.n:
+            await asyncio.sleep(0.2)
+    res["results_published"] = seen
+    res["all_published_after_T"] = time.time() - instant
+
+
+async def sustained(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
+                    procs: list[Any], res: dict[str, Any]) -> None:
+    """``--sustained R`` schedules ``every 1s`` from one instant for ``--seconds``: R runs/s."""
+    n, seconds = args.sustained, args.seconds
+    first = float(int(time.time() + n / args.est_rate * 1.2 + args.margin) + 1)
+    start = datetime.fromtimestamp(first, tz=timezone.utc).isoformat()
+    window = asyncio.Semaphore(args.window)
+
+    async def create(i: int) -> None:
+        async with window:
+            await client.create_schedule(TENANT, f"j{i}", m.ScheduleSpec.model_validate({
+                "every": "1s", "start": start, "max_count": seconds, "misfire": "all",
+                "overlap": "allow", "job": {"type": "late", "params": {"jid": i}}}))
+
+    t0 = time.time()
+    await asyncio.gather(*(create(i) for i in range(n)))
+    res.update(enqueue_rate=n / (time.time() - t0), gap_after_enqueue=first - time.time())
+    await asyncio.to_thread(B.wait_until, first - 1)
+    cpu0 = cpu()
+    await asyncio.to_thread(B.wait_lateness, str(run_dir), n * seconds,
+                            first + seconds + args.timeout)
+    cpu1 = cpu()
+    res.update(B.analyse_lateness(str(run_dir), n, seconds))
+    res["cpu_burst"] = {k: cpu1[k] - cpu0[k] for k in cpu0}
 
 
 # --------------------------------------------------------------------------- peers
@@ -343,6 +375,10 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=10.0, help="seconds from enqueue end to T")
     ap.add_argument("--timeout", type=float, default=600.0, help="bound on the burst, seconds")
     ap.add_argument("--compare", choices=("celery",), default=None)
+    ap.add_argument("--sustained", type=int, default=None, metavar="RATE",
+                    help="instead of a burst: RATE schedules every 1s for --seconds "
+                         "(runs/s, start lateness percentiles)")
+    ap.add_argument("--seconds", type=int, default=60, help="length of a --sustained run")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="sample each chronolog process with py-spy during the burst "

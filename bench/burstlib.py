@@ -105,3 +105,49 @@ def wait_records(run_dir: str, n: int, deadline: float, interval: float = 0.02) 
 def median(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
+
+
+# --------------------------------------------------------------------------- sustained load
+# ``late`` records ``b"%08d %06d %12.6f\n"`` (schedule, occurrence, start - scheduled_at)
+
+LATE_LEN = 29
+_late_fd: int | None = None
+
+
+def record_lateness(job_id: int, occurrence: int, lateness: float) -> None:
+    global _late_fd
+    if _late_fd is None:
+        _late_fd = os.open(os.path.join(os.environ["BENCH_RUN_DIR"], f"late.{os.getpid()}.log"),
+                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(_late_fd, b"%08d %06d %12.6f\n" % (job_id, occurrence, lateness))
+
+
+def wait_lateness(run_dir: str, n: int, deadline: float, interval: float = 0.2) -> int:
+    count = 0
+    while time.time() < deadline:
+        count = sum(os.path.getsize(p) for p in glob.glob(f"{run_dir}/late.*.log")) // LATE_LEN
+        if count >= n:
+            break
+        time.sleep(interval)
+    return count
+
+
+def analyse_lateness(run_dir: str, schedules: int, seconds: int) -> dict[str, Any]:
+    """Every schedule's occurrences 0..seconds-1 once each, none early; start lateness."""
+    late: dict[tuple[int, int], float] = {}
+    total = 0
+    for path in glob.glob(f"{run_dir}/late.*.log"):
+        with open(path, "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 3:
+                    continue
+                key, value = (int(parts[0]), int(parts[1])), float(parts[2])
+                total += 1
+                late[key] = min(value, late.get(key, value))
+    values = sorted(late.values())
+    expected = schedules * seconds
+    return {"n": expected, "records": total, "lost": expected - len(late),
+            "duplicated": total - len(late), "early": sum(1 for v in values if v < 0),
+            "first_start": None, "last_start": None, "runs_per_s": len(values) / seconds,
+            "p50": pct(values, 50), "p99": pct(values, 99), "max": values[-1] if values else None}

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.workers.cli",
     "chronolog.effect_adapters.cli",
     "chronolog.ops_cli",
+    "chronolog.log.dlq_cli",
 )
 
 

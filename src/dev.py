@@ -4,6 +4,8 @@ Processors, the projector, workers with the built-in jobs, the effect runner and
 API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
 ``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
 
+A part that fails is restarted with bounded exponential backoff (``chronolog.supervisor``),
+and the node says so on stderr, in its log and in the live view; the other parts go on.
 SIGTERM / Ctrl-C stops it in order — API, workers (drain), effects, processor (finishing its
 open transaction), projector — then closes the log and stops the embedded PostgreSQL. A
 restart on the same data directory restores every schedule from the log and applies each
@@ -61,13 +63,12 @@ class DevNode:
     host: str
     started: float = field(default_factory=time.monotonic)
     parts: dict[str, Any] = field(default_factory=dict)
-    tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
 
 
 def _run(args: Any) -> int:
     from chronolog.cli import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, data_dir, partitions_from_env
+    from chronolog.settings import ConfigError, data_dir, max_body_bytes, partitions_from_env
 
     try:
         ddir = data_dir(args.data_dir)
@@ -78,6 +79,9 @@ def _run(args: Any) -> int:
             raise ConfigError(f"invalid --port '{args.port}': must be 1..65535")
         tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
         tenants = _tenants(tenants_path)
+        _check_destinations(tenants, partitions, args.database_url
+                            or os.environ.get("CHRONOLOG_DATABASE_URL"))
+        max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +96,14 @@ def _run(args: Any) -> int:
                                database_url=args.database_url or
                                os.environ.get("CHRONOLOG_DATABASE_URL"),
                                demo=not args.no_demo, tenants_path=tenants_path))
+
+
+def _check_destinations(tenants: Any, partitions: int, database_url: str | None) -> None:
+    """``ConfigError`` for a destination this node must refuse (its database, its topics)."""
+    from chronolog.destinations import check_destinations
+    from chronolog.log.port import Topics
+
+    check_destinations(tenants, Topics(partitions=partitions), database_url)
 
 
 def _tenants(path: str | None) -> Any:
@@ -129,22 +141,13 @@ async def run_dev(
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
-    import uvicorn
-
-    from chronolog.commands.client import Client
-    from chronolog.effect_adapters.runner import EffectRunner
+    from chronolog.cli import UsageError
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
-    from chronolog.processors.runtime import Processor
-    from chronolog.projections.api import create_app
-    from chronolog.projections.api_cli import _Server
     from chronolog.projections.embedded import EmbeddedPostgres
-    from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
-    from chronolog.workers.results import FilesystemResultStore
-    from chronolog.workers.runtime import Worker
+    from chronolog.settings import ConfigError
 
-    node = DevNode(ddir, port, host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,65 +163,21 @@ async def run_dev(
         await lg.start()
         first_run = await _is_empty(lg)
         await lg.ensure_topics()
+        try:  # the embedded database's address is known only now
+            _check_destinations(tenants, partitions, database_url)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         store = await PostgresProjectionStore.connect(database_url)
         await store.migrate()
-        results = FilesystemResultStore(ddir / "results")
+        node = DevNode(ddir, port, host)
 
-        processor = Processor(lg, f"dev-{os.getpid()}", tenants=tenants)
-        projector = Projector(lg, store)
-        worker = Worker(lg, worker_id=f"dev-worker-{os.getpid()}", concurrency=8,
-                        result_store=results)
-        worker.builtin_jobs()
-        effects = EffectRunner(lg, f"dev-effects-{os.getpid()}", database_url=database_url,
-                               result_store=results)
-        client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
-        from chronolog.dev_view import Recent
+        async def started(node: DevNode) -> None:
+            if first_run and demo:
+                await _seed_demo(node.parts["client"], tenants)
+            _banner(node, tenants, tenants_path, first_run and demo)
 
-        recent = Recent()
-        processor.on_commit.append(recent)
-        node.parts.update(processor=processor, projector=projector, worker=worker,
-                          effects=effects, client=client, store=store, log=lg, recent=recent)
-
-        node.tasks["processor"] = asyncio.create_task(processor.run(), name="processor")
-        node.tasks["projector"] = asyncio.create_task(projector.run(), name="projector")
-        await client.start()
-        node.tasks["worker"] = asyncio.create_task(worker.run(), name="worker")
-        node.tasks["effects"] = asyncio.create_task(effects.run(), name="effects")
-        app = create_app(client, store, tenants, projector=projector)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                lifespan="on", access_log=False)
-        server = _Server(config)  # our handlers stop the node; uvicorn captures none
-        node.tasks["api"] = asyncio.create_task(server.serve(), name="api")
-        await _wait_serving(server, node.tasks["api"])
-
-        if first_run and demo:
-            await _seed_demo(client, tenants)
-        _banner(node, tenants, tenants_path, first_run and demo)
-        view = None if quiet else asyncio.create_task(_live_view(node, stop), name="view")
-
-        # run until asked to stop, or until a part fails
-        waiters = [asyncio.create_task(stop.wait(), name="stop")] + list(node.tasks.values())
-        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            if t.get_name() != "stop" and t.exception() is not None:
-                log.error("part_failed", part=t.get_name(), error=repr(t.exception()))
-                print(f"chronolog dev: {t.get_name()} failed: {t.exception()!r}", file=sys.stderr)
-        if view is not None:
-            view.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await view
-        print("chronolog dev: stopping ...", file=sys.stderr, flush=True)
-        server.should_exit = True
-        await _finish(node.tasks.get("api"), 10)
-        worker.stop()
-        await _finish(node.tasks.get("worker"), 15)
-        effects.stop()
-        await _finish(node.tasks.get("effects"), 10)
-        processor.stop()
-        await _finish(node.tasks.get("processor"), 15)
-        projector.stop()
-        await _finish(node.tasks.get("projector"), 10)
-        await client.close()
+        await run_node(node, lg, store, tenants, stop, database_url=database_url,
+                       on_started=started, view=not quiet)
         return 0
     finally:
         if store is not None:
@@ -229,6 +188,94 @@ async def run_dev(
         if pg is not None:
             await asyncio.to_thread(pg.stop)
         print("chronolog dev: stopped", file=sys.stderr, flush=True)
+
+
+async def run_node(
+    node: DevNode, lg: Any, store: Any, tenants: Any, stop: asyncio.Event, *,
+    database_url: str | None = None, on_started: Any = None, view: bool = False,
+    supervisor: Any = None,
+) -> None:
+    """Run every part of a node on ``lg`` (either log) and ``store`` until ``stop`` is set.
+
+    Each part — processor, projector, workers, effect runner, API — is kept running by a
+    ``Supervisor``: one that fails is restarted with bounded backoff (and the node says so
+    on stderr, in its log and in the live view) while the others go on. Then the parts stop
+    in order: API, workers (drain), effects, processor (finishing its open transaction),
+    projector.
+    """
+    import uvicorn
+
+    from chronolog.commands.client import Client
+    from chronolog.dev_view import Recent
+    from chronolog.effect_adapters.runner import EffectRunner
+    from chronolog.processors.runtime import Processor
+    from chronolog.projections.api import create_app
+    from chronolog.projections.api_cli import _Server
+    from chronolog.projections.projector import Projector
+    from chronolog.settings import max_body_bytes
+    from chronolog.supervisor import Supervisor
+    from chronolog.workers.results import FilesystemResultStore
+    from chronolog.workers.runtime import Worker
+
+    results = FilesystemResultStore(node.data_dir / "results")
+    sup = supervisor or Supervisor()
+    recent = Recent()
+    projector = Projector(lg, store)  # the API waits on it: one object, run again on failure
+    client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
+    node.parts.update(projector=projector, client=client, store=store, log=lg, recent=recent,
+                      supervisor=sup)
+
+    def processor() -> Any:
+        p = node.parts["processor"] = Processor(lg, f"dev-{os.getpid()}", tenants=tenants)
+        p.on_commit.append(recent)
+        return p
+
+    def worker() -> Any:
+        w = node.parts["worker"] = Worker(lg, worker_id=f"dev-worker-{os.getpid()}",
+                                          concurrency=8, result_store=results)
+        w.builtin_jobs()
+        return w
+
+    def effects() -> Any:
+        e = node.parts["effects"] = EffectRunner(lg, f"dev-effects-{os.getpid()}",
+                                                 database_url=database_url, result_store=results,
+                                                 tenants=tenants)
+        return e
+
+    app = create_app(client, store, tenants, projector=projector,
+                     max_body_bytes=max_body_bytes())
+
+    def api() -> Any:
+        config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
+                                lifespan="on", access_log=False)
+        return _Server(config)  # our handlers stop the node; uvicorn captures none
+
+    def exit_server(server: Any) -> None:
+        server.should_exit = True
+
+    view_task = None
+    try:
+        sup.add("processor", processor, lambda p: p.run(), lambda p: p.stop())
+        sup.add("projector", lambda: projector, lambda p: p.run(), lambda p: p.stop())
+        await client.start()
+        sup.add("worker", worker, lambda w: w.run(), lambda w: w.stop())
+        sup.add("effects", effects, lambda e: e.run(), lambda e: e.stop())
+        sup.add("api", api, lambda s: s.serve(), exit_server)
+        await _wait_serving(sup, stop)
+        if on_started is not None:
+            await on_started(node)
+        if view:
+            view_task = asyncio.create_task(_live_view(node, stop), name="view")
+        await stop.wait()
+    finally:
+        if view_task is not None:
+            view_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await view_task
+        print("chronolog dev: stopping ...", file=sys.stderr, flush=True)
+        await sup.stop([("api", 10), ("worker", 15), ("effects", 10), ("processor", 15),
+                        ("projector", 10)])
+        await client.close()
 
 
 async def _is_empty(lg: Any) -> bool:
@@ -242,26 +289,15 @@ async def _is_empty(lg: Any) -> bool:
     return True
 
 
-async def _wait_serving(server: Any, task: asyncio.Task[Any], timeout: float = 30) -> None:
+async def _wait_serving(sup: Any, stop: asyncio.Event, timeout: float = 30) -> None:
+    """Until the API serves (it is restarted meanwhile if it fails to start)."""
     deadline = time.monotonic() + timeout
-    while not server.started:
-        if task.done():
-            task.result()  # raises the server's error
-            raise RuntimeError("the API server stopped during start-up")
+    while not sup.current("api").started:
+        if stop.is_set():
+            return
         if time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start within 30 s")
+            raise RuntimeError(f"the API server did not start within {timeout:.0f} s")
         await asyncio.sleep(0.05)
-
-
-async def _finish(task: asyncio.Task[Any] | None, timeout: float) -> None:
-    if task is None or task.done():
-        return
-    try:
-        await asyncio.wait_for(asyncio.shield(task), timeout)
-    except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - force it
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 async def _seed_demo(client: Any, tenants: Any) -> None:
@@ -276,12 +312,15 @@ async def _seed_demo(client: Any, tenants: Any) -> None:
 def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool) -> None:
     url = f"http://{node.host}:{node.port}"
     tenant = next(iter(tenants.tenants.values()))
-    token = tenant.tokens[0] if tenant.tokens else "<token>"
+    # the token itself only on a terminal: redirected output (a CI log, a file) keeps it out
+    shown = sys.stdout.isatty() and bool(tenant.tokens)
+    token = tenant.tokens[0] if shown else "<token>"
     lines = [
         f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
         f"data directory: {node.data_dir.resolve()}",
         f"tenant '{tenant.name}', token: {token}"
-        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)"),
+        + (f"  (from {tenants_path})" if tenants_path else "  (dev default)")
+        + ("" if shown else "  (shown only on a terminal)"),
         "",
         "create a schedule with curl:",
         f"  curl -s -X POST {url}/v1/schedules -H 'Authorization: Bearer {token}' "
@@ -323,4 +362,4 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - manual use
     return cli_main(["dev", *(argv or [])])
 
 
-__all__ = ["register", "run_dev", "DevNode", "argparse"]
+__all__ = ["register", "run_dev", "run_node", "DevNode", "argparse"]

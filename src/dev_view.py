@@ -106,4 +106,16 @@ async def render(node: Any) -> Group:
         footer = Text(f"start lateness p50 {p50}  p99 {p99}   events/s {recent.rate():.1f}   "
                       f"commands {proc.stats.commands}  transactions {proc.stats.transactions}  "
                       f"schedules {len(states)}   API http://{node.host}:{node.port}")
-    return Group(upcoming, running, results, skips, footer)
+    return Group(*_restarts(node), upcoming, running, results, skips, footer)
+
+
+def _restarts(node: Any) -> list[Text]:
+    """A banner line per part restarted in the last 10 minutes (newest restart)."""
+    sup = node.parts.get("supervisor")
+    if sup is None:
+        return []
+    cutoff = time.time() - 600
+    last = {n.part: n for n in sup.notices if n.at >= cutoff}
+    return [Text(f"{n.part} failed ({n.error}) and was restarted {n.restarts}x, "
+                 f"last at {datetime.fromtimestamp(n.at, timezone.utc):%H:%M:%S} UTC",
+                 style="bold red") for n in last.values()]

@@ -58,6 +58,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from contextlib import asynccontextmanager
@@ -264,7 +265,21 @@ def _command(prepare_and_run: Callable[[Ctx], Handler]) -> Callable[[Any], int]:
     return run
 
 
+def _check_ids(args: Any) -> None:
+    """A schedule or run ID argument matches the ID pattern (exactly as the API's routes)."""
+    from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
+
+    for attr, name, pattern, longest in (("schedule_id", "scheduleId", SCHEDULE_ID_PATTERN, 200),
+                                          ("run_id", "runId", RUN_ID_PATTERN, 64)):
+        value = getattr(args, attr, None)
+        if value is not None and (len(value) > longest or not re.fullmatch(pattern, value)):
+            shown = _short(value.encode("unicode_escape").decode())
+            raise _usage(f"invalid {name} '{shown}': at most {longest} of A-Z a-z 0-9 "
+                         + ("_ . : @ -, not only dots" if attr == "schedule_id" else "_ -"))
+
+
 def _context(args: Any) -> Ctx:
+    _check_ids(args)
     try:
         cfg = parse_log_url(args.log, args.data_dir, args.partitions, args.topic_prefix)
     except ConfigError as exc:
@@ -740,10 +755,17 @@ def _lifecycle(ctx: Ctx) -> Handler:
 def _trigger(ctx: Ctx) -> Handler:
     from chronolog.domain import messages as m
 
+    from pydantic import ValidationError
+
     params = _json_object(ctx.args.params, "params") if ctx.args.params is not None else None
     key = ctx.args.idempotency_key or f"cli-{uuid.uuid4().hex}"
     if len(key) > 200:
         raise _usage(f"invalid Idempotency-Key '{_short(key)}': at most 200 characters")
+    try:
+        m.TriggerRun(request_key=key, params=params)  # the limits on params, before sending
+    except ValidationError as exc:
+        msg = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
+        raise _usage(f"invalid params: {msg}") from None
 
     async def work(ctx: Ctx) -> int:
         try:

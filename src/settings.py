@@ -41,6 +41,23 @@ def partitions_from_env(value: str | None = None) -> int:
     return n
 
 
+def max_body_bytes(value: int | None = None) -> int:
+    """The API's request body limit: the flag, else ``CHRONOLOG_MAX_BODY_BYTES``, else
+    256 KiB."""
+    from chronolog.domain.limits import MAX_BODY_BYTES
+
+    raw: object = value if value is not None else os.environ.get("CHRONOLOG_MAX_BODY_BYTES")
+    if raw is None:
+        return MAX_BODY_BYTES
+    try:
+        n = int(raw)  # type: ignore[call-overload]
+    except ValueError:
+        raise ConfigError(f"invalid max-body-bytes '{raw}': not an integer") from None
+    if not 1024 <= n <= 64 * 1024 * 1024:
+        raise ConfigError(f"invalid max-body-bytes '{raw}': must be 1024..67108864")
+    return n
+
+
 def data_dir(value: str | None = None) -> Path:
     return Path(value or os.environ.get("CHRONOLOG_DATA_DIR") or DEFAULT_DATA_DIR)
 

@@ -1,22 +1,51 @@
 """Tenants and their policies, from a TOML file (``--tenants`` / ``CHRONOLOG_TENANTS``).
 
 ```toml
+[operators]
+tokens = ["ops-s3cret"]     # may read /metrics; a tenant token may not
+
 [tenants.acme]
 tokens = ["s3cret"]
 allowed_jobs = ["*"]        # or a list of job types
 max_schedules = 1000
+min_interval = "1s"         # shortest every / delay / cron gap (text or seconds)
+rate_limit = { per_second = 50, burst = 100 }   # API commands; a number = per second
+
+[tenants.acme.destinations.billing]   # effect destinations granted to the tenant
+kind = "webhook"
+url = "https://billing.example/hooks"
 ```
 
-Without a file, ``dev_tenants()`` has one tenant ``default`` with token ``dev``.
+Destinations are parsed by ``chronolog.destinations`` (see README, Tenants).
+
+Without a file, ``dev_tenants()`` has one tenant ``default`` with token ``dev``, no rate
+limit, and ``/metrics`` open (a tenants file always closes it to all but operators).
+Tokens are compared in constant time, over every token of every tenant.
 """
 
 from __future__ import annotations
 
+import hmac
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from chronolog.destinations import AnyDestination, parse_destinations
+from chronolog.domain.durations import InvalidDuration, parse_duration
+from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.settings import ConfigError
+
+# a tenant of a tenants file without ``rate_limit``: commands per second, and the burst
+DEFAULT_RATE_LIMIT = (50.0, 100)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A token bucket: ``burst`` commands at once, refilled at ``per_second``."""
+
+    per_second: float
+    burst: int
 
 
 @dataclass(frozen=True)
@@ -25,25 +54,58 @@ class Tenant:
     tokens: tuple[str, ...] = ()
     allowed_jobs: frozenset[str] | None = None  # None: every job type
     max_schedules: int | None = None
+    destinations: dict[str, AnyDestination] = field(default_factory=dict, compare=False)
+    min_interval: float = MIN_INTERVAL_SECONDS
+    rate_limit: RateLimit | None = None  # None: unlimited
 
 
 @dataclass
 class Tenants:
-    """The tenant registry: token lookup (API) and policies (processor)."""
+    """The tenant registry: token lookup (API) and policies (processor).
+
+    ``operator_tokens`` may read ``/metrics``; ``None`` (a dev node without a tenants
+    file) leaves ``/metrics`` open."""
 
     tenants: dict[str, Tenant] = field(default_factory=dict)
+    operator_tokens: tuple[str, ...] | None = None
 
     def by_token(self, token: str) -> Tenant | None:
+        """The tenant holding ``token``; every token is compared (constant time)."""
+        given = token.encode()
+        found: Tenant | None = None
         for t in self.tenants.values():
-            if token in t.tokens:
-                return t
-        return None
+            for candidate in t.tokens:
+                if hmac.compare_digest(candidate.encode(), given):
+                    found = t
+        return found
+
+    def is_operator(self, token: str) -> bool:
+        """``token`` is an operator token (constant time over all of them)."""
+        given = token.encode()
+        hits = [hmac.compare_digest(c.encode(), given) for c in self.operator_tokens or ()]
+        return any(hits)
+
+    def min_interval(self, tenant: str) -> float:
+        t = self.tenants.get(tenant)
+        return t.min_interval if t is not None else MIN_INTERVAL_SECONDS
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
         if t is None:
             return (frozenset(), 0)  # an unknown tenant may do nothing
         return (t.allowed_jobs, t.max_schedules)
+
+    def destinations(self, tenant: str) -> dict[str, str]:
+        """The destinations granted to ``tenant``: name -> kind (none for an unknown tenant)."""
+        t = self.tenants.get(tenant)
+        return {} if t is None else {n: d.kind for n, d in t.destinations.items()}
+
+    def destination(self, tenant: str, name: str) -> AnyDestination | None:
+        t = self.tenants.get(tenant)
+        return None if t is None else t.destinations.get(name)
+
+    def all_destinations(self) -> dict[str, dict[str, AnyDestination]]:
+        return {n: t.destinations for n, t in self.tenants.items() if t.destinations}
 
 
 def dev_tenants() -> Tenants:
@@ -75,5 +137,53 @@ def load_tenants(path: str | Path) -> Tenants:
         max_s = cfg.get("max_schedules")
         if max_s is not None and (not isinstance(max_s, int) or max_s < 0):
             raise ConfigError(f"invalid tenants.{name}.max_schedules '{max_s}'")
-        out[name] = Tenant(name, tuple(tokens), None if "*" in jobs else frozenset(jobs), max_s)
-    return Tenants(out)
+        out[name] = Tenant(name, tuple(tokens), None if "*" in jobs else frozenset(jobs), max_s,
+                           parse_destinations(name, cfg.get("destinations")),
+                           _min_interval(name, cfg.get("min_interval", MIN_INTERVAL_SECONDS)),
+                           _rate_limit(name, cfg.get("rate_limit")))
+    return Tenants(out, _operator_tokens(raw.get("operators", {})))
+
+
+def _min_interval(name: str, value: Any) -> float:
+    try:
+        seconds = parse_duration(value)
+    except InvalidDuration as exc:
+        raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': {exc.reason}") from None
+    if seconds <= 0:
+        raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': must be positive")
+    return seconds
+
+
+def _rate_limit(name: str, value: Any) -> RateLimit:
+    """``rate_limit = 20`` (per second, burst twice that) or ``{per_second, burst}``."""
+    per_second, burst = DEFAULT_RATE_LIMIT
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        per_second, burst = float(value), max(1, int(2 * value))
+    elif isinstance(value, dict):
+        unknown = set(value) - {"per_second", "burst"}
+        if unknown:
+            raise ConfigError(f"invalid tenants.{name}.rate_limit: unknown key "
+                              f"'{sorted(unknown)[0]}' (per_second, burst)")
+        per_second = value.get("per_second", per_second)
+        burst = value.get("burst", max(1, int(2 * per_second))
+                          if isinstance(per_second, (int, float)) else burst)
+    elif value is not None:
+        raise ConfigError(f"invalid tenants.{name}.rate_limit: a number (per second) or "
+                          f"{{ per_second = N, burst = M }}")
+    if isinstance(per_second, bool) or not isinstance(per_second, (int, float)) \
+            or not per_second > 0:
+        raise ConfigError(f"invalid tenants.{name}.rate_limit.per_second '{per_second}': "
+                          f"must be a positive number")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ConfigError(f"invalid tenants.{name}.rate_limit.burst '{burst}': must be an "
+                          f"integer >= 1")
+    return RateLimit(float(per_second), burst)
+
+
+def _operator_tokens(section: Any) -> tuple[str, ...]:
+    if not isinstance(section, dict):
+        raise ConfigError("invalid operators: not a table")
+    tokens = section.get("tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
+        raise ConfigError("invalid operators.tokens: must be a list of strings")
+    return tuple(tokens)

@@ -29,7 +29,8 @@ from chronolog.environment import new_id, utc_now
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
-from chronolog.log.port import EventLog, OutRecord
+from chronolog.log.dead_letters import DeadLetters
+from chronolog.log.port import EventLog, OutRecord, Record
 
 log = structlog.get_logger("chronolog.client")
 
@@ -118,6 +119,7 @@ class Client:
         self._ready = asyncio.Event()
         self._outbox: list[tuple[list[OutRecord], asyncio.Future[None]]] = []
         self._appender: asyncio.Task[None] | None = None
+        self.dead_letters = DeadLetters(log_, f"client:{self.client_id}")
 
     async def start(self) -> None:
         """Start following ``replies`` from their current end."""
@@ -166,14 +168,27 @@ class Client:
                 await asyncio.sleep(0.2)
                 continue
             for rec in records:
-                cid = rec.key.decode() if rec.key else None
-                fut = self._waiters.get(cid) if cid else None
+                try:
+                    cid = rec.key.decode() if rec.key else None
+                    if cid is None:
+                        raise codec.DecodeError("a reply without a key (the command ID)")
+                except (UnicodeDecodeError, codec.DecodeError) as exc:
+                    await self._dead_letter(rec, exc)  # answers no command: recorded, passed
+                    continue
+                fut = self._waiters.get(cid)
                 if fut is None or fut.done():
                     continue
                 try:
                     fut.set_result(codec.decode_reply(rec.value))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - the waiter sees the error
                     fut.set_exception(exc)
+                    await self._dead_letter(rec, exc)
+
+    async def _dead_letter(self, rec: Record, exc: BaseException) -> None:
+        try:
+            await self.dead_letters.put(rec, exc)
+        except Exception as err:  # noqa: BLE001 - the reply is passed either way
+            log.warning("reply_dead_letter_failed", offset=rec.offset, error=repr(err))
 
     # ------------------------------------------------------------------ sending
 

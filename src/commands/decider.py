@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator, assert_never
+from typing import Any, Iterator, Mapping, assert_never
 
 from chronolog.commands.state import (
     DEAD_KEPT,
@@ -33,11 +33,13 @@ from chronolog.commands.state import (
 )
 from chronolog.domain import messages as m
 from chronolog.domain.ids import effect_id_for, manual_run_id, run_id_for
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter_offset
+from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter_offset, upcoming
 
 __all__ = [
     "Decision",
     "TenantContext",
+    "ungranted_effect",
     "decide",
     "evolve",
     "fold",
@@ -52,11 +54,15 @@ _US = timedelta(microseconds=1)
 
 @dataclass(frozen=True, slots=True)
 class TenantContext:
-    """Tenant policy as seen by the processor: allowed job types and schedule quota."""
+    """Tenant policy as seen by the processor: allowed job types, schedule quota and the
+    shortest interval a recurring schedule may have (seconds)."""
 
     allowed_jobs: frozenset[str] | None = None  # None: every job type
     max_schedules: int | None = None
     active_schedules: int = 0
+    # the effect destinations the operator granted, name -> kind; None: not checked here
+    destinations: Mapping[str, str] | None = None
+    min_interval: float = MIN_INTERVAL_SECONDS
 
     def allows(self, job_type: str) -> bool:
         return self.allowed_jobs is None or "*" in self.allowed_jobs or job_type in self.allowed_jobs
@@ -208,6 +214,8 @@ def _create(
         return _reject("conflict", "schedule id taken", "scheduleId", revision=state.revision)
     if not tenant.allows(p.spec.job.type):
         return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
+    if (refused := ungranted_effect(p.spec, tenant)) is not None:
+        return refused
     if tenant.max_schedules is not None and tenant.active_schedules >= tenant.max_schedules:
         return _reject("quota", f"tenant has {tenant.active_schedules} active schedules "
                        f"(max {tenant.max_schedules})")
@@ -217,6 +225,9 @@ def _create(
         trigger = _compile(p.spec, anchor)
     except RecurrenceError as exc:
         return _reject("invalid", str(exc), exc.field)
+    too_often = _below_min_interval(p.spec, trigger, now, tenant)
+    if too_often is not None:
+        return too_often
     first = _first_instant(trigger, pol, p.spec, now, anchor)
     if pol.kind == "at" and first is not None and first < now - timedelta(seconds=pol.grace):
         return _reject("invalid", f"invalid at '{m_iso(first)}': in the past", "at")
@@ -233,6 +244,47 @@ def _create(
         )
     )
     return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def ungranted_effect(spec: m.ScheduleSpec, tenant: TenantContext) -> Decision | None:
+    """An effect may only name a destination the operator granted to the tenant, of its kind."""
+    if tenant.destinations is None:
+        return None
+    for i, eff in enumerate(spec.effects):
+        kind = tenant.destinations.get(eff.destination)
+        if kind is None:
+            return _reject("forbidden", f"effect destination '{eff.destination}' is not granted "
+                           "to this tenant", f"effects[{i}].destination")
+        if kind != eff.kind:
+            return _reject("invalid", f"effect destination '{eff.destination}' is a {kind} "
+                           f"destination, not {eff.kind}", f"effects[{i}].kind")
+    return None
+
+
+# how many upcoming instants of a cron rule are compared against the minimum interval
+_CRON_GAPS_CHECKED = 64
+
+
+def _below_min_interval(
+    spec: m.ScheduleSpec, trigger: Any, now: datetime, tenant: TenantContext
+) -> Decision | None:
+    """A recurring schedule fires at most once per ``tenant.min_interval``: an ``every`` or
+    ``delay`` shorter than it, or a cron rule with two of its next instants closer than it,
+    is invalid (naming the field)."""
+    least = tenant.min_interval
+    for name in ("every", "delay"):
+        value = getattr(spec, name)
+        if value is not None and value < least:
+            return _reject("invalid", f"invalid {name} '{value:g}s': shorter than the "
+                           f"tenant's minimum interval of {least:g}s", name)
+    if spec.cron is not None and least > 60:  # a cron rule is at least a minute apart
+        instants = upcoming(trigger, now, _CRON_GAPS_CHECKED)
+        for a, b in zip(instants, instants[1:]):
+            if (b - a).total_seconds() < least:
+                return _reject("invalid", f"invalid cron '{spec.cron}': fires {b - a} apart "
+                               f"at {m_iso(a)}, the tenant's minimum interval is {least:g}s",
+                               "cron")
+    return None
 
 
 def m_iso(t: datetime) -> str:
@@ -262,12 +314,17 @@ def _revise(
         )
     if not tenant.allows(p.spec.job.type):
         return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
+    if (refused := ungranted_effect(p.spec, tenant)) is not None:
+        return refused
     pol = policy_for(p.spec)
     anchor = p.spec.anchor or state.anchor or now
     try:
         trigger = _compile(p.spec, anchor)
     except RecurrenceError as exc:
         return _reject("invalid", str(exc), exc.field)
+    too_often = _below_min_interval(p.spec, trigger, now, tenant)
+    if too_often is not None:
+        return too_often
     d = _Draft(state)
     # Instants of the old revision already due belong to it: settle them first (exactly as
     # a Tick just before the revision would), so none is silently dropped.
@@ -974,7 +1031,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
     assert pol is not None
     for eff in pol.effects:
         d.emit(m.EffectIntended(effect_id=effect_id_for(eff.effect_name, run.run_id),
-                                run_id=run.run_id, kind=eff.kind, config=eff.config,
+                                run_id=run.run_id, kind=eff.kind,
+                                destination=eff.destination, config=eff.options(),
                                 checksum=p.checksum, uri=p.uri, inline=p.inline))
     _after_run_left_guard(d, now)
     live = d.state.run(run.run_id)

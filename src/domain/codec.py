@@ -17,6 +17,7 @@ from chronolog.domain.messages import (
     CURRENT_VERSION,
     CommandEnvelope,
     DeadLetter,
+    STORED,
     EventEnvelope,
     Reply,
 )
@@ -98,10 +99,10 @@ def decode_event(data: bytes) -> EventEnvelope:
         raw = orjson.loads(data)
         if not isinstance(raw, dict):
             raise DecodeError("event is not a JSON object")
-        return EventEnvelope.model_validate(upcast(raw))
+        return EventEnvelope.model_validate(upcast(raw), context=STORED)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"event is not JSON: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # a version that is no integer, ...
         if isinstance(exc, DecodeError):
             raise
         raise DecodeError(_first_error(exc)) from exc
@@ -167,7 +168,7 @@ def decode_dead_letter(data: bytes) -> DeadLetter:
     return DeadLetter.model_validate(orjson.loads(data))
 
 
-def _first_error(exc: ValueError) -> str:
+def _first_error(exc: Exception) -> str:
     """One line naming the field and the problem, from a pydantic ValidationError."""
     errors = getattr(exc, "errors", None)
     if callable(errors):
@@ -175,5 +176,8 @@ def _first_error(exc: ValueError) -> str:
         if errs:
             e = errs[0]
             loc = ".".join(str(p) for p in e.get("loc", ()) if not isinstance(p, int) or True)
-            return f"{loc or 'message'}: {e.get('msg', str(exc))}"
+            msg = str(e.get("msg", str(exc)))
+            if not loc:  # a whole-message rule: its text starts with the path it is about
+                return msg.removeprefix("Value error, ")
+            return f"{loc}: {msg}"
     return str(exc).splitlines()[0]

@@ -8,7 +8,7 @@ Accepted spellings (all mean a number of seconds, never negative):
 * ISO-8601 durations without years or months (which have no fixed length):
   ``"PT15M"``, ``"P1D"``, ``"P1DT2H30M"``, ``"PT0.5S"``, ``"P2W"``.
 
-Zero is accepted here; callers that need a positive duration check ``> 0`` themselves.
+At most ten years (``limits.MAX_DURATION_SECONDS``). Zero is accepted here; callers that need a positive duration check ``> 0`` themselves.
 Pure: no I/O, no clock.
 """
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import re
+
+from chronolog.domain.limits import MAX_DURATION_SECONDS
 
 __all__ = ["InvalidDuration", "parse_duration", "format_duration"]
 
@@ -57,6 +59,8 @@ def _check_number(value: object, seconds: float) -> float:
         raise InvalidDuration(value, "must be a finite number of seconds")
     if seconds < 0:
         raise InvalidDuration(value, "must not be negative")
+    if seconds > MAX_DURATION_SECONDS:
+        raise InvalidDuration(value, f"must be at most {MAX_DURATION_SECONDS} seconds (ten years)")
     return float(seconds)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
+import orjson
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -24,9 +25,12 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     WithJsonSchema,
     model_validator,
 )
+
+from chronolog.domain import limits as lim
 
 # ---------------------------------------------------------------------------------------
 # scalar types
@@ -50,6 +54,9 @@ def _parse_seconds(value: Any) -> Any:
 def _non_negative(value: float) -> float:
     if value < 0:
         raise ValueError(f"must not be negative, got {value}")
+    if not value <= lim.MAX_DURATION_SECONDS:  # NaN fails too
+        raise ValueError(f"must be at most {lim.MAX_DURATION_SECONDS} seconds (ten years), "
+                         f"got {value:g}")
     return value
 
 
@@ -60,12 +67,29 @@ Seconds = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "number", "minimum": 0},
+                {"type": "number", "minimum": 0, "maximum": lim.MAX_DURATION_SECONDS},
                 {"type": "string", "description": "duration such as 90s, 15m, 2h, 1d"},
             ]
         }
     ),
 ]
+
+# an instant of a definition: UTC, within the years chronolog computes with
+Instant = Annotated[UtcDatetime, AfterValidator(lim.check_instant)]
+
+
+def _check_params(value: dict[str, Any]) -> dict[str, Any]:
+    """A job's params: NUL-free text, bounded depth, 64-bit integers, bounded size."""
+    bad = lim.text_violation(value, "", lim.MAX_DEPTH)
+    if bad is not None:
+        raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
+    size = len(orjson.dumps(value))
+    if size > lim.MAX_PARAMS_BYTES:
+        raise ValueError(f"{size} bytes as JSON, at most {lim.MAX_PARAMS_BYTES}")
+    return value
+
+
+Params = Annotated[dict[str, Any], AfterValidator(_check_params)]
 
 Status = Literal["ok", "invalid", "forbidden", "not_found", "conflict", "quota", "stale_fence"]
 ErrorClass = Literal["transient", "permanent", "ambiguous"]
@@ -95,7 +119,7 @@ class JobSpec(_Model):
     """What a run executes: a registered job type and its parameters."""
 
     type: str = Field(min_length=1, max_length=200)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict)
     timeout: Seconds | None = None
 
 
@@ -135,16 +159,92 @@ class DstSpec(_Model):
     nonexistent: Literal["shift_forward", "skip"] = "shift_forward"
 
 
+# Headers a tenant may never set on a webhook effect: routing (Host, Forwarded, X-Forwarded-*),
+# hop-by-hop and framing headers, and the ones the adapter or the operator own.
+DENIED_EFFECT_HEADERS = frozenset({
+    "host", "connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
+    "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "content-length",
+    "content-type", "content-encoding", "expect", "forwarded", "via", "x-real-ip",
+    "idempotency-key", "authorization", "cookie", "metadata-flavor", "x-aws-ec2-metadata-token",
+})
+MAX_EFFECT_HEADERS = 16
+_HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"
+_HEADER_VALUE = r"^[\x20-\x7e]{0,512}$"
+MAX_EFFECT_GIVE_UP = 7 * 86_400.0
+STORED = {"stored": True}  # validation context of records already in the log or read model
+
+
+def effect_header_denied(name: str) -> bool:
+    """A header a tenant may not choose (routing, hop-by-hop, framing or owned by others)."""
+    low = name.lower()
+    return low in DENIED_EFFECT_HEADERS or low.startswith(("x-forwarded-", "proxy-"))
+
+
+EffectHeaderName = Annotated[str, Field(pattern=_HEADER_NAME)]
+EffectHeaderValue = Annotated[str, Field(pattern=_HEADER_VALUE)]
+
+
 class EffectSpec(_Model):
-    """An external action performed after a result is published, with a stable ID."""
+    """An external action performed after a result is published, with a stable ID.
+
+    ``destination`` names a destination the operator granted to the tenant (the tenants
+    file); where it points and how it is reached are the operator's. A tenant chooses only
+    ``headers`` (webhook; never Host, hop-by-hop or routing headers), ``subject`` (email)
+    and ``give_up_after`` (capped by the destination's own).
+    """
 
     kind: Literal["webhook", "email", "postgres", "kafka"]
     name: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.-]*$")
-    config: dict[str, Any] = Field(default_factory=dict)
+    destination: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    headers: dict[EffectHeaderName, EffectHeaderValue] = Field(
+        default_factory=dict, max_length=MAX_EFFECT_HEADERS)
+    subject: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
+    give_up_after: Seconds | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_destinations(cls, value: Any, info: ValidationInfo) -> Any:
+        """A stored effect written before destinations existed (``{kind, name, config}``)
+        still decodes: it names the destination of its effect name and its ``config`` (a
+        target the tenant wrote) is dropped — it reaches nothing unless the operator grants
+        that tenant a destination of that name. Only for records already stored
+        (``context=STORED``); a new spec with ``config`` is invalid."""
+        if (isinstance(value, dict) and "config" in value and "destination" not in value
+                and info.context and info.context.get("stored")):
+            kind = value.get("kind")
+            name = value.get("name") or {"email": "send"}.get(str(kind), kind)
+            value = {k: v for k, v in value.items() if k != "config"}
+            value["destination"] = name
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> "EffectSpec":
+        denied = sorted(h for h in self.headers if effect_header_denied(h))
+        if denied:
+            raise ValueError(f"effect header '{denied[0]}' may not be set by a schedule")
+        if self.headers and self.kind != "webhook":
+            raise ValueError("effect headers apply to webhook effects only")
+        if self.subject is not None and self.kind != "email":
+            raise ValueError("effect subject applies to email effects only")
+        if self.give_up_after is not None and not 0 < self.give_up_after <= MAX_EFFECT_GIVE_UP:
+            raise ValueError(f"effect give_up_after must be in (0, {MAX_EFFECT_GIVE_UP:g}] "
+                             f"seconds, got {self.give_up_after}")
+        return self
 
     @property
     def effect_name(self) -> str:
         return self.name or {"email": "send"}.get(self.kind, self.kind)
+
+    def options(self) -> dict[str, Any]:
+        """The tenant-chosen options carried by the EffectIntended event."""
+        out: dict[str, Any] = {}
+        if self.headers:
+            out["headers"] = dict(self.headers)
+        if self.subject is not None:
+            out["subject"] = self.subject
+        if self.give_up_after is not None:
+            out["give_up_after"] = self.give_up_after
+        return out
 
 
 OverlapPolicy = Literal["allow", "skip", "buffer_one", "buffer_all", "cancel_previous"]
@@ -155,13 +255,13 @@ class ScheduleSpec(_Model):
 
     cron: str | None = None
     every: Seconds | None = None
-    at: UtcDatetime | None = None
+    at: Instant | None = None
     delay: Seconds | None = None
     timezone: str = "UTC"
-    anchor: UtcDatetime | None = None
-    start: UtcDatetime | None = None
-    end: UtcDatetime | None = None
-    max_count: int | None = Field(default=None, ge=1)
+    anchor: Instant | None = None
+    start: Instant | None = None
+    end: Instant | None = None
+    max_count: int | None = Field(default=None, ge=1, le=lim.MAX_COUNT)
     job: JobSpec
     misfire: Annotated[MisfireSpec, BeforeValidator(_misfire_from_string)] = Field(
         default_factory=MisfireSpec
@@ -211,7 +311,7 @@ class CreateSchedule(_Model):
 class ReviseSchedule(_Model):
     type: Literal["ReviseSchedule"] = "ReviseSchedule"
     spec: ScheduleSpec
-    expected_revision: int = Field(ge=1)
+    expected_revision: int = Field(ge=1, le=lim.MAX_INT)
 
 
 class PauseSchedule(_Model):
@@ -230,7 +330,7 @@ class DeleteSchedule(_Model):
 class TriggerRun(_Model):
     type: Literal["TriggerRun"] = "TriggerRun"
     request_key: str = Field(min_length=1, max_length=200)
-    params: dict[str, Any] | None = None
+    params: Params | None = None
 
 
 class CancelRun(_Model):
@@ -255,26 +355,26 @@ class ResolveReconciliation(_Model):
 class ClaimRun(_Model):
     type: Literal["ClaimRun"] = "ClaimRun"
     run_id: str
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
 
 
 class Heartbeat(_Model):
     type: Literal["Heartbeat"] = "Heartbeat"
     run_id: str
-    attempt: int = Field(ge=1)
-    fence: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
+    fence: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
 
 
 class CompleteRun(_Model):
     type: Literal["CompleteRun"] = "CompleteRun"
     run_id: str
-    attempt: int = Field(ge=1)
-    fence: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
+    fence: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
     checksum: str
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=lim.MAX_INT)
     uri: str | None = None
     inline: Any = None
 
@@ -282,8 +382,8 @@ class CompleteRun(_Model):
 class FailRun(_Model):
     type: Literal["FailRun"] = "FailRun"
     run_id: str
-    attempt: int = Field(ge=1)
-    fence: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=lim.MAX_INT)
+    fence: int = Field(ge=1, le=lim.MAX_INT)
     worker_id: str
     error_class: ErrorClass = "transient"
     message: str = ""
@@ -330,10 +430,20 @@ class CommandEnvelope(_Model):
     type: str
     tenant: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     principal: str = ""
-    schedule_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    schedule_id: str = Field(min_length=1, max_length=200, pattern=lim.SCHEDULE_ID_PATTERN)
     issued_at: UtcDatetime
     reply_to: str | None = None
     payload: Command
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clean_text(cls, data: Any) -> Any:
+        """No NUL in any text or key, bounded nesting, 64-bit integers — in every field of
+        every command (PostgreSQL and the JSON codec refuse them further down)."""
+        bad = lim.text_violation(data, "", lim.MAX_DOCUMENT_DEPTH)
+        if bad is not None:
+            raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
+        return data
 
     @model_validator(mode="after")
     def _type_matches_payload(self) -> "CommandEnvelope":
@@ -578,7 +688,8 @@ class EffectIntended(_Event):
     effect_id: str
     run_id: str
     kind: Literal["webhook", "email", "postgres", "kafka"]
-    config: dict[str, Any] = Field(default_factory=dict)
+    destination: str = ""  # the operator-granted destination, by name
+    config: dict[str, Any] = Field(default_factory=dict)  # the tenant's options only
     checksum: str
     uri: str | None = None
     inline: Any = None
@@ -683,12 +794,26 @@ class Reply(BaseModel):
 
 
 class DeadLetter(BaseModel):
-    """A command that could not be parsed or validated, kept with its original bytes."""
+    """A record a consumer could not use, kept with its reason and its original bytes.
+
+    Every consumer (processor, projector, effect runner, workers, reply readers) writes one
+    to the ``dlq`` topic for a record it skips: which record (``source_topic``,
+    ``source_partition``, ``source_offset``), who skipped it (``consumer``), why
+    (``error_class`` and ``reason``, the error's message) and the record's bytes
+    (``original``, base64, at most its first 64 KiB; ``original_size`` is
+    the whole size). Records written before these fields existed read back with their
+    defaults (a command the processor could not parse).
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     reason: str
-    original: str  # the original bytes, base64
+    original: str  # the original bytes (a prefix of them when original_size is larger), base64
     source_partition: int
     source_offset: int
     command_id: str | None = None
+    source_topic: str = ""
+    consumer: str = "processor"
+    error_class: str = "DecodeError"
+    original_size: int | None = None
+    dead_lettered_at: datetime | None = None

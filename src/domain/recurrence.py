@@ -53,6 +53,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from chronolog.domain.durations import InvalidDuration, parse_duration
+from chronolog.domain.limits import EARLIEST_INSTANT, LATEST_INSTANT, check_instant
 
 __all__ = [
     "RecurrenceError",
@@ -214,9 +215,24 @@ def parse_instant(
         parsed = value
     else:
         raise RecurrenceError(field, value, f"expected a datetime or ISO-8601 text, not {type(value).__name__}")
+    if not _EARLIEST_NAIVE <= parsed.replace(tzinfo=None) < _LATEST_NAIVE:
+        raise RecurrenceError(field, value, _INSTANT_RANGE)
     if parsed.tzinfo is not None and parsed.utcoffset() is not None:
-        return parsed.astimezone(UTC)
-    return _local_to_utc(resolve_zone(timezone), parsed, field, dst_ambiguous, dst_nonexistent)
+        instant = parsed.astimezone(UTC)
+    else:
+        instant = _local_to_utc(resolve_zone(timezone), parsed, field, dst_ambiguous,
+                                dst_nonexistent)
+    try:
+        return check_instant(instant)
+    except ValueError:
+        raise RecurrenceError(field, instant.isoformat(), _INSTANT_RANGE) from None
+
+
+# a day of margin on each side of the range, so converting a wall time cannot overflow
+_EARLIEST_NAIVE = (EARLIEST_INSTANT - timedelta(days=1)).replace(tzinfo=None)
+_LATEST_NAIVE = (LATEST_INSTANT + timedelta(days=1)).replace(tzinfo=None)
+_INSTANT_RANGE = (f"must be between {EARLIEST_INSTANT:%Y-%m-%d} and "
+                  f"{LATEST_INSTANT.year - 1}-12-31")
 
 
 # --------------------------------------------------------------------------- cron parsing
@@ -741,11 +757,17 @@ def compile_trigger(
 
 
 def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
-    """The next ``count`` instants strictly after ``after`` (fewer if the rule runs out)."""
+    """The next ``count`` instants strictly after ``after`` (fewer if the rule runs out, or
+    reaches the end of the calendar: no instant past year 9999 exists)."""
     out: list[datetime] = []
     current: datetime | None = after
     while len(out) < count and current is not None:
-        current = trigger.next_after(current)
+        try:
+            current = trigger.next_after(current)
+        except RecurrenceError:
+            raise
+        except (OverflowError, ValueError):  # past datetime.max
+            break
         if current is not None:
             out.append(current)
     return out

@@ -101,6 +101,10 @@ class EffectContext:
     # Builds the RecordEffectOutcome command for an outcome (status, evidence); set by the
     # runner so a transactional adapter can commit it together with the effect.
     outcome_envelope: Callable[[str, dict[str, Any]], m.CommandEnvelope] | None = None
+    # The group offset a transactional adapter may commit with this effect (the runner's
+    # progress: past this intent unless an older one of the partition is still open);
+    # None: ``offset + 1``.
+    commit_to: Callable[[], int] | None = None
 
     def age(self, now: datetime | None = None) -> float:
         """Seconds since the intent was recorded (authority time)."""

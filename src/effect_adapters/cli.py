@@ -1,11 +1,14 @@
 """``chronolog effects`` (the effect runner service) and ``chronolog reconcile`` (operators).
 
 ``chronolog effects [--log URL | --data-dir DIR] [--partitions N] [--topic-prefix P]
-[--database-url DSN] [--results DIR] [--member-id ID]`` runs an effect runner until
-SIGTERM/SIGINT (it finishes the intent at hand, or leaves a waiting one unrecorded).
-``--database-url`` (env ``CHRONOLOG_DATABASE_URL``) is the default database of ``postgres``
-effects without a ``dsn``; ``--results`` the result store directory (default
-``<data dir>/results``).
+[--tenants FILE] [--database-url DSN] [--results DIR] [--member-id ID]`` runs an effect
+runner until SIGTERM/SIGINT (it finishes the intents at hand, or leaves waiting ones
+unrecorded). Effect destinations come from the tenants file (``--tenants``, env
+``CHRONOLOG_TENANTS``); without one every effect is refused (recorded as failed).
+``--database-url`` (env ``CHRONOLOG_DATABASE_URL``) is the node's read-model database: a
+``postgres`` destination naming it is refused at start (exit 2), as is a ``kafka``
+destination on one of chronolog's own topics. ``--results`` is the result store directory
+(default ``<data dir>/results``).
 
 ``chronolog reconcile list [--json]`` prints the runs in RECONCILING with their evidence
 (one line each, or a JSON array); exit 0 even when there are none.
@@ -36,8 +39,11 @@ from chronolog.processors.cli import add_log_flags, log_from_args
 def register(sub: Any) -> None:
     p = sub.add_parser("effects", help="run the effect runner (performs effect intents)")
     add_log_flags(p)
+    p.add_argument("--tenants", default=None,
+                   help="tenants TOML with the effect destinations (env CHRONOLOG_TENANTS)")
     p.add_argument("--database-url", default=None,
-                   help="default database of postgres effects (env CHRONOLOG_DATABASE_URL)")
+                   help="the node's read-model database, never a destination "
+                   "(env CHRONOLOG_DATABASE_URL)")
     p.add_argument("--results", default=None, help="result store directory")
     p.add_argument("--member-id", default=None, help="group member id (default host-pid)")
     p.set_defaults(func=_run_effects)
@@ -74,18 +80,36 @@ def _run_effects(args: Any) -> int:
     member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
     results = args.results or str(data_dir(args.data_dir) / "results")
     db = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
-    return asyncio.run(run_effects(log_, member, db, results))
+    tenants = effect_tenants(args.tenants or os.environ.get("CHRONOLOG_TENANTS"),
+                             log_.topics, db)
+    return asyncio.run(run_effects(log_, member, db, results, tenants))
+
+
+def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> Any:
+    """The tenants registry with its destinations, checked for this node (exit 2 if not)."""
+    from chronolog.cli import UsageError
+    from chronolog.destinations import check_destinations
+    from chronolog.settings import ConfigError
+    from chronolog.tenants import Tenants, load_tenants
+
+    try:
+        tenants = load_tenants(path) if path else Tenants()
+        check_destinations(tenants, topics, database_url)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return tenants
 
 
 async def run_effects(log_: Any, member: str, database_url: str | None,
-                      results_dir: str | None) -> int:
+                      results_dir: str | None, tenants: Any = None) -> int:
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.workers.results import FilesystemResultStore
 
     store = FilesystemResultStore(results_dir) if results_dir else None
     await log_.start()
     await log_.ensure_topics()
-    runner = EffectRunner(log_, member, database_url=database_url, result_store=store)
+    runner = EffectRunner(log_, member, database_url=database_url, result_store=store,
+                          tenants=tenants)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stop)

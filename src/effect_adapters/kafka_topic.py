@@ -4,7 +4,8 @@ On a **Kafka** log the adapter is ``transactional``. One Kafka transaction of a
 transactional producer with ``transactional_id = <prefix>effects-<member>`` (one per effect
 runner instance; a restarted instance with the same member ID fences its zombie) holds:
 
-1. the result record on ``config.topic`` (default ``<prefix>effects.out``), key = effect ID,
+1. the result record on the destination's ``topic`` (the operator's; chronolog's own topics
+   under the prefix are refused, except ``<prefix>effects.out``), key = effect ID,
    value = ``{effect_id, run_id, attempt, checksum, result}``, headers ``effect_id``/``run_id``;
 2. the runner's ``RecordEffectOutcome(succeeded)`` command (a deterministic command ID, so
    the runner's later re-send of it is answered as a duplicate);
@@ -23,6 +24,11 @@ On the **embedded SQLite** log the adapter appends the record to the same-named 
 the log (created on first use). That append is atomic but is not tied to the runner's
 progress: a crash between the append and the recorded outcome appends it again on restart.
 That path is **at-least-once**; consumers deduplicate by the record key (the effect ID).
+
+A destination with its own ``bootstrap`` publishes to **another Kafka cluster** with an
+idempotent producer (acks=all), outside any transaction of the node: **at-least-once** too
+(a send whose acknowledgement was lost is sent again), deduplicated by the key. The topic
+must exist there.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from chronolog.destinations import chronolog_topic
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
@@ -55,6 +62,7 @@ class KafkaEffectAdapter:
         self.member_id = member_id
         self._producer: Any = None
         self._lock = asyncio.Lock()
+        self._remote: dict[str, Any] = {}  # bootstrap -> producer of another cluster
 
     @property
     def contract(self) -> Contract:
@@ -70,6 +78,10 @@ class KafkaEffectAdapter:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._producer.stop(), 15)
             self._producer = None
+        for producer in self._remote.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 15)
+        self._remote.clear()
 
     def _record(self, intent: m.EffectIntended, payload: Any, topic: str) -> OutRecord:
         value = orjson.dumps({"effect_id": intent.effect_id, "run_id": intent.run_id,
@@ -83,7 +95,12 @@ class KafkaEffectAdapter:
         self, intent: m.EffectIntended, payload: Any, ctx: EffectContext | None = None
     ) -> Outcome:
         topic = intent.config.get("topic") or self.log.topics.effects
+        if chronolog_topic(topic, self.log.topics):
+            return Outcome.failed(reason=f"config: topic '{topic}' is one of chronolog's own "
+                                  "topics; refused")
         rec = self._record(intent, payload, topic)
+        if intent.config.get("bootstrap"):
+            return await self._other_cluster(str(intent.config["bootstrap"]), rec)
         if _is_kafka(self.log):
             return await self._transactional(intent, rec, ctx)
         return await self._append(rec)
@@ -102,6 +119,36 @@ class KafkaEffectAdapter:
             return Outcome.retry_later(error=str(exc), elapsed_ms=sw.ms())
         return Outcome.succeeded(contract="at-least-once (embedded log)", topic=pos.topic,
                                  partition=pos.partition, offset=pos.offset, elapsed_ms=sw.ms())
+
+    # ------------------------------------------------------------------ another cluster
+
+    async def _other_cluster(self, bootstrap: str, rec: OutRecord) -> Outcome:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import KafkaError
+
+        sw = Stopwatch()
+        try:
+            producer = self._remote.get(bootstrap)
+            if producer is None:
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=bootstrap, client_id=f"chronolog-effects-{self.member_id}",
+                    enable_idempotence=True, acks="all", linger_ms=0, request_timeout_ms=30000)
+                try:
+                    await asyncio.wait_for(producer.start(), 40)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(producer.stop(), 10)
+                    raise
+                self._remote[bootstrap] = producer
+            meta = await asyncio.wait_for(producer.send_and_wait(
+                rec.topic, rec.value, key=rec.key, headers=list(rec.headers)), 40)
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            return Outcome.retry_later(error=repr(exc)[:300], elapsed_ms=sw.ms(),
+                                       reason="not acknowledged; sent again (the key "
+                                       "deduplicates)")
+        return Outcome.succeeded(contract="at-least-once (another cluster)", topic=meta.topic,
+                                 partition=meta.partition, offset=meta.offset,
+                                 elapsed_ms=sw.ms())
 
     # ------------------------------------------------------------------ kafka
 
@@ -149,9 +196,10 @@ class KafkaEffectAdapter:
                     await asyncio.wait_for(producer.send_and_wait(
                         cmds, codec.encode_command(env), key=key,
                         partition=partition_for(key, await self.log.partitions_for(cmds))), 30)
+                    target = ctx.commit_to() if ctx.commit_to is not None else ctx.offset + 1
                     await asyncio.wait_for(producer.send_offsets_to_transaction(
                         {TopicPartition(ctx.events_topic, ctx.partition):
-                         OffsetAndMetadata(ctx.offset + 1, "")}, ctx.group), 30)
+                         OffsetAndMetadata(target, "")}, ctx.group), 30)
                     recorded = True
                 await asyncio.wait_for(producer.commit_transaction(), 30)
             except Exception as exc:  # noqa: BLE001 - classified below
@@ -166,7 +214,10 @@ class KafkaEffectAdapter:
         return Outcome("succeeded", {**evidence, "elapsed_ms": sw.ms()}, recorded=recorded)
 
     async def _landed(self, ctx: EffectContext | None) -> bool:
-        """After an ambiguous commit error: did the transaction (and our offset) commit?"""
+        """After an ambiguous commit error: did the transaction (and our offset) commit?
+
+        Only answerable when the transaction moved the offset past the intent (no older
+        intent of the partition was open); otherwise it is retried (the key deduplicates)."""
         if ctx is None or not ctx.group:
             return False
         try:

@@ -21,8 +21,10 @@ retried too; any other SQL error is a permanent failure with its SQLSTATE as evi
 The guarantee holds inside that database only: the business SQL must write to the same
 database as the inbox, and must not call out to other systems.
 
-Config: ``sql`` (required), ``dsn`` (default: the runner's ``--database-url``),
-``inbox_table`` (default ``chronolog_inbox``; created if missing).
+Config (the operator's postgres destination in the tenants file): ``dsn`` and ``sql``
+(both required), ``inbox_table`` (default ``chronolog_inbox``; created if missing). There is
+no default database: the node's own read-model database (``database_url`` given to the
+adapter) is refused even when a destination names it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from chronolog.destinations import same_database
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
 
@@ -52,7 +55,7 @@ class PostgresInboxEffectAdapter:
     kind = "postgres"
 
     def __init__(self, database_url: str | None = None) -> None:
-        self.database_url = database_url
+        self.database_url = database_url  # the node's own database: never a destination
         self._pools: dict[str, asyncpg.Pool] = {}
         self._ready: set[tuple[str, str]] = set()
 
@@ -86,11 +89,13 @@ class PostgresInboxEffectAdapter:
         self, intent: m.EffectIntended, payload: Any, ctx: EffectContext | None = None
     ) -> Outcome:
         cfg = intent.config
-        dsn = cfg.get("dsn") or self.database_url
+        dsn = cfg.get("dsn")
         sql = cfg.get("sql")
         table = cfg.get("inbox_table", DEFAULT_INBOX)
         if not dsn:
-            return Outcome.failed(reason="config: no dsn and the runner has no --database-url")
+            return Outcome.failed(reason="config: dsn is required")
+        if same_database(dsn, self.database_url):
+            return Outcome.failed(reason="config: dsn is the node's own database; refused")
         if not sql:
             return Outcome.failed(reason="config: sql is required")
         if not _IDENT.match(table):

@@ -4,9 +4,12 @@ Request: ``POST <url>`` with JSON ``{effect_id, run_id, attempt, checksum, resul
 header ``Idempotency-Key: <effect_id>`` (the same key on every try, by every runner
 instance, for the life of the effect).
 
-Config (the effect's ``config`` in the schedule spec):
+Config (the operator's webhook destination in the tenants file, see ``chronolog.destinations``;
+a schedule adds only its own ``headers``):
 
-* ``url`` (required); ``headers`` (extra headers); ``timeout`` (per request, default 10s);
+* ``url`` (required); ``headers`` (extra headers; never ``Host``, hop-by-hop or framing
+  headers); ``allow_private`` (default false: loopback, private, link-local and other
+  non-public addresses are refused — see ``netguard``); ``timeout`` (per request, default 10s);
 * ``max_attempts`` (tries per ``perform``, default 4), ``backoff`` (first delay, default
   0.5s, doubling, capped at ``max_backoff`` 10s);
 * ``retention`` (default ``24h``): how long the destination remembers an Idempotency-Key;
@@ -20,7 +23,8 @@ Classification of one try:
 * 2xx → **succeeded** (evidence: status, receipt from the body's ``receipt``/``receipt_id``/
   ``id`` or the ``Receipt-Id``/``X-Receipt-Id`` header, elapsed_ms);
 * 408, 409, 425, 429 → not processed / in progress: tried again (same key);
-* any other 4xx → **failed** (permanent; not retried);
+* any other 4xx, and any 3xx (redirects are never followed) → **failed** (permanent);
+* the URL resolves to an address the destination may not reach → **failed**, nothing sent;
 * connection refused / connect timeout → the request never left: tried again;
 * read timeout, connection reset or closed before the response, or 5xx → *ambiguous*: the
   destination may have committed the effect. With a ``status_url`` the runner asks (bounded):
@@ -37,26 +41,41 @@ effect therefore holds only if the destination honours the key as declared; a fi
 after a runner crash may repeat a try the crashed instance made, which the key absorbs.
 The retention bound compares the runner's clock with the processor's authority time of the
 intent: clock skew between them eats into the safety margin (one request timeout).
+
+Evidence never carries the response body or headers: the status code, a receipt ID only when
+it is a short token (``[A-Za-z0-9_.:-]``, at most 64 characters), the body's size, timings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import httpx
 
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch, seconds
+from chronolog.effect_adapters.netguard import BlockedAddress, guarded_client
 
 RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 DEFAULT_RETENTION = 24 * 3600.0
+# never sent, whoever configured them: routing, framing and hop-by-hop headers
+NEVER_SENT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection",
+                                "keep-alive", "te", "trailer", "upgrade", "idempotency-key"})
+_TOKEN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
-def _receipt(resp: httpx.Response) -> Any:
+def _token(value: Any) -> str | None:
+    """A receipt ID fit for evidence: a short token, else nothing."""
+    text = str(value) if isinstance(value, (str, int)) else ""
+    return text if _TOKEN.match(text) else None
+
+
+def _receipt(resp: httpx.Response) -> str | None:
     for h in ("Receipt-Id", "X-Receipt-Id"):
         if h in resp.headers:
-            return resp.headers[h]
+            return _token(resp.headers[h])
     try:
         body = resp.json()
     except ValueError:
@@ -64,8 +83,15 @@ def _receipt(resp: httpx.Response) -> Any:
     if isinstance(body, dict):
         for k in ("receipt", "receipt_id", "id"):
             if k in body:
-                return body[k]
+                return _token(body[k])
     return None
+
+
+def request_headers(cfg: dict[str, Any], effect_id: str) -> dict[str, str]:
+    """The configured headers minus the ones never sent, plus the idempotency key."""
+    headers = {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()
+               if str(k).lower() not in NEVER_SENT_HEADERS}
+    return {**headers, "Idempotency-Key": effect_id}
 
 
 class WebhookEffectAdapter:
@@ -73,9 +99,8 @@ class WebhookEffectAdapter:
 
     kind = "webhook"
 
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client
-        self._own = client is None
+    def __init__(self) -> None:
+        self._clients: dict[bool, httpx.AsyncClient] = {}  # by allow_private
 
     def contract_for(self, config: dict[str, Any]) -> Contract:
         if config.get("idempotent", True):
@@ -86,15 +111,17 @@ class WebhookEffectAdapter:
     def contract(self) -> Contract:
         return "idempotent"  # the default configuration; see contract_for(config)
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(follow_redirects=False)
-        return self._client
+    def _http(self, cfg: dict[str, Any]) -> httpx.AsyncClient:
+        allow_private = cfg.get("allow_private") is True
+        client = self._clients.get(allow_private)
+        if client is None:
+            client = self._clients[allow_private] = guarded_client(allow_private)
+        return client
 
     async def close(self) -> None:
-        if self._client is not None and self._own:
-            await self._client.aclose()
-            self._client = None
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
 
     # ------------------------------------------------------------------ perform
 
@@ -114,7 +141,7 @@ class WebhookEffectAdapter:
         status_url = cfg.get("status_url")
         body = {"effect_id": intent.effect_id, "run_id": intent.run_id,
                 "attempt": intent.attempt, "checksum": intent.checksum, "result": payload}
-        headers = {**(cfg.get("headers") or {}), "Idempotency-Key": intent.effect_id}
+        headers = request_headers(cfg, intent.effect_id)
         sw = Stopwatch()
         tries: list[dict[str, Any]] = []
         ambiguous = False
@@ -131,7 +158,11 @@ class WebhookEffectAdapter:
                 break  # never repeat an ambiguous try without idempotency
             t = Stopwatch()
             try:
-                resp = await self._http().post(url, json=body, headers=headers, timeout=timeout)
+                resp = await self._http(cfg).post(url, json=body, headers=headers,
+                                                  timeout=timeout)
+            except BlockedAddress as exc:
+                return Outcome.failed(**base, reason=f"destination refused: {exc}", tries=tries,
+                                      elapsed_ms=sw.ms())
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 tries.append({"try": n, "error": type(exc).__name__, "sent": False,
                               "elapsed_ms": t.ms()})
@@ -146,9 +177,14 @@ class WebhookEffectAdapter:
                     return Outcome.succeeded(**base, status=resp.status_code,
                                              receipt=_receipt(resp), tries=tries,
                                              elapsed_ms=sw.ms())
+                if 300 <= resp.status_code < 400:
+                    return Outcome.failed(**base, status=resp.status_code,
+                                          reason="redirects are not followed", tries=tries,
+                                          elapsed_ms=sw.ms())
                 if 400 <= resp.status_code < 500 and resp.status_code not in RETRYABLE_4XX:
                     return Outcome.failed(**base, status=resp.status_code,
-                                          body=resp.text[:500], tries=tries, elapsed_ms=sw.ms())
+                                          body_bytes=len(resp.content), tries=tries,
+                                          elapsed_ms=sw.ms())
                 if resp.status_code >= 500:
                     ambiguous = True
             if ambiguous and status_url:
@@ -191,9 +227,10 @@ class WebhookEffectAdapter:
             if i:
                 await asyncio.sleep(interval)
             try:
-                resp = await self._http().get(cfg["status_url"], params={"key": intent.effect_id},
-                                              timeout=timeout)
-            except httpx.HTTPError as exc:
+                resp = await self._http(cfg).get(cfg["status_url"],
+                                                 params={"key": intent.effect_id},
+                                                 timeout=timeout)
+            except (httpx.HTTPError, BlockedAddress) as exc:
                 seen.append(type(exc).__name__)
                 continue
             if resp.status_code == 404:
@@ -205,12 +242,14 @@ class WebhookEffectAdapter:
                 seen.append(f"http {resp.status_code}")
                 continue
             status = str(doc.get("status", "")) if isinstance(doc, dict) else ""
-            seen.append(status or f"http {resp.status_code}")
+            seen.append(status if status in ("done", "failed", "pending", "not_found")
+                        else f"http {resp.status_code}")
             if status == "done":
-                return Outcome.succeeded(**base, via="status_url", receipt=doc.get("receipt"),
+                return Outcome.succeeded(**base, via="status_url",
+                                         receipt=_token(doc.get("receipt")),
                                          status_checks=seen, tries=tries, elapsed_ms=sw.ms())
             if status == "failed":
-                return Outcome.failed(**base, via="status_url", detail=doc,
-                                      status_checks=seen, tries=tries, elapsed_ms=sw.ms())
+                return Outcome.failed(**base, via="status_url", status_checks=seen,
+                                      tries=tries, elapsed_ms=sw.ms())
         tries.append({"status_checks": seen})
         return None

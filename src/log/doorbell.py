@@ -21,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+from chronolog.wakeup import Wakeup
+
 REFRESH_S = 0.5  # how long a ringer trusts its list of bells before listing the folder again
 
 
@@ -34,7 +36,7 @@ class Doorbell:
         self._sock: socket.socket | None = None
         self._out: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._heard: asyncio.Event | None = None
+        self._heard: Wakeup | None = None
         self._targets: list[str] = []
         self._listed_at = 0.0
 
@@ -54,7 +56,7 @@ class Doorbell:
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._out.setblocking(False)
         self._loop = asyncio.get_running_loop()
-        self._heard = asyncio.Event()
+        self._heard = Wakeup()
         self._loop.add_reader(sock.fileno(), self._on_readable)
         self._sock = sock
         (self.folder / self.name).touch()
@@ -77,19 +79,15 @@ class Doorbell:
         except OSError:  # drained (BlockingIOError) or closed
             pass
         self.rings += 1
-        self._heard.set()
+        self._heard.fire()
 
     async def wait(self, seen: int, timeout: float) -> None:
         """Until a ring after the one counted as ``seen``, or ``timeout`` seconds."""
         if self._heard is None:
             await asyncio.sleep(timeout)
             return
-        while self.rings == seen:
-            self._heard.clear()
-            try:
-                await asyncio.wait_for(self._heard.wait(), timeout)
-            except asyncio.TimeoutError:
-                return
+        if self.rings == seen:
+            await self._heard.wait(timeout)
 
     def ring(self) -> None:
         """Wake every reader of the log file (called by the writer after a commit; any thread)."""

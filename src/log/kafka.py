@@ -245,7 +245,7 @@ class KafkaEventLog:
         concurrent_txn_backoff_ms: float | None = 2.0,
         fetch_max_wait_ms: int = 10,
     ) -> None:
-        """``aux_partitions``: partition count of replies, commands.dlq, effects.out and
+        """``aux_partitions``: partition count of replies, dlq, effects.out and
         ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
         retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's).
         ``fetch_max_wait_ms``: the group consumers' fetch wait (module docstring: it bounds

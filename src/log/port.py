@@ -93,7 +93,8 @@ class Topics:
 
     @property
     def dlq(self) -> str:
-        return f"{self.prefix}commands.dlq"
+        """Dead letters of every consumer (``chronolog.log.dead_letters``)."""
+        return f"{self.prefix}dlq"
 
     def ready(self, resource_class: str) -> str:
         return f"{self.prefix}ready.{resource_class}"

@@ -18,7 +18,8 @@ handler as soon as it reads the record: no claim round trip remains.
 
 Finishing an attempt (completion, failure, lease expiry, cancellation) gives the credit back.
 A worker that vanishes keeps its assignments until their leases expire, exactly as a claimed
-attempt; a run nobody can handle (no seat offers its job type) waits, READY and visible,
+attempt; a worker that lets a lease expire loses its seat until it offers again, so the retry
+goes to a live worker; a run nobody can handle (no seat offers its job type) waits, READY and visible,
 instead of burning attempts. Seats and the waiting list are in-memory state derived from the
 partition's schedules and the offers: a new owner rebuilds the waiting list from the fold
 and learns the seats from the next offers (within a second).
@@ -92,6 +93,15 @@ class Dispatcher:
     def assign(self, resource_class: str, seat: Seat, run_id: str, fence: int) -> None:
         seat.outstanding.add(run_id)
         self.assigned[run_id] = (resource_class, seat.worker_id, fence)
+
+    def lapse_holder(self, run_id: str) -> None:
+        """The worker assigned ``run_id`` let its lease expire: it gets no new run until it
+        offers again (a stopped or dead worker must not attract the retry)."""
+        held = self.assigned.get(run_id)
+        if held is not None:
+            seat = self.seats.get(held[0], {}).get(held[1])
+            if seat is not None:
+                seat.renewed = float("-inf")
 
     def settle(self, run_id: str, run: Any) -> None:
         """Give the credit back once ``run`` no longer holds the assigned attempt."""

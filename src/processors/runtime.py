@@ -50,14 +50,13 @@ processor's CPU with Python's defaults).
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import heapq
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import orjson
 import structlog
@@ -66,10 +65,12 @@ from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.environment import gc_tuned, utc_now
 from chronolog.commands.decider import Decision, TenantContext, decide, evolve, next_wakeup
+from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import event_id_for, partition_key
+from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.reading import read_partition
 from chronolog.log.port import EventLog, Fenced, OutRecord, PartitionOwner, Position, Record
 from chronolog.domain.offers import BadOffer, Offer, is_offer
@@ -82,16 +83,31 @@ READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRed
 
 
 class TenantPolicies(Protocol):
-    """Where a processor learns a tenant's allowed job types and schedule quota."""
+    """Where a processor learns a tenant's allowed job types, schedule quota, minimum
+    interval and the effect destinations (name -> kind) the operator granted it."""
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]: ...
 
+    def min_interval(self, tenant: str) -> float: ...
+
+    def destinations(self, tenant: str) -> Mapping[str, str] | None: ...
+
 
 class OpenTenants:
-    """Every tenant may run every job, with no quota (embedded single-user default)."""
+    """Every tenant may run every job, with no quota (embedded single-user default).
+
+    Effect destinations are not checked here (None): the effect runner, which resolves each
+    destination from the tenants file when it performs an effect, refuses any not granted.
+    """
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         return (None, None)
+
+    def min_interval(self, tenant: str) -> float:
+        return MIN_INTERVAL_SECONDS
+
+    def destinations(self, tenant: str) -> Mapping[str, str] | None:
+        return None
 
 
 class SnapshotStore(Protocol):
@@ -133,6 +149,9 @@ class ProcessorStats:
     ticks: int = 0
     transactions: int = 0
     dead_letters: int = 0
+    decide_errors: int = 0  # commands whose decide raised (rejected as invalid)
+    tick_errors: int = 0  # timers whose decide raised (the schedule is not re-armed)
+    apply_errors: int = 0  # decisions that could not be applied (the partition was rebuilt)
     duplicates: int = 0
     fenced: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -219,6 +238,10 @@ class Processor:
         # commit chains of dropped partitions that may still be running (waited at shutdown)
         self._orphans: list[asyncio.Task[None]] = []
         self.on_commit: list[Callable[[int, list[m.EventEnvelope]], None]] = []
+        self.dead_letters = DeadLetters(log_, "processor")
+        # commands (partition, offset) and timers (key) whose decision could not be applied
+        self._unapplied: dict[tuple[int, int], Exception] = {}
+        self._unapplied_keys: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -282,7 +305,7 @@ class Processor:
             nw = ps.next_wake()
             if not batch and (nw is None or nw > now):
                 continue
-            out, consumed = self._decide_partition(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now)
             if out is not None:
                 work.append(_Work(ps, batch, out, consumed))
         if chains:
@@ -336,7 +359,7 @@ class Processor:
             nw = ps.next_wake()
             if not batch and (nw is None or nw > now):
                 return
-            out, consumed = self._decide_partition(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now)
             if out is None:
                 return
             w = _Work(ps, batch, out, consumed)
@@ -427,11 +450,14 @@ class Processor:
         async for recs in read_partition(self.log, self.topics.events, p, offset,
                                          batch=self.config.restore_chunk):
             for rec in recs:
-                env = codec.decode_event(rec.value)
-                st = ps.states.get(env.key)
-                if st is None:
-                    st = ps.states[env.key] = initial_state(env.tenant, env.schedule_id)
-                evolve(st, env.payload)
+                try:
+                    env = codec.decode_event(rec.value)
+                    st = ps.states.get(env.key)
+                    if st is None:
+                        st = ps.states[env.key] = initial_state(env.tenant, env.schedule_id)
+                    evolve(st, env.payload)
+                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
+                    await self.dead_letters.put(rec, exc)
             offset = recs[-1].offset + 1
         ps.events_offset = offset
         for key, st in ps.states.items():
@@ -451,12 +477,33 @@ class Processor:
         start = max(0, end - self.config.reply_cache_size)
         async for recs in read_partition(self.log, topic, ps.partition, start, end):
             for rec in recs:
-                cid = rec.key.decode() if rec.key else codec.decode_reply(rec.value).command_id
+                try:
+                    cid = rec.key.decode() if rec.key else codec.decode_reply(rec.value).command_id
+                except Exception as exc:  # noqa: BLE001 - not a reply: it answers nothing
+                    await self.dead_letters.put(rec, exc)
+                    continue
                 ps.replies[cid] = (rec.timestamp_ms / 1000.0, rec.value)
         while len(ps.replies) > self.config.reply_cache_size:
             ps.replies.popitem(last=False)
 
     # ------------------------------------------------------------------ the batch
+
+    async def _decide(
+        self, ps: PartitionState, batch: list[Record], now: datetime
+    ) -> tuple["_Output | None", dict[tuple[str, int], int]]:
+        """``_decide_partition``; when a decision could not be applied to the state (a bug in
+        ``evolve``), the state is no longer the log's: the partition is dropped and taken
+        over again from the log, and the command at fault is dead-lettered when it is read
+        again (the timer at fault is not armed again), so it cannot stop the partition twice.
+        """
+        try:
+            return self._decide_partition(ps, batch, now)
+        except _Unapplied as exc:
+            self.stats.apply_errors += 1
+            log.error("decision_not_applied", partition=ps.partition, error=str(exc))
+            if await self._discard(ps, "a decision could not be applied"):
+                self._rebuild.append(ps.partition)
+            return None, {}
 
     def _decide_partition(
         self, ps: PartitionState, batch: list[Record], now: datetime
@@ -472,11 +519,21 @@ class Processor:
         budget = max(16, self.config.ticks_per_step // max(1, len(self.partitions)))
         for key in ps.due_keys(now, budget):
             st = ps.states.get(key)
-            if st is None:
-                continue
+            if st is None or key in self._unapplied_keys:
+                continue  # a timer whose decision could not be applied waits for a command
             cid = f"tick:{ps.partition}:{int(now.timestamp() * 1e6)}:{key}"
-            dec = decide(st, _tick_envelope(st, cid, now), now, TenantContext())
-            self._apply(ps, key, st, dec, cid, now, out, reply_to=None)
+            try:
+                dec = decide(st, _tick_envelope(st, cid, now), now, TenantContext())
+                encoded = self._encode(key, st, dec, cid, now)
+            except Exception:  # noqa: BLE001 - a decider bug must not stop the partition
+                self.stats.tick_errors += 1
+                log.exception("tick_decide_failed", partition=ps.partition, key=key)
+                continue  # not re-armed: the schedule's next command decides again
+            try:
+                self._apply(ps, key, st, dec, encoded, cid, now, out)
+            except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+                self._unapplied_keys.add(key)
+                raise _Unapplied(f"timer of {key}: {type(exc).__name__}: {exc}") from exc
             self.stats.ticks += 1
         self._dispatch(ps, now, out)
         if out.empty and not consumed:
@@ -569,10 +626,15 @@ class Processor:
             except BadOffer as exc:
                 self._dead_letter(ps, rec, str(exc), out)
             return
+        unapplied = self._unapplied.get((ps.partition, rec.offset))
+        if unapplied is not None:  # it stopped this partition once: not decided again
+            self._dead_letter(ps, rec, f"the command's events could not be applied: "
+                              f"{type(unapplied).__name__}: {unapplied}", out, error=unapplied)
+            return
         try:
             env = codec.decode_command(rec.value)
         except codec.DecodeError as exc:
-            self._dead_letter(ps, rec, str(exc), out)
+            self._dead_letter(ps, rec, str(exc), out, error=exc)
             return
         key = partition_key(env.tenant, env.schedule_id)
         if isinstance(env.payload, m.Tick):
@@ -597,11 +659,40 @@ class Processor:
         if st is None:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
-        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0))
-        dec = decide(st, env, now, tenant)
+        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0),
+                               destinations=self.tenants.destinations(env.tenant),
+                               min_interval=self.tenants.min_interval(env.tenant))
+        try:
+            dec = decide(st, env, now, tenant)
+            encoded = self._encode(key, st, dec, cid, now)
+        except Exception as exc:  # noqa: BLE001 - a decider bug rejects this command only
+            self.stats.decide_errors += 1
+            log.exception("decide_failed", command_id=cid, tenant=env.tenant,
+                          schedule_id=env.schedule_id, type=env.type)
+            self._dead_letter(ps, rec, f"the command could not be decided: "
+                              f"{type(exc).__name__}: {exc}", out, env, exc)
+            return
         if dec.events and key not in ps.states:
             ps.states[key] = st
-        self._apply(ps, key, st, dec, cid, now, out, reply_to=env.reply_to)
+        try:
+            self._apply(ps, key, st, dec, encoded, cid, now, out)
+        except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+            self._unapplied[(ps.partition, rec.offset)] = exc
+            raise _Unapplied(f"command {cid}: {type(exc).__name__}: {exc}") from exc
+        self._unapplied_keys.discard(key)
+
+    def _encode(self, key: str, st: ScheduleState, dec: Decision, command_id: str,
+                now: datetime) -> tuple[list[bytes], bytes | None]:
+        """A decision's events and reply body as bytes, before anything is evolved: a value
+        that cannot be encoded (an integer past 64 bits, ...) raises here, with the state
+        and the batch untouched."""
+        events = [codec.encode_event_fields(event_id_for(command_id, i), m.CURRENT_VERSION, key,
+                                            st.tenant, st.schedule_id, now, command_id, ev)
+                  for i, ev in enumerate(dec.events)]
+        if command_id.startswith(("tick:", "assign:")):  # the processor's own: no reply
+            return events, None
+        body = dec.body if not dec.field else {**dec.body, "field": dec.field}
+        return events, codec.encode_body(body)
 
     def _apply(
         self,
@@ -609,34 +700,34 @@ class Processor:
         key: str,
         st: ScheduleState,
         dec: Decision,
+        encoded: tuple[list[bytes], bytes | None],
         command_id: str,
         now: datetime,
         out: "_Output",
-        reply_to: str | None,
-        internal: bool = False,
     ) -> None:
-        """Evolve and record a decision's events (and its reply unless the command is the
-        processor's own: a timer or an assignment)."""
-        internal = internal or command_id.startswith("tick:")
+        """Evolve and record a decision's events, and its reply (none for the processor's own
+        commands: timers and assignments)."""
         existed = st.exists
         first_index = len(out.events)
+        values, body = encoded
         for i, ev in enumerate(dec.events):
             evolve(st, ev)
             out.event(event_id_for(command_id, i), key, st.tenant, st.schedule_id, now,
-                      command_id, ev)
+                      command_id, ev, values[i])
             if ev.type in READY_EVENT_TYPES:
                 self._ready(ps, key, st, ev)
         for ev in dec.events:
             run_id = getattr(ev, "run_id", None)
             if run_id is not None and run_id in ps.dispatch.assigned:
+                if ev.type == "LeaseExpired":
+                    ps.dispatch.lapse_holder(run_id)
                 ps.dispatch.settle(run_id, st.run(run_id))
         if st.exists != existed:
             delta = 1 if st.exists else -1
             ps.active_by_tenant[st.tenant] = ps.active_by_tenant.get(st.tenant, 0) + delta
         ps.arm(key, st)
-        if not internal:
-            body = dec.body if not dec.field else {**dec.body, "field": dec.field}
-            out.reply_new(command_id, dec.status, dec.reason, codec.encode_body(body),
+        if body is not None:
+            out.reply_new(command_id, dec.status, dec.reason, body,
                           st.tenant, st.schedule_id, first_index, len(out.events))
             ps.pending[command_id] = out
 
@@ -666,9 +757,18 @@ class Processor:
                     kept.append((key, run_id, attempt))  # no live seat takes its job type
                     continue
                 cid = f"assign:{ps.partition}:{run_id}:{attempt}"
-                dec = decide(st, _assign_envelope(st, cid, now, run_id, attempt, seat.worker_id),
-                             now, TenantContext())
-                self._apply(ps, key, st, dec, cid, now, out, reply_to=None, internal=True)
+                try:
+                    dec = decide(st, _assign_envelope(st, cid, now, run_id, attempt,
+                                                      seat.worker_id), now, TenantContext())
+                    encoded = self._encode(key, st, dec, cid, now)
+                except Exception:  # noqa: BLE001 - a decider bug must not stop the partition
+                    log.exception("assign_decide_failed", partition=ps.partition, run_id=run_id)
+                    continue  # it stays READY; the next event of its schedule queues it again
+                try:
+                    self._apply(ps, key, st, dec, encoded, cid, now, out)
+                except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+                    self._unapplied_keys.add(key)
+                    raise _Unapplied(f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
                 if dec.status != "ok":
                     continue
                 d.assign(cls, seat, run_id, int(dec.body["fence"]))
@@ -685,20 +785,20 @@ class Processor:
 
     def _dead_letter(
         self, ps: PartitionState, rec: Record, reason: str, out: "_Output",
-        env: m.CommandEnvelope | None = None,
+        env: m.CommandEnvelope | None = None, error: BaseException | None = None,
     ) -> None:
+        """Skip ``rec``: its dead letter and an ``invalid`` reply go in this transaction."""
         self.stats.dead_letters += 1
         command_id = env.command_id if env else _sniff_command_id(rec.value)
-        dl = m.DeadLetter(reason=reason, original=base64.b64encode(rec.value).decode(),
-                          source_partition=rec.partition, source_offset=rec.offset,
-                          command_id=command_id)
-        out.records.append(OutRecord(topic=self.topics.dlq, key=rec.key,
-                                     value=codec.encode_dead_letter(dl), partition=None))
-        log.warning("command_dead_lettered", partition=rec.partition, offset=rec.offset,
-                    reason=reason)
+        out.records.append(self.dead_letters.record(
+            rec, error if error is not None else reason, command_id))
         if command_id:
             out.reply_bytes(command_id, codec.encode_reply(
                 m.Reply(command_id=command_id, status="invalid", reason=reason)))
+
+
+class _Unapplied(Exception):
+    """A decision could not be applied to the partition's state (see ``Processor._decide``)."""
 
 
 @dataclass
@@ -752,14 +852,12 @@ class _Output:
         return not self.records and not self.replies and not self.assignments
 
     def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
-              causation_id: str, payload: Any) -> None:
+              causation_id: str, payload: Any, value: bytes) -> None:
+        """Append an event whose bytes (``value``) the processor encoded already."""
         self.events.append((event_id, key, tenant, schedule_id, at, causation_id, payload))
         self.event_index.append(len(self.records))
-        self.records.append(OutRecord(
-            self.events_topic, key.encode(),
-            codec.encode_event_fields(event_id, m.CURRENT_VERSION, key, tenant, schedule_id, at,
-                                      causation_id, payload),
-            self.partition, self.writer))
+        self.records.append(OutRecord(self.events_topic, key.encode(), value, self.partition,
+                                      self.writer))
 
     def envelopes(self) -> list[m.EventEnvelope]:
         return [m.EventEnvelope(event_id=event_id, type=payload.type, version=m.CURRENT_VERSION,

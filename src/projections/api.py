@@ -10,10 +10,18 @@ Conventions
   on output and numbers or text such as ``90s``/``15m`` on input.
 * Every error is ``{"error": <status>, "field": <field or null>, "message": "..."}`` where
   ``<status>`` is a word: ``invalid`` (400), ``unauthorized`` (401), ``forbidden`` (403),
-  ``not_found`` (404), ``method_not_allowed`` (405), ``conflict`` (409),
-  ``precondition_required`` (428), ``quota`` (429), ``unavailable`` (503) — the reply
-  statuses of DESIGN §6 plus the HTTP-only ones. A 409 may carry more (``revision``: the
-  current one; ``state``: the run's state).
+  ``not_found`` (404), ``method_not_allowed`` (405, with ``Allow``), ``conflict`` (409),
+  ``too_large`` (413), ``unsupported_media_type`` (415), ``precondition_required`` (428),
+  ``quota`` (429), ``internal`` (500: a bug, with an error id in the log), ``unavailable``
+  (503) — the reply statuses of DESIGN §6 plus the HTTP-only ones. A 409 may carry more
+  (``revision``: the current one; ``state``: the run's state). Validation is always 400
+  (never FastAPI's 422), an unknown query parameter included; ``openapi_document``
+  lists every status each operation can answer.
+* Limits (``chronolog.domain.limits``; README "Limits"): the request guard
+  (``api_limits.RequestGuard``) refuses oversized bodies, non-JSON bodies, deep nesting
+  and NUL before FastAPI parses anything; path IDs must match their patterns; a tenant's
+  commands pass its token bucket (429 with ``Retry-After``). ``/metrics`` takes an
+  operator token whenever the tenants come from a file.
 * Auth: ``Authorization: Bearer <token>`` -> tenant (``Tenants.by_token``); a missing or
   unknown token is 401. Every read and write is tenant-scoped: another tenant's schedule or
   run is 404, exactly like a missing one.
@@ -80,15 +88,18 @@ from typing import Annotated, Any, Literal
 
 import asyncpg
 import orjson
-from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chronolog.commands.client import Client, ReplyTimeout
+from chronolog.commands.decider import TenantContext, ungranted_effect
+from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.domain.recurrence import (
@@ -101,6 +112,7 @@ from chronolog.domain.recurrence import (
 )
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError
+from chronolog.projections.api_limits import RateLimiter, RequestGuard
 from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import Tenant, Tenants
@@ -115,8 +127,9 @@ MAX_PAGE = 500
 
 _STATUS_WORDS = {
     400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-    405: "method_not_allowed", 409: "conflict", 422: "invalid", 428: "precondition_required",
-    429: "quota", 500: "internal", 503: "unavailable",
+    405: "method_not_allowed", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
+    422: "invalid", 428: "precondition_required", 429: "quota", 500: "internal",
+    503: "unavailable",
 }
 _REPLY_HTTP = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409,
                "quota": 429, "stale_fence": 409}
@@ -167,8 +180,8 @@ class ErrorBody(BaseModel):
     """Every error answer."""
 
     error: str = Field(description="invalid | unauthorized | forbidden | not_found | "
-                       "method_not_allowed | conflict | precondition_required | quota | "
-                       "unavailable")
+                       "method_not_allowed | conflict | too_large | unsupported_media_type | "
+                       "precondition_required | quota | internal | unavailable")
     field: str | None = Field(description="the offending field, header or parameter")
     message: str
     revision: int | None = Field(default=None, description="409 on a schedule: the current revision")
@@ -185,7 +198,7 @@ class _Api(BaseModel):
 
 class JobIn(_Api):
     type: str = Field(min_length=1, max_length=200)
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: m.Params = Field(default_factory=dict)
     timeout: m.Seconds | None = None
 
 
@@ -210,9 +223,18 @@ class DstIn(_Api):
 
 
 class EffectIn(_Api):
+    """An effect: a destination the operator granted the tenant, by name, and its options."""
+
     kind: Literal["webhook", "email", "postgres", "kafka"]
     name: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.-]*$")
-    config: dict[str, Any] = Field(default_factory=dict)
+    destination: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$",
+                             description="a destination named in the tenants file")
+    headers: dict[str, str] | None = Field(
+        default=None, description="webhook only: extra request headers (never Host, "
+        "hop-by-hop, forwarding or authorization headers)")
+    subject: str | None = Field(default=None, max_length=200, description="email only")
+    give_up_after: m.Seconds | None = Field(
+        default=None, description="stop retrying after this long (capped by the destination)")
 
 
 class ScheduleDefinition(_Api):
@@ -221,12 +243,12 @@ class ScheduleDefinition(_Api):
     cron: str | None = Field(default=None, description="5-field cron or @daily-style macro")
     timezone: str | None = Field(default=None, description="IANA zone for cron (default UTC)")
     every: m.Seconds | None = Field(default=None, description="interval (seconds or 15m, 1h...)")
-    anchor: m.UtcDatetime | None = Field(default=None, description="alignment of every")
-    at: m.UtcDatetime | None = Field(default=None, description="one-shot instant")
+    anchor: m.Instant | None = Field(default=None, description="alignment of every")
+    at: m.Instant | None = Field(default=None, description="one-shot instant")
     delay: m.Seconds | None = Field(default=None, description="fixed delay after each run")
-    start: m.UtcDatetime | None = None
-    end: m.UtcDatetime | None = None
-    max_count: int | None = Field(default=None, ge=1)
+    start: m.Instant | None = None
+    end: m.Instant | None = None
+    max_count: int | None = Field(default=None, ge=1, le=lim.MAX_COUNT)
     job: JobIn
     misfire: Literal["skip", "latest", "all"] | MisfireIn | None = None
     overlap: Literal["allow", "skip", "buffer_one", "buffer_all", "cancel_previous"] | None = None
@@ -243,11 +265,11 @@ class ScheduleDefinition(_Api):
 class ScheduleIn(ScheduleDefinition):
     """``POST /v1/schedules``."""
 
-    schedule_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    schedule_id: str = Field(min_length=1, max_length=200, pattern=lim.SCHEDULE_ID_PATTERN)
 
 
 class TriggerIn(_Api):
-    params: dict[str, Any] | None = None
+    params: m.Params | None = None
 
 
 class CancelIn(_Api):
@@ -257,7 +279,7 @@ class CancelIn(_Api):
 class ReconcileIn(_Api):
     decision: Literal["delivered", "retry", "abandon"]
     note: str = Field(default="", max_length=2000)
-    effect_id: str | None = None
+    effect_id: str | None = Field(default=None, max_length=200)
 
 
 class ScheduleWritten(_Api):
@@ -442,10 +464,12 @@ def _encode_cursor(data: dict[str, Any]) -> str:
 def _decode_cursor(text: str) -> dict[str, Any]:
     try:
         raw = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        if not isinstance(raw, dict):
-            raise ValueError
+        if not isinstance(raw, dict) or lim.text_violation(raw) is not None:
+            raise ValueError  # a forged cursor: nothing of it reaches the database
         raw["b"] = (datetime.fromisoformat(raw["b"][0]), str(raw["b"][1]))
         raw["l"] = (datetime.fromisoformat(raw["l"][0]), str(raw["l"][1]))
+        if raw["b"][0].tzinfo is None or raw["l"][0].tzinfo is None:
+            raise ValueError
         return raw
     except (binascii.Error, orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
         raise ApiError(400, f"invalid after '{text[:40]}': not a cursor of this API", "after") from None
@@ -500,7 +524,7 @@ _SPEC_FIELDS = frozenset({"every", "delay", "lease", "end", "start"})
 def _definition(spec_json: Any) -> ScheduleDefinition:
     """The API definition of a stored (snake_case) spec."""
     raw = orjson.loads(spec_json) if isinstance(spec_json, (str, bytes)) else spec_json
-    spec = m.ScheduleSpec.model_validate(raw)
+    spec = m.ScheduleSpec.model_validate(raw, context=m.STORED)
     data = spec.model_dump()
     data["effects"] = list(data["effects"])
     return ScheduleDefinition.model_validate(data)
@@ -509,7 +533,7 @@ def _definition(spec_json: Any) -> ScheduleDefinition:
 def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:
     if row["state"] != "ACTIVE" or row["next_run_at"] is None:
         return []
-    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]))
+    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]), context=m.STORED)
     first: datetime = row["next_run_at"]
     instants = [first]
     if spec.cron is not None or spec.every is not None:
@@ -603,6 +627,11 @@ class ReadModel:
 
 _bearer = HTTPBearer(auto_error=False, description="a tenant token")
 
+ScheduleIdPath = Annotated[str, Path(max_length=200, pattern=lim.SCHEDULE_ID_PATTERN,
+                                     description="a schedule ID")]
+RunIdPath = Annotated[str, Path(max_length=64, pattern=lim.RUN_ID_PATTERN,
+                                description="a run ID")]
+
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorBody, "description": _STATUS_WORDS[c]} for c in (401, 503, *codes)}
 
@@ -622,10 +651,12 @@ def create_app(
     reply_timeout: float = 10.0,
     consistency_timeout: float = 5.0,
     consistency_poll: float = 0.02,
+    max_body_bytes: int = lim.MAX_BODY_BYTES,
 ) -> FastAPI:
     """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
     ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
-    process, serves read-your-writes waits and the fence-rejection metrics directly."""
+    process, serves read-your-writes waits and the fence-rejection metrics directly.
+    ``max_body_bytes`` bounds a request body (413 past it)."""
     pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
     log_ = client.log if client is not None else None
     topics = client.topics if client is not None else m_topics_default()
@@ -633,10 +664,32 @@ def create_app(
     metrics = MetricsSource(pool, log_, projection, projector) if pool is not None else None
     partitions_cache: dict[str, int] = {}
 
+    query_names: dict[str, frozenset[str]] = {}
+
+    async def known_query(request: Request) -> None:
+        """A query parameter the route does not take is an error, not silently ignored."""
+        route = request.scope.get("route")
+        if not isinstance(route, APIRoute):
+            return
+        names = query_names.get(route.unique_id)
+        if names is None:
+            names = query_names[route.unique_id] = _query_names(route.dependant)
+        for name in request.query_params:
+            if name not in names:
+                raise ApiError(400, f"unknown query parameter '{name}'"
+                               + (f" (this route takes {', '.join(sorted(names))})"
+                                  if names else ""), name)
+
     app = FastAPI(
         title="chronolog", version=API_VERSION,
         description="Event-sourced job scheduler: schedules, runs and their history.",
+        dependencies=[Depends(known_query)],
     )
+    app.add_middleware(
+        RequestGuard, max_body_bytes=max_body_bytes,
+        error=lambda status, message, field: ApiError(status, message, field).response())
+    app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
+    limiter = RateLimiter()
 
     # ---------------------------------------------------------------- error handlers
 
@@ -657,12 +710,38 @@ def create_app(
         field = _loc_field(loc)
         if err.get("type") == "extra_forbidden":
             msg = f"unknown field '{field}'"
+        elif err.get("type") == "missing" and field:
+            return ApiError(400, f"{field} is required", field).response()
+        elif loc[:1] == ("path",):
+            shown = str(err.get("input", ""))[:60].encode("unicode_escape").decode()
+            return ApiError(400, f"invalid {field} '{shown}': {msg}", field).response()
+        return ApiError(400, f"{field}: {msg}" if field else msg, field).response()
+
+    @app.exception_handler(ValidationError)
+    async def _model(_: Request, exc: ValidationError) -> JSONResponse:
+        """A command model refused what the request models let through (a message-level
+        rule): still a 400 naming the field."""
+        err = exc.errors()[0]
+        loc = tuple(p for p in err.get("loc", ()) if p not in ("payload", "spec"))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = _loc_field(loc)
+        if field is None and ": " in msg:  # a whole-command rule names its path first
+            path, msg = msg.split(": ", 1)
+            field = _camel_path(path.removeprefix("payload.").removeprefix("spec."))
         return ApiError(400, f"{field}: {msg}" if field else msg, field).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # every method some route of this path answers
+            path = request.scope.get("path", "")
+            methods = {meth for r in app.router.routes if isinstance(r, APIRoute)
+                       and r.path_regex.match(path) for meth in r.methods or ()}
+            headers["Allow"] = ", ".join(sorted(methods))
+            return ApiError(405, f"method {request.method} not allowed here (allowed: "
+                            f"{headers['Allow']})", None, headers=headers).response()
         return ApiError(exc.status_code, str(exc.detail), None,
-                        headers=getattr(exc, "headers", None)).response()
+                        headers=headers or None).response()
 
     # ---------------------------------------------------------------- dependencies
 
@@ -723,6 +802,12 @@ def create_app(
         """Send one command; the ok reply and its consistency token, or an ApiError."""
         if client is None:
             raise ApiError(503, "no command client configured")
+        limit = tenant.rate_limit
+        wait = limiter.take(tenant.name, limit)
+        if wait is not None and limit is not None:
+            raise ApiError(429, f"tenant '{tenant.name}' sends commands faster than its rate "
+                           f"limit ({limit.per_second:g}/s, burst {limit.burst}); retry in "
+                           f"{wait}s", None, headers={"Retry-After": str(wait)})
         env = client.envelope(tenant.name, schedule_id, payload)
         env = env.model_copy(update={"principal": f"api:{tenant.name}"})
         try:
@@ -792,6 +877,11 @@ def create_app(
     def check_job(tenant: Tenant, spec: m.ScheduleSpec) -> None:
         if tenant.allowed_jobs is not None and spec.job.type not in tenant.allowed_jobs:
             raise ApiError(403, f"job type '{spec.job.type}' not allowed", "job.type")
+        refused = ungranted_effect(spec, TenantContext(destinations={
+            name: d.kind for name, d in tenant.destinations.items()}))
+        if refused is not None:
+            raise ApiError(403 if refused.status == "forbidden" else 400, refused.reason,
+                           refused.field)
 
     # ---------------------------------------------------------------- schedules
 
@@ -819,7 +909,7 @@ def create_app(
     @app.get("/v1/schedules/{schedule_id}", response_model=ScheduleOut,
              responses=_errors(400, 404), tags=["schedules"], summary="Read a schedule",
              dependencies=[ConsistentDep])
-    async def get_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+    async def get_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep) -> JSONResponse:
         row = await schedule_row(tenant, schedule_id)
         out = ScheduleOut(
             schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
@@ -838,7 +928,7 @@ def create_app(
              responses={**_errors(400, 403, 404, 409, 428), 200: {"headers": _WRITE_HEADERS}},
              tags=["schedules"], summary="Revise a schedule (If-Match: revision)")
     async def revise_schedule(
-        schedule_id: str, body: ScheduleDefinition, tenant: TenantDep,
+        schedule_id: ScheduleIdPath, body: ScheduleDefinition, tenant: TenantDep,
         if_match: Annotated[str | None, Header(alias="If-Match",
                                                description="the revision being revised")] = None,
     ) -> JSONResponse:
@@ -866,15 +956,15 @@ def create_app(
              "responses": {**_errors(404), 200: {"headers": _WRITE_HEADERS}}}
 
     @app.post("/v1/schedules/{schedule_id}:pause", summary="Pause a schedule", **_life)
-    async def pause_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+    async def pause_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep) -> JSONResponse:
         return await _lifecycle(tenant, schedule_id, m.PauseSchedule())
 
     @app.post("/v1/schedules/{schedule_id}:resume", summary="Resume a schedule", **_life)
-    async def resume_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+    async def resume_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep) -> JSONResponse:
         return await _lifecycle(tenant, schedule_id, m.ResumeSchedule())
 
     @app.delete("/v1/schedules/{schedule_id}", summary="Delete a schedule", **_life)
-    async def delete_schedule(schedule_id: str, tenant: TenantDep) -> JSONResponse:
+    async def delete_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep) -> JSONResponse:
         return await _lifecycle(tenant, schedule_id, m.DeleteSchedule())
 
     # ---------------------------------------------------------------- runs
@@ -883,14 +973,12 @@ def create_app(
               responses={**_errors(400, 404, 409), 201: {"headers": _WRITE_HEADERS}},
               tags=["runs"], summary="Trigger a run now (Idempotency-Key required)")
     async def trigger_run(
-        schedule_id: str, tenant: TenantDep,
-        idempotency_key: Annotated[str | None, Header(
-            alias="Idempotency-Key", max_length=200,
-            description="required: the same key and body give the same run")] = None,
+        schedule_id: ScheduleIdPath, tenant: TenantDep,
+        idempotency_key: Annotated[str, Header(
+            alias="Idempotency-Key", min_length=1, max_length=200,
+            description="the same key and body give the same run")],
         body: Annotated[TriggerIn | None, Body()] = None,
     ) -> JSONResponse:
-        if not idempotency_key:
-            raise ApiError(400, "Idempotency-Key is required", "Idempotency-Key")
         params = body.params if body is not None else None
         reply, token = await send(tenant, schedule_id,
                                   m.TriggerRun(request_key=idempotency_key, params=params))
@@ -901,7 +989,7 @@ def create_app(
              responses=_errors(400, 404), tags=["runs"],
              summary="A schedule's runs, newest first", dependencies=[ConsistentDep])
     async def list_runs(
-        schedule_id: str, tenant: TenantDep,
+        schedule_id: ScheduleIdPath, tenant: TenantDep,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         after: Annotated[str | None, Query(description="nextCursor of the previous page")] = None,
         state: Annotated[str | None, Query(description="comma-separated run states")] = None,
@@ -952,7 +1040,7 @@ def create_app(
     @app.get("/v1/runs/{run_id}", response_model=RunOut, responses=_errors(400, 404),
              tags=["runs"], summary="A run with its attempts, result and effects",
              dependencies=[ConsistentDep])
-    async def get_run(run_id: str, tenant: TenantDep) -> JSONResponse:
+    async def get_run(run_id: RunIdPath, tenant: TenantDep) -> JSONResponse:
         r = await run_row(tenant, run_id)
         read = need_rm()
         attempts = await read.attempts(run_id)
@@ -1002,7 +1090,7 @@ def create_app(
                          202: {"model": RunWritten, "description": "cancellation requested "
                                "(the run is executing)", "headers": _WRITE_HEADERS}},
               **_run_write)
-    async def cancel_run(run_id: str, tenant: TenantDep,
+    async def cancel_run(run_id: RunIdPath, tenant: TenantDep,
                          body: Annotated[CancelIn | None, Body()] = None) -> JSONResponse:
         r = await run_row(tenant, run_id)
         reply, token = await send(tenant, r["schedule_id"], m.CancelRun(
@@ -1013,7 +1101,7 @@ def create_app(
 
     @app.post("/v1/runs/{run_id}:redrive", summary="Redrive a DEAD run (same run ID)",
               responses={**_errors(404, 409), 200: {"headers": _WRITE_HEADERS}}, **_run_write)
-    async def redrive_run(run_id: str, tenant: TenantDep) -> JSONResponse:
+    async def redrive_run(run_id: RunIdPath, tenant: TenantDep) -> JSONResponse:
         r = await run_row(tenant, run_id)
         reply, token = await send(tenant, r["schedule_id"], m.RedriveRun(run_id=run_id))
         return written(RunWritten(run_id=run_id, state=reply.body.get("state", "READY"),
@@ -1022,7 +1110,7 @@ def create_app(
     @app.post("/v1/runs/{run_id}:reconcile", summary="Resolve a RECONCILING run",
               responses={**_errors(400, 404, 409), 200: {"headers": _WRITE_HEADERS}},
               **_run_write)
-    async def reconcile_run(run_id: str, body: ReconcileIn, tenant: TenantDep) -> JSONResponse:
+    async def reconcile_run(run_id: RunIdPath, body: ReconcileIn, tenant: TenantDep) -> JSONResponse:
         r = await run_row(tenant, run_id)
         reply, token = await send(tenant, r["schedule_id"], m.ResolveReconciliation(
             run_id=run_id, decision=body.decision, note=body.note, effect_id=body.effect_id))
@@ -1074,9 +1162,24 @@ def create_app(
                                  "time": _iso(t)}
         return JSONResponse(body)
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics",
-             response_class=Response)
-    async def prometheus() -> Response:
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (an operator token)",
+             response_class=Response, responses={
+                 200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                 **_errors(403)})
+    async def prometheus(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Response:
+        if tenants.operator_tokens is not None:  # a tenants file: operators only
+            token = creds.credentials if creds is not None else ""
+            if not token:
+                raise ApiError(401, "missing bearer token (an operator token)",
+                               "Authorization", headers={"WWW-Authenticate": "Bearer"})
+            if not tenants.is_operator(token):
+                if tenants.by_token(token) is not None:
+                    raise ApiError(403, "a tenant token cannot read /metrics: use an "
+                                   "operator token", "Authorization")
+                raise ApiError(401, "unknown token", "Authorization",
+                               headers={"WWW-Authenticate": "Bearer"})
         if metrics is None:
             raise ApiError(503, "no read model configured")
         snap = await metrics.snapshot()
@@ -1099,6 +1202,48 @@ def m_topics_default() -> Any:
     from chronolog.log.port import Topics
 
     return Topics()
+
+
+def _query_names(dependant: Any) -> frozenset[str]:
+    """The query parameters a route takes, its dependencies' included."""
+    names: set[str] = set()
+    todo = [dependant]
+    while todo:
+        d = todo.pop()
+        names.update(p.alias for p in d.query_params)
+        todo.extend(d.dependencies)
+    return frozenset(names)
+
+
+def _documented(app: FastAPI) -> dict[str, Any]:
+    """The app's OpenAPI document with every status the server can answer: validation is
+    400 (never FastAPI's 422); every route may answer 400 (an unknown query parameter) and
+    500 (a bug: still the error body); a tenant route 401 and 503; a route with an ID in its
+    path 404; a write 409, 413 (body size), 415 (not JSON) and 429 (rate limit)."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    doc = FastAPI.openapi(app)
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            codes = {400, 500}
+            if path.startswith("/v1/"):
+                codes |= {401, 503}
+            if method in ("post", "put", "delete"):
+                codes |= {409, 413, 415, 429}
+            if "{" in path:
+                codes.add(404)
+            if path == "/metrics":
+                codes |= {401, 403, 503}
+            responses = op["responses"]
+            responses.pop("422", None)
+            for code in sorted(codes):
+                responses.setdefault(str(code), {
+                    "description": _STATUS_WORDS[code],
+                    "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/ErrorBody"}}}})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        doc.get("components", {}).get("schemas", {}).pop(unused, None)
+    return doc
 
 
 def openapi_document() -> dict[str, Any]:

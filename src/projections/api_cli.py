@@ -40,13 +40,15 @@ def register(sub: Any) -> None:
                    help="also run the projector in this process")
     p.add_argument("--reply-timeout", type=float, default=10.0,
                    help="seconds to wait for a command's reply before answering 503")
+    p.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
+                   help="largest request body (env CHRONOLOG_MAX_BODY_BYTES; default 256 KiB)")
     p.set_defaults(func=_run)
 
 
 def _run(args: Any) -> int:
     from chronolog.cli import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError
+    from chronolog.settings import ConfigError, max_body_bytes
     from chronolog.tenants import dev_tenants, load_tenants
 
     configure_logging()
@@ -54,6 +56,7 @@ def _run(args: Any) -> int:
         raise UsageError(f"invalid port '{args.port}': must be 0..65535")
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
     try:
+        args.max_body_bytes = max_body_bytes(args.max_body_bytes)
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -99,7 +102,8 @@ async def serve(args: Any, tenants: Any) -> int:
                 projector = Projector(log_, store)
                 task = asyncio.create_task(projector.run(), name="projector")
             app = create_app(client, store, tenants, projector=projector,
-                             reply_timeout=args.reply_timeout)
+                             reply_timeout=args.reply_timeout,
+                             max_body_bytes=args.max_body_bytes)
             config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                     lifespan="off")
             server = _Server(config)

@@ -25,7 +25,12 @@ renders them (``render(snapshot)``). The families:
   ``commands`` / ``events`` topics (sum of end offsets) — take ``rate()`` of them;
   ``chronolog_commands_per_second`` / ``chronolog_events_per_second`` (gauges): the same
   rate measured by this process between its last two scrapes (0 on the first);
-* ``chronolog_schedules`` (gauge; tenant, state).
+* ``chronolog_schedules`` (gauge; tenant, state);
+* ``chronolog_dead_letters_total`` (counter; consumer, topic): records a consumer skipped and
+  dead-lettered (chronolog.log.dead_letters), one per record and consumer — read from the
+  ``dlq`` topic, so every process's are counted (``chronolog dlq list`` shows them);
+  ``chronolog_projector_dead_letters_total`` (counter; topic): the ones *this process's*
+  projector wrote.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from chronolog.domain import codec
 from chronolog.log.port import EventLog
+from chronolog.log.reading import read_partition
 
 __all__ = ["LATENESS_BUCKETS", "MetricsSource", "ProjectorCollector", "Snapshot", "render"]
 
@@ -71,6 +78,7 @@ class Snapshot:
     commands_per_second: float = 0.0
     events_per_second: float = 0.0
     schedules: list[tuple[str, str, int]] = field(default_factory=list)
+    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)  # (consumer, topic)
     projector: dict[str, Any] | None = None
 
 
@@ -94,6 +102,14 @@ def _projector_families(stats: Any) -> Iterator[Metric]:
                             value=stats.last_delay_s)
 
 
+def _projector_dead_letters(counts: Any) -> Iterator[Metric]:
+    d = CounterMetricFamily("chronolog_projector_dead_letters",
+                            "Records this projector dead-lettered and skipped", labels=["topic"])
+    for topic, n in sorted(counts.items()):
+        d.add_metric([topic], n)
+    yield d
+
+
 class ProjectorCollector(Collector):
     """The projector's own counters (for ``chronolog projector --metrics-port``)."""
 
@@ -102,6 +118,7 @@ class ProjectorCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from _projector_families(self.projector.stats)
+        yield from _projector_dead_letters(self.projector.dead_letters.counts)
 
 
 class MetricsSource:
@@ -114,6 +131,10 @@ class MetricsSource:
         self.projection = projection
         self.projector = projector
         self._last: tuple[float, int, int] | None = None
+        # the dlq topic, read on from where the previous scrape stopped
+        self._dlq_next: dict[int, int] = {}
+        self._dlq_keys: set[bytes] = set()
+        self._dlq_counts: dict[tuple[str, str], int] = {}
 
     async def snapshot(self) -> Snapshot:
         s = Snapshot()
@@ -169,11 +190,35 @@ class MetricsSource:
                 s.commands_per_second = max(0, s.commands_total - self._last[1]) / dt
                 s.events_per_second = max(0, s.events_total - self._last[2]) / dt
             self._last = (now, s.commands_total, s.events_total)
+            s.dead_letters = await self._dead_letters()
         if self.projector is not None:
             st = self.projector.stats
             s.fence_rejections = dict(st.completion_rejections)
             s.lag_seconds = st.last_delay_s
         return s
+
+
+    async def _dead_letters(self) -> dict[tuple[str, str], int]:
+        """Dead letters per (consumer, topic), one per key (a letter written again after a
+        crash counts once)."""
+        assert self.log is not None
+        topic = self.log.topics.dlq
+        for p in range(await self.log.partitions_for(topic)):
+            async for recs in read_partition(self.log, topic, p, self._dlq_next.get(p, 0)):
+                for rec in recs:
+                    if rec.key is not None and rec.key in self._dlq_keys:
+                        continue
+                    try:
+                        dl = codec.decode_dead_letter(rec.value)
+                    except ValueError:
+                        continue
+                    if rec.key is not None:
+                        self._dlq_keys.add(rec.key)
+                    consumer = dl.consumer.split(":")[0]  # client:<id> -> client
+                    k = (consumer, dl.source_topic or self.log.topics.commands)
+                    self._dlq_counts[k] = self._dlq_counts.get(k, 0) + 1
+                self._dlq_next[p] = recs[-1].offset + 1
+        return dict(self._dlq_counts)
 
 
 class _SnapshotCollector(Collector):
@@ -234,6 +279,12 @@ class _SnapshotCollector(Collector):
         for tenant, state, n in s.schedules:
             sc.add_metric([tenant, state], n)
         yield sc
+        d = CounterMetricFamily("chronolog_dead_letters",
+                                "Records consumers dead-lettered and skipped",
+                                labels=["consumer", "topic"])
+        for (consumer, topic), n in sorted(s.dead_letters.items()):
+            d.add_metric([consumer, topic], n)
+        yield d
 
 
 def _le(b: float) -> str:

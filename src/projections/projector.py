@@ -22,8 +22,17 @@ One *pass*:
 An ``OffsetConflict`` means another projector instance (or a replay) moved the offsets: the
 batch is discarded (nothing of it was written), the offsets are read again from PostgreSQL
 and the loop continues from there — two projectors on one database never write an event
-twice. A record that does not decode stops the projector with ``ProjectionError`` after the
-batches before it committed: skipping it would make the live tables differ from a replay.
+twice.
+
+A record that does not decode, or whose projection raises, is dead-lettered
+(``chronolog.log.dead_letters``) and skipped: its offset is passed with the rest of the
+batch. A batch the database refuses for its data (a value out of range, ...) is written
+again one record at a time, in log order, each record with its own offset in its own
+transaction: the records the database refuses alone are dead-lettered and their offsets
+passed in an empty transaction, every other record is written. The dead letter is in the log
+before the transaction that passes its offset, so a crash in between dead-letters it again
+(one letter per key) — no record is skipped without a letter, none retried forever. A replay
+(``chronolog replay``) skips the same records, so it rebuilds the same tables.
 
 While the database is written, the next batches are already being read, decoded and
 projected by a reader task (``read_ahead`` batches, default 2, in a bounded queue), so the
@@ -59,11 +68,17 @@ import structlog
 from chronolog.environment import gc_tune, gc_untune
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
-from chronolog.projections.project import project_batch
-from chronolog.projections.store import OffsetConflict, PostgresProjectionStore, RowChanges
+from chronolog.projections.project import project, project_batch
+from chronolog.projections.store import (
+    OffsetConflict,
+    PostgresProjectionStore,
+    RowChanges,
+    refused_for_its_data,
+)
 
-__all__ = ["Commit", "ProjectionError", "Projector", "ProjectorStats", "Watermark"]
+__all__ = ["Commit", "Projector", "ProjectorStats", "Watermark", "decode_and_project"]
 
 log = structlog.get_logger("chronolog.projector")
 
@@ -72,10 +87,6 @@ DEFAULT_IDLE_MS = 100
 
 
 GC_GEN0_THRESHOLD = 50_000  # while run() is active (see chronolog.environment.gc_tune)
-
-class ProjectionError(RuntimeError):
-    """The projector cannot go on (a record that does not decode); earlier batches stay."""
-
 
 @dataclass(frozen=True)
 class Watermark:
@@ -107,6 +118,7 @@ class ProjectorStats:
     batches: int = 0
     conflicts: int = 0
     missing_rows: int = 0
+    refused_batches: int = 0  # batches the database refused, written again record by record
     by_type: Counter[str] = field(default_factory=Counter)
     completion_rejections: Counter[str] = field(default_factory=Counter)  # by reason
     last_delay_s: float = 0.0  # commit time minus the oldest record's append time
@@ -115,14 +127,53 @@ class ProjectorStats:
 
 @dataclass
 class _Batch:
-    records: dict[int, list[Record]]
+    records: dict[int, list[Record]]  # the records that decoded, aligned with envelopes
     envelopes: dict[int, list[m.EventEnvelope]]
-    error: str | None = None  # a record that did not decode ends the batch before it
+    ends: dict[int, int] = field(default_factory=dict)  # partition -> next offset after it
+    dead: list[tuple[Record, BaseException]] = field(default_factory=list)  # to skip
     changes: RowChanges | None = None  # projected while the previous batch is written
 
     @property
     def size(self) -> int:
         return sum(len(v) for v in self.envelopes.values())
+
+
+def decode_and_project(
+    records: dict[int, list[Record]],
+) -> tuple[dict[int, list[Record]], dict[int, list[m.EventEnvelope]], RowChanges,
+           list[tuple[Record, BaseException]]]:
+    """Decode and project records (per partition, in log order): the records kept, their
+    envelopes, their folded row changes, and the records that do not decode or project
+    (with the error) — to be dead-lettered and skipped."""
+    kept: dict[int, list[Record]] = {}
+    envelopes: dict[int, list[m.EventEnvelope]] = {}
+    dead: list[tuple[Record, BaseException]] = []
+    for p, recs in records.items():
+        for rec in recs:
+            try:
+                env = codec.decode_event(rec.value)
+            except Exception as exc:  # noqa: BLE001 - any undecodable record is skipped
+                dead.append((rec, exc))
+                continue
+            kept.setdefault(p, []).append(rec)
+            envelopes.setdefault(p, []).append(env)
+    try:
+        return kept, envelopes, project_batch(_chain(envelopes.values())), dead
+    except Exception:  # noqa: BLE001 - find the records whose projection raises
+        pass
+    changes = RowChanges()
+    for p in list(envelopes):
+        pairs = list(zip(kept.pop(p), envelopes.pop(p)))
+        for rec, env in pairs:
+            try:
+                one = project(env)
+            except Exception as exc:  # noqa: BLE001 - skipped like an undecodable record
+                dead.append((rec, exc))
+                continue
+            changes.merge(one)
+            kept.setdefault(p, []).append(rec)
+            envelopes.setdefault(p, []).append(env)
+    return kept, envelopes, changes, dead
 
 
 class Projector:
@@ -154,6 +205,7 @@ class Projector:
         self._stopping = asyncio.Event()
         self._progress = asyncio.Condition()
         self._started = False
+        self.dead_letters = DeadLetters(log_, "projector")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,7 +225,10 @@ class Projector:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Project until ``stop()``; a ``ProjectionError`` ends it."""
+        """Project until ``stop()`` (a log or database failure ends it, raised; ``run`` may
+        be called again then: it goes on from the offsets stored in the database)."""
+        if self._started:
+            await self._load_offsets()
         await self.start()
         stopping = asyncio.create_task(self._stopping.wait())
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
@@ -201,8 +256,6 @@ class Projector:
                             log.warning("projector_offset_conflict", error=str(exc))
                             await self._load_offsets()
                             break  # read again from the offsets stored now
-                        if batch.error is not None:
-                            raise ProjectionError(batch.error)
                 finally:
                     await _cancel(reader)
         finally:
@@ -215,21 +268,18 @@ class Projector:
         idle = False
         while True:
             batch = await self._read(position, self.idle_ms if idle else 0)
-            if batch.size == 0 and batch.error is None:
+            if not batch.ends:
                 idle = True
                 continue
             idle = False
-            for p, recs in batch.records.items():
-                position[p] = recs[-1].offset + 1
+            position.update(batch.ends)
             await queue.put(batch)
-            if batch.error is not None:
-                return
 
     async def step(self, wait_ms: int = 0) -> int:
         """One pass without read-ahead (tests, tools): the number of events applied."""
         await self.start()
         batch = await self._read(dict(self._offsets), wait_ms)
-        if batch.size == 0 and batch.error is None:
+        if not batch.ends:
             return 0
         try:
             await self._apply(batch)
@@ -237,9 +287,7 @@ class Projector:
             self.stats.conflicts += 1
             await self._load_offsets()
             return 0
-        if batch.error is not None:
-            raise ProjectionError(batch.error)
-        return batch.size
+        return max(1, batch.size)  # records were passed, if only dead-lettered ones
 
     async def run_until_caught_up(self, timeout: float = 30.0) -> None:
         """Apply passes until every partition reached the end offset seen at the start."""
@@ -299,49 +347,73 @@ class Projector:
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
             for p in self._owned
         ))
-        batch = _Batch({}, {})
-        for p, records in zip(self._owned, reads):
-            envs: list[m.EventEnvelope] = []
-            kept: list[Record] = []
-            for rec in records:
-                try:
-                    envs.append(codec.decode_event(rec.value))
-                except codec.DecodeError as exc:
-                    batch.error = (f"{rec.topic}[{rec.partition}]@{rec.offset} does not decode: "
-                                   f"{exc}")
-                    break
-                kept.append(rec)
-            if kept:
-                batch.records[p] = kept
-                batch.envelopes[p] = envs
-            if batch.error is not None:
-                break  # later partitions wait for the next projector start
-        if batch.envelopes:
-            batch.changes = project_batch(_chain(batch.envelopes.values()))
-        return batch
+        read = {p: records for p, records in zip(self._owned, reads) if records}
+        kept, envelopes, changes, dead = decode_and_project(read)
+        return _Batch(kept, envelopes, {p: recs[-1].offset + 1 for p, recs in read.items()},
+                      dead, changes)
 
     async def _apply(self, batch: _Batch) -> None:
-        if batch.size == 0:
+        if not batch.ends:
             return
-        offsets: dict[tuple[str, int], tuple[int, int]] = {}
-        last_at: dict[tuple[str, int], datetime] = {}
-        for p, recs in batch.records.items():
-            tp = (self.topic, p)
-            offsets[tp] = (self._offsets.get(p, 0), recs[-1].offset + 1)
-            last_at[tp] = max(e.at for e in batch.envelopes[p])
+        await self.dead_letters.put_many(batch.dead)  # before the offsets pass them
+        offsets = {(self.topic, p): (self._offsets.get(p, 0), end)
+                   for p, end in batch.ends.items()}
         changes = batch.changes or project_batch(_chain(batch.envelopes.values()))
-        result = await self.store.apply(changes, offsets, last_event_at=last_at)
+        try:
+            result = await self.store.apply(changes, offsets,
+                                            last_event_at=self._last_at(batch.envelopes))
+        except Exception as exc:
+            if not refused_for_its_data(exc):
+                raise
+            self.stats.refused_batches += 1
+            log.warning("projector_batch_refused", error=f"{type(exc).__name__}: {exc}"[:500],
+                        events=batch.size)
+            await self._apply_each(batch)
+            return
+        await self._committed(offsets, batch.records, batch.envelopes, result)
+
+    async def _apply_each(self, batch: _Batch) -> None:
+        """Write a refused batch again one record per transaction, in log order; the
+        records the database refuses alone are dead-lettered and their offsets passed."""
+        for p, end in batch.ends.items():
+            tp = (self.topic, p)
+            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, [])):
+                offsets = {tp: (self._offsets.get(p, 0), rec.offset + 1)}
+                try:
+                    result = await self.store.apply(project(env), offsets,
+                                                    last_event_at={tp: env.at})
+                except Exception as exc:
+                    if not refused_for_its_data(exc):
+                        raise
+                    await self.dead_letters.put(rec, exc)
+                    result = await self.store.apply(RowChanges(), offsets)
+                    await self._committed(offsets, {}, {}, result)
+                    continue
+                await self._committed(offsets, {p: [rec]}, {p: [env]}, result)
+            if self._offsets.get(p, 0) < end:  # dead-lettered records at the end
+                offsets = {tp: (self._offsets.get(p, 0), end)}
+                await self._committed(offsets, {}, {}, await self.store.apply(RowChanges(), offsets))
+
+    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]) -> dict[tuple[str, int], datetime]:
+        return {(self.topic, p): max(e.at for e in envs) for p, envs in envelopes.items() if envs}
+
+    async def _committed(self, offsets: dict[tuple[str, int], tuple[int, int]],
+                   records: dict[int, list[Record]], envelopes: dict[int, list[m.EventEnvelope]],
+                   result: Any) -> None:
+        """Bookkeeping after a transaction committed ``offsets`` and these events."""
         committed_ms = time.time() * 1000
-        # bookkeeping only after the transaction committed
         for (_, p), (_, new) in offsets.items():
             self._offsets[p] = new
-        newest = max(last_at.values())
-        if self._last_event_at is None or newest > self._last_event_at:
-            self._last_event_at = newest
+        last_at = self._last_at(envelopes)
+        if last_at:
+            newest = max(last_at.values())
+            if self._last_event_at is None or newest > self._last_event_at:
+                self._last_event_at = newest
+        size = sum(len(v) for v in envelopes.values())
         st = self.stats
-        st.events += batch.size
+        st.events += size
         st.batches += 1
-        for envs in batch.envelopes.values():
+        for envs in envelopes.values():
             for env in envs:
                 st.by_type[env.type] += 1
                 if isinstance(env.payload, m.CompletionRejected):
@@ -350,13 +422,13 @@ class Projector:
         if missing:
             st.missing_rows += missing
             log.warning("projector_missing_rows", rows={k: len(v) for k, v in result.missing.items()})
-        append_ms = [r.timestamp_ms for recs in batch.records.values() for r in recs]
-        st.last_delay_s = max(0.0, (committed_ms - min(append_ms)) / 1000) if append_ms else 0.0
+        append_ms = [r.timestamp_ms for recs in records.values() for r in recs]
+        if append_ms:
+            st.last_delay_s = max(0.0, (committed_ms - min(append_ms)) / 1000)
         async with self._progress:
             self._progress.notify_all()
         if self.on_commit:
-            info = Commit(batch.size, {p: v for (_, p), v in offsets.items()}, append_ms,
-                          committed_ms)
+            info = Commit(size, {p: v for (_, p), v in offsets.items()}, append_ms, committed_ms)
             for cb in self.on_commit:
                 cb(info)
 

@@ -22,8 +22,8 @@
 
 A progress bar (rich) is drawn on stderr when it is a terminal. Exit 0 with one summary line
 on stdout; 2 with one line on stderr for bad input (log, DSN, schema, --until, --to-offset)
-or an unreachable database; 1 if a record does not decode (the batches before it stay
-committed, with their offsets).
+or an unreachable database. A record that does not decode is skipped, as the live projector
+skips it (it dead-letters it), and named on stderr — so a replay rebuilds the live tables.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class ReplayStats:
     offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset stored
     rows: dict[str, int] = field(default_factory=dict)  # row writes per table
     missing: int = 0  # partial changes that found no row
+    skipped: list[str] = field(default_factory=list)  # "p<partition>@<offset>: <error>"
 
 
 def register(subparsers: Any) -> None:
@@ -161,11 +162,10 @@ async def replay(
             for rec in records:
                 try:
                     env = decode_event(rec.value)
-                except DecodeError as exc:
-                    await _write(store, topic, p, next_offset, end, envelopes, stats)
-                    raise ReplayError(f"record p{p}@{rec.offset} does not decode: {exc}; "
-                                      f"the projection holds partition {p} below offset "
-                                      f"{end}") from None
+                except DecodeError as exc:  # skipped, as the live projector skips it
+                    stats.skipped.append(f"p{p}@{rec.offset}: {exc}")
+                    end = rec.offset + 1
+                    continue
                 if until is not None and env.at > until:
                     done = True
                     break
@@ -183,10 +183,10 @@ async def replay(
 
 async def _write(store: PostgresProjectionStore, topic: str, p: int, start: int, end: int,
                  envelopes: list[m.EventEnvelope], stats: ReplayStats) -> None:
-    if not envelopes:
+    if end <= start:
         return
     result = await store.apply(project_batch(envelopes), {(topic, p): (start, end)},
-                               last_event_at={(topic, p): envelopes[-1].at})
+                               last_event_at={(topic, p): envelopes[-1].at} if envelopes else {})
     stats.events += len(envelopes)
     stats.batches += 1
     for table, n in result.rows.items():
@@ -294,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
     offsets = " ".join(f"p{p}={o}" for p, o in sorted(stats.offsets.items()))
     print(f"replay done: {stats.events} events from {stats.partitions} partitions into "
           f"{where} (projection {args.projection}): {tables}; next offsets {offsets}")
+    for skipped in stats.skipped:
+        print(f"note: skipped a record that does not decode: {skipped}", file=sys.stderr)
     if stats.missing:
         print(f"note: {stats.missing} row changes found no row to update (events for rows "
               "that were never created)", file=sys.stderr)

@@ -25,6 +25,11 @@ the columns its run row got from ``OccurrenceMaterialized``.
      does not find are reported in ``ApplyResult.missing`` rather than invented.
 
 jsonb values are encoded with orjson and sent as ``text[]``; timestamps must be aware datetimes.
+
+PostgreSQL's text and jsonb cannot hold the character U+0000, which the log can: the store
+writes it as U+FFFD (the replacement character) in text columns and in every string of a
+jsonb value, keys included; the log keeps the original. Any other value the database refuses
+(``refused_for_its_data``) fails the transaction, and the projector finds the record at fault.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ __all__ = [
     "RowChanges",
     "TABLES",
     "TableSpec",
+    "refused_for_its_data",
 ]
 
 TopicPartition = tuple[str, int]
@@ -242,9 +248,42 @@ def _quote(ident: str) -> str:
     return '"' + ident.replace('"', '""') + '"'
 
 
+NUL, NUL_STANDIN = "\x00", "\ufffd"
+
+# errors of a transaction refused for the values it writes (not for the connection): SQL
+# classes 22 (data exception), 23 (integrity constraint) and 54 (program limit exceeded),
+# and the driver's own refusal to encode a value (asyncpg's client-side DataError is a
+# ValueError; OverflowError, TypeError)
+_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError, asyncpg.exceptions.IntegrityConstraintViolationError,
+    asyncpg.exceptions.ProgramLimitExceededError, ValueError, OverflowError, TypeError,
+)
+
+
+def refused_for_its_data(exc: BaseException) -> bool:
+    """Whether the database (or the driver) refused a write because of the values in it."""
+    return isinstance(exc, _DATA_ERRORS) and not isinstance(exc, OffsetConflict)
+
+
+def _without_nul(value: Any) -> Any:
+    """``value`` with U+0000 replaced by U+FFFD in every string (dict keys included)."""
+    if isinstance(value, str):
+        return value.replace(NUL, NUL_STANDIN)
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_nul(v) for v in value]
+    return value
+
+
 def _encode(pg_type: str, value: Any) -> Any:
-    if pg_type == JSONB and value is not None:
-        return orjson.dumps(value).decode()
+    if value is None:
+        return None
+    if pg_type == JSONB:
+        text = orjson.dumps(value).decode()
+        return orjson.dumps(_without_nul(value)).decode() if "\\u0000" in text else text
+    if isinstance(value, str) and NUL in value:
+        return value.replace(NUL, NUL_STANDIN)
     return value
 
 

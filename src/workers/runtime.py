@@ -62,8 +62,10 @@ import structlog
 
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
-from chronolog.log.port import EventLog, OutRecord, Record
 from chronolog.domain.offers import OFFER_HEADER, Offer
+from chronolog.log.dead_letters import DeadLetters
+from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.wakeup import Wakeup
 from chronolog.workers.results import INLINE_LIMIT, ResultStore, sha256_hex
 
 log = structlog.get_logger("chronolog.worker")
@@ -261,11 +263,12 @@ class Worker:
         self._unsettled: set[_Report] = set()
         self._reporter: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self._beat_wake = asyncio.Event()
+        self._beat_wake = Wakeup()
         self._beat_at = float("inf")
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = asyncio.Event()
         self._log = log.bind(worker_id=self.worker_id)
+        self.dead_letters = DeadLetters(log_, "worker")
 
     # ------------------------------------------------------------------ registration
 
@@ -449,11 +452,14 @@ class Worker:
                 recs = await consumer.getmany(timeout_ms=200, max_records=1000)
                 if not recs:
                     continue
-                for rec in recs:
-                    self._assignment(lane, rec)
                 offsets: dict[tuple[str, int], int] = {}
+                held: set[tuple[str, int]] = set()  # a bad record not recorded: read again
                 for rec in recs:
-                    offsets[(rec.topic, rec.partition)] = rec.offset + 1
+                    tp = (rec.topic, rec.partition)
+                    if tp not in held and await self._assignment(lane, rec):
+                        offsets[tp] = rec.offset + 1
+                    else:
+                        held.add(tp)
                 try:
                     await consumer.commit(offsets)
                 except Exception as exc:  # noqa: BLE001 - a lost ack means a re-read: harmless
@@ -463,24 +469,32 @@ class Worker:
             await self._offer(lane, lane.owned, withdraw=True)
             await consumer.close()
 
-    def _assignment(self, lane: _Lane, rec: Record) -> None:
+    async def _assignment(self, lane: _Lane, rec: Record) -> bool:
         """Admit an assignment addressed to this worker; skip anything else (re-reads,
-        another worker's assignments after a rebalance, records that do not decode)."""
+        another worker's assignments after a rebalance); dead-letter a record that is not an
+        assignment. False: that record could not be recorded, so it must be read again."""
         try:
             body = orjson.loads(rec.value)
             worker, run_id, fence = body["assignee"], str(body["run_id"]), int(body["fence"])
             tenant, schedule_id = str(body["tenant"]), str(body["schedule_id"])
-        except Exception as exc:  # noqa: BLE001
+            if not isinstance(body.get("params", {}), dict):
+                raise TypeError("params is not an object")
+        except Exception as exc:  # noqa: BLE001 - not an assignment: recorded, then passed
             self.stats.bad_records += 1
-            self._log.warning("bad_assignment", partition=rec.partition, offset=rec.offset,
-                              error=repr(exc))
-            return
+            try:
+                await self.dead_letters.put(rec, exc)
+            except Exception as err:  # noqa: BLE001 - unacknowledged: read again later
+                self._log.warning("bad_assignment_not_recorded", offset=rec.offset,
+                                  error=repr(err))
+                return False
+            return True
         if worker != self.worker_id or (run_id, fence) in self._attempts \
                 or (run_id, fence) in self._finished:
             self.stats.foreign += 1
-            return
+            return True
         self.stats.assignments += 1
         self._admit(lane, tenant, schedule_id, body)
+        return True
 
     # ------------------------------------------------------------------ attempts
 
@@ -506,7 +520,7 @@ class Worker:
         att.next_beat = asyncio.get_running_loop().time() + att.beat_every
         self._attempts[(run_id, fence)] = att
         if att.next_beat < self._beat_at:
-            self._beat_wake.set()
+            self._beat_wake.fire()
         if lane.running < lane.slots:
             self._start(att)
         else:
@@ -736,11 +750,7 @@ class Worker:
                 self._spawn(self._beat(due, min(a.beat_every for a in due)))
             self._beat_at = min((a.next_beat for a in self._attempts.values()),
                                 default=now + 1.0)
-            self._beat_wake.clear()
-            try:
-                await asyncio.wait_for(self._beat_wake.wait(), max(0.01, self._beat_at - now))
-            except asyncio.TimeoutError:
-                pass
+            await self._beat_wake.wait(max(0.01, self._beat_at - now))
 
     async def _beat(self, atts: list[_Attempt], timeout: float) -> None:
         envs = [self.client.envelope(a.ctx.tenant, a.ctx.schedule_id, m.Heartbeat(

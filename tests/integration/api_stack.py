@@ -20,13 +20,15 @@ from chronolog.processors.runtime import Processor
 from chronolog.projections.api import create_app
 from chronolog.projections.projector import Projector
 from chronolog.projections.store import PostgresProjectionStore
+from chronolog.destinations import WebhookDestination
 from chronolog.tenants import Tenant, Tenants
 
 from .conftest import wait_until
 from .pgdb import schema_store
 
 TENANTS = Tenants({
-    "acme": Tenant("acme", ("acme-token",), None, 1000),
+    "acme": Tenant("acme", ("acme-token",), None, 1000, {"hook": WebhookDestination(
+        kind="webhook", url="https://hooks.example/chronolog")}),
     "globex": Tenant("globex", ("globex-token",), frozenset({"report"}), 1000),
     "initech": Tenant("initech", ("initech-token",), None, 2),
 })
@@ -39,11 +41,13 @@ INITECH = {"Authorization": "Bearer initech-token"}
 class ApiStack:
     """Processor + client + projector + app on one log and one PostgreSQL schema."""
 
-    def __init__(self, lg: EventLog, dsn: str, **app_options: Any) -> None:
+    def __init__(self, lg: EventLog, dsn: str, tenants: Tenants = TENANTS,
+                 **app_options: Any) -> None:
         self.lg = lg
         self.dsn = dsn
+        self.tenants = tenants
         self.app_options = app_options
-        self.proc = Processor(lg, f"p-{uuid.uuid4().hex[:6]}", tenants=TENANTS)
+        self.proc = Processor(lg, f"p-{uuid.uuid4().hex[:6]}", tenants=tenants)
         self.client = Client(lg, reply_timeout=30)
         self.store: PostgresProjectionStore | None = None
         self.projector: Projector | None = None
@@ -58,7 +62,7 @@ class ApiStack:
         await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,
                          60, what="partitions assigned")
         self.resume_projector()
-        app = create_app(self.client, self.store, TENANTS, **self.app_options)
+        app = create_app(self.client, self.store, self.tenants, **self.app_options)
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                       base_url="http://chronolog.test")
         return self

@@ -8,7 +8,10 @@ returns the stored receipt and commits nothing). ``plan`` scripts the next POSTs
 * ``drop`` — commit, then close the connection without answering (a lost response);
 * ``500`` — commit, then answer 500 (the effect happened; the reply says error);
 * ``503`` — answer 503 WITHOUT committing;
-* ``400`` — answer 400 without committing.
+* ``400`` — answer 400 without committing (its body carries ``secret`` text);
+* ``redirect`` — answer 307 to ``redirect_to`` without committing.
+
+Every request's path and headers are kept in ``requests`` (to see what reached the server).
 
 ``GET /status?key=K`` answers ``{"status": "done", "receipt": ...}`` or 404 ``not_found``.
 
@@ -43,6 +46,9 @@ class HookServer:
         self.keys_seen: list[str] = []  # the Idempotency-Key of every POST received
         self.committed: list[dict[str, Any]] = []  # one entry per committed effect
         self.receipts: dict[str, str] = {}
+        self.requests: list[tuple[str, dict[str, str]]] = []  # (method path, headers)
+        self.redirect_to = ""
+        self.secret = "s3cret-internal-token"
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
 
@@ -78,6 +84,7 @@ class HookServer:
                 k, _, v = h.partition(":")
                 headers[k.strip().lower()] = v.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0")))
+            self.requests.append((f"{method} {target}", headers))
             url = urlparse(target)
             if method == "GET" and url.path == "/status":
                 key = parse_qs(url.query).get("key", [""])[0]
@@ -102,7 +109,11 @@ class HookServer:
             self._respond(writer, 503, {"error": "unavailable"})
             return
         if action == "400":
-            self._respond(writer, 400, {"error": "bad request"})
+            self._respond(writer, 400, {"error": "bad request", "detail": self.secret})
+            return
+        if action == "redirect":
+            writer.write(f"HTTP/1.1 307 X\r\nLocation: {self.redirect_to}\r\n"
+                         "Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
             return
         if self.dedup and key in self.receipts:
             receipt = self.receipts[key]

@@ -100,6 +100,22 @@ async def test_missing_or_unknown_token_is_401_with_the_error_body(stack: ApiSta
     assert_error(r, 401, "unauthorized")
 
 
+async def test_an_effect_must_name_a_destination_granted_to_the_tenant(stack: ApiStack) -> None:
+    base = {"scheduleId": sid(), **CRON}
+    r = await create(stack, {**base, "effects": [{"kind": "webhook", "destination": "hook"}]},
+                     headers=GLOBEX)
+    assert_error(r, 403, "forbidden", "effects[0].destination")
+    r = await create(stack, {**base, "effects": [{"kind": "email", "destination": "hook"}]})
+    assert_error(r, 400, "invalid", "effects[0].kind")
+    # a tenant cannot bring its own target (URL, DSN, SQL, host) at all
+    r = await create(stack, {**base, "effects": [
+        {"kind": "postgres", "destination": "hook", "config": {"sql": "SELECT 1"}}]})
+    assert_error(r, 400, "invalid")
+    r = await create(stack, {**base, "effects": [
+        {"kind": "webhook", "destination": "hook", "headers": {"Host": "169.254.169.254"}}]})
+    assert_error(r, 400, "invalid")
+
+
 async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> None:
     assert stack.http is not None
     s = sid()
@@ -107,7 +123,8 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
             "retry": {"maxAttempts": 5, "initialBackoff": "2s", "maxBackoff": 60, "maxAge": "1h"},
             "lease": "45s", "startDeadline": "10m", "dst": {"ambiguous": "both",
                                                              "nonexistent": "skip"},
-            "effects": [{"kind": "webhook", "config": {"url": "http://example.invalid/h"}}]}
+            "effects": [{"kind": "webhook", "destination": "hook",
+                         "headers": {"X-Trace": "t1"}}]}
     r = await create(stack, body, **{"Idempotency-Key": "k1"})
     assert r.status_code == 201, r.text
     out = r.json()

@@ -43,7 +43,8 @@ def ctx(age_s: float = 0.0) -> EffectContext:
                          intended_at=datetime.now(timezone.utc) - timedelta(seconds=age_s))
 
 
-FAST = {"backoff": "10ms", "timeout": "2s"}
+# the test servers are on loopback: these destinations allow private addresses
+FAST = {"backoff": "10ms", "timeout": "2s", "allow_private": True}
 
 
 @pytest.fixture
@@ -203,9 +204,9 @@ async def test_postgres_inbox_applies_a_repeated_intent_exactly_once(
     database_url: str, pg_tables: tuple[str, str],
 ) -> None:
     inbox, biz = pg_tables
-    i = intent("postgres", {"inbox_table": inbox,
+    i = intent("postgres", {"dsn": database_url, "inbox_table": inbox,
                             "sql": f"INSERT INTO {biz} (effect_id, doc) VALUES ($2, $1::jsonb)"})
-    adapter = PostgresInboxEffectAdapter(database_url)
+    adapter = PostgresInboxEffectAdapter()
     try:
         outs = await asyncio.gather(*(adapter.perform(i, i.inline, ctx()) for _ in range(5)))
         again = await adapter.perform(i, i.inline, ctx())
@@ -230,8 +231,9 @@ async def test_postgres_business_sql_error_rolls_back_the_inbox_row(
     database_url: str, pg_tables: tuple[str, str],
 ) -> None:
     inbox, _ = pg_tables
-    i = intent("postgres", {"inbox_table": inbox, "sql": "INSERT INTO no_such_table VALUES ($1, $2)"})
-    adapter = PostgresInboxEffectAdapter(database_url)
+    i = intent("postgres", {"dsn": database_url, "inbox_table": inbox,
+                            "sql": "INSERT INTO no_such_table VALUES ($1, $2)"})
+    adapter = PostgresInboxEffectAdapter()
     try:
         out = await adapter.perform(i, i.inline, ctx())
     finally:
@@ -252,10 +254,10 @@ async def test_kafka_adapter_on_the_embedded_log_appends_keyed_by_effect_id(tmp_
     await lg.start()
     await lg.ensure_topics()
     try:
-        i = intent("kafka", {"topic": "t.invoices"})
+        i = intent("kafka", {"topic": "acme.invoices"})
         out = await KafkaEffectAdapter(lg, "m1").perform(i, i.inline, ctx())
         assert out.status == "succeeded"
-        recs = await lg.read("t.invoices", out.evidence["partition"], out.evidence["offset"], 10)
+        recs = await lg.read("acme.invoices", out.evidence["partition"], out.evidence["offset"], 10)
         assert recs[0].key == i.effect_id.encode()
         assert orjson.loads(recs[0].value)["result"] == {"total": 57}
     finally:

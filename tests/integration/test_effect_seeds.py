@@ -36,7 +36,9 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
 from chronolog.processors.runtime import Processor
+from chronolog.destinations import parse_destinations
 from chronolog.settings import LogConfig
+from chronolog.tenants import Tenant, Tenants
 
 from .conftest import CHRONOLOG, ROOT, log_url, wait_until
 from .effect_servers import HookServer, SmtpServer
@@ -57,6 +59,12 @@ async def all_events(lg: Any) -> list[m.EventEnvelope]:
             out.extend(codec.decode_event(r.value) for r in recs)
             offset = recs[-1].offset + 1
     return out
+
+
+def granted(**destinations: dict[str, Any]) -> Tenants:
+    """The test tenant with these destinations (tables as in the tenants file)."""
+    return Tenants({TENANT: Tenant(TENANT, (), None, None,
+                                   parse_destinations(TENANT, destinations))})
 
 
 def of_type(evs: list[m.EventEnvelope], typ: str, **match: Any) -> list[Any]:
@@ -168,8 +176,9 @@ async def test_seed_e_redelivery_with_a_deduplicating_webhook_commits_one_effect
 ) -> None:
     hook = await HookServer(dedup=True).start()
     spec = {"at": FAR, "job": {"type": "invoice"}, "lease": "1s", "overlap": "allow",
-            "effects": [{"kind": "webhook",
-                         "config": {"url": hook.url, "backoff": "20ms", "timeout": "3s"}}]}
+            "effects": [{"kind": "webhook", "destination": "hook"}]}
+    tenants = granted(hook={"kind": "webhook", "url": hook.url, "backoff": "20ms",
+                            "timeout": "3s", "allow_private": True})
     try:
         async with Stack(event_log) as s:
             await s.client.create_schedule(TENANT, SCHEDULE, spec)
@@ -185,7 +194,7 @@ async def test_seed_e_redelivery_with_a_deduplicating_webhook_commits_one_effect
 
             ids = await crash_and_redelivery(s, event_log, a_calls_the_destination)
             effect_id = f"webhook-{ids['run_id']}"
-            fx, task = await s.runner("fx1")
+            fx, task = await s.runner("fx1", tenants=tenants)
 
             async def delivered() -> list[Any]:
                 return of_type(await all_events(event_log), "EffectSucceeded", effect_id=effect_id)
@@ -193,7 +202,7 @@ async def test_seed_e_redelivery_with_a_deduplicating_webhook_commits_one_effect
             ok = await wait_until(delivered, 20, what="webhook delivered")
             await s.stop(fx, task)
             # a restarted runner does not repeat it (a marker run proves it caught up)
-            fx2, task2 = await s.runner("fx2")
+            fx2, task2 = await s.runner("fx2", tenants=tenants)
             marker = await s.quick_run("marker")
             await wait_until(lambda: _effect_done(event_log, f"webhook-{marker}"), 20,
                              what="marker delivered")
@@ -235,20 +244,21 @@ async def test_seed_f_lost_smtp_reply_goes_to_reconciliation_and_is_never_resent
     smtp = SmtpServer().start()
     smtp.handler.drop_after_data = 1
     spec = {"at": FAR, "job": {"type": "invoice"}, "lease": "1s", "overlap": "allow",
-            "effects": [{"kind": "email", "config": {
-                "host": "127.0.0.1", "port": smtp.port, "from": "billing@example.com",
-                "to": "customer@example.com", "timeout": "3s"}}]}
+            "effects": [{"kind": "email", "destination": "mail"}]}
+    tenants = granted(mail={"kind": "email", "host": "127.0.0.1", "port": smtp.port,
+                            "from": "billing@example.com", "to": ["customer@example.com"],
+                            "timeout": "3s"})
     try:
         async with Stack(event_log) as s:
             await s.client.create_schedule(TENANT, SCHEDULE, spec)
             ids = await crash_and_redelivery(s, event_log)
             run_id = ids["run_id"]
             effect_id = f"send-{run_id}"
-            fx, task = await s.runner("fx1")
+            fx, task = await s.runner("fx1", tenants=tenants)
             await wait_until(lambda: _state_is(event_log, run_id, "RECONCILING"), 20,
                              what="run reconciling")
             await s.stop(fx, task)
-            fx2, task2 = await s.runner("fx2")  # restart: must not resend
+            fx2, task2 = await s.runner("fx2", tenants=tenants)  # restart: must not resend
             marker = await s.quick_run("marker")
             await wait_until(lambda: _effect_done(event_log, f"send-{marker}"), 20,
                              what="marker email")
@@ -297,18 +307,22 @@ async def test_runner_kafka_topic_and_postgres_inbox_effects_once_across_a_resta
     conn = await asyncpg.connect(database_url)
     await conn.execute(f"CREATE TABLE {biz} (effect_id text, doc jsonb)")
     spec = {"at": FAR, "job": {"type": "invoice"}, "overlap": "allow", "effects": [
-        {"kind": "kafka", "config": {"topic": topic}},
-        {"kind": "postgres", "config": {"inbox_table": inbox, "sql":
-                                        f"INSERT INTO {biz} VALUES ($2, $1::jsonb)"}}]}
+        {"kind": "kafka", "destination": "out"},
+        {"kind": "postgres", "destination": "ledger"}]}
+    # the destination database is the operator's (here the test database); the runner is
+    # given no node database, so nothing is refused
+    tenants = granted(out={"kind": "kafka", "topic": topic},
+                      ledger={"kind": "postgres", "dsn": database_url, "inbox_table": inbox,
+                              "sql": f"INSERT INTO {biz} VALUES ($2, $1::jsonb)"})
     try:
         async with Stack(event_log) as s:
             await s.client.create_schedule(TENANT, SCHEDULE, spec)
-            fx, task = await s.runner("fx1", database_url=database_url)
+            fx, task = await s.runner("fx1", tenants=tenants)
             run_id = await s.quick_run("one")
             for eid in (f"kafka-{run_id}", f"postgres-{run_id}"):
                 await wait_until(lambda: _effect_done(event_log, eid), 30, what=eid)
             await s.stop(fx, task)
-            fx2, task2 = await s.runner("fx2", database_url=database_url)
+            fx2, task2 = await s.runner("fx2", tenants=tenants)
             marker = await s.quick_run("marker")
             await wait_until(lambda: _effect_done(event_log, f"postgres-{marker}"), 30,
                              what="marker")
@@ -351,7 +365,7 @@ async def test_kafka_transaction_carries_the_outcome_so_a_crash_before_recording
     await lg.ensure_topics()
     topic = lg.topics.effects
     spec = {"at": FAR, "job": {"type": "invoice"}, "overlap": "allow",
-            "effects": [{"kind": "kafka", "config": {"topic": topic}}]}
+            "effects": [{"kind": "kafka", "destination": "out"}]}
     try:
         async with Stack(lg) as s:
             await s.client.create_schedule(TENANT, SCHEDULE, spec)
@@ -382,7 +396,7 @@ async def test_kafka_transaction_carries_the_outcome_so_a_crash_before_recording
 
             await wait_until(offset_moved, 10, what="the group offset committed with the txn")
             await wait_until(lambda: _effect_done(lg, effect_id), 30, what="outcome via txn")
-            fx, task = await s.runner("fx2")
+            fx, task = await s.runner("fx2", tenants=granted(out={"kind": "kafka", "topic": topic}))
             marker = await s.quick_run("marker")
             await wait_until(lambda: _effect_done(lg, f"kafka-{marker}"), 30, what="marker")
             await s.stop(fx, task)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
 import orjson
+import pytest
 
 from chronolog.commands.client import Client, Conflict, NotFound
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.domain.ids import partition_key
+from chronolog.domain.offers import OFFER_HEADER, Offer
+from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import Processor
 
@@ -73,19 +78,57 @@ async def test_create_schedule_replies_with_positions_of_its_events(event_log: A
         assert env.type == "ScheduleCreated" and env.causation_id == reply.command_id
 
 
-async def test_timer_materializes_due_occurrences_and_writes_ready_hints(event_log: Any) -> None:
+async def offer(lg: Any, worker_id: str, window: int, job_types: Any = None,
+                partitions: Any = None) -> None:
+    """What a worker writes to be given runs: an offer on each partition of commands."""
+    value = Offer(worker_id, "default", window,
+                  None if job_types is None else frozenset(job_types)).encode()
+    await lg.append([OutRecord(lg.topics.commands, None, value, partition=p,
+                               headers=(OFFER_HEADER,))
+                     for p in (partitions if partitions is not None
+                               else range(lg.topics.partitions))])
+
+
+async def of_type(lg: Any, type_: str) -> list[Any]:
+    return [e for e in await events(lg) if e.type == type_]
+
+
+async def test_a_due_run_is_assigned_to_an_offering_worker_with_its_claim(event_log: Any) -> None:
     async with Running(event_log) as r:
         await r.client.create_schedule("acme", "s1", SPEC)
+        await offer(event_log, "w1", 4)
+        claims = await wait_until(lambda: of_type(event_log, "AttemptClaimed"), 20,
+                                  what="a run assigned")
+        assert {c.payload.worker_id for c in claims} == {"w1"}
+        records = await read_all(event_log, event_log.topics.ready("default"))
+        assigned = {orjson.loads(rec.value)["run_id"]: (rec, orjson.loads(rec.value))
+                    for rec in records}
+        partition = partition_for(partition_key("acme", "s1").encode(),
+                                  event_log.topics.partitions)
+        for c in claims:
+            rec, body = assigned[c.payload.run_id]  # written with the claim's events
+            assert rec.partition == partition
+            assert (body["assignee"], body["fence"], body["attempt"]) == (
+                "w1", c.payload.fence, c.payload.attempt)
+            assert body["job_type"] == "echo" and body["params"] == {"x": 1}
 
-        async def materialized() -> int:
-            return sum(1 for e in await events(event_log) if e.type == "OccurrenceMaterialized")
 
-        await wait_until(lambda: materialized(), 20, what="occurrences")
-        # events first: every hint of those events was committed in the same transaction
-        runs = {e.payload.run_id for e in await events(event_log)
-                if e.type == "OccurrenceMaterialized"}
-        hints = await read_all(event_log, event_log.topics.ready("default"))
-        assert {orjson.loads(h.value)["run_id"] for h in hints} >= runs
+async def test_a_run_no_offering_worker_can_handle_waits_ready_and_burns_no_attempt(
+    event_log: Any
+) -> None:
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s1", SPEC)
+        await offer(event_log, "w-other", 4, job_types=["other"])
+        ready = await wait_until(lambda: of_type(event_log, "OccurrenceMaterialized"), 20,
+                                 what="a READY run")
+        assert ready[0].payload.state == "READY"
+        # the offer was decided before the run was due (same partition, earlier offset)
+        assert not await of_type(event_log, "AttemptClaimed")
+        await offer(event_log, "w-echo", 4, job_types=["echo"])
+        [first, *_] = await wait_until(lambda: of_type(event_log, "AttemptClaimed"), 20,
+                                       what="the run assigned once a worker takes echo")
+    assert first.payload.worker_id == "w-echo"
+    assert first.payload.run_id == ready[0].payload.run_id and first.payload.attempt == 1
 
 
 async def test_rejections_are_typed_errors(event_log: Any) -> None:
@@ -245,3 +288,121 @@ async def test_a_slow_transaction_delays_only_its_own_partition(event_log: Any) 
         await client.close()
         proc.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def _reply_to(lg: Any, command_id: str) -> m.Reply | None:
+    for rec in await read_all(lg, lg.topics.replies):
+        if rec.key == command_id.encode():
+            return codec.decode_reply(rec.value)
+    return None
+
+
+def _raw_create(command_id: str, schedule_id: str, spec: dict[str, Any]) -> bytes:
+    # the standard library's json: it writes integers of any size (orjson refuses past 64 bits)
+    return json.dumps({"command_id": command_id, "type": "CreateSchedule", "tenant": "acme",
+                       "principal": "test", "schedule_id": schedule_id,
+                       "issued_at": "2026-01-01T00:00:00Z",
+                       "payload": {"type": "CreateSchedule", "spec": spec}}).encode()
+
+
+async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not_a_crash(
+    event_log: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import chronolog.processors.runtime as runtime
+
+    real = runtime.decide
+
+    def buggy(st: Any, env: Any, now: Any, tenant: Any) -> Any:  # a decider bug, test-only
+        if env.schedule_id == "bug":
+            raise ZeroDivisionError("a bug in decide")
+        return real(st, env, now, tenant)
+
+    monkeypatch.setattr(runtime, "decide", buggy)
+    async with Running(event_log) as r:
+        cmds = event_log.topics.commands
+        await event_log.append([
+            OutRecord(cmds, b"acme/bug", _raw_create("c-bug", "bug", SPEC)),
+            # a jitter the decider cannot add to a date (or, with input bounds, refused)
+            OutRecord(cmds, b"acme/huge", _raw_create(
+                "c-huge", "huge", {**SPEC, "every": "1m", "jitter": 1e300})),
+            # an integer orjson cannot write back (past 64 bits) in the event's params
+            OutRecord(cmds, b"acme/wide", _raw_create(
+                "c-wide", "wide", {**SPEC, "job": {"type": "echo", "params": {"n": 2**70}}})),
+        ])
+        replies = {}
+        for cid in ("c-bug", "c-huge", "c-wide"):
+            replies[cid] = await wait_until(lambda: _reply_to(event_log, cid), 20,
+                                            what=f"the reply to {cid}")
+        assert replies["c-bug"].status == "invalid"
+        assert "ZeroDivisionError: a bug in decide" in replies["c-bug"].reason
+        assert replies["c-huge"].status == "invalid"
+        assert "jitter" in replies["c-huge"].reason or "OverflowError" in replies["c-huge"].reason
+        assert replies["c-wide"].status == "invalid" and "64 bits" in replies["c-wide"].reason
+        # the bug raised in decide; the value past 64 bits was refused when decoded
+        assert r.proc.stats.decide_errors >= 1
+        letters = {d.command_id: d for d in (codec.decode_dead_letter(x.value) for x in
+                                             await read_all(event_log, event_log.topics.dlq))}
+        assert letters["c-bug"].error_class == "ZeroDivisionError"
+        assert letters["c-bug"].consumer == "processor"
+        assert letters["c-bug"].source_topic == cmds
+        assert {"c-bug", "c-huge", "c-wide"} <= set(letters)
+        # no event of them was written, and the processor still decides
+        assert not [e for e in await events(event_log) if e.schedule_id in ("bug", "huge", "wide")]
+        assert (await r.client.create_schedule("acme", "after", SPEC))["revision"] == 1
+        # the same commands again (a client re-sending) get the same answer, not a crash
+        await event_log.append([OutRecord(cmds, b"acme/bug", _raw_create("c-bug", "bug", SPEC))])
+        assert (await r.client.create_schedule("acme", "after2", SPEC))["revision"] == 1
+
+
+async def test_a_record_on_events_that_is_no_event_is_skipped_when_a_partition_is_restored(
+    event_log: Any,
+) -> None:
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s1", SPEC)
+    ends = [await event_log.end_offset(event_log.topics.events, p)
+            for p in range(event_log.topics.partitions)]
+    p = next(p for p, end in enumerate(ends) if end > 0)
+    [pos] = await event_log.append([OutRecord(event_log.topics.events, b"x",
+                                              b'{"effect": "written here by mistake"}',
+                                              partition=p)])
+    async with Running(event_log, "p2") as again:  # restores every partition, this one too
+        assert again.proc.partitions[p].states  # s1 restored around the poison record
+        body = await again.client.pause("acme", "s1")
+        assert body["state"] == "PAUSED"
+    letters = [codec.decode_dead_letter(x.value) for x in await read_all(event_log,
+                                                                         event_log.topics.dlq)]
+    assert [(d.consumer, d.source_partition, d.source_offset) for d in letters
+            if d.source_topic == event_log.topics.events] == [("processor", p, pos.offset)]
+
+
+async def test_a_decision_that_cannot_be_applied_rebuilds_the_partition_and_is_dead_lettered(
+    event_log: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import chronolog.processors.runtime as runtime
+
+    real = runtime.evolve
+
+    def buggy(st: Any, ev: Any) -> Any:  # a bug in evolve, test-only: half-applied, raises
+        real(st, ev)
+        if st.schedule_id == "half" and ev.type == "ScheduleCreated":
+            raise KeyError("a bug in evolve")
+
+    monkeypatch.setattr(runtime, "evolve", buggy)
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "before", SPEC)
+        await event_log.append([OutRecord(event_log.topics.commands, b"acme/half",
+                                          _raw_create("c-half", "half", SPEC))])
+        reply = await wait_until(lambda: _reply_to(event_log, "c-half"), 30,
+                                 what="the reply to c-half")
+        assert reply.status == "invalid" and "KeyError" in reply.reason
+        assert r.proc.stats.apply_errors == 1  # once: read again, it was not decided again
+        # the rebuilt partition holds no trace of the half-applied schedule; others go on
+        p = next(p for p, ps in r.proc.partitions.items() if "acme/before" in ps.states)
+        assert all("acme/half" not in ps.states for ps in r.proc.partitions.values())
+        assert not [e for e in await events(event_log) if e.schedule_id == "half"]
+        assert (await r.client.pause("acme", "before"))["state"] == "PAUSED"
+        assert p in r.proc.partitions
+        [letter] = [d for d in (codec.decode_dead_letter(x.value) for x in
+                                await read_all(event_log, event_log.topics.dlq))
+                    if d.command_id == "c-half"]
+        assert letter.error_class == "KeyError" and letter.consumer == "processor"

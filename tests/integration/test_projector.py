@@ -6,19 +6,27 @@
 * two projectors racing on one database: offset conflicts are absorbed (re-read, go on),
   every event is still applied once and the tables equal the rebuild; projectors on
   disjoint partition sets never conflict and together equal it too;
-* a record that does not decode stops the projector after the batches before it committed.
+* a record that does not decode, or that the database refuses, is dead-lettered and skipped:
+  the rest of its batch is projected, and a second projector rebuilds the same tables.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
+import orjson
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from chronolog.domain import codec
+from chronolog.domain import messages as m
 from chronolog.log.port import OutRecord
-from chronolog.projections.projector import Commit, ProjectionError, Projector
+from chronolog.projections.metrics import ProjectorCollector
+from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
 
 from .conftest import wait_until
@@ -151,7 +159,19 @@ async def test_two_projectors_on_one_database_apply_each_event_once(
     assert await dump(split) == await dump(rebuilt)
 
 
-async def test_an_undecodable_record_stops_the_projector_after_what_precedes_it(
+def _materialized(run_id: str, at: datetime, params: dict[str, Any] | None = None,
+                  priority: int = 0) -> bytes:
+    return codec.encode_event(m.EventEnvelope(
+        event_id=f"e-{run_id}", type="OccurrenceMaterialized", key="acme/s0", tenant="acme",
+        schedule_id="s0", at=at, payload=m.OccurrenceMaterialized(
+            run_id=run_id, scheduled_at=at, due_at=at, revision=1, state="READY", sequence=9,
+            # model_construct: the model would refuse NUL; an event already in the log has it
+            job=m.JobSpec.model_construct(type="echo", params=params or {}, timeout=None),
+            priority=priority,
+            advances_schedule=False)))
+
+
+async def test_poison_records_are_dead_lettered_and_skipped_and_the_rest_is_projected(
     event_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
     store = await _store(module_dsn, stores)
@@ -160,15 +180,50 @@ async def test_an_undecodable_record_stops_the_projector_after_what_precedes_it(
     topic = event_log.topics.events
     ends = [await event_log.end_offset(topic, p) for p in range(event_log.topics.partitions)]
     p = next(p for p, end in enumerate(ends) if end > 0)
-    good = await event_log.end_offset(topic, p)
-    await event_log.append([OutRecord(topic, b"acme/s0", b"{not json", partition=p)])
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    poison = [
+        b"{not json",  # not JSON
+        b'{"topic": "chronolog.events", "hello": 1}',  # JSON, not an event
+        _materialized("r_nul", at, {"text": "a\u0000b", "k\u0000": ["\u0000"]}),  # NUL
+        _materialized("r_big", at, priority=2**40),  # overflows the integer column
+        _materialized("r_ok", at),
+    ]
+    positions = await event_log.append([OutRecord(topic, b"acme/s0", v, partition=p)
+                                        for v in poison])
+    offsets = [pos.offset for pos in positions]
     pr = Projector(event_log, store, batch_max=1000)
-    with pytest.raises(ProjectionError, match="does not decode"):
-        await asyncio.wait_for(pr.run(), 30)
-    stored = await store.offsets()
-    assert stored[(topic, p)] >= 1
-    recs = await read_all(event_log, topic)
-    last_good = max(r.offset for r in recs if r.partition == p and r.value != b"{not json")
-    assert stored[(topic, p)] == last_good + 1 <= good
-    row = await store.pool.fetchrow("SELECT state FROM schedules WHERE schedule_id = 's0'")
-    assert row is not None and row["state"] in ("ACTIVE",)
+    task = asyncio.create_task(pr.run())
+    await wait_until(lambda: pr.watermark().partitions.get(p, 0) > offsets[-1], 30,
+                     what="the projector past the poison records")
+    pr.stop()
+    await asyncio.wait_for(task, 30)
+
+    # every good record is projected, the NUL kept as U+FFFD; the refused one is not
+    rows = {r["run_id"]: r for r in await store.pool.fetch(
+        "SELECT run_id, params FROM runs WHERE run_id IN ('r_nul', 'r_big', 'r_ok')")}
+    assert set(rows) == {"r_nul", "r_ok"}
+    assert orjson.loads(rows["r_nul"]["params"]) == {"text": "a\ufffdb", "k\ufffd": ["\ufffd"]}
+    assert (await store.offsets())[(topic, p)] == offsets[-1] + 1
+    assert pr.stats.refused_batches == 1
+    letters = [codec.decode_dead_letter(x.value)
+               for x in await read_all(event_log, event_log.topics.dlq)]
+    assert sorted((d.consumer, d.source_topic, d.source_partition, d.source_offset, d.error_class)
+                  for d in letters) == [
+        ("projector", topic, p, offsets[0], "DecodeError"),
+        ("projector", topic, p, offsets[1], "DecodeError"),
+        ("projector", topic, p, offsets[3], "DataError"),
+    ]
+    first = next(d for d in letters if d.source_offset == offsets[0])
+    assert base64.b64decode(first.original) == b"{not json" and first.original_size == 9
+    assert "int32" in next(d.reason for d in letters if d.source_offset == offsets[3])
+    assert pr.dead_letters.counts[topic] == 3
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProjectorCollector(pr))
+    assert (f'chronolog_projector_dead_letters_total{{topic="{topic}"}} 3.0'
+            in generate_latest(registry).decode())
+
+    # a second projector from offset 0 skips the same records: the same tables
+    again = await _store(module_dsn, stores)
+    rebuilt = Projector(event_log, again, batch_max=2)
+    await rebuilt.run_until_caught_up(30)
+    assert await dump(again) == await dump(store)

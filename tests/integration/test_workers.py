@@ -1,14 +1,14 @@
-"""Workers end to end on both logs, and the seeds' failure plan (issue 4 §4 a–d).
+"""Workers end to end on both logs, and the failure plan of the run path (a-d below).
 
-An in-process processor (``Running``) decides; workers run in process where nothing is killed
-and as real ``chronolog worker`` subprocesses where a test pauses (SIGSTOP) or kills them
-(SIGKILL) by PID. The subprocess windows are opened deterministically by the worker's
-failpoint ``before_complete:stop`` — the worker SIGSTOPs itself after its handler ran and its
-result was staged, before CompleteRun is sent — so no test sleeps to synchronise.
+An in-process processor (``Running``) decides and dispatches; workers run in process where
+nothing is killed and as real ``chronolog worker`` subprocesses where a test pauses (SIGSTOP) or
+kills them (SIGKILL) by PID. The subprocess windows are opened deterministically by the
+worker's failpoint ``before_complete:stop`` — the worker SIGSTOPs itself after its handler ran
+and its result was staged, before CompleteRun is sent — so no test sleeps to synchronise.
 
 Workers that must pick up a run another (paused or killed) worker holds are started in their
-own consumer group: they see every hint from offset 0, like a pool member that receives a
-redelivered hint, without waiting for the stuck member's group session to time out.
+own consumer group: they read every assignment from offset 0 and offer themselves on every
+partition at once, without waiting for the stuck member's group session to time out.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import orjson
 from chronolog.commands.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.domain.offers import is_offer
 from chronolog.log.port import OutRecord
 from chronolog.settings import LogConfig
 from chronolog.workers import FilesystemResultStore, Worker
@@ -62,14 +63,14 @@ def invocations(path: Path, run_id: str) -> list[list[str]]:
     return [ln.split() for ln in path.read_text().splitlines() if ln.startswith(run_id + " ")]
 
 
-async def hints_for(lg: Any, run_id: str) -> list[Any]:
+async def assignments_for(lg: Any, run_id: str) -> list[Any]:
     return [r for r in await read_all(lg, lg.topics.ready("default"))
             if orjson.loads(r.value)["run_id"] == run_id]
 
 
 async def all_acknowledged(lg: Any, group: str) -> bool:
-    """Every hint record is below the group's committed offset (Kafka's end offset also
-    counts transaction markers, so compare with the last record, not with the end)."""
+    """Every assignment record is below the group's committed offset (Kafka's end offset
+    also counts transaction markers, so compare with the last record, not with the end)."""
     topic = lg.topics.ready("default")
     last: dict[int, int] = {}
     for rec in await read_all(lg, topic):
@@ -242,46 +243,51 @@ async def test_cancel_request_reaches_a_sleeping_handler_through_heartbeats(
 
 
 # ---------------------------------------------------------------------------------------
-# seed (a): duplicate hints — one claim wins, the handler runs once
+# failure plan (a): duplicate delivery — the handler runs once
 
 
-async def test_duplicate_hints_one_claim_wins_and_the_handler_runs_once(
+async def test_a_duplicated_assignment_runs_its_handler_once(
     event_log: Any, tmp_path: Path
 ) -> None:
     store = FilesystemResultStore(tmp_path / "results")
     calls = tmp_path / "calls.txt"
     async with Running(event_log) as r:
         await r.client.create_schedule("acme", "s", manual_spec("record", {"file": str(calls)}))
-        run_id = (await r.client.trigger("acme", "s", "k1"))["run_id"]
-        [hint] = await wait_until(lambda: hints_for(event_log, run_id), 20, what="the hint")
-        # the processor died after its hint was in the log and "sent it again" on recovery
-        for _ in range(2):
-            await event_log.append([OutRecord(hint.topic, hint.key, hint.value,
-                                              partition=hint.partition)])
-        assert len(await hints_for(event_log, run_id)) == 3
         group_b = f"{event_log.topics.prefix}workers-b"
         async with serving(event_log, store, "wa") as wa, \
                 serving(event_log, store, "wb", group=group_b) as wb:
+            run_id = (await r.client.trigger("acme", "s", "k1"))["run_id"]
             await wait_until(lambda: published(event_log, run_id), 30, what="the result")
-            await wait_until(lambda: wa.stats.hints >= 3 and wb.stats.hints >= 3, 20,
+            [assignment] = await assignments_for(event_log, run_id)
+            # the processor died after its assignment was in the log and "sent it again"
+            for _ in range(2):
+                await event_log.append([OutRecord(assignment.topic, assignment.key,
+                                                  assignment.value,
+                                                  partition=assignment.partition)])
+            assert len(await assignments_for(event_log, run_id)) == 3
+            await wait_until(lambda: all(w.stats.assignments + w.stats.foreign >= 3
+                                         for w in (wa, wb)), 20,
                              what="every copy delivered to both workers")
             await wait_until(lambda: all_acknowledged(event_log, wa.group), 20,
-                             what="group a acknowledged every hint")
+                             what="group a acknowledged every record")
             await wait_until(lambda: all_acknowledged(event_log, group_b), 20,
-                             what="group b acknowledged every hint")
-            won = wa.stats.claims_won + wb.stats.claims_won
-            refused = wa.stats.claims_refused + wb.stats.claims_refused
-    assert (won, refused) == (1, 5)
-    assert len(invocations(calls, run_id)) == 1
-    assert len(await of_type(event_log, "AttemptClaimed", run_id)) == 1
+                             what="group b acknowledged every record")
+            admitted = wa.stats.assignments + wb.stats.assignments
+            skipped = wa.stats.foreign + wb.stats.foreign
+    assignee = orjson.loads(assignment.value)["assignee"]
+    assert assignee in ("wa", "wb")
+    assert (admitted, skipped) == (1, 5)
+    assert [ln[3] for ln in invocations(calls, run_id)] == [assignee]
+    [claim] = await of_type(event_log, "AttemptClaimed", run_id)
+    assert claim.worker_id == assignee
     assert len(await published(event_log, run_id)) == 1
 
 
 # ---------------------------------------------------------------------------------------
-# seed (d): acknowledgement lost after the completion commit
+# failure plan (d): acknowledgement lost after the completion commit
 
 
-async def test_redelivered_hint_after_completion_finds_the_run_terminal(
+async def test_a_reread_assignment_after_completion_is_not_run_again(
     event_log: Any, tmp_path: Path
 ) -> None:
     store = FilesystemResultStore(tmp_path / "results")
@@ -290,27 +296,29 @@ async def test_redelivered_hint_after_completion_finds_the_run_terminal(
         await r.client.create_schedule("acme", "s", manual_spec("record", {"file": str(calls)}))
         run_id = (await r.client.trigger("acme", "s", "k1"))["run_id"]
         await wait_until(lambda: published(event_log, run_id), 20, what="the result")
-        await wait_until(lambda: all_acknowledged(event_log, w.group), 20, what="hint acked")
-        assert w.stats.claims_won == 1
-        # the acknowledgement was lost: the broker delivers the hint again
-        [hint] = await hints_for(event_log, run_id)
-        await event_log.append([OutRecord(hint.topic, hint.key, hint.value,
-                                          partition=hint.partition)])
-        await wait_until(lambda: w.stats.claims_refused == 1, 20, what="the redelivery refused")
         await wait_until(lambda: all_acknowledged(event_log, w.group), 20,
-                         what="the redelivered hint acknowledged")
+                         what="assignment acked")
+        assert w.stats.assignments == 1
+        # the acknowledgement was lost: the broker delivers the assignment again
+        [assignment] = await assignments_for(event_log, run_id)
+        await event_log.append([OutRecord(assignment.topic, assignment.key, assignment.value,
+                                          partition=assignment.partition)])
+        await wait_until(lambda: w.stats.foreign == 1, 20, what="the re-read skipped")
+        await wait_until(lambda: all_acknowledged(event_log, w.group), 20,
+                         what="the re-read record acknowledged")
         # and a worker whose group lost every acknowledgement (reads from offset 0)
         async with serving(event_log, store, "w2",
                            group=f"{event_log.topics.prefix}fresh") as w2:
-            await wait_until(lambda: w2.stats.claims_refused == 2, 20,
-                             what="both copies refused by a fresh group")
-    assert w2.stats.claims_won == 0 and w2.stats.invocations == 0
+            await wait_until(lambda: w2.stats.foreign == 2, 20,
+                             what="both copies skipped by a fresh group")
+    assert w2.stats.assignments == 0 and w2.stats.invocations == 0
+    assert w.stats.invocations == 1
     assert len(invocations(calls, run_id)) == 1
     assert len(await published(event_log, run_id)) == 1
 
 
 # ---------------------------------------------------------------------------------------
-# seed (b): a stale worker paused past its lease
+# failure plan (b): a stale worker paused past its lease
 
 
 async def test_stale_worker_paused_past_its_lease_gets_stale_fence(
@@ -361,7 +369,7 @@ async def test_stale_worker_paused_past_its_lease_gets_stale_fence(
 
 
 # ---------------------------------------------------------------------------------------
-# seed (c): crash before the completion commit
+# failure plan (c): crash before the completion commit
 
 
 async def test_crash_before_completion_reruns_the_same_run_once(
@@ -385,9 +393,8 @@ async def test_crash_before_completion_reruns_the_same_run_once(
             async with serving(event_log, store, "worker-b",
                                group=f"{event_log.topics.prefix}pool-b") as b:
                 await wait_until(lambda: published(event_log, run_id), 30, what="the re-run")
-                await wait_until(lambda: b.stats.hints >= 2 and b.stats.claims_won
-                                 + b.stats.claims_refused == b.stats.hints, 20,
-                                 what="B decided every hint")
+                await wait_until(lambda: b.stats.assignments == 1 and b.stats.foreign >= 1, 20,
+                                 what="B ran its own assignment and skipped A's")
     [res] = await published(event_log, run_id)
     assert (res.run_id, res.attempt, res.worker_id) == (run_id, 2, "worker-b")
     assert [(ln[0], ln[1], ln[3]) for ln in invocations(calls, run_id)] == [
@@ -456,7 +463,7 @@ async def test_lost_completion_reply_is_resent_with_the_same_command_id(
             await asyncio.wait_for(task, 30)
             await client.close()
     sent = [codec.decode_command(rec.value) for rec in
-            await read_all(event_log, event_log.topics.commands)]
+            await read_all(event_log, event_log.topics.commands) if not is_offer(rec.headers)]
     completes = [c.command_id for c in sent if c.type == "CompleteRun"]
     assert completes == client.lost * 2  # the same command ID, twice
     assert len(await published(event_log, run_id)) == 1

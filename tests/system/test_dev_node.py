@@ -2,11 +2,14 @@
 
 A node on a fresh data directory runs an `every: 1s` echo schedule created through the API,
 is stopped with SIGTERM, restarted on the same directory, keeps its whole history, goes on
-without repeating a scheduled instant, and `chronolog audit` passes on its log.
+without repeating a scheduled instant, and `chronolog audit` passes on its log. A node whose
+projector fails (its table is gone) restarts it with backoff and says so on stderr, and goes
+on once the table is back, without stopping the API.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -15,10 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import httpx
 import pytest
 
@@ -58,12 +64,12 @@ def data_dir() -> Iterator[Path]:
 
 
 class Node:
-    def __init__(self, data_dir: Path, port: int, log: Path) -> None:
+    def __init__(self, data_dir: Path, port: int, log: Path, *extra: str) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [CHRONOLOG, "dev", "--quiet", "--data-dir", str(data_dir), "--port", str(port),
-             "--partitions", "4", "--no-demo"],
+             "--partitions", "4", "--no-demo", *extra],
             stdout=open(log.with_suffix(".out"), "wb"), stderr=open(log, "wb"), cwd=ROOT,
         )
 
@@ -155,3 +161,68 @@ def test_make_run_reaches_a_healthy_api(data_dir: Path, tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
             raise AssertionError("make run did not stop within 30 s")
+
+
+def _sql(dsn: str, *statements: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+def fresh_database(database_url: str) -> Iterator[str]:
+    name = f"dev_{uuid.uuid4().hex[:10]}"
+    _sql(database_url, f'CREATE DATABASE "{name}"')
+    yield urlunsplit(urlsplit(database_url)._replace(path="/" + name))
+    _sql(database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_dev_node_restarts_a_failed_part_and_says_so(
+    data_dir: Path, tmp_path: Path, fresh_database: str
+) -> None:
+    port = free_port()
+    stderr = tmp_path / "dev.log"
+    node = Node(data_dir, port, stderr, "--database-url", fresh_database)
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        r = httpx.post(f"{node.url}/v1/schedules", headers=AUTH, timeout=10, json={
+            "scheduleId": "tick", "every": "1s", "job": {"type": "echo"}, "overlap": "allow"})
+        assert r.status_code == 201, r.text
+        wait_for(lambda: len(runs(node.url, "SUCCEEDED")) >= 1, 60, "a SUCCEEDED run")
+        _sql(fresh_database, "ALTER TABLE projection_offsets RENAME TO offsets_away")
+        wait_for(lambda: stderr.read_text().count("chronolog: projector failed") >= 2, 60,
+                 "the projector restarted twice, said on stderr")
+        assert node.proc.poll() is None, "the node stopped"
+        _sql(fresh_database, "ALTER TABLE offsets_away RENAME TO projection_offsets")
+        before = len(runs(node.url, "SUCCEEDED"))
+        wait_for(lambda: len(runs(node.url, "SUCCEEDED")) >= before + 2, 60,
+                 "runs projected again after the restarts")
+        text = stderr.read_text()
+        assert "restarting it in 0.5 s (restart 1)" in text
+        assert "restarting it in 1.0 s (restart 2)" in text
+        assert "part_restarting" in text  # the log line
+    finally:
+        assert node.stop() == 0, stderr.read_text()[-2000:]
+
+
+def test_dev_banner_keeps_the_token_off_redirected_output_and_metrics_are_open(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    node = Node(data_dir, free_port(), tmp_path / "dev.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        out = tmp_path / "dev.out"
+        banner = wait_for(lambda: "chronolog dev is running" in out.read_text()
+                          and out.read_text(), 30, "the banner")
+        # a dev node without a tenants file: /metrics needs no token
+        assert httpx.get(f"{node.url}/metrics", timeout=10).status_code == 200
+    finally:
+        assert node.stop() == 0, (tmp_path / "dev.log").read_text()[-2000:]
+    assert "token: <token>" in banner and "Bearer <token>" in banner, banner
+    assert "Bearer dev" not in banner and "token: dev" not in banner, banner

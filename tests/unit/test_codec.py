@@ -80,7 +80,7 @@ def _lifecycle_events() -> list[m.EventEnvelope]:
 
     spec = m.ScheduleSpec.model_validate({
         "every": "1h", "job": {"type": "echo", "params": {"x": [1, 2.5, None]}, "timeout": 5},
-        "effects": [{"kind": "webhook", "config": {"url": "http://x"}}],
+        "effects": [{"kind": "webhook", "destination": "hook", "headers": {"X-Trace": "t"}}],
         "start_deadline": "10m",
     })
     st = initial_state("acme", "s1")

@@ -99,3 +99,23 @@ def test_revise_needs_if_match(capsys: pytest.CaptureFixture[str]) -> None:
         main(["schedule", "revise", "s1", "--every", "1m", "--job", "echo"])
     assert exc.value.code == 2
     assert "--if-match" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["schedule", "create", "..", "--every", "1h", "--job", "echo"], "invalid scheduleId '..': "),
+    (["schedule", "pause", "a\r\nb"], "invalid scheduleId 'a\\r\\nb': "),
+    (["cancel", "r_\x7f"], "invalid runId 'r_\\x7f': "),
+    (["schedule", "create", "s1", "--every", "1h", "--job", "echo", "--params",
+      '{"a": {"b": "\\u0000"}}'], "invalid job.params: a.b: text must not contain NUL"),
+    (["trigger", "s1", "--params", '{"k\\u0000": 1}'], "invalid params: "),
+    (["schedule", "create", "s1", "--every", "99999999999w", "--job", "echo"],
+     "invalid every '99999999999w': must be at most"),
+    (["schedule", "create", "s1", "--at", "9999-12-31T23:59:59Z", "--job", "echo"],
+     "invalid at '9999-12-31T23:59:59Z': must be between"),
+])
+def test_limits_are_usage_errors_before_anything_is_sent(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
+) -> None:
+    rc = main([*argv, "--log", "sqlite:///nonexistent/x.db"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(line), err

@@ -137,7 +137,7 @@ def test_repeated_completion_with_other_checksum_is_conflict(gwt: SimpleNamespac
 
 def test_effects_are_intended_with_the_result(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email"}, {"kind": "webhook", "name": "hook"}])
+    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}, {"kind": "webhook", "name": "hook", "destination": "d-webhook"}])
     d = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     assert gwt.names(d) == ["ResultPublished", "EffectIntended", "EffectIntended"]
     ids = [e.effect_id for e in gwt.all(d, m.EffectIntended)]
@@ -278,7 +278,7 @@ def test_reconciliation_resolved_as_abandon_dead_letters_the_run(gwt: SimpleName
 
 def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email"}])
+    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     effect_id = f"send-{claimed.run_id}"
     d = s.when(m.RecordEffectOutcome(run_id=claimed.run_id, effect_id=effect_id,
@@ -293,7 +293,7 @@ def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(gw
 
 def test_two_uncertain_effects_are_each_reconciled(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email"}, {"kind": "webhook"}])
+    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}, {"kind": "webhook", "destination": "d-webhook"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     ids = [f"send-{claimed.run_id}", f"webhook-{claimed.run_id}"]
     for eid in ids:
@@ -358,7 +358,7 @@ def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(gwt: Sim
 
 def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email"}])
+    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     effect_id = f"send-{claimed.run_id}"
     s.given(m.RecordEffectOutcome(run_id=claimed.run_id, effect_id=effect_id, outcome="uncertain"),

@@ -89,7 +89,7 @@ def specs(draw: Any, overlap: str | None = None) -> m.ScheduleSpec:
         start_deadline=draw(st.sampled_from([None, 30.0])),
         jitter=draw(st.sampled_from([0.0, 0.0, 10.0])),
         max_count=draw(st.sampled_from([None, None, 3])),
-        effects=draw(st.sampled_from([(), ({"kind": "email"},)])),
+        effects=draw(st.sampled_from([(), ({"kind": "email", "destination": "d-email"},)])),
     )
     return m.ScheduleSpec.model_validate(raw)
 

@@ -68,6 +68,29 @@ def test_create_over_the_active_schedule_quota_is_quota(gwt: SimpleNamespace) ->
     assert gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec()), gwt.T0, under).ok
 
 
+def test_a_rule_firing_more_often_than_the_tenants_minimum_interval_is_invalid(
+    gwt: SimpleNamespace,
+) -> None:
+    m = gwt.m
+    default = gwt.TenantContext()  # one second
+    for kind, value in (("every", 0.001), ("delay", 0.5)):
+        spec = gwt.spec(**{"every": None, kind: value})
+        d = gwt.when(gwt.given(), m.CreateSchedule(spec=spec), gwt.T0, default)
+        assert (d.status, d.events, d.field) == ("invalid", [], kind), d.reason
+    assert gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(every=1.0)), gwt.T0, default).ok
+    slow = gwt.TenantContext(min_interval=120.0)
+    d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(every=None, cron="* 3 * * *")),
+                 gwt.T0, slow)
+    assert (d.status, d.events, d.field) == ("invalid", [], "cron"), d.reason
+    ok = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(every=None, cron="*/5 * * * *")),
+                  gwt.T0, slow)
+    assert ok.ok, ok.reason
+    # a revision is held to the same minimum
+    s = gwt.story().create(gwt.T0)
+    d = s.when(m.ReviseSchedule(spec=gwt.spec(every=60.0), expected_revision=1), gwt.T0, slow)
+    assert (d.status, d.events, d.field) == ("invalid", [], "every")
+
+
 def test_revise_with_job_type_not_allowed_is_forbidden(gwt: SimpleNamespace) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)

@@ -1,0 +1,115 @@
+"""The limits every entry point enforces (API, CLI, client, processor), in one place.
+
+The message models (``chronolog.domain.messages``) apply them, so a command is checked the
+same way wherever it comes from: the API answers 400 naming the field before sending, the
+CLI exits 2, the client raises before appending, and the processor — the authority for
+commands written to the log by anything else — rejects the command as ``invalid``.
+README.md ("Limits") lists them with their defaults and how to configure the ones that can
+be configured. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = [
+    "EARLIEST_INSTANT", "LATEST_INSTANT", "MAX_BODY_BYTES", "MAX_COUNT", "MAX_DEPTH",
+    "MAX_DOCUMENT_DEPTH",
+    "MAX_DURATION_SECONDS", "MAX_INT", "MAX_PARAMS_BYTES", "MIN_INTERVAL_SECONDS",
+    "SCHEDULE_ID_PATTERN", "RUN_ID_PATTERN", "check_instant", "json_depth", "text_violation",
+]
+
+# request body of the HTTP API (configurable: ``chronolog api/dev --max-body-bytes``)
+MAX_BODY_BYTES = 256 * 1024
+# a job's params (and a manual trigger's), as JSON
+MAX_PARAMS_BYTES = 64 * 1024
+# nesting of a job's params (objects and arrays)
+MAX_DEPTH = 32
+# nesting of a whole command or request body: the params plus the structure around them
+MAX_DOCUMENT_DEPTH = MAX_DEPTH + 8
+# every duration (every, delay, jitter, lease, timeout, grace, backoffs, ages): ten years
+MAX_DURATION_SECONDS = 10 * 366 * 86_400
+# every instant of a definition (at, start, end, anchor, preview's from)
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST_INSTANT = datetime(3000, 1, 1, tzinfo=timezone.utc)  # exclusive
+# maxCount, and any other count a tenant gives
+MAX_COUNT = 1_000_000_000
+# revisions, attempts, fences, sizes: what a PostgreSQL bigint holds
+MAX_INT = 2**63 - 1
+# the shortest interval of a recurring schedule, unless the tenants file says otherwise
+MIN_INTERVAL_SECONDS = 1.0
+
+# a schedule ID: these characters, at least one of them not a dot (so never "." or "..")
+SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_.:@-]*[A-Za-z0-9_:@-][A-Za-z0-9_.:@-]*$"
+RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+def check_instant(value: datetime) -> datetime:
+    """``value`` when it lies in [EARLIEST_INSTANT, LATEST_INSTANT); ``ValueError`` else."""
+    if value.tzinfo is not None and not EARLIEST_INSTANT <= value < LATEST_INSTANT:
+        raise ValueError(f"must be between {EARLIEST_INSTANT:%Y-%m-%d} and "
+                         f"{LATEST_INSTANT.year - 1}-12-31")
+    return value
+
+
+def text_violation(value: Any, path: str = "", max_depth: int = MAX_DEPTH
+                   ) -> tuple[str, str] | None:
+    """The first ``(path, problem)`` of a JSON-like value, or None when it is clean.
+
+    Problems: text (a string or an object key) containing NUL, nesting deeper than
+    ``max_depth``, an integer outside the signed 64-bit range. Iterative: a hostile depth
+    cannot exhaust the stack. Paths are dotted (``job.params.a.b``; list items by index).
+    """
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return where, "text must not contain NUL (\\u0000)"
+        elif isinstance(item, dict):
+            if depth >= max_depth:
+                return where, f"nested deeper than {max_depth} levels"
+            for key, sub in item.items():
+                sub_path = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and "\x00" in key:
+                    return where, "keys must not contain NUL (\\u0000)"
+                stack.append((sub, sub_path, depth + 1))
+        elif isinstance(item, (list, tuple)):
+            if depth >= max_depth:
+                return where, f"nested deeper than {max_depth} levels"
+            for i, sub in enumerate(item):
+                stack.append((sub, f"{where}.{i}" if where else str(i), depth + 1))
+        elif hasattr(type(item), "model_fields"):  # a pydantic model: its fields
+            if depth >= max_depth:
+                return where, f"nested deeper than {max_depth} levels"
+            for key, sub in vars(item).items():
+                stack.append((sub, f"{where}.{key}" if where else key, depth + 1))
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if not -MAX_INT - 1 <= item <= MAX_INT:
+                return where, "integers must fit in 64 bits"
+    return None
+
+
+def json_depth(raw: bytes, limit: int) -> int:
+    """The nesting depth of JSON text, counting only until it exceeds ``limit``.
+
+    A scan of the brackets outside strings, without parsing: it bounds what a parser will
+    be asked to recurse into. Returns ``limit + 1`` as soon as the limit is passed.
+    """
+    depth = deepest = 0
+    for bracket in _BRACKET.finditer(_STRING.sub(b"", raw)):
+        if bracket.group() in (b"{", b"["):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return limit + 1
+        else:
+            depth -= 1
+    return deepest
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKET = re.compile(rb"[\[\]{}]")

@@ -1,0 +1,40 @@
+"""``Wakeup``: a signal coroutines wait for with a bound, cancellable without surprises.
+
+``asyncio.wait_for(event.wait(), timeout)`` is the obvious way, but in Python 3.11 a
+cancellation that arrives just as the inner wait finishes is swallowed (``wait_for`` returns
+the inner result instead of raising), so a task cancelled in a polling loop can go on forever.
+Here a waiter is one future settled by ``fire()`` or by a timer: ``await`` on it raises
+``CancelledError`` whenever the task is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def _settle(fut: "asyncio.Future[None]") -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Wakeup:
+    """Wake every current waiter (``fire``); a waiter also wakes after its ``timeout``."""
+
+    def __init__(self) -> None:
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def fire(self) -> None:
+        waiters, self._waiters = self._waiters, set()
+        for fut in waiters:
+            _settle(fut)
+
+    async def wait(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(fut)
+        timer = loop.call_later(max(0.0, timeout), _settle, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._waiters.discard(fut)
