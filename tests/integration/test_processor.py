@@ -296,7 +296,7 @@ async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not
         assert "ZeroDivisionError: a bug in decide" in replies["c-bug"].reason
         assert replies["c-huge"].status == "invalid"
         assert "jitter" in replies["c-huge"].reason or "OverflowError" in replies["c-huge"].reason
-        assert replies["c-wide"].status == "invalid" and "64-bit" in replies["c-wide"].reason
+        assert replies["c-wide"].status == "invalid" and "64 bits" in replies["c-wide"].reason
         assert r.proc.stats.decide_errors >= 2  # the bug and the unencodable value
         letters = {d.command_id: d for d in (codec.decode_dead_letter(x.value) for x in
                                              await read_all(event_log, event_log.topics.dlq))}
