@@ -165,7 +165,9 @@ def _materialized(run_id: str, at: datetime, params: dict[str, Any] | None = Non
         event_id=f"e-{run_id}", type="OccurrenceMaterialized", key="acme/s0", tenant="acme",
         schedule_id="s0", at=at, payload=m.OccurrenceMaterialized(
             run_id=run_id, scheduled_at=at, due_at=at, revision=1, state="READY", sequence=9,
-            job=m.JobSpec(type="echo", params=params or {}), priority=priority,
+            # model_construct: the model would refuse NUL; an event already in the log has it
+            job=m.JobSpec.model_construct(type="echo", params=params or {}, timeout=None),
+            priority=priority,
             advances_schedule=False)))
 
 
