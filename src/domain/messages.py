@@ -167,7 +167,7 @@ class RetrySpec(_Model):
 
 
 class DstSpec(_Model):
-    """Daylight-saving handling for fixed-time cron jobs (DESIGN §4)."""
+    """Daylight-saving handling for fixed-time cron jobs (docs/design.md §4)."""
 
     ambiguous: Literal["first", "second", "both"] = "first"
     nonexistent: Literal["shift_forward", "skip"] = "shift_forward"

@@ -1,4 +1,6 @@
-"""Workers end to end on both logs, and the seeds' failure plan (issue 4 §4 a–d).
+"""Workers end to end on both logs, and four failure windows of claims and leases
+(docs/design.md §5), labelled below: (a) duplicate hints, (b) a stale worker paused past its
+lease, (c) a crash before the completion commit, (d) the acknowledgement lost after it.
 
 An in-process processor (``Running``) decides; workers run in process where nothing is killed
 and as real ``chronolog worker`` subprocesses where a test pauses (SIGSTOP) or kills them
@@ -242,7 +244,7 @@ async def test_cancel_request_reaches_a_sleeping_handler_through_heartbeats(
 
 
 # ---------------------------------------------------------------------------------------
-# seed (a): duplicate hints — one claim wins, the handler runs once
+# (a) duplicate hints — one claim wins, the handler runs once
 
 
 async def test_duplicate_hints_one_claim_wins_and_the_handler_runs_once(
@@ -278,7 +280,7 @@ async def test_duplicate_hints_one_claim_wins_and_the_handler_runs_once(
 
 
 # ---------------------------------------------------------------------------------------
-# seed (d): acknowledgement lost after the completion commit
+# (d) acknowledgement lost after the completion commit
 
 
 async def test_redelivered_hint_after_completion_finds_the_run_terminal(
@@ -310,7 +312,7 @@ async def test_redelivered_hint_after_completion_finds_the_run_terminal(
 
 
 # ---------------------------------------------------------------------------------------
-# seed (b): a stale worker paused past its lease
+# (b) a stale worker paused past its lease
 
 
 async def test_stale_worker_paused_past_its_lease_gets_stale_fence(
@@ -361,7 +363,7 @@ async def test_stale_worker_paused_past_its_lease_gets_stale_fence(
 
 
 # ---------------------------------------------------------------------------------------
-# seed (c): crash before the completion commit
+# (c) crash before the completion commit
 
 
 async def test_crash_before_completion_reruns_the_same_run_once(
