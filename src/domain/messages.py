@@ -51,9 +51,17 @@ def _parse_seconds(value: Any) -> Any:
     return value
 
 
-def _non_negative(value: float) -> float:
+def _stored(info: ValidationInfo) -> bool:
+    """Validating a record already in the log or the read model (``context=STORED``): the
+    input limits are for new input; what the log holds must always decode."""
+    return bool(info.context and info.context.get("stored"))
+
+
+def _non_negative(value: float, info: ValidationInfo) -> float:
     if value < 0:
         raise ValueError(f"must not be negative, got {value}")
+    if _stored(info):
+        return value
     if not value <= lim.MAX_DURATION_SECONDS:  # NaN fails too
         raise ValueError(f"must be at most {lim.MAX_DURATION_SECONDS} seconds (ten years), "
                          f"got {value:g}")
@@ -75,11 +83,17 @@ Seconds = Annotated[
 ]
 
 # an instant of a definition: UTC, within the years chronolog computes with
-Instant = Annotated[UtcDatetime, AfterValidator(lim.check_instant)]
+def _check_instant(value: datetime, info: ValidationInfo) -> datetime:
+    return value if _stored(info) else lim.check_instant(value)
 
 
-def _check_params(value: dict[str, Any]) -> dict[str, Any]:
+Instant = Annotated[UtcDatetime, AfterValidator(_check_instant)]
+
+
+def _check_params(value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
     """A job's params: NUL-free text, bounded depth, 64-bit integers, bounded size."""
+    if _stored(info):
+        return value
     bad = lim.text_violation(value, "", lim.MAX_DEPTH)
     if bad is not None:
         raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
@@ -153,7 +167,7 @@ class RetrySpec(_Model):
 
 
 class DstSpec(_Model):
-    """Daylight-saving handling for fixed-time cron jobs (DESIGN §4)."""
+    """Daylight-saving handling for fixed-time cron jobs (docs/design.md §4)."""
 
     ambiguous: Literal["first", "second", "both"] = "first"
     nonexistent: Literal["shift_forward", "skip"] = "shift_forward"

@@ -9,7 +9,7 @@ Kinds (exactly one per trigger, see :func:`compile_trigger`):
 * ``cron``  — 5-field cron (or ``@hourly @daily @midnight @weekly @monthly @yearly
   @annually``) evaluated on the local wall clock of an IANA zone. croniter validates the
   expression; this module parses the field sets itself and owns the daylight-saving rules
-  of DESIGN §4 (croniter's own DST handling fires a fixed-time job twice on fall-back day):
+  of docs/design.md §4 (croniter's own DST handling fires a fixed-time job twice on fall-back day):
 
   - a *wildcard* job (minute or hour field starts with ``*``) fires at every real instant
     whose local wall time matches: both passes of a repeated hour, nothing in a skipped one;
@@ -418,7 +418,7 @@ def parse_cron(expr: str) -> CronSpec:
 
 
 def is_wildcard_cron(expr: str) -> bool:
-    """True if the (valid) expression's minute or hour field starts with ``*`` (DESIGN §4).
+    """True if the (valid) expression's minute or hour field starts with ``*`` (docs/design.md §4).
 
     Macros are expanded first (``@hourly`` is wildcard, ``@daily`` is not). Raises
     ``RecurrenceError`` for an invalid expression.
@@ -487,7 +487,7 @@ def _matching_days(spec: CronSpec, first: date) -> Iterator[date]:
 
 @dataclass(frozen=True, slots=True)
 class CronTrigger:
-    """Cron on the wall clock of ``timezone`` with the DST rules of DESIGN §4."""
+    """Cron on the wall clock of ``timezone`` with the DST rules of docs/design.md §4."""
 
     spec: CronSpec
     zone: ZoneInfo

@@ -2,7 +2,7 @@
 
 An effect adapter performs ONE external action for ONE ``EffectIntended`` record and says
 what happened. Every adapter declares its *contract* — what the destination promises about a
-repeated or lost request — and the effect runner acts on it (DESIGN §8):
+repeated or lost request — and the effect runner acts on it (docs/design.md §8):
 
 * ``idempotent``: the destination deduplicates requests by the effect ID for a declared
   ``retention`` (a webhook honouring ``Idempotency-Key``). Re-sending the same effect ID

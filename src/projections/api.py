@@ -2,7 +2,8 @@
 
 ``create_app(client, store, tenants, ...)`` builds the app; ``openapi_document()`` returns
 its OpenAPI spec (written to ``schemas/api/openapi.json`` by ``make schemas``; a test checks
-for drift). The contract is issue 5 §2; decisions it leaves open are stated here.
+for drift). The contract is that document and docs/design.md §11; decisions they leave
+open are stated here.
 
 Conventions
 -----------
@@ -13,7 +14,7 @@ Conventions
   ``not_found`` (404), ``method_not_allowed`` (405, with ``Allow``), ``conflict`` (409),
   ``too_large`` (413), ``unsupported_media_type`` (415), ``precondition_required`` (428),
   ``quota`` (429), ``internal`` (500: a bug, with an error id in the log), ``unavailable``
-  (503) — the reply statuses of DESIGN §6 plus the HTTP-only ones. A 409 may carry more
+  (503) — the reply statuses of docs/design.md §6 plus the HTTP-only ones. A 409 may carry more
   (``revision``: the current one; ``state``: the run's state). Validation is always 400
   (never FastAPI's 422), an unknown query parameter included; ``openapi_document``
   lists every status each operation can answer.

@@ -1,4 +1,4 @@
-"""The audit: a pure checker of the guarantees of DESIGN §10 over a sequence of events.
+"""The audit: a pure checker of the guarantees of docs/design.md §10 over a sequence of events.
 
 ``Auditor.feed(envelope, partition, offset)`` folds the events of each schedule in log order
 (one schedule's events all live in one partition, so per-partition order is enough);

@@ -4,7 +4,7 @@
 EventLog port (``log.read(topic, p, offset, max_records, timeout_ms)``: read_committed on
 Kafka, the only kind of record SQLite stores), starting from the offsets stored in
 PostgreSQL (``store.offsets()``) — never from Kafka consumer-group offsets. The read model
-is the only place its progress lives (KAFKA-NOTES, last section), so a row change and the
+is the only place its progress lives (docs/design.md §9), so a row change and the
 offset that produced it can never disagree.
 
 One *pass*:

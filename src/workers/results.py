@@ -4,8 +4,8 @@ A result of at most ``INLINE_LIMIT`` (8 KiB) JSON bytes travels inline in Comple
 ResultPublished. A larger one is *staged* first: written to the store under an immutable,
 per-attempt name, and then named by ``uri`` in CompleteRun. Staging is not publication: only
 a ResultPublished event in the log makes a staged object canonical. A stale attempt's upload
-simply stays unreferenced (DESIGN §7; seed 004, "unreferenced uploads are allowed, missing
-canonical objects are not").
+simply stays unreferenced (docs/design.md §7: unreferenced uploads are allowed, missing
+canonical objects are not).
 
 The port (``ResultStore``):
 

@@ -1,4 +1,4 @@
-"""The HTTP API contract (issue 5 §2) on both logs, a real processor and a real PostgreSQL.
+"""The HTTP API contract (docs/design.md §11, schemas/api/openapi.json) on both logs, a real processor and a real PostgreSQL.
 
 One stack per backend for the module (processor, client, projector, app through
 ``httpx.ASGITransport``); tests keep apart by schedule ID. Every status code of the contract

@@ -1,4 +1,6 @@
-"""Workers end to end on both logs, and the failure plan of the run path (a-d below).
+"""Workers end to end on both logs, and four failure windows of dispatch and leases
+(docs/design.md §5), labelled below: (a) a duplicated assignment, (b) a stale worker paused
+past its lease, (c) a crash before the completion commit, (d) the acknowledgement lost after it.
 
 An in-process processor (``Running``) decides and dispatches; workers run in process where
 nothing is killed and as real ``chronolog worker`` subprocesses where a test pauses (SIGSTOP) or
@@ -243,7 +245,7 @@ async def test_cancel_request_reaches_a_sleeping_handler_through_heartbeats(
 
 
 # ---------------------------------------------------------------------------------------
-# failure plan (a): duplicate delivery — the handler runs once
+# (a): duplicate delivery — the handler runs once
 
 
 async def test_a_duplicated_assignment_runs_its_handler_once(
@@ -284,7 +286,7 @@ async def test_a_duplicated_assignment_runs_its_handler_once(
 
 
 # ---------------------------------------------------------------------------------------
-# failure plan (d): acknowledgement lost after the completion commit
+# (d): acknowledgement lost after the completion commit
 
 
 async def test_a_reread_assignment_after_completion_is_not_run_again(
@@ -318,7 +320,7 @@ async def test_a_reread_assignment_after_completion_is_not_run_again(
 
 
 # ---------------------------------------------------------------------------------------
-# failure plan (b): a stale worker paused past its lease
+# (b): a stale worker paused past its lease
 
 
 async def test_stale_worker_paused_past_its_lease_gets_stale_fence(
@@ -369,7 +371,7 @@ async def test_stale_worker_paused_past_its_lease_gets_stale_fence(
 
 
 # ---------------------------------------------------------------------------------------
-# failure plan (c): crash before the completion commit
+# (c): crash before the completion commit
 
 
 async def test_crash_before_completion_reruns_the_same_run_once(

@@ -149,3 +149,20 @@ def test_encode_reply_fields_is_byte_identical_to_a_reply_model() -> None:
     assert codec.decode_reply(data).body["lease_until"] == "2026-03-08T07:00:00Z"
     assert codec.encode_reply_fields("c2", "invalid", "bad", {}, [], "", "") == codec.encode_reply(
         m.Reply(command_id="c2", status="invalid", reason="bad"))
+
+
+def test_an_event_already_in_the_log_decodes_even_past_todays_input_limits() -> None:
+    spec = {"every": 60, "jitter": 1e300, "at": None,
+            "job": {"type": "echo", "params": {"k\u0000": "a\u0000b"}}}
+    with pytest.raises(ValueError):
+        m.ScheduleSpec.model_validate(spec)  # as new input: refused (jitter, NUL)
+    raw = {"event_id": "c1.0", "type": "ScheduleCreated", "version": 1, "key": "acme/s1",
+           "tenant": "acme", "schedule_id": "s1", "at": "2026-03-08T07:00:00Z",
+           "causation_id": "c1",
+           "payload": {"type": "ScheduleCreated", "revision": 1, "spec": spec,
+                       "created_at": "2026-03-08T07:00:00Z", "anchor": "2026-03-08T07:00:00Z",
+                       "next_run_at": "2026-03-08T07:01:00Z",
+                       "next_due_at": "2026-03-08T07:01:00Z"}}
+    env = codec.decode_event(orjson.dumps(raw))  # written before the limits: it must fold
+    assert env.payload.spec.jitter == 1e300
+    assert env.payload.spec.job.params == {"k\u0000": "a\u0000b"}

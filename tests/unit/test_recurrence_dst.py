@@ -1,4 +1,4 @@
-"""Daylight-saving rules of cron triggers (DESIGN §4), in four zones with real 2026 transitions.
+"""Daylight-saving rules of cron triggers (docs/design.md §4), in four zones with real 2026 transitions.
 
 2026 transitions used below (local wall clock):
 - America/New_York: spring 03-08 02:00 -> 03:00 (07:00Z); fall 11-01 02:00 -> 01:00 (06:00Z)

@@ -1,7 +1,7 @@
 """Property tests for cron triggers against an independent oracle.
 
 The oracle takes field sets from ``croniter.expand`` (not from our parser) and applies the
-Vixie DOM/DOW rule and the DST rules of DESIGN §4 by walking real UTC minutes.
+Vixie DOM/DOW rule and the DST rules of docs/design.md §4 by walking real UTC minutes.
 croniter 7 expands any single-value range ``a-a`` (and ``a-a/k``) to ``*`` (so
 ``5-5 * * * *`` fires every minute there); the oracle rewrites those to ``a`` first.
 """

@@ -1,7 +1,7 @@
 """Decider rules for attempts and runs: claim, heartbeat, lease, complete, fail, retry,
 dead-letter, redrive, reconciliation, cancel and effects.
 
-One test per rule of issue 2 §4, named after the rule.
+One test per rule (docs/design.md §5, §8), named after the rule.
 """
 
 from __future__ import annotations
@@ -370,7 +370,7 @@ def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(gwt: 
 
 
 def test_crash_trace_one_run_two_owners(gwt: SimpleNamespace) -> None:
-    """The seed's crash-and-redelivery timeline, step by step (times from 12:00:00)."""
+    """The crash-and-redelivery timeline (docs/design.md §5), step by step (times from 12:00:00)."""
     m = gwt.m
     t = lambda sec: gwt.T0 + gwt.sec(sec)  # noqa: E731
     s = gwt.story().create(gwt.T0, lease=4)
@@ -381,7 +381,7 @@ def test_crash_trace_one_run_two_owners(gwt: SimpleNamespace) -> None:
     assert (dup.status, dup.events) == ("conflict", [])             # 2.000 B cannot lease
     expired = s.when(m.Tick(), t(5.1))                              # 5.100 lease expired
     assert gwt.names(expired) == ["LeaseExpired", "FenceAdvanced", "OccurrenceReady"]
-    b = s.claim(run.run_id, t(5.2), worker="B")                     # 5.200 B, new epoch
+    b = s.claim(run.run_id, t(5.2), worker="B")                     # 5.200 B, higher fence
     assert b.fence > a.fence and b.attempt == 2 and b.run_id == a.run_id
     late = s.when(gwt.complete(a, checksum="sha256:receipt900"), t(5.3))
     assert late.status == "stale_fence"                             # 5.300 A rejected

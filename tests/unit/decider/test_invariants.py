@@ -1,4 +1,4 @@
-"""Stateful property test of the decider against the guarantees of DESIGN §10.
+"""Stateful property test of the decider against the guarantees of docs/design.md §10.
 
 A hypothesis ``RuleBasedStateMachine`` drives three schedules with random specs (every /
 cron / delay / at; every overlap and misfire policy; retries, leases, start deadlines,

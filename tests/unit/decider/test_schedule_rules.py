@@ -1,6 +1,6 @@
 """Decider rules for the schedule lifecycle: create, revise, pause/resume, delete, tenant policy.
 
-One test per rule of issue 2 §4, each named after the rule; given (history) / when (command)
+One test per rule (docs/design.md §2-§3), each named after the rule; given (history) / when (command)
 / then (events and status).
 """
 

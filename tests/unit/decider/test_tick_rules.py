@@ -1,6 +1,6 @@
 """Decider rules for time (Tick): materialization, misfire, overlap, start deadline, bounds.
 
-One test per rule of issue 2 §4, named after the rule.
+One test per rule (docs/design.md §3, §5), named after the rule.
 """
 
 from __future__ import annotations

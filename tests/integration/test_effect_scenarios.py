@@ -1,17 +1,18 @@
-"""Seeds (e) and (f) of issue 4 end to end, on both logs, with the effect runner.
+"""Two effect scenarios end to end, on both logs, with the effect runner.
 
-(e) The crash-and-redelivery timeline of seed 000 (epochs 8 and 9): worker A claims, a
-duplicate hint to B is refused while A's lease holds, A calls the destination with the
-effect's stable key and the response is lost (the destination committed receipt_900), A's
-lease expires, B claims with a higher fence, A's late completion is rejected (stale_fence),
-B completes, a third delivery finds the run terminal, and the effect runner delivers the
-webhook with the same Idempotency-Key: the destination saw the key twice and committed ONE
-effect; the canonical result is B's.
+(1) The crash-and-redelivery timeline of docs/design.md §5: worker A claims, a duplicate
+hint to B is refused while A's lease holds, A calls the destination with the effect's stable
+key and the response is lost (the destination committed receipt_900), A's lease expires, B
+claims with a higher fence, A's late completion is rejected (stale_fence), B completes, a
+third delivery finds the run terminal, and the effect runner delivers the webhook with the
+same Idempotency-Key: the destination saw the key twice and committed ONE effect; the
+canonical result is B's.
 
-(f) The same without destination deduplication: an SMTP server that drops its reply after
-DATA. The effect ends EffectUncertain and the run RECONCILING; a restarted runner sends
-nothing again; ``chronolog reconcile list`` shows it and ``chronolog reconcile resolve
---decision delivered`` moves it back to SUCCEEDED, with who and why in the event.
+(2) The same without destination deduplication (contract ``none``, docs/design.md §8): an
+SMTP server that drops its reply after DATA. The effect ends EffectUncertain and the run
+RECONCILING; a restarted runner sends nothing again; ``chronolog reconcile list`` shows it
+and ``chronolog reconcile resolve --decision delivered`` moves it back to SUCCEEDED, with
+who and why in the event.
 
 Also: the runner end to end with a Kafka-topic effect (a Kafka transaction on the Kafka log,
 the at-least-once append on the embedded log) and a PostgreSQL-inbox effect, restarted.
@@ -135,17 +136,17 @@ class Stack:
 
 
 async def crash_and_redelivery(s: Stack, lg: Any, before_lease_expiry: Any = None) -> dict[str, Any]:
-    """Seed 000's timeline up to B's completion; returns the identities involved."""
+    """The crash-and-redelivery timeline up to B's completion; returns the identities involved."""
     c = s.client
     run_id = await s.new_run("2026-10-08T12:00Z")
-    a = await c.claim(TENANT, SCHEDULE, run_id, 1, "worker-A")  # epoch 8
+    a = await c.claim(TENANT, SCHEDULE, run_id, 1, "worker-A")  # A's fence
     with pytest.raises(Conflict):  # duplicate hint delivered to B while A's lease holds
         await c.claim(TENANT, SCHEDULE, run_id, 1, "worker-B")
     if before_lease_expiry is not None:
         await before_lease_expiry(run_id)
     # A stalls past its lease; by authority time the lease expires and the run is READY
     await wait_until(lambda: _state_is(lg, run_id, "READY"), 20, what="A's lease expired")
-    b = await c.claim(TENANT, SCHEDULE, run_id, 2, "worker-B")  # epoch 9
+    b = await c.claim(TENANT, SCHEDULE, run_id, 2, "worker-B")  # a higher fence
     assert b["fence"] > a["fence"]
     with pytest.raises(StaleFence):  # A's late receipt: completion with the old fence
         await s.complete(run_id, 1, a["fence"], "worker-A", {"invoice": 57, "by": "A"})
@@ -168,10 +169,10 @@ def assert_canonical_result_is_bs(evs: list[m.EventEnvelope], ids: dict[str, Any
         ("worker-A", ids["a"]["fence"], "stale_fence")]
 
 
-# ---------------------------------------------------------------------- seed (e)
+# ------------------------------------------ (1) redelivery, deduplicating webhook
 
 
-async def test_seed_e_redelivery_with_a_deduplicating_webhook_commits_one_effect(
+async def test_redelivery_with_a_deduplicating_webhook_commits_one_effect(
     event_log: Any,
 ) -> None:
     hook = await HookServer(dedup=True).start()
@@ -225,7 +226,7 @@ async def _effect_done(lg: Any, effect_id: str) -> bool:
                and e.payload.effect_id == effect_id for e in evs)
 
 
-# ---------------------------------------------------------------------- seed (f)
+# -------------------------------------------------- (2) lost SMTP reply, reconcile
 
 
 async def cli(cfg: LogConfig, *args: str) -> tuple[int, str, str]:
@@ -238,7 +239,7 @@ async def cli(cfg: LogConfig, *args: str) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def test_seed_f_lost_smtp_reply_goes_to_reconciliation_and_is_never_resent(
+async def test_lost_smtp_reply_goes_to_reconciliation_and_is_never_resent(
     event_log: Any, log_config: LogConfig,
 ) -> None:
     smtp = SmtpServer().start()
