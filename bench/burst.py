@@ -95,7 +95,7 @@ async def live_members(cfg: LogConfig, group: str) -> int:
     try:
         described = await admin.describe_consumer_groups([group])
         groups = described[0].groups if hasattr(described[0], "groups") else described
-        return sum(len(g[5]) for g in groups if g[3] == "Stable")
+        return sum(len(g[5]) for g in groups if g[2] == "Stable")  # (error, group, state, type, protocol, members)
     finally:
         await admin.close()
 
