@@ -391,6 +391,12 @@ class Worker:
 
     # ------------------------------------------------------------------ offers and assignments
 
+    def partitions(self, cls: str = "default") -> frozenset[int]:
+        """The partitions of ``ready.<cls>`` this worker consumes now; a partition it lost
+        leaves the set only once its withdrawal is in the log."""
+        lane = self._lanes.get(cls)
+        return frozenset(lane.owned) if lane is not None else frozenset()
+
     def window(self, lane: _Lane) -> int:
         """Runs one partition may assign at once: enough to keep the slots busy for
         ``WINDOW_S`` at the rate handlers are finishing (at least twice the slots and
@@ -440,8 +446,8 @@ class Worker:
 
         async def revoked(tps: set[tuple[str, int]]) -> None:
             lost = {p for t, p in tps if t == topic}
-            lane.owned -= lost
             await self._offer(lane, lost, withdraw=True)
+            lane.owned -= lost  # after the withdrawal is in the log (see ``partitions``)
 
         consumer = self.log.group_consumer(self.group, [topic], f"{self.worker_id}-{cls}",
                                            on_assigned=assigned, on_revoked=revoked)
