@@ -13,7 +13,7 @@ import glob
 import os
 import statistics
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
@@ -41,20 +41,25 @@ def pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
+def _records(run_dir: str, kind: str) -> Iterator[list[bytes]]:
+    """The three fields of every complete record in the ``<kind>.<pid>.log`` files."""
+    for path in glob.glob(f"{run_dir}/{kind}.*.log"):
+        with open(path, "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3:
+                    yield parts
+
+
 def analyse(run_dir: str, n: int, instant: float) -> dict[str, Any]:
     """Starts relative to ``instant`` (seconds); jobs are ``0..n-1``."""
     starts: dict[int, float] = {}
     total = 0
-    for path in glob.glob(f"{run_dir}/starts.*.log"):
-        with open(path, "rb") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) != 3:
-                    continue
-                jid, start = int(parts[0]), float(parts[1])
-                total += 1
-                if jid not in starts or start < starts[jid]:
-                    starts[jid] = start
+    for parts in _records(run_dir, "starts"):
+        jid, start = int(parts[0]), float(parts[1])
+        total += 1
+        if jid not in starts or start < starts[jid]:
+            starts[jid] = start
     late = sorted(s - instant for s in starts.values())
     outside = sum(1 for j in starts if not 0 <= j < n)
     return {
@@ -136,15 +141,10 @@ def analyse_lateness(run_dir: str, schedules: int, seconds: int) -> dict[str, An
     """Every schedule's occurrences 0..seconds-1 once each, none early; start lateness."""
     late: dict[tuple[int, int], float] = {}
     total = 0
-    for path in glob.glob(f"{run_dir}/late.*.log"):
-        with open(path, "rb") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) != 3:
-                    continue
-                key, value = (int(parts[0]), int(parts[1])), float(parts[2])
-                total += 1
-                late[key] = min(value, late.get(key, value))
+    for parts in _records(run_dir, "late"):
+        key, value = (int(parts[0]), int(parts[1])), float(parts[2])
+        total += 1
+        late[key] = min(value, late.get(key, value))
     values = sorted(late.values())
     expected = schedules * seconds
     return {"n": expected, "records": total, "lost": expected - len(late),

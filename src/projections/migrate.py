@@ -33,6 +33,13 @@ class MigrationError(RuntimeError):
     """The database's migration history does not match the migrations shipped here."""
 
 
+# Checksums of earlier texts of a migration whose statements did not change (only a comment
+# was reworded). A database that recorded one is accepted and its record brought up to date.
+REWORDED: dict[int, frozenset[str]] = {
+    1: frozenset({"2e9a4a990bffbae9fb59e6a98f174fc3924ce10f0bc13ce42174125771ec7dd4"}),
+}
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -84,7 +91,10 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
                 "(it was migrated by a newer version)"
             )
         for version, row in applied.items():
-            if row["checksum"] != known[version].checksum:
+            if row["checksum"] in REWORDED.get(version, frozenset()):
+                await conn.execute("UPDATE schema_migrations SET checksum = $1 WHERE version = $2",
+                                   known[version].checksum, version)
+            elif row["checksum"] != known[version].checksum:
                 raise MigrationError(
                     f"migration {version:04d}_{row['name']} was changed after it was applied; "
                     "add a new migration instead of editing an applied one"

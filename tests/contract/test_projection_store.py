@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from chronolog.projections.migrate import MigrationError, load_migrations, migrate
+from chronolog.projections.migrate import REWORDED, MigrationError, load_migrations, migrate
 from chronolog.projections.store import (
     TABLES,
     First,
@@ -132,6 +132,22 @@ async def test_concurrent_starters_do_not_race(database_url: str) -> None:
         applied = [r for r in results if r]
         assert len(applied) == 1, results  # one applied everything, the others found it done
         assert applied[0] == [m.version for m in load_migrations()]
+
+
+async def test_a_migration_whose_comment_was_reworded_is_accepted_and_recorded_anew(
+    database_url: str
+) -> None:
+    async with _fresh_db(database_url) as dsn:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await migrate(conn)
+            [old] = REWORDED[1]
+            await conn.execute("UPDATE schema_migrations SET checksum = $1 WHERE version = 1", old)
+            assert await migrate(conn) == []  # nothing applied again, nothing refused
+            now = await conn.fetchval("SELECT checksum FROM schema_migrations WHERE version = 1")
+        finally:
+            await conn.close()
+    assert now == load_migrations()[0].checksum != old
 
 
 async def test_an_edited_applied_migration_is_refused(database_url: str) -> None:

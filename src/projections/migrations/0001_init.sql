@@ -1,4 +1,4 @@
--- 0001_init: the read model (DESIGN §9). snake_case here; camelCase exists only at the API.
+-- 0001_init: the read model (docs/design.md §9). snake_case here; camelCase exists only at the API.
 --
 -- Every table is written only by the projector, from the events log, in one transaction
 -- together with projection_offsets. Rebuilding from offset 0 gives the same rows.
