@@ -279,10 +279,12 @@ class _Conn:
             factory=_LogConnection,
         )
         conn.wait_s = self._busy_timeout_ms / 1000
-        # the writer waits for the write lock in _begin, in steps far shorter than SQLite's
-        busy_ms = 0 if self._writer else int(self._busy_timeout_ms)
-        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        # opening may meet another process creating the file or switching it to WAL: wait
+        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        if self._writer:
+            # the writer waits for the write lock in _begin, in steps far shorter than SQLite's
+            conn.execute("PRAGMA busy_timeout = 0")
         self._conn = conn
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -329,12 +331,18 @@ class _Conn:
 def _setup(conn: sqlite3.Connection) -> None:
     # a no-op once the file exists (its page size is fixed by then; see "Page size")
     conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-    # switching a new file to WAL may meet another process doing the same: SQLite's wait
-    conn.execute(f"PRAGMA busy_timeout = {int(getattr(conn, 'wait_s', 10.0) * 1000)}")
-    try:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    finally:
-        conn.execute("PRAGMA busy_timeout = 0")
+    # switching a new file to WAL may meet another opener doing the same; SQLite answers
+    # that with SQLITE_BUSY at once (its busy handler is not called for a journal-mode
+    # change), so the wait is here
+    deadline = time.monotonic() + getattr(conn, "wait_s", 10.0)
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            break
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005 + random.random() * 0.01)
     if str(mode).lower() != "wal":
         raise LogError(f"could not switch the sqlite log to WAL (journal_mode={mode})")
     _begin(conn)

@@ -462,3 +462,19 @@ async def test_a_new_log_file_uses_pages_that_hold_a_record_without_overflow(
         assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 16384
     finally:
         conn.close()
+
+
+async def test_logs_opening_one_new_file_at_once_all_start(tmp_path: Path) -> None:
+    """Several openers of a file none has created yet (the services of one node starting
+    together) wait for each other's file creation and WAL switch instead of failing."""
+    for attempt in range(30):
+        path = tmp_path / f"fresh{attempt}" / "log.db"
+        logs = [SqliteEventLog(path, Topics(prefix="t.", partitions=PARTITIONS))
+                for _ in range(4)]
+        try:
+            await asyncio.gather(*(lg.start() for lg in logs))
+            await asyncio.gather(*(lg.ensure_topics() for lg in logs))
+            assert await logs[0].partitions_for("t.commands") == PARTITIONS
+        finally:
+            for lg in logs:
+                await lg.close()

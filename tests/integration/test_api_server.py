@@ -65,7 +65,9 @@ async def _healthy(http: httpx.AsyncClient, started: list[subprocess.Popen[bytes
     """Wait until the API answers /healthz (every service still running meanwhile)."""
     async def up() -> bool:
         for p in started:
-            assert p.poll() is None, api_log.read_text()
+            # a service that stopped: show every service's log (which one failed is not known)
+            assert p.poll() is None, "\n".join(
+                f"--- {f.name}\n{f.read_text()}" for f in sorted(api_log.parent.glob("*.log")))
         try:
             return (await http.get("/healthz")).status_code == 200
         except httpx.TransportError:
