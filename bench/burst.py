@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import burstlib as B
+import psutil
 
 from chronolog.commands.client import Client, NotFound
 from chronolog.domain import messages as m
@@ -117,18 +118,28 @@ async def delete_topics(cfg: LogConfig) -> None:
 
 # --------------------------------------------------------------------------- one run
 
-def profile(args: Any, procs: list[subprocess.Popen[bytes]], run_dir: Path) -> list[Any]:
-    """``--profile DIR``: py-spy samples every chronolog process through the burst."""
+def profile(args: Any, procs: list[subprocess.Popen[bytes]], run_dir: Path,
+            phase: str) -> list[Any]:
+    """``--profile DIR``: py-spy samples every chronolog process and this one (the client)
+    through one phase (``enqueue`` or ``burst``); collapsed stacks in DIR/<phase>-<process>.txt."""
     if not args.profile:
         return []
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out = Path(args.profile)
     out.mkdir(parents=True, exist_ok=True)
-    names = ["processor"] + [f"worker{i}" for i in range(len(procs) - 1)]
-    return [subprocess.Popen([spy, "record", "--pid", str(p.pid), "--format", "raw", "--rate", "200", *(["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []),
-                              "--output", str(out / f"{name}.txt"), "--nonblocking"],
+    pids = {"client": os.getpid(), "processor": procs[0].pid}
+    pids.update({f"worker{i}": p.pid for i, p in enumerate(procs[1:])})
+    gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
+    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200",
+                              *gil, "--output", str(out / f"{phase}-{name}.txt"), "--nonblocking"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, p in zip(names, procs)]
+            for name, pid in pids.items()]
+
+
+def stop_profile(spies: list[Any]) -> None:
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        spy.wait(60)
 
 
 async def wait_processor(client: Client, deadline: float) -> None:
@@ -195,7 +206,9 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
         await asyncio.sleep(3)  # settle after the last rebalance, as the peers' protocol does
 
         def cpu() -> dict[str, float]:
-            out = {"processor": B.cpu_seconds([procs[0].pid]),
+            own = psutil.Process().cpu_times()  # this process only, not its children
+            out = {"client": own.user + own.system,
+                   "processor": B.cpu_seconds([procs[0].pid]),
                    "workers": B.cpu_seconds([p.pid for p in procs[1:]])}
             if kpid:
                 out["broker"] = B.cpu_seconds([kpid])
@@ -240,9 +253,11 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
         async with window:
             await client.create_schedule(TENANT, f"j{i}", spec(i))
 
+    spies = profile(args, procs, run_dir, "enqueue")
     await asyncio.gather(*(create(i) for i in range(awaited, args.n)))
     t2 = time.time()
     cpu1 = cpu()
+    stop_profile(spies)
     latencies.sort()
     res.update(
         enqueue_rate=(args.n - awaited) / (t2 - t1) if args.n > awaited else None,
@@ -252,12 +267,10 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
     )
     await asyncio.to_thread(B.wait_until, instant - 2)
     cpu2 = cpu()
-    spies = profile(args, procs, run_dir)
+    spies = profile(args, procs, run_dir, "burst")
     await asyncio.to_thread(B.wait_records, str(run_dir), args.n, instant + args.timeout)
     cpu3 = cpu()
-    for spy in spies:
-        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
-        spy.wait(60)
+    stop_profile(spies)
     res.update(B.analyse(str(run_dir), args.n, instant))
     res["cpu_burst"] = {k: cpu3[k] - cpu2[k] for k in cpu2}
     # completion: every run's result is published (chronolog's own record of it)

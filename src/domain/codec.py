@@ -18,9 +18,11 @@ from chronolog.domain.messages import (
     CommandEnvelope,
     DeadLetter,
     STORED,
+    TEXT_CHECKED,
     EventEnvelope,
     Reply,
 )
+from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 
@@ -114,8 +116,9 @@ def encode_command(env: CommandEnvelope) -> bytes:
 
 def decode_command(data: bytes) -> CommandEnvelope:
     """Parse and validate a command; ``DecodeError`` names the first bad field."""
-    try:
-        return CommandEnvelope.model_validate_json(data)  # pydantic's own JSON parser: fast
+    checked = TEXT_CHECKED if plainly_clean_json(data, MAX_DOCUMENT_DEPTH) else None
+    try:  # pydantic's own JSON parser: fast
+        return CommandEnvelope.model_validate_json(data, context=checked)
     except ValueError as exc:
         errors = getattr(exc, "errors", None)
         if callable(errors) and errors() and errors()[0].get("type") == "json_invalid":

@@ -186,6 +186,8 @@ _HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"
 _HEADER_VALUE = r"^[\x20-\x7e]{0,512}$"
 MAX_EFFECT_GIVE_UP = 7 * 86_400.0
 STORED = {"stored": True}  # validation context of records already in the log or read model
+# validation context of a command whose JSON text passed ``limits.plainly_clean_json``
+TEXT_CHECKED = {"text_checked": True}
 
 
 def effect_header_denied(name: str) -> bool:
@@ -451,9 +453,12 @@ class CommandEnvelope(_Model):
 
     @model_validator(mode="before")
     @classmethod
-    def _clean_text(cls, data: Any) -> Any:
+    def _clean_text(cls, data: Any, info: ValidationInfo) -> Any:
         """No NUL in any text or key, bounded nesting, 64-bit integers — in every field of
-        every command (PostgreSQL and the JSON codec refuse them further down)."""
+        every command (PostgreSQL and the JSON codec refuse them further down). Skipped for
+        JSON text already found plainly clean (``context=TEXT_CHECKED``, ``decode_command``)."""
+        if info.context and info.context.get("text_checked"):
+            return data
         bad = lim.text_violation(data, "", lim.MAX_DOCUMENT_DEPTH)
         if bad is not None:
             raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])

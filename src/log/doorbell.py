@@ -9,6 +9,12 @@ soon as any process commits. Polling stays as the fallback with a longer interva
 unsupported ring (another OS, a full socket buffer, a bell registered a moment ago) only delays
 a reader by that interval, it never loses a record.
 
+A ring says which topics the transaction wrote: a 64-bit mask with one bit per topic
+(``topic_bit``: a hash of the name, so two topics may share a bit). A reader waits only for
+rings that touch the topics it reads (``mark``/``wait`` with its ``interest``), so a worker
+following ``ready.<class>`` does not wake for every command appended. A ring without a mask
+(an older writer) or with ``ALL`` wakes everybody; a shared bit only wakes a reader early.
+
 A marker whose socket no longer answers (its process died) is removed by the next ring.
 """
 
@@ -17,13 +23,26 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 from chronolog.wakeup import Wakeup
 
 REFRESH_S = 0.5  # how long a ringer trusts its list of bells before listing the folder again
+ALL = (1 << 64) - 1  # a ring that wakes every reader (group membership, new topics)
+_MASK = struct.Struct("<Q")
+
+
+def topic_bit(topic: str) -> int:
+    """The bit of ``topic`` in a ring's mask."""
+    return 1 << (zlib.crc32(topic.encode()) & 63)
+
+
+def _bits(mask: int) -> list[int]:
+    return [b for b in range(64) if mask >> b & 1]
 
 
 class Doorbell:
@@ -33,6 +52,7 @@ class Doorbell:
         self.folder = Path(str(log_path) + ".bells")
         self.name = f"chronolog-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.rings = 0  # how many rings this bell has heard
+        self._heard_by_bit = [0] * 64  # rings heard per topic bit
         self._sock: socket.socket | None = None
         self._out: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,27 +93,46 @@ class Doorbell:
 
     def _on_readable(self) -> None:
         assert self._sock is not None and self._heard is not None
+        mask = 0
         try:
-            while self._sock.recv(64):
-                pass
+            while data := self._sock.recv(64):
+                mask |= _MASK.unpack(data)[0] if len(data) == _MASK.size else ALL
         except OSError:  # drained (BlockingIOError) or closed
             pass
         self.rings += 1
+        counts = self._heard_by_bit
+        for b in (range(64) if mask == ALL else _bits(mask)):
+            counts[b] += 1
         self._heard.fire()
 
-    async def wait(self, seen: int, timeout: float) -> None:
-        """Until a ring after the one counted as ``seen``, or ``timeout`` seconds."""
+    def mark(self, interest: int = ALL) -> int:
+        """A count of the rings heard that touch ``interest`` (compare with a later one)."""
+        if interest == ALL:
+            return self.rings
+        counts = self._heard_by_bit
+        return sum(counts[b] for b in _bits(interest))
+
+    async def wait(self, seen: int, timeout: float, interest: int = ALL) -> None:
+        """Until a ring touching ``interest`` after the ones counted in ``seen`` (a ``mark``),
+        or ``timeout`` seconds."""
         if self._heard is None:
             await asyncio.sleep(timeout)
             return
-        if self.rings == seen:
-            await self._heard.wait(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.mark(interest) == seen:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await self._heard.wait(remaining)
 
-    def ring(self) -> None:
-        """Wake every reader of the log file (called by the writer after a commit; any thread)."""
+    def ring(self, mask: int = ALL) -> None:
+        """Wake the readers of the log file whose interest meets ``mask`` (the writer calls
+        it after a commit, with the bits of the topics written; any thread)."""
         out = self._out
-        if out is None:
+        if out is None or not mask:
             return
+        data = _MASK.pack(mask)
         now = time.monotonic()
         if now - self._listed_at > REFRESH_S:
             try:
@@ -103,7 +142,7 @@ class Doorbell:
             self._listed_at = now
         for name in self._targets:
             try:
-                out.sendto(b"\x01", "\0" + name)
+                out.sendto(data, "\0" + name)
             except (ConnectionRefusedError, FileNotFoundError):
                 (self.folder / name).unlink(missing_ok=True)  # its process is gone
             except OSError:

@@ -74,6 +74,7 @@ import fcntl
 import functools
 import json
 import logging
+import operator
 import os
 import random
 import sqlite3
@@ -84,7 +85,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from chronolog.log.partitioner import partition_for
-from chronolog.log.doorbell import Doorbell
+from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.port import (
     Fenced,
     LogError,
@@ -210,6 +211,13 @@ class _LogConnection(sqlite3.Connection):
     """A connection that knows how long its writer may wait for the write lock."""
 
     wait_s: float = 10.0
+    rung: int = 0  # doorbell bits of what the current write transaction wrote
+
+
+def _rings(conn: sqlite3.Connection, mask: int) -> None:
+    """After this transaction commits, ring the doorbell of the readers of ``mask``."""
+    if isinstance(conn, _LogConnection):
+        conn.rung |= mask
 
 
 def _begin(conn: sqlite3.Connection) -> None:
@@ -262,7 +270,7 @@ class _Conn:
     """One sqlite3 connection confined to one dedicated thread."""
 
     def __init__(self, path: str, name: str, busy_timeout_ms: int, synchronous: str,
-                 writer: bool = False, after_write: Callable[[], None] | None = None) -> None:
+                 writer: bool = False, after_write: Callable[[int], None] | None = None) -> None:
         self._path = path
         self._writer = writer
         self._after_write = after_write
@@ -298,18 +306,22 @@ class _Conn:
         assert self._conn is not None
         try:
             result = fn(self._conn, *args)
-            if self._after_write is not None:
-                self._after_write()
+            mask, self._conn.rung = self._conn.rung, 0
+            if self._after_write is not None and mask:
+                self._after_write(mask)
             return result
         except sqlite3.OperationalError as exc:
+            self._conn.rung = 0
             _rollback(self._conn)
             if _is_busy(exc):
                 raise LogUnavailable(f"sqlite log {self._path} is locked: {exc}") from exc
             raise LogError(f"sqlite log {self._path}: {exc}") from exc
         except sqlite3.Error as exc:
+            self._conn.rung = 0
             _rollback(self._conn)
             raise LogError(f"sqlite log {self._path}: {exc}") from exc
         except BaseException:
+            self._conn.rung = 0
             _rollback(self._conn)
             raise
 
@@ -428,6 +440,8 @@ def _append_in_tx(
         chunk = values[i:i + width]
         conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
     conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in next_offsets.items()])
+    for topic in {t for t, _ in next_offsets}:
+        _rings(conn, topic_bit(topic))
     return positions
 
 
@@ -558,6 +572,7 @@ def _ensure_topics(conn: sqlite3.Connection, wanted: list[tuple[str, int]]) -> d
         "INSERT INTO topics (topic, partitions) VALUES (?, ?) ON CONFLICT (topic) DO NOTHING",
         wanted,
     )
+    _rings(conn, ALL)  # a reader may wait for a topic to exist
     found = {
         str(t): int(n)
         for t, n in conn.execute("SELECT topic, partitions FROM topics").fetchall()
@@ -724,6 +739,7 @@ class SqliteGroupConsumer:
         self._log = log
         self.group = group
         self.topics = sorted(set(topics))
+        self._interest = functools.reduce(operator.or_, map(topic_bit, self.topics), 0)
         self.member_id = member_id
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
@@ -782,6 +798,7 @@ class SqliteGroupConsumer:
         conn.execute(
             "DELETE FROM members WHERE grp = ? AND heartbeat_until < ?", (group, time.time())
         )
+        _rings(conn, ALL)  # membership: every consumer of the group may rebalance
         conn.execute("COMMIT")
 
     async def _heartbeat_loop(self) -> None:
@@ -896,7 +913,7 @@ class SqliteGroupConsumer:
                 positions = positions[k:] + positions[:k]
                 self._rotation += 1
             force, self._dirty = self._dirty, False
-            rung = self._log._bell.rings
+            rung = self._log._bell.mark(self._interest)
             version, members, records = await self._log._r.run(
                 self._poll, positions, max_records, self._last_version, force
             )
@@ -921,7 +938,7 @@ class SqliteGroupConsumer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
-            delay = await self._log._wait_for_writes(rung, delay, remaining)
+            delay = await self._log._wait_for_writes(rung, delay, remaining, self._interest)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         tp = (topic, partition)
@@ -959,6 +976,7 @@ class SqliteGroupConsumer:
                     "DELETE FROM members WHERE grp = ? AND member_id = ?",
                     (self.group, self.member_id),
                 )
+                _rings(conn, ALL)
                 conn.execute("COMMIT")
 
             try:
@@ -1094,8 +1112,9 @@ class SqliteEventLog:
         deadline = loop.time() + max(timeout_ms, 0) / 1000
         delay = self.poll_min_s
         last: int | None = None
+        interest = topic_bit(topic)
         while True:
-            rung = self._bell.rings
+            rung = self._bell.mark(interest)
             last, records = await self._r.run(
                 _poll_partition, topic, partition, offset, max_records, last
             )
@@ -1104,14 +1123,15 @@ class SqliteEventLog:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
-            delay = await self._wait_for_writes(rung, delay, remaining)
+            delay = await self._wait_for_writes(rung, delay, remaining, interest)
 
-    async def _wait_for_writes(self, rung: int, delay: float, remaining: float) -> float:
-        """Wait before querying again: until a write rings the doorbell (``rung`` = rings
-        counted before the last query), at most ``poll_idle_s``; without a doorbell, the
-        backing-off poll interval. Returns the next poll interval."""
+    async def _wait_for_writes(self, rung: int, delay: float, remaining: float,
+                               interest: int) -> float:
+        """Wait before querying again: until a write to a topic of ``interest`` rings the
+        doorbell (``rung``: its ``mark`` before the last query), at most ``poll_idle_s``;
+        without a doorbell, the backing-off poll interval. Returns the next poll interval."""
         if self._bell.active:
-            await self._bell.wait(rung, min(self.poll_idle_s, remaining))
+            await self._bell.wait(rung, min(self.poll_idle_s, remaining), interest)
             return delay
         await asyncio.sleep(min(delay, remaining))
         return min(delay * 2, self.poll_max_s)

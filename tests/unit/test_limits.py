@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import (
     MAX_DURATION_SECONDS,
+    MAX_DOCUMENT_DEPTH,
     json_depth,
+    plainly_clean_json,
     text_violation,
 )
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, upcoming
@@ -49,6 +56,28 @@ def test_text_violation_finds_nul_depth_and_huge_integers_with_their_path() -> N
     for _ in range(40):
         deep = [deep]
     assert "deeper than 32" in text_violation({"p": deep}, max_depth=32)[1]  # type: ignore[index]
+
+
+def test_plainly_clean_json_passes_ordinary_commands_and_doubts_the_rest() -> None:
+    assert plainly_clean_json(b'{"a": [1, "x", {"b": -123456789012345678}]}', 32)
+    assert not plainly_clean_json(orjson.dumps({"a": "y\x00"}), 32)  # NUL escaped in JSON
+    assert not plainly_clean_json(orjson.dumps({"n": 2**63}), 32)  # 19 digits
+    assert not plainly_clean_json(b"[" * 33 + b"]" * 33, 32)
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=40,
+)
+
+
+@given(_json_values)
+def test_json_text_found_plainly_clean_passes_the_walk(value: Any) -> None:
+    raw = json.dumps(value, ensure_ascii=False).encode()  # integers of any size, NUL escaped
+    if plainly_clean_json(raw, MAX_DOCUMENT_DEPTH):
+        assert text_violation(json.loads(raw), "", MAX_DOCUMENT_DEPTH) is None
 
 
 def test_json_depth_counts_brackets_outside_strings_only() -> None:

@@ -1,0 +1,72 @@
+"""The doorbell between processes of one embedded log file: rings carry the topics written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chronolog.log.doorbell import ALL, Doorbell, topic_bit
+from chronolog.log.port import OutRecord, Topics
+from chronolog.log.sqlite import SqliteEventLog
+
+
+def _two_topics_on_different_bits(prefix: str) -> tuple[str, str]:
+    first = f"{prefix}a"
+    other = next(t for t in (f"{prefix}b{i}" for i in range(100))
+                 if topic_bit(t) != topic_bit(first))
+    return first, other
+
+
+async def test_a_ring_wakes_a_reader_of_the_topic_written(tmp_path: Path) -> None:
+    reader, ringer = Doorbell(tmp_path / "log.db"), Doorbell(tmp_path / "log.db")
+    reader.open()
+    ringer.open()
+    try:
+        interest = topic_bit("t.ready.default")
+        seen = reader.mark(interest)
+        ringer.ring(interest)
+        await reader.wait(seen, 30, interest)
+        assert reader.mark(interest) != seen
+    finally:
+        reader.close()
+        ringer.close()
+
+
+async def test_a_ring_of_another_topic_does_not_wake_a_reader(tmp_path: Path) -> None:
+    mine, other = _two_topics_on_different_bits("t.")
+    reader, ringer = Doorbell(tmp_path / "log.db"), Doorbell(tmp_path / "log.db")
+    reader.open()
+    ringer.open()
+    try:
+        seen_mine, seen_any = reader.mark(topic_bit(mine)), reader.mark(ALL)
+        ringer.ring(topic_bit(other))
+        await reader.wait(seen_any, 30, ALL)  # the ring arrived ...
+        assert reader.mark(ALL) != seen_any
+        assert reader.mark(topic_bit(mine)) == seen_mine  # ... and does not count for mine
+    finally:
+        reader.close()
+        ringer.close()
+
+
+async def test_an_append_rings_the_bits_of_the_topics_it_wrote(tmp_path: Path) -> None:
+    topics = Topics(prefix="t.", partitions=2)
+    path = tmp_path / "log.db"
+    bell = Doorbell(path)  # a reader's bell, registered before the writer lists the bells
+    bell.open()
+    writer = SqliteEventLog(path, topics)
+    try:
+        await writer.start()
+        created = bell.mark(ALL)
+        await writer.ensure_topics()
+        await bell.wait(created, 30, ALL)  # that ring (it wakes everybody) is heard first
+        written = topics.events
+        quiet = next(t for t in (topics.commands, topics.replies, topics.dlq, topics.effects)
+                     if topic_bit(t) != topic_bit(written))
+        seen_written, seen_quiet, seen_any = (bell.mark(topic_bit(written)),
+                                              bell.mark(topic_bit(quiet)), bell.mark(ALL))
+        await writer.append([OutRecord(topic=written, key=b"k", value=b"v")])
+        await bell.wait(seen_any, 30, ALL)
+        assert bell.mark(topic_bit(written)) != seen_written
+        assert bell.mark(topic_bit(quiet)) == seen_quiet
+    finally:
+        await writer.close()
+        bell.close()
