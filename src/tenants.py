@@ -10,6 +10,7 @@ allowed_jobs = ["*"]        # or a list of job types
 max_schedules = 1000
 min_interval = "1s"         # shortest every / delay / cron gap (text or seconds)
 rate_limit = { per_second = 50, burst = 100 }   # API commands; a number = per second
+weight = 1                  # share of the workers when tenants' runs wait for a seat
 
 [tenants.acme.destinations.billing]   # effect destinations granted to the tenant
 kind = "webhook"
@@ -57,6 +58,7 @@ class Tenant:
     destinations: dict[str, AnyDestination] = field(default_factory=dict, compare=False)
     min_interval: float = MIN_INTERVAL_SECONDS
     rate_limit: RateLimit | None = None  # None: unlimited
+    weight: float = 1.0  # share of a resource class's seats when runs of tenants wait
 
 
 @dataclass
@@ -88,6 +90,10 @@ class Tenants:
     def min_interval(self, tenant: str) -> float:
         t = self.tenants.get(tenant)
         return t.min_interval if t is not None else MIN_INTERVAL_SECONDS
+
+    def weight(self, tenant: str) -> float:
+        t = self.tenants.get(tenant)
+        return t.weight if t is not None else 1.0
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
@@ -140,7 +146,8 @@ def load_tenants(path: str | Path) -> Tenants:
         out[name] = Tenant(name, tuple(tokens), None if "*" in jobs else frozenset(jobs), max_s,
                            parse_destinations(name, cfg.get("destinations")),
                            _min_interval(name, cfg.get("min_interval", MIN_INTERVAL_SECONDS)),
-                           _rate_limit(name, cfg.get("rate_limit")))
+                           _rate_limit(name, cfg.get("rate_limit")),
+                           _weight(name, cfg.get("weight", 1)))
     return Tenants(out, _operator_tokens(raw.get("operators", {})))
 
 
@@ -152,6 +159,14 @@ def _min_interval(name: str, value: Any) -> float:
     if seconds <= 0:
         raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': must be positive")
     return seconds
+
+
+def _weight(name: str, value: Any) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0.01 <= value <= 10_000):
+        raise ConfigError(f"invalid tenants.{name}.weight '{value}': a number from 0.01 "
+                          "to 10000")
+    return float(value)
 
 
 def _rate_limit(name: str, value: Any) -> RateLimit:

@@ -23,13 +23,21 @@ goes to a live worker; a run nobody can handle (no seat offers its job type) wai
 instead of burning attempts. Seats and the waiting list are in-memory state derived from the
 partition's schedules and the offers: a new owner rebuilds the waiting list from the fold
 and learns the seats from the next offers (within a second).
+
+Waiting runs of one resource class are served fairly across tenants and by priority within a
+tenant (``FairQueue``): each tenant has a weight (tenants file, default 1) and a virtual time
+that advances by 1/weight per run assigned; the tenant with the least virtual time goes next
+(stride scheduling). A tenant that had nothing waiting starts at the current virtual time, so
+idling banks no credit: one tenant's burst of thousands of runs delays another tenant's next
+run by about one assignment, not by the burst. Within a tenant, higher ``priority`` first, then
+the order the runs became ready.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from chronolog.domain.offers import SEAT_TTL_S, Offer
 
@@ -51,12 +59,72 @@ class Seat:
         return self.job_types is None or job_type in self.job_types
 
 
+@dataclass(slots=True)
+class _TenantQueue:
+    weight: float
+    vtime: float  # virtual time: advances by 1/weight per run assigned
+    heap: list[tuple[int, int, str, str, int]] = field(default_factory=list)
+    # (-priority, arrival, key, run_id, attempt)
+
+
+class FairQueue:
+    """READY runs of one resource class waiting for a seat (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, _TenantQueue] = {}
+        self.vnow = 0.0  # the virtual time of the last run assigned
+        self._arrivals = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, tenant: str, weight: float, priority: int, key: str, run_id: str,
+             attempt: int) -> None:
+        q = self.tenants.get(tenant)
+        if q is None:
+            q = self.tenants[tenant] = _TenantQueue(weight, self.vnow)
+        elif not q.heap:
+            q.vtime = max(q.vtime, self.vnow)  # idling banks no credit
+        q.weight = weight
+        heapq.heappush(q.heap, (-priority, self._arrivals, key, run_id, attempt))
+        self._arrivals += 1
+        self._size += 1
+
+    def entries(self) -> Iterator[tuple[str, tuple[int, int, str, str, int]]]:
+        """Pop the waiting runs in service order (tenant with least virtual time, then
+        priority, then arrival); ``charge`` the tenant of each one assigned, ``restore``
+        an entry that stays waiting. Stops when the queue is empty."""
+        while self._size:
+            tenant, q = min(((t, q) for t, q in self.tenants.items() if q.heap),
+                            key=lambda tq: tq[1].vtime)
+            entry = heapq.heappop(q.heap)
+            self._size -= 1
+            yield tenant, entry
+
+    def charge(self, tenant: str) -> None:
+        """A run of ``tenant`` was assigned: its virtual time advances."""
+        q = self.tenants[tenant]
+        self.vnow = max(self.vnow, q.vtime)
+        q.vtime += 1.0 / q.weight
+
+    def restore(self, tenant: str, entry: tuple[int, int, str, str, int]) -> None:
+        """Put back a popped entry that was not assigned (its place in the order kept)."""
+        heapq.heappush(self.tenants[tenant].heap, entry)
+        self._size += 1
+
+    def prune(self) -> None:
+        """Forget tenants with nothing waiting that are not ahead of the virtual time."""
+        for tenant in [t for t, q in self.tenants.items() if not q.heap and q.vtime <= self.vnow]:
+            del self.tenants[tenant]
+
+
 class Dispatcher:
     """The seats and waiting runs of one partition (in-memory; see the module docstring)."""
 
     def __init__(self) -> None:
         self.seats: dict[str, dict[str, Seat]] = {}  # class -> worker -> seat
-        self.waiting: dict[str, deque[tuple[str, str, int]]] = {}  # class -> (key, run, attempt)
+        self.waiting: dict[str, FairQueue] = {}  # class -> runs waiting for a seat
         self.assigned: dict[str, tuple[str, str, int]] = {}  # run -> (class, worker, fence)
 
     def offer(self, offer: Offer, now: float) -> None:
@@ -71,8 +139,15 @@ class Dispatcher:
             return
         seat.window, seat.job_types, seat.renewed = offer.window, offer.job_types, now
 
-    def wait(self, resource_class: str, key: str, run_id: str, attempt: int) -> None:
-        self.waiting.setdefault(resource_class, deque()).append((key, run_id, attempt))
+    def wait(self, resource_class: str, tenant: str, weight: float, priority: int, key: str,
+             run_id: str, attempt: int) -> None:
+        queue = self.waiting.get(resource_class)
+        if queue is None:
+            queue = self.waiting[resource_class] = FairQueue()
+        queue.push(tenant, weight, priority, key, run_id, attempt)
+
+    def has_credit(self, resource_class: str) -> bool:
+        return any(s.credit > 0 for s in self.seats.get(resource_class, {}).values())
 
     def adopt(self, resource_class: str, worker_id: str, run_id: str, fence: int) -> None:
         """An attempt leased to ``worker_id`` before this processor owned the partition."""
@@ -117,7 +192,9 @@ class Dispatcher:
             seat.outstanding.discard(run_id)
 
     def prune(self, now: float) -> None:
-        """Forget lapsed seats that hold nothing."""
+        """Forget lapsed seats that hold nothing, and idle tenants of the queues."""
+        for queue in self.waiting.values():
+            queue.prune()
         for seats in self.seats.values():
             for worker in [w for w, s in seats.items()
                            if not s.outstanding and now - s.renewed > SEAT_TTL_S]:

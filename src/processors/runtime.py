@@ -92,6 +92,8 @@ class TenantPolicies(Protocol):
 
     def destinations(self, tenant: str) -> Mapping[str, str] | None: ...
 
+    def weight(self, tenant: str) -> float: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -108,6 +110,9 @@ class OpenTenants:
 
     def destinations(self, tenant: str) -> Mapping[str, str] | None:
         return None
+
+    def weight(self, tenant: str) -> float:
+        return 1.0
 
 
 class SnapshotStore(Protocol):
@@ -464,7 +469,7 @@ class Processor:
             ps.arm(key, st)
             for run in (st.runs or {}).values():
                 if run.state == "READY":
-                    ps.dispatch.wait(run.resource_class, key, run.run_id, run.attempt)
+                    self._wait_for_seat(ps, key, st, run)
                 elif run.state == "LEASED" and run.worker_id:
                     ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
             if st.exists:
@@ -737,7 +742,11 @@ class Processor:
             return
         run = st.run(ev.run_id)
         if run is not None and run.state == "READY":
-            ps.dispatch.wait(run.resource_class, key, run.run_id, run.attempt)
+            self._wait_for_seat(ps, key, st, run)
+
+    def _wait_for_seat(self, ps: PartitionState, key: str, st: ScheduleState, run: Any) -> None:
+        ps.dispatch.wait(run.resource_class, st.tenant, self.tenants.weight(st.tenant),
+                         run.priority, key, run.run_id, run.attempt)
 
     def _dispatch(self, ps: PartitionState, now: datetime, out: "_Output") -> None:
         """Assign waiting READY runs to seats with credit: the decider's ClaimRun on the
@@ -745,16 +754,19 @@ class Processor:
         d = ps.dispatch
         mono = time.monotonic()
         for cls, queue in d.waiting.items():
-            kept: list[tuple[str, str, int]] = []
-            while queue and any(s.credit > 0 for s in d.seats.get(cls, {}).values()):
-                key, run_id, attempt = queue.popleft()
+            kept: list[tuple[str, tuple[int, int, str, str, int]]] = []
+            for tenant, entry in queue.entries():
+                if not d.has_credit(cls):
+                    kept.append((tenant, entry))
+                    break
+                _, _, key, run_id, attempt = entry
                 st = ps.states.get(key)
                 run = st.run(run_id) if st is not None else None
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
                     continue  # cancelled, skipped or assigned meanwhile
                 seat = d.seat_for(cls, run.job.type, mono)
                 if seat is None:
-                    kept.append((key, run_id, attempt))  # no live seat takes its job type
+                    kept.append((tenant, entry))  # no live seat takes its job type
                     continue
                 cid = f"assign:{ps.partition}:{run_id}:{attempt}"
                 try:
@@ -771,6 +783,7 @@ class Processor:
                     raise _Unapplied(f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
                 if dec.status != "ok":
                     continue
+                queue.charge(tenant)
                 d.assign(cls, seat, run_id, int(dec.body["fence"]))
                 out.assignments.append(OutRecord(
                     topic=self.topics.ready(cls), key=run_id.encode(),
@@ -779,8 +792,8 @@ class Processor:
                                            orjson.OPT_UTC_Z),
                     partition=ps.partition,
                 ))
-            if kept:
-                queue.extendleft(reversed(kept))
+            for tenant, entry in kept:
+                queue.restore(tenant, entry)
         d.prune(mono)
 
     def _dead_letter(

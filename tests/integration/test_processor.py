@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 import json
 import uuid
 from typing import Any
@@ -129,6 +130,34 @@ async def test_a_run_no_offering_worker_can_handle_waits_ready_and_burns_no_atte
                                        what="the run assigned once a worker takes echo")
     assert first.payload.worker_id == "w-echo"
     assert first.payload.run_id == ready[0].payload.run_id and first.payload.attempt == 1
+
+
+async def test_waiting_runs_go_to_seats_in_turn_across_tenants(event_log: Any) -> None:
+    """Tenant a's runs became ready first; one seat of two runs serves a, then b (first come,
+    first served would give a both)."""
+    n = event_log.topics.partitions
+
+    def on_partition_0(tenant: str, count: int) -> list[str]:
+        ids = (f"{tenant}{i}" for i in range(1000))
+        return [s for s in ids if partition_for(partition_key(tenant, s).encode(), n) == 0][:count]
+
+    now = datetime.now(timezone.utc).isoformat()
+    one_shot = {"at": now, "job": {"type": "echo", "params": {}}}
+    async with Running(event_log) as r:
+        for tenant, count in (("a", 4), ("b", 1)):
+            for sid in on_partition_0(tenant, count):
+                await r.client.create_schedule(tenant, sid, one_shot)
+        ready = await of_type(event_log, "OccurrenceMaterialized")
+        assert len(ready) == 5 and {e.payload.state for e in ready} == {"READY"}
+        await offer(event_log, "w1", 2, partitions=[0])
+        claims = await wait_until(
+            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20, what="two runs assigned")
+    assert sorted(c.tenant for c in claims) == ["a", "b"]
+
+
+async def _at_least(found: Any, n: int) -> Any:
+    items = await found
+    return items if len(items) >= n else None
 
 
 async def test_rejections_are_typed_errors(event_log: Any) -> None:

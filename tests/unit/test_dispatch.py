@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from chronolog.domain.offers import SEAT_TTL_S, BadOffer, Offer
-from chronolog.processors.dispatch import Dispatcher
+from chronolog.processors.dispatch import Dispatcher, FairQueue
+from chronolog.settings import ConfigError
+from chronolog.tenants import load_tenants
 
 
 def leased(fence: int) -> SimpleNamespace:
@@ -94,3 +97,74 @@ def test_an_attempt_leased_before_the_takeover_counts_against_its_worker() -> No
     assert d.seat_for("default", "echo", now=0.0) is None  # its one slot is taken by r1
     d.settle("r1", None)
     assert d.seat_for("default", "echo", now=0.0) is not None
+
+
+def _served(queue: FairQueue, n: int) -> list[str]:
+    """The run IDs of the first ``n`` runs assigned, in order (every run popped is assigned)."""
+    out = []
+    for tenant, entry in queue.entries():
+        queue.charge(tenant)
+        out.append(entry[3])
+        if len(out) == n:
+            break
+    return out
+
+
+def test_waiting_runs_of_tenants_are_served_in_turn_not_in_arrival_order() -> None:
+    queue = FairQueue()
+    for i in range(1000):
+        queue.push("a", 1.0, 0, f"a/s{i}", f"a{i}", 1)
+    queue.push("b", 1.0, 0, "b/s", "b0", 1)
+    queue.push("b", 1.0, 0, "b/s", "b1", 1)
+    assert _served(queue, 4) == ["a0", "b0", "a1", "b1"]
+
+
+def test_a_tenants_weight_is_its_share_of_the_runs_assigned() -> None:
+    queue = FairQueue()
+    for i in range(100):
+        queue.push("heavy", 3.0, 0, "h/s", f"h{i}", 1)
+        queue.push("light", 1.0, 0, "l/s", f"l{i}", 1)
+    served = _served(queue, 40)
+    assert sum(r.startswith("h") for r in served) == 30
+
+
+def test_a_tenant_that_had_nothing_waiting_banks_no_credit() -> None:
+    queue = FairQueue()
+    for i in range(10):
+        queue.push("a", 1.0, 0, "a/s", f"a{i}", 1)
+    assert _served(queue, 6) == [f"a{i}" for i in range(6)]
+    queue.push("b", 1.0, 0, "b/s", "b0", 1)
+    queue.push("b", 1.0, 0, "b/s", "b1", 1)
+    queue.push("b", 1.0, 0, "b/s", "b2", 1)
+    # b arrives after a was served six times: it alternates with a, it does not get six in a row
+    assert _served(queue, 4) == ["b0", "a6", "b1", "a7"]
+
+
+def test_within_a_tenant_higher_priority_goes_first_then_arrival() -> None:
+    queue = FairQueue()
+    queue.push("a", 1.0, 0, "a/s1", "low-first", 1)
+    queue.push("a", 1.0, 5, "a/s2", "high", 1)
+    queue.push("a", 1.0, 0, "a/s3", "low-second", 1)
+    assert _served(queue, 3) == ["high", "low-first", "low-second"]
+
+
+def test_a_run_put_back_keeps_its_place() -> None:
+    queue = FairQueue()
+    for i in range(3):
+        queue.push("a", 1.0, 0, "a/s", f"a{i}", 1)
+    tenant, entry = next(queue.entries())
+    queue.restore(tenant, entry)  # not assigned (no seat takes its job type, no credit)
+    assert len(queue) == 3
+    assert _served(queue, 3) == ["a0", "a1", "a2"]
+
+
+def test_the_tenants_file_sets_a_tenants_weight_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    good = tmp_path / "tenants.toml"
+    good.write_text('[tenants.a]\ntokens = ["t-a"]\nweight = 3\n[tenants.b]\ntokens = ["t-b"]\n')
+    tenants = load_tenants(good)
+    assert (tenants.weight("a"), tenants.weight("b"), tenants.weight("unknown")) == (3.0, 1.0, 1.0)
+    for bad in ("0", "-1", '"heavy"', "true", "1e9"):
+        path = tmp_path / "bad.toml"
+        path.write_text(f'[tenants.a]\ntokens = ["t"]\nweight = {bad}\n')
+        with pytest.raises(ConfigError, match="tenants.a.weight"):
+            load_tenants(path)
