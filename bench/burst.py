@@ -7,7 +7,7 @@ processes with ``--concurrency`` slots each, started as a deployment would start
 
     .venv/bin/python bench/burst.py [--log sqlite|kafka] [--n 10000] [--runs 3]
         [--workers 2] [--concurrency 8] [--partitions 12] [--window 200] [--awaited 200]
-        [--compare celery]
+        [--compare celery] [--other N] [--sustained RATE --seconds S] [--profile DIR]
 
 Per run it prints: first/last start after T, p50/p99/max lateness, runs/s over the burst,
 lost/duplicated/early, the enqueue rate (pipelined, ``--window`` in flight) and the reply
@@ -16,6 +16,10 @@ the workers and the broker during the burst, and whether ``chronolog audit`` pas
 medians. ``--compare celery`` interleaves a Celery 5 + Redis run (``bench/peers/``) after
 each chronolog run and prints both side by side; its environment (a venv under
 ``bench/.peers/`` and Debian's ``redis-server``) is set up on first use.
+
+Fairness: ``--other 5`` adds five ``every 1s`` schedules of another tenant, running from 3 s
+before T to 12 s after it, and prints their start lateness (p50/p99/max) next to the burst:
+with fair dispatch the other tenant's runs do not wait for the burst.
 
 Kafka needs ``KAFKA_BOOTSTRAP_SERVERS`` (``scripts/kafka.sh up``). Run dirs and the SQLite
 logs live under ``bench/results/`` (git-ignored), one per run, removed unless ``--keep``.
@@ -53,6 +57,9 @@ ROOT = HERE.parent
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 PEERS = HERE / ".peers"
 TENANT = "bench"
+OTHER = "other"  # the tenant of --other: every-1s schedules that run through the burst
+OTHER_JID = 90_000_000  # job ids of --other schedules (apart from the burst's)
+OTHER_SECONDS = 15  # occurrences of each --other schedule: from T-3 s to T+12 s
 
 
 # --------------------------------------------------------------------------- processes
@@ -240,6 +247,11 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
         return m.ScheduleSpec.model_validate({"at": at, "job": {"type": "bench",
                                                                "params": {"jid": i}}})
 
+    for i in range(args.other):  # another tenant's every-1s schedules through the burst
+        await client.create_schedule(OTHER, f"o{i}", m.ScheduleSpec.model_validate({
+            "every": "1s", "max_count": OTHER_SECONDS, "misfire": "all", "overlap": "allow",
+            "start": datetime.fromtimestamp(instant - 3, tz=timezone.utc).isoformat(),
+            "job": {"type": "late", "params": {"jid": OTHER_JID + i}}}))
     awaited = min(args.awaited, args.n)
     latencies = []
     for i in range(awaited):  # one at a time, each awaited: the reply latency a caller sees
@@ -282,6 +294,10 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
             await asyncio.sleep(0.2)
     res["results_published"] = seen
     res["all_published_after_T"] = time.time() - instant
+    if args.other:
+        await asyncio.to_thread(B.wait_lateness, str(run_dir), args.other * OTHER_SECONDS,
+                                instant + OTHER_SECONDS + 30)
+        res["other"] = B.analyse_lateness(str(run_dir), args.other, OTHER_SECONDS)
 
 
 async def sustained(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
@@ -351,8 +367,12 @@ def row(name: str, r: dict[str, Any]) -> str:
     cpu = r.get("cpu_burst", {})
     checks = (f"lost {r.get('lost')} dup {r.get('duplicated')} early {r.get('early')}"
               + (f" audit {'ok' if r.get('audit_ok') else 'FAILED'}" if "audit_ok" in r else ""))
+    other = r.get("other")
     return (f"{name:18} " + " ".join(f"{c:>9}" for c in cells)
-            + "  cpu " + ",".join(f"{k}={v:.1f}" for k, v in cpu.items()) + "  " + checks)
+            + "  cpu " + ",".join(f"{k}={v:.1f}" for k, v in cpu.items()) + "  " + checks
+            + ("" if not other else
+               f"  other tenant: p50 {other['p50']:.3f} p99 {other['p99']:.3f} max "
+               f"{other['max']:.3f} s lost {other['lost']} dup {other['duplicated']}"))
 
 
 def header() -> str:
@@ -367,6 +387,10 @@ def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
         out[k] = max(r.get(k) or 0 for r in results)
     if any("audit_ok" in r for r in results):
         out["audit_ok"] = all(r.get("audit_ok") for r in results)
+    if all(r.get("other") for r in results):
+        out["other"] = {k: (B.median([r["other"][k] for r in results])
+                            if k in ("p50", "p99", "max") else max(r["other"][k] for r in results))
+                        for k in ("p50", "p99", "max", "lost", "duplicated")}
     return out
 
 
@@ -392,6 +416,9 @@ def main() -> None:
                     help="instead of a burst: RATE schedules every 1s for --seconds "
                          "(runs/s, start lateness percentiles)")
     ap.add_argument("--seconds", type=int, default=60, help="length of a --sustained run")
+    ap.add_argument("--other", type=int, default=0, metavar="N",
+                    help="fairness: N every-1s schedules of another tenant run through the "
+                         "burst (their start lateness is reported)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="sample each chronolog process with py-spy during the burst "
