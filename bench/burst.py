@@ -259,14 +259,19 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
         await client.create_schedule(TENANT, f"j{i}", spec(i))
         latencies.append(time.perf_counter() - s)
     t1 = time.time()
-    window = asyncio.Semaphore(args.window)
+    window = asyncio.Semaphore(max(1, args.window // args.chunk))
 
-    async def create(i: int) -> None:
+    async def create(first: int) -> None:
+        """``--chunk`` creates in one append (Client.create_schedules); failures raise."""
         async with window:
-            await client.create_schedule(TENANT, f"j{i}", spec(i))
+            ids = range(first, min(first + args.chunk, args.n))
+            for result in await client.create_schedules(TENANT, [(f"j{i}", spec(i))
+                                                                 for i in ids]):
+                if isinstance(result, Exception):
+                    raise result
 
     spies = profile(args, procs, run_dir, "enqueue")
-    await asyncio.gather(*(create(i) for i in range(awaited, args.n)))
+    await asyncio.gather(*(create(i) for i in range(awaited, args.n, args.chunk)))
     t2 = time.time()
     cpu1 = cpu()
     stop_profile(spies)
@@ -405,6 +410,9 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=None,
                     help="worker --prefetch (default: the worker's own default)")
     ap.add_argument("--window", type=int, default=200, help="pipelined creates in flight")
+    ap.add_argument("--chunk", type=int, default=1,
+                    help="pipelined creates per append (Client.create_schedules); "
+                         "1: one create_schedule call each")
     ap.add_argument("--awaited", type=int, default=200,
                     help="creates sent one at a time first, for the reply latency")
     ap.add_argument("--est-rate", type=float, default=None,

@@ -125,7 +125,7 @@ class Client:
         """Start following ``replies`` from their current end."""
         self._consumer = self.log.group_consumer(
             f"{self.topics.prefix}{self.client_id}", [self.topics.replies], self.client_id,
-            on_assigned=self._on_assigned,
+            on_assigned=self._on_assigned, wake_on=[self.client_id],
         )
         await self._consumer.start()
         self._task = asyncio.create_task(self._pump(), name=f"{self.client_id}-replies")
@@ -318,6 +318,28 @@ class Client:
         spec = spec if isinstance(spec, m.ScheduleSpec) else m.ScheduleSpec.model_validate(spec)
         return await self.call(tenant, schedule_id,
                                m.CreateSchedule(spec=spec, request_key=request_key))
+
+    async def create_schedules(
+        self, tenant: str, specs: Sequence[tuple[str, m.ScheduleSpec | dict[str, Any]]],
+        timeout: float | None = None,
+    ) -> list[dict[str, Any] | CommandError | ReplyTimeout]:
+        """Create many schedules with one append (``(schedule_id, spec)`` pairs): for each,
+        in order, its ok body or its typed error (``ReplyTimeout`` where no reply came within
+        the bound; such a create may still be decided). A spec that does not validate raises
+        before anything is sent."""
+        envs = [self.envelope(tenant, sid, m.CreateSchedule(
+                    spec=spec if isinstance(spec, m.ScheduleSpec)
+                    else m.ScheduleSpec.model_validate(spec)))
+                for sid, spec in specs]
+        out: list[dict[str, Any] | CommandError | ReplyTimeout] = []
+        for env, reply in zip(envs, await self.send_batch(envs, timeout)):
+            if reply is None:
+                out.append(ReplyTimeout(f"no reply to {env.type} {env.command_id}"))
+            elif reply.status == "ok":
+                out.append(reply.body)
+            else:
+                out.append(ERRORS.get(reply.status, CommandError)(reply))
+        return out
 
     async def revise_schedule(
         self, tenant: str, schedule_id: str, spec: m.ScheduleSpec | dict[str, Any],

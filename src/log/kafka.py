@@ -655,6 +655,7 @@ class KafkaEventLog:
         member_id: str,
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
+        wake_on: Sequence[str] = (),  # the broker wakes its consumers: not needed
     ) -> KafkaGroupConsumer:
         self._require()
         return KafkaGroupConsumer(self, group, list(topics), member_id, on_assigned, on_revoked)

@@ -108,6 +108,11 @@ class Topics:
 # (topic, partition) -> the NEXT offset to consume (Kafka convention: last consumed + 1)
 Offsets = Mapping[tuple[str, int], int]
 
+# A record with this header (its value: a name) wakes, on a log that wakes its readers itself
+# (the embedded log's doorbell), the group members waiting on that name (``wake_on``) instead
+# of every reader of its topic: a reply wakes the client it answers, not every client.
+WAKE_HEADER = "chronolog-wake"
+
 # Given the positions of a commit's records, the records to append after them (same txn).
 ThenCallback = Callable[[list["Position"]], Sequence["OutRecord"]]
 
@@ -254,8 +259,13 @@ class EventLog(Protocol):
         member_id: str,
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
+        wake_on: Sequence[str] = (),
     ) -> GroupConsumer:
-        """Join ``group`` over ``topics`` (start it with ``await gc.start()``)."""
+        """Join ``group`` over ``topics`` (start it with ``await gc.start()``).
+
+        ``wake_on``: the ``WAKE_HEADER`` values of records this member waits for besides
+        records of its topics without that header (a hint for logs that wake their readers
+        themselves; a log whose readers are woken by the broker ignores it)."""
         ...
 
 

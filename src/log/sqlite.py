@@ -97,6 +97,7 @@ from chronolog.log.port import (
     Record,
     Topics,
     ThenCallback,
+    WAKE_HEADER,
 )
 
 __all__ = ["SqliteEventLog", "SqlitePartitionOwner", "SqliteGroupConsumer", "ProcessLock"]
@@ -405,6 +406,7 @@ def _append_in_tx(
     values: list[Any] = []
     positions: list[Position] = []
     headers_seen: dict[tuple[tuple[str, bytes], ...], bytes | None] = {}
+    wake: set[str] = set()  # what the doorbell rings for: topics, or their WAKE_HEADER names
     for rec in records:
         topic = rec.topic
         n = cache.get(topic)
@@ -430,8 +432,10 @@ def _append_in_tx(
             blob = headers_seen.get(headers)
             if blob is None:
                 blob = headers_seen[headers] = _encode_headers(headers)
+            wake.add(_wake_name(topic, headers))
         else:
             blob = None
+            wake.add(topic)
         values += (topic, p, off, rec.key, rec.value, blob, ts)
         positions.append(Position(topic, p, off))
         next_offsets[tp] = off + 1
@@ -440,9 +444,16 @@ def _append_in_tx(
         chunk = values[i:i + width]
         conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
     conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in next_offsets.items()])
-    for topic in {t for t, _ in next_offsets}:
-        _rings(conn, topic_bit(topic))
+    for name in wake:
+        _rings(conn, topic_bit(name))
     return positions
+
+
+def _wake_name(topic: str, headers: Sequence[tuple[str, bytes]]) -> str:
+    for name, value in headers:
+        if name == WAKE_HEADER:
+            return value.decode(errors="replace")
+    return topic
 
 
 def _append(
@@ -735,11 +746,13 @@ class SqliteGroupConsumer:
         member_id: str,
         on_assigned: RebalanceCallback | None,
         on_revoked: RebalanceCallback | None,
+        wake_on: Sequence[str] = (),
     ) -> None:
         self._log = log
         self.group = group
         self.topics = sorted(set(topics))
-        self._interest = functools.reduce(operator.or_, map(topic_bit, self.topics), 0)
+        self._interest = functools.reduce(operator.or_, map(topic_bit, [*self.topics, *wake_on]),
+                                          0)
         self.member_id = member_id
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
@@ -1227,7 +1240,9 @@ class SqliteEventLog:
         member_id: str,
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
+        wake_on: Sequence[str] = (),
     ) -> SqliteGroupConsumer:
-        consumer = SqliteGroupConsumer(self, group, topics, member_id, on_assigned, on_revoked)
+        consumer = SqliteGroupConsumer(self, group, topics, member_id, on_assigned, on_revoked,
+                                       wake_on)
         self._consumers.add(consumer)
         return consumer

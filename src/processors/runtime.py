@@ -72,7 +72,15 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import event_id_for, partition_key
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.reading import read_partition
-from chronolog.log.port import EventLog, Fenced, OutRecord, PartitionOwner, Position, Record
+from chronolog.log.port import (
+    WAKE_HEADER,
+    EventLog,
+    Fenced,
+    OutRecord,
+    PartitionOwner,
+    Position,
+    Record,
+)
 from chronolog.domain.offers import BadOffer, Offer, is_offer
 from chronolog.processors.dispatch import Dispatcher
 
@@ -646,6 +654,8 @@ class Processor:
             self._dead_letter(ps, rec, "type: Tick is internal to the processor", out, env)
             return
         cid = env.command_id
+        if env.reply_to:
+            out.reply_to[cid] = env.reply_to
         cached = ps.replies.get(cid)
         if cached is not None and time.time() - cached[0] <= self.config.reply_retention_s:
             self.stats.duplicates += 1
@@ -859,6 +869,7 @@ class _Output:
         self.replies: list[tuple[int, str, Any]] = []
         self.final: dict[str, bytes] = {}
         self.seen: set[str] = set()
+        self.reply_to: dict[str, str] = {}  # command_id -> the client its reply wakes
 
     @property
     def empty(self) -> bool:
@@ -913,7 +924,9 @@ class _Output:
             else:
                 value = data.final[cid]  # committed before this transaction began
             final[cid] = value
-            out.append(OutRecord(topic=topic, key=cid.encode(), value=value, partition=partition))
+            to = self.reply_to.get(cid)
+            out.append(OutRecord(topic=topic, key=cid.encode(), value=value, partition=partition,
+                                 headers=((WAKE_HEADER, to.encode()),) if to else ()))
         self.final = final
         return out
 

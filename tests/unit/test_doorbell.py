@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
-from chronolog.log.port import OutRecord, Topics
+from chronolog.log.port import WAKE_HEADER, OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
 
 
@@ -67,6 +67,33 @@ async def test_an_append_rings_the_bits_of_the_topics_it_wrote(tmp_path: Path) -
         await bell.wait(seen_any, 30, ALL)
         assert bell.mark(topic_bit(written)) != seen_written
         assert bell.mark(topic_bit(quiet)) == seen_quiet
+    finally:
+        await writer.close()
+        bell.close()
+
+
+async def test_a_record_with_a_wake_header_rings_its_name_instead_of_its_topic(
+    tmp_path: Path
+) -> None:
+    topics = Topics(prefix="t.", partitions=2)
+    path = tmp_path / "log.db"
+    bell = Doorbell(path)
+    bell.open()
+    writer = SqliteEventLog(path, topics)
+    try:
+        await writer.start()
+        created = bell.mark(ALL)
+        await writer.ensure_topics()
+        await bell.wait(created, 30, ALL)
+        client = next(c for c in (f"client-{i}" for i in range(100))
+                      if topic_bit(c) != topic_bit(topics.replies))
+        seen_client, seen_topic, seen_any = (bell.mark(topic_bit(client)),
+                                             bell.mark(topic_bit(topics.replies)), bell.mark(ALL))
+        await writer.append([OutRecord(topic=topics.replies, key=b"c1", value=b"{}",
+                                       headers=((WAKE_HEADER, client.encode()),))])
+        await bell.wait(seen_any, 30, ALL)
+        assert bell.mark(topic_bit(client)) != seen_client
+        assert bell.mark(topic_bit(topics.replies)) == seen_topic
     finally:
         await writer.close()
         bell.close()
