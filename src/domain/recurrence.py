@@ -306,7 +306,9 @@ def _field_value(token: str, spec: _FieldDef) -> int:
         if token.lower() in spec.names:
             return spec.names[token.lower()]
         kind = "a number (ASCII digits) or a name" if spec.names else "a number (ASCII digits)"
-        hint = " (H is not supported)" if "H" in token.upper() else ""
+        hint = (" (H is not supported)" if "H" in token.upper()
+                else " (L, W and # are whole list items: no range or step)"
+                if spec in (_DOM, _DOW) and any(c in token.upper() for c in "LW#") else "")
         raise _FieldError(f"{spec.name} '{_shown(token)}' is not {kind}{hint}")
     if not spec.low <= number <= spec.high:
         raise _FieldError(f"{spec.name} {_shown(token)} out of range {spec.low}-{spec.high}")
@@ -316,9 +318,10 @@ def _field_value(token: str, spec: _FieldDef) -> int:
 def _field_step(text: str, spec: _FieldDef) -> int:
     """The ``/step`` of an item: a positive integer."""
     step = _ascii_number(text)
-    if not step or step >= 10**9:
-        raise _FieldError(f"{spec.name} step '{_shown(text)}' must be a positive integer "
-                          "below 1000000000 (ASCII digits)")
+    if not step:
+        raise _FieldError(f"{spec.name} step '{_shown(text)}' must be a positive integer (ASCII digits)")
+    if step >= 10**9:
+        raise _FieldError(f"{spec.name} step '{_shown(text)}' is too large")
     return step
 
 
