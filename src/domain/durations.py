@@ -56,8 +56,8 @@ def _one_line(text: str) -> str:
 
 def _check_number(value: object, seconds: float) -> float:
     """Reject NaN, infinities and negative numbers."""
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise InvalidDuration(value, "must be a finite number of seconds")
+    if math.isnan(seconds) or (math.isinf(seconds) and not isinstance(value, str)):
+        raise InvalidDuration(value, "must be a finite number of seconds")  # text is digits: at most
     if seconds < 0:
         raise InvalidDuration(value, "must not be negative")
     if seconds > MAX_DURATION_SECONDS:
