@@ -277,6 +277,9 @@ async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> N
     assert_error(r, 428, "precondition_required", "If-Match")
     r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": "x"})
     assert_error(r, 400, "invalid", "If-Match")
+    for bad in ("²".encode("latin-1"), b"9" * 5000, str(2**63).encode()):  # isdigit, not a revision
+        r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": bad})
+        assert_error(r, 400, "invalid", "If-Match")
     r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": '"1"'})
     assert r.status_code == 200, r.text
     assert set(r.json()) == {"revision", "nextRunAt"} and r.json()["revision"] == 2
