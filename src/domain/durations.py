@@ -2,7 +2,8 @@
 
 Accepted spellings (all mean a number of seconds, never negative):
 
-* plain numbers, as ``int``/``float`` or text: ``90``, ``"1.5"`` (seconds);
+* plain numbers, as ``int``/``float`` or text: ``90``, ``"1.5"`` (seconds); text numbers
+  are ASCII digits only (``"٣"`` or ``"²"`` is an error, not 3 or 2);
 * unit strings, optionally compound: ``"500ms"``, ``"90s"``, ``"15m"``, ``"2h"``, ``"1d"``,
   ``"1w"``, ``"1h30m"``, ``"1.5h"`` (units ``ms s m h d w``; case-insensitive);
 * ISO-8601 durations without years or months (which have no fixed length):
@@ -29,7 +30,7 @@ _UNIT_SECONDS: dict[str, float] = {
     "d": 86400.0,
     "w": 604800.0,
 }
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # ASCII digits only (\d takes any script)
 _PLAIN_RE = re.compile(rf"^{_NUMBER}$")
 _UNIT_PART_RE = re.compile(rf"({_NUMBER})([a-z]+)")
 _UNIT_STRING_RE = re.compile(rf"^(?:{_NUMBER}[a-z]+)+$")
@@ -55,8 +56,8 @@ def _one_line(text: str) -> str:
 
 def _check_number(value: object, seconds: float) -> float:
     """Reject NaN, infinities and negative numbers."""
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise InvalidDuration(value, "must be a finite number of seconds")
+    if math.isnan(seconds) or (math.isinf(seconds) and not isinstance(value, str)):
+        raise InvalidDuration(value, "must be a finite number of seconds")  # text is digits: at most
     if seconds < 0:
         raise InvalidDuration(value, "must not be negative")
     if seconds > MAX_DURATION_SECONDS:
@@ -97,12 +98,18 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise InvalidDuration(value, "expected a duration, not a boolean")
     if isinstance(value, (int, float)):
-        return _check_number(value, float(value))
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond the float range
+            raise InvalidDuration(value, f"must be at most {MAX_DURATION_SECONDS} seconds (ten years)") from None
+        return _check_number(value, seconds)
     if not isinstance(value, str):
         raise InvalidDuration(value, f"expected text or a number, not {type(value).__name__}")
     text = value.strip().replace(" ", "")
     if not text:
         raise InvalidDuration(value, "empty")
+    if not text.isascii():
+        raise InvalidDuration(value, "not ASCII: write digits 0-9 and a unit, e.g. 90s, 15m, PT15M")
     if text.startswith("-"):
         raise InvalidDuration(value, "must not be negative")
     if _PLAIN_RE.match(text):

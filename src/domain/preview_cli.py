@@ -39,9 +39,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--anchor", metavar="ISO", help="alignment of --every (default: --from)")
     parser.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA zone (default UTC)")
     parser.add_argument("--from", dest="from_", metavar="ISO", help="start after this instant (default now)")
-    parser.add_argument("-n", type=int, default=DEFAULT_COUNT, metavar="N", help="how many (default 5)")
+    parser.add_argument("-n", type=_count, default=DEFAULT_COUNT, metavar="N", help="how many (default 5)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
+
+
+def _count(text: str) -> int:
+    """``-n``: a whole number in ASCII digits (``int`` alone would read other scripts' digits)."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"invalid n '{text[:24]}': expected a whole number (ASCII digits)")
+    if len(text.lstrip("0")) > len(str(MAX_COUNT)):
+        raise argparse.ArgumentTypeError(f"invalid n '{text[:24]}': must be between 1 and {MAX_COUNT}")
+    return int(text)
 
 
 def _usage_error(message: str) -> Exception:

@@ -21,8 +21,10 @@ Kinds (exactly one per trigger, see :func:`compile_trigger`):
     starts with ``*`` or ``?``) a day matches if EITHER matches, otherwise both must match.
     So ``0 0 1 * 1`` is "the 1st and every Monday", while ``0 0 */2 * 1`` is "Mondays that
     fall on an odd day" (croniter's ``day_or`` would OR the latter too). Day-of-week 7 is
-    Sunday. Ranges must ascend (``22-2`` is rejected; croniter would wrap it).
-    ``L``, ``W``, ``#`` and ``H`` are not supported.
+    Sunday. The specials ``L``, ``L-n``, ``nW``, ``LW`` (day-of-month) and ``nL``, ``n#k``
+    (day-of-week) restrict their field like any list item (see :func:`_rule_day`). A
+    reversed range wraps (``22-2`` hours = 22, 23, 0, 1, 2; ``FRI-MON`` = Fri, Sat, Sun,
+    Mon), as in croniter. ``H`` is not supported. Numbers are ASCII digits only.
 
 * ``every`` — instants ``anchor + k * interval`` (k any integer) in real elapsed time; the
   zone is for display only. ``anchor`` is required (callers pass the schedule's creation
@@ -97,6 +99,8 @@ class RecurrenceError(ValueError):
         self.value = str(value)
         self.reason = reason
         shown = self.value.replace("\r", "\\r").replace("\n", "\\n")
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
         super().__init__(f"invalid {field} '{shown}': {reason}")
 
 
@@ -207,6 +211,8 @@ def parse_instant(
     (or is an error with ``skip``). Errors are ``RecurrenceError(field=field)``.
     """
     if isinstance(value, str):
+        if not value.isascii():
+            raise RecurrenceError(field, value, "not ASCII: write an ISO-8601 date-time such as 2026-03-08T09:00:00Z")
         try:
             parsed = datetime.fromisoformat(value.strip())
         except ValueError:
@@ -258,6 +264,7 @@ class _FieldDef:
     names: dict[str, int] = field(default_factory=dict, hash=False, compare=False)
     star_high: int | None = None  # day-of-week: '*' means 0-6 although 7 is accepted
     allows_question: bool = False
+    cycle: int = 0  # a reversed range wraps after low + cycle - 1 (0: after high)
 
 
 _FIELDS = (
@@ -265,34 +272,71 @@ _FIELDS = (
     _FieldDef("hour", 0, 23),
     _FieldDef("day-of-month", 1, 31, allows_question=True),
     _FieldDef("month", 1, 12, _MONTH_NAMES),
-    _FieldDef("day-of-week", 0, 7, _DOW_NAMES, star_high=6, allows_question=True),
+    _FieldDef("day-of-week", 0, 7, _DOW_NAMES, star_high=6, allows_question=True, cycle=7),
 )
+_DOM, _DOW = _FIELDS[2], _FIELDS[4]
 
 
 class _FieldError(Exception):
     """A reason why one cron field is invalid (wrapped into RecurrenceError)."""
 
 
+def _shown(token: str, limit: int = 24) -> str:
+    """``token`` for an error message, shortened when it is long."""
+    return token if len(token) <= limit else token[: limit - 3] + "..."
+
+
+def _ascii_number(token: str) -> int | None:
+    """The value of ``token`` if it is a decimal number written in ASCII digits, else None.
+
+    ``str.isdigit`` alone also accepts superscripts and other scripts' digits, which ``int``
+    refuses or reads; more than nine significant digits is out of every field's range anyway
+    (and ``int`` refuses texts over 4300 digits).
+    """
+    if not (token.isascii() and token.isdigit()):
+        return None
+    significant = token.lstrip("0") or "0"
+    return int(significant) if len(significant) <= 9 else 10**9
+
+
 def _field_value(token: str, spec: _FieldDef) -> int:
     """One number or name of a field, range-checked."""
-    if token.isdigit():
-        number = int(token)
-    elif token.lower() in spec.names:
-        return spec.names[token.lower()]
-    else:
-        kind = "a number or a name" if spec.names else "a number"
-        hint = " (L, W, # and H are not supported)" if any(c in token.upper() for c in "LW#H") else ""
-        raise _FieldError(f"{spec.name} '{token}' is not {kind}{hint}")
+    number = _ascii_number(token)
+    if number is None:
+        if token.lower() in spec.names:
+            return spec.names[token.lower()]
+        kind = "a number (ASCII digits) or a name" if spec.names else "a number (ASCII digits)"
+        hint = (" (H is not supported)" if "H" in token.upper()
+                else " (L, W and # are whole list items: no range or step)"
+                if spec in (_DOM, _DOW) and any(c in token.upper() for c in "LW#") else "")
+        raise _FieldError(f"{spec.name} '{_shown(token)}' is not {kind}{hint}")
     if not spec.low <= number <= spec.high:
-        raise _FieldError(f"{spec.name} {number} out of range {spec.low}-{spec.high}")
+        raise _FieldError(f"{spec.name} {_shown(token)} out of range {spec.low}-{spec.high}")
     return number
 
 
 def _field_step(text: str, spec: _FieldDef) -> int:
     """The ``/step`` of an item: a positive integer."""
-    if not text.isdigit() or int(text) == 0:
-        raise _FieldError(f"{spec.name} step '{text}' must be a positive integer")
-    return int(text)
+    step = _ascii_number(text)
+    if not step:
+        raise _FieldError(f"{spec.name} step '{_shown(text)}' must be a positive integer (ASCII digits)")
+    if step >= 10**9:
+        raise _FieldError(f"{spec.name} step '{_shown(text)}' is too large")
+    return step
+
+
+def _wrapped_range(low: int, high: int, step: int, spec: _FieldDef) -> list[int]:
+    """A reversed range ``low-high`` wraps: low..top then bottom..high; the step runs on
+    across the wrap (``22-3/2`` hours = 22, 0, 2). Day-of-week wraps over Sunday..Saturday."""
+    if spec.cycle:
+        low, high = low % spec.cycle, high % spec.cycle
+        top = spec.low + spec.cycle - 1
+    else:
+        top = spec.high
+    if low <= high:  # e.g. day-of-week 7-1 is 0-1
+        return list(range(low, high + 1, step))
+    cycle = [*range(low, top + 1), *range(spec.low, high + 1)]
+    return cycle[::step]
 
 
 def _field_item(item: str, spec: _FieldDef) -> set[int]:
@@ -305,23 +349,64 @@ def _field_item(item: str, spec: _FieldDef) -> set[int]:
         first, _, last = base.partition("-")
         low, high = _field_value(first, spec), _field_value(last, spec)
         if low > high:
-            raise _FieldError(f"{spec.name} range {base} is reversed")
+            return set(_wrapped_range(low, high, step, spec))
     else:
         low = _field_value(base, spec)
         high = spec.high if slash else low
     return set(range(low, high + 1, step))
 
 
-def _parse_field(text: str, spec: _FieldDef) -> frozenset[int]:
-    """Expand a whole field (comma-separated items)."""
+# Day rules: the specials L, L-n, nW, LW (day-of-month) and nL, n#k (day-of-week). Each
+# names at most one day of a given month; see _rule_day.
+_DayRule = tuple[str, int, int]  # (kind, a, b): ("L", n, 0), ("W", n, 0), ("LW", 0, 0),
+#                                  ("nL", weekday, 0), ("#", weekday, k); weekday 0 = Sunday
+
+
+def _dom_rule(item: str) -> _DayRule | None:
+    """``L``, ``L-n``, ``LW`` or ``nW`` as a day rule; None for an ordinary item."""
+    upper = item.upper()
+    if upper in ("L", "LW"):
+        return (upper, 0, 0) if upper == "LW" else ("L", 0, 0)
+    if upper.startswith("L-"):
+        offset = _ascii_number(item[2:])
+        if offset is None or offset > 30:
+            raise _FieldError(f"day-of-month '{_shown(item)}': L-n needs n from 0 to 30 (ASCII digits)")
+        return ("L", offset, 0)
+    if upper.endswith("W") and "/" not in item and "-" not in item:
+        return ("W", _field_value(item[:-1], _DOM), 0)
+    return None
+
+
+def _dow_rule(item: str) -> _DayRule | None:
+    """``nL`` or ``n#k`` as a day rule; None for an ordinary item."""
+    if "#" in item:
+        weekday, _, nth = item.partition("#")
+        k = _ascii_number(nth)
+        if k is None or not 1 <= k <= 5:
+            raise _FieldError(f"day-of-week '{_shown(item)}': n#k needs k from 1 to 5 (ASCII digits)")
+        return ("#", _field_value(weekday, _DOW) % 7, k)
+    if item.upper().endswith("L") and item.lower() not in _DOW_NAMES and "/" not in item and "-" not in item:
+        if len(item) == 1:
+            raise _FieldError("day-of-week 'L' needs a weekday before it (5L = the last Friday)")
+        return ("nL", _field_value(item[:-1], _DOW) % 7, 0)
+    return None
+
+
+def _parse_field(text: str, spec: _FieldDef) -> tuple[frozenset[int], tuple[_DayRule, ...]]:
+    """Expand a whole field (comma-separated items) into its values and its day rules."""
     values: set[int] = set()
+    rules: list[_DayRule] = []
     for item in text.split(","):
         if not item:
-            raise _FieldError(f"{spec.name} '{text}' has an empty list item")
-        values |= _field_item(item, spec)
+            raise _FieldError(f"{spec.name} '{_shown(text)}' has an empty list item")
+        rule = _dom_rule(item) if spec is _DOM else _dow_rule(item) if spec is _DOW else None
+        if rule is not None:
+            rules.append(rule)
+        else:
+            values |= _field_item(item, spec)
     if spec.star_high is not None and 7 in values:  # day-of-week 7 is Sunday
         values = (values - {7}) | {0}
-    return frozenset(values)
+    return frozenset(values), tuple(sorted(set(rules)))
 
 
 def _expand_macro(expr: str) -> str:
@@ -337,9 +422,49 @@ def _expand_macro(expr: str) -> str:
 _DAYS_IN_MONTH_MAX = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
 
 
+def _rule_day(rule: _DayRule, year: int, month: int) -> int | None:
+    """The day of ``year-month`` a day rule names, or None when that month has none.
+
+    ``L-n``: n days before the last day. ``nW``: the weekday (Mon-Fri) nearest day n, never
+    leaving the month (the 1st on a Saturday gives Monday the 3rd, a last day on a Sunday
+    gives Friday); no day in a month without day n. ``LW``: the last weekday. ``nL``: the
+    last weekday n. ``n#k``: the k-th weekday n (none in a month with fewer than k).
+    """
+    kind, a, b = rule
+    first_weekday, last = calendar.monthrange(year, month)  # Monday = 0
+    if kind == "L":
+        return last - a if last - a >= 1 else None
+    if kind in ("W", "LW"):
+        day = last if kind == "LW" else a
+        if day > last:
+            return None
+        weekday = (first_weekday + day - 1) % 7
+        if weekday == 5:  # Saturday: Friday before, or Monday after the 1st
+            return day - 1 if day > 1 else day + 2
+        if weekday == 6:  # Sunday: Monday after, or Friday before the last day
+            return day + 1 if day < last else day - 2
+        return day
+    first_of = (a - (first_weekday + 1) % 7) % 7 + 1  # first day that is weekday a
+    if kind == "nL":
+        return first_of + 7 * ((last - first_of) // 7)
+    day = first_of + 7 * (b - 1)
+    return day if day <= last else None
+
+
+@functools.lru_cache(maxsize=16384)
+def _rule_days(rules: tuple[_DayRule, ...], year: int, month: int) -> frozenset[int]:
+    """The days of ``year-month`` that any of ``rules`` names."""
+    found = (_rule_day(rule, year, month) for rule in rules)
+    return frozenset(day for day in found if day is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class CronSpec:
-    """A parsed 5-field cron expression (field sets, Vixie star flags, wildcard flag)."""
+    """A parsed 5-field cron expression (field sets, Vixie star flags, wildcard flag).
+
+    ``dom_rules`` / ``dow_rules`` hold the specials (``L``, ``L-n``, ``nW``, ``LW``; ``nL``,
+    ``n#k``): a day matches its field if it is in the set or named by one of the rules.
+    """
 
     expr: str
     minutes: frozenset[int]
@@ -351,13 +476,17 @@ class CronSpec:
     dow_star: bool
     wildcard: bool
     seconds_of_day: tuple[int, ...]  # sorted matching wall times of a day, in seconds
+    dom_rules: tuple[_DayRule, ...] = ()
+    dow_rules: tuple[_DayRule, ...] = ()
 
     def matches_day(self, day: date) -> bool:
         """Does ``day`` match month and the Vixie DOM/DOW rule?"""
         if day.month not in self.months:
             return False
-        dom_ok = day.day in self.doms
-        dow_ok = (day.weekday() + 1) % 7 in self.dows
+        dom_ok = day.day in self.doms or (
+            bool(self.dom_rules) and day.day in _rule_days(self.dom_rules, day.year, day.month))
+        dow_ok = (day.weekday() + 1) % 7 in self.dows or (
+            bool(self.dow_rules) and day.day in _rule_days(self.dow_rules, day.year, day.month))
         if self.dom_star or self.dow_star:
             return dom_ok and dow_ok
         return dom_ok or dow_ok
@@ -367,21 +496,38 @@ class CronSpec:
         return hour in self.hours and minute in self.minutes
 
 
+def _rule_can_occur(rule: _DayRule, month: int) -> bool:
+    """Can a day-of-month rule name a day of ``month`` in some year?"""
+    kind, a, _ = rule
+    longest = _DAYS_IN_MONTH_MAX[month]
+    return kind == "LW" or (kind == "L" and a < longest) or (kind == "W" and a <= longest)
+
+
 def _check_satisfiable(expr: str, spec: CronSpec) -> None:
     """Reject expressions no calendar day can ever match (e.g. ``0 0 30 2 *``)."""
     if not (spec.dom_star or spec.dow_star):
         return  # OR rule: every month has every weekday
-    if any(day <= _DAYS_IN_MONTH_MAX[month] for month in spec.months for day in spec.doms):
-        return
+    for month in spec.months:
+        if any(day <= _DAYS_IN_MONTH_MAX[month] for day in spec.doms):
+            return
+        if any(_rule_can_occur(rule, month) for rule in spec.dom_rules):
+            return
     raise RecurrenceError("cron", expr, "day-of-month never occurs in the selected month(s)")
 
 
-def _validate_with_croniter(expr: str, fields: str) -> None:
-    """Let croniter confirm the expression (it is the reference parser we build on)."""
+def _validate_with_croniter(expr: str, parts: list[str]) -> None:
+    """Let croniter confirm the expression (it is the reference parser we build on).
+
+    A day field holding a special (L, W, #), which croniter supports only in part, is
+    replaced by ``*`` for this check: those are validated by this module alone.
+    """
+    plain = [("*" if i in (2, 4) and any(c in text.upper() for c in "LW#") else text)
+             for i, text in enumerate(parts)]
     try:
-        croniter.expand(fields)
+        croniter.expand(" ".join(plain))
     except Exception as exc:  # croniter raises several unrelated classes
-        raise RecurrenceError("cron", expr, f"rejected by croniter: {exc}") from None
+        reason = " ".join(str(exc).split())[:200]
+        raise RecurrenceError("cron", expr, f"rejected by croniter: {reason}") from None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -396,11 +542,11 @@ def parse_cron(expr: str) -> CronSpec:
             "cron", expr, f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
         )
     try:
-        sets = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS)]
+        parsed = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS)]
     except _FieldError as exc:
         raise RecurrenceError("cron", expr, str(exc)) from None
-    _validate_with_croniter(expr, fields_text)
-    minutes, hours, doms, months, dows = sets
+    _validate_with_croniter(expr, parts)
+    (minutes, _), (hours, _), (doms, dom_rules), (months, _), (dows, dow_rules) = parsed
     spec = CronSpec(
         expr=fields_text,
         minutes=minutes,
@@ -412,6 +558,8 @@ def parse_cron(expr: str) -> CronSpec:
         dow_star=parts[4][0] in "*?",
         wildcard=parts[0].startswith("*") or parts[1].startswith("*"),
         seconds_of_day=tuple(sorted(h * 3600 + m * 60 for h in hours for m in minutes)),
+        dom_rules=dom_rules,
+        dow_rules=dow_rules,
     )
     _check_satisfiable(expr, spec)
     return spec

@@ -936,7 +936,8 @@ def create_app(
         if if_match is None:
             raise ApiError(428, "If-Match with the current revision is required", "If-Match")
         text = if_match.strip().removeprefix("W/").strip('"')
-        if not text.isdigit() or int(text) < 1:
+        # ASCII digits only (isdigit also takes '²'), and a revision fits a bigint
+        if not (text.isascii() and text.isdigit()) or len(text) > 19 or not 1 <= int(text) <= lim.MAX_INT:
             raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
         spec = _to_spec(body)
         check_job(tenant, spec)

@@ -156,6 +156,43 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
     assert any(p["dueAt"] != p["scheduledAt"] for p in preview)  # jitter is applied
 
 
+async def test_a_cron_with_specials_is_created_and_previewed(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid()
+    r = await create(stack, {"scheduleId": s, "cron": "0 18 LW * *", "timezone": "America/New_York",
+                             "job": {"type": "report"}})
+    assert r.status_code == 201, r.text
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.status_code == 200, g.text
+    assert g.json()["definition"]["cron"] == "0 18 LW * *"
+    for p in g.json()["preview"]:  # each instant is 18:00 on the last weekday of its month
+        local = datetime.fromisoformat(p["local"])
+        later = [local.date() + timedelta(days=k) for k in range(1, 4)]
+        assert local.hour == 18 and local.weekday() < 5
+        assert all(d.month != local.month or d.weekday() >= 5 for d in later), p
+    r = await stack.http.get("/v1/preview", params={
+        "cron": "30 2 ? 3 SUN#2", "timezone": "America/New_York", "count": 2,
+        "from": "2026-01-01T00:00:00Z"}, headers=ACME)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"instants": [  # the second Sunday of March is the day of the gap
+        {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00"},
+        {"utc": "2027-03-14T07:00:00Z", "local": "2027-03-14T03:00:00-04:00"},
+    ]}
+
+
+async def test_numbers_in_other_scripts_are_400_naming_the_field(stack: ApiStack) -> None:
+    assert stack.http is not None
+    for body, field in (({"cron": "0 ¹ * * *"}, "cron"), ({"cron": "0 9 * * 5#٣"}, "cron"),
+                        ({"every": "١h"}, "every"), ({"every": "9" * 5000 + "w"}, "every"),
+                        ({"at": "2030-01-0١T00:00:00Z"}, "at")):
+        r = await create(stack, {"scheduleId": sid(), **body, "job": {"type": "a"}})
+        assert_error(r, 400, "invalid", field)
+    for params, field in (({"cron": "*/² * * * *"}, "cron"), ({"every": "٣m"}, "every"),
+                          ({"cron": "@daily", "from": "2026-01-0١"}, "from")):
+        assert_error(await stack.http.get("/v1/preview", params=params, headers=ACME), 400,
+                     "invalid", field)
+
+
 async def test_invalid_bodies_are_400_naming_the_field(stack: ApiStack) -> None:
     assert stack.http is not None
     cases: list[tuple[dict[str, Any], str | None]] = [
@@ -240,6 +277,9 @@ async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> N
     assert_error(r, 428, "precondition_required", "If-Match")
     r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": "x"})
     assert_error(r, 400, "invalid", "If-Match")
+    for bad in ("²".encode("latin-1"), b"9" * 5000, str(2**63).encode()):  # isdigit, not a revision
+        r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": bad})
+        assert_error(r, 400, "invalid", "If-Match")
     r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers={**ACME, "If-Match": '"1"'})
     assert r.status_code == 200, r.text
     assert set(r.json()) == {"revision", "nextRunAt"} and r.json()["revision"] == 2

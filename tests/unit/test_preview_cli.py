@@ -79,6 +79,15 @@ def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
         (["--cron", "* * * * *", "--from", "2026-13-01"], "invalid from '2026-13-01': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
         (["--every", "1h", "--anchor", "x"], "invalid anchor 'x': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
         (["--cron", "* * * * *", "-n", "0"], "invalid n '0': must be between 1 and 10000"),
+        (["--cron", "² * * * *"], "invalid cron '² * * * *': minute '²' is not a number (ASCII digits)"),
+        (["--cron", "0 ¹ * * *"], "invalid cron '0 ¹ * * *': hour '¹' is not a number (ASCII digits)"),
+        (["--cron", "*/² * * * *"], "invalid cron '*/² * * * *': minute step '²' must be a positive integer (ASCII digits)"),
+        (["--cron", "0 0 * * 5#٣"], "invalid cron '0 0 * * 5#٣': day-of-week '5#٣': n#k needs k from 1 to 5 (ASCII digits)"),
+        (["--every", "٣m"], "invalid every '٣m': not ASCII: write digits 0-9 and a unit, e.g. 90s, 15m, PT15M"),
+        (["--every", "99999999999999999999w"], "invalid every '99999999999999999999w': must be at most 316224000 seconds (ten years)"),
+        (["--every", "9" * 5000 + "w"], "invalid every '" + "9" * 197 + "...': must be at most 316224000 seconds (ten years)"),
+        (["--at", "2026-01-0١T00:00:00Z"], "invalid at '2026-01-0١T00:00:00Z': not ASCII: write an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--cron", "* * * * *", "-n", "٣"], "chronolog preview: argument -n: invalid n '٣': expected a whole number (ASCII digits)"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str], line: str) -> None:
@@ -94,3 +103,18 @@ def test_not_exactly_one_kind_exits_2_with_one_line(args: list[str]) -> None:
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and "--cron" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_cron_specials_work_through_preview() -> None:
+    # given the last weekday, the last Friday and the second Tuesday of the month, in New York
+    def local_of(expr: str) -> list[str]:
+        result = preview("--cron", expr, "--tz", "America/New_York", "--from", "2026-05-01T00:00:00Z", "-n", "2", "--json")
+        assert result.returncode == 0, result.stderr
+        return [row["local"] for row in json.loads(result.stdout)["instants"]]
+
+    # then May 2026 ends on a Sunday, so LW is Friday the 29th, which is also the last Friday
+    assert local_of("0 9 LW * *") == ["2026-05-29T09:00:00-04:00", "2026-06-30T09:00:00-04:00"]
+    assert local_of("0 9 ? * 5L") == ["2026-05-29T09:00:00-04:00", "2026-06-26T09:00:00-04:00"]
+    assert local_of("0 9 ? * TUE#2") == ["2026-05-12T09:00:00-04:00", "2026-06-09T09:00:00-04:00"]
+    # and a wrapped hour range on a wrapped weekday range: Thursday 22:00 is not in FRI-MON
+    assert local_of("0 22-1 * * FRI-MON") == ["2026-05-01T00:00:00-04:00", "2026-05-01T01:00:00-04:00"]
