@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
         description="Show the next N instants strictly after --from (default now).",
     )
     kind = parser.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--cron", metavar="EXPR", help="5-field cron or @daily-style macro")
+    kind.add_argument("--cron", metavar="EXPR", help="5-field cron (L, W, #, wrapping ranges) or @daily-style macro")
     kind.add_argument("--every", metavar="DUR", help="interval, e.g. 15m, 1h30m, PT15M")
     kind.add_argument("--at", metavar="ISO", help="one-shot instant")
     parser.add_argument("--anchor", metavar="ISO", help="alignment of --every (default: --from)")
