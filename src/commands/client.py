@@ -29,6 +29,7 @@ from chronolog.environment import new_id, utc_now
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
+from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
 
@@ -200,16 +201,17 @@ class Client:
         command_id: str | None = None,
         issued_at: datetime | None = None,
     ) -> m.CommandEnvelope:
-        return m.CommandEnvelope(
-            command_id=command_id or new_id(),
-            type=payload.type,
-            tenant=tenant,
-            principal=self.principal,
-            schedule_id=schedule_id,
-            issued_at=issued_at or utc_now(),
-            reply_to=self.client_id,
-            payload=payload,
-        )
+        """A validated command envelope. Its text is checked on its JSON bytes first (a
+        look at them, ``plainly_clean_json``); only a doubtful one is walked field by field,
+        which raises the ``ValidationError`` naming the field."""
+        fields = {"command_id": command_id or new_id(), "type": payload.type, "tenant": tenant,
+                  "principal": self.principal, "schedule_id": schedule_id,
+                  "issued_at": issued_at or utc_now(), "reply_to": self.client_id,
+                  "payload": payload}
+        env = m.CommandEnvelope.model_validate(fields, context=m.TEXT_CHECKED)
+        if not plainly_clean_json(codec.encode_command(env), MAX_DOCUMENT_DEPTH):
+            env = m.CommandEnvelope.model_validate(fields)
+        return env
 
     async def send(
         self, env: m.CommandEnvelope, timeout: float | None = None

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
+from chronolog.commands.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.log.sqlite import SqliteEventLog
 
 T0 = datetime(2026, 3, 8, 7, 0, tzinfo=timezone.utc)
 
@@ -166,3 +170,13 @@ def test_an_event_already_in_the_log_decodes_even_past_todays_input_limits() -> 
     env = codec.decode_event(orjson.dumps(raw))  # written before the limits: it must fold
     assert env.payload.spec.jitter == 1e300
     assert env.payload.spec.job.params == {"k\u0000": "a\u0000b"}
+
+
+def test_a_client_envelope_with_nul_in_any_text_is_refused_naming_the_field(
+    tmp_path: Path
+) -> None:
+    client = Client(SqliteEventLog(tmp_path / "log.db"))  # not started: nothing is sent
+    ok = client.envelope("acme", "s1", m.PauseSchedule(reason="maintenance"))
+    assert codec.decode_command(codec.encode_command(ok)) == ok
+    with pytest.raises(ValidationError, match="reason: text must not contain NUL"):
+        client.envelope("acme", "s1", m.PauseSchedule(reason="main\x00tenance"))
