@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterator, Mapping, assert_never
 
+from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
     DEAD_KEPT,
     MANUAL_KEYS_KEPT,
@@ -34,10 +35,11 @@ from chronolog.commands.state import (
 from chronolog.domain import messages as m
 from chronolog.domain.ids import effect_id_for, manual_run_id, run_id_for
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter_offset, upcoming
+from chronolog.domain.recurrence import RecurrenceError, compile_trigger, upcoming
 
 __all__ = [
     "Decision",
+    "MAX_INSTANTS_PER_DECISION",
     "TenantContext",
     "ungranted_effect",
     "decide",
@@ -47,7 +49,6 @@ __all__ = [
     "next_wakeup",
 ]
 
-MAX_INSTANTS_PER_DECISION = 1000  # a Tick materializes or skips at most this many instants
 COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
 _US = timedelta(microseconds=1)
 
@@ -172,11 +173,7 @@ def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Any:
 
 def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | None:
     """The instant plus the schedule's deterministic jitter (the moment it becomes due)."""
-    if instant is None:
-        return None
-    if pol.jitter <= 0:
-        return instant
-    return instant + timedelta(seconds=jitter_offset(schedule_id, instant, pol.jitter))
+    return None if instant is None else due_time(schedule_id, instant, pol.jitter)
 
 
 def _first_instant(
@@ -526,120 +523,30 @@ def _skip_for_start_deadline(d: _Draft, run: Run, now: datetime) -> None:
 
 
 def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
-    """Materialize or skip every instant due at ``now`` (bounded per decision)."""
+    """Materialize or skip every instant due at ``now`` (bounded per decision) as the
+    misfire policy decides (``backlog.plan_due``)."""
     s = d.state
     pol = s.policy
     if pol is None or s.status != "ACTIVE":
         return
-    due, following = _collect_due(s, pol, now, MAX_INSTANTS_PER_DECISION)
-    if not due:
+    plan = plan_due(s.schedule_id, pol, s.trigger, s.next_run_at, now, late_reason)
+    if not plan.items:
         return
-    later = _count_due_after(s, pol, following, now, pol.max_catchup)
-    lateness = _lateness(s.schedule_id, due, pol, now)
-    keep = _instants_to_run(due, lateness, later, pol)
+    # a catch-up (misfire all) runs its instants one after another, not side by side and
+    # not skipped for overlapping each other: they wait behind the running one
+    queue = plan.catch_up(pol) and pol.overlap != "allow"
     skipped_run: list[tuple[datetime, str]] = []
-    for i, instant in enumerate(due):
-        nxt = due[i + 1] if i + 1 < len(due) else following
-        if instant in keep:
-            _flush_skips(d, skipped_run, instant)
-            _materialize(d, instant, nxt, now)
+    for i, item in enumerate(plan.items):
+        nxt = plan.items[i + 1].instant if i + 1 < len(plan.items) else plan.following
+        if item.reason is None:
+            _flush_skips(d, skipped_run, item.instant)
+            _materialize(d, item.instant, nxt, now, queue)
             if pol.max_count is not None and s.count >= pol.max_count:
                 return  # the last run: later instants are past the schedule's end
         else:
-            skipped_run.append((instant, keep_reason(lateness[instant], pol, late_reason)))
+            skipped_run.append((item.instant, item.reason))
     if skipped_run:  # the last due instant was skipped: the schedule goes on after it
-        _flush_skips(d, skipped_run, None, final_next=following)
-
-
-def _collect_due(
-    s: ScheduleState, pol: Policy, now: datetime, budget: int
-) -> tuple[list[datetime], datetime | None]:
-    """The instants due at ``now`` (at most ``budget``) and the instant following them."""
-    out: list[datetime] = []
-    t = s.next_run_at
-    while t is not None and len(out) < budget:
-        if not _is_due(s, pol, t, now, len(out)):
-            break
-        out.append(t)
-        t = _next_instant(s, pol, t)
-    return out, t
-
-
-def _is_due(s: ScheduleState, pol: Policy, t: datetime, now: datetime, queued: int) -> bool:
-    """Is instant ``t`` due at ``now``? (``max_count`` is applied when materializing: a
-    skipped instant does not use up a run, so it must not shorten the look-ahead.)"""
-    if pol.jitter <= 0:
-        return t <= now
-    due_at = _due(s.schedule_id, t, pol)
-    assert due_at is not None
-    return due_at <= now
-
-
-def _count_due_after(
-    s: ScheduleState, pol: Policy, following: datetime | None, now: datetime, limit: int
-) -> int:
-    """How many instants from ``following`` on are already due (up to ``limit``)."""
-    n = 0
-    t = following
-    while t is not None and n < limit and _is_due(s, pol, t, now, MAX_INSTANTS_PER_DECISION):
-        n += 1
-        t = _next_instant(s, pol, t)
-    return n
-
-
-def _next_instant(s: ScheduleState, pol: Policy, after: datetime) -> datetime | None:
-    if pol.kind in ("delay", "at"):
-        return None  # a delay schedule plans its next instant when the run finishes
-    return s.trigger.next_after(after)
-
-
-def _lateness(
-    schedule_id: str, due: list[datetime], pol: Policy, now: datetime
-) -> dict[datetime, timedelta]:
-    """How late each instant is at ``now``, counted from when it became due (with jitter).
-
-    Counting from the bare instant would make a jitter window wider than the grace turn
-    every on-time occurrence into a misfire.
-    """
-    if pol.jitter <= 0:
-        return {t: now - t for t in due}
-    return {t: now - _due(schedule_id, t, pol) for t in due}  # type: ignore[operator]
-
-
-def _instants_to_run(
-    due: list[datetime], lateness: dict[datetime, timedelta], later: int, pol: Policy
-) -> set[datetime]:
-    """The misfire policy: which due instants run (``later`` more are due after these).
-
-    ``lateness`` is how long each instant has been due. An instant no later than
-    ``grace`` is simply on time and always runs. For the late
-    (misfired) ones — skip: none run; latest: only the newest, and only when no newer
-    instant is due and it is younger than ``max_age``; all: every one younger than
-    ``max_age``, at most ``max_catchup`` in all (the newest win).
-    """
-    grace = timedelta(seconds=pol.grace)
-    max_age = timedelta(seconds=pol.misfire_max_age)
-    on_time = {t for t in due if lateness[t] <= grace}
-    late = [t for t in due if t not in on_time]
-    if not late or pol.misfire == "skip":
-        return on_time
-    if pol.misfire == "latest":
-        newest = late[-1]
-        if later == 0 and not on_time and lateness[newest] <= max_age:
-            return {newest}
-        return on_time
-    room = pol.max_catchup - later - len(on_time)
-    young = [t for t in late if lateness[t] <= max_age]
-    return on_time | (set(young[-room:]) if room > 0 else set())
-
-
-def keep_reason(lateness: timedelta, pol: Policy, late_reason: str) -> str:
-    """Why an instant that has been due for ``lateness`` is skipped by the misfire policy."""
-    if pol.misfire == "all":
-        if lateness > timedelta(seconds=pol.misfire_max_age):
-            return "misfire_max_age"
-        return "misfire_max_catchup"
-    return late_reason
+        _flush_skips(d, skipped_run, None, final_next=plan.following)
 
 
 def _flush_skips(
@@ -686,7 +593,9 @@ def _flush_skips(
     skipped.clear()
 
 
-def _materialize(d: _Draft, instant: datetime, nxt: datetime | None, now: datetime) -> None:
+def _materialize(
+    d: _Draft, instant: datetime, nxt: datetime | None, now: datetime, queue: bool = False
+) -> None:
     s = d.state
     pol = s.policy
     assert pol is not None
@@ -695,7 +604,7 @@ def _materialize(d: _Draft, instant: datetime, nxt: datetime | None, now: dateti
         nxt = None
     run_id = run_id_for(s.tenant, s.schedule_id, instant)
     _admit(d, run_id, instant, pol.job, "schedule", None, nxt, now, advances=True,
-           skip_nxt=skip_nxt)
+           skip_nxt=skip_nxt, queue=queue)
 
 
 def _admit(
@@ -710,11 +619,13 @@ def _admit(
     advances: bool,
     request_digest: str | None = None,
     skip_nxt: datetime | None = None,
+    queue: bool = False,
 ) -> None:
     """Create an occurrence under the overlap policy (READY, PENDING, or skipped).
 
     ``nxt`` is the schedule's next instant after this occurrence; ``skip_nxt`` (default
-    ``nxt``) the one after it when the overlap policy skips it instead.
+    ``nxt``) the one after it when the overlap policy skips it instead. ``queue``: it waits
+    (PENDING) behind an active run whatever the overlap policy (a catch-up).
     """
     s = d.state
     pol = s.policy
@@ -724,7 +635,7 @@ def _admit(
     active = s.active_runs()
     state = "READY"
     if active:
-        policy = pol.overlap
+        policy = "buffer_all" if queue else pol.overlap
         if policy == "skip" or (policy == "buffer_one" and s.pending):
             if skip_nxt is not None:
                 nxt = skip_nxt

@@ -550,6 +550,7 @@ class OccurrenceSkipped(_Event):
         "misfire",
         "misfire_max_age",
         "misfire_max_catchup",
+        "coalesced",
         "paused",
         "overlap",
         "overlap_buffer_full",
