@@ -76,6 +76,19 @@ class Backlog:
     def catch_up(self, pol: MisfirePolicy) -> bool:
         return pol.misfire == "all" and self.backlog
 
+    def within_count(self, count: int, max_count: int | None) -> tuple[Planned, ...]:
+        """The items up to the run that uses up ``max_count`` (``count`` runs so far): the
+        schedule ends there, later instants are past its end."""
+        if max_count is None:
+            return self.items
+        left = max_count - count
+        for i, item in enumerate(self.items):
+            if item.runs:
+                left -= 1
+                if left <= 0:
+                    return self.items[: i + 1]
+        return self.items
+
 
 def due_time(schedule_id: str, instant: datetime, jitter: float) -> datetime:
     """The instant plus the schedule's deterministic jitter (the moment it becomes due)."""

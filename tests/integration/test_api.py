@@ -231,6 +231,42 @@ async def test_max_schedules_is_429(stack: ApiStack) -> None:
 # ------------------------------------------------------------------ revise, pause, delete
 
 
+async def test_a_paused_schedule_shows_what_a_resume_would_run_or_skip(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid("resume")
+    r = await create(stack, {"scheduleId": s, "every": "1s", "job": {"type": "a"},
+                             "overlap": "allow", "misfire": "latest"})
+    assert r.status_code == 201, r.text
+    r = await stack.http.post(f"/v1/schedules/{s}:pause", headers=ACME)
+    assert r.status_code == 200, r.text
+
+    async def plan_of_a_backlog() -> dict[str, Any] | None:
+        g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))  # type: ignore[union-attr]
+        plan = g.json()["resume"]
+        return plan if sum(i["count"] for i in plan["instants"]) >= 3 else None
+
+    plan = await wait_until(plan_of_a_backlog, 20, what="three instants due while paused")
+    *older, newest = plan["instants"]
+    assert (newest["action"], newest["reason"]) == ("run", None)
+    assert {(i["action"], i["reason"]) for i in older} == {("skip", "coalesced")}
+    r = await stack.http.post(f"/v1/schedules/{s}:resume", headers=ACME)
+    assert r.status_code == 200, r.text
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.json()["state"] == "ACTIVE" and g.json()["resume"] is None
+    page = (await stack.http.get(f"/v1/schedules/{s}/runs", headers=consistent(r))).json()
+    paused_span = [i for i in page["items"]
+                   if i["scheduledAt"] >= plan["instants"][0]["scheduledAt"]]
+    ran = [i for i in paused_span if i["state"] != "SKIPPED"]
+    # the resume did what the plan said: the newest instant ran, the older were coalesced
+    assert len(ran) >= 1 and ran[-1]["scheduledAt"] >= newest["scheduledAt"]
+    resumed = [i for i in ran if i["scheduledAt"] <= newest["scheduledAt"]]
+    assert len(resumed) <= 1
+    for item in paused_span:
+        if item["state"] == "SKIPPED":
+            one = (await stack.http.get(f"/v1/runs/{item['runId']}", headers=ACME)).json()
+            assert one["skippedReason"] == "coalesced"
+
+
 async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> None:
     assert stack.http is not None
     s = sid()
