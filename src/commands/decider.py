@@ -240,6 +240,7 @@ def _create(
             next_due_at=_due(state.schedule_id, first, pol),
         )
     )
+    _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
@@ -300,6 +301,8 @@ def _schedule_body(s: ScheduleState) -> dict[str, Any]:
 def _revise(
     state: ScheduleState, p: m.ReviseSchedule, now: datetime, tenant: TenantContext
 ) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if p.expected_revision != state.revision:
@@ -355,10 +358,13 @@ def _revise(
             next_due_at=_due(s.schedule_id, nxt, pol),
         )
     )
+    _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
 def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if state.status == "PAUSED":
@@ -366,11 +372,15 @@ def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
     d = _Draft(state)
     # what was already due when the pause arrived is not "missed while paused"
     _materialize_due(d, now, late_reason="misfire")
+    if _complete_if_no_instant_left(d, now):  # that was its last instant: nothing to pause
+        return Decision(events=d.events, body=_schedule_body(d.state))
     d.emit(m.SchedulePaused(reason=p.reason, paused_at=now))
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
 def _resume(state: ScheduleState, now: datetime) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if state.status == "ACTIVE":
@@ -383,11 +393,12 @@ def _resume(state: ScheduleState, now: datetime) -> Decision:
     )
     # The misfire policy applies to the instants of the paused span, right away.
     _materialize_due(d, now, late_reason="paused")
+    _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
 def _delete(state: ScheduleState, principal: str) -> Decision:
-    if not state.exists:
+    if not state.exists and state.status != "COMPLETED":  # a completed one can be deleted
         return _reject("not_found", "no such schedule")
     d = _Draft(state)
     # Runs not yet started will never start; running ones finish under their fence.
@@ -414,6 +425,7 @@ def tick(state: ScheduleState, now: datetime) -> Decision:
         _materialize_due(d, now, late_reason="misfire")
         # an occurrence materialized late may already be past its start deadline
         _expire_start_deadlines(d, now)
+        _complete_if_no_instant_left(d, now)
     return Decision(events=d.events)
 
 
@@ -711,6 +723,46 @@ def _after_run_left_guard(d: _Draft, now: datetime) -> None:
             nxt = None
         if nxt is not None:
             d.emit(m.NextRunPlanned(next_run_at=nxt, next_due_at=_due(s.schedule_id, nxt, pol)))
+    if pol.kind == "delay":
+        _complete_if_no_instant_left(d, now)
+
+
+# ---------------------------------------------------------------------------------------
+# the end of a schedule: COMPLETED
+
+
+def _complete_if_no_instant_left(d: _Draft, now: datetime) -> bool:
+    """An ACTIVE schedule with no further instant ends: ScheduleCompleted (terminal).
+
+    A fixed-delay schedule plans its next instant when its run finishes, so it ends only
+    when no run of it is active and none was planned. Returns whether it completed.
+    """
+    s = d.state
+    pol = s.policy
+    if pol is None or not _no_instant_left(s):
+        return False
+    if pol.max_count is not None and s.count >= pol.max_count:
+        reason = "max_count"
+    else:
+        reason = "at" if pol.kind == "at" else "end"
+    d.emit(m.ScheduleCompleted(reason=reason, completed_at=now,  # type: ignore[arg-type]
+                               last_scheduled_at=s.last_scheduled_at, count=s.count))
+    return True
+
+
+def _no_instant_left(s: ScheduleState) -> bool:
+    """An ACTIVE schedule that will never materialize another instant."""
+    if s.policy is None or s.status != "ACTIVE" or s.next_run_at is not None:
+        return False
+    return s.policy.kind != "delay" or not (s.active_runs() or s.pending)
+
+
+def _refuse_completed(state: ScheduleState) -> Decision | None:
+    """A COMPLETED schedule is final: only delete applies to it (and its runs' commands)."""
+    if state.status != "COMPLETED":
+        return None
+    return _reject("conflict", "schedule is COMPLETED: it has no further instant; "
+                   "create a new schedule or delete this one", state="COMPLETED")
 
 
 # ---------------------------------------------------------------------------------------
@@ -725,6 +777,8 @@ def params_digest(params: dict[str, Any] | None) -> str:
 
 
 def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     digest = params_digest(p.params)
@@ -1120,6 +1174,9 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             state.status = "DELETED"
             state.next_run_at = state.next_due_at = None
             state.pending = None
+        case m.ScheduleCompleted():
+            state.status = "COMPLETED"
+            state.next_run_at = state.next_due_at = None
         case m.NextRunPlanned():
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
@@ -1295,6 +1352,10 @@ def next_wakeup(state: ScheduleState) -> datetime | None:
     best: datetime | None = None
     if state.status == "ACTIVE" and state.next_due_at is not None:
         best = state.next_due_at
+    elif _no_instant_left(state):
+        # ended before it could complete (a log written before COMPLETED existed): a Tick
+        # now completes it
+        best = state.last_scheduled_at or state.created_at
     for run in (state.runs or {}).values():
         t: datetime | None = None
         if run.state == "LEASED" and run.lease_until is not None:

@@ -511,6 +511,19 @@ class ScheduleDeleted(_Event):
     type: Literal["ScheduleDeleted"] = "ScheduleDeleted"
 
 
+class ScheduleCompleted(_Event):
+    """The schedule has no further instant and has ended (terminal): a one-shot's instant was
+    handled (``at``), its rule has no instant left before ``end`` (``end``), or it had
+    ``max_count`` runs (``max_count``). It leaves the tenant's quota; its runs stay and those
+    still going finish."""
+
+    type: Literal["ScheduleCompleted"] = "ScheduleCompleted"
+    reason: Literal["at", "end", "max_count"]
+    completed_at: UtcDatetime
+    last_scheduled_at: UtcDatetime | None = None  # its last instant (run or skipped)
+    count: int = 0  # the runs it had
+
+
 class NextRunPlanned(_Event):
     """The schedule's next instant changed outside materialization (fixed-delay schedules)."""
 
@@ -739,6 +752,7 @@ Event = Annotated[
         SchedulePaused,
         ScheduleResumed,
         ScheduleDeleted,
+        ScheduleCompleted,
         NextRunPlanned,
         OccurrenceMaterialized,
         OccurrenceSkipped,

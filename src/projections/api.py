@@ -47,7 +47,7 @@ projection holds (every list carries the projection ``watermark``).
 Max schedules (429) is enforced twice, on purpose: the processor's check is authoritative
 and race-free but it only sees its own partition's schedules (a tenant spread over P
 partitions could otherwise own up to P x max_schedules); the API's pre-check counts the
-tenant's live schedules across all partitions in the read model, which bounds the global
+tenant's live (ACTIVE or PAUSED) schedules across all partitions in the read model, which bounds the global
 total but can lag the log and race with concurrent creates. Together: a hard per-partition
 bound plus a global bound that is exact whenever the projection is caught up. The job-type
 check (403) is likewise done here (early answer) and by the processor (the authority).
@@ -68,7 +68,10 @@ misfire planner the processor applies (``commands.backlog.plan_due``), skips of 
 collapsed into ranges; ``delay``
 schedules show only ``nextRunAt`` (later instants depend on when runs finish). The preview
 does not count ``maxCount`` down (an exhausted schedule has no ``nextRunAt`` and so no
-preview).
+preview). A schedule with no further instant (a one-shot that fired, ``end`` passed,
+``maxCount`` reached) is ``COMPLETED`` with ``completedAt`` and ``completedReason``
+(``at`` | ``end`` | ``max_count``): it no longer counts against the quota, its runs stay
+listed, a PUT, pause, resume or trigger answers 409 and a DELETE deletes it.
 
 History paging
 --------------
@@ -294,7 +297,7 @@ class ScheduleWritten(_Api):
 
 
 class ScheduleStateOut(ScheduleWritten):
-    state: Literal["ACTIVE", "PAUSED", "DELETED"]
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
 
 
 class RevisedOut(_Api):
@@ -330,7 +333,7 @@ class ResumePlan(_Api):
 
 class ScheduleOut(_Api):
     schedule_id: str
-    state: Literal["ACTIVE", "PAUSED", "DELETED"]
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
     revision: int
     next_run_at: datetime | None
     next_due_at: datetime | None
@@ -339,6 +342,8 @@ class ScheduleOut(_Api):
     paused_at: datetime | None
     pause_reason: str | None
     deleted_at: datetime | None
+    completed_at: datetime | None = None
+    completed_reason: Literal["at", "end", "max_count"] | None = None
     definition: ScheduleDefinition
     preview: list[PreviewItem]
     resume: ResumePlan | None = None  # a PAUSED schedule: what a resume now would run or skip
@@ -642,7 +647,7 @@ class ReadModel:
 
     async def live_schedules(self, tenant: str, schedule_id: str) -> tuple[int, bool]:
         row = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, "
+            "SELECT count(*) FILTER (WHERE state NOT IN ('DELETED', 'COMPLETED')) AS live, "
             "COALESCE(bool_or(schedule_id = $2), false) AS known "
             "FROM schedules WHERE tenant = $1", tenant, schedule_id)
         assert row is not None
@@ -987,7 +992,8 @@ def create_app(
             next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
             created_at=row["created_at"], updated_at=row["updated_at"],
             paused_at=row["paused_at"], pause_reason=row["pause_reason"],
-            deleted_at=row["deleted_at"], definition=_definition(row["spec"]),
+            deleted_at=row["deleted_at"], completed_at=row["completed_at"],
+            completed_reason=row["completed_reason"], definition=_definition(row["spec"]),
             preview=_preview(row),
             resume=_resume_plan(row, await need_rm().runs_so_far(tenant.name, schedule_id),
                                 datetime.now(timezone.utc))

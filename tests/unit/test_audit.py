@@ -126,7 +126,8 @@ def _scenario_retries_effects_misfire_all() -> Driver:
     c = d.claim(r2, retry_at + sec(1))
     d.complete(c, retry_at + sec(2))
     # downtime: instants 120 .. 600 are late; misfire all catches every one of them up,
-    # the overlap guard skips those that come while one is active
+    # one after another (queued); the overlap guard skips the on-time instants that come
+    # while one is active
     d.tick(T0 + sec(605))
     ready = d.runs_in("READY")
     assert len(ready) == 1
@@ -137,6 +138,8 @@ def _scenario_retries_effects_misfire_all() -> Driver:
     d.tick(T0 + sec(660))
     (r_last,) = d.runs_in("READY")
     d.claim(r_last, T0 + sec(661))
+    d.tick(T0 + sec(720))  # its lease expires; 720 and 780 come while it is active
+    d.tick(T0 + sec(780))
     return d
 
 
