@@ -636,3 +636,67 @@ def test_the_report_as_a_dict_lists_every_check() -> None:
     assert d["ok"] is False and set(d["violation_counts"]) == set(CHECKS)
     assert d["violations"][0]["events"][0] == {"partition": 0, "offset": 1, "event_id": "e1",
                                                "type": "OccurrenceMaterialized"}
+
+
+# -- completed_final
+
+
+def _completed_one_shot() -> Driver:
+    """A one-shot that fires, completes, and whose run then finishes."""
+    d = Driver("once")
+    d.create(T0, at=T0 + sec(60), every=None)
+    d.tick(T0 + sec(60))
+    (r,) = d.runs_in("READY")
+    c = d.claim(r, T0 + sec(61))
+    d.complete(c, T0 + sec(62))
+    return d
+
+
+def _completed_by_max_count() -> Driver:
+    d = Driver("thrice")
+    d.create(T0, max_count=3, overlap="allow")
+    for k in range(3):
+        d.tick(T0 + sec(60 * k))
+    return d
+
+
+def test_completed_schedules_from_the_real_decider_are_clean() -> None:
+    d1, d2 = _completed_one_shot(), _completed_by_max_count()
+    assert "ScheduleCompleted" in d1.types() and "ScheduleCompleted" in d2.types()
+    d1.do(m.DeleteSchedule(), T0 + sec(100))  # deleting a completed schedule is fine
+    _assert_clean(audit(_positioned(d1, d2)))
+
+
+def test_an_occurrence_after_completed_is_found() -> None:
+    d = _completed_by_max_count()
+    t = T0 + sec(180)
+    late = m.OccurrenceMaterialized(run_id=run_id_for(TENANT, d.sid, t), scheduled_at=t,
+                                    due_at=t, revision=1, job=m.JobSpec(type="report"),
+                                    state="READY", sequence=4)
+    log = d.log + [m.EventEnvelope(event_id="x.0", type=late.type, key=f"{TENANT}/{d.sid}",
+                                   tenant=TENANT, schedule_id=d.sid, at=t, payload=late)]
+    [v] = only(audit(log), "completed_final")
+    assert "materialized" in v.message
+
+
+def test_a_completion_while_an_instant_was_still_to_come_is_found() -> None:
+    d = Driver("early")
+    d.create(T0, end=T0 + sec(600))
+    d.tick(T0)
+    early = m.ScheduleCompleted(reason="end", completed_at=T0 + sec(1), last_scheduled_at=T0,
+                                count=1)
+    log = d.log + [m.EventEnvelope(event_id="x.0", type=early.type, key=f"{TENANT}/{d.sid}",
+                                   tenant=TENANT, schedule_id=d.sid, at=T0 + sec(1),
+                                   payload=early)]
+    [v] = only(audit(log), "completed_final")
+    assert "still to come" in v.message
+
+
+def test_a_completion_for_max_count_short_of_it_is_found() -> None:
+    d = _completed_by_max_count()
+    completed = next(e for e in d.log if e.type == "ScheduleCompleted")
+    first_run = next(e for e in d.log if e.type == "OccurrenceMaterialized")
+    broken = [e for e in d.log if e is not first_run]  # two runs, yet completed for max_count
+    assert completed in broken
+    report = audit(broken)
+    assert report.violation_counts["completed_final"] == 2  # its count and its reason
