@@ -126,7 +126,7 @@ from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import Tenant, Tenants
 
 __all__ = ["ApiError", "CONSISTENCY_HEADER", "create_app", "decode_token", "encode_token",
-           "openapi_document", "openapi_json"]
+           "openapi_document", "openapi_json", "schedule_document"]
 
 CONSISTENCY_HEADER = "X-Chronolog-Consistency"
 API_VERSION = "1.0.0"
@@ -598,11 +598,9 @@ def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewIte
 RESUME_ITEMS_SHOWN = 200
 
 
-def _resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumePlan | None:
+def _resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumePlan:
     """What a resume at ``now`` would run or skip: the decider's own plan (``plan_due``)
     for the paused schedule's next instant, its policy and the runs it already had."""
-    if row["state"] != "PAUSED":
-        return None
     first: datetime | None = row["next_run_at"]
     if first is None:
         return ResumePlan(as_of=now, instants=[])
@@ -620,6 +618,29 @@ def _resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> Resume
                                 reason=p.reason))
     return ResumePlan(as_of=now, instants=items[:RESUME_ITEMS_SHOWN],
                       truncated=len(items) > RESUME_ITEMS_SHOWN, more_due=plan.later)
+
+
+async def schedule_document(rm: "ReadModel", row: asyncpg.Record, now: datetime
+                            ) -> dict[str, Any]:
+    """The body of ``GET /v1/schedules/{id}`` for a schedules row (``chronolog schedule
+    show`` prints the same); ``now`` is when a resume is supposed to happen."""
+    resume = None
+    if row["state"] == "PAUSED":
+        runs = await rm.runs_so_far(row["tenant"], row["schedule_id"])
+        resume = _resume_plan(row, runs, now)
+    out = ScheduleOut(
+        schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
+        next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
+        created_at=row["created_at"], updated_at=row["updated_at"],
+        paused_at=row["paused_at"], pause_reason=row["pause_reason"],
+        deleted_at=row["deleted_at"], completed_at=row["completed_at"],
+        completed_reason=row["completed_reason"], definition=_definition(row["spec"]),
+        preview=_preview(row), resume=resume,
+    )
+    content = out.model_dump(mode="json", by_alias=True)
+    content["definition"] = out.definition.model_dump(mode="json", by_alias=True,
+                                                      exclude_none=True)
+    return content
 
 
 # =======================================================================================
@@ -987,21 +1008,7 @@ def create_app(
              dependencies=[ConsistentDep])
     async def get_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep) -> JSONResponse:
         row = await schedule_row(tenant, schedule_id)
-        out = ScheduleOut(
-            schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
-            next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
-            created_at=row["created_at"], updated_at=row["updated_at"],
-            paused_at=row["paused_at"], pause_reason=row["pause_reason"],
-            deleted_at=row["deleted_at"], completed_at=row["completed_at"],
-            completed_reason=row["completed_reason"], definition=_definition(row["spec"]),
-            preview=_preview(row),
-            resume=_resume_plan(row, await need_rm().runs_so_far(tenant.name, schedule_id),
-                                datetime.now(timezone.utc))
-            if row["state"] == "PAUSED" else None,
-        )
-        content = out.model_dump(mode="json", by_alias=True)
-        content["definition"] = out.definition.model_dump(mode="json", by_alias=True,
-                                                          exclude_none=True)
+        content = await schedule_document(need_rm(), row, datetime.now(timezone.utc))
         return JSONResponse(content, headers={"ETag": f'"{row["revision"]}"'})
 
     @app.put("/v1/schedules/{schedule_id}", response_model=RevisedOut,
