@@ -9,7 +9,7 @@
                               [--spec FILE.json]
     chronolog schedule revise ID --if-match REV (the same definition flags, or --spec)
     chronolog schedule pause|resume|delete ID
-    chronolog schedule list [--state ACTIVE|PAUSED|DELETED] [--limit N]
+    chronolog schedule list [--state ACTIVE|PAUSED|COMPLETED|DELETED] [--limit N]
     chronolog schedule show ID
     chronolog trigger SCHEDULE_ID [--idempotency-key K] [--params JSON]
     chronolog cancel RUN_ID [--schedule S] [--reason TEXT]
@@ -141,7 +141,7 @@ def register(sub: Any) -> None:
 
     p = ssub.add_parser("list", help="list the tenant's schedules")
     p.add_argument("--state", default=None, type=str.upper,
-                   choices=("ACTIVE", "PAUSED", "DELETED"), help="only this state")
+                   choices=("ACTIVE", "PAUSED", "COMPLETED", "DELETED"), help="only this state")
     p.add_argument("--limit", type=int, default=500, help="at most N (default 500)")
     _common(p)
     p.set_defaults(func=_command(_list))

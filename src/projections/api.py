@@ -47,8 +47,8 @@ projection holds (every list carries the projection ``watermark``).
 Max schedules (429) is enforced twice, on purpose: the processor's check is authoritative
 and race-free but it only sees its own partition's schedules (a tenant spread over P
 partitions could otherwise own up to P x max_schedules); the API's pre-check counts the
-tenant's live (ACTIVE or PAUSED) schedules across all partitions in the read model, which bounds the global
-total but can lag the log and race with concurrent creates. Together: a hard per-partition
+tenant's live (ACTIVE or PAUSED) schedules across all partitions in the read model, which
+bounds the global total but can lag the log and race with concurrent creates. Together: a hard per-partition
 bound plus a global bound that is exact whenever the projection is caught up. The job-type
 check (403) is likewise done here (early answer) and by the processor (the authority).
 
