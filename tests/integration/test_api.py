@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
@@ -22,7 +22,7 @@ from chronolog.log.port import EventLog, Topics
 from chronolog.projections.api import CONSISTENCY_HEADER, create_app
 from chronolog.settings import LogConfig, open_log
 
-from .api_stack import ACME, GLOBEX, INITECH, TENANTS, ApiStack
+from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
 from .conftest import wait_until
 from .pgdb import create_database, drop_database
 
@@ -207,6 +207,39 @@ async def test_taken_id_and_idempotency_key(stack: ApiStack) -> None:
     taken = await create(stack, body)
     err = assert_error(taken, 409, "conflict", "scheduleId")
     assert err["revision"] == 1
+
+
+async def test_a_fired_one_shot_completes_keeps_its_runs_and_frees_its_quota_slot(
+    stack: ApiStack,
+) -> None:
+    assert stack.http is not None
+    once = sid("once")
+    at = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
+    r = await create(stack, {"scheduleId": once, "at": at, "job": {"type": "a"}}, HOOLI)
+    assert r.status_code == 201, r.text
+
+    async def completed() -> dict[str, Any] | None:
+        g = await stack.http.get(f"/v1/schedules/{once}", headers=HOOLI)  # type: ignore[union-attr]
+        return g.json() if g.status_code == 200 and g.json()["state"] == "COMPLETED" else None
+
+    doc = await wait_until(completed, 20, what="the one-shot COMPLETED")
+    assert doc["completedReason"] == "at" and doc["completedAt"] and doc["nextRunAt"] is None
+    runs = (await stack.http.get(f"/v1/schedules/{once}/runs", headers=HOOLI)).json()["items"]
+    assert len(runs) == 1 and runs[0]["state"] == "READY"  # its history stays
+    # the tenant's only slot is free again (max_schedules = 1), and still enforced
+    r = await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "a"}}, HOOLI)
+    assert r.status_code == 201, r.text
+    await stack.http.get(f"/v1/schedules/{r.json()['scheduleId']}", headers=consistent(r, HOOLI))
+    assert_error(await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "a"}},
+                              HOOLI), 429, "quota")
+    # only delete applies to a completed schedule
+    put = await stack.http.put(f"/v1/schedules/{once}", json={"every": "1h", "job": {"type": "a"}},
+                               headers={**HOOLI, "If-Match": str(doc["revision"])})
+    assert "COMPLETED" in assert_error(put, 409, "conflict")["message"]
+    assert_error(await stack.http.post(f"/v1/schedules/{once}:pause", headers=HOOLI), 409,
+                 "conflict")
+    r = await stack.http.delete(f"/v1/schedules/{once}", headers=HOOLI)
+    assert r.status_code == 200 and r.json()["state"] == "DELETED"
 
 
 async def test_max_schedules_is_429(stack: ApiStack) -> None:
