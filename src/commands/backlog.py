@@ -41,6 +41,7 @@ class MisfirePolicy(Protocol):
     misfire_max_age: float
     jitter: float
     kind: str
+    overlap: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,15 @@ class Backlog:
 
     def catch_up(self, pol: MisfirePolicy) -> bool:
         return pol.misfire == "all" and self.backlog
+
+    def coalesces_unstarted(self, pol: MisfirePolicy) -> bool:
+        """``latest`` with a backlog whose newest instant runs (now or, past the budget, in
+        the next decision), under an overlap policy that guards: an occurrence from before
+        the gap that never started is coalesced into the newest as well, rather than hold
+        the guard against it (under ``allow`` it blocks nothing and is left alone)."""
+        if pol.misfire != "latest" or pol.overlap == "allow" or not self.backlog:
+            return False
+        return self.later > 0 or self.items[-1].runs
 
     def within_count(self, count: int, max_count: int | None) -> tuple[Planned, ...]:
         """The items up to the run that uses up ``max_count`` (``count`` runs so far): the

@@ -544,6 +544,8 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
     plan = plan_due(s.schedule_id, pol, s.trigger, s.next_run_at, now, late_reason)
     if not plan.items:
         return
+    if plan.coalesces_unstarted(pol):
+        _coalesce_unstarted(d, now)
     # a catch-up (misfire all) runs its instants one after another, not side by side and
     # not skipped for overlapping each other: they wait behind the running one
     queue = plan.catch_up(pol) and pol.overlap != "allow"
@@ -559,6 +561,21 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
             skipped_run.append((item.instant, item.reason))
     if skipped_run:  # the last due instant was skipped: the schedule goes on after it
         _flush_skips(d, skipped_run, None, final_next=plan.following)
+
+
+def _coalesce_unstarted(d: _Draft, now: datetime) -> None:
+    """Misfire latest after a gap: a scheduled occurrence from before it that never started
+    (READY or PENDING, never claimed) is coalesced into the newest instant too, instead of
+    holding the overlap guard against it."""
+    skipped = False
+    for run in _current_runs(d):
+        if run.trigger == "schedule" and run.state in ("READY", "PENDING") and not run.claimed:
+            d.emit(m.OccurrenceSkipped(run_id=run.run_id, scheduled_at=run.scheduled_at,
+                                       reason="coalesced", materialized=True,
+                                       revision=run.revision, advances_schedule=False))
+            skipped = True
+    if skipped:
+        _after_run_left_guard(d, now)
 
 
 def _flush_skips(

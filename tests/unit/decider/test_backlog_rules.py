@@ -225,3 +225,40 @@ def test_a_backlog_runs_what_the_plan_says_and_accounts_for_every_due_instant(
             assert ran and {e.reason for e in skipped} <= {"coalesced"}
     if policy == "all":
         assert len(ran) == min(max_catchup, len(plan.items))
+
+
+def test_latest_coalesces_an_occurrence_from_before_the_gap_that_never_started(
+    gwt: SimpleNamespace,
+) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, every=2.0, overlap="skip")
+    [first] = s.materialize(gwt.T0)  # READY when the node stopped; no worker took it
+    d = _ticked_after_downtime(gwt, s, 35)
+    stale = [e for e in gwt.all(d, m.OccurrenceSkipped) if e.materialized]
+    assert [(e.run_id, e.reason) for e in stale] == [(first.run_id, "coalesced")]
+    [ran] = gwt.all(d, m.OccurrenceMaterialized)  # the newest is not blocked by it
+    assert (ran.scheduled_at, ran.state) == (gwt.T0 + gwt.sec(34), "READY")
+    assert s.replayed().snapshot() == s.state.snapshot()
+
+
+def test_latest_leaves_a_started_run_from_before_the_gap_and_a_manual_run_alone(
+    gwt: SimpleNamespace,
+) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, every=2.0, overlap="buffer_all", lease=600)
+    [first] = s.materialize(gwt.T0)
+    s.claim(first.run_id, gwt.T0)
+    manual = gwt.one(s.given(m.TriggerRun(request_key="by-hand"), gwt.T0 + gwt.sec(1)),
+                     m.OccurrenceMaterialized)
+    d = _ticked_after_downtime(gwt, s, 35)
+    assert [e for e in gwt.all(d, m.OccurrenceSkipped) if e.materialized] == []
+    assert s.run(first.run_id).state == "LEASED" and s.run(manual.run_id).state == "PENDING"
+
+
+def test_latest_leaves_an_unstarted_run_alone_under_overlap_allow(gwt: SimpleNamespace) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, every=2.0, overlap="allow")
+    [first] = s.materialize(gwt.T0)
+    d = _ticked_after_downtime(gwt, s, 35)
+    assert [e for e in gwt.all(d, m.OccurrenceSkipped) if e.materialized] == []
+    assert s.run(first.run_id).state == "READY"
