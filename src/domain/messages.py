@@ -140,10 +140,12 @@ class JobSpec(_Model):
 class MisfireSpec(_Model):
     """What to do with instants missed while paused or down.
 
-    ``skip``: instants later than ``grace`` are skipped (recorded); ``latest``: only the
-    most recent missed instant runs; ``all``: every missed instant runs, bounded by
-    ``max_catchup`` (the most recent ones) and ``max_age`` — the rest are skipped with a
-    reason, and the schedule always continues (no cliff).
+    One late instant: on time within ``grace``; later, ``skip`` skips it, ``latest`` and
+    ``all`` run it (within ``max_age``). Several due at once (a backlog), whatever the grace:
+    ``latest`` runs only the newest (the older are skipped as ``coalesced``); ``skip`` only
+    the newest, if within ``grace``; ``all`` every one, in order, bounded by ``max_catchup``
+    (the most recent ones) and ``max_age``. Skips are recorded with a reason, and the
+    schedule always continues (no cliff).
     """
 
     policy: Literal["skip", "latest", "all"] = "latest"
