@@ -38,7 +38,8 @@ type):
     Under overlap ``skip``, ``buffer_one`` and ``buffer_all`` never two LEASED runs of one
     schedule at once (checked at each ``AttemptClaimed``; a run stops being LEASED at its
     result, failure, lease expiry, cancellation, reconciliation or dead-lettering); under
-    ``buffer_one`` never more than one PENDING run. The policy is the one of the schedule's
+    ``buffer_one`` never more than one PENDING run (except the occurrences of one misfire
+    ``all`` catch-up, which one decision queues together). The policy is the one of the schedule's
     ``ScheduleCreated``/``ScheduleRevised`` spec; a claim is only judged when both the
     current policy and the policy of the revision its run was materialized with are guarded,
     so a revision from ``allow`` to ``skip`` does not turn runs admitted under ``allow``
@@ -179,7 +180,7 @@ class AuditReport:
 
 class _Run:
     __slots__ = ("run_id", "revision", "state", "claimed_fence", "run_fence", "lease_until",
-                 "lease_ref", "claim_ref", "result_ref", "materialized_ref")
+                 "lease_ref", "claim_ref", "result_ref", "materialized_ref", "cause")
 
     def __init__(self, run_id: str, revision: int, state: str, ref: EventRef | None) -> None:
         self.run_id = run_id
@@ -192,6 +193,7 @@ class _Run:
         self.claim_ref: EventRef | None = None
         self.result_ref: EventRef | None = None
         self.materialized_ref = ref
+        self.cause: str | None = None  # the command whose decision materialized it
 
 
 @dataclass
@@ -396,7 +398,8 @@ class Auditor:
                     self._record_instant(s, p.scheduled_at, None, 1, ref, "materialized")
                     self._after_completion(s, ref, "an occurrence was materialized")
                     s.scheduled_runs += p.advances_schedule
-                if p.state == "PENDING" and s.overlap_policy() == "buffer_one" and s.pending:
+                if (p.state == "PENDING" and s.overlap_policy() == "buffer_one"
+                        and not self._one_catch_up(s, env.causation_id)):
                     other = s.runs.get(next(iter(sorted(s.pending))))
                     self._violate(s, "overlap",
                                   "overlap buffer_one: a second PENDING run while "
@@ -409,6 +412,7 @@ class Auditor:
                 else:
                     run.revision = p.revision
                     run.materialized_ref = run.materialized_ref or ref
+                run.cause = env.causation_id
                 self._set_state(s, run, p.state)
             case m.OccurrenceSkipped():
                 if p.materialized:
@@ -498,6 +502,15 @@ class Auditor:
                 pass
             case _:
                 assert_never(p)
+
+    @staticmethod
+    def _one_catch_up(s: _Schedule, cause: str | None) -> bool:
+        """No PENDING run yet, or every PENDING run came from the same decision (``cause``):
+        a misfire ``all`` catch-up queues its occurrences together under any overlap."""
+        if not s.pending:
+            return True
+        return cause is not None and all(
+            (r := s.runs.get(k)) is not None and r.cause == cause for k in s.pending)
 
     def _after_completion(self, s: _Schedule, ref: EventRef, what: str) -> None:
         """Nothing happens to a COMPLETED schedule's instants or definition."""

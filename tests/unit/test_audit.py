@@ -700,3 +700,15 @@ def test_a_completion_for_max_count_short_of_it_is_found() -> None:
     assert completed in broken
     report = audit(broken)
     assert report.violation_counts["completed_final"] == 2  # its count and its reason
+
+
+def test_a_misfire_all_catch_up_queued_under_buffer_one_is_clean() -> None:
+    d = Driver("catch-up")
+    d.create(T0, misfire="all", overlap="buffer_one", lease=600.0)
+    d.tick(T0)
+    (first,) = d.runs_in("READY")
+    c = d.claim(first, T0 + sec(1))
+    d.tick(T0 + sec(60 * 5 + 30))  # five instants due at once: queued behind the running one
+    assert len(d.runs_in("PENDING")) == 5
+    d.complete(c, T0 + sec(60 * 5 + 31))
+    _assert_clean(audit(d.log))
