@@ -9,7 +9,7 @@
                               [--spec FILE.json]
     chronolog schedule revise ID --if-match REV (the same definition flags, or --spec)
     chronolog schedule pause|resume|delete ID
-    chronolog schedule list [--state ACTIVE|PAUSED|DELETED] [--limit N]
+    chronolog schedule list [--state ACTIVE|PAUSED|COMPLETED|DELETED] [--limit N]
     chronolog schedule show ID
     chronolog trigger SCHEDULE_ID [--idempotency-key K] [--params JSON]
     chronolog cancel RUN_ID [--schedule S] [--reason TEXT]
@@ -141,7 +141,7 @@ def register(sub: Any) -> None:
 
     p = ssub.add_parser("list", help="list the tenant's schedules")
     p.add_argument("--state", default=None, type=str.upper,
-                   choices=("ACTIVE", "PAUSED", "DELETED"), help="only this state")
+                   choices=("ACTIVE", "PAUSED", "COMPLETED", "DELETED"), help="only this state")
     p.add_argument("--limit", type=int, default=500, help="at most N (default 500)")
     _common(p)
     p.set_defaults(func=_command(_list))
@@ -822,19 +822,9 @@ def _show(ctx: Ctx) -> Handler:
         sid = ctx.args.schedule_id
         async with _read_model(ctx) as rm:
             row = await rm.schedule(ctx.tenant, sid)
-        if row is None:
-            raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-        out = api.ScheduleOut(
-            schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
-            next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
-            created_at=row["created_at"], updated_at=row["updated_at"],
-            paused_at=row["paused_at"], pause_reason=row["pause_reason"],
-            deleted_at=row["deleted_at"], definition=api._definition(row["spec"]),
-            preview=api._preview(row),
-        )
-        doc = out.model_dump(mode="json", by_alias=True)
-        doc["definition"] = out.definition.model_dump(mode="json", by_alias=True,
-                                                      exclude_none=True)
+            if row is None:
+                raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
+            doc = await api.schedule_document(rm, row, datetime.now(timezone.utc))
         if ctx.args.json:
             _print_json(doc)
             return 0
@@ -850,7 +840,15 @@ def _show(ctx: Ctx) -> Handler:
             ("jitter", d.get("jitter")), ("nextRunAt", _t(doc["nextRunAt"])),
             ("created / updated", f"{_t(doc['createdAt'])} / {_t(doc['updatedAt'])}"),
         ] + ([("paused", f"{_t(doc['pausedAt'])} {doc['pauseReason'] or ''}".strip())]
-             if doc["pausedAt"] else [])))
+             if doc["pausedAt"] else [])
+          + ([("completed", f"{_t(doc['completedAt'])} ({doc['completedReason']})")]
+             if doc["completedAt"] else [])))
+        if doc["resume"] is not None and doc["resume"]["instants"]:
+            con.print(_table("a resume now would", ["scheduledAt", "through", "count", "action"],
+                             [[_t(i["scheduledAt"]), _t(i["through"]) if i["through"] else "",
+                               i["count"], i["action"] + (f" ({i['reason']})" if i["reason"]
+                                                          else "")]
+                              for i in doc["resume"]["instants"]]))
         if doc["preview"]:
             con.print(_table("next instants", ["#", "scheduledAt", "dueAt", "local"],
                              [[i, _t(p["scheduledAt"]), _t(p["dueAt"]), p["local"]]

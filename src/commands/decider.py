@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterator, Mapping, assert_never
 
+from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
     DEAD_KEPT,
     MANUAL_KEYS_KEPT,
@@ -34,10 +35,11 @@ from chronolog.commands.state import (
 from chronolog.domain import messages as m
 from chronolog.domain.ids import effect_id_for, manual_run_id, run_id_for
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter_offset, upcoming
+from chronolog.domain.recurrence import RecurrenceError, compile_trigger, upcoming
 
 __all__ = [
     "Decision",
+    "MAX_INSTANTS_PER_DECISION",
     "TenantContext",
     "ungranted_effect",
     "decide",
@@ -47,7 +49,6 @@ __all__ = [
     "next_wakeup",
 ]
 
-MAX_INSTANTS_PER_DECISION = 1000  # a Tick materializes or skips at most this many instants
 COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
 _US = timedelta(microseconds=1)
 
@@ -172,11 +173,7 @@ def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Any:
 
 def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | None:
     """The instant plus the schedule's deterministic jitter (the moment it becomes due)."""
-    if instant is None:
-        return None
-    if pol.jitter <= 0:
-        return instant
-    return instant + timedelta(seconds=jitter_offset(schedule_id, instant, pol.jitter))
+    return None if instant is None else due_time(schedule_id, instant, pol.jitter)
 
 
 def _first_instant(
@@ -243,6 +240,7 @@ def _create(
             next_due_at=_due(state.schedule_id, first, pol),
         )
     )
+    _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
@@ -303,6 +301,8 @@ def _schedule_body(s: ScheduleState) -> dict[str, Any]:
 def _revise(
     state: ScheduleState, p: m.ReviseSchedule, now: datetime, tenant: TenantContext
 ) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if p.expected_revision != state.revision:
@@ -358,10 +358,13 @@ def _revise(
             next_due_at=_due(s.schedule_id, nxt, pol),
         )
     )
+    _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
 def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if state.status == "PAUSED":
@@ -369,11 +372,15 @@ def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
     d = _Draft(state)
     # what was already due when the pause arrived is not "missed while paused"
     _materialize_due(d, now, late_reason="misfire")
+    if _complete_if_no_instant_left(d, now):  # that was its last instant: nothing to pause
+        return Decision(events=d.events, body=_schedule_body(d.state))
     d.emit(m.SchedulePaused(reason=p.reason, paused_at=now))
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
 def _resume(state: ScheduleState, now: datetime) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if state.status == "ACTIVE":
@@ -386,11 +393,12 @@ def _resume(state: ScheduleState, now: datetime) -> Decision:
     )
     # The misfire policy applies to the instants of the paused span, right away.
     _materialize_due(d, now, late_reason="paused")
+    _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
 def _delete(state: ScheduleState, principal: str) -> Decision:
-    if not state.exists:
+    if not state.exists and state.status != "COMPLETED":  # a completed one can be deleted
         return _reject("not_found", "no such schedule")
     d = _Draft(state)
     # Runs not yet started will never start; running ones finish under their fence.
@@ -417,6 +425,7 @@ def tick(state: ScheduleState, now: datetime) -> Decision:
         _materialize_due(d, now, late_reason="misfire")
         # an occurrence materialized late may already be past its start deadline
         _expire_start_deadlines(d, now)
+        _complete_if_no_instant_left(d, now)
     return Decision(events=d.events)
 
 
@@ -526,120 +535,47 @@ def _skip_for_start_deadline(d: _Draft, run: Run, now: datetime) -> None:
 
 
 def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
-    """Materialize or skip every instant due at ``now`` (bounded per decision)."""
+    """Materialize or skip every instant due at ``now`` (bounded per decision) as the
+    misfire policy decides (``backlog.plan_due``)."""
     s = d.state
     pol = s.policy
     if pol is None or s.status != "ACTIVE":
         return
-    due, following = _collect_due(s, pol, now, MAX_INSTANTS_PER_DECISION)
-    if not due:
+    plan = plan_due(s.schedule_id, pol, s.trigger, s.next_run_at, now, late_reason)
+    if not plan.items:
         return
-    later = _count_due_after(s, pol, following, now, pol.max_catchup)
-    lateness = _lateness(s.schedule_id, due, pol, now)
-    keep = _instants_to_run(due, lateness, later, pol)
+    if plan.coalesces_unstarted(pol):
+        _coalesce_unstarted(d, now)
+    # a catch-up (misfire all) runs its instants one after another, not side by side and
+    # not skipped for overlapping each other: they wait behind the running one
+    queue = plan.catch_up(pol) and pol.overlap != "allow"
     skipped_run: list[tuple[datetime, str]] = []
-    for i, instant in enumerate(due):
-        nxt = due[i + 1] if i + 1 < len(due) else following
-        if instant in keep:
-            _flush_skips(d, skipped_run, instant)
-            _materialize(d, instant, nxt, now)
+    for i, item in enumerate(plan.items):
+        nxt = plan.items[i + 1].instant if i + 1 < len(plan.items) else plan.following
+        if item.reason is None:
+            _flush_skips(d, skipped_run, item.instant)
+            _materialize(d, item.instant, nxt, now, queue)
             if pol.max_count is not None and s.count >= pol.max_count:
                 return  # the last run: later instants are past the schedule's end
         else:
-            skipped_run.append((instant, keep_reason(lateness[instant], pol, late_reason)))
+            skipped_run.append((item.instant, item.reason))
     if skipped_run:  # the last due instant was skipped: the schedule goes on after it
-        _flush_skips(d, skipped_run, None, final_next=following)
+        _flush_skips(d, skipped_run, None, final_next=plan.following)
 
 
-def _collect_due(
-    s: ScheduleState, pol: Policy, now: datetime, budget: int
-) -> tuple[list[datetime], datetime | None]:
-    """The instants due at ``now`` (at most ``budget``) and the instant following them."""
-    out: list[datetime] = []
-    t = s.next_run_at
-    while t is not None and len(out) < budget:
-        if not _is_due(s, pol, t, now, len(out)):
-            break
-        out.append(t)
-        t = _next_instant(s, pol, t)
-    return out, t
-
-
-def _is_due(s: ScheduleState, pol: Policy, t: datetime, now: datetime, queued: int) -> bool:
-    """Is instant ``t`` due at ``now``? (``max_count`` is applied when materializing: a
-    skipped instant does not use up a run, so it must not shorten the look-ahead.)"""
-    if pol.jitter <= 0:
-        return t <= now
-    due_at = _due(s.schedule_id, t, pol)
-    assert due_at is not None
-    return due_at <= now
-
-
-def _count_due_after(
-    s: ScheduleState, pol: Policy, following: datetime | None, now: datetime, limit: int
-) -> int:
-    """How many instants from ``following`` on are already due (up to ``limit``)."""
-    n = 0
-    t = following
-    while t is not None and n < limit and _is_due(s, pol, t, now, MAX_INSTANTS_PER_DECISION):
-        n += 1
-        t = _next_instant(s, pol, t)
-    return n
-
-
-def _next_instant(s: ScheduleState, pol: Policy, after: datetime) -> datetime | None:
-    if pol.kind in ("delay", "at"):
-        return None  # a delay schedule plans its next instant when the run finishes
-    return s.trigger.next_after(after)
-
-
-def _lateness(
-    schedule_id: str, due: list[datetime], pol: Policy, now: datetime
-) -> dict[datetime, timedelta]:
-    """How late each instant is at ``now``, counted from when it became due (with jitter).
-
-    Counting from the bare instant would make a jitter window wider than the grace turn
-    every on-time occurrence into a misfire.
-    """
-    if pol.jitter <= 0:
-        return {t: now - t for t in due}
-    return {t: now - _due(schedule_id, t, pol) for t in due}  # type: ignore[operator]
-
-
-def _instants_to_run(
-    due: list[datetime], lateness: dict[datetime, timedelta], later: int, pol: Policy
-) -> set[datetime]:
-    """The misfire policy: which due instants run (``later`` more are due after these).
-
-    ``lateness`` is how long each instant has been due. An instant no later than
-    ``grace`` is simply on time and always runs. For the late
-    (misfired) ones — skip: none run; latest: only the newest, and only when no newer
-    instant is due and it is younger than ``max_age``; all: every one younger than
-    ``max_age``, at most ``max_catchup`` in all (the newest win).
-    """
-    grace = timedelta(seconds=pol.grace)
-    max_age = timedelta(seconds=pol.misfire_max_age)
-    on_time = {t for t in due if lateness[t] <= grace}
-    late = [t for t in due if t not in on_time]
-    if not late or pol.misfire == "skip":
-        return on_time
-    if pol.misfire == "latest":
-        newest = late[-1]
-        if later == 0 and not on_time and lateness[newest] <= max_age:
-            return {newest}
-        return on_time
-    room = pol.max_catchup - later - len(on_time)
-    young = [t for t in late if lateness[t] <= max_age]
-    return on_time | (set(young[-room:]) if room > 0 else set())
-
-
-def keep_reason(lateness: timedelta, pol: Policy, late_reason: str) -> str:
-    """Why an instant that has been due for ``lateness`` is skipped by the misfire policy."""
-    if pol.misfire == "all":
-        if lateness > timedelta(seconds=pol.misfire_max_age):
-            return "misfire_max_age"
-        return "misfire_max_catchup"
-    return late_reason
+def _coalesce_unstarted(d: _Draft, now: datetime) -> None:
+    """Misfire latest after a gap: a scheduled occurrence from before it that never started
+    (READY or PENDING, never claimed) is coalesced into the newest instant too, instead of
+    holding the overlap guard against it."""
+    skipped = False
+    for run in _current_runs(d):
+        if run.trigger == "schedule" and run.state in ("READY", "PENDING") and not run.claimed:
+            d.emit(m.OccurrenceSkipped(run_id=run.run_id, scheduled_at=run.scheduled_at,
+                                       reason="coalesced", materialized=True,
+                                       revision=run.revision, advances_schedule=False))
+            skipped = True
+    if skipped:
+        _after_run_left_guard(d, now)
 
 
 def _flush_skips(
@@ -686,7 +622,9 @@ def _flush_skips(
     skipped.clear()
 
 
-def _materialize(d: _Draft, instant: datetime, nxt: datetime | None, now: datetime) -> None:
+def _materialize(
+    d: _Draft, instant: datetime, nxt: datetime | None, now: datetime, queue: bool = False
+) -> None:
     s = d.state
     pol = s.policy
     assert pol is not None
@@ -695,7 +633,7 @@ def _materialize(d: _Draft, instant: datetime, nxt: datetime | None, now: dateti
         nxt = None
     run_id = run_id_for(s.tenant, s.schedule_id, instant)
     _admit(d, run_id, instant, pol.job, "schedule", None, nxt, now, advances=True,
-           skip_nxt=skip_nxt)
+           skip_nxt=skip_nxt, queue=queue)
 
 
 def _admit(
@@ -710,11 +648,13 @@ def _admit(
     advances: bool,
     request_digest: str | None = None,
     skip_nxt: datetime | None = None,
+    queue: bool = False,
 ) -> None:
     """Create an occurrence under the overlap policy (READY, PENDING, or skipped).
 
     ``nxt`` is the schedule's next instant after this occurrence; ``skip_nxt`` (default
-    ``nxt``) the one after it when the overlap policy skips it instead.
+    ``nxt``) the one after it when the overlap policy skips it instead. ``queue``: it waits
+    (PENDING) behind an active run whatever the overlap policy (a catch-up).
     """
     s = d.state
     pol = s.policy
@@ -724,7 +664,7 @@ def _admit(
     active = s.active_runs()
     state = "READY"
     if active:
-        policy = pol.overlap
+        policy = "buffer_all" if queue else pol.overlap
         if policy == "skip" or (policy == "buffer_one" and s.pending):
             if skip_nxt is not None:
                 nxt = skip_nxt
@@ -800,6 +740,46 @@ def _after_run_left_guard(d: _Draft, now: datetime) -> None:
             nxt = None
         if nxt is not None:
             d.emit(m.NextRunPlanned(next_run_at=nxt, next_due_at=_due(s.schedule_id, nxt, pol)))
+    if pol.kind == "delay":
+        _complete_if_no_instant_left(d, now)
+
+
+# ---------------------------------------------------------------------------------------
+# the end of a schedule: COMPLETED
+
+
+def _complete_if_no_instant_left(d: _Draft, now: datetime) -> bool:
+    """An ACTIVE schedule with no further instant ends: ScheduleCompleted (terminal).
+
+    A fixed-delay schedule plans its next instant when its run finishes, so it ends only
+    when no run of it is active and none was planned. Returns whether it completed.
+    """
+    s = d.state
+    pol = s.policy
+    if pol is None or not _no_instant_left(s):
+        return False
+    if pol.max_count is not None and s.count >= pol.max_count:
+        reason = "max_count"
+    else:
+        reason = "at" if pol.kind == "at" else "end"
+    d.emit(m.ScheduleCompleted(reason=reason, completed_at=now,  # type: ignore[arg-type]
+                               last_scheduled_at=s.last_scheduled_at, count=s.count))
+    return True
+
+
+def _no_instant_left(s: ScheduleState) -> bool:
+    """An ACTIVE schedule that will never materialize another instant."""
+    if s.policy is None or s.status != "ACTIVE" or s.next_run_at is not None:
+        return False
+    return s.policy.kind != "delay" or not (s.active_runs() or s.pending)
+
+
+def _refuse_completed(state: ScheduleState) -> Decision | None:
+    """A COMPLETED schedule is final: only delete applies to it (and its runs' commands)."""
+    if state.status != "COMPLETED":
+        return None
+    return _reject("conflict", "schedule is COMPLETED: it has no further instant; "
+                   "create a new schedule or delete this one", state="COMPLETED")
 
 
 # ---------------------------------------------------------------------------------------
@@ -814,6 +794,8 @@ def params_digest(params: dict[str, Any] | None) -> str:
 
 
 def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     digest = params_digest(p.params)
@@ -1209,6 +1191,9 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             state.status = "DELETED"
             state.next_run_at = state.next_due_at = None
             state.pending = None
+        case m.ScheduleCompleted():
+            state.status = "COMPLETED"
+            state.next_run_at = state.next_due_at = None
         case m.NextRunPlanned():
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
@@ -1384,6 +1369,10 @@ def next_wakeup(state: ScheduleState) -> datetime | None:
     best: datetime | None = None
     if state.status == "ACTIVE" and state.next_due_at is not None:
         best = state.next_due_at
+    elif _no_instant_left(state):
+        # ended before it could complete (a log written before COMPLETED existed): a Tick
+        # now completes it
+        best = state.last_scheduled_at or state.created_at
     for run in (state.runs or {}).values():
         t: datetime | None = None
         if run.state == "LEASED" and run.lease_until is not None:

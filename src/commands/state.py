@@ -265,7 +265,7 @@ class ScheduleState:
     def __init__(self, tenant: str, schedule_id: str) -> None:
         self.tenant = tenant
         self.schedule_id = schedule_id
-        self.status = "NEW"  # NEW | ACTIVE | PAUSED | DELETED
+        self.status = "NEW"  # NEW | ACTIVE | PAUSED | COMPLETED | DELETED
         self.revision = 0
         self.policy: Policy | None = None
         self.trigger: Any = None

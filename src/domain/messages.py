@@ -140,10 +140,12 @@ class JobSpec(_Model):
 class MisfireSpec(_Model):
     """What to do with instants missed while paused or down.
 
-    ``skip``: instants later than ``grace`` are skipped (recorded); ``latest``: only the
-    most recent missed instant runs; ``all``: every missed instant runs, bounded by
-    ``max_catchup`` (the most recent ones) and ``max_age`` — the rest are skipped with a
-    reason, and the schedule always continues (no cliff).
+    One late instant: on time within ``grace``; later, ``skip`` skips it, ``latest`` and
+    ``all`` run it (within ``max_age``). Several due at once (a backlog), whatever the grace:
+    ``latest`` runs only the newest (the older are skipped as ``coalesced``); ``skip`` only
+    the newest, if within ``grace``; ``all`` every one, in order, bounded by ``max_catchup``
+    (the most recent ones) and ``max_age``. Skips are recorded with a reason, and the
+    schedule always continues (no cliff).
     """
 
     policy: Literal["skip", "latest", "all"] = "latest"
@@ -516,6 +518,19 @@ class ScheduleDeleted(_Event):
     type: Literal["ScheduleDeleted"] = "ScheduleDeleted"
 
 
+class ScheduleCompleted(_Event):
+    """The schedule has no further instant and has ended (terminal): a one-shot's instant was
+    handled (``at``), its rule has no instant left before ``end`` (``end``), or it had
+    ``max_count`` runs (``max_count``). It leaves the tenant's quota; its runs stay and those
+    still going finish."""
+
+    type: Literal["ScheduleCompleted"] = "ScheduleCompleted"
+    reason: Literal["at", "end", "max_count"]
+    completed_at: UtcDatetime
+    last_scheduled_at: UtcDatetime | None = None  # its last instant (run or skipped)
+    count: int = 0  # the runs it had
+
+
 class NextRunPlanned(_Event):
     """The schedule's next instant changed outside materialization (fixed-delay schedules)."""
 
@@ -555,6 +570,7 @@ class OccurrenceSkipped(_Event):
         "misfire",
         "misfire_max_age",
         "misfire_max_catchup",
+        "coalesced",
         "paused",
         "overlap",
         "overlap_buffer_full",
@@ -743,6 +759,7 @@ Event = Annotated[
         SchedulePaused,
         ScheduleResumed,
         ScheduleDeleted,
+        ScheduleCompleted,
         NextRunPlanned,
         OccurrenceMaterialized,
         OccurrenceSkipped,

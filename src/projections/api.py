@@ -47,8 +47,8 @@ projection holds (every list carries the projection ``watermark``).
 Max schedules (429) is enforced twice, on purpose: the processor's check is authoritative
 and race-free but it only sees its own partition's schedules (a tenant spread over P
 partitions could otherwise own up to P x max_schedules); the API's pre-check counts the
-tenant's live schedules across all partitions in the read model, which bounds the global
-total but can lag the log and race with concurrent creates. Together: a hard per-partition
+tenant's live (ACTIVE or PAUSED) schedules across all partitions in the read model, which
+bounds the global total but can lag the log and race with concurrent creates. Together: a hard per-partition
 bound plus a global bound that is exact whenever the projection is caught up. The job-type
 check (403) is likewise done here (early answer) and by the processor (the authority).
 
@@ -62,11 +62,16 @@ Schedules
 occurrences ``{scheduledAt, dueAt, local}`` where ``dueAt`` includes the schedule's
 deterministic jitter (the same hash the processor uses). Preview decisions: an ACTIVE
 schedule's preview starts at its ``nextRunAt`` (which may be slightly in the past when a
-tick is due); a PAUSED (or DELETED) schedule's preview is empty — nothing runs while paused,
-and what a resume would run depends on the misfire policy at resume time; ``delay``
+tick is due); a PAUSED (or DELETED) schedule's preview is empty — nothing runs while paused.
+A PAUSED schedule has ``resume`` instead: what a resume now would run or skip, from the
+misfire planner the processor applies (``commands.backlog.plan_due``), skips of one reason
+collapsed into ranges; ``delay``
 schedules show only ``nextRunAt`` (later instants depend on when runs finish). The preview
 does not count ``maxCount`` down (an exhausted schedule has no ``nextRunAt`` and so no
-preview).
+preview). A schedule with no further instant (a one-shot that fired, ``end`` passed,
+``maxCount`` reached) is ``COMPLETED`` with ``completedAt`` and ``completedReason``
+(``at`` | ``end`` | ``max_count``): it no longer counts against the quota, its runs stay
+listed, a PUT, pause, resume or trigger answers 409 and a DELETE deletes it.
 
 History paging
 --------------
@@ -98,8 +103,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chronolog.commands.backlog import plan_due
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.commands.decider import TenantContext, ungranted_effect
+from chronolog.commands.state import policy_for
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
@@ -119,7 +126,7 @@ from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import Tenant, Tenants
 
 __all__ = ["ApiError", "CONSISTENCY_HEADER", "create_app", "decode_token", "encode_token",
-           "openapi_document", "openapi_json"]
+           "openapi_document", "openapi_json", "schedule_document"]
 
 CONSISTENCY_HEADER = "X-Chronolog-Consistency"
 API_VERSION = "1.0.0"
@@ -290,7 +297,7 @@ class ScheduleWritten(_Api):
 
 
 class ScheduleStateOut(ScheduleWritten):
-    state: Literal["ACTIVE", "PAUSED", "DELETED"]
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
 
 
 class RevisedOut(_Api):
@@ -304,9 +311,29 @@ class PreviewItem(_Api):
     local: str
 
 
+class ResumeItem(_Api):
+    """A due instant (or a range of ``count`` consecutive ones, ``scheduledAt`` ..
+    ``through``) and what a resume now does with it: ``run`` or ``skip`` for ``reason``."""
+
+    scheduled_at: datetime
+    through: datetime | None = None
+    count: int = 1
+    action: Literal["run", "skip"]
+    reason: str | None = None
+
+
+class ResumePlan(_Api):
+    """What resuming a paused schedule at ``asOf`` would do under its misfire policy."""
+
+    as_of: datetime
+    instants: list[ResumeItem]
+    truncated: bool = False  # more items than listed
+    more_due: int = 0  # instants due beyond one decision: the ticks after the resume take them
+
+
 class ScheduleOut(_Api):
     schedule_id: str
-    state: Literal["ACTIVE", "PAUSED", "DELETED"]
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
     revision: int
     next_run_at: datetime | None
     next_due_at: datetime | None
@@ -315,8 +342,11 @@ class ScheduleOut(_Api):
     paused_at: datetime | None
     pause_reason: str | None
     deleted_at: datetime | None
+    completed_at: datetime | None = None
+    completed_reason: Literal["at", "end", "max_count"] | None = None
     definition: ScheduleDefinition
     preview: list[PreviewItem]
+    resume: ResumePlan | None = None  # a PAUSED schedule: what a resume now would run or skip
 
 
 class RunCreated(_Api):
@@ -531,18 +561,29 @@ def _definition(spec_json: Any) -> ScheduleDefinition:
     return ScheduleDefinition.model_validate(data)
 
 
+def _stored_spec(row: asyncpg.Record) -> m.ScheduleSpec:
+    return m.ScheduleSpec.model_validate(orjson.loads(row["spec"]), context=m.STORED)
+
+
+def _recurrence(row: asyncpg.Record, spec: m.ScheduleSpec, first: datetime) -> Any:
+    """The recurrence of a stored cron / every schedule (None for at / delay)."""
+    if spec.cron is None and spec.every is None:
+        return None
+    return compile_trigger(
+        cron=spec.cron, every=spec.every, timezone=spec.timezone,
+        anchor=row["anchor"] or spec.anchor or first, start=spec.start, end=spec.end,
+        dst_ambiguous=spec.dst.ambiguous, dst_nonexistent=spec.dst.nonexistent,
+    )
+
+
 def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:
     if row["state"] != "ACTIVE" or row["next_run_at"] is None:
         return []
-    spec = m.ScheduleSpec.model_validate(orjson.loads(row["spec"]), context=m.STORED)
+    spec = _stored_spec(row)
     first: datetime = row["next_run_at"]
     instants = [first]
-    if spec.cron is not None or spec.every is not None:
-        trigger = compile_trigger(
-            cron=spec.cron, every=spec.every, timezone=spec.timezone,
-            anchor=row["anchor"] or spec.anchor or first, start=spec.start, end=spec.end,
-            dst_ambiguous=spec.dst.ambiguous, dst_nonexistent=spec.dst.nonexistent,
-        )
+    trigger = _recurrence(row, spec, first)
+    if trigger is not None:
         instants += upcoming(trigger, first, count - 1)
     zone = resolve_zone(spec.timezone)
     out = []
@@ -552,6 +593,54 @@ def _preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewIte
         out.append(PreviewItem(scheduled_at=t, due_at=due,
                                local=t.astimezone(zone).isoformat(timespec="seconds")))
     return out
+
+
+RESUME_ITEMS_SHOWN = 200
+
+
+def _resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumePlan:
+    """What a resume at ``now`` would run or skip: the decider's own plan (``plan_due``)
+    for the paused schedule's next instant, its policy and the runs it already had."""
+    first: datetime | None = row["next_run_at"]
+    if first is None:
+        return ResumePlan(as_of=now, instants=[])
+    spec = _stored_spec(row)
+    pol = policy_for(spec)
+    plan = plan_due(row["schedule_id"], pol, _recurrence(row, spec, first), first, now, "paused")
+    items: list[ResumeItem] = []
+    for p in plan.within_count(runs_so_far, spec.max_count):
+        last = items[-1] if items else None
+        if (last is not None and not p.runs and last.action == "skip"
+                and last.reason == p.reason):
+            last.through, last.count = p.instant, last.count + 1
+            continue
+        items.append(ResumeItem(scheduled_at=p.instant, action="run" if p.runs else "skip",
+                                reason=p.reason))
+    return ResumePlan(as_of=now, instants=items[:RESUME_ITEMS_SHOWN],
+                      truncated=len(items) > RESUME_ITEMS_SHOWN, more_due=plan.later)
+
+
+async def schedule_document(rm: "ReadModel", row: asyncpg.Record, now: datetime
+                            ) -> dict[str, Any]:
+    """The body of ``GET /v1/schedules/{id}`` for a schedules row (``chronolog schedule
+    show`` prints the same); ``now`` is when a resume is supposed to happen."""
+    resume = None
+    if row["state"] == "PAUSED":
+        runs = await rm.runs_so_far(row["tenant"], row["schedule_id"])
+        resume = _resume_plan(row, runs, now)
+    out = ScheduleOut(
+        schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
+        next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
+        created_at=row["created_at"], updated_at=row["updated_at"],
+        paused_at=row["paused_at"], pause_reason=row["pause_reason"],
+        deleted_at=row["deleted_at"], completed_at=row["completed_at"],
+        completed_reason=row["completed_reason"], definition=_definition(row["spec"]),
+        preview=_preview(row), resume=resume,
+    )
+    content = out.model_dump(mode="json", by_alias=True)
+    content["definition"] = out.definition.model_dump(mode="json", by_alias=True,
+                                                      exclude_none=True)
+    return content
 
 
 # =======================================================================================
@@ -579,11 +668,18 @@ class ReadModel:
 
     async def live_schedules(self, tenant: str, schedule_id: str) -> tuple[int, bool]:
         row = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, "
+            "SELECT count(*) FILTER (WHERE state NOT IN ('DELETED', 'COMPLETED')) AS live, "
             "COALESCE(bool_or(schedule_id = $2), false) AS known "
             "FROM schedules WHERE tenant = $1", tenant, schedule_id)
         assert row is not None
         return int(row["live"]), bool(row["known"])
+
+    async def runs_so_far(self, tenant: str, schedule_id: str) -> int:
+        """How many scheduled runs the schedule has had (its last sequence number)."""
+        n = await self.pool.fetchval(
+            "SELECT max(sequence) FROM runs WHERE tenant = $1 AND schedule_id = $2",
+            tenant, schedule_id)
+        return int(n or 0)
 
     async def run(self, tenant: str, run_id: str) -> asyncpg.Record | None:
         return await self.pool.fetchrow(
@@ -912,17 +1008,7 @@ def create_app(
              dependencies=[ConsistentDep])
     async def get_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep) -> JSONResponse:
         row = await schedule_row(tenant, schedule_id)
-        out = ScheduleOut(
-            schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
-            next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],
-            created_at=row["created_at"], updated_at=row["updated_at"],
-            paused_at=row["paused_at"], pause_reason=row["pause_reason"],
-            deleted_at=row["deleted_at"], definition=_definition(row["spec"]),
-            preview=_preview(row),
-        )
-        content = out.model_dump(mode="json", by_alias=True)
-        content["definition"] = out.definition.model_dump(mode="json", by_alias=True,
-                                                          exclude_none=True)
+        content = await schedule_document(need_rm(), row, datetime.now(timezone.utc))
         return JSONResponse(content, headers={"ETag": f'"{row["revision"]}"'})
 
     @app.put("/v1/schedules/{schedule_id}", response_model=RevisedOut,

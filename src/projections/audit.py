@@ -38,7 +38,8 @@ type):
     Under overlap ``skip``, ``buffer_one`` and ``buffer_all`` never two LEASED runs of one
     schedule at once (checked at each ``AttemptClaimed``; a run stops being LEASED at its
     result, failure, lease expiry, cancellation, reconciliation or dead-lettering); under
-    ``buffer_one`` never more than one PENDING run. The policy is the one of the schedule's
+    ``buffer_one`` never more than one PENDING run (except the occurrences of one misfire
+    ``all`` catch-up, which one decision queues together). The policy is the one of the schedule's
     ``ScheduleCreated``/``ScheduleRevised`` spec; a claim is only judged when both the
     current policy and the policy of the revision its run was materialized with are guarded,
     so a revision from ``allow`` to ``skip`` does not turn runs admitted under ``allow``
@@ -54,6 +55,15 @@ type):
     One ``EffectIntended`` per effect ID, unless a ``ReconciliationResolved`` with decision
     ``retry`` for that effect came in between; an effect ID belongs to one schedule; at most
     one ``EffectSucceeded`` per effect ID.
+``completed_final``
+    A ``ScheduleCompleted`` is final and true. Final: after it no scheduled occurrence is
+    materialized or skipped and the schedule is not revised, paused or resumed (only a
+    deletion follows; a re-creation of a deleted ID starts afresh). True: the schedule
+    really had no further instant — its ``count`` is the number of scheduled runs the log
+    shows, and with reason ``max_count`` that number reached the spec's ``max_count``;
+    ``at``: the one-shot's instant was recorded; ``end``: the current revision's trigger
+    (``delay``: counted from the completion) has no instant after the last one recorded
+    (and after the revision) before ``end``.
 ``decodable``
     Only for readers of raw records (the CLI): a record of ``events`` that does not decode.
 """
@@ -87,6 +97,7 @@ CHECKS: tuple[str, ...] = (
     "overlap",
     "misfire_all_complete",
     "effect_unique",
+    "completed_final",
     "decodable",
 )
 
@@ -169,7 +180,7 @@ class AuditReport:
 
 class _Run:
     __slots__ = ("run_id", "revision", "state", "claimed_fence", "run_fence", "lease_until",
-                 "lease_ref", "claim_ref", "result_ref", "materialized_ref")
+                 "lease_ref", "claim_ref", "result_ref", "materialized_ref", "cause")
 
     def __init__(self, run_id: str, revision: int, state: str, ref: EventRef | None) -> None:
         self.run_id = run_id
@@ -182,6 +193,7 @@ class _Run:
         self.claim_ref: EventRef | None = None
         self.result_ref: EventRef | None = None
         self.materialized_ref = ref
+        self.cause: str | None = None  # the command whose decision materialized it
 
 
 @dataclass
@@ -200,7 +212,7 @@ class _Revision:
 class _Schedule:
     __slots__ = ("tenant", "schedule_id", "revisions", "current", "fence", "max_fence",
                  "fence_ref", "fence_run", "starts", "spans", "manual", "runs", "leased",
-                 "pending")
+                 "pending", "completed_ref", "scheduled_runs", "last_instant", "revised_at")
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
         self.tenant = tenant
@@ -218,6 +230,10 @@ class _Schedule:
         self.runs: dict[str, _Run] = {}
         self.leased: set[str] = set()
         self.pending: set[str] = set()
+        self.completed_ref: EventRef | None = None  # its ScheduleCompleted, once ended
+        self.scheduled_runs = 0  # runs that advanced the schedule (its maxCount count)
+        self.last_instant: datetime | None = None  # the latest scheduled instant recorded
+        self.revised_at: datetime | None = None  # authority time of the current revision
 
     def overlap_policy(self, revision: int | None = None) -> str | None:
         rev = self.current if revision is None else self.revisions.get(revision, self.current)
@@ -324,6 +340,9 @@ class Auditor:
     def _record_instant(self, s: _Schedule, start: datetime, end: datetime | None, count: int,
                         ref: EventRef, what: str) -> None:
         self._claim_key(s, start, end or start, ref, what)
+        last = end or start
+        if s.last_instant is None or last > s.last_instant:
+            s.last_instant = last
         rev = s.current
         if rev is not None and rev.check_misfire:
             if end is None or (end == start and count == 1):
@@ -354,21 +373,33 @@ class Auditor:
         p = env.payload
         match p:
             case m.ScheduleCreated() | m.ScheduleRevised():
+                if isinstance(p, m.ScheduleCreated):  # a new one, or a deleted ID's again
+                    s.completed_ref, s.scheduled_runs, s.last_instant = None, 0, None
+                else:
+                    self._after_completion(s, ref, "it was revised")
+                s.revised_at = env.at
                 kind_ok = p.spec.cron is not None or p.spec.every is not None
                 rev = _Revision(p.revision, p.spec, p.anchor, ref,
                                 check_misfire=kind_ok and p.spec.misfire.policy == "all")
                 s.revisions[p.revision] = rev
                 s.current = rev
-            case (m.SchedulePaused() | m.ScheduleResumed() | m.ScheduleDeleted()
-                  | m.NextRunPlanned()):
+            case m.SchedulePaused() | m.ScheduleResumed():
+                self._after_completion(s, ref, "paused" if p.type == "SchedulePaused"
+                                       else "resumed")
+            case m.ScheduleDeleted() | m.NextRunPlanned():
                 pass
+            case m.ScheduleCompleted():
+                self._completed(s, env, p, ref)
             case m.OccurrenceMaterialized():
                 self.report.runs += 1
                 if p.request_key is not None or p.trigger == "manual":
                     self._manual_key(s, p.request_key or p.run_id, ref)
                 else:
                     self._record_instant(s, p.scheduled_at, None, 1, ref, "materialized")
-                if p.state == "PENDING" and s.overlap_policy() == "buffer_one" and s.pending:
+                    self._after_completion(s, ref, "an occurrence was materialized")
+                    s.scheduled_runs += p.advances_schedule
+                if (p.state == "PENDING" and s.overlap_policy() == "buffer_one"
+                        and not self._one_catch_up(s, env.causation_id)):
                     other = s.runs.get(next(iter(sorted(s.pending))))
                     self._violate(s, "overlap",
                                   "overlap buffer_one: a second PENDING run while "
@@ -381,6 +412,7 @@ class Auditor:
                 else:
                     run.revision = p.revision
                     run.materialized_ref = run.materialized_ref or ref
+                run.cause = env.causation_id
                 self._set_state(s, run, p.state)
             case m.OccurrenceSkipped():
                 if p.materialized:
@@ -390,6 +422,7 @@ class Auditor:
                 else:
                     self._record_instant(s, p.scheduled_at, p.through, p.count, ref,
                                          "skipped range" if p.through else "skipped")
+                    self._after_completion(s, ref, "an occurrence was skipped")
             case m.OccurrenceReady():
                 self._set_state(s, self._run(s, p.run_id), "READY")
             case m.FenceAdvanced():
@@ -469,6 +502,65 @@ class Auditor:
                 pass
             case _:
                 assert_never(p)
+
+    @staticmethod
+    def _one_catch_up(s: _Schedule, cause: str | None) -> bool:
+        """No PENDING run yet, or every PENDING run came from the same decision (``cause``):
+        a misfire ``all`` catch-up queues its occurrences together under any overlap."""
+        if not s.pending:
+            return True
+        return cause is not None and all(
+            (r := s.runs.get(k)) is not None and r.cause == cause for k in s.pending)
+
+    def _after_completion(self, s: _Schedule, ref: EventRef, what: str) -> None:
+        """Nothing happens to a COMPLETED schedule's instants or definition."""
+        if s.completed_ref is not None:
+            self._violate(s, "completed_final", f"the schedule is COMPLETED, yet {what}",
+                          s.completed_ref, ref)
+
+    def _completed(self, s: _Schedule, env: m.EventEnvelope, p: m.ScheduleCompleted,
+                   ref: EventRef) -> None:
+        """A ScheduleCompleted must be the schedule's first, and the schedule really ended."""
+        self._after_completion(s, ref, "it completed again")
+        s.completed_ref = ref
+        rev = s.current
+        if rev is None:
+            self._violate(s, "completed_final", "ScheduleCompleted for a schedule never created",
+                          ref)
+            return
+        if p.count != s.scheduled_runs:
+            self._violate(s, "completed_final", f"ScheduleCompleted says {p.count} runs, the log "
+                          f"shows {s.scheduled_runs}", rev.ref, ref)
+        spec = rev.spec
+        left = self._instant_left(s, rev, env.at)
+        if p.reason == "max_count" and (spec.max_count is None
+                                        or s.scheduled_runs < spec.max_count):
+            self._violate(s, "completed_final", f"completed for max_count after "
+                          f"{s.scheduled_runs} runs (max_count {spec.max_count})", rev.ref, ref)
+        elif p.reason != "max_count" and left is not None:
+            self._violate(s, "completed_final", f"completed ({p.reason}) while instant "
+                          f"{_iso(left)} was still to come", rev.ref, ref)
+
+    def _instant_left(self, s: _Schedule, rev: _Revision, at: datetime) -> datetime | None:
+        """An instant of the current revision still to come when it completed at ``at``."""
+        spec = rev.spec
+        if spec.at is not None:
+            recorded = s.last_instant is not None and s.last_instant >= spec.at
+            return None if recorded else spec.at
+        try:
+            trigger = _compile(spec, rev.anchor)
+        except RecurrenceError:
+            return None  # not checkable; misfire_all_complete notes such a trigger
+        if spec.delay is not None:
+            nxt = trigger.next_after(at)
+        else:
+            after = s.last_instant or rev.anchor - _US
+            if s.revised_at is not None and s.revised_at - _US > after:
+                after = s.revised_at - _US
+            nxt = trigger.next_after(after)
+        if nxt is not None and spec.end is not None and nxt > spec.end:
+            return None
+        return nxt
 
     def _manual_key(self, s: _Schedule, request_key: str, ref: EventRef) -> None:
         old = s.manual.get(request_key)

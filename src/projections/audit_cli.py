@@ -45,8 +45,9 @@ def register(subparsers: Any) -> None:
         help="check the whole event log against the scheduler's guarantees",
         description="Fold every event of the log and check: one occurrence per key, fences "
                     "strictly increasing and current, one result per run within its lease, "
-                    "overlap policies, misfire 'all' completeness, unique effects. "
-                    "Exit 0: clean; 1: violations; 2: bad configuration.",
+                    "overlap policies, misfire 'all' completeness, unique effects, COMPLETED "
+                    "schedules final and true. Exit 0: clean; 1: violations; 2: bad "
+                    "configuration.",
     )
     add_log_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

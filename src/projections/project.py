@@ -59,7 +59,8 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
             sched(revision=p.revision, state="ACTIVE", spec=p.spec.model_dump(mode="json"),
                   request_key=p.request_key, anchor=p.anchor, next_run_at=p.next_run_at,
                   next_due_at=p.next_due_at, paused_at=None, pause_reason=None,
-                  deleted_at=None, created_at=p.created_at, updated_at=at)
+                  deleted_at=None, completed_at=None, completed_reason=None,
+                  created_at=p.created_at, updated_at=at)
         case m.ScheduleRevised():
             sched(revision=p.revision, spec=p.spec.model_dump(mode="json"), anchor=p.anchor,
                   next_run_at=p.next_run_at, next_due_at=p.next_due_at, updated_at=at)
@@ -72,6 +73,9 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         case m.ScheduleDeleted():
             sched(state="DELETED", deleted_at=at, next_run_at=None, next_due_at=None,
                   updated_at=at)
+        case m.ScheduleCompleted():
+            sched(state="COMPLETED", completed_at=p.completed_at, completed_reason=p.reason,
+                  next_run_at=None, next_due_at=None, updated_at=at)
         case m.NextRunPlanned():
             sched(next_run_at=p.next_run_at, next_due_at=p.next_due_at)
         case m.OccurrenceMaterialized():

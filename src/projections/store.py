@@ -100,7 +100,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             tenant=TEXT, schedule_id=TEXT, revision=BIGINT, state=TEXT, spec=JSONB,
             request_key=TEXT, anchor=TS, fence=BIGINT, next_run_at=TS, next_due_at=TS,
             paused_at=TS, pause_reason=TEXT, deleted_at=TS, created_at=TS, updated_at=TS,
-            last_event_at=TS,
+            last_event_at=TS, completed_at=TS, completed_reason=TEXT,
         ),
         "runs": _spec(
             "runs",

@@ -31,11 +31,13 @@ TENANTS = Tenants({
         kind="webhook", url="https://hooks.example/chronolog")}),
     "globex": Tenant("globex", ("globex-token",), frozenset({"report"}), 1000),
     "initech": Tenant("initech", ("initech-token",), None, 2),
+    "hooli": Tenant("hooli", ("hooli-token",), None, 1),
 })
 
 ACME = {"Authorization": "Bearer acme-token"}
 GLOBEX = {"Authorization": "Bearer globex-token"}
 INITECH = {"Authorization": "Bearer initech-token"}
+HOOLI = {"Authorization": "Bearer hooli-token"}
 
 
 class ApiStack:

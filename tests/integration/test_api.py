@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
@@ -22,7 +22,7 @@ from chronolog.log.port import EventLog, Topics
 from chronolog.projections.api import CONSISTENCY_HEADER, create_app
 from chronolog.settings import LogConfig, open_log
 
-from .api_stack import ACME, GLOBEX, INITECH, TENANTS, ApiStack
+from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
 from .conftest import wait_until
 from .pgdb import create_database, drop_database
 
@@ -246,6 +246,39 @@ async def test_taken_id_and_idempotency_key(stack: ApiStack) -> None:
     assert err["revision"] == 1
 
 
+async def test_a_fired_one_shot_completes_keeps_its_runs_and_frees_its_quota_slot(
+    stack: ApiStack,
+) -> None:
+    assert stack.http is not None
+    once = sid("once")
+    at = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
+    r = await create(stack, {"scheduleId": once, "at": at, "job": {"type": "a"}}, HOOLI)
+    assert r.status_code == 201, r.text
+
+    async def completed() -> dict[str, Any] | None:
+        g = await stack.http.get(f"/v1/schedules/{once}", headers=HOOLI)  # type: ignore[union-attr]
+        return g.json() if g.status_code == 200 and g.json()["state"] == "COMPLETED" else None
+
+    doc = await wait_until(completed, 20, what="the one-shot COMPLETED")
+    assert doc["completedReason"] == "at" and doc["completedAt"] and doc["nextRunAt"] is None
+    runs = (await stack.http.get(f"/v1/schedules/{once}/runs", headers=HOOLI)).json()["items"]
+    assert len(runs) == 1 and runs[0]["state"] == "READY"  # its history stays
+    # the tenant's only slot is free again (max_schedules = 1), and still enforced
+    r = await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "a"}}, HOOLI)
+    assert r.status_code == 201, r.text
+    await stack.http.get(f"/v1/schedules/{r.json()['scheduleId']}", headers=consistent(r, HOOLI))
+    assert_error(await create(stack, {"scheduleId": sid(), "every": "1h", "job": {"type": "a"}},
+                              HOOLI), 429, "quota")
+    # only delete applies to a completed schedule
+    put = await stack.http.put(f"/v1/schedules/{once}", json={"every": "1h", "job": {"type": "a"}},
+                               headers={**HOOLI, "If-Match": str(doc["revision"])})
+    assert "COMPLETED" in assert_error(put, 409, "conflict")["message"]
+    assert_error(await stack.http.post(f"/v1/schedules/{once}:pause", headers=HOOLI), 409,
+                 "conflict")
+    r = await stack.http.delete(f"/v1/schedules/{once}", headers=HOOLI)
+    assert r.status_code == 200 and r.json()["state"] == "DELETED"
+
+
 async def test_max_schedules_is_429(stack: ApiStack) -> None:
     assert stack.http is not None
     made = []
@@ -266,6 +299,42 @@ async def test_max_schedules_is_429(stack: ApiStack) -> None:
 
 
 # ------------------------------------------------------------------ revise, pause, delete
+
+
+async def test_a_paused_schedule_shows_what_a_resume_would_run_or_skip(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid("resume")
+    r = await create(stack, {"scheduleId": s, "every": "1s", "job": {"type": "a"},
+                             "overlap": "allow", "misfire": "latest"})
+    assert r.status_code == 201, r.text
+    r = await stack.http.post(f"/v1/schedules/{s}:pause", headers=ACME)
+    assert r.status_code == 200, r.text
+
+    async def plan_of_a_backlog() -> dict[str, Any] | None:
+        g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))  # type: ignore[union-attr]
+        plan = g.json()["resume"]
+        return plan if sum(i["count"] for i in plan["instants"]) >= 3 else None
+
+    plan = await wait_until(plan_of_a_backlog, 20, what="three instants due while paused")
+    *older, newest = plan["instants"]
+    assert (newest["action"], newest["reason"]) == ("run", None)
+    assert {(i["action"], i["reason"]) for i in older} == {("skip", "coalesced")}
+    r = await stack.http.post(f"/v1/schedules/{s}:resume", headers=ACME)
+    assert r.status_code == 200, r.text
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.json()["state"] == "ACTIVE" and g.json()["resume"] is None
+    page = (await stack.http.get(f"/v1/schedules/{s}/runs", headers=consistent(r))).json()
+    paused_span = [i for i in page["items"]
+                   if i["scheduledAt"] >= plan["instants"][0]["scheduledAt"]]
+    ran = [i for i in paused_span if i["state"] != "SKIPPED"]
+    # the resume did what the plan said: the newest instant ran, the older were coalesced
+    assert len(ran) >= 1 and ran[-1]["scheduledAt"] >= newest["scheduledAt"]
+    resumed = [i for i in ran if i["scheduledAt"] <= newest["scheduledAt"]]
+    assert len(resumed) <= 1
+    for item in paused_span:
+        if item["state"] == "SKIPPED":
+            one = (await stack.http.get(f"/v1/runs/{item['runId']}", headers=ACME)).json()
+            assert one["skippedReason"] == "coalesced"
 
 
 async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> None:

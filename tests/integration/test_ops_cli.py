@@ -22,6 +22,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,12 @@ async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
     show = await cli.poll("the pause projected", "schedule", "show", "nightly",
                           until=lambda d: d["state"] == "PAUSED")
     assert show["preview"] == [] and show["definition"]["every"] == 1.0
+    plan = await cli.poll("instants due while paused", "schedule", "show", "nightly",
+                          until=lambda d: len(d["resume"]["instants"]) >= 2)
+    *older, newest = plan["resume"]["instants"]  # misfire latest (the default)
+    assert newest["action"] == "run" and {i["reason"] for i in older} == {"coalesced"}
+    human = await cli("schedule", "show", "nightly")
+    assert human.rc == 0 and "a resume now would" in human.out and "coalesced" in human.out
     trig = await cli.ok("trigger", "nightly", "--idempotency-key", "t-1",
                         "--params", '{"manual": true}')
     assert trig["runId"] and trig["state"] in ("READY", "PENDING")
@@ -241,6 +248,21 @@ async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
     assert missing.rc == 1 and _one_line(missing) == "error: not_found: no run 'r_nope'"
     missing = await cli("schedule", "pause", "ghost")
     assert missing.rc == 1 and _one_line(missing) == "error: not_found: no such schedule"
+
+    # a one-shot ends COMPLETED once it fired; only delete applies to it then
+    at = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
+    once = await cli.ok("schedule", "create", "once", "--at", at, "--job", job)
+    assert once["scheduleId"] == "once"
+    done = await cli.poll("the one-shot completed", "schedule", "show", "once",
+                          until=lambda d: d["state"] == "COMPLETED")
+    assert done["completedReason"] == "at" and done["nextRunAt"] is None
+    human = await cli("schedule", "show", "once")
+    assert human.rc == 0 and "completed" in human.out and "(at)" in human.out
+    listed = await cli.ok("schedule", "list", "--state", "COMPLETED")
+    assert [i["scheduleId"] for i in listed["items"]] == ["once"]
+    refused = await cli("schedule", "pause", "once")
+    assert refused.rc == 1 and _one_line(refused).startswith("error: conflict: schedule is "
+                                                             "COMPLETED")
 
     # the history, all pages: stable now that nothing runs
     final = await cli.ok("runs", "nightly", "--limit", "500")

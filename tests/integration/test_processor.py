@@ -435,3 +435,62 @@ async def test_a_decision_that_cannot_be_applied_rebuilds_the_partition_and_is_d
                                 await read_all(event_log, event_log.topics.dlq))
                     if d.command_id == "c-half"]
         assert letter.error_class == "KeyError" and letter.consumer == "processor"
+
+
+async def test_downtime_is_caught_up_by_each_misfire_policy_after_a_restart(
+    event_log: Any,
+) -> None:
+    """The processor is down for 35 s (the restarted one's clock runs 35 s ahead): each
+    ``every 2s`` schedule's backlog goes by its misfire policy."""
+    from datetime import timedelta
+
+    from chronolog.environment import utc_now
+
+    spec = {"every": "2s", "job": {"type": "echo"}, "overlap": "skip"}
+    async with Running(event_log, "p1") as r:
+        for policy in ("latest", "skip", "all"):
+            await r.client.create_schedule("acme", f"down-{policy}", {**spec, "misfire": policy})
+    down = timedelta(seconds=35)
+    later = Processor(event_log, "p2", clock=lambda: utc_now() + down)
+    task = asyncio.create_task(later.run())
+    try:
+        async def caught_up() -> dict[str, list[Any]] | None:
+            by_sid: dict[str, list[Any]] = {}
+            for e in await events(event_log):
+                by_sid.setdefault(e.schedule_id, []).append(e)
+            done = len(by_sid) == 3 and all(
+                any(e.type in ("OccurrenceMaterialized", "OccurrenceSkipped")
+                    and e.payload.scheduled_at - evs[0].payload.created_at > timedelta(seconds=30)
+                    for e in evs)
+                for evs in by_sid.values())
+            return by_sid if done else None
+
+        by_sid = await wait_until(caught_up, 30, what="the backlogs decided")
+    finally:
+        later.stop()
+        await asyncio.wait_for(task, 30)
+
+    def backlog(sid: str) -> tuple[list[Any], list[Any]]:
+        """The restart's first Tick that found the backlog: its materializations, skips."""
+        evs = by_sid[sid]
+        created = evs[0].payload.created_at
+        cause = next(e.causation_id for e in evs if e.type in ("OccurrenceMaterialized",
+                                                               "OccurrenceSkipped")
+                     and e.payload.scheduled_at > created + timedelta(seconds=3))
+        mine = [e.payload for e in evs if e.causation_id == cause]
+        return ([p for p in mine if p.type == "OccurrenceMaterialized"],
+                [p for p in mine if p.type == "OccurrenceSkipped"])
+
+    ran, skipped = backlog("down-latest")
+    assert len(ran) == 1 and {s.reason for s in skipped} == {"coalesced"}
+    assert all(s.scheduled_at < ran[0].scheduled_at for s in skipped)
+    assert sum(s.count for s in skipped if not s.materialized) >= 14
+    assert [s.materialized for s in skipped].count(True) == 1  # the READY run left behind
+    ran, skipped = backlog("down-skip")
+    # skip: only the newest, on time, may run — and it meets the overlap policy: the READY
+    # run left behind (35 s late, within the grace) holds the guard
+    assert ran == [] and [s.reason for s in skipped][-1] == "overlap"
+    assert {s.reason for s in skipped[:-1]} == {"misfire"}
+    ran, skipped = backlog("down-all")
+    assert skipped == [] and len(ran) >= 15
+    assert {p.state for p in ran} == {"PENDING"}  # queued behind the run left behind

@@ -126,7 +126,8 @@ def _scenario_retries_effects_misfire_all() -> Driver:
     c = d.claim(r2, retry_at + sec(1))
     d.complete(c, retry_at + sec(2))
     # downtime: instants 120 .. 600 are late; misfire all catches every one of them up,
-    # the overlap guard skips those that come while one is active
+    # one after another (queued); the overlap guard skips the on-time instants that come
+    # while one is active
     d.tick(T0 + sec(605))
     ready = d.runs_in("READY")
     assert len(ready) == 1
@@ -137,6 +138,8 @@ def _scenario_retries_effects_misfire_all() -> Driver:
     d.tick(T0 + sec(660))
     (r_last,) = d.runs_in("READY")
     d.claim(r_last, T0 + sec(661))
+    d.tick(T0 + sec(720))  # its lease expires; 720 and 780 come while it is active
+    d.tick(T0 + sec(780))
     return d
 
 
@@ -633,3 +636,79 @@ def test_the_report_as_a_dict_lists_every_check() -> None:
     assert d["ok"] is False and set(d["violation_counts"]) == set(CHECKS)
     assert d["violations"][0]["events"][0] == {"partition": 0, "offset": 1, "event_id": "e1",
                                                "type": "OccurrenceMaterialized"}
+
+
+# -- completed_final
+
+
+def _completed_one_shot() -> Driver:
+    """A one-shot that fires, completes, and whose run then finishes."""
+    d = Driver("once")
+    d.create(T0, at=T0 + sec(60), every=None)
+    d.tick(T0 + sec(60))
+    (r,) = d.runs_in("READY")
+    c = d.claim(r, T0 + sec(61))
+    d.complete(c, T0 + sec(62))
+    return d
+
+
+def _completed_by_max_count() -> Driver:
+    d = Driver("thrice")
+    d.create(T0, max_count=3, overlap="allow")
+    for k in range(3):
+        d.tick(T0 + sec(60 * k))
+    return d
+
+
+def test_completed_schedules_from_the_real_decider_are_clean() -> None:
+    d1, d2 = _completed_one_shot(), _completed_by_max_count()
+    assert "ScheduleCompleted" in d1.types() and "ScheduleCompleted" in d2.types()
+    d1.do(m.DeleteSchedule(), T0 + sec(100))  # deleting a completed schedule is fine
+    _assert_clean(audit(_positioned(d1, d2)))
+
+
+def test_an_occurrence_after_completed_is_found() -> None:
+    d = _completed_by_max_count()
+    t = T0 + sec(180)
+    late = m.OccurrenceMaterialized(run_id=run_id_for(TENANT, d.sid, t), scheduled_at=t,
+                                    due_at=t, revision=1, job=m.JobSpec(type="report"),
+                                    state="READY", sequence=4)
+    log = d.log + [m.EventEnvelope(event_id="x.0", type=late.type, key=f"{TENANT}/{d.sid}",
+                                   tenant=TENANT, schedule_id=d.sid, at=t, payload=late)]
+    [v] = only(audit(log), "completed_final")
+    assert "materialized" in v.message
+
+
+def test_a_completion_while_an_instant_was_still_to_come_is_found() -> None:
+    d = Driver("early")
+    d.create(T0, end=T0 + sec(600))
+    d.tick(T0)
+    early = m.ScheduleCompleted(reason="end", completed_at=T0 + sec(1), last_scheduled_at=T0,
+                                count=1)
+    log = d.log + [m.EventEnvelope(event_id="x.0", type=early.type, key=f"{TENANT}/{d.sid}",
+                                   tenant=TENANT, schedule_id=d.sid, at=T0 + sec(1),
+                                   payload=early)]
+    [v] = only(audit(log), "completed_final")
+    assert "still to come" in v.message
+
+
+def test_a_completion_for_max_count_short_of_it_is_found() -> None:
+    d = _completed_by_max_count()
+    completed = next(e for e in d.log if e.type == "ScheduleCompleted")
+    first_run = next(e for e in d.log if e.type == "OccurrenceMaterialized")
+    broken = [e for e in d.log if e is not first_run]  # two runs, yet completed for max_count
+    assert completed in broken
+    report = audit(broken)
+    assert report.violation_counts["completed_final"] == 2  # its count and its reason
+
+
+def test_a_misfire_all_catch_up_queued_under_buffer_one_is_clean() -> None:
+    d = Driver("catch-up")
+    d.create(T0, misfire="all", overlap="buffer_one", lease=600.0)
+    d.tick(T0)
+    (first,) = d.runs_in("READY")
+    c = d.claim(first, T0 + sec(1))
+    d.tick(T0 + sec(60 * 5 + 30))  # five instants due at once: queued behind the running one
+    assert len(d.runs_in("PENDING")) == 5
+    d.complete(c, T0 + sec(60 * 5 + 31))
+    _assert_clean(audit(d.log))

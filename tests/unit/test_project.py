@@ -43,6 +43,8 @@ SAMPLES: dict[str, Any] = {
     "SchedulePaused": m.SchedulePaused(reason="maintenance", paused_at=T0),
     "ScheduleResumed": m.ScheduleResumed(resumed_at=T0, next_run_at=T0, next_due_at=T0),
     "ScheduleDeleted": m.ScheduleDeleted(),
+    "ScheduleCompleted": m.ScheduleCompleted(reason="max_count", completed_at=T0,
+                                             last_scheduled_at=T0, count=3),
     "NextRunPlanned": m.NextRunPlanned(next_run_at=T0, next_due_at=T0),
     "OccurrenceMaterialized": m.OccurrenceMaterialized(
         run_id=RUN, scheduled_at=T0, due_at=T0 + timedelta(seconds=3), revision=1,
@@ -142,6 +144,11 @@ def test_schedule_lifecycle_columns() -> None:
     deleted = sched_row(project(env(SAMPLES["ScheduleDeleted"], at=T0)))
     assert deleted["state"] == "DELETED" and deleted["deleted_at"] == T0
     assert deleted["next_run_at"] is None and deleted["next_due_at"] is None
+
+    completed = sched_row(project(env(SAMPLES["ScheduleCompleted"], at=T0)))
+    assert (completed["state"], completed["completed_at"], completed["completed_reason"]) == (
+        "COMPLETED", T0, "max_count")
+    assert completed["next_run_at"] is None and completed["next_due_at"] is None
 
     planned = sched_row(project(env(SAMPLES["NextRunPlanned"])))
     assert set(planned) == {"next_run_at", "next_due_at", "last_event_at"}

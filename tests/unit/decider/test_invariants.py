@@ -13,6 +13,8 @@ into the live state event by event, as a processor does, and checked:
 * every accounted instant is the schedule's ``next_run_at`` and the one after it is the
   recurrence's next instant: no instant is dropped, none repeated; with misfire ``all``
   nothing is skipped except for the catch-up bounds (age, count) or overlap/deadline;
+* a schedule completes only with no instant left, and nothing happens to its instants or
+  definition after it completed; only misfire ``latest`` coalesces;
 * fences strictly increase per schedule;
 * at most one ResultPublished per run, only from the current fence inside the lease
   (judged against the state before the command);
@@ -142,6 +144,7 @@ class DeciderMachine(RuleBasedStateMachine):
     # -- per-event checks (against the state just before the event) ---------------------
 
     def _check_event(self, sid: str, s: ScheduleState, e: Any) -> None:
+        self._check_completed(s, e)
         if isinstance(e, m.FenceAdvanced):
             assert e.fence == s.fence + 1 and e.fence > self.max_fence[sid], "fence not increasing"
             self.max_fence[sid] = e.fence
@@ -169,6 +172,22 @@ class DeciderMachine(RuleBasedStateMachine):
                 self._account(sid, s, e.scheduled_at, e.through, e.count, e.next_run_at, e.reason)
         if isinstance(e, m.OccurrenceSkipped) and e.reason in BOUNDED_SKIPS:
             self.bounded_skip.add((sid, s.revision))
+
+    @staticmethod
+    def _check_completed(s: ScheduleState, e: Any) -> None:
+        """COMPLETED only with no instant left, and final: no instant and no definition
+        change after it."""
+        if isinstance(e, m.ScheduleCompleted):
+            assert s.status == "ACTIVE" and s.next_run_at is None, "completed too early"
+        if s.status == "COMPLETED":
+            scheduled = (isinstance(e, (m.OccurrenceMaterialized, m.OccurrenceSkipped))
+                         and getattr(e, "trigger", "schedule") == "schedule"
+                         and not getattr(e, "materialized", False) and e.request_key is None)
+            assert not scheduled, f"{type(e).__name__} after COMPLETED"
+            assert not isinstance(e, (m.ScheduleRevised, m.SchedulePaused, m.ScheduleResumed,
+                                      m.ScheduleCompleted)), f"{type(e).__name__} after COMPLETED"
+        if isinstance(e, m.OccurrenceSkipped) and e.reason == "coalesced":
+            assert s.policy is not None and s.policy.misfire == "latest", "coalesced, not latest"
 
     def _manual_key(self, sid: str, key: str | None) -> None:
         assert key is not None and key not in self.manual_keys[sid], "manual key reused"

@@ -34,13 +34,13 @@ def test_misfire_skip_records_every_late_instant_with_its_reason(gwt: SimpleName
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="skip")
     s.materialize(gwt.T0)
-    # at 09:05:00 the instants 09:01..09:03 are late; 09:04 (60 s = grace) and 09:05 are not
+    # at 09:05:00 the instants 09:01..09:05 are due at once: only the newest (on time) runs
     d = s.when(m.Tick(), gwt.T0 + gwt.sec(300))
     skipped = gwt.all(d, m.OccurrenceSkipped)
-    assert [e.scheduled_at for e in skipped] == [gwt.T0 + gwt.sec(60 * k) for k in (1, 2, 3)]
+    assert [e.scheduled_at for e in skipped] == [gwt.T0 + gwt.sec(60 * k) for k in (1, 2, 3, 4)]
     assert {e.reason for e in skipped} == {"misfire"}
     assert [e.scheduled_at for e in gwt.all(d, m.OccurrenceMaterialized)] == [
-        gwt.T0 + gwt.sec(240), gwt.T0 + gwt.sec(300)]
+        gwt.T0 + gwt.sec(300)]
 
 
 def test_misfire_latest_runs_only_the_newest_late_instant(gwt: SimpleNamespace) -> None:
@@ -89,11 +89,11 @@ def test_long_skip_ranges_collapse_into_one_event_with_a_count(gwt: SimpleNamesp
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="skip")
     s.materialize(gwt.T0)
-    d = s.when(m.Tick(), gwt.T0 + gwt.sec(60 * 100))  # 99 and 100 are within the grace
+    d = s.when(m.Tick(), gwt.T0 + gwt.sec(60 * 100))  # 100 due at once: only the newest runs
     [rng] = gwt.all(d, m.OccurrenceSkipped)
     assert (rng.count, rng.scheduled_at, rng.through) == (
-        98, gwt.T0 + gwt.sec(60), gwt.T0 + gwt.sec(60 * 98))
-    assert len(gwt.all(d, m.OccurrenceMaterialized)) == 2
+        99, gwt.T0 + gwt.sec(60), gwt.T0 + gwt.sec(60 * 99))
+    assert len(gwt.all(d, m.OccurrenceMaterialized)) == 1
 
 
 def test_overlap_allow_runs_occurrences_side_by_side(gwt: SimpleNamespace) -> None:
