@@ -1,12 +1,24 @@
-"""structlog configuration: JSON lines when not on a terminal, readable on a terminal."""
+"""structlog configuration: JSON lines when not on a terminal, readable on a terminal.
+
+Client libraries (aiokafka, asyncpg) log every failed attempt while a service is down —
+thousands of lines a minute. ``Summarized`` lets the first record of each kind through and then
+one summary per ``SUMMARY_S`` seconds with the count it held back, so an outage reads as a few
+lines, not a flood.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
+from typing import Callable
 
 import structlog
+
+# at most one line per kind of library message in this many seconds
+SUMMARY_S = float(os.environ.get("CHRONOLOG_LOG_SUMMARY_S", "30"))
+_SUMMARIZED = ("aiokafka", "kafka", "asyncpg")  # loggers of the client libraries
 
 
 class _Stderr:
@@ -24,6 +36,37 @@ class _Stderr:
 
 
 STDERR = _Stderr()
+
+
+class Summarized(logging.Filter):
+    """Records of the loggers under ``prefixes``, per (logger, level, message template): the
+    first passes, later ones within ``every`` seconds are counted, and the first one after
+    that passes with the count. Other records pass untouched."""
+
+    def __init__(self, prefixes: tuple[str, ...] = _SUMMARIZED, every: float = SUMMARY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+        self.every = every
+        self._clock = clock
+        self._kinds: dict[tuple[str, int, str], tuple[float, int]] = {}  # -> (shown at, held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self._clock()
+        shown = self._kinds.get(key)
+        if shown is not None and now - shown[0] < self.every:
+            self._kinds[key] = (shown[0], shown[1] + 1)
+            return False
+        if shown is not None and shown[1]:
+            record.msg = f"{record.msg} [{shown[1]} more like this in the last {now - shown[0]:.0f} s]"
+        self._kinds[key] = (now, 0)
+        if len(self._kinds) > 10_000:  # kinds are templates: this only bounds a pathological case
+            self._kinds.clear()
+        return True
+
 
 
 def configure_logging(level: str | None = None, json: bool | None = None) -> None:
@@ -47,3 +90,6 @@ def configure_logging(level: str | None = None, json: bool | None = None) -> Non
     )
     logging.basicConfig(level=lvl, stream=STDERR,  # type: ignore[arg-type]
                         format="%(levelname)s %(name)s %(message)s")
+    for handler in logging.getLogger().handlers:  # a handler's filter sees child loggers too
+        if not any(isinstance(f, Summarized) for f in handler.filters):
+            handler.addFilter(Summarized())

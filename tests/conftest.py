@@ -10,7 +10,9 @@ is not exercised here).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import uuid
 from typing import Iterator
 
@@ -66,7 +68,56 @@ def database_url() -> Iterator[str]:
     )
 
 
+# A broker keeps several open files per partition; the suite's tests create thousands of
+# partitions, past a process's open-file limit (20,000 here). Topics of finished tests are
+# deleted in batches.
+_DELETE_EVERY = 20
+_used_prefixes: list[str] = []
+
+
+async def _delete_topics(servers: str, prefixes: tuple[str, ...]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers)
+    await admin.start()
+    try:
+        doomed = [t for t in await admin.list_topics() if t.startswith(prefixes)]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
+def _delete_used_topics() -> None:
+    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    prefixes, _used_prefixes[:] = tuple(_used_prefixes), []
+    if not servers or not prefixes:
+        return
+    errors: list[BaseException] = []
+
+    def run() -> None:  # its own event loop: a test's loop may still be around
+        try:
+            asyncio.run(_delete_topics(servers, prefixes))
+        except Exception as exc:  # noqa: BLE001 - cleanup: reported, never fails a test
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, name="delete-test-topics")
+    worker.start()
+    worker.join(60)
+    if errors:
+        print(f"could not delete the topics of finished tests: {errors[0]!r}")
+
+
 @pytest.fixture
-def topic_prefix() -> str:
-    """A fresh topic prefix per test, so tests sharing one broker never see each other."""
-    return f"t{uuid.uuid4().hex[:10]}."
+def topic_prefix() -> Iterator[str]:
+    """A fresh topic prefix per test, so tests sharing one broker never see each other;
+    its topics are deleted after the test (in batches)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    yield prefix
+    _used_prefixes.append(prefix)
+    if len(_used_prefixes) >= _DELETE_EVERY:
+        _delete_used_topics()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _delete_used_topics()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
-import signal
 import socket
 import sys
 from typing import Any
@@ -103,21 +102,22 @@ def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> A
 async def run_effects(log_: Any, member: str, database_url: str | None,
                       results_dir: str | None, tenants: Any = None) -> int:
     from chronolog.effect_adapters.runner import EffectRunner
+    from chronolog.lifecycle import run_until_signalled
     from chronolog.workers.results import FilesystemResultStore
 
     store = FilesystemResultStore(results_dir) if results_dir else None
-    await log_.start()
-    await log_.ensure_topics()
     runner = EffectRunner(log_, member, database_url=database_url, result_store=store,
                           tenants=tenants)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, runner.stop)
-    try:
-        await runner.run()
-    finally:
-        await log_.close()
-    return 0
+
+    async def main() -> None:
+        try:
+            await log_.start()
+            await log_.ensure_topics()
+            await runner.run()
+        finally:
+            await log_.close()
+
+    return await run_until_signalled(main(), runner.stop)
 
 
 # ---------------------------------------------------------------------- reconcile

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 from typing import Any
 
@@ -53,6 +52,7 @@ def _run(args: Any) -> int:
 
 
 async def run_processor(log_: Any, member: str, batch: int = 500, tenants_path: str | None = None) -> int:
+    from chronolog.lifecycle import run_until_signalled
     from chronolog.processors.runtime import Processor, ProcessorConfig
 
     tenants = None
@@ -61,14 +61,14 @@ async def run_processor(log_: Any, member: str, batch: int = 500, tenants_path: 
         from chronolog.tenants import load_tenants
 
         tenants = load_tenants(path)
-    await log_.start()
-    await log_.ensure_topics()
     proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(batch_max=batch))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, proc.stop)
-    try:
-        await proc.run()
-    finally:
-        await log_.close()
-    return 0
+
+    async def main() -> None:
+        try:
+            await log_.start()
+            await log_.ensure_topics()
+            await proc.run()
+        finally:
+            await log_.close()
+
+    return await run_until_signalled(main(), proc.stop)

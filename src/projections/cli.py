@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -105,6 +104,7 @@ def _run(args: Any) -> int:
 
 
 async def run_projector(args: Any) -> int:
+    from chronolog.lifecycle import run_until_signalled
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
 
@@ -127,11 +127,8 @@ async def run_projector(args: Any) -> int:
                 registry = CollectorRegistry()
                 registry.register(ProjectorCollector(projector))
                 start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, projector.stop)
-            await projector.run()
+            status = await run_until_signalled(projector.run(), projector.stop)
         finally:
             await log_.close()
             await store.close()
-    return 0
+    return status

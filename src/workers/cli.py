@@ -111,12 +111,11 @@ def _run_worker(args: Any) -> int:
         raise UsageError("no jobs registered: pass --builtin-jobs or --jobs MODULE_OR_FILE")
 
     async def main() -> int:
-        await log_.start()
         try:
-            await run_until_signalled(worker)
+            await log_.start()
+            return await run_until_signalled(worker)
         finally:
             await log_.close()
-        return 0
 
     return asyncio.run(main())
 

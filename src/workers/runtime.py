@@ -60,6 +60,7 @@ from typing import Any, Callable, Iterable, Sequence
 import orjson
 import structlog
 
+from chronolog import lifecycle
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
 from chronolog.domain.offers import OFFER_HEADER, Offer
@@ -803,17 +804,12 @@ def _failpoint(name: str) -> None:
             os._exit(70)
 
 
-async def run_until_signalled(worker: Worker, signals: Sequence[int] = (signal.SIGTERM,
-                                                                       signal.SIGINT)) -> None:
-    """Run a worker; SIGTERM/SIGINT begin a graceful drain (a second one forces it)."""
-    loop = asyncio.get_running_loop()
-    for sig in signals:
-        loop.add_signal_handler(sig, worker.stop)
-    try:
-        await worker.run()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
+async def run_until_signalled(worker: Worker) -> int:
+    """Run a worker; SIGTERM/SIGINT begin a graceful drain (a second one forces it). The
+    process stop bounds of ``chronolog.lifecycle`` count from the end of ``drain_timeout``."""
+    return await lifecycle.run_until_signalled(
+        worker.run(), worker.stop, grace_s=worker.drain_timeout + lifecycle.STOP_GRACE_S,
+        hard_s=worker.drain_timeout + lifecycle.HARD_STOP_S)
 
 
 __all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "WorkerStats",

@@ -1,0 +1,70 @@
+"""Stopping a long-running process on SIGTERM or SIGINT within a bound, whatever its services do.
+
+``run_until_signalled(main, stop)`` runs the coroutine ``main``. A SIGTERM or SIGINT calls
+``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open batch, commit, leave the group). A broker or a
+database that does not answer can hold a commit or a close for minutes, so if ``main`` has not
+returned ``STOP_GRACE_S`` after the signal it is cancelled, and ``HARD_STOP_S`` after the signal
+the process exits with status 1 whatever is still running. Abandoning is safe: an open
+transaction of a processor is aborted by the partition's next owner (which fences this
+producer), commands it did not consume are read again, and a worker's attempt that did not
+report is retried once its lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any, Callable, Coroutine
+
+import structlog
+
+STOP_GRACE_S = 6.0  # after the signal: cancel what has not finished
+HARD_STOP_S = 8.0  # after the signal: exit, whatever is still running
+
+log = structlog.get_logger("chronolog.lifecycle")
+
+
+def _hard_exit() -> None:
+    log.error("stop_forced", after_s=HARD_STOP_S)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+async def run_until_signalled(main: Coroutine[Any, Any, Any], stop: Callable[[], None],
+                              grace_s: float = STOP_GRACE_S,
+                              hard_s: float = HARD_STOP_S) -> int:
+    """Run ``main`` until it returns (status 0) or a signal's bounds run out (status 1).
+    A process with its own drain bound (a worker's ``drain_timeout``) adds it to both."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(main)
+    signalled = False
+
+    def on_signal() -> None:
+        nonlocal signalled
+        stop()
+        if not signalled:
+            signalled = True
+            loop.call_later(grace_s, _cancel, task)
+            loop.call_later(hard_s, _hard_exit)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await task
+        return 0
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        log.warning("stop_cancelled", after_s=grace_s)
+        return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _cancel(task: "asyncio.Future[Any]") -> None:
+    if not task.done():
+        log.warning("stop_overdue", grace_s=STOP_GRACE_S)
+        task.cancel()
