@@ -120,3 +120,22 @@ async def test_concurrent_creates_across_partitions_end_with_exactly_the_quota(
 async def _released(lg: Any, schedule_id: str) -> bool:
     return any(e.type == "QuotaSlotReleased" and e.payload.schedule_id == schedule_id
                for e in await events(lg))
+
+
+async def test_raw_commands_cannot_take_the_quota_key_or_move_slots(event_log: Any) -> None:
+    run = uuid.uuid4().hex[:6]
+    async with Processors(event_log, ("p1",)) as ps:
+        c = ps.client
+        as_schedule = await c.send(c.envelope("acme", QUOTA_ID, m.CreateSchedule(spec=SPEC)))
+        assert (as_schedule.status, as_schedule.body.get("field")) == ("invalid", "scheduleId")
+        forged_reserve = await c.send(c.envelope("acme", QUOTA_ID, m.ReserveQuotaSlot(
+            schedule_id=f"q{run}", create_command_id="mine")))
+        assert forged_reserve.status == "forbidden"
+        forged_answer = await c.send(c.envelope("acme", f"q{run}", m.AnswerQuotaSlot(
+            create_command_id="mine", granted=True)))
+        assert forged_answer.status == "forbidden"
+        # the processor still decides, and the quota is untouched: a create takes a slot
+        assert (await ps.create(f"q{run}")).status == "ok"
+    evs = await events(event_log)
+    assert [e.type for e in evs if e.schedule_id == QUOTA_ID] == ["QuotaSlotReserved",
+                                                                  "QuotaSlotConfirmed"]
