@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
         help="check the whole event log against the scheduler's guarantees",
         description="Fold every event of the log and check: one occurrence per key, fences "
                     "strictly increasing and current, one result per run within its lease, "
-                    "overlap policies, misfire 'all' completeness, unique effects. "
+                    "overlap policies, misfire 'all' completeness, unique effects, each "
+                    "tenant's schedule quota kept and its reservations balanced. "
                     "Exit 0: clean; 1: violations; 2: bad configuration.",
     )
     add_log_arguments(parser)

@@ -8,35 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, Mapping
+from typing import Any
 
 from chronolog.commands.client import Client
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, partition_key
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.log.partitioner import partition_for
-from chronolog.processors.runtime import Processor
+from chronolog.processors.runtime import OpenTenants, Processor
 from chronolog.projections.audit import audit
 
 from .conftest import wait_until
-from .test_processor import events
+from .test_processor import events, read_all
 
 QUOTA = 10
 CREATES = 50
 SPEC = m.ScheduleSpec.model_validate({"every": "1h", "job": {"type": "echo", "params": {}}})
 
 
-class Quota:
-    """Tenant ``acme`` may hold ``QUOTA`` schedules (every job type, default interval)."""
+class Quota(OpenTenants):
+    """Every tenant may hold ``QUOTA`` schedules (every job type, default interval)."""
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         return (None, QUOTA)
-
-    def min_interval(self, tenant: str) -> float:
-        return MIN_INTERVAL_SECONDS
-
-    def destinations(self, tenant: str) -> Mapping[str, str] | None:
-        return None
 
 
 class Processors:
@@ -134,8 +127,16 @@ async def test_raw_commands_cannot_take_the_quota_key_or_move_slots(event_log: A
         forged_answer = await c.send(c.envelope("acme", f"q{run}", m.AnswerQuotaSlot(
             create_command_id="mine", granted=True)))
         assert forged_answer.status == "forbidden"
-        # the processor still decides, and the quota is untouched: a create takes a slot
-        assert (await ps.create(f"q{run}")).status == "ok"
+        # the processor still decides, and the quota is untouched: a create sent twice
+        # (the same command, as a client re-sends it) takes one slot and is answered once
+        env = c.envelope("acme", f"q{run}", m.CreateSchedule(spec=SPEC))
+        twice = await c.submit([env, env])
+        [reply, _] = await c.collect([env, env], twice)
+        assert reply is not None and reply.status == "ok"
     evs = await events(event_log)
     assert [e.type for e in evs if e.schedule_id == QUOTA_ID] == ["QuotaSlotReserved",
                                                                   "QuotaSlotConfirmed"]
+    replies = [r for r in await read_all(event_log, event_log.topics.replies)
+               if r.key == env.command_id.encode()]
+    # the copy came before the quota's answer (same partition, lower offset): it waited too
+    assert len(replies) == 1
