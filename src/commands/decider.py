@@ -95,9 +95,10 @@ class Send:
 class Decision:
     """The outcome of one command: a status, a reason, a reply body and the events.
 
-    ``sends``: commands to other aggregates, written with the events. ``reply_to``: the
+    ``sends``: commands to other aggregates, written with the events. ``answers``: the
     command the reply answers when it is not the decided one (a held create answered by the
-    quota saga). ``deferred``: no reply now, the saga answers later.
+    quota saga), and ``answers_client`` the client waiting for it (that command's
+    ``reply_to``). ``deferred``: no reply now, the saga answers later.
     """
 
     status: m.Status = "ok"
@@ -106,7 +107,8 @@ class Decision:
     reason: str = ""
     sends: list[Send] = field(default_factory=list)
     field: str | None = None
-    reply_to: str | None = None
+    answers: str | None = None
+    answers_client: str | None = None
     deferred: bool = False
 
     @property
@@ -184,7 +186,7 @@ def _decide(
         case m.FailRun():
             return _fail(state, p, now)
         case m.CreateSchedule():
-            return _create_or_hold(state, command.command_id, p, now, tenant)
+            return _create_or_hold(state, command, p, now, tenant)
         case m.ReviseSchedule():
             return _revise(state, p, now, tenant)
         case m.PauseSchedule():
@@ -307,12 +309,13 @@ def _create(
 
 
 def _create_or_hold(
-    state: ScheduleState, command_id: str, p: m.CreateSchedule, now: datetime,
+    state: ScheduleState, command: m.CommandEnvelope, p: m.CreateSchedule, now: datetime,
     tenant: TenantContext,
 ) -> Decision:
     """A create of a tenant with a quota that passes every other check is held: it waits
     for a slot from the tenant's quota aggregate, and is answered when the slot is (see
     ``_quota_answered``). A create of an existing schedule takes no slot."""
+    command_id = command.command_id
     wait = state.quota
     if isinstance(wait, QuotaWait):
         if wait.command_id == command_id:
@@ -326,7 +329,7 @@ def _create_or_hold(
         return trial
     d = _Draft(state)
     d.emit(m.ScheduleCreationHeld(command_id=command_id, request_key=p.request_key,
-                                  spec=p.spec))
+                                  spec=p.spec, reply_to=command.reply_to))
     reserve = m.ReserveQuotaSlot(schedule_id=state.schedule_id, create_command_id=command_id)
     return Decision(events=d.events, deferred=True,
                     sends=[Send(QUOTA_ID, saga_command_id("reserve", command_id), reserve)])
@@ -346,30 +349,30 @@ def _quota_answered(
             return Decision(sends=[_release(state, cid, "rejected")])
         return Decision()
     if not p.granted:
-        return _refuse_held(state, cid, "quota", p.reason, release=False)
+        return _refuse_held(state, wait, "quota", p.reason, release=False)
     if p.expires_at is None or now >= p.expires_at - QUOTA_EXPIRY_MARGIN:
-        return _refuse_held(state, cid, "quota", "the reserved quota slot expired before the "
+        return _refuse_held(state, wait, "quota", "the reserved quota slot expired before the "
                             "schedule could be created; retry", release=True)
     dec = _create(state, m.CreateSchedule(spec=wait.spec, request_key=wait.request_key), now,
                   replace(tenant, max_schedules=None))
     if not dec.ok:
-        return _refuse_held(state, cid, dec.status, dec.reason, release=True, field_=dec.field)
+        return _refuse_held(state, wait, dec.status, dec.reason, release=True, field_=dec.field)
     dec.sends.append(Send(QUOTA_ID, saga_command_id("confirm", cid), m.ConfirmQuotaSlot(
         schedule_id=state.schedule_id, create_command_id=cid)))
-    dec.reply_to = cid
+    dec.answers, dec.answers_client = cid, wait.reply_to
     return dec
 
 
-def _refuse_held(state: ScheduleState, command_id: str, status: m.Status, reason: str,
+def _refuse_held(state: ScheduleState, wait: QuotaWait, status: m.Status, reason: str,
                  release: bool, field_: str | None = None) -> Decision:
     d = _Draft(state)
-    d.emit(m.ScheduleCreationRefused(command_id=command_id, status=status, reason=reason,
+    d.emit(m.ScheduleCreationRefused(command_id=wait.command_id, status=status, reason=reason,
                                      release=release))
     dec = _reject(status, reason, field_)
     dec.events = d.events
-    dec.reply_to = command_id
+    dec.answers, dec.answers_client = wait.command_id, wait.reply_to
     if release:
-        dec.sends.append(_release(state, command_id, "rejected"))
+        dec.sends.append(_release(state, wait.command_id, "rejected"))
     return dec
 
 
@@ -1377,7 +1380,8 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
         case m.EffectUncertain():
             _set_effect(state, event.run_id, event.effect_id, "UNCERTAIN")
         case m.ScheduleCreationHeld():
-            state.quota = QuotaWait(event.command_id, event.request_key, event.spec)
+            state.quota = QuotaWait(event.command_id, event.request_key, event.spec,
+                                    event.reply_to)
         case m.ScheduleCreationRefused():
             state.quota = None
         case (m.QuotaSlotReserved() | m.QuotaSlotRefused() | m.QuotaSlotConfirmed()

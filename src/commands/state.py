@@ -241,6 +241,7 @@ class QuotaWait(NamedTuple):
     command_id: str
     request_key: str | None
     spec: ScheduleSpec
+    reply_to: str | None = None  # the client waiting for the answer (the create's reply_to)
 
 
 class ScheduleState:

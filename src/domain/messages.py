@@ -787,6 +787,7 @@ class ScheduleCreationHeld(_Event):
     command_id: str
     request_key: str | None = None
     spec: ScheduleSpec
+    reply_to: str | None = None  # the client waiting for the answer (the create's reply_to)
 
 
 class ScheduleCreationRefused(_Event):

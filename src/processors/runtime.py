@@ -757,7 +757,7 @@ class Processor:
         events = [codec.encode_event_fields(event_id_for(command_id, i), m.CURRENT_VERSION, key,
                                             st.tenant, st.schedule_id, now, command_id, ev)
                   for i, ev in enumerate(dec.events)]
-        if dec.deferred or (command_id.startswith(INTERNAL_COMMANDS) and dec.reply_to is None):
+        if dec.deferred or (command_id.startswith(INTERNAL_COMMANDS) and dec.answers is None):
             return events, None  # the processor's own commands, or answered later (the saga)
         body = dec.body if not dec.field else {**dec.body, "field": dec.field}
         return events, codec.encode_body(body)
@@ -792,7 +792,7 @@ class Processor:
         self._send(st.tenant, dec, now, out)
         ps.arm(key, st)
         if body is not None:
-            answered = dec.reply_to or command_id  # a held create is answered by the saga
+            answered = dec.answers or command_id  # a held create is answered by the saga
             out.reply_new(answered, dec.status, dec.reason, body,
                           st.tenant, st.schedule_id, first_index, len(out.events))
             ps.pending[answered] = out

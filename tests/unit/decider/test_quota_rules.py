@@ -35,7 +35,7 @@ def _held(gwt: SimpleNamespace, command_id: str = "c-1", **spec: object):  # typ
     """A story whose create is held for a slot (the create's command ID ``command_id``)."""
     s = gwt.story()
     env = gwt.envelope(m.CreateSchedule(spec=gwt.spec(**spec), request_key="k"),
-                       command_id=command_id)
+                       command_id=command_id).model_copy(update={"reply_to": "client-7"})
     d = s.when(env, gwt.T0, _quota(gwt))
     assert d.deferred and gwt.names(d) == ["ScheduleCreationHeld"]
     return s
@@ -80,7 +80,8 @@ def test_a_granted_slot_creates_the_schedule_confirms_it_and_answers_the_held_cr
 ) -> None:
     s = _held(gwt)
     d = s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
-    assert (d.status, d.reply_to, gwt.names(d)) == ("ok", "c-1", ["ScheduleCreated"])
+    assert (d.status, d.answers, gwt.names(d)) == ("ok", "c-1", ["ScheduleCreated"])
+    assert d.answers_client == "client-7"  # the client that sent the held create
     assert d.body["revision"] == 1
     [send] = d.sends
     assert (send.schedule_id, send.payload) == (QUOTA_ID, m.ConfirmQuotaSlot(
@@ -94,7 +95,7 @@ def test_a_refused_slot_answers_the_held_create_with_quota_and_gives_nothing_bac
     s = _held(gwt)
     d = s.when(_answer(gwt, False, reason="tenant has 10 active schedules (max 10)"),
                gwt.T0 + gwt.sec(1), _quota(gwt))
-    assert (d.status, d.reply_to, d.sends) == ("quota", "c-1", [])
+    assert (d.status, d.answers, d.answers_client, d.sends) == ("quota", "c-1", "client-7", [])
     assert d.reason == "tenant has 10 active schedules (max 10)"
     assert gwt.one(d, m.ScheduleCreationRefused).release is False
     assert (s.state.status, s.state.quota) == ("NEW", None)  # the ID is free again
@@ -104,7 +105,7 @@ def test_a_granted_slot_the_create_can_no_longer_use_is_released(gwt: SimpleName
     s = _held(gwt, at=gwt.T0 + gwt.sec(2), every=None, misfire={"grace": 5.0})
     # the slot comes after the one-shot's instant has passed
     d = s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(50), _quota(gwt))
-    assert (d.status, d.field, d.reply_to) == ("invalid", "at", "c-1")
+    assert (d.status, d.field, d.answers) == ("invalid", "at", "c-1")
     assert gwt.one(d, m.ScheduleCreationRefused).release is True
     [send] = d.sends
     assert send.payload == m.ReleaseQuotaSlot(schedule_id="s1", create_command_id="c-1",
@@ -117,7 +118,7 @@ def test_a_slot_granted_too_close_to_its_reservation_end_is_released(
     s = _held(gwt)
     until = gwt.T0 + RESERVATION_TTL
     d = s.when(_answer(gwt, True, until), until - QUOTA_EXPIRY_MARGIN, _quota(gwt))
-    assert (d.status, d.reply_to) == ("quota", "c-1")
+    assert (d.status, d.answers) == ("quota", "c-1")
     assert [type(x.payload).__name__ for x in d.sends] == ["ReleaseQuotaSlot"]
     assert s.state.status == "NEW"
 
@@ -138,7 +139,7 @@ def test_an_answer_for_another_create_is_given_back_unused(gwt: SimpleNamespace)
     s = _held(gwt)
     d = s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL, command_id="c-old"),
                gwt.T0 + gwt.sec(1), _quota(gwt))
-    assert (d.events, d.reply_to) == ([], None)
+    assert (d.events, d.answers) == ([], None)
     assert [x.payload.create_command_id for x in d.sends] == ["c-old"]
     assert isinstance(s.state.quota, QuotaWait)  # still waiting for its own answer
 
@@ -181,7 +182,7 @@ def test_only_the_processor_answers_a_quota_reservation(gwt: SimpleNamespace) ->
 
 def test_a_held_create_and_its_slot_are_rebuilt_by_replay(gwt: SimpleNamespace) -> None:
     s = _held(gwt)
-    assert s.replayed().quota == QuotaWait("c-1", "k", gwt.spec())
+    assert s.replayed().quota == QuotaWait("c-1", "k", gwt.spec(), "client-7")
     s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
     assert (s.replayed().status, s.replayed().quota) == ("ACTIVE", "c-1")
 
