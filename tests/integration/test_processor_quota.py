@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from chronolog.commands.client import Client
+from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, partition_key
+from chronolog.domain.ids import QUOTA_ID, partition_key, quota_key
+from chronolog.log.port import OutRecord
 from chronolog.log.partitioner import partition_for
 from chronolog.processors.runtime import OpenTenants, Processor
 from chronolog.projections.audit import audit
@@ -111,8 +114,7 @@ async def test_concurrent_creates_across_partitions_end_with_exactly_the_quota(
 
 
 async def _released(lg: Any, schedule_id: str) -> bool:
-    return any(e.type == "QuotaSlotReleased" and e.payload.schedule_id == schedule_id
-               for e in await events(lg))
+    return any(e.payload.schedule_id == schedule_id for e in await _of(lg, "QuotaSlotReleased"))
 
 
 async def test_raw_commands_cannot_take_the_quota_key_or_move_slots(event_log: Any) -> None:
@@ -140,3 +142,30 @@ async def test_raw_commands_cannot_take_the_quota_key_or_move_slots(event_log: A
                if r.key == env.command_id.encode()]
     # the copy came before the quota's answer (same partition, lower offset): it waited too
     assert len(replies) == 1
+
+
+async def test_a_reservation_left_open_is_released_at_its_end_after_a_restore(
+    event_log: Any,
+) -> None:
+    """A processor stopped after reserving a slot whose create never confirms: its successor
+    rebuilds the reservation and its timer from the log, and the Tick at its end releases it
+    with that time written into the event."""
+    run = uuid.uuid4().hex[:6]
+    ended = datetime.now(timezone.utc) - timedelta(seconds=1)
+    key = quota_key("acme")
+    reserved = m.QuotaSlotReserved(schedule_id=f"q{run}", create_command_id=f"c{run}",
+                                   max_schedules=QUOTA, expires_at=ended)
+    await event_log.append([OutRecord(event_log.topics.events, key.encode(), codec.encode_event(
+        m.EventEnvelope(event_id=f"quota:reserve:{run}.0", type=reserved.type, key=key,
+                        tenant="acme", schedule_id=QUOTA_ID, at=ended - timedelta(seconds=60),
+                        causation_id=f"quota:reserve:{run}", payload=reserved)))])
+    async with Processors(event_log, ("p1",)):
+        released = await wait_until(lambda: _of(event_log, "QuotaSlotReleased"), 30,
+                                    what="the reservation released at its end")
+    [ev] = released
+    assert (ev.payload.schedule_id, ev.payload.reason) == (f"q{run}", "expired")
+    assert ev.payload.released_at >= ended and ev.payload.released_at == ev.at
+
+
+async def _of(lg: Any, type_: str) -> list[m.EventEnvelope]:
+    return [e for e in await events(lg) if e.type == type_]
