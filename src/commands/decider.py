@@ -344,8 +344,9 @@ def _quota_answered(
     wait = state.quota
     cid = p.create_command_id
     if not isinstance(wait, QuotaWait) or wait.command_id != cid:
-        # not waiting for this answer (any more): a slot granted for it is not used
-        if p.granted and state.quota != cid:
+        # not waiting for this answer (any more): a slot granted for it is not used, unless
+        # the live schedule holds it already (the same answer twice)
+        if p.granted and not (state.exists and state.quota == cid):
             return Decision(sends=[_release(state, cid, "rejected")])
         return Decision()
     if not p.granted:

@@ -144,6 +144,18 @@ def test_an_answer_for_another_create_is_given_back_unused(gwt: SimpleNamespace)
     assert isinstance(s.state.quota, QuotaWait)  # still waiting for its own answer
 
 
+def test_a_grant_for_the_slot_a_schedule_holds_or_held_is_kept_or_given_back(
+    gwt: SimpleNamespace,
+) -> None:
+    s = _held(gwt)
+    grant = _answer(gwt, True, gwt.T0 + RESERVATION_TTL)
+    s.when(grant, gwt.T0 + gwt.sec(1), _quota(gwt))
+    assert s.when(grant, gwt.T0 + gwt.sec(2), _quota(gwt)).sends == []  # it holds that slot
+    s.when(m.DeleteSchedule(), gwt.T0 + gwt.sec(3))
+    late = s.when(grant, gwt.T0 + gwt.sec(4), _quota(gwt))  # deleted: the slot is not used
+    assert [x.payload.type for x in late.sends] == ["ReleaseQuotaSlot"]
+
+
 def test_a_create_of_an_existing_schedule_takes_no_slot(gwt: SimpleNamespace) -> None:
     s = _held(gwt)
     s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
