@@ -17,7 +17,7 @@ guard and materializing the next occurrence) sees a consistent state at every st
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterator, Mapping, assert_never
 
@@ -33,7 +33,8 @@ from chronolog.commands.state import (
     policy_for,
 )
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, effect_id_for, manual_run_id, run_id_for, saga_command_id
+from chronolog.domain.ids import (QUOTA_ID, effect_id_for, manual_run_id, run_id_for,
+                                  saga_command_id)
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger, jitter_offset, upcoming
 
@@ -324,7 +325,7 @@ def _create_or_hold(
                        "slot); retry", "scheduleId")
     if tenant.max_schedules is None or state.status != "NEW":
         return _create(state, p, now, tenant)
-    trial = _create(state, p, now, replace(tenant, max_schedules=None))
+    trial = _create(state, p, now, tenant)  # every check but the quota
     if not trial.ok:
         return trial
     d = _Draft(state)
@@ -355,7 +356,7 @@ def _quota_answered(
         return _refuse_held(state, wait, "quota", "the reserved quota slot expired before the "
                             "schedule could be created; retry", release=True)
     dec = _create(state, m.CreateSchedule(spec=wait.spec, request_key=wait.request_key), now,
-                  replace(tenant, max_schedules=None))
+                  tenant)
     if not dec.ok:
         return _refuse_held(state, wait, dec.status, dec.reason, release=True, field_=dec.field)
     dec.sends.append(Send(QUOTA_ID, saga_command_id("confirm", cid), m.ConfirmQuotaSlot(

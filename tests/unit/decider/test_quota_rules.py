@@ -9,9 +9,11 @@ Given (history) / when (command) / then (events, commands sent, status).
 from __future__ import annotations
 
 import random
+from datetime import datetime
 from types import SimpleNamespace
+from typing import Any
 
-from chronolog.commands.decider import QUOTA_EXPIRY_MARGIN
+from chronolog.commands.decider import QUOTA_EXPIRY_MARGIN, Decision
 from chronolog.commands.quota import (RESERVATION_TTL, QuotaState, decide_quota, evolve_quota,
                                       quota_wakeup)
 from chronolog.commands.state import QuotaWait
@@ -31,7 +33,7 @@ def _processor(gwt: SimpleNamespace, payload: object, schedule_id: str = "s1",
                         command_id=command_id)
 
 
-def _held(gwt: SimpleNamespace, command_id: str = "c-1", **spec: object):  # type: ignore[no-untyped-def]
+def _held(gwt: SimpleNamespace, command_id: str = "c-1", **spec: Any) -> Any:
     """A story whose create is held for a slot (the create's command ID ``command_id``)."""
     s = gwt.story()
     env = gwt.envelope(m.CreateSchedule(spec=gwt.spec(**spec), request_key="k"),
@@ -41,8 +43,8 @@ def _held(gwt: SimpleNamespace, command_id: str = "c-1", **spec: object):  # typ
     return s
 
 
-def _answer(gwt: SimpleNamespace, granted: bool, until=None, reason: str = "",  # type: ignore[no-untyped-def]
-            command_id: str = "c-1") -> m.CommandEnvelope:
+def _answer(gwt: SimpleNamespace, granted: bool, until: datetime | None = None,
+            reason: str = "", command_id: str = "c-1") -> m.CommandEnvelope:
     return _processor(gwt, m.AnswerQuotaSlot(create_command_id=command_id, granted=granted,
                                              expires_at=until, reason=reason))
 
@@ -211,8 +213,8 @@ def _reserve(sid: str, cid: str | None = None) -> m.ReserveQuotaSlot:
     return m.ReserveQuotaSlot(schedule_id=sid, create_command_id=cid or f"c-{sid}")
 
 
-def _step(gwt: SimpleNamespace, qs: QuotaState, payload: object, now=None,  # type: ignore[no-untyped-def]
-          max_schedules: int | None = QUOTA):
+def _step(gwt: SimpleNamespace, qs: QuotaState, payload: Any, now: datetime | None = None,
+          max_schedules: int | None = QUOTA) -> Decision:
     d = decide_quota(qs, _q(gwt, payload), now or gwt.T0, max_schedules)
     for e in d.events:
         evolve_quota(qs, e)
