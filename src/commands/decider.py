@@ -27,19 +27,25 @@ from chronolog.commands.state import (
     MANUAL_KEYS_KEPT,
     RECENT_TERMINAL_KEPT,
     Policy,
+    QuotaWait,
     Run,
     ScheduleState,
     initial_state,
     policy_for,
 )
 from chronolog.domain import messages as m
-from chronolog.domain.ids import effect_id_for, manual_run_id, run_id_for
+from chronolog.domain.ids import (QUOTA_ID, effect_id_for, manual_run_id, run_id_for,
+                                  saga_command_id)
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger, upcoming
 
 __all__ = [
     "Decision",
     "MAX_INSTANTS_PER_DECISION",
+    "LEAVES_LIVE",
+    "PROCESSOR",
+    "QUOTA_EXPIRY_MARGIN",
+    "Send",
     "TenantContext",
     "ungranted_effect",
     "decide",
@@ -51,6 +57,12 @@ __all__ = [
 
 COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
 _US = timedelta(microseconds=1)
+PROCESSOR = "processor"  # the principal of the commands processors send themselves
+# a granted quota slot is taken only while at least this long remains of its reservation, so
+# the quota aggregate (another processor, another clock) never expires a slot being taken
+QUOTA_EXPIRY_MARGIN = timedelta(seconds=5)
+# the events after which a schedule is no longer live: one of them gives its quota slot back
+LEAVES_LIVE: tuple[type, ...] = (m.ScheduleDeleted, m.ScheduleCompleted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +71,7 @@ class TenantContext:
     shortest interval a recurring schedule may have (seconds)."""
 
     allowed_jobs: frozenset[str] | None = None  # None: every job type
-    max_schedules: int | None = None
-    active_schedules: int = 0
+    max_schedules: int | None = None  # set: creates go through the quota saga
     # the effect destinations the operator granted, name -> kind; None: not checked here
     destinations: Mapping[str, str] | None = None
     min_interval: float = MIN_INTERVAL_SECONDS
@@ -72,15 +83,35 @@ class TenantContext:
 OPEN_TENANT = TenantContext()
 
 
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A command the processor sends through ``commands`` in the decision's transaction, to
+    the aggregate ``schedule_id`` of the same tenant (the quota saga's steps)."""
+
+    schedule_id: str
+    command_id: str
+    payload: Any
+
+
 @dataclass(slots=True)
 class Decision:
-    """The outcome of one command: a status, a reason, a reply body and the events."""
+    """The outcome of one command: a status, a reason, a reply body and the events.
+
+    ``sends``: commands to other aggregates, written with the events. ``answers``: the
+    command the reply answers when it is not the decided one (a held create answered by the
+    quota saga), and ``answers_client`` the client waiting for it (that command's
+    ``reply_to``). ``deferred``: no reply now, the saga answers later.
+    """
 
     status: m.Status = "ok"
     events: list[Any] = field(default_factory=list)
     body: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    sends: list[Send] = field(default_factory=list)
     field: str | None = None
+    answers: str | None = None
+    answers_client: str | None = None
+    deferred: bool = False
 
     @property
     def ok(self) -> bool:
@@ -116,6 +147,34 @@ def decide(
     tenant: TenantContext = OPEN_TENANT,
 ) -> Decision:
     """Decide one command against one schedule's state at authority time ``now``."""
+    dec = _decide(state, command, now, tenant)
+    if dec.events and state.exists and isinstance(state.quota, str):
+        _release_when_not_live(state, dec)
+    return dec
+
+
+def _release_when_not_live(state: ScheduleState, dec: Decision) -> None:
+    """A schedule holding a quota slot that stops being live (an event of ``LEAVES_LIVE``)
+    gives the slot back: a release to the tenant's quota aggregate, named after that event."""
+    assert isinstance(state.quota, str)
+    for ev in dec.events:
+        if isinstance(ev, LEAVES_LIVE):
+            dec.sends.append(_release(state, state.quota, type(ev).__name__))
+            return
+
+
+def _release(state: ScheduleState, create_command_id: str, reason: str) -> Send:
+    return Send(QUOTA_ID, saga_command_id("release", create_command_id),
+                m.ReleaseQuotaSlot(schedule_id=state.schedule_id,
+                                   create_command_id=create_command_id, reason=reason))
+
+
+def _decide(
+    state: ScheduleState,
+    command: m.CommandEnvelope,
+    now: datetime,
+    tenant: TenantContext,
+) -> Decision:
     p = command.payload
     match p:
         case m.Tick():
@@ -129,7 +188,7 @@ def decide(
         case m.FailRun():
             return _fail(state, p, now)
         case m.CreateSchedule():
-            return _create(state, p, now, tenant)
+            return _create_or_hold(state, command, p, now, tenant)
         case m.ReviseSchedule():
             return _revise(state, p, now, tenant)
         case m.PauseSchedule():
@@ -148,6 +207,13 @@ def decide(
             return _resolve(state, p, now, command.principal)
         case m.RecordEffectOutcome():
             return _effect_outcome(state, p, now)
+        case m.AnswerQuotaSlot():
+            if command.principal != PROCESSOR:
+                return _reject("forbidden", "only the processor answers a quota reservation")
+            return _quota_answered(state, p, now, tenant)
+        case m.ReserveQuotaSlot() | m.ConfirmQuotaSlot() | m.ReleaseQuotaSlot():
+            return _reject("invalid", f"{p.type} is a command of the tenant's quota "
+                           f"(schedule ID '{QUOTA_ID}')", "type")
         case _:
             assert_never(p)
 
@@ -213,9 +279,6 @@ def _create(
         return _reject("forbidden", f"job type '{p.spec.job.type}' not allowed", "job.type")
     if (refused := ungranted_effect(p.spec, tenant)) is not None:
         return refused
-    if tenant.max_schedules is not None and tenant.active_schedules >= tenant.max_schedules:
-        return _reject("quota", f"tenant has {tenant.active_schedules} active schedules "
-                       f"(max {tenant.max_schedules})")
     pol = policy_for(p.spec)
     anchor = p.spec.anchor or now
     try:
@@ -242,6 +305,75 @@ def _create(
     )
     _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def _create_or_hold(
+    state: ScheduleState, command: m.CommandEnvelope, p: m.CreateSchedule, now: datetime,
+    tenant: TenantContext,
+) -> Decision:
+    """A create of a tenant with a quota that passes every other check is held: it waits
+    for a slot from the tenant's quota aggregate, and is answered when the slot is (see
+    ``_quota_answered``). A create of an existing schedule takes no slot."""
+    command_id = command.command_id
+    wait = state.quota
+    if isinstance(wait, QuotaWait):
+        if wait.command_id == command_id:
+            return Decision(deferred=True)  # a re-sent create: its answer is on the way
+        return _reject("conflict", "the schedule is being created (waiting for a quota "
+                       "slot); retry", "scheduleId")
+    if tenant.max_schedules is None or state.status != "NEW":
+        return _create(state, p, now, tenant)
+    trial = _create(state, p, now, tenant)  # every check but the quota
+    if not trial.ok:
+        return trial
+    d = _Draft(state)
+    d.emit(m.ScheduleCreationHeld(command_id=command_id, request_key=p.request_key,
+                                  spec=p.spec, reply_to=command.reply_to))
+    reserve = m.ReserveQuotaSlot(schedule_id=state.schedule_id, create_command_id=command_id)
+    return Decision(events=d.events, deferred=True,
+                    sends=[Send(QUOTA_ID, saga_command_id("reserve", command_id), reserve)])
+
+
+def _quota_answered(
+    state: ScheduleState, p: m.AnswerQuotaSlot, now: datetime, tenant: TenantContext
+) -> Decision:
+    """The quota's answer to a held create: created with the slot (confirmed to the quota),
+    or refused — and a reserved slot it cannot use is given back. The reply goes to the
+    held create's command."""
+    wait = state.quota
+    cid = p.create_command_id
+    if not isinstance(wait, QuotaWait) or wait.command_id != cid:
+        # not waiting for this answer (any more): a slot granted for it is not used, unless
+        # the live schedule holds it already (the same answer twice)
+        if p.granted and not (state.exists and state.quota == cid):
+            return Decision(sends=[_release(state, cid, "rejected")])
+        return Decision()
+    if not p.granted:
+        return _refuse_held(state, wait, "quota", p.reason, release=False)
+    if p.expires_at is None or now >= p.expires_at - QUOTA_EXPIRY_MARGIN:
+        return _refuse_held(state, wait, "quota", "the reserved quota slot expired before the "
+                            "schedule could be created; retry", release=True)
+    dec = _create(state, m.CreateSchedule(spec=wait.spec, request_key=wait.request_key), now,
+                  tenant)
+    if not dec.ok:
+        return _refuse_held(state, wait, dec.status, dec.reason, release=True, field_=dec.field)
+    dec.sends.append(Send(QUOTA_ID, saga_command_id("confirm", cid), m.ConfirmQuotaSlot(
+        schedule_id=state.schedule_id, create_command_id=cid)))
+    dec.answers, dec.answers_client = cid, wait.reply_to
+    return dec
+
+
+def _refuse_held(state: ScheduleState, wait: QuotaWait, status: m.Status, reason: str,
+                 release: bool, field_: str | None = None) -> Decision:
+    d = _Draft(state)
+    d.emit(m.ScheduleCreationRefused(command_id=wait.command_id, status=status, reason=reason,
+                                     release=release))
+    dec = _reject(status, reason, field_)
+    dec.events = d.events
+    dec.answers, dec.answers_client = wait.command_id, wait.reply_to
+    if release:
+        dec.sends.append(_release(state, wait.command_id, "rejected"))
+    return dec
 
 
 def ungranted_effect(spec: m.ScheduleSpec, tenant: TenantContext) -> Decision | None:
@@ -1172,6 +1304,8 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             state.anchor = event.anchor
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
+            if isinstance(state.quota, QuotaWait):  # created with its reserved slot
+                state.quota = state.quota.command_id
         case m.ScheduleRevised():
             state.revision = event.revision
             state.policy = policy_for(event.spec)
@@ -1232,6 +1366,14 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
             _set_effect(state, event.run_id, event.effect_id, "FAILED")
         case m.EffectUncertain():
             _set_effect(state, event.run_id, event.effect_id, "UNCERTAIN")
+        case m.ScheduleCreationHeld():
+            state.quota = QuotaWait(event.command_id, event.request_key, event.spec,
+                                    event.reply_to)
+        case m.ScheduleCreationRefused():
+            state.quota = None
+        case (m.QuotaSlotReserved() | m.QuotaSlotRefused() | m.QuotaSlotConfirmed()
+              | m.QuotaSlotReleased()):
+            pass  # events of a tenant's quota aggregate (chronolog.commands.quota)
         case _:
             assert_never(event)
     return state

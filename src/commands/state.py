@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -235,6 +235,15 @@ class Run:
         ) + (("job", self.job.model_dump()),)
 
 
+class QuotaWait(NamedTuple):
+    """A create that passed its checks and waits for the tenant quota's answer."""
+
+    command_id: str
+    request_key: str | None
+    spec: ScheduleSpec
+    reply_to: str | None = None  # the client waiting for the answer (the create's reply_to)
+
+
 class ScheduleState:
     """The fold of one schedule's events."""
 
@@ -260,6 +269,7 @@ class ScheduleState:
         "pending",
         "manual",
         "owned",
+        "quota",
     )
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
@@ -288,6 +298,9 @@ class ScheduleState:
         # None: this state owns all its runs (a live state). A set: a copy-on-write draft
         # (see ``draft``) that owns only the runs named in it; the others are shared.
         self.owned: set[str] | None = None
+        # the tenant quota: None (not involved), a QuotaWait (a create waiting for a slot)
+        # or the command ID of the create the schedule holds its slot under
+        self.quota: QuotaWait | str | None = None
 
     @property
     def exists(self) -> bool:
@@ -333,6 +346,7 @@ class ScheduleState:
         s.pending = None if self.pending is None else list(self.pending)
         s.manual = self.manual
         s.owned = set()
+        s.quota = self.quota
         return s
 
     def own(self, run_id: str) -> Run:

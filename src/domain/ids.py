@@ -15,6 +15,21 @@ def partition_key(tenant: str, schedule_id: str) -> str:
     return f"{tenant}/{schedule_id}"
 
 
+# the schedule ID of a tenant's quota aggregate (its key is ``partition_key(tenant, QUOTA_ID)``);
+# a schedule may not take it
+QUOTA_ID = "@quota"
+
+
+def quota_key(tenant: str) -> str:
+    """The log key of a tenant's quota aggregate (one partition decides all its slots)."""
+    return partition_key(tenant, QUOTA_ID)
+
+
+def saga_command_id(kind: str, create_command_id: str) -> str:
+    """The command ID of a quota saga step for one create (deterministic, bounded length)."""
+    return f"quota:{kind}:{_digest(create_command_id)}"
+
+
 def iso_utc(instant: datetime) -> str:
     """ISO-8601 UTC with a ``Z`` suffix, seconds precision unless sub-second is set."""
     s = instant.astimezone(timezone.utc).isoformat()

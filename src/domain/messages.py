@@ -415,6 +415,47 @@ class RecordEffectOutcome(_Model):
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 
+# The tenant quota saga (see docs/design.md, "Tenant quota"): commands the processors send
+# each other through ``commands``, in the transaction of the decision that emits them. The
+# first three go to the tenant's quota aggregate (schedule ID ``QUOTA_ID``), the answer goes
+# back to the schedule. Only the processor (principal ``processor``) may send them.
+
+
+class ReserveQuotaSlot(_Model):
+    """Hold one of the tenant's schedule slots for ``schedule_id`` while it is created."""
+
+    type: Literal["ReserveQuotaSlot"] = "ReserveQuotaSlot"
+    schedule_id: str
+    create_command_id: str
+
+
+class ConfirmQuotaSlot(_Model):
+    """The schedule reserved under ``create_command_id`` was created: its slot is taken."""
+
+    type: Literal["ConfirmQuotaSlot"] = "ConfirmQuotaSlot"
+    schedule_id: str
+    create_command_id: str
+
+
+class ReleaseQuotaSlot(_Model):
+    """Give back the slot (reserved or taken) held under ``create_command_id``."""
+
+    type: Literal["ReleaseQuotaSlot"] = "ReleaseQuotaSlot"
+    schedule_id: str
+    create_command_id: str
+    reason: str
+
+
+class AnswerQuotaSlot(_Model):
+    """The quota aggregate's answer to a reservation, sent to the schedule being created."""
+
+    type: Literal["AnswerQuotaSlot"] = "AnswerQuotaSlot"
+    create_command_id: str
+    granted: bool
+    expires_at: UtcDatetime | None = None  # a granted reservation's end
+    reason: str = ""
+
+
 class Tick(_Model):
     """A timer the processor gives itself: act on everything due at ``now``."""
 
@@ -437,6 +478,10 @@ Command = Annotated[
         CompleteRun,
         FailRun,
         RecordEffectOutcome,
+        ReserveQuotaSlot,
+        ConfirmQuotaSlot,
+        ReleaseQuotaSlot,
+        AnswerQuotaSlot,
         Tick,
     ],
     Field(discriminator="type"),
@@ -752,6 +797,67 @@ class EffectFailed(_Event):
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 
+# the tenant quota saga, on the schedule's key: a create waiting for a slot, and its end when
+# the answer is no (the yes is the ordinary ScheduleCreated)
+
+
+class ScheduleCreationHeld(_Event):
+    """A create of a tenant with a quota passed every other check; it waits for a slot."""
+
+    type: Literal["ScheduleCreationHeld"] = "ScheduleCreationHeld"
+    command_id: str
+    request_key: str | None = None
+    spec: ScheduleSpec
+    reply_to: str | None = None  # the client waiting for the answer (the create's reply_to)
+
+
+class ScheduleCreationRefused(_Event):
+    """A held create was answered: no slot, or it no longer passed its checks."""
+
+    type: Literal["ScheduleCreationRefused"] = "ScheduleCreationRefused"
+    command_id: str
+    status: Status
+    reason: str
+    release: bool  # a slot had been reserved for it and is given back
+
+
+# the tenant quota saga, on the tenant's quota key: slots reserved, taken and given back;
+# every count and limit is written into the event
+
+
+class QuotaSlotReserved(_Event):
+    type: Literal["QuotaSlotReserved"] = "QuotaSlotReserved"
+    schedule_id: str
+    create_command_id: str
+    max_schedules: int | None
+    expires_at: UtcDatetime
+
+
+class QuotaSlotRefused(_Event):
+    type: Literal["QuotaSlotRefused"] = "QuotaSlotRefused"
+    schedule_id: str
+    create_command_id: str
+    max_schedules: int | None
+    taken: int
+    reserved: int
+    reason: str
+
+
+class QuotaSlotConfirmed(_Event):
+    type: Literal["QuotaSlotConfirmed"] = "QuotaSlotConfirmed"
+    schedule_id: str
+    create_command_id: str
+    late: bool = False  # its reservation had expired before the schedule was created
+
+
+class QuotaSlotReleased(_Event):
+    type: Literal["QuotaSlotReleased"] = "QuotaSlotReleased"
+    schedule_id: str
+    create_command_id: str
+    reason: str  # rejected | expired | the event that ended the schedule (ScheduleDeleted, ...)
+    released_at: UtcDatetime
+
+
 Event = Annotated[
     Union[
         ScheduleCreated,
@@ -782,6 +888,12 @@ Event = Annotated[
         EffectSucceeded,
         EffectUncertain,
         EffectFailed,
+        ScheduleCreationHeld,
+        ScheduleCreationRefused,
+        QuotaSlotReserved,
+        QuotaSlotRefused,
+        QuotaSlotConfirmed,
+        QuotaSlotReleased,
     ],
     Field(discriminator="type"),
 ]

@@ -64,12 +64,14 @@ import structlog
 from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.environment import gc_tuned, utc_now
-from chronolog.commands.decider import Decision, TenantContext, decide, evolve, next_wakeup
+from chronolog.commands.decider import (PROCESSOR, Decision, TenantContext, decide, evolve,
+                                        next_wakeup)
+from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota, quota_wakeup
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.domain.ids import event_id_for, partition_key
+from chronolog.domain.ids import QUOTA_ID, event_id_for, partition_key
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.reading import read_partition
 from chronolog.log.port import (
@@ -88,6 +90,8 @@ log = structlog.get_logger("chronolog.processor")
 
 PROCESSOR_GROUP_SUFFIX = "processors"
 READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRedriven")
+# command IDs of the processor's own commands, answered by no reply of their own
+INTERNAL_COMMANDS = ("tick:", "assign:", "quota:")
 
 
 class TenantPolicies(Protocol):
@@ -183,7 +187,8 @@ class PartitionState:
         self.replies: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         # command_id -> the output of a transaction still in flight that replies to it
         self.pending: dict[str, _Output] = {}
-        self.active_by_tenant: dict[str, int] = {}
+        # the tenants' quota aggregates whose key falls on this partition (key -> state)
+        self.quotas: dict[str, QuotaState] = {}
         self.events_offset = 0
         # this partition's commit chain (a task while a transaction is in flight) and the
         # records that arrived meanwhile, decided by the chain when that transaction ends
@@ -196,7 +201,9 @@ class PartitionState:
         return self.chain if self.chain is not None and not self.chain.done() else None
 
     def arm(self, key: str, state: ScheduleState) -> None:
-        wake = next_wakeup(state)
+        self.arm_at(key, next_wakeup(state))
+
+    def arm_at(self, key: str, wake: datetime | None) -> None:
         if wake is None:
             self.armed.pop(key, None)
             return
@@ -465,6 +472,12 @@ class Processor:
             for rec in recs:
                 try:
                     env = codec.decode_event(rec.value)
+                    if env.schedule_id == QUOTA_ID:
+                        qs = ps.quotas.get(env.key)
+                        if qs is None:
+                            qs = ps.quotas[env.key] = QuotaState(env.tenant)
+                        evolve_quota(qs, env.payload)
+                        continue
                     st = ps.states.get(env.key)
                     if st is None:
                         st = ps.states[env.key] = initial_state(env.tenant, env.schedule_id)
@@ -480,8 +493,8 @@ class Processor:
                     self._wait_for_seat(ps, key, st, run)
                 elif run.state == "LEASED" and run.worker_id:
                     ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
-            if st.exists:
-                ps.active_by_tenant[st.tenant] = ps.active_by_tenant.get(st.tenant, 0) + 1
+        for key, qs in ps.quotas.items():
+            ps.arm_at(key, quota_wakeup(qs))
         await self._restore_replies(ps)
 
     async def _restore_replies(self, ps: PartitionState) -> None:
@@ -531,6 +544,11 @@ class Processor:
             consumed[(self.topics.commands, ps.partition)] = batch[-1].offset + 1
         budget = max(16, self.config.ticks_per_step // max(1, len(self.partitions)))
         for key in ps.due_keys(now, budget):
+            qs = ps.quotas.get(key)
+            if qs is not None:
+                self._decide_quota(ps, key, qs, _tick_envelope(qs, f"tick:{ps.partition}:"
+                                   f"{int(now.timestamp() * 1e6)}:{key}", now), now, out)
+                continue
             st = ps.states.get(key)
             if st is None or key in self._unapplied_keys:
                 continue  # a timer whose decision could not be applied waits for a command
@@ -670,11 +688,16 @@ class Processor:
             self.stats.duplicates += 1
             out.reply_from(cid, earlier)
             return
+        if env.schedule_id == QUOTA_ID:
+            qs = ps.quotas.get(key)
+            self._decide_quota(ps, key, qs if qs is not None else QuotaState(env.tenant), env,
+                               now, out, rec)
+            return
         st = ps.states.get(key)
         if st is None:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
-        tenant = TenantContext(allowed, max_schedules, ps.active_by_tenant.get(env.tenant, 0),
+        tenant = TenantContext(allowed, max_schedules,
                                destinations=self.tenants.destinations(env.tenant),
                                min_interval=self.tenants.min_interval(env.tenant))
         try:
@@ -696,6 +719,51 @@ class Processor:
             raise _Unapplied(f"command {cid}: {type(exc).__name__}: {exc}") from exc
         self._unapplied_keys.discard(key)
 
+    def _decide_quota(self, ps: PartitionState, key: str, qs: QuotaState,
+                      env: m.CommandEnvelope, now: datetime, out: "_Output",
+                      rec: Record | None = None) -> None:
+        """Decide a command (``rec``) or a timer of a tenant's quota aggregate, and apply it:
+        its events, the saga commands it sends, and a reply (only to a refused command of
+        someone else: the saga's own steps are answered by commands)."""
+        cid = env.command_id
+        try:
+            dec = decide_quota(qs, env, now, self.tenants.policy(env.tenant)[1])
+            encoded = self._encode(key, qs, dec, cid, now)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - a decider bug rejects this command only
+            log.exception("quota_decide_failed", command_id=cid, tenant=env.tenant)
+            if rec is None:
+                self.stats.tick_errors += 1
+            else:
+                self.stats.decide_errors += 1
+                self._dead_letter(ps, rec, f"the command could not be decided: "
+                                  f"{type(exc).__name__}: {exc}", out, env, exc)
+            return
+        if dec.events:
+            ps.quotas[key] = qs
+        first_index = len(out.events)
+        values, body = encoded
+        for i, ev in enumerate(dec.events):
+            evolve_quota(qs, ev)
+            out.event(event_id_for(cid, i), key, qs.tenant, QUOTA_ID, now, cid, ev, values[i])
+        self._send(qs.tenant, dec, now, out)
+        ps.arm_at(key, quota_wakeup(qs))
+        if body is not None:
+            out.reply_new(cid, dec.status, dec.reason, body, qs.tenant, QUOTA_ID, first_index,
+                          len(out.events))
+            ps.pending[cid] = out
+
+    def _send(self, tenant: str, dec: Decision, now: datetime, out: "_Output") -> None:
+        """A decision's commands to other aggregates of the tenant (the quota saga), written
+        to ``commands`` in this transaction, after the events."""
+        for send in dec.sends:
+            env = m.CommandEnvelope.model_construct(
+                command_id=send.command_id, type=send.payload.type, tenant=tenant,
+                principal=PROCESSOR, schedule_id=send.schedule_id, issued_at=now,
+                reply_to=None, payload=send.payload)
+            out.commands.append(OutRecord(
+                topic=self.topics.commands, key=partition_key(tenant, send.schedule_id).encode(),
+                value=codec.encode_command(env)))
+
     def _encode(self, key: str, st: ScheduleState, dec: Decision, command_id: str,
                 now: datetime) -> tuple[list[bytes], bytes | None]:
         """A decision's events and reply body as bytes, before anything is evolved: a value
@@ -704,8 +772,8 @@ class Processor:
         events = [codec.encode_event_fields(event_id_for(command_id, i), m.CURRENT_VERSION, key,
                                             st.tenant, st.schedule_id, now, command_id, ev)
                   for i, ev in enumerate(dec.events)]
-        if command_id.startswith(("tick:", "assign:")):  # the processor's own: no reply
-            return events, None
+        if dec.deferred or (command_id.startswith(INTERNAL_COMMANDS) and dec.answers is None):
+            return events, None  # the processor's own commands, or answered later (the saga)
         body = dec.body if not dec.field else {**dec.body, "field": dec.field}
         return events, codec.encode_body(body)
 
@@ -722,7 +790,6 @@ class Processor:
     ) -> None:
         """Evolve and record a decision's events, and its reply (none for the processor's own
         commands: timers and assignments)."""
-        existed = st.exists
         first_index = len(out.events)
         values, body = encoded
         for i, ev in enumerate(dec.events):
@@ -737,14 +804,15 @@ class Processor:
                 if ev.type == "LeaseExpired":
                     ps.dispatch.lapse_holder(run_id)
                 ps.dispatch.settle(run_id, st.run(run_id))
-        if st.exists != existed:
-            delta = 1 if st.exists else -1
-            ps.active_by_tenant[st.tenant] = ps.active_by_tenant.get(st.tenant, 0) + delta
+        self._send(st.tenant, dec, now, out)
         ps.arm(key, st)
         if body is not None:
-            out.reply_new(command_id, dec.status, dec.reason, body,
+            answered = dec.answers or command_id  # a held create is answered by the saga
+            if dec.answers and dec.answers_client:
+                out.reply_to[answered] = dec.answers_client  # its reply wakes that client
+            out.reply_new(answered, dec.status, dec.reason, body,
                           st.tenant, st.schedule_id, first_index, len(out.events))
-            ps.pending[command_id] = out
+            ps.pending[answered] = out
 
     def _ready(self, ps: PartitionState, key: str, st: ScheduleState, ev: Any) -> None:
         """A run became READY: it waits for a worker's seat (``_dispatch``)."""
@@ -858,6 +926,8 @@ class _Output:
         # first records are this partition's events only — a Kafka owner can then predict
         # their positions and send everything in one round trip (chronolog.log.kafka)
         self.assignments: list[OutRecord] = []
+        # commands to other aggregates (the quota saga), written with the assignments
+        self.commands: list[OutRecord] = []
         # (event_id, key, tenant, schedule_id, at, causation_id, payload) of each event;
         # envelope models are only built for on_commit hooks (``envelopes``)
         self.events: list[tuple[str, str, str, str, datetime, str, Any]] = []
@@ -873,7 +943,8 @@ class _Output:
 
     @property
     def empty(self) -> bool:
-        return not self.records and not self.replies and not self.assignments
+        return (not self.records and not self.replies and not self.assignments
+                and not self.commands)
 
     def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
               causation_id: str, payload: Any, value: bytes) -> None:
@@ -907,7 +978,7 @@ class _Output:
     def then(self, positions: list[Position]) -> list[OutRecord]:
         """The assignment records, then the replies with the positions of their events (called
         inside the transaction; again if a prediction of the positions was wrong)."""
-        out = list(self.assignments)
+        out = list(self.assignments) + self.commands
         final: dict[str, bytes] = {}
         topic, partition = self.topics.replies, self.partition
         for kind, cid, data in self.replies:

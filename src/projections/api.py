@@ -44,13 +44,12 @@ it has not by then the read is **503** ``unavailable`` with ``Retry-After: 1`` �
 stale data presented as fresh. Reads without the header answer at once from whatever the
 projection holds (every list carries the projection ``watermark``).
 
-Max schedules (429) is enforced twice, on purpose: the processor's check is authoritative
-and race-free but it only sees its own partition's schedules (a tenant spread over P
-partitions could otherwise own up to P x max_schedules); the API's pre-check counts the
-tenant's live (ACTIVE or PAUSED) schedules across all partitions in the read model, which
-bounds the global total but can lag the log and race with concurrent creates. Together: a hard per-partition
-bound plus a global bound that is exact whenever the projection is caught up. The job-type
-check (403) is likewise done here (early answer) and by the processor (the authority).
+Max schedules (429) is the processors' alone: a create of a tenant with a quota is answered
+once the tenant's quota aggregate (one partition of the log) reserved a slot for it or
+refused one, so the quota is exact under concurrency, whichever entry point sent the create
+(docs/design.md, "Tenant quota"). The API does not pre-check it against the read model,
+which lags the log (it would refuse a create right after a delete). The job-type check
+(403) is done here (early answer) and by the processor (the authority).
 
 Run commands (cancel, redrive, reconcile) find the run's schedule — its partition key — in
 the read model, so they honour a consistency token as reads do.
@@ -666,14 +665,6 @@ class ReadModel:
         return await self.pool.fetchrow(
             "SELECT * FROM schedules WHERE tenant = $1 AND schedule_id = $2", tenant, schedule_id)
 
-    async def live_schedules(self, tenant: str, schedule_id: str) -> tuple[int, bool]:
-        row = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE state NOT IN ('DELETED', 'COMPLETED')) AS live, "
-            "COALESCE(bool_or(schedule_id = $2), false) AS known "
-            "FROM schedules WHERE tenant = $1", tenant, schedule_id)
-        assert row is not None
-        return int(row["live"]), bool(row["known"])
-
     async def runs_so_far(self, tenant: str, schedule_id: str) -> int:
         """How many scheduled runs the schedule has had (its last sequence number)."""
         n = await self.pool.fetchval(
@@ -993,10 +984,6 @@ def create_app(
     ) -> JSONResponse:
         spec = _to_spec(body)
         check_job(tenant, spec)
-        if tenant.max_schedules is not None:
-            live, known = await need_rm().live_schedules(tenant.name, body.schedule_id)
-            if not known and live >= tenant.max_schedules:
-                raise ApiError(429, f"tenant has {live} schedules (max {tenant.max_schedules})")
         reply, token = await send(tenant, body.schedule_id,
                                   m.CreateSchedule(spec=spec, request_key=idempotency_key))
         return written(ScheduleWritten(schedule_id=body.schedule_id,

@@ -64,6 +64,18 @@ type):
     ``at``: the one-shot's instant was recorded; ``end``: the current revision's trigger
     (``delay``: counted from the completion) has no instant after the last one recorded
     (and after the revision) before ``end``.
+``quota_exact``
+    A tenant's quota aggregate (schedule ID ``@quota``; its events are in one partition, so
+    in one order) never holds more slots, reserved or taken, than the ``max_schedules``
+    written in its latest reservation event; every schedule created under the quota was
+    created with a slot reserved for its create; and at the end the live schedules holding
+    a slot number at most that quota.
+``quota_balance``
+    Every reservation ends once: confirmed (the schedule was created) or released (the
+    create was refused, the reservation expired); a confirmed slot is released once, when
+    its schedule stops being live. Nothing confirms or releases a slot not held under that
+    create; at the end the quota's taken slots are exactly the live schedules holding one.
+    Reservations still open at the end (creates in flight) are listed in the notes.
 ``decodable``
     Only for readers of raw records (the CLI): a record of ``events`` that does not decode.
 """
@@ -76,7 +88,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
+from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.domain import messages as m
+from chronolog.domain.ids import QUOTA_ID
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
 
 __all__ = [
@@ -98,6 +112,8 @@ CHECKS: tuple[str, ...] = (
     "misfire_all_complete",
     "effect_unique",
     "completed_final",
+    "quota_exact",
+    "quota_balance",
     "decodable",
 )
 
@@ -241,6 +257,25 @@ class _Schedule:
 
 
 @dataclass
+class _SlotHolder:
+    """A schedule of a tenant with a quota: the create it waits with, or holds a slot for."""
+
+    held: str | None = None  # the command ID of a create waiting for a slot
+    slot: str | None = None  # the command ID of the create whose slot it holds
+    live: bool = False
+    ref: EventRef | None = None
+
+
+@dataclass
+class _QuotaFold:
+    """A tenant's quota aggregate: schedule ID -> [create command ID, event, confirmed]."""
+
+    slots: dict[str, list[Any]] = field(default_factory=dict)
+    max_schedules: int | None = None
+    reserved: set[str] = field(default_factory=set)  # every create a slot was reserved for
+
+
+@dataclass
 class _Effect:
     owner: tuple[str, str]
     intent_ref: EventRef
@@ -268,6 +303,8 @@ class Auditor:
         self.report = AuditReport()
         self._schedules: dict[tuple[str, str], _Schedule] = {}
         self._effects: dict[str, _Effect] = {}
+        self._holders: dict[tuple[str, str], _SlotHolder] = {}
+        self._quotas: dict[str, _QuotaFold] = {}
         self._finished = False
 
     # -- input ----------------------------------------------------------------------
@@ -283,6 +320,9 @@ class Auditor:
         """Fold one event (events of one schedule must come in log order)."""
         assert not self._finished, "feed after finish"
         self.report.events += 1
+        if env.schedule_id == QUOTA_ID:
+            self._fold_quota(env, EventRef(partition, offset, env.event_id, env.payload.type))
+            return
         key = (env.tenant, env.schedule_id)
         s = self._schedules.get(key)
         if s is None:
@@ -371,6 +411,7 @@ class Auditor:
 
     def _fold(self, s: _Schedule, env: m.EventEnvelope, ref: EventRef) -> None:
         p = env.payload
+        self._track_slot(s, p, ref)
         match p:
             case m.ScheduleCreated() | m.ScheduleRevised():
                 if isinstance(p, m.ScheduleCreated):  # a new one, or a deleted ID's again
@@ -500,6 +541,9 @@ class Auditor:
                     eff.success_ref = ref
             case m.EffectUncertain() | m.EffectFailed():
                 pass
+            case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
+                  | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
+                pass  # the tenant quota: _track_slot, _fold_quota
             case _:
                 assert_never(p)
 
@@ -561,6 +605,103 @@ class Auditor:
         if nxt is not None and spec.end is not None and nxt > spec.end:
             return None
         return nxt
+    # -- the tenant quota -------------------------------------------------------------
+
+    def _track_slot(self, s: _Schedule, p: Any, ref: EventRef) -> None:
+        """A schedule's side of the quota: held creates, the slot it holds, whether live."""
+        key = (s.tenant, s.schedule_id)
+        h = self._holders.get(key)
+        if isinstance(p, m.ScheduleCreationHeld):
+            if h is None:
+                h = self._holders[key] = _SlotHolder()
+            h.held = p.command_id
+        elif h is None:
+            return
+        elif isinstance(p, m.ScheduleCreationRefused):
+            h.held = None
+        elif isinstance(p, m.ScheduleCreated) and h.held is not None:
+            h.slot, h.held, h.live, h.ref = h.held, None, True, ref
+        elif isinstance(p, LEAVES_LIVE):
+            h.live = False
+
+    def _quota_violation(self, check: str, tenant: str, schedule_id: str, message: str,
+                         *refs: EventRef | None) -> None:
+        events = tuple(sorted({r for r in refs if r is not None},
+                              key=lambda r: (r.partition, r.offset)))
+        self.report.violations.append(Violation(check, message, events, tenant, schedule_id))
+
+    def _fold_quota(self, env: m.EventEnvelope, ref: EventRef) -> None:
+        """One event of a tenant's quota aggregate, in its (one partition's) order."""
+        q = self._quotas.setdefault(env.tenant, _QuotaFold())
+        p = env.payload
+        if not isinstance(p, (m.QuotaSlotReserved, m.QuotaSlotRefused, m.QuotaSlotConfirmed,
+                              m.QuotaSlotReleased)):
+            self._quota_violation("quota_balance", env.tenant, env.schedule_id,
+                                  f"{p.type} on the tenant's quota aggregate", ref)
+            return
+        tenant, sid = env.tenant, p.schedule_id
+        slot = q.slots.get(sid)
+        ours = slot is not None and slot[0] == p.create_command_id
+        if isinstance(p, m.QuotaSlotRefused):
+            q.max_schedules = p.max_schedules
+            return
+        if isinstance(p, m.QuotaSlotReserved):
+            q.max_schedules = p.max_schedules
+            if slot is not None:
+                self._quota_violation("quota_balance", tenant, sid, "a second slot reserved "
+                                      "for the schedule while it holds one", slot[1], ref)
+            q.slots[sid] = [p.create_command_id, ref, False]
+            q.reserved.add(p.create_command_id)
+        elif isinstance(p, m.QuotaSlotConfirmed):
+            if slot is None and p.late:
+                q.slots[sid] = [p.create_command_id, ref, True]
+            elif not ours or (slot is not None and slot[2]):
+                self._quota_violation("quota_balance", tenant, sid, "a slot confirmed that is "
+                                      "not reserved for this create", ref)
+            else:
+                assert slot is not None
+                slot[2] = True
+        else:
+            if not ours:
+                self._quota_violation("quota_balance", tenant, sid, "a slot released that is "
+                                      "not held for this create", ref)
+            else:
+                del q.slots[sid]
+            return
+        held = len(q.slots)
+        if q.max_schedules is not None and held > q.max_schedules:
+            self._quota_violation("quota_exact", tenant, sid, f"{held} slots held, quota "
+                                  f"{q.max_schedules}", ref)
+
+    def _check_quotas(self) -> None:
+        """Each tenant's quota against its schedules, at the end of the log."""
+        live: dict[str, list[tuple[str, _SlotHolder]]] = {}
+        for (tenant, sid), h in self._holders.items():
+            q = self._quotas.get(tenant, _QuotaFold())
+            if h.slot is not None and h.slot not in q.reserved:
+                self._quota_violation("quota_exact", tenant, sid, "created under the quota "
+                                      "without a slot reserved for its create", h.ref)
+            if h.live and h.slot is not None:
+                live.setdefault(tenant, []).append((sid, h))
+                slot = q.slots.get(sid)
+                if slot is None or slot[0] != h.slot:
+                    self._quota_violation("quota_balance", tenant, sid, "a live schedule "
+                                          "whose slot the quota does not hold", h.ref)
+        for tenant, q in self._quotas.items():
+            holders = dict(live.get(tenant, []))
+            if q.max_schedules is not None and len(holders) > q.max_schedules:
+                self._quota_violation("quota_exact", tenant, "", f"{len(holders)} live "
+                                      f"schedules hold a slot, quota {q.max_schedules}")
+            open_ = 0
+            for sid, (cid, ref, confirmed) in q.slots.items():
+                if not confirmed:
+                    open_ += 1
+                elif sid not in holders:
+                    self._quota_violation("quota_balance", tenant, sid, "a slot still taken "
+                                          "by a schedule that is no longer live", ref)
+            if open_:
+                self.report.notes.append(f"tenant {tenant}: {open_} quota reservation(s) "
+                                         "still open (creates in flight)")
 
     def _manual_key(self, s: _Schedule, request_key: str, ref: EventRef) -> None:
         old = s.manual.get(request_key)
@@ -631,6 +772,7 @@ class Auditor:
                 for rev in s.revisions.values():
                     if rev.check_misfire:
                         self._check_misfire_all(s, rev)
+            self._check_quotas()
             self.report.schedules = len(self._schedules)
             self.report.effects = len(self._effects)
         return self.report

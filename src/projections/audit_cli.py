@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
         description="Fold every event of the log and check: one occurrence per key, fences "
                     "strictly increasing and current, one result per run within its lease, "
                     "overlap policies, misfire 'all' completeness, unique effects, COMPLETED "
-                    "schedules final and true. Exit 0: clean; 1: violations; 2: bad "
+                    "schedules final and true, each tenant's schedule quota kept and its "
+                    "reservations balanced. Exit 0: clean; 1: violations; 2: bad "
                     "configuration.",
     )
     add_log_arguments(parser)

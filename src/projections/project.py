@@ -54,6 +54,9 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
 
     p = envelope.payload
     match p:
+        case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
+              | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
+            return c  # the quota saga changes no row (a held create is not a schedule yet)
         case m.ScheduleCreated():
             # every definition column, so a re-created (previously deleted) ID starts clean
             sched(revision=p.revision, state="ACTIVE", spec=p.spec.model_dump(mode="json"),

@@ -346,3 +346,35 @@ async def test_lifecycle_on_kafka_with_separate_services(
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+
+
+async def test_the_tenant_quota_through_the_cli(tmp_path: Path, dsn: str) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\ntokens = ["acme-token"]\nmax_schedules = 1\n')
+    log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
+                "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
+    env = _env(CHRONOLOG_TENANTS=str(tenants))
+    services = Services(tmp_path, env)
+    services.start("processor", ["processor", *log_args])
+    try:
+        cli = Cli([*log_args, "--database-url", dsn], env, services)
+        await wait_until(lambda: (tmp_path / "log.db").exists(), 30, what="the log file")
+        first = await cli.ok("schedule", "create", "one", "--every", "1h", "--job", "echo")
+        assert first["revision"] == 1
+        over = await cli("schedule", "create", "two", "--every", "1h", "--job", "echo")
+        assert over.rc == 1
+        assert _one_line(over) == "error: quota: tenant has 1 active schedules (max 1)"
+        await cli.ok("schedule", "delete", "one")
+
+        async def created() -> bool:  # the slot comes back one step of the saga later
+            services.check_alive()
+            r = await cli("schedule", "create", "two", "--every", "1h", "--job", "echo")
+            assert r.rc in (0, 1), r.err
+            return r.rc == 0
+
+        await wait_until(created, 30, interval=0.2, what="a create after the delete")
+        still = await cli("schedule", "create", "three", "--every", "1h", "--job", "echo")
+        assert still.rc == 1 and _one_line(still).startswith("error: quota: ")
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}

@@ -20,7 +20,7 @@ import pytest
 from chronolog.commands.decider import Decision, decide, evolve
 from chronolog.commands.state import initial_state
 from chronolog.domain import messages as m
-from chronolog.domain.ids import manual_run_id, run_id_for
+from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for
 from chronolog.projections.audit import CHECKS, AuditReport, Auditor, audit
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
@@ -712,3 +712,87 @@ def test_a_misfire_all_catch_up_queued_under_buffer_one_is_clean() -> None:
     assert len(d.runs_in("PENDING")) == 5
     d.complete(c, T0 + sec(60 * 5 + 31))
     _assert_clean(audit(d.log))
+# -- quota_exact and quota_balance
+
+
+def _through_quota(log: Log, sid: str, max_schedules: int = 2, confirm: bool = True) -> Log:
+    """``sid`` created the way the quota saga does it: held, reserved, created, confirmed."""
+    cid = f"create-{sid}"
+    log.add(m.ScheduleCreationHeld(command_id=cid, spec=spec()), sid=sid)
+    log.add(m.QuotaSlotReserved(schedule_id=sid, create_command_id=cid,
+                                max_schedules=max_schedules, expires_at=T0 + sec(60)),
+            sid=QUOTA_ID)
+    log.add(m.ScheduleCreated(revision=1, spec=spec(), created_at=T0, anchor=T0,
+                              next_run_at=T0, next_due_at=T0), sid=sid)
+    if confirm:
+        log.add(m.QuotaSlotConfirmed(schedule_id=sid, create_command_id=cid), sid=QUOTA_ID)
+    return log
+
+
+def _released(log: Log, sid: str, reason: str = "ScheduleDeleted") -> Log:
+    return log.add(m.QuotaSlotReleased(schedule_id=sid, create_command_id=f"create-{sid}",
+                                       reason=reason, released_at=T0), sid=QUOTA_ID)
+
+
+def test_a_quota_kept_through_creates_refusals_and_deletes_is_clean() -> None:
+    log = _through_quota(_through_quota(Log(), "s1"), "s2")
+    log.add(m.ScheduleCreationHeld(command_id="create-s3", spec=spec()), sid="s3")
+    log.add(m.QuotaSlotRefused(schedule_id="s3", create_command_id="create-s3", max_schedules=2,
+                               taken=2, reserved=0, reason="full"), sid=QUOTA_ID)
+    log.add(m.ScheduleCreationRefused(command_id="create-s3", status="quota", reason="full",
+                                      release=False), sid="s3")
+    log.add(m.ScheduleDeleted(), sid="s1")
+    _released(log, "s1")
+    _through_quota(log, "s3")  # the freed slot, taken again
+    report = log.audit()
+    _assert_clean(report)
+    assert report.notes == []
+
+
+def test_more_slots_held_than_the_quota_is_reported() -> None:
+    log = _through_quota(_through_quota(Log(), "s1"), "s2")
+    log.add(m.QuotaSlotReserved(schedule_id="s3", create_command_id="create-s3", max_schedules=2,
+                                expires_at=T0 + sec(60)), sid=QUOTA_ID)
+    (v,) = only(log.audit(), "quota_exact")
+    assert v.message == "3 slots held, quota 2" and v.schedule_id == "s3"
+
+
+def test_live_schedules_over_the_quota_at_the_end_are_reported() -> None:
+    log = _through_quota(Log(), "s1", max_schedules=1)
+    log.add(m.ScheduleCreationHeld(command_id="create-s2", spec=spec()), sid="s2")
+    log.add(m.ScheduleCreated(revision=1, spec=spec(), created_at=T0, anchor=T0,
+                              next_run_at=T0, next_due_at=T0), sid="s2")
+    log.add(m.QuotaSlotConfirmed(schedule_id="s2", create_command_id="create-s2", late=True),
+            sid=QUOTA_ID)
+    report = log.audit()
+    messages = sorted(v.message for v in report.by_check("quota_exact"))
+    assert messages == ["2 live schedules hold a slot, quota 1", "2 slots held, quota 1",
+                        "created under the quota without a slot reserved for its create"]
+    assert report.violation_counts["quota_balance"] == 0
+
+
+def test_a_slot_released_twice_is_unbalanced() -> None:
+    log = _through_quota(Log(), "s1")
+    log.add(m.ScheduleDeleted(), sid="s1")
+    _released(_released(log, "s1"), "s1")
+    (v,) = only(log.audit(), "quota_balance")
+    assert v.message == "a slot released that is not held for this create"
+
+
+def test_a_deleted_schedule_whose_slot_stays_taken_is_unbalanced() -> None:
+    log = _through_quota(Log(), "s1")
+    log.add(m.ScheduleDeleted(), sid="s1")
+    (v,) = only(log.audit(), "quota_balance")
+    assert v.message == "a slot still taken by a schedule that is no longer live"
+
+
+def test_a_live_schedule_whose_slot_was_released_is_unbalanced() -> None:
+    log = _released(_through_quota(Log(), "s1"), "s1", reason="expired")
+    (v,) = only(log.audit(), "quota_balance")
+    assert v.message == "a live schedule whose slot the quota does not hold"
+
+
+def test_a_reservation_still_open_at_the_end_is_a_note() -> None:
+    report = _through_quota(Log(), "s1", confirm=False).audit()
+    _assert_clean(report)
+    assert report.notes == ["tenant acme: 1 quota reservation(s) still open (creates in flight)"]

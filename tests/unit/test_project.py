@@ -89,10 +89,30 @@ SAMPLES: dict[str, Any] = {
                                          evidence={"error": "reset"}),
     "EffectFailed": m.EffectFailed(effect_id=f"send-{RUN}", run_id=RUN, evidence={"code": 550}),
 }
+# the tenant quota saga's events: no row (a held create is not a schedule yet)
+QUOTA_SAMPLES: dict[str, Any] = {
+    "ScheduleCreationHeld": m.ScheduleCreationHeld(command_id="c1", spec=SPEC),
+    "ScheduleCreationRefused": m.ScheduleCreationRefused(command_id="c1", status="quota",
+                                                         reason="full", release=False),
+    "QuotaSlotReserved": m.QuotaSlotReserved(schedule_id="s1", create_command_id="c1",
+                                             max_schedules=3, expires_at=T0),
+    "QuotaSlotRefused": m.QuotaSlotRefused(schedule_id="s1", create_command_id="c1",
+                                           max_schedules=3, taken=3, reserved=0, reason="full"),
+    "QuotaSlotConfirmed": m.QuotaSlotConfirmed(schedule_id="s1", create_command_id="c1"),
+    "QuotaSlotReleased": m.QuotaSlotReleased(schedule_id="s1", create_command_id="c1",
+                                             reason="expired", released_at=T0),
+}
 
 
 def test_every_event_type_has_a_sample() -> None:
-    assert set(SAMPLES) == {t.model_fields["type"].default for t in m.EVENT_TYPES}
+    assert set(SAMPLES) | set(QUOTA_SAMPLES) == {t.model_fields["type"].default
+                                                 for t in m.EVENT_TYPES}
+
+
+@pytest.mark.parametrize("name", sorted(QUOTA_SAMPLES))
+def test_the_quota_sagas_events_change_no_row(name: str) -> None:
+    c = project(env(QUOTA_SAMPLES[name]))
+    assert all(not c.table(table) for table in TABLES)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))

@@ -59,15 +59,6 @@ def test_create_with_job_type_not_allowed_is_forbidden(gwt: SimpleNamespace) -> 
     assert (d.status, d.events, d.field) == ("forbidden", [], "job.type")
 
 
-def test_create_over_the_active_schedule_quota_is_quota(gwt: SimpleNamespace) -> None:
-    m = gwt.m
-    tenant = gwt.TenantContext(max_schedules=10, active_schedules=10)
-    d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec()), gwt.T0, tenant)
-    assert (d.status, d.events) == ("quota", [])
-    under = gwt.TenantContext(max_schedules=10, active_schedules=9)
-    assert gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec()), gwt.T0, under).ok
-
-
 def test_a_rule_firing_more_often_than_the_tenants_minimum_interval_is_invalid(
     gwt: SimpleNamespace,
 ) -> None:

@@ -1,0 +1,163 @@
+"""The tenant quota aggregate: ``decide_quota(state, command, now, max_schedules)`` and
+``evolve_quota(state, event)``. Pure, like the schedule decider: time enters as ``now``.
+
+A tenant with ``max_schedules`` has one quota aggregate, keyed ``tenant/@quota`` — one
+partition, so one processor decides every slot of the tenant, in one order, whatever the
+partitions of its schedules. A slot is held per schedule under the command ID of the create
+that asked for it:
+
+* ``ReserveQuotaSlot`` — a free slot is reserved until ``now + RESERVATION_TTL`` and granted,
+  or the reservation is refused (the answer goes back to the schedule either way);
+* ``ConfirmQuotaSlot`` — the schedule was created: the reservation becomes a taken slot;
+* ``ReleaseQuotaSlot`` — the create was refused after all, or the schedule stopped being
+  live: the slot is free again;
+* ``Tick`` — a reservation whose create never confirmed is released at its end
+  (``released_at`` is the Tick's ``now``), and the held create is told.
+
+A repeated step changes nothing (a reserve for a slot already held answers again; a release
+of a slot not held is a no-op), so at most ``max_schedules`` slots are ever taken or
+reserved, and every reservation ends confirmed or released.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from chronolog.commands.decider import PROCESSOR, Decision, Send
+from chronolog.domain import messages as m
+from chronolog.domain.ids import QUOTA_ID, saga_command_id
+
+__all__ = ["RESERVATION_TTL", "QuotaState", "decide_quota", "evolve_quota", "quota_wakeup"]
+
+# how long a reserved slot waits for its schedule's processor to create the schedule
+RESERVATION_TTL = timedelta(seconds=60)
+
+
+class QuotaState:
+    """The fold of a tenant's quota events: schedule ID -> (create command ID, end of the
+    reservation, or None once the slot is taken)."""
+
+    __slots__ = ("tenant", "slots")
+    schedule_id = QUOTA_ID
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.slots: dict[str, tuple[str, datetime | None]] = {}
+
+    def taken(self) -> int:
+        return sum(1 for _, until in self.slots.values() if until is None)
+
+    def reserved(self) -> int:
+        return sum(1 for _, until in self.slots.values() if until is not None)
+
+
+def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
+                 max_schedules: int | None) -> Decision:
+    """Decide one command of the tenant's quota aggregate at authority time ``now``."""
+    p = command.payload
+    if isinstance(p, m.Tick):
+        return _expire(state, now)
+    if not isinstance(p, (m.ReserveQuotaSlot, m.ConfirmQuotaSlot, m.ReleaseQuotaSlot)):
+        return Decision(status="invalid", field="scheduleId",
+                        reason=f"schedule ID '{QUOTA_ID}' is the tenant's quota, not a schedule")
+    if command.principal != PROCESSOR:
+        return Decision(status="forbidden",
+                        reason="only the processor reserves, confirms or releases quota slots")
+    d = _Draft(state)
+    held = state.slots.get(p.schedule_id)
+    match p:
+        case m.ReserveQuotaSlot():
+            _reserve(d, p, held, now, max_schedules)
+        case m.ConfirmQuotaSlot():
+            if held is None:  # its reservation expired meanwhile: the schedule is live all
+                # the same, so its slot is taken (the audit reports a quota this exceeds)
+                d.emit(m.QuotaSlotConfirmed(schedule_id=p.schedule_id,
+                                            create_command_id=p.create_command_id, late=True))
+            elif held[0] == p.create_command_id and held[1] is not None:
+                d.emit(m.QuotaSlotConfirmed(schedule_id=p.schedule_id,
+                                            create_command_id=p.create_command_id))
+        case m.ReleaseQuotaSlot():
+            if held is not None and held[0] == p.create_command_id:
+                d.emit(m.QuotaSlotReleased(schedule_id=p.schedule_id,
+                                           create_command_id=p.create_command_id,
+                                           reason=p.reason, released_at=now))
+    return Decision(events=d.events, sends=d.sends)
+
+
+def _reserve(d: "_Draft", p: m.ReserveQuotaSlot, held: tuple[str, datetime | None] | None,
+             now: datetime, max_schedules: int | None) -> None:
+    """Reserve a free slot for the schedule and grant it, or refuse; answer either way."""
+    s = d.state
+    if held is not None and held[0] == p.create_command_id:  # asked again: the same answer
+        d.answer(p.schedule_id, p.create_command_id, True, held[1] or now + RESERVATION_TTL)
+        return
+    taken, reserved = s.taken(), s.reserved()
+    if held is not None:
+        reason = "the schedule already holds a quota slot"
+    elif max_schedules is not None and taken + reserved >= max_schedules:
+        reason = (f"tenant has {taken} active schedules (max {max_schedules})" if not reserved
+                  else f"tenant has {taken} active schedules and {reserved} being created "
+                  f"(max {max_schedules})")
+    else:
+        until = now + RESERVATION_TTL
+        d.emit(m.QuotaSlotReserved(schedule_id=p.schedule_id,
+                                   create_command_id=p.create_command_id,
+                                   max_schedules=max_schedules, expires_at=until))
+        d.answer(p.schedule_id, p.create_command_id, True, until)
+        return
+    d.emit(m.QuotaSlotRefused(schedule_id=p.schedule_id, create_command_id=p.create_command_id,
+                              max_schedules=max_schedules, taken=taken, reserved=reserved,
+                              reason=reason))
+    d.answer(p.schedule_id, p.create_command_id, False, None, reason)
+
+
+def _expire(state: QuotaState, now: datetime) -> Decision:
+    """Release every reservation that ended unconfirmed; tell each held create."""
+    d = _Draft(state)
+    for sid, (cid, until) in sorted(state.slots.items()):
+        if until is not None and until <= now:
+            d.emit(m.QuotaSlotReleased(schedule_id=sid, create_command_id=cid,
+                                       reason="expired", released_at=now))
+            d.answer(sid, cid, False, None, "the reserved quota slot expired before the "
+                     "schedule was created; retry", kind="expired")
+    return Decision(events=d.events, sends=d.sends)
+
+
+class _Draft:
+    """A copy of the state; ``emit`` folds each event at once, ``answer`` sends an answer."""
+
+    def __init__(self, state: QuotaState) -> None:
+        self.state = QuotaState(state.tenant)
+        self.state.slots = dict(state.slots)
+        self.events: list[Any] = []
+        self.sends: list[Send] = []
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+        evolve_quota(self.state, event)
+
+    def answer(self, schedule_id: str, cid: str, granted: bool, until: datetime | None,
+               reason: str = "", kind: str = "answer") -> None:
+        self.sends.append(Send(schedule_id, saga_command_id(kind, cid), m.AnswerQuotaSlot(
+            create_command_id=cid, granted=granted, expires_at=until, reason=reason)))
+
+
+def evolve_quota(state: QuotaState, event: Any) -> QuotaState:
+    """Fold one event of the quota aggregate into its state (in place; returns it)."""
+    match event:
+        case m.QuotaSlotReserved():
+            state.slots[event.schedule_id] = (event.create_command_id, event.expires_at)
+        case m.QuotaSlotConfirmed():
+            state.slots[event.schedule_id] = (event.create_command_id, None)
+        case m.QuotaSlotReleased():
+            state.slots.pop(event.schedule_id, None)
+        case _:
+            pass  # QuotaSlotRefused: recorded for the audit, no slot changes
+    return state
+
+
+def quota_wakeup(state: QuotaState) -> datetime | None:
+    """The earliest end of a reservation (when a Tick would release it)."""
+    ends = [until for _, until in state.slots.values() if until is not None]
+    return min(ends) if ends else None
