@@ -157,6 +157,10 @@ class ProcessorConfig:
     # Kafka: return from a commit without waiting until committed readers see it (nothing
     # on the processor's path reads its own writes back; see chronolog.log.kafka)
     await_visible: bool = False
+    # a partition this processor was fenced out of, yet its group still assigns to it after
+    # this long (the fencer's view of the group changed meanwhile and it let the partition
+    # go), is acquired again instead of staying without an owner
+    fenced_retry_s: float = 5.0
 
 
 @dataclass
@@ -255,6 +259,7 @@ class Processor:
         self._inflight: asyncio.Task[None] | None = None  # the writer loop (commit_many)
         self._queued: list[_Work] = []  # decided, waiting for the writer loop
         self._rebuild: list[int] = []  # partitions to take over again (commit failed)
+        self._fenced_out: dict[int, float] = {}  # partition -> when to check it again
         # commit chains of dropped partitions that may still be running (waited at shutdown)
         self._orphans: list[asyncio.Task[None]] = []
         self.on_commit: list[Callable[[int, list[m.EventEnvelope]], None]] = []
@@ -401,8 +406,14 @@ class Processor:
         await self._take_over_again()
 
     async def _take_over_again(self) -> None:
-        """Acquire again (restore + seek) the partitions whose commit failed, not fenced."""
+        """Acquire again (restore + seek) the partitions whose commit failed, not fenced;
+        and those fenced that the group still assigns to us ``fenced_retry_s`` later."""
         again, self._rebuild = self._rebuild, []
+        mono = time.monotonic()
+        for p, when in list(self._fenced_out.items()):
+            if when <= mono:
+                del self._fenced_out[p]
+                again.append(p)
         for p in again:
             if p not in self.partitions and (self.topics.commands, p) in self._consumer.assignment():
                 await self._on_assigned({(self.topics.commands, p)})
@@ -620,7 +631,8 @@ class Processor:
         if isinstance(result, Fenced):
             self.stats.fenced += 1
             log.warning("partition_fenced", partition=ps.partition, error=str(result))
-            await self._discard(ps, "fenced")
+            if await self._discard(ps, "fenced"):
+                self._fenced_out[ps.partition] = time.monotonic() + self.config.fenced_retry_s
             return
         if isinstance(result, BaseException):  # unknown outcome: rebuild from the log
             log.warning("partition_commit_failed", partition=ps.partition, error=repr(result))

@@ -18,7 +18,7 @@ from chronolog.domain.ids import partition_key
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
-from chronolog.processors.runtime import Processor
+from chronolog.processors.runtime import Processor, ProcessorConfig
 
 from .conftest import wait_until
 
@@ -494,3 +494,28 @@ async def test_downtime_is_caught_up_by_each_misfire_policy_after_a_restart(
     ran, skipped = backlog("down-all")
     assert skipped == [] and len(ran) >= 15
     assert {p.state for p in ran} == {"PENDING"}  # queued behind the run left behind
+
+
+async def test_a_partition_fenced_away_but_still_assigned_is_acquired_again(
+    event_log: Any
+) -> None:
+    """Another owner fenced us on a partition the group still assigns to us (it then let the
+    partition go): after ``fenced_retry_s`` we acquire it again instead of leaving it
+    without an owner, and the command in flight is answered."""
+    proc = Processor(event_log, "p1", config=ProcessorConfig(fenced_retry_s=0.5))
+    client = Client(event_log, reply_timeout=60)
+    task = asyncio.create_task(proc.run())
+    try:
+        await client.start()
+        await wait_until(lambda: len(proc.partitions) == event_log.topics.partitions, 30,
+                         what="partitions assigned")
+        p = partition_for(partition_key("acme", "fenced").encode(), event_log.topics.partitions)
+        intruder = await event_log.acquire(p, "intruder")  # fences p1's owner of p
+        await intruder.close()
+        body = await client.create_schedule("acme", "fenced", SPEC)
+        assert body["revision"] == 1
+        assert proc.stats.fenced >= 1 and p in proc.partitions
+    finally:
+        await client.close()
+        proc.stop()
+        await asyncio.wait_for(task, 30)
