@@ -1,4 +1,12 @@
-"""Stopping a long-running process on SIGTERM or SIGINT within a bound, whatever its services do.
+"""A long-running process through outages of its services, and its stop within a bound.
+
+``keep_running(run, stopped, what)`` calls ``run()`` again, after a growing pause (0.5 s
+doubling to 30 s, one log line each), whenever it fails because a service is unavailable
+(``unavailable``: refused or lost connections, a database shutting down or starting, the
+log's ``LogUnavailable``); any other failure ends it. The process resumes by itself when
+the service returns.
+
+Stopping on SIGTERM or SIGINT within a bound, whatever its services do:
 
 ``run_until_signalled(main, stop)`` runs the coroutine ``main``. A SIGTERM or SIGINT calls
 ``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open batch, commit, leave the group). A broker or a
@@ -19,6 +27,8 @@ import sys
 from typing import Any, Callable, Coroutine
 
 import structlog
+
+from chronolog.log.port import LogUnavailable
 
 STOP_GRACE_S = 6.0  # after the signal: cancel what has not finished
 HARD_STOP_S = 8.0  # after the signal: exit, whatever is still running
@@ -68,3 +78,34 @@ def _cancel(task: "asyncio.Future[Any]") -> None:
     if not task.done():
         log.warning("stop_overdue", grace_s=STOP_GRACE_S)
         task.cancel()
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says a service is (for now) unreachable, not that a request was wrong."""
+    import asyncpg
+
+    return isinstance(exc, (OSError, asyncio.TimeoutError, LogUnavailable,
+                            asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                            asyncpg.exceptions.OperatorInterventionError,
+                            asyncpg.exceptions.TooManyConnectionsError))
+
+
+async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asyncio.Event,
+                       what: str, first_delay: float = 0.5, max_delay: float = 30.0) -> None:
+    """``run()`` until it returns or ``stopped`` is set; again after a pause whenever it
+    fails with a service unavailable (see the module docstring)."""
+    delay = first_delay
+    while not stopped.is_set():
+        try:
+            await run()
+            return
+        except Exception as exc:  # noqa: BLE001 - sorted by unavailable()
+            if not unavailable(exc):
+                raise
+            log.warning(f"{what}_waiting_for_service", error=f"{type(exc).__name__}: {exc}"[:300],
+                        retry_in_s=delay)
+        try:
+            await asyncio.wait_for(stopped.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+        delay = min(delay * 2, max_delay)

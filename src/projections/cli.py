@@ -104,7 +104,7 @@ def _run(args: Any) -> int:
 
 
 async def run_projector(args: Any) -> int:
-    from chronolog.lifecycle import run_until_signalled
+    from chronolog.lifecycle import keep_running, run_until_signalled
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
 
@@ -127,7 +127,15 @@ async def run_projector(args: Any) -> int:
                 registry = CollectorRegistry()
                 registry.register(ProjectorCollector(projector))
                 start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
-            status = await run_until_signalled(projector.run(), projector.stop)
+            stopped = asyncio.Event()
+
+            def stop() -> None:
+                stopped.set()
+                projector.stop()
+
+            # a database or log outage: run again from the offsets stored, once it is back
+            status = await run_until_signalled(
+                keep_running(projector.run, stopped, "projector"), stop)
         finally:
             await log_.close()
             await store.close()

@@ -1,30 +1,35 @@
-"""A broker that dies under a running processor: bounded logs, a bounded stop, and resumption.
+"""Services that die under running processes: bounded logs, a bounded stop, and resumption.
 
-Each test starts its own single-node Kafka (``scripts/kafka.sh`` with its own state directory
-and ports) so that it can kill it by PID and start it again on the same data; the suite's
-shared broker is never touched.
+A broker under a processor: each Kafka test starts its own single-node Kafka
+(``scripts/kafka.sh`` with its own state directory and ports) so that it can kill it by PID
+and start it again on the same data. A database under a projector: its own embedded
+PostgreSQL, stopped and started again on the same data and port. The suite's shared
+services are never touched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+import asyncpg
 import pytest
 
 from chronolog.commands.client import Client
 from chronolog.log.port import Topics
+from chronolog.projections.embedded import EmbeddedPostgres
 from chronolog.settings import LogConfig, open_log
 
 from .conftest import CHRONOLOG, ROOT, wait_until
 
-pytestmark = pytest.mark.kafka
 
 SCRIPT = ROOT / "scripts" / "kafka.sh"
 STOP_BOUND_S = 10  # a chronolog process stops this soon after SIGTERM, whatever its services do
@@ -93,6 +98,7 @@ def _load(broker: OwnBroker, prefix: str) -> subprocess.Popen[bytes]:
 import asyncio
 from chronolog.commands.client import Client
 from chronolog.log.port import Topics
+from chronolog.projections.embedded import EmbeddedPostgres
 from chronolog.settings import LogConfig, open_log
 async def main():
     lg = open_log(LogConfig("kafka", "{broker.bootstrap}", Topics(prefix="{prefix}", partitions=4)))
@@ -145,6 +151,7 @@ async def _outage_logged(log_path: Path) -> bool:
     return "Connect call failed" in text or "NodeNotReadyError" in text
 
 
+@pytest.mark.kafka
 async def test_sigterm_stops_a_processor_within_its_bound_while_the_broker_is_dead(
     broker: OwnBroker, tmp_path: Path
 ) -> None:
@@ -169,6 +176,7 @@ async def test_sigterm_stops_a_processor_within_its_bound_while_the_broker_is_de
         _stop(proc)
 
 
+@pytest.mark.kafka
 async def test_a_processor_rides_out_a_broker_outage_with_few_log_lines_and_resumes(
     broker: OwnBroker, tmp_path: Path
 ) -> None:
@@ -198,3 +206,113 @@ async def test_a_processor_rides_out_a_broker_outage_with_few_log_lines_and_resu
         await client.close()
         await lg.close()
         _stop(proc)
+
+
+# -- a database outage under a projector
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[EmbeddedPostgres]:
+    # outside pytest's basetemp: a root-run cluster's ancestors must stay traversable
+    path = Path(tempfile.mkdtemp(prefix="chronolog-outage-pg-"))
+    server = EmbeddedPostgres(path / "pg", port=_free_port(), fast=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def _projected(dsn: str, schedule_id: str) -> bool:
+    try:
+        conn = await asyncpg.connect(dsn, timeout=5)
+    except (OSError, asyncpg.PostgresError):
+        return False
+    try:
+        return bool(await conn.fetchval(
+            "SELECT count(*) FROM schedules WHERE schedule_id = $1", schedule_id))
+    except asyncpg.PostgresError:
+        return False  # not migrated yet
+    finally:
+        await conn.close()
+
+
+async def _migrated(dsn: str) -> bool:
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        return bool(await conn.fetchval("SELECT to_regclass('schedules') IS NOT NULL"))
+    finally:
+        await conn.close()
+
+
+class ProjectorNode:
+    """A processor and a projector (subprocesses) on an embedded log, and a client."""
+
+    def __init__(self, tmp_path: Path, dsn: str) -> None:
+        self.tmp_path, self.dsn = tmp_path, dsn
+        self.logs = {name: tmp_path / f"{name}.log" for name in ("processor", "projector")}
+        common = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", "4"]
+        env = dict(os.environ, CHRONOLOG_LOG_LEVEL="INFO")
+        self.procs = {
+            name: subprocess.Popen([CHRONOLOG, name, *common, *extra], stdout=subprocess.DEVNULL,
+                                   stderr=open(self.logs[name], "wb"), env=env, cwd=ROOT)
+            for name, extra in (("processor", []), ("projector", ["--database-url", dsn]))}
+        self.lg = open_log(LogConfig("sqlite", str(tmp_path / "log.db"), Topics(partitions=4)))
+        self.client = Client(self.lg, reply_timeout=30)
+
+    async def start(self) -> None:
+        await self.lg.start()
+        await self.lg.ensure_topics()
+        await self.client.start()
+        await wait_until(lambda: _created(self.client, "before"), 60, what="a create answered")
+        await wait_until(lambda: _projected(self.dsn, "before"), 60, what="'before' projected")
+
+    async def waiting_for_database(self) -> None:
+        """A create while the database is down: the projector tries, and waits."""
+        await self.client.create_schedule("t", "during", SPEC)
+        await wait_until(lambda: "projector_waiting_for_service" in
+                         self.logs["projector"].read_text(errors="replace"), 60,
+                         what="the projector waiting for its database")
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self.lg.close()
+        for p in self.procs.values():
+            _stop(p)
+
+
+@pytest.mark.postgres
+async def test_a_projector_rides_out_a_database_outage_and_catches_up(
+    own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    node = ProjectorNode(tmp_path, await asyncio.to_thread(own_postgres.start))
+    projector = node.procs["projector"]
+    try:
+        await node.start()
+        await asyncio.to_thread(own_postgres.stop)
+        await node.waiting_for_database()
+        assert projector.poll() is None, node.logs["projector"].read_text()[-3000:]
+        await asyncio.to_thread(own_postgres.start)  # the same data, the same port
+        await wait_until(lambda: _projected(node.dsn, "during"), 120, interval=0.5,
+                         what="'during' projected once the database is back")
+        assert projector.poll() is None
+        assert _lines(node.logs["projector"]) < 200
+    finally:
+        await node.close()
+
+
+@pytest.mark.postgres
+async def test_sigterm_stops_a_projector_within_its_bound_while_the_database_is_down(
+    own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    node = ProjectorNode(tmp_path, await asyncio.to_thread(own_postgres.start))
+    projector = node.procs["projector"]
+    try:
+        await node.start()
+        await asyncio.to_thread(own_postgres.stop)
+        await node.waiting_for_database()
+        projector.send_signal(signal.SIGTERM)
+        status = await asyncio.to_thread(projector.wait, STOP_BOUND_S)
+        assert status in (0, 1), node.logs["projector"].read_text(errors="replace")[-3000:]
+    finally:
+        await node.close()
