@@ -51,6 +51,7 @@ import random
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ log = structlog.get_logger("chronolog.worker")
 WORKER_GROUP_SUFFIX = "workers"
 WINDOW_S = 0.25  # an offer's window covers about this much work at the current rate
 MAX_WINDOW = 1000  # runs one partition may assign to one worker at once
+ACK_EVERY_S = 1.0  # read positions of ready.<class> are acknowledged at most this often
 FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment is not re-run
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 
@@ -437,8 +439,28 @@ class Worker:
             await self._offer(lane, lane.owned)
 
     async def _pull(self, cls: str) -> None:
+        """Read assignments of one resource class. Read positions are acknowledged (the
+        group's offsets) at most every ``ACK_EVERY_S``, when a partition is revoked and when
+        the worker stops: a record read again after a crash is skipped (assigned to another
+        worker or already run here) or runs as the lease allows, so an acknowledgement per
+        batch — a write transaction or a broker round trip each — would buy nothing."""
         topic = self.topics.ready(cls)
         lane = self._lanes[cls] = _Lane(cls, self.concurrency)
+        unacked: dict[tuple[str, int], int] = {}  # read positions not acknowledged yet
+        acked_at = time.monotonic()
+
+        async def ack(only: set[tuple[str, int]] | None = None) -> None:
+            nonlocal acked_at
+            offsets = {tp: o for tp, o in unacked.items() if only is None or tp in only}
+            if not offsets:
+                return
+            try:
+                await consumer.commit(offsets)
+                for tp in offsets:
+                    unacked.pop(tp, None)
+                acked_at = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - a lost ack means a re-read: harmless
+                self._log.warning("ack_failed", error=repr(exc))
 
         async def assigned(tps: set[tuple[str, int]]) -> None:
             gained = {p for t, p in tps if t == topic}
@@ -447,6 +469,7 @@ class Worker:
 
         async def revoked(tps: set[tuple[str, int]]) -> None:
             lost = {p for t, p in tps if t == topic}
+            await ack({(topic, p) for p in lost})  # the next reader starts where we stopped
             await self._offer(lane, lost, withdraw=True)
             lane.owned -= lost  # after the withdrawal is in the log (see ``partitions``)
 
@@ -457,6 +480,8 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 recs = await consumer.getmany(timeout_ms=200, max_records=1000)
+                if unacked and time.monotonic() - acked_at >= ACK_EVERY_S:
+                    await ack()
                 if not recs:
                     continue
                 offsets: dict[tuple[str, int], int] = {}
@@ -467,12 +492,10 @@ class Worker:
                         offsets[tp] = rec.offset + 1
                     else:
                         held.add(tp)
-                try:
-                    await consumer.commit(offsets)
-                except Exception as exc:  # noqa: BLE001 - a lost ack means a re-read: harmless
-                    self._log.warning("ack_failed", error=repr(exc))
+                unacked.update(offsets)
         finally:
             renew.cancel()
+            await ack()
             await self._offer(lane, lane.owned, withdraw=True)
             await consumer.close()
 
