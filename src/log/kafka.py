@@ -133,6 +133,52 @@ def _headers_out(headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]
     return [(k, bytes(v)) for k, v in headers] if headers else None
 
 
+# one record sent in a batch: the batch's delivery future and the record's offset in it
+_Sent = tuple["asyncio.Future[Any]", int]
+
+
+async def _send_batched(producer: AIOKafkaProducer,
+                        placed: Sequence[tuple[OutRecord, int]]) -> list[_Sent]:
+    """Send records with aiokafka's batch API: per partition, as few batches as fit (one
+    future each) instead of one ``send`` coroutine and future per record. Records of one
+    partition keep their order; ``_positions`` turns the result into their positions."""
+    by_tp: dict[tuple[str, int], list[int]] = {}
+    for i, (rec, p) in enumerate(placed):
+        by_tp.setdefault((rec.topic, p), []).append(i)
+    sent: list[_Sent | None] = [None] * len(placed)
+    for (topic, p), indexes in by_tp.items():
+        batch, members = producer.create_batch(), list[tuple[int, int]]()
+        for i in indexes:
+            rec = placed[i][0]
+            meta = batch.append(key=rec.key, value=rec.value, timestamp=None,
+                                headers=_headers_out(rec.headers) or [])
+            if meta is None:  # full: send it, start another
+                fut = await producer.send_batch(batch, topic, partition=p)
+                for j, rel in members:
+                    sent[j] = (fut, rel)
+                batch, members = producer.create_batch(), list[tuple[int, int]]()
+                meta = batch.append(key=rec.key, value=rec.value, timestamp=None,
+                                    headers=_headers_out(rec.headers) or [])
+                assert meta is not None  # the first record of a batch always fits
+            members.append((i, meta.offset))
+        batch.close()
+        fut = await producer.send_batch(batch, topic, partition=p)
+        for j, rel in members:
+            sent[j] = (fut, rel)
+    return [x for x in sent if x is not None]
+
+
+async def _positions(sent: Sequence[_Sent], bound: float, what: str) -> list[Position]:
+    """The positions of records sent by ``_send_batched`` once their batches are acked."""
+    futures = list({id(f): f for f, _ in sent}.values())
+    await _bounded(asyncio.gather(*futures), bound, what)
+    out = []
+    for fut, rel in sent:
+        meta = fut.result()
+        out.append(Position(meta.topic, meta.partition, meta.offset + rel))
+    return out
+
+
 def _to_record(msg: Any) -> Record:
     return Record(
         topic=msg.topic,
@@ -762,9 +808,8 @@ class KafkaPartitionOwner:
             await _bounded(producer.begin_transaction(), bound, "begin_transaction")
             if not predict:
                 self._preadd_late_partitions(producer)
-            for rec, p in placed + late_placed:
-                futures.append(await producer.send(rec.topic, rec.value, key=rec.key,
-                                                   partition=p, headers=_headers_out(rec.headers)))
+            sent = await _send_batched(producer, placed + late_placed)
+            futures.extend(f for f, _ in sent)
             if offsets:
                 # AddOffsetsToTxn + TxnOffsetCommit go out now, alongside the produce
                 # requests (and the wait for their acks), not after them
@@ -772,22 +817,19 @@ class KafkaPartitionOwner:
                     producer.send_offsets_to_transaction(offsets, group))
                 futures.append(offsets_sent)
             if then is not None:
-                first = await _bounded(asyncio.gather(*futures[:len(placed)]), bound, "produce")
-                acked = [Position(m.topic, m.partition, m.offset) for m in first]
+                acked = await _positions(sent[:len(placed)], bound, "produce")
                 if predict and acked != predicted:
                     raise _Mispredicted(f"predicted offsets from {predicted[0].offset}, "
                                         f"acknowledged from {acked[0].offset}")
                 if not predict:  # then() builds records that carry the acked positions
                     late_placed = await self._log._placed(then(acked))
-                    for rec, p in late_placed:
-                        futures.append(await producer.send(
-                            rec.topic, rec.value, key=rec.key, partition=p,
-                            headers=_headers_out(rec.headers)))
+                    late_sent = await _send_batched(producer, late_placed)
+                    sent += late_sent
+                    futures.extend(f for f, _ in late_sent)
             if offsets_sent is not None:
                 await _bounded(offsets_sent, bound, "send_offsets_to_transaction")
             await _bounded(producer.commit_transaction(), bound, "commit_transaction")
-            metas = await _bounded(
-                asyncio.gather(*(f for f in futures if f is not offsets_sent)), bound, "produce")
+            metas = await _positions(sent, bound, "produce")
         except BaseException as exc:
             self._next_event = None
             _retrieve_exceptions(futures)
@@ -799,7 +841,7 @@ class KafkaPartitionOwner:
                           if rec.partition is not None}
         self._learn(placed, metas)
         self.predicted += predict
-        return [Position(m.topic, m.partition, m.offset) for m in metas]
+        return metas
 
     def _preadd_late_partitions(self, producer: AIOKafkaProducer) -> None:
         """Register the partitions ``then()`` wrote last time with the new transaction now.
