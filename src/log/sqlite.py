@@ -1085,7 +1085,7 @@ class SqliteEventLog:
     async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
         await self._ready()
         t = self.topics
-        names = [t.commands, t.events, t.replies, t.dlq, t.effects]
+        names = [t.commands, t.events, t.replies, t.dlq, t.effects, t.workers]
         names += [t.ready(c) for c in ready_classes]
         found = await self._w.run(_ensure_topics, [(n, t.partitions) for n in names])
         for name in names:

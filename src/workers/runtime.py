@@ -62,6 +62,7 @@ import structlog
 
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
+from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
@@ -227,6 +228,7 @@ class Worker:
         cancel_grace: float = 5.0,
         prefetch: int | None = None,
         offer_interval: float = 1.0,
+        announce_interval: float = ANNOUNCE_INTERVAL_S,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -241,6 +243,8 @@ class Worker:
         self.concurrency = concurrency
         self.prefetch = concurrency if prefetch is None else prefetch
         self.offer_interval = offer_interval
+        self.announce_interval = announce_interval
+        self.started_at = datetime.now(timezone.utc)
         self._store = result_store
         self._own_client = client is None
         self.client = client or Client(log_, reply_timeout=reply_timeout,
@@ -326,11 +330,14 @@ class Worker:
             thread_name_prefix="chronolog-job",
         )
         beats: asyncio.Task[None] | None = None
+        announcer: asyncio.Task[None] | None = None
         try:
             await self.log.ensure_topics(ready_classes=self.resource_classes)
             if self._own_client:
                 await self.client.start()
             beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+            self.started_at = datetime.now(timezone.utc)
+            announcer = asyncio.create_task(self._announce_loop(), name="announce")
             pullers = [asyncio.create_task(self._pull(c), name=f"pull-{c}")
                        for c in self.resource_classes]
             self._log.info("worker_started", classes=list(self.resource_classes),
@@ -350,6 +357,9 @@ class Worker:
         finally:
             if beats is not None:
                 beats.cancel()
+            if announcer is not None:
+                announcer.cancel()
+                await self._announce(stopping=True)
             for t in list(self._background):
                 t.cancel()
             if self._own_client:
@@ -388,6 +398,25 @@ class Worker:
         self._background.add(t)
         t.add_done_callback(self._background.discard)
         return t
+
+    # ------------------------------------------------------------------ membership
+
+    async def _announce(self, *, stopping: bool = False) -> None:
+        """Write this worker's membership record (its classes, job types and slots) to the
+        ``workers`` topic; the last one says it is stopping. A failure only logs: the next
+        announcement tries again."""
+        rec = announcement(self.worker_id, self.resource_classes, self._jobs, self.concurrency,
+                           self.started_at, stopping=stopping)
+        try:
+            await self.log.append([OutRecord(self.topics.workers, self.worker_id.encode(),
+                                             rec.encode())])
+        except Exception as exc:  # noqa: BLE001 - membership is advisory; retried next time
+            self._log.warning("announce_failed", error=repr(exc))
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await self._announce()
+            await asyncio.sleep(self.announce_interval)
 
     # ------------------------------------------------------------------ offers and assignments
 

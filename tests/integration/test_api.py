@@ -471,7 +471,7 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
     page = first.json()
     assert set(page) == {"items", "nextCursor", "watermark"}
     assert set(page["items"][0]) == {"runId", "scheduleId", "scheduledAt", "state", "attempt",
-                                     "startedAt", "finishedAt"}
+                                     "startedAt", "finishedAt", "waiting"}
     wm = page["watermark"]
     assert set(wm["partitions"]) == {"0", "1", "2", "3"} and wm["time"].endswith("Z")
     seen = list(page["items"])
