@@ -950,7 +950,7 @@ def create_app(
         if pool is None:
             return []
         cls, job = spec.resource_class, spec.job.type
-        if await wk.ever_served(pool, cls, job):
+        if job in (known_job_types or {}).get(cls, ()) or await wk.ever_served(pool, cls, job):
             return []
         if known_job_types is not None:
             known = sorted({*known_job_types.get(cls, ()), *await wk.served_types(pool, cls)})

@@ -29,8 +29,9 @@ from chronolog.domain.membership import LIVE_S, Announcement, BadAnnouncement, w
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog
 
-__all__ = ["WorkerDirectory", "WorkerRow", "ever_served", "live_served", "waiting_for",
-           "waiting_counts", "waiting_runs", "workers_page"]
+__all__ = ["WorkerDirectory", "WorkerRow", "ever_served", "jobs_in", "live_served",
+           "live_workers_per_class", "served_types", "waiting_for", "waiting_counts",
+           "waiting_runs", "workers_page"]
 
 log = structlog.get_logger("chronolog.workers_directory")
 
@@ -172,6 +173,13 @@ def waiting_for(state: str, resource_class: str | None, job_type: str | None,
     if state != "READY" or (resource_class or "default", job_type or "") in served:
         return None
     return waiting_reason(job_type, resource_class)
+
+
+async def live_workers_per_class(pool: Any) -> dict[str, int]:
+    """Live workers per resource class."""
+    return {r[0]: int(r[1]) for r in await pool.fetch(
+        f"SELECT c.key, count(*) FROM workers w, jsonb_each(w.classes) AS c WHERE {_LIVE} "
+        "GROUP BY 1")}
 
 
 async def ever_served(pool: Any, resource_class: str, job_type: str) -> bool:

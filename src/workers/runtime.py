@@ -1,7 +1,11 @@
 """The worker runtime: offers -> assignments -> handler (with heartbeats) -> result.
 
 A ``Worker`` registers handlers by job type and, for each resource class it serves, joins the
-consumer group ``<prefix>workers`` on ``ready.<class>``. The processors dispatch runs to it
+consumer group of the workers with the same job types (``worker_group``) on ``ready.<class>``:
+workers with the same job types share the partitions, and every partition is consumed — and
+so offered on — by one worker of each set of job types, so a run always reaches a worker that
+has its handler. Every few seconds it announces itself on the ``workers`` topic (its classes,
+job types and slots; ``chronolog.domain.membership``), and says so when it stops. The processors dispatch runs to it
 (``chronolog.processors.dispatch``); no slot ever waits for a command's round trip:
 
 1. **offer**: for every partition p of ``ready.<class>`` it consumes, the worker offers
@@ -45,6 +49,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import hashlib
 import inspect
 import os
 import random
@@ -78,6 +83,12 @@ FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment 
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 
 Handler = Callable[["JobContext"], Any]
+
+
+def worker_group(prefix: str, job_types: Iterable[str]) -> str:
+    """The consumer group of the workers with exactly these job types."""
+    digest = hashlib.sha256("\n".join(sorted(job_types)).encode()).hexdigest()[:12]
+    return f"{prefix}{WORKER_GROUP_SUFFIX}.{digest}"
 
 
 class Permanent(Exception):
@@ -249,7 +260,8 @@ class Worker:
         self._own_client = client is None
         self.client = client or Client(log_, reply_timeout=reply_timeout,
                                        client_id=f"worker-{self.worker_id}")
-        self.group = group or f"{self.topics.prefix}{WORKER_GROUP_SUFFIX}"
+        self._group_given = group
+        self.group = group or f"{self.topics.prefix}{WORKER_GROUP_SUFFIX}"  # set by run()
         self.inline_limit = inline_limit
         self.reply_timeout = reply_timeout
         self.send_attempts = send_attempts
@@ -331,6 +343,7 @@ class Worker:
         )
         beats: asyncio.Task[None] | None = None
         announcer: asyncio.Task[None] | None = None
+        self.group = self._group_given or worker_group(self.topics.prefix, self._jobs)
         try:
             await self.log.ensure_topics(ready_classes=self.resource_classes)
             if self._own_client:
