@@ -68,6 +68,18 @@ schedules show only ``nextRunAt`` (later instants depend on when runs finish). T
 does not count ``maxCount`` down (an exhausted schedule has no ``nextRunAt`` and so no
 preview).
 
+Workers
+-------
+``GET /v1/workers`` lists the workers as they announced themselves (``chronolog.projections
+.workers``), by worker ID with a ``nextCursor``, optionally only ``live=true|false``. Workers
+are shared by every tenant, and which job types run where is an operator's fact: an operator
+token sees every worker with all its job types; a tenant token sees every worker (its ID,
+classes, slots, liveness) but only the job types that tenant may run (``allowed_jobs``; all of
+them for a tenant without a list). A READY run's ``waiting`` (runs and run listings) says
+when no live worker of its class serves its job type. Creating a schedule whose job type no
+worker of its class has ever announced is 201 with ``warnings``; an app given
+``known_job_types`` (the dev node) answers 400 naming the job types it knows instead.
+
 History paging
 --------------
 ``GET /v1/schedules/{id}/runs`` lists newest first by ``(scheduledAt, runId)``. The first
