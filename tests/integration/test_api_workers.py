@@ -12,20 +12,20 @@ PostgreSQL and real workers; the app through ``httpx.ASGITransport``):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import pytest
 
 from chronolog.tenants import Tenant, Tenants
-from chronolog.workers import FilesystemResultStore, Worker
+from chronolog.workers import Worker
 
 from . import greet_jobs
 from .api_stack import ApiStack
 from .conftest import wait_until
+from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres
 
@@ -37,22 +37,6 @@ ACME = {"Authorization": "Bearer acme-token"}
 GLOBEX = {"Authorization": "Bearer globex-token"}
 OPS = {"Authorization": "Bearer ops-token"}
 WAITING = "no worker serves job type 'greet' in class 'default'"
-
-
-@contextlib.asynccontextmanager
-async def serving(lg: Any, tmp: Path, worker_id: str,
-                  *registers: Callable[[Worker], None]) -> AsyncIterator[Worker]:
-    w = Worker(lg, worker_id=worker_id, result_store=FilesystemResultStore(tmp / "results"),
-               reply_timeout=5, announce_interval=0.2)
-    for register in registers:
-        register(w)
-    task = asyncio.create_task(w.run())
-    await w.wait_started()
-    try:
-        yield w
-    finally:
-        w.stop()
-        await asyncio.wait_for(task, 60)
 
 
 def report_job(w: Worker) -> None:

@@ -5,7 +5,6 @@ that waits for a worker — with the reason — until a worker serving its job t
 
 from __future__ import annotations
 
-import asyncio
 import io
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,10 +15,10 @@ from rich.console import Console
 
 from chronolog.dev_view import render
 from chronolog.projections.store import PostgresProjectionStore
-from chronolog.workers import FilesystemResultStore, Worker
 
 from . import greet_jobs
 from .conftest import wait_until
+from .test_worker_routing import serving
 from .test_poison_node import STEADY, Node, store  # noqa: F401 - store: a fixture
 
 pytestmark = pytest.mark.postgres
@@ -53,11 +52,7 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
         text = await wait_until(waiting, 30, what="the live view's waiting run")
         assert "waiting for a worker" in text and "steady/greeter" in text
 
-        greet = Worker(event_log, worker_id="w-greet", reply_timeout=5, announce_interval=0.2,
-                       result_store=FilesystemResultStore(tmp_path / "results"))
-        greet_jobs.register(greet)
-        task = asyncio.create_task(greet.run())
-        try:
+        async with serving(event_log, tmp_path, "w-greet", greet_jobs.register) as greet:
             async def served() -> Any:
                 text = await view(node)
                 return text if WAITING not in text and greet.stats.completed else None
@@ -74,6 +69,3 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
 
             r = await wait_until(accepted, 30, what="greet accepted by the dev node")
             assert "warnings" not in r.json()
-        finally:
-            greet.stop()
-            await asyncio.wait_for(task, 60)

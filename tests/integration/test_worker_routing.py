@@ -19,13 +19,22 @@ from .test_processor import Running, events, read_all
 
 @contextlib.asynccontextmanager
 async def serving(lg: Any, tmp: Path, worker_id: str,
-                  register: Callable[[Worker], None]) -> AsyncIterator[Worker]:
+                  *registers: Callable[[Worker], None]) -> AsyncIterator[Worker]:
+    """A worker with the job types ``registers`` register, announcing itself every 0.2 s."""
     w = Worker(lg, worker_id=worker_id, result_store=FilesystemResultStore(tmp / "results"),
                reply_timeout=5, announce_interval=0.2)
-    register(w)
+    for register in registers:
+        register(w)
+    async with running(w):
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def running(w: Worker) -> AsyncIterator[Worker]:
+    """``w`` serves until the block ends; then it drains (bounded)."""
     task = asyncio.create_task(w.run())
-    await w.wait_started()
     try:
+        await w.wait_started()
         yield w
     finally:
         w.stop()
