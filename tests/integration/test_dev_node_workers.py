@@ -17,6 +17,8 @@ from chronolog.dev_view import render
 from chronolog.projections.store import PostgresProjectionStore
 
 from . import greet_jobs
+from chronolog.workers import Worker
+
 from .conftest import wait_until
 from .test_worker_routing import serving
 from .test_poison_node import STEADY, Node, store  # noqa: F401 - store: a fixture
@@ -69,3 +71,21 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
 
             r = await wait_until(accepted, 30, what="greet accepted by the dev node")
             assert "warnings" not in r.json()
+
+
+async def test_a_dev_node_without_its_builtin_worker_serves_only_what_attached_workers_serve(
+    event_log: Any, store: PostgresProjectionStore, tmp_path: Path  # noqa: F811
+) -> None:
+    async with Node(event_log, store, tmp_path, builtin=False) as node:  # dev --no-builtin
+        assert "worker" not in node.node.parts
+        r = await node.create(STEADY, "early", {"every": "1s", "job": {"type": "echo"}})
+        assert r.status_code == 400 and "known job types: none" in r.json()["message"]
+        async with serving(event_log, tmp_path, "mine", Worker.builtin_jobs) as mine:
+            async def accepted() -> Any:
+                r = await node.create(STEADY, "echoes", {"every": "1s", "job": {"type": "echo"}})
+                assert r.status_code in (201, 400), r.text
+                return r if r.status_code == 201 else None
+
+            await wait_until(accepted, 30, what="echo accepted once a worker serves it")
+            await wait_until(lambda: node.succeeded("echoes"), 30, what="an echo run served")
+            assert mine.stats.invocations >= 1  # the run ran in the attached worker
