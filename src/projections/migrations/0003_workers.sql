@@ -1,4 +1,4 @@
--- 0002_workers: workers as they announce themselves on the workers topic.
+-- 0003_workers: workers as they announce themselves on the workers topic.
 --
 -- Written only by the projector's worker directory (chronolog.projections.workers) from the
 -- membership records, in one transaction together with the workers topic's rows of
