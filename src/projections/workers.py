@@ -196,23 +196,27 @@ async def served_types(pool: Any, resource_class: str) -> list[str]:
         resource_class)]
 
 
-_UNSERVED = (f"r.state = 'READY' AND NOT EXISTS (SELECT 1 FROM workers w WHERE {_LIVE} AND "
-             "w.classes -> COALESCE(r.resource_class, 'default') -> 'jobTypes' "
-             "? COALESCE(r.job_type, ''))")
-
-
 async def waiting_counts(pool: Any) -> list[tuple[str, str, int]]:
-    """(resource class, job type, READY runs no live worker serves), sorted."""
+    """(resource class, job type, READY runs no live worker serves), sorted. The READY runs
+    are counted per (class, job type) first, so the cost does not grow with the workers."""
+    served = await live_served(pool)
     return [(r[0], r[1], int(r[2])) for r in await pool.fetch(
-        "SELECT COALESCE(r.resource_class, 'default'), COALESCE(r.job_type, ''), count(*) "
-        f"FROM runs r WHERE {_UNSERVED} GROUP BY 1, 2 ORDER BY 1, 2")]
+        "SELECT COALESCE(resource_class, 'default'), COALESCE(job_type, ''), count(*) "
+        "FROM runs WHERE state = 'READY' GROUP BY 1, 2 ORDER BY 1, 2")
+        if (r[0], r[1]) not in served]
 
 
 async def waiting_runs(pool: Any, limit: int = 10) -> list[tuple[str, str, str, str]]:
     """(tenant, schedule ID, run ID, reason) of the oldest READY runs no live worker serves."""
+    unserved = await waiting_counts(pool)
+    if not unserved:
+        return []
     rows = await pool.fetch(
-        "SELECT r.tenant, r.schedule_id, r.run_id, r.job_type, r.resource_class FROM runs r "
-        f"WHERE {_UNSERVED} ORDER BY r.ready_at NULLS LAST, r.run_id LIMIT $1", limit)
+        "SELECT tenant, schedule_id, run_id, job_type, resource_class FROM runs "
+        "WHERE state = 'READY' AND (COALESCE(resource_class, 'default'), "
+        "COALESCE(job_type, '')) IN (SELECT * FROM unnest($1::text[], $2::text[])) "
+        "ORDER BY ready_at NULLS LAST, run_id LIMIT $3",
+        [c for c, _, _ in unserved], [j for _, j, _ in unserved], limit)
     return [(r["tenant"], r["schedule_id"], r["run_id"],
              waiting_reason(r["job_type"], r["resource_class"])) for r in rows]
 
