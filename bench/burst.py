@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import burstlib as B
+from burst_jobs import JOB_TYPES
 import psutil
 
 from chronolog.commands.client import Client, NotFound
@@ -51,6 +52,7 @@ from chronolog.domain import messages as m
 from chronolog.log.reading import read_partition
 from chronolog.settings import LogConfig, open_log
 from chronolog.log.port import Topics
+from chronolog.workers.runtime import worker_group
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -206,7 +208,7 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
     try:
         deadline = time.time() + 120
         await wait_processor(client, deadline)
-        while await live_members(cfg, f"{prefix}workers") < args.workers:
+        while await live_members(cfg, worker_group(prefix, JOB_TYPES)) < args.workers:
             if time.time() > deadline or any(p.poll() is not None for p in procs):
                 raise SystemExit(f"workers did not join within 120 s (see {run_dir})")
             await asyncio.sleep(0.2)

@@ -21,6 +21,9 @@ async def late(ctx):  # type: ignore[no-untyped-def]
     record_lateness(int(ctx.params["jid"]), int(round(instant)) % 1_000_000, now - instant)
 
 
+JOB_TYPES = ("bench", "late")  # the workers' consumer group is named after these
+
+
 def register(worker):  # type: ignore[no-untyped-def]
     worker.register("bench", bench)
     worker.register("late", late)

@@ -1,7 +1,7 @@
 """``chronolog dev``: a whole chronolog node in one process, on one machine.
 
-Processors, the projector, workers with the built-in jobs, the effect runner and the HTTP
-API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
+Processors, the projector, a worker with the built-in jobs (unless ``--no-builtin``), the
+effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
 ``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
 
 A part that fails is restarted with bounded exponential backoff (``chronolog.supervisor``),
@@ -51,6 +51,9 @@ def register(sub: Any) -> None:
     p.add_argument("--database-url", default=None,
                    help="use this PostgreSQL instead of the embedded one")
     p.add_argument("--no-demo", action="store_true", help="do not seed the demo schedules")
+    p.add_argument("--no-builtin", action="store_true",
+                   help="no built-in worker: only workers you attach (`chronolog worker "
+                        "--data-dir DIR --jobs ...`) serve runs")
     p.set_defaults(func=_run)
 
 
@@ -95,7 +98,8 @@ def _run(args: Any) -> int:
                                quiet=args.quiet or not sys.stdout.isatty(),
                                database_url=args.database_url or
                                os.environ.get("CHRONOLOG_DATABASE_URL"),
-                               demo=not args.no_demo, tenants_path=tenants_path))
+                               demo=not args.no_demo and not args.no_builtin,
+                               tenants_path=tenants_path, builtin=not args.no_builtin))
 
 
 def _check_destinations(tenants: Any, partitions: int, database_url: str | None) -> None:
@@ -139,6 +143,7 @@ def _port_free(host: str, port: int) -> bool:
 async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
+    builtin: bool = True,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.cli import UsageError
@@ -177,7 +182,7 @@ async def run_dev(
             _banner(node, tenants, tenants_path, first_run and demo)
 
         await run_node(node, lg, store, tenants, stop, database_url=database_url,
-                       on_started=started, view=not quiet)
+                       on_started=started, view=not quiet, builtin=builtin)
         return 0
     finally:
         if store is not None:
@@ -193,9 +198,13 @@ async def run_dev(
 async def run_node(
     node: DevNode, lg: Any, store: Any, tenants: Any, stop: asyncio.Event, *,
     database_url: str | None = None, on_started: Any = None, view: bool = False,
-    supervisor: Any = None,
+    supervisor: Any = None, builtin: bool = True,
 ) -> None:
     """Run every part of a node on ``lg`` (either log) and ``store`` until ``stop`` is set.
+
+    ``builtin``: run the node's own worker with the built-in jobs (class ``default``). The
+    API knows those job types (and any a worker announced): creating a schedule with another
+    one is a 400 naming them.
 
     Each part — processor, projector, workers, effect runner, API — is kept running by a
     ``Supervisor``: one that fails is restarted with bounded backoff (and the node says so
@@ -242,8 +251,11 @@ async def run_node(
                                                  tenants=tenants)
         return e
 
+    from chronolog.workers.builtin import BUILTIN_JOB_TYPES
+
     app = create_app(client, store, tenants, projector=projector,
-                     max_body_bytes=max_body_bytes())
+                     max_body_bytes=max_body_bytes(),
+                     known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {})
 
     def api() -> Any:
         config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
@@ -258,7 +270,8 @@ async def run_node(
         sup.add("processor", processor, lambda p: p.run(), lambda p: p.stop())
         sup.add("projector", lambda: projector, lambda p: p.run(), lambda p: p.stop())
         await client.start()
-        sup.add("worker", worker, lambda w: w.run(), lambda w: w.stop())
+        if builtin:
+            sup.add("worker", worker, lambda w: w.run(), lambda w: w.stop())
         sup.add("effects", effects, lambda e: e.run(), lambda e: e.stop())
         sup.add("api", api, lambda s: s.serve(), exit_server)
         await _wait_serving(sup, stop)

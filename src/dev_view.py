@@ -106,7 +106,26 @@ async def render(node: Any) -> Group:
         footer = Text(f"start lateness p50 {p50}  p99 {p99}   events/s {recent.rate():.1f}   "
                       f"commands {proc.stats.commands}  transactions {proc.stats.transactions}  "
                       f"schedules {len(states)}   API http://{node.host}:{node.port}")
-    return Group(*_restarts(node), upcoming, running, results, skips, footer)
+    return Group(*_restarts(node), upcoming, running, *await _waiting(node), results, skips,
+                 footer)
+
+
+async def _waiting(node: Any) -> list[Table]:
+    """READY runs no live worker serves, with the reason (from the read model)."""
+    from chronolog.projections.workers import waiting_runs
+
+    store = node.parts.get("store")
+    if store is None:
+        return []
+    rows = await waiting_runs(store.pool, 6)
+    if not rows:
+        return []
+    table = Table(title="waiting for a worker", expand=True)
+    for col in ("run", "schedule", "waiting"):
+        table.add_column(col)
+    for tenant, sid, rid, reason in rows:
+        table.add_row(rid, f"{tenant}/{sid}", reason)
+    return [table]
 
 
 def _restarts(node: Any) -> list[Text]:

@@ -16,6 +16,7 @@
     chronolog redrive RUN_ID [--schedule S]
     chronolog runs SCHEDULE_ID [--limit N] [--state S[,S]] [--after CURSOR]
     chronolog run RUN_ID
+    chronolog workers list [--live | --not-live] [--limit N] [--after CURSOR]
 
 Every command takes the log flags (``--log``/``--data-dir``/``--partitions``/
 ``--topic-prefix``, env ``CHRONOLOG_LOG`` ...), ``--tenant`` (default: the only tenant of the
@@ -42,11 +43,17 @@ Exit status
     2   bad local input or configuration (validated before anything is sent): one line
         naming the field and value, the same messages as ``chronolog preview``.
 
+``schedule create`` also says ``warning: ...`` on stderr (exit 0; ``warnings`` in ``--json``)
+when no worker of the schedule's resource class has ever served its job type, as far as the
+read model tells (checked only when a database is given or the data directory's embedded
+PostgreSQL is running). ``workers list`` reads every worker (an operator's view: all job
+types); ``runs`` and ``run`` show why a READY run waits (``waiting``).
+
 ``--json`` shapes (as the API): create ``{scheduleId, revision, nextRunAt}``; revise
 ``{revision, nextRunAt}``; pause/resume/delete ``{scheduleId, revision, state, nextRunAt}``;
 trigger ``{runId, state}``; cancel ``{runId, state, outcome}``; redrive ``{runId, state,
 attempt}``; show = ``GET /v1/schedules/{id}``; runs = ``GET /v1/schedules/{id}/runs``;
-run = ``GET /v1/runs/{id}``; list (no API counterpart) ``{items: [{scheduleId, state,
+run = ``GET /v1/runs/{id}``; workers list = ``GET /v1/workers``; list (no API counterpart) ``{items: [{scheduleId, state,
 revision, nextRunAt, nextDueAt, createdAt, updatedAt, definition}], watermark}``.
 """
 
@@ -183,6 +190,21 @@ def register(sub: Any) -> None:
     p.add_argument("run_id", metavar="RUN_ID")
     _common(p)
     p.set_defaults(func=_command(_run))
+
+    workers = sub.add_parser("workers", help="workers: their classes, job types, liveness")
+    wsub = workers.add_subparsers(dest="action", metavar="ACTION")
+    wsub.required = True
+    p = wsub.add_parser("list", help="workers as they announced themselves, by worker ID")
+    live = p.add_mutually_exclusive_group()
+    live.add_argument("--live", dest="live", action="store_const", const=True, default=None,
+                      help="only live workers")
+    live.add_argument("--not-live", dest="live", action="store_const", const=False,
+                      help="only workers that are not live (stopped or silent)")
+    p.add_argument("--limit", type=int, default=100, help="page size 1..500 (default 100)")
+    p.add_argument("--after", default=None, metavar="CURSOR",
+                   help="the nextCursor of the previous page")
+    _common(p)
+    p.set_defaults(func=_command(_workers))
 
 
 def _common(p: argparse.ArgumentParser, *, write: bool = False) -> None:
@@ -564,6 +586,40 @@ async def _database(args: Any) -> AsyncIterator[str]:
         await asyncio.to_thread(pg.stop)
 
 
+async def _job_warnings(ctx: Ctx, spec: Any) -> list[str]:
+    """The API's warning when no worker of the schedule's class has ever served its job
+    type; nothing when no read model is at hand without starting one."""
+    import asyncpg
+
+    from chronolog.projections.workers import ever_served
+
+    url = ctx.args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
+    if not url:
+        from chronolog.projections.embedded import EmbeddedPostgres
+
+        ddir = data_dir(ctx.args.data_dir)
+        for cluster in (ddir / "pg", ddir / "postgres"):
+            pg = EmbeddedPostgres(cluster)
+            if (cluster / "PG_VERSION").exists() and await asyncio.to_thread(pg.is_running):
+                url = await asyncio.to_thread(pg.dsn)
+                break
+    if not url:
+        return []
+    try:
+        conn = await asyncpg.connect(url, timeout=5)
+    except Exception:  # noqa: BLE001 - a warning is best effort
+        return []
+    try:
+        if await ever_served(conn, spec.resource_class, spec.job.type):
+            return []
+    except asyncpg.PostgresError:
+        return []
+    finally:
+        await conn.close()
+    return [f"no worker of resource class '{spec.resource_class}' has ever served job type "
+            f"'{spec.job.type}': its runs will wait READY until one does"]
+
+
 @asynccontextmanager
 async def _read_model(ctx: Ctx) -> AsyncIterator[Any]:
     """The API's ``ReadModel`` on the configured database (with ``schedules_list``)."""
@@ -694,13 +750,19 @@ def _create(ctx: Ctx) -> Handler:
         _check_job(ctx, spec)
         out = await _send(ctx, ctx.args.schedule_id,
                           m.CreateSchedule(spec=spec, request_key=ctx.args.idempotency_key))
-        result = {"scheduleId": ctx.args.schedule_id, "revision": out["revision"],
-                  "nextRunAt": _iso(out.get("next_run_at"))}
+        result: dict[str, Any] = {"scheduleId": ctx.args.schedule_id,
+                                  "revision": out["revision"],
+                                  "nextRunAt": _iso(out.get("next_run_at"))}
+        warnings = await _job_warnings(ctx, spec)
+        if warnings:
+            result["warnings"] = warnings
         if ctx.args.json:
             _print_json(result)
         else:
             print(f"created schedule {result['scheduleId']} (revision {result['revision']}); "
                   f"next run {result['nextRunAt'] or '-'}")
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
         return 0
 
     return work
@@ -936,6 +998,8 @@ def _runs(ctx: Ctx) -> Handler:
             raise _usage("invalid after: the cursor belongs to another query")
 
     async def work(ctx: Ctx) -> int:
+        from chronolog.projections.workers import live_served, waiting_for
+
         sid = args.schedule_id
         async with _read_model(ctx) as rm:
             if await rm.schedule(ctx.tenant, sid) is None:
@@ -947,6 +1011,7 @@ def _runs(ctx: Ctx) -> Handler:
                 bound, last = await rm.newest_run_key(ctx.tenant, sid), None
             rows = [] if bound is None else await rm.runs_page(
                 ctx.tenant, sid, bound, last, states, args.limit + 1)
+            served = await live_served(rm.pool)
         more = len(rows) > args.limit
         rows = rows[: args.limit]
         next_cursor = None
@@ -960,7 +1025,9 @@ def _runs(ctx: Ctx) -> Handler:
         items = [api.RunItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
                              scheduled_at=r["scheduled_at"], state=r["state"],
                              attempt=r["attempt"], started_at=r["started_at"],
-                             finished_at=r["finished_at"]) for r in rows]
+                             finished_at=r["finished_at"],
+                             waiting=waiting_for(r["state"], r["resource_class"],
+                                                 r["job_type"], served)) for r in rows]
         dumped: list[dict[str, Any]] = [api._jsonable(i) for i in items]
         doc = {"items": dumped, "nextCursor": next_cursor,
                "watermark": _watermark(offsets, wm_time, ctx.log_cfg.topics.partitions)}
@@ -971,10 +1038,12 @@ def _runs(ctx: Ctx) -> Handler:
         if not items:
             con.print(f"no runs of {sid}" + (f" in state {args.state}" if states else ""))
         else:
+            waits = any(i["waiting"] for i in dumped)
             con.print(_table(None, ["runId", "scheduledAt", "state", "attempt", "startedAt",
-                                    "finishedAt"],
+                                    "finishedAt", *(["waiting"] if waits else [])],
                              [[i["runId"], _t(i["scheduledAt"]), i["state"], i["attempt"],
-                               _t(i["startedAt"]), _t(i["finishedAt"])]
+                               _t(i["startedAt"]), _t(i["finishedAt"]),
+                               *([i["waiting"] or ""] if waits else [])]
                               for i in dumped]))
         if next_cursor:
             con.print(f"more: --after {next_cursor}", soft_wrap=True)
@@ -992,6 +1061,12 @@ async def run_document(rm: Any, tenant: str, run_id: str) -> dict[str, Any] | No
         return None
     attempts = await rm.attempts(run_id)
     effects = await rm.effects(run_id)
+    waiting = None
+    if r["state"] == "READY":
+        from chronolog.projections.workers import live_served, waiting_for
+
+        waiting = waiting_for(r["state"], r["resource_class"], r["job_type"],
+                              await live_served(rm.pool))
     result = None
     if r["result_checksum"] is not None:
         result = api.ResultOut(
@@ -1021,6 +1096,7 @@ async def run_document(rm: Any, tenant: str, run_id: str) -> dict[str, Any] | No
                                attempts=e["attempts"], evidence=api._json(e["evidence"]),
                                created_at=e["created_at"], updated_at=e["updated_at"])
                  for e in effects],
+        waiting=waiting,
     )
     doc: dict[str, Any] = api._jsonable(out)
     if result is not None:  # uri | inline: exactly one of them is shown, as the API does
@@ -1049,7 +1125,8 @@ def _run(ctx: Ctx) -> Handler:
             ("startedAt", doc["startedAt"]), ("finishedAt", doc["finishedAt"]),
             ("lateness", None if doc["latenessMs"] is None else f"{doc['latenessMs']} ms"),
         ]
-        for key in ("skippedReason", "cancelReason", "deadReason", "deadMessage", "lastError"):
+        for key in ("waiting", "skippedReason", "cancelReason", "deadReason", "deadMessage",
+                    "lastError"):
             if doc.get(key):
                 pairs.append((key, doc[key]))
         if doc["cancellationRequested"]:
@@ -1070,6 +1147,54 @@ def _run(ctx: Ctx) -> Handler:
             con.print(_table("effects", ["effectId", "kind", "state", "attempts"],
                              [[e["effectId"], e["kind"], e["state"], e["attempts"]]
                               for e in doc["effects"]]))
+        return 0
+
+    return work
+
+
+def _workers(ctx: Ctx) -> Handler:
+    from chronolog.projections import api
+
+    args = ctx.args
+    if not 1 <= args.limit <= api.MAX_PAGE:
+        raise _usage(f"invalid limit '{args.limit}': must be 1..{api.MAX_PAGE}")
+    last: str | None = None
+    if args.after:
+        try:
+            last = api._decode_worker_cursor(args.after, args.live)
+        except api.ApiError as exc:
+            raise _usage(exc.message) from None
+
+    async def work(ctx: Ctx) -> int:
+        from chronolog.projections.workers import workers_page
+
+        async with _read_model(ctx) as rm:
+            rows = await workers_page(rm.pool, after=last, limit=args.limit + 1,
+                                      live=args.live)
+        more = len(rows) > args.limit
+        rows = rows[: args.limit]
+        page = api.WorkerPage(items=[api.worker_out(w, None) for w in rows],
+                              next_cursor=api._encode_cursor(
+                                  {"k": "workers", "l": rows[-1].worker_id, "f": args.live})
+                              if more else None)
+        doc: dict[str, Any] = api._jsonable(page)
+        if args.json:
+            _print_json(doc)
+            return 0
+        con = _console()
+        if not doc["items"]:
+            con.print("no workers" + ("" if args.live is None else
+                                      " live" if args.live else " that are not live"))
+        else:
+            con.print(_table(None, ["workerId", "live", "class", "jobTypes", "slots",
+                                    "lastSeen", "startedAt"],
+                             [[w["workerId"], "yes" if w["live"] else
+                               ("stopped" if w["stopped"] else "no"), c["resourceClass"],
+                               ",".join(c["jobTypes"]) or "-", c["slots"], _t(w["lastSeen"]),
+                               _t(w["startedAt"])]
+                              for w in doc["items"] for c in w["classes"]]))
+        if doc["nextCursor"]:
+            con.print(f"more: --after {doc['nextCursor']}", soft_wrap=True)
         return 0
 
     return work

@@ -398,6 +398,7 @@ class KafkaEventLog:
             t.replies: (self.aux_partitions, {}),
             t.dlq: (self.aux_partitions, {}),
             t.effects: (self.aux_partitions, {}),
+            t.workers: (self.aux_partitions, {"cleanup.policy": "compact"}),
         }
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})

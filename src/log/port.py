@@ -100,6 +100,11 @@ class Topics:
         return f"{self.prefix}ready.{resource_class}"
 
     @property
+    def workers(self) -> str:
+        """Workers' membership records (``chronolog.domain.membership``), keyed by worker."""
+        return f"{self.prefix}workers"
+
+    @property
     def effects(self) -> str:
         """Effect intents are read from ``events``; this topic carries kafka-effect output."""
         return f"{self.prefix}effects.out"

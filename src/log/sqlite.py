@@ -278,7 +278,7 @@ class _Conn:
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._conn: sqlite3.Connection | None = None
+        self._conn: _LogConnection | None = None
 
     def _open(self) -> None:
         conn = sqlite3.connect(
@@ -1085,7 +1085,7 @@ class SqliteEventLog:
     async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
         await self._ready()
         t = self.topics
-        names = [t.commands, t.events, t.replies, t.dlq, t.effects]
+        names = [t.commands, t.events, t.replies, t.dlq, t.effects, t.workers]
         names += [t.ready(c) for c in ready_classes]
         found = await self._w.run(_ensure_topics, [(n, t.partitions) for n in names])
         for name in names:

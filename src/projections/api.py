@@ -72,6 +72,18 @@ preview). A schedule with no further instant (a one-shot that fired, ``end`` pas
 (``at`` | ``end`` | ``max_count``): it no longer counts against the quota, its runs stay
 listed, a PUT, pause, resume or trigger answers 409 and a DELETE deletes it.
 
+Workers
+-------
+``GET /v1/workers`` lists the workers as they announced themselves (``chronolog.projections
+.workers``), by worker ID with a ``nextCursor``, optionally only ``live=true|false``. Workers
+are shared by every tenant, and which job types run where is an operator's fact: an operator
+token sees every worker with all its job types; a tenant token sees every worker (its ID,
+classes, slots, liveness) but only the job types that tenant may run (``allowed_jobs``; all of
+them for a tenant without a list). A READY run's ``waiting`` (runs and run listings) says
+when no live worker of its class serves its job type. Creating a schedule whose job type no
+worker of its class has ever announced is 201 with ``warnings``; an app given
+``known_job_types`` (the dev node) answers 400 naming the job types it knows instead.
+
 History paging
 --------------
 ``GET /v1/schedules/{id}/runs`` lists newest first by ``(scheduledAt, runId)``. The first
@@ -89,7 +101,7 @@ import base64
 import binascii
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterable, Literal, Mapping
 
 import asyncpg
 import orjson
@@ -122,6 +134,7 @@ from chronolog.log.port import LogError
 from chronolog.projections.api_limits import RateLimiter, RequestGuard
 from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
+from chronolog.projections import workers as wk
 from chronolog.tenants import Tenant, Tenants
 
 __all__ = ["ApiError", "CONSISTENCY_HEADER", "create_app", "decode_token", "encode_token",
@@ -295,6 +308,12 @@ class ScheduleWritten(_Api):
     next_run_at: datetime | None
 
 
+class ScheduleCreated(ScheduleWritten):
+    warnings: list[str] | None = Field(
+        default=None, description="present when the schedule was created but may not run as "
+        "meant, e.g. no worker of its resource class has ever served its job type")
+
+
 class ScheduleStateOut(ScheduleWritten):
     state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
 
@@ -361,6 +380,8 @@ class RunItem(_Api):
     attempt: int
     started_at: datetime | None
     finished_at: datetime | None
+    waiting: str | None = Field(default=None, description="why a READY run waits, e.g. no "
+                                "live worker of its resource class serves its job type")
 
 
 class WatermarkOut(_Api):
@@ -437,6 +458,29 @@ class RunOut(_Api):
     reconciliation: dict[str, Any] | None
     reconciliation_resolution: dict[str, Any] | None
     effects: list[EffectOut]
+    waiting: str | None = Field(default=None, description="why a READY run waits, e.g. no "
+                                "live worker of its resource class serves its job type")
+
+
+class WorkerClassOut(_Api):
+    resource_class: str
+    job_types: list[str]
+    slots: int
+
+
+class WorkerOut(_Api):
+    worker_id: str
+    classes: list[WorkerClassOut]
+    started_at: datetime
+    last_seen: datetime
+    live: bool = Field(description="not stopped, and announced itself within the last "
+                       f"{wk.LIVE_S:g} s")
+    stopped: bool = Field(description="its last announcement said it was stopping")
+
+
+class WorkerPage(_Api):
+    items: list[WorkerOut]
+    next_cursor: str | None
 
 
 class RunWritten(_Api):
@@ -503,6 +547,20 @@ def _decode_cursor(text: str) -> dict[str, Any]:
         return raw
     except (binascii.Error, orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
         raise ApiError(400, f"invalid after '{text[:40]}': not a cursor of this API", "after") from None
+
+
+def _decode_worker_cursor(text: str, live: bool | None) -> str:
+    """The last worker ID of a ``GET /v1/workers`` cursor made for the same ``live``."""
+    try:
+        raw = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (binascii.Error, orjson.JSONDecodeError, ValueError):
+        raw = None
+    if not isinstance(raw, dict) or raw.get("k") != "workers" or not isinstance(
+            raw.get("l"), str) or lim.text_violation(raw) is not None:
+        raise ApiError(400, f"invalid after '{text[:40]}': not a cursor of this API", "after")
+    if raw.get("f") != live:
+        raise ApiError(400, "invalid after: the cursor belongs to another query", "after")
+    return str(raw["l"])
 
 
 # =======================================================================================
@@ -695,7 +753,8 @@ class ReadModel:
         last: tuple[datetime, str] | None, states: list[str] | None, limit: int,
     ) -> list[asyncpg.Record]:
         sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
-               "finished_at FROM runs WHERE tenant = $1 AND schedule_id = $2 "
+               "finished_at, job_type, resource_class FROM runs "
+               "WHERE tenant = $1 AND schedule_id = $2 "
                "AND (scheduled_at, run_id) <= ($3, $4)")
         args: list[Any] = [tenant, schedule_id, bound[0], bound[1]]
         if last is not None:
@@ -740,11 +799,15 @@ def create_app(
     consistency_timeout: float = 5.0,
     consistency_poll: float = 0.02,
     max_body_bytes: int = lim.MAX_BODY_BYTES,
+    known_job_types: Mapping[str, Iterable[str]] | None = None,
 ) -> FastAPI:
     """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
     ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
     process, serves read-your-writes waits and the fence-rejection metrics directly.
-    ``max_body_bytes`` bounds a request body (413 past it)."""
+    ``max_body_bytes`` bounds a request body (413 past it). ``known_job_types`` (a dev node:
+    resource class -> the job types its own workers have) makes creating a schedule whose
+    job type neither those nor any announced worker of its class serve a 400 naming them;
+    without it such a create is 201 with ``warnings``."""
     pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
     log_ = client.log if client is not None else None
     topics = client.topics if client is not None else m_topics_default()
@@ -945,6 +1008,14 @@ def create_app(
             n = partitions_cache["events"] = await log_.partitions_for(topics.events)
         return n
 
+    def with_warnings(response: JSONResponse, warnings: list[str]) -> JSONResponse:
+        if not warnings:
+            return response
+        body = orjson.loads(response.body)
+        body["warnings"] = warnings
+        return JSONResponse(body, status_code=response.status_code,
+                            headers={CONSISTENCY_HEADER: response.headers[CONSISTENCY_HEADER]})
+
     def written(content: BaseModel, status: int, token: str,
                 headers: dict[str, str] | None = None) -> JSONResponse:
         return JSONResponse(_jsonable(content), status_code=status,
@@ -973,7 +1044,22 @@ def create_app(
 
     # ---------------------------------------------------------------- schedules
 
-    @app.post("/v1/schedules", status_code=201, response_model=ScheduleWritten,
+    async def job_warnings(spec: m.ScheduleSpec) -> list[str]:
+        """What to warn about (or, on a dev node, refuse) in a new schedule's job type."""
+        if pool is None:
+            return []
+        cls, job = spec.resource_class, spec.job.type
+        if job in (known_job_types or {}).get(cls, ()) or await wk.ever_served(pool, cls, job):
+            return []
+        if known_job_types is not None:
+            known = sorted({*known_job_types.get(cls, ()), *await wk.served_types(pool, cls)})
+            raise ApiError(400, f"job type '{job}' is not served in resource class '{cls}' "
+                           f"(known job types: {', '.join(known) or 'none'}); start a worker "
+                           f"that serves it first", "job.type")
+        return [f"no worker of resource class '{cls}' has ever served job type '{job}': its "
+                f"runs will wait READY until one does"]
+
+    @app.post("/v1/schedules", status_code=201, response_model=ScheduleCreated,
               responses={**_errors(400, 403, 409, 429), 201: {"headers": _WRITE_HEADERS}},
               tags=["schedules"], summary="Create a schedule")
     async def create_schedule(
@@ -984,11 +1070,13 @@ def create_app(
     ) -> JSONResponse:
         spec = _to_spec(body)
         check_job(tenant, spec)
+        warnings = await job_warnings(spec)
         reply, token = await send(tenant, body.schedule_id,
                                   m.CreateSchedule(spec=spec, request_key=idempotency_key))
-        return written(ScheduleWritten(schedule_id=body.schedule_id,
-                                       revision=reply.body["revision"],
-                                       next_run_at=reply.body.get("next_run_at")), 201, token)
+        created = written(ScheduleWritten(schedule_id=body.schedule_id,
+                                          revision=reply.body["revision"],
+                                          next_run_at=reply.body.get("next_run_at")), 201, token)
+        return with_warnings(created, warnings)
 
     @app.get("/v1/schedules/{schedule_id}", response_model=ScheduleOut,
              responses=_errors(400, 404), tags=["schedules"], summary="Read a schedule",
@@ -1103,11 +1191,15 @@ def create_app(
         n = await events_partitions() if log_ is not None else 0
         parts = {str(p): offsets.get(p, 0) for p in range(n)} or \
             {str(p): v for p, v in sorted(offsets.items())}
+        served = await wk.live_served(read.pool) if any(
+            r["state"] == "READY" for r in rows) else frozenset()
         page = RunPage(
             items=[RunItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
                            scheduled_at=r["scheduled_at"], state=r["state"],
                            attempt=r["attempt"], started_at=r["started_at"],
-                           finished_at=r["finished_at"]) for r in rows],
+                           finished_at=r["finished_at"],
+                           waiting=wk.waiting_for(r["state"], r["resource_class"],
+                                                  r["job_type"], served)) for r in rows],
             next_cursor=next_cursor, watermark=WatermarkOut(partitions=parts, time=wm_time),
         )
         return JSONResponse(_jsonable(page))
@@ -1149,6 +1241,9 @@ def create_app(
                                attempts=e["attempts"], evidence=_json(e["evidence"]),
                                created_at=e["created_at"], updated_at=e["updated_at"])
                      for e in effects],
+            waiting=wk.waiting_for(r["state"], r["resource_class"], r["job_type"],
+                                   await wk.live_served(read.pool))
+            if r["state"] == "READY" else None,
         )
         content = _jsonable(out)
         if result is not None:  # uri | inline: exactly one of them is shown
@@ -1190,6 +1285,41 @@ def create_app(
         reply, token = await send(tenant, r["schedule_id"], m.ResolveReconciliation(
             run_id=run_id, decision=body.decision, note=body.note, effect_id=body.effect_id))
         return written(RunWritten(run_id=run_id, state=reply.body.get("state", "")), 200, token)
+
+    # ---------------------------------------------------------------- workers
+
+    async def viewer(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Tenant | None:
+        """An operator (None: sees every job type) or a tenant (sees the job types it may
+        run); anyone else is 401."""
+        token = creds.credentials if creds is not None and creds.scheme.lower() == "bearer" \
+            else ""
+        if token and tenants.operator_tokens is not None and tenants.is_operator(token):
+            return None
+        return await tenant_of(creds)
+
+    @app.get("/v1/workers", response_model=WorkerPage, responses=_errors(400),
+             tags=["workers"], summary="Workers: their classes, job types and liveness")
+    async def list_workers(
+        who: Annotated[Tenant | None, Depends(viewer)],
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+        after: Annotated[str | None, Query(description="nextCursor of the previous page")] = None,
+        live: Annotated[bool | None, Query(description="only live (true) or not live "
+                                           "(false) workers")] = None,
+    ) -> JSONResponse:
+        read = need_rm()
+        last: str | None = None
+        if after:
+            last = _decode_worker_cursor(after, live)
+        rows = await wk.workers_page(read.pool, after=last, limit=limit + 1, live=live)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        allowed = None if who is None else who.allowed_jobs
+        items = [worker_out(w, allowed) for w in rows]
+        page = WorkerPage(items=items, next_cursor=_encode_cursor(
+            {"k": "workers", "l": rows[-1].worker_id, "f": live}) if more else None)
+        return JSONResponse(_jsonable(page))
 
     # ---------------------------------------------------------------- preview, ops
 
@@ -1265,6 +1395,16 @@ def create_app(
 
 _RUN_STATES: tuple[str, ...] = ("PENDING", "READY", "LEASED", "RETRY_WAIT", "SUCCEEDED", "DEAD",
                                 "RECONCILING", "CANCELLED", "SKIPPED")
+
+
+def worker_out(w: "wk.WorkerRow", allowed: Iterable[str] | None) -> WorkerOut:
+    """A worker as the API shows it; ``allowed`` limits the job types shown (a tenant's)."""
+    classes = wk.jobs_in(w.classes, allowed)
+    return WorkerOut(worker_id=w.worker_id, started_at=w.started_at, last_seen=w.last_seen,
+                     live=w.live, stopped=w.stopped,
+                     classes=[WorkerClassOut(resource_class=c, job_types=list(s["jobTypes"]),
+                                             slots=int(s.get("slots", 0)))
+                              for c, s in sorted(classes.items())])
 
 
 def _json(value: Any) -> Any:

@@ -8,6 +8,9 @@ renders them (``render(snapshot)``). The families:
   the intended start (``runs.lateness_ms``) of every run that started;
 * ``chronolog_oldest_due_age_seconds`` (gauge; resource_class): how long the oldest READY
   run has been waiting for a worker;
+* ``chronolog_runs_waiting_without_worker`` (gauge; resource_class, job_type): READY runs
+  that no live worker of their class serves (``chronolog.projections.workers``);
+  ``chronolog_workers_live`` (gauge; resource_class): live workers per class;
 * ``chronolog_expired_leases`` (gauge): open attempts whose lease ended (database clock) and
   that the processor has not expired yet;
 * ``chronolog_fence_rejections_total`` (counter; reason): CompletionRejected events applied
@@ -54,6 +57,7 @@ from prometheus_client.registry import Collector
 from chronolog.domain import codec
 from chronolog.log.port import EventLog
 from chronolog.log.reading import read_partition
+from chronolog.projections.workers import live_workers_per_class, waiting_counts
 
 __all__ = ["LATENESS_BUCKETS", "MetricsSource", "ProjectorCollector", "Snapshot", "render"]
 
@@ -68,6 +72,8 @@ class Snapshot:
 
     lateness: list[tuple[str, str, list[int], int, float]] = field(default_factory=list)
     oldest_due: dict[str, float] = field(default_factory=dict)
+    waiting_without_worker: list[tuple[str, str, int]] = field(default_factory=list)
+    workers_live: dict[str, int] = field(default_factory=dict)
     expired_leases: int = 0
     fence_rejections: dict[str, int] | None = None  # None: no projector in this process
     skipped: list[tuple[str, str, int]] = field(default_factory=list)
@@ -155,6 +161,8 @@ class MetricsSource:
                 "FROM runs WHERE state = 'READY' AND ready_at IS NOT NULL GROUP BY 1"
             ):
                 s.oldest_due[r["rc"]] = max(0.0, r["age"])
+            s.waiting_without_worker = await waiting_counts(conn)
+            s.workers_live = await live_workers_per_class(conn)
             s.expired_leases = await conn.fetchval(
                 "SELECT count(*) FROM attempts WHERE outcome IS NULL AND lease_until < now()")
             s.skipped = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
@@ -242,6 +250,17 @@ class _SnapshotCollector(Collector):
         for rc, age in sorted(s.oldest_due.items()):
             g.add_metric([rc], age)
         yield g
+        w = GaugeMetricFamily("chronolog_runs_waiting_without_worker",
+                              "READY runs no live worker of their resource class serves",
+                              labels=["resource_class", "job_type"])
+        for rc, job, n in s.waiting_without_worker:
+            w.add_metric([rc, job], n)
+        yield w
+        lw = GaugeMetricFamily("chronolog_workers_live", "Live workers, by resource class",
+                               labels=["resource_class"])
+        for rc, n in sorted(s.workers_live.items()):
+            lw.add_metric([rc], n)
+        yield lw
         yield GaugeMetricFamily("chronolog_expired_leases",
                                 "Open attempts whose lease has ended", value=s.expired_leases)
         if s.fence_rejections is not None:

@@ -71,6 +71,7 @@ from chronolog.domain import messages as m
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.projections.project import project, project_batch
+from chronolog.projections.workers import WorkerDirectory
 from chronolog.projections.store import (
     OffsetConflict,
     PostgresProjectionStore,
@@ -206,6 +207,10 @@ class Projector:
         self._progress = asyncio.Condition()
         self._started = False
         self.dead_letters = DeadLetters(log_, "projector")
+        # the workers topic is folded alongside (by one projector of a partitioned set)
+        self.workers: WorkerDirectory | None = (
+            WorkerDirectory(log_, store.pool, store.projection)
+            if self._only is None or 0 in self._only else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -231,6 +236,8 @@ class Projector:
             await self._load_offsets()
         await self.start()
         stopping = asyncio.create_task(self._stopping.wait())
+        members = (asyncio.create_task(self.workers.run(), name="workers-directory")
+                   if self.workers is not None else None)
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
@@ -261,6 +268,8 @@ class Projector:
         finally:
             gc_untune()
             await _cancel(stopping)
+            if members is not None:
+                await _cancel(members)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""

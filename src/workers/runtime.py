@@ -1,7 +1,11 @@
 """The worker runtime: offers -> assignments -> handler (with heartbeats) -> result.
 
 A ``Worker`` registers handlers by job type and, for each resource class it serves, joins the
-consumer group ``<prefix>workers`` on ``ready.<class>``. The processors dispatch runs to it
+consumer group of the workers with the same job types (``worker_group``) on ``ready.<class>``:
+workers with the same job types share the partitions, and every partition is consumed — and
+so offered on — by one worker of each set of job types, so a run always reaches a worker that
+has its handler. Every few seconds it announces itself on the ``workers`` topic (its classes,
+job types and slots; ``chronolog.domain.membership``), and says so when it stops. The processors dispatch runs to it
 (``chronolog.processors.dispatch``); no slot ever waits for a command's round trip:
 
 1. **offer**: for every partition p of ``ready.<class>`` it consumes, the worker offers
@@ -45,6 +49,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import hashlib
 import inspect
 import os
 import random
@@ -64,6 +69,7 @@ import structlog
 from chronolog import lifecycle
 from chronolog.commands.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
+from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
@@ -80,6 +86,12 @@ FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment 
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 
 Handler = Callable[["JobContext"], Any]
+
+
+def worker_group(prefix: str, job_types: Iterable[str]) -> str:
+    """The consumer group of the workers with exactly these job types."""
+    digest = hashlib.sha256("\n".join(sorted(job_types)).encode()).hexdigest()[:12]
+    return f"{prefix}{WORKER_GROUP_SUFFIX}.{digest}"
 
 
 class Permanent(Exception):
@@ -166,6 +178,7 @@ class WorkerStats:
     failed: int = 0
     discarded: int = 0  # results thrown away: the lease was lost or the completion refused
     bad_records: int = 0
+    expired: int = 0  # assignments read after their lease had passed: not run
 
 
 @dataclass(eq=False)
@@ -230,6 +243,7 @@ class Worker:
         cancel_grace: float = 5.0,
         prefetch: int | None = None,
         offer_interval: float = 1.0,
+        announce_interval: float = ANNOUNCE_INTERVAL_S,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -244,11 +258,14 @@ class Worker:
         self.concurrency = concurrency
         self.prefetch = concurrency if prefetch is None else prefetch
         self.offer_interval = offer_interval
+        self.announce_interval = announce_interval
+        self.started_at = datetime.now(timezone.utc)
         self._store = result_store
         self._own_client = client is None
         self.client = client or Client(log_, reply_timeout=reply_timeout,
                                        client_id=f"worker-{self.worker_id}")
-        self.group = group or f"{self.topics.prefix}{WORKER_GROUP_SUFFIX}"
+        self._group_given = group
+        self.group = group or f"{self.topics.prefix}{WORKER_GROUP_SUFFIX}"  # set by run()
         self.inline_limit = inline_limit
         self.reply_timeout = reply_timeout
         self.send_attempts = send_attempts
@@ -329,11 +346,15 @@ class Worker:
             thread_name_prefix="chronolog-job",
         )
         beats: asyncio.Task[None] | None = None
+        announcer: asyncio.Task[None] | None = None
+        self.group = self._group_given or worker_group(self.topics.prefix, self._jobs)
         try:
             await self.log.ensure_topics(ready_classes=self.resource_classes)
             if self._own_client:
                 await self.client.start()
             beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+            self.started_at = datetime.now(timezone.utc)
+            announcer = asyncio.create_task(self._announce_loop(), name="announce")
             pullers = [asyncio.create_task(self._pull(c), name=f"pull-{c}")
                        for c in self.resource_classes]
             self._log.info("worker_started", classes=list(self.resource_classes),
@@ -353,6 +374,9 @@ class Worker:
         finally:
             if beats is not None:
                 beats.cancel()
+            if announcer is not None:
+                announcer.cancel()
+                await self._announce(stopping=True)
             for t in list(self._background):
                 t.cancel()
             if self._own_client:
@@ -391,6 +415,25 @@ class Worker:
         self._background.add(t)
         t.add_done_callback(self._background.discard)
         return t
+
+    # ------------------------------------------------------------------ membership
+
+    async def _announce(self, *, stopping: bool = False) -> None:
+        """Write this worker's membership record (its classes, job types and slots) to the
+        ``workers`` topic; the last one says it is stopping. A failure only logs: the next
+        announcement tries again."""
+        rec = announcement(self.worker_id, self.resource_classes, self._jobs, self.concurrency,
+                           self.started_at, stopping=stopping)
+        try:
+            await self.log.append([OutRecord(self.topics.workers, self.worker_id.encode(),
+                                             rec.encode())])
+        except Exception as exc:  # noqa: BLE001 - membership is advisory; retried next time
+            self._log.warning("announce_failed", error=repr(exc))
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await self._announce()
+            await asyncio.sleep(self.announce_interval)
 
     # ------------------------------------------------------------------ offers and assignments
 
@@ -521,6 +564,12 @@ class Worker:
         if worker != self.worker_id or (run_id, fence) in self._attempts \
                 or (run_id, fence) in self._finished:
             self.stats.foreign += 1
+            return True
+        if _lease_passed(body.get("lease_until")):
+            # read again long after (a restart with the same worker ID, a new consumer group):
+            # the lease is over, the run is another attempt's by now — running the handler
+            # would only repeat its effects
+            self.stats.expired += 1
             return True
         self.stats.assignments += 1
         self._admit(lane, tenant, schedule_id, body)
@@ -804,6 +853,13 @@ class Worker:
                     att.cancel_requested = True
                     ctx.log.info("cancel_requested")
                     ctx._cancel("cancellation requested")
+
+
+def _lease_passed(value: Any) -> bool:
+    try:
+        return bool(value) and _parse_time(value) <= datetime.now(timezone.utc)
+    except ValueError:
+        return False  # not a time: the processor's fence and lease checks still apply
 
 
 def _parse_time(value: Any) -> datetime:

@@ -128,7 +128,8 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
     r = await create(stack, body, **{"Idempotency-Key": "k1"})
     assert r.status_code == 201, r.text
     out = r.json()
-    assert set(out) == {"scheduleId", "revision", "nextRunAt"}
+    # no worker runs here: nothing has ever served 'report', which the body warns about
+    assert set(out) == {"scheduleId", "revision", "nextRunAt", "warnings"}
     assert out["scheduleId"] == s and out["revision"] == 1 and out["nextRunAt"].endswith("Z")
     assert r.headers[CONSISTENCY_HEADER]
 
@@ -554,7 +555,7 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
     page = first.json()
     assert set(page) == {"items", "nextCursor", "watermark"}
     assert set(page["items"][0]) == {"runId", "scheduleId", "scheduledAt", "state", "attempt",
-                                     "startedAt", "finishedAt"}
+                                     "startedAt", "finishedAt", "waiting"}
     wm = page["watermark"]
     assert set(wm["partitions"]) == {"0", "1", "2", "3"} and wm["time"].endswith("Z")
     seen = list(page["items"])

@@ -74,7 +74,9 @@ async def store(database_url: str) -> AsyncIterator[PostgresProjectionStore]:
 class Node:
     """``run_node`` in a task, with its supervisor and an HTTP client on its API."""
 
-    def __init__(self, lg: Any, store: PostgresProjectionStore, data_dir: Path) -> None:
+    def __init__(self, lg: Any, store: PostgresProjectionStore, data_dir: Path,
+                 **options: Any) -> None:
+        self.options = options  # more of run_node's options
         self.port = free_port()
         self.node = DevNode(data_dir, self.port, "127.0.0.1")
         self.said: list[str] = []
@@ -86,7 +88,8 @@ class Node:
 
     async def __aenter__(self) -> "Node":
         self.task = asyncio.create_task(run_node(self.node, self.lg, self.store, TENANTS,
-                                                 self.stop, supervisor=self.sup))
+                                                 self.stop, supervisor=self.sup,
+                                                 **self.options))
 
         async def healthy() -> bool:
             if self.task is not None and self.task.done():

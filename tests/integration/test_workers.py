@@ -319,6 +319,33 @@ async def test_a_reread_assignment_after_completion_is_not_run_again(
     assert len(await published(event_log, run_id)) == 1
 
 
+async def test_an_assignment_read_again_after_its_lease_passed_is_not_run(
+    event_log: Any, tmp_path: Path
+) -> None:
+    """The same worker ID restarted in a new consumer group reads ready.<class> from the
+    start: an assignment whose lease is over is skipped, its handler does not run again."""
+    store = FilesystemResultStore(tmp_path / "results")
+    calls = tmp_path / "calls.txt"
+    async with Running(event_log) as r:
+        async with serving(event_log, store, "w1") as w:
+            await r.client.create_schedule(
+                "acme", "s", manual_spec("record", {"file": str(calls)}, lease="1s"))
+            run_id = (await r.client.trigger("acme", "s", "k1"))["run_id"]
+            await wait_until(lambda: published(event_log, run_id), 20, what="the result")
+        assert w.stats.invocations == 1
+        [assignment] = await assignments_for(event_log, run_id)
+        lease_until = datetime.fromisoformat(
+            orjson.loads(assignment.value)["lease_until"].replace("Z", "+00:00"))
+        await wait_until(lambda: datetime.now(timezone.utc) > lease_until, 10,
+                         what="the lease over")
+        async with serving(event_log, store, "w1",
+                           group=f"{event_log.topics.prefix}fresh") as again:
+            await wait_until(lambda: again.stats.expired == 1, 20,
+                             what="the old assignment skipped")
+    assert again.stats.invocations == 0 and again.stats.assignments == 0
+    assert len(invocations(calls, run_id)) == 1
+
+
 # ---------------------------------------------------------------------------------------
 # (b): a stale worker paused past its lease
 

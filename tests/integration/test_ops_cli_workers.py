@@ -1,0 +1,106 @@
+"""Jobs find their worker, through the operator CLI with real services (``chronolog
+processor``, ``projector``, ``worker`` processes) on both logs: ``schedule create`` warns on
+stderr (exit 0) about a job type no worker of its class has served, ``runs`` and ``run`` say
+why a READY run waits, and ``workers list`` shows the workers, live or not, in text and JSON.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import wait_until
+from .test_ops_cli import PARTITIONS, Cli, Services, _env, dsn  # noqa: F401 - dsn: a fixture
+
+pytestmark = pytest.mark.postgres
+
+GREET_JOBS = str(Path(__file__).with_name("greet_jobs.py"))
+WAITING = "no worker serves job type 'greet' in class 'default'"
+WARNING = ("warning: no worker of resource class 'default' has ever served job type 'greet': "
+           "its runs will wait READY until one does")
+
+
+async def _waiting_then_served(cli: Cli, services: Services, worker_args: list[str]) -> None:
+    now = datetime.now(timezone.utc).isoformat()
+
+    async def created() -> Any:
+        services.check_alive()
+        r = await cli("schedule", "create", "greeter", "--at", now, "--job", "greet",
+                      "--idempotency-key", "g-1", "--timeout", "5")
+        return r if r.rc == 0 else None
+
+    r = await wait_until(created, 90, interval=0.2, what="create answered")
+    assert r.err.strip().splitlines()[-1] == WARNING
+    assert r.out.startswith("created schedule greeter (revision 1)")
+
+    page = await cli.poll("a READY run that waits", "runs", "greeter",
+                          until=lambda d: d["items"] and d["items"][0]["waiting"])
+    item = page["items"][0]
+    assert item["state"] == "READY" and item["waiting"] == WAITING
+    text = await cli("runs", "greeter")
+    assert text.rc == 0 and "waiting" in text.out and WAITING in text.out
+    run = await cli.ok("run", item["runId"])
+    assert run["waiting"] == WAITING
+    assert WAITING in (await cli("run", item["runId"])).out
+
+    listed = await cli.poll("the built-in worker listed", "workers", "list",
+                            until=lambda d: [w["workerId"] for w in d["items"]] == ["w-builtin"])
+    (builtin,) = listed["items"]
+    assert builtin["live"] and builtin["classes"] == [
+        {"resourceClass": "default", "jobTypes": ["echo", "fail", "noop", "sleep"], "slots": 4}]
+    text = await cli("workers", "list")
+    assert text.rc == 0 and "w-builtin" in text.out and "echo,fail,noop,sleep" in text.out
+
+    services.start("w-greet", ["worker", *worker_args, "--worker-id", "w-greet",
+                               "--jobs", GREET_JOBS])
+    done = await cli.poll("the waiting run served", "run", item["runId"],
+                          until=lambda d: d["state"] == "SUCCEEDED", timeout=60)
+    assert done["waiting"] is None and done["attempts"][0]["workerId"] == "w-greet"
+    assert done["result"]["inline"]["greeting"] == "hello you"
+    again = await cli("schedule", "create", "greeter-2", "--at", now, "--job", "greet", "--json")
+    assert again.rc == 0 and "warning:" not in again.err and "warnings" not in again.json()
+
+    greeter = services.procs.pop("w-greet")  # stopped here, by its PID
+    greeter.send_signal(signal.SIGTERM)
+    assert greeter.wait(30) == 0
+    gone = await cli.poll("w-greet not live", "workers", "list", "--not-live",
+                          until=lambda d: [w["workerId"] for w in d["items"]] == ["w-greet"])
+    assert gone["items"][0]["stopped"] is True
+    live = await cli.ok("workers", "list", "--live")
+    assert [w["workerId"] for w in live["items"]] == ["w-builtin"]
+
+
+async def _run(tmp_path: Path, dsn: str, log_args: list[str]) -> None:  # noqa: F811
+    env = _env()
+    services = Services(tmp_path, env)
+    results = ["--results", str(tmp_path / "results")]
+    services.start("processor", ["processor", *log_args])
+    services.start("projector", ["projector", *log_args, "--database-url", dsn])
+    services.start("worker", ["worker", *log_args, "--builtin-jobs", "--worker-id",
+                              "w-builtin", *results])
+    try:
+        cli = Cli([*log_args, "--database-url", dsn], env, services)
+        await _waiting_then_served(cli, services, [*log_args, *results])
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+
+
+async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_on_the_embedded_log(
+    tmp_path: Path, dsn: str  # noqa: F811
+) -> None:
+    await _run(tmp_path, dsn, ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions",
+                               PARTITIONS, "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."])
+
+
+@pytest.mark.kafka
+async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_on_kafka(
+    tmp_path: Path, dsn: str, kafka_bootstrap: str  # noqa: F811
+) -> None:
+    await _run(tmp_path, dsn, ["--log", f"kafka://{kafka_bootstrap}", "--partitions",
+                               PARTITIONS, "--topic-prefix", f"t{uuid.uuid4().hex[:10]}."])
