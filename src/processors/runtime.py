@@ -139,7 +139,7 @@ class ProcessorConfig:
     poll_ms: int = 50
     # due timers decided per iteration, shared by the owned partitions: a burst of instants
     # goes out in several smaller transactions, so its first runs start a few ms after T
-    ticks_per_step: int = 600
+    ticks_per_step: int = 300
     reply_cache_size: int = 10_000
     reply_retention_s: float = 3600.0
     restore_chunk: int = 2000
