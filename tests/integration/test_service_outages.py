@@ -267,8 +267,11 @@ class ProjectorNode:
         await wait_until(lambda: _created(self.client, "before"), 60, what="a create answered")
         await wait_until(lambda: _projected(self.dsn, "before"), 60, what="'before' projected")
 
-    async def waiting_for_database(self) -> None:
-        """A create while the database is down: the projector tries, and waits."""
+    async def waiting_for_database(self, pg: EmbeddedPostgres) -> None:
+        """Once started, the database stops and a create comes: the projector tries, and
+        waits."""
+        await self.start()
+        await asyncio.to_thread(pg.stop)
         await self.client.create_schedule("t", "during", SPEC)
         await wait_until(lambda: "projector_waiting_for_service" in
                          self.logs["projector"].read_text(errors="replace"), 60,
@@ -288,9 +291,7 @@ async def test_a_projector_rides_out_a_database_outage_and_catches_up(
     node = ProjectorNode(tmp_path, await asyncio.to_thread(own_postgres.start))
     projector = node.procs["projector"]
     try:
-        await node.start()
-        await asyncio.to_thread(own_postgres.stop)
-        await node.waiting_for_database()
+        await node.waiting_for_database(own_postgres)
         assert projector.poll() is None, node.logs["projector"].read_text()[-3000:]
         await asyncio.to_thread(own_postgres.start)  # the same data, the same port
         await wait_until(lambda: _projected(node.dsn, "during"), 120, interval=0.5,
@@ -308,9 +309,7 @@ async def test_sigterm_stops_a_projector_within_its_bound_while_the_database_is_
     node = ProjectorNode(tmp_path, await asyncio.to_thread(own_postgres.start))
     projector = node.procs["projector"]
     try:
-        await node.start()
-        await asyncio.to_thread(own_postgres.stop)
-        await node.waiting_for_database()
+        await node.waiting_for_database(own_postgres)
         projector.send_signal(signal.SIGTERM)
         status = await asyncio.to_thread(projector.wait, STOP_BOUND_S)
         assert status in (0, 1), node.logs["projector"].read_text(errors="replace")[-3000:]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import AsyncIterator
 
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.port import WAKE_HEADER, OutRecord, Topics
@@ -47,35 +49,11 @@ async def test_a_ring_of_another_topic_does_not_wake_a_reader(tmp_path: Path) ->
         ringer.close()
 
 
-async def test_an_append_rings_the_bits_of_the_topics_it_wrote(tmp_path: Path) -> None:
-    topics = Topics(prefix="t.", partitions=2)
-    path = tmp_path / "log.db"
-    bell = Doorbell(path)  # a reader's bell, registered before the writer lists the bells
-    bell.open()
-    writer = SqliteEventLog(path, topics)
-    try:
-        await writer.start()
-        created = bell.mark(ALL)
-        await writer.ensure_topics()
-        await bell.wait(created, 30, ALL)  # that ring (it wakes everybody) is heard first
-        written = topics.events
-        quiet = next(t for t in (topics.commands, topics.replies, topics.dlq, topics.effects)
-                     if topic_bit(t) != topic_bit(written))
-        seen_written, seen_quiet, seen_any = (bell.mark(topic_bit(written)),
-                                              bell.mark(topic_bit(quiet)), bell.mark(ALL))
-        await writer.append([OutRecord(topic=written, key=b"k", value=b"v")])
-        await bell.wait(seen_any, 30, ALL)
-        assert bell.mark(topic_bit(written)) != seen_written
-        assert bell.mark(topic_bit(quiet)) == seen_quiet
-    finally:
-        await writer.close()
-        bell.close()
-
-
-async def test_a_record_with_a_wake_header_rings_its_name_instead_of_its_topic(
-    tmp_path: Path
-) -> None:
-    topics = Topics(prefix="t.", partitions=2)
+@contextlib.asynccontextmanager
+async def _bell_and_writer(tmp_path: Path, topics: Topics) -> AsyncIterator[tuple[Doorbell,
+                                                                                 SqliteEventLog]]:
+    """A reader's bell (registered before the writer lists the bells) and a started writer
+    whose topic creation (a ring that wakes everybody) the bell has heard already."""
     path = tmp_path / "log.db"
     bell = Doorbell(path)
     bell.open()
@@ -85,15 +63,41 @@ async def test_a_record_with_a_wake_header_rings_its_name_instead_of_its_topic(
         created = bell.mark(ALL)
         await writer.ensure_topics()
         await bell.wait(created, 30, ALL)
-        client = next(c for c in (f"client-{i}" for i in range(100))
-                      if topic_bit(c) != topic_bit(topics.replies))
-        seen_client, seen_topic, seen_any = (bell.mark(topic_bit(client)),
-                                             bell.mark(topic_bit(topics.replies)), bell.mark(ALL))
-        await writer.append([OutRecord(topic=topics.replies, key=b"c1", value=b"{}",
-                                       headers=((WAKE_HEADER, client.encode()),))])
-        await bell.wait(seen_any, 30, ALL)
-        assert bell.mark(topic_bit(client)) != seen_client
-        assert bell.mark(topic_bit(topics.replies)) == seen_topic
+        yield bell, writer
     finally:
         await writer.close()
         bell.close()
+
+
+async def _rung(bell: Doorbell, writer: SqliteEventLog, record: OutRecord,
+                names: tuple[str, str]) -> tuple[bool, bool]:
+    """Append ``record``: whether the bell counted a ring for each of ``names``."""
+    before = [bell.mark(topic_bit(n)) for n in names]
+    seen_any = bell.mark(ALL)
+    await writer.append([record])
+    await bell.wait(seen_any, 30, ALL)
+    return bell.mark(topic_bit(names[0])) != before[0], bell.mark(topic_bit(names[1])) != before[1]
+
+
+async def test_an_append_rings_the_bits_of_the_topics_it_wrote(tmp_path: Path) -> None:
+    topics = Topics(prefix="t.", partitions=2)
+    written = topics.events
+    quiet = next(t for t in (topics.commands, topics.replies, topics.dlq, topics.effects)
+                 if topic_bit(t) != topic_bit(written))
+    async with _bell_and_writer(tmp_path, topics) as (bell, writer):
+        rung = await _rung(bell, writer, OutRecord(topic=written, key=b"k", value=b"v"),
+                           (written, quiet))
+    assert rung == (True, False)
+
+
+async def test_a_record_with_a_wake_header_rings_its_name_instead_of_its_topic(
+    tmp_path: Path
+) -> None:
+    topics = Topics(prefix="t.", partitions=2)
+    client = next(c for c in (f"client-{i}" for i in range(100))
+                  if topic_bit(c) != topic_bit(topics.replies))
+    async with _bell_and_writer(tmp_path, topics) as (bell, writer):
+        rung = await _rung(bell, writer, OutRecord(topic=topics.replies, key=b"c1", value=b"{}",
+                                                   headers=((WAKE_HEADER, client.encode()),)),
+                           (client, topics.replies))
+    assert rung == (True, False)
