@@ -6,7 +6,7 @@ after the enqueue with a margin; the handler is a no-op that records its start
 processes with ``--concurrency`` slots each, started as a deployment would start them.
 
     .venv/bin/python bench/burst.py [--log sqlite|kafka] [--n 10000] [--runs 3]
-        [--workers 2] [--concurrency 8] [--partitions 12] [--window 200] [--awaited 200]
+        [--workers 2] [--concurrency 8] [--partitions 12] [--window 1000] [--awaited 200]
         [--compare celery] [--other N] [--sustained RATE --seconds S] [--profile DIR]
 
 Per run it prints: first/last start after T, p50/p99/max lateness, runs/s over the burst,
@@ -411,7 +411,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--prefetch", type=int, default=None,
                     help="worker --prefetch (default: the worker's own default)")
-    ap.add_argument("--window", type=int, default=200, help="pipelined creates in flight")
+    ap.add_argument("--window", type=int, default=1000, help="pipelined creates in flight")
     ap.add_argument("--chunk", type=int, default=1,
                     help="pipelined creates per append (Client.create_schedules); "
                          "1: one create_schedule call each")
