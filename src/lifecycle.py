@@ -74,6 +74,22 @@ async def run_until_signalled(main: Coroutine[Any, Any, Any], stop: Callable[[],
             loop.remove_signal_handler(sig)
 
 
+async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
+                    stop: Callable[[], None]) -> int:
+    """A service of the log: start it (topics ensured), ``run()`` until signalled (the bounds
+    above), close it."""
+
+    async def main() -> None:
+        try:
+            await log_.start()
+            await log_.ensure_topics()
+            await run()
+        finally:
+            await log_.close()
+
+    return await run_until_signalled(main(), stop)
+
+
 def _cancel(task: "asyncio.Future[Any]") -> None:
     if not task.done():
         log.warning("stop_overdue", grace_s=STOP_GRACE_S)

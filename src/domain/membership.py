@@ -72,12 +72,12 @@ class Announcement:
 
 
 def announcement(worker_id: str, classes: Iterable[str], job_types: Iterable[str], slots: int,
-                 started_at: datetime, *, stopping: bool = False,
-                 now: datetime | None = None) -> Announcement:
-    """A worker serving the same ``job_types`` with ``slots`` in each of ``classes``."""
+                 started_at: datetime, now: datetime, *, stopping: bool = False) -> Announcement:
+    """A worker serving the same ``job_types`` with ``slots`` in each of ``classes``, sent at
+    ``now`` (the caller's clock: this module reads none)."""
     jobs = tuple(sorted(job_types))
     return Announcement(worker_id, {c: ClassService(jobs, slots) for c in classes}, started_at,
-                        now or datetime.now(timezone.utc), stopping)
+                        now, stopping)
 
 
 def waiting_reason(job_type: str | None, resource_class: str | None) -> str:

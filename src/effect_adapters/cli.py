@@ -102,22 +102,13 @@ def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> A
 async def run_effects(log_: Any, member: str, database_url: str | None,
                       results_dir: str | None, tenants: Any = None) -> int:
     from chronolog.effect_adapters.runner import EffectRunner
-    from chronolog.lifecycle import run_until_signalled
+    from chronolog.lifecycle import serve_log
     from chronolog.workers.results import FilesystemResultStore
 
     store = FilesystemResultStore(results_dir) if results_dir else None
     runner = EffectRunner(log_, member, database_url=database_url, result_store=store,
                           tenants=tenants)
-
-    async def main() -> None:
-        try:
-            await log_.start()
-            await log_.ensure_topics()
-            await runner.run()
-        finally:
-            await log_.close()
-
-    return await run_until_signalled(main(), runner.stop)
+    return await serve_log(log_, runner.run, runner.stop)
 
 
 # ---------------------------------------------------------------------- reconcile

@@ -52,7 +52,7 @@ def _run(args: Any) -> int:
 
 
 async def run_processor(log_: Any, member: str, batch: int = 500, tenants_path: str | None = None) -> int:
-    from chronolog.lifecycle import run_until_signalled
+    from chronolog.lifecycle import serve_log
     from chronolog.processors.runtime import Processor, ProcessorConfig
 
     tenants = None
@@ -62,13 +62,4 @@ async def run_processor(log_: Any, member: str, batch: int = 500, tenants_path: 
 
         tenants = load_tenants(path)
     proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(batch_max=batch))
-
-    async def main() -> None:
-        try:
-            await log_.start()
-            await log_.ensure_topics()
-            await proc.run()
-        finally:
-            await log_.close()
-
-    return await run_until_signalled(main(), proc.stop)
+    return await serve_log(log_, proc.run, proc.stop)

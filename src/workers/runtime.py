@@ -423,7 +423,7 @@ class Worker:
         ``workers`` topic; the last one says it is stopping. A failure only logs: the next
         announcement tries again."""
         rec = announcement(self.worker_id, self.resource_classes, self._jobs, self.concurrency,
-                           self.started_at, stopping=stopping)
+                           self.started_at, datetime.now(timezone.utc), stopping=stopping)
         try:
             await self.log.append([OutRecord(self.topics.workers, self.worker_id.encode(),
                                              rec.encode())])

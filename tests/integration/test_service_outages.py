@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -284,34 +284,38 @@ class ProjectorNode:
             _stop(p)
 
 
-@pytest.mark.postgres
-async def test_a_projector_rides_out_a_database_outage_and_catches_up(
-    own_postgres: EmbeddedPostgres, tmp_path: Path
-) -> None:
+@pytest.fixture
+async def node_without_database(own_postgres: EmbeddedPostgres,
+                                tmp_path: Path) -> AsyncIterator[ProjectorNode]:
+    """A node whose projector's database went away under it, the projector waiting."""
     node = ProjectorNode(tmp_path, await asyncio.to_thread(own_postgres.start))
-    projector = node.procs["projector"]
     try:
         await node.waiting_for_database(own_postgres)
-        assert projector.poll() is None, node.logs["projector"].read_text()[-3000:]
-        await asyncio.to_thread(own_postgres.start)  # the same data, the same port
-        await wait_until(lambda: _projected(node.dsn, "during"), 120, interval=0.5,
-                         what="'during' projected once the database is back")
-        assert projector.poll() is None
-        assert _lines(node.logs["projector"]) < 200
+        yield node
     finally:
         await node.close()
+
+
+@pytest.mark.postgres
+async def test_a_projector_rides_out_a_database_outage_and_catches_up(
+    own_postgres: EmbeddedPostgres, node_without_database: ProjectorNode
+) -> None:
+    node = node_without_database
+    projector = node.procs["projector"]
+    assert projector.poll() is None, node.logs["projector"].read_text()[-3000:]
+    await asyncio.to_thread(own_postgres.start)  # the same data, the same port
+    await wait_until(lambda: _projected(node.dsn, "during"), 120, interval=0.5,
+                     what="'during' projected once the database is back")
+    assert projector.poll() is None
+    assert _lines(node.logs["projector"]) < 200
 
 
 @pytest.mark.postgres
 async def test_sigterm_stops_a_projector_within_its_bound_while_the_database_is_down(
-    own_postgres: EmbeddedPostgres, tmp_path: Path
+    node_without_database: ProjectorNode
 ) -> None:
-    node = ProjectorNode(tmp_path, await asyncio.to_thread(own_postgres.start))
+    node = node_without_database
     projector = node.procs["projector"]
-    try:
-        await node.waiting_for_database(own_postgres)
-        projector.send_signal(signal.SIGTERM)
-        status = await asyncio.to_thread(projector.wait, STOP_BOUND_S)
-        assert status in (0, 1), node.logs["projector"].read_text(errors="replace")[-3000:]
-    finally:
-        await node.close()
+    projector.send_signal(signal.SIGTERM)
+    status = await asyncio.to_thread(projector.wait, STOP_BOUND_S)
+    assert status in (0, 1), node.logs["projector"].read_text(errors="replace")[-3000:]

@@ -13,14 +13,14 @@ T0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
 
 
 def test_a_membership_record_round_trips_with_its_classes_job_types_and_slots() -> None:
-    a = announcement("w1", ["default", "gpu"], {"greet", "echo"}, 4, T0, now=T0)
+    a = announcement("w1", ["default", "gpu"], {"greet", "echo"}, 4, T0, T0)
     back = Announcement.decode(a.encode())
     assert back == a
     assert {c: (s.job_types, s.slots) for c, s in back.classes.items()} == {
         "default": (("echo", "greet"), 4), "gpu": (("echo", "greet"), 4)}
     assert not back.stopping
-    assert Announcement.decode(announcement("w1", ["default"], (), 1, T0, stopping=True,
-                                            now=T0).encode()).stopping
+    assert Announcement.decode(announcement("w1", ["default"], (), 1, T0, T0,
+                                            stopping=True).encode()).stopping
 
 
 @pytest.mark.parametrize("value", [b"", b"[]", b'{"worker_id": "w"}',
