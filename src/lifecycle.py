@@ -120,8 +120,10 @@ async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asy
                 raise
             log.warning(f"{what}_waiting_for_service", error=f"{type(exc).__name__}: {exc}"[:300],
                         retry_in_s=delay)
+        # not asyncio.wait_for: under Python 3.11 it can swallow a cancellation (chronolog.wakeup)
+        waiter = asyncio.ensure_future(stopped.wait())
         try:
-            await asyncio.wait_for(stopped.wait(), delay)
-        except asyncio.TimeoutError:
-            pass
+            await asyncio.wait({waiter}, timeout=delay)
+        finally:
+            waiter.cancel()
         delay = min(delay * 2, max_delay)
