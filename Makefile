@@ -23,7 +23,7 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 schemas: $(STAMP)
-	$(BIN)/python -m chronolog.domain.schemas schemas
+	$(BIN)/python -m chronolog.schemagen schemas
 
 run: $(STAMP)
 	$(BIN)/chronolog dev $(ARGS)

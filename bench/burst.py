@@ -47,7 +47,7 @@ import burstlib as B
 from burst_jobs import JOB_TYPES
 import psutil
 
-from chronolog.commands.client import Client, NotFound
+from chronolog.client import Client, NotFound
 from chronolog.domain import messages as m
 from chronolog.log.reading import read_partition
 from chronolog.settings import LogConfig, open_log

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log

@@ -58,7 +58,7 @@ from typing import Any, Callable, Mapping
 import structlog
 
 from chronolog.log.reading import read_partition
-from chronolog.commands.client import Client, ReplyTimeout
+from chronolog.client import Client, ReplyTimeout
 from chronolog import destinations as dst
 from chronolog.domain import codec
 from chronolog.domain import messages as m

@@ -31,8 +31,8 @@ __all__ = [
 
 
 def usage_error(message: str) -> Exception:
-    """A chronolog.cli.UsageError (imported late: cli imports the command modules)."""
-    from chronolog.cli import UsageError
+    """A chronolog.cli.errors.UsageError (imported late: cli imports the command modules)."""
+    from chronolog.cli.errors import UsageError
 
     return UsageError(message)
 

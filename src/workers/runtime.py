@@ -67,7 +67,7 @@ import orjson
 import structlog
 
 from chronolog import lifecycle
-from chronolog.commands.client import Client, ReplyTimeout
+from chronolog.client import Client, ReplyTimeout
 from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer

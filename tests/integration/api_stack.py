@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.log.port import EventLog
 from chronolog.processors.runtime import Processor
-from chronolog.projections.api import create_app
+from chronolog.api.app import create_app
 from chronolog.projections.projector import Projector
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.destinations import WebhookDestination

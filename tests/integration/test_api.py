@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from chronolog.log.port import EventLog, Topics
-from chronolog.projections.api import CONSISTENCY_HEADER, create_app
+from chronolog.api.app import CONSISTENCY_HEADER, create_app
 from chronolog.settings import LogConfig, open_log
 
 from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
@@ -508,7 +508,7 @@ async def test_result_is_shown_with_checksum_size_and_inline(stack: ApiStack) ->
         run_id=run_id, attempt=1, fence=claim["fence"], worker_id="w9", checksum="sha256:ab",
         size=2, inline={"ok": True})))
     assert reply.status == "ok"
-    from chronolog.projections.api import encode_token
+    from chronolog.api.app import encode_token
     token = encode_token({p.partition: p.offset + 1 for p in reply.positions})
     g = await stack.http.get(f"/v1/runs/{run_id}", headers={**ACME, CONSISTENCY_HEADER: token})
     run = g.json()
@@ -626,7 +626,7 @@ async def test_a_token_the_projection_does_not_reach_in_time_is_503(
     app = create_app(stack.client, stack.store, TENANTS, consistency_timeout=0.3)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://t") as http:
-        from chronolog.projections.api import encode_token
+        from chronolog.api.app import encode_token
         far = encode_token({0: 10**9})
         r = await http.get("/v1/schedules/x", headers={**ACME, CONSISTENCY_HEADER: far})
         assert_error(r, 503, "unavailable", CONSISTENCY_HEADER)
@@ -637,7 +637,7 @@ async def test_no_reply_in_time_is_503_saying_the_command_may_still_be_decided(
     stack: ApiStack, lg: EventLog
 ) -> None:
     # a client on a topic prefix no processor serves
-    from chronolog.commands.client import Client
+    from chronolog.client import Client
     idle_topics = Topics(prefix=f"idle{uuid.uuid4().hex[:6]}.", partitions=1)
     other = open_log(_config_like(lg, idle_topics))
     await other.start()

@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from chronolog.domain.limits import MAX_BODY_BYTES, MAX_DOCUMENT_DEPTH
 from chronolog.log.port import Topics
-from chronolog.projections.api import CONSISTENCY_HEADER, create_app
+from chronolog.api.app import CONSISTENCY_HEADER, create_app
 from chronolog.settings import LogConfig, open_log
 from chronolog.tenants import RateLimit, Tenant, Tenants
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from chronolog.dev_view import render
+from chronolog.devnode.view import render
 from chronolog.projections.store import PostgresProjectionStore
 
 from . import greet_jobs

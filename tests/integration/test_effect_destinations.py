@@ -24,7 +24,7 @@ import asyncpg
 import orjson
 import pytest
 
-from chronolog.commands.client import Client, Forbidden, Invalid
+from chronolog.client import Client, Forbidden, Invalid
 from chronolog.destinations import check_destinations, parse_destinations
 from chronolog.domain import codec
 from chronolog.domain import messages as m

@@ -31,7 +31,7 @@ import httpx
 import orjson
 import pytest
 
-from chronolog.commands.client import Client, Conflict, StaleFence
+from chronolog.client import Client, Conflict, StaleFence
 from chronolog.commands.decider import fold
 from chronolog.domain import codec
 from chronolog.domain import messages as m

@@ -34,14 +34,14 @@ import httpx
 import orjson
 import pytest
 
-from chronolog.dev import DevNode, run_node
+from chronolog.devnode.node import DevNode, run_node
 from chronolog.domain import codec
 from chronolog.log.dead_letters import read_dead_letters
 from chronolog.log.port import OutRecord
 from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig
-from chronolog.supervisor import Supervisor
+from chronolog.devnode.supervisor import Supervisor
 from chronolog.tenants import Tenant, Tenants
 
 from .conftest import CHRONOLOG, ROOT, log_url, wait_until

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from chronolog.commands.client import Client, Conflict, NotFound
+from chronolog.client import Client, Conflict, NotFound
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 from typing import Any
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key

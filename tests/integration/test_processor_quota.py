@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, partition_key, quota_key

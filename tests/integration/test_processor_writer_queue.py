@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for

@@ -31,7 +31,7 @@ from chronolog.log.sqlite import SqliteEventLog
 
 from .decider_log import ScheduleLog
 from chronolog.projections.project import project
-from chronolog.projections.replay_cli import connect_store, reset
+from chronolog.cli.replay import connect_store, reset
 from chronolog.projections.store import TABLES
 
 pytestmark = pytest.mark.postgres

@@ -23,9 +23,9 @@ from typing import Any, AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.log.port import Topics
-from chronolog.projections.embedded import EmbeddedPostgres
+from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 from chronolog.settings import LogConfig, open_log
 
 from .conftest import CHRONOLOG, ROOT, wait_until
@@ -96,9 +96,9 @@ def _load(broker: OwnBroker, prefix: str) -> subprocess.Popen[bytes]:
     """Creates one schedule after the other until killed (commands in flight at the fault)."""
     code = f"""
 import asyncio
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.log.port import Topics
-from chronolog.projections.embedded import EmbeddedPostgres
+from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 from chronolog.settings import LogConfig, open_log
 async def main():
     lg = open_log(LogConfig("kafka", "{broker.bootstrap}", Topics(prefix="{prefix}", partitions=4)))

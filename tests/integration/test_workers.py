@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 
 import orjson
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.offers import is_offer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from chronolog.projections.api import openapi_document, openapi_json
+from chronolog.api.app import openapi_document, openapi_json
 
 ROOT = Path(__file__).resolve().parents[2]
 

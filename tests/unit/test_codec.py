@@ -9,7 +9,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from chronolog.commands.client import Client
+from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.sqlite import SqliteEventLog

@@ -21,7 +21,7 @@ from chronolog.domain.limits import (
     text_violation,
 )
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, upcoming
-from chronolog.projections.api_limits import RateLimiter
+from chronolog.api.limits import RateLimiter
 from chronolog.settings import ConfigError
 from chronolog.tenants import RateLimit, dev_tenants, load_tenants
 

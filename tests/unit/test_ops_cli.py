@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from chronolog.cli import build_parser, main
-from chronolog.ops_cli import build_definition
+from chronolog.cli.main import build_parser, main
+from chronolog.cli.schedules import build_definition
 
 
 def _definition(*argv: str) -> tuple[dict, object]:

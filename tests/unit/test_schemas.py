@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chronolog.domain.schemas import render_all
+from chronolog.schemagen import render_all
 
 ROOT = Path(__file__).resolve().parents[2]
 

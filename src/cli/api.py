@@ -23,8 +23,8 @@ from typing import Any
 
 import uvicorn
 
-from chronolog.processors.cli import add_log_flags, log_from_args
-from chronolog.projections.cli import add_database_flag, database
+from chronolog.api.server import Server
+from chronolog.cli.flags import add_database_flag, add_log_flags, database, log_from_args
 
 __all__ = ["register", "serve"]
 
@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
 
 
 def _run(args: Any) -> int:
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
     from chronolog.logging import configure_logging
     from chronolog.settings import ConfigError, max_body_bytes
     from chronolog.tenants import dev_tenants, load_tenants
@@ -63,23 +63,10 @@ def _run(args: Any) -> int:
     return asyncio.run(serve(args, tenants))
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture: uvicorn re-raises a captured SIGTERM after
-    shutting down, which would kill the process before the log, client and projector
-    close. Here SIGTERM/SIGINT only ask the server to exit; ``serve`` then cleans up."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def request_exit(self) -> None:
-        self.should_exit = True
-
-
 async def serve(args: Any, tenants: Any) -> int:
-    from chronolog.cli import UsageError
-    from chronolog.commands.client import Client
-    from chronolog.projections.api import create_app
+    from chronolog.cli.errors import UsageError
+    from chronolog.client import Client
+    from chronolog.api.app import create_app
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
 
@@ -106,7 +93,7 @@ async def serve(args: Any, tenants: Any) -> int:
                              max_body_bytes=args.max_body_bytes)
             config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                     lifespan="off")
-            server = _Server(config)
+            server = Server(config)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, server.request_exit)

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from chronolog.processors.cli import add_log_flags, log_from_args
+from chronolog.cli.flags import add_log_flags, log_from_args
 
 
 def register(sub: Any) -> None:
@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
 
 
 def _run_list(args: Any) -> int:
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
 
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"invalid --limit '{args.limit}': must be at least 1")

@@ -1,6 +1,6 @@
 """Generate one JSON Schema per message under ``schemas/commands`` and ``schemas/events``.
 
-``python -m chronolog.domain.schemas DIR`` (``make schemas``) writes them; the drift test
+``python -m chronolog.schemagen DIR`` (``make schemas``) writes them; the drift test
 compares the committed files with ``render_all()``.
 """
 
@@ -54,7 +54,7 @@ def write_all(root: Path) -> list[Path]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
         written.append(p)
-    from chronolog.projections.api import openapi_json  # late: the API imports the domain
+    from chronolog.api.app import openapi_json  # late: the API imports the domain
 
     api = root / "api" / "openapi.json"
     api.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 import structlog
 
-log = structlog.get_logger("chronolog.supervisor")
+log = structlog.get_logger("chronolog.devnode.supervisor")
 
 __all__ = ["Supervisor", "Notice"]
 

@@ -11,7 +11,6 @@ default embedded server should be given its DSN, or run as ``chronolog dev``). M
 are applied at start. ``--metrics-port`` serves the projector's own Prometheus metrics
 (events, batches, conflicts, completion rejections) on 127.0.0.1.
 
-``database_from_args`` / ``add_database_flag`` are shared with ``chronolog api``.
 """
 
 from __future__ import annotations
@@ -23,61 +22,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from chronolog.processors.cli import add_log_flags, log_from_args
+from chronolog.cli.flags import _usage, add_database_flag, add_log_flags, log_from_args, parse_partitions
 from chronolog.settings import data_dir
 
-__all__ = ["add_database_flag", "database", "register", "run_projector"]
-
-
-def add_database_flag(p: argparse.ArgumentParser) -> None:
-    """``--database-url DSN``."""
-    p.add_argument("--database-url", default=None, metavar="DSN",
-                   help="PostgreSQL DSN (env CHRONOLOG_DATABASE_URL; default: an embedded "
-                        "PostgreSQL in DATA_DIR/postgres)")
-
-
-def _usage(message: str) -> Exception:
-    from chronolog.cli import UsageError
-
-    return UsageError(message)
-
-
-@asynccontextmanager
-async def database(args: Any) -> AsyncIterator[str]:
-    """The DSN the arguments name; an embedded server is started (and stopped) if needed."""
-    url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
-    if url:
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
-        yield url
-        return
-    from chronolog.projections.embedded import EmbeddedPostgres
-
-    pg = EmbeddedPostgres(Path(data_dir(getattr(args, "data_dir", None))) / "postgres")
-    was_running = await asyncio.to_thread(pg.is_running)
-    dsn = await asyncio.to_thread(pg.start)
-    try:
-        yield dsn
-    finally:
-        if not was_running:
-            await asyncio.to_thread(pg.stop)
-
-
-def parse_partitions(text: str | None) -> list[int] | None:
-    """``0-5`` / ``0,2,4`` / ``0-2,7`` -> partition numbers (None: all)."""
-    if text is None:
-        return None
-    out: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi) if hi else int(lo)
-            if first < 0 or last < first:
-                raise ValueError
-            out.update(range(first, last + 1))
-    except ValueError:
-        raise _usage(f"invalid only-partitions '{text}': expected e.g. 0-5 or 0,2,4") from None
-    return sorted(out)
+__all__ = ["register", "run_projector"]
 
 
 def register(sub: Any) -> None:

@@ -4,7 +4,7 @@ Processors, the projector, a worker with the built-in jobs (unless ``--no-builti
 effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
 ``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
 
-A part that fails is restarted with bounded exponential backoff (``chronolog.supervisor``),
+A part that fails is restarted with bounded exponential backoff (``chronolog.devnode.supervisor``),
 and the node says so on stderr, in its log and in the live view; the other parts go on.
 SIGTERM / Ctrl-C stops it in order — API, workers (drain), effects, processor (finishing its
 open transaction), projector — then closes the log and stops the embedded PostgreSQL. A
@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-log = structlog.get_logger("chronolog.dev")
+log = structlog.get_logger("chronolog.devnode.node")
 
 DEMO_SCHEDULES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("demo-echo", {"every": "5s", "job": {"type": "echo", "params": {"hello": "chronolog"}},
@@ -37,24 +37,6 @@ DEMO_SCHEDULES: tuple[tuple[str, dict[str, Any]], ...] = (
                              "job": {"type": "echo", "params": {"report": "sales"}},
                              "misfire": "latest"}),
 )
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser("dev", help="run a whole node on the embedded log and PostgreSQL")
-    p.add_argument("--data-dir", default=None, help="data directory (default ./.chronolog)")
-    p.add_argument("--port", type=int, default=8080, help="HTTP API port (default 8080)")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP API address (default 127.0.0.1)")
-    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
-    p.add_argument("--quiet", action="store_true", help="no live view; logs only")
-    p.add_argument("--partitions", type=int, default=None,
-                   help="partition count (env CHRONOLOG_PARTITIONS, default 12)")
-    p.add_argument("--database-url", default=None,
-                   help="use this PostgreSQL instead of the embedded one")
-    p.add_argument("--no-demo", action="store_true", help="do not seed the demo schedules")
-    p.add_argument("--no-builtin", action="store_true",
-                   help="no built-in worker: only workers you attach (`chronolog worker "
-                        "--data-dir DIR --jobs ...`) serve runs")
-    p.set_defaults(func=_run)
 
 
 @dataclass
@@ -68,90 +50,17 @@ class DevNode:
     parts: dict[str, Any] = field(default_factory=dict)
 
 
-def _run(args: Any) -> int:
-    from chronolog.cli import UsageError
-    from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, data_dir, max_body_bytes, partitions_from_env
-
-    try:
-        ddir = data_dir(args.data_dir)
-        partitions = args.partitions if args.partitions is not None else partitions_from_env()
-        if not 1 <= partitions <= 1024:
-            raise ConfigError(f"invalid --partitions '{partitions}': must be 1..1024")
-        if not 0 < args.port < 65536:
-            raise ConfigError(f"invalid --port '{args.port}': must be 1..65535")
-        tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
-        tenants = _tenants(tenants_path)
-        _check_destinations(tenants, partitions, args.database_url
-                            or os.environ.get("CHRONOLOG_DATABASE_URL"))
-        max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    ddir.mkdir(parents=True, exist_ok=True)
-    if args.quiet or not sys.stdout.isatty():
-        configure_logging()
-    else:  # the live view owns the terminal: logs go to a file
-        _log_to_file(ddir / "dev.log")
-    if not _port_free(args.host, args.port):
-        raise UsageError(f"invalid --port '{args.port}': {args.host}:{args.port} is in use")
-    return asyncio.run(run_dev(ddir, args.host, args.port, tenants, partitions,
-                               quiet=args.quiet or not sys.stdout.isatty(),
-                               database_url=args.database_url or
-                               os.environ.get("CHRONOLOG_DATABASE_URL"),
-                               demo=not args.no_demo and not args.no_builtin,
-                               tenants_path=tenants_path, builtin=not args.no_builtin))
-
-
-def _check_destinations(tenants: Any, partitions: int, database_url: str | None) -> None:
-    """``ConfigError`` for a destination this node must refuse (its database, its topics)."""
-    from chronolog.destinations import check_destinations
-    from chronolog.log.port import Topics
-
-    check_destinations(tenants, Topics(partitions=partitions), database_url)
-
-
-def _tenants(path: str | None) -> Any:
-    from chronolog.tenants import dev_tenants, load_tenants
-
-    return load_tenants(path) if path else dev_tenants()
-
-
-def _log_to_file(path: Path) -> None:
-    import logging
-
-    stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-    structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
-        cache_logger_on_first_use=True,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=stream)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
     builtin: bool = True,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
-    from chronolog.cli import UsageError
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
-    from chronolog.projections.embedded import EmbeddedPostgres
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
     from chronolog.projections.store import PostgresProjectionStore
-    from chronolog.settings import ConfigError
+    from chronolog.destinations import check_destinations
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -168,10 +77,8 @@ async def run_dev(
         await lg.start()
         first_run = await _is_empty(lg)
         await lg.ensure_topics()
-        try:  # the embedded database's address is known only now
-            _check_destinations(tenants, partitions, database_url)
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
+        # the embedded database's address is known only now (ConfigError for the caller)
+        check_destinations(tenants, Topics(partitions=partitions), database_url)
         store = await PostgresProjectionStore.connect(database_url)
         await store.migrate()
         node = DevNode(ddir, port, host)
@@ -214,15 +121,15 @@ async def run_node(
     """
     import uvicorn
 
-    from chronolog.commands.client import Client
-    from chronolog.dev_view import Recent
+    from chronolog.client import Client
+    from chronolog.devnode.view import Recent
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.processors.runtime import Processor
-    from chronolog.projections.api import create_app
-    from chronolog.projections.api_cli import _Server
+    from chronolog.api.app import create_app
+    from chronolog.api.server import Server
     from chronolog.projections.projector import Projector
     from chronolog.settings import max_body_bytes
-    from chronolog.supervisor import Supervisor
+    from chronolog.devnode.supervisor import Supervisor
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker
 
@@ -260,7 +167,7 @@ async def run_node(
     def api() -> Any:
         config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
                                 lifespan="on", access_log=False)
-        return _Server(config)  # our handlers stop the node; uvicorn captures none
+        return Server(config)  # our handlers stop the node; uvicorn captures none
 
     def exit_server(server: Any) -> None:
         server.should_exit = True
@@ -354,7 +261,7 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
 
 
 async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
-    from chronolog.dev_view import render
+    from chronolog.devnode.view import render
 
     from rich.console import Console
     from rich.live import Live
@@ -369,10 +276,4 @@ async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
             await asyncio.sleep(1.0)
 
 
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - manual use
-    from chronolog.cli import main as cli_main
-
-    return cli_main(["dev", *(argv or [])])
-
-
-__all__ = ["register", "run_dev", "run_node", "DevNode", "argparse"]
+__all__ = ["DEMO_SCHEDULES", "DevNode", "run_dev", "run_node"]

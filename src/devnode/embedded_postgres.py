@@ -29,7 +29,7 @@ throw-away test cluster does not mind. The product default keeps PostgreSQL's du
 
 ``start()``/``stop()`` block (subprocesses); from async code use ``asyncio.to_thread``.
 
-Command line: ``python -m chronolog.projections.embedded start|stop|status DIR [--port N]
+Command line: ``python -m chronolog.devnode.embedded_postgres start|stop|status DIR [--port N]
 [--fast]`` (``start`` prints the DSN).
 """
 
@@ -449,8 +449,8 @@ class _TempOut:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m chronolog.projections.embedded start|stop|status DIR``."""
-    parser = argparse.ArgumentParser(prog="python -m chronolog.projections.embedded")
+    """``python -m chronolog.devnode.embedded_postgres start|stop|status DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m chronolog.devnode.embedded_postgres")
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--port", type=int, default=None)

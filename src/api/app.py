@@ -115,7 +115,7 @@ from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chronolog.commands.backlog import plan_due
-from chronolog.commands.client import Client, ReplyTimeout
+from chronolog.client import Client, ReplyTimeout
 from chronolog.commands.decider import TenantContext, ungranted_effect
 from chronolog.commands.state import policy_for
 from chronolog.domain import limits as lim
@@ -131,7 +131,7 @@ from chronolog.domain.recurrence import (
 )
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError
-from chronolog.projections.api_limits import RateLimiter, RequestGuard
+from chronolog.api.limits import RateLimiter, RequestGuard
 from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.projections import workers as wk

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chronolog.processors.cli import add_log_flags, log_from_args
+from chronolog.cli.flags import add_log_flags, log_from_args
 
 
 def register(sub: Any) -> None:
@@ -63,7 +63,7 @@ def results_dir(args: Any) -> Path:
 
 
 def _load_jobs(spec: str, worker: Any) -> None:
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
 
     try:
         if spec.endswith(".py") or "/" in spec:
@@ -84,7 +84,7 @@ def _load_jobs(spec: str, worker: Any) -> None:
 
 
 def _run_worker(args: Any) -> int:
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
     from chronolog.logging import configure_logging
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker, run_until_signalled
@@ -123,7 +123,7 @@ def _run_worker(args: Any) -> int:
 def _run_gc(args: Any) -> int:
     import orjson
 
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
     from chronolog.domain.durations import parse_duration
     from chronolog.workers.gc import collect
     from chronolog.workers.results import FilesystemResultStore

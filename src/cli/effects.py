@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from chronolog.processors.cli import add_log_flags, log_from_args
+from chronolog.cli.flags import add_log_flags, log_from_args
 
 
 def register(sub: Any) -> None:
@@ -86,7 +86,7 @@ def _run_effects(args: Any) -> int:
 
 def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> Any:
     """The tenants registry with its destinations, checked for this node (exit 2 if not)."""
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
     from chronolog.destinations import check_destinations
     from chronolog.settings import ConfigError
     from chronolog.tenants import Tenants, load_tenants
@@ -147,7 +147,7 @@ def _run_resolve(args: Any) -> int:
 
 
 async def _resolve(log_: Any, args: Any, by: str) -> int:
-    from chronolog.commands.client import Client, CommandError, ReplyTimeout
+    from chronolog.client import Client, CommandError, ReplyTimeout
 
     await log_.start()
     try:

@@ -12,24 +12,22 @@ import importlib
 import sys
 from typing import Sequence
 
+from chronolog.cli.errors import UsageError
+
 # Modules that add sub-commands (each defines register(subparsers)).
 COMMAND_MODULES: tuple[str, ...] = (
-    "chronolog.domain.preview_cli",
-    "chronolog.projections.audit_cli",
-    "chronolog.projections.replay_cli",
-    "chronolog.projections.cli",
-    "chronolog.projections.api_cli",
-    "chronolog.processors.cli",
-    "chronolog.dev",
-    "chronolog.workers.cli",
-    "chronolog.effect_adapters.cli",
-    "chronolog.ops_cli",
-    "chronolog.log.dlq_cli",
+    "chronolog.cli.preview",
+    "chronolog.cli.audit",
+    "chronolog.cli.replay",
+    "chronolog.cli.projector",
+    "chronolog.cli.api",
+    "chronolog.cli.processor",
+    "chronolog.cli.dev",
+    "chronolog.cli.worker",
+    "chronolog.cli.effects",
+    "chronolog.cli.schedules",
+    "chronolog.cli.dlq",
 )
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

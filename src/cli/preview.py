@@ -54,8 +54,8 @@ def _count(text: str) -> int:
 
 
 def _usage_error(message: str) -> Exception:
-    """A chronolog.cli.UsageError (imported late: cli imports this module)."""
-    from chronolog.cli import UsageError
+    """A chronolog.cli.errors.UsageError (imported late: cli imports this module)."""
+    from chronolog.cli.errors import UsageError
 
     return UsageError(message)
 

@@ -24,7 +24,7 @@ tenants file, else ``default``), ``--tenants FILE`` (env ``CHRONOLOG_TENANTS``; 
 the tenant must exist in it and its job types are checked locally, as the API does) and
 ``--json`` (machine output: the HTTP API's camelCase bodies; see below).
 
-Writes go to the log through ``chronolog.commands.client.Client`` and wait, bounded
+Writes go to the log through ``chronolog.client.Client`` and wait, bounded
 (``--timeout``, default 15 s), for the processor's reply. Reads come from the PostgreSQL
 read model through the API's ``ReadModel`` queries (and its response models, so ``--json``
 prints exactly what the API would): ``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the
@@ -74,8 +74,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Coroutine
 
-from chronolog.processors.cli import add_log_flags
-from chronolog.projections.cli import add_database_flag
+from chronolog.cli.flags import add_database_flag, add_log_flags
 from chronolog.settings import ConfigError, LogConfig, data_dir, open_log, parse_log_url
 
 __all__ = ["register", "build_definition"]
@@ -90,7 +89,7 @@ _TRIGGER_KEYS = ("cron", "every", "at", "delay", "anchor")
 
 
 def _usage(message: str) -> Exception:
-    from chronolog.cli import UsageError
+    from chronolog.cli.errors import UsageError
 
     return UsageError(message)
 
@@ -447,7 +446,7 @@ def _spec_of(body: dict[str, Any]) -> Any:
     """The API's own validation of a definition body (``_to_spec``), as a usage error."""
     from pydantic import ValidationError
 
-    from chronolog.projections import api
+    from chronolog.api import app as api
 
     try:
         defn = api.ScheduleDefinition.model_validate(body)
@@ -479,7 +478,7 @@ def _check_job(ctx: Ctx, spec: Any) -> None:
 @asynccontextmanager
 async def _client(ctx: Ctx) -> AsyncIterator[Any]:
     """A started ``Client`` on the configured log (closed on exit)."""
-    from chronolog.commands.client import Client
+    from chronolog.client import Client
     from chronolog.log.port import LogError
 
     if ctx.log_cfg.kind == "sqlite" and not Path(ctx.log_cfg.target).exists():
@@ -522,7 +521,7 @@ def _user() -> str:
 
 async def _send(ctx: Ctx, schedule_id: str, payload: Any) -> dict[str, Any]:
     """Send one command; the ok body, or ``Failure`` (refused / timed out / no log)."""
-    from chronolog.commands.client import CommandError, ReplyTimeout
+    from chronolog.client import CommandError, ReplyTimeout
     from chronolog.log.port import LogError
 
     async with _client(ctx) as client:
@@ -537,12 +536,12 @@ async def _send(ctx: Ctx, schedule_id: str, payload: Any) -> dict[str, Any]:
                           f"before retrying") from None
         except LogError as exc:
             raise Failure("unavailable", _log_problem(ctx, exc)) from None
-    from chronolog.commands.client import raise_for
+    from chronolog.client import raise_for
 
     try:
         return raise_for(reply)
     except CommandError as exc:
-        from chronolog.projections.api import _camel_path
+        from chronolog.api.app import _camel_path
 
         body = dict(exc.body)
         fld = body.pop("field", None)
@@ -567,7 +566,7 @@ async def _database(args: Any) -> AsyncIterator[str]:
         raise _usage(f"invalid database-url: none given and no embedded PostgreSQL in "
                      f"{ddir}/pg or {ddir}/postgres (pass --database-url or set "
                      f"CHRONOLOG_DATABASE_URL)")
-    from chronolog.projections.embedded import EmbeddedPostgres, EmbeddedPostgresError
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 
     pg = EmbeddedPostgres(cluster)
     try:
@@ -595,7 +594,7 @@ async def _job_warnings(ctx: Ctx, spec: Any) -> list[str]:
 
     url = ctx.args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     if not url:
-        from chronolog.projections.embedded import EmbeddedPostgres
+        from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 
         ddir = data_dir(ctx.args.data_dir)
         for cluster in (ddir / "pg", ddir / "postgres"):
@@ -650,7 +649,7 @@ def _cli_read_model(pool: Any, topic: str) -> Any:
 
     Built on first use so that ``chronolog --help`` does not import FastAPI."""
     if not _READ_MODEL_CLASS:
-        from chronolog.projections.api import ReadModel
+        from chronolog.api.app import ReadModel
 
         class CliReadModel(ReadModel):  # type: ignore[misc, valid-type]
             async def schedules_list(self, tenant: str, state: str | None,
@@ -879,7 +878,7 @@ def _run_command(ctx: Ctx) -> Handler:
 
 def _show(ctx: Ctx) -> Handler:
     async def work(ctx: Ctx) -> int:
-        from chronolog.projections import api
+        from chronolog.api import app as api
 
         sid = ctx.args.schedule_id
         async with _read_model(ctx) as rm:
@@ -945,7 +944,7 @@ def _list(ctx: Ctx) -> Handler:
         raise _usage(f"invalid limit '{ctx.args.limit}': must be 1..10000")
 
     async def work(ctx: Ctx) -> int:
-        from chronolog.projections import api
+        from chronolog.api import app as api
 
         async with _read_model(ctx) as rm:
             offsets, wm_time = await rm.offsets()
@@ -977,7 +976,7 @@ def _list(ctx: Ctx) -> Handler:
 
 
 def _runs(ctx: Ctx) -> Handler:
-    from chronolog.projections import api
+    from chronolog.api import app as api
 
     args = ctx.args
     if not 1 <= args.limit <= api.MAX_PAGE:
@@ -1054,7 +1053,7 @@ def _runs(ctx: Ctx) -> Handler:
 
 async def run_document(rm: Any, tenant: str, run_id: str) -> dict[str, Any] | None:
     """``GET /v1/runs/{id}``'s body from the read model (None: no such run)."""
-    from chronolog.projections import api
+    from chronolog.api import app as api
 
     r = await rm.run(tenant, run_id)
     if r is None:
@@ -1153,7 +1152,7 @@ def _run(ctx: Ctx) -> Handler:
 
 
 def _workers(ctx: Ctx) -> Handler:
-    from chronolog.projections import api
+    from chronolog.api import app as api
 
     args = ctx.args
     if not 1 <= args.limit <= api.MAX_PAGE:

@@ -1,0 +1,1 @@
+"""The HTTP API: the app factory, its input limits and the server."""

@@ -1,0 +1,107 @@
+"""``chronolog dev``: a whole node on one machine (see ``chronolog.devnode.node``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from chronolog.cli.errors import UsageError
+from chronolog.devnode.node import run_dev
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("dev", help="run a whole node on the embedded log and PostgreSQL")
+    p.add_argument("--data-dir", default=None, help="data directory (default ./.chronolog)")
+    p.add_argument("--port", type=int, default=8080, help="HTTP API port (default 8080)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP API address (default 127.0.0.1)")
+    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
+    p.add_argument("--quiet", action="store_true", help="no live view; logs only")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partition count (env CHRONOLOG_PARTITIONS, default 12)")
+    p.add_argument("--database-url", default=None,
+                   help="use this PostgreSQL instead of the embedded one")
+    p.add_argument("--no-demo", action="store_true", help="do not seed the demo schedules")
+    p.add_argument("--no-builtin", action="store_true",
+                   help="no built-in worker: only workers you attach (`chronolog worker "
+                        "--data-dir DIR --jobs ...`) serve runs")
+    p.set_defaults(func=_run)
+
+
+def _run(args: Any) -> int:
+    from chronolog.logging import configure_logging
+    from chronolog.settings import ConfigError, data_dir, max_body_bytes, partitions_from_env
+
+    try:
+        ddir = data_dir(args.data_dir)
+        partitions = args.partitions if args.partitions is not None else partitions_from_env()
+        if not 1 <= partitions <= 1024:
+            raise ConfigError(f"invalid --partitions '{partitions}': must be 1..1024")
+        if not 0 < args.port < 65536:
+            raise ConfigError(f"invalid --port '{args.port}': must be 1..65535")
+        tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
+        tenants = _tenants(tenants_path)
+        _check_destinations(tenants, partitions, args.database_url
+                            or os.environ.get("CHRONOLOG_DATABASE_URL"))
+        max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    ddir.mkdir(parents=True, exist_ok=True)
+    if args.quiet or not sys.stdout.isatty():
+        configure_logging()
+    else:  # the live view owns the terminal: logs go to a file
+        _log_to_file(ddir / "dev.log")
+    if not _port_free(args.host, args.port):
+        raise UsageError(f"invalid --port '{args.port}': {args.host}:{args.port} is in use")
+    try:
+        return asyncio.run(run_dev(ddir, args.host, args.port, tenants, partitions,
+                                   quiet=args.quiet or not sys.stdout.isatty(),
+                                   database_url=args.database_url or
+                                   os.environ.get("CHRONOLOG_DATABASE_URL"),
+                                   demo=not args.no_demo and not args.no_builtin,
+                                   tenants_path=tenants_path, builtin=not args.no_builtin))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_destinations(tenants: Any, partitions: int, database_url: str | None) -> None:
+    """``ConfigError`` for a destination this node must refuse (its database, its topics)."""
+    from chronolog.destinations import check_destinations
+    from chronolog.log.port import Topics
+
+    check_destinations(tenants, Topics(partitions=partitions), database_url)
+
+
+def _tenants(path: str | None) -> Any:
+    from chronolog.tenants import dev_tenants, load_tenants
+
+    return load_tenants(path) if path else dev_tenants()
+
+
+def _log_to_file(path: Path) -> None:
+    import logging
+
+    stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    structlog.configure(
+        processors=[structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=stream)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,83 @@
+"""Flags shared by the sub-commands: where the log is, where the database is, which partitions."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from chronolog.cli.errors import UsageError
+from chronolog.settings import ConfigError, data_dir, open_log, parse_log_url
+
+
+def add_log_flags(p: argparse.ArgumentParser) -> None:
+    """``--log URL``, ``--data-dir DIR``, ``--partitions N``, ``--topic-prefix P``."""
+    p.add_argument("--log", help="sqlite:///path or kafka://host:port (env CHRONOLOG_LOG)")
+    p.add_argument("--data-dir", help="data directory for the embedded log (default ./.chronolog)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partition count P (env CHRONOLOG_PARTITIONS, default 12)")
+    p.add_argument("--topic-prefix", default=None, help="topic prefix (default chronolog.)")
+
+
+def log_from_args(args: Any) -> Any:
+    try:
+        cfg = parse_log_url(args.log, args.data_dir, args.partitions, args.topic_prefix)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return open_log(cfg)
+
+
+def add_database_flag(p: argparse.ArgumentParser) -> None:
+    """``--database-url DSN``."""
+    p.add_argument("--database-url", default=None, metavar="DSN",
+                   help="PostgreSQL DSN (env CHRONOLOG_DATABASE_URL; default: an embedded "
+                        "PostgreSQL in DATA_DIR/postgres)")
+
+
+def _usage(message: str) -> Exception:
+    from chronolog.cli.errors import UsageError
+
+    return UsageError(message)
+
+
+@asynccontextmanager
+async def database(args: Any) -> AsyncIterator[str]:
+    """The DSN the arguments name; an embedded server is started (and stopped) if needed."""
+    url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
+    if url:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
+        yield url
+        return
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(Path(data_dir(getattr(args, "data_dir", None))) / "postgres")
+    was_running = await asyncio.to_thread(pg.is_running)
+    dsn = await asyncio.to_thread(pg.start)
+    try:
+        yield dsn
+    finally:
+        if not was_running:
+            await asyncio.to_thread(pg.stop)
+
+
+def parse_partitions(text: str | None) -> list[int] | None:
+    """``0-5`` / ``0,2,4`` / ``0-2,7`` -> partition numbers (None: all)."""
+    if text is None:
+        return None
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if hi else int(lo)
+            if first < 0 or last < first:
+                raise ValueError
+            out.update(range(first, last + 1))
+    except ValueError:
+        raise _usage(f"invalid only-partitions '{text}': expected e.g. 0-5 or 0,2,4") from None
+    return sorted(out)
+
+

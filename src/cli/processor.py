@@ -1,0 +1,34 @@
+"""``chronolog processor``: run a partition-owning processor until SIGTERM/SIGINT.
+
+On SIGTERM the processor finishes its open transaction and leaves the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any
+
+from chronolog.cli.flags import add_log_flags, log_from_args
+from chronolog.processors.service import run_processor
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("processor", help="run a partition-owning processor")
+    add_log_flags(p)
+    p.add_argument("--member-id", default=None, help="group member id (default host-pid)")
+    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
+    p.add_argument("--batch", type=int, default=500, help="max commands per transaction")
+    p.set_defaults(func=_run)
+
+
+def _run(args: Any) -> int:
+    from chronolog.logging import configure_logging
+
+    configure_logging()
+    log_ = log_from_args(args)
+    member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
+    return asyncio.run(run_processor(log_, member, args.batch, args.tenants))
+
+
