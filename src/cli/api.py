@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn

@@ -15,15 +15,17 @@ are applied at start. ``--metrics-port`` serves the projector's own Prometheus m
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
-from chronolog.cli.flags import _usage, add_database_flag, add_log_flags, log_from_args, parse_partitions
-from chronolog.settings import data_dir
+from chronolog.cli.flags import (
+    _usage,
+    add_database_flag,
+    add_log_flags,
+    database,
+    log_from_args,
+    parse_partitions,
+)
 
 __all__ = ["register", "run_projector"]
 

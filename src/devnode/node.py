@@ -14,12 +14,10 @@ schedule's misfire policy to the downtime.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
