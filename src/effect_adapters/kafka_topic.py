@@ -45,11 +45,7 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
 from chronolog.log.partitioner import partition_for
-from chronolog.log.port import EventLog, LogError, OutRecord
-
-
-def _is_kafka(log_: EventLog) -> bool:
-    return type(log_).__name__ == "KafkaEventLog"
+from chronolog.log.port import EventLog, KafkaCluster, LogError, OutRecord
 
 
 class KafkaEffectAdapter:
@@ -67,7 +63,7 @@ class KafkaEffectAdapter:
     @property
     def contract(self) -> Contract:
         # the SQLite path is at-least-once (see the module docstring)
-        return "transactional" if _is_kafka(self.log) else "idempotent"
+        return "transactional" if isinstance(self.log, KafkaCluster) else "idempotent"
 
     @property
     def transactional_id(self) -> str:
@@ -101,8 +97,8 @@ class KafkaEffectAdapter:
         rec = self._record(intent, payload, topic)
         if intent.config.get("bootstrap"):
             return await self._other_cluster(str(intent.config["bootstrap"]), rec)
-        if _is_kafka(self.log):
-            return await self._transactional(intent, rec, ctx)
+        if isinstance(self.log, KafkaCluster):
+            return await self._transactional(intent, rec, ctx, self.log.bootstrap_servers)
         return await self._append(rec)
 
     # ------------------------------------------------------------------ sqlite
@@ -110,10 +106,7 @@ class KafkaEffectAdapter:
     async def _append(self, rec: OutRecord) -> Outcome:
         sw = Stopwatch()
         try:
-            await self.log.partitions_for(rec.topic)
-        except LogError:
-            await _create_sqlite_topic(self.log, rec.topic)
-        try:
+            await self.log.ensure_topic(rec.topic)
             pos = (await self.log.append([rec]))[0]
         except LogError as exc:
             return Outcome.retry_later(error=str(exc), elapsed_ms=sw.ms())
@@ -152,12 +145,12 @@ class KafkaEffectAdapter:
 
     # ------------------------------------------------------------------ kafka
 
-    async def _start_producer(self) -> Any:
+    async def _start_producer(self, bootstrap_servers: str) -> Any:
         if self._producer is None:
             from aiokafka import AIOKafkaProducer
 
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.log.bootstrap_servers,  # type: ignore[attr-defined]
+                bootstrap_servers=bootstrap_servers,
                 client_id=f"chronolog-{self.transactional_id}",
                 transactional_id=self.transactional_id, enable_idempotence=True, acks="all",
                 linger_ms=0, request_timeout_ms=30000,
@@ -172,14 +165,15 @@ class KafkaEffectAdapter:
         return self._producer
 
     async def _transactional(
-        self, intent: m.EffectIntended, rec: OutRecord, ctx: EffectContext | None
+        self, intent: m.EffectIntended, rec: OutRecord, ctx: EffectContext | None,
+        bootstrap_servers: str,
     ) -> Outcome:
         from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
         sw = Stopwatch()
         async with self._lock:
             try:
-                producer = await self._start_producer()
+                producer = await self._start_producer(bootstrap_servers)
                 n = await self.log.partitions_for(rec.topic)
                 await asyncio.wait_for(producer.begin_transaction(), 30)
                 meta = await asyncio.wait_for(producer.send_and_wait(
@@ -236,10 +230,3 @@ class KafkaEffectAdapter:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(producer.stop(), 15)
 
-
-async def _create_sqlite_topic(log_: Any, topic: str) -> None:
-    """Create ``topic`` on the embedded log with the log's partition count."""
-    from chronolog.log.sqlite import _ensure_topics  # the embedded log has no public API for it
-
-    found = await log_._w.run(_ensure_topics, [(topic, log_.topics.partitions)])
-    log_._partitions.update(found)

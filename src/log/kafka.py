@@ -390,7 +390,6 @@ class KafkaEventLog:
     # ------------------------------------------------------------------ topics
 
     async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
-        _, admin = self._require()
         t = self.topics
         wanted: dict[str, tuple[int, dict[str, str]]] = {
             t.commands: (t.partitions, {}),
@@ -402,6 +401,19 @@ class KafkaEventLog:
         }
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})
+        await self._create_topics(wanted)
+
+    async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
+        n = self._partition_counts.get(topic)
+        if n is None:
+            await self._create_topics({topic: (partitions or self.topics.partitions, {})})
+            n = self._partition_counts[topic]
+        return n
+
+    async def _create_topics(self, wanted: dict[str, tuple[int, dict[str, str]]]) -> None:
+        """Create the topics ``wanted`` (name -> partitions, configs) that do not exist yet and
+        wait until every one of them can be written; learn their partition counts."""
+        _, admin = self._require()
         new = [
             NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=cfg)
             for name, (n, cfg) in wanted.items()

@@ -180,6 +180,19 @@ class MultiCommit(Protocol):
     ) -> list[list[Position] | BaseException]: ...
 
 
+@runtime_checkable
+class KafkaCluster(Protocol):
+    """Optional capability of an ``EventLog``: the log is a Kafka cluster other clients join.
+
+    Not part of ``EventLog`` (the embedded log has no broker). A caller checks
+    ``isinstance(log, KafkaCluster)``: the Kafka effect adapter then publishes through its own
+    transactional producer on ``bootstrap_servers`` (the result, the outcome command and the
+    runner's group offset in one Kafka transaction); on any other log it appends.
+    """
+
+    bootstrap_servers: str
+
+
 # Called with the partitions newly assigned / revoked for a GroupConsumer.
 RebalanceCallback = Callable[[set[tuple[str, int]]], Awaitable[None]]
 
@@ -229,10 +242,21 @@ class EventLog(Protocol):
         """Create every topic idempotently: commands/events with ``topics.partitions``."""
         ...
 
-    async def partitions_for(self, topic: str) -> int: ...
+    async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
+        """Create one topic idempotently (``partitions``: default ``topics.partitions``).
+
+        Returns the topic's partition count: an existing topic keeps its own count, whatever
+        ``partitions`` says. For a topic outside chronolog's own set (an effect's result topic
+        on the embedded log)."""
+        ...
+
+    async def partitions_for(self, topic: str) -> int:
+        """The partition count of an existing topic; ``LogError`` for an unknown one."""
+        ...
 
     async def append(self, records: Sequence[OutRecord]) -> list[Position]:
-        """Non-transactional, durable append (clients emitting commands)."""
+        """Non-transactional, durable append to existing topics (any topic of the log, e.g.
+        clients emitting commands). Atomic on the embedded log, per record on Kafka."""
         ...
 
     async def read(

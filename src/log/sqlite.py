@@ -1095,6 +1095,16 @@ class SqliteEventLog:
                 )
         self._partitions.update(found)
 
+    async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
+        await self._ready()
+        n = self._partitions.get(topic)
+        if n is None:
+            wanted = [(topic, partitions or self.topics.partitions)]
+            found = await self._w.run(_ensure_topics, wanted)
+            self._partitions.update(found)
+            n = found[topic]
+        return n
+
     async def partitions_for(self, topic: str) -> int:
         await self._ready()
         n = self._partitions.get(topic)

@@ -18,6 +18,8 @@ from chronolog.log.port import (
     EventLog,
     Fenced,
     GroupConsumer,
+    KafkaCluster,
+    LogError,
     OutRecord,
     PartitionOwner,
     Position,
@@ -474,3 +476,50 @@ async def test_partitions_for(event_log: EventLog) -> None:
     t = event_log.topics
     for topic in (t.commands, t.events, t.replies, t.dlq, t.effects, t.ready("default")):
         assert await event_log.partitions_for(topic) == PARTITIONS, topic
+
+
+async def test_partitions_for_an_unknown_topic_raises_log_error(event_log: EventLog) -> None:
+    with pytest.raises(LogError):
+        await event_log.partitions_for(f"{event_log.topics.prefix}nowhere")
+
+
+async def test_ensure_topic_creates_one_topic_with_the_given_partition_count(
+    event_log: EventLog,
+) -> None:
+    topic = f"{event_log.topics.prefix}results.three"
+    assert await event_log.ensure_topic(topic, 3) == 3
+    assert await event_log.partitions_for(topic) == 3
+    key = b"effect-1"
+    [pos] = await event_log.append([OutRecord(topic, key, b"result")])
+    assert (pos.topic, pos.partition) == (topic, partition_for(key, 3))
+    [rec] = await event_log.read(topic, pos.partition, 0)
+    assert (rec.key, rec.value, rec.offset) == (key, b"result", pos.offset)
+
+
+async def test_ensure_topic_defaults_to_the_shared_partition_count(event_log: EventLog) -> None:
+    topic = f"{event_log.topics.prefix}results.default"
+    assert await event_log.ensure_topic(topic) == PARTITIONS
+    assert await event_log.partitions_for(topic) == PARTITIONS
+
+
+async def test_ensure_topic_is_idempotent_and_keeps_an_existing_topics_count(
+    event_log: EventLog, open_log: OpenLog
+) -> None:
+    topic = f"{event_log.topics.prefix}results.kept"
+    assert await event_log.ensure_topic(topic, 2) == 2
+    await event_log.append([OutRecord(topic, None, b"keep", partition=1)])
+    assert await event_log.ensure_topic(topic, 2) == 2
+    assert await event_log.ensure_topic(topic, 7) == 2
+    assert await event_log.ensure_topic(event_log.topics.commands) == PARTITIONS
+    # another process sees the topic and its count, and creating it again keeps its records
+    other = await open_log()
+    assert await other.ensure_topic(topic, 5) == 2
+    assert await other.partitions_for(topic) == 2
+    assert [r.value for r in await read_all(other, topic, 1)] == [b"keep"]
+
+
+async def test_only_a_broker_backed_log_is_a_kafka_cluster(
+    event_log: EventLog, backend: str
+) -> None:
+    # the capability the Kafka effect adapter's transactional path checks for
+    assert isinstance(event_log, KafkaCluster) == (backend == "kafka")
