@@ -6,7 +6,8 @@ larger than 8 KiB are staged in a ``ResultStore`` (``FilesystemResultStore``).
 """
 
 from chronolog.workers.results import FilesystemResultStore, ResultStore
-from chronolog.workers.runtime import Ambiguous, Cancelled, JobContext, Permanent, Worker
+from chronolog.workers.job import Ambiguous, Cancelled, JobContext, Permanent
+from chronolog.workers.runtime import Worker
 
 __all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "ResultStore",
            "FilesystemResultStore"]

@@ -10,31 +10,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from chronolog.workers.runtime import JobContext, Worker
+from chronolog.workers.job import Ambiguous, JobContext, JobRegistry, Permanent
 
 BUILTIN_JOB_TYPES = ("noop", "echo", "sleep", "fail")
 
 
-async def noop(ctx: "JobContext") -> None:
+async def noop(ctx: JobContext) -> None:
     return None
 
 
-async def echo(ctx: "JobContext") -> dict[str, Any]:
+async def echo(ctx: JobContext) -> dict[str, Any]:
     return ctx.params
 
 
-async def sleep(ctx: "JobContext") -> dict[str, Any]:
+async def sleep(ctx: JobContext) -> dict[str, Any]:
     seconds = float(ctx.params.get("seconds", 1.0))
     await ctx.sleep(seconds)
     return {"slept": seconds}
 
 
-async def fail(ctx: "JobContext") -> dict[str, Any]:
-    from chronolog.workers.runtime import Ambiguous, Permanent
-
+async def fail(ctx: JobContext) -> dict[str, Any]:
     times = int(ctx.params.get("times", 1))
     kind = str(ctx.params.get("kind", "transient"))
     if ctx.attempt <= times:
@@ -49,6 +46,6 @@ async def fail(ctx: "JobContext") -> dict[str, Any]:
     return {"attempt": ctx.attempt}
 
 
-def register_builtin_jobs(worker: "Worker") -> None:
+def register_builtin_jobs(registry: JobRegistry) -> None:
     for name, fn in (("noop", noop), ("echo", echo), ("sleep", sleep), ("fail", fail)):
-        worker.register(name, fn)
+        registry.register(name, fn)

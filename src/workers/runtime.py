@@ -55,11 +55,10 @@ import os
 import random
 import signal
 import socket
-import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Sequence
 
@@ -67,13 +66,15 @@ import orjson
 import structlog
 
 from chronolog import lifecycle
-from chronolog.client import Client, ReplyTimeout
+from chronolog.client import Client
 from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
 from chronolog.wakeup import Wakeup
+from chronolog.workers.builtin import register_builtin_jobs
+from chronolog.workers.job import Ambiguous, Cancelled, Handler, JobContext, Permanent
 from chronolog.workers.results import INLINE_LIMIT, ResultStore, sha256_hex
 
 log = structlog.get_logger("chronolog.worker")
@@ -85,79 +86,10 @@ ACK_EVERY_S = 1.0  # read positions of ready.<class> are acknowledged at most th
 FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment is not re-run
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 
-Handler = Callable[["JobContext"], Any]
-
-
 def worker_group(prefix: str, job_types: Iterable[str]) -> str:
     """The consumer group of the workers with exactly these job types."""
     digest = hashlib.sha256("\n".join(sorted(job_types)).encode()).hexdigest()[:12]
     return f"{prefix}{WORKER_GROUP_SUFFIX}.{digest}"
-
-
-class Permanent(Exception):
-    """Raise from a handler: the error will not go away by retrying (no retry budget used)."""
-
-
-class Ambiguous(Exception):
-    """Raise from a handler: the outcome is unknown (e.g. an external call timed out after
-    it may have taken effect). The run goes to RECONCILING; it is never blindly retried."""
-
-
-class Cancelled(Exception):
-    """Raised by ``JobContext.check_cancelled()`` once the attempt has been cancelled."""
-
-
-@dataclass
-class JobContext:
-    """What a handler receives: the attempt's identity, its parameters and a cancel signal."""
-
-    run_id: str
-    attempt: int
-    fence: int
-    scheduled_at: datetime
-    params: dict[str, Any]
-    tenant: str
-    schedule_id: str
-    job_type: str
-    worker_id: str
-    lease_seconds: float
-    timeout: float | None
-    log: Any
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-    cancel_reason: str | None = None
-    _flag: threading.Event = field(default_factory=threading.Event, repr=False)
-    _waker: "asyncio.Future[None] | None" = field(default=None, repr=False)
-
-    def check_cancelled(self) -> None:
-        """Raise ``Cancelled`` if the attempt was cancelled (safe from a handler thread)."""
-        if self._flag.is_set():
-            raise Cancelled(self.cancel_reason or "cancelled")
-
-    @property
-    def is_cancelled(self) -> bool:
-        return self._flag.is_set()
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, waking early with ``Cancelled`` if the attempt is cancelled."""
-        try:
-            await asyncio.wait_for(self.cancelled.wait(), max(0.0, seconds))
-        except asyncio.TimeoutError:
-            return
-        self.check_cancelled()
-
-    def sleep_sync(self, seconds: float) -> None:
-        """``sleep`` for synchronous handlers (running in a thread)."""
-        if self._flag.wait(max(0.0, seconds)):
-            self.check_cancelled()
-
-    def _cancel(self, reason: str) -> None:
-        if self._flag.is_set():
-            return
-        self.cancel_reason = reason
-        self._flag.set()
-        self.cancelled.set()
-        if self._waker is not None and not self._waker.done():
-            self._waker.set_result(None)
 
 
 @dataclass
@@ -308,8 +240,6 @@ class Worker:
 
     def builtin_jobs(self) -> None:
         """Register ``noop``, ``echo``, ``sleep`` and ``fail`` (demos and tests)."""
-        from chronolog.workers.builtin import register_builtin_jobs
-
         register_builtin_jobs(self)
 
     @property
@@ -333,7 +263,7 @@ class Worker:
             self._forced = True
             for att in list(self._attempts.values()):
                 att.drained = True
-                att.ctx._cancel("worker shutting down")
+                att.ctx.cancel("worker shutting down")
         self._stopping.set()
 
     async def wait_started(self, timeout: float = 60.0) -> None:
@@ -397,7 +327,7 @@ class Worker:
             if pending:
                 for att in list(self._attempts.values()):
                     att.drained = True
-                    att.ctx._cancel("worker shutting down")
+                    att.ctx.cancel("worker shutting down")
                 _, pending = await asyncio.wait(pending, timeout=self.cancel_grace)
                 for t in pending:
                     t.cancel()
@@ -646,13 +576,16 @@ class Worker:
         else:
             cv = contextvars.copy_context()
             fut = loop.run_in_executor(self._executor, functools.partial(cv.run, job.fn, ctx))
-        waker = ctx._waker = loop.create_future()
-        done, _ = await asyncio.wait({fut, waker}, timeout=ctx.timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        waker = asyncio.ensure_future(ctx.cancelled.wait())
+        try:
+            done, _ = await asyncio.wait({fut, waker}, timeout=ctx.timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waker.cancel()
         if fut not in done:
             if waker not in done:  # the per-job timeout
                 att.timed_out = True
-                ctx._cancel(f"timeout after {ctx.timeout}s")
+                ctx.cancel(f"timeout after {ctx.timeout}s")
                 ctx.log.warning("handler_timeout", timeout=ctx.timeout)
                 self._report_failure(att, "transient", f"timeout after {ctx.timeout}s")
             await self._settle(fut, job)
@@ -847,12 +780,12 @@ class Worker:
             elif reply.status in ("stale_fence", "not_found"):
                 att.lost = True
                 ctx.log.warning("lease_lost", status=reply.status, reason=reply.reason)
-                ctx._cancel(f"lease lost: {reply.reason}")
+                ctx.cancel(f"lease lost: {reply.reason}")
             elif reply.status == "ok" and reply.body.get("cancel_requested"):
                 if not att.cancel_requested:
                     att.cancel_requested = True
                     ctx.log.info("cancel_requested")
-                    ctx._cancel("cancellation requested")
+                    ctx.cancel("cancellation requested")
 
 
 def _lease_passed(value: Any) -> bool:
@@ -891,5 +824,6 @@ async def run_until_signalled(worker: Worker) -> int:
         hard_s=worker.drain_timeout + lifecycle.HARD_STOP_S)
 
 
+# JobContext and the failures are defined in chronolog.workers.job, re-exported here
 __all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "WorkerStats",
            "run_until_signalled"]
