@@ -60,6 +60,7 @@ import structlog
 from chronolog.log.reading import read_partition
 from chronolog.client import Client, ReplyTimeout
 from chronolog import destinations as dst
+from chronolog.backoff import Backoff
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import EffectAdapter, EffectContext, Outcome
@@ -492,7 +493,7 @@ class EffectRunner:
             update={"config": dst.adapter_config(dest, intent.config)})
         give_up = dst.give_up_after(dest, intent.config)
         started = time.monotonic()
-        delay = self.config.retry_initial
+        waits = Backoff(first=self.config.retry_initial, cap=self.config.retry_max).delays()
         last: Outcome | None = None
         while True:
             blocked = lane.breaker.wait()
@@ -517,12 +518,12 @@ class EffectRunner:
                     reason=f"gave up after {waited:.0f}s of retry_later; the destination may "
                     "or may not have acted", last=outcome.evidence)
             self.stats.retries += 1
+            delay = next(waits)
             pause = outcome.retry_after if outcome.retry_after is not None else delay
             pause = min(pause, max(0.0, give_up - waited))
             log.info("effect_retry_later", effect_id=intent.effect_id, wait_s=pause,
                      destination=intent.destination, breaker=lane.breaker.state)
             await self._pause(pause)
-            delay = min(self.config.retry_max, delay * 2)
 
     async def _attempt(
         self, adapter: EffectAdapter | None, intent: m.EffectIntended, ctx: EffectContext

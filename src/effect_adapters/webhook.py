@@ -54,6 +54,7 @@ from typing import Any
 
 import httpx
 
+from chronolog.backoff import Backoff
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch, seconds
 from chronolog.effect_adapters.netguard import BlockedAddress, guarded_client
@@ -136,8 +137,8 @@ class WebhookEffectAdapter:
         retention = seconds(cfg.get("retention"), DEFAULT_RETENTION)
         idempotent = bool(cfg.get("idempotent", True))
         max_attempts = max(1, int(cfg.get("max_attempts", 4)))
-        delay = seconds(cfg.get("backoff"), 0.5)
-        max_delay = seconds(cfg.get("max_backoff"), 10.0)
+        waits = Backoff(first=seconds(cfg.get("backoff"), 0.5),
+                        cap=seconds(cfg.get("max_backoff"), 10.0)).delays()
         status_url = cfg.get("status_url")
         body = {"effect_id": intent.effect_id, "run_id": intent.run_id,
                 "attempt": intent.attempt, "checksum": intent.checksum, "result": payload}
@@ -149,8 +150,7 @@ class WebhookEffectAdapter:
 
         for n in range(1, max_attempts + 1):
             if n > 1:
-                await asyncio.sleep(delay)
-                delay = min(max_delay, delay * 2)
+                await asyncio.sleep(next(waits))
             if idempotent:
                 if ctx is not None and ctx.age() + timeout >= retention:
                     return await self._past_retention(intent, cfg, base, tries, sw, retention)

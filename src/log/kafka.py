@@ -96,6 +96,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.commit import OffsetFetchRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from chronolog.backoff import Backoff, retry
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
     Fenced,
@@ -199,22 +200,35 @@ async def _bounded(aw: Any, seconds: float, what: str) -> Any:
         raise LogUnavailable(f"kafka: {what} did not finish within {seconds:.0f}s") from exc
 
 
+# Between repeats of a Kafka request that failed with a retriable error (coordinator loading,
+# leader moving, ...).
+_REQUEST_BACKOFF = Backoff(first=0.02, cap=0.5)
+# Between polls for a committed transaction to become visible to committed readers.
+_VISIBILITY_POLL = Backoff(first=0.002, cap=0.05)
+
+
+def _retriable(exc: Exception) -> bool:
+    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
+
+
 async def _retrying(call: Callable[[], Awaitable[Any]], seconds: float, what: str) -> Any:
-    """Run ``call()`` until it succeeds, retrying retriable Kafka errors (coordinator loading,
-    leader moving, ...) with a short backoff; bounded by ``seconds`` overall."""
+    """Run ``call()`` until it succeeds, retrying retriable Kafka errors with a short
+    backoff; bounded by ``seconds`` overall. A Kafka error that is not retried, or the bound
+    passing, becomes ``LogUnavailable``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    delay = 0.02
-    while True:
-        remaining = deadline - loop.time()
-        try:
-            return await _bounded(call(), max(remaining, 0.001), what)
-        except KafkaError as exc:
-            if not getattr(exc, "retriable", False) or loop.time() + delay >= deadline:
-                raise LogUnavailable(f"kafka: {what} failed: {exc!r}") from exc
-            log.debug("kafka: %s: retrying after %r", what, exc)
-        await asyncio.sleep(delay)  # backoff between retries of a failed request
-        delay = min(delay * 2, 0.5)
+
+    def retrying(exc: Exception, wait: float) -> None:
+        log.debug("kafka: %s: retrying after %r", what, exc)
+
+    try:
+        return await retry(
+            lambda: _bounded(call(), max(deadline - loop.time(), 0.001), what),
+            backoff=_REQUEST_BACKOFF, give_up_after=seconds, retry_on=_retriable,
+            on_retry=retrying,
+        )
+    except KafkaError as exc:
+        raise LogUnavailable(f"kafka: {what} failed: {exc!r}") from exc
 
 
 def _retrieve_exceptions(futures: Iterable[asyncio.Future[Any]]) -> None:
@@ -924,7 +938,7 @@ class KafkaPartitionOwner:
             tp = TopicPartition(pos.topic, pos.partition)
             want[tp] = max(want.get(tp, 0), pos.offset + 1)
         deadline = time.monotonic() + _VISIBILITY_TIMEOUT_S
-        delay = 0.002
+        waits = _VISIBILITY_POLL.delays()
         while want or offsets:
             if want:
                 lso = await self._log._end_offsets(want)
@@ -943,8 +957,7 @@ class KafkaPartitionOwner:
                     self.transactional_id, _VISIBILITY_TIMEOUT_S, list(want), list(offsets),
                 )
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            await asyncio.sleep(next(waits))
 
     async def close(self) -> None:
         async with self._lock:

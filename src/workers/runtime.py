@@ -52,7 +52,6 @@ import functools
 import hashlib
 import inspect
 import os
-import random
 import signal
 import socket
 import time
@@ -66,6 +65,7 @@ import orjson
 import structlog
 
 from chronolog import lifecycle
+from chronolog.backoff import Backoff
 from chronolog.client import Client
 from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
@@ -85,6 +85,8 @@ MAX_WINDOW = 1000  # runs one partition may assign to one worker at once
 ACK_EVERY_S = 1.0  # read positions of ready.<class> are acknowledged at most this often
 FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment is not re-run
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
+# before re-sending outcome commands whose append failed (by the batch's tries so far)
+SEND_BACKOFF = Backoff(first=0.2, cap=2.0, jitter=0.5)
 
 def worker_group(prefix: str, job_types: Iterable[str]) -> str:
     """The consumer group of the workers with exactly these job types."""
@@ -700,7 +702,7 @@ class Worker:
                 self._log.warning("send_failed", commands=len(batch), error=repr(exc),
                                   tries=batch[0].tries)
                 self._retry_or_give_up(batch)
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** batch[0].tries) * (0.5 + random.random()))
+                await asyncio.sleep(SEND_BACKOFF.delay(batch[0].tries))
                 continue
             self._unsettled.update(batch)
             self._spawn(self._settle_reports(batch, futs))
