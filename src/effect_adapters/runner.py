@@ -136,7 +136,7 @@ class _Job:
     rec: Record
     env: m.EventEnvelope
     intent: m.EffectIntended
-    fold: "_PartitionFold"
+    fold: "PartitionFold"
 
 
 class _Lane:
@@ -154,7 +154,7 @@ class _Stopping(Exception):
     """The runner is stopping in the middle of an intent: leave it unrecorded."""
 
 
-class _PartitionFold:
+class PartitionFold:
     """Which (effect_id, delivery attempt) pairs of one partition already have an outcome."""
 
     def __init__(self) -> None:
@@ -217,7 +217,7 @@ class EffectRunner:
         # without one no destination exists and every effect is refused
         self.tenants = tenants
         self.database_url = database_url
-        self._folds: dict[int, _PartitionFold] = {}
+        self._folds: dict[int, PartitionFold] = {}
         self._open: dict[int, dict[int, None]] = {}  # partition -> offsets of open intents
         self._read_to: dict[int, int] = {}  # partition -> the offset after the last read
         self._committed: dict[int, int] = {}
@@ -314,7 +314,7 @@ class EffectRunner:
             if topic != self.topics.events:
                 continue
             start = await self.log.committed(self.group, topic, p) or 0
-            fold = _PartitionFold()
+            fold = PartitionFold()
             offset = start
             async for recs in read_partition(self.log, topic, p, start):
                 for rec in recs:
@@ -452,10 +452,12 @@ class EffectRunner:
         if self._stopping.is_set():
             raise _Stopping()
 
-    def _outcome_envelope(
+    def outcome_envelope(
         self, env: m.EventEnvelope, intent: m.EffectIntended, status: str,
         evidence: dict[str, Any],
     ) -> m.CommandEnvelope:
+        """The RecordEffectOutcome command for ``intent`` (read in ``env``): its command ID
+        is the same for every send of this delivery attempt's outcome."""
         return self.client.envelope(
             env.tenant, env.schedule_id,
             m.RecordEffectOutcome(run_id=intent.run_id, effect_id=intent.effect_id,
@@ -469,7 +471,7 @@ class EffectRunner:
             tenant=env.tenant, schedule_id=env.schedule_id, intended_at=env.at,
             runner_id=self.member_id, group=self.group, events_topic=rec.topic, partition=p,
             offset=rec.offset,
-            outcome_envelope=lambda s, ev: self._outcome_envelope(env, intent, s, ev),
+            outcome_envelope=lambda s, ev: self.outcome_envelope(env, intent, s, ev),
             commit_to=lambda: self._reserve_commit(p, rec.offset))
         if dest is None:
             outcome = Outcome.failed(reason=refused, destination=intent.destination)
@@ -478,7 +480,7 @@ class EffectRunner:
         self.stats.performed += 1
         evidence = {**outcome.evidence, "runner": self.member_id,
                     "effect_attempt": intent.attempt}
-        await self._record(self._outcome_envelope(env, intent, outcome.status, evidence))
+        await self._record(self.outcome_envelope(env, intent, outcome.status, evidence))
         self.stats.outcomes[outcome.status] = self.stats.outcomes.get(outcome.status, 0) + 1
         log.info("effect_outcome", effect_id=intent.effect_id, run_id=intent.run_id,
                  kind=intent.kind, destination=intent.destination, outcome=outcome.status,

@@ -383,7 +383,7 @@ async def test_kafka_transaction_carries_the_outcome_so_a_crash_before_recording
             ctx = EffectContext(
                 tenant=TENANT, schedule_id=SCHEDULE, intended_at=env.at, runner_id="crashy",
                 group=crashed.group, events_topic=rec.topic, partition=p, offset=rec.offset,
-                outcome_envelope=lambda st, ev: crashed._outcome_envelope(env, env.payload, st, ev))
+                outcome_envelope=lambda st, ev: crashed.outcome_envelope(env, env.payload, st, ev))
             adapter = KafkaEffectAdapter(lg, "crashy")
             out = await adapter.perform(env.payload, env.payload.inline, ctx)
             await adapter.close()  # "crash": the outcome is never sent by this runner

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from chronolog.domain import messages as m
-from chronolog.effect_adapters.runner import _PartitionFold
+from chronolog.effect_adapters.runner import PartitionFold
 
 AT = datetime(2026, 10, 8, 12, tzinfo=timezone.utc)
 
@@ -22,7 +22,7 @@ def intent(attempt: int) -> m.EffectIntended:
 
 
 def test_an_intent_followed_by_its_outcome_is_done_and_a_reconciliation_retry_is_not() -> None:
-    f = _PartitionFold()
+    f = PartitionFold()
     f.apply(env(intent(1)))
     assert ("send-r1", 1) not in f.done
     f.apply(env(m.EffectUncertain(effect_id="send-r1", run_id="r1")))
@@ -35,6 +35,6 @@ def test_an_intent_followed_by_its_outcome_is_done_and_a_reconciliation_retry_is
 
 
 def test_an_outcome_without_its_intent_in_the_fold_is_ignored() -> None:
-    f = _PartitionFold()  # folded from a committed offset past the intent
+    f = PartitionFold()  # folded from a committed offset past the intent
     f.apply(env(m.EffectSucceeded(effect_id="send-r1", run_id="r1")))
     assert f.done == set()
