@@ -88,6 +88,7 @@ FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 # before re-sending outcome commands whose append failed (by the batch's tries so far)
 SEND_BACKOFF = Backoff(first=0.2, cap=2.0, jitter=0.5)
 
+
 def worker_group(prefix: str, job_types: Iterable[str]) -> str:
     """The consumer group of the workers with exactly these job types."""
     digest = hashlib.sha256("\n".join(sorted(job_types)).encode()).hexdigest()[:12]
