@@ -11,6 +11,8 @@ values on many keys, so a change of the hash that would move existing records fa
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from aiokafka.partitioner import murmur2 as _aiokafka_murmur2
 
 __all__ = ["murmur2", "partition_for"]
@@ -22,8 +24,12 @@ def murmur2(data: bytes) -> int:
     return value
 
 
+@lru_cache(maxsize=1 << 16)
 def partition_for(key: bytes, num_partitions: int) -> int:
-    """The partition Kafka's default partitioner picks for ``key`` among ``num_partitions``."""
+    """The partition Kafka's default partitioner picks for ``key`` among ``num_partitions``.
+
+    Cached: aiokafka's hash is pure Python and reads a byte at a time, and a schedule's key
+    is placed again for every command of its runs (create, claim, complete, ...)."""
     if num_partitions <= 0:
         raise ValueError(f"num_partitions must be positive, got {num_partitions}")
     return (_aiokafka_murmur2(key) & 0x7FFFFFFF) % num_partitions
