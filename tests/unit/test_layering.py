@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -185,23 +186,40 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__") and name not in _PUBLIC_UNDERSCORE
 
 
-def defined_names(source: str) -> set[str]:
-    """Every name a module defines: functions, classes, variables, attributes it assigns."""
+_Scan = tuple[frozenset[str], tuple[ast.stmt, ...], tuple[ast.Attribute, ...]]
+
+
+@cache
+def _scan(tree: ast.Module) -> _Scan:
+    """One walk over a module: the names it defines (functions, classes, variables, attributes
+    it assigns), its imports, and its uses of private attributes."""
     names = set()
-    for node in ast.walk(ast.parse(source)):
+    imports: list[ast.stmt] = []
+    attributes: list[ast.Attribute] = []
+    for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            names.add(node.attr)
-    return names
+        elif isinstance(node, ast.Attribute):
+            if isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif _is_private(node.attr):
+                attributes.append(node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(node)
+    return frozenset(names), tuple(imports), tuple(attributes)
 
 
-def private_uses(source: str, module: str, is_package: bool,
+def defined_names(tree: ast.Module) -> frozenset[str]:
+    """Every name a module defines: functions, classes, variables, attributes it assigns."""
+    return _scan(tree)[0]
+
+
+def private_uses(tree: ast.Module, module: str, is_package: bool,
                  defined_elsewhere: dict[str, str]) -> list[tuple[int, str, str]]:
     """``(line, private name, its package)`` for each private name of another chronolog
-    package that ``source`` (the module ``module``) uses:
+    package that ``tree`` (the module ``module``) uses:
 
     - ``from chronolog.x.y import _name``;
     - ``y._name`` where ``y`` is imported from another chronolog package;
@@ -210,10 +228,10 @@ def private_uses(source: str, module: str, is_package: bool,
       attribute of another package's object.
     """
     own = _module_package(module)
-    tree = ast.parse(source)
     imported: dict[str, str] = {}  # local name -> the chronolog module or object it names
     found: list[tuple[int, str, str]] = []
-    for node in ast.walk(tree):
+    _, imports, attributes = _scan(tree)
+    for node in imports:
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".")[: len(module.split(".")) - node.level + is_package]
@@ -232,9 +250,7 @@ def private_uses(source: str, module: str, is_package: bool,
             for alias in node.names:
                 if _module_package(alias.name) is not None and alias.asname:
                     imported[alias.asname] = alias.name
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
-            continue
+    for node in attributes:
         if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
             continue
         if isinstance(node.value, ast.Name) and node.value.id in imported:
@@ -246,9 +262,10 @@ def private_uses(source: str, module: str, is_package: bool,
     return found
 
 
-def _sources() -> Iterable[tuple[Path, str]]:
-    for path in sorted(SRC.rglob("*.py")):
-        yield path.relative_to(SRC), path.read_text()
+@cache
+def _trees() -> tuple[tuple[Path, ast.Module], ...]:
+    return tuple((path.relative_to(SRC), ast.parse(path.read_text()))
+                 for path in sorted(SRC.rglob("*.py")))
 
 
 def _module_name(rel: Path) -> str:
@@ -258,21 +275,21 @@ def _module_name(rel: Path) -> str:
     return ".".join(["chronolog", *parts])
 
 
-def _private_uses_in_src() -> set[tuple[str, str, int, str]]:
-    sources = list(_sources())
+@cache
+def _private_uses_in_src() -> frozenset[tuple[str, str, int, str]]:
     definers: dict[str, set[str]] = {}  # private name -> the packages that define it
-    for rel, text in sources:
-        for name in defined_names(text):
+    for rel, tree in _trees():
+        for name in defined_names(tree):
             if _is_private(name):
                 definers.setdefault(name, set()).add(_package(rel))
     uses = set()
-    for rel, text in sources:
+    for rel, tree in _trees():
         own = _package(rel)
         elsewhere = {name: sorted(pkgs)[0] for name, pkgs in definers.items() if own not in pkgs}
-        for line, name, package in private_uses(text, _module_name(rel), rel.stem == "__init__",
+        for line, name, package in private_uses(tree, _module_name(rel), rel.stem == "__init__",
                                                 elsewhere):
             uses.add((rel.as_posix(), name, line, package))
-    return uses
+    return frozenset(uses)
 
 
 def test_no_module_uses_another_packages_private_names() -> None:
@@ -297,4 +314,4 @@ def test_the_private_name_allow_list_has_no_stale_entry() -> None:
     ("from chronolog.log import port\nx = port.Topics._replace\n", []),  # public API
 ])
 def test_the_private_name_check_sees(code: str, expected: list[tuple[int, str, str]]) -> None:
-    assert private_uses(code, "chronolog.cli.example", False, {"_w": "log"}) == expected
+    assert private_uses(ast.parse(code), "chronolog.cli.example", False, {"_w": "log"}) == expected
