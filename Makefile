@@ -34,9 +34,13 @@ kafka-up: $(STAMP)
 kafka-down:
 	scripts/kafka.sh down
 
-## type-check the package (mypy-clean)
+## ruff (rules in pyproject.toml), mypy (strict on the pure core) and the import contracts
+## (`lint-imports`: the layering). mypy reads src/ as the package chronolog through a link.
 lint: $(STAMP)
-	$(BIN)/mypy src
+	$(BIN)/ruff check src tests bench
+	mkdir -p $(VENV)/mypy-path && ln -sfn ../../src $(VENV)/mypy-path/chronolog
+	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p chronolog
+	$(BIN)/lint-imports --no-logo
 
 bench: $(STAMP)
 	$(BIN)/python bench/decider.py

@@ -26,16 +26,16 @@ import json
 import sys
 from typing import Any
 
-from chronolog.domain.codec import DecodeError, decode_event
-from chronolog.log.port import EventLog
-from chronolog.projections.audit import AuditReport, Auditor
-from chronolog.projections.log_reader import (
+from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
     log_config,
     open_existing_log,
     read_partition,
 )
+from chronolog.domain.codec import DecodeError, decode_event
+from chronolog.log.port import EventLog
+from chronolog.projections.audit import Auditor, AuditReport
 
 
 def register(subparsers: Any) -> None:

@@ -40,17 +40,17 @@ from typing import Any
 
 import asyncpg
 
-from chronolog.domain import messages as m
-from chronolog.domain.codec import DecodeError, decode_event
-from chronolog.log.port import EventLog
-from chronolog.projections.log_reader import (
+from chronolog.cli.errors import UsageError
+from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
     log_config,
     open_existing_log,
     read_partition,
-    usage_error,
 )
+from chronolog.domain import messages as m
+from chronolog.domain.codec import DecodeError, decode_event
+from chronolog.log.port import EventLog
 from chronolog.projections.project import project_batch
 from chronolog.projections.store import TABLES, PostgresProjectionStore
 
@@ -202,24 +202,24 @@ def _parse_until(text: str) -> datetime:
     try:
         t = datetime.fromisoformat(text)
     except ValueError:
-        raise usage_error(f"invalid until '{text}': expected an ISO-8601 time such as "
-                          "2026-03-02T09:00:00Z") from None
+        raise UsageError(f"invalid until '{text}': expected an ISO-8601 time such as "
+                         "2026-03-02T09:00:00Z") from None
     return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
 
 
 def _check(args: argparse.Namespace) -> tuple[str, datetime | None]:
     dsn = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     if not dsn:
-        raise usage_error("invalid database-url: required (--database-url or "
-                          "CHRONOLOG_DATABASE_URL)")
+        raise UsageError("invalid database-url: required (--database-url or "
+                         "CHRONOLOG_DATABASE_URL)")
     if not dsn.startswith(("postgresql://", "postgres://")):
-        raise usage_error(f"invalid database-url '{dsn}': expected postgresql://...")
+        raise UsageError(f"invalid database-url '{dsn}': expected postgresql://...")
     if args.schema is not None and not _SCHEMA.match(args.schema):
-        raise usage_error(f"invalid schema '{args.schema}': lower-case letters, digits and _")
+        raise UsageError(f"invalid schema '{args.schema}': lower-case letters, digits and _")
     if args.to_offset is not None and args.to_offset < 0:
-        raise usage_error(f"invalid to-offset '{args.to_offset}': must be >= 0")
+        raise UsageError(f"invalid to-offset '{args.to_offset}': must be >= 0")
     if args.batch < 1:
-        raise usage_error(f"invalid batch '{args.batch}': must be >= 1")
+        raise UsageError(f"invalid batch '{args.batch}': must be >= 1")
     return dsn, _parse_until(args.until) if args.until is not None else None
 
 
@@ -236,7 +236,7 @@ async def _run(args: argparse.Namespace) -> tuple[ReplayStats, dict[str, int]]:
         try:
             store = await connect_store(dsn, args.schema, args.projection)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise usage_error(f"cannot connect to database-url: {exc}") from None
+            raise UsageError(f"cannot connect to database-url: {exc}") from None
         try:
             await reset(store, args.schema)
             with _progress_bar(sum(stops.values())) as advance:

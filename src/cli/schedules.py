@@ -793,8 +793,10 @@ def _lifecycle(ctx: Ctx) -> Handler:
     from chronolog.domain import messages as m
 
     action = ctx.args.lifecycle
-    payload = {"pause": lambda: m.PauseSchedule(reason=ctx.args.reason),
-               "resume": m.ResumeSchedule, "delete": m.DeleteSchedule}[action]()
+    commands: dict[str, Callable[[], Any]] = {
+        "pause": lambda: m.PauseSchedule(reason=ctx.args.reason),
+        "resume": m.ResumeSchedule, "delete": m.DeleteSchedule}
+    payload = commands[action]()
 
     async def work(ctx: Ctx) -> int:
         out = await _send(ctx, ctx.args.schedule_id, payload)

@@ -33,15 +33,22 @@ MAX_INSTANTS_PER_DECISION = 1000  # a decision materializes or skips at most thi
 
 
 class MisfirePolicy(Protocol):
-    """What the planner reads of a schedule's policy (``commands.state.Policy``)."""
+    """What the planner reads of a schedule's policy (``commands.state.Policy``), read-only."""
 
-    misfire: str
-    grace: float
-    max_catchup: int
-    misfire_max_age: float
-    jitter: float
-    kind: str
-    overlap: str
+    @property
+    def misfire(self) -> str: ...
+    @property
+    def grace(self) -> float: ...
+    @property
+    def max_catchup(self) -> int: ...
+    @property
+    def misfire_max_age(self) -> float: ...
+    @property
+    def jitter(self) -> float: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def overlap(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

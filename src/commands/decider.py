@@ -25,7 +25,6 @@ from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan
 from chronolog.commands.state import (
     DEAD_KEPT,
     MANUAL_KEYS_KEPT,
-    RECENT_TERMINAL_KEPT,
     Policy,
     QuotaWait,
     Run,
@@ -34,10 +33,15 @@ from chronolog.commands.state import (
     policy_for,
 )
 from chronolog.domain import messages as m
-from chronolog.domain.ids import (QUOTA_ID, effect_id_for, manual_run_id, run_id_for,
-                                  saga_command_id)
+from chronolog.domain.ids import QUOTA_ID, effect_id_for, manual_run_id, run_id_for, saga_command_id
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, upcoming
+from chronolog.domain.recurrence import (
+    DelayTrigger,
+    RecurrenceError,
+    Trigger,
+    compile_trigger,
+    upcoming,
+)
 
 __all__ = [
     "Decision",
@@ -243,7 +247,7 @@ def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | 
 
 
 def _first_instant(
-    trigger: Any, pol: Policy, spec: m.ScheduleSpec, now: datetime, anchor: datetime
+    trigger: Trigger, pol: Policy, spec: m.ScheduleSpec, now: datetime, anchor: datetime
 ) -> datetime | None:
     """The first instant of a new schedule: the first at/after its start (or now).
 
@@ -252,6 +256,7 @@ def _first_instant(
     if pol.kind == "at":
         return spec.at
     if pol.kind == "delay":
+        assert isinstance(trigger, DelayTrigger)  # the policy's kind is its trigger's
         return trigger.first_instant(max(anchor, now))
     floor = spec.start if spec.start is not None and spec.start > now else now
     return trigger.next_after(floor - _US)
@@ -1185,7 +1190,8 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
     d = _Draft(state)
     d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                            worker_id=p.worker_id, error_class=p.error_class, message=p.message))
-    run = d.state.run(run.run_id)  # type: ignore[assignment]
+    run = d.state.run(run.run_id)
+    assert run is not None  # a failed attempt leaves its run in place
     if run.cancel_requested:
         d.emit(m.OccurrenceCancelled(run_id=run.run_id, reason="cancelled; attempt failed"))
     elif p.error_class == "transient":
@@ -1231,9 +1237,10 @@ def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome, now: datetim
                                         reason="effect outcome unknown and the destination "
                                         "offers no idempotency or status lookup",
                                         evidence=p.evidence))
-    live = d.state.run(run.run_id)  # type: ignore[assignment]
+    live = d.state.run(run.run_id)
+    assert live is not None and live.effects is not None  # an effect outcome keeps its run
     return Decision(events=d.events, body={"effect_id": p.effect_id,
-                                           "state": live.effects[p.effect_id][0]})  # type: ignore[index]
+                                           "state": live.effects[p.effect_id][0]})
 
 
 # =======================================================================================

@@ -166,9 +166,9 @@ class PartitionFold:
         if isinstance(p, m.EffectIntended):
             self.last_attempt[p.effect_id] = p.attempt
         elif env.type in OUTCOME_TYPES:
-            attempt = self.last_attempt.get(p.effect_id)  # type: ignore[union-attr]
+            attempt = self.last_attempt.get(p.effect_id)  # type: ignore[union-attr, arg-type]
             if attempt is not None:
-                self.done.add((p.effect_id, attempt))  # type: ignore[union-attr]
+                self.done.add((p.effect_id, attempt))  # type: ignore[union-attr, arg-type]
 
 
 def default_adapters(

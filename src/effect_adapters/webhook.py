@@ -146,7 +146,8 @@ class WebhookEffectAdapter:
         sw = Stopwatch()
         tries: list[dict[str, Any]] = []
         ambiguous = False
-        base = {"idempotency_key": intent.effect_id, "contract": self.contract_for(cfg)}
+        base: dict[str, Any] = {"idempotency_key": intent.effect_id,
+                                "contract": self.contract_for(cfg)}
 
         for n in range(1, max_attempts + 1):
             if n > 1:

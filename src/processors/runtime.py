@@ -1016,7 +1016,8 @@ class _Output:
 
 
 
-def _tick_envelope(st: ScheduleState, command_id: str, now: datetime) -> m.CommandEnvelope:
+def _tick_envelope(st: ScheduleState | QuotaState, command_id: str,
+                   now: datetime) -> m.CommandEnvelope:
     return m.CommandEnvelope.model_construct(
         command_id=command_id, type="Tick", tenant=st.tenant, principal="processor",
         schedule_id=st.schedule_id, issued_at=now, reply_to=None, payload=m.Tick(),

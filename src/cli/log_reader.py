@@ -11,12 +11,12 @@ to the end offset taken when it starts, oldest first, through the EventLog port.
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from chronolog.cli.errors import UsageError
 from chronolog.log.port import EventLog, LogError
-from chronolog.log.reading import READ_BATCH, read_partition
+from chronolog.log.reading import read_partition
 from chronolog.settings import ConfigError, LogConfig, open_log, parse_log_url
 
 __all__ = [
@@ -25,16 +25,7 @@ __all__ = [
     "log_config",
     "open_existing_log",
     "read_partition",
-    "usage_error",
 ]
-
-
-
-def usage_error(message: str) -> Exception:
-    """A chronolog.cli.errors.UsageError (imported late: cli imports the command modules)."""
-    from chronolog.cli.errors import UsageError
-
-    return UsageError(message)
 
 
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,23 +49,23 @@ def log_config(args: argparse.Namespace) -> LogConfig:
         url = f"sqlite://{Path(args.data_dir) / 'log.db'}"
     n: int | None = args.partitions
     if n is not None and not 1 <= n <= 1024:
-        raise usage_error(f"invalid partitions '{n}': must be 1..1024")
+        raise UsageError(f"invalid partitions '{n}': must be 1..1024")
     try:
         return parse_log_url(url, partitions=n)
     except ConfigError as exc:
-        raise usage_error(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 async def open_existing_log(cfg: LogConfig) -> EventLog:
     """Open and start the log, refusing to create a new SQLite file."""
     if cfg.kind == "sqlite" and not Path(cfg.target).is_file():
-        raise usage_error(f"invalid log '{cfg.target}': no such file")
+        raise UsageError(f"invalid log '{cfg.target}': no such file")
     log = open_log(cfg)
     try:
         await log.start()
     except (LogError, OSError) as exc:
         await _close_quietly(log)
-        raise usage_error(f"cannot open log {cfg.kind}:{cfg.target}: {exc}") from None
+        raise UsageError(f"cannot open log {cfg.kind}:{cfg.target}: {exc}") from None
     return log
 
 
@@ -84,8 +75,8 @@ async def event_partitions(log: EventLog) -> int:
     try:
         return await log.partitions_for(topic)
     except LogError as exc:
-        raise usage_error(f"no topic '{topic}' in the log ({exc}); wrong --log or "
-                          "CHRONOLOG_TOPIC_PREFIX?") from None
+        raise UsageError(f"no topic '{topic}' in the log ({exc}); wrong --log or "
+                         "CHRONOLOG_TOPIC_PREFIX?") from None
 
 
 async def _close_quietly(log: Any) -> None:
