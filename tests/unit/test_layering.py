@@ -42,9 +42,6 @@ ALLOWED_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset({
     ("cli/schedules.py", "_loc_field"),
     ("cli/schedules.py", "_to_spec"),
     # the Kafka-topic adapter reaches into the SQLite log for what the EventLog port lacks
-    ("effect_adapters/kafka_topic.py", "_ensure_topics"),
-    ("effect_adapters/kafka_topic.py", "_partitions"),
-    ("effect_adapters/kafka_topic.py", "_w"),
 })
 
 # underscore names that are public API of the standard library (namedtuple)
