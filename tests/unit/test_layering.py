@@ -41,7 +41,6 @@ ALLOWED_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset({
     ("cli/schedules.py", "_jsonable"),
     ("cli/schedules.py", "_loc_field"),
     ("cli/schedules.py", "_to_spec"),
-    # the Kafka-topic adapter reaches into the SQLite log for what the EventLog port lacks
 })
 
 # underscore names that are public API of the standard library (namedtuple)
