@@ -26,8 +26,8 @@ the tenant must exist in it and its job types are checked locally, as the API do
 
 Writes go to the log through ``chronolog.client.Client`` and wait, bounded
 (``--timeout``, default 15 s), for the processor's reply. Reads come from the PostgreSQL
-read model through the API's ``ReadModel`` queries (and its response models, so ``--json``
-prints exactly what the API would): ``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the
+read model through the queries and documents the API uses too
+(``chronolog.projections.read_model``, so ``--json`` prints exactly what the API would): ``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the
 embedded PostgreSQL of ``--data-dir`` (``DIR/pg`` as ``chronolog dev`` makes it, or
 ``DIR/postgres`` as ``chronolog projector`` makes it); a cluster that is not running is started
 for the command, with a note on stderr, and stopped again on exit.
@@ -74,8 +74,47 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Coroutine
 
+import asyncpg
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from chronolog.cli.errors import UsageError
 from chronolog.cli.flags import add_database_flag, add_log_flags
+from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
+from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronolog.domain import messages as m
+from chronolog.domain.durations import InvalidDuration, parse_duration
+from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
+from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, resolve_zone
+from chronolog.log.port import LogError
+from chronolog.logging import configure_logging
+from chronolog.projections.documents import (
+    InvalidDefinition,
+    ScheduleDefinition,
+    camel_path,
+    field_of,
+    jsonable,
+    to_spec,
+)
+from chronolog.projections.read_model import (
+    MAX_PAGE,
+    InvalidQuery,
+    ReadModel,
+    RunCursor,
+    decode_run_cursor,
+    decode_worker_cursor,
+    parse_run_states,
+    run_document,
+    runs_page,
+    schedule_document,
+    schedule_summary,
+    watermark,
+    workers_page,
+)
+from chronolog.projections.workers import ever_served
 from chronolog.settings import ConfigError, LogConfig, data_dir, open_log, parse_log_url
+from chronolog.tenants import load_tenants
 
 __all__ = ["register", "build_definition"]
 
@@ -89,8 +128,6 @@ _TRIGGER_KEYS = ("cron", "every", "at", "delay", "anchor")
 
 
 def _usage(message: str) -> Exception:
-    from chronolog.cli.errors import UsageError
-
     return UsageError(message)
 
 
@@ -264,8 +301,6 @@ def _command(prepare_and_run: Callable[[Ctx], Handler]) -> Callable[[Any], int]:
     """Wrap ``prepare_and_run`` (synchronous validation returning the async work)."""
 
     def run(args: Any) -> int:
-        from chronolog.logging import configure_logging
-
         configure_logging()
         if not os.environ.get("CHRONOLOG_LOG_LEVEL"):
             # a failure is reported as one line; aiokafka's own connection errors would
@@ -288,8 +323,6 @@ def _command(prepare_and_run: Callable[[Ctx], Handler]) -> Callable[[Any], int]:
 
 def _check_ids(args: Any) -> None:
     """A schedule or run ID argument matches the ID pattern (exactly as the API's routes)."""
-    from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
-
     for attr, name, pattern, longest in (("schedule_id", "scheduleId", SCHEDULE_ID_PATTERN, 200),
                                           ("run_id", "runId", RUN_ID_PATTERN, 64)):
         value = getattr(args, attr, None)
@@ -308,8 +341,6 @@ def _context(args: Any) -> Ctx:
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
     if not path:
         return Ctx(args, cfg, args.tenant or "default")
-    from chronolog.tenants import load_tenants
-
     try:
         tenants = load_tenants(path)
     except ConfigError as exc:
@@ -350,14 +381,6 @@ def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
 
     Raises ``UsageError`` with one line naming the field and value; the trigger is checked
     exactly as ``chronolog preview`` checks it (same messages)."""
-    from chronolog.domain.durations import InvalidDuration, parse_duration
-    from chronolog.domain.recurrence import (
-        RecurrenceError,
-        compile_trigger,
-        parse_instant,
-        resolve_zone,
-    )
-
     body: dict[str, Any] = {}
     if args.spec:
         try:
@@ -442,25 +465,20 @@ def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
     return body, _spec_of(body)
 
 
-def _spec_of(body: dict[str, Any]) -> Any:
-    """The API's own validation of a definition body (``_to_spec``), as a usage error."""
-    from pydantic import ValidationError
-
-    from chronolog.api import app as api
-
+def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
+    """The API's own validation of a definition body (``to_spec``), as a usage error."""
     try:
-        defn = api.ScheduleDefinition.model_validate(body)
-        return api._to_spec(defn)
+        return to_spec(ScheduleDefinition.model_validate(body))
     except ValidationError as exc:
         err = exc.errors()[0]
-        name = api._loc_field(tuple(err.get("loc", ()))) or "spec"
+        name = field_of(tuple(err.get("loc", ()))) or "spec"
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
         value = err.get("input")
         shown = "" if isinstance(value, (dict, list)) or value is None else f" '{value}'"
         raise _usage(f"invalid {name}{shown}: {msg}") from None
-    except api.ApiError as exc:
+    except InvalidDefinition as exc:
         if exc.message.startswith("invalid "):
             raise _usage(exc.message) from None
         raise _usage(f"invalid {exc.field or 'spec'}: {exc.message}") from None
@@ -478,9 +496,6 @@ def _check_job(ctx: Ctx, spec: Any) -> None:
 @asynccontextmanager
 async def _client(ctx: Ctx) -> AsyncIterator[Any]:
     """A started ``Client`` on the configured log (closed on exit)."""
-    from chronolog.client import Client
-    from chronolog.log.port import LogError
-
     if ctx.log_cfg.kind == "sqlite" and not Path(ctx.log_cfg.target).exists():
         raise _usage(f"invalid log 'sqlite://{ctx.log_cfg.target}': no such file (start "
                      f"`chronolog dev --data-dir DIR` or a processor first, or pass --log / "
@@ -521,9 +536,6 @@ def _user() -> str:
 
 async def _send(ctx: Ctx, schedule_id: str, payload: Any) -> dict[str, Any]:
     """Send one command; the ok body, or ``Failure`` (refused / timed out / no log)."""
-    from chronolog.client import CommandError, ReplyTimeout
-    from chronolog.log.port import LogError
-
     async with _client(ctx) as client:
         env = client.envelope(ctx.tenant, schedule_id, payload)
         try:
@@ -536,18 +548,14 @@ async def _send(ctx: Ctx, schedule_id: str, payload: Any) -> dict[str, Any]:
                           f"before retrying") from None
         except LogError as exc:
             raise Failure("unavailable", _log_problem(ctx, exc)) from None
-    from chronolog.client import raise_for
-
     try:
         return raise_for(reply)
     except CommandError as exc:
-        from chronolog.api.app import _camel_path
-
         body = dict(exc.body)
         fld = body.pop("field", None)
         extra = {k: body[k] for k in ("revision", "state") if body.get(k) is not None}
         raise Failure(exc.reply.status, exc.reason or exc.reply.status,
-                      _camel_path(fld) if isinstance(fld, str) else None, extra) from None
+                      camel_path(fld) if isinstance(fld, str) else None, extra) from None
 
 
 @asynccontextmanager
@@ -566,8 +574,6 @@ async def _database(args: Any) -> AsyncIterator[str]:
         raise _usage(f"invalid database-url: none given and no embedded PostgreSQL in "
                      f"{ddir}/pg or {ddir}/postgres (pass --database-url or set "
                      f"CHRONOLOG_DATABASE_URL)")
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
-
     pg = EmbeddedPostgres(cluster)
     try:
         if await asyncio.to_thread(pg.is_running):
@@ -588,14 +594,8 @@ async def _database(args: Any) -> AsyncIterator[str]:
 async def _job_warnings(ctx: Ctx, spec: Any) -> list[str]:
     """The API's warning when no worker of the schedule's class has ever served its job
     type; nothing when no read model is at hand without starting one."""
-    import asyncpg
-
-    from chronolog.projections.workers import ever_served
-
     url = ctx.args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     if not url:
-        from chronolog.devnode.embedded_postgres import EmbeddedPostgres
-
         ddir = data_dir(ctx.args.data_dir)
         for cluster in (ddir / "pg", ddir / "postgres"):
             pg = EmbeddedPostgres(cluster)
@@ -620,10 +620,8 @@ async def _job_warnings(ctx: Ctx, spec: Any) -> list[str]:
 
 
 @asynccontextmanager
-async def _read_model(ctx: Ctx) -> AsyncIterator[Any]:
-    """The API's ``ReadModel`` on the configured database (with ``schedules_list``)."""
-    import asyncpg
-
+async def _read_model(ctx: Ctx) -> AsyncIterator[ReadModel]:
+    """The read model on the configured database."""
     async with _database(ctx.args) as dsn:
         try:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, timeout=10)
@@ -631,7 +629,7 @@ async def _read_model(ctx: Ctx) -> AsyncIterator[Any]:
             raise _usage(f"invalid database-url: cannot connect ({exc})") from None
         assert pool is not None
         try:
-            yield _cli_read_model(pool, ctx.log_cfg.topics.events)
+            yield ReadModel(pool, ctx.log_cfg.topics.events)
         except asyncpg.UndefinedTableError:
             raise Failure("unavailable", "the database holds no chronolog read model (run "
                           "`chronolog projector` against it)") from None
@@ -639,32 +637,6 @@ async def _read_model(ctx: Ctx) -> AsyncIterator[Any]:
             raise Failure("unavailable", f"the database: {exc}") from None
         finally:
             await pool.close()
-
-
-_READ_MODEL_CLASS: list[type] = []
-
-
-def _cli_read_model(pool: Any, topic: str) -> Any:
-    """The API's ``ReadModel`` plus ``schedules_list`` (the API has no list of schedules).
-
-    Built on first use so that ``chronolog --help`` does not import FastAPI."""
-    if not _READ_MODEL_CLASS:
-        from chronolog.api.app import ReadModel
-
-        class CliReadModel(ReadModel):  # type: ignore[misc, valid-type]
-            async def schedules_list(self, tenant: str, state: str | None,
-                                     limit: int) -> list[Any]:
-                sql = "SELECT * FROM schedules WHERE tenant = $1"
-                params: list[Any] = [tenant]
-                if state:
-                    params.append(state)
-                    sql += " AND state = $2"
-                params.append(limit)
-                sql += f" ORDER BY schedule_id LIMIT ${len(params)}"
-                return list(await self.pool.fetch(sql, *params))
-
-        _READ_MODEL_CLASS.append(CliReadModel)
-    return _READ_MODEL_CLASS[0](pool, topic)
 
 
 async def _schedule_of_run(ctx: Ctx, run_id: str) -> str:
@@ -694,9 +666,7 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data))
 
 
-def _console() -> Any:
-    from rich.console import Console
-
+def _console() -> Console:
     # a pipe gets wide lines rather than rich's 80-column default
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
@@ -708,9 +678,7 @@ def _t(value: str | None) -> str:
     return value.split(".", 1)[0].removesuffix("Z") + "Z"
 
 
-def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Any:
-    from rich.table import Table
-
+def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
         table.add_column(c, overflow="fold")
@@ -719,9 +687,7 @@ def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Any:
     return table
 
 
-def _kv(pairs: list[tuple[str, Any]]) -> Any:
-    from rich.table import Table
-
+def _kv(pairs: list[tuple[str, Any]]) -> Table:
     table = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -730,19 +696,11 @@ def _kv(pairs: list[tuple[str, Any]]) -> Any:
     return table
 
 
-def _watermark(offsets: dict[int, int], t: datetime | None, partitions: int) -> dict[str, Any]:
-    parts = {str(p): offsets.get(p, 0) for p in range(partitions)}
-    parts.update({str(p): n for p, n in offsets.items() if p >= partitions})
-    return {"partitions": parts, "time": _iso(t)}
-
-
 # =======================================================================================
 # commands
 
 
 def _create(ctx: Ctx) -> Handler:
-    from chronolog.domain import messages as m
-
     body, spec = build_definition(ctx.args, ctx.args.schedule_id)
 
     async def work(ctx: Ctx) -> int:
@@ -768,8 +726,6 @@ def _create(ctx: Ctx) -> Handler:
 
 
 def _revise(ctx: Ctx) -> Handler:
-    from chronolog.domain import messages as m
-
     if ctx.args.if_match < 1:
         raise _usage(f"invalid If-Match '{ctx.args.if_match}': expected a revision >= 1")
     body, spec = build_definition(ctx.args, ctx.args.schedule_id)
@@ -790,8 +746,6 @@ def _revise(ctx: Ctx) -> Handler:
 
 
 def _lifecycle(ctx: Ctx) -> Handler:
-    from chronolog.domain import messages as m
-
     action = ctx.args.lifecycle
     commands: dict[str, Callable[[], Any]] = {
         "pause": lambda: m.PauseSchedule(reason=ctx.args.reason),
@@ -816,10 +770,6 @@ def _lifecycle(ctx: Ctx) -> Handler:
 
 
 def _trigger(ctx: Ctx) -> Handler:
-    from chronolog.domain import messages as m
-
-    from pydantic import ValidationError
-
     params = _json_object(ctx.args.params, "params") if ctx.args.params is not None else None
     key = ctx.args.idempotency_key or f"cli-{uuid.uuid4().hex}"
     if len(key) > 200:
@@ -850,8 +800,6 @@ def _trigger(ctx: Ctx) -> Handler:
 
 
 def _run_command(ctx: Ctx) -> Handler:
-    from chronolog.domain import messages as m
-
     name = ctx.args.run_command
     run_id = ctx.args.run_id
 
@@ -880,14 +828,12 @@ def _run_command(ctx: Ctx) -> Handler:
 
 def _show(ctx: Ctx) -> Handler:
     async def work(ctx: Ctx) -> int:
-        from chronolog.api import app as api
-
         sid = ctx.args.schedule_id
         async with _read_model(ctx) as rm:
             row = await rm.schedule(ctx.tenant, sid)
             if row is None:
                 raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-            doc = await api.schedule_document(rm, row, datetime.now(timezone.utc))
+            doc = await schedule_document(rm, row, datetime.now(timezone.utc))
         if ctx.args.json:
             _print_json(doc)
             return 0
@@ -946,22 +892,12 @@ def _list(ctx: Ctx) -> Handler:
         raise _usage(f"invalid limit '{ctx.args.limit}': must be 1..10000")
 
     async def work(ctx: Ctx) -> int:
-        from chronolog.api import app as api
-
         async with _read_model(ctx) as rm:
             offsets, wm_time = await rm.offsets()
-            rows = await rm.schedules_list(ctx.tenant, ctx.args.state, ctx.args.limit)
-        items = []
-        for r in rows:
-            defn = api._definition(r["spec"]).model_dump(mode="json", by_alias=True,
-                                                         exclude_none=True)
-            items.append({"scheduleId": r["schedule_id"], "state": r["state"],
-                          "revision": r["revision"], "nextRunAt": _iso(r["next_run_at"]),
-                          "nextDueAt": _iso(r["next_due_at"]),
-                          "createdAt": _iso(r["created_at"]),
-                          "updatedAt": _iso(r["updated_at"]), "definition": defn})
-        doc = {"items": items,
-               "watermark": _watermark(offsets, wm_time, ctx.log_cfg.topics.partitions)}
+            rows = await rm.schedules(ctx.tenant, ctx.args.state, ctx.args.limit)
+        items = [schedule_summary(r) for r in rows]
+        doc = {"items": items, "watermark": jsonable(
+            watermark(offsets, wm_time, ctx.log_cfg.topics.partitions))}
         if ctx.args.json:
             _print_json(doc)
             return 0
@@ -978,65 +914,32 @@ def _list(ctx: Ctx) -> Handler:
 
 
 def _runs(ctx: Ctx) -> Handler:
-    from chronolog.api import app as api
-
     args = ctx.args
-    if not 1 <= args.limit <= api.MAX_PAGE:
-        raise _usage(f"invalid limit '{args.limit}': must be 1..{api.MAX_PAGE}")
-    states: list[str] | None = None
-    if args.state:
-        states = sorted({s.strip().upper() for s in args.state.split(",") if s.strip()})
-        if not states or any(s not in api._RUN_STATES for s in states):
-            raise _usage(f"invalid state '{args.state}': expected {', '.join(api._RUN_STATES)}")
-    cursor: dict[str, Any] | None = None
-    if args.after:
-        try:
-            cursor = api._decode_cursor(args.after)
-        except api.ApiError as exc:
-            raise _usage(exc.message) from None
-        if cursor.get("s") != args.schedule_id or \
-                cursor.get("f") != (",".join(states) if states else None):
-            raise _usage("invalid after: the cursor belongs to another query")
+    if not 1 <= args.limit <= MAX_PAGE:
+        raise _usage(f"invalid limit '{args.limit}': must be 1..{MAX_PAGE}")
+    cursor: RunCursor | None = None
+    try:
+        states = parse_run_states(args.state)
+        if args.after:
+            cursor = decode_run_cursor(args.after, args.schedule_id, states)
+    except InvalidQuery as exc:
+        raise _usage(exc.message) from None
 
     async def work(ctx: Ctx) -> int:
-        from chronolog.projections.workers import live_served, waiting_for
-
         sid = args.schedule_id
         async with _read_model(ctx) as rm:
             if await rm.schedule(ctx.tenant, sid) is None:
                 raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-            offsets, wm_time = await rm.offsets()  # before the rows: a lower bound
-            if cursor is not None:
-                bound, last = cursor["b"], cursor["l"]
-            else:
-                bound, last = await rm.newest_run_key(ctx.tenant, sid), None
-            rows = [] if bound is None else await rm.runs_page(
-                ctx.tenant, sid, bound, last, states, args.limit + 1)
-            served = await live_served(rm.pool)
-        more = len(rows) > args.limit
-        rows = rows[: args.limit]
-        next_cursor = None
-        if more:
-            tail = rows[-1]
-            next_cursor = api._encode_cursor({
-                "s": sid, "f": ",".join(states) if states else None,
-                "b": [bound[0].isoformat(), bound[1]],
-                "l": [tail["scheduled_at"].isoformat(), tail["run_id"]],
-            })
-        items = [api.RunItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
-                             scheduled_at=r["scheduled_at"], state=r["state"],
-                             attempt=r["attempt"], started_at=r["started_at"],
-                             finished_at=r["finished_at"],
-                             waiting=waiting_for(r["state"], r["resource_class"],
-                                                 r["job_type"], served)) for r in rows]
-        dumped: list[dict[str, Any]] = [api._jsonable(i) for i in items]
-        doc = {"items": dumped, "nextCursor": next_cursor,
-               "watermark": _watermark(offsets, wm_time, ctx.log_cfg.topics.partitions)}
+            page = await runs_page(rm, ctx.tenant, sid, states=states, after=cursor,
+                                   limit=args.limit, partitions=ctx.log_cfg.topics.partitions)
+        doc: dict[str, Any] = jsonable(page)
+        dumped: list[dict[str, Any]] = doc["items"]
+        next_cursor = doc["nextCursor"]
         if args.json:
             _print_json(doc)
             return 0
         con = _console()
-        if not items:
+        if not dumped:
             con.print(f"no runs of {sid}" + (f" in state {args.state}" if states else ""))
         else:
             waits = any(i["waiting"] for i in dumped)
@@ -1051,58 +954,6 @@ def _runs(ctx: Ctx) -> Handler:
         return 0
 
     return work
-
-
-async def run_document(rm: Any, tenant: str, run_id: str) -> dict[str, Any] | None:
-    """``GET /v1/runs/{id}``'s body from the read model (None: no such run)."""
-    from chronolog.api import app as api
-
-    r = await rm.run(tenant, run_id)
-    if r is None:
-        return None
-    attempts = await rm.attempts(run_id)
-    effects = await rm.effects(run_id)
-    waiting = None
-    if r["state"] == "READY":
-        from chronolog.projections.workers import live_served, waiting_for
-
-        waiting = waiting_for(r["state"], r["resource_class"], r["job_type"],
-                              await live_served(rm.pool))
-    result = None
-    if r["result_checksum"] is not None:
-        result = api.ResultOut(
-            checksum=r["result_checksum"], size=r["result_size"] or 0, uri=r["result_uri"],
-            attempt=r["result_attempt"],
-            inline=api._json(r["result_inline"]) if r["result_uri"] is None else None)
-    out = api.RunOut(
-        run_id=r["run_id"], schedule_id=r["schedule_id"], revision=r["revision"],
-        trigger=r["trigger"], request_key=r["request_key"], scheduled_at=r["scheduled_at"],
-        due_at=r["due_at"], state=r["state"], attempt=r["attempt"], job_type=r["job_type"],
-        params=api._json(r["params"]), resource_class=r["resource_class"],
-        priority=r["priority"], ready_at=r["ready_at"], retry_at=r["retry_at"],
-        started_at=r["started_at"], finished_at=r["finished_at"], lateness_ms=r["lateness_ms"],
-        attempts=[api.AttemptOut(attempt=a["attempt"], fence=a["fence"],
-                                 worker_id=a["worker_id"], claimed_at=a["claimed_at"],
-                                 lease_until=a["lease_until"], outcome=a["outcome"],
-                                 error_class=a["error_class"], error=a["error"],
-                                 finished_at=a["finished_at"]) for a in attempts],
-        result=result, skipped_reason=r["skipped_reason"],
-        skipped_through=r["skipped_through"], skipped_count=r["skipped_count"],
-        cancellation_requested=r["cancellation_requested"], cancel_reason=r["cancel_reason"],
-        dead_reason=r["dead_reason"], dead_message=r["dead_message"],
-        last_error_class=r["last_error_class"], last_error=r["last_error"],
-        reconciliation=api._json(r["reconciliation"]),
-        reconciliation_resolution=api._json(r["reconciliation_resolution"]),
-        effects=[api.EffectOut(effect_id=e["effect_id"], kind=e["kind"], state=e["state"],
-                               attempts=e["attempts"], evidence=api._json(e["evidence"]),
-                               created_at=e["created_at"], updated_at=e["updated_at"])
-                 for e in effects],
-        waiting=waiting,
-    )
-    doc: dict[str, Any] = api._jsonable(out)
-    if result is not None:  # uri | inline: exactly one of them is shown, as the API does
-        doc["result"].pop("inline" if result.uri is not None else "uri")
-    return doc
 
 
 def _run(ctx: Ctx) -> Handler:
@@ -1154,31 +1005,21 @@ def _run(ctx: Ctx) -> Handler:
 
 
 def _workers(ctx: Ctx) -> Handler:
-    from chronolog.api import app as api
-
     args = ctx.args
-    if not 1 <= args.limit <= api.MAX_PAGE:
-        raise _usage(f"invalid limit '{args.limit}': must be 1..{api.MAX_PAGE}")
+    if not 1 <= args.limit <= MAX_PAGE:
+        raise _usage(f"invalid limit '{args.limit}': must be 1..{MAX_PAGE}")
     last: str | None = None
     if args.after:
         try:
-            last = api._decode_worker_cursor(args.after, args.live)
-        except api.ApiError as exc:
+            last = decode_worker_cursor(args.after, args.live)
+        except InvalidQuery as exc:
             raise _usage(exc.message) from None
 
     async def work(ctx: Ctx) -> int:
-        from chronolog.projections.workers import workers_page
-
         async with _read_model(ctx) as rm:
-            rows = await workers_page(rm.pool, after=last, limit=args.limit + 1,
-                                      live=args.live)
-        more = len(rows) > args.limit
-        rows = rows[: args.limit]
-        page = api.WorkerPage(items=[api.worker_out(w, None) for w in rows],
-                              next_cursor=api._encode_cursor(
-                                  {"k": "workers", "l": rows[-1].worker_id, "f": args.live})
-                              if more else None)
-        doc: dict[str, Any] = api._jsonable(page)
+            page = await workers_page(rm.pool, after=last, limit=args.limit, live=args.live,
+                                      allowed=None)
+        doc: dict[str, Any] = jsonable(page)
         if args.json:
             _print_json(doc)
             return 0

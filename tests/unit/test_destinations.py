@@ -39,7 +39,7 @@ def test_the_readme_example_is_a_valid_tenants_file(tmp_path: Path) -> None:
     assert tenants.destinations("acme") == {"billing": "webhook", "ledger": "postgres",
                                             "results": "kafka", "ops-mail": "email"}
     assert tenants.destinations("nobody") == {}
-    from chronolog.api.app import EffectIn
+    from chronolog.projections.documents import EffectIn
 
     effects = [EffectIn.model_validate(e) for e in orjson.loads("{" + json + "}")["effects"]]
     spec = m.ScheduleSpec.model_validate({"every": "1h", "job": {"type": "noop"}, "effects": [

@@ -28,20 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 CORE = ("domain", "commands")
 
-# cli/schedules.py still calls private helpers of the API module; they move to a read model
-# shared by both, and then this list is empty. Entries are (file under src/, private name).
-ALLOWED_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset({
-    ("cli/schedules.py", "_RUN_STATES"),
-    ("cli/schedules.py", "_camel_path"),
-    ("cli/schedules.py", "_decode_cursor"),
-    ("cli/schedules.py", "_decode_worker_cursor"),
-    ("cli/schedules.py", "_definition"),
-    ("cli/schedules.py", "_encode_cursor"),
-    ("cli/schedules.py", "_json"),
-    ("cli/schedules.py", "_jsonable"),
-    ("cli/schedules.py", "_loc_field"),
-    ("cli/schedules.py", "_to_spec"),
-})
+# (file under src/, private name) pairs allowed to cross a package boundary: none.
+ALLOWED_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset()
 
 # underscore names that are public API of the standard library (namedtuple)
 _PUBLIC_UNDERSCORE = frozenset({"_asdict", "_field_defaults", "_fields", "_make", "_replace"})

@@ -1,0 +1,253 @@
+"""What the routes share, held in ``app.state.chronolog`` and handed to them as dependencies:
+the command client and how a command is sent and answered, the read model, the tenants and
+their rate limits, and the read-your-writes wait.
+
+Writes validate what they can first, then send one command and wait — bounded,
+``reply_timeout`` — for the processor's reply. No reply in time is 503 ``unavailable``: the
+command may still be decided, so the message says to read the resource (or retry with the
+same ``Idempotency-Key``) before retrying blindly.
+
+Every successful write returns ``X-Chronolog-Consistency``: a token that encodes the log
+positions of the events the command caused (for a write that caused none, e.g. an idempotent
+replay, just past the last record of its partition of ``events`` when the reply came, which
+covers the events of the original). A read that sends it back waits until the projection has
+passed those positions, at most ``consistency_timeout``; if it has not by then the read is
+503 ``unavailable`` with ``Retry-After: 1`` — never stale data presented as fresh.
+"""
+
+# no `from __future__ import annotations`: FastAPI resolves the dependency aliases
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Iterable, Mapping
+
+import asyncpg
+import orjson
+from fastapi import Depends, Header, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from chronolog.api.cursors import CONSISTENCY_HEADER, decode_token, encode_token
+from chronolog.api.errors import ApiError
+from chronolog.api.limits import RateLimiter
+from chronolog.client import Client, ReplyTimeout
+from chronolog.commands.decider import TenantContext, ungranted_effect
+from chronolog.domain import messages as m
+from chronolog.domain.ids import partition_key
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import LogError, Topics
+from chronolog.projections import workers as wk
+from chronolog.projections.documents import camel_path, jsonable
+from chronolog.projections.metrics import MetricsSource
+from chronolog.projections.read_model import ReadModel
+from chronolog.tenants import Tenant, Tenants
+
+__all__ = ["ApiContext", "Context", "ConsistentDep", "consistent", "context", "written",
+           "with_warnings"]
+
+_REPLY_HTTP = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409,
+               "quota": 429, "stale_fence": 409}
+
+
+@dataclass
+class ApiContext:
+    """The services of one app (``create_app`` makes it)."""
+
+    client: Client | None
+    pool: Any  # an asyncpg pool, or None: no read model
+    tenants: Tenants
+    projector: Any = None
+    projection: str = "main"
+    reply_timeout: float = 10.0
+    consistency_timeout: float = 5.0
+    consistency_poll: float = 0.02
+    known_job_types: Mapping[str, Iterable[str]] | None = None
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    query_names: dict[str, frozenset[str]] = field(default_factory=dict)
+    _partitions: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.log = self.client.log if self.client is not None else None
+        self.topics = self.client.topics if self.client is not None else Topics()
+        self.rm = (ReadModel(self.pool, self.topics.events, self.projection)
+                   if self.pool is not None else None)
+        self.metrics = (MetricsSource(self.pool, self.log, self.projection, self.projector)
+                        if self.pool is not None else None)
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self) -> ReadModel:
+        """The read model (503 when the app has none)."""
+        if self.rm is None:
+            raise ApiError(503, "no read model configured")
+        return self.rm
+
+    async def schedule_row(self, tenant: Tenant, schedule_id: str) -> asyncpg.Record:
+        row = await self.read().schedule(tenant.name, schedule_id)
+        if row is None:
+            raise ApiError(404, f"no schedule '{schedule_id}'", "scheduleId")
+        return row
+
+    async def run_row(self, tenant: Tenant, run_id: str) -> asyncpg.Record:
+        row = await self.read().run(tenant.name, run_id)
+        if row is None:
+            raise ApiError(404, f"no run '{run_id}'", "runId")
+        return row
+
+    async def events_partitions(self) -> int:
+        """The partitions of ``events`` (0 without a log)."""
+        if self.log is None:
+            return 0
+        n = self._partitions.get("events")
+        if n is None:
+            n = self._partitions["events"] = await self.log.partitions_for(self.topics.events)
+        return n
+
+    async def wait_consistent(self, required: dict[int, int]) -> None:
+        """Return once the projection reached ``required``; 503 after the timeout."""
+        if self.projector is not None:
+            if await self.projector.wait_for(required, self.consistency_timeout):
+                return
+        else:
+            read = self.read()
+            deadline = time.monotonic() + self.consistency_timeout
+            while True:
+                have, _ = await read.offsets()
+                if all(have.get(p, 0) >= n for p, n in required.items()):
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(self.consistency_poll)
+        raise ApiError(503, f"the read model has not reached the consistency token within "
+                       f"{self.consistency_timeout:g}s; retry shortly", CONSISTENCY_HEADER,
+                       headers={"Retry-After": "1"})
+
+    # ------------------------------------------------------------------ writes
+
+    def check_job(self, tenant: Tenant, spec: m.ScheduleSpec) -> None:
+        """403 when the tenant may not run the job type or use an effect's destination."""
+        if tenant.allowed_jobs is not None and spec.job.type not in tenant.allowed_jobs:
+            raise ApiError(403, f"job type '{spec.job.type}' not allowed", "job.type")
+        refused = ungranted_effect(spec, TenantContext(destinations={
+            name: d.kind for name, d in tenant.destinations.items()}))
+        if refused is not None:
+            raise ApiError(403 if refused.status == "forbidden" else 400, refused.reason,
+                           refused.field)
+
+    async def job_warnings(self, spec: m.ScheduleSpec) -> list[str]:
+        """What to warn about (or, on a dev node, refuse) in a new schedule's job type."""
+        if self.pool is None:
+            return []
+        known_job_types = self.known_job_types
+        cls, job = spec.resource_class, spec.job.type
+        if job in (known_job_types or {}).get(cls, ()) or await wk.ever_served(
+                self.pool, cls, job):
+            return []
+        if known_job_types is not None:
+            known = sorted({*known_job_types.get(cls, ()),
+                            *await wk.served_types(self.pool, cls)})
+            raise ApiError(400, f"job type '{job}' is not served in resource class '{cls}' "
+                           f"(known job types: {', '.join(known) or 'none'}); start a worker "
+                           f"that serves it first", "job.type")
+        return [f"no worker of resource class '{cls}' has ever served job type '{job}': its "
+                f"runs will wait READY until one does"]
+
+    async def send(self, tenant: Tenant, schedule_id: str, payload: Any
+                   ) -> tuple[m.Reply, str]:
+        """Send one command; the ok reply and its consistency token, or an ApiError."""
+        client = self.client
+        if client is None:
+            raise ApiError(503, "no command client configured")
+        limit = tenant.rate_limit
+        wait = self.limiter.take(tenant.name, limit)
+        if wait is not None and limit is not None:
+            raise ApiError(429, f"tenant '{tenant.name}' sends commands faster than its rate "
+                           f"limit ({limit.per_second:g}/s, burst {limit.burst}); retry in "
+                           f"{wait}s", None, headers={"Retry-After": str(wait)})
+        env = client.envelope(tenant.name, schedule_id, payload)
+        env = env.model_copy(update={"principal": f"api:{tenant.name}"})
+        try:
+            reply = await client.send(env, self.reply_timeout)
+        except ReplyTimeout:
+            raise ApiError(503, f"no reply from the processor within {self.reply_timeout:g}s; "
+                           "the command may still be decided: read the resource (or retry "
+                           "with the same Idempotency-Key) before retrying", None,
+                           headers={"Retry-After": "1"}) from None
+        except LogError as exc:
+            raise ApiError(503, f"the log is unavailable: {exc}", None,
+                           headers={"Retry-After": "1"}) from None
+        if reply.status != "ok":
+            body = dict(reply.body)
+            fld = body.pop("field", None)
+            extra = {k: v for k, v in (("revision", body.get("revision")),
+                                       ("state", body.get("state"))) if v is not None}
+            raise ApiError(_REPLY_HTTP.get(reply.status, 409), reply.reason or reply.status,
+                           camel_path(fld) if isinstance(fld, str) else None, **extra)
+        required: dict[int, int] = {}
+        for pos in reply.positions:
+            if pos.topic == self.topics.events:
+                required[pos.partition] = max(required.get(pos.partition, 0), pos.offset + 1)
+        if not required and self.log is not None:
+            required = await self._tail_of_partition(tenant.name, schedule_id)
+        return reply, encode_token(required)
+
+    async def _tail_of_partition(self, tenant_name: str, schedule_id: str) -> dict[int, int]:
+        """For a reply without events: just past the last record of its partition of events.
+
+        (Not the end offset itself: on Kafka the end may be a transaction marker, which the
+        projection never stores as consumed.)"""
+        assert self.log is not None
+        n = await self.events_partitions()
+        p = partition_for(partition_key(tenant_name, schedule_id).encode(), n)
+        end = await self.log.end_offset(self.topics.events, p)
+        if end == 0:
+            return {}
+        recs = await self.log.read(self.topics.events, p, max(0, end - 16), 16, 0)
+        offsets = [r.offset for r in recs if r.offset < end]
+        return {p: max(offsets) + 1} if offsets else {}
+
+
+def written(content: BaseModel, status: int, token: str,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    """A write's answer with its consistency token."""
+    return JSONResponse(jsonable(content), status_code=status,
+                        headers={CONSISTENCY_HEADER: token, **(headers or {})})
+
+
+def with_warnings(response: JSONResponse, warnings: list[str]) -> JSONResponse:
+    if not warnings:
+        return response
+    body = orjson.loads(response.body)
+    body["warnings"] = warnings
+    return JSONResponse(body, status_code=response.status_code,
+                        headers={CONSISTENCY_HEADER: response.headers[CONSISTENCY_HEADER]})
+
+
+def context(request: Request) -> ApiContext:
+    """The app's ``ApiContext``."""
+    ctx: ApiContext = request.app.state.chronolog
+    return ctx
+
+
+Context = Annotated[ApiContext, Depends(context)]
+
+
+async def consistent(
+    ctx: Context,
+    token: Annotated[str | None, Header(alias=CONSISTENCY_HEADER,
+                                        description="a token from a write response")] = None,
+) -> None:
+    """Wait (bounded) until the projection reached the token's positions."""
+    if not token:
+        return
+    try:
+        required = decode_token(token)
+    except ValueError:
+        raise ApiError(400, f"invalid {CONSISTENCY_HEADER}: not a token of this API",
+                       CONSISTENCY_HEADER) from None
+    if required:
+        await ctx.wait_consistent(required)
+
+
+ConsistentDep = Depends(consistent)

@@ -1,0 +1,99 @@
+"""The API's own request and response models (camelCase): the bodies of writes and what they
+answer, and the preview of a rule. A schedule's definition and the documents reads answer
+(schedules, runs, workers) are the read side's, shared with the CLI
+(``chronolog.projections.documents``); their limits come from the domain spec.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from chronolog.domain import limits as lim
+from chronolog.domain import messages as m
+from chronolog.projections.documents import CamelModel, ScheduleDefinition
+
+__all__ = [
+    "CancelIn", "InstantOut", "MAX_SCHEDULE_ID", "PreviewOut", "ReconcileIn", "RevisedOut",
+    "RunCreated", "RunWritten", "ScheduleCreated", "ScheduleIn", "ScheduleStateOut",
+    "ScheduleWritten", "TriggerIn",
+]
+
+MAX_SCHEDULE_ID = 200  # characters of a schedule ID (its pattern bounds nothing)
+
+
+# =======================================================================================
+# requests
+
+
+class ScheduleIn(ScheduleDefinition):
+    """``POST /v1/schedules``."""
+
+    schedule_id: str = Field(min_length=1, max_length=MAX_SCHEDULE_ID,
+                             pattern=lim.SCHEDULE_ID_PATTERN)
+
+
+class TriggerIn(CamelModel):
+    params: m.Params | None = None
+
+
+class CancelIn(CamelModel):
+    reason: str = Field(default="", max_length=1000)
+
+
+class ReconcileIn(CamelModel):
+    decision: Literal["delivered", "retry", "abandon"]
+    note: str = Field(default="", max_length=2000)
+    effect_id: str | None = Field(default=None, max_length=200)
+
+
+# =======================================================================================
+# write responses
+
+
+class ScheduleWritten(CamelModel):
+    schedule_id: str
+    revision: int
+    next_run_at: datetime | None
+
+
+class ScheduleCreated(ScheduleWritten):
+    warnings: list[str] | None = Field(
+        default=None, description="present when the schedule was created but may not run as "
+        "meant, e.g. no worker of its resource class has ever served its job type")
+
+
+class ScheduleStateOut(ScheduleWritten):
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
+
+
+class RevisedOut(CamelModel):
+    revision: int
+    next_run_at: datetime | None
+
+
+class RunCreated(CamelModel):
+    run_id: str
+    state: str
+
+
+class RunWritten(CamelModel):
+    run_id: str
+    state: str
+    outcome: str | None = None
+    attempt: int | None = None
+
+
+# =======================================================================================
+# preview
+
+
+class InstantOut(CamelModel):
+    utc: str
+    local: str
+
+
+class PreviewOut(CamelModel):
+    instants: list[InstantOut]

@@ -1,0 +1,27 @@
+"""Path parameters and documented answers the routers share."""
+
+# no `from __future__ import annotations`: FastAPI resolves the aliases
+
+from typing import Annotated, Any
+
+from fastapi import Path
+
+from chronolog.api.cursors import CONSISTENCY_HEADER
+from chronolog.api.models import MAX_SCHEDULE_ID
+from chronolog.domain import limits as lim
+from chronolog.domain import messages as m
+from chronolog.projections.documents import spec_limits
+
+__all__ = ["IDEMPOTENCY_KEY", "RunIdPath", "ScheduleIdPath", "WRITE_HEADERS"]
+
+ScheduleIdPath = Annotated[str, Path(max_length=MAX_SCHEDULE_ID, pattern=lim.SCHEDULE_ID_PATTERN,
+                                     description="a schedule ID")]
+RunIdPath = Annotated[str, Path(max_length=64, pattern=lim.RUN_ID_PATTERN,
+                                description="a run ID")]
+
+WRITE_HEADERS: dict[str, Any] = {CONSISTENCY_HEADER: {
+    "description": "opaque read-your-writes token: send it back on reads",
+    "schema": {"type": "string"}}}
+
+# an Idempotency-Key becomes a command's request_key
+IDEMPOTENCY_KEY: dict[str, Any] = spec_limits(m.TriggerRun, "request_key")

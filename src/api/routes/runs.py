@@ -1,0 +1,116 @@
+"""Runs: trigger one now, list a schedule's runs (newest first, paged by ``nextCursor``),
+read one, and the run commands cancel, redrive and reconcile.
+
+A run command finds the run's schedule — its partition key — in the read model, so it
+honours a consistency token as reads do. A READY run's ``waiting`` says when no live worker
+of its class serves its job type.
+"""
+
+# no `from __future__ import annotations`: FastAPI resolves the dependency aliases
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Query
+from fastapi.responses import JSONResponse
+
+from chronolog.api.auth import TenantDep
+from chronolog.api.context import ConsistentDep, Context, written
+from chronolog.api.errors import ApiError, error_responses
+from chronolog.api.models import CancelIn, ReconcileIn, RunCreated, RunWritten, TriggerIn
+from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, RunIdPath, ScheduleIdPath
+from chronolog.domain import messages as m
+from chronolog.projections.documents import RunOut, RunPage, jsonable
+from chronolog.projections.read_model import (
+    MAX_PAGE,
+    decode_run_cursor,
+    parse_run_states,
+    run_document,
+    runs_page,
+)
+
+router = APIRouter(tags=["runs"])
+
+
+@router.post("/v1/schedules/{schedule_id}/runs", status_code=201, response_model=RunCreated,
+             responses={**error_responses(400, 404, 409), 201: {"headers": WRITE_HEADERS}},
+             summary="Trigger a run now (Idempotency-Key required)")
+async def trigger_run(
+    schedule_id: ScheduleIdPath, tenant: TenantDep, ctx: Context,
+    idempotency_key: Annotated[str, Header(
+        alias="Idempotency-Key", **IDEMPOTENCY_KEY,
+        description="the same key and body give the same run")],
+    body: Annotated[TriggerIn | None, Body()] = None,
+) -> JSONResponse:
+    params = body.params if body is not None else None
+    reply, token = await ctx.send(tenant, schedule_id,
+                                  m.TriggerRun(request_key=idempotency_key, params=params))
+    return written(RunCreated(run_id=reply.body["run_id"], state=reply.body["state"]),
+                   201, token)
+
+
+@router.get("/v1/schedules/{schedule_id}/runs", response_model=RunPage,
+            responses=error_responses(400, 404),
+            summary="A schedule's runs, newest first", dependencies=[ConsistentDep])
+async def list_runs(
+    schedule_id: ScheduleIdPath, tenant: TenantDep, ctx: Context,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    after: Annotated[str | None, Query(description="nextCursor of the previous page")] = None,
+    state: Annotated[str | None, Query(description="comma-separated run states")] = None,
+) -> JSONResponse:
+    read = ctx.read()
+    states = parse_run_states(state)
+    await ctx.schedule_row(tenant, schedule_id)
+    cursor = decode_run_cursor(after, schedule_id, states) if after else None
+    page = await runs_page(read, tenant.name, schedule_id, states=states, after=cursor,
+                           limit=limit, partitions=await ctx.events_partitions())
+    return JSONResponse(jsonable(page))
+
+
+@router.get("/v1/runs/{run_id}", response_model=RunOut, responses=error_responses(400, 404),
+            summary="A run with its attempts, result and effects",
+            dependencies=[ConsistentDep])
+async def get_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSONResponse:
+    doc = await run_document(ctx.read(), tenant.name, run_id)
+    if doc is None:
+        raise ApiError(404, f"no run '{run_id}'", "runId")
+    return JSONResponse(doc, headers={"ETag": f'"{doc["revision"]}"'})
+
+
+_RUN_WRITE: dict[str, Any] = {"response_model": RunWritten, "dependencies": [ConsistentDep]}
+
+
+@router.post("/v1/runs/{run_id}:cancel", summary="Cancel a run",
+             responses={**error_responses(404, 409),
+                        200: {"description": "cancelled", "headers": WRITE_HEADERS},
+                        202: {"model": RunWritten, "description": "cancellation requested "
+                              "(the run is executing)", "headers": WRITE_HEADERS}},
+             **_RUN_WRITE)
+async def cancel_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context,
+                     body: Annotated[CancelIn | None, Body()] = None) -> JSONResponse:
+    r = await ctx.run_row(tenant, run_id)
+    reply, token = await ctx.send(tenant, r["schedule_id"], m.CancelRun(
+        run_id=run_id, reason=body.reason if body else ""))
+    outcome = reply.body.get("outcome")
+    return written(RunWritten(run_id=run_id, state=reply.body.get("state", ""),
+                              outcome=outcome), 202 if outcome == "requested" else 200, token)
+
+
+@router.post("/v1/runs/{run_id}:redrive", summary="Redrive a DEAD run (same run ID)",
+             responses={**error_responses(404, 409), 200: {"headers": WRITE_HEADERS}},
+             **_RUN_WRITE)
+async def redrive_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSONResponse:
+    r = await ctx.run_row(tenant, run_id)
+    reply, token = await ctx.send(tenant, r["schedule_id"], m.RedriveRun(run_id=run_id))
+    return written(RunWritten(run_id=run_id, state=reply.body.get("state", "READY"),
+                              attempt=reply.body.get("attempt")), 200, token)
+
+
+@router.post("/v1/runs/{run_id}:reconcile", summary="Resolve a RECONCILING run",
+             responses={**error_responses(400, 404, 409), 200: {"headers": WRITE_HEADERS}},
+             **_RUN_WRITE)
+async def reconcile_run(run_id: RunIdPath, body: ReconcileIn, tenant: TenantDep,
+                        ctx: Context) -> JSONResponse:
+    r = await ctx.run_row(tenant, run_id)
+    reply, token = await ctx.send(tenant, r["schedule_id"], m.ResolveReconciliation(
+        run_id=run_id, decision=body.decision, note=body.note, effect_id=body.effect_id))
+    return written(RunWritten(run_id=run_id, state=reply.body.get("state", "")), 200, token)

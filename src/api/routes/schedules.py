@@ -1,0 +1,141 @@
+"""``/v1/schedules``: create, read, revise, pause, resume, delete.
+
+``GET /v1/schedules/{id}`` (``chronolog.projections.read_model.schedule_document``) returns
+``definition`` (the body of a PUT), ``state``, ``revision`` (also the ``ETag``),
+``nextRunAt``, ``nextDueAt`` and ``preview``: the next 5 occurrences ``{scheduledAt, dueAt,
+local}`` where ``dueAt`` includes the schedule's deterministic jitter (the same hash the
+processor uses). An ACTIVE schedule's preview starts at its ``nextRunAt`` (which may be
+slightly in the past when a tick is due); a PAUSED (or DELETED) schedule's preview is empty —
+nothing runs while paused. A PAUSED schedule has ``resume`` instead: what a resume now would
+run or skip, from the misfire planner the processor applies (``commands.backlog.plan_due``),
+skips of one reason collapsed into ranges; ``delay`` schedules show only ``nextRunAt`` (later
+instants depend on when runs finish). The preview does not count ``maxCount`` down (an
+exhausted schedule has no ``nextRunAt`` and so no preview). A schedule with no further
+instant (a one-shot that fired, ``end`` passed, ``maxCount`` reached) is ``COMPLETED`` with
+``completedAt`` and ``completedReason`` (``at`` | ``end`` | ``max_count``): it no longer
+counts against the quota, its runs stay listed, a PUT, pause, resume or trigger answers 409
+and a DELETE deletes it.
+
+Max schedules (429) is the processors' alone: a create of a tenant with a quota is answered
+once the tenant's quota aggregate (one partition of the log) reserved a slot for it or
+refused one, so the quota is exact under concurrency, whichever entry point sent the create.
+The API does not pre-check it against the read model, which lags the log (it would refuse a
+create right after a delete). The job-type check (403) is done here (early answer) and by
+the processor (the authority). Creating a schedule whose job type no worker of its class has
+ever announced is 201 with ``warnings``; an app given ``known_job_types`` (the dev node)
+answers 400 naming the job types it knows instead.
+"""
+
+# no `from __future__ import annotations`: FastAPI resolves the dependency aliases
+
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header
+from fastapi.responses import JSONResponse
+
+from chronolog.api.auth import TenantDep
+from chronolog.api.context import ConsistentDep, Context, with_warnings, written
+from chronolog.api.errors import ApiError, error_responses
+from chronolog.api.models import (
+    RevisedOut,
+    ScheduleCreated,
+    ScheduleIn,
+    ScheduleStateOut,
+    ScheduleWritten,
+)
+from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, ScheduleIdPath
+from chronolog.domain import limits as lim
+from chronolog.domain import messages as m
+from chronolog.projections.documents import ScheduleDefinition, ScheduleOut, to_spec
+from chronolog.projections.read_model import schedule_document
+from chronolog.tenants import Tenant
+
+router = APIRouter(tags=["schedules"])
+
+
+@router.post("/v1/schedules", status_code=201, response_model=ScheduleCreated,
+             responses={**error_responses(400, 403, 409, 429), 201: {"headers": WRITE_HEADERS}},
+             summary="Create a schedule")
+async def create_schedule(
+    body: ScheduleIn, tenant: TenantDep, ctx: Context,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", **IDEMPOTENCY_KEY,
+        description="the same key and body replays the first answer")] = None,
+) -> JSONResponse:
+    spec = to_spec(body)
+    ctx.check_job(tenant, spec)
+    warnings = await ctx.job_warnings(spec)
+    reply, token = await ctx.send(tenant, body.schedule_id,
+                                  m.CreateSchedule(spec=spec, request_key=idempotency_key))
+    created = written(ScheduleWritten(schedule_id=body.schedule_id,
+                                      revision=reply.body["revision"],
+                                      next_run_at=reply.body.get("next_run_at")), 201, token)
+    return with_warnings(created, warnings)
+
+
+@router.get("/v1/schedules/{schedule_id}", response_model=ScheduleOut,
+            responses=error_responses(400, 404), summary="Read a schedule",
+            dependencies=[ConsistentDep])
+async def get_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
+                       ctx: Context) -> JSONResponse:
+    row = await ctx.schedule_row(tenant, schedule_id)
+    content = await schedule_document(ctx.read(), row, datetime.now(timezone.utc))
+    return JSONResponse(content, headers={"ETag": f'"{row["revision"]}"'})
+
+
+@router.put("/v1/schedules/{schedule_id}", response_model=RevisedOut,
+            responses={**error_responses(400, 403, 404, 409, 428),
+                       200: {"headers": WRITE_HEADERS}},
+            summary="Revise a schedule (If-Match: revision)")
+async def revise_schedule(
+    schedule_id: ScheduleIdPath, body: ScheduleDefinition, tenant: TenantDep, ctx: Context,
+    if_match: Annotated[str | None, Header(alias="If-Match",
+                                           description="the revision being revised")] = None,
+) -> JSONResponse:
+    if if_match is None:
+        raise ApiError(428, "If-Match with the current revision is required", "If-Match")
+    text = if_match.strip().removeprefix("W/").strip('"')
+    # ASCII digits only (isdigit also takes '²'), and a revision fits a bigint
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or \
+            not 1 <= int(text) <= lim.MAX_INT:
+        raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
+    spec = to_spec(body)
+    ctx.check_job(tenant, spec)
+    reply, token = await ctx.send(tenant, schedule_id,
+                                  m.ReviseSchedule(spec=spec, expected_revision=int(text)))
+    return written(RevisedOut(revision=reply.body["revision"],
+                              next_run_at=reply.body.get("next_run_at")), 200, token,
+                   {"ETag": f'"{reply.body["revision"]}"'})
+
+
+async def _lifecycle(ctx: Context, tenant: Tenant, schedule_id: str,
+                     payload: Any) -> JSONResponse:
+    reply, token = await ctx.send(tenant, schedule_id, payload)
+    b = reply.body
+    return written(ScheduleStateOut(schedule_id=schedule_id, revision=b["revision"],
+                                    state=b["state"], next_run_at=b.get("next_run_at")),
+                   200, token)
+
+
+_LIFECYCLE: dict[str, Any] = {
+    "response_model": ScheduleStateOut,
+    "responses": {**error_responses(404), 200: {"headers": WRITE_HEADERS}}}
+
+
+@router.post("/v1/schedules/{schedule_id}:pause", summary="Pause a schedule", **_LIFECYCLE)
+async def pause_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
+                         ctx: Context) -> JSONResponse:
+    return await _lifecycle(ctx, tenant, schedule_id, m.PauseSchedule())
+
+
+@router.post("/v1/schedules/{schedule_id}:resume", summary="Resume a schedule", **_LIFECYCLE)
+async def resume_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
+                          ctx: Context) -> JSONResponse:
+    return await _lifecycle(ctx, tenant, schedule_id, m.ResumeSchedule())
+
+
+@router.delete("/v1/schedules/{schedule_id}", summary="Delete a schedule", **_LIFECYCLE)
+async def delete_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
+                          ctx: Context) -> JSONResponse:
+    return await _lifecycle(ctx, tenant, schedule_id, m.DeleteSchedule())

@@ -1,0 +1,384 @@
+"""The JSON documents of the read side (camelCase pydantic models), shared by the HTTP API and
+the CLI's ``--json`` output: a schedule's definition (the body of a PUT, shown again by a
+GET), a schedule, runs, workers.
+
+The definition models take their limits from the domain spec (``chronolog.domain.messages``)
+through ``spec_field``, so a bound is written once. ``to_spec`` turns a definition into the
+domain ``ScheduleSpec`` (``InvalidDefinition`` names the offending field) and
+``definition_of`` turns a stored spec back into a definition.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from chronolog.domain import messages as m
+from chronolog.domain.membership import LIVE_S
+from chronolog.domain.recurrence import RecurrenceError, compile_trigger
+
+__all__ = [
+    "AttemptOut", "CamelModel", "DstIn", "EffectIn", "EffectOut", "InvalidDefinition", "JobIn",
+    "MisfireIn", "PreviewItem", "ResultOut", "ResumeItem", "ResumePlan", "RetryIn", "RunItem",
+    "RunOut", "RunPage", "ScheduleDefinition", "ScheduleOut", "WatermarkOut", "WorkerClassOut",
+    "WorkerOut", "WorkerPage", "camel_path", "definition_of", "field_of", "jsonable",
+    "spec_field", "spec_limits", "to_spec",
+]
+
+_CONSTRAINTS = ("min_length", "max_length", "ge", "gt", "le", "lt", "multiple_of", "pattern")
+
+
+def spec_limits(model: type[BaseModel], field: str, *only: str) -> dict[str, Any]:
+    """The constraints (``min_length``, ``le``, ``pattern`` ...) of ``model.field`` in the
+    domain spec, as ``Field`` keyword arguments; ``only`` picks some of them."""
+    out: dict[str, Any] = {}
+    for meta in model.model_fields[field].metadata:
+        for name in _CONSTRAINTS:
+            value = getattr(meta, name, None)
+            if value is not None and (not only or name in only):
+                out[name] = value
+    missing = set(only) - set(out)
+    if missing:
+        raise LookupError(f"{model.__name__}.{field} has no {', '.join(sorted(missing))}")
+    return out
+
+
+def spec_field(model: type[BaseModel], field: str, *only: str, **kwargs: Any) -> Any:
+    """``Field(**kwargs)`` with the constraints of ``model.field`` in the domain spec."""
+    return Field(**kwargs, **spec_limits(model, field, *only))
+
+
+def camel_path(name: str) -> str:
+    """``retry.max_attempts`` -> ``retry.maxAttempts`` (header names stay as they are)."""
+    if "-" in name or name[:1].isupper():
+        return name
+    return ".".join(to_camel(part) if "_" in part else part for part in name.split("."))
+
+
+def field_of(loc: tuple[Any, ...]) -> str | None:
+    """The camelCase field a pydantic error location points at (None: the whole input)."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    if parts and parts[0] in ("body", "query", "header", "path"):
+        kind = parts.pop(0)
+        if kind == "header" and parts:
+            return parts[0]
+    # union / tagged-union branch names that pydantic inserts
+    parts = [p for p in parts if not p.startswith(("function-", "literal[", "str", "float",
+                                                   "MisfireIn", "json-or-python"))]
+    return camel_path(".".join(parts)) if parts else None
+
+
+def jsonable(model: BaseModel) -> Any:
+    """A document as JSON-ready data (camelCase keys)."""
+    return model.model_dump(mode="json", by_alias=True)
+
+
+def iso(t: datetime | None) -> str | None:
+    """``2026-11-29T10:37:28.123456Z`` (None stays None)."""
+    return None if t is None else t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class CamelModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# =======================================================================================
+# a schedule's definition
+
+
+class JobIn(CamelModel):
+    type: str = spec_field(m.JobSpec, "type")
+    params: m.Params = Field(default_factory=dict)
+    timeout: m.Seconds | None = None
+
+
+class MisfireIn(CamelModel):
+    policy: Literal["skip", "latest", "all"] = "latest"
+    grace: m.Seconds | None = None
+    max_catchup: int | None = spec_field(m.MisfireSpec, "max_catchup", default=None)
+    max_age: m.Seconds | None = None
+
+
+class RetryIn(CamelModel):
+    max_attempts: int | None = spec_field(m.RetrySpec, "max_attempts", default=None)
+    initial_backoff: m.Seconds | None = None
+    max_backoff: m.Seconds | None = None
+    multiplier: float | None = spec_field(m.RetrySpec, "multiplier", default=None)
+    max_age: m.Seconds | None = None
+
+
+class DstIn(CamelModel):
+    ambiguous: Literal["first", "second", "both"] = "first"
+    nonexistent: Literal["shift_forward", "skip"] = "shift_forward"
+
+
+class EffectIn(CamelModel):
+    """An effect: a destination the operator granted the tenant, by name, and its options."""
+
+    kind: Literal["webhook", "email", "postgres", "kafka"]
+    name: str = spec_field(m.EffectSpec, "name", default="")
+    destination: str = spec_field(m.EffectSpec, "destination",
+                             description="a destination named in the tenants file")
+    headers: dict[str, str] | None = Field(
+        default=None, description="webhook only: extra request headers (never Host, "
+        "hop-by-hop, forwarding or authorization headers)")
+    # the spec's pattern on subject is left to the command model (its message names the field)
+    subject: str | None = spec_field(m.EffectSpec, "subject", "max_length", default=None,
+                                description="email only")
+    give_up_after: m.Seconds | None = Field(
+        default=None, description="stop retrying after this long (capped by the destination)")
+
+
+class ScheduleDefinition(CamelModel):
+    """A schedule's definition: exactly one of cron / every / at / delay, the job, policies."""
+
+    cron: str | None = Field(default=None, description="5-field cron (with L, L-n, nW, LW, nL, n#k and wrapping ranges such as FRI-MON; see the README) or an @daily-style macro")
+    timezone: str | None = Field(default=None, description="IANA zone for cron (default UTC)")
+    every: m.Seconds | None = Field(default=None, description="interval (seconds or 15m, 1h...)")
+    anchor: m.Instant | None = Field(default=None, description="alignment of every")
+    at: m.Instant | None = Field(default=None, description="one-shot instant")
+    delay: m.Seconds | None = Field(default=None, description="fixed delay after each run")
+    start: m.Instant | None = None
+    end: m.Instant | None = None
+    max_count: int | None = spec_field(m.ScheduleSpec, "max_count", default=None)
+    job: JobIn
+    misfire: Literal["skip", "latest", "all"] | MisfireIn | None = None
+    overlap: m.OverlapPolicy | None = None
+    retry: RetryIn | None = None
+    lease: m.Seconds | None = None
+    start_deadline: m.Seconds | None = None
+    jitter: m.Seconds | None = None
+    dst: DstIn | None = None
+    effects: list[EffectIn] | None = None
+    resource_class: str | None = spec_field(m.ScheduleSpec, "resource_class", default=None)
+    priority: int | None = spec_field(m.ScheduleSpec, "priority", default=None)
+
+
+class InvalidDefinition(ValueError):
+    """A definition the domain refuses; ``field`` is the camelCase field it is about."""
+
+    def __init__(self, message: str, field: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+_SPEC_FIELDS = frozenset({"every", "delay", "lease", "end", "start"})
+
+
+def to_spec(defn: ScheduleDefinition) -> m.ScheduleSpec:
+    """The domain spec of a definition; ``InvalidDefinition`` naming the field when the
+    spec refuses it or its trigger does not compile."""
+    given = [n for n in ("cron", "every", "at", "delay") if getattr(defn, n) is not None]
+    if len(given) != 1:
+        raise InvalidDefinition("exactly one of cron, every, at, delay is required"
+                                + (f" (got {', '.join(given)})" if given else ""),
+                                given[1] if len(given) > 1 else "cron")
+    if defn.anchor is not None and defn.every is None:
+        raise InvalidDefinition("anchor only applies to every", "anchor")
+    data = defn.model_dump(exclude_none=True, exclude={"schedule_id"})
+    data["effects"] = tuple(data.get("effects", ()))
+    for key in ("retry", "misfire", "dst"):
+        if isinstance(data.get(key), dict):
+            data[key] = {k: v for k, v in data[key].items() if v is not None}
+    try:
+        spec = m.ScheduleSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        field = field_of(tuple(err.get("loc", ())))
+        if field is None:  # a whole-spec rule: its message starts with the field it is about
+            first = msg.split(" ", 1)[0]
+            field = {"effect": "effects"}.get(first, first if first in _SPEC_FIELDS else None)
+        raise InvalidDefinition(msg, field) from None
+    try:
+        compile_trigger(
+            cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
+            timezone=spec.timezone, anchor=spec.anchor or datetime.now(timezone.utc),
+            start=spec.start, end=spec.end, dst_ambiguous=spec.dst.ambiguous,
+            dst_nonexistent=spec.dst.nonexistent,
+        )
+    except RecurrenceError as exc:
+        raise InvalidDefinition(str(exc), camel_path(exc.field)) from None
+    return spec
+
+
+def definition_of(spec_json: Any) -> ScheduleDefinition:
+    """The definition of a stored (snake_case) spec, as JSON text or data."""
+    raw = orjson.loads(spec_json) if isinstance(spec_json, (str, bytes)) else spec_json
+    spec = m.ScheduleSpec.model_validate(raw, context=m.STORED)
+    data = spec.model_dump()
+    data["effects"] = list(data["effects"])
+    return ScheduleDefinition.model_validate(data)
+
+
+# =======================================================================================
+# a schedule
+
+
+class PreviewItem(CamelModel):
+    scheduled_at: datetime
+    due_at: datetime
+    local: str
+
+
+class ResumeItem(CamelModel):
+    """A due instant (or a range of ``count`` consecutive ones, ``scheduledAt`` ..
+    ``through``) and what a resume now does with it: ``run`` or ``skip`` for ``reason``."""
+
+    scheduled_at: datetime
+    through: datetime | None = None
+    count: int = 1
+    action: Literal["run", "skip"]
+    reason: str | None = None
+
+
+class ResumePlan(CamelModel):
+    """What resuming a paused schedule at ``asOf`` would do under its misfire policy."""
+
+    as_of: datetime
+    instants: list[ResumeItem]
+    truncated: bool = False  # more items than listed
+    more_due: int = 0  # instants due beyond one decision: the ticks after the resume take them
+
+
+class ScheduleOut(CamelModel):
+    schedule_id: str
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
+    revision: int
+    next_run_at: datetime | None
+    next_due_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    paused_at: datetime | None
+    pause_reason: str | None
+    deleted_at: datetime | None
+    completed_at: datetime | None = None
+    completed_reason: Literal["at", "end", "max_count"] | None = None
+    definition: ScheduleDefinition
+    preview: list[PreviewItem]
+    resume: ResumePlan | None = None  # a PAUSED schedule: what a resume now would run or skip
+
+
+# =======================================================================================
+# runs
+
+
+class RunItem(CamelModel):
+    run_id: str
+    schedule_id: str
+    scheduled_at: datetime
+    state: str
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    waiting: str | None = Field(default=None, description="why a READY run waits, e.g. no "
+                                "live worker of its resource class serves its job type")
+
+
+class WatermarkOut(CamelModel):
+    partitions: dict[str, int] = Field(description="partition -> next offset projected")
+    time: datetime | None = Field(description="authority time of the last event projected")
+
+
+class RunPage(CamelModel):
+    items: list[RunItem]
+    next_cursor: str | None
+    watermark: WatermarkOut
+
+
+class AttemptOut(CamelModel):
+    attempt: int
+    fence: int
+    worker_id: str
+    claimed_at: datetime
+    lease_until: datetime
+    outcome: str | None
+    error_class: str | None
+    error: str | None
+    finished_at: datetime | None
+
+
+class ResultOut(CamelModel):
+    checksum: str
+    size: int
+    uri: str | None = None
+    inline: Any = None
+    attempt: int | None = None
+
+
+class EffectOut(CamelModel):
+    effect_id: str
+    kind: str
+    state: str
+    attempts: int
+    evidence: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class RunOut(CamelModel):
+    run_id: str
+    schedule_id: str
+    revision: int
+    trigger: str
+    request_key: str | None
+    scheduled_at: datetime
+    due_at: datetime | None
+    state: str
+    attempt: int
+    job_type: str | None
+    params: dict[str, Any] | None
+    resource_class: str | None
+    priority: int | None
+    ready_at: datetime | None
+    retry_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    lateness_ms: int | None
+    attempts: list[AttemptOut]
+    result: ResultOut | None
+    skipped_reason: str | None
+    skipped_through: datetime | None
+    skipped_count: int
+    cancellation_requested: bool
+    cancel_reason: str | None
+    dead_reason: str | None
+    dead_message: str | None
+    last_error_class: str | None
+    last_error: str | None
+    reconciliation: dict[str, Any] | None
+    reconciliation_resolution: dict[str, Any] | None
+    effects: list[EffectOut]
+    waiting: str | None = Field(default=None, description="why a READY run waits, e.g. no "
+                                "live worker of its resource class serves its job type")
+
+
+# =======================================================================================
+# workers
+
+
+class WorkerClassOut(CamelModel):
+    resource_class: str
+    job_types: list[str]
+    slots: int
+
+
+class WorkerOut(CamelModel):
+    worker_id: str
+    classes: list[WorkerClassOut]
+    started_at: datetime
+    last_seen: datetime
+    live: bool = Field(description="not stopped, and announced itself within the last "
+                       f"{LIVE_S:g} s")
+    stopped: bool = Field(description="its last announcement said it was stopping")
+
+
+class WorkerPage(CamelModel):
+    items: list[WorkerOut]
+    next_cursor: str | None
+
