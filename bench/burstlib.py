@@ -13,7 +13,8 @@ import glob
 import os
 import statistics
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 

@@ -32,14 +32,14 @@ import statistics
 import sys
 import time
 import tracemalloc
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import messages as m
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
 SPECS = [
     m.ScheduleSpec.model_validate({"every": 60, "job": {"type": f"job{k}", "params": {"k": k}},

@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig, open_log
 
-T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SPEC = m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report", params={"region": "eu"}))
 
 

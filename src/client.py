@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 import structlog
 
-from chronolog.environment import new_id, utc_now
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
+from chronolog.environment import new_id, utc_now
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
 
@@ -82,7 +83,7 @@ ERRORS: dict[str, type[CommandError]] = {
 }
 
 
-def _reply_of(env: m.CommandEnvelope, fut: "asyncio.Future[m.Reply]") -> m.Reply | None:
+def _reply_of(env: m.CommandEnvelope, fut: asyncio.Future[m.Reply]) -> m.Reply | None:
     if not fut.done() or fut.cancelled():
         return None
     exc = fut.exception()
@@ -151,7 +152,7 @@ class Client:
             if not fut.done():
                 fut.cancel()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         await self.start()
         return self
 
@@ -290,7 +291,7 @@ class Client:
             batch, self._outbox = self._outbox, []
             try:
                 await self.log.append([rec for recs, _ in batch for rec in recs])
-            except BaseException as exc:  # noqa: BLE001 - every waiter of the batch sees it
+            except BaseException as exc:  # every waiter of the batch sees it
                 for _, done in batch:
                     if not done.done():
                         done.set_exception(exc if isinstance(exc, Exception)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal, Mapping, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Union
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -116,7 +117,7 @@ class EmailDestination(_Destination):
 
 
 Destination = Annotated[
-    Union[WebhookDestination, PostgresDestination, KafkaDestination, EmailDestination],
+    WebhookDestination | PostgresDestination | KafkaDestination | EmailDestination,
     Field(discriminator="kind"),
 ]
 _DESTINATION: TypeAdapter[Any] = TypeAdapter(Destination)

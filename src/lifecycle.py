@@ -24,7 +24,8 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -90,7 +91,7 @@ async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
     return await run_until_signalled(main(), stop)
 
 
-def _cancel(task: "asyncio.Future[Any]") -> None:
+def _cancel(task: asyncio.Future[Any]) -> None:
     if not task.done():
         log.warning("stop_overdue", grace_s=STOP_GRACE_S)
         task.cancel()
@@ -115,7 +116,7 @@ async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asy
         try:
             await run()
             return
-        except Exception as exc:  # noqa: BLE001 - sorted by unavailable()
+        except Exception as exc:  # sorted by unavailable()
             if not unavailable(exc):
                 raise
             log.warning(f"{what}_waiting_for_service", error=f"{type(exc).__name__}: {exc}"[:300],

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import structlog
 

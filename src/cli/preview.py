@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
+from chronolog.domain.recurrence import (
+    RecurrenceError,
+    Trigger,
+    compile_trigger,
+    parse_instant,
+    resolve_zone,
+    upcoming,
+)
 from chronolog.environment import utc_now
-from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger, parse_instant, resolve_zone, upcoming
 
 DEFAULT_COUNT = 5
 MAX_COUNT = 10_000
@@ -88,7 +95,7 @@ def _rows(instants: list[datetime], zone_name: str) -> list[dict[str, str]]:
     zone = resolve_zone(zone_name)
     return [
         {
-            "utc": instant.astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "utc": instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "local": instant.astimezone(zone).isoformat(timespec="seconds"),
         }
         for instant in instants

@@ -68,11 +68,12 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import asyncpg
 from pydantic import ValidationError
@@ -86,7 +87,12 @@ from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgr
 from chronolog.domain import messages as m
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, resolve_zone
+from chronolog.domain.recurrence import (
+    RecurrenceError,
+    compile_trigger,
+    parse_instant,
+    resolve_zone,
+)
 from chronolog.log.port import LogError
 from chronolog.logging import configure_logging
 from chronolog.projections.documents import (
@@ -116,7 +122,7 @@ from chronolog.projections.workers import ever_served
 from chronolog.settings import ConfigError, LogConfig, data_dir, open_log, parse_log_url
 from chronolog.tenants import load_tenants
 
-__all__ = ["register", "build_definition"]
+__all__ = ["build_definition", "register"]
 
 DEFAULT_TIMEOUT = 15.0
 _DURATION_FLAGS = (("lease", "lease"), ("start_deadline", "startDeadline"), ("jitter", "jitter"))
@@ -406,7 +412,7 @@ def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
     try:
         resolve_zone(tz)
         if args.every is not None:
-            now = datetime.now(timezone.utc).replace(microsecond=0)
+            now = datetime.now(UTC).replace(microsecond=0)
             anchor = parse_instant(args.anchor, tz, field="anchor") if args.anchor else None
             compile_trigger(every=args.every, anchor=anchor or now, timezone=tz)
             body["every"] = args.every
@@ -506,7 +512,7 @@ async def _client(ctx: Ctx) -> AsyncIterator[Any]:
             await lg.start()
             client = Client(lg, principal=f"cli:{_user()}", reply_timeout=ctx.args.timeout)
             await client.start()
-        except (LogError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, LogError, OSError) as exc:
             raise Failure("unavailable", _log_problem(ctx, exc)) from None
         try:
             yield client
@@ -659,7 +665,7 @@ def _iso(t: Any) -> str | None:
         return None
     if isinstance(t, str):
         t = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _print_json(data: Any) -> None:
@@ -833,7 +839,7 @@ def _show(ctx: Ctx) -> Handler:
             row = await rm.schedule(ctx.tenant, sid)
             if row is None:
                 raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-            doc = await schedule_document(rm, row, datetime.now(timezone.utc))
+            doc = await schedule_document(rm, row, datetime.now(UTC))
         if ctx.args.json:
             _print_json(doc)
             return 0

@@ -26,8 +26,14 @@ from typing import Any, Protocol
 
 from chronolog.domain.recurrence import jitter_offset
 
-__all__ = ["Backlog", "Planned", "MAX_INSTANTS_PER_DECISION", "due_time", "plan_due",
-           "misfire_choice"]
+__all__ = [
+    "MAX_INSTANTS_PER_DECISION",
+    "Backlog",
+    "Planned",
+    "due_time",
+    "misfire_choice",
+    "plan_due",
+]
 
 MAX_INSTANTS_PER_DECISION = 1000  # a decision materializes or skips at most this many instants
 

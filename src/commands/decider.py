@@ -17,9 +17,10 @@ guard and materializing the next occurrence) sees a consistent state at every st
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator, Mapping, assert_never
+from typing import Any, assert_never
 
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
@@ -44,19 +45,19 @@ from chronolog.domain.recurrence import (
 )
 
 __all__ = [
-    "Decision",
-    "MAX_INSTANTS_PER_DECISION",
     "LEAVES_LIVE",
+    "MAX_INSTANTS_PER_DECISION",
     "PROCESSOR",
     "QUOTA_EXPIRY_MARGIN",
+    "Decision",
     "Send",
     "TenantContext",
-    "ungranted_effect",
     "decide",
     "evolve",
     "fold",
     "initial_state",
     "next_wakeup",
+    "ungranted_effect",
 ]
 
 COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
@@ -129,7 +130,7 @@ def _reject(status: m.Status, reason: str, field_: str | None = None, **body: An
 class _Draft:
     """A scratch copy of the state; ``emit`` appends an event and folds it at once."""
 
-    __slots__ = ("state", "events")
+    __slots__ = ("events", "state")
 
     def __init__(self, state: ScheduleState) -> None:
         self.state = state.draft()  # copy-on-write: only the runs an event touches are cloned

@@ -51,8 +51,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-
-__all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "SYSTEM_USER", "DATABASE", "SUPERUSER"]
+__all__ = ["DATABASE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres", "EmbeddedPostgresError"]
 
 SYSTEM_USER = "embedded_postgres"
 """The OS user the server runs as when this process is root."""

@@ -20,7 +20,7 @@ import re
 
 from chronolog.domain.limits import MAX_DURATION_SECONDS
 
-__all__ = ["InvalidDuration", "parse_duration", "format_duration"]
+__all__ = ["InvalidDuration", "format_duration", "parse_duration"]
 
 _UNIT_SECONDS: dict[str, float] = {
     "ms": 0.001,

@@ -47,9 +47,10 @@ import calendar
 import functools
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone as dt_timezone
-from typing import Iterator, Protocol, runtime_checkable
+from datetime import UTC, date, datetime, timedelta
+from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -58,25 +59,24 @@ from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import EARLIEST_INSTANT, LATEST_INSTANT, check_instant
 
 __all__ = [
+    "DST_AMBIGUOUS_CHOICES",
+    "DST_NONEXISTENT_CHOICES",
+    "AtTrigger",
+    "CronSpec",
+    "CronTrigger",
+    "DelayTrigger",
+    "EveryTrigger",
     "RecurrenceError",
     "Trigger",
-    "CronTrigger",
-    "EveryTrigger",
-    "AtTrigger",
-    "DelayTrigger",
-    "CronSpec",
     "compile_trigger",
+    "is_wildcard_cron",
+    "jitter_offset",
     "parse_cron",
     "parse_instant",
     "resolve_zone",
     "upcoming",
-    "jitter_offset",
-    "is_wildcard_cron",
-    "DST_AMBIGUOUS_CHOICES",
-    "DST_NONEXISTENT_CHOICES",
 ]
 
-UTC = dt_timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
 _ONE_DAY = timedelta(days=1)

@@ -80,12 +80,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CoordinatorNotAvailableError,
-    NotCoordinatorError,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
     InvalidTxnState,
     KafkaError,
+    NotCoordinatorError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
@@ -107,11 +107,11 @@ from chronolog.log.port import (
     Position,
     RebalanceCallback,
     Record,
-    Topics,
     ThenCallback,
+    Topics,
 )
 
-__all__ = ["KafkaEventLog", "KafkaPartitionOwner", "KafkaGroupConsumer"]
+__all__ = ["KafkaEventLog", "KafkaGroupConsumer", "KafkaPartitionOwner"]
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ async def _bounded(aw: Any, seconds: float, what: str) -> Any:
     """Await ``aw`` for at most ``seconds``; a timeout becomes ``LogUnavailable``."""
     try:
         return await asyncio.wait_for(aw, seconds)
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         raise LogUnavailable(f"kafka: {what} did not finish within {seconds:.0f}s") from exc
 
 
@@ -670,7 +670,7 @@ class KafkaEventLog:
                 top = getattr(resp, "error_code", 0)
                 if top:
                     raise for_code(top)(f"OffsetFetch for group {group!r}")
-                result: dict[TopicPartition, int | None] = {tp: None for tp in tps}
+                result: dict[TopicPartition, int | None] = dict.fromkeys(tps)
                 for topic, parts in resp.topics:
                     for partition, offset, _meta, code in parts:
                         if code:

@@ -80,13 +80,15 @@ import random
 import sqlite3
 import struct
 import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
-from chronolog.log.partitioner import partition_for
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
+from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
+    WAKE_HEADER,
     Fenced,
     LogError,
     LogUnavailable,
@@ -95,12 +97,11 @@ from chronolog.log.port import (
     Position,
     RebalanceCallback,
     Record,
-    Topics,
     ThenCallback,
-    WAKE_HEADER,
+    Topics,
 )
 
-__all__ = ["SqliteEventLog", "SqlitePartitionOwner", "SqliteGroupConsumer", "ProcessLock"]
+__all__ = ["ProcessLock", "SqliteEventLog", "SqliteGroupConsumer", "SqlitePartitionOwner"]
 
 log = logging.getLogger(__name__)
 

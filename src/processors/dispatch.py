@@ -36,10 +36,12 @@ the order the runs became ready.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from chronolog.domain.offers import SEAT_TTL_S, Offer
+
 
 @dataclass(slots=True)
 class Seat:

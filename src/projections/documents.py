@@ -10,7 +10,7 @@ domain ``ScheduleSpec`` (``InvalidDefinition`` names the offending field) and
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import orjson
@@ -79,7 +79,7 @@ def jsonable(model: BaseModel) -> Any:
 
 def iso(t: datetime | None) -> str | None:
     """``2026-11-29T10:37:28.123456Z`` (None stays None)."""
-    return None if t is None else t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class CamelModel(BaseModel):
@@ -198,7 +198,7 @@ def to_spec(defn: ScheduleDefinition) -> m.ScheduleSpec:
     try:
         compile_trigger(
             cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
-            timezone=spec.timezone, anchor=spec.anchor or datetime.now(timezone.utc),
+            timezone=spec.timezone, anchor=spec.anchor or datetime.now(UTC),
             start=spec.start, end=spec.end, dst_ambiguous=spec.dst.ambiguous,
             dst_nonexistent=spec.dst.nonexistent,
         )

@@ -65,19 +65,19 @@ from typing import Any
 
 import structlog
 
-from chronolog.environment import gc_tune, gc_untune
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.environment import gc_tune, gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.projections.project import project, project_batch
-from chronolog.projections.workers import WorkerDirectory
 from chronolog.projections.store import (
     OffsetConflict,
     PostgresProjectionStore,
     RowChanges,
     refused_for_its_data,
 )
+from chronolog.projections.workers import WorkerDirectory
 
 __all__ = ["Commit", "Projector", "ProjectorStats", "Watermark", "decode_and_project"]
 
@@ -334,7 +334,7 @@ class Projector:
                 await asyncio.wait_for(
                     self._progress.wait_for(lambda: self.watermark().reached(required)), timeout
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         return True
 

@@ -46,12 +46,12 @@ import orjson
 from chronolog.projections.migrate import migrate as _migrate
 
 __all__ = [
+    "TABLES",
     "ApplyResult",
     "First",
     "OffsetConflict",
     "PostgresProjectionStore",
     "RowChanges",
-    "TABLES",
     "TableSpec",
     "refused_for_its_data",
 ]

@@ -57,9 +57,10 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 import structlog
@@ -119,7 +120,7 @@ class WorkerStats:
 @dataclass(eq=False)
 class _Attempt:
     ctx: JobContext
-    lane: "_Lane"
+    lane: _Lane
     lost: bool = False  # stale fence / not found: never send anything for it again
     cancel_requested: bool = False
     drained: bool = False  # cancelled by shutdown
@@ -194,7 +195,7 @@ class Worker:
         self.prefetch = concurrency if prefetch is None else prefetch
         self.offer_interval = offer_interval
         self.announce_interval = announce_interval
-        self.started_at = datetime.now(timezone.utc)
+        self.started_at = datetime.now(UTC)
         self._store = result_store
         self._own_client = client is None
         self.client = client or Client(log_, reply_timeout=reply_timeout,
@@ -286,7 +287,7 @@ class Worker:
             if self._own_client:
                 await self.client.start()
             beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
-            self.started_at = datetime.now(timezone.utc)
+            self.started_at = datetime.now(UTC)
             announcer = asyncio.create_task(self._announce_loop(), name="announce")
             pullers = [asyncio.create_task(self._pull(c), name=f"pull-{c}")
                        for c in self.resource_classes]
@@ -356,7 +357,7 @@ class Worker:
         ``workers`` topic; the last one says it is stopping. A failure only logs: the next
         announcement tries again."""
         rec = announcement(self.worker_id, self.resource_classes, self._jobs, self.concurrency,
-                           self.started_at, datetime.now(timezone.utc), stopping=stopping)
+                           self.started_at, datetime.now(UTC), stopping=stopping)
         try:
             await self.log.append([OutRecord(self.topics.workers, self.worker_id.encode(),
                                              rec.encode())])
@@ -793,7 +794,7 @@ class Worker:
 
 def _lease_passed(value: Any) -> bool:
     try:
-        return bool(value) and _parse_time(value) <= datetime.now(timezone.utc)
+        return bool(value) and _parse_time(value) <= datetime.now(UTC)
     except ValueError:
         return False  # not a time: the processor's fence and lease checks still apply
 
@@ -803,7 +804,7 @@ def _parse_time(value: Any) -> datetime:
         return value
     if value:
         return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _failpoint(name: str) -> None:
@@ -828,5 +829,12 @@ async def run_until_signalled(worker: Worker) -> int:
 
 
 # JobContext and the failures are defined in chronolog.workers.job, re-exported here
-__all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "WorkerStats",
-           "run_until_signalled"]
+__all__ = [
+    "Ambiguous",
+    "Cancelled",
+    "JobContext",
+    "Permanent",
+    "Worker",
+    "WorkerStats",
+    "run_until_signalled",
+]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+
+import pytest
 
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
@@ -25,8 +27,6 @@ from chronolog.log.port import (
     Position,
     Record,
 )
-
-import pytest
 
 from .conftest import PARTITIONS, OpenLog
 

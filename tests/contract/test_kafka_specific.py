@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
-from aiokafka.structs import TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
 
 from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.partitioner import partition_for

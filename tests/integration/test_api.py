@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from chronolog.log.port import EventLog, Topics
 from chronolog.api.app import CONSISTENCY_HEADER, create_app
+from chronolog.log.port import EventLog, Topics
 from chronolog.settings import LogConfig, open_log
 
 from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
@@ -252,7 +252,7 @@ async def test_a_fired_one_shot_completes_keeps_its_runs_and_frees_its_quota_slo
 ) -> None:
     assert stack.http is not None
     once = sid("once")
-    at = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
+    at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
     r = await create(stack, {"scheduleId": once, "at": at, "job": {"type": "a"}}, HOOLI)
     assert r.status_code == 201, r.text
 
@@ -662,7 +662,7 @@ def _config_like(lg: EventLog, topics: Topics) -> LogConfig:
     path = getattr(lg, "path", None)
     if path is not None:
         return LogConfig("sqlite", str(path), topics)
-    return LogConfig("kafka", getattr(lg, "bootstrap_servers"), topics)
+    return LogConfig("kafka", lg.bootstrap_servers, topics)
 
 
 # ------------------------------------------------------------------ preview, health, metrics

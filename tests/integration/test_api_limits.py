@@ -16,9 +16,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from chronolog.api.app import CONSISTENCY_HEADER, create_app
 from chronolog.domain.limits import MAX_BODY_BYTES, MAX_DOCUMENT_DEPTH
 from chronolog.log.port import Topics
-from chronolog.api.app import CONSISTENCY_HEADER, create_app
 from chronolog.settings import LogConfig, open_log
 from chronolog.tenants import RateLimit, Tenant, Tenants
 

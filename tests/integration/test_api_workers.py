@@ -13,9 +13,10 @@ PostgreSQL and real workers; the app through ``httpx.ASGITransport``):
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ async def listed(stack: ApiStack, worker_id: str) -> bool:
 async def create(stack: ApiStack, schedule_id: str, job: str, **extra: Any) -> Any:
     assert stack.http is not None
     return await stack.http.post("/v1/schedules", headers=ACME, json={
-        "scheduleId": schedule_id, "at": datetime.now(timezone.utc).isoformat(),
+        "scheduleId": schedule_id, "at": datetime.now(UTC).isoformat(),
         "job": {"type": job, "params": {"name": "ada"}}, **extra})
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import asyncpg
 import orjson
@@ -79,7 +80,7 @@ class Node:
         self.client = Client(lg, principal="test", reply_timeout=30)
         self.tasks: list[tuple[Any, asyncio.Task[None]]] = []
 
-    async def __aenter__(self) -> "Node":
+    async def __aenter__(self) -> Node:
         self.tasks.append((self.proc, asyncio.create_task(self.proc.run())))
         await self.client.start()
         await wait_until(lambda: len(self.proc.partitions) == 1, 30, what="processor")

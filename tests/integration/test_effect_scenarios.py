@@ -33,11 +33,11 @@ import pytest
 
 from chronolog.client import Client, Conflict, StaleFence
 from chronolog.commands.decider import fold
+from chronolog.destinations import parse_destinations
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
 from chronolog.processors.runtime import Processor
-from chronolog.destinations import parse_destinations
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
 
@@ -93,7 +93,7 @@ class Stack:
         self.client = Client(lg, principal="test", reply_timeout=30)
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> "Stack":
+    async def __aenter__(self) -> Stack:
         self.tasks.append(asyncio.create_task(self.proc.run()))
         await self.client.start()
         await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,

@@ -16,27 +16,27 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
+from chronolog.cli.replay import connect_store, reset
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
+from chronolog.projections.project import project
+from chronolog.projections.store import TABLES
 
 from .decider_log import ScheduleLog
-from chronolog.projections.project import project
-from chronolog.cli.replay import connect_store, reset
-from chronolog.projections.store import TABLES
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
 PARTITIONS = 3
 CHRONOLOG = Path(sys.executable).parent / "chronolog"

@@ -20,9 +20,10 @@ import contextlib
 import os
 import signal
 import subprocess
-from datetime import datetime, timedelta, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import orjson
 
@@ -40,7 +41,7 @@ from .conftest import CHRONOLOG, ROOT, log_url, wait_until
 from .test_processor import Running, events, read_all
 
 JOBS_FILE = str(Path(__file__).with_name("worker_jobs.py"))
-FAR = (datetime.now(timezone.utc) + timedelta(days=365)).isoformat()
+FAR = (datetime.now(UTC) + timedelta(days=365)).isoformat()
 
 
 def manual_spec(job: str, params: dict[str, Any], lease: str = "30s", **extra: Any) -> dict[str, Any]:
@@ -336,7 +337,7 @@ async def test_an_assignment_read_again_after_its_lease_passed_is_not_run(
         [assignment] = await assignments_for(event_log, run_id)
         lease_until = datetime.fromisoformat(
             orjson.loads(assignment.value)["lease_until"].replace("Z", "+00:00"))
-        await wait_until(lambda: datetime.now(timezone.utc) > lease_until, 10,
+        await wait_until(lambda: datetime.now(UTC) > lease_until, 10,
                          what="the lease over")
         async with serving(event_log, store, "w1",
                            group=f"{event_log.topics.prefix}fresh") as again:

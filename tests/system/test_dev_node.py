@@ -20,8 +20,9 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg

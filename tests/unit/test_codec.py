@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -14,7 +14,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.sqlite import SqliteEventLog
 
-T0 = datetime(2026, 3, 8, 7, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
 
 
 def _event() -> m.EventEnvelope:

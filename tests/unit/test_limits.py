@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chronolog.api.limits import RateLimiter
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import (
-    MAX_DURATION_SECONDS,
     MAX_DOCUMENT_DEPTH,
+    MAX_DURATION_SECONDS,
     json_depth,
     plainly_clean_json,
     text_violation,
 )
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, upcoming
-from chronolog.api.limits import RateLimiter
 from chronolog.settings import ConfigError
 from chronolog.tenants import RateLimit, dev_tenants, load_tenants
 
@@ -41,7 +41,7 @@ def test_instants_lie_between_1970_and_2999() -> None:
 
 
 def test_upcoming_stops_at_the_end_of_the_calendar_instead_of_overflowing() -> None:
-    start = datetime(2999, 1, 1, tzinfo=timezone.utc)
+    start = datetime(2999, 1, 1, tzinfo=UTC)
     trigger = compile_trigger(every="3650d", anchor=start)
     got = upcoming(trigger, start, 1000)
     assert 0 < len(got) < 1000 and got[-1].year > 9000

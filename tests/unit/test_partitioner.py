@@ -36,7 +36,7 @@ def many_keys() -> list[bytes]:
     alphabet = "aZ09/_-.ßüé日本語🎉Ωж\u0301"
     for _ in range(4000):
         keys.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))).encode())
-    for n in range(0, 65):
+    for n in range(65):
         keys.append(bytes(range(n)))
         keys.append(bytes([0xFF]) * n)
     for _ in range(4000):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +11,7 @@ from chronolog.domain import messages as m
 from chronolog.projections.project import project, project_batch
 from chronolog.projections.store import TABLES, First, RowChanges
 
-T0 = datetime(2030, 3, 1, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 TENANT, SID = "acme", "nightly"
 SKEY = (TENANT, SID)
 RUN = "r_0123456789abcdef0123"

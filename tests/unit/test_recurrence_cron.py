@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from croniter import croniter
 
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, is_wildcard_cron, parse_cron, upcoming
-
-UTC = timezone.utc
+from chronolog.domain.recurrence import (
+    RecurrenceError,
+    compile_trigger,
+    is_wildcard_cron,
+    parse_cron,
+    upcoming,
+)
 
 
 def utc(text: str) -> datetime:

@@ -9,11 +9,9 @@ Fridays, February to April 2026 four.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from chronolog.domain.recurrence import compile_trigger, parse_cron, upcoming
-
-UTC = timezone.utc
 
 
 def fires(expr: str, after: str, count: int, zone: str = "UTC", **dst: str) -> list[str]:

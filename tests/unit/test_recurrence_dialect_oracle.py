@@ -16,9 +16,9 @@ rule and the Vixie day rule as README.md states them:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
-from typing import Callable
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from hypothesis import HealthCheck, event, given, settings
@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger
 
-UTC = timezone.utc
 MINUTE = timedelta(minutes=1)
 DayTest = Callable[[date], bool]
 
@@ -58,7 +57,7 @@ def _month_days(d: date) -> list[date]:
     return _days_of(d.year, d.month)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _days_of(year: int, month: int) -> list[date]:
     first = date(year, month, 1)
     return [first + timedelta(days=i) for i in range(31) if (first + timedelta(days=i)).month == month]
@@ -68,7 +67,7 @@ def _weekdays_of_month(d: date) -> list[date]:
     return _weekdays_of(d.year, d.month)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _weekdays_of(year: int, month: int) -> list[date]:
     return [x for x in _days_of(year, month) if x.isoweekday() <= 5]
 

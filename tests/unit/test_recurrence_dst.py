@@ -10,13 +10,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from chronolog.domain.recurrence import compile_trigger, upcoming
-
-UTC = timezone.utc
 
 
 def utc(text: str) -> datetime:

@@ -9,7 +9,7 @@ allowed out is ``RecurrenceError`` (``InvalidDuration`` from ``parse_duration``)
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +25,6 @@ from chronolog.domain.recurrence import (
     upcoming,
 )
 
-UTC = timezone.utc
 ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
 FIELDS = {"cron", "timezone", "every", "at", "anchor", "delay", "start", "end", "dst.ambiguous",
           "dst.nonexistent", "trigger", "after"}

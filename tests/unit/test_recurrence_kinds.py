@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,6 @@ from chronolog.domain.recurrence import (
     upcoming,
 )
 
-UTC = timezone.utc
 ROOT = Path(__file__).resolve().parents[2]
 
 

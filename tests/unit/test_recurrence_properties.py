@@ -9,7 +9,7 @@ croniter 7 expands any single-value range ``a-a`` (and ``a-a/k``) to ``*`` (so
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from chronolog.domain.recurrence import compile_trigger, upcoming
 
-UTC = timezone.utc
 ZONES = ["UTC", "America/New_York", "Europe/London", "Australia/Sydney", "Australia/Lord_Howe", "Asia/Kolkata"]
 
 # 2026 transitions (UTC instants) for the zones with DST.
@@ -105,10 +104,10 @@ class Oracle:
             local = u.astimezone(zone)
             wall = local.replace(tzinfo=None)
             repeated = wall.replace(tzinfo=zone, fold=1 - local.fold).utcoffset() != local.utcoffset()
-            if self.wall(wall) and (self.wildcard or not repeated or ambiguous == "both"
-                                    or (ambiguous == "first") == (local.fold == 0)):
-                out.append(u)
-            elif not self.wildcard and nonexistent == "shift_forward" and self._gap_ends_here(zone, u):
+            if ((self.wall(wall) and (self.wildcard or not repeated or ambiguous == "both"
+                                      or (ambiguous == "first") == (local.fold == 0)))
+                    or (not self.wildcard and nonexistent == "shift_forward"
+                        and self._gap_ends_here(zone, u))):
                 out.append(u)
             u += timedelta(minutes=1)
         return out

@@ -15,7 +15,7 @@ helpers reach them through the ``gwt`` fixture instead:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from chronolog.commands.decider import Decision, TenantContext, decide, evolve, 
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import messages as m
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)  # a Monday, 09:00 UTC
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday, 09:00 UTC
 TENANT = "acme"
 SCHEDULE = "s1"
 E = TypeVar("E")
@@ -103,7 +103,7 @@ class Story:
         self._apply(decision)
         return decision
 
-    def given_events(self, *events: Any) -> "Story":
+    def given_events(self, *events: Any) -> Story:
         """Append raw events to the history."""
         for e in events:
             self.history.append(e)
@@ -123,7 +123,7 @@ class Story:
 
     # -- common setups ----------------------------------------------------------------
 
-    def create(self, now: datetime = T0, **overrides: Any) -> "Story":
+    def create(self, now: datetime = T0, **overrides: Any) -> Story:
         self.given(m.CreateSchedule(spec=spec(**overrides), request_key="create-1"), now)
         return self
 

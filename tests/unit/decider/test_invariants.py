@@ -26,7 +26,7 @@ into the live state event by event, as a processor does, and checked:
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -52,7 +52,7 @@ from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
 from chronolog.domain.recurrence import upcoming
 
-T0 = datetime(2026, 3, 7, 23, 0, tzinfo=timezone.utc)  # a DST weekend in New York
+T0 = datetime(2026, 3, 7, 23, 0, tzinfo=UTC)  # a DST weekend in New York
 TENANT = "acme"
 SIDS = ("alpha", "beta", "gamma")
 US = timedelta(microseconds=1)
@@ -108,7 +108,7 @@ class DeciderMachine(RuleBasedStateMachine):
         self.keys: dict[str, set[datetime]] = {sid: set() for sid in SIDS}
         self.manual_keys: dict[str, set[str]] = {sid: set() for sid in SIDS}
         self.published: set[tuple[str, str]] = set()
-        self.max_fence: dict[str, int] = {sid: 0 for sid in SIDS}
+        self.max_fence: dict[str, int] = dict.fromkeys(SIDS, 0)
         self.overlap: dict[str, str] = {}
         # per schedule and revision: the instants materialized / skipped for the catch-up bounds
         self.ran: dict[tuple[str, int], list[datetime]] = {}

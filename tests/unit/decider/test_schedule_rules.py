@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+
 def test_create_emits_schedule_created_with_the_first_instant(gwt: SimpleNamespace) -> None:
     m = gwt.m
     d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(cron="0 10 * * *")), gwt.T0)
