@@ -1,4 +1,5 @@
-"""Flags shared by the sub-commands: where the log is, where the database is, which partitions."""
+"""Flags shared by the sub-commands: where the HTTP API is, where the log is, where the
+database is, which partitions."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ from chronolog.cli.errors import UsageError
 from chronolog.settings import ConfigError, data_dir, open_log, parse_log_url
 
 
-def add_log_flags(p: argparse.ArgumentParser) -> None:
+def add_log_flags(p: argparse.ArgumentParser, *, data_dir_help: str | None = None) -> None:
     """``--log URL``, ``--data-dir DIR``, ``--partitions N``, ``--topic-prefix P``."""
     p.add_argument("--log", help="sqlite:///path or kafka://host:port (env CHRONOLOG_LOG)")
-    p.add_argument("--data-dir", help="data directory for the embedded log (default ./.chronolog)")
+    p.add_argument("--data-dir", help=data_dir_help or
+                   "data directory for the embedded log (default ./.chronolog)")
     p.add_argument("--partitions", type=int, default=None,
                    help="partition count P (env CHRONOLOG_PARTITIONS, default 12)")
     p.add_argument("--topic-prefix", default=None, help="topic prefix (default chronolog.)")
+
+
+def add_api_flags(p: argparse.ArgumentParser) -> None:
+    """``--url URL`` and ``--token TOKEN``: a node's HTTP API (env ``CHRONOLOG_URL``,
+    ``CHRONOLOG_TOKEN``; the flags win)."""
+    p.add_argument("--url", default=None, metavar="URL",
+                   help="a chronolog node's HTTP API, e.g. http://127.0.0.1:8080 (env "
+                        "CHRONOLOG_URL; default: the dev node recorded in --data-dir)")
+    p.add_argument("--token", default=None, metavar="TOKEN",
+                   help="bearer token for --url (env CHRONOLOG_TOKEN)")
 
 
 def log_from_args(args: Any) -> Any:

@@ -6,6 +6,8 @@ effect runner and the HTTP API, on the embedded SQLite log and an embedded Postg
 
 A part that fails is restarted with bounded exponential backoff (``chronolog.devnode.supervisor``),
 and the node says so on stderr, in its log and in the live view; the other parts go on.
+Once the API serves, the node records its address and token in ``DATA_DIR/node.json``
+(``chronolog.devnode.nodefile``) for the CLI to find; a clean stop removes it.
 SIGTERM / Ctrl-C stops it in order — API, workers (drain), effects, processor (finishing its
 open transaction), projector — then closes the log and stops the embedded PostgreSQL. A
 restart on the same data directory restores every schedule from the log and applies each
@@ -56,6 +58,7 @@ async def run_dev(
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
     from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+    from chronolog.devnode.nodefile import NodeInfo, api_url, remove_node_file, write_node_file
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
     from chronolog.projections.store import PostgresProjectionStore
@@ -82,6 +85,9 @@ async def run_dev(
         node = DevNode(ddir, port, host)
 
         async def started(node: DevNode) -> None:
+            tenant = next(iter(tenants.tenants.values()), None)
+            token = tenant.tokens[0] if tenant is not None and tenant.tokens else None
+            write_node_file(ddir, NodeInfo(api_url(host, port), token, os.getpid()))
             if first_run and demo:
                 await _seed_demo(node.parts["client"], tenants)
             _banner(node, tenants, tenants_path, first_run and demo)
@@ -90,6 +96,8 @@ async def run_dev(
                        on_started=started, view=not quiet, builtin=builtin)
         return 0
     finally:
+        with contextlib.suppress(OSError):
+            remove_node_file(ddir, os.getpid())
         if store is not None:
             with contextlib.suppress(Exception):
                 await store.close()
@@ -228,7 +236,10 @@ async def _seed_demo(client: Any, tenants: Any) -> None:
 
 
 def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool) -> None:
-    url = f"http://{node.host}:{node.port}"
+    from chronolog.devnode.nodefile import api_url
+    from chronolog.settings import DEFAULT_DATA_DIR
+
+    url = api_url(node.host, node.port)
     tenant = next(iter(tenants.tenants.values()))
     # the token itself only on a terminal: redirected output (a CI log, a file) keeps it out
     shown = sys.stdout.isatty() and bool(tenant.tokens)
@@ -245,9 +256,9 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
         "-H 'Content-Type: application/json' \\",
         "    -d '{\"scheduleId\": \"hello\", \"every\": \"10s\", "
         "\"job\": {\"type\": \"echo\", \"params\": {\"hi\": 1}}}'",
-        "or with the CLI:",
-        f"  .venv/bin/chronolog schedule create hello --every 10s --job echo "
-        f"--data-dir {node.data_dir}",
+        "or with the CLI (it finds this node through its data directory):",
+        "  .venv/bin/chronolog schedule create hello --every 10s --job echo"
+        + ("" if node.data_dir == Path(DEFAULT_DATA_DIR) else f" --data-dir {node.data_dir}"),
         "watch its runs:",
         f"  curl -s {url}/v1/schedules/hello/runs -H 'Authorization: Bearer {token}'",
     ]
