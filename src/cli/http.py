@@ -166,8 +166,9 @@ class HttpTransport:
             field = None
             body = {"error": word, "field": None, "message": message}
         if status == 401:
-            message += (f": the token is wrong for {self.url}; pass the right one with "
-                        f"--token TOKEN (or {ENV_TOKEN})" if self.target.token else
+            message += (f": the token (from {self.target.token_from}) is wrong for "
+                        f"{self.url}; pass the right one with --token TOKEN (or {ENV_TOKEN})"
+                        if self.target.token else
                         f": no token given; pass --token TOKEN (or set {ENV_TOKEN})")
         raise Failure(word, message, field, body=body)
 

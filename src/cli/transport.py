@@ -12,8 +12,8 @@ variable):
    node's HTTP API (``chronolog.cli.http``).
 3. Neither: the dev node recorded in ``--data-dir``'s ``node.json`` (default
    ``./.chronolog``, env ``CHRONOLOG_DATA_DIR``; ``chronolog.devnode.nodefile``) with its
-   token (a ``--token`` flag overrides it). None there, or one that does not answer: exit
-   status 2 with one line saying how to point the CLI at a node.
+   token (``--token`` or ``CHRONOLOG_TOKEN`` overrides it). None there, or one that does not
+   answer: exit status 2 with one line saying how to point the CLI at a node.
 
 Both transports implement ``Transport`` and answer the HTTP API's JSON bodies (camelCase),
 so a command prints the same ``--json`` whichever way it went.
@@ -52,6 +52,7 @@ class Target:
 
     url: str | None = None
     token: str | None = None
+    token_from: str | None = None  # where the token came from: a flag, a variable, a file
     node_dir: Path | None = None  # the data directory whose node.json named ``url``
     node_pid: int | None = None
 
@@ -192,17 +193,23 @@ def select_target(args: Any) -> Target:
         if getattr(args, attr, None) is not None:
             raise UsageError(f"invalid {flag.removeprefix('--')}: {flag} applies to direct "
                              f"access to the log (--log); over the HTTP API {why}")
-    token = _token(args.token, "token") if args.token is not None else None
+    token, token_from = None, None
+    if args.token is not None:
+        token, token_from = _token(args.token, "token"), "--token"
+    elif env.get(ENV_TOKEN):
+        token, token_from = _token(env[ENV_TOKEN], ENV_TOKEN), ENV_TOKEN
     if args.url is not None:
-        return Target(_url(args.url, "url"), token or _env_token())
+        return Target(_url(args.url, "url"), token, token_from)
     if env.get(ENV_URL):
-        return Target(_url(env[ENV_URL], ENV_URL), token or _env_token())
+        return Target(_url(env[ENV_URL], ENV_URL), token, token_from)
     ddir = data_dir(args.data_dir)
     node = read_node_file(ddir)
     if node is None:
         raise UsageError(no_node_line(ddir))
-    return Target(_url(node.url, f"url of {ddir / 'node.json'}"),
-                  token or node.token or _env_token(), ddir, node.pid)
+    if token is None and node.token:
+        token, token_from = node.token, f"{_shown(ddir)}/node.json"
+    return Target(_url(node.url, f"url of {ddir / 'node.json'}"), token, token_from, ddir,
+                  node.pid)
 
 
 def no_node_line(ddir: Path, target: Target | None = None) -> str:
@@ -220,11 +227,6 @@ def _shown(path: Path) -> str:
     if path.is_absolute() or text.startswith(("./", "../")):
         return text
     return f"./{text}"
-
-
-def _env_token() -> str | None:
-    value = os.environ.get(ENV_TOKEN)
-    return _token(value, ENV_TOKEN) if value else None
 
 
 def _token(value: str, name: str) -> str:

@@ -120,11 +120,14 @@ async def test_the_cli_finds_a_dev_node_through_its_data_directory(
     assert await cli.ok("run", ids[0]) == body  # --json is the API's body
     workers = await cli.ok("workers", "list")
     assert [w["workerId"] for w in workers["items"]] == [f"dev-worker-{node.proc.pid}"]
-    # an explicit wrong token wins over the node's own
+    # a token given wins over the node's own, the variable too
+    env_wrong = await Cli([], {**_env(), "CHRONOLOG_TOKEN": "not-dev"}, services,
+                          cwd=tmp_path)("run", ids[0])
+    assert env_wrong.rc == 1 and "the token (from CHRONOLOG_TOKEN) is wrong" in env_wrong.err
     wrong = await cli("run", ids[0], "--token", "not-dev", "--json")
     assert wrong.rc == 1 and _one_line(wrong) == (
-        f"error: unauthorized: unknown token: the token is wrong for {doc['url']}; pass the "
-        f"right one with --token TOKEN (or CHRONOLOG_TOKEN)")
+        f"error: unauthorized: unknown token: the token (from --token) is wrong for "
+        f"{doc['url']}; pass the right one with --token TOKEN (or CHRONOLOG_TOKEN)")
     assert json.loads(wrong.out) == {"error": "unauthorized", "field": "Authorization",
                                      "message": "unknown token"}
     # and so does --data-dir over the working directory's
@@ -212,7 +215,8 @@ async def test_refusals_and_an_api_without_a_processor(tmp_path: Path, dsn: str)
             assert json.loads(none.out) == (await http.get("/v1/schedules/ghost")).json()
         bad = await anonymous("schedule", "show", "ghost", "--token", "guess")
         assert bad.rc == 1 and _one_line(bad).startswith("error: unauthorized: unknown token: "
-                                                         "the token is wrong for ")
+                                                         "the token (from --token) is "
+                                                         "wrong for ")
         # the variable when no flag is given
         env_token = Cli(["--url", url], {**_env(), "CHRONOLOG_TOKEN": "dev"}, services)
         assert (await env_token("schedule", "show", "ghost")).err.strip() == \

@@ -389,7 +389,12 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
         assert await env_cli.ok("run", ids[0]) == await api.ok("run", ids[0])
         wrong = await env_cli("run", ids[0], "--token", "nope")
         assert wrong.rc == 1 and _one_line(wrong).startswith("error: unauthorized: ")
-        assert "the token is wrong" in wrong.err and "--token" in wrong.err
+        assert _one_line(wrong) == (f"error: unauthorized: unknown token: the token (from "
+                                    f"--token) is wrong for {url}; pass the right one with "
+                                    f"--token TOKEN (or CHRONOLOG_TOKEN)")
+        env_wrong = Cli([], {**env, "CHRONOLOG_URL": url, "CHRONOLOG_TOKEN": "nope"}, services)
+        wrong = await env_wrong("run", ids[0])
+        assert wrong.rc == 1 and "the token (from CHRONOLOG_TOKEN) is wrong" in wrong.err
 
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             auth = {"Authorization": "Bearer acme-token"}
