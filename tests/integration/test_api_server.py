@@ -234,7 +234,8 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
         _service(["processor", *log_args, "--tenants", str(tenants)],
                  tmp_path / "processor.log"),
         _service(["api", *log_args, "--database-url", dsn, "--port", str(port),
-                  "--with-projector", "--tenants", str(tenants), "--reply-timeout", "5"],
+                  "--with-projector", "--tenants", str(tenants), "--reply-timeout", "5",
+                  "--visible-timeout", "5"],
                  tmp_path / "api.log"),
     ]
     try:
@@ -253,3 +254,17 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     assert failures == [], "\n\n".join(failures[:10])
     assert codes == [0, 0], [(tmp_path / f).read_text()[-2000:]
                              for f in ("api.log", "processor.log")]
+
+
+def test_a_bad_visible_timeout_is_a_usage_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
+    r = subprocess.run([CHRONOLOG, "api", "--log", f"sqlite://{tmp_path / 'log.db'}",
+                        "--visible-timeout", "soon"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "visible-timeout 'soon'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([CHRONOLOG, "dev", "--data-dir", str(tmp_path / "dev"), "--port",
+                        str(_free_port()), "--quiet"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**env, "CHRONOLOG_VISIBLE_TIMEOUT": "-1"})
+    assert r.returncode == 2, r.stderr
+    assert "visible-timeout '-1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
