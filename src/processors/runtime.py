@@ -73,6 +73,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, event_id_for, partition_key
 from chronolog.log.dead_letters import DeadLetters
+from chronolog.log.partitioner import misplaced
 from chronolog.log.reading import read_partition
 from chronolog.log.port import (
     WAKE_HEADER,
@@ -253,6 +254,7 @@ class Processor:
         self.snapshots = snapshots
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
+        self._command_partitions = 0  # of the commands topic, read at the first assignment
         self.stats = ProcessorStats()
         self._stopping = asyncio.Event()
         self._consumer: Any = None
@@ -433,6 +435,8 @@ class Processor:
         for topic, p in sorted(tps):
             if topic != self.topics.commands or p in self.partitions:
                 continue
+            if not self._command_partitions:
+                self._command_partitions = await self.log.partitions_for(self.topics.commands)
             owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
             if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
                 owner.await_visible = self.config.await_visible
@@ -680,6 +684,10 @@ class Processor:
             self._dead_letter(ps, rec, str(exc), out, error=exc)
             return
         key = partition_key(env.tenant, env.schedule_id)
+        wrong_place = misplaced(rec.key, key, ps.partition, self._command_partitions)
+        if wrong_place is not None:
+            self._dead_letter(ps, rec, wrong_place, out, env)
+            return
         if isinstance(env.payload, m.Tick):
             self._dead_letter(ps, rec, "type: Tick is internal to the processor", out, env)
             return
