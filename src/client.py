@@ -267,13 +267,13 @@ class Client:
             if pending:
                 await asyncio.wait(pending, timeout=self.reply_timeout if timeout is None
                                    else timeout)
-            return [_reply_of(env, f) for env, f in zip(envs, futs)]
+            return [_reply_of(env, f) for env, f in zip(envs, futs, strict=True)]
         finally:
             self._forget(envs, futs)
 
     def _forget(self, envs: Sequence[m.CommandEnvelope],
                 futs: list[asyncio.Future[m.Reply]]) -> None:
-        for env, fut in zip(envs, futs):
+        for env, fut in zip(envs, futs, strict=True):
             if fut.done() and self._waiters.get(env.command_id) is fut:
                 del self._waiters[env.command_id]
 
@@ -335,7 +335,7 @@ class Client:
                     else m.ScheduleSpec.model_validate(spec)))
                 for sid, spec in specs]
         out: list[dict[str, Any] | CommandError | ReplyTimeout] = []
-        for env, reply in zip(envs, await self.send_batch(envs, timeout)):
+        for env, reply in zip(envs, await self.send_batch(envs, timeout), strict=True):
             if reply is None:
                 out.append(ReplyTimeout(f"no reply to {env.type} {env.command_id}"))
             elif reply.status == "ok":

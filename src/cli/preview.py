@@ -109,7 +109,9 @@ def _table(rows: list[dict[str, str]], zone_name: str) -> str:
     headers = ("#", "UTC", f"local ({zone_name})")
     body = [(str(i), row["utc"], row["local"]) for i, row in enumerate(rows, 1)]
     widths = [max(len(line[c]) for line in [headers, *body]) for c in range(3)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [headers, *body]]
+    lines = ["  ".join(cell.ljust(width)
+                       for cell, width in zip(line, widths, strict=True)).rstrip()
+             for line in [headers, *body]]
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any, assert_never
 
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
@@ -415,7 +416,7 @@ def _below_min_interval(
                            f"tenant's minimum interval of {least:g}s", name)
     if spec.cron is not None and least > 60:  # a cron rule is at least a minute apart
         instants = upcoming(trigger, now, _CRON_GAPS_CHECKED)
-        for a, b in zip(instants, instants[1:]):
+        for a, b in pairwise(instants):
             if (b - a).total_seconds() < least:
                 return _reject("invalid", f"invalid cron '{spec.cron}': fires {b - a} apart "
                                f"at {m_iso(a)}, the tenant's minimum interval is {least:g}s",

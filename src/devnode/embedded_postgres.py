@@ -235,7 +235,8 @@ class EmbeddedPostgres:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise EmbeddedPostgresError(f"timed out waiting for the lock {lock_path}")
+                        raise EmbeddedPostgresError(
+                            f"timed out waiting for the lock {lock_path}") from None
                     time.sleep(0.05)
             try:
                 yield

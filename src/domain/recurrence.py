@@ -525,7 +525,7 @@ def _validate_with_croniter(expr: str, parts: list[str]) -> None:
              for i, text in enumerate(parts)]
     try:
         croniter.expand(" ".join(plain))
-    except Exception as exc:  # croniter raises several unrelated classes
+    except Exception as exc:  # noqa: BLE001 - croniter raises several unrelated classes
         reason = " ".join(str(exc).split())[:200]
         raise RecurrenceError("cron", expr, f"rejected by croniter: {reason}") from None
 
@@ -542,7 +542,7 @@ def parse_cron(expr: str) -> CronSpec:
             "cron", expr, f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
         )
     try:
-        parsed = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS)]
+        parsed = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS, strict=True)]
     except _FieldError as exc:
         raise RecurrenceError("cron", expr, str(exc)) from None
     _validate_with_croniter(expr, parts)

@@ -1231,7 +1231,7 @@ class SqliteEventLog:
                 index.append(i)
         if items:
             done = await self._w.run(_owners_commit, self._partitions, items)
-            for i, res in zip(index, done):
+            for i, res in zip(index, done, strict=True):
                 if isinstance(res, Fenced):
                     batches[i][0]._fenced = True
                 results[i] = res

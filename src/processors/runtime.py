@@ -624,7 +624,7 @@ class Processor:
                 w.ps.owner.commit(w.out.records, w.consumed, self.group, then=w.out.then)
                 for w in work
             ), return_exceptions=True)
-        for w, res in zip(work, results):
+        for w, res in zip(work, results, strict=True):
             await self._committed(w, res)
 
     async def _committed(self, w: _Work, result: Any) -> None:

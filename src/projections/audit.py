@@ -721,7 +721,7 @@ class Auditor:
                 self._quota_violation("quota_exact", tenant, "", f"{len(holders)} live "
                                       f"schedules hold a slot, quota {q.max_schedules}")
             open_ = 0
-            for sid, (cid, ref, confirmed) in q.slots.items():
+            for sid, (_cid, ref, confirmed) in q.slots.items():
                 if not confirmed:
                     open_ += 1
                 elif sid not in holders:

@@ -164,7 +164,7 @@ def decode_and_project(
         pass
     changes = RowChanges()
     for p in list(envelopes):
-        pairs = list(zip(kept.pop(p), envelopes.pop(p)))
+        pairs = list(zip(kept.pop(p), envelopes.pop(p), strict=True))
         for rec, env in pairs:
             try:
                 one = project(env)
@@ -356,7 +356,7 @@ class Projector:
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
             for p in self._owned
         ))
-        read = {p: records for p, records in zip(self._owned, reads) if records}
+        read = {p: records for p, records in zip(self._owned, reads, strict=True) if records}
         kept, envelopes, changes, dead = decode_and_project(read)
         return _Batch(kept, envelopes, {p: recs[-1].offset + 1 for p, recs in read.items()},
                       dead, changes)
@@ -386,7 +386,8 @@ class Projector:
         records the database refuses alone are dead-lettered and their offsets passed."""
         for p, end in batch.ends.items():
             tp = (self.topic, p)
-            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, [])):
+            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, []),
+                                strict=True):
                 offsets = {tp: (self._offsets.get(p, 0), rec.offset + 1)}
                 try:
                     result = await self.store.apply(project(env), offsets,

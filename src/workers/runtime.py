@@ -388,9 +388,9 @@ class Worker:
     def _grown(self, lane: _Lane) -> None:
         """After a handler returned: offer again at once when the window should double."""
         lane.finished.append(asyncio.get_running_loop().time())
-        if lane.reoffer is None or lane.reoffer.done():
-            if self.window(lane) >= 2 * lane.offered and lane.owned:
-                lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
+        if ((lane.reoffer is None or lane.reoffer.done())
+                and self.window(lane) >= 2 * lane.offered and lane.owned):
+            lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
 
     async def _offer(self, lane: _Lane, partitions: Iterable[int], withdraw: bool = False) -> None:
         """Offer this worker to the processors of ``partitions`` (window 0 withdraws)."""
@@ -716,13 +716,13 @@ class Worker:
                                                 timeout=self.reply_timeout)
         finally:
             self._unsettled.difference_update(batch)
-        lost = [r for r, reply in zip(batch, replies) if reply is None]
+        lost = [r for r, reply in zip(batch, replies, strict=True) if reply is None]
         if lost:
             self._log.warning("reply_lost", commands=len(lost), tries=lost[0].tries)
             self._retry_or_give_up(lost)
             if self._outgoing and (self._reporter is None or self._reporter.done()):
                 self._reporter = asyncio.create_task(self._send_reports(), name="reports")
-        for r, reply in zip(batch, replies):
+        for r, reply in zip(batch, replies, strict=True):
             if reply is not None:
                 self._decided(r, reply)
 
@@ -777,7 +777,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the next beat tries again
             self._log.warning("heartbeat_failed", attempts=len(atts), error=repr(exc))
             return
-        for att, reply in zip(atts, replies):
+        for att, reply in zip(atts, replies, strict=True):
             ctx = att.ctx
             if reply is None:
                 ctx.log.warning("heartbeat_reply_lost")
@@ -785,11 +785,11 @@ class Worker:
                 att.lost = True
                 ctx.log.warning("lease_lost", status=reply.status, reason=reply.reason)
                 ctx.cancel(f"lease lost: {reply.reason}")
-            elif reply.status == "ok" and reply.body.get("cancel_requested"):
-                if not att.cancel_requested:
-                    att.cancel_requested = True
-                    ctx.log.info("cancel_requested")
-                    ctx.cancel("cancellation requested")
+            elif (reply.status == "ok" and reply.body.get("cancel_requested")
+                  and not att.cancel_requested):
+                att.cancel_requested = True
+                ctx.log.info("cancel_requested")
+                ctx.cancel("cancellation requested")
 
 
 def _lease_passed(value: Any) -> bool:

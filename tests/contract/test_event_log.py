@@ -134,7 +134,8 @@ async def test_append_then_read_returns_records_in_order_with_offsets_from_zero(
 
     assert [(p.topic, p.partition) for p in positions] == [(topic, i % PARTITIONS) for i in range(20)]
     for p in range(PARTITIONS):
-        mine = [(rec, pos) for rec, pos in zip(records, positions) if pos.partition == p]
+        mine = [(rec, pos) for rec, pos in zip(records, positions, strict=True)
+                if pos.partition == p]
         assert [pos.offset for _, pos in mine] == list(range(len(mine)))
         got = await event_log.read(topic, p, 0)
         assert [r.offset for r in got] == list(range(len(mine)))
@@ -149,7 +150,7 @@ async def test_keyed_append_lands_on_partition_for_key(event_log: EventLog) -> N
     topic = event_log.topics.events
     keys = [f"tenant-{i % 3}/schedule-{i}".encode() for i in range(40)]
     positions = await event_log.append([OutRecord(topic, k, b"v:" + k) for k in keys])
-    for key, pos in zip(keys, positions):
+    for key, pos in zip(keys, positions, strict=True):
         assert pos.partition == partition_for(key, PARTITIONS), key
     for p in range(PARTITIONS):
         got = await read_all(event_log, topic, p)

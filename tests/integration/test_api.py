@@ -12,6 +12,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -149,8 +150,8 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
     preview = got["preview"]
     assert len(preview) == 5 and preview[0]["scheduledAt"] == out["nextRunAt"]
     times = [datetime.fromisoformat(p["scheduledAt"]) for p in preview]
-    assert all(b - a == timedelta(minutes=5) for a, b in zip(times, times[1:]))
-    for p, t in zip(preview, times):
+    assert all(b - a == timedelta(minutes=5) for a, b in pairwise(times))
+    for p, t in zip(preview, times, strict=True):
         due = datetime.fromisoformat(p["dueAt"])
         assert timedelta(0) <= due - t < timedelta(seconds=30)
         assert p["local"].endswith(("+01:00", "+02:00"))

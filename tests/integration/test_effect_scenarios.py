@@ -321,7 +321,7 @@ async def test_runner_kafka_topic_and_postgres_inbox_effects_once_across_a_resta
             fx, task = await s.runner("fx1", tenants=tenants)
             run_id = await s.quick_run("one")
             for eid in (f"kafka-{run_id}", f"postgres-{run_id}"):
-                await wait_until(lambda: _effect_done(event_log, eid), 30, what=eid)
+                await wait_until(lambda eid=eid: _effect_done(event_log, eid), 30, what=eid)
             await s.stop(fx, task)
             fx2, task2 = await s.runner("fx2", tenants=tenants)
             marker = await s.quick_run("marker")

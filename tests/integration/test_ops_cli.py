@@ -117,7 +117,7 @@ class Cli:
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s")
+            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s") from None
         assert proc.returncode is not None
         return Result(proc.returncode, out.decode(), err.decode())
 

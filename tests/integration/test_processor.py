@@ -360,7 +360,7 @@ async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not
         ])
         replies = {}
         for cid in ("c-bug", "c-huge", "c-wide"):
-            replies[cid] = await wait_until(lambda: _reply_to(event_log, cid), 20,
+            replies[cid] = await wait_until(lambda cid=cid: _reply_to(event_log, cid), 20,
                                             what=f"the reply to {cid}")
         assert replies["c-bug"].status == "invalid"
         assert "ZeroDivisionError: a bug in decide" in replies["c-bug"].reason

@@ -9,6 +9,7 @@ import signal
 import uuid
 from collections import Counter, defaultdict
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 from chronolog.client import Client
@@ -161,5 +162,5 @@ async def test_rebalances_never_duplicate_or_miss_an_occurrence(
                      if p.type == "OccurrenceMaterialized")
         assert len(got) == len(set(got)), f"{sid}: an instant materialized twice"
         assert not [p for p in per_schedule[sid] if p.type == "OccurrenceSkipped"], sid
-        gaps = [b - a for a, b in zip(got, got[1:]) if b - a != timedelta(seconds=1)]
+        gaps = [b - a for a, b in pairwise(got) if b - a != timedelta(seconds=1)]
         assert gaps == [], f"{sid}: missed instants {gaps}"

@@ -175,7 +175,7 @@ def test_a_rebuild_equals_the_live_tables_row_for_row(
 def test_a_second_replay_starts_again_from_empty_tables(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
 ) -> None:
-    path, envs = log_file
+    path, _envs = log_file
     target = _schema(schemas, "again")
     first = _replay("--log", f"sqlite:///{path}", "--database-url", database_url,
                     "--schema", target)

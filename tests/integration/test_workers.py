@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -463,7 +463,7 @@ async def test_sigterm_drains_a_running_handler_then_exits(
 class LosingClient(Client):
     """Appends the first CompleteRun but reports its reply lost (no reply within the bound)."""
 
-    lost: list[str] = []
+    lost: ClassVar[list[str]] = []
 
     async def collect(self, envs: Any, futs: Any, timeout: float | None = None) -> Any:
         first = [env.command_id for env in envs if env.type == "CompleteRun"]

@@ -117,7 +117,7 @@ def test_the_tenants_file_keys_of_the_limits(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=f"tenants.a.{key}"):
             load_tenants(f)
     f.write_text('[operators]\ntokens = "ops"\n[tenants.a]\ntokens = ["ta"]\n')
-    with pytest.raises(ConfigError, match="operators.tokens"):
+    with pytest.raises(ConfigError, match=r"operators.tokens"):
         load_tenants(f)
 
 

@@ -36,7 +36,7 @@ def test_flags_become_the_api_body_and_the_spec() -> None:
 
 
 def test_naive_at_and_anchor_are_wall_times_in_tz() -> None:
-    body, spec = _definition("--at", "2030-01-15T09:00:00", "--tz", "America/New_York",
+    body, _spec = _definition("--at", "2030-01-15T09:00:00", "--tz", "America/New_York",
                              "--job", "echo")
     assert body["at"] == "2030-01-15T14:00:00Z"
     body, _ = _definition("--every", "1h", "--anchor", "2030-07-01T00:30:00", "--tz",

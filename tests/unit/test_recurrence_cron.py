@@ -149,7 +149,7 @@ def test_field_sets_agree_with_croniter_expand(expr: str) -> None:
     expanded, _ = croniter.expand(expr)
     ours = [spec.minutes, spec.hours, spec.doms, spec.months, spec.dows]
     full = [range(60), range(24), range(1, 32), range(1, 13), range(7)]
-    for mine, theirs, everything in zip(ours, expanded, full):
+    for mine, theirs, everything in zip(ours, expanded, full, strict=True):
         assert mine == (frozenset(everything) if theirs == ["*"] else frozenset(theirs))
 
 

@@ -82,13 +82,14 @@ class Oracle:
         parts = expr.split()
         expanded, _ = croniter.expand(" ".join(_SINGLE_RANGE.sub(r"\1", part) for part in parts))
         full = [range(60), range(24), range(1, 32), range(1, 13), range(7)]
-        self.sets = [set(everything) if got == ["*"] else set(got) for got, everything in zip(expanded, full)]
+        self.sets = [set(everything) if got == ["*"] else set(got)
+                     for got, everything in zip(expanded, full, strict=True)]
         self.sets[4] = {0 if d == 7 else d for d in self.sets[4]}
         self.dom_star, self.dow_star = parts[2].startswith("*"), parts[4].startswith("*")
         self.wildcard = parts[0].startswith("*") or parts[1].startswith("*")
 
     def day(self, d: date) -> bool:
-        minute, hour, dom, month, dow = self.sets
+        _minute, _hour, dom, month, dow = self.sets
         dom_ok, dow_ok = d.day in dom, (d.weekday() + 1) % 7 in dow
         day_ok = (dom_ok and dow_ok) if (self.dom_star or self.dow_star) else (dom_ok or dow_ok)
         return d.month in month and day_ok
@@ -128,7 +129,7 @@ def _is_valid_for_oracle(expr: str) -> bool:
         croniter.expand(expr)
     except ValueError:
         return False
-    except Exception:
+    except Exception:  # noqa: BLE001 - any other error: not an expression the oracle takes
         return False
     return True
 

@@ -64,7 +64,6 @@ def test_heartbeat_with_stale_fence_is_stale_fence(gwt: SimpleNamespace) -> None
 
 
 def test_heartbeat_never_revives_an_expired_epoch(gwt: SimpleNamespace) -> None:
-    m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(gwt.heartbeat(claimed), gwt.T0 + gwt.sec(31))  # lease ended at T0+30
     assert d.status == "stale_fence"
@@ -319,7 +318,7 @@ def test_cancel_on_ready_is_accepted_at_once(gwt: SimpleNamespace) -> None:
 
 def test_cancel_on_pending_is_accepted_at_once(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, overlap="buffer_one", lease=600)
+    s, _claimed = _leased(gwt, overlap="buffer_one", lease=600)
     [pending] = s.materialize(gwt.T0 + gwt.sec(60))
     d = s.when(m.CancelRun(run_id=pending.run_id), gwt.T0 + gwt.sec(61))
     assert gwt.names(d) == ["OccurrenceCancelled"]
