@@ -368,7 +368,8 @@ class Client:
         return await self.call(tenant, schedule_id,
                                m.TriggerRun(request_key=request_key, params=params))
 
-    async def cancel(self, tenant: str, schedule_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
+    async def cancel(self, tenant: str, schedule_id: str, run_id: str,
+                     reason: str = "") -> dict[str, Any]:
         return await self.call(tenant, schedule_id, m.CancelRun(run_id=run_id, reason=reason))
 
     async def redrive(self, tenant: str, schedule_id: str, run_id: str) -> dict[str, Any]:
@@ -400,7 +401,8 @@ class Client:
             checksum=checksum, size=size, uri=uri, inline=inline), command_id=command_id)
 
     async def fail(self, tenant: str, schedule_id: str, run_id: str, attempt: int, fence: int,
-                   worker_id: str, error_class: str = "transient", message: str = "") -> dict[str, Any]:
+                   worker_id: str, error_class: str = "transient",
+                   message: str = "") -> dict[str, Any]:
         return await self.call(tenant, schedule_id, m.FailRun(
             run_id=run_id, attempt=attempt, fence=fence, worker_id=worker_id,
             error_class=error_class, message=message))  # type: ignore[arg-type]

@@ -83,7 +83,8 @@ class TenantContext:
     min_interval: float = MIN_INTERVAL_SECONDS
 
     def allows(self, job_type: str) -> bool:
-        return self.allowed_jobs is None or "*" in self.allowed_jobs or job_type in self.allowed_jobs
+        return (self.allowed_jobs is None or "*" in self.allowed_jobs
+                or job_type in self.allowed_jobs)
 
 
 OPEN_TENANT = TenantContext()
@@ -543,7 +544,8 @@ def _delete(state: ScheduleState, principal: str) -> Decision:
     # Runs not yet started will never start; running ones finish under their fence.
     for run in _current_runs(d):
         if run.state in ("PENDING", "READY", "RETRY_WAIT"):
-            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason="schedule deleted"))
+            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal,
+                                         reason="schedule deleted"))
     d.emit(m.ScheduleDeleted())
     return Decision(events=d.events, body=_schedule_body(d.state))
 
@@ -1140,7 +1142,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
             d.emit(_rejected(run, p, state.fence, "lease_expired"))
             _expire_lease(d, run.run_id, now)
         else:
-            reason = "not_leased" if run.state != "LEASED" and run.fence == p.fence else "stale_fence"
+            reason = ("not_leased" if run.state != "LEASED" and run.fence == p.fence
+                      else "stale_fence")
             d.emit(_rejected(run, p, state.fence, reason))
         return Decision(status="stale_fence", events=d.events, reason=problem[1],
                         body={"current_fence": d.state.fence})

@@ -208,7 +208,8 @@ class EmbeddedPostgres:
         except KeyError:
             try:
                 subprocess.run(
-                    ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", SYSTEM_USER],
+                    ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
+                     SYSTEM_USER],
                     check=True,
                     capture_output=True,
                     text=True,

@@ -561,7 +561,8 @@ class KafkaEventLog:
                 reader.consumer.pause(reader.tp)
             self._free_readers.put_nowait(reader)
 
-    async def _lso(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    async def _lso(self, consumer: AIOKafkaConsumer,
+                   tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return await _bounded(consumer.end_offsets(tps), self._bound_s, "end_offsets")
 
     async def read(

@@ -315,7 +315,8 @@ class Processor:
         module docstring), then waits for those before launching its own.
         """
         timeout = self._poll_timeout()
-        records = await self._consumer.getmany(timeout_ms=timeout, max_records=self.config.batch_max)
+        records = await self._consumer.getmany(timeout_ms=timeout,
+                                               max_records=self.config.batch_max)
         now = self.clock()
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
@@ -422,12 +423,14 @@ class Processor:
                 del self._fenced_out[p]
                 again.append(p)
         for p in again:
-            if p not in self.partitions and (self.topics.commands, p) in self._consumer.assignment():
+            if (p not in self.partitions
+                    and (self.topics.commands, p) in self._consumer.assignment()):
                 await self._on_assigned({(self.topics.commands, p)})
 
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
-        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values() if ps.running() is None)
+        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values()
+                             if ps.running() is None)
                  if w is not None]
         if not wakes:
             return self.config.poll_ms
@@ -877,7 +880,8 @@ class Processor:
                     self._apply(ps, key, st, dec, encoded, cid, now, out)
                 except Exception as exc:  # the state is suspect: rebuilt (_decide)
                     self._unapplied_keys.add(key)
-                    raise _Unapplied(f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
+                    raise _Unapplied(
+                        f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
                 if dec.status != "ok":
                     continue
                 queue.charge(tenant)
@@ -935,7 +939,8 @@ class _Output:
     model is never built on this path.
     """
 
-    def __init__(self, topics: Any, partition: int, writer: tuple[tuple[str, bytes], ...] = ()) -> None:
+    def __init__(self, topics: Any, partition: int,
+                 writer: tuple[tuple[str, bytes], ...] = ()) -> None:
         self.topics = topics
         self.events_topic = topics.events
         self.partition = partition

@@ -13,9 +13,9 @@ One *pass*:
    offset, ``batch_max / P`` records at most, the reads run concurrently; when the previous
    pass found nothing the reads wait up to ``idle_ms`` for new records instead of spinning);
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
-   ``project_batch`` (both while the previous batch is being written) — partition order is kept; across partitions order does not matter
-   because every row (schedule, run, attempt, effect) belongs to one aggregate, i.e. to one
-   partition;
+   ``project_batch`` (both while the previous batch is being written) — partition order is
+   kept; across partitions order does not matter because every row (schedule, run, attempt,
+   effect) belongs to one aggregate, i.e. to one partition;
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
@@ -402,9 +402,11 @@ class Projector:
                 await self._committed(offsets, {p: [rec]}, {p: [env]}, result)
             if self._offsets.get(p, 0) < end:  # dead-lettered records at the end
                 offsets = {tp: (self._offsets.get(p, 0), end)}
-                await self._committed(offsets, {}, {}, await self.store.apply(RowChanges(), offsets))
+                await self._committed(offsets, {}, {},
+                                      await self.store.apply(RowChanges(), offsets))
 
-    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]) -> dict[tuple[str, int], datetime]:
+    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]
+                 ) -> dict[tuple[str, int], datetime]:
         return {(self.topic, p): max(e.at for e in envs) for p, envs in envelopes.items() if envs}
 
     async def _committed(self, offsets: dict[tuple[str, int], tuple[int, int]],
@@ -431,7 +433,8 @@ class Projector:
         missing = sum(len(v) for v in result.missing.values())
         if missing:
             st.missing_rows += missing
-            log.warning("projector_missing_rows", rows={k: len(v) for k, v in result.missing.items()})
+            log.warning("projector_missing_rows",
+                        rows={k: len(v) for k, v in result.missing.items()})
         append_ms = [r.timestamp_ms for recs in records.values() for r in recs]
         if append_ms:
             st.last_delay_s = max(0.0, (committed_ms - min(append_ms)) / 1000)

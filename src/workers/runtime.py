@@ -5,8 +5,9 @@ consumer group of the workers with the same job types (``worker_group``) on ``re
 workers with the same job types share the partitions, and every partition is consumed — and
 so offered on — by one worker of each set of job types, so a run always reaches a worker that
 has its handler. Every few seconds it announces itself on the ``workers`` topic (its classes,
-job types and slots; ``chronolog.domain.membership``), and says so when it stops. The processors dispatch runs to it
-(``chronolog.processors.dispatch``); no slot ever waits for a command's round trip:
+job types and slots; ``chronolog.domain.membership``), and says so when it stops. The
+processors dispatch runs to it (``chronolog.processors.dispatch``); no slot ever waits for a
+command's round trip:
 
 1. **offer**: for every partition p of ``ready.<class>`` it consumes, the worker offers
    itself to the processor of partition p (an offer record on ``commands``): its job types
@@ -327,7 +328,8 @@ class Worker:
         running = [t for t in self._tasks if not t.done()]
         if running:
             self._log.info("worker_draining", running=len(running), bound_s=self.drain_timeout)
-            _, pending = await asyncio.wait(running, timeout=0 if self._forced else self.drain_timeout)
+            _, pending = await asyncio.wait(running, timeout=0 if self._forced
+                                            else self.drain_timeout)
             if pending:
                 for att in list(self._attempts.values()):
                     att.drained = True
@@ -338,7 +340,8 @@ class Worker:
         # every outcome already reported is decided (bounded) before the worker leaves
         deadline = asyncio.get_running_loop().time() + self.reply_timeout * self.send_attempts
         while (self._outgoing or self._unsettled) and asyncio.get_running_loop().time() < deadline:
-            waits = [t for t in (self._reporter, *self._background) if t is not None and not t.done()]
+            waits = [t for t in (self._reporter, *self._background)
+                     if t is not None and not t.done()]
             if not waits:
                 break
             await asyncio.wait(waits, timeout=deadline - asyncio.get_running_loop().time(),
