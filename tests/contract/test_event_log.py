@@ -132,7 +132,8 @@ async def test_append_then_read_returns_records_in_order_with_offsets_from_zero(
     before_ms = int(time.time() * 1000)
     positions = await event_log.append(records)
 
-    assert [(p.topic, p.partition) for p in positions] == [(topic, i % PARTITIONS) for i in range(20)]
+    assert ([(p.topic, p.partition) for p in positions]
+            == [(topic, i % PARTITIONS) for i in range(20)])
     for p in range(PARTITIONS):
         mine = [(rec, pos) for rec, pos in zip(records, positions, strict=True)
                 if pos.partition == p]
@@ -333,7 +334,8 @@ async def test_group_consumer_one_member_gets_all_partitions(event_log: EventLog
     async def on_assigned(tps: set[tuple[str, int]]) -> None:
         assigned.update(tps)
 
-    consumer = event_log.group_consumer("workers", [t.commands], "member-a", on_assigned=on_assigned)
+    consumer = event_log.group_consumer("workers", [t.commands], "member-a",
+                                        on_assigned=on_assigned)
     await consumer.start()
     everything = {(t.commands, p) for p in range(PARTITIONS)}
     sink: dict[int, list[Record]] = {}

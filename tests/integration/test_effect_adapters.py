@@ -84,7 +84,8 @@ async def test_webhook_ambiguous_try_is_repeated_with_the_same_key_and_commits_o
     assert out.status == "succeeded" and out.evidence["receipt"] == "receipt_900"
     assert hook.keys_seen == [i.effect_id, i.effect_id]
     assert len(hook.committed) == 1
-    assert out.evidence["tries"][0].get("sent") == "maybe" or out.evidence["tries"][0]["status"] == 500
+    assert (out.evidence["tries"][0].get("sent") == "maybe"
+            or out.evidence["tries"][0]["status"] == 500)
 
 
 async def test_webhook_4xx_is_a_permanent_failure_and_not_retried(hook: HookServer) -> None:

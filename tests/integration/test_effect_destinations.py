@@ -226,7 +226,8 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 
 @pytest.mark.parametrize("command", ["effects", "dev"])
 @pytest.mark.parametrize("destination", [
-    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"', 'kind = "kafka"\ntopic = "chronolog.events"'])
+    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"',
+    'kind = "kafka"\ntopic = "chronolog.events"'])
 async def test_the_cli_exits_2_on_a_destination_the_node_must_refuse(
     tmp_path: Path, command: str, destination: str,
 ) -> None:

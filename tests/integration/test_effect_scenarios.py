@@ -135,7 +135,9 @@ class Stack:
         return run_id
 
 
-async def crash_and_redelivery(s: Stack, lg: Any, before_lease_expiry: Any = None) -> dict[str, Any]:
+async def crash_and_redelivery(
+    s: Stack, lg: Any, before_lease_expiry: Any = None
+) -> dict[str, Any]:
     """The crash-and-redelivery timeline up to B's completion; returns the identities involved."""
     c = s.client
     run_id = await s.new_run("2026-10-08T12:00Z")

@@ -151,7 +151,8 @@ async def test_waiting_runs_go_to_seats_in_turn_across_tenants(event_log: Any) -
         assert len(ready) == 5 and {e.payload.state for e in ready} == {"READY"}
         await offer(event_log, "w1", 2, partitions=[0])
         claims = await wait_until(
-            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20, what="two runs assigned")
+            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20,
+            what="two runs assigned")
     assert sorted(c.tenant for c in claims) == ["a", "b"]
 
 

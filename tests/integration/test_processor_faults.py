@@ -61,7 +61,8 @@ async def test_zombie_processor_is_fenced_after_takeover(
     a = processes(log_config, "proc-a")
     async with Client(event_log, reply_timeout=60) as client:
         for sid in sids:  # A owns every partition once each of these is answered
-            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"}, "overlap": "allow"})
+            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"},
+                                                       "overlap": "allow"})
         a.signal(signal.SIGSTOP)
         b = processes(log_config, "proc-b")
         during = [trigger(client, sid, f"during-{sid}") for sid in sids]
@@ -102,7 +103,8 @@ async def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
     sids = ids_per_partition(log_config.topics.partitions)
     async with Client(event_log, reply_timeout=60) as client:
         for sid in sids:
-            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"}, "overlap": "allow"})
+            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"},
+                                                       "overlap": "allow"})
         envs = [trigger(client, sids[i % len(sids)], f"k{i}") for i in range(400)]
         await event_log.append([
             OutRecord(event_log.topics.commands, partition_key(e.tenant, e.schedule_id).encode(),

@@ -59,7 +59,9 @@ def _events(schedule_id: str) -> list[m.EventEnvelope]:
                   now + timedelta(seconds=1))
 
     sl.do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
-                                               effects=[{"kind": "webhook", "destination": "d-webhook"}], misfire="all")), T0)
+                                               effects=[{"kind": "webhook",
+                                                         "destination": "d-webhook"}],
+                                               misfire="all")), T0)
     for k in range(4):
         now = T0 + timedelta(minutes=k)
         run_id = sl.materialized(sl.do(m.Tick(), now))

@@ -44,7 +44,9 @@ JOBS_FILE = str(Path(__file__).with_name("worker_jobs.py"))
 FAR = (datetime.now(UTC) + timedelta(days=365)).isoformat()
 
 
-def manual_spec(job: str, params: dict[str, Any], lease: str = "30s", **extra: Any) -> dict[str, Any]:
+def manual_spec(
+    job: str, params: dict[str, Any], lease: str = "30s", **extra: Any
+) -> dict[str, Any]:
     """A schedule that only runs when triggered (its one instant is a year away)."""
     return {"at": FAR, "job": {"type": job, "params": params}, "overlap": "allow",
             "lease": lease, **extra}

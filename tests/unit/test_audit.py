@@ -103,8 +103,8 @@ class Driver:
 def _scenario_retries_effects_misfire_all() -> Driver:
     """misfire all + overlap skip + a webhook effect: retries, lease expiry, reconciliation."""
     d = Driver("nightly")
-    d.create(T0, misfire="all", effects=[{"kind": "webhook", "destination": "d-webhook"}], lease=30.0,
-             retry={"max_attempts": 5, "initial_backoff": 5, "max_backoff": 5})
+    d.create(T0, misfire="all", effects=[{"kind": "webhook", "destination": "d-webhook"}],
+             lease=30.0, retry={"max_attempts": 5, "initial_backoff": 5, "max_backoff": 5})
     d.tick(T0)
     (r1,) = d.runs_in("READY")
     c = d.claim(r1, T0 + sec(1))

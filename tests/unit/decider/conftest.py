@@ -62,7 +62,8 @@ def given(*events: Any, schedule_id: str = SCHEDULE) -> ScheduleState:
 def when(state: ScheduleState, command: Any, now: datetime,
          tenant: TenantContext | None = None) -> Decision:
     """Decide ``command`` (a payload or an envelope) at ``now``; the state is not changed."""
-    env = command if isinstance(command, m.CommandEnvelope) else envelope(command, state.schedule_id)
+    env = (command if isinstance(command, m.CommandEnvelope)
+           else envelope(command, state.schedule_id))
     if tenant is None:
         return decide(state, env, now)
     return decide(state, env, now, tenant)
@@ -137,7 +138,9 @@ class Story:
         d = self.given(m.ClaimRun(run_id=run_id, attempt=run.attempt, worker_id=worker), now)
         return one(d, m.AttemptClaimed)
 
-    def fail(self, claimed: m.AttemptClaimed, now: datetime, error_class: str = "transient") -> Decision:
+    def fail(
+        self, claimed: m.AttemptClaimed, now: datetime, error_class: str = "transient"
+    ) -> Decision:
         return self.given(m.FailRun(run_id=claimed.run_id, attempt=claimed.attempt,
                                     fence=claimed.fence, worker_id=claimed.worker_id,
                                     error_class=error_class, message="boom"), now)
