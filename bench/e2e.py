@@ -101,7 +101,9 @@ def runs_of(evs: list[Any], schedules: set[str]) -> dict[str, dict[str, Any]]:
     return runs
 
 
-async def create_many(client: Client, specs: list[tuple[str, dict[str, Any]]], width: int = 200) -> float:
+async def create_many(
+    client: Client, specs: list[tuple[str, dict[str, Any]]], width: int = 200
+) -> float:
     started = time.perf_counter()
     sem = asyncio.Semaphore(width)
 
