@@ -39,19 +39,19 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import burstlib as B
-from burst_jobs import JOB_TYPES
 import psutil
 
+import burstlib as B
+from burst_jobs import JOB_TYPES
 from chronolog.client import Client, NotFound
 from chronolog.domain import messages as m
+from chronolog.log.port import Topics
 from chronolog.log.reading import read_partition
 from chronolog.settings import LogConfig, open_log
-from chronolog.log.port import Topics
 from chronolog.workers.runtime import worker_group
 
 HERE = Path(__file__).resolve().parent
@@ -105,7 +105,8 @@ async def live_members(cfg: LogConfig, group: str) -> int:
     try:
         described = await admin.describe_consumer_groups([group])
         groups = described[0].groups if hasattr(described[0], "groups") else described
-        return sum(len(g[5]) for g in groups if g[2] == "Stable")  # (error, group, state, type, protocol, members)
+        # a group is (error, group, state, type, protocol, members)
+        return sum(len(g[5]) for g in groups if g[2] == "Stable")
     finally:
         await admin.close()
 
@@ -159,7 +160,7 @@ async def wait_processor(client: Client, deadline: float) -> None:
                 await client.pause(TENANT, f"probe-{p}-{uuid.uuid4().hex[:6]}")
             except NotFound:
                 break
-            except Exception:  # noqa: BLE001 - not ready yet
+            except Exception:  # not ready yet
                 if time.time() > deadline:
                     raise
                 await asyncio.sleep(0.2)
@@ -198,7 +199,8 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
     for i in range(args.workers):
         procs.append(spawn(["worker", *flags, "--jobs", "burst_jobs", "--worker-id", f"burst-w{i}",
                             "--concurrency", str(args.concurrency),
-                            *(["--prefetch", str(args.prefetch)] if args.prefetch is not None else []),
+                            *(["--prefetch", str(args.prefetch)]
+                              if args.prefetch is not None else []),
                             "--results", str(run_dir / "results")],
                            run_dir / f"worker{i}.log", env))
     kpid = broker_pid(cfg.target) if cfg.kind == "kafka" else None
@@ -243,7 +245,7 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
     """N one-shots due at one instant T, placed after the enqueue."""
     cpu0, t0 = cpu(), time.time()
     instant = float(int(t0 + args.n / args.est_rate * 1.2 + args.margin) + 1)
-    at = datetime.fromtimestamp(instant, tz=timezone.utc).isoformat()
+    at = datetime.fromtimestamp(instant, tz=UTC).isoformat()
 
     def spec(i: int) -> m.ScheduleSpec:
         return m.ScheduleSpec.model_validate({"at": at, "job": {"type": "bench",
@@ -252,7 +254,7 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
     for i in range(args.other):  # another tenant's every-1s schedules through the burst
         await client.create_schedule(OTHER, f"o{i}", m.ScheduleSpec.model_validate({
             "every": "1s", "max_count": OTHER_SECONDS, "misfire": "all", "overlap": "allow",
-            "start": datetime.fromtimestamp(instant - 3, tz=timezone.utc).isoformat(),
+            "start": datetime.fromtimestamp(instant - 3, tz=UTC).isoformat(),
             "job": {"type": "late", "params": {"jid": OTHER_JID + i}}}))
     awaited = min(args.awaited, args.n)
     latencies = []
@@ -312,7 +314,7 @@ async def sustained(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
     """``--sustained R`` schedules ``every 1s`` from one instant for ``--seconds``: R runs/s."""
     n, seconds = args.sustained, args.seconds
     first = float(int(time.time() + n / args.est_rate * 1.2 + args.margin) + 1)
-    start = datetime.fromtimestamp(first, tz=timezone.utc).isoformat()
+    start = datetime.fromtimestamp(first, tz=UTC).isoformat()
     window = asyncio.Semaphore(args.window)
 
     async def create(i: int) -> None:
@@ -346,12 +348,14 @@ def peer_python() -> str:
     if shutil.which("redis-server") is None:
         subprocess.run(["apt-get", "install", "-y", "-q", "redis-server"], check=False)
         if shutil.which("redis-server") is None:
-            raise SystemExit("redis-server is needed for --compare celery: apt-get install redis-server")
+            raise SystemExit("redis-server is needed for --compare celery: "
+                             "apt-get install redis-server")
     return str(py)
 
 
 def celery_run(args: Any, run_dir: Path) -> dict[str, Any]:
-    out = subprocess.run([peer_python(), str(HERE / "peers" / "celery_burst.py"), "--n", str(args.n),
+    out = subprocess.run([peer_python(), str(HERE / "peers" / "celery_burst.py"),
+                          "--n", str(args.n),
                           "--run-dir", str(run_dir), "--workers", str(args.workers),
                           "--concurrency", str(args.concurrency), "--margin", str(args.margin)],
                          capture_output=True, text=True, check=False)

@@ -32,14 +32,14 @@ import statistics
 import sys
 import time
 import tracemalloc
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import messages as m
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
 SPECS = [
     m.ScheduleSpec.model_validate({"every": 60, "job": {"type": f"job{k}", "params": {"k": k}},
@@ -207,14 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         rows["bytes/idle schedule (fresh)"].append(idle_bytes(args.idle, 0))
         if i < args.history_repeat:
             rows["bytes/idle schedule (after runs)"].append(idle_bytes(args.idle, 6))
-        print(f"run {i + 1}/{args.repeat}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items()
-                                                         if len(v) == i + 1), file=sys.stderr)
+        print(f"run {i + 1}/{args.repeat}: "
+              + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items() if len(v) == i + 1),
+              file=sys.stderr)
     n = sum(mix.values())
     print(f"python {sys.version.split()[0]}; {args.schedules} schedules x {args.minutes} min; "
           "mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in sorted(mix.items())))
     print(f"{'measure':36} {'median':>12} {'min':>12} {'max':>12}  target")
     targets = {"commands/s (decide+evolve)": ">= 50,000", "commands/s (decide)": ">= 50,000",
-               "bytes/idle schedule (fresh)": "<= 1,024", "bytes/idle schedule (after runs)": "<= 1,024"}
+               "bytes/idle schedule (fresh)": "<= 1,024",
+               "bytes/idle schedule (after runs)": "<= 1,024"}
     for k, v in rows.items():
         print(f"{k:36} {statistics.median(v):12,.0f} {min(v):12,.0f} {max(v):12,.0f}  {targets[k]}"
               f"  (n={len(v)})")

@@ -26,13 +26,12 @@ import argparse
 import asyncio
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +83,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 def runs_of(evs: list[Any], schedules: set[str]) -> dict[str, dict[str, Any]]:
@@ -102,7 +101,9 @@ def runs_of(evs: list[Any], schedules: set[str]) -> dict[str, dict[str, Any]]:
     return runs
 
 
-async def create_many(client: Client, specs: list[tuple[str, dict[str, Any]]], width: int = 200) -> float:
+async def create_many(
+    client: Client, specs: list[tuple[str, dict[str, Any]]], width: int = 200
+) -> float:
     started = time.perf_counter()
     sem = asyncio.Semaphore(width)
 
@@ -135,7 +136,7 @@ async def bench_log(cfg: LogConfig, args: Any, workdir: Path) -> dict[str, Any]:
         elapsed = await create_many(client, [(s, {"every": "1s", "job": {"type": "noop"},
                                                   "misfire": "all"}) for s in steady_ids])
         create_rate = max(1.0, args.steady / elapsed)
-        t_start = datetime.now(timezone.utc)
+        t_start = datetime.now(UTC)
         await asyncio.sleep(args.steady_seconds)
         for s in steady_ids:
             await client.pause("bench", s)
@@ -149,11 +150,11 @@ async def bench_log(cfg: LogConfig, args: Any, workdir: Path) -> dict[str, Any]:
                          "lateness_p99_ms": pct(late, 99) * 1000}
         # burst
         lead = args.burst / create_rate * 1.5 + 3
-        instant = (datetime.now(timezone.utc) + timedelta(seconds=lead)).replace(microsecond=0)
+        instant = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
         burst_ids = {f"burst-{i}" for i in range(args.burst)}
         await create_many(client, [(s, {"at": instant.isoformat(), "job": {"type": "noop"}})
                                    for s in burst_ids])
-        created_by = datetime.now(timezone.utc)
+        created_by = datetime.now(UTC)
         deadline = time.monotonic() + lead + 600
         while time.monotonic() < deadline:
             await asyncio.sleep(1)

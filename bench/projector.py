@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig, open_log
 
-T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SPEC = m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report", params={"region": "eu"}))
 
 
@@ -73,7 +73,8 @@ def run_lifecycle(topics: Topics, tenant: str, sid: str, k: int) -> list[OutReco
                                  next_due_at=at + timedelta(minutes=1)),
         m.FenceAdvanced(fence=fence, run_id=rid, reason="claim"),
         m.AttemptClaimed(run_id=rid, attempt=1, fence=fence, worker_id="w-1",
-                         claimed_at=at + timedelta(seconds=1), lease_until=at + timedelta(seconds=31)),
+                         claimed_at=at + timedelta(seconds=1),
+                         lease_until=at + timedelta(seconds=31)),
         m.ResultPublished(run_id=rid, attempt=1, fence=fence, worker_id="w-1",
                           checksum="sha256:" + rid, size=17, inline={"rows": k},
                           finished_at=at + timedelta(seconds=3)),

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterator, TypeVar
+from typing import TypeVar
 
 __all__ = ["Backoff", "retry"]
 

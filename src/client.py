@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 import structlog
 
-from chronolog.environment import new_id, utc_now
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
+from chronolog.environment import new_id, utc_now
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
 
@@ -82,7 +83,7 @@ ERRORS: dict[str, type[CommandError]] = {
 }
 
 
-def _reply_of(env: m.CommandEnvelope, fut: "asyncio.Future[m.Reply]") -> m.Reply | None:
+def _reply_of(env: m.CommandEnvelope, fut: asyncio.Future[m.Reply]) -> m.Reply | None:
     if not fut.done() or fut.cancelled():
         return None
     exc = fut.exception()
@@ -151,7 +152,7 @@ class Client:
             if not fut.done():
                 fut.cancel()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         await self.start()
         return self
 
@@ -266,13 +267,13 @@ class Client:
             if pending:
                 await asyncio.wait(pending, timeout=self.reply_timeout if timeout is None
                                    else timeout)
-            return [_reply_of(env, f) for env, f in zip(envs, futs)]
+            return [_reply_of(env, f) for env, f in zip(envs, futs, strict=True)]
         finally:
             self._forget(envs, futs)
 
     def _forget(self, envs: Sequence[m.CommandEnvelope],
                 futs: list[asyncio.Future[m.Reply]]) -> None:
-        for env, fut in zip(envs, futs):
+        for env, fut in zip(envs, futs, strict=True):
             if fut.done() and self._waiters.get(env.command_id) is fut:
                 del self._waiters[env.command_id]
 
@@ -290,7 +291,7 @@ class Client:
             batch, self._outbox = self._outbox, []
             try:
                 await self.log.append([rec for recs, _ in batch for rec in recs])
-            except BaseException as exc:  # noqa: BLE001 - every waiter of the batch sees it
+            except BaseException as exc:  # every waiter of the batch sees it
                 for _, done in batch:
                     if not done.done():
                         done.set_exception(exc if isinstance(exc, Exception)
@@ -334,7 +335,7 @@ class Client:
                     else m.ScheduleSpec.model_validate(spec)))
                 for sid, spec in specs]
         out: list[dict[str, Any] | CommandError | ReplyTimeout] = []
-        for env, reply in zip(envs, await self.send_batch(envs, timeout)):
+        for env, reply in zip(envs, await self.send_batch(envs, timeout), strict=True):
             if reply is None:
                 out.append(ReplyTimeout(f"no reply to {env.type} {env.command_id}"))
             elif reply.status == "ok":
@@ -367,7 +368,8 @@ class Client:
         return await self.call(tenant, schedule_id,
                                m.TriggerRun(request_key=request_key, params=params))
 
-    async def cancel(self, tenant: str, schedule_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
+    async def cancel(self, tenant: str, schedule_id: str, run_id: str,
+                     reason: str = "") -> dict[str, Any]:
         return await self.call(tenant, schedule_id, m.CancelRun(run_id=run_id, reason=reason))
 
     async def redrive(self, tenant: str, schedule_id: str, run_id: str) -> dict[str, Any]:
@@ -399,7 +401,8 @@ class Client:
             checksum=checksum, size=size, uri=uri, inline=inline), command_id=command_id)
 
     async def fail(self, tenant: str, schedule_id: str, run_id: str, attempt: int, fence: int,
-                   worker_id: str, error_class: str = "transient", message: str = "") -> dict[str, Any]:
+                   worker_id: str, error_class: str = "transient",
+                   message: str = "") -> dict[str, Any]:
         return await self.call(tenant, schedule_id, m.FailRun(
             run_id=run_id, attempt=attempt, fence=fence, worker_id=worker_id,
             error_class=error_class, message=message))  # type: ignore[arg-type]

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal, Mapping, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -116,12 +117,12 @@ class EmailDestination(_Destination):
 
 
 Destination = Annotated[
-    Union[WebhookDestination, PostgresDestination, KafkaDestination, EmailDestination],
+    WebhookDestination | PostgresDestination | KafkaDestination | EmailDestination,
     Field(discriminator="kind"),
 ]
 _DESTINATION: TypeAdapter[Any] = TypeAdapter(Destination)
-AnyDestination = Union[WebhookDestination, PostgresDestination, KafkaDestination,
-                       EmailDestination]
+AnyDestination = (WebhookDestination | PostgresDestination | KafkaDestination
+                  | EmailDestination)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 

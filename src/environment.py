@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import gc
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def utc_now() -> datetime:
     """The wall clock in UTC (the processor's authority time)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def new_id() -> str:

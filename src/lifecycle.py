@@ -9,8 +9,9 @@ the service returns.
 Stopping on SIGTERM or SIGINT within a bound, whatever its services do:
 
 ``run_until_signalled(main, stop)`` runs the coroutine ``main``. A SIGTERM or SIGINT calls
-``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open batch, commit, leave the group). A broker or a
-database that does not answer can hold a commit or a close for minutes, so if ``main`` has not
+``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open
+batch, commit, leave the group). A broker or a database that does not answer can hold a
+commit or a close for minutes, so if ``main`` has not
 returned ``STOP_GRACE_S`` after the signal it is cancelled, and ``HARD_STOP_S`` after the signal
 the process exits with status 1 whatever is still running. Abandoning is safe: an open
 transaction of a processor is aborted by the partition's next owner (which fences this
@@ -24,7 +25,8 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -90,7 +92,7 @@ async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
     return await run_until_signalled(main(), stop)
 
 
-def _cancel(task: "asyncio.Future[Any]") -> None:
+def _cancel(task: asyncio.Future[Any]) -> None:
     if not task.done():
         log.warning("stop_overdue", grace_s=STOP_GRACE_S)
         task.cancel()
@@ -115,7 +117,7 @@ async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asy
         try:
             await run()
             return
-        except Exception as exc:  # noqa: BLE001 - sorted by unavailable()
+        except Exception as exc:  # sorted by unavailable()
             if not unavailable(exc):
                 raise
             log.warning(f"{what}_waiting_for_service", error=f"{type(exc).__name__}: {exc}"[:300],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 
-def _settle(fut: "asyncio.Future[None]") -> None:
+def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 

@@ -14,7 +14,7 @@ import asyncio
 import os
 import threading
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -6,8 +6,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from burstlib import record  # noqa: E402
-from celery import Celery  # noqa: E402
+from celery import Celery
+
+from burstlib import record
 
 app = Celery("bench", broker=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6399/0"))
 app.conf.update(task_ignore_result=True, worker_hijack_root_logger=False, enable_utc=True,

@@ -85,7 +85,7 @@ def main() -> None:
         cpu0 = (B.cpu_seconds(wpids), B.cpu_seconds(rpids), time.process_time())
         t0 = time.time()
         instant = float(int(t0 + a.n / a.est_rate * 1.2 + a.margin) + 1)
-        eta = dt.datetime.fromtimestamp(instant, tz=dt.timezone.utc)
+        eta = dt.datetime.fromtimestamp(instant, tz=dt.UTC)
         for i in range(a.n):
             noop.apply_async(args=[i], eta=eta)
         t1 = time.time()

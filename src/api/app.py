@@ -34,7 +34,8 @@ Conventions
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import asyncpg
 from fastapi import Depends, FastAPI, Request
@@ -50,8 +51,16 @@ from chronolog.domain import limits as lim
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import Tenants
 
-__all__ = ["API_VERSION", "ApiError", "CONSISTENCY_HEADER", "create_app", "decode_token",
-           "encode_token", "openapi_document", "openapi_json"]
+__all__ = [
+    "API_VERSION",
+    "CONSISTENCY_HEADER",
+    "ApiError",
+    "create_app",
+    "decode_token",
+    "encode_token",
+    "openapi_document",
+    "openapi_json",
+]
 
 API_VERSION = "1.0.0"
 

@@ -19,8 +19,9 @@ passed those positions, at most ``consistency_timeout``; if it has not by then t
 
 import asyncio
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterable, Mapping
+from typing import Annotated, Any
 
 import asyncpg
 import orjson
@@ -43,8 +44,15 @@ from chronolog.projections.metrics import MetricsSource
 from chronolog.projections.read_model import ReadModel
 from chronolog.tenants import Tenant, Tenants
 
-__all__ = ["ApiContext", "Context", "ConsistentDep", "consistent", "context", "written",
-           "with_warnings"]
+__all__ = [
+    "ApiContext",
+    "ConsistentDep",
+    "Context",
+    "consistent",
+    "context",
+    "with_warnings",
+    "written",
+]
 
 _REPLY_HTTP = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409,
                "quota": 429, "stale_fence": 409}

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from chronolog.projections.documents import InvalidDefinition, camel_path, field_of
 from chronolog.projections.read_model import InvalidQuery
 
-__all__ = ["ApiError", "ErrorBody", "STATUS_WORDS", "error_responses", "install_handlers"]
+__all__ = ["STATUS_WORDS", "ApiError", "ErrorBody", "error_responses", "install_handlers"]
 
 STATUS_WORDS = {
     400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
@@ -44,7 +44,7 @@ class ApiError(Exception):
         self.extra = extra
 
     @classmethod
-    def invalid(cls, exc: InvalidDefinition | InvalidQuery) -> "ApiError":
+    def invalid(cls, exc: InvalidDefinition | InvalidQuery) -> ApiError:
         """The 400 of a definition or query parameter the domain or read model refused."""
         return cls(400, exc.message, exc.field)
 
@@ -62,7 +62,8 @@ class ErrorBody(BaseModel):
                        "precondition_required | quota | internal | unavailable")
     field: str | None = Field(description="the offending field, header or parameter")
     message: str
-    revision: int | None = Field(default=None, description="409 on a schedule: the current revision")
+    revision: int | None = Field(default=None,
+                                 description="409 on a schedule: the current revision")
     state: str | None = Field(default=None, description="409 on a run: its state")
 
 

@@ -78,7 +78,7 @@ class RequestGuard:
                 await refusal(scope, receive, send_tracked)
                 return
             await self.app(scope, receive, send_tracked)
-        except Exception:  # noqa: BLE001 - any bug becomes a JSON 500, never plain text
+        except Exception:  # any bug becomes a JSON 500, never plain text
             error_id = uuid.uuid4().hex[:12]
             log.exception("api_internal_error", error_id=error_id, method=scope.get("method"),
                           path=scope.get("path"))

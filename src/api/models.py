@@ -16,9 +16,19 @@ from chronolog.domain import messages as m
 from chronolog.projections.documents import CamelModel, ScheduleDefinition
 
 __all__ = [
-    "CancelIn", "InstantOut", "MAX_SCHEDULE_ID", "PreviewOut", "ReconcileIn", "RevisedOut",
-    "RunCreated", "RunWritten", "ScheduleCreated", "ScheduleIn", "ScheduleStateOut",
-    "ScheduleWritten", "TriggerIn",
+    "MAX_SCHEDULE_ID",
+    "CancelIn",
+    "InstantOut",
+    "PreviewOut",
+    "ReconcileIn",
+    "RevisedOut",
+    "RunCreated",
+    "RunWritten",
+    "ScheduleCreated",
+    "ScheduleIn",
+    "ScheduleStateOut",
+    "ScheduleWritten",
+    "TriggerIn",
 ]
 
 MAX_SCHEDULE_ID = 200  # characters of a schedule ID (its pattern bounds nothing)

@@ -63,9 +63,9 @@ def _run(args: Any) -> int:
 
 
 async def serve(args: Any, tenants: Any) -> int:
+    from chronolog.api.app import create_app
     from chronolog.cli.errors import UsageError
     from chronolog.client import Client
-    from chronolog.api.app import create_app
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
 

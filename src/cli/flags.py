@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from chronolog.cli.errors import UsageError
 from chronolog.settings import ConfigError, data_dir, open_log, parse_log_url

@@ -35,7 +35,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -204,7 +204,7 @@ def _parse_until(text: str) -> datetime:
     except ValueError:
         raise UsageError(f"invalid until '{text}': expected an ISO-8601 time such as "
                          "2026-03-02T09:00:00Z") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _check(args: argparse.Namespace) -> tuple[str, datetime | None]:

@@ -27,10 +27,11 @@ the tenant must exist in it and its job types are checked locally, as the API do
 Writes go to the log through ``chronolog.client.Client`` and wait, bounded
 (``--timeout``, default 15 s), for the processor's reply. Reads come from the PostgreSQL
 read model through the queries and documents the API uses too
-(``chronolog.projections.read_model``, so ``--json`` prints exactly what the API would): ``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the
-embedded PostgreSQL of ``--data-dir`` (``DIR/pg`` as ``chronolog dev`` makes it, or
-``DIR/postgres`` as ``chronolog projector`` makes it); a cluster that is not running is started
-for the command, with a note on stderr, and stopped again on exit.
+(``chronolog.projections.read_model``, so ``--json`` prints exactly what the API would):
+``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the embedded PostgreSQL of
+``--data-dir`` (``DIR/pg`` as ``chronolog dev`` makes it, or ``DIR/postgres`` as ``chronolog
+projector`` makes it); a cluster that is not running is started for the command, with a note
+on stderr, and stopped again on exit.
 
 Exit status
     0   done.
@@ -53,8 +54,9 @@ types); ``runs`` and ``run`` show why a READY run waits (``waiting``).
 ``{revision, nextRunAt}``; pause/resume/delete ``{scheduleId, revision, state, nextRunAt}``;
 trigger ``{runId, state}``; cancel ``{runId, state, outcome}``; redrive ``{runId, state,
 attempt}``; show = ``GET /v1/schedules/{id}``; runs = ``GET /v1/schedules/{id}/runs``;
-run = ``GET /v1/runs/{id}``; workers list = ``GET /v1/workers``; list (no API counterpart) ``{items: [{scheduleId, state,
-revision, nextRunAt, nextDueAt, createdAt, updatedAt, definition}], watermark}``.
+run = ``GET /v1/runs/{id}``; workers list = ``GET /v1/workers``; list (no API counterpart)
+``{items: [{scheduleId, state, revision, nextRunAt, nextDueAt, createdAt, updatedAt,
+definition}], watermark}``.
 """
 
 from __future__ import annotations
@@ -68,11 +70,12 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import asyncpg
 from pydantic import ValidationError
@@ -86,7 +89,12 @@ from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgr
 from chronolog.domain import messages as m
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
-from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, resolve_zone
+from chronolog.domain.recurrence import (
+    RecurrenceError,
+    compile_trigger,
+    parse_instant,
+    resolve_zone,
+)
 from chronolog.log.port import LogError
 from chronolog.logging import configure_logging
 from chronolog.projections.documents import (
@@ -116,7 +124,7 @@ from chronolog.projections.workers import ever_served
 from chronolog.settings import ConfigError, LogConfig, data_dir, open_log, parse_log_url
 from chronolog.tenants import load_tenants
 
-__all__ = ["register", "build_definition"]
+__all__ = ["build_definition", "register"]
 
 DEFAULT_TIMEOUT = 15.0
 _DURATION_FLAGS = (("lease", "lease"), ("start_deadline", "startDeadline"), ("jitter", "jitter"))
@@ -406,7 +414,7 @@ def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
     try:
         resolve_zone(tz)
         if args.every is not None:
-            now = datetime.now(timezone.utc).replace(microsecond=0)
+            now = datetime.now(UTC).replace(microsecond=0)
             anchor = parse_instant(args.anchor, tz, field="anchor") if args.anchor else None
             compile_trigger(every=args.every, anchor=anchor or now, timezone=tz)
             body["every"] = args.every
@@ -496,7 +504,8 @@ def _check_job(ctx: Ctx, spec: Any) -> None:
 @asynccontextmanager
 async def _client(ctx: Ctx) -> AsyncIterator[Any]:
     """A started ``Client`` on the configured log (closed on exit)."""
-    if ctx.log_cfg.kind == "sqlite" and not Path(ctx.log_cfg.target).exists():
+    if (ctx.log_cfg.kind == "sqlite"
+            and not Path(ctx.log_cfg.target).exists()):  # noqa: ASYNC240 - one local stat()
         raise _usage(f"invalid log 'sqlite://{ctx.log_cfg.target}': no such file (start "
                      f"`chronolog dev --data-dir DIR` or a processor first, or pass --log / "
                      f"--data-dir)")
@@ -506,7 +515,7 @@ async def _client(ctx: Ctx) -> AsyncIterator[Any]:
             await lg.start()
             client = Client(lg, principal=f"cli:{_user()}", reply_timeout=ctx.args.timeout)
             await client.start()
-        except (LogError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, LogError, OSError) as exc:
             raise Failure("unavailable", _log_problem(ctx, exc)) from None
         try:
             yield client
@@ -659,7 +668,7 @@ def _iso(t: Any) -> str | None:
         return None
     if isinstance(t, str):
         t = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _print_json(data: Any) -> None:
@@ -701,7 +710,7 @@ def _kv(pairs: list[tuple[str, Any]]) -> Table:
 
 
 def _create(ctx: Ctx) -> Handler:
-    body, spec = build_definition(ctx.args, ctx.args.schedule_id)
+    _body, spec = build_definition(ctx.args, ctx.args.schedule_id)
 
     async def work(ctx: Ctx) -> int:
         _check_job(ctx, spec)
@@ -728,7 +737,7 @@ def _create(ctx: Ctx) -> Handler:
 def _revise(ctx: Ctx) -> Handler:
     if ctx.args.if_match < 1:
         raise _usage(f"invalid If-Match '{ctx.args.if_match}': expected a revision >= 1")
-    body, spec = build_definition(ctx.args, ctx.args.schedule_id)
+    _body, spec = build_definition(ctx.args, ctx.args.schedule_id)
 
     async def work(ctx: Ctx) -> int:
         _check_job(ctx, spec)
@@ -833,7 +842,7 @@ def _show(ctx: Ctx) -> Handler:
             row = await rm.schedule(ctx.tenant, sid)
             if row is None:
                 raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-            doc = await schedule_document(rm, row, datetime.now(timezone.utc))
+            doc = await schedule_document(rm, row, datetime.now(UTC))
         if ctx.args.json:
             _print_json(doc)
             return 0

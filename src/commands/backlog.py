@@ -26,8 +26,14 @@ from typing import Any, Protocol
 
 from chronolog.domain.recurrence import jitter_offset
 
-__all__ = ["Backlog", "Planned", "MAX_INSTANTS_PER_DECISION", "due_time", "plan_due",
-           "misfire_choice"]
+__all__ = [
+    "MAX_INSTANTS_PER_DECISION",
+    "Backlog",
+    "Planned",
+    "due_time",
+    "misfire_choice",
+    "plan_due",
+]
 
 MAX_INSTANTS_PER_DECISION = 1000  # a decision materializes or skips at most this many instants
 
@@ -150,7 +156,8 @@ def plan_due(
     # instant would make a jitter window wider than the grace turn on-time runs into misfires
     lateness = [now - due_time(schedule_id, x, pol.jitter) for x in due]
     reasons = misfire_choice(lateness, later, pol, late_reason)
-    return Backlog(tuple(Planned(x, r) for x, r in zip(due, reasons)), following, later)
+    return Backlog(tuple(Planned(x, r) for x, r in zip(due, reasons, strict=True)), following,
+                   later)
 
 
 def misfire_choice(

@@ -17,9 +17,11 @@ guard and materializing the next occurrence) sees a consistent state at every st
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterator, Mapping, assert_never
+from itertools import pairwise
+from typing import Any, assert_never
 
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
@@ -44,19 +46,19 @@ from chronolog.domain.recurrence import (
 )
 
 __all__ = [
-    "Decision",
-    "MAX_INSTANTS_PER_DECISION",
     "LEAVES_LIVE",
+    "MAX_INSTANTS_PER_DECISION",
     "PROCESSOR",
     "QUOTA_EXPIRY_MARGIN",
+    "Decision",
     "Send",
     "TenantContext",
-    "ungranted_effect",
     "decide",
     "evolve",
     "fold",
     "initial_state",
     "next_wakeup",
+    "ungranted_effect",
 ]
 
 COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
@@ -81,7 +83,8 @@ class TenantContext:
     min_interval: float = MIN_INTERVAL_SECONDS
 
     def allows(self, job_type: str) -> bool:
-        return self.allowed_jobs is None or "*" in self.allowed_jobs or job_type in self.allowed_jobs
+        return (self.allowed_jobs is None or "*" in self.allowed_jobs
+                or job_type in self.allowed_jobs)
 
 
 OPEN_TENANT = TenantContext()
@@ -129,7 +132,7 @@ def _reject(status: m.Status, reason: str, field_: str | None = None, **body: An
 class _Draft:
     """A scratch copy of the state; ``emit`` appends an event and folds it at once."""
 
-    __slots__ = ("state", "events")
+    __slots__ = ("events", "state")
 
     def __init__(self, state: ScheduleState) -> None:
         self.state = state.draft()  # copy-on-write: only the runs an event touches are cloned
@@ -414,7 +417,7 @@ def _below_min_interval(
                            f"tenant's minimum interval of {least:g}s", name)
     if spec.cron is not None and least > 60:  # a cron rule is at least a minute apart
         instants = upcoming(trigger, now, _CRON_GAPS_CHECKED)
-        for a, b in zip(instants, instants[1:]):
+        for a, b in pairwise(instants):
             if (b - a).total_seconds() < least:
                 return _reject("invalid", f"invalid cron '{spec.cron}': fires {b - a} apart "
                                f"at {m_iso(a)}, the tenant's minimum interval is {least:g}s",
@@ -541,7 +544,8 @@ def _delete(state: ScheduleState, principal: str) -> Decision:
     # Runs not yet started will never start; running ones finish under their fence.
     for run in _current_runs(d):
         if run.state in ("PENDING", "READY", "RETRY_WAIT"):
-            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason="schedule deleted"))
+            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal,
+                                         reason="schedule deleted"))
     d.emit(m.ScheduleDeleted())
     return Decision(events=d.events, body=_schedule_body(d.state))
 
@@ -1138,7 +1142,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
             d.emit(_rejected(run, p, state.fence, "lease_expired"))
             _expire_lease(d, run.run_id, now)
         else:
-            reason = "not_leased" if run.state != "LEASED" and run.fence == p.fence else "stale_fence"
+            reason = ("not_leased" if run.state != "LEASED" and run.fence == p.fence
+                      else "stale_fence")
             d.emit(_rejected(run, p, state.fence, reason))
         return Decision(status="stale_fence", events=d.events, reason=problem[1],
                         body={"current_fence": d.state.fence})

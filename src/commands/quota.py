@@ -38,7 +38,7 @@ class QuotaState:
     """The fold of a tenant's quota events: schedule ID -> (create command ID, end of the
     reservation, or None once the slot is taken)."""
 
-    __slots__ = ("tenant", "slots")
+    __slots__ = ("slots", "tenant")
     schedule_id = QUOTA_ID
 
     def __init__(self, tenant: str) -> None:
@@ -85,7 +85,7 @@ def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
     return Decision(events=d.events, sends=d.sends)
 
 
-def _reserve(d: "_Draft", p: m.ReserveQuotaSlot, held: tuple[str, datetime | None] | None,
+def _reserve(d: _Draft, p: m.ReserveQuotaSlot, held: tuple[str, datetime | None] | None,
              now: datetime, max_schedules: int | None) -> None:
     """Reserve a free slot for the schedule and grant it, or refuse; answer either way."""
     s = d.state

@@ -27,27 +27,27 @@ class Policy:
     """The decider's view of a ScheduleSpec; interned, so identical specs share one."""
 
     __slots__ = (
+        "effects",
+        "grace",
+        "initial_backoff",
+        "jitter",
+        "job",
+        "kind",
+        "lease",
+        "max_attempts",
+        "max_backoff",
+        "max_catchup",
+        "max_count",
+        "misfire",
+        "misfire_max_age",
+        "multiplier",
+        "overlap",
+        "priority",
+        "resource_class",
+        "retry_max_age",
         "spec",
         "spec_hash",
-        "job",
-        "misfire",
-        "grace",
-        "max_catchup",
-        "misfire_max_age",
-        "overlap",
-        "max_attempts",
-        "initial_backoff",
-        "max_backoff",
-        "multiplier",
-        "retry_max_age",
-        "lease",
         "start_deadline",
-        "jitter",
-        "effects",
-        "resource_class",
-        "priority",
-        "max_count",
-        "kind",
     )
 
     def __init__(self, spec: ScheduleSpec, spec_hash: str) -> None:
@@ -121,30 +121,30 @@ class Run:
     """One occurrence (run) of a schedule and its current attempt."""
 
     __slots__ = (
-        "run_id",
-        "scheduled_at",
-        "due_at",
-        "revision",
-        "job",
-        "trigger",
-        "state",
+        "age_base",
         "attempt",
         "attempt_base",
-        "age_base",
-        "fence",
-        "worker_id",
-        "lease_until",
-        "retry_at",
-        "start_deadline_at",
-        "claimed",
         "cancel_requested",
         "checksum",
-        "result_fence",
-        "result",
-        "reconcile",
+        "claimed",
+        "due_at",
         "effects",
-        "resource_class",
+        "fence",
+        "job",
+        "lease_until",
         "priority",
+        "reconcile",
+        "resource_class",
+        "result",
+        "result_fence",
+        "retry_at",
+        "revision",
+        "run_id",
+        "scheduled_at",
+        "start_deadline_at",
+        "state",
+        "trigger",
+        "worker_id",
     )
 
     def __init__(
@@ -185,7 +185,7 @@ class Run:
         self.resource_class = resource_class
         self.priority = priority
 
-    def clone(self) -> "Run":
+    def clone(self) -> Run:
         r = Run.__new__(Run)
         r.run_id = self.run_id
         r.scheduled_at = self.scheduled_at
@@ -248,28 +248,28 @@ class ScheduleState:
     """The fold of one schedule's events."""
 
     __slots__ = (
-        "tenant",
+        "anchor",
+        "count",
+        "created_at",
+        "created_hash",
+        "done",
+        "fence",
+        "last_scheduled_at",
+        "manual",
+        "next_due_at",
+        "next_run_at",
+        "owned",
+        "paused_at",
+        "pending",
+        "policy",
+        "quota",
+        "request_key",
+        "revision",
+        "runs",
         "schedule_id",
         "status",
-        "revision",
-        "policy",
+        "tenant",
         "trigger",
-        "request_key",
-        "created_hash",
-        "created_at",
-        "anchor",
-        "paused_at",
-        "next_run_at",
-        "next_due_at",
-        "last_scheduled_at",
-        "count",
-        "fence",
-        "runs",
-        "done",
-        "pending",
-        "manual",
-        "owned",
-        "quota",
     )
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
@@ -306,7 +306,7 @@ class ScheduleState:
     def exists(self) -> bool:
         return self.status in ("ACTIVE", "PAUSED")
 
-    def clone(self) -> "ScheduleState":
+    def clone(self) -> ScheduleState:
         """A deep, independent copy."""
         s = self.draft()
         if self.runs is not None:
@@ -317,7 +317,7 @@ class ScheduleState:
         s.owned = None
         return s
 
-    def draft(self) -> "ScheduleState":
+    def draft(self) -> ScheduleState:
         """A copy-on-write copy for deciding one command: cheap whatever the number of runs.
 
         The runs dict is copied but the runs themselves are shared until ``own`` clones one

@@ -51,8 +51,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-
-__all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "SYSTEM_USER", "DATABASE", "SUPERUSER"]
+__all__ = ["DATABASE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres", "EmbeddedPostgresError"]
 
 SYSTEM_USER = "embedded_postgres"
 """The OS user the server runs as when this process is root."""
@@ -209,7 +208,8 @@ class EmbeddedPostgres:
         except KeyError:
             try:
                 subprocess.run(
-                    ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", SYSTEM_USER],
+                    ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
+                     SYSTEM_USER],
                     check=True,
                     capture_output=True,
                     text=True,
@@ -236,7 +236,8 @@ class EmbeddedPostgres:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise EmbeddedPostgresError(f"timed out waiting for the lock {lock_path}")
+                        raise EmbeddedPostgresError(
+                            f"timed out waiting for the lock {lock_path}") from None
                     time.sleep(0.05)
             try:
                 yield

@@ -1,8 +1,9 @@
 """``chronolog dev``: a whole chronolog node in one process, on one machine.
 
 Processors, the projector, a worker with the built-in jobs (unless ``--no-builtin``), the
-effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
-``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
+effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all
+under ``./.chronolog/`` (or ``--data-dir``). No Java, no Kafka, no Docker, no separately
+installed database.
 
 A part that fails is restarted with bounded exponential backoff (``chronolog.devnode.supervisor``),
 and the node says so on stderr, in its log and in the live view; the other parts go on.
@@ -54,11 +55,11 @@ async def run_dev(
     builtin: bool = True,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
+    from chronolog.destinations import check_destinations
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
     from chronolog.projections.store import PostgresProjectionStore
-    from chronolog.destinations import check_destinations
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,15 +120,15 @@ async def run_node(
     """
     import uvicorn
 
+    from chronolog.api.app import create_app
+    from chronolog.api.server import Server
     from chronolog.client import Client
+    from chronolog.devnode.supervisor import Supervisor
     from chronolog.devnode.view import Recent
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.processors.runtime import Processor
-    from chronolog.api.app import create_app
-    from chronolog.api.server import Server
     from chronolog.projections.projector import Projector
     from chronolog.settings import max_body_bytes
-    from chronolog.devnode.supervisor import Supervisor
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker
 
@@ -259,10 +260,10 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
 
 
 async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
-    from chronolog.devnode.view import render
-
     from rich.console import Console
     from rich.live import Live
+
+    from chronolog.devnode.view import render
 
     console = Console()
     with Live(console=console, refresh_per_second=2, screen=False) as live:

@@ -18,14 +18,15 @@ import contextlib
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import structlog
 
 log = structlog.get_logger("chronolog.devnode.supervisor")
 
-__all__ = ["Supervisor", "Notice"]
+__all__ = ["Notice", "Supervisor"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class Supervisor:
                 log.warning("part_stop_failed", part=name, error=repr(exc))
             try:
                 await asyncio.wait_for(asyncio.shield(part.task), timeout)
-            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - force it
+            except (TimeoutError, Exception):  # noqa: BLE001 - force it
                 part.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await part.task

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group
@@ -54,19 +54,19 @@ class Recent:
 
 
 def _hm(t: datetime | None) -> str:
-    return "-" if t is None else t.astimezone(timezone.utc).strftime("%H:%M:%S")
+    return "-" if t is None else t.astimezone(UTC).strftime("%H:%M:%S")
 
 
 def _when(t: datetime, now: datetime) -> str:
     """Time of day today, or the date too when it is another day."""
     fmt = "%H:%M:%S" if t.date() == now.date() else "%a %d %b %H:%M"
-    return t.astimezone(timezone.utc).strftime(fmt)
+    return t.astimezone(UTC).strftime(fmt)
 
 
 async def render(node: Any) -> Group:
     proc = node.parts["processor"]
     recent: Recent | None = node.parts.get("recent")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     states = [st for ps in list(proc.partitions.values()) for st in ps.states.values()]
 
     upcoming = Table(title="upcoming", expand=True)
@@ -136,5 +136,5 @@ def _restarts(node: Any) -> list[Text]:
     cutoff = time.time() - 600
     last = {n.part: n for n in sup.notices if n.at >= cutoff}
     return [Text(f"{n.part} failed ({n.error}) and was restarted {n.restarts}x, "
-                 f"last at {datetime.fromtimestamp(n.at, timezone.utc):%H:%M:%S} UTC",
+                 f"last at {datetime.fromtimestamp(n.at, UTC):%H:%M:%S} UTC",
                  style="bold red") for n in last.values()]

@@ -7,22 +7,23 @@ validation, repeatedly, until the current version is reached.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import orjson
 from pydantic import BaseModel
 
+from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 from chronolog.domain.messages import (
     CURRENT_VERSION,
-    CommandEnvelope,
-    DeadLetter,
     STORED,
     TEXT_CHECKED,
+    CommandEnvelope,
+    DeadLetter,
     EventEnvelope,
     Reply,
 )
-from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 

@@ -7,7 +7,7 @@ gets the same ID on every processor, in every replay, for the life of the schedu
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def partition_key(tenant: str, schedule_id: str) -> str:
@@ -32,7 +32,7 @@ def saga_command_id(kind: str, create_command_id: str) -> str:
 
 def iso_utc(instant: datetime) -> str:
     """ISO-8601 UTC with a ``Z`` suffix, seconds precision unless sub-second is set."""
-    s = instant.astimezone(timezone.utc).isoformat()
+    s = instant.astimezone(UTC).isoformat()
     return s.replace("+00:00", "Z")
 
 

@@ -11,15 +11,26 @@ be configured. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
-    "EARLIEST_INSTANT", "LATEST_INSTANT", "MAX_BODY_BYTES", "MAX_COUNT", "MAX_DEPTH",
+    "EARLIEST_INSTANT",
+    "LATEST_INSTANT",
+    "MAX_BODY_BYTES",
+    "MAX_COUNT",
+    "MAX_DEPTH",
     "MAX_DOCUMENT_DEPTH",
-    "MAX_DURATION_SECONDS", "MAX_INT", "MAX_PARAMS_BYTES", "MIN_INTERVAL_SECONDS",
-    "SCHEDULE_ID_PATTERN", "RUN_ID_PATTERN", "check_instant", "json_depth", "text_violation",
+    "MAX_DURATION_SECONDS",
+    "MAX_INT",
+    "MAX_PARAMS_BYTES",
+    "MIN_INTERVAL_SECONDS",
+    "RUN_ID_PATTERN",
+    "SCHEDULE_ID_PATTERN",
+    "check_instant",
+    "json_depth",
     "plainly_clean_json",
+    "text_violation",
 ]
 
 # request body of the HTTP API (configurable: ``chronolog api/dev --max-body-bytes``)
@@ -33,8 +44,8 @@ MAX_DOCUMENT_DEPTH = MAX_DEPTH + 8
 # every duration (every, delay, jitter, lease, timeout, grace, backoffs, ages): ten years
 MAX_DURATION_SECONDS = 10 * 366 * 86_400
 # every instant of a definition (at, start, end, anchor, preview's from)
-EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=timezone.utc)
-LATEST_INSTANT = datetime(3000, 1, 1, tzinfo=timezone.utc)  # exclusive
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(3000, 1, 1, tzinfo=UTC)  # exclusive
 # maxCount, and any other count a tenant gives
 MAX_COUNT = 1_000_000_000
 # revisions, attempts, fences, sizes: what a PostgreSQL bigint holds
@@ -87,9 +98,9 @@ def text_violation(value: Any, path: str = "", max_depth: int = MAX_DEPTH
                 return where, f"nested deeper than {max_depth} levels"
             for key, sub in vars(item).items():
                 stack.append((sub, f"{where}.{key}" if where else key, depth + 1))
-        elif isinstance(item, int) and not isinstance(item, bool):
-            if not -MAX_INT - 1 <= item <= MAX_INT:
-                return where, "integers must fit in 64 bits"
+        elif (isinstance(item, int) and not isinstance(item, bool)
+              and not -MAX_INT - 1 <= item <= MAX_INT):
+            return where, "integers must fit in 64 bits"
     return None
 
 

@@ -15,9 +15,9 @@ seconds old.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable, Mapping
+from datetime import UTC, datetime
 
 import orjson
 
@@ -56,7 +56,7 @@ class Announcement:
         }, option=orjson.OPT_UTC_Z)
 
     @classmethod
-    def decode(cls, value: bytes) -> "Announcement":
+    def decode(cls, value: bytes) -> Announcement:
         try:
             raw = orjson.loads(value)
             classes = {str(c): ClassService(tuple(sorted(str(j) for j in s["job_types"])),
@@ -88,4 +88,4 @@ def waiting_reason(job_type: str | None, resource_class: str | None) -> str:
 
 def _time(value: object) -> datetime:
     t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)

@@ -14,8 +14,8 @@ event that carries it, so replay (``evolve``) never recomputes it.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, Union
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -37,7 +37,7 @@ from chronolog.domain import limits as lim
 
 
 def _to_utc(value: datetime) -> datetime:
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
@@ -236,7 +236,7 @@ class EffectSpec(_Model):
         return value
 
     @model_validator(mode="after")
-    def _options_fit_the_kind(self) -> "EffectSpec":
+    def _options_fit_the_kind(self) -> EffectSpec:
         denied = sorted(h for h in self.headers if effect_header_denied(h))
         if denied:
             raise ValueError(f"effect header '{denied[0]}' may not be set by a schedule")
@@ -295,7 +295,7 @@ class ScheduleSpec(_Model):
     priority: int = Field(default=0, ge=-100, le=100)
 
     @model_validator(mode="after")
-    def _exactly_one_trigger(self) -> "ScheduleSpec":
+    def _exactly_one_trigger(self) -> ScheduleSpec:
         given = [n for n in ("cron", "every", "at", "delay") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(
@@ -463,27 +463,25 @@ class Tick(_Model):
 
 
 Command = Annotated[
-    Union[
-        CreateSchedule,
-        ReviseSchedule,
-        PauseSchedule,
-        ResumeSchedule,
-        DeleteSchedule,
-        TriggerRun,
-        CancelRun,
-        RedriveRun,
-        ResolveReconciliation,
-        ClaimRun,
-        Heartbeat,
-        CompleteRun,
-        FailRun,
-        RecordEffectOutcome,
-        ReserveQuotaSlot,
-        ConfirmQuotaSlot,
-        ReleaseQuotaSlot,
-        AnswerQuotaSlot,
-        Tick,
-    ],
+    CreateSchedule
+    | ReviseSchedule
+    | PauseSchedule
+    | ResumeSchedule
+    | DeleteSchedule
+    | TriggerRun
+    | CancelRun
+    | RedriveRun
+    | ResolveReconciliation
+    | ClaimRun
+    | Heartbeat
+    | CompleteRun
+    | FailRun
+    | RecordEffectOutcome
+    | ReserveQuotaSlot
+    | ConfirmQuotaSlot
+    | ReleaseQuotaSlot
+    | AnswerQuotaSlot
+    | Tick,
     Field(discriminator="type"),
 ]
 
@@ -512,7 +510,7 @@ class CommandEnvelope(_Model):
         return data
 
     @model_validator(mode="after")
-    def _type_matches_payload(self) -> "CommandEnvelope":
+    def _type_matches_payload(self) -> CommandEnvelope:
         if self.type != self.payload.type:
             raise ValueError(f"type {self.type!r} does not match payload {self.payload.type!r}")
         return self
@@ -859,42 +857,40 @@ class QuotaSlotReleased(_Event):
 
 
 Event = Annotated[
-    Union[
-        ScheduleCreated,
-        ScheduleRevised,
-        SchedulePaused,
-        ScheduleResumed,
-        ScheduleDeleted,
-        ScheduleCompleted,
-        NextRunPlanned,
-        OccurrenceMaterialized,
-        OccurrenceSkipped,
-        OccurrenceReady,
-        AttemptClaimed,
-        FenceAdvanced,
-        LeaseExtended,
-        LeaseExpired,
-        AttemptFailed,
-        RetryScheduled,
-        OccurrenceDeadLettered,
-        OccurrenceRedriven,
-        ResultPublished,
-        CompletionRejected,
-        CancellationRequested,
-        OccurrenceCancelled,
-        ReconciliationRequired,
-        ReconciliationResolved,
-        EffectIntended,
-        EffectSucceeded,
-        EffectUncertain,
-        EffectFailed,
-        ScheduleCreationHeld,
-        ScheduleCreationRefused,
-        QuotaSlotReserved,
-        QuotaSlotRefused,
-        QuotaSlotConfirmed,
-        QuotaSlotReleased,
-    ],
+    ScheduleCreated
+    | ScheduleRevised
+    | SchedulePaused
+    | ScheduleResumed
+    | ScheduleDeleted
+    | ScheduleCompleted
+    | NextRunPlanned
+    | OccurrenceMaterialized
+    | OccurrenceSkipped
+    | OccurrenceReady
+    | AttemptClaimed
+    | FenceAdvanced
+    | LeaseExtended
+    | LeaseExpired
+    | AttemptFailed
+    | RetryScheduled
+    | OccurrenceDeadLettered
+    | OccurrenceRedriven
+    | ResultPublished
+    | CompletionRejected
+    | CancellationRequested
+    | OccurrenceCancelled
+    | ReconciliationRequired
+    | ReconciliationResolved
+    | EffectIntended
+    | EffectSucceeded
+    | EffectUncertain
+    | EffectFailed
+    | ScheduleCreationHeld
+    | ScheduleCreationRefused
+    | QuotaSlotReserved
+    | QuotaSlotRefused
+    | QuotaSlotConfirmed
+    | QuotaSlotReleased,
     Field(discriminator="type"),
 ]
 

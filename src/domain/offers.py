@@ -8,8 +8,8 @@ schedule, produce no event and get no reply.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import orjson
 
@@ -34,10 +34,11 @@ class Offer:
     def encode(self) -> bytes:
         return orjson.dumps({"worker_id": self.worker_id, "resource_class": self.resource_class,
                              "window": self.window,
-                             "job_types": None if self.job_types is None else sorted(self.job_types)})
+                             "job_types": (None if self.job_types is None
+                                           else sorted(self.job_types))})
 
     @classmethod
-    def decode(cls, value: bytes) -> "Offer":
+    def decode(cls, value: bytes) -> Offer:
         try:
             raw = orjson.loads(value)
             jobs = raw.get("job_types")

@@ -32,9 +32,10 @@ phase reached, timings (``elapsed_ms``), attempts made.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Literal, Protocol, runtime_checkable
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from chronolog.domain import messages as m
 from chronolog.domain.durations import parse_duration
@@ -65,19 +66,19 @@ class Outcome:
     recorded: bool = False
 
     @classmethod
-    def succeeded(cls, **evidence: Any) -> "Outcome":
+    def succeeded(cls, **evidence: Any) -> Outcome:
         return cls("succeeded", evidence)
 
     @classmethod
-    def failed(cls, **evidence: Any) -> "Outcome":
+    def failed(cls, **evidence: Any) -> Outcome:
         return cls("failed", {"permanent": True, **evidence})
 
     @classmethod
-    def uncertain(cls, **evidence: Any) -> "Outcome":
+    def uncertain(cls, **evidence: Any) -> Outcome:
         return cls("uncertain", evidence)
 
     @classmethod
-    def retry_later(cls, after: float | None = None, **evidence: Any) -> "Outcome":
+    def retry_later(cls, after: float | None = None, **evidence: Any) -> Outcome:
         return cls("retry_later", evidence, retry_after=after)
 
 
@@ -108,7 +109,7 @@ class EffectContext:
 
     def age(self, now: datetime | None = None) -> float:
         """Seconds since the intent was recorded (authority time)."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         return (now - self.intended_at).total_seconds()
 
 

@@ -135,7 +135,7 @@ class KafkaEffectAdapter:
                 self._remote[bootstrap] = producer
             meta = await asyncio.wait_for(producer.send_and_wait(
                 rec.topic, rec.value, key=rec.key, headers=list(rec.headers)), 40)
-        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, KafkaError, OSError) as exc:
             return Outcome.retry_later(error=repr(exc)[:300], elapsed_ms=sw.ms(),
                                        reason="not acknowledged; sent again (the key "
                                        "deduplicates)")

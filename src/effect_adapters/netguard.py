@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import httpcore
 import httpx
@@ -61,7 +62,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         try:
             infos = await asyncio.wait_for(
                 loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
         return list(dict.fromkeys(str(info[4][0]) for info in infos))
 

@@ -78,11 +78,10 @@ class PostgresInboxEffectAdapter:
     async def _ensure_inbox(self, pool: asyncpg.Pool, dsn: str, table: str) -> None:
         if (dsn, table) in self._ready:
             return
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                # concurrent CREATE TABLE IF NOT EXISTS can still collide on the catalog
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"inbox:{table}")
-                await conn.execute(inbox_ddl(table))
+        async with pool.acquire() as conn, conn.transaction():
+            # concurrent CREATE TABLE IF NOT EXISTS can still collide on the catalog
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"inbox:{table}")
+            await conn.execute(inbox_ddl(table))
         self._ready.add((dsn, table))
 
     async def perform(
@@ -105,27 +104,26 @@ class PostgresInboxEffectAdapter:
         try:
             pool = await self._pool(dsn)
             await self._ensure_inbox(pool, dsn, table)
-            async with pool.acquire() as conn:
-                async with conn.transaction():
-                    row = await conn.fetchrow(
-                        f"INSERT INTO {table} (effect_id, run_id, checksum) VALUES ($1, $2, $3) "
-                        "ON CONFLICT (effect_id) DO NOTHING RETURNING applied_at",
-                        intent.effect_id, intent.run_id, intent.checksum)
-                    if row is None:
-                        prior = await conn.fetchrow(
-                            f"SELECT run_id, checksum, applied_at FROM {table} WHERE effect_id = $1",
-                            intent.effect_id)
-                        assert prior is not None  # the conflicting row is committed and visible
-                        if prior["checksum"] != intent.checksum:
-                            return Outcome.failed(
-                                **base, reason="inbox conflict: effect already applied with "
-                                "another checksum", stored_checksum=prior["checksum"],
-                                checksum=intent.checksum, elapsed_ms=sw.ms())
-                        return Outcome.succeeded(**base, duplicate=True,
-                                                 applied_at=prior["applied_at"].isoformat(),
-                                                 elapsed_ms=sw.ms())
-                    tag = await conn.execute(sql, orjson.dumps(payload).decode(),
-                                             intent.effect_id)
+            async with pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(
+                    f"INSERT INTO {table} (effect_id, run_id, checksum) VALUES ($1, $2, $3) "
+                    "ON CONFLICT (effect_id) DO NOTHING RETURNING applied_at",
+                    intent.effect_id, intent.run_id, intent.checksum)
+                if row is None:
+                    prior = await conn.fetchrow(
+                        f"SELECT run_id, checksum, applied_at FROM {table} WHERE effect_id = $1",
+                        intent.effect_id)
+                    assert prior is not None  # the conflicting row is committed and visible
+                    if prior["checksum"] != intent.checksum:
+                        return Outcome.failed(
+                            **base, reason="inbox conflict: effect already applied with "
+                            "another checksum", stored_checksum=prior["checksum"],
+                            checksum=intent.checksum, elapsed_ms=sw.ms())
+                    return Outcome.succeeded(**base, duplicate=True,
+                                             applied_at=prior["applied_at"].isoformat(),
+                                             elapsed_ms=sw.ms())
+                tag = await conn.execute(sql, orjson.dumps(payload).decode(),
+                                         intent.effect_id)
             return Outcome.succeeded(**base, duplicate=False, command_tag=tag,
                                      applied_at=row["applied_at"].isoformat(), elapsed_ms=sw.ms())
         except asyncpg.PostgresError as exc:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from chronolog.log.reading import read_partition
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import iso_utc
 from chronolog.log.port import EventLog
+from chronolog.log.reading import read_partition
 
 _SECRET = re.compile(r"pass|secret|token|auth|dsn|key", re.IGNORECASE)
 

@@ -52,21 +52,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import structlog
 
-from chronolog.log.reading import read_partition
-from chronolog.client import Client, ReplyTimeout
 from chronolog import destinations as dst
 from chronolog.backoff import Backoff
+from chronolog.client import Client, ReplyTimeout
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import EffectAdapter, EffectContext, Outcome
 from chronolog.effect_adapters.payload import PayloadError, resolve_payload
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
+from chronolog.log.reading import read_partition
 
 log = structlog.get_logger("chronolog.effects")
 
@@ -136,7 +137,7 @@ class _Job:
     rec: Record
     env: m.EventEnvelope
     intent: m.EffectIntended
-    fold: "PartitionFold"
+    fold: PartitionFold
 
 
 class _Lane:
@@ -540,7 +541,7 @@ class EffectRunner:
             return Outcome.retry_later(reason=f"result not readable yet: {exc}")
         try:
             return await adapter.perform(intent, payload, ctx)
-        except Exception as exc:  # noqa: BLE001 - an adapter bug: we cannot know what happened
+        except Exception as exc:  # an adapter bug: we cannot know what happened
             log.exception("effect_adapter_error", effect_id=intent.effect_id)
             return Outcome.uncertain(reason="adapter raised; the effect may have happened",
                                      error=f"{type(exc).__name__}: {exc}"[:500])

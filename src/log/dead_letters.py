@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import base64
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 import structlog
@@ -33,8 +34,14 @@ from chronolog.domain import messages as m
 from chronolog.log.port import EventLog, OutRecord, Record, Topics
 from chronolog.log.reading import read_partition
 
-__all__ = ["ORIGINAL_LIMIT", "REASON_LIMIT", "DeadLetters", "dead_letter", "read_dead_letters",
-           "describe"]
+__all__ = [
+    "ORIGINAL_LIMIT",
+    "REASON_LIMIT",
+    "DeadLetters",
+    "dead_letter",
+    "describe",
+    "read_dead_letters",
+]
 
 log = structlog.get_logger("chronolog.dead_letters")
 
@@ -60,7 +67,7 @@ def dead_letter(
         reason=reason, original=base64.b64encode(rec.value[:ORIGINAL_LIMIT]).decode(),
         source_partition=rec.partition, source_offset=rec.offset, command_id=command_id,
         source_topic=rec.topic, consumer=consumer, error_class=error_class,
-        original_size=len(rec.value), dead_lettered_at=at or datetime.now(timezone.utc))
+        original_size=len(rec.value), dead_lettered_at=at or datetime.now(UTC))
     key = f"{consumer}|{rec.topic}|{rec.partition}|{rec.offset}".encode()
     return OutRecord(topic=topics.dlq, key=key, value=codec.encode_dead_letter(dl))
 
@@ -126,4 +133,4 @@ async def read_dead_letters(
     return [dl for _, dl in out]
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -80,12 +80,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CoordinatorNotAvailableError,
-    NotCoordinatorError,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
     InvalidTxnState,
     KafkaError,
+    NotCoordinatorError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
@@ -107,11 +107,11 @@ from chronolog.log.port import (
     Position,
     RebalanceCallback,
     Record,
-    Topics,
     ThenCallback,
+    Topics,
 )
 
-__all__ = ["KafkaEventLog", "KafkaPartitionOwner", "KafkaGroupConsumer"]
+__all__ = ["KafkaEventLog", "KafkaGroupConsumer", "KafkaPartitionOwner"]
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ async def _bounded(aw: Any, seconds: float, what: str) -> Any:
     """Await ``aw`` for at most ``seconds``; a timeout becomes ``LogUnavailable``."""
     try:
         return await asyncio.wait_for(aw, seconds)
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         raise LogUnavailable(f"kafka: {what} did not finish within {seconds:.0f}s") from exc
 
 
@@ -561,7 +561,8 @@ class KafkaEventLog:
                 reader.consumer.pause(reader.tp)
             self._free_readers.put_nowait(reader)
 
-    async def _lso(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    async def _lso(self, consumer: AIOKafkaConsumer,
+                   tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return await _bounded(consumer.end_offsets(tps), self._bound_s, "end_offsets")
 
     async def read(
@@ -670,7 +671,7 @@ class KafkaEventLog:
                 top = getattr(resp, "error_code", 0)
                 if top:
                     raise for_code(top)(f"OffsetFetch for group {group!r}")
-                result: dict[TopicPartition, int | None] = {tp: None for tp in tps}
+                result: dict[TopicPartition, int | None] = dict.fromkeys(tps)
                 for topic, parts in resp.topics:
                     for partition, offset, _meta, code in parts:
                         if code:
@@ -805,7 +806,8 @@ class KafkaPartitionOwner:
         """After a commit: the next offset of our ``events`` partition is the last record's
         + 2 (its commit marker takes one offset); unchanged if the commit wrote none there."""
         events = self._log.topics.events
-        last = [m.offset for (rec, p), m in zip(placed, metas)
+        # metas goes on past placed with the late records (then()): zip stops at placed
+        last = [m.offset for (rec, p), m in zip(placed, metas, strict=False)
                 if rec.topic == events and p == self.partition]
         if last:
             self._next_event = last[-1] + 2
@@ -861,7 +863,7 @@ class KafkaPartitionOwner:
             self._next_event = None
             _retrieve_exceptions(futures)
             await self._fail(producer, exc)  # aborts; raises exc itself, or Fenced
-            raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
+            raise AssertionError("unreachable") from exc  # pragma: no cover - _fail always raises
         # explicitly placed late records (a processor's replies) land on the same
         # partitions every time: registered up front next time
         self._late_tps = {TopicPartition(rec.topic, p) for rec, p in late_placed

@@ -54,27 +54,34 @@ import gc
 import heapq
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import orjson
 import structlog
 
-from chronolog.environment import gc_tune as _gc_tune
-from chronolog.environment import gc_untune as _gc_untune
-from chronolog.environment import gc_tuned, utc_now
-from chronolog.commands.decider import (PROCESSOR, Decision, TenantContext, decide, evolve,
-                                        next_wakeup)
+from chronolog.commands.decider import (
+    PROCESSOR,
+    Decision,
+    TenantContext,
+    decide,
+    evolve,
+    next_wakeup,
+)
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota, quota_wakeup
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, event_id_for, partition_key
+from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.environment import gc_tune as _gc_tune
+from chronolog.environment import gc_tuned, utc_now
+from chronolog.environment import gc_untune as _gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.partitioner import misplaced
-from chronolog.log.reading import read_partition
 from chronolog.log.port import (
     WAKE_HEADER,
     EventLog,
@@ -84,7 +91,7 @@ from chronolog.log.port import (
     Position,
     Record,
 )
-from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.log.reading import read_partition
 from chronolog.processors.dispatch import Dispatcher
 
 log = structlog.get_logger("chronolog.processor")
@@ -310,7 +317,8 @@ class Processor:
         module docstring), then waits for those before launching its own.
         """
         timeout = self._poll_timeout()
-        records = await self._consumer.getmany(timeout_ms=timeout, max_records=self.config.batch_max)
+        records = await self._consumer.getmany(timeout_ms=timeout,
+                                               max_records=self.config.batch_max)
         now = self.clock()
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
@@ -360,7 +368,7 @@ class Processor:
             return self.config.commit_chains
         return getattr(self.log, "commit_many", None) is None
 
-    async def _chain(self, w: "_Work") -> None:
+    async def _chain(self, w: _Work) -> None:
         """A partition's commit chain: commit ``w``, then decide and commit what arrived
         meanwhile (held records, due timers), until nothing is left; never raises.
 
@@ -377,7 +385,7 @@ class Processor:
                 result = exc
             try:
                 await self._committed(w, result)
-            except Exception:  # noqa: BLE001 - a chain task must not die with an unread error
+            except Exception:  # a chain task must not die with an unread error
                 log.exception("commit_accounting_failed", partition=ps.partition)
             if self.partitions.get(ps.partition) is not ps:
                 return
@@ -417,12 +425,14 @@ class Processor:
                 del self._fenced_out[p]
                 again.append(p)
         for p in again:
-            if p not in self.partitions and (self.topics.commands, p) in self._consumer.assignment():
+            if (p not in self.partitions
+                    and (self.topics.commands, p) in self._consumer.assignment()):
                 await self._on_assigned({(self.topics.commands, p)})
 
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
-        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values() if ps.running() is None)
+        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values()
+                             if ps.running() is None)
                  if w is not None]
         if not wakes:
             return self.config.poll_ms
@@ -531,7 +541,7 @@ class Processor:
 
     async def _decide(
         self, ps: PartitionState, batch: list[Record], now: datetime
-    ) -> tuple["_Output | None", dict[tuple[str, int], int]]:
+    ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
         """``_decide_partition``; when a decision could not be applied to the state (a bug in
         ``evolve``), the state is no longer the log's: the partition is dropped and taken
         over again from the log, and the command at fault is dead-lettered when it is read
@@ -548,7 +558,7 @@ class Processor:
 
     def _decide_partition(
         self, ps: PartitionState, batch: list[Record], now: datetime
-    ) -> tuple["_Output | None", dict[tuple[str, int], int]]:
+    ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
         """Decide a partition's commands and due timers (state is evolved as we go)."""
         out = _Output(self.topics, ps.partition, (
             ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())))
@@ -571,13 +581,13 @@ class Processor:
             try:
                 dec = decide(st, _tick_envelope(st, cid, now), now, TenantContext())
                 encoded = self._encode(key, st, dec, cid, now)
-            except Exception:  # noqa: BLE001 - a decider bug must not stop the partition
+            except Exception:  # a decider bug must not stop the partition
                 self.stats.tick_errors += 1
                 log.exception("tick_decide_failed", partition=ps.partition, key=key)
                 continue  # not re-armed: the schedule's next command decides again
             try:
                 self._apply(ps, key, st, dec, encoded, cid, now, out)
-            except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+            except Exception as exc:  # the state is suspect: rebuilt (_decide)
                 self._unapplied_keys.add(key)
                 raise _Unapplied(f"timer of {key}: {type(exc).__name__}: {exc}") from exc
             self.stats.ticks += 1
@@ -600,7 +610,7 @@ class Processor:
             if work:
                 await self._commit_all(work)
 
-    async def _commit_all(self, work: list["_Work"]) -> None:
+    async def _commit_all(self, work: list[_Work]) -> None:
         """Commit every partition's transaction of one batch; never raises.
 
         With a log that has ``commit_many`` (SQLite) the partitions commit in ONE database
@@ -621,10 +631,10 @@ class Processor:
                 w.ps.owner.commit(w.out.records, w.consumed, self.group, then=w.out.then)
                 for w in work
             ), return_exceptions=True)
-        for w, res in zip(work, results):
+        for w, res in zip(work, results, strict=True):
             await self._committed(w, res)
 
-    async def _committed(self, w: "_Work", result: Any) -> None:
+    async def _committed(self, w: _Work, result: Any) -> None:
         """Account for one partition's transaction (``result``: positions or the exception).
 
         The live state was evolved while deciding; if the transaction did not commit, that
@@ -666,7 +676,7 @@ class Processor:
         await self._drop(ps.partition, why)
         return True
 
-    def _handle(self, ps: PartitionState, rec: Record, now: datetime, out: "_Output") -> None:
+    def _handle(self, ps: PartitionState, rec: Record, now: datetime, out: _Output) -> None:
         if rec.headers and is_offer(rec.headers):
             try:
                 ps.dispatch.offer(Offer.decode(rec.value), time.monotonic())
@@ -723,7 +733,7 @@ class Processor:
         try:
             dec = decide(st, env, now, tenant)
             encoded = self._encode(key, st, dec, cid, now)
-        except Exception as exc:  # noqa: BLE001 - a decider bug rejects this command only
+        except Exception as exc:  # a decider bug rejects this command only
             self.stats.decide_errors += 1
             log.exception("decide_failed", command_id=cid, tenant=env.tenant,
                           schedule_id=env.schedule_id, type=env.type)
@@ -734,13 +744,13 @@ class Processor:
             ps.states[key] = st
         try:
             self._apply(ps, key, st, dec, encoded, cid, now, out)
-        except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+        except Exception as exc:  # the state is suspect: rebuilt (_decide)
             self._unapplied[(ps.partition, rec.offset)] = exc
             raise _Unapplied(f"command {cid}: {type(exc).__name__}: {exc}") from exc
         self._unapplied_keys.discard(key)
 
     def _decide_quota(self, ps: PartitionState, key: str, qs: QuotaState,
-                      env: m.CommandEnvelope, now: datetime, out: "_Output",
+                      env: m.CommandEnvelope, now: datetime, out: _Output,
                       rec: Record | None = None) -> None:
         """Decide a command (``rec``) or a timer of a tenant's quota aggregate, and apply it:
         its events, the saga commands it sends, and a reply (only to a refused command of
@@ -749,7 +759,7 @@ class Processor:
         try:
             dec = decide_quota(qs, env, now, self.tenants.policy(env.tenant)[1])
             encoded = self._encode(key, qs, dec, cid, now)  # type: ignore[arg-type]
-        except Exception as exc:  # noqa: BLE001 - a decider bug rejects this command only
+        except Exception as exc:  # a decider bug rejects this command only
             log.exception("quota_decide_failed", command_id=cid, tenant=env.tenant)
             if rec is None:
                 self.stats.tick_errors += 1
@@ -772,7 +782,7 @@ class Processor:
                           len(out.events))
             ps.pending[cid] = out
 
-    def _send(self, tenant: str, dec: Decision, now: datetime, out: "_Output") -> None:
+    def _send(self, tenant: str, dec: Decision, now: datetime, out: _Output) -> None:
         """A decision's commands to other aggregates of the tenant (the quota saga), written
         to ``commands`` in this transaction, after the events."""
         for send in dec.sends:
@@ -806,7 +816,7 @@ class Processor:
         encoded: tuple[list[bytes], bytes | None],
         command_id: str,
         now: datetime,
-        out: "_Output",
+        out: _Output,
     ) -> None:
         """Evolve and record a decision's events, and its reply (none for the processor's own
         commands: timers and assignments)."""
@@ -846,7 +856,7 @@ class Processor:
         ps.dispatch.wait(run.resource_class, st.tenant, self.tenants.weight(st.tenant),
                          run.priority, key, run.run_id, run.attempt)
 
-    def _dispatch(self, ps: PartitionState, now: datetime, out: "_Output") -> None:
+    def _dispatch(self, ps: PartitionState, now: datetime, out: _Output) -> None:
         """Assign waiting READY runs to seats with credit: the decider's ClaimRun on the
         worker's behalf, and an assignment record on partition p of ``ready.<class>``."""
         d = ps.dispatch
@@ -871,14 +881,15 @@ class Processor:
                     dec = decide(st, _assign_envelope(st, cid, now, run_id, attempt,
                                                       seat.worker_id), now, TenantContext())
                     encoded = self._encode(key, st, dec, cid, now)
-                except Exception:  # noqa: BLE001 - a decider bug must not stop the partition
+                except Exception:  # a decider bug must not stop the partition
                     log.exception("assign_decide_failed", partition=ps.partition, run_id=run_id)
                     continue  # it stays READY; the next event of its schedule queues it again
                 try:
                     self._apply(ps, key, st, dec, encoded, cid, now, out)
-                except Exception as exc:  # noqa: BLE001 - the state is suspect: rebuilt (_decide)
+                except Exception as exc:  # the state is suspect: rebuilt (_decide)
                     self._unapplied_keys.add(key)
-                    raise _Unapplied(f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
+                    raise _Unapplied(
+                        f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
                 if dec.status != "ok":
                     continue
                 queue.charge(tenant)
@@ -895,7 +906,7 @@ class Processor:
         d.prune(mono)
 
     def _dead_letter(
-        self, ps: PartitionState, rec: Record, reason: str, out: "_Output",
+        self, ps: PartitionState, rec: Record, reason: str, out: _Output,
         env: m.CommandEnvelope | None = None, error: BaseException | None = None,
     ) -> None:
         """Skip ``rec``: its dead letter and an ``invalid`` reply go in this transaction."""
@@ -918,7 +929,7 @@ class _Work:
 
     ps: PartitionState
     batch: list[Record]
-    out: "_Output"
+    out: _Output
     consumed: dict[tuple[str, int], int]
 
 
@@ -936,7 +947,8 @@ class _Output:
     model is never built on this path.
     """
 
-    def __init__(self, topics: Any, partition: int, writer: tuple[tuple[str, bytes], ...] = ()) -> None:
+    def __init__(self, topics: Any, partition: int,
+                 writer: tuple[tuple[str, bytes], ...] = ()) -> None:
         self.topics = topics
         self.events_topic = topics.events
         self.partition = partition
@@ -992,7 +1004,7 @@ class _Output:
     def reply_again(self, command_id: str) -> None:
         self.replies.append((_AGAIN, command_id, None))
 
-    def reply_from(self, command_id: str, earlier: "_Output") -> None:
+    def reply_from(self, command_id: str, earlier: _Output) -> None:
         self.replies.append((_FROM, command_id, earlier))
 
     def then(self, positions: list[Position]) -> list[OutRecord]:
@@ -1055,5 +1067,14 @@ def partitions_of(records: Iterable[Record]) -> set[int]:
     return {r.partition for r in records}
 
 
-__all__ = ["Processor", "ProcessorConfig", "OpenTenants", "TenantPolicies", "utc_now",
-           "PartitionState", "Position", "timedelta", "Sequence"]
+__all__ = [
+    "OpenTenants",
+    "PartitionState",
+    "Position",
+    "Processor",
+    "ProcessorConfig",
+    "Sequence",
+    "TenantPolicies",
+    "timedelta",
+    "utc_now",
+]

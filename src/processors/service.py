@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 
-async def run_processor(log_: Any, member: str, batch: int = 500, tenants_path: str | None = None) -> int:
+async def run_processor(log_: Any, member: str, batch: int = 500,
+                        tenants_path: str | None = None) -> int:
     from chronolog.lifecycle import serve_log
     from chronolog.processors.runtime import Processor, ProcessorConfig
 

@@ -195,8 +195,19 @@ class AuditReport:
 
 
 class _Run:
-    __slots__ = ("run_id", "revision", "state", "claimed_fence", "run_fence", "lease_until",
-                 "lease_ref", "claim_ref", "result_ref", "materialized_ref", "cause")
+    __slots__ = (
+        "cause",
+        "claim_ref",
+        "claimed_fence",
+        "lease_ref",
+        "lease_until",
+        "materialized_ref",
+        "result_ref",
+        "revision",
+        "run_fence",
+        "run_id",
+        "state",
+    )
 
     def __init__(self, run_id: str, revision: int, state: str, ref: EventRef | None) -> None:
         self.run_id = run_id
@@ -226,9 +237,26 @@ class _Revision:
 
 
 class _Schedule:
-    __slots__ = ("tenant", "schedule_id", "revisions", "current", "fence", "max_fence",
-                 "fence_ref", "fence_run", "starts", "spans", "manual", "runs", "leased",
-                 "pending", "completed_ref", "scheduled_runs", "last_instant", "revised_at")
+    __slots__ = (
+        "completed_ref",
+        "current",
+        "fence",
+        "fence_ref",
+        "fence_run",
+        "last_instant",
+        "leased",
+        "manual",
+        "max_fence",
+        "pending",
+        "revised_at",
+        "revisions",
+        "runs",
+        "schedule_id",
+        "scheduled_runs",
+        "spans",
+        "starts",
+        "tenant",
+    )
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
         self.tenant = tenant
@@ -693,7 +721,7 @@ class Auditor:
                 self._quota_violation("quota_exact", tenant, "", f"{len(holders)} live "
                                       f"schedules hold a slot, quota {q.max_schedules}")
             open_ = 0
-            for sid, (cid, ref, confirmed) in q.slots.items():
+            for sid, (_cid, ref, confirmed) in q.slots.items():
                 if not confirmed:
                     open_ += 1
                 elif sid not in holders:

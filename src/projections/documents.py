@@ -10,7 +10,7 @@ domain ``ScheduleSpec`` (``InvalidDefinition`` names the offending field) and
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import orjson
@@ -79,7 +79,7 @@ def jsonable(model: BaseModel) -> Any:
 
 def iso(t: datetime | None) -> str | None:
     """``2026-11-29T10:37:28.123456Z`` (None stays None)."""
-    return None if t is None else t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class CamelModel(BaseModel):
@@ -136,7 +136,9 @@ class EffectIn(CamelModel):
 class ScheduleDefinition(CamelModel):
     """A schedule's definition: exactly one of cron / every / at / delay, the job, policies."""
 
-    cron: str | None = Field(default=None, description="5-field cron (with L, L-n, nW, LW, nL, n#k and wrapping ranges such as FRI-MON; see the README) or an @daily-style macro")
+    cron: str | None = Field(default=None, description="5-field cron (with L, L-n, nW, LW, nL, "
+                             "n#k and wrapping ranges such as FRI-MON; see the README) or an "
+                             "@daily-style macro")
     timezone: str | None = Field(default=None, description="IANA zone for cron (default UTC)")
     every: m.Seconds | None = Field(default=None, description="interval (seconds or 15m, 1h...)")
     anchor: m.Instant | None = Field(default=None, description="alignment of every")
@@ -198,7 +200,7 @@ def to_spec(defn: ScheduleDefinition) -> m.ScheduleSpec:
     try:
         compile_trigger(
             cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
-            timezone=spec.timezone, anchor=spec.anchor or datetime.now(timezone.utc),
+            timezone=spec.timezone, anchor=spec.anchor or datetime.now(UTC),
             start=spec.start, end=spec.end, dst_ambiguous=spec.dst.ambiguous,
             dst_nonexistent=spec.dst.nonexistent,
         )

@@ -23,7 +23,7 @@ from importlib import resources
 
 import asyncpg
 
-__all__ = ["Migration", "MigrationError", "load_migrations", "migrate", "ADVISORY_LOCK_KEY"]
+__all__ = ["ADVISORY_LOCK_KEY", "Migration", "MigrationError", "load_migrations", "migrate"]
 
 ADVISORY_LOCK_KEY = 0x63686C6D6967  # "chlmig": chronolog's migration lock
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")

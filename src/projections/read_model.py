@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable, get_args
+from typing import Any, get_args
 
 import asyncpg
 import orjson

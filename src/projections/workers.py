@@ -17,9 +17,10 @@ of the run's resource class serves its job type. Nothing of this is an event.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 import asyncpg
 import orjson
@@ -29,9 +30,19 @@ from chronolog.domain.membership import LIVE_S, Announcement, BadAnnouncement, w
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog
 
-__all__ = ["WorkerDirectory", "WorkerRow", "ever_served", "jobs_in", "live_served",
-           "live_workers_per_class", "served_types", "waiting_for", "waiting_counts",
-           "waiting_runs", "workers_page"]
+__all__ = [
+    "WorkerDirectory",
+    "WorkerRow",
+    "ever_served",
+    "jobs_in",
+    "live_served",
+    "live_workers_per_class",
+    "served_types",
+    "waiting_counts",
+    "waiting_for",
+    "waiting_runs",
+    "workers_page",
+]
 
 log = structlog.get_logger("chronolog.workers_directory")
 
@@ -68,7 +79,7 @@ class WorkerDirectory:
                 log.warning("workers_directory_failed", error=repr(exc))
                 try:
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     async def step(self, wait_ms: int = 0) -> int:

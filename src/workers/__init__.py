@@ -5,9 +5,16 @@
 larger than 8 KiB are staged in a ``ResultStore`` (``FilesystemResultStore``).
 """
 
-from chronolog.workers.results import FilesystemResultStore, ResultStore
 from chronolog.workers.job import Ambiguous, Cancelled, JobContext, Permanent
+from chronolog.workers.results import FilesystemResultStore, ResultStore
 from chronolog.workers.runtime import Worker
 
-__all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "ResultStore",
-           "FilesystemResultStore"]
+__all__ = [
+           "Ambiguous",
+           "Cancelled",
+           "FilesystemResultStore",
+           "JobContext",
+           "Permanent",
+           "ResultStore",
+           "Worker",
+]

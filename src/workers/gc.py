@@ -33,8 +33,8 @@ from typing import Any
 
 import orjson
 
-from chronolog.log.reading import read_partition
 from chronolog.log.port import EventLog
+from chronolog.log.reading import read_partition
 from chronolog.workers.results import ResultStore, StagedObject
 
 _CLOSING_ALL = ("OccurrenceCancelled", "OccurrenceDeadLettered")

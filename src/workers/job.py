@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 __all__ = ["Ambiguous", "Cancelled", "Handler", "JobContext", "JobRegistry", "Permanent"]
 
@@ -64,7 +65,7 @@ class JobContext:
         """Sleep, waking early with ``Cancelled`` if the attempt is cancelled."""
         try:
             await asyncio.wait_for(self.cancelled.wait(), max(0.0, seconds))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         self.check_cancelled()
 

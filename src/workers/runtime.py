@@ -5,8 +5,9 @@ consumer group of the workers with the same job types (``worker_group``) on ``re
 workers with the same job types share the partitions, and every partition is consumed — and
 so offered on — by one worker of each set of job types, so a run always reaches a worker that
 has its handler. Every few seconds it announces itself on the ``workers`` topic (its classes,
-job types and slots; ``chronolog.domain.membership``), and says so when it stops. The processors dispatch runs to it
-(``chronolog.processors.dispatch``); no slot ever waits for a command's round trip:
+job types and slots; ``chronolog.domain.membership``), and says so when it stops. The
+processors dispatch runs to it (``chronolog.processors.dispatch``); no slot ever waits for a
+command's round trip:
 
 1. **offer**: for every partition p of ``ready.<class>`` it consumes, the worker offers
    itself to the processor of partition p (an offer record on ``commands``): its job types
@@ -57,9 +58,10 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 import structlog
@@ -119,7 +121,7 @@ class WorkerStats:
 @dataclass(eq=False)
 class _Attempt:
     ctx: JobContext
-    lane: "_Lane"
+    lane: _Lane
     lost: bool = False  # stale fence / not found: never send anything for it again
     cancel_requested: bool = False
     drained: bool = False  # cancelled by shutdown
@@ -194,7 +196,7 @@ class Worker:
         self.prefetch = concurrency if prefetch is None else prefetch
         self.offer_interval = offer_interval
         self.announce_interval = announce_interval
-        self.started_at = datetime.now(timezone.utc)
+        self.started_at = datetime.now(UTC)
         self._store = result_store
         self._own_client = client is None
         self.client = client or Client(log_, reply_timeout=reply_timeout,
@@ -286,7 +288,7 @@ class Worker:
             if self._own_client:
                 await self.client.start()
             beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
-            self.started_at = datetime.now(timezone.utc)
+            self.started_at = datetime.now(UTC)
             announcer = asyncio.create_task(self._announce_loop(), name="announce")
             pullers = [asyncio.create_task(self._pull(c), name=f"pull-{c}")
                        for c in self.resource_classes]
@@ -326,7 +328,8 @@ class Worker:
         running = [t for t in self._tasks if not t.done()]
         if running:
             self._log.info("worker_draining", running=len(running), bound_s=self.drain_timeout)
-            _, pending = await asyncio.wait(running, timeout=0 if self._forced else self.drain_timeout)
+            _, pending = await asyncio.wait(running, timeout=0 if self._forced
+                                            else self.drain_timeout)
             if pending:
                 for att in list(self._attempts.values()):
                     att.drained = True
@@ -337,7 +340,8 @@ class Worker:
         # every outcome already reported is decided (bounded) before the worker leaves
         deadline = asyncio.get_running_loop().time() + self.reply_timeout * self.send_attempts
         while (self._outgoing or self._unsettled) and asyncio.get_running_loop().time() < deadline:
-            waits = [t for t in (self._reporter, *self._background) if t is not None and not t.done()]
+            waits = [t for t in (self._reporter, *self._background)
+                     if t is not None and not t.done()]
             if not waits:
                 break
             await asyncio.wait(waits, timeout=deadline - asyncio.get_running_loop().time(),
@@ -356,7 +360,7 @@ class Worker:
         ``workers`` topic; the last one says it is stopping. A failure only logs: the next
         announcement tries again."""
         rec = announcement(self.worker_id, self.resource_classes, self._jobs, self.concurrency,
-                           self.started_at, datetime.now(timezone.utc), stopping=stopping)
+                           self.started_at, datetime.now(UTC), stopping=stopping)
         try:
             await self.log.append([OutRecord(self.topics.workers, self.worker_id.encode(),
                                              rec.encode())])
@@ -387,9 +391,9 @@ class Worker:
     def _grown(self, lane: _Lane) -> None:
         """After a handler returned: offer again at once when the window should double."""
         lane.finished.append(asyncio.get_running_loop().time())
-        if lane.reoffer is None or lane.reoffer.done():
-            if self.window(lane) >= 2 * lane.offered and lane.owned:
-                lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
+        if ((lane.reoffer is None or lane.reoffer.done())
+                and self.window(lane) >= 2 * lane.offered and lane.owned):
+            lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
 
     async def _offer(self, lane: _Lane, partitions: Iterable[int], withdraw: bool = False) -> None:
         """Offer this worker to the processors of ``partitions`` (window 0 withdraws)."""
@@ -715,13 +719,13 @@ class Worker:
                                                 timeout=self.reply_timeout)
         finally:
             self._unsettled.difference_update(batch)
-        lost = [r for r, reply in zip(batch, replies) if reply is None]
+        lost = [r for r, reply in zip(batch, replies, strict=True) if reply is None]
         if lost:
             self._log.warning("reply_lost", commands=len(lost), tries=lost[0].tries)
             self._retry_or_give_up(lost)
             if self._outgoing and (self._reporter is None or self._reporter.done()):
                 self._reporter = asyncio.create_task(self._send_reports(), name="reports")
-        for r, reply in zip(batch, replies):
+        for r, reply in zip(batch, replies, strict=True):
             if reply is not None:
                 self._decided(r, reply)
 
@@ -776,7 +780,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the next beat tries again
             self._log.warning("heartbeat_failed", attempts=len(atts), error=repr(exc))
             return
-        for att, reply in zip(atts, replies):
+        for att, reply in zip(atts, replies, strict=True):
             ctx = att.ctx
             if reply is None:
                 ctx.log.warning("heartbeat_reply_lost")
@@ -784,16 +788,16 @@ class Worker:
                 att.lost = True
                 ctx.log.warning("lease_lost", status=reply.status, reason=reply.reason)
                 ctx.cancel(f"lease lost: {reply.reason}")
-            elif reply.status == "ok" and reply.body.get("cancel_requested"):
-                if not att.cancel_requested:
-                    att.cancel_requested = True
-                    ctx.log.info("cancel_requested")
-                    ctx.cancel("cancellation requested")
+            elif (reply.status == "ok" and reply.body.get("cancel_requested")
+                  and not att.cancel_requested):
+                att.cancel_requested = True
+                ctx.log.info("cancel_requested")
+                ctx.cancel("cancellation requested")
 
 
 def _lease_passed(value: Any) -> bool:
     try:
-        return bool(value) and _parse_time(value) <= datetime.now(timezone.utc)
+        return bool(value) and _parse_time(value) <= datetime.now(UTC)
     except ValueError:
         return False  # not a time: the processor's fence and lease checks still apply
 
@@ -803,7 +807,7 @@ def _parse_time(value: Any) -> datetime:
         return value
     if value:
         return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _failpoint(name: str) -> None:
@@ -828,5 +832,12 @@ async def run_until_signalled(worker: Worker) -> int:
 
 
 # JobContext and the failures are defined in chronolog.workers.job, re-exported here
-__all__ = ["Worker", "JobContext", "Permanent", "Ambiguous", "Cancelled", "WorkerStats",
-           "run_until_signalled"]
+__all__ = [
+    "Ambiguous",
+    "Cancelled",
+    "JobContext",
+    "Permanent",
+    "Worker",
+    "WorkerStats",
+    "run_until_signalled",
+]

@@ -9,8 +9,8 @@ broker (``KAFKA_BOOTSTRAP_SERVERS``); without one they fail, they never skip.
 from __future__ import annotations
 
 import gc
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+
+import pytest
 
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
@@ -25,8 +27,6 @@ from chronolog.log.port import (
     Position,
     Record,
 )
-
-import pytest
 
 from .conftest import PARTITIONS, OpenLog
 
@@ -132,9 +132,11 @@ async def test_append_then_read_returns_records_in_order_with_offsets_from_zero(
     before_ms = int(time.time() * 1000)
     positions = await event_log.append(records)
 
-    assert [(p.topic, p.partition) for p in positions] == [(topic, i % PARTITIONS) for i in range(20)]
+    assert ([(p.topic, p.partition) for p in positions]
+            == [(topic, i % PARTITIONS) for i in range(20)])
     for p in range(PARTITIONS):
-        mine = [(rec, pos) for rec, pos in zip(records, positions) if pos.partition == p]
+        mine = [(rec, pos) for rec, pos in zip(records, positions, strict=True)
+                if pos.partition == p]
         assert [pos.offset for _, pos in mine] == list(range(len(mine)))
         got = await event_log.read(topic, p, 0)
         assert [r.offset for r in got] == list(range(len(mine)))
@@ -149,7 +151,7 @@ async def test_keyed_append_lands_on_partition_for_key(event_log: EventLog) -> N
     topic = event_log.topics.events
     keys = [f"tenant-{i % 3}/schedule-{i}".encode() for i in range(40)]
     positions = await event_log.append([OutRecord(topic, k, b"v:" + k) for k in keys])
-    for key, pos in zip(keys, positions):
+    for key, pos in zip(keys, positions, strict=True):
         assert pos.partition == partition_for(key, PARTITIONS), key
     for p in range(PARTITIONS):
         got = await read_all(event_log, topic, p)
@@ -332,7 +334,8 @@ async def test_group_consumer_one_member_gets_all_partitions(event_log: EventLog
     async def on_assigned(tps: set[tuple[str, int]]) -> None:
         assigned.update(tps)
 
-    consumer = event_log.group_consumer("workers", [t.commands], "member-a", on_assigned=on_assigned)
+    consumer = event_log.group_consumer("workers", [t.commands], "member-a",
+                                        on_assigned=on_assigned)
     await consumer.start()
     everything = {(t.commands, p) for p in range(PARTITIONS)}
     sink: dict[int, list[Record]] = {}

@@ -15,8 +15,8 @@ import sqlite3
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import httpx
 
+from chronolog.api.app import create_app
 from chronolog.client import Client
+from chronolog.destinations import WebhookDestination
 from chronolog.log.port import EventLog
 from chronolog.processors.runtime import Processor
-from chronolog.api.app import create_app
 from chronolog.projections.projector import Projector
 from chronolog.projections.store import PostgresProjectionStore
-from chronolog.destinations import WebhookDestination
 from chronolog.tenants import Tenant, Tenants
 
 from .conftest import wait_until

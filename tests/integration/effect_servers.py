@@ -60,7 +60,7 @@ class HookServer:
     def status_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/status"
 
-    async def start(self) -> "HookServer":
+    async def start(self) -> HookServer:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -168,7 +168,7 @@ class SmtpServer:
         self.port = free_port()
         self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
 
-    def start(self) -> "SmtpServer":
+    def start(self) -> SmtpServer:
         self.controller.start()
         return self
 

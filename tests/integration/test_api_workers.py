@@ -13,9 +13,10 @@ PostgreSQL and real workers; the app through ``httpx.ASGITransport``):
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ async def listed(stack: ApiStack, worker_id: str) -> bool:
 async def create(stack: ApiStack, schedule_id: str, job: str, **extra: Any) -> Any:
     assert stack.http is not None
     return await stack.http.post("/v1/schedules", headers=ACME, json={
-        "scheduleId": schedule_id, "at": datetime.now(timezone.utc).isoformat(),
+        "scheduleId": schedule_id, "at": datetime.now(UTC).isoformat(),
         "job": {"type": job, "params": {"name": "ada"}}, **extra})
 
 
@@ -92,7 +93,8 @@ async def test_get_workers_lists_each_worker_with_its_classes_job_types_and_live
             seen = await workers(stack, GLOBEX)
             assert [c["jobTypes"] for w in seen["items"] for c in w["classes"]] == [["report"], []]
             assert [c["jobTypes"] for w in (await workers(stack, ACME))["items"]
-                    for c in w["classes"]] == [["greet", "report"], ["echo", "fail", "noop", "sleep"]]
+                    for c in w["classes"]] == [["greet", "report"],
+                                               ["echo", "fail", "noop", "sleep"]]
 
             first = await workers(stack, limit=1)
             assert [w["workerId"] for w in first["items"]] == ["w-a"] and first["nextCursor"]
@@ -184,6 +186,7 @@ async def test_the_dev_node_refuses_a_job_type_it_does_not_know_naming_the_known
         r = await create(stack, "known", "echo")
         assert r.status_code == 201 and "warnings" not in r.json()
         async with serving(event_log, tmp_path, "w-greet", greet_jobs.register):
-            await wait_until(lambda: listed(stack, "w-greet"), 30, what="the attached worker listed")
+            await wait_until(lambda: listed(stack, "w-greet"), 30,
+                             what="the attached worker listed")
             r = await create(stack, "attached", "greet")
             assert r.status_code == 201 and "warnings" not in r.json()

@@ -6,7 +6,7 @@ that waits for a worker — with the reason — until a worker serving its job t
 from __future__ import annotations
 
 import io
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,12 @@ from rich.console import Console
 
 from chronolog.devnode.view import render
 from chronolog.projections.store import PostgresProjectionStore
-
-from . import greet_jobs
 from chronolog.workers import Worker
 
+from . import greet_jobs
 from .conftest import wait_until
-from .test_worker_routing import serving
 from .test_poison_node import STEADY, Node, store  # noqa: F401 - store: a fixture
+from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres
 
@@ -43,7 +42,7 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
         assert "known job types: echo, fail, noop, sleep" in r.json()["message"]
 
         # a client that bypasses the API is not refused: its run waits, and says why
-        now = datetime.now(timezone.utc).isoformat()
+        now = datetime.now(UTC).isoformat()
         await node.node.parts["client"].create_schedule(
             "steady", "greeter", {"at": now, "job": {"type": "greet"}})
 

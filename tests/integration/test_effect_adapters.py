@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timedelta, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import asyncpg
 import orjson
@@ -40,7 +41,7 @@ def intent(kind: str, config: dict[str, Any], checksum: str = "c1", attempt: int
 
 def ctx(age_s: float = 0.0) -> EffectContext:
     return EffectContext(tenant="acme", schedule_id="s1",
-                         intended_at=datetime.now(timezone.utc) - timedelta(seconds=age_s))
+                         intended_at=datetime.now(UTC) - timedelta(seconds=age_s))
 
 
 # the test servers are on loopback: these destinations allow private addresses
@@ -83,7 +84,8 @@ async def test_webhook_ambiguous_try_is_repeated_with_the_same_key_and_commits_o
     assert out.status == "succeeded" and out.evidence["receipt"] == "receipt_900"
     assert hook.keys_seen == [i.effect_id, i.effect_id]
     assert len(hook.committed) == 1
-    assert out.evidence["tries"][0].get("sent") == "maybe" or out.evidence["tries"][0]["status"] == 500
+    assert (out.evidence["tries"][0].get("sent") == "maybe"
+            or out.evidence["tries"][0]["status"] == 500)
 
 
 async def test_webhook_4xx_is_a_permanent_failure_and_not_retried(hook: HookServer) -> None:

@@ -24,10 +24,11 @@ destination (a reply lost by PostgreSQL or Kafka) is checked where it can be.
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from email import message_from_bytes
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, get_args
+from typing import Any, get_args
 
 import asyncpg
 import orjson
@@ -100,7 +101,7 @@ class Destination:
 
     def ctx(self, intent: m.EffectIntended) -> EffectContext:
         return EffectContext(tenant=TENANT, schedule_id=SCHEDULE,
-                             intended_at=datetime.now(timezone.utc))
+                             intended_at=datetime.now(UTC))
 
     def declared(self, intent: m.EffectIntended) -> Contract:
         contract_for = getattr(self.adapter, "contract_for", None)
@@ -176,7 +177,7 @@ class PostgresInbox(Destination):
         self.adapter = PostgresInboxEffectAdapter()
         self.sql = f"INSERT INTO {self.table} (effect_id, doc) VALUES ($2, $1::jsonb)"
 
-    async def start(self) -> "PostgresInbox":
+    async def start(self) -> PostgresInbox:
         await self._execute(f"CREATE TABLE {self.table} (effect_id text, doc jsonb)")
         return self
 
@@ -240,7 +241,7 @@ class KafkaTopic(Destination):
         self.group = f"{log.topics.prefix}effects"
         self.intent_offset = 0
 
-    async def start(self) -> "KafkaTopic":
+    async def start(self) -> KafkaTopic:
         await self.log.start()
         await self.log.ensure_topics()
         # the EffectIntended record the runner would have read: its offset is committed
@@ -268,13 +269,13 @@ class KafkaTopic(Destination):
             return m.CommandEnvelope(
                 command_id=f"effect-outcome:{intent.effect_id}:{intent.attempt}",
                 type="RecordEffectOutcome", tenant=TENANT, schedule_id=SCHEDULE,
-                issued_at=datetime.now(timezone.utc),
+                issued_at=datetime.now(UTC),
                 payload=m.RecordEffectOutcome(run_id=intent.run_id, effect_id=intent.effect_id,
                                               outcome=status,  # type: ignore[arg-type]
                                               evidence=evidence))
 
         return EffectContext(tenant=TENANT, schedule_id=SCHEDULE,
-                             intended_at=datetime.now(timezone.utc), runner_id="contract",
+                             intended_at=datetime.now(UTC), runner_id="contract",
                              group=self.group, events_topic=self.log.topics.events,
                              partition=0, offset=self.intent_offset, outcome_envelope=outcome)
 

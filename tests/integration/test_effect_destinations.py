@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import asyncpg
 import orjson
@@ -79,7 +80,7 @@ class Node:
         self.client = Client(lg, principal="test", reply_timeout=30)
         self.tasks: list[tuple[Any, asyncio.Task[None]]] = []
 
-    async def __aenter__(self) -> "Node":
+    async def __aenter__(self) -> Node:
         self.tasks.append((self.proc, asyncio.create_task(self.proc.run())))
         await self.client.start()
         await wait_until(lambda: len(self.proc.partitions) == 1, 30, what="processor")
@@ -225,7 +226,8 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 
 @pytest.mark.parametrize("command", ["effects", "dev"])
 @pytest.mark.parametrize("destination", [
-    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"', 'kind = "kafka"\ntopic = "chronolog.events"'])
+    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"',
+    'kind = "kafka"\ntopic = "chronolog.events"'])
 async def test_the_cli_exits_2_on_a_destination_the_node_must_refuse(
     tmp_path: Path, command: str, destination: str,
 ) -> None:

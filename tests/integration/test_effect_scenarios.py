@@ -33,11 +33,11 @@ import pytest
 
 from chronolog.client import Client, Conflict, StaleFence
 from chronolog.commands.decider import fold
+from chronolog.destinations import parse_destinations
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
 from chronolog.processors.runtime import Processor
-from chronolog.destinations import parse_destinations
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
 
@@ -93,7 +93,7 @@ class Stack:
         self.client = Client(lg, principal="test", reply_timeout=30)
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> "Stack":
+    async def __aenter__(self) -> Stack:
         self.tasks.append(asyncio.create_task(self.proc.run()))
         await self.client.start()
         await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,
@@ -135,7 +135,9 @@ class Stack:
         return run_id
 
 
-async def crash_and_redelivery(s: Stack, lg: Any, before_lease_expiry: Any = None) -> dict[str, Any]:
+async def crash_and_redelivery(
+    s: Stack, lg: Any, before_lease_expiry: Any = None
+) -> dict[str, Any]:
     """The crash-and-redelivery timeline up to B's completion; returns the identities involved."""
     c = s.client
     run_id = await s.new_run("2026-10-08T12:00Z")
@@ -321,7 +323,7 @@ async def test_runner_kafka_topic_and_postgres_inbox_effects_once_across_a_resta
             fx, task = await s.runner("fx1", tenants=tenants)
             run_id = await s.quick_run("one")
             for eid in (f"kafka-{run_id}", f"postgres-{run_id}"):
-                await wait_until(lambda: _effect_done(event_log, eid), 30, what=eid)
+                await wait_until(lambda eid=eid: _effect_done(event_log, eid), 30, what=eid)
             await s.stop(fx, task)
             fx2, task2 = await s.runner("fx2", tenants=tenants)
             marker = await s.quick_run("marker")

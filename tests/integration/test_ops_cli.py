@@ -22,7 +22,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ class Services:
         self.files: list[Any] = []
 
     def start(self, name: str, args: list[str]) -> None:
-        stderr = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all
+        stderr = open(self.log_dir / f"{name}.log", "wb")  # closed in stop_all
         self.files.append(stderr)
         self.procs[name] = subprocess.Popen(
             [CHRONOLOG, *args], stdout=subprocess.DEVNULL, stderr=stderr, env=self.env,
@@ -114,10 +114,10 @@ class Cli:
             env=self.env, cwd=ROOT)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), 60)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s")
+            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s") from None
         assert proc.returncode is not None
         return Result(proc.returncode, out.decode(), err.decode())
 
@@ -250,7 +250,7 @@ async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
     assert missing.rc == 1 and _one_line(missing) == "error: not_found: no such schedule"
 
     # a one-shot ends COMPLETED once it fired; only delete applies to it then
-    at = (datetime.now(timezone.utc) + timedelta(seconds=1)).isoformat()
+    at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
     once = await cli.ok("schedule", "create", "once", "--at", at, "--job", job)
     assert once["scheduleId"] == "once"
     done = await cli.poll("the one-shot completed", "schedule", "show", "once",

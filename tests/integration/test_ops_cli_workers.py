@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ WARNING = ("warning: no worker of resource class 'default' has ever served job t
 
 
 async def _waiting_then_served(cli: Cli, services: Services, worker_args: list[str]) -> None:
-    now = datetime.now(timezone.utc).isoformat()
+    now = datetime.now(UTC).isoformat()
 
     async def created() -> Any:
         services.check_alive()

@@ -27,21 +27,22 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
 from chronolog.devnode.node import DevNode, run_node
+from chronolog.devnode.supervisor import Supervisor
 from chronolog.domain import codec
 from chronolog.log.dead_letters import read_dead_letters
 from chronolog.log.port import OutRecord
 from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig
-from chronolog.devnode.supervisor import Supervisor
 from chronolog.tenants import Tenant, Tenants
 
 from .conftest import CHRONOLOG, ROOT, log_url, wait_until
@@ -86,7 +87,7 @@ class Node:
         self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
         self.task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> "Node":
+    async def __aenter__(self) -> Node:
         self.task = asyncio.create_task(run_node(self.node, self.lg, self.store, TENANTS,
                                                  self.stop, supervisor=self.sup,
                                                  **self.options))
@@ -207,7 +208,7 @@ async def test_every_poison_record_is_dead_lettered_and_the_other_tenant_keeps_b
         assert r.status_code == 200, r.text
 
         # nothing had to be restarted; the metrics count the letters
-        assert node.sup.restarts == {p: 0 for p in node.sup.restarts}, node.said
+        assert node.sup.restarts == dict.fromkeys(node.sup.restarts, 0), node.said
         snap = await MetricsSource(store.pool, event_log).snapshot()
         assert snap.dead_letters[("projector", t.events)] == 2
         assert snap.dead_letters[("processor", t.commands)] >= 2
@@ -263,4 +264,4 @@ async def test_a_failing_part_is_restarted_with_bounded_backoff_and_goes_on(
         assert any("projector failed" in line and "restarting it in" in line
                    for line in node.said)
         others = {p: n for p, n in node.sup.restarts.items() if p != "projector"}
-        assert others == {p: 0 for p in others}, node.said
+        assert others == dict.fromkeys(others, 0), node.said

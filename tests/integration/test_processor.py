@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -50,7 +50,7 @@ class Running:
         self.client = Client(lg, reply_timeout=30)
         self.task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> "Running":
+    async def __aenter__(self) -> Running:
         self.task = asyncio.create_task(self.proc.run())
         await self.client.start()
         await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,
@@ -141,7 +141,7 @@ async def test_waiting_runs_go_to_seats_in_turn_across_tenants(event_log: Any) -
         ids = (f"{tenant}{i}" for i in range(1000))
         return [s for s in ids if partition_for(partition_key(tenant, s).encode(), n) == 0][:count]
 
-    now = datetime.now(timezone.utc).isoformat()
+    now = datetime.now(UTC).isoformat()
     one_shot = {"at": now, "job": {"type": "echo", "params": {}}}
     async with Running(event_log) as r:
         for tenant, count in (("a", 4), ("b", 1)):
@@ -151,7 +151,8 @@ async def test_waiting_runs_go_to_seats_in_turn_across_tenants(event_log: Any) -
         assert len(ready) == 5 and {e.payload.state for e in ready} == {"READY"}
         await offer(event_log, "w1", 2, partitions=[0])
         claims = await wait_until(
-            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20, what="two runs assigned")
+            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20,
+            what="two runs assigned")
     assert sorted(c.tenant for c in claims) == ["a", "b"]
 
 
@@ -360,7 +361,7 @@ async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not
         ])
         replies = {}
         for cid in ("c-bug", "c-huge", "c-wide"):
-            replies[cid] = await wait_until(lambda: _reply_to(event_log, cid), 20,
+            replies[cid] = await wait_until(lambda cid=cid: _reply_to(event_log, cid), 20,
                                             what=f"the reply to {cid}")
         assert replies["c-bug"].status == "invalid"
         assert "ZeroDivisionError: a bug in decide" in replies["c-bug"].reason

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, partition_key, quota_key
-from chronolog.log.port import OutRecord
 from chronolog.log.partitioner import partition_for
+from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import OpenTenants, Processor
 from chronolog.projections.audit import audit
 
@@ -44,11 +44,11 @@ class Processors:
         self.client = Client(lg, reply_timeout=60)
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> "Processors":
+    async def __aenter__(self) -> Processors:
         await self.client.start()
         for i, proc in enumerate(self.procs):  # one at a time: each join is one rebalance
             self.tasks.append(asyncio.create_task(proc.run()))
-            await wait_until(lambda: self._settled(i + 1), 60,
+            await wait_until(lambda i=i: self._settled(i + 1), 60,
                              what=f"every partition owned by the first {i + 1} processors")
         return self
 
@@ -92,7 +92,7 @@ async def test_concurrent_creates_across_partitions_end_with_exactly_the_quota(
         assert statuses.count("ok") == QUOTA, statuses
         assert statuses.count("quota") == CREATES - QUOTA, statuses
         assert all("max 10" in r.reason for r in replies if r.status == "quota")
-        created = {s for s, r in zip(ids, replies) if r.status == "ok"}
+        created = {s for s, r in zip(ids, replies, strict=True) if r.status == "ok"}
         assert live_schedules(await events(event_log)) == created
 
         # a delete gives exactly one slot back
@@ -151,7 +151,7 @@ async def test_a_reservation_left_open_is_released_at_its_end_after_a_restore(
     rebuilds the reservation and its timer from the log, and the Tick at its end releases it
     with that time written into the event."""
     run = uuid.uuid4().hex[:6]
-    ended = datetime.now(timezone.utc) - timedelta(seconds=1)
+    ended = datetime.now(UTC) - timedelta(seconds=1)
     key = quota_key("acme")
     reserved = m.QuotaSlotReserved(schedule_id=f"q{run}", create_command_id=f"c{run}",
                                    max_schedules=QUOTA, expires_at=ended)

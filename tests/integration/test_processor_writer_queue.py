@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -112,7 +113,7 @@ async def test_work_decided_during_a_commit_is_committed_together_right_after_it
                                             (first_id, m.PauseSchedule()))):
             # one at a time: each is polled and decided while the first commit is held
             later.append(asyncio.create_task(client.send(client.envelope("acme", sid, payload))))
-            await wait_until(lambda: queued_commands(proc) == i + 1, 10,
+            await wait_until(lambda i=i: queued_commands(proc) == i + 1, 10,
                              what=f"command {i + 1} decided and queued behind the held commit")
         assert not first.done() and not any(t.done() for t in later)
         gate.opened.set()
@@ -152,7 +153,7 @@ async def test_a_failed_commit_discards_its_partitions_queued_work_and_decides_i
         causes = Counter(e.causation_id for e in await events(sqlite_log))
         # each command decided into the log exactly once (the failed commit wrote nothing):
         # its events are exactly those its reply points at
-        for env, reply in zip((create, pause, other), replies):
+        for env, reply in zip((create, pause, other), replies, strict=True):
             caused = [p for p in reply.positions if p.topic == sqlite_log.topics.events]
             assert caused and causes[env.command_id] == len(caused), env.payload.type
     finally:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -180,7 +180,7 @@ async def test_poison_records_are_dead_lettered_and_skipped_and_the_rest_is_proj
     topic = event_log.topics.events
     ends = [await event_log.end_offset(topic, p) for p in range(event_log.topics.partitions)]
     p = next(p for p, end in enumerate(ends) if end > 0)
-    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
     poison = [
         b"{not json",  # not JSON
         b'{"topic": "chronolog.events", "hello": 1}',  # JSON, not an event

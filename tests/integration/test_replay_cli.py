@@ -16,27 +16,27 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
+from chronolog.cli.replay import connect_store, reset
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
+from chronolog.projections.project import project
+from chronolog.projections.store import TABLES
 
 from .decider_log import ScheduleLog
-from chronolog.projections.project import project
-from chronolog.cli.replay import connect_store, reset
-from chronolog.projections.store import TABLES
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
 PARTITIONS = 3
 CHRONOLOG = Path(sys.executable).parent / "chronolog"
@@ -59,7 +59,9 @@ def _events(schedule_id: str) -> list[m.EventEnvelope]:
                   now + timedelta(seconds=1))
 
     sl.do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
-                                               effects=[{"kind": "webhook", "destination": "d-webhook"}], misfire="all")), T0)
+                                               effects=[{"kind": "webhook",
+                                                         "destination": "d-webhook"}],
+                                               misfire="all")), T0)
     for k in range(4):
         now = T0 + timedelta(minutes=k)
         run_id = sl.materialized(sl.do(m.Tick(), now))
@@ -175,7 +177,7 @@ def test_a_rebuild_equals_the_live_tables_row_for_row(
 def test_a_second_replay_starts_again_from_empty_tables(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
 ) -> None:
-    path, envs = log_file
+    path, _envs = log_file
     target = _schema(schemas, "again")
     first = _replay("--log", f"sqlite:///{path}", "--database-url", database_url,
                     "--schema", target)

@@ -17,19 +17,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
 
 from chronolog.client import Client
-from chronolog.log.port import Topics
 from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
 
 from .conftest import CHRONOLOG, ROOT, wait_until
-
 
 SCRIPT = ROOT / "scripts" / "kafka.sh"
 STOP_BOUND_S = 10  # a chronolog process stops this soon after SIGTERM, whatever its services do

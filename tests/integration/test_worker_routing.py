@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from chronolog.domain.membership import Announcement
 from chronolog.workers import FilesystemResultStore, Worker

@@ -20,9 +20,10 @@ import contextlib
 import os
 import signal
 import subprocess
-from datetime import datetime, timedelta, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, ClassVar
 
 import orjson
 
@@ -40,10 +41,12 @@ from .conftest import CHRONOLOG, ROOT, log_url, wait_until
 from .test_processor import Running, events, read_all
 
 JOBS_FILE = str(Path(__file__).with_name("worker_jobs.py"))
-FAR = (datetime.now(timezone.utc) + timedelta(days=365)).isoformat()
+FAR = (datetime.now(UTC) + timedelta(days=365)).isoformat()
 
 
-def manual_spec(job: str, params: dict[str, Any], lease: str = "30s", **extra: Any) -> dict[str, Any]:
+def manual_spec(
+    job: str, params: dict[str, Any], lease: str = "30s", **extra: Any
+) -> dict[str, Any]:
     """A schedule that only runs when triggered (its one instant is a year away)."""
     return {"at": FAR, "job": {"type": job, "params": params}, "overlap": "allow",
             "lease": lease, **extra}
@@ -336,7 +339,7 @@ async def test_an_assignment_read_again_after_its_lease_passed_is_not_run(
         [assignment] = await assignments_for(event_log, run_id)
         lease_until = datetime.fromisoformat(
             orjson.loads(assignment.value)["lease_until"].replace("Z", "+00:00"))
-        await wait_until(lambda: datetime.now(timezone.utc) > lease_until, 10,
+        await wait_until(lambda: datetime.now(UTC) > lease_until, 10,
                          what="the lease over")
         async with serving(event_log, store, "w1",
                            group=f"{event_log.topics.prefix}fresh") as again:
@@ -462,7 +465,7 @@ async def test_sigterm_drains_a_running_handler_then_exits(
 class LosingClient(Client):
     """Appends the first CompleteRun but reports its reply lost (no reply within the bound)."""
 
-    lost: list[str] = []
+    lost: ClassVar[list[str]] = []
 
     async def collect(self, envs: Any, futs: Any, timeout: float | None = None) -> Any:
         first = [env.command_id for env in envs if env.type == "CompleteRun"]

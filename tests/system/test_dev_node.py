@@ -20,8 +20,9 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -84,7 +85,7 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-                raise AssertionError("chronolog dev did not stop within 30 s of SIGTERM")
+                raise AssertionError("chronolog dev did not stop within 30 s of SIGTERM") from None
         return self.proc.returncode
 
 
@@ -160,7 +161,7 @@ def test_make_run_reaches_a_healthy_api(data_dir: Path, tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
-            raise AssertionError("make run did not stop within 30 s")
+            raise AssertionError("make run did not stop within 30 s") from None
 
 
 def _sql(dsn: str, *statements: str) -> None:

@@ -12,7 +12,7 @@ Two kinds of logs:
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,9 +21,9 @@ from chronolog.commands.decider import Decision, decide, evolve
 from chronolog.commands.state import initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for
-from chronolog.projections.audit import CHECKS, AuditReport, Auditor, audit
+from chronolog.projections.audit import CHECKS, Auditor, AuditReport, audit
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
 
 
@@ -103,8 +103,8 @@ class Driver:
 def _scenario_retries_effects_misfire_all() -> Driver:
     """misfire all + overlap skip + a webhook effect: retries, lease expiry, reconciliation."""
     d = Driver("nightly")
-    d.create(T0, misfire="all", effects=[{"kind": "webhook", "destination": "d-webhook"}], lease=30.0,
-             retry={"max_attempts": 5, "initial_backoff": 5, "max_backoff": 5})
+    d.create(T0, misfire="all", effects=[{"kind": "webhook", "destination": "d-webhook"}],
+             lease=30.0, retry={"max_attempts": 5, "initial_backoff": 5, "max_backoff": 5})
     d.tick(T0)
     (r1,) = d.runs_in("READY")
     c = d.claim(r1, T0 + sec(1))
@@ -280,7 +280,7 @@ class Log:
         self.sid = sid
         self.events: list[m.EventEnvelope] = []
 
-    def add(self, payload: Any, at: datetime = T0, sid: str | None = None) -> "Log":
+    def add(self, payload: Any, at: datetime = T0, sid: str | None = None) -> Log:
         sid = sid or self.sid
         n = len(self.events)
         self.events.append(m.EventEnvelope(
@@ -288,47 +288,47 @@ class Log:
             schedule_id=sid, at=at, causation_id=f"c{n}", payload=payload))
         return self
 
-    def created(self, **overrides: Any) -> "Log":
+    def created(self, **overrides: Any) -> Log:
         return self.add(m.ScheduleCreated(revision=1, spec=spec(**overrides), created_at=T0,
                                           anchor=T0, next_run_at=T0, next_due_at=T0))
 
-    def revised(self, revision: int, **overrides: Any) -> "Log":
+    def revised(self, revision: int, **overrides: Any) -> Log:
         return self.add(m.ScheduleRevised(revision=revision, spec=spec(**overrides), anchor=T0,
                                           next_run_at=None, next_due_at=None))
 
-    def mat(self, minute: int, state: str = "READY", revision: int = 1) -> "Log":
+    def mat(self, minute: int, state: str = "READY", revision: int = 1) -> Log:
         t = T0 + timedelta(minutes=minute)
         return self.add(m.OccurrenceMaterialized(
             run_id=rid(minute, self.sid), scheduled_at=t, due_at=t, revision=revision,
             job=m.JobSpec(type="report"), state=state, sequence=minute + 1))  # type: ignore[arg-type]
 
     def skipped(self, minute: int, through: int | None = None, count: int = 1,
-                reason: str = "overlap") -> "Log":
+                reason: str = "overlap") -> Log:
         return self.add(m.OccurrenceSkipped(
             run_id=rid(minute, self.sid), scheduled_at=T0 + timedelta(minutes=minute),
             through=None if through is None else T0 + timedelta(minutes=through), count=count,
             reason=reason))  # type: ignore[arg-type]
 
-    def fence(self, fence: int, minute: int, reason: str = "claim") -> "Log":
+    def fence(self, fence: int, minute: int, reason: str = "claim") -> Log:
         return self.add(m.FenceAdvanced(fence=fence, run_id=rid(minute, self.sid),
                                         reason=reason))  # type: ignore[arg-type]
 
     def claim(self, minute: int, fence: int, at: datetime = T0, lease: float = 30,
-              attempt: int = 1) -> "Log":
+              attempt: int = 1) -> Log:
         return self.add(m.AttemptClaimed(run_id=rid(minute, self.sid), attempt=attempt,
                                          fence=fence, worker_id="w1", claimed_at=at,
                                          lease_until=at + sec(lease)), at)
 
-    def extend(self, minute: int, fence: int, at: datetime, lease: float = 30) -> "Log":
+    def extend(self, minute: int, fence: int, at: datetime, lease: float = 30) -> Log:
         return self.add(m.LeaseExtended(run_id=rid(minute, self.sid), attempt=1, fence=fence,
                                         lease_until=at + sec(lease)), at)
 
-    def result(self, minute: int, fence: int, at: datetime, attempt: int = 1) -> "Log":
+    def result(self, minute: int, fence: int, at: datetime, attempt: int = 1) -> Log:
         return self.add(m.ResultPublished(run_id=rid(minute, self.sid), attempt=attempt,
                                           fence=fence, worker_id="w1", checksum="sha256:x",
                                           size=1, finished_at=at), at)
 
-    def claimed_and_done(self, minute: int, fence: int) -> "Log":
+    def claimed_and_done(self, minute: int, fence: int) -> Log:
         at = T0 + timedelta(minutes=minute)
         return self.fence(fence, minute).claim(minute, fence, at).result(minute, fence, at + sec(5))
 

@@ -8,14 +8,14 @@ processor with AttributeError on None before).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import RECENT_TERMINAL_KEPT, initial_state
 from chronolog.domain import messages as m
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 def _do(st: Any, payload: Any, i: int) -> Any:

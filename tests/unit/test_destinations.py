@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,7 @@ def test_a_schedule_stored_before_destinations_still_decodes_and_names_no_target
     """A ScheduleCreated already in the log with a tenant-written effect ``config`` decodes
     (the log is replayed forever); the config is dropped and the effect names the destination
     of its effect name. A new spec with a ``config`` is invalid."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from chronolog.domain import codec
 
@@ -151,11 +152,11 @@ def test_a_schedule_stored_before_destinations_still_decodes_and_names_no_target
         {"kind": "postgres", "name": "", "config": {"sql": "DELETE FROM schedules"}},
         {"kind": "email", "name": "", "config": {"host": "10.0.0.1"}}]}
     raw = {"event_id": "e1", "type": "ScheduleCreated", "version": 1, "key": "acme/s1",
-           "tenant": "acme", "schedule_id": "s1", "at": datetime.now(timezone.utc),
+           "tenant": "acme", "schedule_id": "s1", "at": datetime.now(UTC),
            "causation_id": None, "payload": {
                "type": "ScheduleCreated", "revision": 1, "spec": legacy,
-               "created_at": datetime.now(timezone.utc),
-               "anchor": datetime.now(timezone.utc), "next_run_at": None, "next_due_at": None}}
+               "created_at": datetime.now(UTC),
+               "anchor": datetime.now(UTC), "next_run_at": None, "next_due_at": None}}
     env = codec.decode_event(orjson.dumps(raw))
     effects = env.payload.spec.effects  # type: ignore[union-attr]
     assert [(e.kind, e.destination, e.options()) for e in effects] == [

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.port import WAKE_HEADER, OutRecord, Topics

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.runner import PartitionFold
 
-AT = datetime(2026, 10, 8, 12, tzinfo=timezone.utc)
+AT = datetime(2026, 10, 8, 12, tzinfo=UTC)
 
 
 def env(payload: Any) -> m.EventEnvelope:

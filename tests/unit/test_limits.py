@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chronolog.api.limits import RateLimiter
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import (
-    MAX_DURATION_SECONDS,
     MAX_DOCUMENT_DEPTH,
+    MAX_DURATION_SECONDS,
     json_depth,
     plainly_clean_json,
     text_violation,
 )
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger, parse_instant, upcoming
-from chronolog.api.limits import RateLimiter
 from chronolog.settings import ConfigError
 from chronolog.tenants import RateLimit, dev_tenants, load_tenants
 
@@ -41,7 +41,7 @@ def test_instants_lie_between_1970_and_2999() -> None:
 
 
 def test_upcoming_stops_at_the_end_of_the_calendar_instead_of_overflowing() -> None:
-    start = datetime(2999, 1, 1, tzinfo=timezone.utc)
+    start = datetime(2999, 1, 1, tzinfo=UTC)
     trigger = compile_trigger(every="3650d", anchor=start)
     got = upcoming(trigger, start, 1000)
     assert 0 < len(got) < 1000 and got[-1].year > 9000
@@ -109,7 +109,8 @@ def test_the_tenants_file_keys_of_the_limits(tmp_path: Path) -> None:
     assert t.tenants["a"].rate_limit == RateLimit(5.0, 7)
     assert t.tenants["b"].rate_limit == RateLimit(3.0, 6)
     assert t.tenants["c"].rate_limit == RateLimit(50.0, 100) and t.min_interval("c") == 1.0
-    for bad, key in [('min_interval = "soon"', "min_interval"), ("min_interval = 0", "min_interval"),
+    for bad, key in [('min_interval = "soon"', "min_interval"),
+                     ("min_interval = 0", "min_interval"),
                      ("rate_limit = -1", "rate_limit.per_second"),
                      ("rate_limit = { per_second = 1, burst = 0 }", "rate_limit.burst"),
                      ("rate_limit = { every = 1 }", "rate_limit")]:
@@ -117,7 +118,7 @@ def test_the_tenants_file_keys_of_the_limits(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=f"tenants.a.{key}"):
             load_tenants(f)
     f.write_text('[operators]\ntokens = "ops"\n[tenants.a]\ntokens = ["ta"]\n')
-    with pytest.raises(ConfigError, match="operators.tokens"):
+    with pytest.raises(ConfigError, match=r"operators.tokens"):
         load_tenants(f)
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from chronolog.domain.membership import Announcement, BadAnnouncement, announcement, waiting_reason
 from chronolog.projections.workers import jobs_in, waiting_for
 
-T0 = datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 
 
 def test_a_membership_record_round_trips_with_its_classes_job_types_and_slots() -> None:

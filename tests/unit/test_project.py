@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +11,7 @@ from chronolog.domain import messages as m
 from chronolog.projections.project import project, project_batch
 from chronolog.projections.store import TABLES, First, RowChanges
 
-T0 = datetime(2030, 3, 1, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 TENANT, SID = "acme", "nightly"
 SKEY = (TENANT, SID)
 RUN = "r_0123456789abcdef0123"
@@ -285,7 +285,8 @@ def test_result_published_sets_the_canonical_result() -> None:
     c = project(env(SAMPLES["ResultPublished"]))
     row = run_row(c)
     assert row["state"] == "SUCCEEDED"
-    assert (row["result_checksum"], row["result_size"], row["result_uri"]) == ("sha256:ab", 12, None)
+    assert ((row["result_checksum"], row["result_size"], row["result_uri"])
+            == ("sha256:ab", 12, None))
     assert row["result_inline"] == {"rows": 3} and row["result_attempt"] == 1
     assert row["finished_at"] == T0 + timedelta(seconds=20)
     assert "scheduled_at" not in row  # a partial change: the rest of the row stays

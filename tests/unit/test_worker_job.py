@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
@@ -14,7 +14,7 @@ from chronolog.workers.job import Cancelled, JobContext
 
 
 def _ctx() -> JobContext:
-    return JobContext(run_id="r1", attempt=1, fence=1, scheduled_at=datetime.now(timezone.utc),
+    return JobContext(run_id="r1", attempt=1, fence=1, scheduled_at=datetime.now(UTC),
                       params={}, tenant="t", schedule_id="s", job_type="noop", worker_id="w",
                       lease_seconds=30.0, timeout=None, log=None)
 

@@ -12,7 +12,7 @@ from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.projections.documents import spec_limits
 
-__all__ = ["IDEMPOTENCY_KEY", "RunIdPath", "ScheduleIdPath", "WRITE_HEADERS"]
+__all__ = ["IDEMPOTENCY_KEY", "WRITE_HEADERS", "RunIdPath", "ScheduleIdPath"]
 
 ScheduleIdPath = Annotated[str, Path(max_length=MAX_SCHEDULE_ID, pattern=lim.SCHEDULE_ID_PATTERN,
                                      description="a schedule ID")]

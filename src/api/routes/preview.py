@@ -2,7 +2,7 @@
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -40,7 +40,7 @@ async def preview(
     try:
         zone = resolve_zone(timezone_)
         start = (parse_instant(from_, timezone_, field="from") if from_
-                 else datetime.now(timezone.utc).replace(microsecond=0))
+                 else datetime.now(UTC).replace(microsecond=0))
         if every is not None:
             anchor_at = parse_instant(anchor, timezone_, field="anchor") if anchor else start
             trigger = compile_trigger(every=every, anchor=anchor_at, timezone=timezone_)
@@ -48,7 +48,7 @@ async def preview(
             trigger = compile_trigger(cron=cron, at=at, timezone=timezone_)
     except RecurrenceError as exc:
         raise ApiError(400, str(exc), camel_path(exc.field)) from None
-    rows = [InstantOut(utc=t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    rows = [InstantOut(utc=t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                        local=t.astimezone(zone).isoformat(timespec="seconds"))
             for t in upcoming(trigger, start, count)]
     return JSONResponse(jsonable(PreviewOut(instants=rows)))

@@ -28,7 +28,7 @@ answers 400 naming the job types it knows instead.
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
@@ -80,7 +80,7 @@ async def create_schedule(
 async def get_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
                        ctx: Context) -> JSONResponse:
     row = await ctx.schedule_row(tenant, schedule_id)
-    content = await schedule_document(ctx.read(), row, datetime.now(timezone.utc))
+    content = await schedule_document(ctx.read(), row, datetime.now(UTC))
     return JSONResponse(content, headers={"ETag": f'"{row["revision"]}"'})
 
 

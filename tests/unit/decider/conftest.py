@@ -15,7 +15,7 @@ helpers reach them through the ``gwt`` fixture instead:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from chronolog.commands.decider import Decision, TenantContext, decide, evolve, 
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import messages as m
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)  # a Monday, 09:00 UTC
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday, 09:00 UTC
 TENANT = "acme"
 SCHEDULE = "s1"
 E = TypeVar("E")
@@ -62,7 +62,8 @@ def given(*events: Any, schedule_id: str = SCHEDULE) -> ScheduleState:
 def when(state: ScheduleState, command: Any, now: datetime,
          tenant: TenantContext | None = None) -> Decision:
     """Decide ``command`` (a payload or an envelope) at ``now``; the state is not changed."""
-    env = command if isinstance(command, m.CommandEnvelope) else envelope(command, state.schedule_id)
+    env = (command if isinstance(command, m.CommandEnvelope)
+           else envelope(command, state.schedule_id))
     if tenant is None:
         return decide(state, env, now)
     return decide(state, env, now, tenant)
@@ -103,7 +104,7 @@ class Story:
         self._apply(decision)
         return decision
 
-    def given_events(self, *events: Any) -> "Story":
+    def given_events(self, *events: Any) -> Story:
         """Append raw events to the history."""
         for e in events:
             self.history.append(e)
@@ -123,7 +124,7 @@ class Story:
 
     # -- common setups ----------------------------------------------------------------
 
-    def create(self, now: datetime = T0, **overrides: Any) -> "Story":
+    def create(self, now: datetime = T0, **overrides: Any) -> Story:
         self.given(m.CreateSchedule(spec=spec(**overrides), request_key="create-1"), now)
         return self
 
@@ -137,7 +138,9 @@ class Story:
         d = self.given(m.ClaimRun(run_id=run_id, attempt=run.attempt, worker_id=worker), now)
         return one(d, m.AttemptClaimed)
 
-    def fail(self, claimed: m.AttemptClaimed, now: datetime, error_class: str = "transient") -> Decision:
+    def fail(
+        self, claimed: m.AttemptClaimed, now: datetime, error_class: str = "transient"
+    ) -> Decision:
         return self.given(m.FailRun(run_id=claimed.run_id, attempt=claimed.attempt,
                                     fence=claimed.fence, worker_id=claimed.worker_id,
                                     error_class=error_class, message="boom"), now)

@@ -64,7 +64,6 @@ def test_heartbeat_with_stale_fence_is_stale_fence(gwt: SimpleNamespace) -> None
 
 
 def test_heartbeat_never_revives_an_expired_epoch(gwt: SimpleNamespace) -> None:
-    m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(gwt.heartbeat(claimed), gwt.T0 + gwt.sec(31))  # lease ended at T0+30
     assert d.status == "stale_fence"
@@ -85,7 +84,9 @@ def test_lease_expiry_advances_the_fence_at_once(gwt: SimpleNamespace) -> None:
     assert s.run(claimed.run_id).state == "READY"
 
 
-def test_complete_with_current_fence_inside_the_lease_publishes_the_result(gwt: SimpleNamespace) -> None:
+def test_complete_with_current_fence_inside_the_lease_publishes_the_result(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(30))  # now == lease_until: inside
@@ -137,7 +138,9 @@ def test_repeated_completion_with_other_checksum_is_conflict(gwt: SimpleNamespac
 
 def test_effects_are_intended_with_the_result(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}, {"kind": "webhook", "name": "hook", "destination": "d-webhook"}])
+    s, claimed = _leased(gwt, effects=[
+        {"kind": "email", "destination": "d-email"},
+        {"kind": "webhook", "name": "hook", "destination": "d-webhook"}])
     d = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     assert gwt.names(d) == ["ResultPublished", "EffectIntended", "EffectIntended"]
     ids = [e.effect_id for e in gwt.all(d, m.EffectIntended)]
@@ -145,7 +148,9 @@ def test_effects_are_intended_with_the_result(gwt: SimpleNamespace) -> None:
     assert {e.checksum for e in gwt.all(d, m.EffectIntended)} == {"sha256:aa"}
 
 
-def test_transient_failure_schedules_a_retry_with_deterministic_backoff(gwt: SimpleNamespace) -> None:
+def test_transient_failure_schedules_a_retry_with_deterministic_backoff(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, retry={"max_attempts": 5, "initial_backoff": 10, "multiplier": 3})
     d = s.fail(claimed, gwt.T0 + gwt.sec(5))
@@ -276,7 +281,9 @@ def test_reconciliation_resolved_as_abandon_dead_letters_the_run(gwt: SimpleName
     assert gwt.one(d, m.OccurrenceDeadLettered).reason == "reconciliation_abandoned"
 
 
-def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(gwt: SimpleNamespace) -> None:
+def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
@@ -293,7 +300,8 @@ def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(gw
 
 def test_two_uncertain_effects_are_each_reconciled(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}, {"kind": "webhook", "destination": "d-webhook"}])
+    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"},
+                                       {"kind": "webhook", "destination": "d-webhook"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     ids = [f"send-{claimed.run_id}", f"webhook-{claimed.run_id}"]
     for eid in ids:
@@ -319,7 +327,7 @@ def test_cancel_on_ready_is_accepted_at_once(gwt: SimpleNamespace) -> None:
 
 def test_cancel_on_pending_is_accepted_at_once(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, overlap="buffer_one", lease=600)
+    s, _claimed = _leased(gwt, overlap="buffer_one", lease=600)
     [pending] = s.materialize(gwt.T0 + gwt.sec(60))
     d = s.when(m.CancelRun(run_id=pending.run_id), gwt.T0 + gwt.sec(61))
     assert gwt.names(d) == ["OccurrenceCancelled"]
@@ -348,7 +356,9 @@ def test_cancel_on_terminal_is_refused_as_too_late(gwt: SimpleNamespace) -> None
     assert "too late" in d.reason
 
 
-def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(gwt: SimpleNamespace) -> None:
+def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.when(m.CancelRun(run_id=claimed.run_id), gwt.T0 + gwt.sec(1))
@@ -356,7 +366,9 @@ def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(gwt: Sim
     assert gwt.names(d) == ["LeaseExpired", "FenceAdvanced", "OccurrenceCancelled"]
 
 
-def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(gwt: SimpleNamespace) -> None:
+def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))

@@ -8,7 +8,7 @@ the catch-up bounds, one after another. The grace keeps its meaning for a single
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 from hypothesis import given, settings
@@ -185,7 +185,7 @@ def test_a_backlog_decision_replays_to_the_same_state(gwt: SimpleNamespace) -> N
 
 # -- property: whatever the policy, grace and downtime ------------------------------------
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 @settings(max_examples=150, deadline=None)

@@ -65,7 +65,6 @@ def test_a_fixed_delay_schedule_completes_when_its_last_run_finishes(gwt: Simple
 
 
 def test_the_runs_of_a_completed_schedule_still_finish(gwt: SimpleNamespace) -> None:
-    m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0)
     [run] = s.materialize(gwt.T0)
     assert s.state.status == "COMPLETED"

@@ -26,7 +26,7 @@ into the live state event by event, as a processor does, and checked:
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -52,7 +52,7 @@ from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
 from chronolog.domain.recurrence import upcoming
 
-T0 = datetime(2026, 3, 7, 23, 0, tzinfo=timezone.utc)  # a DST weekend in New York
+T0 = datetime(2026, 3, 7, 23, 0, tzinfo=UTC)  # a DST weekend in New York
 TENANT = "acme"
 SIDS = ("alpha", "beta", "gamma")
 US = timedelta(microseconds=1)
@@ -108,7 +108,7 @@ class DeciderMachine(RuleBasedStateMachine):
         self.keys: dict[str, set[datetime]] = {sid: set() for sid in SIDS}
         self.manual_keys: dict[str, set[str]] = {sid: set() for sid in SIDS}
         self.published: set[tuple[str, str]] = set()
-        self.max_fence: dict[str, int] = {sid: 0 for sid in SIDS}
+        self.max_fence: dict[str, int] = dict.fromkeys(SIDS, 0)
         self.overlap: dict[str, str] = {}
         # per schedule and revision: the instants materialized / skipped for the catch-up bounds
         self.ran: dict[tuple[str, int], list[datetime]] = {}
@@ -126,7 +126,8 @@ class DeciderMachine(RuleBasedStateMachine):
         decision = decide(state, env, self.now)
         assert state.snapshot() == before, "decide mutated its input state"
         again = decide(state, env, self.now)
-        assert (again.status, again.events) == (decision.status, decision.events), "not deterministic"
+        assert ((again.status, again.events)
+                == (decision.status, decision.events)), "not deterministic"
         for event in decision.events:
             self._check_event(sid, state, event)
             evolve(state, event)
@@ -272,7 +273,8 @@ class DeciderMachine(RuleBasedStateMachine):
             self._do(sid, m.CompleteRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                                         checksum=checksum, size=1))
         elif end == "fail":
-            error_class = data.draw(st.sampled_from(["transient", "permanent", "ambiguous", "ambiguous"]))
+            error_class = data.draw(st.sampled_from(["transient", "permanent", "ambiguous",
+                                                     "ambiguous"]))
             self._do(sid, m.FailRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                                     error_class=error_class))
 
@@ -305,7 +307,8 @@ class DeciderMachine(RuleBasedStateMachine):
         sid = SIDS[i]
         run_id = self._pick(sid, data, "LEASED")
         fence = self._fence(sid, run_id, data)
-        error_class = data.draw(st.sampled_from(["transient", "transient", "permanent", "ambiguous"]))
+        error_class = data.draw(st.sampled_from(["transient", "transient", "permanent",
+                                                 "ambiguous"]))
         self._do(sid, m.FailRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                                 error_class=error_class))
 

@@ -14,8 +14,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from chronolog.commands.decider import QUOTA_EXPIRY_MARGIN, Decision
-from chronolog.commands.quota import (RESERVATION_TTL, QuotaState, decide_quota, evolve_quota,
-                                      quota_wakeup)
+from chronolog.commands.quota import (
+    RESERVATION_TTL,
+    QuotaState,
+    decide_quota,
+    evolve_quota,
+    quota_wakeup,
+)
 from chronolog.commands.state import QuotaWait
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID

@@ -1,12 +1,13 @@
 """Decider rules for the schedule lifecycle: create, revise, pause/resume, delete, tenant policy.
 
-One test per rule (docs/design.md §2-§3), each named after the rule; given (history) / when (command)
-/ then (events and status).
+One test per rule (docs/design.md §2-§3), each named after the rule; given (history) / when
+(command) / then (events and status).
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+
 
 def test_create_emits_schedule_created_with_the_first_instant(gwt: SimpleNamespace) -> None:
     m = gwt.m
@@ -97,7 +98,9 @@ def test_create_of_a_one_shot_in_the_past_is_invalid(gwt: SimpleNamespace) -> No
     assert (d.status, d.field) == ("invalid", "at")
 
 
-def test_revise_with_stale_revision_is_conflict_carrying_current_revision(gwt: SimpleNamespace) -> None:
+def test_revise_with_stale_revision_is_conflict_carrying_current_revision(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     s.given(m.ReviseSchedule(spec=gwt.spec(every=120.0), expected_revision=1), gwt.T0)
@@ -111,7 +114,8 @@ def test_revision_changes_only_unmaterialized_occurrences(gwt: SimpleNamespace) 
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="allow")
     [first] = s.materialize(gwt.T0)
-    d = s.when(m.ReviseSchedule(spec=gwt.spec(every=60.0, job={"type": "report", "params": {"n": 2}}),
+    d = s.when(m.ReviseSchedule(spec=gwt.spec(every=60.0,
+                                              job={"type": "report", "params": {"n": 2}}),
                                 expected_revision=1), gwt.T0 + gwt.sec(30))
     revised = gwt.one(d, m.ScheduleRevised)
     assert revised.revision == 2

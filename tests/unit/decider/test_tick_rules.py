@@ -75,7 +75,9 @@ def test_misfire_all_catch_up_is_bounded_by_count_and_age_and_never_stops_the_sc
     assert len(s.materialize(now + gwt.sec(30))) == 1
 
 
-def test_misfire_all_within_bounds_materializes_every_instant_exactly_once(gwt: SimpleNamespace) -> None:
+def test_misfire_all_within_bounds_materializes_every_instant_exactly_once(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="all")
     s.materialize(gwt.T0)
@@ -132,7 +134,9 @@ def test_overlap_buffer_one_holds_one_and_skips_the_rest(gwt: SimpleNamespace) -
     assert ready.run_id == b.run_id
 
 
-def test_overlap_buffer_all_queues_every_instant_and_releases_them_in_order(gwt: SimpleNamespace) -> None:
+def test_overlap_buffer_all_queues_every_instant_and_releases_them_in_order(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="buffer_all", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -145,7 +149,9 @@ def test_overlap_buffer_all_queues_every_instant_and_releases_them_in_order(gwt:
     assert s.run(c.run_id).state == "PENDING"
 
 
-def test_overlap_cancel_previous_cancels_the_active_run_and_advances_its_fence(gwt: SimpleNamespace) -> None:
+def test_overlap_cancel_previous_cancels_the_active_run_and_advances_its_fence(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="cancel_previous", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -158,7 +164,9 @@ def test_overlap_cancel_previous_cancels_the_active_run_and_advances_its_fence(g
     assert gwt.names(late) == ["CompletionRejected"]
 
 
-def test_overlap_cancel_previous_never_cancels_a_run_under_reconciliation(gwt: SimpleNamespace) -> None:
+def test_overlap_cancel_previous_never_cancels_a_run_under_reconciliation(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="cancel_previous", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -177,7 +185,8 @@ def test_start_deadline_skips_an_unclaimed_run(gwt: SimpleNamespace) -> None:
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(30)).events == []  # at the deadline: still fine
     d = s.when(m.Tick(), gwt.T0 + gwt.sec(31))
     skipped = gwt.one(d, m.OccurrenceSkipped)
-    assert (skipped.run_id, skipped.reason, skipped.materialized) == (a.run_id, "start_deadline", True)
+    assert ((skipped.run_id, skipped.reason, skipped.materialized)
+            == (a.run_id, "start_deadline", True))
 
 
 def test_claim_after_the_start_deadline_is_refused(gwt: SimpleNamespace) -> None:
@@ -218,7 +227,9 @@ def test_one_shot_at_runs_once(gwt: SimpleNamespace) -> None:
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(6000)).events == []
 
 
-def test_delay_trigger_runs_at_creation_then_a_fixed_delay_after_each_finish(gwt: SimpleNamespace) -> None:
+def test_delay_trigger_runs_at_creation_then_a_fixed_delay_after_each_finish(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, delay=300)
     assert s.state.next_run_at == gwt.T0
@@ -249,7 +260,8 @@ def test_jitter_is_deterministic_and_inside_the_window(gwt: SimpleNamespace) -> 
 
 def test_jitter_larger_than_the_grace_is_not_a_misfire(gwt: SimpleNamespace) -> None:
     m = gwt.m
-    s = gwt.story().create(gwt.T0, cron="* * * * *", jitter=50, misfire={"policy": "skip", "grace": 5})
+    s = gwt.story().create(gwt.T0, cron="* * * * *", jitter=50,
+                           misfire={"policy": "skip", "grace": 5})
     s.materialize(gwt.T0 + gwt.sec(50))
     for k in range(1, 30):
         due = s.state.next_due_at
@@ -278,7 +290,8 @@ def test_manual_trigger_same_key_other_params_is_conflict(gwt: SimpleNamespace) 
 def test_manual_triggers_with_distinct_keys_are_never_dropped(gwt: SimpleNamespace) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
-    ids = {gwt.one(s.when(m.TriggerRun(request_key=f"k{i}"), gwt.T0), m.OccurrenceMaterialized).run_id
+    ids = {gwt.one(s.when(m.TriggerRun(request_key=f"k{i}"), gwt.T0),
+                   m.OccurrenceMaterialized).run_id
            for i in range(10)}
     assert len(ids) == 10  # ten in the same second: ten runs (Temporal drops them)
 
@@ -294,7 +307,9 @@ def test_fold_of_the_history_equals_the_live_state(gwt: SimpleNamespace) -> None
     assert s.replayed().snapshot() == s.state.snapshot()
 
 
-def test_max_count_with_misfire_latest_runs_only_the_newest_late_instant(gwt: SimpleNamespace) -> None:
+def test_max_count_with_misfire_latest_runs_only_the_newest_late_instant(
+    gwt: SimpleNamespace,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="latest", max_count=3)
     s.materialize(gwt.T0)
