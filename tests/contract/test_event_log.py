@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -102,19 +102,6 @@ async def poll_until(
             f"timed out waiting for {what}; assignments: "
             f"{[sorted(c.assignment()) for c in consumers]}"
         )
-
-
-async def wait_for(cond: Callable[[], Awaitable[bool]], deadline_s: float, what: str) -> None:
-    async def _loop() -> None:
-        delay = 0.01
-        while not await cond():
-            await asyncio.sleep(delay)  # polling interval, the deadline is the sync point
-            delay = min(delay * 2, 0.2)
-
-    try:
-        await asyncio.wait_for(_loop(), deadline_s)
-    except TimeoutError:
-        pytest.fail(f"timed out waiting for {what}")
 
 
 # --------------------------------------------------------------------------- records

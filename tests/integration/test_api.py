@@ -23,9 +23,9 @@ import pytest_asyncio
 from chronolog.api.app import CONSISTENCY_HEADER, create_app
 from chronolog.log.port import EventLog, Topics
 from chronolog.settings import LogConfig, open_log
+from support.polling import wait_until
 
 from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
-from .conftest import wait_until
 from .pgdb import create_database, drop_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio(loop_scope="module")]

@@ -22,8 +22,9 @@ import pytest
 
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
 
 pytestmark = pytest.mark.postgres

@@ -22,10 +22,10 @@ import pytest
 
 from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import Worker
+from support.polling import wait_until
 
 from . import greet_jobs
 from .api_stack import ApiStack
-from .conftest import wait_until
 from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres

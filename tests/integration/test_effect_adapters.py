@@ -27,8 +27,9 @@ from chronolog.effect_adapters.smtp import EmailEffectAdapter
 from chronolog.effect_adapters.webhook import WebhookEffectAdapter
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
+from support.net import free_port
 
-from .effect_servers import HookServer, SmtpServer, free_port
+from .effect_servers import HookServer, SmtpServer
 
 
 def intent(kind: str, config: dict[str, Any], checksum: str = "c1", attempt: int = 1,

@@ -34,9 +34,11 @@ from chronolog.log.port import LogError, Topics
 from chronolog.processors.runtime import Processor
 from chronolog.settings import ConfigError, LogConfig, open_log
 from chronolog.tenants import Tenant, Tenants
+from support.net import free_port
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, wait_until
-from .effect_servers import HookServer, free_port
+from .conftest import CHRONOLOG, ROOT
+from .effect_servers import HookServer
 from .pgdb import create_database, drop_database
 
 FAR = "2099-01-01T00:00:00Z"

@@ -40,8 +40,9 @@ from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
 from chronolog.processors.runtime import Processor
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, log_url, wait_until
+from .conftest import CHRONOLOG, ROOT, log_url
 from .effect_servers import HookServer, SmtpServer
 
 TENANT, SCHEDULE = "acme", "invoice-57"

@@ -29,7 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from support.polling import wait_until
+
+from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
 
 pytestmark = pytest.mark.postgres

@@ -19,8 +19,7 @@ from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import Processor, ProcessorConfig
-
-from .conftest import wait_until
+from support.polling import wait_until
 
 
 async def read_all(lg: Any, topic: str) -> list[Any]:

@@ -19,8 +19,8 @@ from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.settings import LogConfig
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .test_processor import read_all
 
 SPEC = m.ScheduleSpec.model_validate(

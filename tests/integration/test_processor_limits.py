@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from chronolog.domain import codec
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .test_processor import Running, read_all
 
 JOB = {"type": "echo", "params": {}}

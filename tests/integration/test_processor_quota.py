@@ -19,8 +19,8 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import OpenTenants, Processor
 from chronolog.projections.audit import audit
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .test_processor import events, read_all
 
 QUOTA = 10

@@ -22,8 +22,9 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.log.sqlite import SqliteEventLog
 from chronolog.processors.runtime import Processor
+from support.polling import wait_until
 
-from .conftest import started, wait_until
+from .conftest import started
 from .test_processor import SPEC, events
 
 SPEC_ONCE = {**SPEC, "every": "1h"}  # no timers firing during the test

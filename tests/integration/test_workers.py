@@ -36,8 +36,9 @@ from chronolog.settings import LogConfig
 from chronolog.workers import FilesystemResultStore, Worker
 from chronolog.workers.gc import collect
 from chronolog.workers.results import parse_uri
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, log_url, wait_until
+from .conftest import CHRONOLOG, ROOT, log_url
 from .test_processor import Running, events, read_all
 
 JOBS_FILE = str(Path(__file__).with_name("worker_jobs.py"))
