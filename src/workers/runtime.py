@@ -74,10 +74,16 @@ from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.settings import data_dir
 from chronolog.wakeup import Wakeup
 from chronolog.workers.builtin import register_builtin_jobs
 from chronolog.workers.job import Ambiguous, Cancelled, Handler, JobContext, Permanent
-from chronolog.workers.results import INLINE_LIMIT, ResultStore, sha256_hex
+from chronolog.workers.results import (
+    INLINE_LIMIT,
+    FilesystemResultStore,
+    ResultStore,
+    sha256_hex,
+)
 
 log = structlog.get_logger("chronolog.worker")
 
@@ -254,9 +260,6 @@ class Worker:
     @property
     def result_store(self) -> ResultStore:
         if self._store is None:
-            from chronolog.settings import data_dir
-            from chronolog.workers.results import FilesystemResultStore
-
             self._store = FilesystemResultStore(data_dir() / "results")
         return self._store
 
