@@ -14,8 +14,9 @@ type):
     ``OccurrenceMaterialized`` or an ``OccurrenceSkipped`` with ``materialized=False`` claims
     the key ``(schedule_id, scheduled_at)``, or ``(schedule_id, request_key)`` for a manual
     trigger (within the schedule's last ``MANUAL_KEYS_KEPT`` manual triggers: the window in
-    which a key is idempotent), and no run ID is materialized twice. A collapsed skip range (``through``/``count``) claims the whole span
-    ``[scheduled_at, through]``: its first instant is its key, and the instants inside it
+    which a key is idempotent), and no run ID is materialized twice. A collapsed skip range
+    (``through``/``count``) claims the whole span ``[scheduled_at, through]``: its first
+    instant is its key, and the instants inside it
     are implied by the trigger, so any later scheduled occurrence whose instant falls inside
     an earlier range (or a range that swallows an earlier instant) is a duplicate too.
 ``fence_monotonic``
