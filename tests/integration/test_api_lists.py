@@ -31,9 +31,9 @@ from chronolog.log.port import EventLog, OutRecord, Record, Topics
 from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.settings import LogConfig, open_log
 from chronolog.tenants import Tenant, Tenants
+from support.polling import wait_until
 
 from .api_stack import ApiStack
-from .conftest import wait_until
 from .pgdb import create_database, drop_database, schema_store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio(loop_scope="module")]
