@@ -26,13 +26,15 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from support.net import free_port
+from support.polling import wait_until
+
+from .conftest import CHRONOLOG, ROOT
 from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     PARTITIONS,
     Cli,
     Services,
     _env,
-    _free_port,
     _lifecycle,
     _one_line,
     dsn,
@@ -48,7 +50,7 @@ class DevNode:
     """A ``chronolog dev`` process on ``data_dir`` (stopped by its PID)."""
 
     def __init__(self, data_dir: Path, dsn: str, log: Path) -> None:  # noqa: F811
-        self.port = _free_port()
+        self.port = free_port()
         self.log = log
         self._err = open(log, "wb")  # closed in stop
         self.proc = subprocess.Popen(
@@ -170,7 +172,7 @@ async def test_a_stale_node_file_is_ignored_and_a_restart_replaces_it(
 async def test_refusals_and_an_api_without_a_processor(tmp_path: Path, dsn: str) -> None:  # noqa: F811
     log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
                 "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     services = Services(tmp_path, _env())
     services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port),

@@ -18,13 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import wait_until
+from support.net import free_port
+from support.polling import wait_until
+
 from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     PARTITIONS,
     Cli,
     Services,
     _env,
-    _free_port,
     dsn,
 )
 
@@ -50,7 +51,7 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
 ) -> None:
     log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
                 "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     services = Services(tmp_path, _env())
     services.start("processor", ["processor", *log_args])

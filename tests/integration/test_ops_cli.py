@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -31,7 +30,10 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from support.net import free_port
+from support.polling import wait_until
+
+from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
 
 pytestmark = pytest.mark.postgres
@@ -306,12 +308,6 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
     assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.kafka
 async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_same(
     tmp_path: Path, dsn: str, kafka_bootstrap: str,
@@ -321,7 +317,7 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
                        "max_schedules = 10\n")
     log_args = ["--log", f"kafka://{kafka_bootstrap}", "--partitions", PARTITIONS,
                 "--topic-prefix", f"t{uuid.uuid4().hex[:10]}."]
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = _env(CHRONOLOG_TENANTS=str(tenants))
     services = Services(tmp_path, env)

@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import wait_until
+from support.net import free_port
+from support.polling import wait_until
+
 from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     PARTITIONS,
     Cli,
     Services,
     _env,
-    _free_port,
     dsn,
 )
 
@@ -94,7 +95,7 @@ async def _run(tmp_path: Path, dsn: str, log_args: list[str],  # noqa: F811
     services.start("worker", ["worker", *log_args, "--builtin-jobs", "--worker-id",
                               "w-builtin", *results])
     if http:
-        port = _free_port()
+        port = free_port()
         services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
     try:
         cli = Cli(["--url", f"http://127.0.0.1:{port}", "--token", "dev"] if http else
