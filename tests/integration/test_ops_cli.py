@@ -152,8 +152,7 @@ def _one_line(r: Result) -> str:
 async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list[str]:
     """A schedule's whole life through the CLI; the IDs of its runs at the end.
 
-    ``http``: the CLI goes through the HTTP API, which records no pause reason, and whose
-    schedule list is checked in test_cli_lists.py."""
+    ``http``: the CLI goes through the HTTP API, which records no pause reason."""
     # bad input: exit 2 and one line naming the field and value, nothing sent
     for args, line in (
         (["--cron", "61 * * * *"], "invalid cron '61 * * * *': "),
@@ -252,14 +251,9 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
     # delete; reads say so; unknown things are not_found (exit 1)
     deleted = await cli.ok("schedule", "delete", "nightly")
     assert deleted["state"] == "DELETED"
-    if not http:
-        listed = await cli.poll("the delete projected", "schedule", "list", "--state", "DELETED",
-                                until=lambda d: [i["scheduleId"] for i in d["items"]]
-                                == ["nightly"])
-        assert listed["items"][0]["definition"]["job"]["type"] == job
-    else:
-        await cli.poll("the delete projected", "schedule", "show", "nightly",
-                       until=lambda d: d["state"] == "DELETED")
+    listed = await cli.poll("the delete projected", "schedule", "list", "--state", "DELETED",
+                            until=lambda d: [i["scheduleId"] for i in d["items"]] == ["nightly"])
+    assert listed["items"][0]["definition"]["job"]["type"] == job
     missing = await cli("run", "r_nope")
     assert missing.rc == 1 and _one_line(missing) == "error: not_found: no run 'r_nope'"
     missing = await cli("schedule", "pause", "ghost")
@@ -274,11 +268,10 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
     assert done["completedReason"] == "at" and done["nextRunAt"] is None
     human = await cli("schedule", "show", "once")
     assert human.rc == 0 and "completed" in human.out and "(at)" in human.out
-    if not http:
-        listed = await cli.ok("schedule", "list", "--state", "COMPLETED")
-        assert [i["scheduleId"] for i in listed["items"]] == ["once"]
-        both = await cli.ok("schedule", "list", "--state", "completed,deleted")
-        assert [i["scheduleId"] for i in both["items"]] == ["nightly", "once"]
+    listed = await cli.ok("schedule", "list", "--state", "COMPLETED")
+    assert [i["scheduleId"] for i in listed["items"]] == ["once"]
+    both = await cli.ok("schedule", "list", "--state", "completed,deleted")
+    assert [i["scheduleId"] for i in both["items"]] == ["nightly", "once"]
     refused = await cli("schedule", "pause", "once")
     assert refused.rc == 1 and _one_line(refused).startswith("error: conflict: schedule is "
                                                              "COMPLETED")
