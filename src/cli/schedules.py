@@ -40,7 +40,8 @@ Where a command goes (``chronolog.cli.transport``; a flag wins over its variable
   without ``--log`` they are bad input. Direct access cannot answer ``runs`` across
   schedules or by job type or time, nor ``schedule list`` by job type, resource class,
   prefix or cursor (exit status 2, ``error: ... need(s) the API (--url)``); its ``schedule
-  list`` has no ``nextCursor``.
+  list`` is one query: every state unless ``--state`` (the API: all but DELETED), up to
+  ``--limit`` 10,000, no ``nextCursor``.
 
 Both ways answer the HTTP API's bodies (camelCase), so ``--json`` prints the same document:
 create ``{scheduleId, revision, nextRunAt[, warnings]}``; revise ``{revision, nextRunAt}``;
@@ -119,10 +120,17 @@ from chronolog.projections.documents import (
 )
 from chronolog.projections.read_model import (
     MAX_PAGE,
+    SCHEDULE_STATES,
+    SCHEDULES_LISTED,
     InvalidQuery,
+    RunQuery,
+    ScheduleQuery,
     decode_run_cursor,
+    decode_run_list_cursor,
+    decode_schedule_cursor,
     decode_worker_cursor,
     parse_run_states,
+    parse_schedule_states,
 )
 from chronolog.settings import ConfigError, parse_log_url
 from chronolog.tenants import load_tenants
@@ -130,7 +138,6 @@ from chronolog.tenants import load_tenants
 __all__ = ["build_definition", "register"]
 
 DEFAULT_TIMEOUT = 15.0
-SCHEDULE_STATES = ("ACTIVE", "PAUSED", "COMPLETED", "DELETED")
 DIRECT_LIST_LIMIT = 10_000  # schedule list with --log: one query, no cursor
 _DURATION_FLAGS = (("lease", "lease"), ("start_deadline", "startDeadline"), ("jitter", "jitter"))
 _TRIGGER_KEYS = ("cron", "every", "at", "delay", "anchor")
@@ -680,10 +687,14 @@ def _show(ctx: Ctx) -> Work:
 def _list(ctx: Ctx) -> Work:
     args = ctx.args
     states: tuple[str, ...] | None = None
-    if args.state is not None:
-        states = tuple(sorted({s.strip().upper() for s in args.state.split(",") if s.strip()}))
-        if not states or any(s not in SCHEDULE_STATES for s in states):
-            raise _usage(f"invalid state '{args.state}': expected {', '.join(SCHEDULE_STATES)}")
+    try:
+        if args.state is not None:
+            states = parse_schedule_states(args.state) if args.state.strip(" ,") else ()
+            if not states:
+                raise InvalidQuery(f"invalid state '{args.state}': expected a comma-separated "
+                                   f"list of {', '.join(SCHEDULE_STATES)}", "state")
+    except InvalidQuery as exc:
+        raise _usage(exc.message) from None
     if args.resource_class is not None and not _RESOURCE_CLASS.fullmatch(args.resource_class):
         raise _usage(f"invalid resourceClass '{_short(args.resource_class)}': 1 to 64 of "
                      f"A-Z a-z 0-9 _ -")
@@ -699,6 +710,13 @@ def _list(ctx: Ctx) -> Work:
                         ("--prefix", args.prefix), ("--after", args.after)):
         if value is not None:
             _needs_api(ctx, f"schedule list {flag} needs")
+    if args.after is not None:
+        try:  # the cursor of the same filters, as the API checks it
+            decode_schedule_cursor(args.after, ScheduleQuery(
+                states=states or SCHEDULES_LISTED, job_type=args.job_type,
+                resource_class=args.resource_class, prefix=args.prefix))
+        except InvalidQuery as exc:
+            raise _usage(exc.message) from None
 
     async def work(t: Transport) -> int:
         doc = await t.schedules(query)
@@ -723,14 +741,14 @@ def _instant(value: str | None, name: str) -> datetime | None:
 def _runs(ctx: Ctx) -> Work:
     args = ctx.args
     sid = args.schedule_id
+    start, end = _instant(args.start, "from"), _instant(args.end, "to")
     try:
         states = parse_run_states(args.state)
+        filters = RunQuery(states=tuple(states) if states else None, job_type=args.job_type,
+                           schedule_id=sid, since=start, until=end)  # from after to: refused
     except InvalidQuery as exc:
         raise _usage(exc.message) from None
-    start, end = _instant(args.start, "from"), _instant(args.end, "to")
-    if start is not None and end is not None and end < start:
-        raise _usage(f"invalid from '{args.start}': after to '{args.end}'")
-    query = RunsQuery(schedule_id=sid, states=tuple(states) if states else None,
+    query = RunsQuery(schedule_id=sid, states=filters.states,
                       job_type=_job_type(args.job_type),
                       start=_iso(start) if start else None, end=_iso(end) if end else None,
                       limit=_limit(args.limit), after=_after(args.after))
@@ -738,9 +756,12 @@ def _runs(ctx: Ctx) -> Work:
         _needs_api(ctx, "runs across schedules need")
     elif not query.of_one_schedule:
         _needs_api(ctx, "runs by job type or time need")
-    elif args.after is not None:
-        try:
-            decode_run_cursor(args.after, sid, states)  # the schedule's own cursor
+    if args.after is not None:
+        try:  # the cursor of the same list and filters, as the API checks it
+            if query.of_one_schedule:
+                decode_run_cursor(args.after, sid, states)
+            else:
+                decode_run_list_cursor(args.after, filters)
         except InvalidQuery as exc:
             raise _usage(exc.message) from None
 

@@ -134,6 +134,10 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
             paged = await _pages(cli, "schedule", "list", "--limit", "2")
             assert [i["scheduleId"] for i in paged] == [i["scheduleId"]
                                                         for i in everything["items"]]
+            other = await cli("schedule", "list", "--limit", "2", "--state", "PAUSED",
+                              "--after", page["nextCursor"])
+            assert other.rc == 2 and other.out == ""  # checked before sending, as the API does
+            assert other.err.strip() == "invalid after: the cursor belongs to another query"
             text = await cli("schedule", "list", "--limit", "2")
             assert text.rc == 0 and f"more: --after {page['nextCursor']}" in text.out
             assert all(i["scheduleId"] in text.out for i in page["items"])
@@ -169,6 +173,10 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
                        "runs", "--limit", "2", "--after", first["nextCursor"])
             paged = await _pages(cli, "runs", "--limit", "2")
             assert [i["runId"] for i in paged] == [i["runId"] for i in runs["items"]]
+            other = await cli("runs", "--limit", "2", "--job-type", "echo", "--after",
+                              first["nextCursor"])
+            assert other.rc == 2 and other.err.strip() == ("invalid after: the cursor belongs "
+                                                          "to another query")
             text = await cli("runs")
             assert text.rc == 0 and "schedule" in text.out and "job" in text.out
             assert all(i["runId"] in text.out for i in runs["items"])

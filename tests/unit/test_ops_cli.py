@@ -137,9 +137,11 @@ def test_the_cron_specials_pass_through_schedule_create() -> None:
 
 @pytest.mark.parametrize("argv,line", [
     (["schedule", "list", "--state", "RUNNING"],
-     "invalid state 'RUNNING': expected ACTIVE, PAUSED, COMPLETED, DELETED"),
+     "invalid state 'RUNNING': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
+     "DELETED"),
     (["schedule", "list", "--state", ","],
-     "invalid state ',': expected ACTIVE, PAUSED, COMPLETED, DELETED"),
+     "invalid state ',': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
+     "DELETED"),
     (["schedule", "list", "--limit", "0"], "invalid limit '0': must be 1..500"),
     (["schedule", "list", "--limit", "501"], "invalid limit '501': must be 1..500"),
     (["schedule", "list", "--prefix", "a\x00"], "invalid prefix 'a\\x00': 1 to 200 characters"),
@@ -147,6 +149,12 @@ def test_the_cron_specials_pass_through_schedule_create() -> None:
     (["schedule", "list", "--resource-class", "gpu.x"], "invalid resourceClass 'gpu.x': "),
     (["schedule", "list", "--job-type", ""], "invalid jobType '': 1 to 200 characters"),
     (["schedule", "list", "--after", "a b"], "invalid after 'a b': not a cursor of this API"),
+    (["schedule", "list", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "s1", "--job-type", "echo", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
     (["runs", "--state", "LOST"], "invalid state 'LOST': expected "),
     (["runs", "--from", "yesterday"], "invalid from 'yesterday': not an ISO-8601 date-time"),
     (["runs", "--to", "2026-13-01T00:00:00Z"], "invalid to '2026-13-01T00:00:00Z': "),
@@ -176,3 +184,21 @@ def test_the_direct_schedule_list_keeps_its_own_limit(
     assert main(["schedule", "list", "--limit", "10001", "--log",
                  "sqlite:///nonexistent/x.db"]) == 2
     assert capsys.readouterr().err.strip() == "invalid limit '10001': must be 1..10000"
+
+
+
+def test_a_runs_cursor_serves_only_the_filters_it_was_made_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from datetime import UTC, datetime
+
+    from chronolog.projections.read_model import RunListCursor, RunQuery
+
+    at = datetime(2026, 5, 1, tzinfo=UTC)
+    cursor = RunListCursor((at, "r_2"), (at, "r_1")).encode(RunQuery(job_type="echo"))
+    rc = main(["runs", "--job-type", "noop", "--after", cursor, "--url", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err
+    rc = main(["runs", "s1", "--after", cursor, "--url", "http://127.0.0.1:9"])  # another list
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err
