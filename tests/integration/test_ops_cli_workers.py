@@ -72,6 +72,7 @@ async def _waiting_then_served(cli: Cli, services: Services, worker_args: list[s
                           until=lambda d: d["state"] == "SUCCEEDED", timeout=60)
     assert done["waiting"] is None and done["attempts"][0]["workerId"] == "w-greet"
     assert done["result"]["inline"]["greeting"] == "hello you"
+    now = datetime.now(UTC).isoformat()  # a one-shot more than its grace in the past is refused
     again = await cli("schedule", "create", "greeter-2", "--at", now, "--job", "greet", "--json")
     assert again.rc == 0 and "warning:" not in again.err and "warnings" not in again.json()
 
