@@ -349,9 +349,10 @@ class PostgresProjectionStore:
 
     @classmethod
     async def connect(
-        cls, dsn: str, projection: str = "main", *, min_size: int = 1, max_size: int = 4
+        cls, dsn: str, projection: str = "main", *, min_size: int = 1, max_size: int = 5
     ) -> PostgresProjectionStore:
-        """Open a connection pool on ``dsn``."""
+        """Open a connection pool on ``dsn`` (a running projector keeps one of its connections
+        for its projection lease)."""
         pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
         assert pool is not None
         return cls(pool, projection)

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from chronolog.cli.replay import connect_store, reset
+from chronolog.cli.replay import connect_store
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.partitioner import partition_for
@@ -118,12 +118,21 @@ def _schema(schemas: list[str], what: str) -> str:
     return name
 
 
+async def _create_schema(database_url: str, schema: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    finally:
+        await conn.close()
+
+
 async def _live(database_url: str, schema: str, log_path: Path) -> None:
     """Project the log event by event, one transaction each, as a live projector would."""
+    await _create_schema(database_url, schema)
     store = await connect_store(database_url, schema)
     log = SqliteEventLog(str(log_path), Topics(partitions=PARTITIONS))
     try:
-        await reset(store, schema)
+        await store.migrate()
         for p in range(PARTITIONS):
             for rec in await log.read(log.topics.events, p, 0, max_records=100_000):
                 env = codec.decode_event(rec.value)
