@@ -52,10 +52,12 @@ def _run(args: Any) -> int:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
+    log_path = None
     if args.quiet or not sys.stdout.isatty():
         configure_logging()
-    else:  # the live view owns the terminal: logs go to a file
-        _log_to_file(ddir / "dev.log")
+    else:  # the live view owns the terminal: logs go to a file (the banner says where)
+        log_path = ddir / "dev.log"
+        _log_to_file(log_path)
     if not _port_free(args.host, args.port):
         raise UsageError(f"invalid --port '{args.port}': {args.host}:{args.port} is in use")
     try:
@@ -64,7 +66,8 @@ def _run(args: Any) -> int:
                                    database_url=args.database_url or
                                    os.environ.get("CHRONOLOG_DATABASE_URL"),
                                    demo=not args.no_demo and not args.no_builtin,
-                                   tenants_path=tenants_path, builtin=not args.no_builtin))
+                                   tenants_path=tenants_path, builtin=not args.no_builtin,
+                                   log_path=log_path))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

@@ -17,10 +17,11 @@ tables of the target schema by the fresh ones in ONE transaction:
 A reader's query sees either the old tables or the new ones, whole: a query that waited
 on the swap's locks looks its table names up again once it gets them (PostgreSQL does when
 the catalog changed while it waited), and a prepared statement whose tables were dropped is
-planned again on its next use. The swap never holds its locks while waiting for another: if it cannot take
-them all within ``lock_wait_s`` (less than PostgreSQL's default ``deadlock_timeout`` of 1 s,
-so a reader's deadlock check never finds it holding a lock it waits behind) it rolls back and
-tries again, up to ``deadline_s`` (``SwapBusy`` then, the live tables untouched).
+planned again on its next use. The swap waits for its locks ``lock_wait_s`` at most in all
+(0.4 s: less than PostgreSQL's default ``deadlock_timeout`` of 1 s), so a reader that holds
+a lock the swap wants while it waits behind one the swap holds finds, when its deadlock
+check runs, that the swap has given up already: the swap rolls back and tries again, up to
+``deadline_s`` (``SwapBusy`` then, the live tables untouched), and the reader goes on.
 
 Only the read-model relations move; the target schema itself — often ``public``, owned by the
 database, holding its grants and other applications' objects — stays as it is.
@@ -89,7 +90,8 @@ async def _relations(conn: asyncpg.Connection, schema: str) -> list[tuple[str, s
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'S') "
         "AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d "
-        "  WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i'))) "
+        "  WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid "
+        "  AND d.deptype IN ('a', 'i'))) "
         "ORDER BY c.relname", schema)
     return [(r["relname"], r["relkind"]) for r in rows]
 
