@@ -61,7 +61,8 @@ class Summarized(logging.Filter):
             self._kinds[key] = (shown[0], shown[1] + 1)
             return False
         if shown is not None and shown[1]:
-            record.msg = f"{record.msg} [{shown[1]} more like this in the last {now - shown[0]:.0f} s]"
+            record.msg = (f"{record.msg} [{shown[1]} more like this in the last "
+                          f"{now - shown[0]:.0f} s]")
         self._kinds[key] = (now, 0)
         if len(self._kinds) > 10_000:  # kinds are templates: this only bounds a pathological case
             self._kinds.clear()

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from chronolog.domain.limits import MAX_BODY_BYTES
+from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.port import EventLog, Topics
+from chronolog.log.sqlite import SqliteEventLog
 
 
 class ConfigError(ValueError):
@@ -44,8 +47,6 @@ def partitions_from_env(value: str | None = None) -> int:
 def max_body_bytes(value: int | None = None) -> int:
     """The API's request body limit: the flag, else ``CHRONOLOG_MAX_BODY_BYTES``, else
     256 KiB."""
-    from chronolog.domain.limits import MAX_BODY_BYTES
-
     raw: object = value if value is not None else os.environ.get("CHRONOLOG_MAX_BODY_BYTES")
     if raw is None:
         return MAX_BODY_BYTES
@@ -95,10 +96,6 @@ def parse_log_url(
 def open_log(cfg: LogConfig) -> EventLog:
     """The EventLog adapter for a configuration (not started)."""
     if cfg.kind == "sqlite":
-        from chronolog.log.sqlite import SqliteEventLog
-
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
-    from chronolog.log.kafka import KafkaEventLog
-
     return KafkaEventLog(cfg.target, cfg.topics)

@@ -1,8 +1,9 @@
 """``chronolog dev``: a whole chronolog node in one process, on one machine.
 
 Processors, the projector, a worker with the built-in jobs (unless ``--no-builtin``), the
-effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
-``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
+effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all
+under ``./.chronolog/`` (or ``--data-dir``). No Java, no Kafka, no Docker, no separately
+installed database.
 
 A part that fails is restarted with bounded exponential backoff (``chronolog.devnode.supervisor``),
 and the node says so on stderr, in its log and in the live view; the other parts go on.

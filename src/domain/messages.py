@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from chronolog.domain import limits as lim
+from chronolog.domain.durations import parse_duration
 
 # ---------------------------------------------------------------------------------------
 # scalar types
@@ -45,8 +46,6 @@ UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
 
 def _parse_seconds(value: Any) -> Any:
     if isinstance(value, str):
-        from chronolog.domain.durations import parse_duration
-
         return parse_duration(value)
     return value
 

@@ -240,7 +240,7 @@ class _SnapshotCollector(Collector):
             "First start of a run minus its intended start (due time)",
             labels=["tenant", "resource_class"])
         for tenant, rc, counts, total, total_s in s.lateness:
-            buckets = [(_le(b), float(c)) for b, c in zip(LATENESS_BUCKETS, counts)]
+            buckets = [(_le(b), float(c)) for b, c in zip(LATENESS_BUCKETS, counts, strict=True)]
             buckets.append(("+Inf", float(total)))
             h.add_metric([tenant, rc], buckets, total_s)
         yield h

@@ -13,9 +13,9 @@ One *pass*:
    offset, ``batch_max / P`` records at most, the reads run concurrently; when the previous
    pass found nothing the reads wait up to ``idle_ms`` for new records instead of spinning);
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
-   ``project_batch`` (both while the previous batch is being written) — partition order is kept; across partitions order does not matter
-   because every row (schedule, run, attempt, effect) belongs to one aggregate, i.e. to one
-   partition;
+   ``project_batch`` (both while the previous batch is being written) — partition order is
+   kept; across partitions order does not matter because every row (schedule, run, attempt,
+   effect) belongs to one aggregate, i.e. to one partition;
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
@@ -171,7 +171,7 @@ def decode_and_project(
         pass
     changes = RowChanges()
     for p in list(envelopes):
-        pairs = list(zip(kept.pop(p), envelopes.pop(p)))
+        pairs = list(zip(kept.pop(p), envelopes.pop(p), strict=True))
         for rec, env in pairs:
             try:
                 one = project(env)
@@ -378,7 +378,7 @@ class Projector:
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
             for p in self._owned
         ))
-        read = {p: records for p, records in zip(self._owned, reads) if records}
+        read = {p: records for p, records in zip(self._owned, reads, strict=True) if records}
         kept, envelopes, changes, dead = decode_and_project(read)
         return _Batch(kept, envelopes, {p: recs[-1].offset + 1 for p, recs in read.items()},
                       dead, changes)
@@ -408,7 +408,8 @@ class Projector:
         records the database refuses alone are dead-lettered and their offsets passed."""
         for p, end in batch.ends.items():
             tp = (self.topic, p)
-            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, [])):
+            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, []),
+                                strict=True):
                 offsets = {tp: (self._offsets.get(p, 0), rec.offset + 1)}
                 try:
                     result = await self.store.apply(project(env), offsets,
@@ -423,9 +424,11 @@ class Projector:
                 await self._committed(offsets, {p: [rec]}, {p: [env]}, result)
             if self._offsets.get(p, 0) < end:  # dead-lettered records at the end
                 offsets = {tp: (self._offsets.get(p, 0), end)}
-                await self._committed(offsets, {}, {}, await self.store.apply(RowChanges(), offsets))
+                await self._committed(offsets, {}, {},
+                                      await self.store.apply(RowChanges(), offsets))
 
-    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]) -> dict[tuple[str, int], datetime]:
+    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]
+                 ) -> dict[tuple[str, int], datetime]:
         return {(self.topic, p): max(e.at for e in envs) for p, envs in envelopes.items() if envs}
 
     async def _committed(self, offsets: dict[tuple[str, int], tuple[int, int]],
@@ -452,7 +455,8 @@ class Projector:
         missing = sum(len(v) for v in result.missing.values())
         if missing:
             st.missing_rows += missing
-            log.warning("projector_missing_rows", rows={k: len(v) for k, v in result.missing.items()})
+            log.warning("projector_missing_rows",
+                        rows={k: len(v) for k, v in result.missing.items()})
         append_ms = [r.timestamp_ms for recs in records.values() for r in recs]
         if append_ms:
             st.last_delay_s = max(0.0, (committed_ms - min(append_ms)) / 1000)

@@ -1,4 +1,5 @@
-"""The HTTP API contract (docs/design.md §11, schemas/api/openapi.json) on both logs, a real processor and a real PostgreSQL.
+"""The HTTP API contract (docs/design.md §11, schemas/api/openapi.json) on both logs, a real
+processor and a real PostgreSQL.
 
 One stack per backend for the module (processor, client, projector, app through
 ``httpx.ASGITransport``); tests keep apart by schedule ID. Every status code of the contract
@@ -12,6 +13,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -21,9 +23,9 @@ import pytest_asyncio
 from chronolog.api.app import CONSISTENCY_HEADER, create_app
 from chronolog.log.port import EventLog, Topics
 from chronolog.settings import LogConfig, open_log
+from support.polling import wait_until
 
 from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
-from .conftest import wait_until
 from .pgdb import create_database, drop_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio(loop_scope="module")]
@@ -66,7 +68,9 @@ def sid(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def assert_error(r: httpx.Response, status: int, error: str, field: str | None = None) -> dict[str, Any]:
+def assert_error(
+    r: httpx.Response, status: int, error: str, field: str | None = None
+) -> dict[str, Any]:
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) >= {"error", "field", "message"}, body
@@ -149,8 +153,8 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
     preview = got["preview"]
     assert len(preview) == 5 and preview[0]["scheduledAt"] == out["nextRunAt"]
     times = [datetime.fromisoformat(p["scheduledAt"]) for p in preview]
-    assert all(b - a == timedelta(minutes=5) for a, b in zip(times, times[1:]))
-    for p, t in zip(preview, times):
+    assert all(b - a == timedelta(minutes=5) for a, b in pairwise(times))
+    for p, t in zip(preview, times, strict=True):
         due = datetime.fromisoformat(p["dueAt"])
         assert timedelta(0) <= due - t < timedelta(seconds=30)
         assert p["local"].endswith(("+01:00", "+02:00"))
@@ -355,7 +359,8 @@ async def test_a_paused_schedule_shows_what_a_resume_would_run_or_skip(stack: Ap
 async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> None:
     assert stack.http is not None
     s = sid()
-    assert (await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})).status_code == 201
+    assert (await create(stack, {"scheduleId": s, "every": "1h",
+                                 "job": {"type": "a"}})).status_code == 201
     new = {"every": "30m", "job": {"type": "a", "params": {"v": 2}}}
     r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers=ACME)
     assert_error(r, 428, "precondition_required", "If-Match")
@@ -583,13 +588,15 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
     # filters and bad input
     r = await stack.http.get(f"/v1/schedules/{s}/runs", params={"state": "ready,leased"},
                              headers=ACME)
-    assert r.status_code == 200 and all(i["state"] in ("READY", "LEASED") for i in r.json()["items"])
+    assert r.status_code == 200 and all(i["state"] in ("READY", "LEASED")
+                                        for i in r.json()["items"])
     for params, field in (({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
                           ({"state": "BOGUS"}, "state"), ({"after": "garbage"}, "after")):
         assert_error(await stack.http.get(f"/v1/schedules/{s}/runs", params=params, headers=ACME),
                      400, "invalid", field)
     assert_error(await stack.http.get(f"/v1/schedules/{s}/runs",
-                                      params={"after": first.json()["nextCursor"], "state": "READY"},
+                                      params={"after": first.json()["nextCursor"],
+                                              "state": "READY"},
                                       headers=ACME), 400, "invalid", "after")
     assert_error(await stack.http.get(f"/v1/schedules/{sid()}/runs", headers=ACME), 404,
                  "not_found")

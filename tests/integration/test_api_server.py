@@ -22,8 +22,9 @@ import pytest
 
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
 
 pytestmark = pytest.mark.postgres
@@ -169,17 +170,18 @@ def _schemathesis_run(base: str, seeded: dict[str, str]) -> tuple[Counter[int], 
             aimed["body"] = DEFINITION
         passes = [(positive, {}), (negative, {})] + ([(positive, aimed)] if aimed else [])
         for mode, fixed in passes:
+            # run() reads this iteration's loop variables (noqa: B023): it is called at once
             @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                       phases=[Phase.explicit, Phase.generate],
                       suppress_health_check=list(HealthCheck))
             @given(case=operation.as_strategy(generation_mode=mode, **fixed))
             def run(case: schemathesis.Case) -> None:
-                response = case.call(base_url=base, headers=auth, timeout=30)
+                response = case.call(base_url=base, headers=auth, timeout=30)  # noqa: B023
                 statuses[response.status_code] += 1
                 try:
-                    case.validate_response(response, checks=checks, headers=auth)
+                    case.validate_response(response, checks=checks, headers=auth)  # noqa: B023
                 except Exception as exc:  # noqa: BLE001 - collected, asserted below
-                    failures.append(f"{operation.label} [{mode.value}]: {exc}"[:2000])
+                    failures.append(f"{operation.label} [{mode.value}]: {exc}"[:2000])  # noqa: B023
 
             try:
                 run()
