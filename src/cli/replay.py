@@ -368,6 +368,7 @@ class _progress_bar:
             disable=not console.is_terminal,
         )
         self._task = self._progress.add_task("replay", total=total)
+        self._started = False
 
     def __enter__(self) -> Progress:
         def advance(n: int) -> None:  # drawn from the first batch on (not for a refusal)
@@ -376,7 +377,6 @@ class _progress_bar:
                 self._progress.start()
             self._progress.advance(self._task, n)
 
-        self._started = False
         return advance
 
     def __exit__(self, *exc: object) -> None:

@@ -557,8 +557,8 @@ class LiveView:
         except Exception as exc:  # noqa: BLE001 - render builds each section safely already
             self.report(exc, "rendering")
             return error_panel(exc, "rendering")
-        for name, exc in frame.errors:
-            self.report(exc, name)
+        for name, error in frame.errors:
+            self.report(error, name)
         return frame.renderable
 
     def report(self, exc: BaseException, where: str) -> None:

@@ -140,7 +140,7 @@ class ProjectionLease:
         self.pool = pool
         self.conn = conn
         self.schema = schema
-        self.exclusive = exclusive
+        self.is_exclusive = exclusive
         self._released = False
 
     @classmethod
@@ -205,7 +205,7 @@ class ProjectionLease:
             return
         self._released = True
         k1, k2 = lease_key(self.schema)
-        unlock = "pg_advisory_unlock" if self.exclusive else "pg_advisory_unlock_shared"
+        unlock = "pg_advisory_unlock" if self.is_exclusive else "pg_advisory_unlock_shared"
         try:
             if not self.conn.is_closed():
                 await self.conn.fetchval(f"SELECT {unlock}($1, $2)", k1, k2)

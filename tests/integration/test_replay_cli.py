@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -37,8 +36,9 @@ from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
 from chronolog.projections.project import project
 from chronolog.projections.store import TABLES, PostgresProjectionStore
+from support.net import free_port
+from support.polling import wait_until, wait_until_sync
 
-from .conftest import wait_until
 from .decider_log import ScheduleLog
 
 pytestmark = pytest.mark.postgres
@@ -443,12 +443,6 @@ async def test_readers_see_the_old_or_the_new_read_model_never_a_missing_table(
 # chronolog replay --data-dir on a dev node's directory
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _succeeded(url: str) -> int:
     r = httpx.get(f"{url}/v1/schedules/tick/runs", params={"limit": 500, "state": "SUCCEEDED"},
                   headers={"Authorization": "Bearer dev"}, timeout=5)
@@ -456,18 +450,7 @@ def _succeeded(url: str) -> int:
 
 
 def _poll(fn: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
+    return wait_until_sync(fn, timeout, what, errors=(httpx.HTTPError, OSError))
 
 
 @pytest.fixture
@@ -488,7 +471,7 @@ def test_replay_data_dir_alone_is_refused_by_a_running_dev_node_and_rebuilds_a_s
     from chronolog.devnode.embedded_postgres import EmbeddedPostgres
     from chronolog.projections.migrate import migrate
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     stderr = tmp_path / "dev.err"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
