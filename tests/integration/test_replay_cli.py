@@ -536,3 +536,78 @@ def test_replay_data_dir_alone_is_refused_by_a_running_dev_node_and_rebuilds_a_s
         assert applied == [], "the rebuilt read model is at the current migration"
     finally:
         pg.stop()
+
+
+async def test_the_swap_keeps_the_owner_and_the_grants_of_the_tables_it_replaces(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+) -> None:
+    path, _ = log_file
+    live = _schema(schemas, "grants")
+    await _live(database_url, live, path)
+    reader = f"chronolog_test_reader_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f'CREATE ROLE "{reader}" NOLOGIN')
+        await conn.execute(f'GRANT USAGE ON SCHEMA "{live}" TO "{reader}"')
+        await conn.execute(f'GRANT SELECT ON "{live}".runs, "{live}".schedules TO "{reader}"')
+
+        async def can(table: str, privilege: str) -> bool:
+            return bool(await conn.fetchval("SELECT has_table_privilege($1, $2, $3)", reader,
+                                            f'"{live}"."{table}"', privilege))
+
+        old = await _oid(database_url, live, "runs")
+        rc, _, err = await _replay_async("--log", f"sqlite:///{path}", "--database-url",
+                                         database_url, "--schema", live)
+        assert rc == 0, err
+        assert await _oid(database_url, live, "runs") != old, "the tables were replaced"
+        assert await can("runs", "SELECT") and await can("schedules", "SELECT")
+        assert not await can("attempts", "SELECT") and not await can("runs", "UPDATE")
+    finally:
+        await conn.execute(f'DROP OWNED BY "{reader}"')
+        await conn.execute(f'DROP ROLE IF EXISTS "{reader}"')
+        await conn.close()
+
+
+async def test_a_projector_started_during_a_replay_waits_for_it_then_projects(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+) -> None:
+    import structlog
+
+    from chronolog.projections.lease import LeaseHeld, ProjectionLease
+    from chronolog.projections.projector import Projector
+
+    path, envs = log_file
+    live = _schema(schemas, "wait")
+    await _create_schema(database_url, live)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4,
+                                     server_settings={"search_path": live})
+    assert pool is not None
+    store = PostgresProjectionStore(pool)
+    await store.migrate()
+    log = SqliteEventLog(str(path), Topics(partitions=PARTITIONS))
+    await log.start()
+    replay_lease = await ProjectionLease.exclusive(pool, live, "main")  # as a replay holds it
+    projectors = [Projector(log, store, idle_ms=20) for _ in range(2)]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        with structlog.testing.capture_logs() as logs:
+            tasks += [asyncio.create_task(p.run()) for p in projectors]
+            await wait_until(lambda: sum(e["event"] == "projector_waiting_for_lease"
+                                         for e in logs) == 2, what="both projectors waiting")
+        assert await pool.fetchval("SELECT count(*) FROM projection_offsets") == 0
+        with pytest.raises(LeaseHeld, match="held by a running replay"):
+            await ProjectionLease.exclusive(pool, live, "main")
+
+        projectors[1].stop()  # one stopped while it waits ends at once
+        await asyncio.wait_for(tasks[1], 10)
+
+        await replay_lease.release()
+        await wait_until(lambda: sum(projectors[0].watermark().partitions.values())
+                         == len(envs), what="the waiting projector projected the log")
+    finally:
+        await replay_lease.release()
+        for p in projectors:
+            p.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await log.close()
+        await store.close()
