@@ -15,7 +15,8 @@ Three parts, so that what is drawn is a pure function of what was seen:
 * ``LiveView`` runs the two for the node's refresh loop: a failure — gathering, rendering or
   drawing — is shown on screen (``error_panel``) and logged once per distinct error
   (``live_view_failed``, with its traceback, in the node's log file), and the view keeps
-  refreshing.
+  refreshing. ``Recent`` records events inside the processor's commit, so it never raises:
+  an event it cannot record is counted, shown as a problem line and logged once.
 
 Long schedule IDs, job types, worker IDs and reasons are cut with an ellipsis (``clip``), and
 every column is a single line that rich shortens with an ellipsis too, so a long name never
@@ -123,12 +124,25 @@ class Recent:
         self.lateness_ms: deque[float] = deque(maxlen=1000)
         self.events: deque[float] = deque(maxlen=20000)
         self.scheduled: dict[str, tuple[datetime, str]] = {}  # run -> (due_at, job type)
+        self.failed = 0  # events that could not be recorded
+        self.last_failure: str | None = None
+        self._logged: set[str] = set()
 
     def __call__(self, partition: int, events: list[m.EventEnvelope]) -> None:
+        """Record committed events. Called inside the processor's commit: it never raises
+        (an event it cannot record is counted, shown by the view and logged once)."""
         now = time.monotonic()
         for env in events:
             self.events.append(now)
-            self._one(env)
+            try:
+                self._one(env)
+            except Exception as exc:  # noqa: BLE001 - the view must never hurt the processor
+                self.failed += 1
+                self.last_failure = exception_line(exc)
+                if self.last_failure not in self._logged and len(self._logged) < 100:
+                    self._logged.add(self.last_failure)
+                    log.error("live_view_failed", where="recording", error=self.last_failure,
+                              traceback="".join(traceback.format_exception(exc))[-4000:])
 
     def _one(self, env: m.EventEnvelope) -> None:
         p = env.payload
@@ -318,6 +332,9 @@ async def gather(node: Any) -> Snapshot:
             waiting = [Waiting(*row) for row in await waiting_runs(store.pool, WAITING_ROWS)]
         except Exception as exc:  # noqa: BLE001 - the database may be away: say so, go on
             problems.append(f"runs waiting for a worker: {exception_line(exc)}")
+    if recent is not None and recent.failed:
+        problems.append(f"recent results: {recent.failed} events could not be recorded "
+                        f"(last: {recent.last_failure})")
     lat = sorted(recent.lateness_ms) if recent is not None else []
     return Snapshot(
         now=now,

@@ -238,3 +238,18 @@ async def test_gather_reads_a_node_and_the_render_is_clean() -> None:
 def test_the_error_panel_holds_the_exception_line() -> None:
     text = text_of(error_panel(ValueError("bad\nvalue"), "drawing"), 80)
     assert "live view error (drawing)" in text and "ValueError: bad value" in text
+
+
+async def test_an_event_the_view_cannot_record_never_reaches_the_processor() -> None:
+    recent = recorded()
+    bad = _env("odd", m.ResultPublished(run_id="r_odd", attempt=1, fence=1, worker_id="w",
+                                        checksum="sha256:ab", size=2, finished_at=NOW), NOW)
+    recent._set = None  # type: ignore[assignment,method-assign]  # a bug in recording
+    with structlog.testing.capture_logs() as logs:
+        recent(0, [bad, bad])  # called inside the processor's commit: must not raise
+    assert recent.failed == 2
+    assert [e["where"] for e in logs if e["event"] == "live_view_failed"] == ["recording"]
+    snap = await gather(_Node({"recent": recent}))
+    assert any("2 events could not be recorded" in p for p in snap.problems)
+    text = text_of(render(snap, 120).renderable, 120)
+    assert "2 events could not be recorded (last: TypeError" in text
