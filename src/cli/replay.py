@@ -29,11 +29,12 @@ A replay never empties tables that someone reads or writes:
    ``PostgresProjectionStore.apply(project_batch(events), offsets)`` — the row changes and the
    partition's next offset in one transaction, exactly as the live projector writes them —
    and the whole ``workers`` topic (the workers directory: ``workers``,
-   ``served_job_types``), as far as it went at the start. ``--to-offset N`` stops every
-   partition of ``events`` before offset N; ``--until TIME`` (ISO-8601, naive = UTC) stops
-   each at its first event whose authority time ``at`` is later than TIME (a prefix of every
-   partition). A record that does not decode is skipped, as the live projector skips it (it
-   dead-letters it), and named on stderr; a replay writes nothing to the log.
+   ``served_job_types``) and ``dlq`` topic (``dead_letters``), as far as they went at the
+   start. ``--to-offset N`` stops every partition of ``events`` before offset N; ``--until
+   TIME`` (ISO-8601, naive = UTC) stops each at its first event whose authority time ``at``
+   is later than TIME (a prefix of every partition). A record that does not decode is
+   skipped, as the live projector skips it (it dead-letters it), and named on stderr; a
+   replay writes nothing to the log.
 3. **The swap.** Only when the build is complete, one transaction replaces the target's
    read-model tables by the fresh ones (``chronolog.projections.rebuild.swap_in``: lock,
    drop the old, move the new in, keeping their owner and grants) and drops the fresh schema.
@@ -55,7 +56,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -71,6 +72,7 @@ from chronolog.cli.log_reader import (
 from chronolog.domain import messages as m
 from chronolog.domain.codec import DecodeError, decode_event
 from chronolog.log.port import EventLog, LogError
+from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
 from chronolog.projections.migrate import MigrationError
 from chronolog.projections.project import project_batch
@@ -86,12 +88,12 @@ from chronolog.projections.rebuild import (
 from chronolog.projections.store import TABLES, PostgresProjectionStore
 from chronolog.projections.workers import WorkerDirectory
 
-__all__ = ["ReplayError", "ReplayStats", "connect_store", "fold_workers", "rebuild", "register",
-           "replay"]
+__all__ = ["ReplayError", "ReplayStats", "connect_store", "fold_dead_letters", "fold_workers",
+           "rebuild", "register", "replay"]
 
 DEFAULT_BATCH = 1000
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-COUNTED: tuple[str, ...] = (*TABLES, "workers")  # the row counts of the summary line
+COUNTED: tuple[str, ...] = (*TABLES, "workers", "dead_letters")  # counts of the summary line
 
 # progress(events_consumed): called after every batch
 Progress = Callable[[int], None]
@@ -113,6 +115,7 @@ class ReplayStats:
     missing: int = 0  # partial changes that found no row
     skipped: list[str] = field(default_factory=list)  # "p<partition>@<offset>: <error>"
     worker_records: int = 0  # records of the workers topic folded
+    letter_records: int = 0  # records of the dlq topic folded
     counts: dict[str, int] = field(default_factory=dict)  # rows per table once built
     schema: str = ""  # the schema the rebuilt read model was put in
 
@@ -221,28 +224,51 @@ async def _write(store: PostgresProjectionStore, topic: str, p: int, start: int,
     stats.missing += sum(len(keys) for keys in result.missing.values())
 
 
+class _Fold(Protocol):
+    """A fold of a side topic into the read model (workers, dlq): one pass per ``step``."""
+
+    topic: str
+    records: int
+    skipped: list[str]
+
+    async def step(self, wait_ms: int = 0) -> int: ...
+
+
+async def _fold(log: EventLog, store: PostgresProjectionStore, fold: _Fold,
+                skipped: list[str] | None) -> int:
+    """Run ``fold`` up to its topic's end offsets now; the records read."""
+    try:
+        n = await log.partitions_for(fold.topic)
+    except LogError:
+        return 0  # a log from before that topic
+    ends = {p: await log.end_offset(fold.topic, p) for p in range(n)}
+    while True:
+        stored = {r["partition"]: r["next_offset"] for r in await store.pool.fetch(
+            "SELECT partition, next_offset FROM projection_offsets "
+            "WHERE projection = $1 AND topic = $2", store.projection, fold.topic)}
+        if all(stored.get(p, 0) >= end for p, end in ends.items()):
+            break
+        if await fold.step(0) == 0:
+            break  # nothing readable below the ends (commit markers, compacted records)
+    if skipped is not None:
+        skipped.extend(fold.skipped)
+    return fold.records
+
+
 async def fold_workers(log: EventLog, store: PostgresProjectionStore,
                        skipped: list[str] | None = None) -> int:
     """Fold the ``workers`` topic, up to its end offsets now, into the store's workers tables
     (as the live projector's directory does, without dead-lettering); the records read."""
-    topic = log.topics.workers
-    try:
-        n = await log.partitions_for(topic)
-    except LogError:
-        return 0  # a log from before the workers topic
-    ends = {p: await log.end_offset(topic, p) for p in range(n)}
     directory = WorkerDirectory(log, store.pool, store.projection, dead_letter=False)
-    while True:
-        stored = {r["partition"]: r["next_offset"] for r in await store.pool.fetch(
-            "SELECT partition, next_offset FROM projection_offsets "
-            "WHERE projection = $1 AND topic = $2", store.projection, topic)}
-        if all(stored.get(p, 0) >= end for p, end in ends.items()):
-            break
-        if await directory.step(0) == 0:
-            break  # nothing readable below the ends (commit markers, compacted records)
-    if skipped is not None:
-        skipped.extend(directory.skipped)
-    return directory.records
+    return await _fold(log, store, directory, skipped)
+
+
+async def fold_dead_letters(log: EventLog, store: PostgresProjectionStore,
+                            skipped: list[str] | None = None) -> int:
+    """Fold the ``dlq`` topic, up to its end offsets now, into ``dead_letters`` (as the live
+    projector's fold does, without dead-lettering); the records read."""
+    letters = DeadLetterFold(log, store.pool, store.projection, dead_letter=False)
+    return await _fold(log, store, letters, skipped)
 
 
 async def rebuild(
@@ -280,6 +306,7 @@ async def rebuild(
                     stats = await replay(log, store, until=until, batch=batch,
                                          progress=progress, stops=stops)
                     stats.worker_records = await fold_workers(log, store, stats.skipped)
+                    stats.letter_records = await fold_dead_letters(log, store, stats.skipped)
                     for table in COUNTED:
                         stats.counts[table] = int(await store.pool.fetchval(
                             f"SELECT count(*) FROM {quote(table)}"))

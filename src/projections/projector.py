@@ -30,6 +30,10 @@ batch is discarded (nothing of it was written), the offsets are read again from 
 and the loop continues from there — two projectors on one database never write an event
 twice.
 
+Alongside, ``run`` folds the ``workers`` topic (``chronolog.projections.workers``) and the
+``dlq`` topic (``chronolog.projections.dead_letters``) into their tables, each from its own
+offsets in ``projection_offsets`` (by the projector of partition 0 of a partitioned set).
+
 A record that does not decode, or whose projection raises, is dead-lettered
 (``chronolog.log.dead_letters``) and skipped: its offset is passed with the rest of the
 batch. A batch the database refuses for its data (a value out of range, ...) is written
@@ -76,6 +80,7 @@ from chronolog.domain import messages as m
 from chronolog.environment import gc_tune, gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
+from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import ProjectionLease
 from chronolog.projections.project import project, project_batch
 from chronolog.projections.store import (
@@ -214,10 +219,12 @@ class Projector:
         self._progress = asyncio.Condition()
         self._started = False
         self.dead_letters = DeadLetters(log_, "projector")
-        # the workers topic is folded alongside (by one projector of a partitioned set)
+        # the workers and dlq topics are folded alongside (by one projector of a set)
+        alongside = self._only is None or 0 in self._only
         self.workers: WorkerDirectory | None = (
-            WorkerDirectory(log_, store.pool, store.projection)
-            if self._only is None or 0 in self._only else None)
+            WorkerDirectory(log_, store.pool, store.projection) if alongside else None)
+        self.letters: DeadLetterFold | None = (
+            DeadLetterFold(log_, store.pool, store.projection) if alongside else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -259,6 +266,8 @@ class Projector:
         stopping = asyncio.create_task(self._stopping.wait())
         members = (asyncio.create_task(self.workers.run(), name="workers-directory")
                    if self.workers is not None else None)
+        letters = (asyncio.create_task(self.letters.run(), name="dead-letter-fold")
+                   if self.letters is not None else None)
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
@@ -290,8 +299,9 @@ class Projector:
         finally:
             gc_untune()
             await _cancel(stopping)
-            if members is not None:
-                await _cancel(members)
+            for side in (members, letters):
+                if side is not None:
+                    await _cancel(side)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""

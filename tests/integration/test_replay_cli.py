@@ -279,6 +279,60 @@ def test_an_undecodable_record_is_skipped_and_named_as_the_live_projector_skips_
     assert [(r[2], r[3]) for r in offsets] == [(0, 4)]  # the events before it, and past it
 
 
+def test_the_dlq_topic_is_folded_into_dead_letters_and_a_replay_writes_nothing_to_the_log(
+    database_url: str, tmp_path: Path, schemas: list[str],
+) -> None:
+    from chronolog.log.dead_letters import DeadLetters
+
+    envs = _events("nightly")
+    path = tmp_path / "log.db"
+
+    async def write() -> dict[str, int]:
+        log = SqliteEventLog(str(path), Topics(partitions=1), synchronous="NORMAL")
+        await log.start()
+        await log.ensure_topics()
+        t = log.topics
+        await log.append([OutRecord(topic=t.events, key=e.key.encode(),
+                                    value=codec.encode_event(e)) for e in envs[:3]])
+        await log.append([OutRecord(topic=t.events, key=b"acme/nightly", value=b"{not json")])
+        junk = (await log.read(t.events, 0, 3, max_records=1))[0]
+        await DeadLetters(log, "projector").put(junk, "event is not JSON")  # as the live one
+        await log.append([OutRecord(topic=t.dlq, key=b"x", value=b"not a letter")])
+        ends = {f"{topic}[{p}]": await log.end_offset(topic, p)
+                for topic in (t.events, t.dlq, t.workers, t.commands, t.replies)
+                for p in range(await log.partitions_for(topic))}
+        await log.close()
+        return ends
+
+    async def after() -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": target})
+        log = SqliteEventLog(str(path), Topics(partitions=1))
+        await log.start()
+        try:
+            rows = [tuple(r) for r in await conn.fetch(
+                "SELECT consumer, source_topic, source_partition, source_offset, tenant, "
+                "schedule_id FROM dead_letters")]
+            t = log.topics
+            ends = {f"{topic}[{p}]": await log.end_offset(topic, p)
+                    for topic in (t.events, t.dlq, t.workers, t.commands, t.replies)
+                    for p in range(await log.partitions_for(topic))}
+            return rows, ends
+        finally:
+            await conn.close()
+            await log.close()
+
+    before = asyncio.run(write())
+    target = _schema(schemas, "letters")
+    proc = _replay("--log", f"sqlite:///{path}", "--database-url", database_url,
+                   "--schema", target)
+    assert proc.returncode == 0, proc.stderr
+    assert "dead_letters 1;" in proc.stdout
+    assert "chronolog.dlq[0]@1: not a dead letter" in proc.stderr
+    rows, ends = asyncio.run(after())
+    assert rows == [("projector", "chronolog.events", 0, 3, "acme", "nightly")]
+    assert ends == before, "a replay appends nothing (no dead letter of its own)"
+
+
 # ---------------------------------------------------------------------------------------
 # a replay next to a running projector, and next to readers
 
