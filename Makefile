@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 # * test: the project's `test` extra on top (pytest, hypothesis, schemathesis, ruff, mypy,
 #   import-linter, ...: `make test`, `make test-unit`, `make lint`).
 # (An editable install of this layout — package chronolog in src/ — makes setuptools print a
-# notice on every install; a regular one prints nothing.)
+# notice on every install; a regular one prints nothing. pytest refuses to run on an
+# installed copy that differs from src/: tests/conftest.py.)
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 SOURCES := $(shell find src -name '*.py' -o -name '*.sql')
