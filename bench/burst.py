@@ -105,7 +105,8 @@ async def live_members(cfg: LogConfig, group: str) -> int:
     try:
         described = await admin.describe_consumer_groups([group])
         groups = described[0].groups if hasattr(described[0], "groups") else described
-        return sum(len(g[5]) for g in groups if g[2] == "Stable")  # (error, group, state, type, protocol, members)
+        # a group is (error, group, state, type, protocol, members)
+        return sum(len(g[5]) for g in groups if g[2] == "Stable")
     finally:
         await admin.close()
 
@@ -198,7 +199,8 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
     for i in range(args.workers):
         procs.append(spawn(["worker", *flags, "--jobs", "burst_jobs", "--worker-id", f"burst-w{i}",
                             "--concurrency", str(args.concurrency),
-                            *(["--prefetch", str(args.prefetch)] if args.prefetch is not None else []),
+                            *(["--prefetch", str(args.prefetch)]
+                              if args.prefetch is not None else []),
                             "--results", str(run_dir / "results")],
                            run_dir / f"worker{i}.log", env))
     kpid = broker_pid(cfg.target) if cfg.kind == "kafka" else None
@@ -346,12 +348,14 @@ def peer_python() -> str:
     if shutil.which("redis-server") is None:
         subprocess.run(["apt-get", "install", "-y", "-q", "redis-server"], check=False)
         if shutil.which("redis-server") is None:
-            raise SystemExit("redis-server is needed for --compare celery: apt-get install redis-server")
+            raise SystemExit("redis-server is needed for --compare celery: "
+                             "apt-get install redis-server")
     return str(py)
 
 
 def celery_run(args: Any, run_dir: Path) -> dict[str, Any]:
-    out = subprocess.run([peer_python(), str(HERE / "peers" / "celery_burst.py"), "--n", str(args.n),
+    out = subprocess.run([peer_python(), str(HERE / "peers" / "celery_burst.py"),
+                          "--n", str(args.n),
                           "--run-dir", str(run_dir), "--workers", str(args.workers),
                           "--concurrency", str(args.concurrency), "--margin", str(args.margin)],
                          capture_output=True, text=True, check=False)

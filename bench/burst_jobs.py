@@ -18,7 +18,7 @@ async def late(ctx):  # type: ignore[no-untyped-def]
     now = time.time()
     instant = ctx.scheduled_at.timestamp()
     # the n-th occurrence of an every-1s schedule started at a whole second
-    record_lateness(int(ctx.params["jid"]), int(round(instant)) % 1_000_000, now - instant)
+    record_lateness(int(ctx.params["jid"]), round(instant) % 1_000_000, now - instant)
 
 
 JOB_TYPES = ("bench", "late")  # the workers' consumer group is named after these

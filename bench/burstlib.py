@@ -38,7 +38,7 @@ def pct(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_values:
         return float("nan")
-    k = max(0, min(len(sorted_values) - 1, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[k]
 
 

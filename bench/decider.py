@@ -207,14 +207,16 @@ def main(argv: list[str] | None = None) -> int:
         rows["bytes/idle schedule (fresh)"].append(idle_bytes(args.idle, 0))
         if i < args.history_repeat:
             rows["bytes/idle schedule (after runs)"].append(idle_bytes(args.idle, 6))
-        print(f"run {i + 1}/{args.repeat}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items()
-                                                         if len(v) == i + 1), file=sys.stderr)
+        print(f"run {i + 1}/{args.repeat}: "
+              + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items() if len(v) == i + 1),
+              file=sys.stderr)
     n = sum(mix.values())
     print(f"python {sys.version.split()[0]}; {args.schedules} schedules x {args.minutes} min; "
           "mix: " + ", ".join(f"{k} {v / n:.0%}" for k, v in sorted(mix.items())))
     print(f"{'measure':36} {'median':>12} {'min':>12} {'max':>12}  target")
     targets = {"commands/s (decide+evolve)": ">= 50,000", "commands/s (decide)": ">= 50,000",
-               "bytes/idle schedule (fresh)": "<= 1,024", "bytes/idle schedule (after runs)": "<= 1,024"}
+               "bytes/idle schedule (fresh)": "<= 1,024",
+               "bytes/idle schedule (after runs)": "<= 1,024"}
     for k, v in rows.items():
         print(f"{k:36} {statistics.median(v):12,.0f} {min(v):12,.0f} {max(v):12,.0f}  {targets[k]}"
               f"  (n={len(v)})")

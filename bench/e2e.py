@@ -83,7 +83,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 def runs_of(evs: list[Any], schedules: set[str]) -> dict[str, dict[str, Any]]:
@@ -101,7 +101,9 @@ def runs_of(evs: list[Any], schedules: set[str]) -> dict[str, dict[str, Any]]:
     return runs
 
 
-async def create_many(client: Client, specs: list[tuple[str, dict[str, Any]]], width: int = 200) -> float:
+async def create_many(
+    client: Client, specs: list[tuple[str, dict[str, Any]]], width: int = 200
+) -> float:
     started = time.perf_counter()
     sem = asyncio.Semaphore(width)
 

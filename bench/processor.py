@@ -1,10 +1,10 @@
 """Benchmark: commands per second through one processor, and command-to-reply latency.
 
 Throughput: N commands drained by one in-process processor with one transaction per
-partition per batch. ``--feed process`` (default): a separate feeder process (as real clients are) appends the
-N commands in chunks of 5,000 once the processor owns every partition; the clock runs from
-that moment until the last command is decided and committed. ``--feed backlog``: the N
-commands are appended first, the
+partition per batch. ``--feed process`` (default): a separate feeder process (as real
+clients are) appends the N commands in chunks of 5,000 once the processor owns every
+partition; the clock runs from that moment until the last command is decided and committed.
+``--feed backlog``: the N commands are appended first, the
 processor joins and restores (not timed), and the clock runs from the moment it owns every
 partition until the last command is decided and committed (commands it decided before that
 moment are left out of the count: ``timed``). ``--feed live``: the processor joins first and
@@ -25,7 +25,8 @@ run lifecycle, each schedule being created once and run many times):
   exercised the happy path (every reply should be ``ok``).
 
 Latency: after ``--warmup`` unmeasured runs (default 1), a client sends commands paced at
---rate per second (send -> reply, p50/p99) with the same workload (``mixed``: Claim/Heartbeat/Complete/Trigger on pre-created schedules). The
+--rate per second (send -> reply, p50/p99) with the same workload (``mixed``:
+Claim/Heartbeat/Complete/Trigger on pre-created schedules). The
 client runs in the processor's process (``--client inline``, default) or in a separate one
 (``--client process``; on this 2-core machine with a co-located broker its p50 was higher).
 

@@ -267,13 +267,13 @@ class Client:
             if pending:
                 await asyncio.wait(pending, timeout=self.reply_timeout if timeout is None
                                    else timeout)
-            return [_reply_of(env, f) for env, f in zip(envs, futs)]
+            return [_reply_of(env, f) for env, f in zip(envs, futs, strict=True)]
         finally:
             self._forget(envs, futs)
 
     def _forget(self, envs: Sequence[m.CommandEnvelope],
                 futs: list[asyncio.Future[m.Reply]]) -> None:
-        for env, fut in zip(envs, futs):
+        for env, fut in zip(envs, futs, strict=True):
             if fut.done() and self._waiters.get(env.command_id) is fut:
                 del self._waiters[env.command_id]
 
@@ -335,7 +335,7 @@ class Client:
                     else m.ScheduleSpec.model_validate(spec)))
                 for sid, spec in specs]
         out: list[dict[str, Any] | CommandError | ReplyTimeout] = []
-        for env, reply in zip(envs, await self.send_batch(envs, timeout)):
+        for env, reply in zip(envs, await self.send_batch(envs, timeout), strict=True):
             if reply is None:
                 out.append(ReplyTimeout(f"no reply to {env.type} {env.command_id}"))
             elif reply.status == "ok":
@@ -368,7 +368,8 @@ class Client:
         return await self.call(tenant, schedule_id,
                                m.TriggerRun(request_key=request_key, params=params))
 
-    async def cancel(self, tenant: str, schedule_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
+    async def cancel(self, tenant: str, schedule_id: str, run_id: str,
+                     reason: str = "") -> dict[str, Any]:
         return await self.call(tenant, schedule_id, m.CancelRun(run_id=run_id, reason=reason))
 
     async def redrive(self, tenant: str, schedule_id: str, run_id: str) -> dict[str, Any]:
@@ -400,7 +401,8 @@ class Client:
             checksum=checksum, size=size, uri=uri, inline=inline), command_id=command_id)
 
     async def fail(self, tenant: str, schedule_id: str, run_id: str, attempt: int, fence: int,
-                   worker_id: str, error_class: str = "transient", message: str = "") -> dict[str, Any]:
+                   worker_id: str, error_class: str = "transient",
+                   message: str = "") -> dict[str, Any]:
         return await self.call(tenant, schedule_id, m.FailRun(
             run_id=run_id, attempt=attempt, fence=fence, worker_id=worker_id,
             error_class=error_class, message=message))  # type: ignore[arg-type]

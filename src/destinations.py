@@ -21,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -121,8 +121,8 @@ Destination = Annotated[
     Field(discriminator="kind"),
 ]
 _DESTINATION: TypeAdapter[Any] = TypeAdapter(Destination)
-AnyDestination = Union[WebhookDestination, PostgresDestination, KafkaDestination,
-                       EmailDestination]
+AnyDestination = (WebhookDestination | PostgresDestination | KafkaDestination
+                  | EmailDestination)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 

@@ -9,8 +9,9 @@ the service returns.
 Stopping on SIGTERM or SIGINT within a bound, whatever its services do:
 
 ``run_until_signalled(main, stop)`` runs the coroutine ``main``. A SIGTERM or SIGINT calls
-``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open batch, commit, leave the group). A broker or a
-database that does not answer can hold a commit or a close for minutes, so if ``main`` has not
+``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open
+batch, commit, leave the group). A broker or a database that does not answer can hold a
+commit or a close for minutes, so if ``main`` has not
 returned ``STOP_GRACE_S`` after the signal it is cancelled, and ``HARD_STOP_S`` after the signal
 the process exits with status 1 whatever is still running. Abandoning is safe: an open
 transaction of a processor is aborted by the partition's next owner (which fences this

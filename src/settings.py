@@ -3,7 +3,8 @@
 ``CHRONOLOG_LOG``: ``sqlite:///path/to/log.db`` or ``kafka://host:port[,host:port]``;
 ``CHRONOLOG_DATABASE_URL``; ``CHRONOLOG_TENANTS``; ``CHRONOLOG_PARTITIONS`` (default 12);
 ``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_DATA_DIR`` (default
-``./.chronolog``). A bad value raises ``ConfigError`` with one line naming it.
+``./.chronolog``); ``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the
+API's). A bad value raises ``ConfigError`` with one line naming it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from chronolog.domain.limits import MAX_BODY_BYTES
+from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.port import EventLog, Topics
+from chronolog.log.sqlite import SqliteEventLog
 
 
 class ConfigError(ValueError):
@@ -44,8 +48,6 @@ def partitions_from_env(value: str | None = None) -> int:
 def max_body_bytes(value: int | None = None) -> int:
     """The API's request body limit: the flag, else ``CHRONOLOG_MAX_BODY_BYTES``, else
     256 KiB."""
-    from chronolog.domain.limits import MAX_BODY_BYTES
-
     raw: object = value if value is not None else os.environ.get("CHRONOLOG_MAX_BODY_BYTES")
     if raw is None:
         return MAX_BODY_BYTES
@@ -56,6 +58,29 @@ def max_body_bytes(value: int | None = None) -> int:
     if not 1024 <= n <= 64 * 1024 * 1024:
         raise ConfigError(f"invalid max-body-bytes '{raw}': must be 1024..67108864")
     return n
+
+
+DEFAULT_VISIBLE_TIMEOUT = 2.0
+MAX_VISIBLE_TIMEOUT = 60.0
+
+
+def visible_timeout(value: float | str | None = None) -> float:
+    """How long an API write waits for the read model to show its events: the flag, else
+    ``CHRONOLOG_VISIBLE_TIMEOUT``, else 2 s (seconds, 0..60; 0: answer without waiting)."""
+    raw: object = value if value is not None else os.environ.get("CHRONOLOG_VISIBLE_TIMEOUT")
+    if raw is None:
+        return DEFAULT_VISIBLE_TIMEOUT
+    text = str(raw).strip()
+    try:
+        if not text.isascii():
+            raise ValueError
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f"invalid visible-timeout '{raw}': not a number of seconds") from None
+    if not 0 <= seconds <= MAX_VISIBLE_TIMEOUT:  # NaN fails this too
+        raise ConfigError(f"invalid visible-timeout '{raw}': must be 0..{MAX_VISIBLE_TIMEOUT:g} "
+                          "seconds")
+    return seconds
 
 
 def data_dir(value: str | None = None) -> Path:
@@ -95,10 +120,6 @@ def parse_log_url(
 def open_log(cfg: LogConfig) -> EventLog:
     """The EventLog adapter for a configuration (not started)."""
     if cfg.kind == "sqlite":
-        from chronolog.log.sqlite import SqliteEventLog
-
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
-    from chronolog.log.kafka import KafkaEventLog
-
     return KafkaEventLog(cfg.target, cfg.topics)

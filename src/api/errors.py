@@ -62,7 +62,8 @@ class ErrorBody(BaseModel):
                        "precondition_required | quota | internal | unavailable")
     field: str | None = Field(description="the offending field, header or parameter")
     message: str
-    revision: int | None = Field(default=None, description="409 on a schedule: the current revision")
+    revision: int | None = Field(default=None,
+                                 description="409 on a schedule: the current revision")
     state: str | None = Field(default=None, description="409 on a run: its state")
 
 

@@ -2,7 +2,7 @@
 
     chronolog api [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
                   [--database-url DSN] [--tenants FILE] [--host 127.0.0.1] [--port 8080]
-                  [--with-projector] [--reply-timeout S]
+                  [--with-projector] [--reply-timeout S] [--visible-timeout S]
 
 Commands go to the log through a ``Client`` (replies read back from ``replies``); queries
 read PostgreSQL (``--database-url`` / ``$CHRONOLOG_DATABASE_URL`` / an embedded server in
@@ -39,13 +39,16 @@ def register(sub: Any) -> None:
                    help="seconds to wait for a command's reply before answering 503")
     p.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
                    help="largest request body (env CHRONOLOG_MAX_BODY_BYTES; default 256 KiB)")
+    p.add_argument("--visible-timeout", default=None, metavar="SECONDS",
+                   help="how long a write waits for the read model to show it (env "
+                   "CHRONOLOG_VISIBLE_TIMEOUT; default 2)")
     p.set_defaults(func=_run)
 
 
 def _run(args: Any) -> int:
     from chronolog.cli.errors import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, max_body_bytes
+    from chronolog.settings import ConfigError, max_body_bytes, visible_timeout
     from chronolog.tenants import dev_tenants, load_tenants
 
     configure_logging()
@@ -54,6 +57,7 @@ def _run(args: Any) -> int:
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
     try:
         args.max_body_bytes = max_body_bytes(args.max_body_bytes)
+        args.visible_timeout = visible_timeout(args.visible_timeout)
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -87,7 +91,8 @@ async def serve(args: Any, tenants: Any) -> int:
                 task = asyncio.create_task(projector.run(), name="projector")
             app = create_app(client, store, tenants, projector=projector,
                              reply_timeout=args.reply_timeout,
-                             max_body_bytes=args.max_body_bytes)
+                             max_body_bytes=args.max_body_bytes,
+                             visible_timeout=args.visible_timeout)
             config = server_config(app, args.host, args.port, log_level="warning",
                                    lifespan="off")
             server = Server(config)

@@ -1,4 +1,5 @@
-"""``chronolog audit``: fold the whole ``events`` log and check the guarantees of docs/design.md §10.
+"""``chronolog audit``: fold the whole ``events`` log and check the guarantees of
+docs/design.md §10.
 
     chronolog audit [--log URL | --data-dir DIR] [--partitions N] [--json]
 

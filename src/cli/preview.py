@@ -40,13 +40,16 @@ def register(subparsers: Any) -> None:
         description="Show the next N instants strictly after --from (default now).",
     )
     kind = parser.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--cron", metavar="EXPR", help="5-field cron (L, W, #, wrapping ranges) or @daily-style macro")
+    kind.add_argument("--cron", metavar="EXPR",
+                      help="5-field cron (L, W, #, wrapping ranges) or @daily-style macro")
     kind.add_argument("--every", metavar="DUR", help="interval, e.g. 15m, 1h30m, PT15M")
     kind.add_argument("--at", metavar="ISO", help="one-shot instant")
     parser.add_argument("--anchor", metavar="ISO", help="alignment of --every (default: --from)")
     parser.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA zone (default UTC)")
-    parser.add_argument("--from", dest="from_", metavar="ISO", help="start after this instant (default now)")
-    parser.add_argument("-n", type=_count, default=DEFAULT_COUNT, metavar="N", help="how many (default 5)")
+    parser.add_argument("--from", dest="from_", metavar="ISO",
+                        help="start after this instant (default now)")
+    parser.add_argument("-n", type=_count, default=DEFAULT_COUNT, metavar="N",
+                        help="how many (default 5)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 
@@ -54,9 +57,11 @@ def register(subparsers: Any) -> None:
 def _count(text: str) -> int:
     """``-n``: a whole number in ASCII digits (``int`` alone would read other scripts' digits)."""
     if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"invalid n '{text[:24]}': expected a whole number (ASCII digits)")
+        raise argparse.ArgumentTypeError(
+            f"invalid n '{text[:24]}': expected a whole number (ASCII digits)")
     if len(text.lstrip("0")) > len(str(MAX_COUNT)):
-        raise argparse.ArgumentTypeError(f"invalid n '{text[:24]}': must be between 1 and {MAX_COUNT}")
+        raise argparse.ArgumentTypeError(
+            f"invalid n '{text[:24]}': must be between 1 and {MAX_COUNT}")
     return int(text)
 
 
@@ -109,7 +114,9 @@ def _table(rows: list[dict[str, str]], zone_name: str) -> str:
     headers = ("#", "UTC", f"local ({zone_name})")
     body = [(str(i), row["utc"], row["local"]) for i, row in enumerate(rows, 1)]
     widths = [max(len(line[c]) for line in [headers, *body]) for c in range(3)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [headers, *body]]
+    lines = ["  ".join(cell.ljust(width)
+                       for cell, width in zip(line, widths, strict=True)).rstrip()
+             for line in [headers, *body]]
     return "\n".join(lines)
 
 

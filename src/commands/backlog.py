@@ -156,7 +156,8 @@ def plan_due(
     # instant would make a jitter window wider than the grace turn on-time runs into misfires
     lateness = [now - due_time(schedule_id, x, pol.jitter) for x in due]
     reasons = misfire_choice(lateness, later, pol, late_reason)
-    return Backlog(tuple(Planned(x, r) for x, r in zip(due, reasons)), following, later)
+    return Backlog(tuple(Planned(x, r) for x, r in zip(due, reasons, strict=True)), following,
+                   later)
 
 
 def misfire_choice(

@@ -20,6 +20,7 @@ import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any, assert_never
 
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
@@ -82,7 +83,8 @@ class TenantContext:
     min_interval: float = MIN_INTERVAL_SECONDS
 
     def allows(self, job_type: str) -> bool:
-        return self.allowed_jobs is None or "*" in self.allowed_jobs or job_type in self.allowed_jobs
+        return (self.allowed_jobs is None or "*" in self.allowed_jobs
+                or job_type in self.allowed_jobs)
 
 
 OPEN_TENANT = TenantContext()
@@ -203,7 +205,7 @@ def _decide(
         case m.DeleteSchedule():
             return _delete(state, command.principal)
         case m.TriggerRun():
-            return _trigger(state, p, now)
+            return _trigger(state, p, now, command.command_id)
         case m.CancelRun():
             return _cancel(state, p, now, command.principal)
         case m.RedriveRun():
@@ -415,7 +417,7 @@ def _below_min_interval(
                            f"tenant's minimum interval of {least:g}s", name)
     if spec.cron is not None and least > 60:  # a cron rule is at least a minute apart
         instants = upcoming(trigger, now, _CRON_GAPS_CHECKED)
-        for a, b in zip(instants, instants[1:]):
+        for a, b in pairwise(instants):
             if (b - a).total_seconds() < least:
                 return _reject("invalid", f"invalid cron '{spec.cron}': fires {b - a} apart "
                                f"at {m_iso(a)}, the tenant's minimum interval is {least:g}s",
@@ -542,7 +544,8 @@ def _delete(state: ScheduleState, principal: str) -> Decision:
     # Runs not yet started will never start; running ones finish under their fence.
     for run in _current_runs(d):
         if run.state in ("PENDING", "READY", "RETRY_WAIT"):
-            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason="schedule deleted"))
+            d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal,
+                                         reason="schedule deleted"))
     d.emit(m.ScheduleDeleted())
     return Decision(events=d.events, body=_schedule_body(d.state))
 
@@ -931,7 +934,8 @@ def params_digest(params: dict[str, Any] | None) -> str:
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
+def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: str
+             ) -> Decision:
     if (ended := _refuse_completed(state)) is not None:
         return ended
     if not state.exists:
@@ -950,7 +954,8 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
     job = pol.job
     if p.params is not None:
         job = m.JobSpec(type=job.type, params={**job.params, **p.params}, timeout=job.timeout)
-    run_id = manual_run_id(state.tenant, state.schedule_id, p.request_key)
+    run_id = manual_run_id(state.tenant, state.schedule_id, p.request_key,
+                           f"{command_id}@{now.isoformat()}")
     d = _Draft(state)
     _admit(d, run_id, now, job, "manual", p.request_key, None, now, advances=False,
            request_digest=digest)
@@ -1139,7 +1144,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
             d.emit(_rejected(run, p, state.fence, "lease_expired"))
             _expire_lease(d, run.run_id, now)
         else:
-            reason = "not_leased" if run.state != "LEASED" and run.fence == p.fence else "stale_fence"
+            reason = ("not_leased" if run.state != "LEASED" and run.fence == p.fence
+                      else "stale_fence")
             d.emit(_rejected(run, p, state.fence, reason))
         return Decision(status="stale_fence", events=d.events, reason=problem[1],
                         body={"current_fence": d.state.fence})

@@ -208,7 +208,8 @@ class EmbeddedPostgres:
         except KeyError:
             try:
                 subprocess.run(
-                    ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", SYSTEM_USER],
+                    ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
+                     SYSTEM_USER],
                     check=True,
                     capture_output=True,
                     text=True,
@@ -235,7 +236,8 @@ class EmbeddedPostgres:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise EmbeddedPostgresError(f"timed out waiting for the lock {lock_path}")
+                        raise EmbeddedPostgresError(
+                            f"timed out waiting for the lock {lock_path}") from None
                     time.sleep(0.05)
             try:
                 yield

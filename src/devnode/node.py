@@ -1,8 +1,9 @@
 """``chronolog dev``: a whole chronolog node in one process, on one machine.
 
 Processors, the projector, a worker with the built-in jobs (unless ``--no-builtin``), the
-effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all under ``./.chronolog/`` (or
-``--data-dir``). No Java, no Kafka, no Docker, no separately installed database.
+effect runner and the HTTP API, on the embedded SQLite log and an embedded PostgreSQL, all
+under ``./.chronolog/`` (or ``--data-dir``). No Java, no Kafka, no Docker, no separately
+installed database.
 
 A part that fails is restarted with bounded exponential backoff (``chronolog.devnode.supervisor``),
 and the node says so on stderr, in its log and in the live view; the other parts go on.
@@ -59,7 +60,9 @@ async def run_dev(
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
     from chronolog.projections.store import PostgresProjectionStore
+    from chronolog.settings import visible_timeout
 
+    visible_timeout()  # a bad CHRONOLOG_VISIBLE_TIMEOUT is a ConfigError before anything starts
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -109,7 +112,8 @@ async def run_node(
 
     ``builtin``: run the node's own worker with the built-in jobs (class ``default``). The
     API knows those job types (and any a worker announced): creating a schedule with another
-    one is a 400 naming them.
+    one is a 400 naming them. The API's writes wait for the read model at most
+    ``CHRONOLOG_VISIBLE_TIMEOUT`` seconds (default 2; ``chronolog.settings.visible_timeout``).
 
     Each part — processor, projector, workers, effect runner, API — is kept running by a
     ``Supervisor``: one that fails is restarted with bounded backoff (and the node says so
@@ -126,7 +130,7 @@ async def run_node(
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.processors.runtime import Processor
     from chronolog.projections.projector import Projector
-    from chronolog.settings import max_body_bytes
+    from chronolog.settings import max_body_bytes, visible_timeout
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker
 
@@ -158,7 +162,7 @@ async def run_node(
     from chronolog.workers.builtin import BUILTIN_JOB_TYPES
 
     app = create_app(client, store, tenants, projector=projector,
-                     max_body_bytes=max_body_bytes(),
+                     max_body_bytes=max_body_bytes(), visible_timeout=visible_timeout(),
                      known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {})
 
     def api() -> Any:

@@ -9,7 +9,8 @@ Accepted spellings (all mean a number of seconds, never negative):
 * ISO-8601 durations without years or months (which have no fixed length):
   ``"PT15M"``, ``"P1D"``, ``"P1DT2H30M"``, ``"PT0.5S"``, ``"P2W"``.
 
-At most ten years (``limits.MAX_DURATION_SECONDS``). Zero is accepted here; callers that need a positive duration check ``> 0`` themselves.
+At most ten years (``limits.MAX_DURATION_SECONDS``). Zero is accepted here; callers that need
+a positive duration check ``> 0`` themselves.
 Pure: no I/O, no clock.
 """
 
@@ -56,8 +57,9 @@ def _one_line(text: str) -> str:
 
 def _check_number(value: object, seconds: float) -> float:
     """Reject NaN, infinities and negative numbers."""
+    # an infinite text is digits: refused below as "at most ten years"
     if math.isnan(seconds) or (math.isinf(seconds) and not isinstance(value, str)):
-        raise InvalidDuration(value, "must be a finite number of seconds")  # text is digits: at most
+        raise InvalidDuration(value, "must be a finite number of seconds")
     if seconds < 0:
         raise InvalidDuration(value, "must not be negative")
     if seconds > MAX_DURATION_SECONDS:
@@ -68,7 +70,8 @@ def _check_number(value: object, seconds: float) -> float:
 def _parse_units(text: str, original: str) -> float:
     """Parse ``1h30m``-style text (already lower-cased, no spaces)."""
     if not _UNIT_STRING_RE.match(text):
-        raise InvalidDuration(original, "expected a number with a unit (ms, s, m, h, d, w), e.g. 90s, 15m, 1h30m")
+        raise InvalidDuration(original, "expected a number with a unit (ms, s, m, h, d, w), "
+                              "e.g. 90s, 15m, 1h30m")
     total = 0.0
     seen: set[str] = set()
     for number, unit in _UNIT_PART_RE.findall(text):
@@ -85,7 +88,8 @@ def _parse_iso(text: str, original: str) -> float:
     """Parse an ISO-8601 duration (upper-cased) such as ``PT15M`` or ``P1DT2H``."""
     date_part = text.split("T", 1)[0]
     if "Y" in date_part or "M" in date_part:
-        raise InvalidDuration(original, "ISO-8601 years and months have no fixed length; use days or weeks")
+        raise InvalidDuration(original, "ISO-8601 years and months have no fixed length; "
+                              "use days or weeks")
     match = _ISO_RE.match(text)
     if match is None or text in ("P", "PT") or text.endswith("T"):
         raise InvalidDuration(original, "not an ISO-8601 duration such as PT15M or P1DT2H")
@@ -101,7 +105,8 @@ def parse_duration(value: str | int | float) -> float:
         try:
             seconds = float(value)
         except OverflowError:  # an int beyond the float range
-            raise InvalidDuration(value, f"must be at most {MAX_DURATION_SECONDS} seconds (ten years)") from None
+            raise InvalidDuration(
+                value, f"must be at most {MAX_DURATION_SECONDS} seconds (ten years)") from None
         return _check_number(value, seconds)
     if not isinstance(value, str):
         raise InvalidDuration(value, f"expected text or a number, not {type(value).__name__}")

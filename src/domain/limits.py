@@ -98,9 +98,9 @@ def text_violation(value: Any, path: str = "", max_depth: int = MAX_DEPTH
                 return where, f"nested deeper than {max_depth} levels"
             for key, sub in vars(item).items():
                 stack.append((sub, f"{where}.{key}" if where else key, depth + 1))
-        elif isinstance(item, int) and not isinstance(item, bool):
-            if not -MAX_INT - 1 <= item <= MAX_INT:
-                return where, "integers must fit in 64 bits"
+        elif (isinstance(item, int) and not isinstance(item, bool)
+              and not -MAX_INT - 1 <= item <= MAX_INT):
+            return where, "integers must fit in 64 bits"
     return None
 
 

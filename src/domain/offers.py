@@ -34,7 +34,8 @@ class Offer:
     def encode(self) -> bytes:
         return orjson.dumps({"worker_id": self.worker_id, "resource_class": self.resource_class,
                              "window": self.window,
-                             "job_types": None if self.job_types is None else sorted(self.job_types)})
+                             "job_types": (None if self.job_types is None
+                                           else sorted(self.job_types))})
 
     @classmethod
     def decode(cls, value: bytes) -> Offer:

@@ -168,30 +168,38 @@ def _gap_end(zone: ZoneInfo, before_ts: int, after_ts: int) -> int:
     return high
 
 
-def _wall_instants(zone: ZoneInfo, wall: datetime, ambiguous: str, nonexistent: str) -> tuple[int, ...]:
+def _wall_instants(
+    zone: ZoneInfo, wall: datetime, ambiguous: str, nonexistent: str
+) -> tuple[int, ...]:
     """POSIX seconds at which the naive local ``wall`` time fires under the DST policy."""
     first = wall.replace(tzinfo=zone, fold=0).utcoffset()
     second = wall.replace(tzinfo=zone, fold=1).utcoffset()
     assert first is not None and second is not None
-    base = (wall.toordinal() - _UNIX_EPOCH_ORDINAL) * 86400 + wall.hour * 3600 + wall.minute * 60 + wall.second
+    base = ((wall.toordinal() - _UNIX_EPOCH_ORDINAL) * 86400 + wall.hour * 3600
+            + wall.minute * 60 + wall.second)
     ts_first = base - int(first.total_seconds())
     ts_second = base - int(second.total_seconds())
     if first == second:
         return (ts_first,)
     if first > second:  # repeated wall time: fold 0 is the earlier instant
-        return {"first": (ts_first,), "second": (ts_second,), "both": (ts_first, ts_second)}[ambiguous]
+        return {"first": (ts_first,), "second": (ts_second,),
+                "both": (ts_first, ts_second)}[ambiguous]
     if nonexistent == "skip":  # wall time inside a gap
         return ()
     return (_gap_end(zone, ts_second, ts_first),)
 
 
-def _local_to_utc(zone: ZoneInfo, wall: datetime, field_name: str, ambiguous: str, nonexistent: str) -> datetime:
+def _local_to_utc(
+    zone: ZoneInfo, wall: datetime, field_name: str, ambiguous: str, nonexistent: str
+) -> datetime:
     """Map a naive wall time to one UTC instant (``both`` means the first pass)."""
     choice = "first" if ambiguous == "both" else ambiguous
     instants = _wall_instants(zone, wall.replace(microsecond=0), choice, nonexistent)
     if not instants:
         raise RecurrenceError(
-            field_name, wall.isoformat(), f"local time does not exist in {zone.key} (DST gap) and dst.nonexistent is skip"
+            field_name,
+            wall.isoformat(),
+            f"local time does not exist in {zone.key} (DST gap) and dst.nonexistent is skip",
         )
     return datetime.fromtimestamp(instants[0], UTC) + timedelta(microseconds=wall.microsecond)
 
@@ -212,15 +220,21 @@ def parse_instant(
     """
     if isinstance(value, str):
         if not value.isascii():
-            raise RecurrenceError(field, value, "not ASCII: write an ISO-8601 date-time such as 2026-03-08T09:00:00Z")
+            raise RecurrenceError(
+                field, value, "not ASCII: write an ISO-8601 date-time such as 2026-03-08T09:00:00Z"
+            )
         try:
             parsed = datetime.fromisoformat(value.strip())
         except ValueError:
-            raise RecurrenceError(field, value, "not an ISO-8601 date-time such as 2026-03-08T09:00:00Z") from None
+            raise RecurrenceError(
+                field, value, "not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"
+            ) from None
     elif isinstance(value, datetime):
         parsed = value
     else:
-        raise RecurrenceError(field, value, f"expected a datetime or ISO-8601 text, not {type(value).__name__}")
+        raise RecurrenceError(
+            field, value, f"expected a datetime or ISO-8601 text, not {type(value).__name__}"
+        )
     if not _EARLIEST_NAIVE <= parsed.replace(tzinfo=None) < _LATEST_NAIVE:
         raise RecurrenceError(field, value, _INSTANT_RANGE)
     if parsed.tzinfo is not None and parsed.utcoffset() is not None:
@@ -319,7 +333,9 @@ def _field_step(text: str, spec: _FieldDef) -> int:
     """The ``/step`` of an item: a positive integer."""
     step = _ascii_number(text)
     if not step:
-        raise _FieldError(f"{spec.name} step '{_shown(text)}' must be a positive integer (ASCII digits)")
+        raise _FieldError(
+            f"{spec.name} step '{_shown(text)}' must be a positive integer (ASCII digits)"
+        )
     if step >= 10**9:
         raise _FieldError(f"{spec.name} step '{_shown(text)}' is too large")
     return step
@@ -370,7 +386,9 @@ def _dom_rule(item: str) -> _DayRule | None:
     if upper.startswith("L-"):
         offset = _ascii_number(item[2:])
         if offset is None or offset > 30:
-            raise _FieldError(f"day-of-month '{_shown(item)}': L-n needs n from 0 to 30 (ASCII digits)")
+            raise _FieldError(
+                f"day-of-month '{_shown(item)}': L-n needs n from 0 to 30 (ASCII digits)"
+            )
         return ("L", offset, 0)
     if upper.endswith("W") and "/" not in item and "-" not in item:
         return ("W", _field_value(item[:-1], _DOM), 0)
@@ -383,9 +401,12 @@ def _dow_rule(item: str) -> _DayRule | None:
         weekday, _, nth = item.partition("#")
         k = _ascii_number(nth)
         if k is None or not 1 <= k <= 5:
-            raise _FieldError(f"day-of-week '{_shown(item)}': n#k needs k from 1 to 5 (ASCII digits)")
+            raise _FieldError(
+                f"day-of-week '{_shown(item)}': n#k needs k from 1 to 5 (ASCII digits)"
+            )
         return ("#", _field_value(weekday, _DOW) % 7, k)
-    if item.upper().endswith("L") and item.lower() not in _DOW_NAMES and "/" not in item and "-" not in item:
+    if (item.upper().endswith("L") and item.lower() not in _DOW_NAMES
+            and "/" not in item and "-" not in item):
         if len(item) == 1:
             raise _FieldError("day-of-week 'L' needs a weekday before it (5L = the last Friday)")
         return ("nL", _field_value(item[:-1], _DOW) % 7, 0)
@@ -419,7 +440,9 @@ def _expand_macro(expr: str) -> str:
     return text
 
 
-_DAYS_IN_MONTH_MAX = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+_DAYS_IN_MONTH_MAX = {
+    1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31
+}
 
 
 def _rule_day(rule: _DayRule, year: int, month: int) -> int | None:
@@ -525,7 +548,7 @@ def _validate_with_croniter(expr: str, parts: list[str]) -> None:
              for i, text in enumerate(parts)]
     try:
         croniter.expand(" ".join(plain))
-    except Exception as exc:  # croniter raises several unrelated classes
+    except Exception as exc:  # noqa: BLE001 - croniter raises several unrelated classes
         reason = " ".join(str(exc).split())[:200]
         raise RecurrenceError("cron", expr, f"rejected by croniter: {reason}") from None
 
@@ -539,10 +562,12 @@ def parse_cron(expr: str) -> CronSpec:
     parts = fields_text.split(" ") if fields_text else []
     if len(parts) != 5:
         raise RecurrenceError(
-            "cron", expr, f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
+            "cron",
+            expr,
+            f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}",
         )
     try:
-        parsed = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS)]
+        parsed = [_parse_field(text, spec) for text, spec in zip(parts, _FIELDS, strict=True)]
     except _FieldError as exc:
         raise RecurrenceError("cron", expr, str(exc)) from None
     _validate_with_croniter(expr, parts)
@@ -606,7 +631,9 @@ def _steady_offset(zone: ZoneInfo, day: date) -> int | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _transition_day(expr: str, zone: ZoneInfo, ambiguous: str, nonexistent: str, day: date) -> tuple[int, ...]:
+def _transition_day(
+    expr: str, zone: ZoneInfo, ambiguous: str, nonexistent: str, day: date
+) -> tuple[int, ...]:
     """Sorted, de-duplicated firing instants (POSIX seconds) of a day with a DST transition."""
     instants: set[int] = set()
     for seconds in parse_cron(expr).seconds_of_day:
@@ -762,7 +789,8 @@ class AtTrigger:
 
     def _in_bounds(self) -> bool:
         """Is ``at`` inside [start, end]?"""
-        return (self.start is None or self.at >= self.start) and (self.end is None or self.at <= self.end)
+        return ((self.start is None or self.at >= self.start)
+                and (self.end is None or self.at <= self.end))
 
     def next_after(self, after: datetime) -> datetime | None:
         """``at`` if it is strictly after ``after`` (and within bounds), else None."""
@@ -814,7 +842,9 @@ class DelayTrigger:
 def _check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
     """Reject a DST option outside ``choices``."""
     if value not in choices:
-        raise RecurrenceError(field_name, value, f"expected {', '.join(choices[:-1])} or {choices[-1]}")
+        raise RecurrenceError(
+            field_name, value, f"expected {', '.join(choices[:-1])} or {choices[-1]}"
+        )
 
 
 def _positive_duration(field_name: str, value: str | float) -> timedelta:
@@ -829,7 +859,9 @@ def _positive_duration(field_name: str, value: str | float) -> timedelta:
     return timedelta(microseconds=micros)
 
 
-def _optional_instant(field_name: str, value: datetime | str | None, zone: ZoneInfo) -> datetime | None:
+def _optional_instant(
+    field_name: str, value: datetime | str | None, zone: ZoneInfo
+) -> datetime | None:
     """Read an optional bound/anchor as UTC (naive = wall time in ``zone``)."""
     if value is None:
         return None
@@ -838,9 +870,12 @@ def _optional_instant(field_name: str, value: datetime | str | None, zone: ZoneI
 
 def _chosen_kind(cron: object, every: object, at: object, delay: object) -> str:
     """The one trigger kind given, or RecurrenceError(field="trigger")."""
-    given = [name for name, v in (("cron", cron), ("every", every), ("at", at), ("delay", delay)) if v is not None]
+    given = [name for name, v in (("cron", cron), ("every", every), ("at", at), ("delay", delay))
+             if v is not None]
     if len(given) != 1:
-        raise RecurrenceError("trigger", ", ".join(given) or "none", "give exactly one of cron, every, at, delay")
+        raise RecurrenceError(
+            "trigger", ", ".join(given) or "none", "give exactly one of cron, every, at, delay"
+        )
     return given[0]
 
 
@@ -865,20 +900,28 @@ def _compile(
     start_utc = _optional_instant("start", start, zone)
     end_utc = _optional_instant("end", end, zone)
     if start_utc is not None and end_utc is not None and end_utc < start_utc:
-        raise RecurrenceError("end", end_utc.isoformat(), f"is before start {start_utc.isoformat()}")
+        raise RecurrenceError(
+            "end", end_utc.isoformat(), f"is before start {start_utc.isoformat()}"
+        )
     if kind == "cron":
         assert cron is not None
-        return CronTrigger(parse_cron(cron), zone, dst_ambiguous, dst_nonexistent, start_utc, end_utc)
+        return CronTrigger(
+            parse_cron(cron), zone, dst_ambiguous, dst_nonexistent, start_utc, end_utc
+        )
     if kind == "every":
         assert every is not None
         interval = _positive_duration("every", every)
         anchor_utc = _optional_instant("anchor", anchor, zone)
         if anchor_utc is None:
-            raise RecurrenceError("anchor", "none", "every needs an anchor (e.g. the schedule's creation instant)")
+            raise RecurrenceError(
+                "anchor", "none", "every needs an anchor (e.g. the schedule's creation instant)"
+            )
         return EveryTrigger(interval, anchor_utc, zone, start_utc, end_utc)
     if kind == "at":
         assert at is not None
-        at_utc = parse_instant(at, zone.key, field="at", dst_ambiguous=dst_ambiguous, dst_nonexistent=dst_nonexistent)
+        at_utc = parse_instant(
+            at, zone.key, field="at", dst_ambiguous=dst_ambiguous, dst_nonexistent=dst_nonexistent
+        )
         return AtTrigger(at_utc, zone, start_utc, end_utc)
     assert delay is not None
     return DelayTrigger(_positive_duration("delay", delay), zone, start_utc, end_utc)
@@ -901,7 +944,9 @@ def compile_trigger(
 
     Raises ``RecurrenceError`` (one line naming field and value) for any invalid input.
     """
-    return _compile(cron, every, at, delay, timezone, anchor, start, end, dst_ambiguous, dst_nonexistent)
+    return _compile(
+        cron, every, at, delay, timezone, anchor, start, end, dst_ambiguous, dst_nonexistent
+    )
 
 
 def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
@@ -934,6 +979,8 @@ def jitter_offset(schedule_id: str, instant: datetime, window_seconds: float) ->
         return 0.0
     if instant.tzinfo is not None:
         instant = instant.astimezone(UTC)
-    digest = hashlib.blake2b(f"{schedule_id}\x00{instant.isoformat()}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"{schedule_id}\x00{instant.isoformat()}".encode(), digest_size=8
+    ).digest()
     fraction = (int.from_bytes(digest, "big") >> 11) / float(1 << 53)  # in [0, 1)
     return min(fraction * window_seconds, math.nextafter(window_seconds, 0.0))

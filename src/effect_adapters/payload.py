@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlparse
 import orjson
 
 from chronolog.domain import messages as m
+from chronolog.workers.results import ChecksumMismatch, ObjectMissing, ResultStoreError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -53,8 +54,6 @@ async def resolve_payload(intent: m.EffectIntended, store: Any | None = None) ->
     if uri.startswith("results:"):
         if store is None:
             raise PayloadError(f"{uri}: no result store configured", permanent=False)
-        from chronolog.workers.results import ChecksumMismatch, ObjectMissing, ResultStoreError
-
         try:
             data = await store.get(uri, checksum if _SHA256.match(checksum) else None)
         except ChecksumMismatch as exc:

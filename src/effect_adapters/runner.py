@@ -64,7 +64,11 @@ from chronolog.client import Client, ReplyTimeout
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import EffectAdapter, EffectContext, Outcome
+from chronolog.effect_adapters.kafka_topic import KafkaEffectAdapter
 from chronolog.effect_adapters.payload import PayloadError, resolve_payload
+from chronolog.effect_adapters.postgres_inbox import PostgresInboxEffectAdapter
+from chronolog.effect_adapters.smtp import EmailEffectAdapter
+from chronolog.effect_adapters.webhook import WebhookEffectAdapter
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.log.reading import read_partition
@@ -176,11 +180,6 @@ def default_adapters(
     log_: EventLog, member_id: str, database_url: str | None = None
 ) -> dict[str, EffectAdapter]:
     """The adapters of a runner; ``database_url`` is the node's own database (refused)."""
-    from chronolog.effect_adapters.kafka_topic import KafkaEffectAdapter
-    from chronolog.effect_adapters.postgres_inbox import PostgresInboxEffectAdapter
-    from chronolog.effect_adapters.smtp import EmailEffectAdapter
-    from chronolog.effect_adapters.webhook import WebhookEffectAdapter
-
     return {
         "webhook": WebhookEffectAdapter(),
         "email": EmailEffectAdapter(),

@@ -561,7 +561,8 @@ class KafkaEventLog:
                 reader.consumer.pause(reader.tp)
             self._free_readers.put_nowait(reader)
 
-    async def _lso(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    async def _lso(self, consumer: AIOKafkaConsumer,
+                   tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return await _bounded(consumer.end_offsets(tps), self._bound_s, "end_offsets")
 
     async def read(
@@ -805,7 +806,8 @@ class KafkaPartitionOwner:
         """After a commit: the next offset of our ``events`` partition is the last record's
         + 2 (its commit marker takes one offset); unchanged if the commit wrote none there."""
         events = self._log.topics.events
-        last = [m.offset for (rec, p), m in zip(placed, metas)
+        # metas goes on past placed with the late records (then()): zip stops at placed
+        last = [m.offset for (rec, p), m in zip(placed, metas, strict=False)
                 if rec.topic == events and p == self.partition]
         if last:
             self._next_event = last[-1] + 2
@@ -861,7 +863,7 @@ class KafkaPartitionOwner:
             self._next_event = None
             _retrieve_exceptions(futures)
             await self._fail(producer, exc)  # aborts; raises exc itself, or Fenced
-            raise AssertionError("unreachable")  # pragma: no cover - _fail always raises
+            raise AssertionError("unreachable") from exc  # pragma: no cover - _fail always raises
         # explicitly placed late records (a processor's replies) land on the same
         # partitions every time: registered up front next time
         self._late_tps = {TopicPartition(rec.topic, p) for rec, p in late_placed

@@ -363,7 +363,8 @@ def _setup(conn: sqlite3.Connection) -> None:
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise LogError(f"sqlite log schema {version} is newer than this code ({SCHEMA_VERSION})")
+            raise LogError(f"sqlite log schema {version} is newer than this code "
+                           f"({SCHEMA_VERSION})")
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
@@ -878,7 +879,8 @@ class SqliteGroupConsumer:
         out: dict[TP, int] = {}
         for topic, p in tps:
             row = conn.execute(
-                "SELECT next_offset FROM group_offsets WHERE grp = ? AND topic = ? AND partition = ?",
+                "SELECT next_offset FROM group_offsets "
+                "WHERE grp = ? AND topic = ? AND partition = ?",
                 (self.group, topic, p),
             ).fetchone()
             if row is not None:
@@ -1231,7 +1233,7 @@ class SqliteEventLog:
                 index.append(i)
         if items:
             done = await self._w.run(_owners_commit, self._partitions, items)
-            for i, res in zip(index, done):
+            for i, res in zip(index, done, strict=True):
                 if isinstance(res, Fenced):
                     batches[i][0]._fenced = True
                 results[i] = res

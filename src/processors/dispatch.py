@@ -19,10 +19,10 @@ handler as soon as it reads the record: no claim round trip remains.
 Finishing an attempt (completion, failure, lease expiry, cancellation) gives the credit back.
 A worker that vanishes keeps its assignments until their leases expire, exactly as a claimed
 attempt; a worker that lets a lease expire loses its seat until it offers again, so the retry
-goes to a live worker; a run nobody can handle (no seat offers its job type) waits, READY and visible,
-instead of burning attempts. Seats and the waiting list are in-memory state derived from the
-partition's schedules and the offers: a new owner rebuilds the waiting list from the fold
-and learns the seats from the next offers (within a second).
+goes to a live worker; a run nobody can handle (no seat offers its job type) waits, READY and
+visible, instead of burning attempts. Seats and the waiting list are in-memory state derived
+from the partition's schedules and the offers: a new owner rebuilds the waiting list from the
+fold and learns the seats from the next offers (within a second).
 
 Waiting runs of one resource class are served fairly across tenants and by priority within a
 tenant (``FairQueue``): each tenant has a weight (tenants file, default 1) and a virtual time

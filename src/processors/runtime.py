@@ -81,6 +81,7 @@ from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_tuned, utc_now
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.log.dead_letters import DeadLetters
+from chronolog.log.partitioner import misplaced
 from chronolog.log.port import (
     WAKE_HEADER,
     EventLog,
@@ -260,6 +261,7 @@ class Processor:
         self.snapshots = snapshots
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
+        self._command_partitions = 0  # of the commands topic, read at the first assignment
         self.stats = ProcessorStats()
         self._stopping = asyncio.Event()
         self._consumer: Any = None
@@ -315,7 +317,8 @@ class Processor:
         module docstring), then waits for those before launching its own.
         """
         timeout = self._poll_timeout()
-        records = await self._consumer.getmany(timeout_ms=timeout, max_records=self.config.batch_max)
+        records = await self._consumer.getmany(timeout_ms=timeout,
+                                               max_records=self.config.batch_max)
         now = self.clock()
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
@@ -422,12 +425,14 @@ class Processor:
                 del self._fenced_out[p]
                 again.append(p)
         for p in again:
-            if p not in self.partitions and (self.topics.commands, p) in self._consumer.assignment():
+            if (p not in self.partitions
+                    and (self.topics.commands, p) in self._consumer.assignment()):
                 await self._on_assigned({(self.topics.commands, p)})
 
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
-        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values() if ps.running() is None)
+        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values()
+                             if ps.running() is None)
                  if w is not None]
         if not wakes:
             return self.config.poll_ms
@@ -440,6 +445,8 @@ class Processor:
         for topic, p in sorted(tps):
             if topic != self.topics.commands or p in self.partitions:
                 continue
+            if not self._command_partitions:
+                self._command_partitions = await self.log.partitions_for(self.topics.commands)
             owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
             if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
                 owner.await_visible = self.config.await_visible
@@ -624,7 +631,7 @@ class Processor:
                 w.ps.owner.commit(w.out.records, w.consumed, self.group, then=w.out.then)
                 for w in work
             ), return_exceptions=True)
-        for w, res in zip(work, results):
+        for w, res in zip(work, results, strict=True):
             await self._committed(w, res)
 
     async def _committed(self, w: _Work, result: Any) -> None:
@@ -687,6 +694,10 @@ class Processor:
             self._dead_letter(ps, rec, str(exc), out, error=exc)
             return
         key = partition_key(env.tenant, env.schedule_id)
+        wrong_place = misplaced(rec.key, key, ps.partition, self._command_partitions)
+        if wrong_place is not None:
+            self._dead_letter(ps, rec, wrong_place, out, env)
+            return
         if isinstance(env.payload, m.Tick):
             self._dead_letter(ps, rec, "type: Tick is internal to the processor", out, env)
             return
@@ -877,7 +888,8 @@ class Processor:
                     self._apply(ps, key, st, dec, encoded, cid, now, out)
                 except Exception as exc:  # the state is suspect: rebuilt (_decide)
                     self._unapplied_keys.add(key)
-                    raise _Unapplied(f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
+                    raise _Unapplied(
+                        f"assignment of {run_id}: {type(exc).__name__}: {exc}") from exc
                 if dec.status != "ok":
                     continue
                 queue.charge(tenant)
@@ -935,7 +947,8 @@ class _Output:
     model is never built on this path.
     """
 
-    def __init__(self, topics: Any, partition: int, writer: tuple[tuple[str, bytes], ...] = ()) -> None:
+    def __init__(self, topics: Any, partition: int,
+                 writer: tuple[tuple[str, bytes], ...] = ()) -> None:
         self.topics = topics
         self.events_topic = topics.events
         self.partition = partition

@@ -37,7 +37,8 @@ from chronolog.projections.store import First, RowChanges, Tally
 
 __all__ = ["project", "project_batch"]
 
-_EFFECT_STATE_AFTER_RESOLUTION = {"delivered": "SUCCEEDED", "abandon": "ABANDONED", "retry": "INTENDED"}
+_EFFECT_STATE_AFTER_RESOLUTION = {"delivered": "SUCCEEDED", "abandon": "ABANDONED",
+                                  "retry": "INTENDED"}
 
 
 def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowChanges:

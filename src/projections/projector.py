@@ -13,9 +13,9 @@ One *pass*:
    offset, ``batch_max / P`` records at most, the reads run concurrently; when the previous
    pass found nothing the reads wait up to ``idle_ms`` for new records instead of spinning);
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
-   ``project_batch`` (both while the previous batch is being written) — partition order is kept; across partitions order does not matter
-   because every row (schedule, run, attempt, effect) belongs to one aggregate, i.e. to one
-   partition;
+   ``project_batch`` (both while the previous batch is being written) — partition order is
+   kept; across partitions order does not matter because every row (schedule, run, attempt,
+   effect) belongs to one aggregate, i.e. to one partition;
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
@@ -23,6 +23,10 @@ An ``OffsetConflict`` means another projector instance (or a replay) moved the o
 batch is discarded (nothing of it was written), the offsets are read again from PostgreSQL
 and the loop continues from there — two projectors on one database never write an event
 twice.
+
+Alongside, ``run`` folds the ``workers`` topic (``chronolog.projections.workers``) and the
+``dlq`` topic (``chronolog.projections.dead_letters``) into their tables, each from its own
+offsets in ``projection_offsets`` (by the projector of partition 0 of a partitioned set).
 
 A record that does not decode, or whose projection raises, is dead-lettered
 (``chronolog.log.dead_letters``) and skipped: its offset is passed with the rest of the
@@ -70,6 +74,7 @@ from chronolog.domain import messages as m
 from chronolog.environment import gc_tune, gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
+from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.project import project, project_batch
 from chronolog.projections.store import (
     OffsetConflict,
@@ -164,7 +169,7 @@ def decode_and_project(
         pass
     changes = RowChanges()
     for p in list(envelopes):
-        pairs = list(zip(kept.pop(p), envelopes.pop(p)))
+        pairs = list(zip(kept.pop(p), envelopes.pop(p), strict=True))
         for rec, env in pairs:
             try:
                 one = project(env)
@@ -207,10 +212,12 @@ class Projector:
         self._progress = asyncio.Condition()
         self._started = False
         self.dead_letters = DeadLetters(log_, "projector")
-        # the workers topic is folded alongside (by one projector of a partitioned set)
+        # the workers and dlq topics are folded alongside (by one projector of a set)
+        alongside = self._only is None or 0 in self._only
         self.workers: WorkerDirectory | None = (
-            WorkerDirectory(log_, store.pool, store.projection)
-            if self._only is None or 0 in self._only else None)
+            WorkerDirectory(log_, store.pool, store.projection) if alongside else None)
+        self.letters: DeadLetterFold | None = (
+            DeadLetterFold(log_, store.pool, store.projection) if alongside else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -238,6 +245,8 @@ class Projector:
         stopping = asyncio.create_task(self._stopping.wait())
         members = (asyncio.create_task(self.workers.run(), name="workers-directory")
                    if self.workers is not None else None)
+        letters = (asyncio.create_task(self.letters.run(), name="dead-letter-fold")
+                   if self.letters is not None else None)
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
@@ -268,8 +277,9 @@ class Projector:
         finally:
             gc_untune()
             await _cancel(stopping)
-            if members is not None:
-                await _cancel(members)
+            for side in (members, letters):
+                if side is not None:
+                    await _cancel(side)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""
@@ -356,7 +366,7 @@ class Projector:
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
             for p in self._owned
         ))
-        read = {p: records for p, records in zip(self._owned, reads) if records}
+        read = {p: records for p, records in zip(self._owned, reads, strict=True) if records}
         kept, envelopes, changes, dead = decode_and_project(read)
         return _Batch(kept, envelopes, {p: recs[-1].offset + 1 for p, recs in read.items()},
                       dead, changes)
@@ -386,7 +396,8 @@ class Projector:
         records the database refuses alone are dead-lettered and their offsets passed."""
         for p, end in batch.ends.items():
             tp = (self.topic, p)
-            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, [])):
+            for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, []),
+                                strict=True):
                 offsets = {tp: (self._offsets.get(p, 0), rec.offset + 1)}
                 try:
                     result = await self.store.apply(project(env), offsets,
@@ -401,9 +412,11 @@ class Projector:
                 await self._committed(offsets, {p: [rec]}, {p: [env]}, result)
             if self._offsets.get(p, 0) < end:  # dead-lettered records at the end
                 offsets = {tp: (self._offsets.get(p, 0), end)}
-                await self._committed(offsets, {}, {}, await self.store.apply(RowChanges(), offsets))
+                await self._committed(offsets, {}, {},
+                                      await self.store.apply(RowChanges(), offsets))
 
-    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]) -> dict[tuple[str, int], datetime]:
+    def _last_at(self, envelopes: dict[int, list[m.EventEnvelope]]
+                 ) -> dict[tuple[str, int], datetime]:
         return {(self.topic, p): max(e.at for e in envs) for p, envs in envelopes.items() if envs}
 
     async def _committed(self, offsets: dict[tuple[str, int], tuple[int, int]],
@@ -430,7 +443,8 @@ class Projector:
         missing = sum(len(v) for v in result.missing.values())
         if missing:
             st.missing_rows += missing
-            log.warning("projector_missing_rows", rows={k: len(v) for k, v in result.missing.items()})
+            log.warning("projector_missing_rows",
+                        rows={k: len(v) for k, v in result.missing.items()})
         append_ms = [r.timestamp_ms for recs in records.values() for r in recs]
         if append_ms:
             st.last_delay_s = max(0.0, (committed_ms - min(append_ms)) / 1000)

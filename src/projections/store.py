@@ -275,7 +275,8 @@ class RowChanges:
                     mine[key] = dict(row)
                 else:
                     for col, value in row.items():
-                        current[col] = _merge_value(current[col], value) if col in current else value
+                        current[col] = (_merge_value(current[col], value) if col in current
+                                        else value)
         self.tallies.extend(later.tallies)
         return self
 
@@ -410,7 +411,8 @@ class _SqlCache:
                 f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
             )
         sets = ", ".join(
-            f"{_quote(c)} = COALESCE(t.{_quote(c)}, {src(c)})" if first else f"{_quote(c)} = {src(c)}"
+            f"{_quote(c)} = COALESCE(t.{_quote(c)}, {src(c)})" if first
+            else f"{_quote(c)} = {src(c)}"
             for c, first in signature
         )
         match = " AND ".join(f"t.{_quote(k)} = u.{_quote(k)}" for k in spec.key)
@@ -499,7 +501,8 @@ class PostgresProjectionStore:
         await conn.execute(
             """
             INSERT INTO projection_offsets (projection, topic, partition, next_offset)
-            SELECT $1, u.topic, u.partition, 0 FROM unnest($2::text[], $3::integer[]) AS u(topic, partition)
+            SELECT $1, u.topic, u.partition, 0
+            FROM unnest($2::text[], $3::integer[]) AS u(topic, partition)
             ORDER BY u.topic, u.partition
             ON CONFLICT (projection, topic, partition) DO NOTHING
             """,
@@ -523,7 +526,8 @@ class PostgresProjectionStore:
         )
         if len(moved) != len(tps):
             rows = await conn.fetch(
-                "SELECT topic, partition, next_offset FROM projection_offsets WHERE projection = $1",
+                "SELECT topic, partition, next_offset FROM projection_offsets "
+                "WHERE projection = $1",
                 self.projection,
             )
             actual: dict[TopicPartition, int | None] = {

@@ -5,8 +5,9 @@ consumer group of the workers with the same job types (``worker_group``) on ``re
 workers with the same job types share the partitions, and every partition is consumed — and
 so offered on — by one worker of each set of job types, so a run always reaches a worker that
 has its handler. Every few seconds it announces itself on the ``workers`` topic (its classes,
-job types and slots; ``chronolog.domain.membership``), and says so when it stops. The processors dispatch runs to it
-(``chronolog.processors.dispatch``); no slot ever waits for a command's round trip:
+job types and slots; ``chronolog.domain.membership``), and says so when it stops. The
+processors dispatch runs to it (``chronolog.processors.dispatch``); no slot ever waits for a
+command's round trip:
 
 1. **offer**: for every partition p of ``ready.<class>`` it consumes, the worker offers
    itself to the processor of partition p (an offer record on ``commands``): its job types
@@ -73,10 +74,16 @@ from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.settings import data_dir
 from chronolog.wakeup import Wakeup
 from chronolog.workers.builtin import register_builtin_jobs
 from chronolog.workers.job import Ambiguous, Cancelled, Handler, JobContext, Permanent
-from chronolog.workers.results import INLINE_LIMIT, ResultStore, sha256_hex
+from chronolog.workers.results import (
+    INLINE_LIMIT,
+    FilesystemResultStore,
+    ResultStore,
+    sha256_hex,
+)
 
 log = structlog.get_logger("chronolog.worker")
 
@@ -253,9 +260,6 @@ class Worker:
     @property
     def result_store(self) -> ResultStore:
         if self._store is None:
-            from chronolog.settings import data_dir
-            from chronolog.workers.results import FilesystemResultStore
-
             self._store = FilesystemResultStore(data_dir() / "results")
         return self._store
 
@@ -327,7 +331,8 @@ class Worker:
         running = [t for t in self._tasks if not t.done()]
         if running:
             self._log.info("worker_draining", running=len(running), bound_s=self.drain_timeout)
-            _, pending = await asyncio.wait(running, timeout=0 if self._forced else self.drain_timeout)
+            _, pending = await asyncio.wait(running, timeout=0 if self._forced
+                                            else self.drain_timeout)
             if pending:
                 for att in list(self._attempts.values()):
                     att.drained = True
@@ -338,7 +343,8 @@ class Worker:
         # every outcome already reported is decided (bounded) before the worker leaves
         deadline = asyncio.get_running_loop().time() + self.reply_timeout * self.send_attempts
         while (self._outgoing or self._unsettled) and asyncio.get_running_loop().time() < deadline:
-            waits = [t for t in (self._reporter, *self._background) if t is not None and not t.done()]
+            waits = [t for t in (self._reporter, *self._background)
+                     if t is not None and not t.done()]
             if not waits:
                 break
             await asyncio.wait(waits, timeout=deadline - asyncio.get_running_loop().time(),
@@ -388,9 +394,9 @@ class Worker:
     def _grown(self, lane: _Lane) -> None:
         """After a handler returned: offer again at once when the window should double."""
         lane.finished.append(asyncio.get_running_loop().time())
-        if lane.reoffer is None or lane.reoffer.done():
-            if self.window(lane) >= 2 * lane.offered and lane.owned:
-                lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
+        if ((lane.reoffer is None or lane.reoffer.done())
+                and self.window(lane) >= 2 * lane.offered and lane.owned):
+            lane.reoffer = asyncio.create_task(self._offer(lane, lane.owned))
 
     async def _offer(self, lane: _Lane, partitions: Iterable[int], withdraw: bool = False) -> None:
         """Offer this worker to the processors of ``partitions`` (window 0 withdraws)."""
@@ -716,13 +722,13 @@ class Worker:
                                                 timeout=self.reply_timeout)
         finally:
             self._unsettled.difference_update(batch)
-        lost = [r for r, reply in zip(batch, replies) if reply is None]
+        lost = [r for r, reply in zip(batch, replies, strict=True) if reply is None]
         if lost:
             self._log.warning("reply_lost", commands=len(lost), tries=lost[0].tries)
             self._retry_or_give_up(lost)
             if self._outgoing and (self._reporter is None or self._reporter.done()):
                 self._reporter = asyncio.create_task(self._send_reports(), name="reports")
-        for r, reply in zip(batch, replies):
+        for r, reply in zip(batch, replies, strict=True):
             if reply is not None:
                 self._decided(r, reply)
 
@@ -777,7 +783,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the next beat tries again
             self._log.warning("heartbeat_failed", attempts=len(atts), error=repr(exc))
             return
-        for att, reply in zip(atts, replies):
+        for att, reply in zip(atts, replies, strict=True):
             ctx = att.ctx
             if reply is None:
                 ctx.log.warning("heartbeat_reply_lost")
@@ -785,11 +791,11 @@ class Worker:
                 att.lost = True
                 ctx.log.warning("lease_lost", status=reply.status, reason=reply.reason)
                 ctx.cancel(f"lease lost: {reply.reason}")
-            elif reply.status == "ok" and reply.body.get("cancel_requested"):
-                if not att.cancel_requested:
-                    att.cancel_requested = True
-                    ctx.log.info("cancel_requested")
-                    ctx.cancel("cancellation requested")
+            elif (reply.status == "ok" and reply.body.get("cancel_requested")
+                  and not att.cancel_requested):
+                att.cancel_requested = True
+                ctx.log.info("cancel_requested")
+                ctx.cancel("cancellation requested")
 
 
 def _lease_passed(value: Any) -> bool:

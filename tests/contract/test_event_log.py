@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -104,19 +104,6 @@ async def poll_until(
         )
 
 
-async def wait_for(cond: Callable[[], Awaitable[bool]], deadline_s: float, what: str) -> None:
-    async def _loop() -> None:
-        delay = 0.01
-        while not await cond():
-            await asyncio.sleep(delay)  # polling interval, the deadline is the sync point
-            delay = min(delay * 2, 0.2)
-
-    try:
-        await asyncio.wait_for(_loop(), deadline_s)
-    except TimeoutError:
-        pytest.fail(f"timed out waiting for {what}")
-
-
 # --------------------------------------------------------------------------- records
 
 
@@ -132,9 +119,11 @@ async def test_append_then_read_returns_records_in_order_with_offsets_from_zero(
     before_ms = int(time.time() * 1000)
     positions = await event_log.append(records)
 
-    assert [(p.topic, p.partition) for p in positions] == [(topic, i % PARTITIONS) for i in range(20)]
+    assert ([(p.topic, p.partition) for p in positions]
+            == [(topic, i % PARTITIONS) for i in range(20)])
     for p in range(PARTITIONS):
-        mine = [(rec, pos) for rec, pos in zip(records, positions) if pos.partition == p]
+        mine = [(rec, pos) for rec, pos in zip(records, positions, strict=True)
+                if pos.partition == p]
         assert [pos.offset for _, pos in mine] == list(range(len(mine)))
         got = await event_log.read(topic, p, 0)
         assert [r.offset for r in got] == list(range(len(mine)))
@@ -149,7 +138,7 @@ async def test_keyed_append_lands_on_partition_for_key(event_log: EventLog) -> N
     topic = event_log.topics.events
     keys = [f"tenant-{i % 3}/schedule-{i}".encode() for i in range(40)]
     positions = await event_log.append([OutRecord(topic, k, b"v:" + k) for k in keys])
-    for key, pos in zip(keys, positions):
+    for key, pos in zip(keys, positions, strict=True):
         assert pos.partition == partition_for(key, PARTITIONS), key
     for p in range(PARTITIONS):
         got = await read_all(event_log, topic, p)
@@ -332,7 +321,8 @@ async def test_group_consumer_one_member_gets_all_partitions(event_log: EventLog
     async def on_assigned(tps: set[tuple[str, int]]) -> None:
         assigned.update(tps)
 
-    consumer = event_log.group_consumer("workers", [t.commands], "member-a", on_assigned=on_assigned)
+    consumer = event_log.group_consumer("workers", [t.commands], "member-a",
+                                        on_assigned=on_assigned)
     await consumer.start()
     everything = {(t.commands, p) for p in range(PARTITIONS)}
     sink: dict[int, list[Record]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -30,6 +30,7 @@ from chronolog.log.port import (
     Record,
     Topics,
 )
+from support.polling import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -69,14 +70,6 @@ async def read_all(log: KafkaEventLog, topic: str, partition: int) -> list[Recor
         out.extend(batch)
         offset = batch[-1].offset + 1
     return out
-
-
-async def eventually(cond: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.05)
 
 
 async def test_partitioner_agrees_with_aiokafka_on_the_broker(klog: KafkaEventLog) -> None:
@@ -331,7 +324,7 @@ async def test_zombie_open_transaction_is_aborted_by_new_owner(
         assert [r.value for r in got] == [b"committed"]
         # reading from the aborted record's offset skips it
         assert [r.value for r in await klog.read(t.events, 3, 0)] == [b"committed"]
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - any failure: the zombie is fenced
             await zombie.commit_transaction()
         await owner.close()
     finally:
@@ -376,7 +369,7 @@ async def test_group_members_split_partitions(klog: KafkaEventLog) -> None:
         return len(sa) == len(sb) == PARTITIONS // 2 and not (sa & sb)
 
     try:
-        await eventually(balanced, 40)
+        await wait_until(balanced, 40, what="a balanced assignment")
     finally:
         await a.close()
         await b.close()

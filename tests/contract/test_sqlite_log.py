@@ -22,6 +22,7 @@ import pytest
 
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import ProcessLock, SqliteEventLog
+from support.polling import wait_until
 
 PARTITIONS = 4
 DEADLINE_S = 30.0
@@ -112,19 +113,6 @@ async def spawn(db: Path, topics: Topics) -> AsyncIterator[Spawn]:
     for child in children:
         child.kill9()
         await child.proc.wait()
-
-
-async def wait_until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
-    async def _loop() -> None:
-        delay = 0.005
-        while not await cond():
-            await asyncio.sleep(delay)  # polling interval; the deadline is the sync point
-            delay = min(delay * 2, 0.1)
-
-    try:
-        await asyncio.wait_for(_loop(), DEADLINE_S)
-    except TimeoutError:
-        pytest.fail(f"timed out waiting for {what}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,7 +208,8 @@ async def test_kill_9_during_commit_loop_leaves_no_partial_batch(
         async def progressed(target: int = before + 2) -> bool:
             return (await log.committed("processors", t.commands, 0) or 0) >= target
 
-        await wait_until(progressed, f"round {round_}: the child to commit batches")
+        await wait_until(progressed, DEADLINE_S, interval=0.01,
+                     what=f"round {round_}: the child to commit batches")
         # the optional process lock is held by the live child
         assert not ProcessLock(f"{db}.{t.prefix}owner-p0.lock").try_acquire()
         # fault injection at a random moment: commits of 1000 records take most of the time
@@ -280,7 +269,8 @@ async def test_killed_member_expires_and_its_partitions_move(
         await gc.getmany(timeout_ms=50)
         return len(gc.assignment()) == PARTITIONS // 2
 
-    await wait_until(split, "the child to take half of the partitions")
+    await wait_until(split, DEADLINE_S, interval=0.01,
+                     what="the child to take half of the partitions")
     lost = everything - gc.assignment()
     assert revoked == lost
     child.kill9()
@@ -290,7 +280,8 @@ async def test_killed_member_expires_and_its_partitions_move(
         await gc.getmany(timeout_ms=50)
         return gc.assignment() == everything
 
-    await wait_until(took_over, "the dead member's partitions to come back")
+    await wait_until(took_over, DEADLINE_S, interval=0.01,
+                     what="the dead member's partitions to come back")
     assert gained == everything
     await gc.close()
 

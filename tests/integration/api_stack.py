@@ -22,8 +22,8 @@ from chronolog.processors.runtime import Processor
 from chronolog.projections.projector import Projector
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import Tenant, Tenants
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .pgdb import schema_store
 
 TENANTS = Tenants({

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +15,10 @@ import pytest
 
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
+from support.polling import wait_until as wait_until  # re-exported for the tests here
 
 ROOT = Path(__file__).resolve().parents[2]
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
-
-
-async def wait_until(
-    cond: Callable[[], Awaitable[Any]] | Callable[[], Any], timeout: float = 20.0,
-    interval: float = 0.05, what: str = "condition",
-) -> Any:
-    """Poll ``cond`` until it returns a truthy value, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if asyncio.iscoroutine(last):
-            last = await last
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
 
 
 @pytest.fixture(params=["sqlite", "kafka"])

@@ -23,18 +23,13 @@ is recorded — the server has it — then the connection is closed before the 2
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import orjson
 from aiosmtpd.controller import Controller
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from support.net import free_port
 
 
 class HookServer:

@@ -1,9 +1,11 @@
-"""The HTTP API contract (docs/design.md §11, schemas/api/openapi.json) on both logs, a real processor and a real PostgreSQL.
+"""The HTTP API contract (docs/design.md §11, schemas/api/openapi.json) on both logs, a real
+processor and a real PostgreSQL.
 
 One stack per backend for the module (processor, client, projector, app through
 ``httpx.ASGITransport``); tests keep apart by schedule ID. Every status code of the contract
 is exercised, with the error body shape, camelCase fields, tenant isolation, cursor paging
-while new runs arrive, and read-your-writes through ``X-Chronolog-Consistency``.
+while new runs arrive, and read-your-writes: by default (``X-Chronolog-Visible``) and
+through ``X-Chronolog-Consistency``.
 """
 
 from __future__ import annotations
@@ -12,18 +14,19 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from chronolog.api.app import CONSISTENCY_HEADER, create_app
+from chronolog.api.app import CONSISTENCY_HEADER, VISIBLE_HEADER, create_app
 from chronolog.log.port import EventLog, Topics
 from chronolog.settings import LogConfig, open_log
+from support.polling import wait_until
 
 from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
-from .conftest import wait_until
 from .pgdb import create_database, drop_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio(loop_scope="module")]
@@ -66,7 +69,9 @@ def sid(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def assert_error(r: httpx.Response, status: int, error: str, field: str | None = None) -> dict[str, Any]:
+def assert_error(
+    r: httpx.Response, status: int, error: str, field: str | None = None
+) -> dict[str, Any]:
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) >= {"error", "field", "message"}, body
@@ -149,8 +154,8 @@ async def test_create_then_read_with_the_consistency_token(stack: ApiStack) -> N
     preview = got["preview"]
     assert len(preview) == 5 and preview[0]["scheduledAt"] == out["nextRunAt"]
     times = [datetime.fromisoformat(p["scheduledAt"]) for p in preview]
-    assert all(b - a == timedelta(minutes=5) for a, b in zip(times, times[1:]))
-    for p, t in zip(preview, times):
+    assert all(b - a == timedelta(minutes=5) for a, b in pairwise(times))
+    for p, t in zip(preview, times, strict=True):
         due = datetime.fromisoformat(p["dueAt"])
         assert timedelta(0) <= due - t < timedelta(seconds=30)
         assert p["local"].endswith(("+01:00", "+02:00"))
@@ -355,7 +360,8 @@ async def test_a_paused_schedule_shows_what_a_resume_would_run_or_skip(stack: Ap
 async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> None:
     assert stack.http is not None
     s = sid()
-    assert (await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})).status_code == 201
+    assert (await create(stack, {"scheduleId": s, "every": "1h",
+                                 "job": {"type": "a"}})).status_code == 201
     new = {"every": "30m", "job": {"type": "a", "params": {"v": 2}}}
     r = await stack.http.put(f"/v1/schedules/{s}", json=new, headers=ACME)
     assert_error(r, 428, "precondition_required", "If-Match")
@@ -583,13 +589,15 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
     # filters and bad input
     r = await stack.http.get(f"/v1/schedules/{s}/runs", params={"state": "ready,leased"},
                              headers=ACME)
-    assert r.status_code == 200 and all(i["state"] in ("READY", "LEASED") for i in r.json()["items"])
+    assert r.status_code == 200 and all(i["state"] in ("READY", "LEASED")
+                                        for i in r.json()["items"])
     for params, field in (({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
                           ({"state": "BOGUS"}, "state"), ({"after": "garbage"}, "after")):
         assert_error(await stack.http.get(f"/v1/schedules/{s}/runs", params=params, headers=ACME),
                      400, "invalid", field)
     assert_error(await stack.http.get(f"/v1/schedules/{s}/runs",
-                                      params={"after": first.json()["nextCursor"], "state": "READY"},
+                                      params={"after": first.json()["nextCursor"],
+                                              "state": "READY"},
                                       headers=ACME), 400, "invalid", "after")
     assert_error(await stack.http.get(f"/v1/schedules/{sid()}/runs", headers=ACME), 404,
                  "not_found")
@@ -598,13 +606,97 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
 # ------------------------------------------------------------------ read-your-writes
 
 
-async def test_a_read_with_the_token_waits_for_the_projection(stack: ApiStack) -> None:
+async def test_every_write_is_seen_by_the_next_read_without_any_header(stack: ApiStack) -> None:
     assert stack.http is not None
+    http = stack.http
+    s = sid()
+    definition = {"every": "1h", "overlap": "allow", "retry": {"maxAttempts": 1},
+                  "job": {"type": "report"}}
+    r = await create(stack, {"scheduleId": s, **definition})
+    assert r.status_code == 201, r.text
+    assert r.headers[VISIBLE_HEADER] == "true" and r.headers[CONSISTENCY_HEADER]
+    g = await http.get(f"/v1/schedules/{s}", headers=ACME)  # no token
+    assert g.status_code == 200, g.text
+    assert g.json()["revision"] == 1
+    listed = await http.get("/v1/schedules", params={"prefix": s}, headers=ACME)
+    assert [i["scheduleId"] for i in listed.json()["items"]] == [s]
+
+    r = await http.put(f"/v1/schedules/{s}", json={**definition, "every": "2h"},
+                       headers={**ACME, "If-Match": "1"})
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    assert (await http.get(f"/v1/schedules/{s}", headers=ACME)).json()["revision"] == 2
+    for action, state in ((":pause", "PAUSED"), (":resume", "ACTIVE")):
+        r = await http.post(f"/v1/schedules/{s}{action}", headers=ACME)
+        assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+        assert (await http.get(f"/v1/schedules/{s}", headers=ACME)).json()["state"] == state
+
+    t = await _trigger(stack, s, "rw")
+    assert t.status_code == 201 and t.headers[VISIBLE_HEADER] == "true", t.text
+    run_id = t.json()["runId"]
+    g = await http.get(f"/v1/runs/{run_id}", headers=ACME)
+    assert g.status_code == 200 and g.json()["state"] == "READY", g.text
+    again = await _trigger(stack, s, "rw")  # an idempotent replay: no new event
+    assert again.status_code == 201 and again.headers[VISIBLE_HEADER] == "true"
+    r = await http.post(f"/v1/runs/{run_id}:cancel", headers=ACME)
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    assert (await http.get(f"/v1/runs/{run_id}", headers=ACME)).json()["state"] == "CANCELLED"
+
+    # a DEAD run (failed through the log, read with its token), redriven through the API
+    t = await _trigger(stack, s, "rw-dead")
+    doomed = t.json()["runId"]
+    claim = await stack.client.claim("acme", s, doomed, 1, "w-rw")
+    await stack.client.fail("acme", s, doomed, 1, claim["fence"], "w-rw", "permanent", "boom")
+
+    async def dead() -> bool:
+        g = await http.get(f"/v1/runs/{doomed}", headers=consistent(t))
+        return g.status_code == 200 and g.json()["state"] == "DEAD"
+
+    await wait_until(dead, 30, what="run DEAD in the read model")
+    r = await http.post(f"/v1/runs/{doomed}:redrive", headers=ACME)
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    g = (await http.get(f"/v1/runs/{doomed}", headers=ACME)).json()
+    assert g["state"] == "READY" and g["attempt"] == 2
+
+    r = await http.delete(f"/v1/schedules/{s}", headers=ACME)
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    assert (await http.get(f"/v1/schedules/{s}", headers=ACME)).json()["state"] == "DELETED"
+
+
+async def test_a_write_the_read_model_does_not_show_in_time_is_still_accepted(
+    stack: ApiStack,
+) -> None:
+    assert stack.http is not None and stack.store is not None
+    app = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.3)
+    await stack.pause_projector()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as http:
+            s = sid()
+            r = await http.post("/v1/schedules", json={"scheduleId": s, "every": "1h",
+                                                       "job": {"type": "a"}}, headers=ACME)
+            # the bound passed: still the normal answer, saying it is not visible yet
+            assert r.status_code == 201, r.text
+            assert r.headers[VISIBLE_HEADER] == "false"
+            assert r.json()["scheduleId"] == s and r.json()["revision"] == 1
+            assert r.headers[CONSISTENCY_HEADER]
+            assert_error(await http.get(f"/v1/schedules/{s}", headers=ACME), 404, "not_found")
+    finally:
+        stack.resume_projector()
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.status_code == 200 and g.json()["scheduleId"] == s
+
+
+async def test_a_read_with_the_token_waits_for_the_projection(stack: ApiStack) -> None:
+    assert stack.http is not None and stack.store is not None
+    quick = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.2)
     await stack.pause_projector()
     try:
         s = sid()
-        r = await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})
-        assert r.status_code == 201
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=quick),
+                                     base_url="http://t") as http:
+            r = await http.post("/v1/schedules", json={"scheduleId": s, "every": "1h",
+                                                       "job": {"type": "a"}}, headers=ACME)
+        assert r.status_code == 201 and r.headers[VISIBLE_HEADER] == "false"
         plain = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
         assert_error(plain, 404, "not_found")  # no token: whatever the projection holds now
         waiting = asyncio.create_task(stack.http.get(f"/v1/schedules/{s}", headers=consistent(r)))
@@ -730,7 +822,9 @@ async def test_read_your_writes_through_an_in_process_projector(stack: ApiStack)
         s = sid()
         r = await http.post("/v1/schedules", json={"scheduleId": s, "every": "1h",
                                                    "job": {"type": "a"}}, headers=ACME)
-        assert r.status_code == 201
+        assert r.status_code == 201 and r.headers[VISIBLE_HEADER] == "true"
+        g = await http.get(f"/v1/schedules/{s}", headers=ACME)  # no token needed
+        assert g.status_code == 200 and g.json()["revision"] == 1
         g = await http.get(f"/v1/schedules/{s}", headers=consistent(r))
         assert g.status_code == 200 and g.json()["revision"] == 1
         text = (await http.get("/metrics")).text

@@ -22,10 +22,10 @@ import pytest
 
 from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import Worker
+from support.polling import wait_until
 
 from . import greet_jobs
 from .api_stack import ApiStack
-from .conftest import wait_until
 from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres
@@ -93,7 +93,8 @@ async def test_get_workers_lists_each_worker_with_its_classes_job_types_and_live
             seen = await workers(stack, GLOBEX)
             assert [c["jobTypes"] for w in seen["items"] for c in w["classes"]] == [["report"], []]
             assert [c["jobTypes"] for w in (await workers(stack, ACME))["items"]
-                    for c in w["classes"]] == [["greet", "report"], ["echo", "fail", "noop", "sleep"]]
+                    for c in w["classes"]] == [["greet", "report"],
+                                               ["echo", "fail", "noop", "sleep"]]
 
             first = await workers(stack, limit=1)
             assert [w["workerId"] for w in first["items"]] == ["w-a"] and first["nextCursor"]
@@ -185,6 +186,7 @@ async def test_the_dev_node_refuses_a_job_type_it_does_not_know_naming_the_known
         r = await create(stack, "known", "echo")
         assert r.status_code == 201 and "warnings" not in r.json()
         async with serving(event_log, tmp_path, "w-greet", greet_jobs.register):
-            await wait_until(lambda: listed(stack, "w-greet"), 30, what="the attached worker listed")
+            await wait_until(lambda: listed(stack, "w-greet"), 30,
+                             what="the attached worker listed")
             r = await create(stack, "attached", "greet")
             assert r.status_code == 201 and "warnings" not in r.json()

@@ -16,9 +16,9 @@ from rich.console import Console
 from chronolog.devnode.view import render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.workers import Worker
+from support.polling import wait_until
 
 from . import greet_jobs
-from .conftest import wait_until
 from .test_poison_node import STEADY, Node, store  # noqa: F401 - store: a fixture
 from .test_worker_routing import serving
 

@@ -27,8 +27,9 @@ from chronolog.effect_adapters.smtp import EmailEffectAdapter
 from chronolog.effect_adapters.webhook import WebhookEffectAdapter
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
+from support.net import free_port
 
-from .effect_servers import HookServer, SmtpServer, free_port
+from .effect_servers import HookServer, SmtpServer
 
 
 def intent(kind: str, config: dict[str, Any], checksum: str = "c1", attempt: int = 1,
@@ -84,7 +85,8 @@ async def test_webhook_ambiguous_try_is_repeated_with_the_same_key_and_commits_o
     assert out.status == "succeeded" and out.evidence["receipt"] == "receipt_900"
     assert hook.keys_seen == [i.effect_id, i.effect_id]
     assert len(hook.committed) == 1
-    assert out.evidence["tries"][0].get("sent") == "maybe" or out.evidence["tries"][0]["status"] == 500
+    assert (out.evidence["tries"][0].get("sent") == "maybe"
+            or out.evidence["tries"][0]["status"] == 500)
 
 
 async def test_webhook_4xx_is_a_permanent_failure_and_not_retried(hook: HookServer) -> None:

@@ -42,8 +42,9 @@ from chronolog.effect_adapters.postgres_inbox import PostgresInboxEffectAdapter
 from chronolog.effect_adapters.smtp import EmailEffectAdapter
 from chronolog.effect_adapters.webhook import WebhookEffectAdapter
 from chronolog.log.port import EventLog, LogError, OutRecord, Record, Topics
+from support.net import free_port
 
-from .effect_servers import HookServer, SmtpServer, free_port
+from .effect_servers import HookServer, SmtpServer
 
 TENANT, SCHEDULE = "acme", "s1"
 

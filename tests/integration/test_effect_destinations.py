@@ -34,9 +34,11 @@ from chronolog.log.port import LogError, Topics
 from chronolog.processors.runtime import Processor
 from chronolog.settings import ConfigError, LogConfig, open_log
 from chronolog.tenants import Tenant, Tenants
+from support.net import free_port
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, wait_until
-from .effect_servers import HookServer, free_port
+from .conftest import CHRONOLOG, ROOT
+from .effect_servers import HookServer
 from .pgdb import create_database, drop_database
 
 FAR = "2099-01-01T00:00:00Z"
@@ -226,7 +228,8 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 
 @pytest.mark.parametrize("command", ["effects", "dev"])
 @pytest.mark.parametrize("destination", [
-    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"', 'kind = "kafka"\ntopic = "chronolog.events"'])
+    'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"',
+    'kind = "kafka"\ntopic = "chronolog.events"'])
 async def test_the_cli_exits_2_on_a_destination_the_node_must_refuse(
     tmp_path: Path, command: str, destination: str,
 ) -> None:

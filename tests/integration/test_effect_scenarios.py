@@ -40,8 +40,9 @@ from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
 from chronolog.processors.runtime import Processor
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, log_url, wait_until
+from .conftest import CHRONOLOG, ROOT, log_url
 from .effect_servers import HookServer, SmtpServer
 
 TENANT, SCHEDULE = "acme", "invoice-57"
@@ -135,7 +136,9 @@ class Stack:
         return run_id
 
 
-async def crash_and_redelivery(s: Stack, lg: Any, before_lease_expiry: Any = None) -> dict[str, Any]:
+async def crash_and_redelivery(
+    s: Stack, lg: Any, before_lease_expiry: Any = None
+) -> dict[str, Any]:
     """The crash-and-redelivery timeline up to B's completion; returns the identities involved."""
     c = s.client
     run_id = await s.new_run("2026-10-08T12:00Z")
@@ -321,7 +324,7 @@ async def test_runner_kafka_topic_and_postgres_inbox_effects_once_across_a_resta
             fx, task = await s.runner("fx1", tenants=tenants)
             run_id = await s.quick_run("one")
             for eid in (f"kafka-{run_id}", f"postgres-{run_id}"):
-                await wait_until(lambda: _effect_done(event_log, eid), 30, what=eid)
+                await wait_until(lambda eid=eid: _effect_done(event_log, eid), 30, what=eid)
             await s.stop(fx, task)
             fx2, task2 = await s.runner("fx2", tenants=tenants)
             marker = await s.quick_run("marker")

@@ -29,7 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from support.polling import wait_until
+
+from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
 
 pytestmark = pytest.mark.postgres
@@ -117,7 +119,7 @@ class Cli:
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s")
+            raise AssertionError(f"chronolog {' '.join(args)} did not finish within 60 s") from None
         assert proc.returncode is not None
         return Result(proc.returncode, out.decode(), err.decode())
 

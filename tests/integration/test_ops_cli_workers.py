@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import wait_until
+from support.polling import wait_until
+
 from .test_ops_cli import PARTITIONS, Cli, Services, _env, dsn  # noqa: F401 - dsn: a fixture
 
 pytestmark = pytest.mark.postgres

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -44,8 +43,10 @@ from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
+from support.net import free_port
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, log_url, wait_until
+from .conftest import CHRONOLOG, ROOT, log_url
 from .pgdb import schema_store
 
 pytestmark = pytest.mark.postgres
@@ -57,12 +58,6 @@ TENANTS = Tenants({
 CARELESS = {"Authorization": "Bearer careless-token"}
 STEADY = {"Authorization": "Bearer steady-token"}
 EVERY_SECOND = {"every": "1s", "job": {"type": "echo", "params": {"n": 1}}, "overlap": "allow"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

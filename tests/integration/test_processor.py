@@ -19,8 +19,7 @@ from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import Processor, ProcessorConfig
-
-from .conftest import wait_until
+from support.polling import wait_until
 
 
 async def read_all(lg: Any, topic: str) -> list[Any]:
@@ -151,7 +150,8 @@ async def test_waiting_runs_go_to_seats_in_turn_across_tenants(event_log: Any) -
         assert len(ready) == 5 and {e.payload.state for e in ready} == {"READY"}
         await offer(event_log, "w1", 2, partitions=[0])
         claims = await wait_until(
-            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20, what="two runs assigned")
+            lambda: _at_least(of_type(event_log, "AttemptClaimed"), 2), 20,
+            what="two runs assigned")
     assert sorted(c.tenant for c in claims) == ["a", "b"]
 
 
@@ -360,7 +360,7 @@ async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not
         ])
         replies = {}
         for cid in ("c-bug", "c-huge", "c-wide"):
-            replies[cid] = await wait_until(lambda: _reply_to(event_log, cid), 20,
+            replies[cid] = await wait_until(lambda cid=cid: _reply_to(event_log, cid), 20,
                                             what=f"the reply to {cid}")
         assert replies["c-bug"].status == "invalid"
         assert "ZeroDivisionError: a bug in decide" in replies["c-bug"].reason

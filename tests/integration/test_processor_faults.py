@@ -9,6 +9,7 @@ import signal
 import uuid
 from collections import Counter, defaultdict
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 from chronolog.client import Client
@@ -18,8 +19,8 @@ from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.settings import LogConfig
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .test_processor import read_all
 
 SPEC = m.ScheduleSpec.model_validate(
@@ -60,7 +61,8 @@ async def test_zombie_processor_is_fenced_after_takeover(
     a = processes(log_config, "proc-a")
     async with Client(event_log, reply_timeout=60) as client:
         for sid in sids:  # A owns every partition once each of these is answered
-            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"}, "overlap": "allow"})
+            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"},
+                                                       "overlap": "allow"})
         a.signal(signal.SIGSTOP)
         b = processes(log_config, "proc-b")
         during = [trigger(client, sid, f"during-{sid}") for sid in sids]
@@ -101,7 +103,8 @@ async def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
     sids = ids_per_partition(log_config.topics.partitions)
     async with Client(event_log, reply_timeout=60) as client:
         for sid in sids:
-            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"}, "overlap": "allow"})
+            await client.create_schedule("acme", sid, {"every": "1h", "job": {"type": "noop"},
+                                                       "overlap": "allow"})
         envs = [trigger(client, sids[i % len(sids)], f"k{i}") for i in range(400)]
         await event_log.append([
             OutRecord(event_log.topics.commands, partition_key(e.tenant, e.schedule_id).encode(),
@@ -161,5 +164,5 @@ async def test_rebalances_never_duplicate_or_miss_an_occurrence(
                      if p.type == "OccurrenceMaterialized")
         assert len(got) == len(set(got)), f"{sid}: an instant materialized twice"
         assert not [p for p in per_schedule[sid] if p.type == "OccurrenceSkipped"], sid
-        gaps = [b - a for a, b in zip(got, got[1:]) if b - a != timedelta(seconds=1)]
+        gaps = [b - a for a, b in pairwise(got) if b - a != timedelta(seconds=1)]
         assert gaps == [], f"{sid}: missed instants {gaps}"

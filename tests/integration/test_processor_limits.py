@@ -13,9 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from chronolog.domain import codec
+from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .test_processor import Running, read_all
 
 JOB = {"type": "echo", "params": {}}
@@ -89,3 +90,37 @@ async def test_the_client_refuses_a_command_beyond_the_limits_before_appending(
             await r.client.pause("acme", "s-a", reason="why\u0000")
         after = [await event_log.end_offset(cmds, p) for p in range(event_log.topics.partitions)]
         assert after == before
+
+
+async def test_a_raw_command_off_its_keys_partition_is_invalid_and_changes_nothing(
+    event_log: Any,
+) -> None:
+    parts = event_log.topics.partitions
+    suffix = uuid.uuid4().hex[:6]
+    key = b"acme/s-placed"
+    right = partition_for(key, parts)
+    spec = {"every": "1h", "job": JOB}
+    async with Running(event_log) as r:
+        await event_log.append([
+            OutRecord(event_log.topics.commands, key, raw_create(f"wrong-{suffix}", "s-placed",
+                                                                 spec),
+                      partition=(right + 1) % parts),
+            OutRecord(event_log.topics.commands, b"acme/s-elsewhere",
+                      raw_create(f"key-{suffix}", "s-placed", spec)),
+        ])
+
+        async def replies() -> dict[str, Any] | None:
+            got = {codec.decode_reply(rec.value).command_id: codec.decode_reply(rec.value)
+                   for rec in await read_all(event_log, event_log.topics.replies)}
+            mine = {n: got.get(f"{n}-{suffix}") for n in ("wrong", "key")}
+            return mine if all(mine.values()) else None
+
+        answered = await wait_until(replies, 30, what="replies to the misplaced commands")
+        assert answered["wrong"].status == "invalid"
+        assert f"belongs to partition {right}" in answered["wrong"].reason
+        assert answered["key"].status == "invalid"
+        assert "record key" in answered["key"].reason
+        assert await read_all(event_log, event_log.topics.events) == []
+        # the correctly placed create is the schedule's first
+        body = await r.client.create_schedule("acme", "s-placed", spec)
+        assert body["revision"] == 1

@@ -19,8 +19,8 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import OpenTenants, Processor
 from chronolog.projections.audit import audit
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .test_processor import events, read_all
 
 QUOTA = 10
@@ -48,7 +48,7 @@ class Processors:
         await self.client.start()
         for i, proc in enumerate(self.procs):  # one at a time: each join is one rebalance
             self.tasks.append(asyncio.create_task(proc.run()))
-            await wait_until(lambda: self._settled(i + 1), 60,
+            await wait_until(lambda i=i: self._settled(i + 1), 60,
                              what=f"every partition owned by the first {i + 1} processors")
         return self
 
@@ -92,7 +92,7 @@ async def test_concurrent_creates_across_partitions_end_with_exactly_the_quota(
         assert statuses.count("ok") == QUOTA, statuses
         assert statuses.count("quota") == CREATES - QUOTA, statuses
         assert all("max 10" in r.reason for r in replies if r.status == "quota")
-        created = {s for s, r in zip(ids, replies) if r.status == "ok"}
+        created = {s for s, r in zip(ids, replies, strict=True) if r.status == "ok"}
         assert live_schedules(await events(event_log)) == created
 
         # a delete gives exactly one slot back

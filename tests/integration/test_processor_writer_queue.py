@@ -22,8 +22,9 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.log.sqlite import SqliteEventLog
 from chronolog.processors.runtime import Processor
+from support.polling import wait_until
 
-from .conftest import started, wait_until
+from .conftest import started
 from .test_processor import SPEC, events
 
 SPEC_ONCE = {**SPEC, "every": "1h"}  # no timers firing during the test
@@ -113,7 +114,7 @@ async def test_work_decided_during_a_commit_is_committed_together_right_after_it
                                             (first_id, m.PauseSchedule()))):
             # one at a time: each is polled and decided while the first commit is held
             later.append(asyncio.create_task(client.send(client.envelope("acme", sid, payload))))
-            await wait_until(lambda: queued_commands(proc) == i + 1, 10,
+            await wait_until(lambda i=i: queued_commands(proc) == i + 1, 10,
                              what=f"command {i + 1} decided and queued behind the held commit")
         assert not first.done() and not any(t.done() for t in later)
         gate.opened.set()
@@ -153,7 +154,7 @@ async def test_a_failed_commit_discards_its_partitions_queued_work_and_decides_i
         causes = Counter(e.causation_id for e in await events(sqlite_log))
         # each command decided into the log exactly once (the failed commit wrote nothing):
         # its events are exactly those its reply points at
-        for env, reply in zip((create, pause, other), replies):
+        for env, reply in zip((create, pause, other), replies, strict=True):
             caused = [p for p in reply.positions if p.topic == sqlite_log.topics.events]
             assert caused and causes[env.command_id] == len(caused), env.payload.type
     finally:

@@ -28,8 +28,8 @@ from chronolog.log.port import OutRecord
 from chronolog.projections.metrics import ProjectorCollector
 from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
+from support.polling import wait_until
 
-from .conftest import wait_until
 from .pgdb import create_database, drop_database, dump, schema_store
 from .test_processor import Running, read_all
 

@@ -59,7 +59,9 @@ def _events(schedule_id: str) -> list[m.EventEnvelope]:
                   now + timedelta(seconds=1))
 
     sl.do(m.CreateSchedule(spec=m.ScheduleSpec(every=60.0, job=m.JobSpec(type="report"),
-                                               effects=[{"kind": "webhook", "destination": "d-webhook"}], misfire="all")), T0)
+                                               effects=[{"kind": "webhook",
+                                                         "destination": "d-webhook"}],
+                                               misfire="all")), T0)
     for k in range(4):
         now = T0 + timedelta(minutes=k)
         run_id = sl.materialized(sl.do(m.Tick(), now))
@@ -175,7 +177,7 @@ def test_a_rebuild_equals_the_live_tables_row_for_row(
 def test_a_second_replay_starts_again_from_empty_tables(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
 ) -> None:
-    path, envs = log_file
+    path, _envs = log_file
     target = _schema(schemas, "again")
     first = _replay("--log", f"sqlite:///{path}", "--database-url", database_url,
                     "--schema", target)

@@ -18,8 +18,9 @@ import orjson
 from chronolog.settings import LogConfig
 from chronolog.workers import FilesystemResultStore, JobContext, Worker
 from chronolog.workers.gc import collect
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, log_url, wait_until
+from .conftest import CHRONOLOG, log_url
 from .test_processor import Running, events
 from .test_workers import FAR
 

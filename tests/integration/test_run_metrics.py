@@ -24,9 +24,9 @@ from chronolog.projections.migrate import load_migrations
 from chronolog.projections.store import LATENESS_BUCKETS, bucket_label
 from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import Worker
+from support.polling import wait_until
 
 from .api_stack import ApiStack
-from .conftest import wait_until
 from .pgdb import schema_store
 from .test_worker_routing import serving
 

@@ -28,8 +28,9 @@ from chronolog.client import Client
 from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, wait_until
+from .conftest import CHRONOLOG, ROOT
 
 SCRIPT = ROOT / "scripts" / "kafka.sh"
 STOP_BOUND_S = 10  # a chronolog process stops this soon after SIGTERM, whatever its services do

@@ -12,9 +12,9 @@ from typing import Any
 
 from chronolog.domain.membership import Announcement
 from chronolog.workers import FilesystemResultStore, Worker
+from support.polling import wait_until
 
 from . import greet_jobs
-from .conftest import wait_until
 from .test_processor import Running, events, read_all
 
 

@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -36,15 +36,18 @@ from chronolog.settings import LogConfig
 from chronolog.workers import FilesystemResultStore, Worker
 from chronolog.workers.gc import collect
 from chronolog.workers.results import parse_uri
+from support.polling import wait_until
 
-from .conftest import CHRONOLOG, ROOT, log_url, wait_until
+from .conftest import CHRONOLOG, ROOT, log_url
 from .test_processor import Running, events, read_all
 
 JOBS_FILE = str(Path(__file__).with_name("worker_jobs.py"))
 FAR = (datetime.now(UTC) + timedelta(days=365)).isoformat()
 
 
-def manual_spec(job: str, params: dict[str, Any], lease: str = "30s", **extra: Any) -> dict[str, Any]:
+def manual_spec(
+    job: str, params: dict[str, Any], lease: str = "30s", **extra: Any
+) -> dict[str, Any]:
     """A schedule that only runs when triggered (its one instant is a year away)."""
     return {"at": FAR, "job": {"type": job, "params": params}, "overlap": "allow",
             "lease": lease, **extra}
@@ -463,7 +466,7 @@ async def test_sigterm_drains_a_running_handler_then_exits(
 class LosingClient(Client):
     """Appends the first CompleteRun but reports its reply lost (no reply within the bound)."""
 
-    lost: list[str] = []
+    lost: ClassVar[list[str]] = []
 
     async def collect(self, envs: Any, futs: Any, timeout: float | None = None) -> Any:
         first = [env.command_id for env in envs if env.type == "CompleteRun"]

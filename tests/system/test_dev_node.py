@@ -13,14 +13,13 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -29,30 +28,16 @@ import asyncpg
 import httpx
 import pytest
 
+from support.net import free_port
+from support.polling import wait_until_sync
+
 ROOT = Path(__file__).resolve().parents[2]
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 AUTH = {"Authorization": "Bearer dev"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(fn: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
+# the API may not listen yet: a refused connection is "not yet"
+wait_for = partial(wait_until_sync, errors=(httpx.HTTPError, OSError))
 
 
 @pytest.fixture
@@ -85,7 +70,7 @@ class Node:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-                raise AssertionError("chronolog dev did not stop within 30 s of SIGTERM")
+                raise AssertionError("chronolog dev did not stop within 30 s of SIGTERM") from None
         return self.proc.returncode
 
 
@@ -161,7 +146,7 @@ def test_make_run_reaches_a_healthy_api(data_dir: Path, tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
-            raise AssertionError("make run did not stop within 30 s")
+            raise AssertionError("make run did not stop within 30 s") from None
 
 
 def _sql(dsn: str, *statements: str) -> None:

@@ -88,8 +88,8 @@ async def test_retry_repeats_an_accepted_exception_after_the_backoffs_waits() ->
                          on_retry=lambda exc, wait: waits.append(wait))
     assert result == "done"
     assert waits == [0.01, 0.02, 0.02]
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
-    assert all(gap >= wait * 0.9 for gap, wait in zip(gaps, waits))
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert all(gap >= wait * 0.9 for gap, wait in zip(gaps, waits, strict=True))
 
 
 async def test_retry_raises_an_exception_it_does_not_accept_at_once() -> None:

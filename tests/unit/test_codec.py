@@ -148,7 +148,8 @@ def test_encode_reply_fields_is_byte_identical_to_a_reply_model() -> None:
                     tenant="acme", schedule_id="s1")
     data = codec.encode_reply_fields("c1", "ok", "", body, positions, "acme", "s1")
     assert data == codec.encode_reply(reply)
-    pre = codec.encode_reply_fields("c1", "ok", "", codec.encode_body(body), positions, "acme", "s1")
+    pre = codec.encode_reply_fields("c1", "ok", "", codec.encode_body(body), positions, "acme",
+                                    "s1")
     assert pre == data
     assert codec.decode_reply(data).body["lease_until"] == "2026-03-08T07:00:00Z"
     assert codec.encode_reply_fields("c2", "invalid", "bad", {}, [], "", "") == codec.encode_reply(

@@ -166,5 +166,5 @@ def test_the_tenants_file_sets_a_tenants_weight_and_refuses_a_bad_one(tmp_path: 
     for bad in ("0", "-1", '"heavy"', "true", "1e9"):
         path = tmp_path / "bad.toml"
         path.write_text(f'[tenants.a]\ntokens = ["t"]\nweight = {bad}\n')
-        with pytest.raises(ConfigError, match="tenants.a.weight"):
+        with pytest.raises(ConfigError, match=r"tenants.a.weight"):
             load_tenants(path)

@@ -46,10 +46,16 @@ def test_accepted_spellings_give_seconds(text: str | float, seconds: float) -> N
         ("", "invalid duration '': empty"),
         ("-1s", "invalid duration '-1s': must not be negative"),
         (-3, "invalid duration '-3': must not be negative"),
-        ("abc", "invalid duration 'abc': expected a number with a unit (ms, s, m, h, d, w), e.g. 90s, 15m, 1h30m"),
+        ("abc",
+         "invalid duration 'abc': expected a number with "
+         "a unit (ms, s, m, h, d, w), e.g. 90s, 15m, 1h30m"),
         ("1h1h", "invalid duration '1h1h': unit 'h' appears twice"),
-        ("P1M", "invalid duration 'P1M': ISO-8601 years and months have no fixed length; use days or weeks"),
-        ("P1Y", "invalid duration 'P1Y': ISO-8601 years and months have no fixed length; use days or weeks"),
+        ("P1M",
+         "invalid duration 'P1M': ISO-8601 years and "
+         "months have no fixed length; use days or weeks"),
+        ("P1Y",
+         "invalid duration 'P1Y': ISO-8601 years and "
+         "months have no fixed length; use days or weeks"),
         ("PT", "invalid duration 'PT': not an ISO-8601 duration such as PT15M or P1DT2H"),
         ("PT1M2H", "invalid duration 'PT1M2H': not an ISO-8601 duration such as PT15M or P1DT2H"),
         (float("inf"), "invalid duration 'inf': must be a finite number of seconds"),
@@ -65,7 +71,8 @@ def test_invalid_durations_name_the_value_and_reason(value: object, message: str
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(90, "1m30s"), (3600, "1h"), (0, "0s"), (0.5, "500ms"), (90061, "1d1h1m1s"), (1.5, "1s500ms"), (-60, "-1m")],
+    [(90, "1m30s"), (3600, "1h"), (0, "0s"), (0.5, "500ms"), (90061, "1d1h1m1s"), (1.5, "1s500ms"),
+     (-60, "-1m")],
 )
 def test_format_duration_is_compact(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text

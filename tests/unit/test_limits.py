@@ -109,7 +109,8 @@ def test_the_tenants_file_keys_of_the_limits(tmp_path: Path) -> None:
     assert t.tenants["a"].rate_limit == RateLimit(5.0, 7)
     assert t.tenants["b"].rate_limit == RateLimit(3.0, 6)
     assert t.tenants["c"].rate_limit == RateLimit(50.0, 100) and t.min_interval("c") == 1.0
-    for bad, key in [('min_interval = "soon"', "min_interval"), ("min_interval = 0", "min_interval"),
+    for bad, key in [('min_interval = "soon"', "min_interval"),
+                     ("min_interval = 0", "min_interval"),
                      ("rate_limit = -1", "rate_limit.per_second"),
                      ("rate_limit = { per_second = 1, burst = 0 }", "rate_limit.burst"),
                      ("rate_limit = { every = 1 }", "rate_limit")]:
@@ -117,7 +118,7 @@ def test_the_tenants_file_keys_of_the_limits(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=f"tenants.a.{key}"):
             load_tenants(f)
     f.write_text('[operators]\ntokens = "ops"\n[tenants.a]\ntokens = ["ta"]\n')
-    with pytest.raises(ConfigError, match="operators.tokens"):
+    with pytest.raises(ConfigError, match=r"operators.tokens"):
         load_tenants(f)
 
 

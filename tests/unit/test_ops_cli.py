@@ -36,7 +36,7 @@ def test_flags_become_the_api_body_and_the_spec() -> None:
 
 
 def test_naive_at_and_anchor_are_wall_times_in_tz() -> None:
-    body, spec = _definition("--at", "2030-01-15T09:00:00", "--tz", "America/New_York",
+    body, _spec = _definition("--at", "2030-01-15T09:00:00", "--tz", "America/New_York",
                              "--job", "echo")
     assert body["at"] == "2030-01-15T14:00:00Z"
     body, _ = _definition("--every", "1h", "--anchor", "2030-07-01T00:30:00", "--tz",
@@ -116,7 +116,8 @@ def test_revise_needs_if_match(capsys: pytest.CaptureFixture[str]) -> None:
      "invalid cron '0 ¹ * * *': hour '¹' is not a number (ASCII digits)"),
     (["schedule", "create", "s1", "--cron", "0 9 * * 5#6", "--job", "echo"],
      "invalid cron '0 9 * * 5#6': day-of-week '5#6': n#k needs k from 1 to 5"),
-    (["schedule", "create", "s1", "--every", "١h", "--job", "echo"], "invalid every '١h': not ASCII"),
+    (["schedule", "create", "s1", "--every", "١h", "--job", "echo"],
+     "invalid every '١h': not ASCII"),
 ])
 def test_limits_are_usage_errors_before_anything_is_sent(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
@@ -127,7 +128,8 @@ def test_limits_are_usage_errors_before_anything_is_sent(
 
 
 def test_the_cron_specials_pass_through_schedule_create() -> None:
-    body, spec = _definition("--cron", "0 18 LW * *", "--tz", "Europe/Paris", "--job", "close-books")
+    body, spec = _definition("--cron", "0 18 LW * *", "--tz", "Europe/Paris", "--job",
+                             "close-books")
     assert body["cron"] == "0 18 LW * *" and spec.cron == "0 18 LW * *"
     body, spec = _definition("--cron", "0 9 ? * MON#1,5L", "--job", "report")
     assert body["cron"] == spec.cron == "0 9 ? * MON#1,5L"

@@ -17,7 +17,7 @@ from aiokafka.partitioner import murmur2 as ref_murmur2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronolog.log.partitioner import murmur2, partition_for
+from chronolog.log.partitioner import misplaced, murmur2, partition_for
 
 
 def many_keys() -> list[bytes]:
@@ -25,8 +25,9 @@ def many_keys() -> list[bytes]:
     several scripts (combining marks, emoji, right-to-left, NUL), random text, every length
     up to 64 and random bytes up to 129 long."""
     rng = random.Random(20261201)
-    tenants = ["acme", "Ünïcødé GmbH", "日本語テナント", "ß", "שלום", "emoji-🎉🚀", "e\u0301t\u00e9",
-               "Ωμέγα", "кириллица", "\u0000nul", "a" * 200, "tab\tand\nnewline", "中文/斜杠"]
+    tenants = ["acme", "Ünïcødé GmbH", "日本語テナント", "ß", "שלום", "emoji-🎉🚀",
+               "e\u0301t\u00e9", "Ωμέγα", "кириллица", "\u0000nul", "a" * 200, "tab\tand\nnewline",
+               "中文/斜杠"]
     keys: list[bytes] = [b""]
     for t in tenants:
         for i in range(500):
@@ -100,3 +101,14 @@ def test_spreads_keys() -> None:
     for i in range(12000):
         counts[partition_for(f"tenant/{i}".encode(), 12)] += 1
     assert min(counts) > 800
+
+
+def test_a_command_is_decided_only_on_its_keys_partition() -> None:
+    key = "acme/nightly-invoices"
+    right = partition_for(key.encode(), 12)
+    assert misplaced(key.encode(), key, right, 12) is None
+    wrong = misplaced(key.encode(), key, (right + 1) % 12, 12)
+    assert wrong is not None and f"belongs to partition {right}" in wrong
+    other_key = misplaced(b"acme/other", key, right, 12)
+    assert other_key is not None and "record key" in other_key
+    assert misplaced(None, key, right, 12) is not None

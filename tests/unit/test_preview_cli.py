@@ -11,17 +11,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHRONOLOG = next(
-    (p for p in (ROOT / ".venv" / "bin" / "chronolog", Path(sys.executable).with_name("chronolog")) if p.exists()),
+    (p for p in (ROOT / ".venv" / "bin" / "chronolog", Path(sys.executable).with_name("chronolog"))
+     if p.exists()),
     ROOT / ".venv" / "bin" / "chronolog",
 )
 
 
 def preview(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CHRONOLOG), "preview", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(CHRONOLOG), "preview", *args], capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_json_output_has_exact_shape_for_new_york_gap() -> None:
-    result = preview("--cron", "30 2 * * *", "--tz", "America/New_York", "--from", "2026-03-07T00:00:00Z", "-n", "3", "--json")
+    result = preview("--cron", "30 2 * * *", "--tz", "America/New_York", "--from",
+                     "2026-03-07T00:00:00Z", "-n", "3", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "instants": [
@@ -41,18 +44,23 @@ def test_default_count_is_five_and_default_from_is_now() -> None:
 
 
 def test_naive_from_is_wall_time_in_tz() -> None:
-    result = preview("--cron", "0 * * * *", "--tz", "Europe/London", "--from", "2026-07-01T09:30", "-n", "1", "--json")
-    assert json.loads(result.stdout) == {"instants": [{"utc": "2026-07-01T09:00:00Z", "local": "2026-07-01T10:00:00+01:00"}]}
+    result = preview("--cron", "0 * * * *", "--tz", "Europe/London", "--from", "2026-07-01T09:30",
+                     "-n", "1", "--json")
+    assert json.loads(result.stdout) == {
+        "instants": [{"utc": "2026-07-01T09:00:00Z", "local": "2026-07-01T10:00:00+01:00"}]}
 
 
 def test_every_without_anchor_is_anchored_at_from() -> None:
     result = preview("--every", "90m", "--from", "2026-01-01T00:00:00Z", "-n", "2", "--json")
-    assert [row["utc"] for row in json.loads(result.stdout)["instants"]] == ["2026-01-01T01:30:00Z", "2026-01-01T03:00:00Z"]
+    assert ([row["utc"] for row in json.loads(result.stdout)["instants"]]
+            == ["2026-01-01T01:30:00Z", "2026-01-01T03:00:00Z"])
 
 
 def test_every_with_anchor_aligns_to_it() -> None:
-    result = preview("--every", "PT15M", "--anchor", "2026-01-01T00:07:00Z", "--from", "2026-01-01T10:00:00Z", "-n", "2", "--json")
-    assert [row["utc"] for row in json.loads(result.stdout)["instants"]] == ["2026-01-01T10:07:00Z", "2026-01-01T10:22:00Z"]
+    result = preview("--every", "PT15M", "--anchor", "2026-01-01T00:07:00Z", "--from",
+                     "2026-01-01T10:00:00Z", "-n", "2", "--json")
+    assert ([row["utc"] for row in json.loads(result.stdout)["instants"]]
+            == ["2026-01-01T10:07:00Z", "2026-01-01T10:22:00Z"])
 
 
 def test_at_in_the_past_prints_no_instants() -> None:
@@ -61,7 +69,8 @@ def test_at_in_the_past_prints_no_instants() -> None:
 
 
 def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
-    result = preview("--cron", "0 * * * *", "--tz", "America/New_York", "--from", "2026-11-01T04:30:00Z", "-n", "2")
+    result = preview("--cron", "0 * * * *", "--tz", "America/New_York", "--from",
+                     "2026-11-01T04:30:00Z", "-n", "2")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "UTC" in lines[0] and "America/New_York" in lines[0]
@@ -73,31 +82,47 @@ def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
     ("args", "line"),
     [
         (["--cron", "61 * * * *"], "invalid cron '61 * * * *': minute 61 out of range 0-59"),
-        (["--cron", "* * * * *", "--tz", "Mars/Base"], "invalid timezone 'Mars/Base': unknown IANA zone"),
+        (["--cron", "* * * * *", "--tz", "Mars/Base"],
+         "invalid timezone 'Mars/Base': unknown IANA zone"),
         (["--every", "5x"], "invalid every '5x': unknown unit 'x' (use ms, s, m, h, d, w)"),
-        (["--at", "soon"], "invalid at 'soon': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
-        (["--cron", "* * * * *", "--from", "2026-13-01"], "invalid from '2026-13-01': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
-        (["--every", "1h", "--anchor", "x"], "invalid anchor 'x': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--at", "soon"],
+         "invalid at 'soon': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--cron", "* * * * *", "--from", "2026-13-01"],
+         "invalid from '2026-13-01': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--every", "1h", "--anchor", "x"],
+         "invalid anchor 'x': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
         (["--cron", "* * * * *", "-n", "0"], "invalid n '0': must be between 1 and 10000"),
-        (["--cron", "² * * * *"], "invalid cron '² * * * *': minute '²' is not a number (ASCII digits)"),
-        (["--cron", "0 ¹ * * *"], "invalid cron '0 ¹ * * *': hour '¹' is not a number (ASCII digits)"),
-        (["--cron", "*/² * * * *"], "invalid cron '*/² * * * *': minute step '²' must be a positive integer (ASCII digits)"),
-        (["--cron", "0 0 * * 5#٣"], "invalid cron '0 0 * * 5#٣': day-of-week '5#٣': n#k needs k from 1 to 5 (ASCII digits)"),
-        (["--every", "٣m"], "invalid every '٣m': not ASCII: write digits 0-9 and a unit, e.g. 90s, 15m, PT15M"),
-        (["--every", "99999999999999999999w"], "invalid every '99999999999999999999w': must be at most 316224000 seconds (ten years)"),
-        (["--every", "9" * 5000 + "w"], "invalid every '" + "9" * 197 + "...': must be at most 316224000 seconds (ten years)"),
-        (["--at", "2026-01-0١T00:00:00Z"], "invalid at '2026-01-0١T00:00:00Z': not ASCII: write an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
-        (["--cron", "* * * * *", "-n", "٣"], "chronolog preview: argument -n: invalid n '٣': expected a whole number (ASCII digits)"),
+        (["--cron", "² * * * *"],
+         "invalid cron '² * * * *': minute '²' is not a number (ASCII digits)"),
+        (["--cron", "0 ¹ * * *"],
+         "invalid cron '0 ¹ * * *': hour '¹' is not a number (ASCII digits)"),
+        (["--cron", "*/² * * * *"],
+         "invalid cron '*/² * * * *': minute step '²' must be a positive integer (ASCII digits)"),
+        (["--cron", "0 0 * * 5#٣"],
+         "invalid cron '0 0 * * 5#٣': day-of-week '5#٣': n#k needs k from 1 to 5 (ASCII digits)"),
+        (["--every", "٣m"],
+         "invalid every '٣m': not ASCII: write digits 0-9 and a unit, e.g. 90s, 15m, PT15M"),
+        (["--every", "99999999999999999999w"],
+         "invalid every '99999999999999999999w': must be at most 316224000 seconds (ten years)"),
+        (["--every", "9" * 5000 + "w"],
+         "invalid every '" + "9" * 197 + "...': must be at most 316224000 seconds (ten years)"),
+        (["--at", "2026-01-0١T00:00:00Z"],
+         "invalid at '2026-01-0١T00:00:00Z': not ASCII: write "
+         "an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
+        (["--cron", "* * * * *", "-n", "٣"],
+         "chronolog preview: argument -n: invalid n '٣': expected a whole number (ASCII digits)"),
     ],
 )
-def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str], line: str) -> None:
+def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str],
+                                                                     line: str) -> None:
     result = preview(*args)
     assert result.returncode == 2
     assert result.stderr == line + "\n"
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("args", [[], ["--cron", "* * * * *", "--every", "5m"], ["--at", "2030-01-01", "--cron", "@daily"]])
+@pytest.mark.parametrize("args", [[], ["--cron", "* * * * *", "--every", "5m"],
+                                  ["--at", "2030-01-01", "--cron", "@daily"]])
 def test_not_exactly_one_kind_exits_2_with_one_line(args: list[str]) -> None:
     result = preview(*args)
     assert result.returncode == 2
@@ -108,7 +133,8 @@ def test_not_exactly_one_kind_exits_2_with_one_line(args: list[str]) -> None:
 def test_the_cron_specials_work_through_preview() -> None:
     # given the last weekday, the last Friday and the second Tuesday of the month, in New York
     def local_of(expr: str) -> list[str]:
-        result = preview("--cron", expr, "--tz", "America/New_York", "--from", "2026-05-01T00:00:00Z", "-n", "2", "--json")
+        result = preview("--cron", expr, "--tz", "America/New_York", "--from",
+                         "2026-05-01T00:00:00Z", "-n", "2", "--json")
         assert result.returncode == 0, result.stderr
         return [row["local"] for row in json.loads(result.stdout)["instants"]]
 
@@ -117,4 +143,5 @@ def test_the_cron_specials_work_through_preview() -> None:
     assert local_of("0 9 ? * 5L") == ["2026-05-29T09:00:00-04:00", "2026-06-26T09:00:00-04:00"]
     assert local_of("0 9 ? * TUE#2") == ["2026-05-12T09:00:00-04:00", "2026-06-09T09:00:00-04:00"]
     # and a wrapped hour range on a wrapped weekday range: Thursday 22:00 is not in FRI-MON
-    assert local_of("0 22-1 * * FRI-MON") == ["2026-05-01T00:00:00-04:00", "2026-05-01T01:00:00-04:00"]
+    assert (local_of("0 22-1 * * FRI-MON")
+            == ["2026-05-01T00:00:00-04:00", "2026-05-01T01:00:00-04:00"])

@@ -285,7 +285,8 @@ def test_result_published_sets_the_canonical_result() -> None:
     c = project(env(SAMPLES["ResultPublished"]))
     row = run_row(c)
     assert row["state"] == "SUCCEEDED"
-    assert (row["result_checksum"], row["result_size"], row["result_uri"]) == ("sha256:ab", 12, None)
+    assert ((row["result_checksum"], row["result_size"], row["result_uri"])
+            == ("sha256:ab", 12, None))
     assert row["result_inline"] == {"rows": 3} and row["result_attempt"] == 1
     assert row["finished_at"] == T0 + timedelta(seconds=20)
     assert "scheduled_at" not in row  # a partial change: the rest of the row stays

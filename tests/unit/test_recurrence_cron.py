@@ -22,7 +22,8 @@ def utc(text: str) -> datetime:
 
 def dates(expr: str, after: str, count: int, zone: str = "UTC") -> list[str]:
     trigger = compile_trigger(cron=expr, timezone=zone)
-    return [i.astimezone(trigger.zone).strftime("%Y-%m-%d %a %H:%M") for i in upcoming(trigger, utc(after), count)]  # type: ignore[attr-defined]
+    return [i.astimezone(trigger.zone).strftime("%Y-%m-%d %a %H:%M")  # type: ignore[attr-defined]
+            for i in upcoming(trigger, utc(after), count)]
 
 
 # ---------------------------------------------------------------- calendar
@@ -64,24 +65,29 @@ def test_dom_and_dow_both_restricted_match_either() -> None:
 def test_dom_step_starting_with_star_counts_as_unrestricted_so_both_must_match() -> None:
     # Vixie: '*/2' sets DOM_STAR -> AND: Mondays that fall on an odd day of the month.
     got = dates("0 0 */2 * 1", "2026-01-01T00:00:00Z", 4)
-    assert got == ["2026-01-05 Mon 00:00", "2026-01-19 Mon 00:00", "2026-02-09 Mon 00:00", "2026-02-23 Mon 00:00"]
+    assert got == ["2026-01-05 Mon 00:00", "2026-01-19 Mon 00:00", "2026-02-09 Mon 00:00",
+                   "2026-02-23 Mon 00:00"]
 
 
 def test_question_mark_means_unrestricted_day() -> None:
-    assert dates("0 0 ? * 1", "2026-01-01T00:00:00Z", 2) == ["2026-01-05 Mon 00:00", "2026-01-12 Mon 00:00"]
+    assert (dates("0 0 ? * 1", "2026-01-01T00:00:00Z", 2)
+            == ["2026-01-05 Mon 00:00", "2026-01-12 Mon 00:00"])
 
 
 def test_day_of_week_7_is_sunday() -> None:
-    assert dates("0 0 * * 7", "2026-01-01T00:00:00Z", 2) == dates("0 0 * * 0", "2026-01-01T00:00:00Z", 2)
+    assert (dates("0 0 * * 7", "2026-01-01T00:00:00Z", 2)
+            == dates("0 0 * * 0", "2026-01-01T00:00:00Z", 2))
     assert dates("0 0 * * 7", "2026-01-01T00:00:00Z", 1) == ["2026-01-04 Sun 00:00"]
 
 
 def test_day_of_week_range_ending_at_7_includes_sunday() -> None:
-    assert [d[11:14] for d in dates("0 0 * * 5-7", "2026-01-01T00:00:00Z", 3)] == ["Fri", "Sat", "Sun"]
+    assert ([d[11:14] for d in dates("0 0 * * 5-7", "2026-01-01T00:00:00Z", 3)]
+            == ["Fri", "Sat", "Sun"])
 
 
 def test_names_for_months_and_weekdays() -> None:
-    assert dates("0 12 * feb mon-fri", "2026-01-30T00:00:00Z", 2) == ["2026-02-02 Mon 12:00", "2026-02-03 Tue 12:00"]
+    assert (dates("0 12 * feb mon-fri", "2026-01-30T00:00:00Z", 2)
+            == ["2026-02-02 Mon 12:00", "2026-02-03 Tue 12:00"])
 
 
 def test_weekday_job_skips_weekend() -> None:
@@ -142,14 +148,15 @@ def test_wildcard_means_minute_or_hour_field_starts_with_star(expr: str, wildcar
 
 @pytest.mark.parametrize(
     "expr",
-    ["*/7 1-5,20 */3 jan-mar,10 mon-fri", "0 0 1,15 * 0", "5/15 0-23/6 * * 2-4", "0 12 * * 0-7", "@weekly"],
+    ["*/7 1-5,20 */3 jan-mar,10 mon-fri", "0 0 1,15 * 0", "5/15 0-23/6 * * 2-4", "0 12 * * 0-7",
+     "@weekly"],
 )
 def test_field_sets_agree_with_croniter_expand(expr: str) -> None:
     spec = parse_cron(expr)
     expanded, _ = croniter.expand(expr)
     ours = [spec.minutes, spec.hours, spec.doms, spec.months, spec.dows]
     full = [range(60), range(24), range(1, 32), range(1, 13), range(7)]
-    for mine, theirs, everything in zip(ours, expanded, full):
+    for mine, theirs, everything in zip(ours, expanded, full, strict=True):
         assert mine == (frozenset(everything) if theirs == ["*"] else frozenset(theirs))
 
 
@@ -164,28 +171,56 @@ def test_field_sets_agree_with_croniter_expand(expr: str) -> None:
         ("* * 0 * *", "invalid cron '* * 0 * *': day-of-month 0 out of range 1-31"),
         ("* * * 13 *", "invalid cron '* * * 13 *': month 13 out of range 1-12"),
         ("* * * * 8", "invalid cron '* * * * 8': day-of-week 8 out of range 0-7"),
-        ("* * *", "invalid cron '* * *': expected 5 fields (minute hour day-of-month month day-of-week), got 3"),
-        ("", "invalid cron '': expected 5 fields (minute hour day-of-month month day-of-week), got 0"),
-        ("0 0 * * * 2026", "invalid cron '0 0 * * * 2026': expected 5 fields (minute hour day-of-month month day-of-week), got 6"),
-        ("*/0 * * * *", "invalid cron '*/0 * * * *': minute step '0' must be a positive integer (ASCII digits)"),
-        ("0 0 * * L", "invalid cron '0 0 * * L': day-of-week 'L' needs a weekday before it (5L = the last Friday)"),
-        ("0 0 * foo *", "invalid cron '0 0 * foo *': month 'foo' is not a number (ASCII digits) or a name"),
-        ("0 0 L/2 * *", "invalid cron '0 0 L/2 * *': day-of-month 'L' is not a number (ASCII digits) (L, W and # are whole list items: no range or step)"),
+        ("* * *",
+         "invalid cron '* * *': expected 5 fields (minute "
+         "hour day-of-month month day-of-week), got 3"),
+        ("",
+         "invalid cron '': expected 5 fields (minute hour day-of-month month day-of-week), got 0"),
+        ("0 0 * * * 2026",
+         "invalid cron '0 0 * * * 2026': expected 5 fields "
+         "(minute hour day-of-month month day-of-week), got 6"),
+        ("*/0 * * * *",
+         "invalid cron '*/0 * * * *': minute step '0' must be a positive integer (ASCII digits)"),
+        ("0 0 * * L",
+         "invalid cron '0 0 * * L': day-of-week 'L' "
+         "needs a weekday before it (5L = the last Friday)"),
+        ("0 0 * foo *",
+         "invalid cron '0 0 * foo *': month 'foo' is not a number (ASCII digits) or a name"),
+        ("0 0 L/2 * *",
+         "invalid cron '0 0 L/2 * *': day-of-month 'L' is not a number "
+         "(ASCII digits) (L, W and # are whole list items: no range or step)"),
         ("0 0 1,,2 * *", "invalid cron '0 0 1,,2 * *': day-of-month '1,,2' has an empty list item"),
-        ("0 0 30 2 *", "invalid cron '0 0 30 2 *': day-of-month never occurs in the selected month(s)"),
-        ("0 0 * * L", "invalid cron '0 0 * * L': day-of-week 'L' needs a weekday before it (5L = the last Friday)"),
-        ("0 0 * * 5#0", "invalid cron '0 0 * * 5#0': day-of-week '5#0': n#k needs k from 1 to 5 (ASCII digits)"),
-        ("0 0 * * 5#6", "invalid cron '0 0 * * 5#6': day-of-week '5#6': n#k needs k from 1 to 5 (ASCII digits)"),
+        ("0 0 30 2 *",
+         "invalid cron '0 0 30 2 *': day-of-month never occurs in the selected month(s)"),
+        ("0 0 * * L",
+         "invalid cron '0 0 * * L': day-of-week 'L' "
+         "needs a weekday before it (5L = the last Friday)"),
+        ("0 0 * * 5#0",
+         "invalid cron '0 0 * * 5#0': day-of-week '5#0': n#k needs k from 1 to 5 (ASCII digits)"),
+        ("0 0 * * 5#6",
+         "invalid cron '0 0 * * 5#6': day-of-week '5#6': n#k needs k from 1 to 5 (ASCII digits)"),
         ("0 0 * * 8L", "invalid cron '0 0 * * 8L': day-of-week 8 out of range 0-7"),
-        ("0 0 L-31 * *", "invalid cron '0 0 L-31 * *': day-of-month 'L-31': L-n needs n from 0 to 30 (ASCII digits)"),
+        ("0 0 L-31 * *",
+         "invalid cron '0 0 L-31 * *': day-of-month "
+         "'L-31': L-n needs n from 0 to 30 (ASCII digits)"),
         ("0 0 32W * *", "invalid cron '0 0 32W * *': day-of-month 32 out of range 1-31"),
-        ("0 0 L-30 2 *", "invalid cron '0 0 L-30 2 *': day-of-month never occurs in the selected month(s)"),
-        ("0 0 30W 2 *", "invalid cron '0 0 30W 2 *': day-of-month never occurs in the selected month(s)"),
-        ("0 0 1-LW * *", "invalid cron '0 0 1-LW * *': day-of-month 'LW' is not a number (ASCII digits) (L, W and # are whole list items: no range or step)"),
-        ("0 0 H * *", "invalid cron '0 0 H * *': day-of-month 'H' is not a number (ASCII digits) (H is not supported)"),
-        ("0 0 L * 5#²", "invalid cron '0 0 L * 5#²': day-of-week '5#²': n#k needs k from 1 to 5 (ASCII digits)"),
-        ("0 0 L-٣ * *", "invalid cron '0 0 L-٣ * *': day-of-month 'L-٣': L-n needs n from 0 to 30 (ASCII digits)"),
-        ("@reboot", "invalid cron '@reboot': unknown macro @reboot (use @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly)"),
+        ("0 0 L-30 2 *",
+         "invalid cron '0 0 L-30 2 *': day-of-month never occurs in the selected month(s)"),
+        ("0 0 30W 2 *",
+         "invalid cron '0 0 30W 2 *': day-of-month never occurs in the selected month(s)"),
+        ("0 0 1-LW * *",
+         "invalid cron '0 0 1-LW * *': day-of-month 'LW' is not a number "
+         "(ASCII digits) (L, W and # are whole list items: no range or step)"),
+        ("0 0 H * *",
+         "invalid cron '0 0 H * *': day-of-month 'H' is "
+         "not a number (ASCII digits) (H is not supported)"),
+        ("0 0 L * 5#²",
+         "invalid cron '0 0 L * 5#²': day-of-week '5#²': n#k needs k from 1 to 5 (ASCII digits)"),
+        ("0 0 L-٣ * *",
+         "invalid cron '0 0 L-٣ * *': day-of-month 'L-٣': L-n needs n from 0 to 30 (ASCII digits)"),
+        ("@reboot",
+         "invalid cron '@reboot': unknown macro @reboot (use @yearly, "
+         "@annually, @monthly, @weekly, @daily, @midnight, @hourly)"),
     ],
 )
 def test_invalid_cron_raises_one_line_naming_field_and_value(expr: str, message: str) -> None:

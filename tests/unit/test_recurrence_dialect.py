@@ -68,7 +68,8 @@ def test_lw_on_a_month_ending_on_a_sunday_is_the_friday_before() -> None:
 def test_1w_when_the_1st_is_a_saturday_is_monday_the_3rd() -> None:
     # given the weekday nearest the 1st, which never leaves the month
     # when the 1st is a Saturday (August 2026, November 2025)
-    got = fires("0 9 1W 8 *", "2026-01-01T00:00:00Z", 1) + fires("0 9 1W 11 *", "2025-01-01T00:00:00Z", 1)
+    got = (fires("0 9 1W 8 *", "2026-01-01T00:00:00Z", 1)
+           + fires("0 9 1W 11 *", "2025-01-01T00:00:00Z", 1))
     # then Monday the 3rd, not Friday the last day of the month before
     assert got == ["2026-08-03 Mon 09:00", "2025-11-03 Mon 09:00"]
 
@@ -110,7 +111,8 @@ def test_5_hash_5_has_no_instant_in_a_month_with_four_fridays() -> None:
 def test_hash_accepts_weekday_names_and_7_for_sunday() -> None:
     # the second Tuesday; the first Sunday, spelled three ways
     assert fires("0 9 ? * TUE#2", "2026-01-01T00:00:00Z", 1) == ["2026-01-13 Tue 09:00"]
-    assert fires("0 9 ? * 0#1", "2026-01-01T00:00:00Z", 1) == fires("0 9 ? * 7#1", "2026-01-01T00:00:00Z", 1) \
+    assert fires("0 9 ? * 0#1", "2026-01-01T00:00:00Z", 1) \
+        == fires("0 9 ? * 7#1", "2026-01-01T00:00:00Z", 1) \
         == fires("0 9 ? * sun#1", "2026-01-01T00:00:00Z", 1) == ["2026-01-04 Sun 09:00"]
 
 
@@ -184,10 +186,12 @@ def test_first_sunday_of_november_in_new_york_repeats_per_dst_ambiguous() -> Non
 
 
 def test_last_sunday_of_march_in_london_is_the_gap_day() -> None:
-    assert fires("30 1 ? 3 0L", "2026-01-01T00:00:00Z", 1, "Europe/London") == ["2026-03-29 Sun 02:00+0100"]
+    assert (fires("30 1 ? 3 0L", "2026-01-01T00:00:00Z", 1, "Europe/London")
+            == ["2026-03-29 Sun 02:00+0100"])
 
 
 def test_a_wildcard_job_on_the_last_sunday_of_october_in_london_runs_both_passes() -> None:
     got = fires("*/30 1 ? 10 0L", "2026-10-01T00:00:00Z", 5, "Europe/London")
     assert got == ["2026-10-25 Sun 01:00+0100", "2026-10-25 Sun 01:30+0100",
-                   "2026-10-25 Sun 01:00+0000", "2026-10-25 Sun 01:30+0000", "2027-10-31 Sun 01:00+0100"]
+                   "2026-10-25 Sun 01:00+0000", "2026-10-25 Sun 01:30+0000",
+                   "2027-10-31 Sun 01:00+0100"]

@@ -33,7 +33,8 @@ DayTest = Callable[[date], bool]
 # 0L, and by L-n / nW for suitable n.
 TRANSITIONS = [
     ("America/New_York", datetime(2026, 3, 8, 7, 0, tzinfo=UTC)),  # 2nd Sunday, gap 02:00-03:00
-    ("America/New_York", datetime(2026, 11, 1, 6, 0, tzinfo=UTC)),  # 1st Sunday and the 1st, 01:00-02:00 twice
+    # 1st Sunday and the 1st, 01:00-02:00 twice
+    ("America/New_York", datetime(2026, 11, 1, 6, 0, tzinfo=UTC)),
     ("Europe/London", datetime(2026, 3, 29, 1, 0, tzinfo=UTC)),  # last Sunday, gap 01:00-02:00
     ("Europe/London", datetime(2026, 10, 25, 1, 0, tzinfo=UTC)),  # last Sunday, 01:00-02:00 twice
     ("Australia/Sydney", datetime(2026, 4, 4, 16, 0, tzinfo=UTC)),  # 1st Sunday, 02:00-03:00 twice
@@ -42,12 +43,14 @@ TRANSITIONS = [
     ("Australia/Lord_Howe", datetime(2026, 10, 3, 15, 30, tzinfo=UTC)),
 ]
 # (dst.ambiguous, dst.nonexistent)
-DST_POLICIES = st.tuples(st.sampled_from(["first", "second", "both"]), st.sampled_from(["shift_forward", "skip"]))
+DST_POLICIES = st.tuples(st.sampled_from(["first", "second", "both"]),
+                         st.sampled_from(["shift_forward", "skip"]))
 # months whose edges the specials care about: the 1st a Saturday (2026-08, 2025-11), the
 # 1st a Sunday (2026-02, 2026-03), the last day a Sunday (2026-05, 2027-02, 2025-11), a leap
 # February (2028-02), a February with four of every weekday (2026-02)
 EDGE_MONTHS = [(2026, 8), (2025, 11), (2026, 2), (2026, 3), (2026, 5), (2027, 2), (2028, 2)]
-ZONES = ["UTC", "America/New_York", "Europe/London", "Australia/Sydney", "Asia/Kolkata", "Pacific/Chatham"]
+ZONES = ["UTC", "America/New_York", "Europe/London", "Australia/Sydney", "Asia/Kolkata",
+         "Pacific/Chatham"]
 
 
 # ---------------------------------------------------------------- the rule, brute force
@@ -60,7 +63,8 @@ def _month_days(d: date) -> list[date]:
 @functools.cache
 def _days_of(year: int, month: int) -> list[date]:
     first = date(year, month, 1)
-    return [first + timedelta(days=i) for i in range(31) if (first + timedelta(days=i)).month == month]
+    return [first + timedelta(days=i) for i in range(31)
+            if (first + timedelta(days=i)).month == month]
 
 
 def _weekdays_of_month(d: date) -> list[date]:
@@ -111,10 +115,12 @@ def _listed(items: st.SearchStrategy[Item]) -> st.SearchStrategy[list[Item]]:
     return st.lists(items, min_size=1, max_size=3)
 
 
-def _set_field(low: int, high: int, wildcard_ok: bool) -> st.SearchStrategy[tuple[str, frozenset[int]]]:
+def _set_field(low: int, high: int,
+               wildcard_ok: bool) -> st.SearchStrategy[tuple[str, frozenset[int]]]:
     size = high - low + 1
     listed = _listed(_range_items(low, high, size)).map(
-        lambda items: (",".join(i.text for i in items), frozenset().union(*(i.values or () for i in items))))
+        lambda items: (",".join(i.text for i in items),
+                       frozenset().union(*(i.values or () for i in items))))
     if not wildcard_ok:
         return listed
     star = st.integers(1, 30).map(lambda k: (f"*/{k}", frozenset(range(low, high + 1, k))))
@@ -151,11 +157,13 @@ DOM_ITEM = st.one_of(
     st.integers(1, 31).map(_nearest_weekday),
     st.sampled_from([1, 1, 8, 15, 28, 29, 30, 31]).map(_nearest_weekday),
     st.just(LAST_WEEKDAY),
-    st.builds(_dom_plain, st.integers(1, 31), st.integers(1, 31), st.one_of(st.none(), st.integers(2, 4))),
+    st.builds(_dom_plain, st.integers(1, 31), st.integers(1, 31),
+              st.one_of(st.none(), st.integers(2, 4))),
 )
 
 DOW_NAMES = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]
-WEEKDAY = st.sampled_from([0, 0, 0, 1, 2, 3, 4, 5, 6, 7])  # 7 is Sunday too; Sundays are transition days
+# 7 is Sunday too; Sundays are transition days
+WEEKDAY = st.sampled_from([0, 0, 0, 1, 2, 3, 4, 5, 6, 7])
 
 
 def _weekday_text(w: int, named: bool) -> str:
@@ -176,7 +184,8 @@ def _nth(w: int, k: int, named: bool) -> Item:
 
 
 def _dow_range(a: int, b: int, named: bool) -> Item:
-    text = f"{_weekday_text(a, named)}-{_weekday_text(b, named)}" if a != b else _weekday_text(a, named)
+    text = (f"{_weekday_text(a, named)}-{_weekday_text(b, named)}" if a != b
+            else _weekday_text(a, named))
     return Item(text, day=lambda d: _in_cycle(_sunday_zero(d), a % 7, b % 7, 1, 7))
 
 
@@ -236,7 +245,8 @@ class Expression:
                 twice = wall.replace(tzinfo=zone, fold=1 - local.fold).utcoffset() != offset
                 fires = (self.wildcard or not twice or ambiguous == "both"
                          or (ambiguous == "first") == (local.fold == 0))
-            if not fires and offset > before and not self.wildcard and nonexistent == "shift_forward":
+            if (not fires and offset > before and not self.wildcard
+                    and nonexistent == "shift_forward"):
                 skipped = int((offset - before) / MINUTE)  # wall minutes that never happened
                 fires = any(self.wall(wall - k * MINUTE, cache) for k in range(1, skipped + 1))
             if fires:
@@ -248,15 +258,18 @@ class Expression:
 
 MONTHS = st.one_of(
     st.just(("*", frozenset(range(1, 13)))),
-    st.sampled_from([("NOV-FEB", frozenset({11, 12, 1, 2})), ("10-4", frozenset({10, 11, 12, 1, 2, 3, 4}))]),
+    st.sampled_from([("NOV-FEB", frozenset({11, 12, 1, 2})),
+                     ("10-4", frozenset({10, 11, 12, 1, 2, 3, 4}))]),
     _set_field(1, 12, wildcard_ok=False),
 )
 
 
 @st.composite
-def expressions(draw: st.DrawFn, hours: st.SearchStrategy[tuple[str, frozenset[int]]]) -> Expression:
+def expressions(draw: st.DrawFn,
+                hours: st.SearchStrategy[tuple[str, frozenset[int]]]) -> Expression:
     minute_text, minutes = draw(st.one_of(
-        st.sampled_from([("0", frozenset({0})), ("30", frozenset({30})), ("0,30", frozenset({0, 30})),
+        st.sampled_from([("0", frozenset({0})), ("30", frozenset({30})),
+                         ("0,30", frozenset({0, 30})),
                          ("50-10/20", frozenset({50, 10}))]),
         _set_field(0, 59, wildcard_ok=True)))
     hour_text, hour_set = draw(hours)
@@ -270,7 +283,8 @@ def expressions(draw: st.DrawFn, hours: st.SearchStrategy[tuple[str, frozenset[i
 
 NEAR_TRANSITION_HOURS = st.one_of(
     st.sampled_from([("1", frozenset({1})), ("2", frozenset({2})), ("1,2", frozenset({1, 2})),
-                     ("0-3", frozenset(range(4))), ("23-2", frozenset({23, 0, 1, 2})), ("*", frozenset(range(24)))]),
+                     ("0-3", frozenset(range(4))), ("23-2", frozenset({23, 0, 1, 2})),
+                     ("*", frozenset(range(24)))]),
     _set_field(0, 23, wildcard_ok=True),
 )
 
@@ -295,7 +309,8 @@ def _fired(expr: Expression, zone: str, start: datetime, stop: datetime, ambiguo
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(expr=expressions(NEAR_TRANSITION_HOURS), transition=st.sampled_from(TRANSITIONS), policy=DST_POLICIES)
+@given(expr=expressions(NEAR_TRANSITION_HOURS), transition=st.sampled_from(TRANSITIONS),
+       policy=DST_POLICIES)
 def test_specials_across_a_dst_transition_equal_the_minute_oracle(
     expr: Expression, transition: tuple[str, datetime], policy: tuple[str, str]
 ) -> None:
@@ -303,7 +318,8 @@ def test_specials_across_a_dst_transition_equal_the_minute_oracle(
     start, stop = pivot - timedelta(days=2), pivot + timedelta(days=2)
     got = _fired(expr, zone, start, stop, *policy)
     expected = expr.reference(ZoneInfo(zone), start, stop, *policy)
-    event("refused" if got is None else "fires in the window" if expected else "no instant in the window")
+    event("refused" if got is None else "fires in the window" if expected
+          else "no instant in the window")
     if got is None:  # refused only when no month can ever hold a matching day
         assert not expected, expr.text
         return
@@ -318,15 +334,18 @@ def one_special(draw: st.DrawFn) -> Expression:
     on_dom = draw(st.booleans())
     item = draw(DOM_ITEM if on_dom else DOW_ITEM)
     dom, dow = (item.text, "*") if on_dom else ("?", item.text)
-    return Expression(f"0 {hour_text} {dom} * {dow}", frozenset({0}), hours, frozenset(range(1, 13)),
-                      item.day if on_dom else None, None if on_dom else item.day, wildcard=False)
+    return Expression(f"0 {hour_text} {dom} * {dow}", frozenset({0}), hours,
+                      frozenset(range(1, 13)), item.day if on_dom else None,
+                      None if on_dom else item.day, wildcard=False)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    expr=st.one_of(one_special(), expressions(st.sampled_from([("9", frozenset({9})), ("22-1", frozenset({22, 23, 0, 1}))]))),
+    expr=st.one_of(one_special(), expressions(st.sampled_from(
+        [("9", frozenset({9})), ("22-1", frozenset({22, 23, 0, 1}))]))),
     zone=st.sampled_from(ZONES),
-    year_month=st.one_of(st.sampled_from(EDGE_MONTHS), st.tuples(st.integers(2024, 2030), st.integers(1, 12))),
+    year_month=st.one_of(st.sampled_from(EDGE_MONTHS),
+                         st.tuples(st.integers(2024, 2030), st.integers(1, 12))),
 )
 def test_specials_over_a_whole_month_equal_the_minute_oracle(
     expr: Expression, zone: str, year_month: tuple[int, int]
@@ -335,7 +354,8 @@ def test_specials_over_a_whole_month_equal_the_minute_oracle(
     stop = start + timedelta(days=33)
     got = _fired(expr, zone, start, stop)
     expected = expr.reference(ZoneInfo(zone), start, stop, "first", "shift_forward")
-    event("refused" if got is None else "fires in the window" if expected else "no instant in the window")
+    event("refused" if got is None else "fires in the window" if expected
+          else "no instant in the window")
     if got is None:
         assert not expected, expr.text
         return
@@ -362,7 +382,7 @@ def test_every_special_names_the_oracles_days_for_twelve_years() -> None:
                        *((i, f"0 0 ? * {i.text}") for i in EVERY_WEEKDAY_ITEM)]:
         assert item.day is not None
         expected = [d for d in days if item.day(d)]
-        fired = _fired(Expression(text, frozenset({0}), frozenset({0}), frozenset(range(1, 13)), None, None,
-                                  wildcard=False), "UTC", start, stop)
+        fired = _fired(Expression(text, frozenset({0}), frozenset({0}), frozenset(range(1, 13)),
+                                  None, None, wildcard=False), "UTC", start, stop)
         assert fired is not None, text
         assert [instant.date() for instant in fired] == expected, text

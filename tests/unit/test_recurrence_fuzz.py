@@ -32,26 +32,40 @@ FIELDS = {"cron", "timezone", "every", "at", "anchor", "delay", "start", "end", 
 # digits that str.isdigit() accepts but are not ASCII: superscripts, Arabic-Indic, Devanagari,
 # fullwidth, mathematical bold, circled
 FOREIGN_DIGITS = "²³¹⁰⁴٠١٣٩۵०३０９𝟎𝟗①"
-HUGE = st.one_of(st.integers(10**9, 10**30).map(str), st.tuples(st.integers(1, 9), st.integers(20, 6000)).map(lambda t: str(t[0]) * t[1]))
-NUMBER = st.one_of(st.integers(0, 70).map(str), HUGE, st.text(FOREIGN_DIGITS + "0123456789", min_size=1, max_size=4))
-TOKEN = st.one_of(NUMBER, st.sampled_from(["*", "?", "L", "W", "LW", "H", "#", "-", "/", ",", "FRI", "jan", "sun",
-                                           "L-", "1L", "5#", "\x00", "\n", " ", "\u200b", "@daily", "@"]))
+HUGE = st.one_of(st.integers(10**9, 10**30).map(str),
+                 st.tuples(st.integers(1, 9), st.integers(20, 6000))
+                 .map(lambda t: str(t[0]) * t[1]))
+NUMBER = st.one_of(st.integers(0, 70).map(str), HUGE,
+                   st.text(FOREIGN_DIGITS + "0123456789", min_size=1, max_size=4))
+TOKEN = st.one_of(NUMBER, st.sampled_from(["*", "?", "L", "W", "LW", "H", "#", "-", "/", ",",
+                                           "FRI", "jan", "sun", "L-", "1L", "5#", "\x00", "\n",
+                                           " ", "\u200b", "@daily", "@"]))
 CRON_FIELD = st.lists(TOKEN, min_size=1, max_size=5).map("".join)
-CRON_TEXT = st.one_of(st.text(max_size=40), st.lists(CRON_FIELD, min_size=1, max_size=7).map(" ".join))
+CRON_TEXT = st.one_of(st.text(max_size=40),
+                      st.lists(CRON_FIELD, min_size=1, max_size=7).map(" ".join))
 DURATION_TEXT = st.one_of(
     st.text(max_size=30),
-    st.tuples(NUMBER, st.sampled_from(["", "ms", "s", "m", "h", "d", "w", "e", ".", "Ｓ"])).map("".join),
-    st.tuples(st.sampled_from(["P", "PT", "p", "P1DT"]), NUMBER, st.sampled_from(["W", "D", "H", "M", "S", "Y"])).map("".join),
+    st.tuples(NUMBER,
+              st.sampled_from(["", "ms", "s", "m", "h", "d", "w", "e", ".", "Ｓ"])).map("".join),
+    st.tuples(st.sampled_from(["P", "PT", "p", "P1DT"]), NUMBER,
+              st.sampled_from(["W", "D", "H", "M", "S", "Y"])).map("".join),
 )
-DURATION = st.one_of(DURATION_TEXT, st.one_of(st.integers(), st.sampled_from([10**400, -(10**400), 10**20, 2**63])), st.floats(allow_nan=True, allow_infinity=True))
+DURATION = st.one_of(DURATION_TEXT,
+                     st.one_of(st.integers(),
+                               st.sampled_from([10**400, -(10**400), 10**20, 2**63])),
+                     st.floats(allow_nan=True, allow_infinity=True))
 INSTANT_TEXT = st.one_of(
     st.text(max_size=40),
     st.datetimes(timezones=st.sampled_from([None, UTC])).map(lambda d: d.isoformat()),
-    st.tuples(st.datetimes().map(lambda d: d.isoformat()), st.integers(0, 18), st.sampled_from(FOREIGN_DIGITS))
+    st.tuples(st.datetimes().map(lambda d: d.isoformat()), st.integers(0, 18),
+              st.sampled_from(FOREIGN_DIGITS))
     .map(lambda t: t[0][: t[1]] + t[2] + t[0][t[1] + 1:]),
 )
-ZONE = st.one_of(st.sampled_from(["UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe"]), st.text(max_size=20))
-AFTER = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC))
+ZONE = st.one_of(
+    st.sampled_from(["UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe"]),
+    st.text(max_size=20))
+AFTER = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+                     timezones=st.just(UTC))
 
 
 def _own_error(error: RecurrenceError) -> None:
@@ -66,7 +80,8 @@ def _next_instants(trigger: object, after: datetime) -> None:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=CRON_TEXT, zone=ZONE, after=AFTER)
-def test_any_cron_text_is_a_trigger_or_a_recurrence_error(text: str, zone: str, after: datetime) -> None:
+def test_any_cron_text_is_a_trigger_or_a_recurrence_error(text: str, zone: str,
+                                                          after: datetime) -> None:
     try:
         wildcard = is_wildcard_cron(text)
         spec = parse_cron(text)
@@ -92,7 +107,8 @@ def test_any_duration_is_seconds_or_an_invalid_duration(value: str | int | float
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(every=DURATION, kind=st.sampled_from(["every", "delay"]), after=AFTER)
-def test_any_interval_is_a_trigger_or_a_recurrence_error(every: str | int | float, kind: str, after: datetime) -> None:
+def test_any_interval_is_a_trigger_or_a_recurrence_error(every: str | int | float, kind: str,
+                                                         after: datetime) -> None:
     try:
         trigger = compile_trigger(**{kind: every}, anchor=ANCHOR)  # type: ignore[arg-type]
     except RecurrenceError as error:
@@ -103,8 +119,10 @@ def test_any_interval_is_a_trigger_or_a_recurrence_error(every: str | int | floa
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=INSTANT_TEXT, zone=ZONE, field=st.sampled_from(["at", "start", "end", "anchor"]), after=AFTER)
-def test_any_instant_text_is_an_instant_or_a_recurrence_error(text: str, zone: str, field: str, after: datetime) -> None:
+@given(text=INSTANT_TEXT, zone=ZONE, field=st.sampled_from(["at", "start", "end", "anchor"]),
+       after=AFTER)
+def test_any_instant_text_is_an_instant_or_a_recurrence_error(text: str, zone: str, field: str,
+                                                              after: datetime) -> None:
     try:
         resolve_zone(zone)
         instant = parse_instant(text, zone, field=field)

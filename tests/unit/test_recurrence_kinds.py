@@ -48,8 +48,10 @@ def test_every_before_anchor_still_aligns_backwards() -> None:
 
 
 def test_every_counts_real_elapsed_time_across_dst() -> None:
-    trigger = compile_trigger(every="1h", anchor=utc("2026-03-08T05:00:00Z"), timezone="America/New_York")
-    walls = [i.astimezone(trigger.zone).strftime("%H:%M%z") for i in upcoming(trigger, utc("2026-03-08T05:00:00Z"), 3)]  # type: ignore[attr-defined]
+    trigger = compile_trigger(every="1h", anchor=utc("2026-03-08T05:00:00Z"),
+                              timezone="America/New_York")
+    walls = [i.astimezone(trigger.zone).strftime("%H:%M%z")  # type: ignore[attr-defined]
+             for i in upcoming(trigger, utc("2026-03-08T05:00:00Z"), 3)]
     assert walls == ["01:00-0500", "03:00-0400", "04:00-0400"]
 
 
@@ -70,7 +72,8 @@ def test_every_without_anchor_is_rejected() -> None:
         ("5x", "invalid every '5x': unknown unit 'x' (use ms, s, m, h, d, w)"),
         ("0s", "invalid every '0s': must be greater than zero"),
         ("-5m", "invalid every '-5m': must not be negative"),
-        ("P1M", "invalid every 'P1M': ISO-8601 years and months have no fixed length; use days or weeks"),
+        ("P1M",
+         "invalid every 'P1M': ISO-8601 years and months have no fixed length; use days or weeks"),
     ],
 )
 def test_invalid_every_names_field_and_value(every: str, message: str) -> None:
@@ -94,19 +97,23 @@ def test_at_naive_text_is_wall_time_in_the_zone() -> None:
 
 
 def test_at_naive_in_gap_shifts_forward_and_ambiguous_takes_first_pass() -> None:
-    assert compile_trigger(at="2026-03-08T02:30", timezone="America/New_York").at == utc("2026-03-08T07:00:00Z")  # type: ignore[attr-defined]
-    assert compile_trigger(at="2026-11-01T01:30", timezone="America/New_York").at == utc("2026-11-01T05:30:00Z")  # type: ignore[attr-defined]
+    assert (compile_trigger(at="2026-03-08T02:30", timezone="America/New_York").at  # type: ignore[attr-defined]
+            == utc("2026-03-08T07:00:00Z"))
+    assert (compile_trigger(at="2026-11-01T01:30", timezone="America/New_York").at  # type: ignore[attr-defined]
+            == utc("2026-11-01T05:30:00Z"))
 
 
 def test_at_accepts_aware_datetime() -> None:
     at = datetime(2026, 6, 1, 9, tzinfo=timezone(timedelta(hours=2)))
-    assert compile_trigger(at=at).next_after(utc("2026-01-01T00:00:00Z")) == utc("2026-06-01T07:00:00Z")
+    assert (compile_trigger(at=at).next_after(utc("2026-01-01T00:00:00Z"))
+            == utc("2026-06-01T07:00:00Z"))
 
 
 def test_invalid_at_names_field_and_value() -> None:
     with pytest.raises(RecurrenceError) as caught:
         compile_trigger(at="tomorrow")
-    assert str(caught.value) == "invalid at 'tomorrow': not an ISO-8601 date-time such as 2026-03-08T09:00:00Z"
+    assert str(caught.value) == ("invalid at 'tomorrow': not an ISO-8601 date-time such as "
+                                 "2026-03-08T09:00:00Z")
 
 
 # ---------------------------------------------------------------- delay
@@ -145,15 +152,18 @@ def test_cron_start_with_fraction_rounds_up_to_next_match() -> None:
 
 def test_cron_is_exhausted_after_end() -> None:
     trigger = compile_trigger(cron="0 * * * *", end=utc("2026-01-01T02:00:00Z"))
-    assert upcoming(trigger, utc("2026-01-01T00:30:00Z"), 5) == [utc("2026-01-01T01:00:00Z"), utc("2026-01-01T02:00:00Z")]
+    assert (upcoming(trigger, utc("2026-01-01T00:30:00Z"), 5)
+            == [utc("2026-01-01T01:00:00Z"), utc("2026-01-01T02:00:00Z")])
     assert trigger.next_after(utc("2026-01-01T02:00:00Z")) is None
 
 
 def test_every_respects_start_and_end() -> None:
     trigger = compile_trigger(
-        every="1h", anchor=utc("2026-01-01T00:00:00Z"), start=utc("2026-01-01T03:00:00Z"), end=utc("2026-01-01T04:00:00Z")
+        every="1h", anchor=utc("2026-01-01T00:00:00Z"), start=utc("2026-01-01T03:00:00Z"),
+        end=utc("2026-01-01T04:00:00Z")
     )
-    assert upcoming(trigger, utc("2026-01-01T00:00:00Z"), 5) == [utc("2026-01-01T03:00:00Z"), utc("2026-01-01T04:00:00Z")]
+    assert (upcoming(trigger, utc("2026-01-01T00:00:00Z"), 5)
+            == [utc("2026-01-01T03:00:00Z"), utc("2026-01-01T04:00:00Z")])
 
 
 def test_at_outside_bounds_never_fires() -> None:
@@ -162,19 +172,22 @@ def test_at_outside_bounds_never_fires() -> None:
 
 
 def test_delay_respects_start_and_end() -> None:
-    trigger = compile_trigger(delay="1h", start=utc("2026-01-01T05:00:00Z"), end=utc("2026-01-01T06:00:00Z"))
+    trigger = compile_trigger(delay="1h", start=utc("2026-01-01T05:00:00Z"),
+                              end=utc("2026-01-01T06:00:00Z"))
     assert trigger.next_after(utc("2026-01-01T00:00:00Z")) == utc("2026-01-01T05:00:00Z")
     assert trigger.next_after(utc("2026-01-01T05:30:00Z")) is None
 
 
 def test_end_before_start_is_rejected() -> None:
     with pytest.raises(RecurrenceError) as caught:
-        compile_trigger(cron="* * * * *", start=utc("2026-02-01T00:00:00Z"), end=utc("2026-01-01T00:00:00Z"))
+        compile_trigger(cron="* * * * *", start=utc("2026-02-01T00:00:00Z"),
+                        end=utc("2026-01-01T00:00:00Z"))
     assert caught.value.field == "end"
 
 
 def test_naive_bound_is_wall_time_in_the_zone() -> None:
-    trigger = compile_trigger(cron="0 * * * *", timezone="Asia/Tokyo", start=datetime(2026, 1, 1, 9, 0))
+    trigger = compile_trigger(cron="0 * * * *", timezone="Asia/Tokyo",
+                              start=datetime(2026, 1, 1, 9, 0))
     assert trigger.next_after(utc("2025-12-01T00:00:00Z")) == utc("2026-01-01T00:00:00Z")
 
 
@@ -184,10 +197,12 @@ def test_naive_bound_is_wall_time_in_the_zone() -> None:
 def test_exactly_one_kind_is_required() -> None:
     with pytest.raises(RecurrenceError) as none_given:
         compile_trigger()
-    assert str(none_given.value) == "invalid trigger 'none': give exactly one of cron, every, at, delay"
+    assert str(none_given.value) == ("invalid trigger 'none': give exactly one of cron, every, "
+                                     "at, delay")
     with pytest.raises(RecurrenceError) as two_given:
         compile_trigger(cron="* * * * *", delay="5m")
-    assert str(two_given.value) == "invalid trigger 'cron, delay': give exactly one of cron, every, at, delay"
+    assert str(two_given.value) == ("invalid trigger 'cron, delay': give exactly one of cron, "
+                                    "every, at, delay")
 
 
 def test_unknown_timezone_names_field_and_value() -> None:
@@ -200,8 +215,10 @@ def test_unknown_timezone_names_field_and_value() -> None:
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("dst_ambiguous", "middle", "invalid dst.ambiguous 'middle': expected first, second or both"),
-        ("dst_nonexistent", "back", "invalid dst.nonexistent 'back': expected shift_forward or skip"),
+        ("dst_ambiguous", "middle",
+         "invalid dst.ambiguous 'middle': expected first, second or both"),
+        ("dst_nonexistent", "back",
+         "invalid dst.nonexistent 'back': expected shift_forward or skip"),
     ],
 )
 def test_invalid_dst_option_names_field_and_value(option: str, value: str, message: str) -> None:
@@ -223,7 +240,8 @@ def test_naive_after_is_rejected() -> None:
 
 def test_parse_instant_accepts_z_and_offsets() -> None:
     assert parse_instant("2026-03-08T07:00:00Z") == utc("2026-03-08T07:00:00Z")
-    assert parse_instant("2026-03-08T03:00:00-04:00", "Europe/London") == utc("2026-03-08T07:00:00Z")
+    assert (parse_instant("2026-03-08T03:00:00-04:00", "Europe/London")
+            == utc("2026-03-08T07:00:00Z"))
 
 
 # ---------------------------------------------------------------- jitter
@@ -232,7 +250,8 @@ def test_parse_instant_accepts_z_and_offsets() -> None:
 def test_jitter_is_deterministic_per_schedule_and_instant() -> None:
     instant = utc("2026-01-01T09:00:00Z")
     assert jitter_offset("s-1", instant, 60) == jitter_offset("s-1", instant, 60)
-    assert jitter_offset("s-1", instant, 60) == jitter_offset("s-1", instant.astimezone(timezone(timedelta(hours=5))), 60)
+    assert (jitter_offset("s-1", instant, 60)
+            == jitter_offset("s-1", instant.astimezone(timezone(timedelta(hours=5))), 60))
     assert jitter_offset("s-1", instant, 60) != jitter_offset("s-2", instant, 60)
 
 
@@ -254,5 +273,6 @@ def test_jitter_is_zero_without_a_positive_window(window: float) -> None:
 @pytest.mark.parametrize("module", ["recurrence.py", "durations.py"])
 def test_domain_modules_read_no_clock_and_no_randomness(module: str) -> None:
     source = (ROOT / "src" / "domain" / module).read_text()
-    forbidden = re.compile(r"datetime\.now|\.utcnow|time\.time|time\.monotonic|import random|uuid4|open\(")
+    forbidden = re.compile(r"datetime\.now|\.utcnow|time\.time|time\.monotonic|import random"
+                           r"|uuid4|open\(")
     assert forbidden.findall(source) == []

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from chronolog.domain.recurrence import compile_trigger, upcoming
 
-ZONES = ["UTC", "America/New_York", "Europe/London", "Australia/Sydney", "Australia/Lord_Howe", "Asia/Kolkata"]
+ZONES = ["UTC", "America/New_York", "Europe/London", "Australia/Sydney", "Australia/Lord_Howe",
+         "Asia/Kolkata"]
 
 # 2026 transitions (UTC instants) for the zones with DST.
 TRANSITIONS = [
@@ -82,13 +83,14 @@ class Oracle:
         parts = expr.split()
         expanded, _ = croniter.expand(" ".join(_SINGLE_RANGE.sub(r"\1", part) for part in parts))
         full = [range(60), range(24), range(1, 32), range(1, 13), range(7)]
-        self.sets = [set(everything) if got == ["*"] else set(got) for got, everything in zip(expanded, full)]
+        self.sets = [set(everything) if got == ["*"] else set(got)
+                     for got, everything in zip(expanded, full, strict=True)]
         self.sets[4] = {0 if d == 7 else d for d in self.sets[4]}
         self.dom_star, self.dow_star = parts[2].startswith("*"), parts[4].startswith("*")
         self.wildcard = parts[0].startswith("*") or parts[1].startswith("*")
 
     def day(self, d: date) -> bool:
-        minute, hour, dom, month, dow = self.sets
+        _minute, _hour, dom, month, dow = self.sets
         dom_ok, dow_ok = d.day in dom, (d.weekday() + 1) % 7 in dow
         day_ok = (dom_ok and dow_ok) if (self.dom_star or self.dow_star) else (dom_ok or dow_ok)
         return d.month in month and day_ok
@@ -96,14 +98,16 @@ class Oracle:
     def wall(self, w: datetime) -> bool:
         return w.minute in self.sets[0] and w.hour in self.sets[1] and self.day(w.date())
 
-    def reference(self, zone: ZoneInfo, start: datetime, stop: datetime, ambiguous: str, nonexistent: str) -> list[datetime]:
+    def reference(self, zone: ZoneInfo, start: datetime, stop: datetime, ambiguous: str,
+                  nonexistent: str) -> list[datetime]:
         """Every firing instant in (start, stop], by walking real UTC minutes."""
         out = []
         u = start.replace(second=0, microsecond=0) + timedelta(minutes=1)
         while u <= stop:
             local = u.astimezone(zone)
             wall = local.replace(tzinfo=None)
-            repeated = wall.replace(tzinfo=zone, fold=1 - local.fold).utcoffset() != local.utcoffset()
+            repeated = (wall.replace(tzinfo=zone, fold=1 - local.fold).utcoffset()
+                        != local.utcoffset())
             if ((self.wall(wall) and (self.wildcard or not repeated or ambiguous == "both"
                                       or (ambiguous == "first") == (local.fold == 0)))
                     or (not self.wildcard and nonexistent == "shift_forward"
@@ -114,7 +118,8 @@ class Oracle:
 
     def _gap_ends_here(self, zone: ZoneInfo, u: datetime) -> bool:
         """Is ``u`` the end of a gap that swallowed a matching wall time?"""
-        jump = u.astimezone(zone).utcoffset() - (u - timedelta(seconds=1)).astimezone(zone).utcoffset()  # type: ignore[operator]
+        jump = (u.astimezone(zone).utcoffset()  # type: ignore[operator]
+                - (u - timedelta(seconds=1)).astimezone(zone).utcoffset())
         if jump <= timedelta(0):
             return False
         end_wall = u.astimezone(zone).replace(tzinfo=None)
@@ -128,7 +133,7 @@ def _is_valid_for_oracle(expr: str) -> bool:
         croniter.expand(expr)
     except ValueError:
         return False
-    except Exception:
+    except Exception:  # noqa: BLE001 - any other error: not an expression the oracle takes
         return False
     return True
 
@@ -136,13 +141,15 @@ def _is_valid_for_oracle(expr: str) -> bool:
 # ---------------------------------------------------------------- properties
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(
     expr=CRON.filter(_is_valid_for_oracle),
     zone_name=st.sampled_from(ZONES),
     start=st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2035, 1, 1)),
 )
-def test_instants_increase_and_each_matches_its_local_wall_time(expr: str, zone_name: str, start: datetime) -> None:
+def test_instants_increase_and_each_matches_its_local_wall_time(expr: str, zone_name: str,
+                                                                start: datetime) -> None:
     trigger = compile_trigger(cron=expr, timezone=zone_name)
     zone, oracle = ZoneInfo(zone_name), Oracle(expr)
     fired = upcoming(trigger, start.replace(tzinfo=UTC), 12)
@@ -153,13 +160,16 @@ def test_instants_increase_and_each_matches_its_local_wall_time(expr: str, zone_
         local = instant.astimezone(zone)
         if oracle.wall(local.replace(tzinfo=None)):
             repeated = local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset()
-            assert oracle.wildcard or not repeated or local.fold == 0, (expr, zone_name, instant)  # default: first
+            # default: first
+            assert oracle.wildcard or not repeated or local.fold == 0, (expr, zone_name, instant)
         else:
-            assert not oracle.wildcard and oracle._gap_ends_here(zone, instant), (expr, zone_name, instant)
+            assert not oracle.wildcard and oracle._gap_ends_here(zone, instant), (
+                expr, zone_name, instant)
         previous = instant
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(
     expr=st.one_of(CRON, NEAR_TRANSITION_CRON).filter(_is_valid_for_oracle),
     transition=st.sampled_from(TRANSITIONS),
@@ -172,7 +182,8 @@ def test_instants_around_a_transition_equal_the_brute_force_oracle(
     zone_name, at = transition
     pivot = datetime.fromisoformat(at).replace(tzinfo=UTC)
     start, stop = pivot - timedelta(hours=14), pivot + timedelta(hours=14)
-    trigger = compile_trigger(cron=expr, timezone=zone_name, dst_ambiguous=ambiguous, dst_nonexistent=nonexistent)
+    trigger = compile_trigger(cron=expr, timezone=zone_name, dst_ambiguous=ambiguous,
+                              dst_nonexistent=nonexistent)
     got = []
     current = trigger.next_after(start)
     while current is not None and current <= stop:

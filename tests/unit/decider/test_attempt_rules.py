@@ -6,20 +6,20 @@ One test per rule (docs/design.md §5, §8), named after the rule.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from chronolog.commands.decider import retry_delay
+from support.decider import GivenWhenThen
 
 
-def _leased(gwt: SimpleNamespace, **overrides: Any) -> tuple[Any, Any]:
+def _leased(gwt: GivenWhenThen, **overrides: Any) -> tuple[Any, Any]:
     """A story with one run claimed at T0 (lease 30 s unless overridden)."""
     s = gwt.story().create(gwt.T0, **overrides)
     [occ] = s.materialize(gwt.T0)
     return s, s.claim(occ.run_id, gwt.T0)
 
 
-def test_claim_advances_the_fence_and_leases_the_attempt(gwt: SimpleNamespace) -> None:
+def test_claim_advances_the_fence_and_leases_the_attempt(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     [occ] = s.materialize(gwt.T0)
@@ -30,7 +30,7 @@ def test_claim_advances_the_fence_and_leases_the_attempt(gwt: SimpleNamespace) -
     assert d.body["fence"] == 1 and d.body["params"] == {"n": 1}
 
 
-def test_claim_on_a_leased_or_terminal_run_is_refused(gwt: SimpleNamespace) -> None:
+def test_claim_on_a_leased_or_terminal_run_is_refused(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     dup = s.when(m.ClaimRun(run_id=claimed.run_id, attempt=1, worker_id="w2"), gwt.T0)
@@ -40,7 +40,7 @@ def test_claim_on_a_leased_or_terminal_run_is_refused(gwt: SimpleNamespace) -> N
     assert (late.status, late.events) == ("conflict", [])
 
 
-def test_fences_strictly_increase_per_schedule_across_runs(gwt: SimpleNamespace) -> None:
+def test_fences_strictly_increase_per_schedule_across_runs(gwt: GivenWhenThen) -> None:
     s = gwt.story().create(gwt.T0, lease=600)
     fences = []
     for k in range(3):
@@ -49,7 +49,7 @@ def test_fences_strictly_increase_per_schedule_across_runs(gwt: SimpleNamespace)
     assert fences == [1, 2, 3]
 
 
-def test_heartbeat_with_current_fence_extends_the_lease(gwt: SimpleNamespace) -> None:
+def test_heartbeat_with_current_fence_extends_the_lease(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(gwt.heartbeat(claimed), gwt.T0 + gwt.sec(20))
@@ -57,14 +57,13 @@ def test_heartbeat_with_current_fence_extends_the_lease(gwt: SimpleNamespace) ->
     assert d.body["cancel_requested"] is False
 
 
-def test_heartbeat_with_stale_fence_is_stale_fence(gwt: SimpleNamespace) -> None:
+def test_heartbeat_with_stale_fence_is_stale_fence(gwt: GivenWhenThen) -> None:
     s, claimed = _leased(gwt)
     d = s.when(gwt.heartbeat(claimed, fence=claimed.fence + 7), gwt.T0 + gwt.sec(5))
     assert (d.status, d.events) == ("stale_fence", [])
 
 
-def test_heartbeat_never_revives_an_expired_epoch(gwt: SimpleNamespace) -> None:
-    m = gwt.m
+def test_heartbeat_never_revives_an_expired_epoch(gwt: GivenWhenThen) -> None:
     s, claimed = _leased(gwt)
     d = s.when(gwt.heartbeat(claimed), gwt.T0 + gwt.sec(31))  # lease ended at T0+30
     assert d.status == "stale_fence"
@@ -74,7 +73,7 @@ def test_heartbeat_never_revives_an_expired_epoch(gwt: SimpleNamespace) -> None:
     assert s.when(gwt.heartbeat(claimed), gwt.T0 + gwt.sec(32)).status == "stale_fence"
 
 
-def test_lease_expiry_advances_the_fence_at_once(gwt: SimpleNamespace) -> None:
+def test_lease_expiry_advances_the_fence_at_once(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(30)).events == []  # lease_until itself is inside
@@ -85,7 +84,9 @@ def test_lease_expiry_advances_the_fence_at_once(gwt: SimpleNamespace) -> None:
     assert s.run(claimed.run_id).state == "READY"
 
 
-def test_complete_with_current_fence_inside_the_lease_publishes_the_result(gwt: SimpleNamespace) -> None:
+def test_complete_with_current_fence_inside_the_lease_publishes_the_result(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(30))  # now == lease_until: inside
@@ -94,7 +95,7 @@ def test_complete_with_current_fence_inside_the_lease_publishes_the_result(gwt: 
     assert s.run(claimed.run_id).state == "SUCCEEDED"
 
 
-def test_stale_completion_is_rejected_and_recorded(gwt: SimpleNamespace) -> None:
+def test_stale_completion_is_rejected_and_recorded(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.when(m.Tick(), gwt.T0 + gwt.sec(31))  # lease expired, fence advanced, READY again
@@ -107,7 +108,7 @@ def test_stale_completion_is_rejected_and_recorded(gwt: SimpleNamespace) -> None
     assert "ResultPublished" not in gwt.names(d)
 
 
-def test_completion_after_the_lease_is_rejected_and_expires_the_lease(gwt: SimpleNamespace) -> None:
+def test_completion_after_the_lease_is_rejected_and_expires_the_lease(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(31))
@@ -116,7 +117,7 @@ def test_completion_after_the_lease_is_rejected_and_expires_the_lease(gwt: Simpl
     assert gwt.one(d, m.CompletionRejected).reason == "lease_expired"
 
 
-def test_repeated_completion_with_same_checksum_returns_saved_result(gwt: SimpleNamespace) -> None:
+def test_repeated_completion_with_same_checksum_returns_saved_result(gwt: GivenWhenThen) -> None:
     s, claimed = _leased(gwt)
     first = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     again = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(500))  # even after the lease
@@ -125,7 +126,7 @@ def test_repeated_completion_with_same_checksum_returns_saved_result(gwt: Simple
         "checksum": "sha256:aa", "size": 3, "uri": None, "inline": {"ok": True}}
 
 
-def test_repeated_completion_with_other_checksum_is_conflict(gwt: SimpleNamespace) -> None:
+def test_repeated_completion_with_other_checksum_is_conflict(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
@@ -135,9 +136,11 @@ def test_repeated_completion_with_other_checksum_is_conflict(gwt: SimpleNamespac
     assert s.run(claimed.run_id).checksum == "sha256:aa"
 
 
-def test_effects_are_intended_with_the_result(gwt: SimpleNamespace) -> None:
+def test_effects_are_intended_with_the_result(gwt: GivenWhenThen) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}, {"kind": "webhook", "name": "hook", "destination": "d-webhook"}])
+    s, claimed = _leased(gwt, effects=[
+        {"kind": "email", "destination": "d-email"},
+        {"kind": "webhook", "name": "hook", "destination": "d-webhook"}])
     d = s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     assert gwt.names(d) == ["ResultPublished", "EffectIntended", "EffectIntended"]
     ids = [e.effect_id for e in gwt.all(d, m.EffectIntended)]
@@ -145,7 +148,9 @@ def test_effects_are_intended_with_the_result(gwt: SimpleNamespace) -> None:
     assert {e.checksum for e in gwt.all(d, m.EffectIntended)} == {"sha256:aa"}
 
 
-def test_transient_failure_schedules_a_retry_with_deterministic_backoff(gwt: SimpleNamespace) -> None:
+def test_transient_failure_schedules_a_retry_with_deterministic_backoff(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, retry={"max_attempts": 5, "initial_backoff": 10, "multiplier": 3})
     d = s.fail(claimed, gwt.T0 + gwt.sec(5))
@@ -162,7 +167,7 @@ def test_transient_failure_schedules_a_retry_with_deterministic_backoff(gwt: Sim
     assert gwt.names(s.when(m.Tick(), retry.retry_at)) == ["OccurrenceReady"]
 
 
-def test_retry_backoff_grows_and_is_capped(gwt: SimpleNamespace) -> None:
+def test_retry_backoff_grows_and_is_capped(gwt: GivenWhenThen) -> None:
     s, _ = _leased(gwt, retry={"initial_backoff": 1, "multiplier": 2, "max_backoff": 8,
                               "max_attempts": 50})
     pol = s.state.policy
@@ -172,7 +177,7 @@ def test_retry_backoff_grows_and_is_capped(gwt: SimpleNamespace) -> None:
         assert base / 2 <= step < base
 
 
-def test_retry_is_bounded_by_max_attempts(gwt: SimpleNamespace) -> None:
+def test_retry_is_bounded_by_max_attempts(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, retry={"max_attempts": 2, "initial_backoff": 1})
     retry = gwt.one(s.fail(claimed, gwt.T0 + gwt.sec(1)), m.RetryScheduled)
@@ -185,7 +190,7 @@ def test_retry_is_bounded_by_max_attempts(gwt: SimpleNamespace) -> None:
     assert s.run(claimed.run_id).state == "DEAD"
 
 
-def test_retry_is_bounded_by_max_age(gwt: SimpleNamespace) -> None:
+def test_retry_is_bounded_by_max_age(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, retry={"max_attempts": 10, "initial_backoff": 100, "max_age": 60},
                          lease=600)
@@ -193,7 +198,7 @@ def test_retry_is_bounded_by_max_age(gwt: SimpleNamespace) -> None:
     assert gwt.one(d, m.OccurrenceDeadLettered).reason == "max_age"
 
 
-def test_permanent_failure_goes_dead(gwt: SimpleNamespace) -> None:
+def test_permanent_failure_goes_dead(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="permanent")
@@ -201,14 +206,14 @@ def test_permanent_failure_goes_dead(gwt: SimpleNamespace) -> None:
     assert gwt.one(d, m.OccurrenceDeadLettered).reason == "permanent_error"
 
 
-def test_ambiguous_failure_goes_reconciling(gwt: SimpleNamespace) -> None:
+def test_ambiguous_failure_goes_reconciling(gwt: GivenWhenThen) -> None:
     s, claimed = _leased(gwt)
     d = s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="ambiguous")
     assert gwt.names(d) == ["AttemptFailed", "ReconciliationRequired"]
     assert s.run(claimed.run_id).state == "RECONCILING"
 
 
-def test_fail_with_stale_fence_is_stale_fence(gwt: SimpleNamespace) -> None:
+def test_fail_with_stale_fence_is_stale_fence(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(m.FailRun(run_id=claimed.run_id, attempt=1, fence=claimed.fence + 1,
@@ -216,7 +221,7 @@ def test_fail_with_stale_fence_is_stale_fence(gwt: SimpleNamespace) -> None:
     assert (d.status, d.events) == ("stale_fence", [])
 
 
-def test_redrive_keeps_run_id_and_history(gwt: SimpleNamespace) -> None:
+def test_redrive_keeps_run_id_and_history(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="permanent")
@@ -231,14 +236,14 @@ def test_redrive_keeps_run_id_and_history(gwt: SimpleNamespace) -> None:
             ].count("AttemptClaimed") == 2
 
 
-def test_redrive_of_a_run_not_dead_is_conflict(gwt: SimpleNamespace) -> None:
+def test_redrive_of_a_run_not_dead_is_conflict(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     d = s.when(m.RedriveRun(run_id=claimed.run_id), gwt.T0)
     assert (d.status, d.events) == ("conflict", [])
 
 
-def test_redrive_respects_the_overlap_guard(gwt: SimpleNamespace) -> None:
+def test_redrive_respects_the_overlap_guard(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, overlap="skip", lease=600)
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="permanent")
@@ -249,7 +254,7 @@ def test_redrive_respects_the_overlap_guard(gwt: SimpleNamespace) -> None:
     assert [r.state for r in s.state.runs.values()].count("LEASED") == 1
 
 
-def test_reconciliation_resolved_as_delivered_succeeds_the_run(gwt: SimpleNamespace) -> None:
+def test_reconciliation_resolved_as_delivered_succeeds_the_run(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="ambiguous")
@@ -258,7 +263,7 @@ def test_reconciliation_resolved_as_delivered_succeeds_the_run(gwt: SimpleNamesp
     assert s.run(claimed.run_id).state == "SUCCEEDED"
 
 
-def test_reconciliation_resolved_as_retry_keeps_the_identity(gwt: SimpleNamespace) -> None:
+def test_reconciliation_resolved_as_retry_keeps_the_identity(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="ambiguous")
@@ -268,7 +273,7 @@ def test_reconciliation_resolved_as_retry_keeps_the_identity(gwt: SimpleNamespac
     assert s.claim(claimed.run_id, gwt.T0 + gwt.sec(2)).attempt == 2
 
 
-def test_reconciliation_resolved_as_abandon_dead_letters_the_run(gwt: SimpleNamespace) -> None:
+def test_reconciliation_resolved_as_abandon_dead_letters_the_run(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="ambiguous")
@@ -276,7 +281,9 @@ def test_reconciliation_resolved_as_abandon_dead_letters_the_run(gwt: SimpleName
     assert gwt.one(d, m.OccurrenceDeadLettered).reason == "reconciliation_abandoned"
 
 
-def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(gwt: SimpleNamespace) -> None:
+def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
@@ -291,9 +298,10 @@ def test_uncertain_effect_goes_to_reconciliation_and_is_never_blindly_retried(gw
     assert gwt.one(d, m.EffectIntended).attempt == 2
 
 
-def test_two_uncertain_effects_are_each_reconciled(gwt: SimpleNamespace) -> None:
+def test_two_uncertain_effects_are_each_reconciled(gwt: GivenWhenThen) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}, {"kind": "webhook", "destination": "d-webhook"}])
+    s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"},
+                                       {"kind": "webhook", "destination": "d-webhook"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
     ids = [f"send-{claimed.run_id}", f"webhook-{claimed.run_id}"]
     for eid in ids:
@@ -308,7 +316,7 @@ def test_two_uncertain_effects_are_each_reconciled(gwt: SimpleNamespace) -> None
     assert {v[0] for v in run.effects.values()} == {"SUCCEEDED"}
 
 
-def test_cancel_on_ready_is_accepted_at_once(gwt: SimpleNamespace) -> None:
+def test_cancel_on_ready_is_accepted_at_once(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     [occ] = s.materialize(gwt.T0)
@@ -317,9 +325,9 @@ def test_cancel_on_ready_is_accepted_at_once(gwt: SimpleNamespace) -> None:
     assert d.body["outcome"] == "cancelled"
 
 
-def test_cancel_on_pending_is_accepted_at_once(gwt: SimpleNamespace) -> None:
+def test_cancel_on_pending_is_accepted_at_once(gwt: GivenWhenThen) -> None:
     m = gwt.m
-    s, claimed = _leased(gwt, overlap="buffer_one", lease=600)
+    s, _claimed = _leased(gwt, overlap="buffer_one", lease=600)
     [pending] = s.materialize(gwt.T0 + gwt.sec(60))
     d = s.when(m.CancelRun(run_id=pending.run_id), gwt.T0 + gwt.sec(61))
     assert gwt.names(d) == ["OccurrenceCancelled"]
@@ -327,7 +335,7 @@ def test_cancel_on_pending_is_accepted_at_once(gwt: SimpleNamespace) -> None:
 
 
 def test_cancel_on_leased_is_recorded_as_requested_and_told_through_the_heartbeat(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
@@ -339,7 +347,7 @@ def test_cancel_on_leased_is_recorded_as_requested_and_told_through_the_heartbea
     assert hb.body["cancel_requested"] is True
 
 
-def test_cancel_on_terminal_is_refused_as_too_late(gwt: SimpleNamespace) -> None:
+def test_cancel_on_terminal_is_refused_as_too_late(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(1))
@@ -348,7 +356,9 @@ def test_cancel_on_terminal_is_refused_as_too_late(gwt: SimpleNamespace) -> None
     assert "too late" in d.reason
 
 
-def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(gwt: SimpleNamespace) -> None:
+def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.when(m.CancelRun(run_id=claimed.run_id), gwt.T0 + gwt.sec(1))
@@ -356,7 +366,9 @@ def test_cancel_requested_then_lease_expiry_cancels_instead_of_retrying(gwt: Sim
     assert gwt.names(d) == ["LeaseExpired", "FenceAdvanced", "OccurrenceCancelled"]
 
 
-def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(gwt: SimpleNamespace) -> None:
+def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, effects=[{"kind": "email", "destination": "d-email"}])
     s.when(gwt.complete(claimed), gwt.T0 + gwt.sec(5))
@@ -369,7 +381,7 @@ def test_definite_effect_outcome_after_uncertainty_ends_the_reconciliation(gwt: 
     assert (s.run(claimed.run_id).state, s.run(claimed.run_id).reconcile) == ("SUCCEEDED", None)
 
 
-def test_crash_trace_one_run_two_owners(gwt: SimpleNamespace) -> None:
+def test_crash_trace_one_run_two_owners(gwt: GivenWhenThen) -> None:
     """The crash-and-redelivery timeline (docs/design.md §5), step by step (times from 12:00:00)."""
     m = gwt.m
     t = lambda sec: gwt.T0 + gwt.sec(sec)  # noqa: E731
@@ -393,7 +405,7 @@ def test_crash_trace_one_run_two_owners(gwt: SimpleNamespace) -> None:
     assert [type(e).__name__ for e in s.history].count("ResultPublished") == 1
 
 
-def test_redriven_run_gets_a_fresh_max_age_budget(gwt: SimpleNamespace) -> None:
+def test_redriven_run_gets_a_fresh_max_age_budget(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt, retry={"max_attempts": 5, "max_age": 3600})
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="permanent")
@@ -406,7 +418,7 @@ def test_redriven_run_gets_a_fresh_max_age_budget(gwt: SimpleNamespace) -> None:
     assert gwt.names(failed) == ["AttemptFailed", "RetryScheduled"]
 
 
-def test_reconciliation_retry_on_a_deleted_schedule_is_conflict(gwt: SimpleNamespace) -> None:
+def test_reconciliation_retry_on_a_deleted_schedule_is_conflict(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s, claimed = _leased(gwt)
     s.fail(claimed, gwt.T0 + gwt.sec(1), error_class="ambiguous")

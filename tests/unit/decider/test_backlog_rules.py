@@ -9,7 +9,6 @@ the catch-up bounds, one after another. The grace keeps its meaning for a single
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,9 +17,10 @@ from chronolog.commands.backlog import plan_due
 from chronolog.commands.decider import decide, fold
 from chronolog.commands.state import initial_state
 from chronolog.domain import messages as msg
+from support.decider import GivenWhenThen
 
 
-def _finished_first_run(gwt: SimpleNamespace, **spec: object) -> object:
+def _finished_first_run(gwt: GivenWhenThen, **spec: object) -> object:
     """Given: an ``every 2s`` schedule created at T0 whose first run has finished at T0+1s."""
     s = gwt.story().create(gwt.T0, every=2.0, **spec)
     [first] = s.materialize(gwt.T0)
@@ -29,17 +29,17 @@ def _finished_first_run(gwt: SimpleNamespace, **spec: object) -> object:
     return s
 
 
-def _ticked_after_downtime(gwt: SimpleNamespace, s: object, down: float) -> object:
+def _ticked_after_downtime(gwt: GivenWhenThen, s: object, down: float) -> object:
     """When: the node comes back ``down`` seconds after T0 and ticks."""
     return s.when(gwt.m.Tick(), gwt.T0 + gwt.sec(down))  # type: ignore[attr-defined]
 
 
-def _instants(gwt: SimpleNamespace, first: int, last: int) -> list[datetime]:
+def _instants(gwt: GivenWhenThen, first: int, last: int) -> list[datetime]:
     return [gwt.T0 + gwt.sec(k) for k in range(first, last + 1, 2)]
 
 
 def test_latest_after_downtime_runs_only_the_newest_instant_and_coalesces_the_older(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, overlap="skip")  # misfire latest, grace 60 s (defaults)
@@ -52,7 +52,7 @@ def test_latest_after_downtime_runs_only_the_newest_instant_and_coalesces_the_ol
     assert s.state.next_run_at == gwt.T0 + gwt.sec(36)
 
 
-def test_latest_records_a_long_coalesced_run_as_one_range_event(gwt: SimpleNamespace) -> None:
+def test_latest_records_a_long_coalesced_run_as_one_range_event(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = _finished_first_run(gwt)
     d = _ticked_after_downtime(gwt, s, 601)  # ten minutes down: 300 instants due
@@ -64,7 +64,7 @@ def test_latest_records_a_long_coalesced_run_as_one_range_event(gwt: SimpleNames
         gwt.T0 + gwt.sec(600)]
 
 
-def test_latest_runs_the_newest_of_a_backlog_whatever_the_grace(gwt: SimpleNamespace) -> None:
+def test_latest_runs_the_newest_of_a_backlog_whatever_the_grace(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, misfire={"policy": "latest", "grace": 0})
     d = _ticked_after_downtime(gwt, s, 35)  # the newest (T0+34) is 1 s late, past the grace
@@ -72,7 +72,7 @@ def test_latest_runs_the_newest_of_a_backlog_whatever_the_grace(gwt: SimpleNames
         gwt.T0 + gwt.sec(34)]
 
 
-def test_latest_skips_even_the_newest_when_it_is_older_than_max_age(gwt: SimpleNamespace) -> None:
+def test_latest_skips_even_the_newest_when_it_is_older_than_max_age(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, cron="0 * * * *", misfire={"policy": "latest", "max_age": 600})
     d = s.when(m.Tick(), gwt.T0 + gwt.sec(3 * 3600 + 1800))  # 09:00 .. 12:00 due
@@ -83,7 +83,7 @@ def test_latest_skips_even_the_newest_when_it_is_older_than_max_age(gwt: SimpleN
 
 
 def test_skip_after_downtime_runs_only_the_newest_instant_within_the_grace(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, misfire="skip")  # grace 60 s: every missed instant is in it
@@ -96,7 +96,7 @@ def test_skip_after_downtime_runs_only_the_newest_instant_within_the_grace(
 
 
 def test_skip_after_downtime_runs_nothing_when_the_newest_is_past_the_grace(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, misfire={"policy": "skip", "grace": 0.5})
@@ -107,7 +107,7 @@ def test_skip_after_downtime_runs_nothing_when_the_newest_is_past_the_grace(
 
 
 def test_all_after_downtime_runs_every_instant_in_order_one_after_another(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, misfire="all", overlap="skip")
@@ -122,7 +122,7 @@ def test_all_after_downtime_runs_every_instant_in_order_one_after_another(
     assert gwt.one(done, m.OccurrenceReady).run_id == ran[1].run_id
 
 
-def test_all_catch_up_waits_behind_a_running_previous_run(gwt: SimpleNamespace) -> None:
+def test_all_catch_up_waits_behind_a_running_previous_run(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, misfire="all", overlap="skip", lease=600)
     [first] = s.materialize(gwt.T0)
@@ -132,14 +132,14 @@ def test_all_catch_up_waits_behind_a_running_previous_run(gwt: SimpleNamespace) 
         (t, "PENDING") for t in _instants(gwt, 2, 8)]
 
 
-def test_all_catch_up_runs_side_by_side_under_overlap_allow(gwt: SimpleNamespace) -> None:
+def test_all_catch_up_runs_side_by_side_under_overlap_allow(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, misfire="all", overlap="allow")
     d = _ticked_after_downtime(gwt, s, 9)
     assert [e.state for e in gwt.all(d, m.OccurrenceMaterialized)] == ["READY"] * 4
 
 
-def test_all_catch_up_is_bounded_by_max_catchup_whatever_the_grace(gwt: SimpleNamespace) -> None:
+def test_all_catch_up_is_bounded_by_max_catchup_whatever_the_grace(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = _finished_first_run(gwt, misfire={"policy": "all", "max_catchup": 5})
     d = _ticked_after_downtime(gwt, s, 35)  # 17 due, all within the 60 s grace
@@ -150,7 +150,7 @@ def test_all_catch_up_is_bounded_by_max_catchup_whatever_the_grace(gwt: SimpleNa
 
 
 def test_latest_newest_instant_meets_the_overlap_policy_of_a_running_previous_run(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     for overlap, outcome in (("skip", "overlap"), ("buffer_one", "PENDING"),
@@ -167,7 +167,7 @@ def test_latest_newest_instant_meets_the_overlap_policy_of_a_running_previous_ru
         assert got == outcome, overlap
 
 
-def test_grace_keeps_its_meaning_for_a_single_late_instant(gwt: SimpleNamespace) -> None:
+def test_grace_keeps_its_meaning_for_a_single_late_instant(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=600.0, misfire={"policy": "skip", "grace": 60})
     s.materialize(gwt.T0)
@@ -177,7 +177,7 @@ def test_grace_keeps_its_meaning_for_a_single_late_instant(gwt: SimpleNamespace)
     assert [e.reason for e in gwt.all(late, m.OccurrenceSkipped)] == ["misfire"]
 
 
-def test_a_backlog_decision_replays_to_the_same_state(gwt: SimpleNamespace) -> None:
+def test_a_backlog_decision_replays_to_the_same_state(gwt: GivenWhenThen) -> None:
     s = _finished_first_run(gwt, misfire="all")
     _ticked_after_downtime(gwt, s, 601)
     assert s.replayed().snapshot() == s.state.snapshot()
@@ -228,7 +228,7 @@ def test_a_backlog_runs_what_the_plan_says_and_accounts_for_every_due_instant(
 
 
 def test_latest_coalesces_an_occurrence_from_before_the_gap_that_never_started(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, overlap="skip")
@@ -242,7 +242,7 @@ def test_latest_coalesces_an_occurrence_from_before_the_gap_that_never_started(
 
 
 def test_latest_leaves_a_started_run_from_before_the_gap_and_a_manual_run_alone(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, overlap="buffer_all", lease=600)
@@ -255,7 +255,7 @@ def test_latest_leaves_a_started_run_from_before_the_gap_and_a_manual_run_alone(
     assert s.run(first.run_id).state == "LEASED" and s.run(manual.run_id).state == "PENDING"
 
 
-def test_latest_leaves_an_unstarted_run_alone_under_overlap_allow(gwt: SimpleNamespace) -> None:
+def test_latest_leaves_an_unstarted_run_alone_under_overlap_allow(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, overlap="allow")
     [first] = s.materialize(gwt.T0)

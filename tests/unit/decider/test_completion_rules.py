@@ -7,13 +7,12 @@ it leaves the quota (``exists`` is false), its runs go on to finish, only delete
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from chronolog.commands.decider import next_wakeup
 from chronolog.domain.ids import run_id_for
+from support.decider import GivenWhenThen
 
 
-def test_a_one_shot_completes_when_its_instant_is_materialized(gwt: SimpleNamespace) -> None:
+def test_a_one_shot_completes_when_its_instant_is_materialized(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0 + gwt.sec(60))
     assert s.state.status == "ACTIVE" and s.state.exists
@@ -26,7 +25,7 @@ def test_a_one_shot_completes_when_its_instant_is_materialized(gwt: SimpleNamesp
     assert s.replayed().snapshot() == s.state.snapshot()
 
 
-def test_a_schedule_completes_when_max_count_is_reached(gwt: SimpleNamespace) -> None:
+def test_a_schedule_completes_when_max_count_is_reached(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, max_count=2)
     assert gwt.all(s.when(m.Tick(), gwt.T0), m.ScheduleCompleted) == []
@@ -35,7 +34,7 @@ def test_a_schedule_completes_when_max_count_is_reached(gwt: SimpleNamespace) ->
     assert s.state.status == "COMPLETED"
 
 
-def test_a_schedule_completes_when_its_end_has_passed(gwt: SimpleNamespace) -> None:
+def test_a_schedule_completes_when_its_end_has_passed(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, end=gwt.T0 + gwt.sec(150))
     s.materialize(gwt.T0)
@@ -45,7 +44,7 @@ def test_a_schedule_completes_when_its_end_has_passed(gwt: SimpleNamespace) -> N
     assert gwt.one(d, m.ScheduleCompleted).reason == "end"
 
 
-def test_a_one_shot_skipped_by_its_misfire_policy_still_completes(gwt: SimpleNamespace) -> None:
+def test_a_one_shot_skipped_by_its_misfire_policy_still_completes(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0 + gwt.sec(60), misfire={"policy": "skip", "grace": 5})
     d = s.when(m.Tick(), gwt.T0 + gwt.sec(600))
@@ -53,7 +52,7 @@ def test_a_one_shot_skipped_by_its_misfire_policy_still_completes(gwt: SimpleNam
     assert gwt.one(d, m.ScheduleCompleted).count == 0
 
 
-def test_a_fixed_delay_schedule_completes_when_its_last_run_finishes(gwt: SimpleNamespace) -> None:
+def test_a_fixed_delay_schedule_completes_when_its_last_run_finishes(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, delay=60.0, max_count=1)
     [run] = s.materialize(gwt.T0)
@@ -64,8 +63,7 @@ def test_a_fixed_delay_schedule_completes_when_its_last_run_finishes(gwt: Simple
     assert gwt.one(d, m.ScheduleCompleted).reason == "max_count"
 
 
-def test_the_runs_of_a_completed_schedule_still_finish(gwt: SimpleNamespace) -> None:
-    m = gwt.m
+def test_the_runs_of_a_completed_schedule_still_finish(gwt: GivenWhenThen) -> None:
     s = gwt.story().create(gwt.T0, at=gwt.T0)
     [run] = s.materialize(gwt.T0)
     assert s.state.status == "COMPLETED"
@@ -74,7 +72,7 @@ def test_the_runs_of_a_completed_schedule_still_finish(gwt: SimpleNamespace) -> 
     assert d.ok and gwt.names(d) == ["ResultPublished"]
 
 
-def test_no_occurrence_is_materialized_after_completed(gwt: SimpleNamespace) -> None:
+def test_no_occurrence_is_materialized_after_completed(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, max_count=1)
     s.materialize(gwt.T0)
@@ -83,7 +81,7 @@ def test_no_occurrence_is_materialized_after_completed(gwt: SimpleNamespace) -> 
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(3600)).events == []
 
 
-def test_a_completed_schedule_refuses_revise_pause_resume_and_trigger(gwt: SimpleNamespace) -> None:
+def test_a_completed_schedule_refuses_revise_pause_resume_and_trigger(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0)
     s.materialize(gwt.T0)
@@ -95,7 +93,7 @@ def test_a_completed_schedule_refuses_revise_pause_resume_and_trigger(gwt: Simpl
         assert "COMPLETED" in d.reason
 
 
-def test_a_completed_schedule_can_be_deleted(gwt: SimpleNamespace) -> None:
+def test_a_completed_schedule_can_be_deleted(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0)
     s.materialize(gwt.T0)
@@ -105,7 +103,7 @@ def test_a_completed_schedule_can_be_deleted(gwt: SimpleNamespace) -> None:
 
 
 def test_a_pause_that_handles_the_last_instant_completes_instead_of_pausing(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0 + gwt.sec(60))
@@ -114,7 +112,7 @@ def test_a_pause_that_handles_the_last_instant_completes_instead_of_pausing(
     assert d.ok and d.body["state"] == "COMPLETED"
 
 
-def test_a_paused_schedule_whose_end_passed_completes_on_resume(gwt: SimpleNamespace) -> None:
+def test_a_paused_schedule_whose_end_passed_completes_on_resume(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, end=gwt.T0 + gwt.sec(90), misfire="skip")
     s.materialize(gwt.T0)
@@ -125,7 +123,7 @@ def test_a_paused_schedule_whose_end_passed_completes_on_resume(gwt: SimpleNames
 
 
 def test_a_tick_completes_a_schedule_that_ended_in_a_log_written_before_completed_existed(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     spec = gwt.spec(at=gwt.T0)

@@ -126,7 +126,8 @@ class DeciderMachine(RuleBasedStateMachine):
         decision = decide(state, env, self.now)
         assert state.snapshot() == before, "decide mutated its input state"
         again = decide(state, env, self.now)
-        assert (again.status, again.events) == (decision.status, decision.events), "not deterministic"
+        assert ((again.status, again.events)
+                == (decision.status, decision.events)), "not deterministic"
         for event in decision.events:
             self._check_event(sid, state, event)
             evolve(state, event)
@@ -272,7 +273,8 @@ class DeciderMachine(RuleBasedStateMachine):
             self._do(sid, m.CompleteRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                                         checksum=checksum, size=1))
         elif end == "fail":
-            error_class = data.draw(st.sampled_from(["transient", "permanent", "ambiguous", "ambiguous"]))
+            error_class = data.draw(st.sampled_from(["transient", "permanent", "ambiguous",
+                                                     "ambiguous"]))
             self._do(sid, m.FailRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                                     error_class=error_class))
 
@@ -305,7 +307,8 @@ class DeciderMachine(RuleBasedStateMachine):
         sid = SIDS[i]
         run_id = self._pick(sid, data, "LEASED")
         fence = self._fence(sid, run_id, data)
-        error_class = data.draw(st.sampled_from(["transient", "transient", "permanent", "ambiguous"]))
+        error_class = data.draw(st.sampled_from(["transient", "transient", "permanent",
+                                                 "ambiguous"]))
         self._do(sid, m.FailRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                                 error_class=error_class))
 

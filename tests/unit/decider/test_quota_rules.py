@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any
 
 from chronolog.commands.decider import QUOTA_EXPIRY_MARGIN, Decision
@@ -24,21 +23,22 @@ from chronolog.commands.quota import (
 from chronolog.commands.state import QuotaWait
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID
+from support.decider import GivenWhenThen
 
 QUOTA = 10
 
 
-def _quota(gwt: SimpleNamespace, max_schedules: int | None = QUOTA) -> object:
+def _quota(gwt: GivenWhenThen, max_schedules: int | None = QUOTA) -> object:
     return gwt.TenantContext(max_schedules=max_schedules)
 
 
-def _processor(gwt: SimpleNamespace, payload: object, schedule_id: str = "s1",
+def _processor(gwt: GivenWhenThen, payload: object, schedule_id: str = "s1",
                command_id: str = "quota:x") -> m.CommandEnvelope:
     return gwt.envelope(payload, schedule_id=schedule_id, principal="processor",
                         command_id=command_id)
 
 
-def _held(gwt: SimpleNamespace, command_id: str = "c-1", **spec: Any) -> Any:
+def _held(gwt: GivenWhenThen, command_id: str = "c-1", **spec: Any) -> Any:
     """A story whose create is held for a slot (the create's command ID ``command_id``)."""
     s = gwt.story()
     env = gwt.envelope(m.CreateSchedule(spec=gwt.spec(**spec), request_key="k"),
@@ -48,7 +48,7 @@ def _held(gwt: SimpleNamespace, command_id: str = "c-1", **spec: Any) -> Any:
     return s
 
 
-def _answer(gwt: SimpleNamespace, granted: bool, until: datetime | None = None,
+def _answer(gwt: GivenWhenThen, granted: bool, until: datetime | None = None,
             reason: str = "", command_id: str = "c-1") -> m.CommandEnvelope:
     return _processor(gwt, m.AnswerQuotaSlot(create_command_id=command_id, granted=granted,
                                              expires_at=until, reason=reason))
@@ -57,7 +57,7 @@ def _answer(gwt: SimpleNamespace, granted: bool, until: datetime | None = None,
 # --------------------------------------------------------------------- the schedule's side
 
 
-def test_create_of_a_tenant_with_a_quota_is_held_and_asks_for_a_slot(gwt: SimpleNamespace) -> None:
+def test_create_of_a_tenant_with_a_quota_is_held_and_asks_for_a_slot(gwt: GivenWhenThen) -> None:
     d = gwt.when(gwt.given(), gwt.envelope(m.CreateSchedule(spec=gwt.spec())), gwt.T0,
                  _quota(gwt))
     assert (d.status, d.deferred, gwt.names(d)) == ("ok", True, ["ScheduleCreationHeld"])
@@ -67,7 +67,7 @@ def test_create_of_a_tenant_with_a_quota_is_held_and_asks_for_a_slot(gwt: Simple
 
 
 def test_create_of_a_tenant_without_a_quota_is_created_at_once_with_no_saga(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec()), gwt.T0, _quota(gwt, None))
     assert (d.status, d.deferred, d.sends, gwt.names(d)) == ("ok", False, [],
@@ -75,7 +75,7 @@ def test_create_of_a_tenant_without_a_quota_is_created_at_once_with_no_saga(
 
 
 def test_a_create_failing_its_other_checks_is_refused_at_once_and_asks_for_no_slot(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     tenant = gwt.TenantContext(max_schedules=QUOTA, allowed_jobs=frozenset({"etl"}))
     d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec()), gwt.T0, tenant)
@@ -83,7 +83,7 @@ def test_a_create_failing_its_other_checks_is_refused_at_once_and_asks_for_no_sl
 
 
 def test_a_granted_slot_creates_the_schedule_confirms_it_and_answers_the_held_create(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     s = _held(gwt)
     d = s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
@@ -97,7 +97,7 @@ def test_a_granted_slot_creates_the_schedule_confirms_it_and_answers_the_held_cr
 
 
 def test_a_refused_slot_answers_the_held_create_with_quota_and_gives_nothing_back(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     s = _held(gwt)
     d = s.when(_answer(gwt, False, reason="tenant has 10 active schedules (max 10)"),
@@ -108,7 +108,7 @@ def test_a_refused_slot_answers_the_held_create_with_quota_and_gives_nothing_bac
     assert (s.state.status, s.state.quota) == ("NEW", None)  # the ID is free again
 
 
-def test_a_granted_slot_the_create_can_no_longer_use_is_released(gwt: SimpleNamespace) -> None:
+def test_a_granted_slot_the_create_can_no_longer_use_is_released(gwt: GivenWhenThen) -> None:
     s = _held(gwt, at=gwt.T0 + gwt.sec(2), every=None, misfire={"grace": 5.0})
     # the slot comes after the one-shot's instant has passed
     d = s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(50), _quota(gwt))
@@ -120,7 +120,7 @@ def test_a_granted_slot_the_create_can_no_longer_use_is_released(gwt: SimpleName
 
 
 def test_a_slot_granted_too_close_to_its_reservation_end_is_released(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     s = _held(gwt)
     until = gwt.T0 + RESERVATION_TTL
@@ -131,7 +131,7 @@ def test_a_slot_granted_too_close_to_its_reservation_end_is_released(
 
 
 def test_a_resent_held_create_is_answered_once_and_asks_for_no_second_slot(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     s = _held(gwt)
     again = s.when(gwt.envelope(m.CreateSchedule(spec=gwt.spec(), request_key="k")),
@@ -142,7 +142,7 @@ def test_a_resent_held_create_is_answered_once_and_asks_for_no_second_slot(
     assert (other.status, other.field, other.sends) == ("conflict", "scheduleId", [])
 
 
-def test_an_answer_for_another_create_is_given_back_unused(gwt: SimpleNamespace) -> None:
+def test_an_answer_for_another_create_is_given_back_unused(gwt: GivenWhenThen) -> None:
     s = _held(gwt)
     d = s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL, command_id="c-old"),
                gwt.T0 + gwt.sec(1), _quota(gwt))
@@ -152,7 +152,7 @@ def test_an_answer_for_another_create_is_given_back_unused(gwt: SimpleNamespace)
 
 
 def test_a_grant_for_the_slot_a_schedule_holds_or_held_is_kept_or_given_back(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     s = _held(gwt)
     grant = _answer(gwt, True, gwt.T0 + RESERVATION_TTL)
@@ -163,7 +163,7 @@ def test_a_grant_for_the_slot_a_schedule_holds_or_held_is_kept_or_given_back(
     assert [x.payload.type for x in late.sends] == ["ReleaseQuotaSlot"]
 
 
-def test_a_create_of_an_existing_schedule_takes_no_slot(gwt: SimpleNamespace) -> None:
+def test_a_create_of_an_existing_schedule_takes_no_slot(gwt: GivenWhenThen) -> None:
     s = _held(gwt)
     s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
     retried = s.when(gwt.envelope(m.CreateSchedule(spec=gwt.spec(), request_key="k"),
@@ -174,7 +174,7 @@ def test_a_create_of_an_existing_schedule_takes_no_slot(gwt: SimpleNamespace) ->
     assert (taken.status, taken.sends) == ("conflict", [])
 
 
-def test_deleting_a_schedule_that_holds_a_slot_gives_it_back(gwt: SimpleNamespace) -> None:
+def test_deleting_a_schedule_that_holds_a_slot_gives_it_back(gwt: GivenWhenThen) -> None:
     s = _held(gwt)
     s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
     d = s.when(m.DeleteSchedule(), gwt.T0 + gwt.sec(3))
@@ -185,13 +185,13 @@ def test_deleting_a_schedule_that_holds_a_slot_gives_it_back(gwt: SimpleNamespac
 
 
 def test_deleting_a_schedule_created_without_a_quota_gives_nothing_back(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     s = gwt.story().create(gwt.T0)
     assert s.when(m.DeleteSchedule(), gwt.T0 + gwt.sec(1)).sends == []
 
 
-def test_only_the_processor_answers_a_quota_reservation(gwt: SimpleNamespace) -> None:
+def test_only_the_processor_answers_a_quota_reservation(gwt: GivenWhenThen) -> None:
     s = _held(gwt)
     forged = gwt.envelope(m.AnswerQuotaSlot(create_command_id="c-1", granted=True,
                                             expires_at=gwt.T0 + RESERVATION_TTL))
@@ -199,7 +199,7 @@ def test_only_the_processor_answers_a_quota_reservation(gwt: SimpleNamespace) ->
     assert (d.status, d.events, d.sends) == ("forbidden", [], [])
 
 
-def test_a_held_create_and_its_slot_are_rebuilt_by_replay(gwt: SimpleNamespace) -> None:
+def test_a_held_create_and_its_slot_are_rebuilt_by_replay(gwt: GivenWhenThen) -> None:
     s = _held(gwt)
     assert s.replayed().quota == QuotaWait("c-1", "k", gwt.spec(), "client-7")
     s.when(_answer(gwt, True, gwt.T0 + RESERVATION_TTL), gwt.T0 + gwt.sec(1), _quota(gwt))
@@ -209,7 +209,7 @@ def test_a_held_create_and_its_slot_are_rebuilt_by_replay(gwt: SimpleNamespace) 
 # ------------------------------------------------------------------ the quota aggregate
 
 
-def _q(gwt: SimpleNamespace, payload: object, principal: str = "processor") -> m.CommandEnvelope:
+def _q(gwt: GivenWhenThen, payload: object, principal: str = "processor") -> m.CommandEnvelope:
     return gwt.envelope(payload, schedule_id=QUOTA_ID, principal=principal,
                         command_id="quota:step")
 
@@ -218,7 +218,7 @@ def _reserve(sid: str, cid: str | None = None) -> m.ReserveQuotaSlot:
     return m.ReserveQuotaSlot(schedule_id=sid, create_command_id=cid or f"c-{sid}")
 
 
-def _step(gwt: SimpleNamespace, qs: QuotaState, payload: Any, now: datetime | None = None,
+def _step(gwt: GivenWhenThen, qs: QuotaState, payload: Any, now: datetime | None = None,
           max_schedules: int | None = QUOTA) -> Decision:
     d = decide_quota(qs, _q(gwt, payload), now or gwt.T0, max_schedules)
     for e in d.events:
@@ -227,7 +227,7 @@ def _step(gwt: SimpleNamespace, qs: QuotaState, payload: Any, now: datetime | No
 
 
 def test_reserve_holds_a_free_slot_until_the_reservation_ends_and_grants_it(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     qs = QuotaState(gwt.TENANT)
     d = _step(gwt, qs, _reserve("s1"))
@@ -242,7 +242,7 @@ def test_reserve_holds_a_free_slot_until_the_reservation_ends_and_grants_it(
 
 
 def test_reserve_over_the_quota_is_refused_counting_taken_and_reserved_slots(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     qs = QuotaState(gwt.TENANT)
     for i in range(3):
@@ -256,7 +256,7 @@ def test_reserve_over_the_quota_is_refused_counting_taken_and_reserved_slots(
         False, "tenant has 1 active schedules and 2 being created (max 3)")
 
 
-def test_reserve_asked_again_answers_again_without_a_second_slot(gwt: SimpleNamespace) -> None:
+def test_reserve_asked_again_answers_again_without_a_second_slot(gwt: GivenWhenThen) -> None:
     qs = QuotaState(gwt.TENANT)
     _step(gwt, qs, _reserve("s1"))
     d = _step(gwt, qs, _reserve("s1"), gwt.T0 + gwt.sec(3))
@@ -265,7 +265,7 @@ def test_reserve_asked_again_answers_again_without_a_second_slot(gwt: SimpleName
     assert qs.reserved() == 1
 
 
-def test_confirm_turns_the_reservation_into_a_taken_slot(gwt: SimpleNamespace) -> None:
+def test_confirm_turns_the_reservation_into_a_taken_slot(gwt: GivenWhenThen) -> None:
     qs = QuotaState(gwt.TENANT)
     _step(gwt, qs, _reserve("s1"))
     d = _step(gwt, qs, m.ConfirmQuotaSlot(schedule_id="s1", create_command_id="c-s1"))
@@ -275,7 +275,7 @@ def test_confirm_turns_the_reservation_into_a_taken_slot(gwt: SimpleNamespace) -
     assert again.events == []
 
 
-def test_release_frees_only_the_slot_held_for_that_create(gwt: SimpleNamespace) -> None:
+def test_release_frees_only_the_slot_held_for_that_create(gwt: GivenWhenThen) -> None:
     qs = QuotaState(gwt.TENANT)
     _step(gwt, qs, _reserve("s1"))
     _step(gwt, qs, m.ConfirmQuotaSlot(schedule_id="s1", create_command_id="c-s1"))
@@ -289,7 +289,7 @@ def test_release_frees_only_the_slot_held_for_that_create(gwt: SimpleNamespace) 
 
 
 def test_a_reservation_never_confirmed_is_released_by_a_tick_at_its_end(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     qs = QuotaState(gwt.TENANT)
     _step(gwt, qs, _reserve("s1"))
@@ -305,7 +305,7 @@ def test_a_reservation_never_confirmed_is_released_by_a_tick_at_its_end(
     assert quota_wakeup(qs) == gwt.T0 + gwt.sec(10) + RESERVATION_TTL
 
 
-def test_a_confirmation_after_its_reservation_ended_is_taken_late(gwt: SimpleNamespace) -> None:
+def test_a_confirmation_after_its_reservation_ended_is_taken_late(gwt: GivenWhenThen) -> None:
     qs = QuotaState(gwt.TENANT)
     _step(gwt, qs, _reserve("s1"))
     _step(gwt, qs, m.Tick(), gwt.T0 + RESERVATION_TTL)
@@ -315,7 +315,7 @@ def test_a_confirmation_after_its_reservation_ended_is_taken_late(gwt: SimpleNam
 
 
 def test_at_most_max_schedules_slots_are_held_whatever_the_order_of_steps(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     rnd = random.Random(7)
     qs = QuotaState(gwt.TENANT)
@@ -337,7 +337,7 @@ def test_at_most_max_schedules_slots_are_held_whatever_the_order_of_steps(
     assert qs.taken() + qs.reserved() == len(granted) == QUOTA  # saturated, never over
 
 
-def test_only_the_processor_moves_quota_slots(gwt: SimpleNamespace) -> None:
+def test_only_the_processor_moves_quota_slots(gwt: GivenWhenThen) -> None:
     qs = QuotaState(gwt.TENANT)
     forged = decide_quota(qs, _q(gwt, _reserve("s1"), principal="alice"), gwt.T0, QUOTA)
     assert (forged.status, forged.events, forged.sends) == ("forbidden", [], [])

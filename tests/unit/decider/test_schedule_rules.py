@@ -1,15 +1,15 @@
 """Decider rules for the schedule lifecycle: create, revise, pause/resume, delete, tenant policy.
 
-One test per rule (docs/design.md §2-§3), each named after the rule; given (history) / when (command)
-/ then (events and status).
+One test per rule (docs/design.md §2-§3), each named after the rule; given (history) / when
+(command) / then (events and status).
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from support.decider import GivenWhenThen
 
 
-def test_create_emits_schedule_created_with_the_first_instant(gwt: SimpleNamespace) -> None:
+def test_create_emits_schedule_created_with_the_first_instant(gwt: GivenWhenThen) -> None:
     m = gwt.m
     d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(cron="0 10 * * *")), gwt.T0)
     assert d.status == "ok"
@@ -19,7 +19,7 @@ def test_create_emits_schedule_created_with_the_first_instant(gwt: SimpleNamespa
     assert created.anchor == gwt.T0
 
 
-def test_create_with_same_request_key_and_spec_is_idempotent(gwt: SimpleNamespace) -> None:
+def test_create_with_same_request_key_and_spec_is_idempotent(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     d = s.when(m.CreateSchedule(spec=gwt.spec(), request_key="create-1"), gwt.T0 + gwt.sec(5))
@@ -28,7 +28,7 @@ def test_create_with_same_request_key_and_spec_is_idempotent(gwt: SimpleNamespac
     assert d.body["revision"] == 1
 
 
-def test_create_retried_after_a_revision_is_still_idempotent(gwt: SimpleNamespace) -> None:
+def test_create_retried_after_a_revision_is_still_idempotent(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     s.given(m.ReviseSchedule(spec=gwt.spec(every=120.0), expected_revision=1), gwt.T0 + gwt.sec(1))
@@ -37,7 +37,7 @@ def test_create_retried_after_a_revision_is_still_idempotent(gwt: SimpleNamespac
     assert d.body["revision"] == 2
 
 
-def test_create_with_same_request_key_other_spec_is_conflict(gwt: SimpleNamespace) -> None:
+def test_create_with_same_request_key_other_spec_is_conflict(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     d = s.when(m.CreateSchedule(spec=gwt.spec(every=120.0), request_key="create-1"), gwt.T0)
@@ -46,14 +46,14 @@ def test_create_with_same_request_key_other_spec_is_conflict(gwt: SimpleNamespac
     assert d.body["revision"] == 1
 
 
-def test_create_on_a_taken_schedule_id_without_the_key_is_conflict(gwt: SimpleNamespace) -> None:
+def test_create_on_a_taken_schedule_id_without_the_key_is_conflict(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     d = s.when(m.CreateSchedule(spec=gwt.spec(), request_key="another"), gwt.T0)
     assert d.status == "conflict"
 
 
-def test_create_with_job_type_not_allowed_is_forbidden(gwt: SimpleNamespace) -> None:
+def test_create_with_job_type_not_allowed_is_forbidden(gwt: GivenWhenThen) -> None:
     m = gwt.m
     tenant = gwt.TenantContext(allowed_jobs=frozenset({"etl"}))
     d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec()), gwt.T0, tenant)
@@ -61,7 +61,7 @@ def test_create_with_job_type_not_allowed_is_forbidden(gwt: SimpleNamespace) -> 
 
 
 def test_a_rule_firing_more_often_than_the_tenants_minimum_interval_is_invalid(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     default = gwt.TenantContext()  # one second
@@ -83,7 +83,7 @@ def test_a_rule_firing_more_often_than_the_tenants_minimum_interval_is_invalid(
     assert (d.status, d.events, d.field) == ("invalid", [], "every")
 
 
-def test_revise_with_job_type_not_allowed_is_forbidden(gwt: SimpleNamespace) -> None:
+def test_revise_with_job_type_not_allowed_is_forbidden(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     tenant = gwt.TenantContext(allowed_jobs=frozenset({"report"}))
@@ -92,13 +92,15 @@ def test_revise_with_job_type_not_allowed_is_forbidden(gwt: SimpleNamespace) -> 
     assert (d.status, d.events) == ("forbidden", [])
 
 
-def test_create_of_a_one_shot_in_the_past_is_invalid(gwt: SimpleNamespace) -> None:
+def test_create_of_a_one_shot_in_the_past_is_invalid(gwt: GivenWhenThen) -> None:
     m = gwt.m
     d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(at=gwt.T0 - gwt.sec(3600))), gwt.T0)
     assert (d.status, d.field) == ("invalid", "at")
 
 
-def test_revise_with_stale_revision_is_conflict_carrying_current_revision(gwt: SimpleNamespace) -> None:
+def test_revise_with_stale_revision_is_conflict_carrying_current_revision(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     s.given(m.ReviseSchedule(spec=gwt.spec(every=120.0), expected_revision=1), gwt.T0)
@@ -108,11 +110,12 @@ def test_revise_with_stale_revision_is_conflict_carrying_current_revision(gwt: S
     assert d.body["revision"] == 2
 
 
-def test_revision_changes_only_unmaterialized_occurrences(gwt: SimpleNamespace) -> None:
+def test_revision_changes_only_unmaterialized_occurrences(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="allow")
     [first] = s.materialize(gwt.T0)
-    d = s.when(m.ReviseSchedule(spec=gwt.spec(every=60.0, job={"type": "report", "params": {"n": 2}}),
+    d = s.when(m.ReviseSchedule(spec=gwt.spec(every=60.0,
+                                              job={"type": "report", "params": {"n": 2}}),
                                 expected_revision=1), gwt.T0 + gwt.sec(30))
     revised = gwt.one(d, m.ScheduleRevised)
     assert revised.revision == 2
@@ -126,7 +129,7 @@ def test_revision_changes_only_unmaterialized_occurrences(gwt: SimpleNamespace) 
     assert second.scheduled_at == gwt.T0 + gwt.sec(60)
 
 
-def test_revise_never_silently_drops_an_instant_already_due(gwt: SimpleNamespace) -> None:
+def test_revise_never_silently_drops_an_instant_already_due(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="allow")
     s.materialize(gwt.T0)
@@ -140,7 +143,7 @@ def test_revise_never_silently_drops_an_instant_already_due(gwt: SimpleNamespace
     assert len(accounted) == 1, gwt.names(d)
 
 
-def test_pause_stops_materialization_and_pause_twice_is_a_no_op(gwt: SimpleNamespace) -> None:
+def test_pause_stops_materialization_and_pause_twice_is_a_no_op(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     s.materialize(gwt.T0)
@@ -150,7 +153,7 @@ def test_pause_stops_materialization_and_pause_twice_is_a_no_op(gwt: SimpleNames
     assert s.when(m.PauseSchedule(), gwt.T0 + gwt.sec(601)).events == []
 
 
-def test_pause_first_settles_instants_already_due(gwt: SimpleNamespace) -> None:
+def test_pause_first_settles_instants_already_due(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     s.materialize(gwt.T0)
@@ -161,7 +164,7 @@ def test_pause_first_settles_instants_already_due(gwt: SimpleNamespace) -> None:
 
 
 def test_revise_while_paused_applies_the_new_rule_to_the_paused_span_on_resume(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="all")
@@ -176,7 +179,7 @@ def test_revise_while_paused_applies_the_new_rule_to_the_paused_span_on_resume(
     assert {e.revision for e in gwt.all(d, m.OccurrenceMaterialized)} == {2}
 
 
-def test_resume_applies_misfire_to_the_paused_span(gwt: SimpleNamespace) -> None:
+def test_resume_applies_misfire_to_the_paused_span(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="latest")
     s.materialize(gwt.T0)
@@ -191,7 +194,7 @@ def test_resume_applies_misfire_to_the_paused_span(gwt: SimpleNamespace) -> None
     assert ran.scheduled_at == gwt.T0 + gwt.sec(300)
 
 
-def test_resume_with_misfire_all_runs_every_paused_instant(gwt: SimpleNamespace) -> None:
+def test_resume_with_misfire_all_runs_every_paused_instant(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="all")
     s.materialize(gwt.T0)
@@ -202,7 +205,7 @@ def test_resume_with_misfire_all_runs_every_paused_instant(gwt: SimpleNamespace)
     assert gwt.all(d, m.OccurrenceSkipped) == []
 
 
-def test_delete_cancels_runs_not_started_and_stops_the_schedule(gwt: SimpleNamespace) -> None:
+def test_delete_cancels_runs_not_started_and_stops_the_schedule(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     [a] = s.materialize(gwt.T0)
@@ -218,7 +221,7 @@ def test_delete_cancels_runs_not_started_and_stops_the_schedule(gwt: SimpleNames
     assert s.when(m.CreateSchedule(spec=gwt.spec()), gwt.T0).status == "conflict"
 
 
-def test_a_run_of_a_deleted_schedule_is_never_retried(gwt: SimpleNamespace) -> None:
+def test_a_run_of_a_deleted_schedule_is_never_retried(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, retry={"max_attempts": 5})
     [a] = s.materialize(gwt.T0)
@@ -230,7 +233,7 @@ def test_a_run_of_a_deleted_schedule_is_never_retried(gwt: SimpleNamespace) -> N
     assert s.run(a.run_id).state == "CANCELLED"
 
 
-def test_revising_a_one_shot_to_a_past_instant_is_invalid(gwt: SimpleNamespace) -> None:
+def test_revising_a_one_shot_to_a_past_instant_is_invalid(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=(gwt.T0 + gwt.sec(3600)).isoformat())
     d = s.when(m.ReviseSchedule(spec=gwt.spec(at=(gwt.T0 - gwt.sec(3600)).isoformat()),

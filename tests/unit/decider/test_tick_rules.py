@@ -5,13 +5,15 @@ One test per rule (docs/design.md §3, §5), named after the rule.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from typing import Any
 
+from chronolog.commands.state import MANUAL_KEYS_KEPT
 from chronolog.domain.ids import run_id_for
 from chronolog.domain.recurrence import compile_trigger, jitter_offset, upcoming
+from support.decider import GivenWhenThen
 
 
-def test_tick_materializes_a_due_occurrence_once_with_its_unique_key(gwt: SimpleNamespace) -> None:
+def test_tick_materializes_a_due_occurrence_once_with_its_unique_key(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     d = s.when(m.Tick(), gwt.T0)
@@ -24,13 +26,13 @@ def test_tick_materializes_a_due_occurrence_once_with_its_unique_key(gwt: Simple
     assert s.when(m.Tick(), gwt.T0).events == []
 
 
-def test_tick_before_due_does_nothing(gwt: SimpleNamespace) -> None:
+def test_tick_before_due_does_nothing(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, cron="0 10 * * *")
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(3599)).events == []
 
 
-def test_misfire_skip_records_every_late_instant_with_its_reason(gwt: SimpleNamespace) -> None:
+def test_misfire_skip_records_every_late_instant_with_its_reason(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="skip")
     s.materialize(gwt.T0)
@@ -43,7 +45,7 @@ def test_misfire_skip_records_every_late_instant_with_its_reason(gwt: SimpleName
         gwt.T0 + gwt.sec(300)]
 
 
-def test_misfire_latest_runs_only_the_newest_late_instant(gwt: SimpleNamespace) -> None:
+def test_misfire_latest_runs_only_the_newest_late_instant(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="latest")
     s.materialize(gwt.T0)
@@ -55,7 +57,7 @@ def test_misfire_latest_runs_only_the_newest_late_instant(gwt: SimpleNamespace) 
 
 
 def test_misfire_all_catch_up_is_bounded_by_count_and_age_and_never_stops_the_schedule(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire={"policy": "all", "max_catchup": 5, "max_age": 600})
@@ -75,7 +77,9 @@ def test_misfire_all_catch_up_is_bounded_by_count_and_age_and_never_stops_the_sc
     assert len(s.materialize(now + gwt.sec(30))) == 1
 
 
-def test_misfire_all_within_bounds_materializes_every_instant_exactly_once(gwt: SimpleNamespace) -> None:
+def test_misfire_all_within_bounds_materializes_every_instant_exactly_once(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="all")
     s.materialize(gwt.T0)
@@ -85,7 +89,7 @@ def test_misfire_all_within_bounds_materializes_every_instant_exactly_once(gwt: 
         trigger, gwt.T0, 10)
 
 
-def test_long_skip_ranges_collapse_into_one_event_with_a_count(gwt: SimpleNamespace) -> None:
+def test_long_skip_ranges_collapse_into_one_event_with_a_count(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="skip")
     s.materialize(gwt.T0)
@@ -96,7 +100,7 @@ def test_long_skip_ranges_collapse_into_one_event_with_a_count(gwt: SimpleNamesp
     assert len(gwt.all(d, m.OccurrenceMaterialized)) == 1
 
 
-def test_overlap_allow_runs_occurrences_side_by_side(gwt: SimpleNamespace) -> None:
+def test_overlap_allow_runs_occurrences_side_by_side(gwt: GivenWhenThen) -> None:
     s = gwt.story().create(gwt.T0, overlap="allow", lease=600)
     [a] = s.materialize(gwt.T0)
     s.claim(a.run_id, gwt.T0)
@@ -106,7 +110,7 @@ def test_overlap_allow_runs_occurrences_side_by_side(gwt: SimpleNamespace) -> No
     assert [r.state for r in s.state.runs.values()] == ["LEASED", "LEASED"]
 
 
-def test_overlap_skip_skips_an_instant_while_a_run_is_active(gwt: SimpleNamespace) -> None:
+def test_overlap_skip_skips_an_instant_while_a_run_is_active(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="skip")
     [a] = s.materialize(gwt.T0)
@@ -117,7 +121,7 @@ def test_overlap_skip_skips_an_instant_while_a_run_is_active(gwt: SimpleNamespac
     assert s.state.next_run_at == gwt.T0 + gwt.sec(120)
 
 
-def test_overlap_buffer_one_holds_one_and_skips_the_rest(gwt: SimpleNamespace) -> None:
+def test_overlap_buffer_one_holds_one_and_skips_the_rest(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="buffer_one", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -132,7 +136,9 @@ def test_overlap_buffer_one_holds_one_and_skips_the_rest(gwt: SimpleNamespace) -
     assert ready.run_id == b.run_id
 
 
-def test_overlap_buffer_all_queues_every_instant_and_releases_them_in_order(gwt: SimpleNamespace) -> None:
+def test_overlap_buffer_all_queues_every_instant_and_releases_them_in_order(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="buffer_all", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -145,7 +151,9 @@ def test_overlap_buffer_all_queues_every_instant_and_releases_them_in_order(gwt:
     assert s.run(c.run_id).state == "PENDING"
 
 
-def test_overlap_cancel_previous_cancels_the_active_run_and_advances_its_fence(gwt: SimpleNamespace) -> None:
+def test_overlap_cancel_previous_cancels_the_active_run_and_advances_its_fence(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="cancel_previous", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -158,7 +166,9 @@ def test_overlap_cancel_previous_cancels_the_active_run_and_advances_its_fence(g
     assert gwt.names(late) == ["CompletionRejected"]
 
 
-def test_overlap_cancel_previous_never_cancels_a_run_under_reconciliation(gwt: SimpleNamespace) -> None:
+def test_overlap_cancel_previous_never_cancels_a_run_under_reconciliation(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="cancel_previous", lease=600)
     [a] = s.materialize(gwt.T0)
@@ -169,7 +179,7 @@ def test_overlap_cancel_previous_never_cancels_a_run_under_reconciliation(gwt: S
     assert s.run(a.run_id).state == "RECONCILING"
 
 
-def test_start_deadline_skips_an_unclaimed_run(gwt: SimpleNamespace) -> None:
+def test_start_deadline_skips_an_unclaimed_run(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, start_deadline=30)
     [a] = s.materialize(gwt.T0)
@@ -177,10 +187,11 @@ def test_start_deadline_skips_an_unclaimed_run(gwt: SimpleNamespace) -> None:
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(30)).events == []  # at the deadline: still fine
     d = s.when(m.Tick(), gwt.T0 + gwt.sec(31))
     skipped = gwt.one(d, m.OccurrenceSkipped)
-    assert (skipped.run_id, skipped.reason, skipped.materialized) == (a.run_id, "start_deadline", True)
+    assert ((skipped.run_id, skipped.reason, skipped.materialized)
+            == (a.run_id, "start_deadline", True))
 
 
-def test_claim_after_the_start_deadline_is_refused(gwt: SimpleNamespace) -> None:
+def test_claim_after_the_start_deadline_is_refused(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, start_deadline=30)
     [a] = s.materialize(gwt.T0)
@@ -190,7 +201,7 @@ def test_claim_after_the_start_deadline_is_refused(gwt: SimpleNamespace) -> None
     assert s.run(a.run_id).state == "SKIPPED"
 
 
-def test_max_count_stops_the_schedule_after_that_many_runs(gwt: SimpleNamespace) -> None:
+def test_max_count_stops_the_schedule_after_that_many_runs(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, max_count=2)
     assert len(s.materialize(gwt.T0)) == 1
@@ -199,7 +210,7 @@ def test_max_count_stops_the_schedule_after_that_many_runs(gwt: SimpleNamespace)
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(3600)).events == []
 
 
-def test_max_count_is_not_consumed_by_an_overlap_skip(gwt: SimpleNamespace) -> None:
+def test_max_count_is_not_consumed_by_an_overlap_skip(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, max_count=2, overlap="skip", lease=3600)
     [a] = s.materialize(gwt.T0)
@@ -210,7 +221,7 @@ def test_max_count_is_not_consumed_by_an_overlap_skip(gwt: SimpleNamespace) -> N
     assert s.state.count == 2
 
 
-def test_one_shot_at_runs_once(gwt: SimpleNamespace) -> None:
+def test_one_shot_at_runs_once(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, at=gwt.T0 + gwt.sec(600))
     [a] = s.materialize(gwt.T0 + gwt.sec(600))
@@ -218,7 +229,9 @@ def test_one_shot_at_runs_once(gwt: SimpleNamespace) -> None:
     assert s.when(m.Tick(), gwt.T0 + gwt.sec(6000)).events == []
 
 
-def test_delay_trigger_runs_at_creation_then_a_fixed_delay_after_each_finish(gwt: SimpleNamespace) -> None:
+def test_delay_trigger_runs_at_creation_then_a_fixed_delay_after_each_finish(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, delay=300)
     assert s.state.next_run_at == gwt.T0
@@ -232,7 +245,7 @@ def test_delay_trigger_runs_at_creation_then_a_fixed_delay_after_each_finish(gwt
     assert len(s.materialize(gwt.T0 + gwt.sec(320))) == 1
 
 
-def test_jitter_is_deterministic_and_inside_the_window(gwt: SimpleNamespace) -> None:
+def test_jitter_is_deterministic_and_inside_the_window(gwt: GivenWhenThen) -> None:
     m = gwt.m
     dues = []
     for _ in range(2):
@@ -247,9 +260,10 @@ def test_jitter_is_deterministic_and_inside_the_window(gwt: SimpleNamespace) -> 
     assert (occ.scheduled_at, occ.due_at) == (at10, dues[0])
 
 
-def test_jitter_larger_than_the_grace_is_not_a_misfire(gwt: SimpleNamespace) -> None:
+def test_jitter_larger_than_the_grace_is_not_a_misfire(gwt: GivenWhenThen) -> None:
     m = gwt.m
-    s = gwt.story().create(gwt.T0, cron="* * * * *", jitter=50, misfire={"policy": "skip", "grace": 5})
+    s = gwt.story().create(gwt.T0, cron="* * * * *", jitter=50,
+                           misfire={"policy": "skip", "grace": 5})
     s.materialize(gwt.T0 + gwt.sec(50))
     for k in range(1, 30):
         due = s.state.next_due_at
@@ -257,7 +271,7 @@ def test_jitter_larger_than_the_grace_is_not_a_misfire(gwt: SimpleNamespace) -> 
         assert gwt.names(d) == ["OccurrenceMaterialized"], (k, gwt.names(d))
 
 
-def test_manual_trigger_same_key_same_params_returns_same_run(gwt: SimpleNamespace) -> None:
+def test_manual_trigger_same_key_same_params_returns_same_run(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     first = s.when(m.TriggerRun(request_key="rk-1", params={"n": 9}), gwt.T0 + gwt.sec(5))
@@ -267,7 +281,7 @@ def test_manual_trigger_same_key_same_params_returns_same_run(gwt: SimpleNamespa
     assert (again.status, again.events, again.body["run_id"]) == ("ok", [], occ.run_id)
 
 
-def test_manual_trigger_same_key_other_params_is_conflict(gwt: SimpleNamespace) -> None:
+def test_manual_trigger_same_key_other_params_is_conflict(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
     s.given(m.TriggerRun(request_key="rk-1", params={"n": 9}), gwt.T0)
@@ -275,15 +289,16 @@ def test_manual_trigger_same_key_other_params_is_conflict(gwt: SimpleNamespace) 
     assert (d.status, d.events) == ("conflict", [])
 
 
-def test_manual_triggers_with_distinct_keys_are_never_dropped(gwt: SimpleNamespace) -> None:
+def test_manual_triggers_with_distinct_keys_are_never_dropped(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0)
-    ids = {gwt.one(s.when(m.TriggerRun(request_key=f"k{i}"), gwt.T0), m.OccurrenceMaterialized).run_id
+    ids = {gwt.one(s.when(m.TriggerRun(request_key=f"k{i}"), gwt.T0),
+                   m.OccurrenceMaterialized).run_id
            for i in range(10)}
     assert len(ids) == 10  # ten in the same second: ten runs (Temporal drops them)
 
 
-def test_fold_of_the_history_equals_the_live_state(gwt: SimpleNamespace) -> None:
+def test_fold_of_the_history_equals_the_live_state(gwt: GivenWhenThen) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, overlap="buffer_all", lease=60)
     [a] = s.materialize(gwt.T0)
@@ -294,7 +309,9 @@ def test_fold_of_the_history_equals_the_live_state(gwt: SimpleNamespace) -> None
     assert s.replayed().snapshot() == s.state.snapshot()
 
 
-def test_max_count_with_misfire_latest_runs_only_the_newest_late_instant(gwt: SimpleNamespace) -> None:
+def test_max_count_with_misfire_latest_runs_only_the_newest_late_instant(
+    gwt: GivenWhenThen,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, misfire="latest", max_count=3)
     s.materialize(gwt.T0)
@@ -306,7 +323,7 @@ def test_max_count_with_misfire_latest_runs_only_the_newest_late_instant(gwt: Si
 
 
 def test_an_occurrence_materialized_past_its_start_deadline_is_skipped_by_the_same_tick(
-    gwt: SimpleNamespace,
+    gwt: GivenWhenThen,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, start_deadline=30)  # misfire latest, grace 60 s
@@ -317,3 +334,23 @@ def test_an_occurrence_materialized_past_its_start_deadline_is_skipped_by_the_sa
     late = gwt.one(d, m.OccurrenceMaterialized)
     skipped = gwt.one(d, m.OccurrenceSkipped)
     assert (skipped.run_id, skipped.reason) == (late.run_id, "start_deadline")
+
+
+def test_a_manual_key_is_idempotent_within_its_window_and_a_new_run_after_it(
+        gwt: GivenWhenThen) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0)
+
+    def trigger(key: str, n: int) -> Any:
+        env = gwt.envelope(m.TriggerRun(request_key=key), command_id=f"c-{key}-{n}")
+        return s.when(env, gwt.T0 + gwt.sec(n))
+
+    first = gwt.one(trigger("pay-run", 0), m.OccurrenceMaterialized).run_id
+    for i in range(MANUAL_KEYS_KEPT - 1):  # the window still holds "pay-run"
+        trigger(f"other-{i}", 1)
+    within = trigger("pay-run", 2)
+    assert (within.events, within.body["run_id"]) == ([], first)
+    trigger("one-more", 3)  # "pay-run" is now the oldest key past the window
+    after = gwt.one(trigger("pay-run", 4), m.OccurrenceMaterialized)
+    assert after.run_id != first  # a new request, never a second run under the old ID
+    assert s.state.run(first) is not None and s.state.run(after.run_id) is not None

@@ -1,0 +1,61 @@
+"""The one way a test waits: poll a condition until it holds or a deadline passes.
+
+A test never sleeps in place of synchronisation; it names what it waits for, and the failure
+says what was last seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["wait_until", "wait_until_sync"]
+
+
+async def wait_until(
+    cond: Callable[[], Awaitable[Any]] | Callable[[], Any], timeout: float = 20.0,
+    what: str = "condition", *, interval: float = 0.05,
+    errors: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Poll ``cond`` (sync or async) until it returns a truthy value, which is returned;
+    fail after ``timeout`` seconds naming ``what`` and the last value seen. Exceptions of
+    ``errors`` count as not yet (and are shown as the last value)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = cond()
+            if asyncio.iscoroutine(last) or isinstance(last, Awaitable):
+                last = await last
+        except errors as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} "
+                                 f"(last={last!r})")
+        await asyncio.sleep(interval)
+
+
+def wait_until_sync(
+    cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition", *,
+    interval: float = 0.1, errors: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """``wait_until`` for code outside an event loop (tests that drive processes)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = cond()
+        except errors as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} "
+                                 f"(last={last!r})")
+        time.sleep(interval)
