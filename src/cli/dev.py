@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from chronolog.cli.errors import UsageError
 from chronolog.devnode.node import run_dev
 
@@ -87,17 +85,11 @@ def _tenants(path: str | None) -> Any:
 
 
 def _log_to_file(path: Path) -> None:
-    import logging
+    """Every log line as JSON into ``path`` (the libraries' from WARNING up)."""
+    from chronolog.logging import configure_logging
 
     stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-    structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
-        cache_logger_on_first_use=True,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=stream)
+    configure_logging(json=True, stream=stream, library_level="WARNING")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -122,10 +122,9 @@ async def run_node(
     in order: API, workers (drain), effects, processor (finishing its open transaction),
     projector.
     """
-    import uvicorn
 
     from chronolog.api.app import create_app
-    from chronolog.api.server import Server
+    from chronolog.api.server import Server, server_config
     from chronolog.client import Client
     from chronolog.devnode.supervisor import Supervisor
     from chronolog.devnode.view import Recent
@@ -168,8 +167,8 @@ async def run_node(
                      known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {})
 
     def api() -> Any:
-        config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
-                                lifespan="on", access_log=False)
+        config = server_config(app, node.host, node.port, log_level="warning",
+                               lifespan="on", access_log=False)
         return Server(config)  # our handlers stop the node; uvicorn captures none
 
     def exit_server(server: Any) -> None:
