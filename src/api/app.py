@@ -2,7 +2,8 @@
 
 ``create_app(client, store, tenants, ...)`` wires the app: its services
 (``chronolog.api.context``), error handlers (``errors``), auth (``auth``) and one router per
-resource (``routes``: schedules, runs, workers, dlq, preview, ops). ``openapi_document()`` returns
+resource (``routes``: schedules, runs, workers, dlq, preview, ops), and the browsable
+docs (``docs``: ``/docs``, ``/redoc``, assets on the node). ``openapi_document()`` returns
 its OpenAPI spec (written to ``schemas/api/openapi.json`` by ``make schemas``; a test checks
 for drift). The contract is that document; decisions it leaves open are stated in the
 modules that make them.
@@ -49,6 +50,7 @@ from chronolog.api.cursors import (
     decode_token,
     encode_token,
 )
+from chronolog.api.docs import install_docs
 from chronolog.api.errors import STATUS_WORDS, ApiError, install_handlers
 from chronolog.api.limits import RequestGuard
 from chronolog.api.routes import dlq, ops, preview, runs, schedules, workers
@@ -115,6 +117,7 @@ def create_app(
         title="chronolog", version=API_VERSION,
         description="Event-sourced job scheduler: schedules, runs and their history.",
         dependencies=[Depends(known_query)],
+        docs_url=None, redoc_url=None,  # served from the node's own assets (api/docs.py)
     )
     app.state.chronolog = ApiContext(
         client=client, pool=pool, tenants=tenants, projector=projector, projection=projection,
@@ -126,6 +129,7 @@ def create_app(
         error=lambda status, message, field: ApiError(status, message, field).response())
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     install_handlers(app)
+    install_docs(app)
     routers = [module.router for module in (schedules, runs, workers, dlq, preview, ops)]
     for router in routers:
         app.include_router(router)

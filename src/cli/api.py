@@ -20,9 +20,7 @@ import os
 import signal
 from typing import Any
 
-import uvicorn
-
-from chronolog.api.server import Server
+from chronolog.api.server import Server, server_config
 from chronolog.cli.flags import add_database_flag, add_log_flags, database, log_from_args
 
 __all__ = ["register", "serve"]
@@ -95,8 +93,8 @@ async def serve(args: Any, tenants: Any) -> int:
                              reply_timeout=args.reply_timeout,
                              max_body_bytes=args.max_body_bytes,
                              visible_timeout=args.visible_timeout)
-            config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                    lifespan="off")
+            config = server_config(app, args.host, args.port, log_level="warning",
+                                   lifespan="off")
             server = Server(config)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -75,6 +76,63 @@ async def database(args: Any) -> AsyncIterator[str]:
     finally:
         if not was_running:
             await asyncio.to_thread(pg.stop)
+
+
+@asynccontextmanager
+async def existing_database(args: Any, command: str) -> AsyncIterator[str]:
+    """The read model's DSN for an offline command (``chronolog replay``): ``--database-url``,
+    else ``$CHRONOLOG_DATABASE_URL``, else the embedded PostgreSQL of the data directory —
+    which must exist (a usage error otherwise: nothing is created). A stopped embedded server
+    is started for the command (a note on stderr) and stopped after it, unless another
+    client is connected to it by then (a dev node started meanwhile keeps its database)."""
+    url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
+    if url:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
+        yield url
+        return
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+
+    ddir = data_dir(getattr(args, "data_dir", None))
+    clusters = [ddir / "postgres", ddir / "pg"]  # chronolog dev, projector / older layouts
+    cluster = next((c for c in clusters if (c / "PG_VERSION").exists()), None)
+    if cluster is None:
+        raise _usage(f"invalid database-url: none given and no embedded PostgreSQL in "
+                     f"{ddir}/postgres (pass --database-url or set CHRONOLOG_DATABASE_URL)")
+    pg = EmbeddedPostgres(cluster)
+    try:
+        if await asyncio.to_thread(pg.is_running):
+            yield await asyncio.to_thread(pg.dsn)
+            return
+        print(f"note: starting the embedded PostgreSQL in {cluster} for {command} (stopped "
+              "again when it ends)", file=sys.stderr, flush=True)
+        dsn = await asyncio.to_thread(pg.start)
+    except EmbeddedPostgresError as exc:
+        raise _usage(f"invalid data-dir '{ddir}': its embedded PostgreSQL: "
+                     f"{str(exc).splitlines()[0]}") from None
+    try:
+        yield dsn
+    finally:
+        if await _other_clients(dsn):
+            print(f"note: left the embedded PostgreSQL in {cluster} running: another client "
+                  "connected to it meanwhile", file=sys.stderr, flush=True)
+        else:
+            await asyncio.to_thread(pg.stop)
+
+
+async def _other_clients(dsn: str) -> bool:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10)
+    except Exception:  # noqa: BLE001 - unreachable: nobody else can be using it either
+        return False
+    try:
+        n = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                                "'client backend' AND pid <> pg_backend_pid()")
+        return bool(n)
+    finally:
+        await conn.close()
 
 
 def parse_partitions(text: str | None) -> list[int] | None:

@@ -49,12 +49,13 @@ class DevNode:
     host: str
     started: float = field(default_factory=time.monotonic)
     parts: dict[str, Any] = field(default_factory=dict)
+    log_path: Path | None = None  # where the node logs while the live view owns the terminal
 
 
 async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
-    builtin: bool = True,
+    builtin: bool = True, log_path: Path | None = None,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
@@ -85,7 +86,7 @@ async def run_dev(
         check_destinations(tenants, Topics(partitions=partitions), database_url)
         store = await PostgresProjectionStore.connect(database_url)
         await store.migrate()
-        node = DevNode(ddir, port, host)
+        node = DevNode(ddir, port, host, log_path=log_path)
 
         async def started(node: DevNode) -> None:
             tenant = next(iter(tenants.tenants.values()), None)
@@ -129,10 +130,9 @@ async def run_node(
     in order: API, workers (drain), effects, processor (finishing its open transaction),
     projector.
     """
-    import uvicorn
 
     from chronolog.api.app import create_app
-    from chronolog.api.server import Server
+    from chronolog.api.server import Server, server_config
     from chronolog.client import Client
     from chronolog.devnode.supervisor import Supervisor
     from chronolog.devnode.view import Recent
@@ -175,8 +175,8 @@ async def run_node(
                      known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {})
 
     def api() -> Any:
-        config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
-                                lifespan="on", access_log=False)
+        config = server_config(app, node.host, node.port, log_level="warning",
+                               lifespan="on", access_log=False)
         return Server(config)  # our handlers stop the node; uvicorn captures none
 
     def exit_server(server: Any) -> None:
@@ -196,6 +196,7 @@ async def run_node(
             await on_started(node)
         if view:
             view_task = asyncio.create_task(_live_view(node, stop), name="view")
+            view_task.add_done_callback(_view_ended)
         await stop.wait()
     finally:
         if view_task is not None:
@@ -251,6 +252,7 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
     lines = [
         f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
         f"data directory: {node.data_dir.resolve()}",
+        *([f"log file: {node.log_path.resolve()}"] if node.log_path is not None else []),
         f"tenant '{tenant.name}', token: {token}"
         + (f"  (from {tenants_path})" if tenants_path else "  (dev default)")
         + ("" if shown else "  (shown only on a terminal)"),
@@ -273,20 +275,40 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
     print("\n".join(lines), flush=True)
 
 
+def _view_ended(task: asyncio.Task[None]) -> None:
+    """Say so if the live view itself ended with an error (its frames never raise)."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error("live_view_stopped", error=f"{type(exc).__name__}: {exc}"[:500])
+        print(f"chronolog dev: the live view stopped ({type(exc).__name__}: {exc}); the node "
+              "goes on", file=sys.stderr, flush=True)
+
+
 async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
+    """Redraw the live view every second until ``stop``. It never dies silently: a frame
+    that fails is drawn as a panel with the exception line and logged once per distinct
+    error (``chronolog.devnode.view.LiveView``); rich draws only when told (no refresh
+    thread), so a failure while drawing is caught here too."""
     from rich.console import Console
     from rich.live import Live
 
-    from chronolog.devnode.view import render
+    from chronolog.devnode.view import LiveView, error_panel
 
+    view = LiveView(node)
     console = Console()
-    with Live(console=console, refresh_per_second=2, screen=False) as live:
+    with Live(console=console, auto_refresh=False, screen=False) as live:
         while not stop.is_set():
             try:
-                live.update(await render(node))
+                live.update(await view.frame(console.width), refresh=True)
             except Exception as exc:  # noqa: BLE001 - the view must never stop the node
-                log.warning("live_view_failed", error=repr(exc))
-            await asyncio.sleep(1.0)
+                view.report(exc, "drawing")
+                with contextlib.suppress(Exception):
+                    live.update(error_panel(exc, "drawing"), refresh=True)
+            waiter = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=1.0)
+            finally:
+                waiter.cancel()
 
 
 __all__ = ["DEMO_SCHEDULES", "DevNode", "run_dev", "run_node"]

@@ -122,7 +122,7 @@ class DeadLetterFold:
     """Folds the ``dlq`` topic into ``dead_letters`` until ``stop()``."""
 
     def __init__(self, log_: EventLog, pool: asyncpg.Pool, projection: str = "main",
-                 idle_ms: int = 200) -> None:
+                 idle_ms: int = 200, *, dead_letter: bool = True) -> None:
         self.log = log_
         self.pool = pool
         self.projection = projection
@@ -130,7 +130,10 @@ class DeadLetterFold:
         self.idle_ms = idle_ms
         self.records = 0
         self._stopping = asyncio.Event()
-        self.dead_letters = DeadLetters(log_, CONSUMER)
+        # dead_letter=False (a replay): a bad record is only noted in ``skipped`` (the live
+        # fold dead-lettered it already)
+        self.dead_letters = DeadLetters(log_, CONSUMER) if dead_letter else None
+        self.skipped: list[str] = []
 
     def stop(self) -> None:
         self._stopping.set()
@@ -174,7 +177,7 @@ class DeadLetterFold:
                 try:
                     rows.append((rec, letter_row(self.log, rec)))
                 except BadLetter as exc:
-                    await self.dead_letters.put(rec, exc)
+                    await self._bad(rec, exc)
         offsets = {p: recs[-1].offset + 1 for p, recs in enumerate(reads) if recs}
         try:
             await self._write([row for _, row in rows], offsets)
@@ -209,5 +212,11 @@ class DeadLetterFold:
             except Exception as exc:
                 if not refused_for_its_data(exc):
                     raise
-                await self.dead_letters.put(rec, exc)
+                await self._bad(rec, exc)
         await self._write([], offsets)
+
+    async def _bad(self, rec: Record, exc: BaseException) -> None:
+        if self.dead_letters is not None:
+            await self.dead_letters.put(rec, exc)
+        else:
+            self.skipped.append(f"{rec.topic}[{rec.partition}]@{rec.offset}: {exc}")

@@ -19,6 +19,12 @@ One *pass*:
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
+While ``run`` runs it holds the schema's *projection lease*, a shared PostgreSQL advisory
+lock (``chronolog.projections.lease``): ``chronolog replay`` will not replace tables a
+projector is writing, and a projector started during a replay waits until the rebuilt tables
+are in place, then goes on from their offsets. ``step`` and ``run_until_caught_up`` (tests,
+tools) take no lease.
+
 An ``OffsetConflict`` means another projector instance (or a replay) moved the offsets: the
 batch is discarded (nothing of it was written), the offsets are read again from PostgreSQL
 and the loop continues from there — two projectors on one database never write an event
@@ -75,6 +81,7 @@ from chronolog.environment import gc_tune, gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.projections.dead_letters import DeadLetterFold
+from chronolog.projections.lease import ProjectionLease
 from chronolog.projections.project import project, project_batch
 from chronolog.projections.store import (
     OffsetConflict,
@@ -238,7 +245,21 @@ class Projector:
 
     async def run(self) -> None:
         """Project until ``stop()`` (a log or database failure ends it, raised; ``run`` may
-        be called again then: it goes on from the offsets stored in the database)."""
+        be called again then: it goes on from the offsets stored in the database).
+
+        It holds the schema's projection lease (``chronolog.projections.lease``) while it
+        runs: a replay refuses to replace the tables meanwhile, and a run that starts while a
+        replay holds the lease waits for it, then reads the offsets of the rebuilt tables."""
+        lease = await ProjectionLease.shared(self.store.pool, self.store.projection,
+                                             self._stopping)
+        if lease is None:
+            return  # stopped while waiting for a replay
+        try:
+            await self._run(lease)
+        finally:
+            await lease.release()
+
+    async def _run(self, lease: ProjectionLease) -> None:
         if self._started:
             await self._load_offsets()
         await self.start()
@@ -265,6 +286,7 @@ class Projector:
                                 reader.result()  # a read failure ends the projector
                             return  # stopping
                         batch = getter.result()
+                        lease.check()  # never write once the lease is gone
                         try:
                             await self._apply(batch)
                         except OffsetConflict as exc:

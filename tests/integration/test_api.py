@@ -791,24 +791,26 @@ async def test_healthz_and_metrics(stack: ApiStack) -> None:
     run_id = (await _trigger(stack, s, "m")).json()["runId"]
     claim = await stack.client.claim("acme", s, run_id, 1, "wm")
     assert claim["fence"] >= 1
-    await stack.http.get("/metrics")
+    # the claim is projected (and counted) asynchronously
+    await wait_until(lambda: _has_lateness(stack), 20, what="lateness sample for acme")
     r = await stack.http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
-    for name in ("chronolog_start_lateness_seconds_bucket", "chronolog_oldest_due_age_seconds",
-                 "chronolog_expired_leases", "chronolog_skipped_occurrences_total",
+    for name in ("chronolog_run_start_lateness_seconds_bucket",
+                 "chronolog_oldest_due_age_seconds", "chronolog_expired_leases",
+                 "chronolog_runs_skipped_total", "chronolog_runs_finished_total",
                  "chronolog_projection_lag_events", "chronolog_projection_lag_seconds",
                  "chronolog_commands_total", "chronolog_events_total",
                  "chronolog_commands_per_second", "chronolog_events_per_second"):
         assert name in text, name
-    await wait_until(lambda: _has_lateness(stack), 20, what="lateness sample for acme")
     assert_error(await stack.http.get("/nowhere"), 404, "not_found")
 
 
 async def _has_lateness(stack: ApiStack) -> bool:
     assert stack.http is not None
     text = (await stack.http.get("/metrics")).text
-    return 'chronolog_start_lateness_seconds_count{resource_class="default",tenant="acme"}' in text
+    return ('chronolog_run_start_lateness_seconds_count{resource_class="default",tenant="acme"}'
+            in text)
 
 
 async def test_read_your_writes_through_an_in_process_projector(stack: ApiStack) -> None:
