@@ -81,11 +81,10 @@ class HttpTransport:
 
     async def change_state(self, schedule_id: str, action: str,
                            reason: str) -> dict[str, Any]:
-        # the API records no pause reason: the command refuses --reason before sending
         if action == "delete":
             return await self._call("DELETE", f"/v1/schedules/{_id(schedule_id)}", write=True)
         return await self._call("POST", f"/v1/schedules/{_id(schedule_id)}:{action}",
-                                write=True)
+                                write=True, json={"reason": reason} if reason else None)
 
     async def trigger(self, schedule_id: str, key: str,
                       params: dict[str, Any] | None) -> dict[str, Any]:

@@ -598,9 +598,6 @@ def _revise(ctx: Ctx) -> Work:
 def _lifecycle(ctx: Ctx) -> Work:
     action = ctx.args.lifecycle
     reason = getattr(ctx.args, "reason", "")
-    if reason and not ctx.direct:
-        raise _usage("invalid reason: the HTTP API records no pause reason; leave --reason "
-                     "out, or pause with --log (direct access to the log)")
     if action == "pause":
         try:
             m.PauseSchedule(reason=reason)  # its limits, before sending

@@ -224,9 +224,6 @@ def test_the_log_from_the_environment_is_direct_access(
     (["run", "r1", "--url", "http://127.0.0.1:9", "--token", "a b"],
      "invalid token: a token is printable ASCII without spaces"),
     (["run", "r1", "--url", "http://127.0.0.1:9", "--token", ""], "invalid token: empty"),
-    (["schedule", "pause", "s1", "--url", "http://127.0.0.1:9", "--reason", "why"],
-     "invalid reason: the HTTP API records no pause reason; leave --reason out, or pause "
-     "with --log (direct access to the log)"),
     (["runs", "--log", "sqlite:///nonexistent/x.db"],
      "error: runs across schedules need the API (--url)"),
     (["runs", "s1", "--job-type", "echo", "--log", "sqlite:///nonexistent/x.db"],

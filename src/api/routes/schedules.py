@@ -36,7 +36,7 @@ answers 400 naming the job types it knows instead.
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Body, Header, Query
 from fastapi.responses import JSONResponse
 
 from chronolog.api.auth import TenantDep
@@ -44,6 +44,7 @@ from chronolog.api.context import ConsistentDep, Context, with_warnings, written
 from chronolog.api.errors import ApiError, error_responses
 from chronolog.api.models import (
     MAX_SCHEDULE_ID,
+    PauseIn,
     RevisedOut,
     ScheduleCreated,
     ScheduleIn,
@@ -175,9 +176,10 @@ _LIFECYCLE: dict[str, Any] = {
 
 
 @router.post("/v1/schedules/{schedule_id}:pause", summary="Pause a schedule", **_LIFECYCLE)
-async def pause_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
-                         ctx: Context) -> JSONResponse:
-    return await _lifecycle(ctx, tenant, schedule_id, m.PauseSchedule())
+async def pause_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep, ctx: Context,
+                         body: Annotated[PauseIn | None, Body()] = None) -> JSONResponse:
+    reason = body.reason if body is not None else ""
+    return await _lifecycle(ctx, tenant, schedule_id, m.PauseSchedule(reason=reason))
 
 
 @router.post("/v1/schedules/{schedule_id}:resume", summary="Resume a schedule", **_LIFECYCLE)
