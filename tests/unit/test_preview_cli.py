@@ -145,3 +145,11 @@ def test_the_cron_specials_work_through_preview() -> None:
     # and a wrapped hour range on a wrapped weekday range: Thursday 22:00 is not in FRI-MON
     assert (local_of("0 22-1 * * FRI-MON")
             == ["2026-05-01T00:00:00-04:00", "2026-05-01T01:00:00-04:00"])
+
+
+def test_count_is_the_long_name_of_n_as_in_the_api() -> None:
+    args = ("--every", "1h", "--from", "2026-01-01T00:00:00Z", "--json")
+    with_count, with_n = preview(*args, "--count", "3"), preview(*args, "-n", "3")
+    assert with_count.returncode == 0, with_count.stderr
+    assert with_count.stdout == with_n.stdout
+    assert len(json.loads(with_count.stdout)["instants"]) == 3
