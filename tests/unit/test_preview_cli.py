@@ -110,7 +110,8 @@ def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
          "invalid at '2026-01-0١T00:00:00Z': not ASCII: write "
          "an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
         (["--cron", "* * * * *", "-n", "٣"],
-         "chronolog preview: argument -n/--count: invalid n '٣': expected a whole number (ASCII digits)"),
+         "chronolog preview: argument -n/--count: invalid n '٣': expected a whole number "
+         "(ASCII digits)"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str],
