@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from chronolog.domain.messages import JobSpec, ScheduleSpec
+from chronolog.domain.recurrence import compile_trigger
 
 ACTIVE_STATES = frozenset({"READY", "LEASED", "RETRY_WAIT"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
@@ -88,7 +89,12 @@ _POLICY_CACHE_MAX = 50_000
 
 def spec_hash(spec: ScheduleSpec) -> str:
     """A stable digest of a spec (idempotent create: same key + same spec)."""
-    raw = orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return dump_hash(spec.model_dump(mode="json"))
+
+
+def dump_hash(dumped: dict[str, Any]) -> str:
+    """``spec_hash`` of the spec whose ``model_dump(mode="json")`` is ``dumped``."""
+    raw = orjson.dumps(dumped, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
@@ -108,7 +114,11 @@ def policy_for(spec: ScheduleSpec) -> Policy:
 
 
 def _policy_by_hash(spec: ScheduleSpec) -> Policy:
-    h = spec_hash(spec)
+    return policy_hashed(spec, spec_hash(spec))
+
+
+def policy_hashed(spec: ScheduleSpec, h: str) -> Policy:
+    """The interned Policy of a spec whose ``spec_hash`` is known to be ``h``."""
     pol = _POLICIES.get(h)
     if pol is None:
         if len(_POLICIES) >= _POLICY_CACHE_MAX:
@@ -244,10 +254,30 @@ class QuotaWait(NamedTuple):
     reply_to: str | None = None  # the client waiting for the answer (the create's reply_to)
 
 
+_DERIVED: Any = object()  # ScheduleState._trigger: compile policy.spec at anchor when used
+
+
+def trigger_of(spec: ScheduleSpec, anchor: datetime) -> Any:
+    """The compiled (cached, immutable) trigger of ``spec`` at ``anchor``."""
+    return compile_trigger(
+        cron=spec.cron,
+        every=spec.every,
+        at=spec.at,
+        delay=spec.delay,
+        timezone=spec.timezone,
+        anchor=anchor,
+        start=spec.start,
+        end=spec.end,
+        dst_ambiguous=spec.dst.ambiguous,
+        dst_nonexistent=spec.dst.nonexistent,
+    )
+
+
 class ScheduleState:
     """The fold of one schedule's events."""
 
     __slots__ = (
+        "_trigger",
         "anchor",
         "count",
         "created_at",
@@ -269,7 +299,6 @@ class ScheduleState:
         "schedule_id",
         "status",
         "tenant",
-        "trigger",
     )
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
@@ -278,7 +307,10 @@ class ScheduleState:
         self.status = "NEW"  # NEW | ACTIVE | PAUSED | COMPLETED | DELETED
         self.revision = 0
         self.policy: Policy | None = None
-        self.trigger: Any = None
+        # the compiled trigger of policy.spec at anchor (``trigger``); _DERIVED: compiled on
+        # first use (a state decoded from a snapshot: most are never decided again soon, and
+        # compiling costs more than decoding the whole state)
+        self._trigger: Any = None
         self.request_key: str | None = None
         self.created_hash: str | None = None  # spec hash at creation (idempotent create)
         self.created_at: datetime | None = None
@@ -306,6 +338,25 @@ class ScheduleState:
     def exists(self) -> bool:
         return self.status in ("ACTIVE", "PAUSED")
 
+    @property
+    def trigger(self) -> Any:
+        """The schedule's compiled trigger (None before it is created)."""
+        t = self._trigger
+        if t is _DERIVED:
+            pol = self.policy
+            assert pol is not None and self.anchor is not None, "a derived trigger needs both"
+            t = self._trigger = trigger_of(pol.spec, self.anchor)
+        return t
+
+    @trigger.setter
+    def trigger(self, value: Any) -> None:
+        self._trigger = value
+
+    def derive_trigger(self) -> None:
+        """The trigger is ``policy.spec`` compiled at ``anchor``, on first use (``evolve``
+        compiles exactly that; a decoded snapshot defers it)."""
+        self._trigger = _DERIVED
+
     def clone(self) -> ScheduleState:
         """A deep, independent copy."""
         s = self.draft()
@@ -330,7 +381,7 @@ class ScheduleState:
         s.status = self.status
         s.revision = self.revision
         s.policy = self.policy
-        s.trigger = self.trigger
+        s._trigger = self.trigger  # a deferred trigger is compiled once, into both
         s.request_key = self.request_key
         s.created_hash = self.created_hash
         s.created_at = self.created_at

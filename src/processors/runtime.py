@@ -53,7 +53,7 @@ import asyncio
 import gc
 import heapq
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -86,6 +86,7 @@ from chronolog.log.port import (
     WAKE_HEADER,
     EventLog,
     Fenced,
+    LogError,
     OutRecord,
     PartitionOwner,
     Position,
@@ -93,6 +94,13 @@ from chronolog.log.port import (
 )
 from chronolog.log.reading import read_partition
 from chronolog.processors.dispatch import Dispatcher
+from chronolog.processors.snapshots import (
+    Chunk,
+    Loaded,
+    SnapshotRejected,
+    SnapshotWriter,
+    decode_snapshot,
+)
 
 log = structlog.get_logger("chronolog.processor")
 
@@ -135,12 +143,6 @@ class OpenTenants:
         return 1.0
 
 
-class SnapshotStore(Protocol):
-    """Hook for snapshots: restore may start from a saved fold instead of offset 0."""
-
-    async def load(self, partition: int) -> tuple[int, dict[str, ScheduleState]] | None: ...
-
-
 @dataclass
 class ProcessorConfig:
     batch_max: int = 500
@@ -169,6 +171,14 @@ class ProcessorConfig:
     # this long (the fencer's view of the group changed meanwhile and it let the partition
     # go), is acquired again instead of staying without an owner
     fenced_retry_s: float = 5.0
+    # snapshots of the owned partitions' states on the ``state`` topic (docs/design.md §13,
+    # chronolog.processors.snapshots): a takeover reads them plus the tail of ``events``
+    # instead of folding ``events`` from offset 0. Off: fold from 0 and write none.
+    snapshots: bool = True
+    snapshot_interval_s: float = 5.0  # a round of the dirty states at most this often
+    snapshot_events: int = 20_000  # ... or after this many events since the last round
+    snapshot_chunk: int = 256  # states encoded per batch (one chunk per transaction)
+    state_read_batch: int = 10_000  # records per read of the state topic at takeover
 
 
 @dataclass
@@ -183,7 +193,25 @@ class ProcessorStats:
     apply_errors: int = 0  # decisions that could not be applied (the partition was rebuilt)
     duplicates: int = 0
     fenced: int = 0
+    restored_from_snapshot: int = 0  # takeovers that started from a snapshot
+    restored_from_zero: int = 0  # takeovers that folded events from offset 0
+    snapshots_rejected: int = 0  # snapshots ignored (damaged, another version, ...)
     started_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Takeover:
+    """How one partition was taken over (``Processor.takeovers``)."""
+
+    partition: int
+    assigned_at: float  # time.monotonic() when the assignment arrived
+    restored_at: float = 0.0  # ... when states and replies were rebuilt
+    from_snapshot: bool = False
+    rejected: str | None = None  # why a snapshot there was ignored
+    snapshot_records: int = 0  # records read from the state topic
+    states: int = 0
+    tail_events: int = 0  # events folded (the tail after the snapshot, or all of them)
+    events_offset: int = 0
 
 
 class PartitionState:
@@ -202,6 +230,8 @@ class PartitionState:
         # the tenants' quota aggregates whose key falls on this partition (key -> state)
         self.quotas: dict[str, QuotaState] = {}
         self.events_offset = 0
+        # the snapshot of this partition being written (None: snapshots are off)
+        self.snap: SnapshotWriter | None = None
         # this partition's commit chain (a task while a transaction is in flight) and the
         # records that arrived meanwhile, decided by the chain when that transaction ends
         self.chain: asyncio.Task[None] | None = None
@@ -239,6 +269,11 @@ class PartitionState:
             heapq.heappop(self.heap)
         return self.heap[0][0] if self.heap else None
 
+    def snapshot_due(self) -> bool:
+        """Whether the next batch of this partition should carry a snapshot chunk."""
+        snap = self.snap
+        return snap is not None and snap.due(time.monotonic())
+
 
 class Processor:
     """Owns partitions of ``commands``/``events`` and decides their commands."""
@@ -250,7 +285,6 @@ class Processor:
         tenants: TenantPolicies | None = None,
         config: ProcessorConfig | None = None,
         clock: Callable[[], datetime] = utc_now,
-        snapshots: SnapshotStore | None = None,
     ) -> None:
         self.log = log_
         self.topics = log_.topics
@@ -258,7 +292,8 @@ class Processor:
         self.tenants = tenants or OpenTenants()
         self.config = config or ProcessorConfig()
         self.clock = clock
-        self.snapshots = snapshots
+        self._snapshots: bool | None = None  # the state topic is usable (checked once)
+        self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
         self._command_partitions = 0  # of the commands topic, read at the first assignment
@@ -338,7 +373,7 @@ class Processor:
             if ps.held:
                 batch, ps.held = ps.held + batch, []
             nw = ps.next_wake()
-            if not batch and (nw is None or nw > now):
+            if not batch and (nw is None or nw > now) and not ps.snapshot_due():
                 continue
             out, consumed = await self._decide(ps, batch, now)
             if out is not None:
@@ -392,7 +427,7 @@ class Processor:
             batch, ps.held = ps.held, []
             now = self.clock()
             nw = ps.next_wake()
-            if not batch and (nw is None or nw > now):
+            if not batch and (nw is None or nw > now) and not ps.snapshot_due():
                 return
             out, consumed = await self._decide(ps, batch, now)
             if out is None:
@@ -431,9 +466,10 @@ class Processor:
 
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
-        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values()
-                             if ps.running() is None)
-                 if w is not None]
+        idle = [ps for ps in self.partitions.values() if ps.running() is None]
+        if any(ps.snapshot_due() for ps in idle):
+            return 0  # an idle partition's snapshot chunk goes out now
+        wakes = [w for w in (ps.next_wake() for ps in idle) if w is not None]
         if not wakes:
             return self.config.poll_ms
         delta = (min(wakes) - self.clock()).total_seconds() * 1000
@@ -442,21 +478,27 @@ class Processor:
     # ------------------------------------------------------------------ ownership
 
     async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
+        assigned_at = time.monotonic()
         for topic, p in sorted(tps):
             if topic != self.topics.commands or p in self.partitions:
                 continue
             if not self._command_partitions:
                 self._command_partitions = await self.log.partitions_for(self.topics.commands)
+            takeover = Takeover(p, assigned_at)
             owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
             if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
                 owner.await_visible = self.config.await_visible
             ps = PartitionState(p, owner)
-            await self._restore(ps)
+            await self._restore(ps, takeover)
             committed = await self.log.committed(self.group, self.topics.commands, p)
             self._consumer.seek(self.topics.commands, p, committed or 0)
             self.partitions[p] = ps
+            takeover.restored_at = time.monotonic()
+            self.takeovers.append(takeover)
             log.info("partition_assigned", partition=p, schedules=len(ps.states),
-                     events_offset=ps.events_offset, commands_offset=committed or 0)
+                     events_offset=ps.events_offset, commands_offset=committed or 0,
+                     from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
+                     restore_s=round(takeover.restored_at - assigned_at, 3))
         if self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
 
@@ -484,33 +526,34 @@ class Processor:
             gc.unfreeze()  # let the collector reclaim the dropped state (frozen again later)
         log.info("partition_dropped", partition=p, reason=why)
 
-    async def _restore(self, ps: PartitionState) -> None:
-        """Fold partition p of ``events`` (from a snapshot when one exists)."""
+    async def _restore(self, ps: PartitionState, takeover: Takeover | None = None) -> None:
+        """Rebuild partition p's states: from its snapshot on ``state`` plus the tail of
+        ``events`` after it, or — no usable snapshot, or snapshots off — by folding ``events``
+        from offset 0 (docs/design.md §13); then its timers, dispatch queue and replies."""
         p = ps.partition
-        offset = 0
-        if self.snapshots is not None:
-            snap = await self.snapshots.load(p)
-            if snap is not None:
-                offset, ps.states = snap
-        async for recs in read_partition(self.log, self.topics.events, p, offset,
-                                         batch=self.config.restore_chunk):
-            for rec in recs:
-                try:
-                    env = codec.decode_event(rec.value)
-                    if env.schedule_id == QUOTA_ID:
-                        qs = ps.quotas.get(env.key)
-                        if qs is None:
-                            qs = ps.quotas[env.key] = QuotaState(env.tenant)
-                        evolve_quota(qs, env.payload)
-                        continue
-                    st = ps.states.get(env.key)
-                    if st is None:
-                        st = ps.states[env.key] = initial_state(env.tenant, env.schedule_id)
-                    evolve(st, env.payload)
-                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
-                    await self.dead_letters.put(rec, exc)
-            offset = recs[-1].offset + 1
-        ps.events_offset = offset
+        takeover = takeover or Takeover(p, time.monotonic())
+        snapshots = await self._snapshots_usable()
+        loaded: Loaded | None = None
+        if snapshots:
+            events_end = await self.log.end_offset(self.topics.events, p)
+            try:
+                loaded = await self._load_snapshot(p, events_end, takeover)
+                if loaded is not None:
+                    folded = await self._fold(ps, loaded, takeover)
+            except SnapshotRejected as exc:
+                self._rejected(p, str(exc), takeover)
+                ps.states, ps.quotas = {}, {}
+                loaded = None
+        if loaded is None:
+            folded = await self._fold(ps, None, takeover)
+            self.stats.restored_from_zero += 1
+        else:
+            takeover.from_snapshot = True
+            self.stats.restored_from_snapshot += 1
+        dirty, log_end, last_event = folded
+        ps.events_offset = log_end
+        takeover.states = len(ps.states)
+        takeover.events_offset = log_end
         for key, st in ps.states.items():
             ps.arm(key, st)
             for run in (st.runs or {}).values():
@@ -521,6 +564,118 @@ class Processor:
         for key, qs in ps.quotas.items():
             ps.arm_at(key, quota_wakeup(qs))
         await self._restore_replies(ps)
+        if snapshots:
+            cfg = self.config
+            ps.snap = SnapshotWriter(
+                p, self.topics.state, self.member_id, ps.owner.epoch,
+                interval_s=cfg.snapshot_interval_s, events=cfg.snapshot_events,
+                chunk=max(1, cfg.snapshot_chunk), dirty=dirty,
+                specs=set() if loaded is None else loaded.specs, log_end=log_end,
+                last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from)
+            ps.snap.start_now()  # the states the tail (or the whole fold) changed, soon
+
+    async def _snapshots_usable(self) -> bool:
+        """Whether snapshots are on and the log has a ``state`` topic like ``events``."""
+        if self._snapshots is None:
+            self._snapshots = False
+            if self.config.snapshots:
+                try:
+                    n = await self.log.partitions_for(self.topics.state)
+                    events = await self.log.partitions_for(self.topics.events)
+                except LogError as exc:
+                    log.warning("snapshots_off", reason=f"no state topic: {exc}")
+                else:
+                    if n == events:
+                        self._snapshots = True
+                    else:
+                        log.warning("snapshots_off", reason=f"the state topic has {n} "
+                                    f"partitions, events {events}")
+        return self._snapshots
+
+    async def _load_snapshot(self, p: int, events_end: int,
+                             takeover: Takeover) -> Loaded | None:
+        """Partition p of ``state``, read whole and decoded (None: no snapshot there)."""
+        records: list[Record] = []
+        async for recs in read_partition(self.log, self.topics.state, p, 0,
+                                         batch=self.config.state_read_batch):
+            records.extend(recs)
+        takeover.snapshot_records = len(records)
+        return decode_snapshot(records, events_end)
+
+    def _rejected(self, p: int, reason: str, takeover: Takeover) -> None:
+        self.stats.snapshots_rejected += 1
+        takeover.rejected = reason
+        log.warning("snapshot_rejected", partition=p, reason=reason,
+                    detail="folding events from offset 0")
+
+    async def _fold(
+        self, ps: PartitionState, loaded: Loaded | None, takeover: Takeover,
+    ) -> tuple[set[str], int, tuple[int, str] | None]:
+        """Fold partition p of ``events`` into ``ps``: from ``loaded`` (a snapshot) and the
+        events after it — each key's events from the offset its record covers — or all of it
+        from offset 0. Returns the keys it changed (all of them from 0), the offset after
+        the last event, and that event's (offset, ID). Raises ``SnapshotRejected`` when the
+        event the snapshot names as its last is not there (nothing was folded yet)."""
+        p = ps.partition
+        through: dict[str, int] = {}
+        fold_from = offset = 0
+        check: tuple[int, str] | None = None
+        if loaded is not None:
+            ps.states, ps.quotas = loaded.states, loaded.quotas
+            through, fold_from, check = loaded.through, loaded.fold_from, loaded.last_event
+            offset = fold_from if check is None else check[0]
+        dirty: set[str] = set()
+        last_event = check
+        folded = 0
+        async for recs in read_partition(self.log, self.topics.events, p, offset,
+                                         batch=self.config.restore_chunk):
+            for rec in recs:
+                try:
+                    env = codec.decode_event(rec.value)
+                except Exception as exc:
+                    if check is not None:
+                        raise SnapshotRejected(f"the event at {rec.offset} the snapshot "
+                                               f"names as its last does not decode") from exc
+                    await self.dead_letters.put(rec, exc)
+                    continue
+                if check is not None:  # the first record: the snapshot's last event
+                    if (rec.offset, env.event_id) != check:
+                        raise SnapshotRejected(
+                            f"the snapshot's last event {check[1]} at {check[0]} is not "
+                            f"there (found {env.event_id} at {rec.offset})")
+                    check = None
+                    last_event = (rec.offset, env.event_id)
+                    continue
+                last_event = (rec.offset, env.event_id)
+                if rec.offset < fold_from:
+                    raise SnapshotRejected(f"an event at {rec.offset}, between the "
+                                           f"snapshot's last one and {fold_from}")
+                key = env.key
+                if through and rec.offset < through.get(key, 0):
+                    continue  # its state's record covers it
+                folded += 1
+                try:
+                    if env.schedule_id == QUOTA_ID:
+                        qs = ps.quotas.get(key)
+                        if qs is None:
+                            qs = ps.quotas[key] = QuotaState(env.tenant)
+                        evolve_quota(qs, env.payload)
+                    else:
+                        st = ps.states.get(key)
+                        if st is None:
+                            st = ps.states[key] = initial_state(env.tenant, env.schedule_id)
+                        evolve(st, env.payload)
+                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
+                    await self.dead_letters.put(rec, exc)
+                dirty.add(key)
+            offset = recs[-1].offset + 1
+        if check is not None:
+            raise SnapshotRejected(f"the snapshot's last event {check[1]} at {check[0]} is "
+                                   f"not there (events end before it)")
+        takeover.tail_events = folded
+        if loaded is None:
+            dirty = set(ps.states) | set(ps.quotas)  # nothing of them is on ``state`` yet
+        return dirty, max(offset, fold_from), last_event
 
     async def _restore_replies(self, ps: PartitionState) -> None:
         topic = self.topics.replies
@@ -559,9 +714,20 @@ class Processor:
     def _decide_partition(
         self, ps: PartitionState, batch: list[Record], now: datetime
     ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
-        """Decide a partition's commands and due timers (state is evolved as we go)."""
+        """Decide a partition's commands and due timers (state is evolved as we go).
+
+        A snapshot chunk that is due is encoded first: it holds the states after every
+        earlier transaction of the partition, and goes in this one (docs/design.md §13)."""
+        chunk: Chunk | None = None
+        snap = ps.snap
+        if snap is not None and snap.due(time.monotonic()):
+            try:
+                chunk = snap.take(ps.states, ps.quotas, time.monotonic())
+            except Exception:
+                log.exception("snapshot_encode_failed", partition=ps.partition)
         out = _Output(self.topics, ps.partition, (
-            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())))
+            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())),
+            snap, chunk)
         consumed: dict[tuple[str, int], int] = {}
         for rec in batch:
             self._handle(ps, rec, now, out)
@@ -656,6 +822,8 @@ class Processor:
         self.stats.transactions += 1
         self.stats.commands += len(w.batch)
         self.stats.events += len(out.events)
+        if out.chunk is not None and ps.snap is not None:
+            ps.snap.committed(out.chunk)
         wall = time.time()
         for cid, data in out.final.items():
             ps.replies[cid] = (wall, data)
@@ -770,6 +938,9 @@ class Processor:
             return
         if dec.events:
             ps.quotas[key] = qs
+            if ps.snap is not None:
+                ps.snap.dirty.add(key)
+                ps.snap.events_since += len(dec.events)
         first_index = len(out.events)
         values, body = encoded
         for i, ev in enumerate(dec.events):
@@ -822,6 +993,10 @@ class Processor:
         commands: timers and assignments)."""
         first_index = len(out.events)
         values, body = encoded
+        snap = ps.snap
+        if snap is not None and dec.events:
+            snap.dirty.add(key)
+            snap.events_since += len(dec.events)
         for i, ev in enumerate(dec.events):
             evolve(st, ev)
             out.event(event_id_for(command_id, i), key, st.tenant, st.schedule_id, now,
@@ -948,11 +1123,17 @@ class _Output:
     """
 
     def __init__(self, topics: Any, partition: int,
-                 writer: tuple[tuple[str, bytes], ...] = ()) -> None:
+                 writer: tuple[tuple[str, bytes], ...] = (),
+                 snap: SnapshotWriter | None = None, chunk: Chunk | None = None) -> None:
         self.topics = topics
         self.events_topic = topics.events
         self.partition = partition
         self.writer = writer  # headers naming the processor and its epoch (audit trail)
+        # the partition's snapshot: this transaction's events move its end; ``chunk``: the
+        # states this transaction writes to ``state`` (framed in ``then``, once positioned)
+        self.snap = snap
+        self.chunk = chunk
+        self._snap_base: tuple[int, tuple[int, str] | None] | None = None
         self.records: list[OutRecord] = []
         # assignment records: written after the events, with the replies (``then``), so that the
         # first records are this partition's events only — a Kafka owner can then predict
@@ -976,7 +1157,7 @@ class _Output:
     @property
     def empty(self) -> bool:
         return (not self.records and not self.replies and not self.assignments
-                and not self.commands)
+                and not self.commands and self.chunk is None)
 
     def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
               causation_id: str, payload: Any, value: bytes) -> None:
@@ -1031,7 +1212,27 @@ class _Output:
             out.append(OutRecord(topic=topic, key=cid.encode(), value=value, partition=partition,
                                  headers=((WAKE_HEADER, to.encode()),) if to else ()))
         self.final = final
+        snap = self.snap
+        if snap is not None:
+            self._then_snapshot(snap, positions, out)
         return out
+
+    def _then_snapshot(self, snap: SnapshotWriter, positions: list[Position],
+                       out: list[OutRecord]) -> None:
+        """The chunk's records, as of where this transaction's events begin; then the
+        partition's events end after them. The partition's end before this transaction is
+        taken at the first call (``then`` may be called again with other positions)."""
+        base = self._snap_base
+        if base is None:
+            base = self._snap_base = (snap.log_end, snap.last_event)
+        index = self.event_index
+        through = positions[index[0]].offset if index else base[0]
+        if self.chunk is not None:
+            out.extend(snap.records(self.chunk, through, base[1]))
+        if index:
+            last = positions[index[-1]].offset
+            snap.log_end = last + 1
+            snap.last_event = (last, self.events[-1][0])
 
 
 
