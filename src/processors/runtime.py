@@ -96,6 +96,7 @@ from chronolog.log.reading import read_partition
 from chronolog.processors.dispatch import Dispatcher
 from chronolog.processors.snapshots import (
     Chunk,
+    Folder,
     Loaded,
     SnapshotRejected,
     SnapshotWriter,
@@ -611,71 +612,32 @@ class Processor:
     async def _fold(
         self, ps: PartitionState, loaded: Loaded | None, takeover: Takeover,
     ) -> tuple[set[str], int, tuple[int, str] | None]:
-        """Fold partition p of ``events`` into ``ps``: from ``loaded`` (a snapshot) and the
-        events after it — each key's events from the offset its record covers — or all of it
-        from offset 0. Returns the keys it changed (all of them from 0), the offset after
-        the last event, and that event's (offset, ID). Raises ``SnapshotRejected`` when the
-        event the snapshot names as its last is not there (nothing was folded yet)."""
-        p = ps.partition
-        through: dict[str, int] = {}
-        fold_from = offset = 0
-        check: tuple[int, str] | None = None
-        if loaded is not None:
-            ps.states, ps.quotas = loaded.states, loaded.quotas
-            through, fold_from, check = loaded.through, loaded.fold_from, loaded.last_event
-            offset = fold_from if check is None else check[0]
-        dirty: set[str] = set()
-        last_event = check
-        folded = 0
-        async for recs in read_partition(self.log, self.topics.events, p, offset,
+        """Fold partition p of ``events`` into ``ps`` (``Folder``): onto ``loaded`` (a
+        snapshot), or from offset 0. Returns the keys whose states are not on ``state`` as
+        they are, the offset after the last event, and that event's (offset, ID). Raises
+        ``SnapshotRejected`` when the snapshot does not fit the log (before folding any)."""
+        folder = Folder(loaded)
+        ps.states, ps.quotas = folder.states, folder.quotas
+        offset = folder.start
+        async for recs in read_partition(self.log, self.topics.events, ps.partition, offset,
                                          batch=self.config.restore_chunk):
             for rec in recs:
                 try:
                     env = codec.decode_event(rec.value)
-                except Exception as exc:
-                    if check is not None:
-                        raise SnapshotRejected(f"the event at {rec.offset} the snapshot "
-                                               f"names as its last does not decode") from exc
+                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
+                    folder.undecodable(rec.offset)
                     await self.dead_letters.put(rec, exc)
                     continue
-                if check is not None:  # the first record: the snapshot's last event
-                    if (rec.offset, env.event_id) != check:
-                        raise SnapshotRejected(
-                            f"the snapshot's last event {check[1]} at {check[0]} is not "
-                            f"there (found {env.event_id} at {rec.offset})")
-                    check = None
-                    last_event = (rec.offset, env.event_id)
-                    continue
-                last_event = (rec.offset, env.event_id)
-                if rec.offset < fold_from:
-                    raise SnapshotRejected(f"an event at {rec.offset}, between the "
-                                           f"snapshot's last one and {fold_from}")
-                key = env.key
-                if through and rec.offset < through.get(key, 0):
-                    continue  # its state's record covers it
-                folded += 1
                 try:
-                    if env.schedule_id == QUOTA_ID:
-                        qs = ps.quotas.get(key)
-                        if qs is None:
-                            qs = ps.quotas[key] = QuotaState(env.tenant)
-                        evolve_quota(qs, env.payload)
-                    else:
-                        st = ps.states.get(key)
-                        if st is None:
-                            st = ps.states[key] = initial_state(env.tenant, env.schedule_id)
-                        evolve(st, env.payload)
+                    folder.feed(rec.offset, env)
+                except SnapshotRejected:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
                     await self.dead_letters.put(rec, exc)
-                dirty.add(key)
             offset = recs[-1].offset + 1
-        if check is not None:
-            raise SnapshotRejected(f"the snapshot's last event {check[1]} at {check[0]} is "
-                                   f"not there (events end before it)")
-        takeover.tail_events = folded
-        if loaded is None:
-            dirty = set(ps.states) | set(ps.quotas)  # nothing of them is on ``state`` yet
-        return dirty, max(offset, fold_from), last_event
+        dirty, last_event = folder.finish()
+        takeover.tail_events = folder.folded
+        return dirty, max(offset, folder.fold_from), last_event
 
     async def _restore_replies(self, ps: PartitionState) -> None:
         topic = self.topics.replies
@@ -1219,20 +1181,15 @@ class _Output:
 
     def _then_snapshot(self, snap: SnapshotWriter, positions: list[Position],
                        out: list[OutRecord]) -> None:
-        """The chunk's records, as of where this transaction's events begin; then the
-        partition's events end after them. The partition's end before this transaction is
-        taken at the first call (``then`` may be called again with other positions)."""
+        """The chunk's records (``SnapshotWriter.transaction``); the partition's end before
+        this transaction is taken at the first call (``then`` may be called again)."""
         base = self._snap_base
         if base is None:
             base = self._snap_base = (snap.log_end, snap.last_event)
         index = self.event_index
-        through = positions[index[0]].offset if index else base[0]
-        if self.chunk is not None:
-            out.extend(snap.records(self.chunk, through, base[1]))
-        if index:
-            last = positions[index[-1]].offset
-            snap.log_end = last + 1
-            snap.last_event = (last, self.events[-1][0])
+        span = None if not index else (positions[index[0]].offset,
+                                       positions[index[-1]].offset, self.events[-1][0])
+        out.extend(snap.transaction(self.chunk, span, base))
 
 
 

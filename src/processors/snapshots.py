@@ -53,8 +53,9 @@ from typing import Any
 
 import orjson
 
-from chronolog.commands.quota import QuotaState
-from chronolog.commands.state import Policy, ScheduleState
+from chronolog.commands.decider import evolve
+from chronolog.commands.quota import QuotaState, evolve_quota
+from chronolog.commands.state import Policy, ScheduleState, initial_state
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
@@ -67,12 +68,14 @@ from chronolog.commands.state_codec import (
     upcast_state,
 )
 from chronolog.domain.ids import QUOTA_ID
-from chronolog.log.port import OutRecord, Position, Record
+from chronolog.domain.messages import EventEnvelope
+from chronolog.log.port import OutRecord, Record
 
 __all__ = [
     "MARKER_KEY",
     "SPEC_KEY_PREFIX",
     "Chunk",
+    "Folder",
     "Loaded",
     "SnapshotRejected",
     "SnapshotWriter",
@@ -206,6 +209,74 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
     return Loaded(states, quotas, through_of, fold_from, last_event, set(policies), marker, n)
 
 
+class Folder:
+    """Folds a partition's events into its states: from offset 0, or onto a snapshot —
+    each key's events from the offset its record covers, after checking that the event the
+    marker names as the last one before ``fold_from`` is there (the first one fed)."""
+
+    def __init__(self, loaded: Loaded | None = None) -> None:
+        self.loaded = loaded
+        self.states: dict[str, ScheduleState] = {} if loaded is None else loaded.states
+        self.quotas: dict[str, QuotaState] = {} if loaded is None else loaded.quotas
+        self.through: dict[str, int] = {} if loaded is None else loaded.through
+        self.fold_from = 0 if loaded is None else loaded.fold_from
+        self.check = None if loaded is None else loaded.last_event
+        self.last_event = self.check
+        self.dirty: set[str] = set()
+        self.folded = 0  # events applied
+
+    @property
+    def start(self) -> int:
+        """The offset of ``events`` to read from."""
+        return self.fold_from if self.check is None else self.check[0]
+
+    def undecodable(self, offset: int) -> None:
+        """A record at ``offset`` is no event (the caller dead-letters it)."""
+        if self.check is not None:
+            raise SnapshotRejected(f"the event at {offset} the snapshot names as its last "
+                                   f"does not decode")
+
+    def feed(self, offset: int, env: EventEnvelope) -> None:
+        """Fold one event (in offset order); raises what ``evolve`` raises (the caller
+        dead-letters the record), ``SnapshotRejected`` for a snapshot that does not fit."""
+        if self.check is not None:
+            if (offset, env.event_id) != self.check:
+                raise SnapshotRejected(f"the snapshot's last event {self.check[1]} at "
+                                       f"{self.check[0]} is not there (found {env.event_id} "
+                                       f"at {offset})")
+            self.check = None
+            return
+        self.last_event = (offset, env.event_id)
+        if offset < self.fold_from:
+            raise SnapshotRejected(f"an event at {offset}, between the snapshot's last one "
+                                   f"and {self.fold_from}")
+        key = env.key
+        if offset < self.through.get(key, 0):
+            return  # its state's record covers it
+        self.folded += 1
+        self.dirty.add(key)
+        if env.schedule_id == QUOTA_ID:
+            qs = self.quotas.get(key)
+            if qs is None:
+                qs = self.quotas[key] = QuotaState(env.tenant)
+            evolve_quota(qs, env.payload)
+            return
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = initial_state(env.tenant, env.schedule_id)
+        evolve(st, env.payload)
+
+    def finish(self) -> tuple[set[str], tuple[int, str] | None]:
+        """The keys whose states are not on ``state`` as they are now (all of them after a
+        fold from 0) and the last event fed."""
+        if self.check is not None:
+            raise SnapshotRejected(f"the snapshot's last event {self.check[1]} at "
+                                   f"{self.check[0]} is not there (events end before it)")
+        if self.loaded is None:
+            return set(self.states) | set(self.quotas), self.last_event
+        return self.dirty, self.last_event
+
+
 # ------------------------------------------------------------------------------- writing
 
 
@@ -321,12 +392,26 @@ class SnapshotWriter:
         self.waiting = True
         return Chunk(entries, first, not pending)
 
-    def records(self, chunk: Chunk | None, through: int,
-                base_last: tuple[int, str] | None) -> list[OutRecord]:
-        """The chunk's records (and the marker after the last one), framed for a transaction
-        whose events start at ``through``; ``base_last``: the last event before them."""
+    def transaction(self, chunk: Chunk | None, events: tuple[int, int, str] | None,
+                    base: tuple[int, tuple[int, str] | None]) -> list[OutRecord]:
+        """For one transaction of the partition, once its records have positions (inside
+        it: ``then``): the records of its chunk, if any, framed as of where its events begin;
+        then the partition's end moves past its events.
+
+        ``events``: (first offset, last offset, last event ID) of its events, or None;
+        ``base``: (``log_end``, ``last_event``) before it — taken by the caller before the
+        first call, as ``then`` may be called again with other positions."""
+        through = base[0] if events is None else events[0]
+        out = self._records(chunk, through, base[1]) if chunk is not None else []
+        if events is not None:
+            self.log_end = events[1] + 1
+            self.last_event = (events[1], events[2])
+        return out
+
+    def _records(self, chunk: Chunk, through: int,
+                 base_last: tuple[int, str] | None) -> list[OutRecord]:
         rnd = self.round
-        if chunk is None or rnd is None:
+        if rnd is None:
             return []
         if chunk.first:
             rnd.start = through
@@ -360,10 +445,3 @@ class SnapshotWriter:
             self.fold_from = rnd.start
             self.stats.rounds += 1
             self.round = None
-
-
-def then_positions(positions: list[Position], event_index: list[int]) -> tuple[int, int] | None:
-    """(first, last) offset of a transaction's events, or None when it has none."""
-    if not event_index:
-        return None
-    return positions[event_index[0]].offset, positions[event_index[-1]].offset
