@@ -117,6 +117,11 @@ def _policy_by_hash(spec: ScheduleSpec) -> Policy:
     return policy_hashed(spec, spec_hash(spec))
 
 
+def interned_policy(h: str) -> Policy | None:
+    """The interned Policy of the spec whose ``spec_hash`` is ``h``, if there is one."""
+    return _POLICIES.get(h)
+
+
 def policy_hashed(spec: ScheduleSpec, h: str) -> Policy:
     """The interned Policy of a spec whose ``spec_hash`` is known to be ``h``."""
     pol = _POLICIES.get(h)

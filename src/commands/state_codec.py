@@ -9,9 +9,10 @@ in the same order, the same quota wait; the compiled trigger and the interned ``
 derived again from the spec, as ``evolve`` derives them (the trigger on first use).
 
 The encoding is orjson of positional lists (no field names: a state is about 300 bytes for
-a schedule with its last run). Specs are not in a state's body: a state names its policy by
-``spec_hash``, and the caller stores each spec once (``encode_spec`` / ``decode_spec``) —
-100,000 schedules sharing a handful of specs validate each spec once at restore.
+a schedule with its last run). A state's spec is stored in two parts (see "specs" below):
+its job's params in the state, the rest — its *shape*, shared by the schedules that differ
+in their params alone — once per partition (``shape_of`` / ``decode_shape``), so 100,000
+schedules validate a handful of shapes at restore, not 100,000 specs.
 
 ``STATE_VERSION`` is the version of this layout. Change ``ScheduleState``, ``Run``,
 ``QuotaState`` or the layout below, and bump it: snapshots of the older version are then
@@ -38,6 +39,7 @@ from chronolog.commands.state import (
     Run,
     ScheduleState,
     dump_hash,
+    interned_policy,
     policy_hashed,
 )
 from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleSpec
@@ -47,11 +49,11 @@ __all__ = [
     "StateDecodeError",
     "decode_quota",
     "decode_schedule",
-    "decode_spec",
+    "decode_shape",
     "encode_quota",
     "encode_schedule",
-    "encode_spec",
     "register_state_upcaster",
+    "shape_of",
     "upcast_state",
 ]
 
@@ -103,51 +105,72 @@ def _t(value: str | None) -> datetime | None:
 
 
 # ------------------------------------------------------------------------------- specs
+#
+# A spec is stored in two parts: its *shape* — the spec with its job's params emptied,
+# stored once per partition under its own hash (``encode_shape``), validated once at
+# restore — and, in each state that has it, the spec's hash, its shape's hash and its
+# params. Specs of one partition mostly differ in their params alone (the customer, the
+# report), and validating a whole spec costs about 25-50 us (100,000 of them: seconds of a
+# takeover); building one from its validated shape and its params costs a few: exactly what
+# validating the whole spec gives, because a stored spec's params are only checked to be a
+# JSON object (``messages.STORED``: the input limits are for new input).
+
+# spec hash -> (shape hash, shape body) of the specs encoded lately (encode side)
+_PARTS: dict[str, tuple[str, bytes]] = {}
+_PARTS_MAX = 16_384
 
 
-def encode_spec(policy: Policy) -> bytes:
-    """A policy's spec, stored once per partition under its ``spec_hash``."""
-    return orjson.dumps([policy.spec_hash, policy.spec.model_dump(mode="json")], option=_OPTS)
+def _parts(pol: Policy) -> tuple[str, bytes]:
+    parts = _PARTS.get(pol.spec_hash)
+    if parts is None:
+        raw = pol.spec.model_dump(mode="json")
+        raw["job"]["params"] = {}
+        shape_hash = dump_hash(raw)
+        parts = (shape_hash, orjson.dumps([shape_hash, raw], option=_OPTS))
+        if len(_PARTS) >= _PARTS_MAX:
+            _PARTS.clear()
+        _PARTS[pol.spec_hash] = parts
+    return parts
 
 
-# validated specs without their job's params, by their JSON (see ``decode_spec``)
-_SHAPES: dict[bytes, ScheduleSpec] = {}
-_SHAPES_MAX = 4096
+def shape_of(policy: Policy) -> tuple[str, bytes]:
+    """(shape hash, body) of a policy's spec shape: store the body once per partition
+    under the hash (``decode_shape`` reads it back)."""
+    return _parts(policy)
 
 
-def decode_spec(data: bytes) -> Policy:
-    """The interned ``Policy`` of an encoded spec; the stored hash must be the spec's.
-
-    Specs of one partition mostly differ in their job's params alone, and validating a
-    whole spec costs about 50 us (100,000 of them: 5 s of a takeover). So the spec without
-    its params is validated once per shape, and each spec is that shape with its params:
-    exactly what validating the whole spec gives, because a stored spec's params are only
-    checked to be a JSON object (``messages.STORED``: the input limits are for new input).
-    """
+def decode_shape(data: bytes) -> tuple[str, ScheduleSpec]:
+    """(hash, validated spec with empty params) of a stored shape; the stored hash must be
+    the shape's."""
     try:
         stored_hash, raw = orjson.loads(data)
-        job = raw["job"]
-        params = job["params"]
-        if not isinstance(params, dict):
-            raise StateDecodeError(f"job.params is not an object: {params!r}")
-        shape_raw = {**raw, "job": {**job, "params": {}}}
-        key = orjson.dumps(shape_raw)
-        shape = _SHAPES.get(key)
-        if shape is None:
-            shape = ScheduleSpec.model_validate(shape_raw, context=STORED)
-            if len(_SHAPES) >= _SHAPES_MAX:
-                _SHAPES.clear()
-            _SHAPES[key] = shape
-        spec = shape if not params else shape.model_copy(
-            update={"job": shape.job.model_copy(update={"params": params})})
+        if raw["job"]["params"] != {}:
+            raise StateDecodeError("a stored shape has params")
+        spec = ScheduleSpec.model_validate(raw, context=STORED)
     except StateDecodeError:
         raise
     except (ValueError, TypeError, KeyError) as exc:
-        raise StateDecodeError(f"not a stored spec: {type(exc).__name__}: {exc}") from exc
-    h = dump_hash(raw)  # raw is the spec's model_dump(mode="json"): its spec_hash
+        raise StateDecodeError(f"not a stored spec shape: {type(exc).__name__}: {exc}") \
+            from exc
+    h = dump_hash(raw)  # raw is the shape's model_dump(mode="json"): its hash
     if h != stored_hash:
-        raise StateDecodeError(f"spec hash {stored_hash} does not match its spec ({h})")
-    return policy_hashed(spec, h)
+        raise StateDecodeError(f"shape hash {stored_hash} does not match its shape ({h})")
+    return h, spec
+
+
+def _policy(ref: list[Any], shapes: Mapping[str, ScheduleSpec]) -> Policy:
+    spec_h, shape_h, params = ref
+    pol = interned_policy(spec_h)
+    if pol is not None:
+        return pol
+    shape = shapes.get(shape_h)
+    if shape is None:
+        raise StateDecodeError(f"spec shape {shape_h} is not stored")
+    if not isinstance(params, dict):
+        raise StateDecodeError(f"job params that are no object: {params!r}")
+    spec = shape if not params else shape.model_copy(
+        update={"job": shape.job.model_copy(update={"params": params})})
+    return policy_hashed(spec, spec_h)
 
 
 # ------------------------------------------------------------------------------- runs
@@ -200,7 +223,7 @@ def _decode_run(a: list[Any], job: JobSpec | None) -> Run:
 
 def encode_schedule(s: ScheduleState) -> bytes:
     """A live schedule state (not a draft) as bytes of version ``STATE_VERSION``; its
-    policy is named by ``spec_hash`` (store the spec with ``encode_spec``)."""
+    spec is its hash, its shape's hash and its params (store the shape: ``shape_of``)."""
     if s.owned is not None:
         raise ValueError("a draft state is not encoded (it shares runs with its original)")
     pol = s.policy
@@ -213,7 +236,7 @@ def encode_schedule(s: ScheduleState) -> bytes:
         quota_out = quota
     return orjson.dumps([
         s.tenant, s.schedule_id, s.status, s.revision,
-        None if pol is None else pol.spec_hash,
+        None if pol is None else [pol.spec_hash, _parts(pol)[0], pol.job.params],
         s.request_key, s.created_hash, s.created_at, s.anchor, s.paused_at, s.next_run_at,
         s.next_due_at, s.last_scheduled_at, s.count, s.fence,
         None if s.runs is None else [_encode_run(r, job) for r in s.runs.values()],
@@ -224,12 +247,13 @@ def encode_schedule(s: ScheduleState) -> bytes:
     ], option=_OPTS)
 
 
-def decode_schedule(data: bytes | list[Any], policies: Mapping[str, Policy]) -> ScheduleState:
+def decode_schedule(data: bytes | list[Any],
+                    shapes: Mapping[str, ScheduleSpec]) -> ScheduleState:
     """The state ``encode_schedule`` encoded (``data``: its bytes, or its body already
-    parsed and upcast); ``policies``: spec hash -> Policy (``decode_spec``)."""
+    parsed and upcast); ``shapes``: shape hash -> spec shape (``decode_shape``)."""
     try:
         a = orjson.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
-        return _decode_schedule(a, policies)
+        return _decode_schedule(a, shapes)
     except StateDecodeError:
         raise
     except (ValueError, TypeError, KeyError, IndexError) as exc:
@@ -237,9 +261,9 @@ def decode_schedule(data: bytes | list[Any], policies: Mapping[str, Policy]) -> 
             from exc
 
 
-def _decode_schedule(a: list[Any], policies: Mapping[str, Policy]) -> ScheduleState:
+def _decode_schedule(a: list[Any], shapes: Mapping[str, ScheduleSpec]) -> ScheduleState:
     s = ScheduleState.__new__(ScheduleState)
-    (s.tenant, s.schedule_id, s.status, s.revision, hash_, s.request_key, s.created_hash,
+    (s.tenant, s.schedule_id, s.status, s.revision, ref, s.request_key, s.created_hash,
      created_at, anchor, paused_at, next_run_at, next_due_at, last_scheduled_at, s.count,
      s.fence, runs, done, pending, manual, quota) = a
     s.created_at = _t(created_at)
@@ -248,14 +272,12 @@ def _decode_schedule(a: list[Any], policies: Mapping[str, Policy]) -> ScheduleSt
     s.next_run_at = _t(next_run_at)
     s.next_due_at = _t(next_due_at)
     s.last_scheduled_at = _t(last_scheduled_at)
-    if hash_ is None:
+    if ref is None:
         s.policy = None
         s.trigger = None
         job = None
     else:
-        pol = policies.get(hash_)
-        if pol is None:
-            raise StateDecodeError(f"{s.tenant}/{s.schedule_id}: spec {hash_} is not stored")
+        pol = _policy(ref, shapes)
         s.policy = pol
         if s.anchor is None:
             raise StateDecodeError(f"{s.tenant}/{s.schedule_id}: a policy without an anchor")

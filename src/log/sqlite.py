@@ -24,11 +24,12 @@ Schema (``PRAGMA user_version`` = 2)
 Compacted topics
     A topic listed in ``compacted_topics`` (the ``state`` topic: ``Topics.compacted``) keeps
     only the latest record of each key, as a fully compacted Kafka topic does: its records
-    live in ``compacted(topic, partition, key, offset, value, headers, ts)``, primary key
-    (topic, partition, key), and an append *replaces* the key's row (upsert) with a new
-    offset from ``log_ends``. Reads return the rows in offset order, so reading a partition
-    from 0 gives every key's latest value, in the order they were written; offsets have
-    gaps where older values were. A key is required.
+    live in ``compacted(topic, partition, offset, key, value, headers, ts)``, primary key
+    (topic, partition, offset) — a read from an offset is one sequential scan, as in
+    ``records`` — with a unique index on (topic, partition, key): an append *replaces* the
+    key's row (upsert) with a new offset from ``log_ends``. So reading a partition from 0
+    gives every key's latest value, in the order they were written; offsets have gaps where
+    older values were. A key is required.
 
 Page size
     New files get 16 KiB pages (``PAGE_SIZE``). ``records`` is a WITHOUT ROWID table, whose
@@ -168,14 +169,14 @@ CREATE TABLE IF NOT EXISTS compacted_topics (
 CREATE TABLE IF NOT EXISTS compacted (
     topic       TEXT NOT NULL,
     partition   INTEGER NOT NULL,
-    key         BLOB NOT NULL,
     offset      INTEGER NOT NULL,
+    key         BLOB NOT NULL,
     value       BLOB NOT NULL,
     headers     BLOB,
     ts          INTEGER NOT NULL,
-    PRIMARY KEY (topic, partition, key)
+    PRIMARY KEY (topic, partition, offset)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS compacted_by_offset ON compacted (topic, partition, offset);
+CREATE UNIQUE INDEX IF NOT EXISTS compacted_by_key ON compacted (topic, partition, key);
 """
 
 _UPSERT_OFFSET = (

@@ -50,6 +50,7 @@ processor's CPU with Python's defaults).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import heapq
 import time
@@ -77,8 +78,8 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, event_id_for, partition_key
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.environment import gc_paused, gc_tuned, utc_now
 from chronolog.environment import gc_tune as _gc_tune
-from chronolog.environment import gc_tuned, utc_now
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.partitioner import misplaced
@@ -531,8 +532,12 @@ class Processor:
         """Rebuild partition p's states: from its snapshot on ``state`` plus the tail of
         ``events`` after it, or — no usable snapshot, or snapshots off — by folding ``events``
         from offset 0 (docs/design.md §13); then its timers, dispatch queue and replies."""
+        with gc_paused() if self.config.gc_tuning else contextlib.nullcontext():
+            await self._rebuild_partition(ps, takeover or Takeover(ps.partition,
+                                                                   time.monotonic()))
+
+    async def _rebuild_partition(self, ps: PartitionState, takeover: Takeover) -> None:
         p = ps.partition
-        takeover = takeover or Takeover(p, time.monotonic())
         snapshots = await self._snapshots_usable()
         loaded: Loaded | None = None
         if snapshots:

@@ -55,20 +55,20 @@ import orjson
 
 from chronolog.commands.decider import evolve
 from chronolog.commands.quota import QuotaState, evolve_quota
-from chronolog.commands.state import Policy, ScheduleState, initial_state
+from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
     decode_quota,
     decode_schedule,
-    decode_spec,
+    decode_shape,
     encode_quota,
     encode_schedule,
-    encode_spec,
+    shape_of,
     upcast_state,
 )
 from chronolog.domain.ids import QUOTA_ID
-from chronolog.domain.messages import EventEnvelope
+from chronolog.domain.messages import EventEnvelope, ScheduleSpec
 from chronolog.log.port import OutRecord, Record
 
 __all__ = [
@@ -134,7 +134,7 @@ class Loaded:
     through: dict[str, int]  # key -> the offset of events its record covers up to
     fold_from: int  # fold the tail of events from here
     last_event: tuple[int, str] | None  # (offset, event ID) of the last event before it
-    specs: set[str]  # spec hashes stored
+    specs: set[str]  # hashes of the spec shapes stored
     marker: dict[str, Any]
     records: int  # records read (every version of every key)
 
@@ -167,7 +167,7 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
     if fold_from > events_end:
         raise SnapshotRejected(f"the marker covers events up to {fold_from}, past the end "
                                f"of events ({events_end})")
-    policies: dict[str, Policy] = {}
+    shapes: dict[str, ScheduleSpec] = {}
     bodies: list[tuple[str, int, int, int, bytes]] = []
     for key, value in latest.items():
         kind, version, through, body = unframe(key, value)
@@ -178,10 +178,10 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
             if version != STATE_VERSION:
                 raise SnapshotRejected(f"spec {key!r} is of state version {version}")
             try:
-                pol = decode_spec(body)
+                shape_hash, shape = decode_shape(body)
             except StateDecodeError as exc:
                 raise SnapshotRejected(f"spec {key!r}: {exc}") from exc
-            policies[pol.spec_hash] = pol
+            shapes[shape_hash] = shape
         elif kind in (KIND_SCHEDULE, KIND_QUOTA):
             bodies.append((key.decode(), kind, version, through, body))
         else:
@@ -195,7 +195,7 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
             if version != STATE_VERSION:  # upcast (or refused: StateDecodeError)
                 data = upcast_state(_KIND_NAMES[kind], orjson.loads(body), version)
             if kind == KIND_SCHEDULE:
-                st = decode_schedule(data, policies)
+                st = decode_schedule(data, shapes)
                 if f"{st.tenant}/{st.schedule_id}" != skey:
                     raise StateDecodeError(f"the state of {st.tenant}/{st.schedule_id}")
                 states[skey] = st
@@ -206,7 +206,7 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
         except StateDecodeError as exc:
             raise SnapshotRejected(f"record {skey!r}: {exc}") from exc
         through_of[skey] = through
-    return Loaded(states, quotas, through_of, fold_from, last_event, set(policies), marker, n)
+    return Loaded(states, quotas, through_of, fold_from, last_event, set(shapes), marker, n)
 
 
 class Folder:
@@ -320,7 +320,7 @@ class SnapshotWriter:
     events: int = 20_000  # events since a round started after which the next one starts
     chunk: int = 256  # states per transaction
     dirty: set[str] = field(default_factory=set)
-    specs: set[str] = field(default_factory=set)  # spec hashes stored on the partition
+    specs: set[str] = field(default_factory=set)  # spec shapes stored on the partition
     log_end: int = 0  # the offset after the last event committed (or being committed)
     last_event: tuple[int, str] | None = None  # (offset, event ID) of that last event
     fold_from: int = 0  # of the last marker written or read
@@ -369,10 +369,12 @@ class SnapshotWriter:
                 st = states.get(key)
                 if st is not None:
                     pol = st.policy
-                    if pol is not None and pol.spec_hash not in self.specs:
-                        entries.append((SPEC_KEY_PREFIX + pol.spec_hash.encode(), KIND_SPEC,
-                                        encode_spec(pol)))
-                        self.specs.add(pol.spec_hash)
+                    if pol is not None:
+                        shape_hash, shape = shape_of(pol)
+                        if shape_hash not in self.specs:
+                            entries.append((SPEC_KEY_PREFIX + shape_hash.encode(), KIND_SPEC,
+                                            shape))
+                            self.specs.add(shape_hash)
                     entries.append((key.encode(), KIND_SCHEDULE, encode_schedule(st)))
                     continue
                 qs = quotas.get(key)

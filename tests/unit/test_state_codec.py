@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 
+from chronolog.commands import state as st
 from chronolog.commands import state_codec as sc
 from chronolog.commands.decider import TenantContext, decide, evolve
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
@@ -27,13 +28,21 @@ from support.states import every_field
 from unit.decider.test_invariants import DeciderMachine
 
 
-def round_trip(s: ScheduleState) -> ScheduleState:
+def shapes_of(*states: ScheduleState) -> dict[str, m.ScheduleSpec]:
+    out = {}
+    for s in states:
+        if s.policy is not None:
+            h, shape = sc.decode_shape(sc.shape_of(s.policy)[1])
+            out[h] = shape
+    return out
+
+
+def round_trip(s: ScheduleState, fresh: bool = False) -> ScheduleState:
     data = sc.encode_schedule(s)
-    policies = {}
-    if s.policy is not None:
-        pol = sc.decode_spec(sc.encode_spec(s.policy))
-        policies[pol.spec_hash] = pol
-    decoded = sc.decode_schedule(data, policies)
+    if fresh:  # as in another process: no policy interned yet
+        st._POLICIES.clear()
+        st._BY_IDENTITY.clear()
+    decoded = sc.decode_schedule(data, shapes_of(s))
     assert every_field(decoded) == every_field(s)
     assert sc.encode_schedule(decoded) == data  # nothing lost that the encoding holds
     return decoded
@@ -116,27 +125,42 @@ def test_the_trigger_of_a_decoded_state_is_compiled_when_first_used() -> None:
 def test_a_spec_is_decoded_to_the_policy_a_fold_gives() -> None:
     for overrides in ({}, {"cron": "0 9 * * 1-5", "timezone": "America/New_York"},
                       {"at": T0 + timedelta(hours=1)}, {"delay": 30.0},
-                      {"job": {"type": "report", "params": {"deep": {"a": [1, {"b": 2}]}}}}):
-        st = Story().create(**overrides).state
-        assert st.policy is not None
-        pol = sc.decode_spec(sc.encode_spec(st.policy))
-        assert pol.spec == st.policy.spec
-        assert pol.spec_hash == st.policy.spec_hash
+                      {"job": {"type": "report", "params": {"deep": {"a": [1, {"b": 2}]}}}},
+                      {"job": {"type": "report", "params": {}}}):
+        state = Story().create(**overrides).state
+        assert state.policy is not None
+        decoded = round_trip(state, fresh=True)  # built from its shape and its params
+        assert decoded.policy is not None
+        assert decoded.policy.spec == state.policy.spec
+        assert decoded.policy.spec_hash == st.spec_hash(decoded.policy.spec)
+        assert decoded.policy.job == state.policy.job
 
 
-def test_a_spec_whose_stored_hash_is_not_its_own_is_refused() -> None:
-    st = Story().create().state
-    assert st.policy is not None
-    h, raw = orjson.loads(sc.encode_spec(st.policy))
+def test_schedules_that_differ_in_their_params_share_one_shape() -> None:
+    a = Story(schedule_id="a").create(job={"type": "report", "params": {"customer": 1}}).state
+    b = Story(schedule_id="b").create(job={"type": "report", "params": {"customer": 2}}).state
+    assert a.policy is not None and b.policy is not None
+    assert sc.shape_of(a.policy) == sc.shape_of(b.policy)
+    assert a.policy.spec_hash != b.policy.spec_hash
+    c = Story(schedule_id="c").create(lease=45.0).state
+    assert c.policy is not None and sc.shape_of(c.policy)[0] != sc.shape_of(a.policy)[0]
+
+
+def test_a_shape_whose_stored_hash_is_not_its_own_is_refused() -> None:
+    state = Story().create().state
+    assert state.policy is not None
+    h, raw = orjson.loads(sc.shape_of(state.policy)[1])
     raw["lease"] = 31.0
     with pytest.raises(sc.StateDecodeError, match="hash"):
-        sc.decode_spec(orjson.dumps([h, raw]))
+        sc.decode_shape(orjson.dumps([h, raw]))
 
 
-def test_a_state_naming_a_spec_that_is_not_stored_is_refused() -> None:
-    st = Story().create().state
+def test_a_state_naming_a_shape_that_is_not_stored_is_refused() -> None:
+    state = Story().create(lease=44.0).state
+    data = sc.encode_schedule(state)
+    st._POLICIES.clear()
     with pytest.raises(sc.StateDecodeError, match="not stored"):
-        sc.decode_schedule(sc.encode_schedule(st), {})
+        sc.decode_schedule(data, {})
 
 
 def test_bytes_that_are_no_state_are_refused() -> None:
