@@ -9,7 +9,7 @@ round trip per event. Then, ``--runs`` times per mode:
 
 * one event is committed by a bench owner of partition 0 (``NextRunPlanned``: schedule 0's
   next instant is due now) and one command is appended (a ``TriggerRun`` on schedule 1);
-* an in-process processor starts and is assigned every partition;
+* a processor starts in a fresh process and is assigned every partition;
 * measured from its assignment (``Processor.takeovers``): ``restore`` (states, timers and
   replies rebuilt), ``reply`` (the command's reply committed), ``fire`` (schedule 0's due
   occurrence materialized and committed), ``all`` (every filled partition restored).
@@ -247,13 +247,41 @@ async def plan(lg: Any, canary: str, target: str, now: datetime) -> str:
     return env.command_id
 
 
-async def takeover(lg: Any, sids: dict[int, list[str]], mode: str, config: ProcessorConfig,
-                   timeout: float) -> Run:
+async def takeover(lg: Any, sids: dict[int, list[str]], mode: str, timeout: float) -> Run:
+    """One measured takeover, by a processor in a fresh process (as a takeover is: nothing
+    of the partition's specs or states is in its memory yet)."""
     canary = sids[0][0]
     target = sids[0][1] if len(sids[0]) > 1 else canary
     cid = await plan(lg, canary, target, datetime.now(UTC))
-    canary_key = partition_key(TENANT, canary)
-    proc = Processor(lg, f"bench-{mode}-{uuid.uuid4().hex[:6]}", config=config)
+    job = {"log": "sqlite" if getattr(lg, "path", None) else "kafka",
+           "path": str(getattr(lg, "path", "")), "prefix": lg.topics.prefix,
+           "partitions": lg.topics.partitions, "mode": mode, "canary": canary, "cid": cid,
+           "filled": sorted(sids), "timeout": timeout}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, os.path.abspath(__file__), "--child", orjson.dumps(job).decode(),
+        stdout=asyncio.subprocess.PIPE, env=os.environ)
+    out, _ = await proc.communicate()
+    lines = [x for x in out.decode().splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        run = Run(mode)
+        run.extra["error"] = f"the processor process failed (exit {proc.returncode})"
+        return run
+    got = orjson.loads(lines[-1])
+    extra = got.pop("extra", {})
+    run = Run(**got)
+    run.extra = extra
+    return run
+
+
+async def child(job: dict[str, Any]) -> None:
+    """The processor process of one takeover: prints its Run as JSON."""
+    lg = make_log(job["log"], job["partitions"], path=job["path"] or None,
+                  prefix=job["prefix"])
+    await lg.start()
+    config = ProcessorConfig(snapshots=(job["mode"] == "snapshot"))
+    proc = Processor(lg, f"bench-{job['mode']}-{uuid.uuid4().hex[:6]}", config=config)
+    canary_key = partition_key(TENANT, job["canary"])
+    cid = job["cid"]
     fired: list[float] = []
 
     def hook(partition: int, envelopes: list[m.EventEnvelope]) -> None:
@@ -264,9 +292,9 @@ async def takeover(lg: Any, sids: dict[int, list[str]], mode: str, config: Proce
 
     proc.on_commit.append(hook)
     task = asyncio.create_task(proc.run())
-    run = Run(mode)
+    run = Run(job["mode"])
     replied: float | None = None
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + job["timeout"]
     try:
         while time.monotonic() < deadline and not task.done():
             ps = proc.partitions.get(0)
@@ -278,22 +306,23 @@ async def takeover(lg: Any, sids: dict[int, list[str]], mode: str, config: Proce
     finally:
         proc.stop()
         await asyncio.wait_for(task, 120)
+        await lg.close()
     took = {t.partition: t for t in proc.takeovers}
     t0 = took.get(0)
     if t0 is None:
         run.extra["error"] = "partition 0 never assigned"
-        return run
-    run.restore = t0.restored_at - t0.assigned_at
-    run.reply = None if replied is None else replied - t0.assigned_at
-    run.fire = None if not fired else fired[0] - t0.assigned_at
-    filled = [took[p] for p in sids if p in took]
-    run.all_restored = max(t.restored_at for t in filled) - t0.assigned_at
-    run.from_snapshot = all(t.from_snapshot for t in filled)
-    run.state_records = sum(t.snapshot_records for t in filled)
-    run.tail_events = sum(t.tail_events for t in filled)
-    run.rejected = next((t.rejected for t in filled if t.rejected), None)
-    run.extra["states"] = sum(t.states for t in filled)
-    return run
+    else:
+        run.restore = t0.restored_at - t0.assigned_at
+        run.reply = None if replied is None else replied - t0.assigned_at
+        run.fire = None if not fired else fired[0] - t0.assigned_at
+        filled = [took[p] for p in job["filled"] if p in took]
+        run.all_restored = max(t.restored_at for t in filled) - t0.assigned_at
+        run.from_snapshot = all(t.from_snapshot for t in filled)
+        run.state_records = sum(t.snapshot_records for t in filled)
+        run.tail_events = sum(t.tail_events for t in filled)
+        run.rejected = next((t.rejected for t in filled if t.rejected), None)
+        run.extra["states"] = sum(t.states for t in filled)
+    print(orjson.dumps(run.__dict__).decode(), flush=True)
 
 
 async def prepare_snapshot(lg: Any, sids: dict[int, list[str]], timeout: float) -> float:
@@ -382,10 +411,9 @@ async def main_async(args: argparse.Namespace) -> None:
                         prep = await prepare_snapshot(lg, sids, args.timeout)
                         print(f"{'':>35} prep: a fold from 0 and a complete snapshot round "
                               f"in {prep:.1f} s", flush=True)
-                    config = ProcessorConfig(snapshots=(mode == "snapshot"))
                     runs = []
                     for i in range(args.runs):
-                        r = await takeover(lg, sids, mode, config, args.timeout)
+                        r = await takeover(lg, sids, mode, args.timeout)
                         runs.append(r)
                         print(row(n, written, f"{mode}#{i + 1}", r), flush=True)
                     medians[(n, written, mode)] = median_run(runs)
@@ -422,6 +450,7 @@ def main() -> None:
     ap.add_argument("--fill", type=int, default=1, help="partitions that get the schedules")
     ap.add_argument("--timeout", type=float, default=1800.0, help="bound per takeover, s")
     ap.add_argument("--keep", action="store_true", help="keep the logs (SQLite file, topics)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one takeover's process
     args = ap.parse_args()
     args.modes = [x for x in args.modes.split(",") if x]
     if not set(args.modes) <= {"full", "snapshot"} or not args.modes:
@@ -431,6 +460,9 @@ def main() -> None:
     # the processor's per-partition log lines would interleave with the table
     logging.basicConfig(level=logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if args.child:
+        asyncio.run(child(orjson.loads(args.child)))
+        return
     asyncio.run(main_async(args))
 
 

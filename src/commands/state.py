@@ -28,6 +28,8 @@ class Policy:
     """The decider's view of a ScheduleSpec; interned, so identical specs share one."""
 
     __slots__ = (
+        "_shape_spec",
+        "_spec",
         "effects",
         "grace",
         "initial_backoff",
@@ -46,13 +48,17 @@ class Policy:
         "priority",
         "resource_class",
         "retry_max_age",
-        "spec",
+        "shape",
         "spec_hash",
         "start_deadline",
     )
 
     def __init__(self, spec: ScheduleSpec, spec_hash: str) -> None:
-        self.spec = spec
+        self._spec: ScheduleSpec | None = spec
+        self._shape_spec: ScheduleSpec | None = None
+        # (hash, body) of the spec without its job's params, as the state codec stores it
+        # (chronolog.commands.state_codec); filled on first use
+        self.shape: tuple[str, bytes] | None = None
         self.spec_hash = spec_hash
         self.job: JobSpec = spec.job
         self.misfire = spec.misfire.policy
@@ -81,6 +87,46 @@ class Policy:
             if spec.at is not None
             else "delay"
         )
+
+    @property
+    def spec(self) -> ScheduleSpec:
+        """The spec (of a policy built ``with_job``: built when first asked for)."""
+        spec = self._spec
+        if spec is None:
+            shape = self._shape_spec
+            assert shape is not None
+            spec = self._spec = shape.model_copy(update={"job": self.job})
+        return spec
+
+    def with_job(self, job: JobSpec, spec_hash: str) -> Policy:
+        """This policy with another job (its spec: this one's with that job, hashed
+        ``spec_hash``); the spec itself is only built when asked for. For a snapshot's
+        states, whose specs differ from a shared *shape* in their job's params alone."""
+        p = Policy.__new__(Policy)
+        p._spec = None
+        p._shape_spec = self.spec
+        p.shape = self.shape
+        p.spec_hash = spec_hash
+        p.job = job
+        p.misfire = self.misfire
+        p.grace = self.grace
+        p.max_catchup = self.max_catchup
+        p.misfire_max_age = self.misfire_max_age
+        p.overlap = self.overlap
+        p.max_attempts = self.max_attempts
+        p.initial_backoff = self.initial_backoff
+        p.max_backoff = self.max_backoff
+        p.multiplier = self.multiplier
+        p.retry_max_age = self.retry_max_age
+        p.lease = self.lease
+        p.start_deadline = self.start_deadline
+        p.jitter = self.jitter
+        p.effects = self.effects
+        p.resource_class = self.resource_class
+        p.priority = self.priority
+        p.max_count = self.max_count
+        p.kind = self.kind
+        return p
 
 
 _POLICIES: dict[str, Policy] = {}
@@ -126,9 +172,18 @@ def policy_hashed(spec: ScheduleSpec, h: str) -> Policy:
     """The interned Policy of a spec whose ``spec_hash`` is known to be ``h``."""
     pol = _POLICIES.get(h)
     if pol is None:
-        if len(_POLICIES) >= _POLICY_CACHE_MAX:
-            _POLICIES.clear()
-        pol = _POLICIES[h] = Policy(spec, h)
+        pol = intern_policy(Policy(spec, h))
+    return pol
+
+
+def intern_policy(pol: Policy) -> Policy:
+    """The interned Policy of ``pol``'s spec hash: ``pol`` itself if there was none."""
+    found = _POLICIES.get(pol.spec_hash)
+    if found is not None:
+        return found
+    if len(_POLICIES) >= _POLICY_CACHE_MAX:
+        _POLICIES.clear()
+    _POLICIES[pol.spec_hash] = pol
     return pol
 
 

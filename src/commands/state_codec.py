@@ -39,8 +39,8 @@ from chronolog.commands.state import (
     Run,
     ScheduleState,
     dump_hash,
+    intern_policy,
     interned_policy,
-    policy_hashed,
 )
 from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleSpec
 
@@ -115,21 +115,13 @@ def _t(value: str | None) -> datetime | None:
 # validating the whole spec gives, because a stored spec's params are only checked to be a
 # JSON object (``messages.STORED``: the input limits are for new input).
 
-# spec hash -> (shape hash, shape body) of the specs encoded lately (encode side)
-_PARTS: dict[str, tuple[str, bytes]] = {}
-_PARTS_MAX = 16_384
-
-
 def _parts(pol: Policy) -> tuple[str, bytes]:
-    parts = _PARTS.get(pol.spec_hash)
+    parts = pol.shape
     if parts is None:
         raw = pol.spec.model_dump(mode="json")
         raw["job"]["params"] = {}
         shape_hash = dump_hash(raw)
-        parts = (shape_hash, orjson.dumps([shape_hash, raw], option=_OPTS))
-        if len(_PARTS) >= _PARTS_MAX:
-            _PARTS.clear()
-        _PARTS[pol.spec_hash] = parts
+        parts = pol.shape = (shape_hash, orjson.dumps([shape_hash, raw], option=_OPTS))
     return parts
 
 
@@ -139,9 +131,9 @@ def shape_of(policy: Policy) -> tuple[str, bytes]:
     return _parts(policy)
 
 
-def decode_shape(data: bytes) -> tuple[str, ScheduleSpec]:
-    """(hash, validated spec with empty params) of a stored shape; the stored hash must be
-    the shape's."""
+def decode_shape(data: bytes) -> tuple[str, Policy]:
+    """(hash, policy of the validated spec with empty params) of a stored shape; the
+    stored hash must be the shape's."""
     try:
         stored_hash, raw = orjson.loads(data)
         if raw["job"]["params"] != {}:
@@ -155,10 +147,12 @@ def decode_shape(data: bytes) -> tuple[str, ScheduleSpec]:
     h = dump_hash(raw)  # raw is the shape's model_dump(mode="json"): its hash
     if h != stored_hash:
         raise StateDecodeError(f"shape hash {stored_hash} does not match its shape ({h})")
-    return h, spec
+    shape = Policy(spec, f"shape:{h}")  # a template, never interned
+    shape.shape = (h, data)
+    return h, shape
 
 
-def _policy(ref: list[Any], shapes: Mapping[str, ScheduleSpec]) -> Policy:
+def _policy(ref: list[Any], shapes: Mapping[str, Policy]) -> Policy:
     spec_h, shape_h, params = ref
     pol = interned_policy(spec_h)
     if pol is not None:
@@ -168,9 +162,8 @@ def _policy(ref: list[Any], shapes: Mapping[str, ScheduleSpec]) -> Policy:
         raise StateDecodeError(f"spec shape {shape_h} is not stored")
     if not isinstance(params, dict):
         raise StateDecodeError(f"job params that are no object: {params!r}")
-    spec = shape if not params else shape.model_copy(
-        update={"job": shape.job.model_copy(update={"params": params})})
-    return policy_hashed(spec, spec_h)
+    job = shape.job if not params else shape.job.model_copy(update={"params": params})
+    return intern_policy(shape.with_job(job, spec_h))
 
 
 # ------------------------------------------------------------------------------- runs
@@ -247,10 +240,9 @@ def encode_schedule(s: ScheduleState) -> bytes:
     ], option=_OPTS)
 
 
-def decode_schedule(data: bytes | list[Any],
-                    shapes: Mapping[str, ScheduleSpec]) -> ScheduleState:
+def decode_schedule(data: bytes | list[Any], shapes: Mapping[str, Policy]) -> ScheduleState:
     """The state ``encode_schedule`` encoded (``data``: its bytes, or its body already
-    parsed and upcast); ``shapes``: shape hash -> spec shape (``decode_shape``)."""
+    parsed and upcast); ``shapes``: shape hash -> its policy (``decode_shape``)."""
     try:
         a = orjson.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
         return _decode_schedule(a, shapes)
@@ -261,7 +253,7 @@ def decode_schedule(data: bytes | list[Any],
             from exc
 
 
-def _decode_schedule(a: list[Any], shapes: Mapping[str, ScheduleSpec]) -> ScheduleState:
+def _decode_schedule(a: list[Any], shapes: Mapping[str, Policy]) -> ScheduleState:
     s = ScheduleState.__new__(ScheduleState)
     (s.tenant, s.schedule_id, s.status, s.revision, ref, s.request_key, s.created_hash,
      created_at, anchor, paused_at, next_run_at, next_due_at, last_scheduled_at, s.count,

@@ -50,7 +50,6 @@ processor's CPU with Python's defaults).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import heapq
 import time
@@ -532,9 +531,16 @@ class Processor:
         """Rebuild partition p's states: from its snapshot on ``state`` plus the tail of
         ``events`` after it, or — no usable snapshot, or snapshots off — by folding ``events``
         from offset 0 (docs/design.md §13); then its timers, dispatch queue and replies."""
-        with gc_paused() if self.config.gc_tuning else contextlib.nullcontext():
+        if not self.config.gc_tuning:
             await self._rebuild_partition(ps, takeover or Takeover(ps.partition,
                                                                    time.monotonic()))
+            return
+        with gc_paused():
+            await self._rebuild_partition(ps, takeover or Takeover(ps.partition,
+                                                                   time.monotonic()))
+            # the restored states are long-lived: out of every collection from now on (the
+            # first one after the pause would traverse them all: 5 us a state)
+            gc.freeze()
 
     async def _rebuild_partition(self, ps: PartitionState, takeover: Takeover) -> None:
         p = ps.partition

@@ -55,7 +55,7 @@ import orjson
 
 from chronolog.commands.decider import evolve
 from chronolog.commands.quota import QuotaState, evolve_quota
-from chronolog.commands.state import ScheduleState, initial_state
+from chronolog.commands.state import Policy, ScheduleState, initial_state
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
@@ -68,7 +68,7 @@ from chronolog.commands.state_codec import (
     upcast_state,
 )
 from chronolog.domain.ids import QUOTA_ID
-from chronolog.domain.messages import EventEnvelope, ScheduleSpec
+from chronolog.domain.messages import EventEnvelope
 from chronolog.log.port import OutRecord, Record
 
 __all__ = [
@@ -167,7 +167,7 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
     if fold_from > events_end:
         raise SnapshotRejected(f"the marker covers events up to {fold_from}, past the end "
                                f"of events ({events_end})")
-    shapes: dict[str, ScheduleSpec] = {}
+    shapes: dict[str, Policy] = {}
     bodies: list[tuple[str, int, int, int, bytes]] = []
     for key, value in latest.items():
         kind, version, through, body = unframe(key, value)
