@@ -176,8 +176,13 @@ class ProcessorConfig:
     # chronolog.processors.snapshots): a takeover reads them plus the tail of ``events``
     # instead of folding ``events`` from offset 0. Off: fold from 0 and write none.
     snapshots: bool = True
-    snapshot_interval_s: float = 5.0  # a round of the dirty states at most this often
-    snapshot_events: int = 20_000  # ... or after this many events since the last round
+    # a round of the dirty states when the processor is idle, at most this often ...
+    snapshot_interval_s: float = 5.0
+    # ... and while it is busy, once the last round started this long ago, or after this
+    # many events since (a burst of runs is not slowed by snapshots; the tail a takeover
+    # folds stays bounded under sustained load)
+    snapshot_busy_interval_s: float = 30.0
+    snapshot_events: int = 100_000
     snapshot_chunk: int = 256  # states encoded per batch (one chunk per transaction)
     state_read_batch: int = 10_000  # records per read of the state topic at takeover
 
@@ -270,10 +275,11 @@ class PartitionState:
             heapq.heappop(self.heap)
         return self.heap[0][0] if self.heap else None
 
-    def snapshot_due(self) -> bool:
-        """Whether the next batch of this partition should carry a snapshot chunk."""
+    def snapshot_due(self, idle: bool) -> bool:
+        """Whether the next batch of this partition should carry a snapshot chunk (``idle``:
+        the processor has nothing else to do; ``SnapshotWriter.due``)."""
         snap = self.snap
-        return snap is not None and snap.due(time.monotonic())
+        return snap is not None and snap.due(time.monotonic(), idle)
 
 
 class Processor:
@@ -359,6 +365,11 @@ class Processor:
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
+        # nothing to decide anywhere: the moment for snapshot chunks (otherwise only an
+        # overdue snapshot round gets one: a burst of runs is not slowed by snapshots)
+        idle = not records and not any(
+            ps.held or ps.running() or ((nw := ps.next_wake()) is not None and nw <= now)
+            for ps in self.partitions.values())
         chains = self._chains()
         if chains:
             await self._take_over_again()
@@ -374,9 +385,9 @@ class Processor:
             if ps.held:
                 batch, ps.held = ps.held + batch, []
             nw = ps.next_wake()
-            if not batch and (nw is None or nw > now) and not ps.snapshot_due():
+            if not batch and (nw is None or nw > now) and not ps.snapshot_due(idle):
                 continue
-            out, consumed = await self._decide(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now, idle)
             if out is not None:
                 work.append(_Work(ps, batch, out, consumed))
         if chains:
@@ -428,9 +439,9 @@ class Processor:
             batch, ps.held = ps.held, []
             now = self.clock()
             nw = ps.next_wake()
-            if not batch and (nw is None or nw > now) and not ps.snapshot_due():
+            if not batch and (nw is None or nw > now) and not ps.snapshot_due(False):
                 return
-            out, consumed = await self._decide(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now, False)
             if out is None:
                 return
             w = _Work(ps, batch, out, consumed)
@@ -468,8 +479,8 @@ class Processor:
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
         idle = [ps for ps in self.partitions.values() if ps.running() is None]
-        if any(ps.snapshot_due() for ps in idle):
-            return 0  # an idle partition's snapshot chunk goes out now
+        if len(idle) == len(self.partitions) and any(ps.snapshot_due(True) for ps in idle):
+            return 0  # nothing in flight: a snapshot chunk goes out unless commands came
         wakes = [w for w in (ps.next_wake() for ps in idle) if w is not None]
         if not wakes:
             return self.config.poll_ms
@@ -580,7 +591,8 @@ class Processor:
             cfg = self.config
             ps.snap = SnapshotWriter(
                 p, self.topics.state, self.member_id, ps.owner.epoch,
-                interval_s=cfg.snapshot_interval_s, events=cfg.snapshot_events,
+                interval_s=cfg.snapshot_interval_s,
+                busy_interval_s=cfg.snapshot_busy_interval_s, events=cfg.snapshot_events,
                 chunk=max(1, cfg.snapshot_chunk), dirty=dirty,
                 specs=set() if loaded is None else loaded.specs, log_end=log_end,
                 last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from)
@@ -668,7 +680,7 @@ class Processor:
     # ------------------------------------------------------------------ the batch
 
     async def _decide(
-        self, ps: PartitionState, batch: list[Record], now: datetime
+        self, ps: PartitionState, batch: list[Record], now: datetime, idle: bool = False,
     ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
         """``_decide_partition``; when a decision could not be applied to the state (a bug in
         ``evolve``), the state is no longer the log's: the partition is dropped and taken
@@ -676,7 +688,7 @@ class Processor:
         again (the timer at fault is not armed again), so it cannot stop the partition twice.
         """
         try:
-            return self._decide_partition(ps, batch, now)
+            return self._decide_partition(ps, batch, now, idle)
         except _Unapplied as exc:
             self.stats.apply_errors += 1
             log.error("decision_not_applied", partition=ps.partition, error=str(exc))
@@ -685,7 +697,7 @@ class Processor:
             return None, {}
 
     def _decide_partition(
-        self, ps: PartitionState, batch: list[Record], now: datetime
+        self, ps: PartitionState, batch: list[Record], now: datetime, idle: bool = False,
     ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
         """Decide a partition's commands and due timers (state is evolved as we go).
 
@@ -693,9 +705,9 @@ class Processor:
         earlier transaction of the partition, and goes in this one (docs/design.md §13)."""
         chunk: Chunk | None = None
         snap = ps.snap
-        if snap is not None and snap.due(time.monotonic()):
+        if snap is not None and snap.due(time.monotonic(), idle):
             try:
-                chunk = snap.take(ps.states, ps.quotas, time.monotonic())
+                chunk = snap.take(ps.states, ps.quotas, time.monotonic(), idle)
             except Exception:
                 log.exception("snapshot_encode_failed", partition=ps.partition)
         out = _Output(self.topics, ps.partition, (

@@ -10,14 +10,17 @@ replay, and a copy that is missing, of another state version, or damaged is igno
 new owner then folds from offset 0, as before.
 
 Writing (``SnapshotWriter``, one per owned partition)
-    Every state a decision changes is *dirty*. Every ``interval_s`` (or after ``events``
-    events) a *round* starts: the dirty set is taken, and at the start of each following
-    batch of the partition one *chunk* of it (``chunk`` states) is encoded
-    (``chronolog.commands.state_codec``) and written in that batch's transaction — the
-    owner's fenced transaction (``PartitionOwner.commit``), so a fenced zombie can never
-    publish a state a new owner uses. An idle partition gets a transaction of its own for a
-    chunk. The last chunk of a round carries the *marker* (key ``@snapshot``). No batch pays
-    more than one chunk; nothing is written per command.
+    Every state a decision changes is *dirty*. A *round* starts every ``interval_s`` while
+    the processor is idle (nothing polled, no timer due), and while it is busy only once
+    the last round started ``busy_interval_s`` ago or ``events`` events were decided since:
+    the dirty set is taken, and one *chunk* of it (``chunk`` states) at a time is encoded
+    (``chronolog.commands.state_codec``) at the start of a batch of the partition and
+    written in that batch's transaction — the owner's fenced transaction
+    (``PartitionOwner.commit``), so a fenced zombie can never publish a state a new owner
+    uses; when idle, a chunk goes in a transaction of its own. The last chunk of a round
+    carries the *marker* (key ``@snapshot``). No batch pays more than one chunk, nothing is
+    written per command, and a burst of runs pays none (measured: about 11 us of the event
+    loop and 13 us of the SQLite writer per state written).
 
     A chunk is encoded before its batch is decided, so it holds the states after every
     event of the earlier transactions of the partition — which all commit before it (a
@@ -316,8 +319,9 @@ class SnapshotWriter:
     topic: str
     owner: str
     epoch: int
-    interval_s: float = 5.0
-    events: int = 20_000  # events since a round started after which the next one starts
+    interval_s: float = 5.0  # between rounds while the processor is idle
+    busy_interval_s: float = 30.0  # ... and while it is busy
+    events: int = 100_000  # events since a round started after which the next one is due
     chunk: int = 256  # states per transaction
     dirty: set[str] = field(default_factory=set)
     specs: set[str] = field(default_factory=set)  # spec shapes stored on the partition
@@ -327,7 +331,7 @@ class SnapshotWriter:
     events_since: int = 0
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     round: _Round | None = None
-    waiting: bool = False  # a chunk's transaction is not yet committed
+    waiting: bool = False  # the transaction with the round's marker is not yet committed
     _last_start: float = field(default_factory=time.monotonic)
     _rounds: int = 0
 
@@ -335,21 +339,25 @@ class SnapshotWriter:
         """The next round starts at the next batch (after a takeover)."""
         self._last_start = float("-inf")
 
-    def due(self, mono: float) -> bool:
-        """Whether the next batch of the partition should carry a chunk."""
+    def due(self, mono: float, idle: bool) -> bool:
+        """Whether the next batch of the partition should carry a chunk. ``idle``: the
+        processor has nothing else to decide; while it is busy only an *overdue* round
+        writes — the last one started ``busy_interval_s`` ago, or ``events`` events were
+        decided since."""
         if self.waiting:
             return False
+        overdue = (mono - self._last_start >= self.busy_interval_s
+                   or self.events_since >= self.events)
         if self.round is not None:
-            return True
+            return idle or overdue
         if not self.dirty and self.log_end <= self.fold_from:
             return False  # nothing changed since the last marker
-        return (mono - self._last_start >= self.interval_s
-                or self.events_since >= self.events)
+        return overdue or (idle and mono - self._last_start >= self.interval_s)
 
     def take(self, states: dict[str, ScheduleState], quotas: dict[str, QuotaState],
-             mono: float) -> Chunk | None:
+             mono: float, idle: bool = True) -> Chunk | None:
         """The next chunk, encoded now (before the batch that carries it is decided)."""
-        if not self.due(mono):
+        if not self.due(mono, idle):
             return None
         rnd = self.round
         first = rnd is None
@@ -391,8 +399,9 @@ class SnapshotWriter:
             raise
         finally:
             self.stats.encode_s += time.perf_counter() - started
-        self.waiting = True
-        return Chunk(entries, first, not pending)
+        last = not pending
+        self.waiting = last  # the marker's transaction: no next round before it commits
+        return Chunk(entries, first, last)
 
     def transaction(self, chunk: Chunk | None, events: tuple[int, int, str] | None,
                     base: tuple[int, tuple[int, str] | None]) -> list[OutRecord]:
@@ -434,8 +443,9 @@ class SnapshotWriter:
         return out
 
     def committed(self, chunk: Chunk) -> None:
-        """The chunk's transaction committed."""
-        self.waiting = False
+        """The chunk's transaction committed (chunks commit in the order they were taken)."""
+        if chunk.last:
+            self.waiting = False
         rnd = self.round
         if rnd is None:
             return

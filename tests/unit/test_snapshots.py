@@ -58,6 +58,8 @@ class PartitionMachine(DeciderMachine):
         self.decided = 0
         self.commit_every = 1_000_000  # until configure
         self.gap = 0
+        self.lag = 0
+        self.pending: list[tuple[list[tuple[str, str, Any]], sn.Chunk | None, int]] = []
 
     def _writer(self, dirty: set[str], specs: set[str], log_end: int,
                 last_event: tuple[int, str] | None, fold_from: int) -> sn.SnapshotWriter:
@@ -79,7 +81,7 @@ class PartitionMachine(DeciderMachine):
             self.tx.extend((key, sid, e) for e in events)
             self.decided += 1
             if self.decided % self.commit_every == 0:  # a batch of commit_every decisions
-                self.commit(self.gap, 0.5)
+                self.commit(self.gap, 0.5, True)
 
     def _by_key(self) -> dict[str, ScheduleState]:
         return {key_of(sid): s for sid, s in self.states.items()}
@@ -87,27 +89,38 @@ class PartitionMachine(DeciderMachine):
     # -- the simulated log ---------------------------------------------------------------
 
     @initialize(chunk=st.integers(1, 3), interval=st.sampled_from([0.0, 1.0, 3.0]),
-                commit_every=st.sampled_from([1, 2, 4]), gap=st.sampled_from([0, 0, 1]))
-    def configure(self, chunk: int, interval: float, commit_every: int, gap: int) -> None:
-        """Chunk size, round interval, decisions per transaction, commit-marker offsets."""
+                commit_every=st.sampled_from([1, 2, 4]), gap=st.sampled_from([0, 0, 1]),
+                lag=st.sampled_from([0, 0, 1, 3]))
+    def configure(self, chunk: int, interval: float, commit_every: int, gap: int,
+                  lag: int) -> None:
+        """Chunk size, round interval, decisions per transaction, commit-marker offsets,
+        transactions decided but not yet committed (the writer loop's queue)."""
         self.writer.chunk = chunk
         self.writer.interval_s = interval
         self.commit_every = commit_every
         self.gap = gap
+        self.lag = lag
 
-    @rule(gap=st.integers(0, 2), seconds=st.sampled_from([0.0, 0.5, 2.0]))
-    def commit(self, gap: int, seconds: float) -> None:
-        """The open transaction commits; the next one begins (with a chunk when due)."""
-        self._commit(gap)
+    @rule(gap=st.integers(0, 2), seconds=st.sampled_from([0.0, 0.5, 2.0]),
+          idle=st.booleans())
+    def commit(self, gap: int, seconds: float, idle: bool) -> None:
+        """The open transaction is decided (it commits once ``lag`` later ones are); the
+        next one begins, with a chunk when one is due."""
+        self.pending.append((self.tx, self.chunk, gap))
+        self.tx, self.chunk = [], None
+        while len(self.pending) > self.lag:
+            self._commit(*self.pending.pop(0))
         self.mono += seconds
-        self.chunk = self.writer.take(self._by_key(), {QUOTA_KEY: self.quota}, self.mono)
+        self.chunk = self.writer.take(self._by_key(), {QUOTA_KEY: self.quota}, self.mono,
+                                      idle)
 
-    def _commit(self, gap: int) -> None:
+    def _commit(self, tx: list[tuple[str, str, Any]], chunk: sn.Chunk | None,
+                gap: int) -> None:
         base = (self.writer.log_end, self.writer.last_event)
         span = None
-        if self.tx:
+        if tx:
             first = self.next_offset
-            for key, sid, payload in self.tx:
+            for key, sid, payload in tx:
                 self.q += 1
                 env = m.EventEnvelope.model_construct(
                     event_id=f"e{self.q}", type=payload.type, version=1, key=key,
@@ -116,13 +129,11 @@ class PartitionMachine(DeciderMachine):
                 self.events.append((self.next_offset, env))
                 self.next_offset += 1
             span = (first, self.next_offset - 1, self.events[-1][1].event_id)
-        records = self.writer.transaction(self.chunk, span, base)
+        records = self.writer.transaction(chunk, span, base)
         for rec in records:
             self.state_log.append(Record(rec.topic, 0, len(self.state_log), rec.key, rec.value))
-        if self.chunk is not None:
-            self.writer.committed(self.chunk)
-        self.tx = []
-        self.chunk = None
+        if chunk is not None:
+            self.writer.committed(chunk)
         self.next_offset += gap  # a commit marker (Kafka), or nothing (SQLite)
 
     @rule(op=st.sampled_from(["reserve", "confirm", "release", "tick"]),
@@ -148,7 +159,10 @@ class PartitionMachine(DeciderMachine):
     @rule(compacted=st.booleans(), go_on=st.booleans())
     def take_over(self, compacted: bool, go_on: bool) -> None:
         """A new owner restores from the state topic plus the tail of events."""
-        self._commit(0)  # what the old owner committed; its next chunk is lost with it
+        self.pending.append((self.tx, self.chunk, 0))  # what the old owner decided commits;
+        self.tx, self.chunk = [], None  # its next chunk is lost with it
+        while self.pending:
+            self._commit(*self.pending.pop(0))
         records = self.state_log
         if compacted:  # what Kafka's cleaner may leave: the latest record of each key
             latest = {r.key: r for r in records}
@@ -217,7 +231,7 @@ def written_partition(states: int = 3) -> tuple[list[Record], list[tuple[int, m.
         machine.states[f"s{i}"] = s.state
         machine._record(key_of(f"s{i}"), f"s{i}", s.history)
     while True:
-        machine.commit(0, 1.0)
+        machine.commit(0, 1.0, True)
         if machine.writer.stats.rounds and machine.chunk is None:
             break
     return machine.state_log, machine.events
