@@ -14,6 +14,9 @@ Mapping of the port onto Kafka:
   fencing rests on the id alone). Its ``start()`` (InitProducerId) fences every older producer
   with the same id. ``commit`` = begin, send, (``then(positions)``: wait for the produce acks
   inside the open transaction, send its records), ``send_offsets_to_transaction``, commit.
+* compacted topics (``Topics.compacted``: the processors' ``state``) — created with
+  ``cleanup.policy=compact`` and small segments (``ensure_topics``); written and read like
+  any topic: a reader keeps each key's latest record.
 * ``group_consumer`` — an ``AIOKafkaConsumer`` in ``group``, ``read_committed``, manual commits;
   after the user's ``on_assigned`` callback (which typically acquires the partition and so
   completes any pending transaction of an older owner) the committed offsets are fetched and

@@ -2,8 +2,12 @@
 
 A ``Processor`` joins the consumer group on ``commands``. For each assigned partition p it
 acquires ownership (a Kafka transactional producer ``<prefix>processor-p<p>``, or a SQLite
-epoch), which fences any previous owner; restores state by folding partition p of ``events``;
-and rebuilds its reply cache from the tail of partition p of ``replies``. Then it loops: take
+epoch), which fences any previous owner; restores state from partition p's snapshot on
+``state`` plus the tail of ``events`` after it — or, without a usable snapshot, by folding
+partition p of ``events`` from offset 0 (``chronolog.processors.snapshots``, docs/design.md
+§13); and rebuilds its reply cache from the tail of partition p of ``replies``. While it
+owns p it writes p's snapshot: chunks of the states changed since the last round, in its
+own transactions, while idle or when a round is overdue. Then it loops: take
 a batch of commands, decide each against its schedule's state, give itself ``Tick`` commands
 for schedules whose timers are due, and commit the events, ready hints, dead letters, replies
 and the consumed command offsets in ONE transaction per partition per batch.
