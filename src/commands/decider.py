@@ -33,6 +33,7 @@ from chronolog.commands.state import (
     ScheduleState,
     initial_state,
     policy_for,
+    trigger_of,
 )
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, effect_id_for, manual_run_id, run_id_for, saga_command_id
@@ -41,7 +42,6 @@ from chronolog.domain.recurrence import (
     DelayTrigger,
     RecurrenceError,
     Trigger,
-    compile_trigger,
     upcoming,
 )
 
@@ -230,18 +230,7 @@ def _decide(
 
 
 def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Any:
-    return compile_trigger(
-        cron=spec.cron,
-        every=spec.every,
-        at=spec.at,
-        delay=spec.delay,
-        timezone=spec.timezone,
-        anchor=anchor,
-        start=spec.start,
-        end=spec.end,
-        dst_ambiguous=spec.dst.ambiguous,
-        dst_nonexistent=spec.dst.nonexistent,
-    )
+    return trigger_of(spec, anchor)
 
 
 def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | None:

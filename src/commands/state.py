@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from chronolog.domain.messages import JobSpec, ScheduleSpec
+from chronolog.domain.recurrence import compile_trigger
 
 ACTIVE_STATES = frozenset({"READY", "LEASED", "RETRY_WAIT"})
 TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
@@ -27,6 +28,8 @@ class Policy:
     """The decider's view of a ScheduleSpec; interned, so identical specs share one."""
 
     __slots__ = (
+        "_shape_spec",
+        "_spec",
         "effects",
         "grace",
         "initial_backoff",
@@ -45,13 +48,17 @@ class Policy:
         "priority",
         "resource_class",
         "retry_max_age",
-        "spec",
+        "shape",
         "spec_hash",
         "start_deadline",
     )
 
     def __init__(self, spec: ScheduleSpec, spec_hash: str) -> None:
-        self.spec = spec
+        self._spec: ScheduleSpec | None = spec
+        self._shape_spec: ScheduleSpec | None = None
+        # (hash, body) of the spec without its job's params, as the state codec stores it
+        # (chronolog.commands.state_codec); filled on first use
+        self.shape: tuple[str, bytes] | None = None
         self.spec_hash = spec_hash
         self.job: JobSpec = spec.job
         self.misfire = spec.misfire.policy
@@ -81,6 +88,46 @@ class Policy:
             else "delay"
         )
 
+    @property
+    def spec(self) -> ScheduleSpec:
+        """The spec (of a policy built ``with_job``: built when first asked for)."""
+        spec = self._spec
+        if spec is None:
+            shape = self._shape_spec
+            assert shape is not None
+            spec = self._spec = shape.model_copy(update={"job": self.job})
+        return spec
+
+    def with_job(self, job: JobSpec, spec_hash: str) -> Policy:
+        """This policy with another job (its spec: this one's with that job, hashed
+        ``spec_hash``); the spec itself is only built when asked for. For a snapshot's
+        states, whose specs differ from a shared *shape* in their job's params alone."""
+        p = Policy.__new__(Policy)
+        p._spec = None
+        p._shape_spec = self.spec
+        p.shape = self.shape
+        p.spec_hash = spec_hash
+        p.job = job
+        p.misfire = self.misfire
+        p.grace = self.grace
+        p.max_catchup = self.max_catchup
+        p.misfire_max_age = self.misfire_max_age
+        p.overlap = self.overlap
+        p.max_attempts = self.max_attempts
+        p.initial_backoff = self.initial_backoff
+        p.max_backoff = self.max_backoff
+        p.multiplier = self.multiplier
+        p.retry_max_age = self.retry_max_age
+        p.lease = self.lease
+        p.start_deadline = self.start_deadline
+        p.jitter = self.jitter
+        p.effects = self.effects
+        p.resource_class = self.resource_class
+        p.priority = self.priority
+        p.max_count = self.max_count
+        p.kind = self.kind
+        return p
+
 
 _POLICIES: dict[str, Policy] = {}
 _POLICY_CACHE_MAX = 50_000
@@ -88,7 +135,12 @@ _POLICY_CACHE_MAX = 50_000
 
 def spec_hash(spec: ScheduleSpec) -> str:
     """A stable digest of a spec (idempotent create: same key + same spec)."""
-    raw = orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return dump_hash(spec.model_dump(mode="json"))
+
+
+def dump_hash(dumped: dict[str, Any]) -> str:
+    """``spec_hash`` of the spec whose ``model_dump(mode="json")`` is ``dumped``."""
+    raw = orjson.dumps(dumped, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
@@ -108,12 +160,30 @@ def policy_for(spec: ScheduleSpec) -> Policy:
 
 
 def _policy_by_hash(spec: ScheduleSpec) -> Policy:
-    h = spec_hash(spec)
+    return policy_hashed(spec, spec_hash(spec))
+
+
+def interned_policy(h: str) -> Policy | None:
+    """The interned Policy of the spec whose ``spec_hash`` is ``h``, if there is one."""
+    return _POLICIES.get(h)
+
+
+def policy_hashed(spec: ScheduleSpec, h: str) -> Policy:
+    """The interned Policy of a spec whose ``spec_hash`` is known to be ``h``."""
     pol = _POLICIES.get(h)
     if pol is None:
-        if len(_POLICIES) >= _POLICY_CACHE_MAX:
-            _POLICIES.clear()
-        pol = _POLICIES[h] = Policy(spec, h)
+        pol = intern_policy(Policy(spec, h))
+    return pol
+
+
+def intern_policy(pol: Policy) -> Policy:
+    """The interned Policy of ``pol``'s spec hash: ``pol`` itself if there was none."""
+    found = _POLICIES.get(pol.spec_hash)
+    if found is not None:
+        return found
+    if len(_POLICIES) >= _POLICY_CACHE_MAX:
+        _POLICIES.clear()
+    _POLICIES[pol.spec_hash] = pol
     return pol
 
 
@@ -244,10 +314,30 @@ class QuotaWait(NamedTuple):
     reply_to: str | None = None  # the client waiting for the answer (the create's reply_to)
 
 
+_DERIVED: Any = object()  # ScheduleState._trigger: compile policy.spec at anchor when used
+
+
+def trigger_of(spec: ScheduleSpec, anchor: datetime) -> Any:
+    """The compiled (cached, immutable) trigger of ``spec`` at ``anchor``."""
+    return compile_trigger(
+        cron=spec.cron,
+        every=spec.every,
+        at=spec.at,
+        delay=spec.delay,
+        timezone=spec.timezone,
+        anchor=anchor,
+        start=spec.start,
+        end=spec.end,
+        dst_ambiguous=spec.dst.ambiguous,
+        dst_nonexistent=spec.dst.nonexistent,
+    )
+
+
 class ScheduleState:
     """The fold of one schedule's events."""
 
     __slots__ = (
+        "_trigger",
         "anchor",
         "count",
         "created_at",
@@ -269,7 +359,6 @@ class ScheduleState:
         "schedule_id",
         "status",
         "tenant",
-        "trigger",
     )
 
     def __init__(self, tenant: str, schedule_id: str) -> None:
@@ -278,7 +367,10 @@ class ScheduleState:
         self.status = "NEW"  # NEW | ACTIVE | PAUSED | COMPLETED | DELETED
         self.revision = 0
         self.policy: Policy | None = None
-        self.trigger: Any = None
+        # the compiled trigger of policy.spec at anchor (``trigger``); _DERIVED: compiled on
+        # first use (a state decoded from a snapshot: most are never decided again soon, and
+        # compiling costs more than decoding the whole state)
+        self._trigger: Any = None
         self.request_key: str | None = None
         self.created_hash: str | None = None  # spec hash at creation (idempotent create)
         self.created_at: datetime | None = None
@@ -306,6 +398,25 @@ class ScheduleState:
     def exists(self) -> bool:
         return self.status in ("ACTIVE", "PAUSED")
 
+    @property
+    def trigger(self) -> Any:
+        """The schedule's compiled trigger (None before it is created)."""
+        t = self._trigger
+        if t is _DERIVED:
+            pol = self.policy
+            assert pol is not None and self.anchor is not None, "a derived trigger needs both"
+            t = self._trigger = trigger_of(pol.spec, self.anchor)
+        return t
+
+    @trigger.setter
+    def trigger(self, value: Any) -> None:
+        self._trigger = value
+
+    def derive_trigger(self) -> None:
+        """The trigger is ``policy.spec`` compiled at ``anchor``, on first use (``evolve``
+        compiles exactly that; a decoded snapshot defers it)."""
+        self._trigger = _DERIVED
+
     def clone(self) -> ScheduleState:
         """A deep, independent copy."""
         s = self.draft()
@@ -330,7 +441,7 @@ class ScheduleState:
         s.status = self.status
         s.revision = self.revision
         s.policy = self.policy
-        s.trigger = self.trigger
+        s._trigger = self.trigger  # a deferred trigger is compiled once, into both
         s.request_key = self.request_key
         s.created_hash = self.created_hash
         s.created_at = self.created_at

@@ -14,6 +14,9 @@ Mapping of the port onto Kafka:
   fencing rests on the id alone). Its ``start()`` (InitProducerId) fences every older producer
   with the same id. ``commit`` = begin, send, (``then(positions)``: wait for the produce acks
   inside the open transaction, send its records), ``send_offsets_to_transaction``, commit.
+* compacted topics (``Topics.compacted``: the processors' ``state``) — created with
+  ``cleanup.policy=compact`` and small segments (``ensure_topics``); written and read like
+  any topic: a reader keeps each key's latest record.
 * ``group_consumer`` — an ``AIOKafkaConsumer`` in ``group``, ``read_committed``, manual commits;
   after the user's ``on_assigned`` callback (which typically acquires the partition and so
   completes any pending transaction of an older owner) the committed offsets are fetched and
@@ -127,6 +130,7 @@ _FATAL_TXN_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 _READER_POOL_SIZE = 4
+STATE_SEGMENT_BYTES = 16 * 1024 * 1024  # segment size of the compacted state topic
 _VISIBILITY_TIMEOUT_S = 10.0
 
 
@@ -412,6 +416,14 @@ class KafkaEventLog:
             t.dlq: (self.aux_partitions, {}),
             t.effects: (self.aux_partitions, {}),
             t.workers: (self.aux_partitions, {"cleanup.policy": "compact"}),
+            # the processors' snapshots (chronolog.processors.snapshots): the partition count
+            # of events; small segments and a low dirty ratio keep a partition near the size
+            # of its live states (a new owner reads it whole), segment.ms lets an idle one
+            # be compacted too
+            t.state: (t.partitions, {"cleanup.policy": "compact",
+                                     "segment.bytes": str(STATE_SEGMENT_BYTES),
+                                     "segment.ms": str(3_600_000),
+                                     "min.cleanable.dirty.ratio": "0.25"}),
         }
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})

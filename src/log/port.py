@@ -110,6 +110,19 @@ class Topics:
         """Effect intents are read from ``events``; this topic carries kafka-effect output."""
         return f"{self.prefix}effects.out"
 
+    @property
+    def state(self) -> str:
+        """Processors' snapshots of their partitions' states (``chronolog.processors.snapshots``):
+        compacted, keyed ``tenant/schedule_id``, the same partition count as ``events``.
+        Derived data: ``events`` stays the source of truth."""
+        return f"{self.prefix}state"
+
+    @property
+    def compacted(self) -> tuple[str, ...]:
+        """The topics that keep only the latest record of each key (``state``): Kafka's
+        ``cleanup.policy=compact``; on the embedded log an append replaces the key's record."""
+        return (self.state,)
+
 
 # (topic, partition) -> the NEXT offset to consume (Kafka convention: last consumed + 1)
 Offsets = Mapping[tuple[str, int], int]
@@ -240,7 +253,12 @@ class EventLog(Protocol):
     async def close(self) -> None: ...
 
     async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
-        """Create every topic idempotently: commands/events with ``topics.partitions``."""
+        """Create every topic idempotently: commands/events/state with ``topics.partitions``,
+        ``topics.compacted`` as compacted topics.
+
+        A compacted topic keeps at least the latest committed record of every key: reading a
+        partition from offset 0 and keeping each key's last value gives every key's latest
+        value (Kafka removes older values some time later; the embedded log at once)."""
         ...
 
     async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:

@@ -12,13 +12,24 @@ Durability
     not per record, so processors batch (one ``owner.commit`` per batch of commands).
     ``synchronous`` is a constructor argument for benchmarks and throwaway logs.
 
-Schema (``PRAGMA user_version`` = 1)
+Schema (``PRAGMA user_version`` = 2)
     ``topics(topic, partitions)``; ``records(topic, partition, offset, key, value, headers,
     ts)`` WITHOUT ROWID, primary key (topic, partition, offset); ``log_ends(topic, partition,
     next_offset)`` — the next offset of every partition, updated in the appending
     transaction; ``group_offsets(grp, topic, partition, next_offset)``; ``owners(name, epoch,
     owner_id, acquired_ms)`` — one row per ``<prefix>processor-p<n>``; ``members(grp,
-    member_id, topics, heartbeat_until)`` — consumer group membership.
+    member_id, topics, heartbeat_until)`` — consumer group membership. Version 2 added the
+    compacted topics (below); a version-1 file gets their tables when it is opened.
+
+Compacted topics
+    A topic listed in ``compacted_topics`` (the ``state`` topic: ``Topics.compacted``) keeps
+    only the latest record of each key, as a fully compacted Kafka topic does: its records
+    live in ``compacted(topic, partition, offset, key, value, headers, ts)``, primary key
+    (topic, partition, offset) — a read from an offset is one sequential scan, as in
+    ``records`` — with a unique index on (topic, partition, key): an append *replaces* the
+    key's row (upsert) with a new offset from ``log_ends``. So reading a partition from 0
+    gives every key's latest value, in the order they were written; offsets have gaps where
+    older values were. A key is required.
 
 Page size
     New files get 16 KiB pages (``PAGE_SIZE``). ``records`` is a WITHOUT ROWID table, whose
@@ -109,7 +120,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TP = tuple[str, int]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PAGE_SIZE = 16384
 
 _SCHEMA = """
@@ -153,6 +164,20 @@ CREATE TABLE IF NOT EXISTS members (
     heartbeat_until REAL NOT NULL,
     PRIMARY KEY (grp, member_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS compacted_topics (
+    topic       TEXT PRIMARY KEY
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS compacted (
+    topic       TEXT NOT NULL,
+    partition   INTEGER NOT NULL,
+    offset      INTEGER NOT NULL,
+    key         BLOB NOT NULL,
+    value       BLOB NOT NULL,
+    headers     BLOB,
+    ts          INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition, offset)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS compacted_by_key ON compacted (topic, partition, key);
 """
 
 _UPSERT_OFFSET = (
@@ -167,6 +192,29 @@ _SELECT_RECORDS = (
     "SELECT offset, key, value, headers, ts FROM records "
     "WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?"
 )
+_SELECT_COMPACTED = (
+    "SELECT offset, key, value, headers, ts FROM compacted "
+    "WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?"
+)
+_UPSERT_COMPACTED = (
+    "INSERT INTO compacted (topic, partition, key, offset, value, headers, ts) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (topic, partition, key) DO UPDATE SET "
+    "offset = excluded.offset, value = excluded.value, headers = excluded.headers, "
+    "ts = excluded.ts"
+)
+
+
+class _TopicCache(dict[str, int]):
+    """topic -> partition count (never changes), and which topics are compacted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compacted: set[str] = set()
+
+
+def _select_for(cache: dict[str, int], topic: str) -> str:
+    compacted = getattr(cache, "compacted", ())
+    return _SELECT_COMPACTED if topic in compacted else _SELECT_RECORDS
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,8 +430,18 @@ def _topic_partitions(conn: sqlite3.Connection, cache: dict[str, int], topic: st
         row = conn.execute("SELECT partitions FROM topics WHERE topic = ?", (topic,)).fetchone()
         if row is None:
             raise LogError(f"unknown topic {topic!r} (call ensure_topics first)")
+        if isinstance(cache, _TopicCache) and conn.execute(
+                "SELECT 1 FROM compacted_topics WHERE topic = ?", (topic,)).fetchone():
+            cache.compacted.add(topic)  # learnt before the count: no reader misses it
         n = cache[topic] = int(row[0])
     return n
+
+
+def _load_topics(conn: sqlite3.Connection, cache: _TopicCache) -> None:
+    compacted = {str(t) for (t,) in conn.execute("SELECT topic FROM compacted_topics")}
+    cache.compacted.update(compacted)
+    cache.update({str(t): int(n) for t, n in
+                  conn.execute("SELECT topic, partitions FROM topics").fetchall()})
 
 
 def _insert_sql(rows: int) -> str:
@@ -410,6 +468,8 @@ def _append_in_tx(
     positions: list[Position] = []
     headers_seen: dict[tuple[tuple[str, bytes], ...], bytes | None] = {}
     wake: set[str] = set()  # what the doorbell rings for: topics, or their WAKE_HEADER names
+    compacted_topics = getattr(cache, "compacted", ())
+    compacted: list[tuple[Any, ...]] = []  # rows of compacted topics (upserted by key)
     for rec in records:
         topic = rec.topic
         n = cache.get(topic)
@@ -439,13 +499,20 @@ def _append_in_tx(
         else:
             blob = None
             wake.add(topic)
-        values += (topic, p, off, rec.key, rec.value, blob, ts)
+        if topic in compacted_topics:
+            if rec.key is None:
+                raise LogError(f"a record for the compacted topic {topic!r} needs a key")
+            compacted.append((topic, p, rec.key, off, rec.value, blob, ts))
+        else:
+            values += (topic, p, off, rec.key, rec.value, blob, ts)
         positions.append(Position(topic, p, off))
         next_offsets[tp] = off + 1
     width = 7 * _INSERT_CHUNK
     for i in range(0, len(values), width):
         chunk = values[i:i + width]
         conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
+    if compacted:
+        conn.executemany(_UPSERT_COMPACTED, compacted)
     conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in next_offsets.items()])
     for name in wake:
         _rings(conn, topic_bit(name))
@@ -580,8 +647,15 @@ def _acquire(conn: sqlite3.Connection, name: str, owner_id: str) -> int:
     return int(row[0])
 
 
-def _ensure_topics(conn: sqlite3.Connection, wanted: list[tuple[str, int]]) -> dict[str, int]:
+def _ensure_topics(conn: sqlite3.Connection, wanted: list[tuple[str, int]],
+                   compacted: Sequence[str] = ()) -> dict[str, int]:
     _begin(conn)
+    # a compacted topic is marked before (or with) its creation, never after records exist
+    conn.executemany(
+        "INSERT INTO compacted_topics (topic) SELECT ? WHERE NOT EXISTS "
+        "(SELECT 1 FROM topics WHERE topic = ?) ON CONFLICT (topic) DO NOTHING",
+        [(t, t) for t in compacted],
+    )
     conn.executemany(
         "INSERT INTO topics (topic, partitions) VALUES (?, ?) ON CONFLICT (topic) DO NOTHING",
         wanted,
@@ -627,12 +701,13 @@ def _poll_partition(
     offset: int,
     limit: int,
     last_version: int | None,
+    select: str = _SELECT_RECORDS,
 ) -> tuple[int, list[Record] | None]:
     """Return (data_version, records); records is None when nothing was committed since."""
     version = _data_version(conn)
     if version == last_version:
         return version, None
-    rows = conn.execute(_SELECT_RECORDS, (topic, partition, offset, limit)).fetchall()
+    rows = conn.execute(select, (topic, partition, offset, limit)).fetchall()
     return version, _rows_to_records(topic, partition, rows)
 
 
@@ -909,7 +984,8 @@ class SqliteGroupConsumer:
         for (topic, p), offset in positions:
             if len(out) >= limit:
                 break
-            rows = conn.execute(_SELECT_RECORDS, (topic, p, offset, limit - len(out))).fetchall()
+            rows = conn.execute(_select_for(self._log._partitions, topic),
+                                (topic, p, offset, limit - len(out))).fetchall()
             out.extend(_rows_to_records(topic, p, rows))
         return version, members, out
 
@@ -1036,7 +1112,7 @@ class SqliteEventLog:
         self._w = _Conn(str(self.path), "sqlite-log-w", busy_timeout_ms, self.synchronous,
                         writer=True, after_write=self._bell.ring)
         self._r = _Conn(str(self.path), "sqlite-log-r", busy_timeout_ms, self.synchronous)
-        self._partitions: dict[str, int] = {}  # topic -> partition count (never changes)
+        self._partitions = _TopicCache()  # topic -> partition count; compacted topics
         self._consumers: set[SqliteGroupConsumer] = set()
         self._started = False
         self._start_lock: asyncio.Lock | None = None
@@ -1063,10 +1139,7 @@ class SqliteEventLog:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             await self._w.run(_setup)
-            rows = await self._r.run(
-                lambda c: c.execute("SELECT topic, partitions FROM topics").fetchall()
-            )
-            self._partitions.update({str(t): int(n) for t, n in rows})
+            await self._r.run(_load_topics, self._partitions)
             self._bell.open()
             self._started = True
 
@@ -1089,9 +1162,11 @@ class SqliteEventLog:
     async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
         await self._ready()
         t = self.topics
-        names = [t.commands, t.events, t.replies, t.dlq, t.effects, t.workers]
+        names = [t.commands, t.events, t.replies, t.dlq, t.effects, t.workers, t.state]
         names += [t.ready(c) for c in ready_classes]
-        found = await self._w.run(_ensure_topics, [(n, t.partitions) for n in names])
+        found = await self._w.run(_ensure_topics, [(n, t.partitions) for n in names],
+                                  t.compacted)
+        await self._r.run(_load_topics, self._partitions)
         for name in names:
             if found[name] != t.partitions:
                 log.warning(
@@ -1140,10 +1215,11 @@ class SqliteEventLog:
         delay = self.poll_min_s
         last: int | None = None
         interest = topic_bit(topic)
+        select = _select_for(self._partitions, topic)
         while True:
             rung = self._bell.mark(interest)
             last, records = await self._r.run(
-                _poll_partition, topic, partition, offset, max_records, last
+                _poll_partition, topic, partition, offset, max_records, last, select
             )
             if records:
                 return records

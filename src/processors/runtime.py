@@ -2,8 +2,12 @@
 
 A ``Processor`` joins the consumer group on ``commands``. For each assigned partition p it
 acquires ownership (a Kafka transactional producer ``<prefix>processor-p<p>``, or a SQLite
-epoch), which fences any previous owner; restores state by folding partition p of ``events``;
-and rebuilds its reply cache from the tail of partition p of ``replies``. Then it loops: take
+epoch), which fences any previous owner; restores state from partition p's snapshot on
+``state`` plus the tail of ``events`` after it — or, without a usable snapshot, by folding
+partition p of ``events`` from offset 0 (``chronolog.processors.snapshots``, docs/design.md
+§14); and rebuilds its reply cache from the tail of partition p of ``replies``. While it
+owns p it writes p's snapshot: chunks of the states changed since the last round, in its
+own transactions, while idle or when a round is overdue. Then it loops: take
 a batch of commands, decide each against its schedule's state, give itself ``Tick`` commands
 for schedules whose timers are due, and commit the events, ready hints, dead letters, replies
 and the consumed command offsets in ONE transaction per partition per batch.
@@ -53,7 +57,7 @@ import asyncio
 import gc
 import heapq
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -77,8 +81,8 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, event_id_for, partition_key
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.environment import gc_paused, gc_tuned, utc_now
 from chronolog.environment import gc_tune as _gc_tune
-from chronolog.environment import gc_tuned, utc_now
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.partitioner import misplaced
@@ -86,6 +90,7 @@ from chronolog.log.port import (
     WAKE_HEADER,
     EventLog,
     Fenced,
+    LogError,
     OutRecord,
     PartitionOwner,
     Position,
@@ -93,6 +98,14 @@ from chronolog.log.port import (
 )
 from chronolog.log.reading import read_partition
 from chronolog.processors.dispatch import Dispatcher
+from chronolog.processors.snapshots import (
+    Chunk,
+    Folder,
+    Loaded,
+    SnapshotRejected,
+    SnapshotWriter,
+    decode_snapshot,
+)
 
 log = structlog.get_logger("chronolog.processor")
 
@@ -135,12 +148,6 @@ class OpenTenants:
         return 1.0
 
 
-class SnapshotStore(Protocol):
-    """Hook for snapshots: restore may start from a saved fold instead of offset 0."""
-
-    async def load(self, partition: int) -> tuple[int, dict[str, ScheduleState]] | None: ...
-
-
 @dataclass
 class ProcessorConfig:
     batch_max: int = 500
@@ -169,6 +176,19 @@ class ProcessorConfig:
     # this long (the fencer's view of the group changed meanwhile and it let the partition
     # go), is acquired again instead of staying without an owner
     fenced_retry_s: float = 5.0
+    # snapshots of the owned partitions' states on the ``state`` topic (docs/design.md §14,
+    # chronolog.processors.snapshots): a takeover reads them plus the tail of ``events``
+    # instead of folding ``events`` from offset 0. Off: fold from 0 and write none.
+    snapshots: bool = True
+    # a round of the dirty states when the processor is idle, at most this often ...
+    snapshot_interval_s: float = 5.0
+    # ... and while it is busy, once the last round started this long ago, or after this
+    # many events since (a burst of runs is not slowed by snapshots; the tail a takeover
+    # folds stays bounded under sustained load)
+    snapshot_busy_interval_s: float = 30.0
+    snapshot_events: int = 100_000
+    snapshot_chunk: int = 256  # states encoded per batch (one chunk per transaction)
+    state_read_batch: int = 10_000  # records per read of the state topic at takeover
 
 
 @dataclass
@@ -183,7 +203,25 @@ class ProcessorStats:
     apply_errors: int = 0  # decisions that could not be applied (the partition was rebuilt)
     duplicates: int = 0
     fenced: int = 0
+    restored_from_snapshot: int = 0  # takeovers that started from a snapshot
+    restored_from_zero: int = 0  # takeovers that folded events from offset 0
+    snapshots_rejected: int = 0  # snapshots ignored (damaged, another version, ...)
     started_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Takeover:
+    """How one partition was taken over (``Processor.takeovers``)."""
+
+    partition: int
+    assigned_at: float  # time.monotonic() when the assignment arrived
+    restored_at: float = 0.0  # ... when states and replies were rebuilt
+    from_snapshot: bool = False
+    rejected: str | None = None  # why a snapshot there was ignored
+    snapshot_records: int = 0  # records read from the state topic
+    states: int = 0
+    tail_events: int = 0  # events folded (the tail after the snapshot, or all of them)
+    events_offset: int = 0
 
 
 class PartitionState:
@@ -202,6 +240,8 @@ class PartitionState:
         # the tenants' quota aggregates whose key falls on this partition (key -> state)
         self.quotas: dict[str, QuotaState] = {}
         self.events_offset = 0
+        # the snapshot of this partition being written (None: snapshots are off)
+        self.snap: SnapshotWriter | None = None
         # this partition's commit chain (a task while a transaction is in flight) and the
         # records that arrived meanwhile, decided by the chain when that transaction ends
         self.chain: asyncio.Task[None] | None = None
@@ -239,6 +279,12 @@ class PartitionState:
             heapq.heappop(self.heap)
         return self.heap[0][0] if self.heap else None
 
+    def snapshot_due(self, idle: bool) -> bool:
+        """Whether the next batch of this partition should carry a snapshot chunk (``idle``:
+        the processor has nothing else to do; ``SnapshotWriter.due``)."""
+        snap = self.snap
+        return snap is not None and snap.due(time.monotonic(), idle)
+
 
 class Processor:
     """Owns partitions of ``commands``/``events`` and decides their commands."""
@@ -250,7 +296,6 @@ class Processor:
         tenants: TenantPolicies | None = None,
         config: ProcessorConfig | None = None,
         clock: Callable[[], datetime] = utc_now,
-        snapshots: SnapshotStore | None = None,
     ) -> None:
         self.log = log_
         self.topics = log_.topics
@@ -258,7 +303,8 @@ class Processor:
         self.tenants = tenants or OpenTenants()
         self.config = config or ProcessorConfig()
         self.clock = clock
-        self.snapshots = snapshots
+        self._snapshots: bool | None = None  # the state topic is usable (checked once)
+        self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
         self._command_partitions = 0  # of the commands topic, read at the first assignment
@@ -323,6 +369,11 @@ class Processor:
         by_partition: dict[int, list[Record]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
+        # nothing to decide anywhere: the moment for snapshot chunks (otherwise only an
+        # overdue snapshot round gets one: a burst of runs is not slowed by snapshots)
+        idle = not records and not any(
+            ps.held or ps.running() or ((nw := ps.next_wake()) is not None and nw <= now)
+            for ps in self.partitions.values())
         chains = self._chains()
         if chains:
             await self._take_over_again()
@@ -338,9 +389,9 @@ class Processor:
             if ps.held:
                 batch, ps.held = ps.held + batch, []
             nw = ps.next_wake()
-            if not batch and (nw is None or nw > now):
+            if not batch and (nw is None or nw > now) and not ps.snapshot_due(idle):
                 continue
-            out, consumed = await self._decide(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now, idle)
             if out is not None:
                 work.append(_Work(ps, batch, out, consumed))
         if chains:
@@ -392,9 +443,9 @@ class Processor:
             batch, ps.held = ps.held, []
             now = self.clock()
             nw = ps.next_wake()
-            if not batch and (nw is None or nw > now):
+            if not batch and (nw is None or nw > now) and not ps.snapshot_due(False):
                 return
-            out, consumed = await self._decide(ps, batch, now)
+            out, consumed = await self._decide(ps, batch, now, False)
             if out is None:
                 return
             w = _Work(ps, batch, out, consumed)
@@ -431,9 +482,10 @@ class Processor:
 
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
-        wakes = [w for w in (ps.next_wake() for ps in self.partitions.values()
-                             if ps.running() is None)
-                 if w is not None]
+        idle = [ps for ps in self.partitions.values() if ps.running() is None]
+        if len(idle) == len(self.partitions) and any(ps.snapshot_due(True) for ps in idle):
+            return 0  # nothing in flight: a snapshot chunk goes out unless commands came
+        wakes = [w for w in (ps.next_wake() for ps in idle) if w is not None]
         if not wakes:
             return self.config.poll_ms
         delta = (min(wakes) - self.clock()).total_seconds() * 1000
@@ -442,21 +494,27 @@ class Processor:
     # ------------------------------------------------------------------ ownership
 
     async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
+        assigned_at = time.monotonic()
         for topic, p in sorted(tps):
             if topic != self.topics.commands or p in self.partitions:
                 continue
             if not self._command_partitions:
                 self._command_partitions = await self.log.partitions_for(self.topics.commands)
+            takeover = Takeover(p, assigned_at)
             owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
             if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
                 owner.await_visible = self.config.await_visible
             ps = PartitionState(p, owner)
-            await self._restore(ps)
+            await self._restore(ps, takeover)
             committed = await self.log.committed(self.group, self.topics.commands, p)
             self._consumer.seek(self.topics.commands, p, committed or 0)
             self.partitions[p] = ps
+            takeover.restored_at = time.monotonic()
+            self.takeovers.append(takeover)
             log.info("partition_assigned", partition=p, schedules=len(ps.states),
-                     events_offset=ps.events_offset, commands_offset=committed or 0)
+                     events_offset=ps.events_offset, commands_offset=committed or 0,
+                     from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
+                     restore_s=round(takeover.restored_at - assigned_at, 3))
         if self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
 
@@ -484,33 +542,45 @@ class Processor:
             gc.unfreeze()  # let the collector reclaim the dropped state (frozen again later)
         log.info("partition_dropped", partition=p, reason=why)
 
-    async def _restore(self, ps: PartitionState) -> None:
-        """Fold partition p of ``events`` (from a snapshot when one exists)."""
+    async def _restore(self, ps: PartitionState, takeover: Takeover | None = None) -> None:
+        """Rebuild partition p's states: from its snapshot on ``state`` plus the tail of
+        ``events`` after it, or — no usable snapshot, or snapshots off — by folding ``events``
+        from offset 0 (docs/design.md §14); then its timers, dispatch queue and replies."""
+        if not self.config.gc_tuning:
+            await self._rebuild_partition(ps, takeover or Takeover(ps.partition,
+                                                                   time.monotonic()))
+            return
+        with gc_paused():
+            await self._rebuild_partition(ps, takeover or Takeover(ps.partition,
+                                                                   time.monotonic()))
+            # the restored states are long-lived: out of every collection from now on (the
+            # first one after the pause would traverse them all: 5 us a state)
+            gc.freeze()
+
+    async def _rebuild_partition(self, ps: PartitionState, takeover: Takeover) -> None:
         p = ps.partition
-        offset = 0
-        if self.snapshots is not None:
-            snap = await self.snapshots.load(p)
-            if snap is not None:
-                offset, ps.states = snap
-        async for recs in read_partition(self.log, self.topics.events, p, offset,
-                                         batch=self.config.restore_chunk):
-            for rec in recs:
-                try:
-                    env = codec.decode_event(rec.value)
-                    if env.schedule_id == QUOTA_ID:
-                        qs = ps.quotas.get(env.key)
-                        if qs is None:
-                            qs = ps.quotas[env.key] = QuotaState(env.tenant)
-                        evolve_quota(qs, env.payload)
-                        continue
-                    st = ps.states.get(env.key)
-                    if st is None:
-                        st = ps.states[env.key] = initial_state(env.tenant, env.schedule_id)
-                    evolve(st, env.payload)
-                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
-                    await self.dead_letters.put(rec, exc)
-            offset = recs[-1].offset + 1
-        ps.events_offset = offset
+        snapshots = await self._snapshots_usable()
+        loaded: Loaded | None = None
+        if snapshots:
+            events_end = await self.log.end_offset(self.topics.events, p)
+            try:
+                loaded = await self._load_snapshot(p, events_end, takeover)
+                if loaded is not None:
+                    folded = await self._fold(ps, loaded, takeover)
+            except SnapshotRejected as exc:
+                self._rejected(p, str(exc), takeover)
+                ps.states, ps.quotas = {}, {}
+                loaded = None
+        if loaded is None:
+            folded = await self._fold(ps, None, takeover)
+            self.stats.restored_from_zero += 1
+        else:
+            takeover.from_snapshot = True
+            self.stats.restored_from_snapshot += 1
+        dirty, log_end, last_event = folded
+        ps.events_offset = log_end
+        takeover.states = len(ps.states)
+        takeover.events_offset = log_end
         for key, st in ps.states.items():
             ps.arm(key, st)
             for run in (st.runs or {}).values():
@@ -521,6 +591,80 @@ class Processor:
         for key, qs in ps.quotas.items():
             ps.arm_at(key, quota_wakeup(qs))
         await self._restore_replies(ps)
+        if snapshots:
+            cfg = self.config
+            ps.snap = SnapshotWriter(
+                p, self.topics.state, self.member_id, ps.owner.epoch,
+                interval_s=cfg.snapshot_interval_s,
+                busy_interval_s=cfg.snapshot_busy_interval_s, events=cfg.snapshot_events,
+                chunk=max(1, cfg.snapshot_chunk), dirty=dirty,
+                specs=set() if loaded is None else loaded.specs, log_end=log_end,
+                last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from)
+            ps.snap.start_now()  # the states the tail (or the whole fold) changed, soon
+
+    async def _snapshots_usable(self) -> bool:
+        """Whether snapshots are on and the log has a ``state`` topic like ``events``."""
+        if self._snapshots is None:
+            self._snapshots = False
+            if self.config.snapshots:
+                try:
+                    n = await self.log.partitions_for(self.topics.state)
+                    events = await self.log.partitions_for(self.topics.events)
+                except LogError as exc:
+                    log.warning("snapshots_off", reason=f"no state topic: {exc}")
+                else:
+                    if n == events:
+                        self._snapshots = True
+                    else:
+                        log.warning("snapshots_off", reason=f"the state topic has {n} "
+                                    f"partitions, events {events}")
+        return self._snapshots
+
+    async def _load_snapshot(self, p: int, events_end: int,
+                             takeover: Takeover) -> Loaded | None:
+        """Partition p of ``state``, read whole and decoded (None: no snapshot there)."""
+        records: list[Record] = []
+        async for recs in read_partition(self.log, self.topics.state, p, 0,
+                                         batch=self.config.state_read_batch):
+            records.extend(recs)
+        takeover.snapshot_records = len(records)
+        return decode_snapshot(records, events_end)
+
+    def _rejected(self, p: int, reason: str, takeover: Takeover) -> None:
+        self.stats.snapshots_rejected += 1
+        takeover.rejected = reason
+        log.warning("snapshot_rejected", partition=p, reason=reason,
+                    detail="folding events from offset 0")
+
+    async def _fold(
+        self, ps: PartitionState, loaded: Loaded | None, takeover: Takeover,
+    ) -> tuple[set[str], int, tuple[int, str] | None]:
+        """Fold partition p of ``events`` into ``ps`` (``Folder``): onto ``loaded`` (a
+        snapshot), or from offset 0. Returns the keys whose states are not on ``state`` as
+        they are, the offset after the last event, and that event's (offset, ID). Raises
+        ``SnapshotRejected`` when the snapshot does not fit the log (before folding any)."""
+        folder = Folder(loaded)
+        ps.states, ps.quotas = folder.states, folder.quotas
+        offset = folder.start
+        async for recs in read_partition(self.log, self.topics.events, ps.partition, offset,
+                                         batch=self.config.restore_chunk):
+            for rec in recs:
+                try:
+                    env = codec.decode_event(rec.value)
+                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
+                    folder.undecodable(rec.offset)
+                    await self.dead_letters.put(rec, exc)
+                    continue
+                try:
+                    folder.feed(rec.offset, env)
+                except SnapshotRejected:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
+                    await self.dead_letters.put(rec, exc)
+            offset = recs[-1].offset + 1
+        dirty, last_event = folder.finish()
+        takeover.tail_events = folder.folded
+        return dirty, max(offset, folder.fold_from), last_event
 
     async def _restore_replies(self, ps: PartitionState) -> None:
         topic = self.topics.replies
@@ -540,7 +684,7 @@ class Processor:
     # ------------------------------------------------------------------ the batch
 
     async def _decide(
-        self, ps: PartitionState, batch: list[Record], now: datetime
+        self, ps: PartitionState, batch: list[Record], now: datetime, idle: bool = False,
     ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
         """``_decide_partition``; when a decision could not be applied to the state (a bug in
         ``evolve``), the state is no longer the log's: the partition is dropped and taken
@@ -548,7 +692,7 @@ class Processor:
         again (the timer at fault is not armed again), so it cannot stop the partition twice.
         """
         try:
-            return self._decide_partition(ps, batch, now)
+            return self._decide_partition(ps, batch, now, idle)
         except _Unapplied as exc:
             self.stats.apply_errors += 1
             log.error("decision_not_applied", partition=ps.partition, error=str(exc))
@@ -557,11 +701,22 @@ class Processor:
             return None, {}
 
     def _decide_partition(
-        self, ps: PartitionState, batch: list[Record], now: datetime
+        self, ps: PartitionState, batch: list[Record], now: datetime, idle: bool = False,
     ) -> tuple[_Output | None, dict[tuple[str, int], int]]:
-        """Decide a partition's commands and due timers (state is evolved as we go)."""
+        """Decide a partition's commands and due timers (state is evolved as we go).
+
+        A snapshot chunk that is due is encoded first: it holds the states after every
+        earlier transaction of the partition, and goes in this one (docs/design.md §14)."""
+        chunk: Chunk | None = None
+        snap = ps.snap
+        if snap is not None and snap.due(time.monotonic(), idle):
+            try:
+                chunk = snap.take(ps.states, ps.quotas, time.monotonic(), idle)
+            except Exception:
+                log.exception("snapshot_encode_failed", partition=ps.partition)
         out = _Output(self.topics, ps.partition, (
-            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())))
+            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())),
+            snap, chunk)
         consumed: dict[tuple[str, int], int] = {}
         for rec in batch:
             self._handle(ps, rec, now, out)
@@ -656,6 +811,8 @@ class Processor:
         self.stats.transactions += 1
         self.stats.commands += len(w.batch)
         self.stats.events += len(out.events)
+        if out.chunk is not None and ps.snap is not None:
+            ps.snap.committed(out.chunk)
         wall = time.time()
         for cid, data in out.final.items():
             ps.replies[cid] = (wall, data)
@@ -770,6 +927,9 @@ class Processor:
             return
         if dec.events:
             ps.quotas[key] = qs
+            if ps.snap is not None:
+                ps.snap.dirty.add(key)
+                ps.snap.events_since += len(dec.events)
         first_index = len(out.events)
         values, body = encoded
         for i, ev in enumerate(dec.events):
@@ -822,6 +982,10 @@ class Processor:
         commands: timers and assignments)."""
         first_index = len(out.events)
         values, body = encoded
+        snap = ps.snap
+        if snap is not None and dec.events:
+            snap.dirty.add(key)
+            snap.events_since += len(dec.events)
         for i, ev in enumerate(dec.events):
             evolve(st, ev)
             out.event(event_id_for(command_id, i), key, st.tenant, st.schedule_id, now,
@@ -948,11 +1112,17 @@ class _Output:
     """
 
     def __init__(self, topics: Any, partition: int,
-                 writer: tuple[tuple[str, bytes], ...] = ()) -> None:
+                 writer: tuple[tuple[str, bytes], ...] = (),
+                 snap: SnapshotWriter | None = None, chunk: Chunk | None = None) -> None:
         self.topics = topics
         self.events_topic = topics.events
         self.partition = partition
         self.writer = writer  # headers naming the processor and its epoch (audit trail)
+        # the partition's snapshot: this transaction's events move its end; ``chunk``: the
+        # states this transaction writes to ``state`` (framed in ``then``, once positioned)
+        self.snap = snap
+        self.chunk = chunk
+        self._snap_base: tuple[int, tuple[int, str] | None] | None = None
         self.records: list[OutRecord] = []
         # assignment records: written after the events, with the replies (``then``), so that the
         # first records are this partition's events only — a Kafka owner can then predict
@@ -976,7 +1146,7 @@ class _Output:
     @property
     def empty(self) -> bool:
         return (not self.records and not self.replies and not self.assignments
-                and not self.commands)
+                and not self.commands and self.chunk is None)
 
     def event(self, event_id: str, key: str, tenant: str, schedule_id: str, at: datetime,
               causation_id: str, payload: Any, value: bytes) -> None:
@@ -1031,7 +1201,22 @@ class _Output:
             out.append(OutRecord(topic=topic, key=cid.encode(), value=value, partition=partition,
                                  headers=((WAKE_HEADER, to.encode()),) if to else ()))
         self.final = final
+        snap = self.snap
+        if snap is not None:
+            self._then_snapshot(snap, positions, out)
         return out
+
+    def _then_snapshot(self, snap: SnapshotWriter, positions: list[Position],
+                       out: list[OutRecord]) -> None:
+        """The chunk's records (``SnapshotWriter.transaction``); the partition's end before
+        this transaction is taken at the first call (``then`` may be called again)."""
+        base = self._snap_base
+        if base is None:
+            base = self._snap_base = (snap.log_end, snap.last_event)
+        index = self.event_index
+        span = None if not index else (positions[index[0]].offset,
+                                       positions[index[-1]].offset, self.events[-1][0])
+        out.extend(snap.transaction(self.chunk, span, base))
 
 
 

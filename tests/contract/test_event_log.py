@@ -254,6 +254,72 @@ async def test_owner_commit_then_records_join_the_same_transaction_with_position
     await owner.close()
 
 
+# --------------------------------------------------------------------------- compacted
+
+
+def latest_per_key(records: Sequence[Record]) -> dict[bytes, bytes]:
+    out: dict[bytes, bytes] = {}
+    for r in records:
+        assert r.key is not None
+        out[r.key] = r.value
+    return out
+
+
+async def test_a_compacted_topic_read_from_zero_gives_every_keys_latest_value(
+    event_log: EventLog,
+) -> None:
+    t = event_log.topics
+    assert t.state in t.compacted
+    assert await event_log.partitions_for(t.state) == await event_log.partitions_for(t.events)
+    writes = [(b"a", b"a1"), (b"b", b"b1"), (b"a", b"a2"), (b"c", b"c1"), (b"b", b"b2"),
+              (b"a", b"a3")]
+    await event_log.append([OutRecord(t.state, k, v, partition=2) for k, v in writes[:3]])
+    owner = await event_log.acquire(2, "proc-a")
+    await owner.commit([OutRecord(t.state, k, v, partition=2) for k, v in writes[3:]],
+                       {}, "processors")
+    got = await read_all(event_log, t.state, 2)
+    offsets = [r.offset for r in got]
+    assert offsets == sorted(offsets)
+    assert latest_per_key(got) == {b"a": b"a3", b"b": b"b2", b"c": b"c1"}
+    # what a compaction may keep: each key's latest value, in the order they were written
+    assert [r.value for r in got][-3:] == [b"c1", b"b2", b"a3"]
+    assert await read_all(event_log, t.state, 1) == []
+    await owner.close()
+
+
+async def test_a_compacted_topics_records_commit_with_the_owners_transaction_or_not_at_all(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    t = event_log.topics
+
+    def state(positions: list[Position]) -> list[OutRecord]:
+        at = positions[-1].offset
+        return [OutRecord(t.state, b"acme/s1", b"as-of-%d" % at, partition=3),
+                OutRecord(t.state, b"@snapshot", b"marker-%d" % at, partition=3)]
+
+    owner = await event_log.acquire(3, "proc-a")
+    positions = await owner.commit([OutRecord(t.events, b"acme/s1", b"e-0", partition=3)],
+                                   {(t.commands, 3): 1}, "processors", then=state)
+    assert [p.topic for p in positions] == [t.events, t.state, t.state]
+    assert latest_per_key(await read_all(event_log, t.state, 3)) == {
+        b"acme/s1": b"as-of-%d" % positions[0].offset,
+        b"@snapshot": b"marker-%d" % positions[0].offset}
+    # a zombie's snapshot never becomes visible
+    other = await open_log()
+    await other.acquire(3, "proc-b")
+    with pytest.raises(Fenced):
+        await owner.commit([], {}, "processors",
+                           then=lambda _: [OutRecord(t.state, b"acme/s1", b"zombie",
+                                                     partition=3)])
+    with pytest.raises(Fenced):
+        await owner.commit([OutRecord(t.state, b"@snapshot", b"zombie", partition=3)], {},
+                           "processors")
+    assert latest_per_key(await read_all(event_log, t.state, 3)) == {
+        b"acme/s1": b"as-of-%d" % positions[0].offset,
+        b"@snapshot": b"marker-%d" % positions[0].offset}
+    await owner.close()
+
+
 async def test_second_acquire_fences_the_first(event_log: EventLog, open_log: OpenLog) -> None:
     t = event_log.topics
     other = await open_log()  # the new owner lives in another "process"
@@ -464,7 +530,8 @@ async def test_ensure_topics_is_idempotent(event_log: EventLog) -> None:
 
 async def test_partitions_for(event_log: EventLog) -> None:
     t = event_log.topics
-    for topic in (t.commands, t.events, t.replies, t.dlq, t.effects, t.ready("default")):
+    for topic in (t.commands, t.events, t.replies, t.dlq, t.effects, t.ready("default"),
+                  t.state):
         assert await event_log.partitions_for(topic) == PARTITIONS, topic
 
 

@@ -469,3 +469,63 @@ async def test_logs_opening_one_new_file_at_once_all_start(tmp_path: Path) -> No
         finally:
             for lg in logs:
                 await lg.close()
+
+
+async def test_a_compacted_topic_keeps_one_row_per_key(log: SqliteEventLog, db: Path) -> None:
+    """The embedded log compacts on write: an append replaces the key's row (upsert)."""
+    t = log.topics
+    for round_ in range(3):
+        await log.append([OutRecord(t.state, b"k%d" % i, b"v%d-%d" % (i, round_), partition=0)
+                          for i in range(4)])
+    got = await log.read(t.state, 0, 0)
+    assert [(r.key, r.value) for r in got] == [(b"k%d" % i, b"v%d-2" % i) for i in range(4)]
+    assert [r.offset for r in got] == [8, 9, 10, 11]  # offsets keep counting
+    assert await log.end_offset(t.state, 0) == 12
+    assert [r.value for r in await log.read(t.state, 0, 10)] == [b"v2-2", b"v3-2"]
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT COUNT(*) FROM compacted WHERE topic = ?",
+                            (t.state,)).fetchone()[0]
+        in_records = conn.execute("SELECT COUNT(*) FROM records WHERE topic = ?",
+                                  (t.state,)).fetchone()[0]
+    assert (rows, in_records) == (4, 0)
+    with pytest.raises(Exception, match="needs a key"):
+        await log.append([OutRecord(t.state, None, b"no key", partition=0)])
+
+
+async def test_another_process_learns_a_compacted_topic_from_the_file(
+    log: SqliteEventLog, db: Path, topics: Topics,
+) -> None:
+    """A log opened on the file later, without ensure_topics, writes the state topic the
+    same way (compaction is a property of the topic in the file, not of the process)."""
+    t = log.topics
+    await log.append([OutRecord(t.state, b"k", b"first", partition=1)])
+    other = SqliteEventLog(db, topics)
+    await other.start()
+    try:
+        await other.append([OutRecord(t.state, b"k", b"second", partition=1)])
+        assert [r.value for r in await other.read(t.state, 1, 0)] == [b"second"]
+    finally:
+        await other.close()
+
+
+async def test_a_log_file_of_schema_1_gets_the_compacted_topics_when_opened(
+    tmp_path: Path, topics: Topics,
+) -> None:
+    path = tmp_path / "old.db"
+    first = SqliteEventLog(path, topics)
+    await first.start()
+    await first.close()
+    with sqlite3.connect(path) as conn:  # what a file written before version 2 looks like
+        conn.execute("DROP TABLE compacted")
+        conn.execute("DROP TABLE compacted_topics")
+        conn.execute("PRAGMA user_version = 1")
+    again = SqliteEventLog(path, topics)
+    await again.start()
+    try:
+        await again.ensure_topics()
+        await again.append([OutRecord(topics.state, b"k", b"v", partition=0)])
+        assert [r.value for r in await again.read(topics.state, 0, 0)] == [b"v"]
+    finally:
+        await again.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -21,7 +21,7 @@ from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.log.sqlite import SqliteEventLog
-from chronolog.processors.runtime import Processor
+from chronolog.processors.runtime import Processor, ProcessorConfig
 from support.polling import wait_until
 
 from .conftest import started
@@ -84,7 +84,9 @@ class Gate:
 
 
 async def run(lg: SqliteEventLog) -> tuple[Processor, Client, asyncio.Task[None]]:
-    proc = Processor(lg, "p1")
+    # snapshots off: their chunks, written while the processor is idle, would join the
+    # queue as batches of their own (tests/integration/test_snapshots.py covers them)
+    proc = Processor(lg, "p1", config=ProcessorConfig(snapshots=False))
     client = Client(lg, reply_timeout=30)
     task = asyncio.create_task(proc.run())
     await client.start()

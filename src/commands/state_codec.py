@@ -1,0 +1,312 @@
+"""An exact, versioned encoding of the aggregates' states (``ScheduleState``, ``QuotaState``).
+
+A processor's snapshot of a partition (``chronolog.processors.snapshots``, docs/design.md
+§14) stores every state of the partition with this codec, so that a new owner can start
+from it instead of folding ``events`` from offset 0. Decoding what was encoded gives a state
+equal to the original in every field (``tests/unit/test_state_codec.py`` checks it on random
+states): the same status, counters, instants, runs in the same order, the same manual keys
+in the same order, the same quota wait; the compiled trigger and the interned ``Policy`` are
+derived again from the spec, as ``evolve`` derives them (the trigger on first use).
+
+The encoding is orjson of positional lists (no field names: a state is about 300 bytes for
+a schedule with its last run). A state's spec is stored in two parts (see "specs" below):
+its job's params in the state, the rest — its *shape*, shared by the schedules that differ
+in their params alone — once per partition (``shape_of`` / ``decode_shape``), so 100,000
+schedules validate a handful of shapes at restore, not 100,000 specs.
+
+``STATE_VERSION`` is the version of this layout. Change ``ScheduleState``, ``Run``,
+``QuotaState`` or the layout below, and bump it: snapshots of the older version are then
+ignored (a new owner folds from offset 0 and writes a new snapshot) unless an upcaster
+registered with ``register_state_upcaster(kind, old_version)`` turns an old body into the next
+version's. ``tests/unit/test_state_codec.py::test_the_state_layout_is_the_one_of_its_version``
+fails when the slots change without a new version.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from chronolog.commands.quota import QuotaState
+from chronolog.commands.state import (
+    Policy,
+    QuotaWait,
+    Run,
+    ScheduleState,
+    dump_hash,
+    intern_policy,
+    interned_policy,
+)
+from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleSpec
+
+__all__ = [
+    "STATE_VERSION",
+    "StateDecodeError",
+    "decode_quota",
+    "decode_schedule",
+    "decode_shape",
+    "encode_quota",
+    "encode_schedule",
+    "register_state_upcaster",
+    "shape_of",
+    "upcast_state",
+]
+
+STATE_VERSION = 1
+
+_OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
+_fromiso = datetime.fromisoformat
+
+# (kind, version v) -> fn(body of version v) -> body of version v + 1; kinds: "schedule",
+# "quota" (the bodies of encode_schedule and encode_quota, parsed)
+StateUpcaster = Callable[[list[Any]], list[Any]]
+_UPCASTERS: dict[tuple[str, int], StateUpcaster] = {}
+
+
+class StateDecodeError(ValueError):
+    """Bytes that are not a state of this codec (or of a version it cannot upcast)."""
+
+
+def register_state_upcaster(kind: str, from_version: int,
+                            ) -> Callable[[StateUpcaster], StateUpcaster]:
+    """Register ``fn(body) -> body`` turning a ``kind`` ("schedule" or "quota") body of
+    ``from_version`` into one of ``from_version + 1``; an old snapshot is then upcast
+    instead of ignored."""
+
+    def deco(fn: StateUpcaster) -> StateUpcaster:
+        _UPCASTERS[(kind, from_version)] = fn
+        return fn
+
+    return deco
+
+
+def upcast_state(kind: str, body: list[Any], version: int) -> list[Any]:
+    """``body`` of ``version`` brought to ``STATE_VERSION``; ``StateDecodeError`` when a step
+    has no upcaster (the snapshot is then ignored)."""
+    if version > STATE_VERSION:
+        raise StateDecodeError(f"state version {version} is newer than this code's "
+                               f"({STATE_VERSION})")
+    while version < STATE_VERSION:
+        fn = _UPCASTERS.get((kind, version))
+        if fn is None:
+            raise StateDecodeError(f"no upcaster for {kind} states of version {version}")
+        body = fn(body)
+        version += 1
+    return body
+
+
+def _t(value: str | None) -> datetime | None:
+    return None if value is None else _fromiso(value)
+
+
+# ------------------------------------------------------------------------------- specs
+#
+# A spec is stored in two parts: its *shape* — the spec with its job's params emptied,
+# stored once per partition under its own hash (``encode_shape``), validated once at
+# restore — and, in each state that has it, the spec's hash, its shape's hash and its
+# params. Specs of one partition mostly differ in their params alone (the customer, the
+# report), and validating a whole spec costs about 25-50 us (100,000 of them: seconds of a
+# takeover); building one from its validated shape and its params costs a few: exactly what
+# validating the whole spec gives, because a stored spec's params are only checked to be a
+# JSON object (``messages.STORED``: the input limits are for new input).
+
+def _parts(pol: Policy) -> tuple[str, bytes]:
+    parts = pol.shape
+    if parts is None:
+        raw = pol.spec.model_dump(mode="json")
+        raw["job"]["params"] = {}
+        shape_hash = dump_hash(raw)
+        parts = pol.shape = (shape_hash, orjson.dumps([shape_hash, raw], option=_OPTS))
+    return parts
+
+
+def shape_of(policy: Policy) -> tuple[str, bytes]:
+    """(shape hash, body) of a policy's spec shape: store the body once per partition
+    under the hash (``decode_shape`` reads it back)."""
+    return _parts(policy)
+
+
+def decode_shape(data: bytes) -> tuple[str, Policy]:
+    """(hash, policy of the validated spec with empty params) of a stored shape; the
+    stored hash must be the shape's."""
+    try:
+        stored_hash, raw = orjson.loads(data)
+        if raw["job"]["params"] != {}:
+            raise StateDecodeError("a stored shape has params")
+        spec = ScheduleSpec.model_validate(raw, context=STORED)
+    except StateDecodeError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise StateDecodeError(f"not a stored spec shape: {type(exc).__name__}: {exc}") \
+            from exc
+    h = dump_hash(raw)  # raw is the shape's model_dump(mode="json"): its hash
+    if h != stored_hash:
+        raise StateDecodeError(f"shape hash {stored_hash} does not match its shape ({h})")
+    shape = Policy(spec, f"shape:{h}")  # a template, never interned
+    shape.shape = (h, data)
+    return h, shape
+
+
+def _policy(ref: list[Any], shapes: Mapping[str, Policy]) -> Policy:
+    spec_h, shape_h, params = ref
+    pol = interned_policy(spec_h)
+    if pol is not None:
+        return pol
+    shape = shapes.get(shape_h)
+    if shape is None:
+        raise StateDecodeError(f"spec shape {shape_h} is not stored")
+    if not isinstance(params, dict):
+        raise StateDecodeError(f"job params that are no object: {params!r}")
+    job = shape.job if not params else shape.job.model_copy(update={"params": params})
+    return intern_policy(shape.with_job(job, spec_h))
+
+
+# ------------------------------------------------------------------------------- runs
+
+
+def _encode_run(r: Run, job: JobSpec | None) -> list[Any]:
+    rjob = r.job
+    same_job = job is not None and (rjob is job or rjob == job)
+    effects = r.effects
+    return [
+        r.run_id, r.scheduled_at, r.due_at, r.revision,
+        None if same_job else rjob.model_dump(mode="json"),
+        r.trigger, r.state, r.attempt, r.attempt_base, r.age_base, r.fence, r.worker_id,
+        r.lease_until, r.retry_at, r.start_deadline_at, r.claimed, r.cancel_requested,
+        r.checksum, r.result_fence, None if r.result is None else list(r.result),
+        r.reconcile,
+        None if effects is None else [[k, v[0], v[1], v[2].model_dump(mode="json")]
+                                      for k, v in effects.items()],
+        r.resource_class, r.priority,
+    ]
+
+
+def _decode_run(a: list[Any], job: JobSpec | None) -> Run:
+    r = Run.__new__(Run)
+    (r.run_id, scheduled_at, due_at, r.revision, rjob, r.trigger, r.state, r.attempt,
+     r.attempt_base, age_base, r.fence, r.worker_id, lease_until, retry_at, start_deadline_at,
+     r.claimed, r.cancel_requested, r.checksum, r.result_fence, result, r.reconcile, effects,
+     r.resource_class, r.priority) = a
+    r.scheduled_at = _fromiso(scheduled_at)
+    r.due_at = _fromiso(due_at)
+    r.age_base = _t(age_base)
+    r.lease_until = _t(lease_until)
+    r.retry_at = _t(retry_at)
+    r.start_deadline_at = _t(start_deadline_at)
+    if rjob is None:
+        if job is None:
+            raise StateDecodeError(f"run {r.run_id} names its schedule's job, which has none")
+        r.job = job
+    else:
+        r.job = JobSpec.model_validate(rjob, context=STORED)
+    r.result = None if result is None else (result[0], result[1], result[2])
+    r.effects = None if effects is None else {
+        k: [st, attempt, EffectIntended.model_validate(ev, context=STORED)]
+        for k, st, attempt, ev in effects}
+    return r
+
+
+# ------------------------------------------------------------------------------- schedules
+
+
+def encode_schedule(s: ScheduleState) -> bytes:
+    """A live schedule state (not a draft) as bytes of version ``STATE_VERSION``; its
+    spec is its hash, its shape's hash and its params (store the shape: ``shape_of``)."""
+    if s.owned is not None:
+        raise ValueError("a draft state is not encoded (it shares runs with its original)")
+    pol = s.policy
+    job = None if pol is None else pol.job
+    quota = s.quota
+    if isinstance(quota, QuotaWait):
+        quota_out: Any = [quota.command_id, quota.request_key,
+                          quota.spec.model_dump(mode="json"), quota.reply_to]
+    else:
+        quota_out = quota
+    return orjson.dumps([
+        s.tenant, s.schedule_id, s.status, s.revision,
+        None if pol is None else [pol.spec_hash, _parts(pol)[0], pol.job.params],
+        s.request_key, s.created_hash, s.created_at, s.anchor, s.paused_at, s.next_run_at,
+        s.next_due_at, s.last_scheduled_at, s.count, s.fence,
+        None if s.runs is None else [_encode_run(r, job) for r in s.runs.values()],
+        None if s.done is None else _encode_run(s.done, job),
+        s.pending,
+        None if s.manual is None else [[k, v[0], v[1]] for k, v in s.manual.items()],
+        quota_out,
+    ], option=_OPTS)
+
+
+def decode_schedule(data: bytes | list[Any], shapes: Mapping[str, Policy]) -> ScheduleState:
+    """The state ``encode_schedule`` encoded (``data``: its bytes, or its body already
+    parsed and upcast); ``shapes``: shape hash -> its policy (``decode_shape``)."""
+    try:
+        a = orjson.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        return _decode_schedule(a, shapes)
+    except StateDecodeError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise StateDecodeError(f"not a stored schedule state: {type(exc).__name__}: {exc}") \
+            from exc
+
+
+def _decode_schedule(a: list[Any], shapes: Mapping[str, Policy]) -> ScheduleState:
+    s = ScheduleState.__new__(ScheduleState)
+    (s.tenant, s.schedule_id, s.status, s.revision, ref, s.request_key, s.created_hash,
+     created_at, anchor, paused_at, next_run_at, next_due_at, last_scheduled_at, s.count,
+     s.fence, runs, done, pending, manual, quota) = a
+    s.created_at = _t(created_at)
+    s.anchor = _t(anchor)
+    s.paused_at = _t(paused_at)
+    s.next_run_at = _t(next_run_at)
+    s.next_due_at = _t(next_due_at)
+    s.last_scheduled_at = _t(last_scheduled_at)
+    if ref is None:
+        s.policy = None
+        s.trigger = None
+        job = None
+    else:
+        pol = _policy(ref, shapes)
+        s.policy = pol
+        if s.anchor is None:
+            raise StateDecodeError(f"{s.tenant}/{s.schedule_id}: a policy without an anchor")
+        s.derive_trigger()  # compiled as evolve compiles it, when first used
+        job = pol.job
+    s.runs = None if runs is None else {r[0]: _decode_run(r, job) for r in runs}
+    s.done = None if done is None else _decode_run(done, job)
+    s.pending = pending
+    s.manual = None if manual is None else {k: (run_id, digest) for k, run_id, digest in manual}
+    s.owned = None
+    if isinstance(quota, list):
+        cid, request_key, spec, reply_to = quota
+        s.quota = QuotaWait(cid, request_key, ScheduleSpec.model_validate(spec, context=STORED),
+                            reply_to)
+    elif quota is None or isinstance(quota, str):
+        s.quota = quota
+    else:
+        raise StateDecodeError(f"{s.tenant}/{s.schedule_id}: bad quota field {quota!r}")
+    return s
+
+
+# ------------------------------------------------------------------------------- quotas
+
+
+def encode_quota(q: QuotaState) -> bytes:
+    """A tenant's quota aggregate as bytes of version ``STATE_VERSION``."""
+    return orjson.dumps([q.tenant, [[sid, cid, until] for sid, (cid, until) in q.slots.items()]],
+                        option=_OPTS)
+
+
+def decode_quota(data: bytes | list[Any]) -> QuotaState:
+    try:
+        a = orjson.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        tenant, slots = a
+        q = QuotaState(tenant)
+        q.slots = {sid: (cid, _t(until)) for sid, cid, until in slots}
+        return q
+    except (ValueError, TypeError) as exc:
+        raise StateDecodeError(f"not a stored quota state: {type(exc).__name__}: {exc}") \
+            from exc

@@ -1,0 +1,229 @@
+"""The state codec (``chronolog.commands.state_codec``): an exact, versioned round trip.
+
+The random states come from the decider's stateful property (random specs, every command
+kind, clock advances): after every step each live state is encoded, decoded, and the
+decoded copy *replaces* the live one — so besides "equal in every field" the decider's own
+invariants (fold from scratch == live, fences, occurrence keys, ...) keep checking that a
+decoded state behaves exactly like the original.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import invariant
+
+from chronolog.commands import state as st
+from chronolog.commands import state_codec as sc
+from chronolog.commands.decider import TenantContext, decide, evolve
+from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
+from chronolog.commands.state import QuotaWait, Run, ScheduleState, initial_state
+from chronolog.domain import messages as m
+from support.decider import T0, Story, complete, envelope, spec
+from support.states import every_field
+from unit.decider.test_invariants import DeciderMachine
+
+
+def shapes_of(*states: ScheduleState) -> dict[str, m.ScheduleSpec]:
+    out = {}
+    for s in states:
+        if s.policy is not None:
+            h, shape = sc.decode_shape(sc.shape_of(s.policy)[1])
+            out[h] = shape
+    return out
+
+
+def round_trip(s: ScheduleState, fresh: bool = False) -> ScheduleState:
+    data = sc.encode_schedule(s)
+    if fresh:  # as in another process: no policy interned yet
+        st._POLICIES.clear()
+        st._BY_IDENTITY.clear()
+    decoded = sc.decode_schedule(data, shapes_of(s))
+    assert every_field(decoded) == every_field(s)
+    assert sc.encode_schedule(decoded) == data  # nothing lost that the encoding holds
+    return decoded
+
+
+class RoundTripMachine(DeciderMachine):
+    """The decider's machine, with every live state replaced by its decoded copy."""
+
+    @invariant()
+    def a_decoded_state_replaces_the_live_one(self) -> None:
+        for sid, state in list(self.states.items()):
+            self.states[sid] = round_trip(state)
+
+
+RoundTripMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestRoundTripOfRandomStates = RoundTripMachine.TestCase
+
+
+def test_a_state_with_every_optional_part_round_trips() -> None:
+    s = Story().create(effects=({"kind": "email", "destination": "d-email"},), max_count=9,
+                       start_deadline=30.0)
+    occ = s.materialize(T0 + timedelta(seconds=60))
+    c = s.claim(occ[0].run_id, T0 + timedelta(seconds=61))
+    s.given(complete(c), T0 + timedelta(seconds=62))
+    s.given(m.TriggerRun(request_key="manual-1", params={"p": [1, 2.5, None, "x"]}),
+            T0 + timedelta(seconds=63))
+    s.given(m.PauseSchedule(), T0 + timedelta(seconds=64))
+    st = s.state
+    assert st.manual and st.runs and st.paused_at is not None
+    assert any(r.effects for r in st.runs.values())
+    decoded = round_trip(st)
+    assert decoded.runs is not None
+    manual = next(r for r in decoded.runs.values() if r.trigger == "manual")
+    assert manual.job.params["p"] == [1, 2.5, None, "x"]
+    assert manual.job != decoded.policy.job  # type: ignore[union-attr]  # its own job, kept
+
+
+def test_a_create_waiting_for_its_quota_slot_round_trips() -> None:
+    st = initial_state("acme", "s1")
+    quota = TenantContext(max_schedules=3)
+    dec = decide(st, envelope(m.CreateSchedule(spec=spec(), request_key="k")), T0, quota)
+    assert any(isinstance(e, m.ScheduleCreationHeld) for e in dec.events)
+    for e in dec.events:
+        evolve(st, e)
+    assert isinstance(st.quota, QuotaWait)
+    round_trip(st)
+
+
+def test_a_quota_aggregate_round_trips_in_order() -> None:
+    q = QuotaState("acme")
+    for i, sid in enumerate(["b", "a", "c"]):
+        env = m.CommandEnvelope(
+            command_id=f"r{i}", type="ReserveQuotaSlot", tenant="acme", principal="processor",
+            schedule_id="@quota", issued_at=T0,
+            payload=m.ReserveQuotaSlot(schedule_id=sid, create_command_id=f"c-{sid}"))
+        for e in decide_quota(q, env, T0, 10).events:
+            evolve_quota(q, e)
+    confirm = m.CommandEnvelope(
+        command_id="x", type="ConfirmQuotaSlot", tenant="acme", principal="processor",
+        schedule_id="@quota", issued_at=T0,
+        payload=m.ConfirmQuotaSlot(schedule_id="a", create_command_id="c-a"))
+    for e in decide_quota(q, confirm, T0, 10).events:
+        evolve_quota(q, e)
+    back = sc.decode_quota(sc.encode_quota(q))
+    assert back.tenant == "acme"
+    assert list(back.slots.items()) == list(q.slots.items())
+    assert back.slots["a"][1] is None and back.slots["b"][1] is not None
+
+
+def test_the_trigger_of_a_decoded_state_is_compiled_when_first_used() -> None:
+    s = Story().create()
+    decoded = round_trip(s.state)
+    assert decoded.trigger == s.state.trigger
+    assert decoded.trigger.next_after(T0) == s.state.trigger.next_after(T0)
+
+
+def test_a_spec_is_decoded_to_the_policy_a_fold_gives() -> None:
+    for overrides in ({}, {"cron": "0 9 * * 1-5", "timezone": "America/New_York"},
+                      {"at": T0 + timedelta(hours=1)}, {"delay": 30.0},
+                      {"job": {"type": "report", "params": {"deep": {"a": [1, {"b": 2}]}}}},
+                      {"job": {"type": "report", "params": {}}}):
+        state = Story().create(**overrides).state
+        assert state.policy is not None
+        decoded = round_trip(state, fresh=True)  # built from its shape and its params
+        assert decoded.policy is not None
+        assert decoded.policy.spec == state.policy.spec
+        assert decoded.policy.spec_hash == st.spec_hash(decoded.policy.spec)
+        assert decoded.policy.job == state.policy.job
+
+
+def test_schedules_that_differ_in_their_params_share_one_shape() -> None:
+    a = Story(schedule_id="a").create(job={"type": "report", "params": {"customer": 1}}).state
+    b = Story(schedule_id="b").create(job={"type": "report", "params": {"customer": 2}}).state
+    assert a.policy is not None and b.policy is not None
+    assert sc.shape_of(a.policy) == sc.shape_of(b.policy)
+    assert a.policy.spec_hash != b.policy.spec_hash
+    c = Story(schedule_id="c").create(lease=45.0).state
+    assert c.policy is not None and sc.shape_of(c.policy)[0] != sc.shape_of(a.policy)[0]
+
+
+def test_a_shape_whose_stored_hash_is_not_its_own_is_refused() -> None:
+    state = Story().create().state
+    assert state.policy is not None
+    h, raw = orjson.loads(sc.shape_of(state.policy)[1])
+    raw["lease"] = 31.0
+    with pytest.raises(sc.StateDecodeError, match="hash"):
+        sc.decode_shape(orjson.dumps([h, raw]))
+
+
+def test_a_state_naming_a_shape_that_is_not_stored_is_refused() -> None:
+    state = Story().create(lease=44.0).state
+    data = sc.encode_schedule(state)
+    st._POLICIES.clear()
+    with pytest.raises(sc.StateDecodeError, match="not stored"):
+        sc.decode_schedule(data, {})
+
+
+def test_bytes_that_are_no_state_are_refused() -> None:
+    for data in (b"not json", b"[1, 2]", b"{}", orjson.dumps(["a"] * 20)):
+        with pytest.raises(sc.StateDecodeError):
+            sc.decode_schedule(data, {})
+
+
+def test_a_draft_is_not_encoded() -> None:
+    st = Story().create().state
+    with pytest.raises(ValueError, match="draft"):
+        sc.encode_schedule(st.draft())
+
+
+def test_an_older_version_is_refused_unless_an_upcaster_is_registered() -> None:
+    st = Story().create().state
+    body = orjson.loads(sc.encode_schedule(st))
+    old = sc.STATE_VERSION - 1 if sc.STATE_VERSION > 1 else 0
+    with pytest.raises(sc.StateDecodeError, match="no upcaster"):
+        sc.upcast_state("schedule", body, old)
+    with pytest.raises(sc.StateDecodeError, match="newer"):
+        sc.upcast_state("schedule", body, sc.STATE_VERSION + 1)
+    seen: list[int] = []
+
+    def step(b: list[Any], v: int) -> list[Any]:
+        seen.append(v)
+        return b
+
+    try:
+        for v in range(old, sc.STATE_VERSION):
+            sc.register_state_upcaster("schedule", v)(lambda b, v=v: step(b, v))
+        assert sc.upcast_state("schedule", body, old) == body
+        assert seen == list(range(old, sc.STATE_VERSION))
+    finally:
+        for v in range(old, sc.STATE_VERSION):
+            sc._UPCASTERS.pop(("schedule", v), None)
+
+
+# The slots each state version encodes. A change to ScheduleState, Run or QuotaState must
+# come with a new STATE_VERSION (and the codec's layout for it): old snapshots are then
+# ignored, never misread. Add the new version's line here.
+LAYOUTS = {
+    1: {
+        "ScheduleState": ("_trigger", "anchor", "count", "created_at", "created_hash", "done",
+                          "fence", "last_scheduled_at", "manual", "next_due_at",
+                          "next_run_at", "owned", "paused_at", "pending", "policy", "quota",
+                          "request_key", "revision", "runs", "schedule_id", "status",
+                          "tenant"),
+        "Run": ("age_base", "attempt", "attempt_base", "cancel_requested", "checksum",
+                "claimed", "due_at", "effects", "fence", "job", "lease_until", "priority",
+                "reconcile", "resource_class", "result", "result_fence", "retry_at",
+                "revision", "run_id", "scheduled_at", "start_deadline_at", "state", "trigger",
+                "worker_id"),
+        "QuotaState": ("slots", "tenant"),
+    },
+}
+
+
+def test_the_state_layout_is_the_one_of_its_version() -> None:
+    now = {
+        "ScheduleState": tuple(sorted(ScheduleState.__slots__)),
+        "Run": tuple(sorted(Run.__slots__)),
+        "QuotaState": tuple(sorted(QuotaState.__slots__)),
+    }
+    expected = {k: tuple(sorted(v)) for k, v in LAYOUTS[sc.STATE_VERSION].items()}
+    assert now == expected, "the states changed: bump STATE_VERSION (state_codec.py)"
