@@ -34,32 +34,50 @@ from chronolog.log.port import LogUnavailable
 
 STOP_GRACE_S = 6.0  # after the signal: cancel what has not finished
 HARD_STOP_S = 8.0  # after the signal: exit, whatever is still running
+SERVE_RETRY_MAX_S = 5.0  # serve_log: the longest pause between tries while the log is away
 
 log = structlog.get_logger("chronolog.lifecycle")
 
 
+def hard_stop_after(seconds: float) -> None:
+    """Exit the process with status 1 in ``seconds``, whatever is still running (a process
+    that runs its own shutdown, the API's server, bounds it this way)."""
+    asyncio.get_running_loop().call_later(seconds, _hard_exit)
+
+
 def _hard_exit() -> None:
-    log.error("stop_forced", after_s=HARD_STOP_S)
+    log.error("stop_forced")
     sys.stderr.flush()
     os._exit(1)
 
 
 async def run_until_signalled(main: Coroutine[Any, Any, Any], stop: Callable[[], None],
                               grace_s: float = STOP_GRACE_S,
-                              hard_s: float = HARD_STOP_S) -> int:
+                              hard_s: float = HARD_STOP_S,
+                              settled: asyncio.Event | None = None) -> int:
     """Run ``main`` until it returns (status 0) or a signal's bounds run out (status 1).
-    A process with its own drain bound (a worker's ``drain_timeout``) adds it to both."""
+    A process with its own drain bound (a worker's ``drain_timeout``) adds it to both, and
+    may pass ``settled``: once that is set after the signal (its drain is over), the bounds
+    count ``STOP_GRACE_S`` and ``HARD_STOP_S`` from then, if that is sooner."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(main)
     signalled = False
+    watcher: asyncio.Task[None] | None = None
+
+    async def after_settled(event: asyncio.Event) -> None:
+        await event.wait()
+        loop.call_later(STOP_GRACE_S, _cancel, task)
+        loop.call_later(HARD_STOP_S, _hard_exit)
 
     def on_signal() -> None:
-        nonlocal signalled
+        nonlocal signalled, watcher
         stop()
         if not signalled:
             signalled = True
             loop.call_later(grace_s, _cancel, task)
             loop.call_later(hard_s, _hard_exit)
+            if settled is not None and grace_s > STOP_GRACE_S:
+                watcher = loop.create_task(after_settled(settled))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
@@ -72,16 +90,22 @@ async def run_until_signalled(main: Coroutine[Any, Any, Any], stop: Callable[[],
         log.warning("stop_cancelled", after_s=grace_s)
         return 1
     finally:
+        if watcher is not None:
+            watcher.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
 
 async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
-                    stop: Callable[[], None]) -> int:
+                    stop: Callable[[], None], what: str = "process") -> int:
     """A service of the log: start it (topics ensured), ``run()`` until signalled (the bounds
-    above), close it."""
+    above), close it. When the log is away — at start or later — the log is closed and all
+    of it is tried again (``keep_running``, pauses up to ``SERVE_RETRY_MAX_S``), so a
+    process started during a broker outage, or whose run fails in one, waits for the
+    broker instead of exiting."""
+    stopped = asyncio.Event()
 
-    async def main() -> None:
+    async def once() -> None:
         try:
             await log_.start()
             await log_.ensure_topics()
@@ -89,7 +113,12 @@ async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
         finally:
             await log_.close()
 
-    return await run_until_signalled(main(), stop)
+    def on_signal() -> None:
+        stopped.set()
+        stop()
+
+    return await run_until_signalled(
+        keep_running(once, stopped, what, max_delay=SERVE_RETRY_MAX_S), on_signal)
 
 
 def _cancel(task: asyncio.Future[Any]) -> None:
@@ -109,9 +138,11 @@ def unavailable(exc: BaseException) -> bool:
 
 
 async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asyncio.Event,
-                       what: str, first_delay: float = 0.5, max_delay: float = 30.0) -> None:
+                       what: str, first_delay: float = 0.5, max_delay: float = 30.0,
+                       on_unavailable: Callable[[BaseException], None] | None = None) -> None:
     """``run()`` until it returns or ``stopped`` is set; again after a pause whenever it
-    fails with a service unavailable (see the module docstring)."""
+    fails with a service unavailable (see the module docstring), after calling
+    ``on_unavailable(exc)`` (readiness)."""
     delay = first_delay
     while not stopped.is_set():
         try:
@@ -120,6 +151,8 @@ async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asy
         except Exception as exc:  # sorted by unavailable()
             if not unavailable(exc):
                 raise
+            if on_unavailable is not None:
+                on_unavailable(exc)
             log.warning(f"{what}_waiting_for_service", error=f"{type(exc).__name__}: {exc}"[:300],
                         retry_in_s=delay)
         # not asyncio.wait_for: under Python 3.11 it can swallow a cancellation (chronolog.wakeup)

@@ -70,6 +70,28 @@ class Summarized(logging.Filter):
 
 
 
+class Throttle:
+    """The same ``Summarized`` rule for a process's own repeated warnings (an offer, an
+    announcement, a heartbeat that fails every second while the broker is away): per key,
+    ``take(key)`` is the number of occurrences held back since the last one shown (0 for the
+    first) when this one should be logged, else None (counted)."""
+
+    def __init__(self, every: float = SUMMARY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self._clock = clock
+        self._kinds: dict[str, tuple[float, int]] = {}  # key -> (shown at, held back since)
+
+    def take(self, key: str) -> int | None:
+        now = self._clock()
+        shown = self._kinds.get(key)
+        if shown is not None and now - shown[0] < self.every:
+            self._kinds[key] = (shown[0], shown[1] + 1)
+            return None
+        self._kinds[key] = (now, 0)
+        return shown[1] if shown is not None else 0
+
+
 def configure_logging(level: str | None = None, json: bool | None = None) -> None:
     lvl = getattr(logging, (level or os.environ.get("CHRONOLOG_LOG_LEVEL", "INFO")).upper(),
                   logging.INFO)

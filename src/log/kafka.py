@@ -712,9 +712,12 @@ class KafkaEventLog:
             # InitProducerId: bumps the epoch of txn_id, fencing older producers (and aborting
             # or completing their open transaction).
             await _bounded(producer.start(), self._bound_s, f"InitProducerId for {txn_id}")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.stop(), 10)
+            if isinstance(exc, KafkaError):  # no broker to bootstrap from, ...
+                raise LogUnavailable(f"kafka: InitProducerId for {txn_id} failed: {exc!r}"
+                                     ) from exc
             raise
         owner = KafkaPartitionOwner(self, partition, owner_id, producer)
         self._owners.add(owner)
@@ -998,6 +1001,7 @@ class KafkaGroupConsumer:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._sought: set[tuple[str, int]] | None = None
+        self._settled = False  # the last rebalance callback was an assignment, completed
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=log_.bootstrap_servers,
             client_id=f"{log_.client_id}-{member_id}",
@@ -1018,8 +1022,10 @@ class KafkaGroupConsumer:
         try:
             if self._on_assigned is not None:
                 await self._on_assigned(set(assigned))
+            self._settled = True
             # Fetch the committed offsets only now: the callback may have started the
             # partition's transactional producer, completing an older owner's transaction.
+            # (Should this fail, aiokafka starts such a partition at its committed offset.)
             for topic, partition in sorted(assigned - self._sought):
                 tp = TopicPartition(topic, partition)
                 offset = await self._consumer.committed(tp)
@@ -1029,6 +1035,7 @@ class KafkaGroupConsumer:
             self._sought = None
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        self._settled = False  # a rebalance begins
         if self._on_revoked is not None and revoked:
             await self._on_revoked(set(revoked))
 
@@ -1041,6 +1048,13 @@ class KafkaGroupConsumer:
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def joined(self) -> bool:
+        # aiokafka forgets the coordinator when a heartbeat or commit finds it gone (a broker
+        # down); its private attribute is read defensively (missing: assume known)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        known = getattr(coordinator, "coordinator_id", 0) is not None
+        return self._started and self._settled and known
 
     async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)

@@ -210,6 +210,12 @@ class GroupConsumer(Protocol):
         """The (topic, partition) pairs currently assigned to this member."""
         ...
 
+    def joined(self) -> bool:
+        """Whether this member is in its group now: its assignment is settled (no rebalance
+        under way) and the group still knows it (Kafka: a coordinator is known; SQLite: its
+        last heartbeat was written within the session timeout). Readiness, not safety."""
+        ...
+
     async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
         """Committed records from the assigned partitions, from each one's position."""
         ...

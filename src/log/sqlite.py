@@ -892,6 +892,12 @@ class SqliteGroupConsumer:
     def assignment(self) -> set[TP]:
         return set(self._assigned)
 
+    def joined(self) -> bool:
+        if not self._started or self._closed or self._expired:
+            return False
+        age = asyncio.get_running_loop().time() - self._last_heartbeat
+        return age <= self._log.session_timeout_s
+
     def _poll(
         self,
         conn: sqlite3.Connection,
