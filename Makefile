@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint
+.PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint chaos
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,11 @@ lint: $(STAMP)
 	mkdir -p $(VENV)/mypy-path && ln -sfn ../../src $(VENV)/mypy-path/chronolog
 	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p chronolog
 	$(BIN)/lint-imports --no-logo
+
+## faults under load on private services (broker, PostgreSQL, kill -9, full disk), checked
+## after each: `make chaos ARGS="--short --scenario kill-processes"` (scripts/chaos.py)
+chaos: $(STAMP)
+	$(BIN)/python scripts/chaos.py $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/decider.py

@@ -99,17 +99,21 @@ async def run_until_signalled(main: Coroutine[Any, Any, Any], stop: Callable[[],
 async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
                     stop: Callable[[], None], what: str = "process") -> int:
     """A service of the log: start it (topics ensured), ``run()`` until signalled (the bounds
-    above), close it. When the log is away — at start or later — the log is closed and all
-    of it is tried again (``keep_running``, pauses up to ``SERVE_RETRY_MAX_S``), so a
-    process started during a broker outage, or whose run fails in one, waits for the
-    broker instead of exiting."""
+    above), close it. While the log is away — at start, or when ``run()`` fails on it — each
+    is tried again (``keep_running``, pauses up to ``SERVE_RETRY_MAX_S``): a process started
+    during a broker outage, or whose run fails in one, waits for the broker instead of
+    exiting. The log's clients reconnect by themselves; it is closed once, at the end."""
     stopped = asyncio.Event()
 
-    async def once() -> None:
+    async def start() -> None:
+        await log_.start()
+        await log_.ensure_topics()
+
+    async def main() -> None:
         try:
-            await log_.start()
-            await log_.ensure_topics()
-            await run()
+            await keep_running(start, stopped, what, max_delay=SERVE_RETRY_MAX_S)
+            if not stopped.is_set():
+                await keep_running(run, stopped, what, max_delay=SERVE_RETRY_MAX_S)
         finally:
             await log_.close()
 
@@ -117,8 +121,7 @@ async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
         stopped.set()
         stop()
 
-    return await run_until_signalled(
-        keep_running(once, stopped, what, max_delay=SERVE_RETRY_MAX_S), on_signal)
+    return await run_until_signalled(main(), on_signal)
 
 
 def _cancel(task: asyncio.Future[Any]) -> None:
@@ -131,8 +134,12 @@ def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says a service is (for now) unreachable, not that a request was wrong."""
     import asyncpg
 
+    # InternalClientError: what asyncpg raises for the next step of a transaction whose
+    # connection broke under it ("cannot switch to state ...; another operation is in
+    # progress"), seen when PostgreSQL stops during a commit
     return isinstance(exc, (OSError, asyncio.TimeoutError, LogUnavailable,
                             asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                            asyncpg.InternalClientError,
                             asyncpg.exceptions.OperatorInterventionError,
                             asyncpg.exceptions.TooManyConnectionsError))
 

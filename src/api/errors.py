@@ -36,7 +36,7 @@ log = structlog.get_logger("chronolog.api")
 _throttle = Throttle()
 # the failures of a service that is away (chronolog.lifecycle.unavailable), and the log's
 UNAVAILABLE = (OSError, LogError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-               asyncpg.exceptions.OperatorInterventionError,
+               asyncpg.InternalClientError, asyncpg.exceptions.OperatorInterventionError,
                asyncpg.exceptions.TooManyConnectionsError)
 
 STATUS_WORDS = {
@@ -151,7 +151,8 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     if not (unavailable(exc) or isinstance(exc, LogError)):
         raise exc  # not a service away: a bug, answered 500 by the request guard
     what = "log" if isinstance(exc, LogError) else (
-        "read model" if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError)
+        "read model" if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError
+                                   | asyncpg.InternalClientError)
         else "a service")
     text = f"{type(exc).__name__}: {exc}"[:300]
     held = _throttle.take(what)

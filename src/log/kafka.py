@@ -569,6 +569,14 @@ class KafkaEventLog:
         self, topic: str, partition: int, offset: int, max_records: int = 1000,
         timeout_ms: int = 0,
     ) -> list[Record]:
+        try:
+            return await self._read(topic, partition, offset, max_records, timeout_ms)
+        except KafkaError as exc:  # the reader's own requests time out or lose the broker
+            raise LogUnavailable(f"kafka: read of {topic}[{partition}] failed: {exc!r}") from exc
+
+    async def _read(
+        self, topic: str, partition: int, offset: int, max_records: int, timeout_ms: int,
+    ) -> list[Record]:
         self._require()
         await self.partitions_for(topic)  # unknown topics fail fast instead of hanging
         tp = TopicPartition(topic, partition)
@@ -636,15 +644,22 @@ class KafkaEventLog:
         self._require()
         await self.partitions_for(topic)
         tp = TopicPartition(topic, partition)
-        async with self._reader(tp) as reader:
-            return (await self._lso(reader.consumer, [tp]))[tp]
+        try:
+            async with self._reader(tp) as reader:
+                return (await self._lso(reader.consumer, [tp]))[tp]
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: end offset of {topic}[{partition}] failed: "
+                                 f"{exc!r}") from exc
 
     async def _end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         tps = list(tps)
         if not tps:
             return {}
-        async with self._reader(tps[0]) as reader:
-            return await self._lso(reader.consumer, tps)
+        try:
+            async with self._reader(tps[0]) as reader:
+                return await self._lso(reader.consumer, tps)
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: end offsets failed: {exc!r}") from exc
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         offsets = await self._committed_many(group, [TopicPartition(topic, partition)])

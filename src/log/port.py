@@ -40,6 +40,12 @@ class LogUnavailable(LogError):
     """The log could not be reached within the configured bound."""
 
 
+class LogFull(LogUnavailable):
+    """The log's disk is full (the embedded SQLite log: SQLITE_FULL). Nothing of the failed
+    write is visible; writes succeed again once space is freed, so it is an unavailability
+    that passes, not corruption (``chronolog audit`` passes on the log afterwards)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where a record landed: enough to wait for a projection to reach it."""

@@ -96,6 +96,7 @@ from chronolog.log.port import (
     Record,
 )
 from chronolog.log.reading import read_partition
+from chronolog.logging import Throttle
 from chronolog.processors.dispatch import Dispatcher
 
 log = structlog.get_logger("chronolog.processor")
@@ -286,6 +287,7 @@ class Processor:
         self._failed: dict[int, str] = {}
         # partition -> (failed take-overs in a row, monotonic time of the next try)
         self._retake: dict[int, tuple[int, float]] = {}
+        self._throttle = Throttle()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -488,9 +490,11 @@ class Processor:
                 wait = TAKEOVER_BACKOFF.delay(tries)
                 self._retake[p] = (tries, time.monotonic() + wait)
                 self._failed[p] = f"take-over failed: {type(exc).__name__}: {exc}"[:300]
-                if tries == 1 or tries % 10 == 0:  # a few lines per outage, not one per try
+                held = self._throttle.take(f"takeover-{p}")  # a few lines per outage
+                if held is not None:
                     log.warning("partition_takeover_failed", partition=p, tries=tries,
-                                retry_in_s=wait, error=f"{type(exc).__name__}: {exc}"[:300])
+                                retry_in_s=wait, error=f"{type(exc).__name__}: {exc}"[:300],
+                                **({"held_back": held} if held else {}))
         if self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
 
