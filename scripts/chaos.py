@@ -1,7 +1,8 @@
 """Chaos: the infrastructure fails under steady load, and every guarantee is checked after.
 
     make chaos [ARGS="--short --scenario NAME ..."]
-    python scripts/chaos.py [--short] [--scenario NAME]... [--schedules N] [--json PATH]
+    python scripts/chaos.py [--short] [--log kafka|sqlite] [--scenario NAME]...
+                            [--schedules N] [--json PATH] [--keep]
 
 On loopback only, with services of its own that it starts and stops by PID — a Kafka broker
 (``scripts/kafka.sh`` with a private ``KAFKA_STATE_DIR``) and an embedded PostgreSQL, on
@@ -19,9 +20,14 @@ a bounded window ``start``..``end``) and injects its faults while they run:
   (the next one once everything is ready again);
 * ``combined``: the broker and PostgreSQL down together, and a processor and a worker
   killed and started again while they are away;
-* ``disk-full``: a second deployment (a processor, a worker, the projector, the effect runner
-  and the API) on the embedded SQLite log, on a tmpfs of its own; the tmpfs is filled to the
-  last byte for the outage, then the filler is deleted.
+* ``disk-full``: a second deployment of the same processes on the embedded SQLite log, on a
+  tmpfs of its own; the tmpfs is filled to the last byte for the outage, then the filler is
+  deleted (the Kafka deployment is stopped meanwhile: one deployment at a time shares the
+  CPU).
+
+``--log sqlite`` runs ``postgres-restart`` and ``kill-processes`` on that SQLite deployment
+too, and leaves out the scenarios that need a broker: no JVM to start, which is what lets the
+short variant run inside ``make test``.
 
 After each scenario, once its window has passed and its runs have settled:
 
@@ -38,9 +44,11 @@ After each scenario, once its window has passed and its runs have settled:
 
 It prints a table (scenario, faults injected, runs, lost, doubled, audit, replay, crashes,
 recover) and exits 0 when every row is clean, 1 otherwise. ``--json PATH`` also writes the
-rows with details. ``--short``: a few seconds per outage and 20 schedules (``make test``
-runs it through ``tests/system/test_chaos.py``); the default is 200 schedules and outages
-of 30 s. ``--scenario NAME`` (repeatable) runs only those.
+rows with details. ``--short``: a few seconds per outage and 20 schedules, the kills 1 s
+apart (``make test`` runs ``--short --log sqlite`` through ``tests/system/test_chaos.py``);
+the default is 200 schedules, outages of 30 s, and the next kill once everything is ready
+again. ``--scenario NAME`` (repeatable) runs only those; ``--keep`` keeps the work
+directory (every process's log and readiness file).
 
 The full-disk scenario mounts a tmpfs (``mount -t tmpfs -o size=...``), which needs root
 (CAP_SYS_ADMIN); without it the scenario fails saying so. No shared service is touched: the
@@ -81,6 +89,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 KAFKA_SH = ROOT / "scripts" / "kafka.sh"
 SCENARIOS = ("broker-restart", "postgres-restart", "kill-processes", "combined", "disk-full")
+KAFKA_ONLY = ("broker-restart", "combined")
 PORTS = range(39000, 40000)
 PARTITIONS = 4
 AUTH = {"Authorization": "Bearer dev"}
@@ -599,64 +608,102 @@ class Row:
 
 
 class Chaos:
-    def __init__(self, plan: Plan, work: Path) -> None:
+    def __init__(self, plan: Plan, work: Path, log_kind: str = "kafka") -> None:
         self.plan = plan
         self.work = work
+        self.log_kind = log_kind  # where postgres-restart and kill-processes run
         self.ports: set[int] = set()
         self.broker: Broker | None = None
         self.pg: Postgres | None = None
-        self.kafka: Deployment | None = None
+        self.deployments: dict[str, Deployment] = {}
+        self.active: Deployment | None = None
         self.http = httpx.AsyncClient()
-        self.supervisors: list[asyncio.Task[None]] = []
+        self.supervisors: dict[str, asyncio.Task[None]] = {}
         self.sequence = 0
-        self.mounted: list[Path] = []
+        self.mount = work / "tmpfs"
+        self.mounted = False
 
     # ---- set-up and tear-down
 
-    async def services(self, kafka: bool) -> None:
+    async def postgres(self) -> Postgres:
         if self.pg is None:
             say("starting a private PostgreSQL")
             self.pg = Postgres(self.work / "pg", self.ports)
             await asyncio.to_thread(self.pg.start)
-        if kafka and self.broker is None:
-            say("starting a private Kafka broker")
-            self.broker = Broker(self.work / "kafka", self.ports)
-            await asyncio.to_thread(self.broker.up)
+        return self.pg
 
-    async def deploy(self, name: str, log: LogConfig, processors: int, workers: int
-                     ) -> Deployment:
+    async def deployment(self, kind: str) -> Deployment:
+        """The deployment on the ``kind`` log, started (the other one stopped: one at a
+        time shares the machine's CPU)."""
+        dep = self.deployments.get(kind)
+        if dep is not None and dep is self.active:
+            return dep
+        if self.active is not None:
+            say(f"stopping the {self.active.name} deployment")
+            await asyncio.to_thread(self.active.stop)
+            self.active = None
+        await self.postgres()
+        if dep is None:
+            dep = self.deployments[kind] = await self.build(kind)
+        say(f"starting the {kind} deployment: {', '.join(dep.procs)}")
+        dep.start()
+        self.active = dep
+        task = self.supervisors.pop(kind, None)
+        if task is not None:
+            task.cancel()
+        self.supervisors[kind] = asyncio.create_task(dep.supervise())
+        if not await poll(lambda: dep.all_ready(self.http), self.plan.ready):
+            raise RuntimeError(f"the {kind} deployment did not become ready: {dep.not_ready()}")
+        return dep
+
+    async def build(self, kind: str) -> Deployment:
+        topics = Topics(prefix="chaos.", partitions=PARTITIONS)
+        if kind == "kafka":
+            if self.broker is None:
+                say("starting a private Kafka broker")
+                self.broker = Broker(self.work / "kafka", self.ports)
+                await asyncio.to_thread(self.broker.up)
+            cfg = LogConfig("kafka", self.broker.bootstrap, topics)
+        else:  # the embedded log, on a tmpfs of its own (the full-disk scenario fills it)
+            await self.mount_tmpfs()
+            cfg = LogConfig("sqlite", str(self.mount / "log.db"), topics)
         assert self.pg is not None
-        dsn = await self.pg.database(f"chaos_{name.replace('-', '_')}")
-        lg = open_log(log)
+        dsn = await self.pg.database(f"chaos_{kind}")
+        lg = open_log(cfg)
         await lg.start()
         try:
             await lg.ensure_topics()
         finally:
             await lg.close()
-        dep = Deployment(name, log, dsn, self.work / name, free_port(self.ports),
-                         processors=processors, workers=workers)
+        dep = Deployment(kind, cfg, dsn, self.work / kind, free_port(self.ports))
         dep.build()
-        say(f"starting the {name} deployment: {', '.join(dep.procs)}")
-        dep.start()
-        self.supervisors.append(asyncio.create_task(dep.supervise()))
-        if not await poll(lambda: dep.all_ready(self.http), self.plan.ready):
-            raise RuntimeError(f"the {name} deployment did not become ready: {dep.not_ready()}")
         return dep
 
+    async def mount_tmpfs(self) -> None:
+        self.mount.mkdir(parents=True, exist_ok=True)
+        size = self.plan.tmpfs_mb * (3 if self.log_kind == "sqlite" else 1)
+        done = await asyncio.to_thread(
+            subprocess.run, ["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs",
+                             str(self.mount)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError("mounting a tmpfs for the embedded log failed (it needs root / "
+                               f"CAP_SYS_ADMIN): {done.stderr.strip()}")
+        self.mounted = True
+
     async def close(self) -> None:
-        for task in self.supervisors:
+        for task in self.supervisors.values():
             task.cancel()
-        for dep in [d for d in (self.kafka,) if d is not None]:
-            await asyncio.to_thread(dep.stop)
+        if self.active is not None:
+            await asyncio.to_thread(self.active.stop)
         await self.http.aclose()
         if self.broker is not None:
             await asyncio.to_thread(self.broker.down)
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.pg.stop)
-        for mount in self.mounted:
-            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(mount)], check=False,
-                                    capture_output=True)
+        if self.mounted:
+            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(self.mount)],
+                                    check=False, capture_output=True)
 
     # ---- one scenario
 
@@ -672,29 +719,26 @@ class Chaos:
         row = Row(scenario)
         say(f"scenario {scenario}")
         try:
-            if scenario == "disk-full":
-                await self.disk_full(row)
-            else:
-                await self.on_kafka(scenario, row)
+            kind = ("sqlite" if scenario == "disk-full"
+                    else "kafka" if scenario in ("broker-restart", "combined") else self.log_kind)
+            dep = await self.deployment(kind)
+            row.details["log"] = kind
+            p = self.plan
+            kills = len(dep.procs) if scenario == "kill-processes" else 0
+            span = p.warmup + p.down + p.after + kills * (p.kill_gap
+                                                          + (30 if p.kill_waits else 0))
+            window = self.window(scenario, span)
+            await self.load_and_check(dep, window, row,
+                                      lambda: self.faults(scenario, dep, row, window))
+            if kind == "sqlite":
+                integrity = await asyncio.to_thread(sqlite_integrity, self.mount / "log.db")
+                row.details["integrity"] = integrity
+                if integrity != "ok":
+                    row.error = f"integrity_check: {integrity}"
         except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a dirty row
             row.error = f"{type(exc).__name__}: {exc}"[:500]
             say(f"scenario {scenario} failed: {row.error}")
         return row
-
-    async def on_kafka(self, scenario: str, row: Row) -> None:
-        await self.services(kafka=True)
-        assert self.broker is not None and self.pg is not None
-        if self.kafka is None:
-            cfg = LogConfig("kafka", self.broker.bootstrap,
-                            Topics(prefix="chaos.", partitions=PARTITIONS))
-            self.kafka = await self.deploy("kafka", cfg, processors=2, workers=2)
-        dep = self.kafka
-        p = self.plan
-        kills = len(dep.procs) if scenario == "kill-processes" else 0
-        span = p.warmup + p.down + p.after + kills * (p.kill_gap + (30 if p.kill_waits else 0))
-        window = self.window(scenario, span)
-        await self.load_and_check(dep, window, row, lambda: self.faults(scenario, dep, row,
-                                                                         window))
 
     async def load_and_check(self, dep: Deployment, window: Window, row: Row,
                              inject: Any) -> None:
@@ -749,7 +793,6 @@ class Chaos:
         """Seconds from ``cleared`` until everything is ready and a run scheduled after it
         has its result (None: not within ``plan.ready``)."""
         fold = Fold(fold_log, window.tenant, set(window.ids))
-        t0 = time.monotonic()
 
         async def back() -> bool:
             if not await dep.all_ready(self.http):
@@ -762,15 +805,16 @@ class Chaos:
         if await poll(back, self.plan.ready, interval=0.5) is None:
             say(f"not recovered within {self.plan.ready:.0f}s: {dep.not_ready()}")
             return None
-        return round(time.monotonic() - t0, 1)
+        return round((datetime.now(UTC) - cleared).total_seconds(), 1)
 
     async def faults(self, scenario: str, dep: Deployment, row: Row, window: Window) -> None:
-        assert self.broker is not None and self.pg is not None
         p = self.plan
+        pg = await self.postgres()
         lg = open_log(dep.log)
         await lg.start()
         try:
             if scenario == "broker-restart":
+                assert self.broker is not None
                 row.faults = f"broker kill -9, down {p.down:g}s, restarted"
                 await self.broker_down(dep, row)
                 await asyncio.sleep(p.down)
@@ -779,10 +823,10 @@ class Chaos:
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario == "postgres-restart":
                 row.faults = f"PostgreSQL stopped, down {p.down:g}s, restarted"
-                await asyncio.to_thread(self.pg.stop)
+                await asyncio.to_thread(pg.stop)
                 await self.observe_not_ready(dep, row, "read model unreachable")
                 await asyncio.sleep(p.down)
-                await asyncio.to_thread(self.pg.start)
+                await asyncio.to_thread(pg.start)
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario == "kill-processes":
@@ -807,16 +851,30 @@ class Chaos:
                     worst = await self.recovered(dep, cleared, lg, window) or -1.0
                 row.recover_s = worst if worst >= 0 else None
             elif scenario == "combined":
+                assert self.broker is not None
                 row.faults = (f"broker kill -9 + PostgreSQL stopped, down {p.down:g}s; "
                               "processor-1 and worker-1 kill -9 and restarted meanwhile")
                 await self.broker_down(dep, row)
-                await asyncio.to_thread(self.pg.stop)
+                await asyncio.to_thread(pg.stop)
                 for name in ("processor-1", "worker-1"):
                     dep.procs[name].kill()
                     dep.procs[name].start()
                 await asyncio.sleep(p.down)
-                await asyncio.to_thread(self.pg.start)
+                await asyncio.to_thread(pg.start)
                 await asyncio.to_thread(self.broker.start)
+                cleared = datetime.now(UTC)
+                row.recover_s = await self.recovered(dep, cleared, lg, window)
+            elif scenario == "disk-full":
+                row.faults = f"the SQLite log's tmpfs full for {p.down:g}s, then freed"
+                filler = self.mount / "filler"
+                row.details["filled_bytes"] = await asyncio.to_thread(fill, filler)
+                noticed = await poll(lambda: disk_full_logged(dep), 30)
+                row.details["disk_full_logged_by"] = noticed
+                if not noticed:
+                    raise RuntimeError("no process logged a disk-full error while the disk "
+                                       "was full")
+                await asyncio.sleep(p.down)
+                filler.unlink()
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
         finally:
@@ -829,8 +887,8 @@ class Chaos:
         await self.observe_not_ready(dep, row, "log unreachable")
 
     async def observe_not_ready(self, dep: Deployment, row: Row, expected: str) -> None:
-        """The processes notice: the API's /healthz is 503 naming the service, and every
-        readiness file that depends on it says not ready (bounded; recorded)."""
+        """The processes notice: the API's /healthz is 503 naming the service (bounded;
+        recorded)."""
         api = f"{dep.api}/healthz"
 
         async def api_says() -> str | None:
@@ -842,58 +900,6 @@ class Chaos:
         row.details.setdefault("healthz_during_fault", []).append(message)
         if message is None:
             raise RuntimeError(f"/healthz did not report '{expected}' during the fault")
-
-    # ---- the full disk
-
-    async def disk_full(self, row: Row) -> None:
-        p = self.plan
-        await self.services(kafka=False)
-        assert self.pg is not None
-        if self.kafka is not None:  # its processes need the CPU no more
-            await asyncio.to_thread(self.kafka.stop)
-        mount = self.work / "tmpfs"
-        mount.mkdir(parents=True, exist_ok=True)
-        done = await asyncio.to_thread(
-            subprocess.run, ["mount", "-t", "tmpfs", "-o", f"size={p.tmpfs_mb}m", "tmpfs",
-                             str(mount)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError("mounting a tmpfs for the full-disk scenario failed (it needs "
-                               f"root / CAP_SYS_ADMIN): {done.stderr.strip()}")
-        self.mounted.append(mount)
-        cfg = LogConfig("sqlite", str(mount / "log.db"), Topics(prefix="chaos.",
-                                                                 partitions=PARTITIONS))
-        dep = await self.deploy("sqlite", cfg, processors=1, workers=1)
-        try:
-            window = self.window("disk-full", p.warmup + p.down + p.after)
-            row.faults = f"tmpfs of the SQLite log full for {p.down:g}s, then freed"
-
-            async def inject() -> None:
-                filler = mount / "filler"
-                free = await asyncio.to_thread(fill, filler)
-                row.details["filled_bytes"] = free
-                errors = await poll(lambda: disk_full_logged(dep), 30)
-                row.details["disk_full_logged_by"] = errors
-                if not errors:
-                    raise RuntimeError("no process logged a disk-full error while the disk "
-                                       "was full")
-                await asyncio.sleep(p.down)
-                filler.unlink()
-                cleared = datetime.now(UTC)
-                lg = open_log(dep.log)
-                await lg.start()
-                try:
-                    row.recover_s = await self.recovered(dep, cleared, lg, window)
-                finally:
-                    await lg.close()
-
-            await self.load_and_check(dep, window, row, inject)
-            row.details["integrity"] = await asyncio.to_thread(sqlite_integrity, mount / "log.db")
-            if row.details["integrity"] != "ok":
-                row.error = f"integrity_check: {row.details['integrity']}"
-        finally:
-            for task in self.supervisors[-1:]:
-                task.cancel()
-            await asyncio.to_thread(dep.stop)
 
 
 def fill(path: Path) -> int:
@@ -954,12 +960,17 @@ async def main_async(args: argparse.Namespace) -> int:
     plan = SHORT if args.short else Plan()
     if args.schedules:
         plan = Plan(**{**plan.__dict__, "schedules": args.schedules})
-    chosen = args.scenario or list(SCENARIOS)
+    chosen = args.scenario or [s for s in SCENARIOS
+                               if args.log == "kafka" or s not in KAFKA_ONLY]
+    if args.log == "sqlite" and set(chosen) & set(KAFKA_ONLY):
+        print(f"chaos.py: {', '.join(sorted(set(chosen) & set(KAFKA_ONLY)))} need a broker "
+              "(--log kafka)", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="chronolog-chaos-"))
     os.chmod(work, 0o755)  # the embedded PostgreSQL runs as another user when we are root
     say(f"work directory {work}; scenarios {', '.join(chosen)}; "
         f"{plan.schedules} schedules, outages of {plan.down:g}s")
-    chaos = Chaos(plan, work)
+    chaos = Chaos(plan, work, args.log)
     rows: list[Row] = []
     started = time.monotonic()
     try:
@@ -984,6 +995,10 @@ def main() -> int:
                         help="a few seconds per outage, 20 schedules (make test)")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS,
                         help="run only this scenario (repeatable)")
+    parser.add_argument("--log", choices=("kafka", "sqlite"), default="kafka",
+                        help="the log of postgres-restart and kill-processes (default kafka; "
+                             "sqlite: the embedded log, no broker, without the broker "
+                             "scenarios)")
     parser.add_argument("--schedules", type=int, default=None,
                         help="schedules per scenario (default 200, --short 20)")
     parser.add_argument("--json", default=None, metavar="PATH",

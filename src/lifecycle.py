@@ -3,20 +3,24 @@
 ``keep_running(run, stopped, what)`` calls ``run()`` again, after a growing pause (0.5 s
 doubling to 30 s, one log line each), whenever it fails because a service is unavailable
 (``unavailable``: refused or lost connections, a database shutting down or starting, the
-log's ``LogUnavailable``); any other failure ends it. The process resumes by itself when
-the service returns.
+log's ``LogUnavailable`` — a full disk's ``LogFull`` too); any other failure ends it. The
+process resumes by itself when the service returns. ``serve_log(log, run, stop)`` (the
+processor, the effect runner) starts the log and runs the service that way, pauses up to
+``SERVE_RETRY_MAX_S``: a process started while its log is away waits for it.
 
 Stopping on SIGTERM or SIGINT within a bound, whatever its services do:
 
 ``run_until_signalled(main, stop)`` runs the coroutine ``main``. A SIGTERM or SIGINT calls
 ``stop()`` (each one: a worker's second forces its drain): the clean way (finish the open
 batch, commit, leave the group). A broker or a database that does not answer can hold a
-commit or a close for minutes, so if ``main`` has not
-returned ``STOP_GRACE_S`` after the signal it is cancelled, and ``HARD_STOP_S`` after the signal
-the process exits with status 1 whatever is still running. Abandoning is safe: an open
-transaction of a processor is aborted by the partition's next owner (which fences this
-producer), commands it did not consume are read again, and a worker's attempt that did not
-report is retried once its lease expires.
+commit or a close for minutes, so if ``main`` has not returned ``STOP_GRACE_S`` after the
+signal it is cancelled, and ``HARD_STOP_S`` after the signal the process exits with status 1
+whatever is still running. A process with a drain of its own (a worker) adds its drain bound
+and passes ``settled``: the bounds then count from the end of the drain when that is sooner.
+``hard_stop_after(seconds)`` is the exit alone, for a process that runs its own shutdown
+(the API's server). Abandoning is safe: an open transaction of a processor is aborted by the
+partition's next owner (which fences this producer), commands it did not consume are read
+again, and a worker's attempt that did not report is retried once its lease expires.
 """
 
 from __future__ import annotations

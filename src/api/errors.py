@@ -150,10 +150,7 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     if not (unavailable(exc) or isinstance(exc, LogError)):
         raise exc  # not a service away: a bug, answered 500 by the request guard
-    what = "log" if isinstance(exc, LogError) else (
-        "read model" if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError
-                                   | asyncpg.InternalClientError)
-        else "a service")
+    what = _service_of(exc)
     text = f"{type(exc).__name__}: {exc}"[:300]
     held = _throttle.take(what)
     if held is not None:
@@ -161,6 +158,25 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
                     path=request.url.path, **({"held_back": held} if held else {}))
     return ApiError(503, f"{what} unreachable: {text}", None,
                     headers={"Retry-After": "1"}).response()
+
+
+def _service_of(exc: BaseException) -> str:
+    """Which service a failure comes from: the log, the read model (asyncpg's errors, or a
+    refused connection raised inside asyncpg), or, when that cannot be told, a service."""
+    if isinstance(exc, LogError):
+        return "log"
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError
+                  | asyncpg.InternalClientError):
+        return "read model"
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.startswith("asyncpg"):
+            return "read model"
+        if module.startswith(("aiokafka", "chronolog.log")):
+            return "log"
+        tb = tb.tb_next
+    return "a service"
 
 
 def install_handlers(app: FastAPI) -> None:
