@@ -59,7 +59,7 @@ def _run(args: Any) -> int:
 
 
 async def run_projector(args: Any) -> int:
-    from chronolog.lifecycle import keep_running, run_until_signalled
+    from chronolog.lifecycle import SERVE_RETRY_MAX_S, keep_running, run_until_signalled
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
     from chronolog.readiness import (
@@ -117,7 +117,8 @@ async def run_projector(args: Any) -> int:
             # a database or log outage: run again from the offsets stored, once it is back
             async with probing(Readiness("projector", ready_file(args.ready_file)), probe):
                 status = await run_until_signalled(
-                    keep_running(run, stopped, "projector", on_unavailable=failed), stop)
+                    keep_running(run, stopped, "projector", max_delay=SERVE_RETRY_MAX_S,
+                                 on_unavailable=failed), stop)
         finally:
             await log_.close()
             await store.close()

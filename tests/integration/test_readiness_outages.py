@@ -2,9 +2,11 @@
 
 Every long-running process writes its readiness to ``--ready-file`` (the API also answers
 ``/healthz``). With a broker of the test's own killed for ``OUTAGE_S`` seconds, the
-processor, a worker, the effect runner and the API each say not ready, keep running, log a
-bounded number of lines, say ready again once the broker is back and do their work again;
-SIGTERM stops each within ``STOP_BOUND_S`` while the broker is away. With a PostgreSQL of
+processor, a worker, the effect runner, the projector and the API each say not ready, keep
+running, log a bounded number of lines, say ready again once the broker is back and do
+their work again; SIGTERM stops the worker, the effect runner and the API within
+``STOP_BOUND_S`` while the broker is away (the processor and the projector:
+``test_service_outages.py``). With a PostgreSQL of
 the test's own stopped, the API answers 503 naming the read model (``/healthz`` and the
 reads), the projector says not ready, both resume once it is back; SIGTERM stops the API in
 its bound meanwhile.
@@ -84,7 +86,8 @@ async def _event_types(cfg: LogConfig, tenant: str, schedule_id: str) -> list[st
 
 
 class KafkaNode:
-    """A processor, a worker, the effect runner and the API on a broker of the test's own."""
+    """A processor, a worker, the effect runner, the projector and the API on a broker of
+    the test's own."""
 
     def __init__(self, broker: OwnBroker, dsn: str, tmp_path: Path, prefix: str) -> None:
         self.cfg = LogConfig("kafka", broker.bootstrap, Topics(prefix=prefix, partitions=4))
@@ -96,6 +99,7 @@ class KafkaNode:
             Service("worker", ["worker", *flags, "--builtin-jobs", "--drain-timeout", "2",
                                "--results", str(tmp_path / "results")], tmp_path),
             Service("effects", ["effects", *flags, "--member-id", "e1"], tmp_path),
+            Service("projector", ["projector", *flags, "--database-url", dsn], tmp_path),
             Service("api", ["api", *flags, "--database-url", dsn, "--port", str(self.port)],
                     tmp_path),
         ]
@@ -158,11 +162,15 @@ async def test_every_process_is_not_ready_while_the_broker_is_away_and_resumes_b
     await node.ready()
     for s in node.services:
         assert s.alive(), f"{s.name} stopped:\n{s.tail()}"
-    # they work again: the API creates through the processor; a run is performed by the
-    # worker and its effect recorded by the effect runner (refused: no tenants file)
+    # they work again: the API creates through the processor and reads it back once the
+    # projector has it; a run is performed by the worker and its effect recorded by the
+    # effect runner (refused: no tenants file)
     r = await node.http.post("/v1/schedules", timeout=30, json={
         "scheduleId": "after", "every": "1s", "job": {"type": "noop", "params": {}}})
     assert r.status_code == 201, r.text
+    read = await node.http.get("/v1/schedules/after", timeout=30, headers={
+        "X-Chronolog-Consistency": r.headers["X-Chronolog-Consistency"]})
+    assert read.status_code == 200, read.text
     lg = open_log(node.cfg)
     await lg.start()
     try:
