@@ -175,9 +175,24 @@ class Broker:
     def up(self) -> None:
         self._run("up")
 
-    def start(self) -> None:
-        """Again, on its data."""
-        self._run("start")
+    def start(self) -> int:
+        """Again, on its data; the failed tries before it started.
+
+        The broker's port is in the kernel's ephemeral range (39000-39999 is inside Linux's
+        default 32768-60999), and the clients retry their connections to it by the thousand
+        while it is down: one of them can get the broker's port as its own source port and
+        connect to itself (TCP simultaneous open), holding the port for a moment. A start
+        that finds its port taken is tried again (a loopback artifact: a real broker is on
+        another host)."""
+        for tries in range(20):
+            try:
+                self._run("start")
+                return tries
+            except subprocess.CalledProcessError:
+                if tries == 19:
+                    raise
+                time.sleep(1)
+        return 20
 
     def kill(self) -> None:
         """kill -9 by PID, and wait until it is gone."""
@@ -818,7 +833,7 @@ class Chaos:
                 row.faults = f"broker kill -9, down {p.down:g}s, restarted"
                 await self.broker_down(dep, row)
                 await asyncio.sleep(p.down)
-                await asyncio.to_thread(self.broker.start)
+                row.details["broker_start_retries"] = await asyncio.to_thread(self.broker.start)
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario == "postgres-restart":
@@ -861,7 +876,7 @@ class Chaos:
                     dep.procs[name].start()
                 await asyncio.sleep(p.down)
                 await asyncio.to_thread(pg.start)
-                await asyncio.to_thread(self.broker.start)
+                row.details["broker_start_retries"] = await asyncio.to_thread(self.broker.start)
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario == "disk-full":

@@ -21,7 +21,7 @@ import pytest
 
 from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 from support.net import free_port
-from support.polling import wait_until
+from support.polling import wait_until, wait_until_sync
 
 from .conftest import CHRONOLOG, ROOT
 
@@ -48,8 +48,19 @@ class OwnBroker:
         self._run("up")
 
     def start(self) -> None:
-        """Again, on the data it had: the same topics and records."""
-        self._run("start")
+        """Again, on the data it had: the same topics and records.
+
+        Tried again while its port is taken: its port is in the kernel's ephemeral range,
+        and a client retrying its connection while the broker is down can get that port as
+        its own source port and connect to itself for a moment (TCP simultaneous open)."""
+        wait_until_sync(self._started, 60, interval=1.0, what="the broker started again")
+
+    def _started(self) -> bool:
+        try:
+            self._run("start")
+        except subprocess.CalledProcessError:
+            return False  # its port is held for a moment (see start)
+        return True
 
     async def kill(self) -> None:
         """kill -9, and wait until the process is gone (its ports free again)."""
