@@ -2,7 +2,7 @@
 
     chronolog api [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
                   [--database-url DSN] [--tenants FILE] [--host 127.0.0.1] [--port 8080]
-                  [--with-projector] [--reply-timeout S]
+                  [--with-projector] [--reply-timeout S] [--visible-timeout S]
 
 Commands go to the log through a ``Client`` (replies read back from ``replies``); queries
 read PostgreSQL (``--database-url`` / ``$CHRONOLOG_DATABASE_URL`` / an embedded server in
@@ -26,9 +26,7 @@ import os
 import signal
 from typing import Any
 
-import uvicorn
-
-from chronolog.api.server import Server
+from chronolog.api.server import Server, server_config
 from chronolog.cli.flags import (
     add_database_flag,
     add_log_flags,
@@ -55,6 +53,9 @@ def register(sub: Any) -> None:
                    help="seconds to wait for a command's reply before answering 503")
     p.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
                    help="largest request body (env CHRONOLOG_MAX_BODY_BYTES; default 256 KiB)")
+    p.add_argument("--visible-timeout", default=None, metavar="SECONDS",
+                   help="how long a write waits for the read model to show it (env "
+                   "CHRONOLOG_VISIBLE_TIMEOUT; default 2)")
     add_ready_flag(p)
     p.set_defaults(func=_run)
 
@@ -62,7 +63,7 @@ def register(sub: Any) -> None:
 def _run(args: Any) -> int:
     from chronolog.cli.errors import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, max_body_bytes
+    from chronolog.settings import ConfigError, max_body_bytes, visible_timeout
     from chronolog.tenants import dev_tenants, load_tenants
 
     configure_logging()
@@ -71,6 +72,7 @@ def _run(args: Any) -> int:
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
     try:
         args.max_body_bytes = max_body_bytes(args.max_body_bytes)
+        args.visible_timeout = visible_timeout(args.visible_timeout)
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -107,10 +109,11 @@ async def serve(args: Any, tenants: Any) -> int:
                 task = asyncio.create_task(projector.run(), name="projector")
             app = create_app(client, store, tenants, projector=projector,
                              reply_timeout=args.reply_timeout,
-                             max_body_bytes=args.max_body_bytes)
+                             max_body_bytes=args.max_body_bytes,
+                             visible_timeout=args.visible_timeout)
             # open requests get a few seconds after a signal; the whole process is bounded
-            config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                    lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S)
+            config = server_config(app, args.host, args.port, log_level="warning",
+                                   lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S)
             server = Server(config)
             loop = asyncio.get_running_loop()
 
