@@ -5,11 +5,12 @@
                             [--schedules N] [--json PATH] [--keep]
 
 On loopback only, with services of its own that it starts and stops by PID — a Kafka broker
-(``scripts/kafka.sh`` with a private ``KAFKA_STATE_DIR``) and an embedded PostgreSQL, on
-ports in 39000-39999 — it deploys chronolog as separate processes: 2 processors, 2 workers
-(built-in jobs), a projector, an effect runner and the HTTP API on Kafka + PostgreSQL, each
-with a readiness file (``--ready-file``). A small supervisor restarts a process that exits by
-itself, as Kubernetes would, and counts it as a crash. Each scenario creates its own
+(``scripts/kafka.sh`` with a private ``KAFKA_STATE_DIR``, on 127.0.0.2: see ``Broker``) and
+an embedded PostgreSQL, on ports in 39000-39999 — it deploys chronolog as separate
+processes: 2 processors, 2 workers (built-in jobs), a projector, an effect runner and the
+HTTP API on Kafka + PostgreSQL, each with a readiness file (``--ready-file``). A small
+supervisor restarts a process that exits by itself, as Kubernetes would, and counts it as a
+crash. Each scenario creates its own
 schedules through the API (``every 1s``, misfire ``all``, overlap ``allow``, a 5 s lease,
 a bounded window ``start``..``end``) and injects its faults while they run:
 
@@ -119,14 +120,14 @@ def say(text: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def free_port(taken: set[int]) -> int:
-    """A free TCP port on 127.0.0.1 in 39000-39999 (none of ``taken``)."""
+def free_port(taken: set[int], host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` (loopback) in 39000-39999 (none of ``taken``)."""
     for port in random.sample(PORTS, len(PORTS)):
         if port in taken:
             continue
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((host, port))
             except OSError:
                 continue
         taken.add(port)
@@ -159,14 +160,21 @@ async def poll(cond: Any, timeout: float, interval: float = 0.25) -> Any:
 
 
 class Broker:
-    """A Kafka broker of this run alone: kafka.sh with its own state directory and ports."""
+    """A Kafka broker of this run alone: kafka.sh with its own state directory and ports.
+
+    It listens on 127.0.0.2, its clients connect from 127.0.0.1: while it is down they retry
+    their connections by the thousand, and on one address a client can get the broker's
+    port (inside the kernel's ephemeral range, as 39000-39999 is on Linux) as its own source
+    port and connect to itself, holding the port so that the broker cannot start again."""
+
+    HOST = "127.0.0.2"
 
     def __init__(self, state: Path, ports: set[int]) -> None:
         self.state = state
-        self.env = dict(os.environ, KAFKA_STATE_DIR=str(state),
-                        KAFKA_PORT=str(free_port(ports)),
-                        KAFKA_CONTROLLER_PORT=str(free_port(ports)))
-        self.bootstrap = f"127.0.0.1:{self.env['KAFKA_PORT']}"
+        self.env = dict(os.environ, KAFKA_STATE_DIR=str(state), KAFKA_HOST=self.HOST,
+                        KAFKA_PORT=str(free_port(ports, self.HOST)),
+                        KAFKA_CONTROLLER_PORT=str(free_port(ports, self.HOST)))
+        self.bootstrap = f"{self.HOST}:{self.env['KAFKA_PORT']}"
 
     def _run(self, command: str) -> None:
         subprocess.run(["bash", str(KAFKA_SH), command], env=self.env, check=True,
@@ -175,24 +183,9 @@ class Broker:
     def up(self) -> None:
         self._run("up")
 
-    def start(self) -> int:
-        """Again, on its data; the failed tries before it started.
-
-        The broker's port is in the kernel's ephemeral range (39000-39999 is inside Linux's
-        default 32768-60999), and the clients retry their connections to it by the thousand
-        while it is down: one of them can get the broker's port as its own source port and
-        connect to itself (TCP simultaneous open), holding the port for a moment. A start
-        that finds its port taken is tried again (a loopback artifact: a real broker is on
-        another host)."""
-        for tries in range(20):
-            try:
-                self._run("start")
-                return tries
-            except subprocess.CalledProcessError:
-                if tries == 19:
-                    raise
-                time.sleep(1)
-        return 20
+    def start(self) -> None:
+        """Again, on its data."""
+        self._run("start")
 
     def kill(self) -> None:
         """kill -9 by PID, and wait until it is gone."""
@@ -833,7 +826,7 @@ class Chaos:
                 row.faults = f"broker kill -9, down {p.down:g}s, restarted"
                 await self.broker_down(dep, row)
                 await asyncio.sleep(p.down)
-                row.details["broker_start_retries"] = await asyncio.to_thread(self.broker.start)
+                await asyncio.to_thread(self.broker.start)
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario == "postgres-restart":
@@ -876,7 +869,7 @@ class Chaos:
                     dep.procs[name].start()
                 await asyncio.sleep(p.down)
                 await asyncio.to_thread(pg.start)
-                row.details["broker_start_retries"] = await asyncio.to_thread(self.broker.start)
+                await asyncio.to_thread(self.broker.start)
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario == "disk-full":
