@@ -33,17 +33,17 @@ to four extra broker round trips per commit.
 
 Back-to-back transactions: for a few milliseconds after ``EndTxn`` the coordinator is still
 writing the markers, and the next transaction's first AddPartitionsToTxn is refused with
-CONCURRENT_TRANSACTIONS; aiokafka then retries after a fixed 20 ms (``BACKOFF_OVERRIDE``,
-KAFKA-5477) — a processor committing one batch after another waited ~20 ms in most of its
-transactions. ``concurrent_txn_backoff_ms`` (default 2) lowers that process-wide constant.
+CONCURRENT_TRANSACTIONS; aiokafka then retries after a fixed back-off (``BACKOFF_OVERRIDE``,
+KAFKA-5477), which a processor committing one batch after another paid in most of its
+transactions. ``concurrent_txn_backoff_ms`` (default 2) lowers that process-wide constant
+(docs/run-path.md, "Measurements behind the adapters' settings").
 
 Group consumers and latency: aiokafka keeps one fetch request in flight per broker, and a
 partition whose fetched records are still buffered is left out of the next request. So once a
 consumer drained a partition, new records there are fetched only after the request in flight
 (built without that partition) returns — after up to ``fetch.max.wait.ms`` when the other
 partitions are quiet. Group consumers therefore use a short wait (``fetch_max_wait_ms``,
-default 10 ms; it was 100): measured with ``bench/processor.py --log kafka`` at 1,000
-commands/s, the command-to-reply p50 went from about 56 to 16 ms. The cost is up to 100
+default 10 ms instead of aiokafka's 100; measured in docs/run-path.md). The cost is up to 100
 empty fetches per second per idle consumer.
 
 Within ``commit`` the consumed offsets (AddOffsetsToTxn + TxnOffsetCommit) are queued right
@@ -58,7 +58,7 @@ goes to that partition (a processor writes its ready hints through ``then()`` fo
 records, offsets — goes out at once. The acks are checked against the prediction before
 EndTxn; a mismatch aborts the transaction (nothing becomes visible) and the commit is made
 the plain way. After a failed commit, and for a new owner, the next offset is unknown until
-a plain commit writes there. Measured at 1,000 commands/s (mixed): p50 16.5 -> 13.2 ms.
+a plain commit writes there (its effect on the reply latency: docs/run-path.md).
 
 Failures: ``Fenced`` when the partition's producer is fenced or otherwise unusable (the caller
 must drop the partition's state and re-acquire); ``LogUnavailable`` when the broker does not
@@ -720,7 +720,7 @@ class KafkaEventLog:
             request_timeout_ms=self.request_timeout_ms,
             # retries are mostly KIP-890 verification refusals of a produce sent right
             # after the previous commit (answered NOT_ENOUGH_REPLICAS to aiokafka's produce
-            # version); each one cost 20 ms at the old setting (bench/processor.py p99)
+            # version); each one waited the whole back-off at the old setting
             retry_backoff_ms=2,
         )
         try:

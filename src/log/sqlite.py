@@ -23,8 +23,9 @@ Schema (``PRAGMA user_version`` = 1)
 Page size
     New files get 16 KiB pages (``PAGE_SIZE``). ``records`` is a WITHOUT ROWID table, whose
     cells spill to an overflow page above about 1 KB with 4 KiB pages — and a
-    ``ScheduleCreated`` event is about 1 KB: measured 25 us instead of 8 us per insert and
-    4x the file size. With 16 KiB pages records up to about 4 KB stay in their cell. An
+    ``ScheduleCreated`` event is about 1 KB: an insert then costs several times as much and
+    the file grows 4x (docs/run-path.md). With 16 KiB pages records up to about 4 KB stay in
+    their cell. An
     existing file keeps the page size it was created with (WAL mode cannot change it).
 Ownership and fencing
     ``acquire(p)`` bumps the epoch of ``<prefix>processor-p<p>`` in one IMMEDIATE transaction.

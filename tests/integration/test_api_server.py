@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 
 from chronolog.log.port import OutRecord, Topics
 from chronolog.settings import LogConfig, open_log
+from support.net import free_port
 from support.polling import wait_until
 
 from .conftest import CHRONOLOG, ROOT
@@ -35,12 +35,6 @@ def dsn(database_url: str) -> Iterator[str]:
     d = asyncio.run(create_database(database_url, "test_api_server"))
     yield d
     asyncio.run(drop_database(database_url, d))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _service(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -80,7 +74,7 @@ async def _healthy(http: httpx.AsyncClient, started: list[subprocess.Popen[bytes
 async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> None:
     cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(prefix="chronolog.", partitions=4))
     log_args = ["--log", f"sqlite://{cfg.target}", "--partitions", "4"]
-    port = _free_port()
+    port = free_port()
     started = [
         _service(["processor", *log_args], tmp_path / "processor.log"),
         _service(["projector", *log_args, "--database-url", dsn], tmp_path / "projector.log"),
@@ -231,7 +225,7 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     log_args = ["--log", f"sqlite://{cfg.target}", "--partitions", "2"]
     tenants = tmp_path / "tenants.toml"
     tenants.write_text(TENANTS_TOML)
-    port = _free_port()
+    port = free_port()
     started = [
         _service(["processor", *log_args, "--tenants", str(tenants)],
                  tmp_path / "processor.log"),
@@ -266,7 +260,7 @@ def test_a_bad_visible_timeout_is_a_usage_error(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr
     assert "visible-timeout 'soon'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([CHRONOLOG, "dev", "--data-dir", str(tmp_path / "dev"), "--port",
-                        str(_free_port()), "--quiet"], capture_output=True, text=True,
+                        str(free_port()), "--quiet"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT, env={**env, "CHRONOLOG_VISIBLE_TIMEOUT": "-1"})
     assert r.returncode == 2, r.stderr
     assert "visible-timeout '-1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
