@@ -14,7 +14,7 @@ RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 SOURCES := $(shell find src -name '*.py' -o -name '*.sql')
 
-.PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint
+.PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint chaos
 
 $(RUNTIME): pyproject.toml $(SOURCES)
 	test -x $(BIN)/python || { $(PY) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip; }
@@ -55,6 +55,11 @@ lint: $(RUNTIME) $(TESTING)
 	mkdir -p $(VENV)/mypy-path && ln -sfn ../../src $(VENV)/mypy-path/chronolog
 	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p chronolog
 	$(BIN)/lint-imports --no-logo
+
+## faults under load on private services (broker, PostgreSQL, kill -9, full disk), checked
+## after each: `make chaos ARGS="--short --scenario kill-processes"` (scripts/chaos.py)
+chaos: $(RUNTIME)
+	$(BIN)/python scripts/chaos.py $(ARGS)
 
 bench: $(RUNTIME)
 	$(BIN)/python bench/decider.py

@@ -78,6 +78,28 @@ class Summarized(logging.Filter):
         return True
 
 
+class Throttle:
+    """The same ``Summarized`` rule for a process's own repeated warnings (an offer, an
+    announcement, a heartbeat that fails every second while the broker is away): per key,
+    ``take(key)`` is the number of occurrences held back since the last one shown (0 for the
+    first) when this one should be logged, else None (counted)."""
+
+    def __init__(self, every: float = SUMMARY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self._clock = clock
+        self._kinds: dict[str, tuple[float, int]] = {}  # key -> (shown at, held back since)
+
+    def take(self, key: str) -> int | None:
+        now = self._clock()
+        shown = self._kinds.get(key)
+        if shown is not None and now - shown[0] < self.every:
+            self._kinds[key] = (shown[0], shown[1] + 1)
+            return None
+        self._kinds[key] = (now, 0)
+        return shown[1] if shown is not None else 0
+
+
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
     """The one handler ``configure_logging`` installs on the root logger (and replaces when
     called again)."""

@@ -51,6 +51,13 @@ def add_database_flag(p: argparse.ArgumentParser) -> None:
                         "PostgreSQL in DATA_DIR/postgres)")
 
 
+def add_ready_flag(p: argparse.ArgumentParser) -> None:
+    """``--ready-file PATH``: where a long-running process writes its readiness."""
+    p.add_argument("--ready-file", default=None, metavar="PATH",
+                   help="write this process's readiness as JSON {ready, reason, since} to PATH "
+                        "whenever it changes (env CHRONOLOG_READY_FILE)")
+
+
 def _usage(message: str) -> Exception:
     from chronolog.cli.errors import UsageError
 

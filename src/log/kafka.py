@@ -581,6 +581,14 @@ class KafkaEventLog:
         self, topic: str, partition: int, offset: int, max_records: int = 1000,
         timeout_ms: int = 0,
     ) -> list[Record]:
+        try:
+            return await self._read(topic, partition, offset, max_records, timeout_ms)
+        except KafkaError as exc:  # the reader's own requests time out or lose the broker
+            raise LogUnavailable(f"kafka: read of {topic}[{partition}] failed: {exc!r}") from exc
+
+    async def _read(
+        self, topic: str, partition: int, offset: int, max_records: int, timeout_ms: int,
+    ) -> list[Record]:
         self._require()
         await self.partitions_for(topic)  # unknown topics fail fast instead of hanging
         tp = TopicPartition(topic, partition)
@@ -648,15 +656,22 @@ class KafkaEventLog:
         self._require()
         await self.partitions_for(topic)
         tp = TopicPartition(topic, partition)
-        async with self._reader(tp) as reader:
-            return (await self._lso(reader.consumer, [tp]))[tp]
+        try:
+            async with self._reader(tp) as reader:
+                return (await self._lso(reader.consumer, [tp]))[tp]
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: end offset of {topic}[{partition}] failed: "
+                                 f"{exc!r}") from exc
 
     async def _end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         tps = list(tps)
         if not tps:
             return {}
-        async with self._reader(tps[0]) as reader:
-            return await self._lso(reader.consumer, tps)
+        try:
+            async with self._reader(tps[0]) as reader:
+                return await self._lso(reader.consumer, tps)
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: end offsets failed: {exc!r}") from exc
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         offsets = await self._committed_many(group, [TopicPartition(topic, partition)])
@@ -724,9 +739,12 @@ class KafkaEventLog:
             # InitProducerId: bumps the epoch of txn_id, fencing older producers (and aborting
             # or completing their open transaction).
             await _bounded(producer.start(), self._bound_s, f"InitProducerId for {txn_id}")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.stop(), 10)
+            if isinstance(exc, KafkaError):  # no broker to bootstrap from, ...
+                raise LogUnavailable(f"kafka: InitProducerId for {txn_id} failed: {exc!r}"
+                                     ) from exc
             raise
         owner = KafkaPartitionOwner(self, partition, owner_id, producer)
         self._owners.add(owner)
@@ -1010,6 +1028,7 @@ class KafkaGroupConsumer:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._sought: set[tuple[str, int]] | None = None
+        self._settled = False  # the last rebalance callback was an assignment, completed
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=log_.bootstrap_servers,
             client_id=f"{log_.client_id}-{member_id}",
@@ -1030,8 +1049,10 @@ class KafkaGroupConsumer:
         try:
             if self._on_assigned is not None:
                 await self._on_assigned(set(assigned))
+            self._settled = True
             # Fetch the committed offsets only now: the callback may have started the
             # partition's transactional producer, completing an older owner's transaction.
+            # (Should this fail, aiokafka starts such a partition at its committed offset.)
             for topic, partition in sorted(assigned - self._sought):
                 tp = TopicPartition(topic, partition)
                 offset = await self._consumer.committed(tp)
@@ -1041,6 +1062,7 @@ class KafkaGroupConsumer:
             self._sought = None
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        self._settled = False  # a rebalance begins
         if self._on_revoked is not None and revoked:
             await self._on_revoked(set(revoked))
 
@@ -1053,6 +1075,13 @@ class KafkaGroupConsumer:
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def joined(self) -> bool:
+        # aiokafka forgets the coordinator when a heartbeat or commit finds it gone (a broker
+        # down); its private attribute is read defensively (missing: assume known)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        known = getattr(coordinator, "coordinator_id", 0) is not None
+        return self._started and self._settled and known
 
     async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)

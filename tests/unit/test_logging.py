@@ -12,7 +12,7 @@ import sys
 import textwrap
 from datetime import datetime, timedelta
 
-from chronolog.logging import Summarized
+from chronolog.logging import Summarized, Throttle
 
 
 def _record(name: str, msg: str, *args: object) -> logging.LogRecord:
@@ -39,6 +39,18 @@ def test_other_messages_and_other_loggers_are_not_held_back() -> None:
     assert f.filter(_record("aiokafka.fetcher", "Failed fetch messages from %s", 1))
     for _ in range(3):
         assert f.filter(_record("chronolog.processor", "partition_assigned"))
+
+
+def test_a_process_own_repeated_warning_is_shown_once_per_window_with_the_count() -> None:
+    now = [0.0]
+    t = Throttle(every=30.0, clock=lambda: now[0])
+    assert t.take("offer_failed") == 0  # the first one is shown
+    for _ in range(29):
+        now[0] += 1.0
+        assert t.take("offer_failed") is None  # held back
+    assert t.take("announce_failed") == 0  # another kind is its own
+    now[0] += 1.0
+    assert t.take("offer_failed") == 29  # shown, with how many were held back
 
 
 # ---- every line is JSON off a terminal, the libraries' included (a real process, stderr a pipe)
