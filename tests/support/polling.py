@@ -7,6 +7,7 @@ says what was last seen.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,7 +28,7 @@ async def wait_until(
     while True:
         try:
             last = cond()
-            if asyncio.iscoroutine(last) or isinstance(last, Awaitable):
+            if inspect.isawaitable(last):
                 last = await last
         except errors as exc:
             last = exc
@@ -35,8 +36,7 @@ async def wait_until(
             if last:
                 return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} "
-                                 f"(last={last!r})")
+            raise _timed_out(timeout, what, last)
         await asyncio.sleep(interval)
 
 
@@ -56,6 +56,9 @@ def wait_until_sync(
             if last:
                 return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} "
-                                 f"(last={last!r})")
+            raise _timed_out(timeout, what, last)
         time.sleep(interval)
+
+
+def _timed_out(timeout: float, what: str, last: Any) -> AssertionError:
+    return AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
