@@ -104,7 +104,7 @@ from chronolog.processors.snapshots import (
     Loaded,
     SnapshotRejected,
     SnapshotWriter,
-    decode_snapshot,
+    decode_snapshot_async,
 )
 
 log = structlog.get_logger("chronolog.processor")
@@ -628,7 +628,7 @@ class Processor:
                                          batch=self.config.state_read_batch):
             records.extend(recs)
         takeover.snapshot_records = len(records)
-        return decode_snapshot(records, events_end)
+        return await decode_snapshot_async(records, events_end)
 
     def _rejected(self, p: int, reason: str, takeover: Takeover) -> None:
         self.stats.snapshots_rejected += 1

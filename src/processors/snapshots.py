@@ -47,10 +47,11 @@ version (u16), through (u64), CRC-32 (u32), then the body (orjson).
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,7 @@ __all__ = [
     "SnapshotRejected",
     "SnapshotWriter",
     "decode_snapshot",
+    "decode_snapshot_async",
     "frame",
     "unframe",
 ]
@@ -142,10 +144,37 @@ class Loaded:
     records: int  # records read (every version of every key)
 
 
+DECODE_SLICE = 5000  # records decoded between two yields of ``decode_snapshot_steps``
+
+
 def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None:
     """The snapshot in ``records`` (a partition of ``state`` read from 0, in order), or
     None when there is none (no marker). ``events_end``: the end offset of the partition
     of ``events``. Raises ``SnapshotRejected`` for a copy that must not be used."""
+    steps = decode_snapshot_steps(records, events_end)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+async def decode_snapshot_async(records: Iterable[Record], events_end: int) -> Loaded | None:
+    """``decode_snapshot``, giving the event loop a turn every ``DECODE_SLICE`` records (a
+    partition of 100,000 states is seconds of decoding: the other partitions, a group
+    heartbeat, the dev node's API go on meanwhile)."""
+    steps = decode_snapshot_steps(records, events_end)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
+
+
+def decode_snapshot_steps(records: Iterable[Record],
+                          events_end: int) -> Generator[None, None, Loaded | None]:
+    """``decode_snapshot`` in steps: yields every ``DECODE_SLICE`` records decoded."""
     latest: dict[bytes, bytes] = {}
     n = 0
     for rec in records:
@@ -172,7 +201,9 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
                                f"of events ({events_end})")
     shapes: dict[str, Policy] = {}
     bodies: list[tuple[str, int, int, int, bytes]] = []
-    for key, value in latest.items():
+    for i, (key, value) in enumerate(latest.items()):
+        if i % DECODE_SLICE == DECODE_SLICE - 1:
+            yield
         kind, version, through, body = unframe(key, value)
         if through > events_end:
             raise SnapshotRejected(f"record {key!r} covers events up to {through}, past the "
@@ -192,7 +223,9 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
     states: dict[str, ScheduleState] = {}
     quotas: dict[str, QuotaState] = {}
     through_of: dict[str, int] = {}
-    for skey, kind, version, through, body in bodies:
+    for i, (skey, kind, version, through, body) in enumerate(bodies):
+        if i % DECODE_SLICE == DECODE_SLICE - 1:
+            yield
         try:
             data: Any = body
             if version != STATE_VERSION:  # upcast (or refused: StateDecodeError)
