@@ -365,6 +365,11 @@ class SnapshotWriter:
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     round: _Round | None = None
     waiting: bool = False  # the transaction with the round's marker is not yet committed
+    # chunks taken whose transactions have not committed yet, and how many may be: a round
+    # of many chunks, taken while idle, never fills the writer's queue (a command decided
+    # meanwhile would commit behind all of them)
+    in_flight: int = 0
+    max_in_flight: int = 2
     _last_start: float = field(default_factory=time.monotonic)
     _rounds: int = 0
 
@@ -377,7 +382,7 @@ class SnapshotWriter:
         processor has nothing else to decide; while it is busy only an *overdue* round
         writes — the last one started ``busy_interval_s`` ago, or ``events`` events were
         decided since."""
-        if self.waiting:
+        if self.waiting or self.in_flight >= self.max_in_flight:
             return False
         overdue = (mono - self._last_start >= self.busy_interval_s
                    or self.events_since >= self.events)
@@ -434,6 +439,7 @@ class SnapshotWriter:
             self.stats.encode_s += time.perf_counter() - started
         last = not pending
         self.waiting = last  # the marker's transaction: no next round before it commits
+        self.in_flight += 1
         return Chunk(entries, first, last)
 
     def transaction(self, chunk: Chunk | None, events: tuple[int, int, str] | None,
@@ -479,6 +485,7 @@ class SnapshotWriter:
         """The chunk's transaction committed (chunks commit in the order they were taken)."""
         if chunk.last:
             self.waiting = False
+        self.in_flight -= 1
         rnd = self.round
         if rnd is None:
             return
