@@ -483,13 +483,17 @@ class Processor:
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
         idle = [ps for ps in self.partitions.values() if ps.running() is None]
-        if len(idle) == len(self.partitions) and any(ps.snapshot_due(True) for ps in idle):
-            return 0  # nothing in flight: a snapshot chunk goes out unless commands came
+        poll_ms = self.config.poll_ms
+        if len(idle) == len(self.partitions):
+            if any(ps.snapshot_due(True) for ps in idle):
+                return 0  # nothing in flight: a snapshot chunk goes out unless commands came
+            if any(ps.snap is not None and ps.snap.round is not None for ps in idle):
+                poll_ms = min(poll_ms, 5)  # a round's next chunk, once its writer is done
         wakes = [w for w in (ps.next_wake() for ps in idle) if w is not None]
         if not wakes:
-            return self.config.poll_ms
+            return poll_ms
         delta = (min(wakes) - self.clock()).total_seconds() * 1000
-        return int(max(0, min(self.config.poll_ms, delta)))
+        return int(max(0, min(poll_ms, delta)))
 
     # ------------------------------------------------------------------ ownership
 
