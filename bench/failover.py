@@ -1,5 +1,5 @@
 """Failover benchmark: how soon a processor taking a partition over serves it, with and
-without snapshots (docs/design.md §13), as the partition's history grows.
+without snapshots (docs/design.md §14), as the partition's history grows.
 
 Per (N, M) of ``--schedules`` x ``--events``, a fresh log gets ``--fill`` partitions each
 holding N live schedules (``every 1h``, each with its own job params) and M events of

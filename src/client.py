@@ -33,6 +33,7 @@ from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 from chronolog.environment import new_id, utc_now
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.logging import Throttle
 
 log = structlog.get_logger("chronolog.client")
 
@@ -121,33 +122,57 @@ class Client:
         self._ready = asyncio.Event()
         self._outbox: list[tuple[list[OutRecord], asyncio.Future[None]]] = []
         self._appender: asyncio.Task[None] | None = None
+        self._positions: dict[tuple[str, int], int] = {}  # next offset to read of replies
+        self._throttle = Throttle()
         self.dead_letters = DeadLetters(log_, f"client:{self.client_id}")
 
     async def start(self) -> None:
-        """Start following ``replies`` from their current end."""
+        """Start following ``replies`` from their current end. A start that fails (the log
+        is away) leaves nothing running: it may be called again."""
+        self._ready.clear()
         self._consumer = self.log.group_consumer(
             f"{self.topics.prefix}{self.client_id}", [self.topics.replies], self.client_id,
             on_assigned=self._on_assigned, wake_on=[self.client_id],
         )
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._pump(), name=f"{self.client_id}-replies")
-        await asyncio.wait_for(self._ready.wait(), 30)
+        try:
+            await self._consumer.start()
+            self._task = asyncio.create_task(self._pump(), name=f"{self.client_id}-replies")
+            await asyncio.wait_for(self._ready.wait(), 30)
+        except BaseException:
+            await self._stop_reading()
+            raise
 
     async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
+        """Follow a partition from its end — or, assigned again after the group lost us
+        (the broker was away for longer than the session), from where we stopped reading,
+        so no reply written meanwhile is passed over."""
         for topic, p in tps:
-            self._consumer.seek(topic, p, await self.log.end_offset(topic, p))
+            offset = self._positions.get((topic, p))
+            if offset is None:
+                offset = self._positions[(topic, p)] = await self.log.end_offset(topic, p)
+            self._consumer.seek(topic, p, offset)
         self._ready.set()
+
+    def following(self) -> bool:
+        """Whether replies are being read: started, and the reply reader in its group."""
+        return (self._task is not None and not self._task.done()
+                and self._consumer is not None and self._consumer.joined())
+
+    async def _stop_reading(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.close()
 
     async def close(self) -> None:
         if self._appender is not None and not self._appender.done():
             with contextlib.suppress(Exception):
                 await self._appender  # commands already handed over are appended
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.close()
+        await self._stop_reading()
         for fut in self._waiters.values():
             if not fut.done():
                 fut.cancel()
@@ -160,16 +185,23 @@ class Client:
         await self.close()
 
     async def _pump(self) -> None:
+        failures = 0
         while True:
             try:
                 records = await self._consumer.getmany(timeout_ms=200, max_records=1000)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep following; waiters time out
-                log.warning("reply_read_failed", error=str(exc))
-                await asyncio.sleep(0.2)
+                failures += 1
+                held = self._throttle.take("reply_read_failed")
+                if held is not None:
+                    log.warning("reply_read_failed", error=str(exc)[:300],
+                                **({"held_back": held} if held else {}))
+                await asyncio.sleep(min(0.2 * failures, 2.0))
                 continue
+            failures = 0
             for rec in records:
+                self._positions[(rec.topic, rec.partition)] = rec.offset + 1
                 try:
                     cid = rec.key.decode() if rec.key else None
                     if cid is None:

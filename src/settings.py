@@ -3,7 +3,8 @@
 ``CHRONOLOG_LOG``: ``sqlite:///path/to/log.db`` or ``kafka://host:port[,host:port]``;
 ``CHRONOLOG_DATABASE_URL``; ``CHRONOLOG_TENANTS``; ``CHRONOLOG_PARTITIONS`` (default 12);
 ``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_DATA_DIR`` (default
-``./.chronolog``). A bad value raises ``ConfigError`` with one line naming it.
+``./.chronolog``); ``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the
+API's). A bad value raises ``ConfigError`` with one line naming it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,29 @@ def max_body_bytes(value: int | None = None) -> int:
     if not 1024 <= n <= 64 * 1024 * 1024:
         raise ConfigError(f"invalid max-body-bytes '{raw}': must be 1024..67108864")
     return n
+
+
+DEFAULT_VISIBLE_TIMEOUT = 2.0
+MAX_VISIBLE_TIMEOUT = 60.0
+
+
+def visible_timeout(value: float | str | None = None) -> float:
+    """How long an API write waits for the read model to show its events: the flag, else
+    ``CHRONOLOG_VISIBLE_TIMEOUT``, else 2 s (seconds, 0..60; 0: answer without waiting)."""
+    raw: object = value if value is not None else os.environ.get("CHRONOLOG_VISIBLE_TIMEOUT")
+    if raw is None:
+        return DEFAULT_VISIBLE_TIMEOUT
+    text = str(raw).strip()
+    try:
+        if not text.isascii():
+            raise ValueError
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f"invalid visible-timeout '{raw}': not a number of seconds") from None
+    if not 0 <= seconds <= MAX_VISIBLE_TIMEOUT:  # NaN fails this too
+        raise ConfigError(f"invalid visible-timeout '{raw}': must be 0..{MAX_VISIBLE_TIMEOUT:g} "
+                          "seconds")
+    return seconds
 
 
 def data_dir(value: str | None = None) -> Path:

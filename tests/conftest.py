@@ -15,6 +15,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,27 @@ def topic_prefix() -> Iterator[str]:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _delete_used_topics()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test an installed chronolog older than src/ (``make`` installs the project
+    as a regular, not editable, package and reinstalls it when src/ changes; running pytest
+    without make after an edit would otherwise test the previous code)."""
+    import chronolog
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    installed = Path(chronolog.__file__).resolve().parent
+    if installed == src:  # an editable install, or src on the path
+        return
+    stale = [p.relative_to(src) for p in sorted(src.rglob("*"))
+             if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts
+             and not _same_file(p, installed / p.relative_to(src))]
+    if stale:
+        raise pytest.UsageError(
+            f"chronolog is imported from {installed}, which differs from src/ in "
+            f"{len(stale)} files (such as {stale[0]}): run `make test`, or reinstall it "
+            f"with `.venv/bin/pip install .`")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return b.is_file() and a.read_bytes() == b.read_bytes()

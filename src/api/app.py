@@ -2,7 +2,8 @@
 
 ``create_app(client, store, tenants, ...)`` wires the app: its services
 (``chronolog.api.context``), error handlers (``errors``), auth (``auth``) and one router per
-resource (``routes``: schedules, runs, workers, preview, ops). ``openapi_document()`` returns
+resource (``routes``: schedules, runs, workers, dlq, preview, ops), and the browsable
+docs (``docs``: ``/docs``, ``/redoc``, assets on the node). ``openapi_document()`` returns
 its OpenAPI spec (written to ``schemas/api/openapi.json`` by ``make schemas``; a test checks
 for drift). The contract is that document; decisions it leaves open are stated in the
 modules that make them.
@@ -26,9 +27,10 @@ Conventions
   operator token whenever the tenants come from a file.
 * Auth (``chronolog.api.auth``): ``Authorization: Bearer <token>`` -> tenant; every read and
   write is tenant-scoped.
-* Writes send one command and wait for its reply; reads may wait for a write's
-  ``X-Chronolog-Consistency`` token (``chronolog.api.context``). Every list carries the
-  projection ``watermark``.
+* Writes send one command, wait for its reply, then (bounded, ``visible_timeout``) until
+  the read model shows its events: ``X-Chronolog-Visible: true|false`` says which; reads
+  may also wait for a write's ``X-Chronolog-Consistency`` token (``chronolog.api.context``).
+  Every list carries a ``watermark``.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
@@ -42,10 +44,16 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 
 from chronolog.api.context import ApiContext
-from chronolog.api.cursors import CONSISTENCY_HEADER, decode_token, encode_token
+from chronolog.api.cursors import (
+    CONSISTENCY_HEADER,
+    VISIBLE_HEADER,
+    decode_token,
+    encode_token,
+)
+from chronolog.api.docs import install_docs
 from chronolog.api.errors import STATUS_WORDS, ApiError, install_handlers
 from chronolog.api.limits import RequestGuard
-from chronolog.api.routes import ops, preview, runs, schedules, workers
+from chronolog.api.routes import dlq, ops, preview, runs, schedules, workers
 from chronolog.client import Client
 from chronolog.domain import limits as lim
 from chronolog.projections.store import PostgresProjectionStore
@@ -54,6 +62,7 @@ from chronolog.tenants import Tenants
 __all__ = [
     "API_VERSION",
     "CONSISTENCY_HEADER",
+    "VISIBLE_HEADER",
     "ApiError",
     "create_app",
     "decode_token",
@@ -93,6 +102,7 @@ def create_app(
     consistency_poll: float = 0.02,
     max_body_bytes: int = lim.MAX_BODY_BYTES,
     known_job_types: Mapping[str, Iterable[str]] | None = None,
+    visible_timeout: float = 2.0,
 ) -> FastAPI:
     """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
     ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
@@ -100,23 +110,27 @@ def create_app(
     ``max_body_bytes`` bounds a request body (413 past it). ``known_job_types`` (a dev node:
     resource class -> the job types its own workers have) makes creating a schedule whose
     job type neither those nor any announced worker of its class serve a 400 naming them;
-    without it such a create is 201 with ``warnings``."""
+    without it such a create is 201 with ``warnings``. ``visible_timeout`` bounds how long
+    a write waits for the read model to show its events (``X-Chronolog-Visible``)."""
     pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
     app = FastAPI(
         title="chronolog", version=API_VERSION,
         description="Event-sourced job scheduler: schedules, runs and their history.",
         dependencies=[Depends(known_query)],
+        docs_url=None, redoc_url=None,  # served from the node's own assets (api/docs.py)
     )
     app.state.chronolog = ApiContext(
         client=client, pool=pool, tenants=tenants, projector=projector, projection=projection,
         reply_timeout=reply_timeout, consistency_timeout=consistency_timeout,
-        consistency_poll=consistency_poll, known_job_types=known_job_types)
+        consistency_poll=consistency_poll, known_job_types=known_job_types,
+        visible_timeout=visible_timeout)
     app.add_middleware(
         RequestGuard, max_body_bytes=max_body_bytes,
         error=lambda status, message, field: ApiError(status, message, field).response())
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     install_handlers(app)
-    routers = [module.router for module in (schedules, runs, workers, preview, ops)]
+    install_docs(app)
+    routers = [module.router for module in (schedules, runs, workers, dlq, preview, ops)]
     for router in routers:
         app.include_router(router)
     # the API's own routes (a 405 names the methods the routes of its path answer)

@@ -7,12 +7,21 @@ Writes validate what they can first, then send one command and wait — bounded,
 command may still be decided, so the message says to read the resource (or retry with the
 same ``Idempotency-Key``) before retrying blindly.
 
-Every successful write returns ``X-Chronolog-Consistency``: a token that encodes the log
-positions of the events the command caused (for a write that caused none, e.g. an idempotent
-replay, just past the last record of its partition of ``events`` when the reply came, which
-covers the events of the original). A read that sends it back waits until the projection has
-passed those positions, at most ``consistency_timeout``; if it has not by then the read is
-503 ``unavailable`` with ``Retry-After: 1`` — never stale data presented as fresh.
+Read your writes by default: after an ok reply the write waits, at most ``visible_timeout``
+(default 2 s), until the projection has passed the log positions of the events the command
+caused (for a write that caused none, e.g. an idempotent replay, just past the last record
+of its partition of ``events`` when the reply came, which covers the events of the
+original), so a read sent after the answer sees the write without any header. The answer
+says which happened in ``X-Chronolog-Visible``: ``true``, or ``false`` when the bound passed
+first — the write is then still answered with its normal status and body (it was accepted;
+only the read model lags).
+
+Every successful write also returns ``X-Chronolog-Consistency``: a token that encodes those
+positions, for clients whose later reads may go elsewhere (another API process behind a
+load balancer) or that write through the log. A read that sends it back waits until the
+projection has passed the positions, at most ``consistency_timeout``; if it has not by then
+the read is 503 ``unavailable`` with ``Retry-After: 1`` — never stale data presented as
+fresh.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
@@ -29,7 +38,7 @@ from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from chronolog.api.cursors import CONSISTENCY_HEADER, decode_token, encode_token
+from chronolog.api.cursors import CONSISTENCY_HEADER, VISIBLE_HEADER, decode_token, encode_token
 from chronolog.api.errors import ApiError
 from chronolog.api.limits import RateLimiter
 from chronolog.client import Client, ReplyTimeout
@@ -48,6 +57,7 @@ __all__ = [
     "ApiContext",
     "ConsistentDep",
     "Context",
+    "Written",
     "consistent",
     "context",
     "with_warnings",
@@ -71,6 +81,7 @@ class ApiContext:
     consistency_timeout: float = 5.0
     consistency_poll: float = 0.02
     known_job_types: Mapping[str, Iterable[str]] | None = None
+    visible_timeout: float = 2.0
     limiter: RateLimiter = field(default_factory=RateLimiter)
     query_names: dict[str, frozenset[str]] = field(default_factory=dict)
     _partitions: dict[str, int] = field(default_factory=dict)
@@ -105,28 +116,42 @@ class ApiContext:
 
     async def events_partitions(self) -> int:
         """The partitions of ``events`` (0 without a log)."""
+        return await self.topic_partitions(self.topics.events)
+
+    async def topic_partitions(self, topic: str) -> int:
+        """The partitions of ``topic`` (0 without a log), asked once."""
         if self.log is None:
             return 0
-        n = self._partitions.get("events")
+        n = self._partitions.get(topic)
         if n is None:
-            n = self._partitions["events"] = await self.log.partitions_for(self.topics.events)
+            n = self._partitions[topic] = await self.log.partitions_for(topic)
         return n
+
+    async def reached(self, required: dict[int, int], timeout: float) -> bool:
+        """Whether the projection reached ``required`` (``partition -> next offset``) within
+        ``timeout`` seconds: waiting on the in-process projector, else polling the offsets
+        stored in the read model (False at once without either)."""
+        if not required:
+            return True
+        if self.projector is not None:
+            return bool(await self.projector.wait_for(required, timeout))
+        if self.rm is None:
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            have, _ = await self.rm.offsets()
+            if all(have.get(p, 0) >= n for p, n in required.items()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(self.consistency_poll)
 
     async def wait_consistent(self, required: dict[int, int]) -> None:
         """Return once the projection reached ``required``; 503 after the timeout."""
-        if self.projector is not None:
-            if await self.projector.wait_for(required, self.consistency_timeout):
-                return
-        else:
-            read = self.read()
-            deadline = time.monotonic() + self.consistency_timeout
-            while True:
-                have, _ = await read.offsets()
-                if all(have.get(p, 0) >= n for p, n in required.items()):
-                    return
-                if time.monotonic() >= deadline:
-                    break
-                await asyncio.sleep(self.consistency_poll)
+        if self.projector is None:
+            self.read()  # 503 without a read model
+        if await self.reached(required, self.consistency_timeout):
+            return
         raise ApiError(503, f"the read model has not reached the consistency token within "
                        f"{self.consistency_timeout:g}s; retry shortly", CONSISTENCY_HEADER,
                        headers={"Retry-After": "1"})
@@ -162,8 +187,10 @@ class ApiContext:
                 f"runs will wait READY until one does"]
 
     async def send(self, tenant: Tenant, schedule_id: str, payload: Any
-                   ) -> tuple[m.Reply, str]:
-        """Send one command; the ok reply and its consistency token, or an ApiError."""
+                   ) -> tuple[m.Reply, "Written"]:
+        """Send one command; the ok reply and, once its events are visible in the read
+        model (or ``visible_timeout`` passed), its consistency token and visibility; or an
+        ApiError."""
         client = self.client
         if client is None:
             raise ApiError(503, "no command client configured")
@@ -198,7 +225,8 @@ class ApiContext:
                 required[pos.partition] = max(required.get(pos.partition, 0), pos.offset + 1)
         if not required and self.log is not None:
             required = await self._tail_of_partition(tenant.name, schedule_id)
-        return reply, encode_token(required)
+        visible = await self.reached(required, self.visible_timeout)
+        return reply, Written(encode_token(required), visible)
 
     async def _tail_of_partition(self, tenant_name: str, schedule_id: str) -> dict[int, int]:
         """For a reply without events: just past the last record of its partition of events.
@@ -216,11 +244,24 @@ class ApiContext:
         return {p: max(offsets) + 1} if offsets else {}
 
 
-def written(content: BaseModel, status: int, token: str,
+@dataclass(frozen=True)
+class Written:
+    """What a write's answer says of its events: the consistency token, and whether the
+    read model showed them before the answer."""
+
+    token: str
+    visible: bool
+
+    def headers(self) -> dict[str, str]:
+        return {CONSISTENCY_HEADER: self.token,
+                VISIBLE_HEADER: "true" if self.visible else "false"}
+
+
+def written(content: BaseModel, status: int, mark: Written,
             headers: dict[str, str] | None = None) -> JSONResponse:
-    """A write's answer with its consistency token."""
+    """A write's answer with its consistency token and visibility."""
     return JSONResponse(jsonable(content), status_code=status,
-                        headers={CONSISTENCY_HEADER: token, **(headers or {})})
+                        headers={**mark.headers(), **(headers or {})})
 
 
 def with_warnings(response: JSONResponse, warnings: list[str]) -> JSONResponse:
@@ -229,7 +270,8 @@ def with_warnings(response: JSONResponse, warnings: list[str]) -> JSONResponse:
     body = orjson.loads(response.body)
     body["warnings"] = warnings
     return JSONResponse(body, status_code=response.status_code,
-                        headers={CONSISTENCY_HEADER: response.headers[CONSISTENCY_HEADER]})
+                        headers={h: response.headers[h]
+                                 for h in (CONSISTENCY_HEADER, VISIBLE_HEADER)})
 
 
 def context(request: Request) -> ApiContext:

@@ -2,6 +2,10 @@
 reach`` that a write returns in ``X-Chronolog-Consistency`` and a read sends back to wait for
 its own writes.
 
+Every write also answers ``X-Chronolog-Visible``: ``true`` when the read model had passed
+its events before the answer (reads without a token then see the write), ``false`` when the
+bound (``visible_timeout``) passed first.
+
 (The ``after`` cursors of paged lists belong to the read model, which the CLI shares:
 ``chronolog.projections.read_model``.)
 """
@@ -13,9 +17,10 @@ import binascii
 
 import orjson
 
-__all__ = ["CONSISTENCY_HEADER", "decode_token", "encode_token"]
+__all__ = ["CONSISTENCY_HEADER", "VISIBLE_HEADER", "decode_token", "encode_token"]
 
 CONSISTENCY_HEADER = "X-Chronolog-Consistency"
+VISIBLE_HEADER = "X-Chronolog-Visible"
 
 
 def encode_token(required: dict[int, int]) -> str:

@@ -4,13 +4,19 @@ turn FastAPI's, Starlette's and pydantic's errors into it.
 Every error is ``{"error": <status>, "field": <field or null>, "message": "..."}`` where
 ``<status>`` is a word (``STATUS_WORDS``); a 409 may carry more (``revision``: the current
 one; ``state``: the run's state). Validation is always 400, never FastAPI's 422; a 405
-names the allowed methods in ``Allow``.
+names the allowed methods in ``Allow``. A request that fails because the read model or the
+log is away (a refused or lost connection, a database shutting down or starting) is 503
+``unavailable`` with ``Retry-After: 1`` and the message ``read model unreachable: ...`` or
+``log unreachable: ...`` — not a 500 with a traceback per request; such failures are
+logged once, then once per ``chronolog.logging.SUMMARY_S`` with the count held back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -18,10 +24,20 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chronolog.lifecycle import unavailable
+from chronolog.log.port import LogError
+from chronolog.logging import Throttle
 from chronolog.projections.documents import InvalidDefinition, camel_path, field_of
 from chronolog.projections.read_model import InvalidQuery
 
 __all__ = ["STATUS_WORDS", "ApiError", "ErrorBody", "error_responses", "install_handlers"]
+
+log = structlog.get_logger("chronolog.api")
+_throttle = Throttle()
+# the failures of a service that is away (chronolog.lifecycle.unavailable), and the log's
+UNAVAILABLE = (OSError, LogError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+               asyncpg.InternalClientError, asyncpg.exceptions.OperatorInterventionError,
+               asyncpg.exceptions.TooManyConnectionsError)
 
 STATUS_WORDS = {
     400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
@@ -131,8 +147,42 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
                     headers=headers or None).response()
 
 
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    if not (unavailable(exc) or isinstance(exc, LogError)):
+        raise exc  # not a service away: a bug, answered 500 by the request guard
+    what = _service_of(exc)
+    text = f"{type(exc).__name__}: {exc}"[:300]
+    held = _throttle.take(what)
+    if held is not None:
+        log.warning("api_service_unavailable", service=what, error=text,
+                    path=request.url.path, **({"held_back": held} if held else {}))
+    return ApiError(503, f"{what} unreachable: {text}", None,
+                    headers={"Retry-After": "1"}).response()
+
+
+def _service_of(exc: BaseException) -> str:
+    """Which service a failure comes from: the log, the read model (asyncpg's errors, or a
+    refused connection raised inside asyncpg), or, when that cannot be told, a service."""
+    if isinstance(exc, LogError):
+        return "log"
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError
+                  | asyncpg.InternalClientError):
+        return "read model"
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.startswith("asyncpg"):
+            return "read model"
+        if module.startswith(("aiokafka", "chronolog.log")):
+            return "log"
+        tb = tb.tb_next
+    return "a service"
+
+
 def install_handlers(app: FastAPI) -> None:
     """Every error the app answers becomes the error body."""
+    for kind in UNAVAILABLE:
+        app.add_exception_handler(kind, _unavailable)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(InvalidDefinition, _refused)
     app.add_exception_handler(InvalidQuery, _refused)

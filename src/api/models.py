@@ -19,6 +19,7 @@ __all__ = [
     "MAX_SCHEDULE_ID",
     "CancelIn",
     "InstantOut",
+    "PauseIn",
     "PreviewOut",
     "ReconcileIn",
     "RevisedOut",
@@ -50,6 +51,12 @@ class TriggerIn(CamelModel):
 
 
 class CancelIn(CamelModel):
+    reason: str = Field(default="", max_length=1000)
+
+
+class PauseIn(CamelModel):
+    """``POST /v1/schedules/{id}:pause`` (optional body): why, recorded with the pause."""
+
     reason: str = Field(default="", max_length=1000)
 
 

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
+
+__all__ = ["Server", "server_config"]
+
+
+def server_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for the API. ``log_config=None``: uvicorn installs no handlers
+    of its own, so its records go through the process's logging set-up
+    (``chronolog.logging``: JSON lines when not on a terminal) like every other library's."""
+    return uvicorn.Config(app, host=host, port=port, log_config=None, **options)
 
 
 class Server(uvicorn.Server):

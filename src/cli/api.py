@@ -2,7 +2,7 @@
 
     chronolog api [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
                   [--database-url DSN] [--tenants FILE] [--host 127.0.0.1] [--port 8080]
-                  [--with-projector] [--reply-timeout S]
+                  [--with-projector] [--reply-timeout S] [--visible-timeout S]
 
 Commands go to the log through a ``Client`` (replies read back from ``replies``); queries
 read PostgreSQL (``--database-url`` / ``$CHRONOLOG_DATABASE_URL`` / an embedded server in
@@ -10,6 +10,12 @@ read PostgreSQL (``--database-url`` / ``$CHRONOLOG_DATABASE_URL`` / an embedded 
 ``$CHRONOLOG_TENANTS``; without a file the dev registry applies (tenant ``default``, token
 ``dev``). ``--with-projector`` also runs a projector in this process (single-node setups;
 read-your-writes then waits on it directly and ``/metrics`` includes fence rejections).
+
+``/healthz`` is its readiness (503 naming the log or the read model while either is away);
+``--ready-file PATH`` (env ``CHRONOLOG_READY_FILE``) writes the same to a file
+(``chronolog.readiness``). SIGTERM stops it within ``chronolog.lifecycle.HARD_STOP_S``
+whatever its services do: open requests get ``SHUTDOWN_S``, then the log, client and
+database close, and the process exits with status 1 if that has not happened in time.
 """
 
 from __future__ import annotations
@@ -20,12 +26,18 @@ import os
 import signal
 from typing import Any
 
-import uvicorn
-
-from chronolog.api.server import Server
-from chronolog.cli.flags import add_database_flag, add_log_flags, database, log_from_args
+from chronolog.api.server import Server, server_config
+from chronolog.cli.flags import (
+    add_database_flag,
+    add_log_flags,
+    add_ready_flag,
+    database,
+    log_from_args,
+)
 
 __all__ = ["register", "serve"]
+
+SHUTDOWN_S = 4  # after SIGTERM: requests still open are cancelled after this long
 
 
 def register(sub: Any) -> None:
@@ -41,13 +53,17 @@ def register(sub: Any) -> None:
                    help="seconds to wait for a command's reply before answering 503")
     p.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
                    help="largest request body (env CHRONOLOG_MAX_BODY_BYTES; default 256 KiB)")
+    p.add_argument("--visible-timeout", default=None, metavar="SECONDS",
+                   help="how long a write waits for the read model to show it (env "
+                   "CHRONOLOG_VISIBLE_TIMEOUT; default 2)")
+    add_ready_flag(p)
     p.set_defaults(func=_run)
 
 
 def _run(args: Any) -> int:
     from chronolog.cli.errors import UsageError
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, max_body_bytes
+    from chronolog.settings import ConfigError, max_body_bytes, visible_timeout
     from chronolog.tenants import dev_tenants, load_tenants
 
     configure_logging()
@@ -56,6 +72,7 @@ def _run(args: Any) -> int:
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
     try:
         args.max_body_bytes = max_body_bytes(args.max_body_bytes)
+        args.visible_timeout = visible_timeout(args.visible_timeout)
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -64,10 +81,13 @@ def _run(args: Any) -> int:
 
 async def serve(args: Any, tenants: Any) -> int:
     from chronolog.api.app import create_app
+    from chronolog.api.routes.ops import unavailable_services
     from chronolog.cli.errors import UsageError
     from chronolog.client import Client
+    from chronolog.lifecycle import HARD_STOP_S, hard_stop_after
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
+    from chronolog.readiness import Readiness, probing, ready_file
 
     log_ = log_from_args(args)
     async with database(args) as dsn:
@@ -89,14 +109,28 @@ async def serve(args: Any, tenants: Any) -> int:
                 task = asyncio.create_task(projector.run(), name="projector")
             app = create_app(client, store, tenants, projector=projector,
                              reply_timeout=args.reply_timeout,
-                             max_body_bytes=args.max_body_bytes)
-            config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                    lifespan="off")
+                             max_body_bytes=args.max_body_bytes,
+                             visible_timeout=args.visible_timeout)
+            # open requests get a few seconds after a signal; the whole process is bounded
+            config = server_config(app, args.host, args.port, log_level="warning",
+                                   lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S)
             server = Server(config)
             loop = asyncio.get_running_loop()
+
+            def on_signal() -> None:
+                if not server.should_exit:
+                    hard_stop_after(HARD_STOP_S)
+                server.request_exit()
+
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, server.request_exit)
-            await server.serve()
+                loop.add_signal_handler(sig, on_signal)
+
+            async def probe() -> tuple[bool, str]:
+                away = await unavailable_services(app.state.chronolog)
+                return (False, "; ".join(away)) if away else (True, "serving")
+
+            async with probing(Readiness("api", ready_file(args.ready_file)), probe):
+                await server.serve()
         finally:
             if projector is not None and task is not None:
                 projector.stop()

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from chronolog.cli.errors import UsageError
 from chronolog.devnode.node import run_dev
 
@@ -52,10 +50,12 @@ def _run(args: Any) -> int:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
+    log_path = None
     if args.quiet or not sys.stdout.isatty():
         configure_logging()
-    else:  # the live view owns the terminal: logs go to a file
-        _log_to_file(ddir / "dev.log")
+    else:  # the live view owns the terminal: logs go to a file (the banner says where)
+        log_path = ddir / "dev.log"
+        _log_to_file(log_path)
     if not _port_free(args.host, args.port):
         raise UsageError(f"invalid --port '{args.port}': {args.host}:{args.port} is in use")
     try:
@@ -64,7 +64,8 @@ def _run(args: Any) -> int:
                                    database_url=args.database_url or
                                    os.environ.get("CHRONOLOG_DATABASE_URL"),
                                    demo=not args.no_demo and not args.no_builtin,
-                                   tenants_path=tenants_path, builtin=not args.no_builtin))
+                                   tenants_path=tenants_path, builtin=not args.no_builtin,
+                                   log_path=log_path))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -84,17 +85,11 @@ def _tenants(path: str | None) -> Any:
 
 
 def _log_to_file(path: Path) -> None:
-    import logging
+    """Every log line as JSON into ``path`` (the libraries' from WARNING up)."""
+    from chronolog.logging import configure_logging
 
     stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-    structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
-        cache_logger_on_first_use=True,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=stream)
+    configure_logging(json=True, stream=stream, library_level="WARNING")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -5,6 +5,9 @@
 runner until SIGTERM/SIGINT (it finishes the intents at hand, or leaves waiting ones
 unrecorded). Effect destinations come from the tenants file (``--tenants``, env
 ``CHRONOLOG_TENANTS``); without one every effect is refused (recorded as failed).
+``--ready-file PATH`` (env ``CHRONOLOG_READY_FILE``) receives its readiness: ready while
+its consumer is in the effects group with every assigned partition folded and the log
+answers. It waits through a log outage (``chronolog.lifecycle.serve_log``).
 ``--database-url`` (env ``CHRONOLOG_DATABASE_URL``) is the node's read-model database: a
 ``postgres`` destination naming it is refused at start (exit 2), as is a ``kafka``
 destination on one of chronolog's own topics. ``--results`` is the result store directory
@@ -32,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from chronolog.cli.flags import add_log_flags, log_from_args
+from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args
 
 
 def register(sub: Any) -> None:
@@ -45,6 +48,7 @@ def register(sub: Any) -> None:
                    "(env CHRONOLOG_DATABASE_URL)")
     p.add_argument("--results", default=None, help="result store directory")
     p.add_argument("--member-id", default=None, help="group member id (default host-pid)")
+    add_ready_flag(p)
     p.set_defaults(func=_run_effects)
 
     r = sub.add_parser("reconcile", help="list and resolve runs waiting for an operator")
@@ -81,7 +85,10 @@ def _run_effects(args: Any) -> int:
     db = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     tenants = effect_tenants(args.tenants or os.environ.get("CHRONOLOG_TENANTS"),
                              log_.topics, db)
-    return asyncio.run(run_effects(log_, member, db, results, tenants))
+    from chronolog.readiness import ready_file
+
+    return asyncio.run(run_effects(log_, member, db, results, tenants,
+                                   ready_file(args.ready_file)))
 
 
 def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> Any:
@@ -100,15 +107,24 @@ def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> A
 
 
 async def run_effects(log_: Any, member: str, database_url: str | None,
-                      results_dir: str | None, tenants: Any = None) -> int:
+                      results_dir: str | None, tenants: Any = None,
+                      ready_file: str | None = None) -> int:
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.lifecycle import serve_log
+    from chronolog.readiness import Readiness, log_reachable, probing
     from chronolog.workers.results import FilesystemResultStore
 
     store = FilesystemResultStore(results_dir) if results_dir else None
     runner = EffectRunner(log_, member, database_url=database_url, result_store=store,
                           tenants=tenants)
-    return await serve_log(log_, runner.run, runner.stop)
+
+    async def probe() -> tuple[bool, str]:
+        ready, reason = runner.readiness()
+        away = await log_reachable(log_) if ready else None
+        return (False, away) if away else (ready, reason)
+
+    async with probing(Readiness("effects", ready_file), probe):
+        return await serve_log(log_, runner.run, runner.stop, "effects")
 
 
 # ---------------------------------------------------------------------- reconcile

@@ -1,10 +1,12 @@
-"""Flags shared by the sub-commands: where the log is, where the database is, which partitions."""
+"""Flags shared by the sub-commands: where the HTTP API is, where the log is, where the
+database is, which partitions."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,13 +16,24 @@ from chronolog.cli.errors import UsageError
 from chronolog.settings import ConfigError, data_dir, open_log, parse_log_url
 
 
-def add_log_flags(p: argparse.ArgumentParser) -> None:
+def add_log_flags(p: argparse.ArgumentParser, *, data_dir_help: str | None = None) -> None:
     """``--log URL``, ``--data-dir DIR``, ``--partitions N``, ``--topic-prefix P``."""
     p.add_argument("--log", help="sqlite:///path or kafka://host:port (env CHRONOLOG_LOG)")
-    p.add_argument("--data-dir", help="data directory for the embedded log (default ./.chronolog)")
+    p.add_argument("--data-dir", help=data_dir_help or
+                   "data directory for the embedded log (default ./.chronolog)")
     p.add_argument("--partitions", type=int, default=None,
                    help="partition count P (env CHRONOLOG_PARTITIONS, default 12)")
     p.add_argument("--topic-prefix", default=None, help="topic prefix (default chronolog.)")
+
+
+def add_api_flags(p: argparse.ArgumentParser) -> None:
+    """``--url URL`` and ``--token TOKEN``: a node's HTTP API (env ``CHRONOLOG_URL``,
+    ``CHRONOLOG_TOKEN``; the flags win)."""
+    p.add_argument("--url", default=None, metavar="URL",
+                   help="a chronolog node's HTTP API, e.g. http://127.0.0.1:8080 (env "
+                        "CHRONOLOG_URL; default: the dev node recorded in --data-dir)")
+    p.add_argument("--token", default=None, metavar="TOKEN",
+                   help="bearer token for --url (env CHRONOLOG_TOKEN)")
 
 
 def log_from_args(args: Any) -> Any:
@@ -36,6 +49,13 @@ def add_database_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database-url", default=None, metavar="DSN",
                    help="PostgreSQL DSN (env CHRONOLOG_DATABASE_URL; default: an embedded "
                         "PostgreSQL in DATA_DIR/postgres)")
+
+
+def add_ready_flag(p: argparse.ArgumentParser) -> None:
+    """``--ready-file PATH``: where a long-running process writes its readiness."""
+    p.add_argument("--ready-file", default=None, metavar="PATH",
+                   help="write this process's readiness as JSON {ready, reason, since} to PATH "
+                        "whenever it changes (env CHRONOLOG_READY_FILE)")
 
 
 def _usage(message: str) -> Exception:
@@ -63,6 +83,63 @@ async def database(args: Any) -> AsyncIterator[str]:
     finally:
         if not was_running:
             await asyncio.to_thread(pg.stop)
+
+
+@asynccontextmanager
+async def existing_database(args: Any, command: str) -> AsyncIterator[str]:
+    """The read model's DSN for an offline command (``chronolog replay``): ``--database-url``,
+    else ``$CHRONOLOG_DATABASE_URL``, else the embedded PostgreSQL of the data directory —
+    which must exist (a usage error otherwise: nothing is created). A stopped embedded server
+    is started for the command (a note on stderr) and stopped after it, unless another
+    client is connected to it by then (a dev node started meanwhile keeps its database)."""
+    url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
+    if url:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
+        yield url
+        return
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+
+    ddir = data_dir(getattr(args, "data_dir", None))
+    clusters = [ddir / "postgres", ddir / "pg"]  # chronolog dev, projector / older layouts
+    cluster = next((c for c in clusters if (c / "PG_VERSION").exists()), None)
+    if cluster is None:
+        raise _usage(f"invalid database-url: none given and no embedded PostgreSQL in "
+                     f"{ddir}/postgres (pass --database-url or set CHRONOLOG_DATABASE_URL)")
+    pg = EmbeddedPostgres(cluster)
+    try:
+        if await asyncio.to_thread(pg.is_running):
+            yield await asyncio.to_thread(pg.dsn)
+            return
+        print(f"note: starting the embedded PostgreSQL in {cluster} for {command} (stopped "
+              "again when it ends)", file=sys.stderr, flush=True)
+        dsn = await asyncio.to_thread(pg.start)
+    except EmbeddedPostgresError as exc:
+        raise _usage(f"invalid data-dir '{ddir}': its embedded PostgreSQL: "
+                     f"{str(exc).splitlines()[0]}") from None
+    try:
+        yield dsn
+    finally:
+        if await _other_clients(dsn):
+            print(f"note: left the embedded PostgreSQL in {cluster} running: another client "
+                  "connected to it meanwhile", file=sys.stderr, flush=True)
+        else:
+            await asyncio.to_thread(pg.stop)
+
+
+async def _other_clients(dsn: str) -> bool:
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10)
+    except Exception:  # noqa: BLE001 - unreachable: nobody else can be using it either
+        return False
+    try:
+        n = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                                "'client backend' AND pid <> pg_backend_pid()")
+        return bool(n)
+    finally:
+        await conn.close()
 
 
 def parse_partitions(text: str | None) -> list[int] | None:

@@ -1,16 +1,23 @@
+# PYTHON_ARGCOMPLETE_OK
 """The ``chronolog`` command line.
 
 Each sub-command lives in its own module exposing ``register(subparsers)``; this module only
 assembles them. Errors in user input exit with status 2 and one line on stderr naming the
-field and the bad value; no traceback is printed for them.
+field and the bad value; no traceback is printed for them. ``chronolog --version`` prints
+``chronolog <version>`` (the installed package's). Shell completion of sub-commands and
+flags comes from argcomplete: ``eval "$(register-python-argcomplete chronolog)"``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+import argcomplete
 
 from chronolog.cli.errors import UsageError
 
@@ -36,8 +43,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def package_version() -> str:
+    """The installed distribution's version (``unknown`` when it is not installed)."""
+    try:
+        return version("chronolog")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="chronolog", description="Event-sourced job scheduler.")
+    parser.add_argument("--version", action="version", version=f"chronolog {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:
@@ -53,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argcomplete.autocomplete(parser)  # only when the shell asks for completions (then exits)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
@@ -61,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`chronolog runs --json | head`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 141
     return int(rc or 0)
 
 

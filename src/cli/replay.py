@@ -1,46 +1,67 @@
-"""``chronolog replay``: rebuild the read model in PostgreSQL from offset 0 of the event log.
+"""``chronolog replay``: rebuild the PostgreSQL read model from offset 0 of the log, beside
+the live one, and put it in place in one transaction.
 
     chronolog replay [--log URL | --data-dir DIR] [--partitions N]
-                     --database-url DSN [--schema NAME] [--projection NAME]
+                     [--database-url DSN] [--schema NAME] [--projection NAME]
                      [--to-offset N | --until TIME] [--batch N]
 
-1. Resets the target: with ``--schema NAME`` the schema is dropped (CASCADE) and created
-   again; without it the read-model tables (``schedules``, ``runs``, ``attempts``,
-   ``effects``, ``projection_offsets``, ``schema_migrations``) of the connection's default
-   schema are dropped. Then the shipped migrations are applied (``store.migrate()``), so
-   the rebuild starts from empty tables of the current schema version. Stop the live
-   projector that writes the same tables first: a rebuild replaces them.
-2. Reads every partition of ``events`` (committed reads, through the EventLog port) from
-   offset 0 to its end offset taken at the start, and writes batches of ``--batch`` events
-   (default 1000) as ``PostgresProjectionStore.apply(project_batch(events), offsets)``: the
-   batch's row changes and the partition's next offset commit in one transaction, exactly
-   as the live projector's do, so a rebuild and the live tables agree row for row.
-3. ``--to-offset N`` stops every partition before offset N (the stored next offset is then
-   at most N, as in ``projection_offsets``); ``--until TIME`` (ISO-8601, naive = UTC) stops
-   each partition at its first event whose authority time ``at`` is later than TIME, so the
-   projection is always a prefix of every partition.
+The database is ``--database-url``, else ``$CHRONOLOG_DATABASE_URL``, else the embedded
+PostgreSQL of the data directory (``DIR/postgres`` of ``chronolog dev``; it must exist): a
+stopped one is started for the command and stopped after it, so ``chronolog replay
+--data-dir DIR`` alone rebuilds a stopped dev node's read model. The target is the schema
+``--schema NAME`` (created if missing), else the connection's default schema (its
+``current_schema()``, usually ``public``).
+
+A replay never empties tables that someone reads or writes:
+
+1. **The lease.** It takes the target schema's projection lease exclusively
+   (``chronolog.projections.lease``: a PostgreSQL advisory lock every running projector
+   holds, shared, for the schema it writes). If a projector holds it — a running
+   ``chronolog dev``, ``chronolog projector`` or ``chronolog api --with-projector`` on that
+   database and schema — nothing is touched: exit 1 with one line naming the holder,
+   ``error: unavailable: the projection 'main' is held by a running projector (pid N on
+   host H); stop it first or replay into --schema NAME``. The running projector goes on as
+   if nothing happened. A projector started while the replay runs waits for it, then goes
+   on from the rebuilt tables' offsets.
+2. **The build.** It migrates a fresh schema ``chronolog_replay_<random>`` from empty and
+   folds into it every partition of ``events`` from offset 0 to its end offset taken at the
+   start, in batches of ``--batch`` events (default 1000) written as
+   ``PostgresProjectionStore.apply(project_batch(events), offsets)`` — the row changes and the
+   partition's next offset in one transaction, exactly as the live projector writes them —
+   and the whole ``workers`` topic (the workers directory: ``workers``,
+   ``served_job_types``) and ``dlq`` topic (``dead_letters``), as far as they went at the
+   start. ``--to-offset N`` stops every partition of ``events`` before offset N; ``--until
+   TIME`` (ISO-8601, naive = UTC) stops each at its first event whose authority time ``at``
+   is later than TIME (a prefix of every partition). A record that does not decode is
+   skipped, as the live projector skips it (it dead-letters it), and named on stderr; a
+   replay writes nothing to the log.
+3. **The swap.** Only when the build is complete, one transaction replaces the target's
+   read-model tables by the fresh ones (``chronolog.projections.rebuild.swap_in``: lock,
+   drop the old, move the new in, keeping their owner and grants) and drops the fresh schema.
+   A reader sees the old read model or the new one, never a missing or half-built table. A
+   replay that fails before the swap drops its fresh schema and leaves the target as it was.
 
 A progress bar (rich) is drawn on stderr when it is a terminal. Exit 0 with one summary line
-on stdout; 2 with one line on stderr for bad input (log, DSN, schema, --until, --to-offset)
-or an unreachable database. A record that does not decode is skipped, as the live projector
-skips it (it dead-letters it), and named on stderr — so a replay rebuilds the live tables.
+on stdout; 2 with one line on stderr for bad input (log, DSN, schema, --until, --to-offset,
+a data directory without an embedded PostgreSQL) or an unreachable database; 1 with one line
+for a lease held by others or a failure during the replay (the target untouched).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
 from chronolog.cli.errors import UsageError
+from chronolog.cli.flags import existing_database
 from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
@@ -50,22 +71,36 @@ from chronolog.cli.log_reader import (
 )
 from chronolog.domain import messages as m
 from chronolog.domain.codec import DecodeError, decode_event
-from chronolog.log.port import EventLog
+from chronolog.log.port import EventLog, LogError
+from chronolog.projections.dead_letters import DeadLetterFold
+from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
+from chronolog.projections.migrate import MigrationError
 from chronolog.projections.project import project_batch
+from chronolog.projections.rebuild import (
+    FRESH_PREFIX,
+    SwapBusy,
+    check_versions,
+    drop_schema,
+    fresh_schema_name,
+    quote,
+    swap_in,
+)
 from chronolog.projections.store import TABLES, PostgresProjectionStore
+from chronolog.projections.workers import WorkerDirectory
 
-__all__ = ["ReplayError", "ReplayStats", "connect_store", "register", "replay", "reset"]
+__all__ = ["ReplayError", "ReplayStats", "connect_store", "fold_dead_letters", "fold_workers",
+           "rebuild", "register", "replay"]
 
 DEFAULT_BATCH = 1000
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-READ_MODEL_TABLES: tuple[str, ...] = (*TABLES, "projection_offsets", "schema_migrations")
+COUNTED: tuple[str, ...] = (*TABLES, "workers", "dead_letters")  # counts of the summary line
 
 # progress(events_consumed): called after every batch
 Progress = Callable[[int], None]
 
 
 class ReplayError(RuntimeError):
-    """The replay stopped (a record does not decode); committed batches stay."""
+    """The replay stopped before its swap; the target is untouched."""
 
 
 @dataclass
@@ -79,6 +114,10 @@ class ReplayStats:
     rows: dict[str, int] = field(default_factory=dict)  # row writes per table
     missing: int = 0  # partial changes that found no row
     skipped: list[str] = field(default_factory=list)  # "p<partition>@<offset>: <error>"
+    worker_records: int = 0  # records of the workers topic folded
+    letter_records: int = 0  # records of the dlq topic folded
+    counts: dict[str, int] = field(default_factory=dict)  # rows per table once built
+    schema: str = ""  # the schema the rebuilt read model was put in
 
 
 def register(subparsers: Any) -> None:
@@ -86,15 +125,18 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "replay",
         help="rebuild the PostgreSQL read model from offset 0 of the event log",
-        description="Drop and recreate the read-model tables, then project every event "
-                    "from offset 0 (optionally up to an offset or a time).",
+        description="Rebuild the read model from offset 0 (optionally up to an offset or a "
+                    "time) in a fresh schema, then swap it in for the live tables in one "
+                    "transaction. Refused while a projector runs on the same tables.",
     )
     add_log_arguments(parser)
     parser.add_argument("--database-url", metavar="DSN",
-                        help="PostgreSQL to rebuild (default: $CHRONOLOG_DATABASE_URL)")
+                        help="PostgreSQL to rebuild (default: $CHRONOLOG_DATABASE_URL, else "
+                             "the embedded PostgreSQL of the data directory, started for the "
+                             "command if it is stopped)")
     parser.add_argument("--schema", metavar="NAME",
-                        help="rebuild in this schema (dropped and created again) instead of "
-                             "the connection's default schema")
+                        help="put the rebuilt read model in this schema (created if missing) "
+                             "instead of the connection's default schema")
     parser.add_argument("--projection", default="main", metavar="NAME",
                         help="projection name in projection_offsets (default: main)")
     stop = parser.add_mutually_exclusive_group()
@@ -114,22 +156,10 @@ def register(subparsers: Any) -> None:
 async def connect_store(dsn: str, schema: str | None, projection: str = "main"
                         ) -> PostgresProjectionStore:
     """A store whose connections use ``schema`` first in their search_path."""
-    settings = {"search_path": f'"{schema}"'} if schema else None
+    settings = {"search_path": quote(schema)} if schema else None
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, server_settings=settings)
     assert pool is not None
     return PostgresProjectionStore(pool, projection)
-
-
-async def reset(store: PostgresProjectionStore, schema: str | None) -> None:
-    """Empty the target (drop the schema, or the read-model tables) and migrate it."""
-    async with store.pool.acquire() as conn:
-        if schema:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            await conn.execute(f'CREATE SCHEMA "{schema}"')
-        else:
-            names = ", ".join(f'"{t}"' for t in READ_MODEL_TABLES)
-            await conn.execute(f"DROP TABLE IF EXISTS {names} CASCADE")
-    await store.migrate()
 
 
 async def replay(
@@ -194,6 +224,106 @@ async def _write(store: PostgresProjectionStore, topic: str, p: int, start: int,
     stats.missing += sum(len(keys) for keys in result.missing.values())
 
 
+class _Fold(Protocol):
+    """A fold of a side topic into the read model (workers, dlq): one pass per ``step``."""
+
+    topic: str
+    records: int
+    skipped: list[str]
+
+    async def step(self, wait_ms: int = 0) -> int: ...
+
+
+async def _fold(log: EventLog, store: PostgresProjectionStore, fold: _Fold,
+                skipped: list[str] | None) -> int:
+    """Run ``fold`` up to its topic's end offsets now; the records read."""
+    try:
+        n = await log.partitions_for(fold.topic)
+    except LogError:
+        return 0  # a log from before that topic
+    ends = {p: await log.end_offset(fold.topic, p) for p in range(n)}
+    while True:
+        stored = {r["partition"]: r["next_offset"] for r in await store.pool.fetch(
+            "SELECT partition, next_offset FROM projection_offsets "
+            "WHERE projection = $1 AND topic = $2", store.projection, fold.topic)}
+        if all(stored.get(p, 0) >= end for p, end in ends.items()):
+            break
+        if await fold.step(0) == 0:
+            break  # nothing readable below the ends (commit markers, compacted records)
+    if skipped is not None:
+        skipped.extend(fold.skipped)
+    return fold.records
+
+
+async def fold_workers(log: EventLog, store: PostgresProjectionStore,
+                       skipped: list[str] | None = None) -> int:
+    """Fold the ``workers`` topic, up to its end offsets now, into the store's workers tables
+    (as the live projector's directory does, without dead-lettering); the records read."""
+    directory = WorkerDirectory(log, store.pool, store.projection, dead_letter=False)
+    return await _fold(log, store, directory, skipped)
+
+
+async def fold_dead_letters(log: EventLog, store: PostgresProjectionStore,
+                            skipped: list[str] | None = None) -> int:
+    """Fold the ``dlq`` topic, up to its end offsets now, into ``dead_letters`` (as the live
+    projector's fold does, without dead-lettering); the records read."""
+    letters = DeadLetterFold(log, store.pool, store.projection, dead_letter=False)
+    return await _fold(log, store, letters, skipped)
+
+
+async def rebuild(
+    log: EventLog,
+    dsn: str,
+    *,
+    schema: str | None = None,
+    projection: str = "main",
+    until: datetime | None = None,
+    batch: int = DEFAULT_BATCH,
+    stops: dict[int, int] | None = None,
+    progress: Progress | None = None,
+) -> ReplayStats:
+    """The whole replay (module docstring): lease, build in a fresh schema, swap in.
+
+    Raises ``LeaseHeld`` (nothing touched) when a projector holds the target's lease."""
+    settings = {"search_path": quote(schema)} if schema else None
+    try:
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, server_settings=settings)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise UsageError(f"cannot connect to database-url: {exc}") from None
+    assert pool is not None
+    try:
+        target = schema or await current_schema(pool)
+        lease = await ProjectionLease.exclusive(pool, target, projection)
+        try:
+            async with pool.acquire() as conn:
+                await check_versions(conn, target)
+            fresh = fresh_schema_name()
+            await pool.execute(f"CREATE SCHEMA {quote(fresh)}")
+            try:
+                store = await connect_store(dsn, fresh, projection)
+                try:
+                    await store.migrate()
+                    stats = await replay(log, store, until=until, batch=batch,
+                                         progress=progress, stops=stops)
+                    stats.worker_records = await fold_workers(log, store, stats.skipped)
+                    stats.letter_records = await fold_dead_letters(log, store, stats.skipped)
+                    for table in COUNTED:
+                        stats.counts[table] = int(await store.pool.fetchval(
+                            f"SELECT count(*) FROM {quote(table)}"))
+                finally:
+                    await store.close()
+                async with pool.acquire() as conn:
+                    await swap_in(conn, fresh, target)
+                stats.schema = target
+                return stats
+            finally:
+                await drop_schema(pool, fresh)  # left only by a failure before the swap
+        finally:
+            await lease.release()
+    finally:
+        await pool.close()
+
+
 # ---------------------------------------------------------------------------------------
 # the command
 
@@ -207,24 +337,26 @@ def _parse_until(text: str) -> datetime:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
-def _check(args: argparse.Namespace) -> tuple[str, datetime | None]:
-    dsn = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
-    if not dsn:
-        raise UsageError("invalid database-url: required (--database-url or "
-                         "CHRONOLOG_DATABASE_URL)")
-    if not dsn.startswith(("postgresql://", "postgres://")):
+def _check(args: argparse.Namespace) -> datetime | None:
+    dsn = args.database_url
+    if dsn is not None and not dsn.startswith(("postgresql://", "postgres://")):
         raise UsageError(f"invalid database-url '{dsn}': expected postgresql://...")
-    if args.schema is not None and not _SCHEMA.match(args.schema):
-        raise UsageError(f"invalid schema '{args.schema}': lower-case letters, digits and _")
+    if args.schema is not None:
+        if not _SCHEMA.match(args.schema):
+            raise UsageError(f"invalid schema '{args.schema}': lower-case letters, digits "
+                             "and _, at most 63")
+        if args.schema.startswith(("pg_", FRESH_PREFIX)):
+            raise UsageError(f"invalid schema '{args.schema}': names starting with pg_ or "
+                             f"{FRESH_PREFIX} are reserved")
     if args.to_offset is not None and args.to_offset < 0:
         raise UsageError(f"invalid to-offset '{args.to_offset}': must be >= 0")
     if args.batch < 1:
         raise UsageError(f"invalid batch '{args.batch}': must be >= 1")
-    return dsn, _parse_until(args.until) if args.until is not None else None
+    return _parse_until(args.until) if args.until is not None else None
 
 
-async def _run(args: argparse.Namespace) -> tuple[ReplayStats, dict[str, int]]:
-    dsn, until = _check(args)
+async def _run(args: argparse.Namespace) -> ReplayStats:
+    until = _check(args)
     cfg = log_config(args)
     log = await open_existing_log(cfg)
     try:
@@ -233,21 +365,11 @@ async def _run(args: argparse.Namespace) -> tuple[ReplayStats, dict[str, int]]:
         stops = {p: await log.end_offset(topic, p) for p in range(partitions)}
         if args.to_offset is not None:
             stops = {p: min(n, args.to_offset) for p, n in stops.items()}
-        try:
-            store = await connect_store(dsn, args.schema, args.projection)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise UsageError(f"cannot connect to database-url: {exc}") from None
-        try:
-            await reset(store, args.schema)
+        async with existing_database(args, "this replay") as dsn:
             with _progress_bar(sum(stops.values())) as advance:
-                stats = await replay(log, store, until=until, batch=args.batch,
-                                     progress=advance, stops=stops)
-            counts = {}
-            for table in TABLES:
-                counts[table] = int(await store.pool.fetchval(f'SELECT count(*) FROM "{table}"'))
-            return stats, counts
-        finally:
-            await store.close()
+                return await rebuild(log, dsn, schema=args.schema, projection=args.projection,
+                                     until=until, batch=args.batch, stops=stops,
+                                     progress=advance)
     finally:
         await log.close()
 
@@ -273,27 +395,43 @@ class _progress_bar:
             disable=not console.is_terminal,
         )
         self._task = self._progress.add_task("replay", total=total)
+        self._started = False
 
     def __enter__(self) -> Progress:
-        self._progress.start()
-        return lambda n: self._progress.advance(self._task, n)
+        def advance(n: int) -> None:  # drawn from the first batch on (not for a refusal)
+            if not self._started:
+                self._started = True
+                self._progress.start()
+            self._progress.advance(self._task, n)
+
+        return advance
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if self._started:
+            self._progress.stop()
 
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``chronolog replay``."""
     try:
-        stats, counts = asyncio.run(_run(args))
-    except ReplayError as exc:
-        print(f"replay stopped: {exc}", file=sys.stderr)
+        stats = asyncio.run(_run(args))
+    except LeaseHeld as exc:
+        print(f"error: unavailable: {exc}; stop it first or replay into --schema NAME",
+              file=sys.stderr)
         return 1
-    where = f"schema {args.schema}" if args.schema else "the default schema"
-    tables = ", ".join(f"{t} {n}" for t, n in counts.items())
+    except (ReplayError, MigrationError, SwapBusy) as exc:
+        print(f"error: replay stopped, the read model is untouched: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        text = str(exc).replace("\n", " ")
+        print(f"error: replay stopped, the read model is untouched: {type(exc).__name__}: "
+              f"{text}", file=sys.stderr)
+        return 1
+    tables = ", ".join(f"{t} {n}" for t, n in stats.counts.items())
     offsets = " ".join(f"p{p}={o}" for p, o in sorted(stats.offsets.items()))
     print(f"replay done: {stats.events} events from {stats.partitions} partitions into "
-          f"{where} (projection {args.projection}): {tables}; next offsets {offsets}")
+          f"schema {stats.schema} (projection {args.projection}): {tables}; next offsets "
+          f"{offsets}")
     for skipped in stats.skipped:
         print(f"note: skipped a record that does not decode: {skipped}", file=sys.stderr)
     if stats.missing:

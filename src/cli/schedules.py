@@ -1,4 +1,5 @@
-"""The operator CLI: schedules, runs and their history, on either log.
+"""The user CLI: schedules, runs and their history, through a node's HTTP API — or, for
+operators, straight on the log.
 
     chronolog schedule create ID (--cron EXPR [--tz ZONE] | --every DUR [--anchor ISO] | --at ISO)
                               --job TYPE [--params JSON] [--misfire skip|latest|all]
@@ -9,83 +10,98 @@
                               [--spec FILE.json]
     chronolog schedule revise ID --if-match REV (the same definition flags, or --spec)
     chronolog schedule pause|resume|delete ID
-    chronolog schedule list [--state ACTIVE|PAUSED|COMPLETED|DELETED] [--limit N]
+    chronolog schedule list [--state S[,S]] [--job-type T] [--resource-class C] [--prefix P]
+                            [--limit N] [--after CURSOR]
     chronolog schedule show ID
     chronolog trigger SCHEDULE_ID [--idempotency-key K] [--params JSON]
-    chronolog cancel RUN_ID [--schedule S] [--reason TEXT]
-    chronolog redrive RUN_ID [--schedule S]
-    chronolog runs SCHEDULE_ID [--limit N] [--state S[,S]] [--after CURSOR]
+    chronolog cancel RUN_ID [--reason TEXT]
+    chronolog redrive RUN_ID
+    chronolog runs [SCHEDULE_ID] [--state S[,S]] [--job-type T] [--from ISO] [--to ISO]
+                   [--limit N] [--after CURSOR]
     chronolog run RUN_ID
     chronolog workers list [--live | --not-live] [--limit N] [--after CURSOR]
 
-Every command takes the log flags (``--log``/``--data-dir``/``--partitions``/
-``--topic-prefix``, env ``CHRONOLOG_LOG`` ...), ``--tenant`` (default: the only tenant of the
-tenants file, else ``default``), ``--tenants FILE`` (env ``CHRONOLOG_TENANTS``; when given,
-the tenant must exist in it and its job types are checked locally, as the API does) and
-``--json`` (machine output: the HTTP API's camelCase bodies; see below).
+Where a command goes (``chronolog.cli.transport``; a flag wins over its variable):
 
-Writes go to the log through ``chronolog.client.Client`` and wait, bounded
-(``--timeout``, default 15 s), for the processor's reply. Reads come from the PostgreSQL
-read model through the queries and documents the API uses too
-(``chronolog.projections.read_model``, so ``--json`` prints exactly what the API would):
-``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the embedded PostgreSQL of
-``--data-dir`` (``DIR/pg`` as ``chronolog dev`` makes it, or ``DIR/postgres`` as ``chronolog
-projector`` makes it); a cluster that is not running is started for the command, with a note
-on stderr, and stopped again on exit.
+* ``--url URL --token TOKEN`` (env ``CHRONOLOG_URL``, ``CHRONOLOG_TOKEN``): that node's
+  HTTP API (``chronolog.cli.http``). The token names the tenant.
+* neither: the dev node recorded in the data directory (``--data-dir DIR``, env
+  ``CHRONOLOG_DATA_DIR``, default ``./.chronolog``): ``chronolog dev`` writes its URL and
+  token to ``DIR/node.json`` while it serves. None there (or a stale one), or one that does
+  not answer: exit status 2 with one line saying how to point the CLI at a node.
+* ``--log URL`` (env ``CHRONOLOG_LOG`` when no URL is set), for operators: direct access
+  (``chronolog.cli.direct``) — commands to the log through ``chronolog.client.Client``,
+  waiting (``--timeout``) for the processor's reply, reads from the PostgreSQL read model
+  (``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the data directory's embedded
+  PostgreSQL, started for the command when it is not running). With it come
+  ``--partitions``, ``--topic-prefix``, ``--tenant`` (default: the only tenant of the
+  tenants file, else ``default``) and ``--tenants FILE`` (env ``CHRONOLOG_TENANTS``: the
+  tenant must exist in it and its job types are checked locally, as the API does); given
+  without ``--log`` they are bad input. Direct access cannot answer ``runs`` across
+  schedules or by job type or time, nor ``schedule list`` by job type, resource class,
+  prefix or cursor (exit status 2, ``error: ... need(s) the API (--url)``); its ``schedule
+  list`` is one query: every state unless ``--state`` (the API: all but DELETED), up to
+  ``--limit`` 10,000, no ``nextCursor``.
+
+Both ways answer the HTTP API's bodies (camelCase), so ``--json`` prints the same document:
+create ``{scheduleId, revision, nextRunAt[, warnings]}``; revise ``{revision, nextRunAt}``;
+pause/resume/delete ``{scheduleId, revision, state, nextRunAt}``; trigger ``{runId, state}``;
+cancel and redrive ``{runId, state, outcome, attempt}``; show =
+``GET /v1/schedules/{id}``; list = ``GET /v1/schedules``; runs = ``GET
+/v1/schedules/{id}/runs`` (with an ID and no job-type or time filter), else ``GET /v1/runs``;
+run = ``GET /v1/runs/{id}``; workers list = ``GET /v1/workers``.
 
 Exit status
     0   done.
     1   the command was refused or could not be decided: one line on stderr
-        ``error: <status>: <reason>`` where status is the reply / API word (``invalid``,
-        ``forbidden``, ``not_found``, ``conflict``, ``quota``, ``stale_fence``) or
-        ``unavailable`` (no reply within the bound — the command may still be decided —, the
-        log or the database unreachable). With ``--json`` the API's error body
-        ``{"error", "field", "message", ...}`` is also printed on stdout.
+        ``error: <status>: <reason>`` where status is the API's (or the processor's) word
+        (``invalid``, ``unauthorized``, ``forbidden``, ``not_found``, ``conflict``,
+        ``quota``, ``stale_fence``, ...) or ``unavailable`` (no connection, a 503, no answer
+        within the bound — a write may still be decided —, the log or the database
+        unreachable). A 401 says whether the token was missing or wrong. With ``--json``
+        the API's error body ``{"error", "field", "message", ...}`` is also printed on
+        stdout.
     2   bad local input or configuration (validated before anything is sent): one line
-        naming the field and value, the same messages as ``chronolog preview``.
+        naming the field and value, the same messages as ``chronolog preview``; no node to
+        talk to.
 
 ``schedule create`` also says ``warning: ...`` on stderr (exit 0; ``warnings`` in ``--json``)
-when no worker of the schedule's resource class has ever served its job type, as far as the
-read model tells (checked only when a database is given or the data directory's embedded
-PostgreSQL is running). ``workers list`` reads every worker (an operator's view: all job
-types); ``runs`` and ``run`` show why a READY run waits (``waiting``).
-
-``--json`` shapes (as the API): create ``{scheduleId, revision, nextRunAt}``; revise
-``{revision, nextRunAt}``; pause/resume/delete ``{scheduleId, revision, state, nextRunAt}``;
-trigger ``{runId, state}``; cancel ``{runId, state, outcome}``; redrive ``{runId, state,
-attempt}``; show = ``GET /v1/schedules/{id}``; runs = ``GET /v1/schedules/{id}/runs``;
-run = ``GET /v1/runs/{id}``; workers list = ``GET /v1/workers``; list (no API counterpart)
-``{items: [{scheduleId, state, revision, nextRunAt, nextDueAt, createdAt, updatedAt,
-definition}], watermark}``.
+when no worker of the schedule's resource class has ever served its job type (the API's
+warning; with ``--log``, checked only when a database is given or the data directory's
+embedded PostgreSQL is running). ``workers list`` with an operator token (or ``--log``) shows
+every job type; ``runs`` and ``run`` show why a READY run waits (``waiting``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 import logging
 import os
 import re
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from chronolog.cli.errors import UsageError
-from chronolog.cli.flags import add_database_flag, add_log_flags
-from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronolog.cli import render
+from chronolog.cli.errors import Failure, UsageError
+from chronolog.cli.flags import add_api_flags, add_database_flag, add_log_flags
+from chronolog.cli.transport import (
+    Ctx,
+    RunsQuery,
+    SchedulesQuery,
+    Target,
+    Transport,
+    WorkersQuery,
+    select_target,
+    wants_direct,
+)
 from chronolog.domain import messages as m
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
@@ -95,63 +111,41 @@ from chronolog.domain.recurrence import (
     parse_instant,
     resolve_zone,
 )
-from chronolog.log.port import LogError
 from chronolog.logging import configure_logging
 from chronolog.projections.documents import (
     InvalidDefinition,
     ScheduleDefinition,
-    camel_path,
     field_of,
-    jsonable,
     to_spec,
 )
 from chronolog.projections.read_model import (
     MAX_PAGE,
+    SCHEDULE_STATES,
+    SCHEDULES_LISTED,
     InvalidQuery,
-    ReadModel,
-    RunCursor,
+    RunQuery,
+    ScheduleQuery,
     decode_run_cursor,
+    decode_run_list_cursor,
+    decode_schedule_cursor,
     decode_worker_cursor,
     parse_run_states,
-    run_document,
-    runs_page,
-    schedule_document,
-    schedule_summary,
-    watermark,
-    workers_page,
+    parse_schedule_states,
 )
-from chronolog.projections.workers import ever_served
-from chronolog.settings import ConfigError, LogConfig, data_dir, open_log, parse_log_url
+from chronolog.settings import ConfigError, parse_log_url
 from chronolog.tenants import load_tenants
 
 __all__ = ["build_definition", "register"]
 
 DEFAULT_TIMEOUT = 15.0
+DIRECT_LIST_LIMIT = 10_000  # schedule list with --log: one query, no cursor
 _DURATION_FLAGS = (("lease", "lease"), ("start_deadline", "startDeadline"), ("jitter", "jitter"))
 _TRIGGER_KEYS = ("cron", "every", "at", "delay", "anchor")
-
-
-# =======================================================================================
-# errors
+_RESOURCE_CLASS = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _usage(message: str) -> Exception:
     return UsageError(message)
-
-
-class Failure(Exception):
-    """A refused or undecidable operation: exit status 1, ``error: <status>: <message>``."""
-
-    def __init__(self, status: str, message: str, field: str | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.field = field
-        self.extra = extra or {}
-
-    def __str__(self) -> str:
-        return f"error: {self.status}: {self.message}"
 
 
 # =======================================================================================
@@ -159,7 +153,8 @@ class Failure(Exception):
 
 
 def register(sub: Any) -> None:
-    """Add ``schedule``, ``trigger``, ``cancel``, ``redrive``, ``runs`` and ``run``."""
+    """Add ``schedule``, ``trigger``, ``cancel``, ``redrive``, ``runs``, ``run`` and
+    ``workers``."""
     sched = sub.add_parser("schedule", help="create, revise, pause, resume, delete, list, show "
                            "schedules")
     ssub = sched.add_subparsers(dest="action", metavar="ACTION")
@@ -186,14 +181,26 @@ def register(sub: Any) -> None:
         p = ssub.add_parser(action, help=helptext)
         p.add_argument("schedule_id", metavar="ID")
         if action == "pause":
-            p.add_argument("--reason", default="", help="recorded with the pause")
+            p.add_argument("--reason", default="",
+                           help="recorded with the pause (with --log only: the HTTP API "
+                                "records none)")
         _common(p, write=True)
         p.set_defaults(func=_command(_lifecycle), lifecycle=action)
 
-    p = ssub.add_parser("list", help="list the tenant's schedules")
-    p.add_argument("--state", default=None, type=str.upper,
-                   choices=("ACTIVE", "PAUSED", "COMPLETED", "DELETED"), help="only this state")
-    p.add_argument("--limit", type=int, default=500, help="at most N (default 500)")
+    p = ssub.add_parser("list", help="the tenant's schedules, by ID")
+    p.add_argument("--state", default=None, metavar="S[,S]",
+                   help=f"only these states ({', '.join(SCHEDULE_STATES)}; default: all but "
+                        f"DELETED, with --log: all)")
+    p.add_argument("--job-type", default=None, metavar="T", help="only this job type")
+    p.add_argument("--resource-class", default=None, metavar="C",
+                   help="only this resource class")
+    p.add_argument("--prefix", default=None, metavar="P",
+                   help="only IDs starting with P (literally)")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"page size 1..{MAX_PAGE}, default 100 (with --log: at most N, "
+                        f"1..{DIRECT_LIST_LIMIT}, default 500)")
+    p.add_argument("--after", default=None, metavar="CURSOR",
+                   help="the nextCursor of the previous page")
     _common(p)
     p.set_defaults(func=_command(_list))
 
@@ -215,16 +222,26 @@ def register(sub: Any) -> None:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("run_id", metavar="RUN_ID")
         p.add_argument("--schedule", default=None, metavar="S",
-                       help="the run's schedule (default: looked up in the read model)")
+                       help="the run's schedule, with --log (default: looked up in the read "
+                            "model; the HTTP API looks it up itself)")
         if name == "cancel":
             p.add_argument("--reason", default="", help="recorded with the cancellation")
         _common(p, write=True)
         p.set_defaults(func=_command(_run_command), run_command=name)
 
-    p = sub.add_parser("runs", help="a schedule's runs, newest first")
-    p.add_argument("schedule_id", metavar="SCHEDULE_ID")
-    p.add_argument("--limit", type=int, default=50, help="page size 1..500 (default 50)")
+    p = sub.add_parser("runs", help="runs, newest first: a schedule's, or across schedules")
+    p.add_argument("schedule_id", metavar="SCHEDULE_ID", nargs="?", default=None,
+                   help="only this schedule's runs (without it: every schedule's, through "
+                        "the API)")
     p.add_argument("--state", default=None, metavar="S[,S]", help="only these run states")
+    p.add_argument("--job-type", default=None, metavar="T", help="only this job type")
+    p.add_argument("--from", dest="start", default=None, metavar="ISO",
+                   help="only runs scheduled at or after this instant")
+    p.add_argument("--to", dest="end", default=None, metavar="ISO",
+                   help="only runs scheduled before this instant")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"page size 1..{MAX_PAGE} (default: a schedule's own list 50, "
+                        f"else 100)")
     p.add_argument("--after", default=None, metavar="CURSOR",
                    help="the nextCursor of the previous page")
     _common(p)
@@ -244,7 +261,8 @@ def register(sub: Any) -> None:
                       help="only live workers")
     live.add_argument("--not-live", dest="live", action="store_const", const=False,
                       help="only workers that are not live (stopped or silent)")
-    p.add_argument("--limit", type=int, default=100, help="page size 1..500 (default 100)")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"page size 1..{MAX_PAGE} (default 100)")
     p.add_argument("--after", default=None, metavar="CURSOR",
                    help="the nextCursor of the previous page")
     _common(p)
@@ -252,16 +270,20 @@ def register(sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser, *, write: bool = False) -> None:
-    add_log_flags(p)
+    add_api_flags(p)
+    add_log_flags(p, data_dir_help="the data directory: where a dev node is found (its "
+                  "node.json), and with --log the embedded log's and PostgreSQL's (env "
+                  "CHRONOLOG_DATA_DIR, default ./.chronolog)")
     p.add_argument("--tenant", default=None,
-                   help="tenant (default: the only one in the tenants file, else 'default')")
-    p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
+                   help="with --log: the tenant (default: the only one in the tenants file, "
+                        "else 'default')")
+    p.add_argument("--tenants", default=None,
+                   help="with --log: tenants TOML (env CHRONOLOG_TENANTS)")
     p.add_argument("--json", action="store_true", help="machine output (the API's JSON)")
     if write:
         p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                       help=f"seconds to wait for the processor's reply (default "
-                            f"{DEFAULT_TIMEOUT:g})")
-    add_database_flag(p)  # every command accepts it (one set of flags); writes ignore it
+                       help=f"seconds to wait for the answer (default {DEFAULT_TIMEOUT:g})")
+    add_database_flag(p)  # with --log: every command accepts it (one set of flags)
 
 
 def _definition_flags(p: argparse.ArgumentParser) -> None:
@@ -289,44 +311,49 @@ def _definition_flags(p: argparse.ArgumentParser) -> None:
 
 
 # =======================================================================================
-# the command wrapper: local validation, then the async work, then the exit status
+# the command wrapper: local validation, then the transport, then the exit status
 
 
-@dataclass
-class Ctx:
-    """What every command resolves before it touches the log or the database."""
-
-    args: Any
-    log_cfg: LogConfig
-    tenant: str
-    allowed_jobs: frozenset[str] | None = None
+Work = Callable[[Transport], Coroutine[Any, Any, int]]
 
 
-Handler = Callable[[Ctx], Coroutine[Any, Any, int]]
-
-
-def _command(prepare_and_run: Callable[[Ctx], Handler]) -> Callable[[Any], int]:
-    """Wrap ``prepare_and_run`` (synchronous validation returning the async work)."""
+def _command(prepare: Callable[[Ctx], Work]) -> Callable[[Any], int]:
+    """Wrap ``prepare`` (synchronous validation returning the work to do on a transport)."""
 
     def run(args: Any) -> int:
         configure_logging()
         if not os.environ.get("CHRONOLOG_LOG_LEVEL"):
             # a failure is reported as one line; aiokafka's own connection errors would
-            # duplicate it (CHRONOLOG_LOG_LEVEL=DEBUG shows them)
+            # duplicate it, and httpx logs every request (CHRONOLOG_LOG_LEVEL=DEBUG shows them)
             logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+            for name in ("httpx", "httpcore"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         ctx = _context(args)
-        work = prepare_and_run(ctx)  # UsageError here: exit 2 before anything is sent
+        work = prepare(ctx)  # UsageError here: exit 2 before anything is sent
+        target = select_target(args)  # and here: no node to talk to
         try:
-            return asyncio.run(work(ctx))
+            return asyncio.run(_on_transport(ctx, target, work))
         except Failure as exc:
             if args.json:
-                body = {"error": exc.status, "field": exc.field, "message": exc.message,
-                        **exc.extra}
-                print(json.dumps(body))
+                print(json.dumps(exc.document()))
             print(str(exc), file=sys.stderr)
             return 1
 
     return run
+
+
+async def _on_transport(ctx: Ctx, target: Target, work: Work) -> int:
+    transport: Any
+    if target.direct:
+        from chronolog.cli.direct import DirectTransport
+
+        transport = DirectTransport(ctx)
+    else:
+        from chronolog.cli.http import HttpTransport
+
+        transport = HttpTransport(target, getattr(ctx.args, "timeout", DEFAULT_TIMEOUT))
+    async with transport:
+        return await work(transport)
 
 
 def _check_ids(args: Any) -> None:
@@ -342,13 +369,15 @@ def _check_ids(args: Any) -> None:
 
 def _context(args: Any) -> Ctx:
     _check_ids(args)
+    if not wants_direct(args):
+        return Ctx(args, direct=False)
     try:
         cfg = parse_log_url(args.log, args.data_dir, args.partitions, args.topic_prefix)
     except ConfigError as exc:
         raise _usage(str(exc)) from None
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
     if not path:
-        return Ctx(args, cfg, args.tenant or "default")
+        return Ctx(args, direct=True, tenant=args.tenant or "default", log_cfg=cfg)
     try:
         tenants = load_tenants(path)
     except ConfigError as exc:
@@ -362,7 +391,8 @@ def _context(args: Any) -> Ctx:
         raise _usage(f"invalid tenant '{args.tenant}': not in {path}")
     else:
         name = args.tenant
-    return Ctx(args, cfg, name, tenants.tenants[name].allowed_jobs)
+    return Ctx(args, direct=True, tenant=name, allowed_jobs=tenants.tenants[name].allowed_jobs,
+               log_cfg=cfg)
 
 
 # =======================================================================================
@@ -492,293 +522,101 @@ def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
         raise _usage(f"invalid {exc.field or 'spec'}: {exc.message}") from None
 
 
-def _check_job(ctx: Ctx, spec: Any) -> None:
-    if ctx.allowed_jobs is not None and spec.job.type not in ctx.allowed_jobs:
-        raise Failure("forbidden", f"job type '{spec.job.type}' not allowed", "job.type")
-
 
 # =======================================================================================
-# the log and the database
-
-
-@asynccontextmanager
-async def _client(ctx: Ctx) -> AsyncIterator[Any]:
-    """A started ``Client`` on the configured log (closed on exit)."""
-    if (ctx.log_cfg.kind == "sqlite"
-            and not Path(ctx.log_cfg.target).exists()):  # noqa: ASYNC240 - one local stat()
-        raise _usage(f"invalid log 'sqlite://{ctx.log_cfg.target}': no such file (start "
-                     f"`chronolog dev --data-dir DIR` or a processor first, or pass --log / "
-                     f"--data-dir)")
-    lg = open_log(ctx.log_cfg)
-    try:
-        try:
-            await lg.start()
-            client = Client(lg, principal=f"cli:{_user()}", reply_timeout=ctx.args.timeout)
-            await client.start()
-        except (TimeoutError, LogError, OSError) as exc:
-            raise Failure("unavailable", _log_problem(ctx, exc)) from None
-        try:
-            yield client
-        finally:
-            await client.close()
-    finally:
-        await lg.close()
-
-
-def _log_problem(ctx: Ctx, exc: BaseException) -> str:
-    where = (f"sqlite://{ctx.log_cfg.target}" if ctx.log_cfg.kind == "sqlite"
-             else f"kafka://{ctx.log_cfg.target}")
-    text = str(exc) or type(exc).__name__
-    hint = ""
-    if "unknown topic" in text:
-        hint = (f" (no chronolog topics with prefix '{ctx.log_cfg.topics.prefix}' there: is a "
-                f"processor running on this log?)")
-    return f"the log {where} is unavailable: {text}{hint}"
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in a container
-        return str(os.getuid())
-
-
-async def _send(ctx: Ctx, schedule_id: str, payload: Any) -> dict[str, Any]:
-    """Send one command; the ok body, or ``Failure`` (refused / timed out / no log)."""
-    async with _client(ctx) as client:
-        env = client.envelope(ctx.tenant, schedule_id, payload)
-        try:
-            reply = await client.send(env, ctx.args.timeout)
-        except ReplyTimeout:
-            again = ("read the resource, or retry with the same --idempotency-key"
-                     if getattr(ctx.args, "idempotency_key", None) else "read the resource")
-            raise Failure("unavailable", f"no reply from the processor within "
-                          f"{ctx.args.timeout:g}s; the command may still be decided: {again} "
-                          f"before retrying") from None
-        except LogError as exc:
-            raise Failure("unavailable", _log_problem(ctx, exc)) from None
-    try:
-        return raise_for(reply)
-    except CommandError as exc:
-        body = dict(exc.body)
-        fld = body.pop("field", None)
-        extra = {k: body[k] for k in ("revision", "state") if body.get(k) is not None}
-        raise Failure(exc.reply.status, exc.reason or exc.reply.status,
-                      camel_path(fld) if isinstance(fld, str) else None, extra) from None
-
-
-@asynccontextmanager
-async def _database(args: Any) -> AsyncIterator[str]:
-    """The read model's DSN: the flag, the environment, or the data dir's embedded server."""
-    url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
-    if url:
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
-        yield url
-        return
-    ddir = data_dir(args.data_dir)
-    clusters = [ddir / "pg", ddir / "postgres"]  # chronolog dev / chronolog projector
-    cluster = next((c for c in clusters if (c / "PG_VERSION").exists()), None)
-    if cluster is None:
-        raise _usage(f"invalid database-url: none given and no embedded PostgreSQL in "
-                     f"{ddir}/pg or {ddir}/postgres (pass --database-url or set "
-                     f"CHRONOLOG_DATABASE_URL)")
-    pg = EmbeddedPostgres(cluster)
-    try:
-        if await asyncio.to_thread(pg.is_running):
-            yield await asyncio.to_thread(pg.dsn)
-            return
-        print(f"note: starting the embedded PostgreSQL in {cluster} for this command (it is "
-              f"stopped again on exit; without a running projector its data may be stale)",
-              file=sys.stderr, flush=True)
-        dsn = await asyncio.to_thread(pg.start)
-    except EmbeddedPostgresError as exc:
-        raise Failure("unavailable", f"the embedded PostgreSQL in {cluster}: {exc}") from None
-    try:
-        yield dsn
-    finally:
-        await asyncio.to_thread(pg.stop)
-
-
-async def _job_warnings(ctx: Ctx, spec: Any) -> list[str]:
-    """The API's warning when no worker of the schedule's class has ever served its job
-    type; nothing when no read model is at hand without starting one."""
-    url = ctx.args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
-    if not url:
-        ddir = data_dir(ctx.args.data_dir)
-        for cluster in (ddir / "pg", ddir / "postgres"):
-            pg = EmbeddedPostgres(cluster)
-            if (cluster / "PG_VERSION").exists() and await asyncio.to_thread(pg.is_running):
-                url = await asyncio.to_thread(pg.dsn)
-                break
-    if not url:
-        return []
-    try:
-        conn = await asyncpg.connect(url, timeout=5)
-    except Exception:  # noqa: BLE001 - a warning is best effort
-        return []
-    try:
-        if await ever_served(conn, spec.resource_class, spec.job.type):
-            return []
-    except asyncpg.PostgresError:
-        return []
-    finally:
-        await conn.close()
-    return [f"no worker of resource class '{spec.resource_class}' has ever served job type "
-            f"'{spec.job.type}': its runs will wait READY until one does"]
-
-
-@asynccontextmanager
-async def _read_model(ctx: Ctx) -> AsyncIterator[ReadModel]:
-    """The read model on the configured database."""
-    async with _database(ctx.args) as dsn:
-        try:
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, timeout=10)
-        except Exception as exc:  # noqa: BLE001 - any connect failure is a configuration error
-            raise _usage(f"invalid database-url: cannot connect ({exc})") from None
-        assert pool is not None
-        try:
-            yield ReadModel(pool, ctx.log_cfg.topics.events)
-        except asyncpg.UndefinedTableError:
-            raise Failure("unavailable", "the database holds no chronolog read model (run "
-                          "`chronolog projector` against it)") from None
-        except (asyncpg.PostgresError, OSError) as exc:
-            raise Failure("unavailable", f"the database: {exc}") from None
-        finally:
-            await pool.close()
-
-
-async def _schedule_of_run(ctx: Ctx, run_id: str) -> str:
-    if ctx.args.schedule:
-        return str(ctx.args.schedule)
-    async with _read_model(ctx) as rm:
-        row = await rm.run(ctx.tenant, run_id)
-    if row is None:
-        raise Failure("not_found", f"no run '{run_id}' (in the read model; pass --schedule if "
-                      f"it is not projected yet)", "runId")
-    return str(row["schedule_id"])
-
-
-# =======================================================================================
-# output
-
-
-def _iso(t: Any) -> str | None:
-    if t is None:
-        return None
-    if isinstance(t, str):
-        t = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+# commands: validate, then the work on a transport
 
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data))
 
 
-def _console() -> Console:
-    # a pipe gets wide lines rather than rich's 80-column default
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _t(value: str | None) -> str:
-    """A UTC time for people: whole seconds (``2026-11-29T10:37:28Z``)."""
-    if not value:
-        return "-"
-    return value.split(".", 1)[0].removesuffix("Z") + "Z"
+def _limit(value: int | None, top: int = MAX_PAGE) -> int | None:
+    if value is not None and not 1 <= value <= top:
+        raise _usage(f"invalid limit '{value}': must be 1..{top}")
+    return value
 
 
-def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*["" if v is None else str(v) for v in r])
-    return table
+def _after(value: str | None) -> str | None:
+    if value is not None and (not value or len(value) > 2000 or not value.isascii()
+                              or not value.isprintable() or " " in value):
+        raise _usage(f"invalid after '{_short(value.encode('unicode_escape').decode(), 40)}': "
+                     f"not a cursor of this API")
+    return value
 
 
-def _kv(pairs: list[tuple[str, Any]]) -> Table:
-    table = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
-    for k, v in pairs:
-        table.add_row(k, "-" if v is None or v == "" else str(v))
-    return table
+def _job_type(value: str | None) -> str | None:
+    if value is not None and (not 1 <= len(value) <= 200 or "\x00" in value):
+        shown = _short(value.encode("unicode_escape").decode())
+        raise _usage(f"invalid jobType '{shown}': 1 to 200 characters, no NUL")
+    return value
 
 
-# =======================================================================================
-# commands
+def _needs_api(ctx: Ctx, what: str) -> None:
+    if ctx.direct:
+        raise _usage(f"error: {what} the API (--url)")
 
 
-def _create(ctx: Ctx) -> Handler:
-    _body, spec = build_definition(ctx.args, ctx.args.schedule_id)
+def _create(ctx: Ctx) -> Work:
+    sid = ctx.args.schedule_id
+    body, spec = build_definition(ctx.args, sid)
 
-    async def work(ctx: Ctx) -> int:
-        _check_job(ctx, spec)
-        out = await _send(ctx, ctx.args.schedule_id,
-                          m.CreateSchedule(spec=spec, request_key=ctx.args.idempotency_key))
-        result: dict[str, Any] = {"scheduleId": ctx.args.schedule_id,
-                                  "revision": out["revision"],
-                                  "nextRunAt": _iso(out.get("next_run_at"))}
-        warnings = await _job_warnings(ctx, spec)
-        if warnings:
-            result["warnings"] = warnings
+    async def work(t: Transport) -> int:
+        result = await t.create_schedule(sid, body, spec, ctx.args.idempotency_key)
         if ctx.args.json:
             _print_json(result)
         else:
-            print(f"created schedule {result['scheduleId']} (revision {result['revision']}); "
-                  f"next run {result['nextRunAt'] or '-'}")
-        for w in warnings:
+            render.created(result)
+        for w in result.get("warnings") or ():
             print(f"warning: {w}", file=sys.stderr)
         return 0
 
     return work
 
 
-def _revise(ctx: Ctx) -> Handler:
+def _revise(ctx: Ctx) -> Work:
     if ctx.args.if_match < 1:
         raise _usage(f"invalid If-Match '{ctx.args.if_match}': expected a revision >= 1")
-    _body, spec = build_definition(ctx.args, ctx.args.schedule_id)
+    sid = ctx.args.schedule_id
+    body, spec = build_definition(ctx.args, sid)
 
-    async def work(ctx: Ctx) -> int:
-        _check_job(ctx, spec)
-        out = await _send(ctx, ctx.args.schedule_id,
-                          m.ReviseSchedule(spec=spec, expected_revision=ctx.args.if_match))
-        result = {"revision": out["revision"], "nextRunAt": _iso(out.get("next_run_at"))}
+    async def work(t: Transport) -> int:
+        result = await t.revise_schedule(sid, body, spec, ctx.args.if_match)
         if ctx.args.json:
             _print_json(result)
         else:
-            print(f"revised schedule {ctx.args.schedule_id} (revision {result['revision']}); "
-                  f"next run {result['nextRunAt'] or '-'}")
+            render.revised(sid, result)
         return 0
 
     return work
 
 
-def _lifecycle(ctx: Ctx) -> Handler:
+def _lifecycle(ctx: Ctx) -> Work:
     action = ctx.args.lifecycle
-    commands: dict[str, Callable[[], Any]] = {
-        "pause": lambda: m.PauseSchedule(reason=ctx.args.reason),
-        "resume": m.ResumeSchedule, "delete": m.DeleteSchedule}
-    payload = commands[action]()
+    reason = getattr(ctx.args, "reason", "")
+    if action == "pause":
+        try:
+            m.PauseSchedule(reason=reason)  # its limits, before sending
+        except ValidationError as exc:
+            msg = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
+            raise _usage(f"invalid reason: {msg}") from None
 
-    async def work(ctx: Ctx) -> int:
-        out = await _send(ctx, ctx.args.schedule_id, payload)
-        result = {"scheduleId": ctx.args.schedule_id, "revision": out["revision"],
-                  "state": out["state"], "nextRunAt": _iso(out.get("next_run_at"))}
+    async def work(t: Transport) -> int:
+        result = await t.change_state(ctx.args.schedule_id, action, reason)
         if ctx.args.json:
             _print_json(result)
         else:
-            done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[action]
-            nxt = f"; next run {result['nextRunAt']}" if result["state"] == "ACTIVE" and \
-                result["nextRunAt"] else ""
-            print(f"{done} schedule {result['scheduleId']}: {result['state']} (revision "
-                  f"{result['revision']}){nxt}")
+            render.state_changed(action, result)
         return 0
 
     return work
 
 
-def _trigger(ctx: Ctx) -> Handler:
+def _trigger(ctx: Ctx) -> Work:
     params = _json_object(ctx.args.params, "params") if ctx.args.params is not None else None
     key = ctx.args.idempotency_key or f"cli-{uuid.uuid4().hex}"
     if len(key) > 200:
@@ -788,264 +626,180 @@ def _trigger(ctx: Ctx) -> Handler:
     except ValidationError as exc:
         msg = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
         raise _usage(f"invalid params: {msg}") from None
+    sid = ctx.args.schedule_id
 
-    async def work(ctx: Ctx) -> int:
+    async def work(t: Transport) -> int:
         try:
-            out = await _send(ctx, ctx.args.schedule_id, m.TriggerRun(request_key=key,
-                                                                       params=params))
+            result = await t.trigger(sid, key, params)
         except Failure as exc:
             if exc.status == "unavailable" and ctx.args.idempotency_key is None:
                 exc.message += f" (this trigger's key: --idempotency-key {key})"
             raise
-        result = {"runId": out["run_id"], "state": out["state"]}
         if ctx.args.json:
             _print_json(result)
         else:
-            print(f"triggered run {result['runId']} of {ctx.args.schedule_id}: "
-                  f"{result['state']}")
+            render.triggered(sid, result)
         return 0
 
     return work
 
 
-def _run_command(ctx: Ctx) -> Handler:
-    name = ctx.args.run_command
-    run_id = ctx.args.run_id
+def _run_command(ctx: Ctx) -> Work:
+    name, run_id = ctx.args.run_command, ctx.args.run_id
+    schedule = ctx.args.schedule
+    if schedule is not None and (len(schedule) > 200
+                                 or not re.fullmatch(SCHEDULE_ID_PATTERN, schedule)):
+        raise _usage(f"invalid schedule '{_short(schedule.encode('unicode_escape').decode())}': "
+                     f"not a schedule ID")
+    reason = getattr(ctx.args, "reason", "")
+    if len(reason) > 1000:
+        raise _usage(f"invalid reason '{_short(reason)}': at most 1000 characters")
 
-    async def work(ctx: Ctx) -> int:
-        schedule_id = await _schedule_of_run(ctx, run_id)
+    async def work(t: Transport) -> int:
         if name == "cancel":
-            out = await _send(ctx, schedule_id, m.CancelRun(run_id=run_id,
-                                                            reason=ctx.args.reason))
-            result: dict[str, Any] = {"runId": run_id, "state": out.get("state", ""),
-                                      "outcome": out.get("outcome")}
-            text = ("cancellation requested (the run is executing)"
-                    if result["outcome"] == "requested" else "cancelled")
+            result = await t.cancel(run_id, schedule, reason)
         else:
-            out = await _send(ctx, schedule_id, m.RedriveRun(run_id=run_id))
-            result = {"runId": run_id, "state": out.get("state", "READY"),
-                      "attempt": out.get("attempt")}
-            text = f"redriven: {result['state']} (attempt {result['attempt']})"
+            result = await t.redrive(run_id, schedule)
         if ctx.args.json:
             _print_json(result)
         else:
-            print(f"run {run_id}: {text}")
+            render.run_written(name, run_id, result)
         return 0
 
     return work
 
 
-def _show(ctx: Ctx) -> Handler:
-    async def work(ctx: Ctx) -> int:
-        sid = ctx.args.schedule_id
-        async with _read_model(ctx) as rm:
-            row = await rm.schedule(ctx.tenant, sid)
-            if row is None:
-                raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-            doc = await schedule_document(rm, row, datetime.now(UTC))
+def _show(ctx: Ctx) -> Work:
+    async def work(t: Transport) -> int:
+        doc = await t.schedule(ctx.args.schedule_id)
         if ctx.args.json:
             _print_json(doc)
-            return 0
-        d = doc["definition"]
-        con = _console()
-        con.print(_kv([
-            ("schedule", doc["scheduleId"]), ("state", doc["state"]),
-            ("revision", doc["revision"]), ("rule", _rule_text(d)),
-            ("job", f"{d['job']['type']} {json.dumps(d['job'].get('params') or {})}"),
-            ("misfire", _policy_text(d.get("misfire"))), ("overlap", d.get("overlap")),
-            ("retry", json.dumps(d.get("retry")) if d.get("retry") else None),
-            ("lease", d.get("lease")), ("startDeadline", d.get("startDeadline")),
-            ("jitter", d.get("jitter")), ("nextRunAt", _t(doc["nextRunAt"])),
-            ("created / updated", f"{_t(doc['createdAt'])} / {_t(doc['updatedAt'])}"),
-        ] + ([("paused", f"{_t(doc['pausedAt'])} {doc['pauseReason'] or ''}".strip())]
-             if doc["pausedAt"] else [])
-          + ([("completed", f"{_t(doc['completedAt'])} ({doc['completedReason']})")]
-             if doc["completedAt"] else [])))
-        if doc["resume"] is not None and doc["resume"]["instants"]:
-            con.print(_table("a resume now would", ["scheduledAt", "through", "count", "action"],
-                             [[_t(i["scheduledAt"]), _t(i["through"]) if i["through"] else "",
-                               i["count"], i["action"] + (f" ({i['reason']})" if i["reason"]
-                                                          else "")]
-                              for i in doc["resume"]["instants"]]))
-        if doc["preview"]:
-            con.print(_table("next instants", ["#", "scheduledAt", "dueAt", "local"],
-                             [[i, _t(p["scheduledAt"]), _t(p["dueAt"]), p["local"]]
-                              for i, p in enumerate(doc["preview"], 1)]))
         else:
-            con.print(f"no upcoming instants ({doc['state']})")
+            render.schedule(doc)
         return 0
 
     return work
 
 
-def _rule_text(d: dict[str, Any]) -> str:
-    if "cron" in d:
-        return f"cron '{d['cron']}' {d.get('timezone', 'UTC')}"
-    if "every" in d:
-        return f"every {d['every']:g}s" + (f" anchor {d['anchor']}" if d.get("anchor") else "")
-    if "at" in d:
-        return f"at {d['at']}"
-    if "delay" in d:
-        return f"delay {d['delay']:g}s"
-    return "-"
-
-
-def _policy_text(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return str(value.get("policy"))
-    return None if value is None else str(value)
-
-
-def _list(ctx: Ctx) -> Handler:
-    if not 1 <= ctx.args.limit <= 10_000:
-        raise _usage(f"invalid limit '{ctx.args.limit}': must be 1..10000")
-
-    async def work(ctx: Ctx) -> int:
-        async with _read_model(ctx) as rm:
-            offsets, wm_time = await rm.offsets()
-            rows = await rm.schedules(ctx.tenant, ctx.args.state, ctx.args.limit)
-        items = [schedule_summary(r) for r in rows]
-        doc = {"items": items, "watermark": jsonable(
-            watermark(offsets, wm_time, ctx.log_cfg.topics.partitions))}
-        if ctx.args.json:
-            _print_json(doc)
-            return 0
-        if not items:
-            print("no schedules" + (f" in state {ctx.args.state}" if ctx.args.state else ""))
-            return 0
-        _console().print(_table(None, ["schedule", "state", "rev", "rule", "job", "nextRunAt"],
-                                [[i["scheduleId"], i["state"], i["revision"],
-                                  _rule_text(i["definition"]), i["definition"]["job"]["type"],
-                                  _t(i["nextRunAt"])] for i in items]))
-        return 0
-
-    return work
-
-
-def _runs(ctx: Ctx) -> Handler:
+def _list(ctx: Ctx) -> Work:
     args = ctx.args
-    if not 1 <= args.limit <= MAX_PAGE:
-        raise _usage(f"invalid limit '{args.limit}': must be 1..{MAX_PAGE}")
-    cursor: RunCursor | None = None
+    states: tuple[str, ...] | None = None
     try:
-        states = parse_run_states(args.state)
-        if args.after:
-            cursor = decode_run_cursor(args.after, args.schedule_id, states)
+        if args.state is not None:
+            states = parse_schedule_states(args.state) if args.state.strip(" ,") else ()
+            if not states:
+                raise InvalidQuery(f"invalid state '{args.state}': expected a comma-separated "
+                                   f"list of {', '.join(SCHEDULE_STATES)}", "state")
     except InvalidQuery as exc:
         raise _usage(exc.message) from None
-
-    async def work(ctx: Ctx) -> int:
-        sid = args.schedule_id
-        async with _read_model(ctx) as rm:
-            if await rm.schedule(ctx.tenant, sid) is None:
-                raise Failure("not_found", f"no schedule '{sid}'", "scheduleId")
-            page = await runs_page(rm, ctx.tenant, sid, states=states, after=cursor,
-                                   limit=args.limit, partitions=ctx.log_cfg.topics.partitions)
-        doc: dict[str, Any] = jsonable(page)
-        dumped: list[dict[str, Any]] = doc["items"]
-        next_cursor = doc["nextCursor"]
-        if args.json:
-            _print_json(doc)
-            return 0
-        con = _console()
-        if not dumped:
-            con.print(f"no runs of {sid}" + (f" in state {args.state}" if states else ""))
-        else:
-            waits = any(i["waiting"] for i in dumped)
-            con.print(_table(None, ["runId", "scheduledAt", "state", "attempt", "startedAt",
-                                    "finishedAt", *(["waiting"] if waits else [])],
-                             [[i["runId"], _t(i["scheduledAt"]), i["state"], i["attempt"],
-                               _t(i["startedAt"]), _t(i["finishedAt"]),
-                               *([i["waiting"] or ""] if waits else [])]
-                              for i in dumped]))
-        if next_cursor:
-            con.print(f"more: --after {next_cursor}", soft_wrap=True)
-        return 0
-
-    return work
-
-
-def _run(ctx: Ctx) -> Handler:
-    async def work(ctx: Ctx) -> int:
-        run_id = ctx.args.run_id
-        async with _read_model(ctx) as rm:
-            doc = await run_document(rm, ctx.tenant, run_id)
-        if doc is None:
-            raise Failure("not_found", f"no run '{run_id}'", "runId")
-        if ctx.args.json:
-            _print_json(doc)
-            return 0
-        con = _console()
-        pairs: list[tuple[str, Any]] = [
-            ("run", doc["runId"]), ("schedule", f"{doc['scheduleId']} (revision "
-                                                f"{doc['revision']})"),
-            ("trigger", doc["trigger"] + (f" key {doc['requestKey']}" if doc["requestKey"]
-                                          else "")),
-            ("state", doc["state"]), ("job", f"{doc['jobType']} {json.dumps(doc['params'])}"),
-            ("scheduledAt", doc["scheduledAt"]), ("dueAt", doc["dueAt"]),
-            ("startedAt", doc["startedAt"]), ("finishedAt", doc["finishedAt"]),
-            ("lateness", None if doc["latenessMs"] is None else f"{doc['latenessMs']} ms"),
-        ]
-        for key in ("waiting", "skippedReason", "cancelReason", "deadReason", "deadMessage",
-                    "lastError"):
-            if doc.get(key):
-                pairs.append((key, doc[key]))
-        if doc["cancellationRequested"]:
-            pairs.append(("cancellation", "requested"))
-        res = doc["result"]
-        if res is not None:
-            where = res.get("uri") or _short(json.dumps(res.get("inline")), 100)
-            pairs.append(("result", f"{where} ({res['size']} bytes, checksum "
-                                    f"{res['checksum']}, attempt {res.get('attempt')})"))
-        con.print(_kv(pairs))
-        if doc["attempts"]:
-            con.print(_table("attempts", ["#", "fence", "worker", "claimedAt", "leaseUntil",
-                                          "outcome", "error"],
-                             [[a["attempt"], a["fence"], a["workerId"], _t(a["claimedAt"]),
-                               _t(a["leaseUntil"]), a["outcome"] or "(running)",
-                               a["error"] or ""] for a in doc["attempts"]]))
-        if doc["effects"]:
-            con.print(_table("effects", ["effectId", "kind", "state", "attempts"],
-                             [[e["effectId"], e["kind"], e["state"], e["attempts"]]
-                              for e in doc["effects"]]))
-        return 0
-
-    return work
-
-
-def _workers(ctx: Ctx) -> Handler:
-    args = ctx.args
-    if not 1 <= args.limit <= MAX_PAGE:
-        raise _usage(f"invalid limit '{args.limit}': must be 1..{MAX_PAGE}")
-    last: str | None = None
-    if args.after:
-        try:
-            last = decode_worker_cursor(args.after, args.live)
+    if args.resource_class is not None and not _RESOURCE_CLASS.fullmatch(args.resource_class):
+        raise _usage(f"invalid resourceClass '{_short(args.resource_class)}': 1 to 64 of "
+                     f"A-Z a-z 0-9 _ -")
+    if args.prefix is not None and (not 1 <= len(args.prefix) <= 200 or "\x00" in args.prefix):
+        shown = _short(args.prefix.encode("unicode_escape").decode())
+        raise _usage(f"invalid prefix '{shown}': 1 to 200 characters, no NUL")
+    query = SchedulesQuery(states=states, job_type=_job_type(args.job_type),
+                           resource_class=args.resource_class, prefix=args.prefix,
+                           limit=_limit(args.limit, DIRECT_LIST_LIMIT if ctx.direct
+                                        else MAX_PAGE),
+                           after=_after(args.after))
+    for flag, value in (("--job-type", args.job_type), ("--resource-class", args.resource_class),
+                        ("--prefix", args.prefix), ("--after", args.after)):
+        if value is not None:
+            _needs_api(ctx, f"schedule list {flag} needs")
+    if args.after is not None:
+        try:  # the cursor of the same filters, as the API checks it
+            decode_schedule_cursor(args.after, ScheduleQuery(
+                states=states or SCHEDULES_LISTED, job_type=args.job_type,
+                resource_class=args.resource_class, prefix=args.prefix))
         except InvalidQuery as exc:
             raise _usage(exc.message) from None
 
-    async def work(ctx: Ctx) -> int:
-        async with _read_model(ctx) as rm:
-            page = await workers_page(rm.pool, after=last, limit=args.limit, live=args.live,
-                                      allowed=None)
-        doc: dict[str, Any] = jsonable(page)
+    async def work(t: Transport) -> int:
+        doc = await t.schedules(query)
         if args.json:
             _print_json(doc)
-            return 0
-        con = _console()
-        if not doc["items"]:
-            con.print("no workers" + ("" if args.live is None else
-                                      " live" if args.live else " that are not live"))
         else:
-            con.print(_table(None, ["workerId", "live", "class", "jobTypes", "slots",
-                                    "lastSeen", "startedAt"],
-                             [[w["workerId"], "yes" if w["live"] else
-                               ("stopped" if w["stopped"] else "no"), c["resourceClass"],
-                               ",".join(c["jobTypes"]) or "-", c["slots"], _t(w["lastSeen"]),
-                               _t(w["startedAt"])]
-                              for w in doc["items"] for c in w["classes"]]))
-        if doc["nextCursor"]:
-            con.print(f"more: --after {doc['nextCursor']}", soft_wrap=True)
+            render.schedules(doc, ",".join(states) if states else None)
+        return 0
+
+    return work
+
+
+def _instant(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_instant(value, "UTC", field=name)
+    except RecurrenceError as exc:
+        raise _usage(str(exc)) from None
+
+
+def _runs(ctx: Ctx) -> Work:
+    args = ctx.args
+    sid = args.schedule_id
+    start, end = _instant(args.start, "from"), _instant(args.end, "to")
+    try:
+        states = parse_run_states(args.state)
+        filters = RunQuery(states=tuple(states) if states else None, job_type=args.job_type,
+                           schedule_id=sid, since=start, until=end)  # from after to: refused
+    except InvalidQuery as exc:
+        raise _usage(exc.message) from None
+    query = RunsQuery(schedule_id=sid, states=filters.states,
+                      job_type=_job_type(args.job_type),
+                      start=_iso(start) if start else None, end=_iso(end) if end else None,
+                      limit=_limit(args.limit), after=_after(args.after))
+    if sid is None:
+        _needs_api(ctx, "runs across schedules need")
+    elif not query.of_one_schedule:
+        _needs_api(ctx, "runs by job type or time need")
+    if args.after is not None:
+        try:  # the cursor of the same list and filters, as the API checks it
+            if query.of_one_schedule:
+                decode_run_cursor(args.after, sid, states)
+            else:
+                decode_run_list_cursor(args.after, filters)
+        except InvalidQuery as exc:
+            raise _usage(exc.message) from None
+
+    async def work(t: Transport) -> int:
+        doc = await t.runs(query)
+        if args.json:
+            _print_json(doc)
+        else:
+            render.runs(doc, sid, args.state if states else None)
+        return 0
+
+    return work
+
+
+def _run(ctx: Ctx) -> Work:
+    async def work(t: Transport) -> int:
+        doc = await t.run(ctx.args.run_id)
+        if ctx.args.json:
+            _print_json(doc)
+        else:
+            render.run(doc)
+        return 0
+
+    return work
+
+
+def _workers(ctx: Ctx) -> Work:
+    args = ctx.args
+    if args.after:
+        try:
+            decode_worker_cursor(args.after, args.live)
+        except InvalidQuery as exc:
+            raise _usage(exc.message) from None
+    query = WorkersQuery(live=args.live, limit=_limit(args.limit), after=_after(args.after))
+
+    async def work(t: Transport) -> int:
+        doc = await t.workers(query)
+        if args.json:
+            _print_json(doc)
+        else:
+            render.workers(doc, args.live)
         return 0
 
     return work

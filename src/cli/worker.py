@@ -2,7 +2,10 @@
 
 ``chronolog worker [--log URL|--data-dir DIR] [--partitions N] [--classes a,b]
 [--concurrency N] [--worker-id ID] [--builtin-jobs] [--jobs MODULE_OR_FILE ...]``
-runs a worker until SIGTERM/SIGINT (graceful drain; a second signal forces it). ``--jobs``
+runs a worker until SIGTERM/SIGINT (graceful drain; a second signal forces it); started
+while the log is away, it waits for it. ``--ready-file PATH`` (env ``CHRONOLOG_READY_FILE``)
+receives its readiness: ready while the consumer of every resource class is in its group
+and the log answers. ``--jobs``
 imports a module (``pkg.mod``) or a file (``path/jobs.py``) and calls its
 ``register(worker)``. Staged results go to ``--results DIR`` (default ``<data dir>/results``).
 
@@ -21,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chronolog.cli.flags import add_log_flags, log_from_args
+from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args
 
 
 def register(sub: Any) -> None:
@@ -44,6 +47,7 @@ def register(sub: Any) -> None:
     p.add_argument("--reply-timeout", type=float, default=10.0,
                    help="seconds to wait for a command's reply before re-sending it")
     p.add_argument("--group", default=None, help=argparse.SUPPRESS)
+    add_ready_flag(p)
     p.set_defaults(func=_run_worker)
 
     g = sub.add_parser("gc", help="remove unreferenced staged result objects")
@@ -86,8 +90,9 @@ def _load_jobs(spec: str, worker: Any) -> None:
 def _run_worker(args: Any) -> int:
     from chronolog.cli.errors import UsageError
     from chronolog.logging import configure_logging
+    from chronolog.readiness import ready_file
     from chronolog.workers.results import FilesystemResultStore
-    from chronolog.workers.runtime import Worker, run_until_signalled
+    from chronolog.workers.runtime import Worker
 
     configure_logging()
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]
@@ -110,14 +115,42 @@ def _run_worker(args: Any) -> int:
     if not worker.job_types:
         raise UsageError("no jobs registered: pass --builtin-jobs or --jobs MODULE_OR_FILE")
 
-    async def main() -> int:
+    return asyncio.run(_serve_worker(log_, worker, ready_file(args.ready_file)))
+
+
+async def _serve_worker(log_: Any, worker: Any, ready_path: str | None) -> int:
+    """Start the log — waiting for it while it is away — and run the worker until
+    signalled, its readiness probed (``chronolog.readiness``)."""
+    from chronolog import lifecycle
+    from chronolog.readiness import Readiness, log_reachable, probing
+    from chronolog.workers.runtime import run_until_signalled
+
+    async def probe() -> tuple[bool, str]:
+        ready, reason = worker.readiness()
+        away = await log_reachable(log_) if ready else None
+        return (False, away) if away else (ready, reason)
+
+    stopped = asyncio.Event()
+
+    async def start() -> None:
         try:
             await log_.start()
-            return await run_until_signalled(worker)
-        finally:
+        except BaseException:
             await log_.close()
+            raise
 
-    return asyncio.run(main())
+    async def wait_for_log() -> None:
+        await lifecycle.keep_running(start, stopped, "worker",
+                                     max_delay=lifecycle.SERVE_RETRY_MAX_S)
+
+    try:
+        async with probing(Readiness("worker", ready_path), probe):
+            status = await lifecycle.run_until_signalled(wait_for_log(), stopped.set)
+            if stopped.is_set():
+                return status
+            return await run_until_signalled(worker)
+    finally:
+        await log_.close()
 
 
 def _run_gc(args: Any) -> int:

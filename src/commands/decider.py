@@ -205,7 +205,7 @@ def _decide(
         case m.DeleteSchedule():
             return _delete(state, command.principal)
         case m.TriggerRun():
-            return _trigger(state, p, now)
+            return _trigger(state, p, now, command.command_id)
         case m.CancelRun():
             return _cancel(state, p, now, command.principal)
         case m.RedriveRun():
@@ -923,7 +923,8 @@ def params_digest(params: dict[str, Any] | None) -> str:
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
+def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: str
+             ) -> Decision:
     if (ended := _refuse_completed(state)) is not None:
         return ended
     if not state.exists:
@@ -942,7 +943,8 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime) -> Decision:
     job = pol.job
     if p.params is not None:
         job = m.JobSpec(type=job.type, params={**job.params, **p.params}, timeout=job.timeout)
-    run_id = manual_run_id(state.tenant, state.schedule_id, p.request_key)
+    run_id = manual_run_id(state.tenant, state.schedule_id, p.request_key,
+                           f"{command_id}@{now.isoformat()}")
     d = _Draft(state)
     _admit(d, run_id, now, job, "manual", p.request_key, None, now, advances=False,
            request_digest=digest)

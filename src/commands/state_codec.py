@@ -1,7 +1,7 @@
 """An exact, versioned encoding of the aggregates' states (``ScheduleState``, ``QuotaState``).
 
 A processor's snapshot of a partition (``chronolog.processors.snapshots``, docs/design.md
-§13) stores every state of the partition with this codec, so that a new owner can start
+§14) stores every state of the partition with this codec, so that a new owner can start
 from it instead of folding ``events`` from offset 0. Decoding what was encoded gives a state
 equal to the original in every field (``tests/unit/test_state_codec.py`` checks it on random
 states): the same status, counters, instants, runs in the same order, the same manual keys

@@ -7,6 +7,8 @@ installed database.
 
 A part that fails is restarted with bounded exponential backoff (``chronolog.devnode.supervisor``),
 and the node says so on stderr, in its log and in the live view; the other parts go on.
+Once the API serves, the node records its address and token in ``DATA_DIR/node.json``
+(``chronolog.devnode.nodefile``) for the CLI to find; a clean stop removes it.
 SIGTERM / Ctrl-C stops it in order — API, workers (drain), effects, processor (finishing its
 open transaction), projector — then closes the log and stops the embedded PostgreSQL. A
 restart on the same data directory restores every schedule from the log and applies each
@@ -47,20 +49,24 @@ class DevNode:
     host: str
     started: float = field(default_factory=time.monotonic)
     parts: dict[str, Any] = field(default_factory=dict)
+    log_path: Path | None = None  # where the node logs while the live view owns the terminal
 
 
 async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
-    builtin: bool = True,
+    builtin: bool = True, log_path: Path | None = None,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
     from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+    from chronolog.devnode.nodefile import NodeInfo, api_url, remove_node_file, write_node_file
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
     from chronolog.projections.store import PostgresProjectionStore
+    from chronolog.settings import visible_timeout
 
+    visible_timeout()  # a bad CHRONOLOG_VISIBLE_TIMEOUT is a ConfigError before anything starts
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,9 +86,12 @@ async def run_dev(
         check_destinations(tenants, Topics(partitions=partitions), database_url)
         store = await PostgresProjectionStore.connect(database_url)
         await store.migrate()
-        node = DevNode(ddir, port, host)
+        node = DevNode(ddir, port, host, log_path=log_path)
 
         async def started(node: DevNode) -> None:
+            tenant = next(iter(tenants.tenants.values()), None)
+            token = tenant.tokens[0] if tenant is not None and tenant.tokens else None
+            write_node_file(ddir, NodeInfo(api_url(host, port), token, os.getpid()))
             if first_run and demo:
                 await _seed_demo(node.parts["client"], tenants)
             _banner(node, tenants, tenants_path, first_run and demo)
@@ -91,6 +100,8 @@ async def run_dev(
                        on_started=started, view=not quiet, builtin=builtin)
         return 0
     finally:
+        with contextlib.suppress(OSError):
+            remove_node_file(ddir, os.getpid())
         if store is not None:
             with contextlib.suppress(Exception):
                 await store.close()
@@ -110,7 +121,8 @@ async def run_node(
 
     ``builtin``: run the node's own worker with the built-in jobs (class ``default``). The
     API knows those job types (and any a worker announced): creating a schedule with another
-    one is a 400 naming them.
+    one is a 400 naming them. The API's writes wait for the read model at most
+    ``CHRONOLOG_VISIBLE_TIMEOUT`` seconds (default 2; ``chronolog.settings.visible_timeout``).
 
     Each part — processor, projector, workers, effect runner, API — is kept running by a
     ``Supervisor``: one that fails is restarted with bounded backoff (and the node says so
@@ -118,17 +130,16 @@ async def run_node(
     in order: API, workers (drain), effects, processor (finishing its open transaction),
     projector.
     """
-    import uvicorn
 
     from chronolog.api.app import create_app
-    from chronolog.api.server import Server
+    from chronolog.api.server import Server, server_config
     from chronolog.client import Client
     from chronolog.devnode.supervisor import Supervisor
     from chronolog.devnode.view import Recent
     from chronolog.effect_adapters.runner import EffectRunner
     from chronolog.processors.runtime import Processor
     from chronolog.projections.projector import Projector
-    from chronolog.settings import max_body_bytes
+    from chronolog.settings import max_body_bytes, visible_timeout
     from chronolog.workers.results import FilesystemResultStore
     from chronolog.workers.runtime import Worker
 
@@ -160,12 +171,12 @@ async def run_node(
     from chronolog.workers.builtin import BUILTIN_JOB_TYPES
 
     app = create_app(client, store, tenants, projector=projector,
-                     max_body_bytes=max_body_bytes(),
+                     max_body_bytes=max_body_bytes(), visible_timeout=visible_timeout(),
                      known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {})
 
     def api() -> Any:
-        config = uvicorn.Config(app, host=node.host, port=node.port, log_level="warning",
-                                lifespan="on", access_log=False)
+        config = server_config(app, node.host, node.port, log_level="warning",
+                               lifespan="on", access_log=False)
         return Server(config)  # our handlers stop the node; uvicorn captures none
 
     def exit_server(server: Any) -> None:
@@ -185,6 +196,7 @@ async def run_node(
             await on_started(node)
         if view:
             view_task = asyncio.create_task(_live_view(node, stop), name="view")
+            view_task.add_done_callback(_view_ended)
         await stop.wait()
     finally:
         if view_task is not None:
@@ -229,7 +241,10 @@ async def _seed_demo(client: Any, tenants: Any) -> None:
 
 
 def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool) -> None:
-    url = f"http://{node.host}:{node.port}"
+    from chronolog.devnode.nodefile import api_url
+    from chronolog.settings import DEFAULT_DATA_DIR
+
+    url = api_url(node.host, node.port)
     tenant = next(iter(tenants.tenants.values()))
     # the token itself only on a terminal: redirected output (a CI log, a file) keeps it out
     shown = sys.stdout.isatty() and bool(tenant.tokens)
@@ -237,6 +252,7 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
     lines = [
         f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
         f"data directory: {node.data_dir.resolve()}",
+        *([f"log file: {node.log_path.resolve()}"] if node.log_path is not None else []),
         f"tenant '{tenant.name}', token: {token}"
         + (f"  (from {tenants_path})" if tenants_path else "  (dev default)")
         + ("" if shown else "  (shown only on a terminal)"),
@@ -246,9 +262,9 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
         "-H 'Content-Type: application/json' \\",
         "    -d '{\"scheduleId\": \"hello\", \"every\": \"10s\", "
         "\"job\": {\"type\": \"echo\", \"params\": {\"hi\": 1}}}'",
-        "or with the CLI:",
-        f"  .venv/bin/chronolog schedule create hello --every 10s --job echo "
-        f"--data-dir {node.data_dir}",
+        "or with the CLI (it finds this node through its data directory):",
+        "  .venv/bin/chronolog schedule create hello --every 10s --job echo"
+        + ("" if node.data_dir == Path(DEFAULT_DATA_DIR) else f" --data-dir {node.data_dir}"),
         "watch its runs:",
         f"  curl -s {url}/v1/schedules/hello/runs -H 'Authorization: Bearer {token}'",
     ]
@@ -259,20 +275,40 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
     print("\n".join(lines), flush=True)
 
 
+def _view_ended(task: asyncio.Task[None]) -> None:
+    """Say so if the live view itself ended with an error (its frames never raise)."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error("live_view_stopped", error=f"{type(exc).__name__}: {exc}"[:500])
+        print(f"chronolog dev: the live view stopped ({type(exc).__name__}: {exc}); the node "
+              "goes on", file=sys.stderr, flush=True)
+
+
 async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
+    """Redraw the live view every second until ``stop``. It never dies silently: a frame
+    that fails is drawn as a panel with the exception line and logged once per distinct
+    error (``chronolog.devnode.view.LiveView``); rich draws only when told (no refresh
+    thread), so a failure while drawing is caught here too."""
     from rich.console import Console
     from rich.live import Live
 
-    from chronolog.devnode.view import render
+    from chronolog.devnode.view import LiveView, error_panel
 
+    view = LiveView(node)
     console = Console()
-    with Live(console=console, refresh_per_second=2, screen=False) as live:
+    with Live(console=console, auto_refresh=False, screen=False) as live:
         while not stop.is_set():
             try:
-                live.update(await render(node))
+                live.update(await view.frame(console.width), refresh=True)
             except Exception as exc:  # noqa: BLE001 - the view must never stop the node
-                log.warning("live_view_failed", error=repr(exc))
-            await asyncio.sleep(1.0)
+                view.report(exc, "drawing")
+                with contextlib.suppress(Exception):
+                    live.update(error_panel(exc, "drawing"), refresh=True)
+            waiter = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=1.0)
+            finally:
+                waiter.cancel()
 
 
 __all__ = ["DEMO_SCHEDULES", "DevNode", "run_dev", "run_node"]

@@ -45,9 +45,17 @@ def run_id_for(tenant: str, schedule_id: str, scheduled_at: datetime) -> str:
     return "r_" + _digest(f"{tenant}/{schedule_id}@{iso_utc(scheduled_at)}")
 
 
-def manual_run_id(tenant: str, schedule_id: str, request_key: str) -> str:
-    """The run ID of a manual trigger, keyed by ``(schedule_id, request_key)``."""
-    return "m_" + _digest(f"{tenant}/{schedule_id}#manual#{request_key}")
+def manual_run_id(tenant: str, schedule_id: str, request_key: str,
+                  first_use: str | None = None) -> str:
+    """The run ID of a manual trigger: a hash of ``(schedule_id, request_key)`` and
+    ``first_use``, which names the decision that first used the key (its command ID and
+    authority time). A key is remembered for the schedule's last ``MANUAL_KEYS_KEPT``
+    manual triggers (``commands.state``), and within that window the same key answers the
+    same run; a key reused after it starts a new run, whose ID ``first_use`` keeps distinct
+    from the forgotten one's. (Runs triggered before ``first_use`` was part of the hash keep
+    the IDs they were recorded with: their events carry them.)"""
+    tail = f"#{first_use}" if first_use is not None else ""
+    return "m_" + _digest(f"{tenant}/{schedule_id}#manual#{request_key}{tail}")
 
 
 def effect_id_for(name: str, run_id: str) -> str:

@@ -944,8 +944,11 @@ class DeadLetter(BaseModel):
     ``source_partition``, ``source_offset``), who skipped it (``consumer``), why
     (``error_class`` and ``reason``, the error's message) and the record's bytes
     (``original``, base64, at most its first 64 KiB; ``original_size`` is
-    the whole size). Records written before these fields existed read back with their
-    defaults (a command the processor could not parse).
+    the whole size), and the ``tenant`` and ``schedule_id`` the record names, when it names
+    them (its JSON's ``tenant`` / ``schedule_id``, else a ``tenant/schedule_id`` key of
+    ``commands`` or ``events``; ``chronolog.log.dead_letters.named_by``). Records written
+    before these fields existed read back with their defaults (a command the processor
+    could not parse).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -960,3 +963,5 @@ class DeadLetter(BaseModel):
     error_class: str = "DecodeError"
     original_size: int | None = None
     dead_lettered_at: datetime | None = None
+    tenant: str | None = None
+    schedule_id: str | None = None

@@ -69,6 +69,7 @@ from chronolog.effect_adapters.payload import PayloadError, resolve_payload
 from chronolog.effect_adapters.postgres_inbox import PostgresInboxEffectAdapter
 from chronolog.effect_adapters.smtp import EmailEffectAdapter
 from chronolog.effect_adapters.webhook import WebhookEffectAdapter
+from chronolog.lifecycle import unavailable
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.log.reading import read_partition
@@ -77,6 +78,8 @@ log = structlog.get_logger("chronolog.effects")
 
 OUTCOME_TYPES = ("EffectSucceeded", "EffectFailed", "EffectUncertain")
 GROUP_SUFFIX = "effects"
+# between tries to send an outcome while the log is away
+RECORD_BACKOFF = Backoff(first=0.5, cap=5.0)
 
 
 @dataclass
@@ -210,9 +213,7 @@ class EffectRunner:
         self.result_store = result_store
         self.config = config or RunnerConfig()
         self.stats = RunnerStats()
-        self.client = Client(log_, principal=f"effects:{member_id}",
-                             reply_timeout=self.config.reply_timeout,
-                             client_id=f"effects-{member_id}")
+        self.client = self._new_client()  # a new one for every run()
         # the tenants registry (``chronolog.tenants.Tenants``): where destinations come from;
         # without one no destination exists and every effect is refused
         self.tenants = tenants
@@ -224,7 +225,9 @@ class EffectRunner:
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._progress = asyncio.Event()
         self._failure: BaseException | None = None
-        self._stopping = asyncio.Event()
+        self._stop_requested = asyncio.Event()  # stop() was called: no run() any more
+        self._stopping = asyncio.Event()  # the current run() ends (stop, or a lane failed)
+        self._running = False
         self._consumer: Any = None
         self.ready = asyncio.Event()  # set once partitions are assigned and folded
         self.dead_letters = DeadLetters(log_, "effects")
@@ -233,32 +236,76 @@ class EffectRunner:
 
     def stop(self) -> None:
         """Finish the intent at hand (or leave it unrecorded if it is waiting) and leave."""
+        self._stop_requested.set()
         self._stopping.set()
 
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: its consumer is in the effects group and every partition assigned to it is
+        folded (``chronolog.readiness``); else what it waits for."""
+        consumer = self._consumer
+        if self._stop_requested.is_set():
+            return False, "stopping"
+        if consumer is None or not self._running:
+            return False, "starting"
+        if not consumer.joined():
+            return False, "not in the effects group (joining, or the log is away)"
+        assigned = sorted(p for t, p in consumer.assignment() if t == self.topics.events)
+        waiting = [p for p in assigned if p not in self._folds]
+        if waiting:
+            return False, f"folding partitions {waiting}"
+        return True, (f"consumes partitions {assigned}" if assigned
+                      else "in the effects group, consumes no partition")
+
     async def run(self) -> None:
-        await self.client.start()
-        self._consumer = self.log.group_consumer(
-            self.group, [self.topics.events], f"effects-{self.member_id}",
-            on_assigned=self._on_assigned, on_revoked=self._on_revoked)
-        await self._consumer.start()
+        """Perform intents until ``stop()``. A failure ends it, raised (a lane that cannot
+        record an outcome, the log away at a rebalance); ``run`` may be called again then:
+        it folds its partitions from the committed offsets again (``serve_log`` does, while
+        the log is away)."""
+        if self._stop_requested.is_set():
+            return
+        self._stopping = asyncio.Event()  # this run's; stop() sets it too
+        self._failure = None
+        for state in (self._folds, self._open, self._read_to, self._committed):
+            state.clear()
+        self.client = self._new_client()
+        self._consumer = None
+        self._running = True
+        failure: BaseException | None = None
         try:
+            await self.client.start()
+            self._consumer = self.log.group_consumer(
+                self.group, [self.topics.events], f"effects-{self.member_id}",
+                on_assigned=self._on_assigned, on_revoked=self._on_revoked)
+            await self._consumer.start()
             while not self._stopping.is_set():
                 await self.step()
         except _Stopping:
             pass
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
+            self._running = False
             self._stopping.set()
             await self._close_lanes()
-            with contextlib.suppress(Exception):
-                await self._commit_progress()
-            with contextlib.suppress(Exception):
-                await self._consumer.close()
-            await self.client.close()
-            for adapter in self.adapters.values():
+            if self._consumer is not None:
                 with contextlib.suppress(Exception):
-                    await adapter.close()
+                    await self._commit_progress()
+                with contextlib.suppress(Exception):
+                    await self._consumer.close()
+            await self.client.close()
+            failure = failure or self._failure
+            if failure is None or not unavailable(failure):  # else run() may be called again
+                for adapter in self.adapters.values():
+                    with contextlib.suppress(Exception):
+                        await adapter.close()
         if self._failure is not None:  # a lane could not record an outcome: fail loudly
             raise self._failure
+
+    def _new_client(self) -> Client:
+        return Client(self.log, principal=f"effects:{self.member_id}",
+                      reply_timeout=self.config.reply_timeout,
+                      client_id=f"effects-{self.member_id}")
 
     async def step(self) -> None:
         if self._failure is not None:
@@ -310,6 +357,16 @@ class EffectRunner:
     # ------------------------------------------------------------------ assignment
 
     async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
+        try:
+            await self._fold_assigned(tps)
+        except Exception as exc:
+            # a partition left unfolded would have its intents passed over: this run ends
+            # (the consumer may swallow a callback's error) and run() starts over
+            self._failure = exc
+            self._stopping.set()
+            raise
+
+    async def _fold_assigned(self, tps: set[tuple[str, int]]) -> None:
         for topic, p in sorted(tps):
             if topic != self.topics.events:
                 continue
@@ -546,12 +603,25 @@ class EffectRunner:
                                      error=f"{type(exc).__name__}: {exc}"[:500])
 
     async def _record(self, env: m.CommandEnvelope) -> None:
-        """Send the outcome command (same ID on every try) until the processor answers."""
-        for i in range(self.config.record_attempts):
+        """Send the outcome command (same ID on every try) until the processor answers:
+        ``record_attempts`` times without a reply, and for as long as the log is away (it
+        cannot be sent then; an outcome already known is not dropped for an outage)."""
+        i = away = 0
+        while i < self.config.record_attempts:
             try:
                 reply = await self.client.send(env)
             except ReplyTimeout:
                 log.warning("effect_outcome_reply_timeout", command_id=env.command_id, attempt=i)
+                i += 1
+                continue
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                away += 1
+                if away == 1:
+                    log.warning("effect_outcome_waiting_for_log", command_id=env.command_id,
+                                error=f"{type(exc).__name__}: {exc}"[:300])
+                await self._pause(RECORD_BACKOFF.delay(away))
                 continue
             if reply.status != "ok":
                 log.warning("effect_outcome_rejected", command_id=env.command_id,

@@ -8,6 +8,12 @@ consumer, the error's class and message and the record's bytes to the ``dlq`` to
 moves past the record. ``chronolog dlq list`` shows them; the metrics count them
 (``chronolog_dead_letters_total{consumer, topic}``).
 
+A dead letter names the tenant and schedule ID of its record when the record names them
+(``named_by``): the ``tenant`` / ``schedule_id`` of its JSON (commands, events, assignments
+and replies carry them), else its key when it is a ``tenant/schedule_id`` key of
+``commands`` or ``events`` (bytes that are not JSON still have one). Only values of the
+shape of a tenant name and a schedule ID count; anything else names nothing.
+
 A dead letter's key is ``<consumer>|<topic>|<partition>|<offset>``: a consumer that
 dead-letters a record and crashes before its progress is stored does it again after a
 restart, and ``read_dead_letters`` keeps one letter per key.
@@ -20,6 +26,7 @@ between leaves the record to be dead-lettered again, never skipped unrecorded.
 from __future__ import annotations
 
 import base64
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +37,7 @@ import orjson
 import structlog
 
 from chronolog.domain import codec
+from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.log.port import EventLog, OutRecord, Record, Topics
 from chronolog.log.reading import read_partition
@@ -40,6 +48,7 @@ __all__ = [
     "DeadLetters",
     "dead_letter",
     "describe",
+    "named_by",
     "read_dead_letters",
 ]
 
@@ -57,17 +66,52 @@ def describe(error: BaseException | str) -> tuple[str, str]:
     return type(error).__name__, text[:REASON_LIMIT]
 
 
+_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")  # as CommandEnvelope.tenant
+_SCHEDULE_ID = re.compile(lim.SCHEDULE_ID_PATTERN)
+_SCHEDULE_ID_MAX = 200
+
+
+def _tenant_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and _TENANT.match(value) else None
+
+
+def _schedule_or_none(value: Any) -> str | None:
+    return value if (isinstance(value, str) and 0 < len(value) <= _SCHEDULE_ID_MAX
+                     and _SCHEDULE_ID.match(value)) else None
+
+
+def named_by(topics: Topics, topic: str, key: bytes | None, value: bytes
+             ) -> tuple[str | None, str | None]:
+    """(tenant, schedule ID) a record names, each None when it names none (module doc)."""
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and _tenant_or_none(doc.get("tenant")) is not None:
+        return doc["tenant"], _schedule_or_none(doc.get("schedule_id"))
+    if key is not None and topic in (topics.commands, topics.events):
+        try:
+            tenant, _, schedule_id = key.decode().partition("/")
+        except UnicodeDecodeError:
+            return None, None
+        if _tenant_or_none(tenant) is not None:
+            return tenant, _schedule_or_none(schedule_id)
+    return None, None
+
+
 def dead_letter(
     topics: Topics, rec: Record, consumer: str, error: BaseException | str,
     command_id: str | None = None, at: datetime | None = None,
 ) -> OutRecord:
     """The ``dlq`` record for ``rec``, skipped by ``consumer`` because of ``error``."""
     error_class, reason = describe(error)
+    tenant, schedule_id = named_by(topics, rec.topic, rec.key, rec.value)
     dl = m.DeadLetter(
         reason=reason, original=base64.b64encode(rec.value[:ORIGINAL_LIMIT]).decode(),
         source_partition=rec.partition, source_offset=rec.offset, command_id=command_id,
         source_topic=rec.topic, consumer=consumer, error_class=error_class,
-        original_size=len(rec.value), dead_lettered_at=at or datetime.now(UTC))
+        original_size=len(rec.value), dead_lettered_at=at or datetime.now(UTC),
+        tenant=tenant, schedule_id=schedule_id)
     key = f"{consumer}|{rec.topic}|{rec.partition}|{rec.offset}".encode()
     return OutRecord(topic=topics.dlq, key=key, value=codec.encode_dead_letter(dl))
 

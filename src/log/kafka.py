@@ -36,17 +36,17 @@ to four extra broker round trips per commit.
 
 Back-to-back transactions: for a few milliseconds after ``EndTxn`` the coordinator is still
 writing the markers, and the next transaction's first AddPartitionsToTxn is refused with
-CONCURRENT_TRANSACTIONS; aiokafka then retries after a fixed 20 ms (``BACKOFF_OVERRIDE``,
-KAFKA-5477) — a processor committing one batch after another waited ~20 ms in most of its
-transactions. ``concurrent_txn_backoff_ms`` (default 2) lowers that process-wide constant.
+CONCURRENT_TRANSACTIONS; aiokafka then retries after a fixed back-off (``BACKOFF_OVERRIDE``,
+KAFKA-5477), which a processor committing one batch after another paid in most of its
+transactions. ``concurrent_txn_backoff_ms`` (default 2) lowers that process-wide constant
+(docs/run-path.md, "Measurements behind the adapters' settings").
 
 Group consumers and latency: aiokafka keeps one fetch request in flight per broker, and a
 partition whose fetched records are still buffered is left out of the next request. So once a
 consumer drained a partition, new records there are fetched only after the request in flight
 (built without that partition) returns — after up to ``fetch.max.wait.ms`` when the other
 partitions are quiet. Group consumers therefore use a short wait (``fetch_max_wait_ms``,
-default 10 ms; it was 100): measured with ``bench/processor.py --log kafka`` at 1,000
-commands/s, the command-to-reply p50 went from about 56 to 16 ms. The cost is up to 100
+default 10 ms instead of aiokafka's 100; measured in docs/run-path.md). The cost is up to 100
 empty fetches per second per idle consumer.
 
 Within ``commit`` the consumed offsets (AddOffsetsToTxn + TxnOffsetCommit) are queued right
@@ -61,7 +61,7 @@ goes to that partition (a processor writes its ready hints through ``then()`` fo
 records, offsets — goes out at once. The acks are checked against the prediction before
 EndTxn; a mismatch aborts the transaction (nothing becomes visible) and the commit is made
 the plain way. After a failed commit, and for a new owner, the next offset is unknown until
-a plain commit writes there. Measured at 1,000 commands/s (mixed): p50 16.5 -> 13.2 ms.
+a plain commit writes there (its effect on the reply latency: docs/run-path.md).
 
 Failures: ``Fenced`` when the partition's producer is fenced or otherwise unusable (the caller
 must drop the partition's state and re-acquire); ``LogUnavailable`` when the broker does not
@@ -582,6 +582,14 @@ class KafkaEventLog:
         self, topic: str, partition: int, offset: int, max_records: int = 1000,
         timeout_ms: int = 0,
     ) -> list[Record]:
+        try:
+            return await self._read(topic, partition, offset, max_records, timeout_ms)
+        except KafkaError as exc:  # the reader's own requests time out or lose the broker
+            raise LogUnavailable(f"kafka: read of {topic}[{partition}] failed: {exc!r}") from exc
+
+    async def _read(
+        self, topic: str, partition: int, offset: int, max_records: int, timeout_ms: int,
+    ) -> list[Record]:
         self._require()
         await self.partitions_for(topic)  # unknown topics fail fast instead of hanging
         tp = TopicPartition(topic, partition)
@@ -663,15 +671,22 @@ class KafkaEventLog:
         self._require()
         await self.partitions_for(topic)
         tp = TopicPartition(topic, partition)
-        async with self._reader(tp) as reader:
-            return (await self._lso(reader.consumer, [tp]))[tp]
+        try:
+            async with self._reader(tp) as reader:
+                return (await self._lso(reader.consumer, [tp]))[tp]
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: end offset of {topic}[{partition}] failed: "
+                                 f"{exc!r}") from exc
 
     async def _end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         tps = list(tps)
         if not tps:
             return {}
-        async with self._reader(tps[0]) as reader:
-            return await self._lso(reader.consumer, tps)
+        try:
+            async with self._reader(tps[0]) as reader:
+                return await self._lso(reader.consumer, tps)
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: end offsets failed: {exc!r}") from exc
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         offsets = await self._committed_many(group, [TopicPartition(topic, partition)])
@@ -732,16 +747,19 @@ class KafkaEventLog:
             request_timeout_ms=self.request_timeout_ms,
             # retries are mostly KIP-890 verification refusals of a produce sent right
             # after the previous commit (answered NOT_ENOUGH_REPLICAS to aiokafka's produce
-            # version); each one cost 20 ms at the old setting (bench/processor.py p99)
+            # version); each one waited the whole back-off at the old setting
             retry_backoff_ms=2,
         )
         try:
             # InitProducerId: bumps the epoch of txn_id, fencing older producers (and aborting
             # or completing their open transaction).
             await _bounded(producer.start(), self._bound_s, f"InitProducerId for {txn_id}")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.stop(), 10)
+            if isinstance(exc, KafkaError):  # no broker to bootstrap from, ...
+                raise LogUnavailable(f"kafka: InitProducerId for {txn_id} failed: {exc!r}"
+                                     ) from exc
             raise
         owner = KafkaPartitionOwner(self, partition, owner_id, producer)
         self._owners.add(owner)
@@ -1025,6 +1043,7 @@ class KafkaGroupConsumer:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._sought: set[tuple[str, int]] | None = None
+        self._settled = False  # the last rebalance callback was an assignment, completed
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=log_.bootstrap_servers,
             client_id=f"{log_.client_id}-{member_id}",
@@ -1045,8 +1064,10 @@ class KafkaGroupConsumer:
         try:
             if self._on_assigned is not None:
                 await self._on_assigned(set(assigned))
+            self._settled = True
             # Fetch the committed offsets only now: the callback may have started the
             # partition's transactional producer, completing an older owner's transaction.
+            # (Should this fail, aiokafka starts such a partition at its committed offset.)
             for topic, partition in sorted(assigned - self._sought):
                 tp = TopicPartition(topic, partition)
                 offset = await self._consumer.committed(tp)
@@ -1056,6 +1077,7 @@ class KafkaGroupConsumer:
             self._sought = None
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        self._settled = False  # a rebalance begins
         if self._on_revoked is not None and revoked:
             await self._on_revoked(set(revoked))
 
@@ -1068,6 +1090,13 @@ class KafkaGroupConsumer:
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def joined(self) -> bool:
+        # aiokafka forgets the coordinator when a heartbeat or commit finds it gone (a broker
+        # down); its private attribute is read defensively (missing: assume known)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        known = getattr(coordinator, "coordinator_id", 0) is not None
+        return self._started and self._settled and known
 
     async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)

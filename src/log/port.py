@@ -40,6 +40,12 @@ class LogUnavailable(LogError):
     """The log could not be reached within the configured bound."""
 
 
+class LogFull(LogUnavailable):
+    """The log's disk is full (the embedded SQLite log: SQLITE_FULL). Nothing of the failed
+    write is visible; writes succeed again once space is freed, so it is an unavailability
+    that passes, not corruption (``chronolog audit`` passes on the log afterwards)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Position:
     """Where a record landed: enough to wait for a projection to reach it."""
@@ -221,6 +227,12 @@ class GroupConsumer(Protocol):
 
     def assignment(self) -> set[tuple[str, int]]:
         """The (topic, partition) pairs currently assigned to this member."""
+        ...
+
+    def joined(self) -> bool:
+        """Whether this member is in its group now: its assignment is settled (no rebalance
+        under way) and the group still knows it (Kafka: a coordinator is known; SQLite: its
+        last heartbeat was written within the session timeout). Readiness, not safety."""
         ...
 
     async def getmany(self, timeout_ms: int = 200, max_records: int = 500) -> list[Record]:

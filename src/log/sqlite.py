@@ -34,8 +34,9 @@ Compacted topics
 Page size
     New files get 16 KiB pages (``PAGE_SIZE``). ``records`` is a WITHOUT ROWID table, whose
     cells spill to an overflow page above about 1 KB with 4 KiB pages — and a
-    ``ScheduleCreated`` event is about 1 KB: measured 25 us instead of 8 us per insert and
-    4x the file size. With 16 KiB pages records up to about 4 KB stay in their cell. An
+    ``ScheduleCreated`` event is about 1 KB: an insert then costs several times as much and
+    the file grows 4x (docs/run-path.md). With 16 KiB pages records up to about 4 KB stay in
+    their cell. An
     existing file keeps the page size it was created with (WAL mode cannot change it).
 Ownership and fencing
     ``acquire(p)`` bumps the epoch of ``<prefix>processor-p<p>`` in one IMMEDIATE transaction.
@@ -75,12 +76,20 @@ Async
     interval. The writer waits for the database write lock in its own short steps
     (``_begin``), not in SQLite's busy handler, whose sleeps grow to 100 ms.
 
+A full disk
+    A write that finds no room (SQLITE_FULL) is rolled back whole and raises ``LogFull``
+    (a ``LogUnavailable`` naming the disk full): an append, a commit or a group heartbeat
+    fails, nothing of it is visible, and the file stays consistent (WAL: the failed frames
+    are never committed). Once space is freed, writes succeed again; a processor drops the
+    partitions whose commit failed and takes them over again from the log.
+
 Offsets are contiguous (0, 1, 2, ...): there are no transaction markers as in Kafka.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import functools
 import json
@@ -102,6 +111,7 @@ from chronolog.log.port import (
     WAKE_HEADER,
     Fenced,
     LogError,
+    LogFull,
     LogUnavailable,
     Offsets,
     OutRecord,
@@ -121,6 +131,7 @@ TP = tuple[str, int]
 
 SCHEMA_VERSION = 2
 PAGE_SIZE = 16384
+_HEARTBEAT_SUMMARY_S = 30.0  # failing heartbeats: one log line per this many seconds
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
@@ -257,6 +268,12 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in msg or "busy" in msg
 
 
+def _is_full(exc: sqlite3.Error) -> bool:
+    """SQLITE_FULL: the disk (or the file system's quota) has no room for the write."""
+    return (getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or "disk is full" in str(exc).lower())
+
+
 class _LogConnection(sqlite3.Connection):
     """A connection that knows how long its writer may wait for the write lock."""
 
@@ -360,15 +377,14 @@ class _Conn:
             if self._after_write is not None and mask:
                 self._after_write(mask)
             return result
-        except sqlite3.OperationalError as exc:
-            self._conn.rung = 0
-            _rollback(self._conn)
-            if _is_busy(exc):
-                raise LogUnavailable(f"sqlite log {self._path} is locked: {exc}") from exc
-            raise LogError(f"sqlite log {self._path}: {exc}") from exc
         except sqlite3.Error as exc:
             self._conn.rung = 0
             _rollback(self._conn)
+            if _is_full(exc):
+                raise LogFull(f"sqlite log {self._path}: disk full, nothing written "
+                              f"({exc})") from exc
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                raise LogUnavailable(f"sqlite log {self._path} is locked: {exc}") from exc
             raise LogError(f"sqlite log {self._path}: {exc}") from exc
         except BaseException:
             self._conn.rung = 0
@@ -862,17 +878,20 @@ class SqliteGroupConsumer:
 
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._started and loop.time() - self._last_heartbeat > self._log.session_timeout_s:
-            # We were out of the group (paused, starved): other members may own our
-            # partitions by now. Like a Kafka member fenced by a new generation, give
-            # everything up before taking any assignment again.
-            self._expired = True
-            self._dirty = True
+        lapsed = (self._started
+                  and loop.time() - self._last_heartbeat > self._log.session_timeout_s)
         until = time.time() + self._log.session_timeout_s
         await self._log._w.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
         )
         self._last_heartbeat = asyncio.get_running_loop().time()
+        if lapsed:
+            # We were out of the group (paused, starved, heartbeats failing on a full
+            # disk): other members may own our partitions by now. Like a Kafka member
+            # fenced by a new generation, give everything up before taking any assignment
+            # again — once we are back in (not at every failed heartbeat meanwhile).
+            self._expired = True
+            self._dirty = True
 
     @staticmethod
     def _upsert_member(
@@ -893,14 +912,27 @@ class SqliteGroupConsumer:
 
     async def _heartbeat_loop(self) -> None:
         interval = self._log.heartbeat_interval_s
+        failed_at: float | None = None  # when the failures in a row began (logged then)
+        held = 0
         while True:
             await asyncio.sleep(interval)
             try:
                 await self._heartbeat()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # keep trying; expiry will hand our partitions over
-                log.warning("heartbeat of %s/%s failed", self.group, self.member_id, exc_info=True)
+            except Exception as exc:  # keep trying; expiry will hand our partitions over
+                # one line when they begin and one per SUMMARY_S while they go on (a full
+                # disk fails every heartbeat), a traceback only for what is not the log away
+                now = time.monotonic()
+                if failed_at is None or now - failed_at >= _HEARTBEAT_SUMMARY_S:
+                    log.warning("heartbeat of %s/%s failed%s: %s", self.group, self.member_id,
+                                f" ({held} more)" if held else "", exc,
+                                exc_info=not isinstance(exc, LogUnavailable))
+                    failed_at, held = now, 0
+                else:
+                    held += 1
+                continue
+            failed_at, held = None, 0
 
     def _live_members(self, conn: sqlite3.Connection) -> list[tuple[str, list[str]]]:
         rows = conn.execute(
@@ -967,6 +999,12 @@ class SqliteGroupConsumer:
     def assignment(self) -> set[TP]:
         return set(self._assigned)
 
+    def joined(self) -> bool:
+        if not self._started or self._closed or self._expired:
+            return False
+        age = asyncio.get_running_loop().time() - self._last_heartbeat
+        return age <= self._log.session_timeout_s
+
     def _poll(
         self,
         conn: sqlite3.Connection,
@@ -998,7 +1036,10 @@ class SqliteGroupConsumer:
         delay = self._log.poll_min_s
         while True:
             if loop.time() - self._last_heartbeat > self._log.session_timeout_s / 2:
-                await self._heartbeat()  # the background task fell behind: do not expire
+                # the background task fell behind: do not expire. One that fails (a full
+                # disk) does not fail the read: reads need no room, the membership may lapse
+                with contextlib.suppress(LogUnavailable):
+                    await self._heartbeat()
             positions = sorted(self._positions.items())
             if positions:  # rotate so that a busy partition does not starve the others
                 k = self._rotation % len(positions)

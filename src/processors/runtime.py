@@ -5,7 +5,7 @@ acquires ownership (a Kafka transactional producer ``<prefix>processor-p<p>``, o
 epoch), which fences any previous owner; restores state from partition p's snapshot on
 ``state`` plus the tail of ``events`` after it — or, without a usable snapshot, by folding
 partition p of ``events`` from offset 0 (``chronolog.processors.snapshots``, docs/design.md
-§13); and rebuilds its reply cache from the tail of partition p of ``replies``. While it
+§14); and rebuilds its reply cache from the tail of partition p of ``replies``. While it
 owns p it writes p's snapshot: chunks of the states changed since the last round, in its
 own transactions, while idle or when a round is overdue. Then it loops: take
 a batch of commands, decide each against its schedule's state, give itself ``Tick`` commands
@@ -54,6 +54,7 @@ processor's CPU with Python's defaults).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import heapq
 import time
@@ -66,6 +67,7 @@ from typing import Any, Protocol
 import orjson
 import structlog
 
+from chronolog.backoff import Backoff
 from chronolog.commands.decider import (
     PROCESSOR,
     Decision,
@@ -84,6 +86,7 @@ from chronolog.domain.offers import BadOffer, Offer, is_offer
 from chronolog.environment import gc_paused, gc_tuned, utc_now
 from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_untune as _gc_untune
+from chronolog.lifecycle import unavailable
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.partitioner import misplaced
 from chronolog.log.port import (
@@ -97,6 +100,7 @@ from chronolog.log.port import (
     Record,
 )
 from chronolog.log.reading import read_partition
+from chronolog.logging import Throttle
 from chronolog.processors.dispatch import Dispatcher
 from chronolog.processors.snapshots import (
     Chunk,
@@ -113,6 +117,8 @@ PROCESSOR_GROUP_SUFFIX = "processors"
 READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRedriven")
 # command IDs of the processor's own commands, answered by no reply of their own
 INTERNAL_COMMANDS = ("tick:", "assign:", "quota:")
+# between tries to take a partition over while the log does not answer (acquire, restore)
+TAKEOVER_BACKOFF = Backoff(first=0.5, cap=5.0)
 
 
 class TenantPolicies(Protocol):
@@ -176,7 +182,7 @@ class ProcessorConfig:
     # this long (the fencer's view of the group changed meanwhile and it let the partition
     # go), is acquired again instead of staying without an owner
     fenced_retry_s: float = 5.0
-    # snapshots of the owned partitions' states on the ``state`` topic (docs/design.md §13,
+    # snapshots of the owned partitions' states on the ``state`` topic (docs/design.md §14,
     # chronolog.processors.snapshots): a takeover reads them plus the tail of ``events``
     # instead of folding ``events`` from offset 0. Off: fold from 0 and write none.
     snapshots: bool = True
@@ -322,12 +328,35 @@ class Processor:
         # commands (partition, offset) and timers (key) whose decision could not be applied
         self._unapplied: dict[tuple[int, int], Exception] = {}
         self._unapplied_keys: set[str] = set()
+        # partition -> why its last commit or take-over failed (until one succeeds)
+        self._failed: dict[int, str] = {}
+        # partition -> (failed take-overs in a row, monotonic time of the next try)
+        self._retake: dict[int, tuple[int, float]] = {}
+        self._throttle = Throttle()
 
     # ------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
         """Ask the loop to finish its open batch and leave the group."""
         self._stopping.set()
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: in the group, every partition assigned to it restored, and the last commit
+        attempt of each succeeded (``chronolog.readiness``); else what it waits for."""
+        consumer = self._consumer
+        if consumer is None or self._stopping.is_set():
+            return False, "stopping" if self._stopping.is_set() else "starting"
+        if not consumer.joined():
+            return False, "not in the processors group (joining, or the log is away)"
+        assigned = sorted(p for t, p in consumer.assignment() if t == self.topics.commands)
+        failed = [p for p in assigned if p in self._failed]
+        if failed:
+            return False, f"partition {failed[0]}: {self._failed[failed[0]]}"
+        waiting = [p for p in assigned if p not in self.partitions]
+        if waiting:
+            return False, f"restoring partitions {waiting}"
+        return True, (f"owns partitions {assigned}" if assigned
+                      else "in the processors group, owns no partition")
 
     async def run(self) -> None:
         """Run until ``stop()``; then finish the open transactions and leave the group."""
@@ -468,13 +497,15 @@ class Processor:
 
     async def _take_over_again(self) -> None:
         """Acquire again (restore + seek) the partitions whose commit failed, not fenced;
-        and those fenced that the group still assigns to us ``fenced_retry_s`` later."""
+        those fenced that the group still assigns to us ``fenced_retry_s`` later; and those
+        whose take-over failed (the log did not answer), after ``TAKEOVER_BACKOFF``."""
         again, self._rebuild = self._rebuild, []
         mono = time.monotonic()
         for p, when in list(self._fenced_out.items()):
             if when <= mono:
                 del self._fenced_out[p]
                 again.append(p)
+        again.extend(p for p, (_, when) in self._retake.items() if when <= mono)
         for p in again:
             if (p not in self.partitions
                     and (self.topics.commands, p) in self._consumer.assignment()):
@@ -498,32 +529,64 @@ class Processor:
     # ------------------------------------------------------------------ ownership
 
     async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
+        """Take over each assigned partition: acquire (fencing the previous owner), restore,
+        seek. One the log does not let us take over now (it does not answer) stays without
+        state and is tried again after ``TAKEOVER_BACKOFF`` (``_take_over_again``): a broker
+        outage under load must not end the process, nor leave the partition unowned."""
         assigned_at = time.monotonic()
         for topic, p in sorted(tps):
             if topic != self.topics.commands or p in self.partitions:
                 continue
-            if not self._command_partitions:
-                self._command_partitions = await self.log.partitions_for(self.topics.commands)
-            takeover = Takeover(p, assigned_at)
-            owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
-            if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
-                owner.await_visible = self.config.await_visible
-            ps = PartitionState(p, owner)
-            await self._restore(ps, takeover)
-            committed = await self.log.committed(self.group, self.topics.commands, p)
-            self._consumer.seek(self.topics.commands, p, committed or 0)
-            self.partitions[p] = ps
-            takeover.restored_at = time.monotonic()
-            self.takeovers.append(takeover)
-            log.info("partition_assigned", partition=p, schedules=len(ps.states),
-                     events_offset=ps.events_offset, commands_offset=committed or 0,
-                     from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
-                     restore_s=round(takeover.restored_at - assigned_at, 3))
+            try:
+                await self._take_over(p, assigned_at)
+            except Exception as exc:
+                if not (unavailable(exc) or isinstance(exc, LogError)):
+                    raise
+                tries = self._retake.get(p, (0, 0.0))[0] + 1
+                wait = TAKEOVER_BACKOFF.delay(tries)
+                self._retake[p] = (tries, time.monotonic() + wait)
+                self._failed[p] = f"take-over failed: {type(exc).__name__}: {exc}"[:300]
+                held = self._throttle.take(f"takeover-{p}")  # a few lines per outage
+                if held is not None:
+                    log.warning("partition_takeover_failed", partition=p, tries=tries,
+                                retry_in_s=wait, error=f"{type(exc).__name__}: {exc}"[:300],
+                                **({"held_back": held} if held else {}))
         if self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
 
+    async def _take_over(self, p: int, assigned_at: float | None = None) -> None:
+        if assigned_at is None:
+            assigned_at = time.monotonic()
+        if not self._command_partitions:
+            self._command_partitions = await self.log.partitions_for(self.topics.commands)
+        takeover = Takeover(p, assigned_at)
+        owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
+        if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
+            owner.await_visible = self.config.await_visible
+        ps = PartitionState(p, owner)
+        try:
+            await self._restore(ps, takeover)
+            committed = await self.log.committed(self.group, self.topics.commands, p)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await owner.close()
+            raise
+        self._consumer.seek(self.topics.commands, p, committed or 0)
+        self.partitions[p] = ps
+        self._failed.pop(p, None)  # taken over: its next commit tells
+        self._retake.pop(p, None)
+        takeover.restored_at = time.monotonic()
+        self.takeovers.append(takeover)
+        log.info("partition_assigned", partition=p, schedules=len(ps.states),
+                 events_offset=ps.events_offset, commands_offset=committed or 0,
+                 from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
+                 restore_s=round(takeover.restored_at - assigned_at, 3))
+
     async def _on_revoked(self, tps: set[tuple[str, int]]) -> None:
         for topic, p in sorted(tps):
+            if topic == self.topics.commands:
+                self._retake.pop(p, None)  # its next owner takes it over
+                self._failed.pop(p, None)
             ps = self.partitions.get(p)
             if topic == self.topics.commands and ps is not None:
                 chain = ps.running()
@@ -549,7 +612,7 @@ class Processor:
     async def _restore(self, ps: PartitionState, takeover: Takeover | None = None) -> None:
         """Rebuild partition p's states: from its snapshot on ``state`` plus the tail of
         ``events`` after it, or — no usable snapshot, or snapshots off — by folding ``events``
-        from offset 0 (docs/design.md §13); then its timers, dispatch queue and replies."""
+        from offset 0 (docs/design.md §14); then its timers, dispatch queue and replies."""
         if not self.config.gc_tuning:
             await self._rebuild_partition(ps, takeover or Takeover(ps.partition,
                                                                    time.monotonic()))
@@ -710,7 +773,7 @@ class Processor:
         """Decide a partition's commands and due timers (state is evolved as we go).
 
         A snapshot chunk that is due is encoded first: it holds the states after every
-        earlier transaction of the partition, and goes in this one (docs/design.md §13)."""
+        earlier transaction of the partition, and goes in this one (docs/design.md §14)."""
         chunk: Chunk | None = None
         snap = ps.snap
         if snap is not None and snap.due(time.monotonic(), idle):
@@ -801,6 +864,11 @@ class Processor:
         taken over again from the log (restore + seek to the committed offset) by ``_settle``.
         """
         ps, out = w.ps, w.out
+        if isinstance(result, BaseException):
+            self._failed[ps.partition] = (f"last commit failed: {type(result).__name__}: "
+                                          f"{result}")[:300]
+        else:
+            self._failed.pop(ps.partition, None)
         if isinstance(result, Fenced):
             self.stats.fenced += 1
             log.warning("partition_fenced", partition=ps.partition, error=str(result))

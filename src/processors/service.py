@@ -1,5 +1,8 @@
 """A partition-owning processor as a process: built from its log and tenants file, served
-until SIGTERM/SIGINT (it then finishes its open transaction and leaves the group)."""
+until SIGTERM/SIGINT (it then finishes its open transaction and leaves the group), its
+readiness written to a file when one is named (``chronolog.readiness``): ready while it is in
+the group, every partition assigned to it is restored, the last commit of each succeeded and
+the log answers."""
 
 from __future__ import annotations
 
@@ -8,14 +11,22 @@ from typing import Any
 
 from chronolog.lifecycle import serve_log
 from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.readiness import Readiness, log_reachable, probing
 from chronolog.tenants import load_tenants
 
 
 async def run_processor(log_: Any, member: str, batch: int = 500,
-                        tenants_path: str | None = None) -> int:
+                        tenants_path: str | None = None, ready_file: str | None = None) -> int:
     tenants = None
     path = tenants_path or os.environ.get("CHRONOLOG_TENANTS")
     if path:
         tenants = load_tenants(path)
     proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(batch_max=batch))
-    return await serve_log(log_, proc.run, proc.stop)
+
+    async def probe() -> tuple[bool, str]:
+        ready, reason = proc.readiness()
+        away = await log_reachable(log_) if ready else None
+        return (False, away) if away else (ready, reason)
+
+    async with probing(Readiness("processor", ready_file), probe):
+        return await serve_log(log_, proc.run, proc.stop, "processor")

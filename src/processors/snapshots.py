@@ -1,5 +1,5 @@
 """Snapshots of a partition's states on the log, so that a takeover costs live state, not
-history (docs/design.md §13).
+history (docs/design.md §14).
 
 A processor folds partition p of ``events`` into schedule and quota states. Folding from
 offset 0 costs every event ever written; instead, the owner of p keeps a copy of its states

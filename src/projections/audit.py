@@ -13,8 +13,10 @@ type):
     One occurrence per key for the life of a schedule, whatever its revision: an
     ``OccurrenceMaterialized`` or an ``OccurrenceSkipped`` with ``materialized=False`` claims
     the key ``(schedule_id, scheduled_at)``, or ``(schedule_id, request_key)`` for a manual
-    trigger. A collapsed skip range (``through``/``count``) claims the whole span
-    ``[scheduled_at, through]``: its first instant is its key, and the instants inside it
+    trigger (within the schedule's last ``MANUAL_KEYS_KEPT`` manual triggers: the window in
+    which a key is idempotent), and no run ID is materialized twice. A collapsed skip range
+    (``through``/``count``) claims the whole span ``[scheduled_at, through]``: its first
+    instant is its key, and the instants inside it
     are implied by the trigger, so any later scheduled occurrence whose instant falls inside
     an earlier range (or a range that swallows an earlier instant) is a duplicate too.
 ``fence_monotonic``
@@ -89,6 +91,7 @@ from datetime import datetime, timedelta
 from typing import Any, assert_never
 
 from chronolog.commands.decider import LEAVES_LIVE
+from chronolog.commands.state import MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
@@ -461,6 +464,7 @@ class Auditor:
                 self._completed(s, env, p, ref)
             case m.OccurrenceMaterialized():
                 self.report.runs += 1
+                reported = len(self.report.violations)
                 if p.request_key is not None or p.trigger == "manual":
                     self._manual_key(s, p.request_key or p.run_id, ref)
                 else:
@@ -479,6 +483,11 @@ class Auditor:
                 if run is None:
                     run = s.runs[p.run_id] = _Run(p.run_id, p.revision, p.state, ref)
                 else:
+                    if (run.materialized_ref is not None
+                            and len(self.report.violations) == reported):  # not said above
+                        self._violate(s, "occurrence_unique",
+                                      f"run {p.run_id} materialized twice",
+                                      run.materialized_ref, ref, run_id=p.run_id)
                     run.revision = p.revision
                     run.materialized_ref = run.materialized_ref or ref
                 run.cause = env.causation_id
@@ -732,12 +741,18 @@ class Auditor:
                                          "still open (creates in flight)")
 
     def _manual_key(self, s: _Schedule, request_key: str, ref: EventRef) -> None:
+        """A manual trigger's request key is idempotent over the schedule's last
+        ``MANUAL_KEYS_KEPT`` manual triggers: recorded again within them, it is a second
+        occurrence of one request (a key reused after them is a new request)."""
         old = s.manual.get(request_key)
         if old is not None:
             self._violate(s, "occurrence_unique",
-                          f"manual trigger request key {request_key!r} recorded twice", old, ref)
-        else:
-            s.manual[request_key] = ref
+                          f"manual trigger request key {request_key!r} recorded twice within "
+                          f"the schedule's last {MANUAL_KEYS_KEPT} manual triggers", old, ref)
+            return
+        s.manual[request_key] = ref
+        if len(s.manual) > MANUAL_KEYS_KEPT:
+            del s.manual[next(iter(s.manual))]
 
     def _check_overlap_claim(self, s: _Schedule, run: _Run, ref: EventRef) -> None:
         others = sorted(r for r in s.leased if r != run.run_id)

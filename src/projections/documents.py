@@ -1,6 +1,6 @@
 """The JSON documents of the read side (camelCase pydantic models), shared by the HTTP API and
 the CLI's ``--json`` output: a schedule's definition (the body of a PUT, shown again by a
-GET), a schedule, runs, workers.
+GET), a schedule and lists of them, runs, workers, dead letters.
 
 The definition models take their limits from the domain spec (``chronolog.domain.messages``)
 through ``spec_field``, so a bound is written once. ``to_spec`` turns a definition into the
@@ -22,11 +22,12 @@ from chronolog.domain.membership import LIVE_S
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger
 
 __all__ = [
-    "AttemptOut", "CamelModel", "DstIn", "EffectIn", "EffectOut", "InvalidDefinition", "JobIn",
-    "MisfireIn", "PreviewItem", "ResultOut", "ResumeItem", "ResumePlan", "RetryIn", "RunItem",
-    "RunOut", "RunPage", "ScheduleDefinition", "ScheduleOut", "WatermarkOut", "WorkerClassOut",
-    "WorkerOut", "WorkerPage", "camel_path", "definition_of", "field_of", "jsonable",
-    "spec_field", "spec_limits", "to_spec",
+    "AttemptOut", "CamelModel", "DeadLetterItem", "DeadLetterPage", "DeadLetterWatermark", "DstIn",
+    "EffectIn", "EffectOut", "InvalidDefinition", "JobIn", "MisfireIn", "PreviewItem", "ResultOut",
+    "ResumeItem", "ResumePlan", "RetryIn", "RunItem", "RunListItem", "RunListPage", "RunOut",
+    "RunPage", "ScheduleDefinition", "ScheduleOut", "SchedulePage", "ScheduleSummary",
+    "WatermarkOut", "WorkerClassOut", "WorkerOut", "WorkerPage", "camel_path", "definition_of",
+    "field_of", "jsonable", "spec_field", "spec_limits", "to_spec",
 ]
 
 _CONSTRAINTS = ("min_length", "max_length", "ge", "gt", "le", "lt", "multiple_of", "pattern")
@@ -266,6 +267,32 @@ class ScheduleOut(CamelModel):
     resume: ResumePlan | None = None  # a PAUSED schedule: what a resume now would run or skip
 
 
+class WatermarkOut(CamelModel):
+    partitions: dict[str, int] = Field(description="partition -> next offset projected")
+    time: datetime | None = Field(description="authority time of the last event projected")
+
+
+class ScheduleSummary(CamelModel):
+    """A schedule in a list (``read_model.schedule_summary``)."""
+
+    schedule_id: str
+    state: Literal["ACTIVE", "PAUSED", "COMPLETED", "DELETED"]
+    revision: int
+    next_run_at: datetime | None
+    next_due_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    definition: ScheduleDefinition
+
+
+class SchedulePage(CamelModel):
+    """``GET /v1/schedules``: a page of the tenant's schedules by ID."""
+
+    items: list[ScheduleSummary]
+    next_cursor: str | None = Field(description="the `after` of the next page (null: none)")
+    watermark: WatermarkOut
+
+
 # =======================================================================================
 # runs
 
@@ -282,14 +309,23 @@ class RunItem(CamelModel):
                                 "live worker of its resource class serves its job type")
 
 
-class WatermarkOut(CamelModel):
-    partitions: dict[str, int] = Field(description="partition -> next offset projected")
-    time: datetime | None = Field(description="authority time of the last event projected")
-
-
 class RunPage(CamelModel):
     items: list[RunItem]
     next_cursor: str | None
+    watermark: WatermarkOut
+
+
+class RunListItem(RunItem):
+    """A run in the tenant-wide list: a schedule's run item and its job type."""
+
+    job_type: str | None
+
+
+class RunListPage(CamelModel):
+    """``GET /v1/runs``: a page of the tenant's runs, newest first."""
+
+    items: list[RunListItem]
+    next_cursor: str | None = Field(description="the `after` of the next page (null: none)")
     watermark: WatermarkOut
 
 
@@ -384,3 +420,38 @@ class WorkerPage(CamelModel):
     items: list[WorkerOut]
     next_cursor: str | None
 
+
+
+# =======================================================================================
+# dead letters
+
+
+class DeadLetterItem(CamelModel):
+    """A dead letter (``chronolog.domain.messages.DeadLetter``): the record a consumer
+    skipped (``topic``, ``partition``, ``offset``), who skipped it and why, what it names."""
+
+    consumer: str = Field(description="processor, projector, effects, worker, client:<id>, "
+                          "...")
+    topic: str = Field(description="the skipped record's topic")
+    partition: int
+    offset: int
+    tenant: str | None = Field(description="the tenant the record names (null: none)")
+    schedule_id: str | None = Field(description="the schedule ID the record names (null: none)")
+    reason: str = Field(description="the error's message")
+    error_class: str
+    command_id: str | None
+    original: str = Field(description="the record's bytes (its first 64 KiB), base64")
+    original_size: int | None = Field(description="the record's whole size in bytes")
+    at: datetime = Field(description="when it was dead-lettered")
+
+
+class DeadLetterWatermark(CamelModel):
+    partitions: dict[str, int] = Field(description="dlq partition -> next offset listed")
+
+
+class DeadLetterPage(CamelModel):
+    """``GET /v1/dlq``: a page of dead letters, oldest first."""
+
+    items: list[DeadLetterItem]
+    next_cursor: str | None = Field(description="the `after` of the next page (null: none)")
+    watermark: DeadLetterWatermark

@@ -1,11 +1,21 @@
-"""Prometheus metrics (names prefixed ``chronolog_``), derived at scrape time.
+"""Prometheus metrics (names prefixed ``chronolog_``), read at scrape time.
 
 Nothing here keeps its own counters on a hot path: a scrape reads the read model, the log's
 end offsets and — when one runs in the same process — the projector's in-memory stats, and
-renders them (``render(snapshot)``). The families:
+renders them (``render(snapshot)``). The run metrics come from the counters the projector
+keeps as it projects the events (``run_counters`` and ``ready_runs``, migration 0005; see
+``chronolog.projections.store``): a scrape reads a handful of rows and never reads ``runs``.
+The families:
 
-* ``chronolog_start_lateness_seconds`` (histogram; tenant, resource_class): first claim minus
-  the intended start (``runs.lateness_ms``) of every run that started;
+* ``chronolog_runs_finished_total`` (counter; tenant, resource_class, job_type, outcome):
+  runs that reached an outcome — ``succeeded``, ``dead``, ``cancelled`` or ``skipped`` (a
+  skipped instant, a collapsed range counting each instant it stands for); a redriven run
+  counts again when it ends again;
+* ``chronolog_runs_skipped_total`` (counter; tenant, resource_class, job_type, reason): the
+  skipped instants by reason (an instant that never became a run has its schedule's labels);
+* ``chronolog_run_start_lateness_seconds`` (histogram; tenant, resource_class; buckets 5 ms
+  to 1 h): a run's first claim minus its due time (scheduled instant plus jitter), observed
+  when it is claimed;
 * ``chronolog_oldest_due_age_seconds`` (gauge; resource_class): how long the oldest READY
   run has been waiting for a worker;
 * ``chronolog_runs_waiting_without_worker`` (gauge; resource_class, job_type): READY runs
@@ -17,8 +27,6 @@ renders them (``render(snapshot)``). The families:
   by *this process's* projector (the event changes no read-model row, so only a projector
   sees it: the API exposes it when it runs the projector in-process, ``chronolog projector
   --metrics-port`` always);
-* ``chronolog_skipped_occurrences_total`` (counter; tenant, reason): skipped instants, a
-  collapsed range counting each instant it stands for;
 * ``chronolog_projection_lag_events`` (gauge; partition): records between the projection's
   stored offsets and the log's end (on Kafka a commit marker counts as one);
 * ``chronolog_projection_lag_seconds`` (gauge): with an in-process projector, its last
@@ -57,26 +65,26 @@ from prometheus_client.registry import Collector
 from chronolog.domain import codec
 from chronolog.log.port import EventLog
 from chronolog.log.reading import read_partition
-from chronolog.projections.workers import live_workers_per_class, waiting_counts
+from chronolog.projections.store import LATENESS_BUCKETS, bucket_label
+from chronolog.projections.workers import live_served, live_workers_per_class
 
 __all__ = ["LATENESS_BUCKETS", "MetricsSource", "ProjectorCollector", "Snapshot", "render"]
-
-LATENESS_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
-)
 
 
 @dataclass
 class Snapshot:
     """Everything one scrape renders."""
 
+    # (tenant, resource class) -> cumulative count per bucket of LATENESS_BUCKETS, count, sum
     lateness: list[tuple[str, str, list[int], int, float]] = field(default_factory=list)
+    # (tenant, resource class, job type, outcome | reason, count)
+    finished: list[tuple[str, str, str, str, int]] = field(default_factory=list)
+    skipped: list[tuple[str, str, str, str, int]] = field(default_factory=list)
     oldest_due: dict[str, float] = field(default_factory=dict)
     waiting_without_worker: list[tuple[str, str, int]] = field(default_factory=list)
     workers_live: dict[str, int] = field(default_factory=dict)
     expired_leases: int = 0
     fence_rejections: dict[str, int] | None = None  # None: no projector in this process
-    skipped: list[tuple[str, str, int]] = field(default_factory=list)
     lag_events: dict[int, int] = field(default_factory=dict)
     lag_seconds: float = 0.0
     commands_total: int = 0
@@ -144,31 +152,27 @@ class MetricsSource:
 
     async def snapshot(self) -> Snapshot:
         s = Snapshot()
-        cols = ", ".join(f"count(*) FILTER (WHERE lateness_ms <= {int(b * 1000)})"
-                         for b in LATENESS_BUCKETS)
         async with self.pool.acquire() as conn:
-            for r in await conn.fetch(
-                f"SELECT tenant, COALESCE(resource_class, 'default') AS rc, {cols}, count(*), "
-                "COALESCE(sum(lateness_ms), 0) FROM runs WHERE started_at IS NOT NULL "
-                "GROUP BY 1, 2 ORDER BY 1, 2"
-            ):
-                vals = list(r.values())
-                s.lateness.append((vals[0], vals[1], [int(v) for v in vals[2:-2]], int(vals[-2]),
-                                   float(vals[-1]) / 1000))
-            for r in await conn.fetch(
-                "SELECT COALESCE(resource_class, 'default') AS rc, "
-                "EXTRACT(EPOCH FROM (now() - min(ready_at)))::float8 AS age "
-                "FROM runs WHERE state = 'READY' AND ready_at IS NOT NULL GROUP BY 1"
-            ):
-                s.oldest_due[r["rc"]] = max(0.0, r["age"])
-            s.waiting_without_worker = await waiting_counts(conn)
+            counters = await conn.fetch(
+                "SELECT metric, tenant, resource_class, job_type, label, sum(value)::bigint "
+                "FROM run_counters GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5")
+            _run_counters(s, counters)
+            ready = [(r[2], r[3], int(r[5])) for r in counters if r[0] == "ready" and r[5] > 0]
+            classes = sorted({rc for rc, _, _ in ready})
+            if classes:  # the oldest READY run of each class: one index probe each
+                for r in await conn.fetch(
+                    "SELECT c, EXTRACT(EPOCH FROM (now() - (SELECT min(ready_at) FROM "
+                    "ready_runs WHERE resource_class = c)))::float8 "
+                    "FROM unnest($1::text[]) AS c", classes
+                ):
+                    if r[1] is not None:
+                        s.oldest_due[r[0]] = max(0.0, r[1])
+            served = await live_served(conn)
+            s.waiting_without_worker = [(rc, job, n) for rc, job, n in ready
+                                        if (rc, job) not in served]
             s.workers_live = await live_workers_per_class(conn)
             s.expired_leases = await conn.fetchval(
                 "SELECT count(*) FROM attempts WHERE outcome IS NULL AND lease_until < now()")
-            s.skipped = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
-                "SELECT tenant, skipped_reason, sum(GREATEST(skipped_count, 1)) FROM runs "
-                "WHERE state = 'SKIPPED' AND skipped_reason IS NOT NULL GROUP BY 1, 2 "
-                "ORDER BY 1, 2")]
             s.schedules = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
                 "SELECT tenant, state, count(*) FROM schedules GROUP BY 1, 2 ORDER BY 1, 2")]
             offsets = await conn.fetch(
@@ -229,18 +233,54 @@ class MetricsSource:
         return dict(self._dlq_counts)
 
 
+def _run_counters(s: Snapshot, rows: list[asyncpg.Record]) -> None:
+    """The run counters of ``run_counters`` (summed over shards, sorted) into ``s``."""
+    labels = [bucket_label(b) for b in LATENESS_BUCKETS]
+    buckets: dict[tuple[str, str], dict[str, int]] = {}
+    sums: dict[tuple[str, str], int] = {}
+    for metric, tenant, rc, job, label, value in rows:
+        if metric == "finished":
+            s.finished.append((tenant, rc, job, label, int(value)))
+        elif metric == "skipped":
+            s.skipped.append((tenant, rc, job, label, int(value)))
+        elif metric == "lateness":
+            buckets.setdefault((tenant, rc), {})[label] = int(value)
+        elif metric == "lateness_sum":
+            sums[(tenant, rc)] = int(value)
+    for key in sorted(buckets):
+        counts, running = [], 0
+        for label in labels:
+            running += buckets[key].get(label, 0)
+            counts.append(running)
+        total = running + buckets[key].get("+Inf", 0)
+        s.lateness.append((*key, counts, total, sums.get(key, 0) / 1_000_000))
+
+
 class _SnapshotCollector(Collector):
     def __init__(self, s: Snapshot) -> None:
         self.s = s
 
     def collect(self) -> Iterator[Metric]:
         s = self.s
+        f = CounterMetricFamily(
+            "chronolog_runs_finished", "Runs that reached an outcome "
+            "(succeeded, dead, cancelled, skipped)",
+            labels=["tenant", "resource_class", "job_type", "outcome"])
+        for tenant, rc, job, outcome, n in s.finished:
+            f.add_metric([tenant, rc, job, outcome], n)
+        yield f
+        k = CounterMetricFamily("chronolog_runs_skipped", "Skipped instants, by reason",
+                                labels=["tenant", "resource_class", "job_type", "reason"])
+        for tenant, rc, job, reason, n in s.skipped:
+            k.add_metric([tenant, rc, job, reason], n)
+        yield k
         h = HistogramMetricFamily(
-            "chronolog_start_lateness_seconds",
-            "First start of a run minus its intended start (due time)",
+            "chronolog_run_start_lateness_seconds",
+            "A run's first claim minus its due time (observed when it is claimed)",
             labels=["tenant", "resource_class"])
         for tenant, rc, counts, total, total_s in s.lateness:
-            buckets = [(_le(b), float(c)) for b, c in zip(LATENESS_BUCKETS, counts, strict=True)]
+            buckets = [(bucket_label(b), float(c))
+                       for b, c in zip(LATENESS_BUCKETS, counts, strict=True)]
             buckets.append(("+Inf", float(total)))
             h.add_metric([tenant, rc], buckets, total_s)
         yield h
@@ -270,11 +310,6 @@ class _SnapshotCollector(Collector):
             for r, n in sorted(s.fence_rejections.items()):
                 f.add_metric([r], n)
             yield f
-        k = CounterMetricFamily("chronolog_skipped_occurrences",
-                                "Occurrences skipped, by reason", labels=["tenant", "reason"])
-        for tenant, reason, n in s.skipped:
-            k.add_metric([tenant, reason], n)
-        yield k
         lag = GaugeMetricFamily("chronolog_projection_lag_events",
                                 "Records of events not yet projected", labels=["partition"])
         for p, n in sorted(s.lag_events.items()):
@@ -304,10 +339,6 @@ class _SnapshotCollector(Collector):
         for (consumer, topic), n in sorted(s.dead_letters.items()):
             d.add_metric([consumer, topic], n)
         yield d
-
-
-def _le(b: float) -> str:
-    return repr(float(b))
 
 
 def render(snapshot: Snapshot) -> bytes:

@@ -17,6 +17,13 @@ Column conventions:
   names; ``runs.skipped_count`` is the number of instants a SKIPPED row stands for (a
   collapsed range), so skipped counters are ``sum(skipped_count) ... group by skipped_reason``;
 * CompletionRejected changes no row (it is kept in the log for audit).
+
+Run counters (``Tally``, README "Metrics"): an outcome is counted by the event that reaches
+it — ``ResultPublished`` and an ambiguous failure resolved ``delivered`` (succeeded),
+``OccurrenceDeadLettered`` (dead), ``OccurrenceCancelled`` (cancelled), ``OccurrenceSkipped``
+(skipped, once per instant it stands for, and by reason) — so a redriven run counts again when
+it ends again, and an effect's reconciliation never changes its run's outcome. The claim of a
+run's first attempt is its start: its lateness is observed then.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any, assert_never
 
 from chronolog.domain import messages as m
 from chronolog.domain.ids import iso_utc
-from chronolog.projections.store import First, RowChanges
+from chronolog.projections.store import First, RowChanges, Tally
 
 __all__ = ["project", "project_batch"]
 
@@ -52,6 +59,9 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
 
     def effect(effect_id: str, **cols: Any) -> None:
         c.set("effects", (effect_id,), updated_at=at, **cols)
+
+    def outcome(run_id: str, label: str) -> None:
+        c.tally(Tally("finished", tenant, sid, run_id, label))
 
     p = envelope.payload
     match p:
@@ -102,6 +112,8 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 run(p.run_id, tenant=tenant, schedule_id=sid, scheduled_at=p.scheduled_at,
                     revision=p.revision, trigger="manual" if p.request_key else "schedule",
                     request_key=p.request_key, **skipped)
+            c.tally(Tally("skipped", tenant, sid, p.run_id, p.reason, p.count,
+                          never_run=not p.materialized))
             if p.advances_schedule:
                 sched(next_run_at=p.next_run_at, next_due_at=p.next_due_at)
         case m.OccurrenceReady():
@@ -111,6 +123,8 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
             sched(fence=p.fence)
         case m.AttemptClaimed():
             run(p.run_id, state="LEASED", attempt=p.attempt, started_at=First(p.claimed_at))
+            if p.attempt == 1:  # the first claim (every later attempt has a higher number)
+                c.tally(Tally("lateness", tenant, sid, p.run_id, claimed_at=p.claimed_at))
             attempt(p.run_id, p.attempt, tenant=tenant, schedule_id=sid, fence=p.fence,
                     worker_id=p.worker_id, claimed_at=p.claimed_at, lease_until=p.lease_until,
                     outcome=None, error_class=None, error=None, finished_at=None)
@@ -128,6 +142,7 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         case m.OccurrenceDeadLettered():
             run(p.run_id, state="DEAD", dead_reason=p.reason, dead_message=p.message or None,
                 finished_at=at)
+            outcome(p.run_id, "dead")
         case m.OccurrenceRedriven():
             run(p.run_id, state="READY", attempt=p.attempt, ready_at=at, retry_at=None,
                 finished_at=None, dead_reason=None, dead_message=None)
@@ -136,6 +151,7 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 result_size=p.size, result_uri=p.uri, result_inline=p.inline,
                 result_attempt=p.attempt, finished_at=p.finished_at)
             attempt(p.run_id, p.attempt, outcome="succeeded", finished_at=p.finished_at)
+            outcome(p.run_id, "succeeded")
         case m.CompletionRejected():
             pass  # kept in the log for audit; no read-model row changes
         case m.CancellationRequested():
@@ -143,6 +159,7 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         case m.OccurrenceCancelled():
             extra = {"cancel_reason": p.reason} if p.reason else {}
             run(p.run_id, state="CANCELLED", finished_at=at, **extra)
+            outcome(p.run_id, "cancelled")
         case m.ReconciliationRequired():
             run(p.run_id, state="RECONCILING", reconciliation_resolution=None,
                 reconciliation={"reason": p.reason, "effectId": p.effect_id,
@@ -154,9 +171,10 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 run(p.run_id, state="SUCCEEDED", finished_at=First(at),
                     reconciliation_resolution=resolution)
                 effect(p.effect_id, state=_EFFECT_STATE_AFTER_RESOLUTION[p.decision])
-            elif p.decision == "delivered":
+            elif p.decision == "delivered":  # an ambiguous failure that did succeed
                 run(p.run_id, state="SUCCEEDED", finished_at=First(at),
                     reconciliation_resolution=resolution)
+                outcome(p.run_id, "succeeded")
             else:  # retry / abandon: the following OccurrenceReady / DeadLettered moves it
                 run(p.run_id, reconciliation_resolution=resolution)
         case m.EffectIntended():

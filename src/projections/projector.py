@@ -19,10 +19,20 @@ One *pass*:
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
+While ``run`` runs it holds the schema's *projection lease*, a shared PostgreSQL advisory
+lock (``chronolog.projections.lease``): ``chronolog replay`` will not replace tables a
+projector is writing, and a projector started during a replay waits until the rebuilt tables
+are in place, then goes on from their offsets. ``step`` and ``run_until_caught_up`` (tests,
+tools) take no lease.
+
 An ``OffsetConflict`` means another projector instance (or a replay) moved the offsets: the
 batch is discarded (nothing of it was written), the offsets are read again from PostgreSQL
 and the loop continues from there — two projectors on one database never write an event
 twice.
+
+Alongside, ``run`` folds the ``workers`` topic (``chronolog.projections.workers``) and the
+``dlq`` topic (``chronolog.projections.dead_letters``) into their tables, each from its own
+offsets in ``projection_offsets`` (by the projector of partition 0 of a partitioned set).
 
 A record that does not decode, or whose projection raises, is dead-lettered
 (``chronolog.log.dead_letters``) and skipped: its offset is passed with the rest of the
@@ -70,6 +80,8 @@ from chronolog.domain import messages as m
 from chronolog.environment import gc_tune, gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
+from chronolog.projections.dead_letters import DeadLetterFold
+from chronolog.projections.lease import ProjectionLease
 from chronolog.projections.project import project, project_batch
 from chronolog.projections.store import (
     OffsetConflict,
@@ -207,10 +219,12 @@ class Projector:
         self._progress = asyncio.Condition()
         self._started = False
         self.dead_letters = DeadLetters(log_, "projector")
-        # the workers topic is folded alongside (by one projector of a partitioned set)
+        # the workers and dlq topics are folded alongside (by one projector of a set)
+        alongside = self._only is None or 0 in self._only
         self.workers: WorkerDirectory | None = (
-            WorkerDirectory(log_, store.pool, store.projection)
-            if self._only is None or 0 in self._only else None)
+            WorkerDirectory(log_, store.pool, store.projection) if alongside else None)
+        self.letters: DeadLetterFold | None = (
+            DeadLetterFold(log_, store.pool, store.projection) if alongside else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -231,13 +245,29 @@ class Projector:
 
     async def run(self) -> None:
         """Project until ``stop()`` (a log or database failure ends it, raised; ``run`` may
-        be called again then: it goes on from the offsets stored in the database)."""
+        be called again then: it goes on from the offsets stored in the database).
+
+        It holds the schema's projection lease (``chronolog.projections.lease``) while it
+        runs: a replay refuses to replace the tables meanwhile, and a run that starts while a
+        replay holds the lease waits for it, then reads the offsets of the rebuilt tables."""
+        lease = await ProjectionLease.shared(self.store.pool, self.store.projection,
+                                             self._stopping)
+        if lease is None:
+            return  # stopped while waiting for a replay
+        try:
+            await self._run(lease)
+        finally:
+            await lease.release()
+
+    async def _run(self, lease: ProjectionLease) -> None:
         if self._started:
             await self._load_offsets()
         await self.start()
         stopping = asyncio.create_task(self._stopping.wait())
         members = (asyncio.create_task(self.workers.run(), name="workers-directory")
                    if self.workers is not None else None)
+        letters = (asyncio.create_task(self.letters.run(), name="dead-letter-fold")
+                   if self.letters is not None else None)
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
@@ -256,6 +286,7 @@ class Projector:
                                 reader.result()  # a read failure ends the projector
                             return  # stopping
                         batch = getter.result()
+                        lease.check()  # never write once the lease is gone
                         try:
                             await self._apply(batch)
                         except OffsetConflict as exc:
@@ -268,8 +299,9 @@ class Projector:
         finally:
             gc_untune()
             await _cancel(stopping)
-            if members is not None:
-                await _cancel(members)
+            for side in (members, letters):
+                if side is not None:
+                    await _cancel(side)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""

@@ -11,12 +11,32 @@ bound. Keys are immutable and unique, so runs created while a client pages (abov
 never shift a page: nothing is skipped or repeated. The cursor also pins the schedule and the
 ``state`` filter (``InvalidQuery`` on a mismatch). Workers page by worker ID; their cursor
 pins the ``live`` filter.
+
+Tenant-wide lists (``GET /v1/schedules``, ``/v1/runs``, ``/v1/dlq``):
+
+* schedules by ID ascending, in code-point order (``COLLATE "C"``, whatever the database's
+  collation), each page strictly after the last ID returned. IDs are unique and never
+  change, so paging skips or repeats nothing; a schedule created meanwhile shows up on a
+  later page when its ID sorts after the page being read. ``prefix`` is a literal ID prefix
+  (``%`` and ``_`` are plain characters). The default ``state`` filter leaves DELETED out.
+* runs of every schedule of the tenant, newest first by ``(scheduledAt, runId)`` with the
+  same upper bound as a schedule's runs (the tenant's newest key when the first page was
+  read), filtered by ``state``, ``jobType``, ``scheduleId`` and ``[from, to)`` on
+  ``scheduledAt``;
+* dead letters oldest first by ``(at, dlq partition, dlq offset)``, unique and immutable,
+  each page strictly after the last one returned; a tenant's only (those naming it), or
+  every one for an operator.
+
+Each cursor pins its query's filters (another query's cursor is ``InvalidQuery`` on
+``after``), and is checked — kind, shape, types, no NUL, IDs of the right pattern — before
+anything of it is sent to the database.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,16 +49,28 @@ from chronolog.commands.backlog import plan_due
 from chronolog.commands.state import policy_for
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.domain.recurrence import compile_trigger, jitter_offset, resolve_zone, upcoming
+from chronolog.domain.recurrence import (
+    RecurrenceError,
+    compile_trigger,
+    jitter_offset,
+    parse_instant,
+    resolve_zone,
+    upcoming,
+)
 from chronolog.projections import workers as wk
 from chronolog.projections.documents import (
     AttemptOut,
+    DeadLetterItem,
+    DeadLetterPage,
+    DeadLetterWatermark,
     EffectOut,
     PreviewItem,
     ResultOut,
     ResumeItem,
     ResumePlan,
     RunItem,
+    RunListItem,
+    RunListPage,
     RunOut,
     RunPage,
     ScheduleOut,
@@ -52,16 +84,23 @@ from chronolog.projections.documents import (
 )
 
 __all__ = [
-    "MAX_PAGE", "PREVIEW_COUNT", "RUN_STATES", "InvalidQuery", "ReadModel", "RunCursor",
-    "decode_run_cursor", "decode_worker_cursor", "parse_run_states", "preview",
-    "run_document", "runs_page", "schedule_document", "schedule_summary", "watermark",
+    "LIST_PAGE", "MAX_PAGE", "PREVIEW_COUNT", "RUN_STATES", "SCHEDULES_LISTED",
+    "SCHEDULE_STATES", "InvalidQuery", "LetterCursor", "LetterQuery", "ReadModel",
+    "RunCursor", "RunListCursor", "RunQuery", "ScheduleQuery", "dead_letters_page",
+    "decode_letter_cursor", "decode_run_cursor", "decode_run_list_cursor",
+    "decode_schedule_cursor", "decode_worker_cursor", "parse_list_instant",
+    "parse_run_states", "parse_schedule_states", "preview", "run_document", "run_list_page",
+    "runs_page", "schedule_document", "schedule_summary", "schedules_page", "watermark",
     "worker_out", "workers_page",
 ]
 
 PREVIEW_COUNT = 5
 MAX_PAGE = 500
+LIST_PAGE = 100  # the default page of the tenant-wide lists
 RESUME_ITEMS_SHOWN = 200
 RUN_STATES: tuple[str, ...] = get_args(m.RunState)
+SCHEDULE_STATES: tuple[str, ...] = ("ACTIVE", "PAUSED", "COMPLETED", "DELETED")
+SCHEDULES_LISTED: tuple[str, ...] = ("ACTIVE", "COMPLETED", "PAUSED")  # without a filter
 
 
 class InvalidQuery(ValueError):
@@ -86,10 +125,13 @@ class ReadModel:
         self.topic = topic
         self.projection = projection
 
-    async def offsets(self) -> tuple[dict[int, int], datetime | None]:
+    async def offsets(self, topic: str | None = None
+                      ) -> tuple[dict[int, int], datetime | None]:
+        """The projection's next offset per partition of ``events`` (or of ``topic``) and
+        the authority time of its last event."""
         rows = await self.pool.fetch(
             "SELECT partition, next_offset, last_event_at FROM projection_offsets "
-            "WHERE projection = $1 AND topic = $2", self.projection, self.topic)
+            "WHERE projection = $1 AND topic = $2", self.projection, topic or self.topic)
         times = [r["last_event_at"] for r in rows if r["last_event_at"] is not None]
         return {r["partition"]: r["next_offset"] for r in rows}, (max(times) if times else None)
 
@@ -151,6 +193,90 @@ class ReadModel:
         args.append(limit)
         sql += f" ORDER BY scheduled_at DESC, run_id DESC LIMIT ${len(args)}"
         return await self.pool.fetch(sql, *args)
+
+
+    async def schedule_list(self, tenant: str, q: ScheduleQuery, after: str | None,
+                            limit: int) -> list[asyncpg.Record]:
+        """The tenant's schedules matching ``q`` with an ID after ``after``, by ID in
+        code-point order."""
+        sql = "SELECT * FROM schedules WHERE tenant = $1 AND state = ANY($2::text[])"
+        args: list[Any] = [tenant, list(q.states)]
+        if q.job_type is not None:
+            args.append(q.job_type)
+            sql += f" AND spec->'job'->>'type' = ${len(args)}"
+        if q.resource_class is not None:
+            args.append(q.resource_class)
+            sql += f" AND COALESCE(spec->>'resource_class', 'default') = ${len(args)}"
+        if q.prefix is not None:  # the range lets the index find it; starts_with decides
+            args.append(q.prefix)
+            n = len(args)
+            sql += f' AND schedule_id COLLATE "C" >= ${n} AND starts_with(schedule_id, ${n})'
+            args.append(q.prefix[:-1] + chr(ord(q.prefix[-1]) + 1))
+            sql += f' AND schedule_id COLLATE "C" < ${len(args)}'
+        if after is not None:
+            args.append(after)
+            sql += f' AND schedule_id COLLATE "C" > ${len(args)}'
+        args.append(limit)
+        sql += f' ORDER BY schedule_id COLLATE "C" LIMIT ${len(args)}'
+        return list(await self.pool.fetch(sql, *args))
+
+    async def newest_tenant_run_key(self, tenant: str) -> tuple[datetime, str] | None:
+        row = await self.pool.fetchrow(
+            "SELECT scheduled_at, run_id FROM runs WHERE tenant = $1 "
+            "ORDER BY scheduled_at DESC, run_id DESC LIMIT 1", tenant)
+        return None if row is None else (row["scheduled_at"], row["run_id"])
+
+    async def run_list(self, tenant: str, q: RunQuery, bound: tuple[datetime, str],
+                       last: tuple[datetime, str] | None, limit: int) -> list[asyncpg.Record]:
+        """The tenant's runs matching ``q``, at or below ``bound``, below ``last``, newest
+        first."""
+        sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
+               "finished_at, job_type, resource_class FROM runs "
+               "WHERE tenant = $1 AND (scheduled_at, run_id) <= ($2, $3)")
+        args: list[Any] = [tenant, bound[0], bound[1]]
+        if last is not None:
+            args += [last[0], last[1]]
+            sql += f" AND (scheduled_at, run_id) < (${len(args) - 1}, ${len(args)})"
+        for column, value in (("schedule_id", q.schedule_id), ("job_type", q.job_type)):
+            if value is not None:
+                args.append(value)
+                sql += f" AND {column} = ${len(args)}"
+        if q.states:
+            args.append(list(q.states))
+            sql += f" AND state = ANY(${len(args)}::text[])"
+        if q.since is not None:
+            args.append(q.since)
+            sql += f" AND scheduled_at >= ${len(args)}"
+        if q.until is not None:
+            args.append(q.until)
+            sql += f" AND scheduled_at < ${len(args)}"
+        args.append(limit)
+        sql += f" ORDER BY scheduled_at DESC, run_id DESC LIMIT ${len(args)}"
+        return list(await self.pool.fetch(sql, *args))
+
+    async def letter_list(self, q: LetterQuery, after: tuple[datetime, int, int] | None,
+                          limit: int) -> list[asyncpg.Record]:
+        """Dead letters matching ``q`` after ``after``, oldest first."""
+        sql = "SELECT * FROM dead_letters WHERE true"
+        args: list[Any] = []
+        if q.tenant is not None:
+            args.append(q.tenant)
+            sql += f" AND tenant = ${len(args)}"
+        if q.consumer is not None:
+            if q.consumer.endswith("*"):
+                args.append(q.consumer[:-1])
+                sql += f" AND starts_with(consumer, ${len(args)})"
+            else:
+                args.append(q.consumer)
+                sql += f" AND consumer = ${len(args)}"
+        if after is not None:
+            args += list(after)
+            n = len(args)
+            sql += (f" AND (dead_lettered_at, dlq_partition, dlq_offset) > "
+                    f"(${n - 2}, ${n - 1}, ${n})")
+        args.append(limit)
+        sql += f" ORDER BY dead_lettered_at, dlq_partition, dlq_offset LIMIT ${len(args)}"
+        return list(await self.pool.fetch(sql, *args))
 
 
 def watermark(offsets: dict[int, int], time: datetime | None, partitions: int) -> WatermarkOut:
@@ -350,6 +476,259 @@ async def runs_page(rm: ReadModel, tenant: str, schedule_id: str, *, states: lis
                                               r["job_type"], served)) for r in rows],
         next_cursor=next_cursor, watermark=watermark(offsets, wm_time, partitions),
     )
+
+
+# =======================================================================================
+# tenant-wide lists
+
+
+def _pinned(raw: dict[str, Any], kind: str, pinned: dict[str, Any]) -> None:
+    """``InvalidQuery`` on ``after`` unless a decoded cursor is of ``kind`` and made for
+    the filters ``pinned``."""
+    if raw.get("k") != kind or raw.get("f") != pinned:
+        raise _another_query()
+
+
+def _cursor_dict(text: str) -> dict[str, Any]:
+    """A cursor's decoded data: a JSON object without NUL (else ``InvalidQuery``)."""
+    try:
+        raw = _unb64(text)
+    except (binascii.Error, orjson.JSONDecodeError, ValueError):
+        raw = None
+    if not isinstance(raw, dict) or lim.text_violation(raw) is not None:
+        raise _not_a_cursor(text)
+    return raw
+
+
+def _key(value: Any, id_pattern: re.Pattern[str], max_len: int) -> tuple[datetime, str]:
+    """A ``[iso instant with offset, id]`` pair of a cursor (``ValueError`` else)."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], str) and len(value[1]) <= max_len
+            and id_pattern.match(value[1])):
+        raise ValueError
+    t = datetime.fromisoformat(value[0])
+    if t.tzinfo is None:
+        raise ValueError
+    return t, value[1]
+
+
+_SCHEDULE_ID = re.compile(lim.SCHEDULE_ID_PATTERN)
+_RUN_ID = re.compile(lim.RUN_ID_PATTERN)
+_ID_CHARACTERS = re.compile(r"^[A-Za-z0-9_.:@-]*$")  # every character a schedule ID may have
+_SCHEDULE_ID_MAX = 200
+
+
+def parse_schedule_states(text: str | None) -> tuple[str, ...]:
+    """``"paused, active"`` -> ``("ACTIVE", "PAUSED")``; nothing: every state but DELETED."""
+    if not text:
+        return SCHEDULES_LISTED
+    states = sorted({s.strip().upper() for s in text.split(",") if s.strip()})
+    if not states or any(s not in SCHEDULE_STATES for s in states):
+        raise InvalidQuery(f"invalid state '{text}': expected a comma-separated list of "
+                           f"{', '.join(SCHEDULE_STATES)}", "state")
+    return tuple(states)
+
+
+def parse_list_instant(text: str, field: str) -> datetime:
+    """An instant of a list filter: ISO-8601 with an offset or ``Z``, within the limits of
+    every instant (``chronolog.domain.limits``); ``InvalidQuery`` naming ``field``."""
+    why = "expected an ISO-8601 instant with an offset or Z, such as 2026-03-08T09:00:00Z"
+    try:
+        parsed = datetime.fromisoformat(text.strip()) if text.isascii() else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None or parsed.utcoffset() is None:
+        shown = text[:60].encode("unicode_escape").decode()
+        raise InvalidQuery(f"invalid {field} '{shown}': {why}", field)
+    try:
+        return parse_instant(parsed, field=field)
+    except RecurrenceError as exc:
+        raise InvalidQuery(str(exc), field) from None
+
+
+@dataclass(frozen=True)
+class ScheduleQuery:
+    """The filters of ``GET /v1/schedules``."""
+
+    states: tuple[str, ...] = SCHEDULES_LISTED
+    job_type: str | None = None
+    resource_class: str | None = None
+    prefix: str | None = None
+
+    def pinned(self) -> dict[str, Any]:
+        return {"s": ",".join(self.states), "j": self.job_type, "r": self.resource_class,
+                "p": self.prefix}
+
+
+def decode_schedule_cursor(text: str, q: ScheduleQuery) -> str:
+    """The last schedule ID of a schedules page's cursor made for the same filters."""
+    raw = _cursor_dict(text)
+    last = raw.get("l")
+    if not (isinstance(last, str) and 0 < len(last) <= _SCHEDULE_ID_MAX
+            and _SCHEDULE_ID.match(last)):
+        raise _not_a_cursor(text)
+    _pinned(raw, "schedules", q.pinned())
+    return last
+
+
+async def schedules_page(rm: ReadModel, tenant: str, q: ScheduleQuery, *, after: str | None,
+                         limit: int, partitions: int) -> dict[str, Any]:
+    """A page of the tenant's schedules by ID (``SchedulePage``: each item is
+    ``schedule_summary``)."""
+    offsets, wm_time = await rm.offsets()  # read before the rows: a lower bound
+    if q.prefix is not None and not _ID_CHARACTERS.match(q.prefix):
+        rows: list[asyncpg.Record] = []  # a character no schedule ID has: nothing matches
+    else:
+        rows = await rm.schedule_list(tenant, q, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    cursor = _b64({"k": "schedules", "f": q.pinned(), "l": rows[-1]["schedule_id"]}) \
+        if more else None
+    return {"items": [schedule_summary(r) for r in rows], "nextCursor": cursor,
+            "watermark": jsonable(watermark(offsets, wm_time, partitions))}
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """The filters of ``GET /v1/runs``: ``since`` is ``from`` (inclusive), ``until`` is
+    ``to`` (exclusive), on ``scheduledAt``."""
+
+    states: tuple[str, ...] | None = None
+    job_type: str | None = None
+    schedule_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.since is not None and self.until is not None and self.since > self.until:
+            raise InvalidQuery(f"invalid from '{iso(self.since)}': after to "
+                               f"'{iso(self.until)}'", "from")
+
+    def pinned(self) -> dict[str, Any]:
+        return {"s": ",".join(self.states) if self.states else None, "j": self.job_type,
+                "i": self.schedule_id, "a": iso(self.since), "b": iso(self.until)}
+
+
+@dataclass(frozen=True)
+class RunListCursor:
+    """Where a page of the tenant's runs continues: below ``last``, at or below ``bound``."""
+
+    bound: tuple[datetime, str]
+    last: tuple[datetime, str]
+
+    def encode(self, q: RunQuery) -> str:
+        return _b64({"k": "runs", "f": q.pinned(),
+                     "b": [self.bound[0].isoformat(), self.bound[1]],
+                     "l": [self.last[0].isoformat(), self.last[1]]})
+
+
+def decode_run_list_cursor(text: str, q: RunQuery) -> RunListCursor:
+    """The cursor of a tenant's runs page made for the same filters."""
+    raw = _cursor_dict(text)
+    try:
+        bound = _key(raw.get("b"), _RUN_ID, 64)
+        last = _key(raw.get("l"), _RUN_ID, 64)
+    except (TypeError, ValueError):
+        raise _not_a_cursor(text) from None
+    _pinned(raw, "runs", q.pinned())
+    return RunListCursor(bound, last)
+
+
+async def run_list_page(rm: ReadModel, tenant: str, q: RunQuery, *,
+                        after: RunListCursor | None, limit: int,
+                        partitions: int) -> RunListPage:
+    """A page of the tenant's runs, newest first."""
+    offsets, wm_time = await rm.offsets()  # read before the rows: a lower bound
+    if after is not None:
+        bound: tuple[datetime, str] | None = after.bound
+        last: tuple[datetime, str] | None = after.last
+    else:
+        bound, last = await rm.newest_tenant_run_key(tenant), None
+    rows = [] if bound is None else await rm.run_list(tenant, q, bound, last, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    cursor = None
+    if more and bound is not None:
+        tail = rows[-1]
+        cursor = RunListCursor(bound, (tail["scheduled_at"], tail["run_id"])).encode(q)
+    served = await wk.live_served(rm.pool) if any(
+        r["state"] == "READY" for r in rows) else frozenset()
+    return RunListPage(
+        items=[RunListItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
+                           scheduled_at=r["scheduled_at"], state=r["state"],
+                           attempt=r["attempt"], started_at=r["started_at"],
+                           finished_at=r["finished_at"], job_type=r["job_type"],
+                           waiting=wk.waiting_for(r["state"], r["resource_class"],
+                                                  r["job_type"], served)) for r in rows],
+        next_cursor=cursor, watermark=watermark(offsets, wm_time, partitions),
+    )
+
+
+@dataclass(frozen=True)
+class LetterQuery:
+    """The filters of ``GET /v1/dlq``: ``tenant`` None is an operator's view (every
+    letter); ``consumer`` ending in ``*`` is a prefix."""
+
+    tenant: str | None = None
+    consumer: str | None = None
+
+    def pinned(self) -> dict[str, Any]:
+        return {"t": self.tenant, "c": self.consumer}
+
+
+@dataclass(frozen=True)
+class LetterCursor:
+    """Where a page of dead letters continues: after ``(at, dlq partition, dlq offset)``."""
+
+    at: datetime
+    partition: int
+    offset: int
+
+
+def decode_letter_cursor(text: str, q: LetterQuery) -> LetterCursor:
+    """The cursor of a dead-letters page made for the same view and filter."""
+    raw = _cursor_dict(text)
+    pos = raw.get("l")
+    try:
+        if not (isinstance(pos, list) and len(pos) == 3 and isinstance(pos[0], str)
+                and all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= lim.MAX_INT
+                        for n in pos[1:])):
+            raise ValueError
+        at = datetime.fromisoformat(pos[0])
+        if at.tzinfo is None or pos[1] > 2**31 - 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise _not_a_cursor(text) from None
+    _pinned(raw, "dlq", q.pinned())
+    return LetterCursor(at, pos[1], pos[2])
+
+
+async def dead_letters_page(rm: ReadModel, q: LetterQuery, *, after: LetterCursor | None,
+                            limit: int, dlq_topic: str, partitions: int) -> DeadLetterPage:
+    """A page of dead letters, oldest first; ``partitions`` of the dlq topic are shown in
+    the watermark."""
+    offsets, _ = await rm.offsets(dlq_topic)  # read before the rows: a lower bound
+    rows = await rm.letter_list(
+        q, None if after is None else (after.at, after.partition, after.offset), limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    cursor = None
+    if more:
+        tail = rows[-1]
+        cursor = _b64({"k": "dlq", "f": q.pinned(),
+                       "l": [tail["dead_lettered_at"].isoformat(), tail["dlq_partition"],
+                             tail["dlq_offset"]]})
+    parts = {str(p): offsets.get(p, 0) for p in range(partitions)}
+    parts.update({str(p): n for p, n in sorted(offsets.items()) if p >= partitions})
+    return DeadLetterPage(
+        items=[DeadLetterItem(consumer=r["consumer"], topic=r["source_topic"],
+                              partition=r["source_partition"], offset=r["source_offset"],
+                              tenant=r["tenant"], schedule_id=r["schedule_id"],
+                              reason=r["reason"], error_class=r["error_class"],
+                              command_id=r["command_id"], original=r["original"],
+                              original_size=r["original_size"], at=r["dead_lettered_at"])
+               for r in rows],
+        next_cursor=cursor, watermark=DeadLetterWatermark(partitions=parts))
 
 
 def _json(value: Any) -> Any:

@@ -24,6 +24,15 @@ the columns its run row got from ``OccurrenceMaterialized``.
      partial row would fail PostgreSQL's NOT NULL check even when the row exists.) Rows it
      does not find are reported in ``ApplyResult.missing`` rather than invented.
 
+3. the run counters (``Tally``, README "Metrics"): the outcomes, skips and first-claim
+   lateness the batch's events record are added to ``run_counters`` and the READY runs are
+   kept in ``ready_runs`` (with their count per resource class and job type), in the same
+   transaction — so ``/metrics`` reads a few rows and never scans ``runs``. A tally's labels
+   are its run's resource class and job type (fixed when the run is materialized) and, for
+   an instant that never became a run, its schedule's at that point of the log: from the
+   batch when an earlier event of it set the spec, else from ``schedules`` before the batch
+   is written. A replay therefore adds up to the same counters whatever its batches.
+
 jsonb values are encoded with orjson and sent as ``text[]``; timestamps must be aware datetimes.
 
 PostgreSQL's text and jsonb cannot hold the character U+0000, which the log can: the store
@@ -34,9 +43,11 @@ jsonb value, keys included; the log keeps the original. Any other value the data
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -46,6 +57,8 @@ import orjson
 from chronolog.projections.migrate import migrate as _migrate
 
 __all__ = [
+    "LATENESS_BUCKETS",
+    "OUTCOMES",
     "TABLES",
     "ApplyResult",
     "First",
@@ -53,6 +66,8 @@ __all__ = [
     "PostgresProjectionStore",
     "RowChanges",
     "TableSpec",
+    "Tally",
+    "bucket_label",
     "refused_for_its_data",
 ]
 
@@ -138,6 +153,58 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
 
 Row = dict[str, Any]
 
+# ------------------------------------------------------------------ run counters
+
+# the start-lateness histogram's buckets (upper bounds, seconds): 5 ms to 1 h
+LATENESS_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0,
+)
+_BUCKET_US = tuple(round(b * 1_000_000) for b in LATENESS_BUCKETS)
+OUTCOMES = ("succeeded", "dead", "cancelled", "skipped")
+_US = timedelta(microseconds=1)
+
+
+def bucket_label(bound: float) -> str:
+    """The ``le`` label of a bucket (as ``run_counters.label`` stores it)."""
+    return repr(float(bound))
+
+
+def _bucket_of(us: int) -> str:
+    """The label of the bucket a lateness of ``us`` microseconds falls in (``+Inf`` past 1 h)."""
+    i = bisect_left(_BUCKET_US, us)
+    return bucket_label(LATENESS_BUCKETS[i]) if i < len(_BUCKET_US) else "+Inf"
+
+
+@dataclass(slots=True)
+class Tally:
+    """One addition to the run counters, recorded by the projection of one event.
+
+    ``kind``: ``finished`` (``label``: the outcome, ``OUTCOMES`` but ``skipped``),
+    ``skipped`` (``label``: the reason; ``n``: the instants it stands for; also an outcome
+    ``skipped``) or ``lateness`` (a run's first claim at ``claimed_at``; the store measures it
+    from the run's due time). ``never_run``: an instant that never became a run, labelled
+    with its schedule's resource class and job type (``spec`` once known)."""
+
+    kind: str
+    tenant: str
+    schedule_id: str
+    run_id: str
+    label: str = ""
+    n: int = 1
+    claimed_at: datetime | None = None
+    never_run: bool = False
+    spec: tuple[str, str] | None = None
+
+
+def _spec_labels(schedule_row: Row | None) -> tuple[str, str] | None:
+    """(resource class, job type) of a schedule's spec in a row change, if it sets one."""
+    if not schedule_row or "spec" not in schedule_row:
+        return None
+    spec = schedule_row["spec"] or {}
+    return (str(spec.get("resource_class") or "default"),
+            str((spec.get("job") or {}).get("type") or ""))
+
 
 def _merge_value(old: Any, new: Any) -> Any:
     """The value of a column after ``old`` then ``new`` were applied in that order."""
@@ -160,6 +227,17 @@ class RowChanges:
     runs: dict[tuple[Any, ...], Row] = field(default_factory=dict)
     attempts: dict[tuple[Any, ...], Row] = field(default_factory=dict)
     effects: dict[tuple[Any, ...], Row] = field(default_factory=dict)
+    tallies: list[Tally] = field(default_factory=list)  # in log order
+
+    def tally(self, t: Tally) -> RowChanges:
+        """Record a counter addition after the changes so far (whose spec labels it)."""
+        self._label(t)
+        self.tallies.append(t)
+        return self
+
+    def _label(self, t: Tally) -> None:
+        if t.never_run and t.spec is None:
+            t.spec = _spec_labels(self.schedules.get((t.tenant, t.schedule_id)))
 
     def table(self, name: str) -> dict[tuple[Any, ...], Row]:
         """The changes to table ``name``."""
@@ -187,6 +265,8 @@ class RowChanges:
 
     def merge(self, later: RowChanges) -> RowChanges:
         """Fold ``later`` (changes that happened after these) into ``self``; returns self."""
+        for t in later.tallies:  # labelled by the changes before ``later``'s own
+            self._label(t)
         for name in TABLES:
             mine = self.table(name)
             for key, row in later.table(name).items():
@@ -197,6 +277,7 @@ class RowChanges:
                     for col, value in row.items():
                         current[col] = (_merge_value(current[col], value) if col in current
                                         else value)
+        self.tallies.extend(later.tallies)
         return self
 
     @classmethod
@@ -212,7 +293,7 @@ class RowChanges:
         return sum(len(self.table(name)) for name in TABLES)
 
     def __bool__(self) -> bool:
-        return self.row_count() > 0
+        return self.row_count() > 0 or bool(self.tallies)
 
 
 class OffsetConflict(RuntimeError):
@@ -240,7 +321,8 @@ class ApplyResult:
     """What one ``apply`` wrote."""
 
     rows: dict[str, int] = field(default_factory=dict)  # rows written per table
-    statements: int = 0  # row statements executed (offsets excluded)
+    statements: int = 0  # row statements executed (offsets and counters excluded)
+    counters: int = 0  # run_counters rows added to
     # partial changes whose row did not exist (not written): table -> keys
     missing: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
 
@@ -351,9 +433,10 @@ class PostgresProjectionStore:
 
     @classmethod
     async def connect(
-        cls, dsn: str, projection: str = "main", *, min_size: int = 1, max_size: int = 4
+        cls, dsn: str, projection: str = "main", *, min_size: int = 1, max_size: int = 5
     ) -> PostgresProjectionStore:
-        """Open a connection pool on ``dsn``."""
+        """Open a connection pool on ``dsn`` (a running projector keeps one of its connections
+        for its projection lease)."""
         pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
         assert pool is not None
         return cls(pool, projection)
@@ -398,10 +481,13 @@ class PostgresProjectionStore:
         async with self.pool.acquire() as conn, conn.transaction():
             if offsets:
                 await self._advance_offsets(conn, offsets, last_event_at or {})
+            specs = await _schedule_labels(conn, changes.tallies)  # before the rows change
             for spec in TABLES.values():
                 rows = changes.table(spec.name)
                 if rows:
                     await self._write_table(conn, spec, rows, result)
+            shard = min((p for _, p in offsets), default=0)
+            result.counters = await _count(conn, changes, specs, shard)
         return result
 
     async def _advance_offsets(
@@ -489,3 +575,97 @@ class PostgresProjectionStore:
                     result.missing.setdefault(spec.name, []).extend(lost)
             result.statements += 1
             result.rows[spec.name] = result.rows.get(spec.name, 0) + written
+
+
+async def _schedule_labels(conn: asyncpg.Connection, tallies: list[Tally]
+                           ) -> dict[tuple[str, str], tuple[str, str]]:
+    """(resource class, job type) of the stored schedules that tallies of instants that never
+    became runs still need (read before the batch changes ``schedules``)."""
+    keys = sorted({(t.tenant, t.schedule_id) for t in tallies if t.never_run and t.spec is None})
+    if not keys:
+        return {}
+    rows = await conn.fetch(
+        "SELECT s.tenant, s.schedule_id, COALESCE(s.spec->>'resource_class', 'default'), "
+        "COALESCE(s.spec->'job'->>'type', '') FROM schedules s "
+        "JOIN unnest($1::text[], $2::text[]) AS u(tenant, schedule_id) "
+        "ON s.tenant = u.tenant AND s.schedule_id = u.schedule_id",
+        [k[0] for k in keys], [k[1] for k in keys])
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, First) else value
+
+
+async def _count(conn: asyncpg.Connection, changes: RowChanges,
+                 specs: Mapping[tuple[str, str], tuple[str, str]], shard: int) -> int:
+    """Add the batch's tallies and READY moves to ``run_counters`` (after its rows are
+    written); the number of counter rows added to."""
+    # (metric, tenant, resource class, job type, label) -> amount
+    deltas: Counter[tuple[str, str, str, str, str]] = Counter()
+    moved = [key[0] for key, row in changes.runs.items() if "state" in row]
+    if moved:  # a run whose state changed left READY, or is READY (again)
+        for r in await conn.fetch(
+                "DELETE FROM ready_runs WHERE run_id = ANY($1::text[]) "
+                "RETURNING resource_class, job_type", moved):
+            deltas["ready", "", r[0], r[1], ""] -= 1
+        for r in await conn.fetch(
+                "INSERT INTO ready_runs (run_id, resource_class, job_type, ready_at) "
+                "SELECT run_id, COALESCE(resource_class, 'default'), COALESCE(job_type, ''), "
+                "COALESCE(ready_at, updated_at) FROM runs "
+                "WHERE run_id = ANY($1::text[]) AND state = 'READY' "
+                "RETURNING resource_class, job_type", moved):
+            deltas["ready", "", r[0], r[1], ""] += 1
+    if changes.tallies:
+        runs = await _run_labels(conn, changes)
+        for t in changes.tallies:
+            if t.never_run:
+                rc, job = t.spec or specs.get((t.tenant, t.schedule_id), ("default", ""))
+                due = None
+            else:
+                rc, job, due = runs.get(t.run_id, ("default", "", None))
+            if t.kind == "lateness":
+                if due is None or t.claimed_at is None:
+                    continue  # a claim of a run the read model does not have
+                us = (t.claimed_at - due) // _US
+                deltas["lateness", t.tenant, rc, "", _bucket_of(us)] += 1
+                deltas["lateness_sum", t.tenant, rc, "", ""] += us
+            elif t.kind == "skipped":
+                deltas["finished", t.tenant, rc, job, "skipped"] += t.n
+                deltas["skipped", t.tenant, rc, job, t.label] += t.n
+            else:
+                deltas["finished", t.tenant, rc, job, t.label] += t.n
+    keys = sorted(k for k, v in deltas.items() if v)  # a fixed lock order
+    if keys:
+        await conn.execute(
+            "INSERT INTO run_counters AS t "
+            "(shard, metric, tenant, resource_class, job_type, label, value) "
+            "SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], "
+            "$6::text[], $7::bigint[]) ON CONFLICT "
+            "(shard, metric, tenant, resource_class, job_type, label) "
+            "DO UPDATE SET value = t.value + EXCLUDED.value",
+            shard, *([k[i] for k in keys] for i in range(5)), [deltas[k] for k in keys])
+    return len(keys)
+
+
+async def _run_labels(conn: asyncpg.Connection, changes: RowChanges
+                      ) -> dict[str, tuple[str, str, datetime | None]]:
+    """(resource class, job type, due time) of the runs the tallies name: from the batch when
+    it materialized them, else from ``runs`` (these columns never change after that)."""
+    out: dict[str, tuple[str, str, datetime | None]] = {}
+    lookup = []
+    for rid in {t.run_id for t in changes.tallies if not t.never_run}:
+        row = changes.runs.get((rid,))
+        if row is not None and "job_type" in row and "scheduled_at" in row:
+            out[rid] = (_plain(row.get("resource_class")) or "default",
+                        _plain(row["job_type"]) or "",
+                        _plain(row.get("due_at")) or _plain(row["scheduled_at"]))
+        else:
+            lookup.append(rid)
+    if lookup:
+        for r in await conn.fetch(
+                "SELECT run_id, COALESCE(resource_class, 'default'), COALESCE(job_type, ''), "
+                "COALESCE(due_at, scheduled_at) FROM runs WHERE run_id = ANY($1::text[])",
+                sorted(lookup)):
+            out[r[0]] = (r[1], r[2], r[3])
+    return out

@@ -54,7 +54,7 @@ class WorkerDirectory:
     """Folds the ``workers`` topic into the ``workers`` tables until ``stop()``."""
 
     def __init__(self, log_: EventLog, pool: asyncpg.Pool, projection: str = "main",
-                 idle_ms: int = 200) -> None:
+                 idle_ms: int = 200, *, dead_letter: bool = True) -> None:
         self.log = log_
         self.pool = pool
         self.projection = projection
@@ -62,7 +62,10 @@ class WorkerDirectory:
         self.idle_ms = idle_ms
         self.records = 0
         self._stopping = asyncio.Event()
-        self.dead_letters = DeadLetters(log_, "workers-directory")
+        # dead_letter=False (a replay): a bad record is only noted in ``skipped`` (the live
+        # directory dead-lettered it already)
+        self.dead_letters = DeadLetters(log_, "workers-directory") if dead_letter else None
+        self.skipped: list[str] = []
 
     def stop(self) -> None:
         self._stopping.set()
@@ -102,7 +105,10 @@ class WorkerDirectory:
                 try:
                     a = Announcement.decode(rec.value)
                 except BadAnnouncement as exc:
-                    await self.dead_letters.put(rec, exc)
+                    if self.dead_letters is not None:
+                        await self.dead_letters.put(rec, exc)
+                    else:
+                        self.skipped.append(f"{rec.topic}[{rec.partition}]@{rec.offset}: {exc}")
                     continue
                 old = latest.get(a.worker_id)
                 if old is None or old.sent_at <= a.sent_at:

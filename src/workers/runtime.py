@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import hashlib
@@ -73,7 +74,8 @@ from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.dead_letters import DeadLetters
-from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.log.port import EventLog, LogError, OutRecord, Record
+from chronolog.logging import Throttle
 from chronolog.settings import data_dir
 from chronolog.wakeup import Wakeup
 from chronolog.workers.builtin import register_builtin_jobs
@@ -95,6 +97,13 @@ FINISHED_KEPT = 10_000  # finished attempts remembered, so a re-read assignment 
 FAILPOINT_ENV = "CHRONOLOG_WORKER_FAILPOINT"
 # before re-sending outcome commands whose append failed (by the batch's tries so far)
 SEND_BACKOFF = Backoff(first=0.2, cap=2.0, jitter=0.5)
+# between tries to read ready.<class> again while the log is away
+PULL_BACKOFF = Backoff(first=0.5, cap=5.0)
+# at stop, how long outcomes already reported may take to be decided, and the leaving steps
+# (withdrawing offers, the last acknowledgement and announcement) each: a broker that is away
+# must not hold the stop (an undecided attempt is retried once its lease expires)
+DRAIN_OUTCOMES_S = 4.0
+LEAVE_STEP_S = 1.5
 
 
 def worker_group(prefix: str, job_types: Iterable[str]) -> str:
@@ -230,7 +239,10 @@ class Worker:
         self._beat_at = float("inf")
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = asyncio.Event()
+        self.drained = asyncio.Event()  # set at stop once no handler runs any more
+        self._consumers: dict[str, Any] = {}  # resource class -> its group consumer now
         self._log = log.bind(worker_id=self.worker_id)
+        self._throttle = Throttle()
         self.dead_letters = DeadLetters(log_, "worker")
 
     # ------------------------------------------------------------------ registration
@@ -277,6 +289,29 @@ class Worker:
     async def wait_started(self, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self._started.wait(), timeout)
 
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: the consumer of every resource class is in its group
+        (``chronolog.readiness``); else what it waits for."""
+        if self._stopping.is_set():
+            return False, "stopping"
+        if not self._started.is_set():
+            return False, "starting"
+        owned = []
+        for cls in self.resource_classes:
+            consumer = self._consumers.get(cls)
+            if consumer is None or not consumer.joined():
+                return False, (f"the consumer of {self.topics.ready(cls)} is not in its group "
+                               f"(joining, or the log is away)")
+            owned.append(f"{cls} {sorted(self.partitions(cls))}")
+        return True, f"consumes ready partitions: {', '.join(owned)}"
+
+    def _warn(self, event: str, **kw: Any) -> None:
+        """A warning that repeats while a service is away: the first, then one per
+        ``chronolog.logging.SUMMARY_S`` with the count held back."""
+        held = self._throttle.take(event)
+        if held is not None:
+            self._log.warning(event, **kw, **({"held_back": held} if held else {}))
+
     async def run(self) -> None:
         """Serve until ``stop()``; then drain and leave."""
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -287,9 +322,8 @@ class Worker:
         announcer: asyncio.Task[None] | None = None
         self.group = self._group_given or worker_group(self.topics.prefix, self._jobs)
         try:
-            await self.log.ensure_topics(ready_classes=self.resource_classes)
-            if self._own_client:
-                await self.client.start()
+            if not await self._start_services():
+                return  # stopped while waiting for the log
             beats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
             self.started_at = datetime.now(UTC)
             announcer = asyncio.create_task(self._announce_loop(), name="announce")
@@ -314,13 +348,38 @@ class Worker:
                 beats.cancel()
             if announcer is not None:
                 announcer.cancel()
-                await self._announce(stopping=True)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._announce(stopping=True), LEAVE_STEP_S)
             for t in list(self._background):
                 t.cancel()
             if self._own_client:
                 await self.client.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._log.info("worker_stopped", **self.stats.__dict__)
+
+    async def _start_services(self) -> bool:
+        """Ensure the topics and start the client, waiting (``PULL_BACKOFF``) while the log
+        is away; False when stopped meanwhile."""
+        tries = 0
+        while not self._stopping.is_set():
+            try:
+                await self.log.ensure_topics(ready_classes=self.resource_classes)
+                if self._own_client:
+                    await self.client.start()
+                return True
+            except Exception as exc:
+                if not (lifecycle.unavailable(exc) or isinstance(exc, LogError)):
+                    raise
+                tries += 1
+                wait = PULL_BACKOFF.delay(tries)
+                self._warn("start_waiting_for_log", retry_in_s=wait,
+                           error=f"{type(exc).__name__}: {exc}"[:300])
+            waiter = asyncio.ensure_future(self._stopping.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=wait)
+            finally:
+                waiter.cancel()
+        return False
 
     async def _drain(self) -> None:
         for lane in self._lanes.values():  # claimed, never started: hand them back now
@@ -340,8 +399,10 @@ class Worker:
                 _, pending = await asyncio.wait(pending, timeout=self.cancel_grace)
                 for t in pending:
                     t.cancel()
+        self.drained.set()
         # every outcome already reported is decided (bounded) before the worker leaves
-        deadline = asyncio.get_running_loop().time() + self.reply_timeout * self.send_attempts
+        deadline = asyncio.get_running_loop().time() + min(
+            self.reply_timeout * self.send_attempts, DRAIN_OUTCOMES_S)
         while (self._outgoing or self._unsettled) and asyncio.get_running_loop().time() < deadline:
             waits = [t for t in (self._reporter, *self._background)
                      if t is not None and not t.done()]
@@ -368,7 +429,7 @@ class Worker:
             await self.log.append([OutRecord(self.topics.workers, self.worker_id.encode(),
                                              rec.encode())])
         except Exception as exc:  # noqa: BLE001 - membership is advisory; retried next time
-            self._log.warning("announce_failed", error=repr(exc))
+            self._warn("announce_failed", error=repr(exc)[:300])
 
     async def _announce_loop(self) -> None:
         while True:
@@ -413,7 +474,7 @@ class Worker:
             await self.log.append(recs)
             self.stats.offers += len(recs)
         except Exception as exc:  # noqa: BLE001 - the next offer (a second later) tries again
-            self._log.warning("offer_failed", error=repr(exc))
+            self._warn("offer_failed", error=repr(exc)[:300])
 
     async def _offers(self, lane: _Lane) -> None:
         """Renew this worker's offers every ``offer_interval`` seconds."""
@@ -422,13 +483,38 @@ class Worker:
             await self._offer(lane, lane.owned)
 
     async def _pull(self, cls: str) -> None:
-        """Read assignments of one resource class. Read positions are acknowledged (the
-        group's offsets) at most every ``ACK_EVERY_S``, when a partition is revoked and when
-        the worker stops: a record read again after a crash is skipped (assigned to another
-        worker or already run here) or runs as the lease allows, so an acknowledgement per
-        batch — a write transaction or a broker round trip each — would buy nothing."""
-        topic = self.topics.ready(cls)
+        """Read assignments of one resource class until the worker stops. When the log is
+        away (the consumer cannot start, or a read fails) the consumer is closed and a new
+        one joins after a pause (``PULL_BACKOFF``): a broker outage does not end the
+        worker; the attempts it runs go on meanwhile."""
         lane = self._lanes[cls] = _Lane(cls, self.concurrency)
+        tries = 0
+        while not self._stopping.is_set():
+            try:
+                await self._pull_once(lane)
+                return
+            except Exception as exc:
+                if not (lifecycle.unavailable(exc) or isinstance(exc, LogError)):
+                    raise
+                tries += 1
+                wait = PULL_BACKOFF.delay(tries)
+                self._warn("pull_waiting_for_log", resource_class=cls, retry_in_s=wait,
+                           error=f"{type(exc).__name__}: {exc}"[:300])
+            waiter = asyncio.ensure_future(self._stopping.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=wait)
+            finally:
+                waiter.cancel()
+
+    async def _pull_once(self, lane: _Lane) -> None:
+        """One consumer of ``ready.<class>``, until the worker stops (or the log fails it).
+        Read positions are acknowledged (the group's offsets) at most every ``ACK_EVERY_S``,
+        when a partition is revoked and when the worker stops: a record read again after a
+        crash is skipped (assigned to another worker or already run here) or runs as the
+        lease allows, so an acknowledgement per batch — a write transaction or a broker
+        round trip each — would buy nothing."""
+        cls = lane.cls
+        topic = self.topics.ready(cls)
         unacked: dict[tuple[str, int], int] = {}  # read positions not acknowledged yet
         acked_at = time.monotonic()
 
@@ -443,7 +529,7 @@ class Worker:
                     unacked.pop(tp, None)
                 acked_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - a lost ack means a re-read: harmless
-                self._log.warning("ack_failed", error=repr(exc))
+                self._warn("ack_failed", error=repr(exc)[:300])
 
         async def assigned(tps: set[tuple[str, int]]) -> None:
             gained = {p for t, p in tps if t == topic}
@@ -458,9 +544,11 @@ class Worker:
 
         consumer = self.log.group_consumer(self.group, [topic], f"{self.worker_id}-{cls}",
                                            on_assigned=assigned, on_revoked=revoked)
-        await consumer.start()
-        renew = asyncio.create_task(self._offers(lane), name=f"offers-{cls}")
+        renew: asyncio.Task[None] | None = None
         try:
+            await consumer.start()
+            self._consumers[cls] = consumer
+            renew = asyncio.create_task(self._offers(lane), name=f"offers-{cls}")
             while not self._stopping.is_set():
                 recs = await consumer.getmany(timeout_ms=200, max_records=1000)
                 if unacked and time.monotonic() - acked_at >= ACK_EVERY_S:
@@ -477,10 +565,17 @@ class Worker:
                         held.add(tp)
                 unacked.update(offsets)
         finally:
-            renew.cancel()
-            await ack()
-            await self._offer(lane, lane.owned, withdraw=True)
-            await consumer.close()
+            if self._consumers.get(cls) is consumer:
+                del self._consumers[cls]
+            if renew is not None:
+                renew.cancel()
+            # leaving steps, each bounded: a broker that is away must not hold the stop
+            for step in (ack(), self._offer(lane, lane.owned, withdraw=True)):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(step, LEAVE_STEP_S)
+            lane.owned.clear()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.close(), 2 * LEAVE_STEP_S)
 
     async def _assignment(self, lane: _Lane, rec: Record) -> bool:
         """Admit an assignment addressed to this worker; skip anything else (re-reads,
@@ -707,8 +802,8 @@ class Worker:
             try:
                 futs = await self.client.submit([r.env for r in batch])
             except Exception as exc:  # noqa: BLE001 - the log is unavailable: retry, bounded
-                self._log.warning("send_failed", commands=len(batch), error=repr(exc),
-                                  tries=batch[0].tries)
+                self._warn("send_failed", commands=len(batch), error=repr(exc)[:300],
+                           tries=batch[0].tries)
                 self._retry_or_give_up(batch)
                 await asyncio.sleep(SEND_BACKOFF.delay(batch[0].tries))
                 continue
@@ -781,7 +876,7 @@ class Worker:
         try:
             replies = await self.client.send_batch(envs, timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - the next beat tries again
-            self._log.warning("heartbeat_failed", attempts=len(atts), error=repr(exc))
+            self._warn("heartbeat_failed", attempts=len(atts), error=repr(exc)[:300])
             return
         for att, reply in zip(atts, replies, strict=True):
             ctx = att.ctx
@@ -828,10 +923,12 @@ def _failpoint(name: str) -> None:
 
 async def run_until_signalled(worker: Worker) -> int:
     """Run a worker; SIGTERM/SIGINT begin a graceful drain (a second one forces it). The
-    process stop bounds of ``chronolog.lifecycle`` count from the end of ``drain_timeout``."""
+    process stop bounds of ``chronolog.lifecycle`` count from the end of the drain of the
+    running handlers (``Worker.drained``: at once when none runs), at the latest from the
+    end of ``drain_timeout``."""
     return await lifecycle.run_until_signalled(
         worker.run(), worker.stop, grace_s=worker.drain_timeout + lifecycle.STOP_GRACE_S,
-        hard_s=worker.drain_timeout + lifecycle.HARD_STOP_S)
+        hard_s=worker.drain_timeout + lifecycle.HARD_STOP_S, settled=worker.drained)
 
 
 # JobContext and the failures are defined in chronolog.workers.job, re-exported here

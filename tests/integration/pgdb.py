@@ -60,13 +60,16 @@ async def schema_store(dsn: str, schema: str | None = None, max_size: int = 4
 
 
 async def dump(store: PostgresProjectionStore) -> dict[str, list[tuple[Any, ...]]]:
-    """Every read-model row, ordered by key, plus the stored offsets."""
+    """Every read-model row of the events projection, ordered by key, plus its stored
+    offsets (not those of the workers and dlq topics, which a running projector folds
+    alongside into tables of their own)."""
     out: dict[str, list[tuple[Any, ...]]] = {}
     for t in TABLES:
         rows = await store.pool.fetch(f'SELECT * FROM "{t}" ORDER BY {KEYS[t]}')
         out[t] = [tuple(r) for r in rows]
     rows = await store.pool.fetch(
         "SELECT topic, partition, next_offset, last_event_at FROM projection_offsets "
-        "WHERE projection = $1 ORDER BY topic, partition", store.projection)
+        "WHERE projection = $1 AND topic LIKE '%events' ORDER BY topic, partition",
+        store.projection)
     out["projection_offsets"] = [tuple(r) for r in rows]
     return out

@@ -4,7 +4,8 @@ processor and a real PostgreSQL.
 One stack per backend for the module (processor, client, projector, app through
 ``httpx.ASGITransport``); tests keep apart by schedule ID. Every status code of the contract
 is exercised, with the error body shape, camelCase fields, tenant isolation, cursor paging
-while new runs arrive, and read-your-writes through ``X-Chronolog-Consistency``.
+while new runs arrive, and read-your-writes: by default (``X-Chronolog-Visible``) and
+through ``X-Chronolog-Consistency``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from chronolog.api.app import CONSISTENCY_HEADER, create_app
+from chronolog.api.app import CONSISTENCY_HEADER, VISIBLE_HEADER, create_app
 from chronolog.log.port import EventLog, Topics
 from chronolog.settings import LogConfig, open_log
 from support.polling import wait_until
@@ -605,13 +606,97 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
 # ------------------------------------------------------------------ read-your-writes
 
 
-async def test_a_read_with_the_token_waits_for_the_projection(stack: ApiStack) -> None:
+async def test_every_write_is_seen_by_the_next_read_without_any_header(stack: ApiStack) -> None:
     assert stack.http is not None
+    http = stack.http
+    s = sid()
+    definition = {"every": "1h", "overlap": "allow", "retry": {"maxAttempts": 1},
+                  "job": {"type": "report"}}
+    r = await create(stack, {"scheduleId": s, **definition})
+    assert r.status_code == 201, r.text
+    assert r.headers[VISIBLE_HEADER] == "true" and r.headers[CONSISTENCY_HEADER]
+    g = await http.get(f"/v1/schedules/{s}", headers=ACME)  # no token
+    assert g.status_code == 200, g.text
+    assert g.json()["revision"] == 1
+    listed = await http.get("/v1/schedules", params={"prefix": s}, headers=ACME)
+    assert [i["scheduleId"] for i in listed.json()["items"]] == [s]
+
+    r = await http.put(f"/v1/schedules/{s}", json={**definition, "every": "2h"},
+                       headers={**ACME, "If-Match": "1"})
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    assert (await http.get(f"/v1/schedules/{s}", headers=ACME)).json()["revision"] == 2
+    for action, state in ((":pause", "PAUSED"), (":resume", "ACTIVE")):
+        r = await http.post(f"/v1/schedules/{s}{action}", headers=ACME)
+        assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+        assert (await http.get(f"/v1/schedules/{s}", headers=ACME)).json()["state"] == state
+
+    t = await _trigger(stack, s, "rw")
+    assert t.status_code == 201 and t.headers[VISIBLE_HEADER] == "true", t.text
+    run_id = t.json()["runId"]
+    g = await http.get(f"/v1/runs/{run_id}", headers=ACME)
+    assert g.status_code == 200 and g.json()["state"] == "READY", g.text
+    again = await _trigger(stack, s, "rw")  # an idempotent replay: no new event
+    assert again.status_code == 201 and again.headers[VISIBLE_HEADER] == "true"
+    r = await http.post(f"/v1/runs/{run_id}:cancel", headers=ACME)
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    assert (await http.get(f"/v1/runs/{run_id}", headers=ACME)).json()["state"] == "CANCELLED"
+
+    # a DEAD run (failed through the log, read with its token), redriven through the API
+    t = await _trigger(stack, s, "rw-dead")
+    doomed = t.json()["runId"]
+    claim = await stack.client.claim("acme", s, doomed, 1, "w-rw")
+    await stack.client.fail("acme", s, doomed, 1, claim["fence"], "w-rw", "permanent", "boom")
+
+    async def dead() -> bool:
+        g = await http.get(f"/v1/runs/{doomed}", headers=consistent(t))
+        return g.status_code == 200 and g.json()["state"] == "DEAD"
+
+    await wait_until(dead, 30, what="run DEAD in the read model")
+    r = await http.post(f"/v1/runs/{doomed}:redrive", headers=ACME)
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    g = (await http.get(f"/v1/runs/{doomed}", headers=ACME)).json()
+    assert g["state"] == "READY" and g["attempt"] == 2
+
+    r = await http.delete(f"/v1/schedules/{s}", headers=ACME)
+    assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "true", r.text
+    assert (await http.get(f"/v1/schedules/{s}", headers=ACME)).json()["state"] == "DELETED"
+
+
+async def test_a_write_the_read_model_does_not_show_in_time_is_still_accepted(
+    stack: ApiStack,
+) -> None:
+    assert stack.http is not None and stack.store is not None
+    app = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.3)
+    await stack.pause_projector()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://t") as http:
+            s = sid()
+            r = await http.post("/v1/schedules", json={"scheduleId": s, "every": "1h",
+                                                       "job": {"type": "a"}}, headers=ACME)
+            # the bound passed: still the normal answer, saying it is not visible yet
+            assert r.status_code == 201, r.text
+            assert r.headers[VISIBLE_HEADER] == "false"
+            assert r.json()["scheduleId"] == s and r.json()["revision"] == 1
+            assert r.headers[CONSISTENCY_HEADER]
+            assert_error(await http.get(f"/v1/schedules/{s}", headers=ACME), 404, "not_found")
+    finally:
+        stack.resume_projector()
+    g = await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))
+    assert g.status_code == 200 and g.json()["scheduleId"] == s
+
+
+async def test_a_read_with_the_token_waits_for_the_projection(stack: ApiStack) -> None:
+    assert stack.http is not None and stack.store is not None
+    quick = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.2)
     await stack.pause_projector()
     try:
         s = sid()
-        r = await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})
-        assert r.status_code == 201
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=quick),
+                                     base_url="http://t") as http:
+            r = await http.post("/v1/schedules", json={"scheduleId": s, "every": "1h",
+                                                       "job": {"type": "a"}}, headers=ACME)
+        assert r.status_code == 201 and r.headers[VISIBLE_HEADER] == "false"
         plain = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
         assert_error(plain, 404, "not_found")  # no token: whatever the projection holds now
         waiting = asyncio.create_task(stack.http.get(f"/v1/schedules/{s}", headers=consistent(r)))
@@ -706,24 +791,26 @@ async def test_healthz_and_metrics(stack: ApiStack) -> None:
     run_id = (await _trigger(stack, s, "m")).json()["runId"]
     claim = await stack.client.claim("acme", s, run_id, 1, "wm")
     assert claim["fence"] >= 1
-    await stack.http.get("/metrics")
+    # the claim is projected (and counted) asynchronously
+    await wait_until(lambda: _has_lateness(stack), 20, what="lateness sample for acme")
     r = await stack.http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
-    for name in ("chronolog_start_lateness_seconds_bucket", "chronolog_oldest_due_age_seconds",
-                 "chronolog_expired_leases", "chronolog_skipped_occurrences_total",
+    for name in ("chronolog_run_start_lateness_seconds_bucket",
+                 "chronolog_oldest_due_age_seconds", "chronolog_expired_leases",
+                 "chronolog_runs_skipped_total", "chronolog_runs_finished_total",
                  "chronolog_projection_lag_events", "chronolog_projection_lag_seconds",
                  "chronolog_commands_total", "chronolog_events_total",
                  "chronolog_commands_per_second", "chronolog_events_per_second"):
         assert name in text, name
-    await wait_until(lambda: _has_lateness(stack), 20, what="lateness sample for acme")
     assert_error(await stack.http.get("/nowhere"), 404, "not_found")
 
 
 async def _has_lateness(stack: ApiStack) -> bool:
     assert stack.http is not None
     text = (await stack.http.get("/metrics")).text
-    return 'chronolog_start_lateness_seconds_count{resource_class="default",tenant="acme"}' in text
+    return ('chronolog_run_start_lateness_seconds_count{resource_class="default",tenant="acme"}'
+            in text)
 
 
 async def test_read_your_writes_through_an_in_process_projector(stack: ApiStack) -> None:
@@ -735,7 +822,9 @@ async def test_read_your_writes_through_an_in_process_projector(stack: ApiStack)
         s = sid()
         r = await http.post("/v1/schedules", json={"scheduleId": s, "every": "1h",
                                                    "job": {"type": "a"}}, headers=ACME)
-        assert r.status_code == 201
+        assert r.status_code == 201 and r.headers[VISIBLE_HEADER] == "true"
+        g = await http.get(f"/v1/schedules/{s}", headers=ACME)  # no token needed
+        assert g.status_code == 200 and g.json()["revision"] == 1
         g = await http.get(f"/v1/schedules/{s}", headers=consistent(r))
         assert g.status_code == 200 and g.json()["revision"] == 1
         text = (await http.get("/metrics")).text

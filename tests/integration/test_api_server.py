@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -20,8 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from chronolog.log.port import Topics
-from chronolog.settings import LogConfig
+from chronolog.log.port import OutRecord, Topics
+from chronolog.settings import LogConfig, open_log
+from support.net import free_port
 from support.polling import wait_until
 
 from .conftest import CHRONOLOG, ROOT
@@ -35,12 +35,6 @@ def dsn(database_url: str) -> Iterator[str]:
     d = asyncio.run(create_database(database_url, "test_api_server"))
     yield d
     asyncio.run(drop_database(database_url, d))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _service(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -80,7 +74,7 @@ async def _healthy(http: httpx.AsyncClient, started: list[subprocess.Popen[bytes
 async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> None:
     cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(prefix="chronolog.", partitions=4))
     log_args = ["--log", f"sqlite://{cfg.target}", "--partitions", "4"]
-    port = _free_port()
+    port = free_port()
     started = [
         _service(["processor", *log_args], tmp_path / "processor.log"),
         _service(["projector", *log_args, "--database-url", dsn], tmp_path / "projector.log"),
@@ -126,17 +120,18 @@ tokens = ["ops-token"]
 tokens = ["acme-token"]
 rate_limit = 100000
 """
-# examples per operation and pass: ~12 operations x 2-3 passes x 12 = ~350 requests
+# examples per operation and pass: ~15 operations x 2-3 passes x 12 = ~450 requests
 EXAMPLES = 12
 DEFINITION = {"every": "1h", "job": {"type": "report", "params": {"n": 1}}}
 
 
-def _schemathesis_run(base: str, seeded: dict[str, str]) -> tuple[Counter[int], list[str]]:
+def _schemathesis_run(base: str, seeded: dict[str, str]
+                      ) -> tuple[Counter[int], list[str], Counter[str]]:
     """Every operation of the served OpenAPI document (a fixed seed: derandomized), in
     passes: positive data, negative data, and positive data aimed at what exists (the
     ``seeded`` schedules and run, a valid definition as the body of a create or revise).
     Each answer is checked: no 5xx; status, content type, headers and body as documented.
-    Returns the statuses answered and the failures."""
+    Returns the statuses answered, the failures and the 2xx answers per operation."""
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Unsatisfiable
@@ -153,6 +148,7 @@ def _schemathesis_run(base: str, seeded: dict[str, str]) -> tuple[Counter[int], 
     schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
     failures: list[str] = []
     statuses: Counter[int] = Counter()
+    answered: Counter[str] = Counter()
     positive, negative = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
     for result in schema.get_all_operations():
         operation = result.ok()
@@ -178,6 +174,8 @@ def _schemathesis_run(base: str, seeded: dict[str, str]) -> tuple[Counter[int], 
             def run(case: schemathesis.Case) -> None:
                 response = case.call(base_url=base, headers=auth, timeout=30)  # noqa: B023
                 statuses[response.status_code] += 1
+                if response.status_code < 300:
+                    answered[operation.label] += 1  # noqa: B023 - run() runs right here
                 try:
                     case.validate_response(response, checks=checks, headers=auth)  # noqa: B023
                 except Exception as exc:  # noqa: BLE001 - collected, asserted below
@@ -187,12 +185,19 @@ def _schemathesis_run(base: str, seeded: dict[str, str]) -> tuple[Counter[int], 
                 run()
             except Unsatisfiable:  # no invalid input exists (an operation without input)
                 assert mode is negative, operation.label
-    return statuses, failures
+    return statuses, failures, answered
 
 
-async def _seed(http: httpx.AsyncClient) -> dict[str, str]:
-    """Two schedules (one for DELETE to remove) and a manual run, visible in the read model."""
+async def _seed(http: httpx.AsyncClient, cfg: LogConfig) -> dict[str, str]:
+    """Two schedules (one for DELETE to remove), a manual run and a dead letter (a poison
+    command of the tenant), visible in the read model."""
     auth = {"Authorization": "Bearer acme-token"}
+    lg = open_log(cfg)
+    await lg.start()
+    try:
+        await lg.append([OutRecord(cfg.topics.commands, b"acme/poisoned", b"\xff not JSON")])
+    finally:
+        await lg.close()
     for sid in ("seeded", "seeded-doomed"):
         r = await http.post("/v1/schedules", json={"scheduleId": sid, **DEFINITION},
                             headers={**auth, "Idempotency-Key": sid})
@@ -200,9 +205,16 @@ async def _seed(http: httpx.AsyncClient) -> dict[str, str]:
     r = await http.post("/v1/schedules/seeded/runs", headers={**auth, "Idempotency-Key": "k"})
     assert r.status_code == 201, r.text
     run = r.json()["runId"]
-    g = await http.get(f"/v1/runs/{run}", headers={
-        **auth, "X-Chronolog-Consistency": r.headers["x-chronolog-consistency"]})
+    g = await http.get(f"/v1/runs/{run}", headers=auth)  # visible: no token needed
     assert g.status_code == 200, g.text
+    assert r.headers["x-chronolog-visible"] == "true"
+
+    async def lettered() -> bool:
+        d = await http.get("/v1/dlq", headers=auth)
+        return d.status_code == 200 and any(i["scheduleId"] == "poisoned"
+                                            for i in d.json()["items"])
+
+    await wait_until(lettered, 30, what="the poison command listed in /v1/dlq")
     return {"schedule": "seeded", "doomed": "seeded-doomed", "run": run}
 
 
@@ -213,25 +225,42 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     log_args = ["--log", f"sqlite://{cfg.target}", "--partitions", "2"]
     tenants = tmp_path / "tenants.toml"
     tenants.write_text(TENANTS_TOML)
-    port = _free_port()
+    port = free_port()
     started = [
         _service(["processor", *log_args, "--tenants", str(tenants)],
                  tmp_path / "processor.log"),
         _service(["api", *log_args, "--database-url", dsn, "--port", str(port),
-                  "--with-projector", "--tenants", str(tenants), "--reply-timeout", "5"],
+                  "--with-projector", "--tenants", str(tenants), "--reply-timeout", "5",
+                  "--visible-timeout", "5"],
                  tmp_path / "api.log"),
     ]
     try:
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             await _healthy(http, started, tmp_path / "api.log")
-            seeded = await _seed(http)
-        statuses, failures = await asyncio.to_thread(_schemathesis_run, base, seeded)
+            seeded = await _seed(http, cfg)
+        statuses, failures, answered = await asyncio.to_thread(_schemathesis_run, base, seeded)
     finally:
         codes = [_stop(p) for p in reversed(started)]
     assert sum(statuses.values()) >= 200, statuses
     # not only refusals: schedules were created, read and triggered too
     assert statuses[200] + statuses[201] >= 20, statuses
+    for listed in ("GET /v1/schedules", "GET /v1/runs", "GET /v1/dlq"):  # with their items
+        assert answered[listed] > 0, answered
     assert failures == [], "\n\n".join(failures[:10])
     assert codes == [0, 0], [(tmp_path / f).read_text()[-2000:]
                              for f in ("api.log", "processor.log")]
+
+
+def test_a_bad_visible_timeout_is_a_usage_error(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
+    r = subprocess.run([CHRONOLOG, "api", "--log", f"sqlite://{tmp_path / 'log.db'}",
+                        "--visible-timeout", "soon"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "visible-timeout 'soon'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([CHRONOLOG, "dev", "--data-dir", str(tmp_path / "dev"), "--port",
+                        str(free_port()), "--quiet"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**env, "CHRONOLOG_VISIBLE_TIMEOUT": "-1"})
+    assert r.returncode == 2, r.stderr
+    assert "visible-timeout '-1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from chronolog.devnode.view import render
+from chronolog.devnode.view import gather, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.workers import Worker
 from support.polling import wait_until
@@ -29,7 +29,9 @@ WAITING = "no worker serves job type 'greet' in class 'default'"
 
 async def view(node: Node) -> str:
     out = io.StringIO()
-    Console(file=out, width=200, color_system=None).print(await render(node.node))
+    frame = render(await gather(node.node))
+    assert frame.errors == ()
+    Console(file=out, width=200, color_system=None).print(frame.renderable)
     return out.getvalue()
 
 

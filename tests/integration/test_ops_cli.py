@@ -1,14 +1,16 @@
-"""The operator CLI (``chronolog schedule|trigger|cancel|runs|run``) driving real services.
+"""The user CLI (``chronolog schedule|trigger|cancel|runs|run``) driving real services.
 
 Every service and every CLI call is the real ``chronolog`` executable in its own process:
 ``chronolog processor``, ``chronolog projector``, ``chronolog worker --builtin-jobs`` (and on
 Kafka ``chronolog api``), then the CLI goes through a schedule's whole life — bad input
 (exit 2, one line), create, runs appear, pause, manual trigger (idempotent), a run with its
 attempt and fence, resume, revise with ``--if-match`` (a stale one is a conflict: exit 1),
-cancel too late (exit 1), delete — on the embedded SQLite log and on real Kafka, both with a
-fresh PostgreSQL database. On Kafka the HTTP API of the running ``api`` process must show
-the same runs as ``chronolog runs``. Waits are bounded polls; every process is stopped by
-PID and must exit 0.
+cancel too late (exit 1), delete. On the embedded SQLite log the CLI goes straight to the log
+(``--log``, an operator's direct access); on real Kafka it goes through the HTTP API of the
+running ``api`` process (``--url``/``--token``), and direct access to the same log must
+print the same ``--json`` documents. Both with a fresh PostgreSQL database. Waits are bounded
+polls; every process is stopped by PID and must exit 0. (The CLI against a dev node found
+through its data directory: test_cli_http.py.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.net import free_port
 from support.polling import wait_until
 
 from .conftest import CHRONOLOG, ROOT
@@ -105,15 +107,17 @@ class Result:
 class Cli:
     """Runs ``chronolog <args> <common flags>`` and collects its exit status and output."""
 
-    def __init__(self, common: list[str], env: dict[str, str], services: Services) -> None:
+    def __init__(self, common: list[str], env: dict[str, str], services: Services,
+                 cwd: Path = ROOT) -> None:
         self.common = common
         self.env = env
         self.services = services
+        self.cwd = cwd
 
     async def __call__(self, *args: str) -> Result:
         proc = await asyncio.create_subprocess_exec(
             CHRONOLOG, *args, *self.common, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=self.env, cwd=ROOT)
+            env=self.env, cwd=self.cwd)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), 60)
         except TimeoutError:
@@ -145,8 +149,10 @@ def _one_line(r: Result) -> str:
     return lines[0]
 
 
-async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
-    """A schedule's whole life through the CLI; the IDs of its runs at the end."""
+async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list[str]:
+    """A schedule's whole life through the CLI; the IDs of its runs at the end.
+
+    ``http``: the CLI goes through the HTTP API (else straight to the log)."""
     # bad input: exit 2 and one line naming the field and value, nothing sent
     for args, line in (
         (["--cron", "61 * * * *"], "invalid cron '61 * * * *': "),
@@ -194,6 +200,7 @@ async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
     show = await cli.poll("the pause projected", "schedule", "show", "nightly",
                           until=lambda d: d["state"] == "PAUSED")
     assert show["preview"] == [] and show["definition"]["every"] == 1.0
+    assert show["pauseReason"] == "maintenance"
     plan = await cli.poll("instants due while paused", "schedule", "show", "nightly",
                           until=lambda d: len(d["resume"]["instants"]) >= 2)
     *older, newest = plan["resume"]["instants"]  # misfire latest (the default)
@@ -262,6 +269,8 @@ async def _lifecycle(cli: Cli, job: str = "echo") -> list[str]:
     assert human.rc == 0 and "completed" in human.out and "(at)" in human.out
     listed = await cli.ok("schedule", "list", "--state", "COMPLETED")
     assert [i["scheduleId"] for i in listed["items"]] == ["once"]
+    both = await cli.ok("schedule", "list", "--state", "completed,deleted")
+    assert [i["scheduleId"] for i in both["items"]] == ["nightly", "once"]
     refused = await cli("schedule", "pause", "once")
     assert refused.rc == 1 and _one_line(refused).startswith("error: conflict: schedule is "
                                                              "COMPLETED")
@@ -291,14 +300,8 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
     assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.kafka
-async def test_lifecycle_on_kafka_with_separate_services(
+async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_same(
     tmp_path: Path, dsn: str, kafka_bootstrap: str,
 ) -> None:
     tenants = tmp_path / "tenants.toml"
@@ -306,7 +309,8 @@ async def test_lifecycle_on_kafka_with_separate_services(
                        "max_schedules = 10\n")
     log_args = ["--log", f"kafka://{kafka_bootstrap}", "--partitions", PARTITIONS,
                 "--topic-prefix", f"t{uuid.uuid4().hex[:10]}."]
-    port = _free_port()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     env = _env(CHRONOLOG_TENANTS=str(tenants))
     services = Services(tmp_path, env)
     services.start("processor", ["processor", *log_args])
@@ -315,39 +319,84 @@ async def test_lifecycle_on_kafka_with_separate_services(
                               "--results", str(tmp_path / "results")])
     services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
     try:
-        cli = Cli([*log_args, "--database-url", dsn], env, services)
-        # the tenants file names one tenant: the CLI uses it, and checks its job types
-        forbidden = await cli("schedule", "create", "x", "--every", "1s", "--job", "report")
+        api = Cli(["--url", url, "--token", "acme-token"], env, services)
+        direct = Cli([*log_args, "--database-url", dsn], env, services)
+        # the token names the tenant, whose job types the API checks
+        forbidden = await wait_until(
+            lambda: _answered(api("schedule", "create", "x", "--every", "1s", "--job",
+                                  "report")), 60, interval=0.2, what="the API answers")
         assert forbidden.rc == 1
         assert _one_line(forbidden) == "error: forbidden: job type 'report' not allowed"
-        unknown = await cli("schedule", "list", "--tenant", "globex")
+        # direct access: the tenants file names one tenant, the CLI uses it and checks it
+        forbidden = await direct("schedule", "create", "x", "--every", "1s", "--job", "report")
+        assert forbidden.rc == 1
+        assert _one_line(forbidden) == "error: forbidden: job type 'report' not allowed"
+        unknown = await direct("schedule", "list", "--tenant", "globex")
         assert unknown.rc == 2 and "invalid tenant 'globex'" in _one_line(unknown)
+        no_tenant = await api("schedule", "show", "x", "--tenant", "acme")
+        assert no_tenant.rc == 2 and _one_line(no_tenant).startswith(
+            "invalid tenant: --tenant applies to direct access to the log (--log)")
 
-        ids = await _lifecycle(cli)
+        ids = await _lifecycle(api, http=True)
 
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        # the same documents, whichever way they are read
+        api_page = await api.ok("runs", "nightly", "--limit", "500")
+        direct_page = await direct.ok("runs", "nightly", "--limit", "500")
+        assert [i["runId"] for i in api_page["items"]] == ids
+        assert direct_page["items"] == api_page["items"]
+        assert direct_page["nextCursor"] == api_page["nextCursor"] is None
+        assert direct_page["watermark"].keys() == api_page["watermark"].keys()
+        assert await direct.ok("schedule", "show", "nightly") == \
+            await api.ok("schedule", "show", "nightly")
+        assert await direct.ok("run", ids[0]) == await api.ok("run", ids[0])
+        one = await api.ok("runs", "nightly", "--limit", "1")
+        assert one["nextCursor"]  # the API's cursor pages the direct listing too
+        assert (await direct.ok("runs", "nightly", "--limit", "1", "--after",
+                                one["nextCursor"]))["items"] == \
+            (await api.ok("runs", "nightly", "--limit", "1", "--after",
+                          one["nextCursor"]))["items"]
+        # a write replayed by its key answers the same body both ways, byte for byte
+        create = ["schedule", "create", "later", "--at", "2030-01-01T09:00:00Z", "--job",
+                  "echo", "--idempotency-key", "later-1", "--json"]
+        first = await api(*create)
+        replay = await direct(*create)
+        assert first.rc == replay.rc == 0 and first.out == replay.out, (first, replay)
+        assert json.loads(first.out) == {"scheduleId": "later", "revision": 1,
+                                         "nextRunAt": "2030-01-01T09:00:00Z"}
+        # and a refusal the same error body
+        refused_api = await api("schedule", "pause", "once", "--json")
+        refused_direct = await direct("schedule", "pause", "once", "--json")
+        assert refused_api.rc == refused_direct.rc == 1
+        assert json.loads(refused_api.out) == json.loads(refused_direct.out)
+        assert json.loads(refused_api.out)["error"] == "conflict"
+        assert refused_api.err == refused_direct.err
+
+        # the token and URL from the environment, the flags winning over it
+        env_cli = Cli([], {**env, "CHRONOLOG_URL": url, "CHRONOLOG_TOKEN": "acme-token"},
+                      services)
+        assert await env_cli.ok("run", ids[0]) == await api.ok("run", ids[0])
+        wrong = await env_cli("run", ids[0], "--token", "nope")
+        assert wrong.rc == 1 and _one_line(wrong).startswith("error: unauthorized: ")
+        assert _one_line(wrong) == (f"error: unauthorized: unknown token: the token (from "
+                                    f"--token) is wrong for {url}; pass the right one with "
+                                    f"--token TOKEN (or CHRONOLOG_TOKEN)")
+        env_wrong = Cli([], {**env, "CHRONOLOG_URL": url, "CHRONOLOG_TOKEN": "nope"}, services)
+        wrong = await env_wrong("run", ids[0])
+        assert wrong.rc == 1 and "the token (from CHRONOLOG_TOKEN) is wrong" in wrong.err
+
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             auth = {"Authorization": "Bearer acme-token"}
-
-            async def same_runs() -> Any:
-                services.check_alive()
-                try:
-                    r = await http.get("/v1/schedules/nightly/runs", params={"limit": 500},
-                                       headers=auth)
-                except httpx.TransportError:
-                    return None
-                return r.json() if r.status_code == 200 else None
-
-            page = await wait_until(same_runs, 30, interval=0.2, what="the API answers")
-            assert [i["runId"] for i in page["items"]] == ids
-            cli_page = await cli.ok("runs", "nightly", "--limit", "500")
-            assert cli_page["items"] == page["items"]
-            show = (await http.get("/v1/schedules/nightly", headers=auth)).json()
-            assert show == await cli.ok("schedule", "show", "nightly")
-            run = (await http.get(f"/v1/runs/{ids[0]}", headers=auth)).json()
-            assert run == await cli.ok("run", ids[0])
+            body = (await http.get(f"/v1/runs/{ids[0]}", headers=auth)).json()
+            assert body == await api.ok("run", ids[0])
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+
+
+async def _answered(call: Any) -> Result | None:
+    """A CLI result unless the API was not reachable yet or not ready (unavailable)."""
+    r = await call
+    return None if "error: unavailable: " in r.err else r
 
 
 async def test_the_tenant_quota_through_the_cli(tmp_path: Path, dsn: str) -> None:

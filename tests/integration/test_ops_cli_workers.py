@@ -1,7 +1,9 @@
-"""Jobs find their worker, through the operator CLI with real services (``chronolog
+"""Jobs find their worker, through the user CLI with real services (``chronolog
 processor``, ``projector``, ``worker`` processes) on both logs: ``schedule create`` warns on
 stderr (exit 0) about a job type no worker of its class has served, ``runs`` and ``run`` say
 why a READY run waits, and ``workers list`` shows the workers, live or not, in text and JSON.
+On the embedded log the CLI has direct access (``--log``); on Kafka it goes through a
+``chronolog api`` process (``--url``, ``--token``), whose warnings and documents it prints.
 """
 
 from __future__ import annotations
@@ -14,9 +16,16 @@ from typing import Any
 
 import pytest
 
+from support.net import free_port
 from support.polling import wait_until
 
-from .test_ops_cli import PARTITIONS, Cli, Services, _env, dsn  # noqa: F401 - dsn: a fixture
+from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
+    PARTITIONS,
+    Cli,
+    Services,
+    _env,
+    dsn,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -63,6 +72,7 @@ async def _waiting_then_served(cli: Cli, services: Services, worker_args: list[s
                           until=lambda d: d["state"] == "SUCCEEDED", timeout=60)
     assert done["waiting"] is None and done["attempts"][0]["workerId"] == "w-greet"
     assert done["result"]["inline"]["greeting"] == "hello you"
+    now = datetime.now(UTC).isoformat()  # a one-shot more than its grace in the past is refused
     again = await cli("schedule", "create", "greeter-2", "--at", now, "--job", "greet", "--json")
     assert again.rc == 0 and "warning:" not in again.err and "warnings" not in again.json()
 
@@ -76,7 +86,8 @@ async def _waiting_then_served(cli: Cli, services: Services, worker_args: list[s
     assert [w["workerId"] for w in live["items"]] == ["w-builtin"]
 
 
-async def _run(tmp_path: Path, dsn: str, log_args: list[str]) -> None:  # noqa: F811
+async def _run(tmp_path: Path, dsn: str, log_args: list[str],  # noqa: F811
+               http: bool = False) -> None:
     env = _env()
     services = Services(tmp_path, env)
     results = ["--results", str(tmp_path / "results")]
@@ -84,8 +95,12 @@ async def _run(tmp_path: Path, dsn: str, log_args: list[str]) -> None:  # noqa: 
     services.start("projector", ["projector", *log_args, "--database-url", dsn])
     services.start("worker", ["worker", *log_args, "--builtin-jobs", "--worker-id",
                               "w-builtin", *results])
+    if http:
+        port = free_port()
+        services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
     try:
-        cli = Cli([*log_args, "--database-url", dsn], env, services)
+        cli = Cli(["--url", f"http://127.0.0.1:{port}", "--token", "dev"] if http else
+                  [*log_args, "--database-url", dsn], env, services)
         await _waiting_then_served(cli, services, [*log_args, *results])
     finally:
         codes = services.stop_all()
@@ -100,8 +115,9 @@ async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_on_the_embed
 
 
 @pytest.mark.kafka
-async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_on_kafka(
+async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_through_the_api_on_kafka(
     tmp_path: Path, dsn: str, kafka_bootstrap: str  # noqa: F811
 ) -> None:
     await _run(tmp_path, dsn, ["--log", f"kafka://{kafka_bootstrap}", "--partitions",
-                               PARTITIONS, "--topic-prefix", f"t{uuid.uuid4().hex[:10]}."])
+                               PARTITIONS, "--topic-prefix", f"t{uuid.uuid4().hex[:10]}."],
+               http=True)

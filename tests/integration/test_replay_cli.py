@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,16 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
-from chronolog.cli.replay import connect_store, reset
+from chronolog.cli.replay import connect_store
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
 from chronolog.projections.project import project
-from chronolog.projections.store import TABLES
+from chronolog.projections.store import TABLES, PostgresProjectionStore
+from support.net import free_port
+from support.polling import wait_until, wait_until_sync
 
 from .decider_log import ScheduleLog
 
@@ -120,13 +127,23 @@ def _schema(schemas: list[str], what: str) -> str:
     return name
 
 
-async def _live(database_url: str, schema: str, log_path: Path) -> None:
-    """Project the log event by event, one transaction each, as a live projector would."""
-    store = await connect_store(database_url, schema)
-    log = SqliteEventLog(str(log_path), Topics(partitions=PARTITIONS))
+async def _create_schema(database_url: str, schema: str) -> None:
+    conn = await asyncpg.connect(database_url)
     try:
-        await reset(store, schema)
-        for p in range(PARTITIONS):
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    finally:
+        await conn.close()
+
+
+async def _live(database_url: str, schema: str, log_path: Path,
+                partitions: int = PARTITIONS) -> None:
+    """Project the log event by event, one transaction each, as a live projector would."""
+    await _create_schema(database_url, schema)
+    store = await connect_store(database_url, schema)
+    log = SqliteEventLog(str(log_path), Topics(partitions=partitions))
+    try:
+        await store.migrate()
+        for p in range(partitions):
             for rec in await log.read(log.topics.events, p, 0, max_records=100_000):
                 env = codec.decode_event(rec.value)
                 await store.apply(project(env), {(rec.topic, p): (rec.offset, rec.offset + 1)},
@@ -136,14 +153,17 @@ async def _live(database_url: str, schema: str, log_path: Path) -> None:
         await store.close()
 
 
-async def _dump(database_url: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+async def _dump(database_url: str, schema: str, topic: str | None = None
+                ) -> dict[str, list[tuple[Any, ...]]]:
+    """The event tables and the offsets (of ``topic`` only, when given)."""
     conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
     try:
         out = {t: [tuple(r) for r in await conn.fetch(f'SELECT * FROM "{t}" ORDER BY {KEYS[t]}')]
                for t in TABLES}
         out["projection_offsets"] = [tuple(r) for r in await conn.fetch(
             "SELECT projection, topic, partition, next_offset, last_event_at "
-            "FROM projection_offsets ORDER BY topic, partition")]
+            "FROM projection_offsets WHERE $1::text IS NULL OR topic = $1 "
+            "ORDER BY topic, partition", topic)]
         return out
     finally:
         await conn.close()
@@ -257,3 +277,391 @@ def test_an_undecodable_record_is_skipped_and_named_as_the_live_projector_skips_
     assert "note: skipped a record that does not decode: p0@3: event is not JSON" in proc.stderr
     offsets = asyncio.run(_dump(database_url, target))["projection_offsets"]
     assert [(r[2], r[3]) for r in offsets] == [(0, 4)]  # the events before it, and past it
+
+
+def test_the_dlq_topic_is_folded_into_dead_letters_and_a_replay_writes_nothing_to_the_log(
+    database_url: str, tmp_path: Path, schemas: list[str],
+) -> None:
+    from chronolog.log.dead_letters import DeadLetters
+
+    envs = _events("nightly")
+    path = tmp_path / "log.db"
+
+    async def write() -> dict[str, int]:
+        log = SqliteEventLog(str(path), Topics(partitions=1), synchronous="NORMAL")
+        await log.start()
+        await log.ensure_topics()
+        t = log.topics
+        await log.append([OutRecord(topic=t.events, key=e.key.encode(),
+                                    value=codec.encode_event(e)) for e in envs[:3]])
+        await log.append([OutRecord(topic=t.events, key=b"acme/nightly", value=b"{not json")])
+        junk = (await log.read(t.events, 0, 3, max_records=1))[0]
+        await DeadLetters(log, "projector").put(junk, "event is not JSON")  # as the live one
+        await log.append([OutRecord(topic=t.dlq, key=b"x", value=b"not a letter")])
+        ends = {f"{topic}[{p}]": await log.end_offset(topic, p)
+                for topic in (t.events, t.dlq, t.workers, t.commands, t.replies)
+                for p in range(await log.partitions_for(topic))}
+        await log.close()
+        return ends
+
+    async def after() -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+        conn = await asyncpg.connect(database_url, server_settings={"search_path": target})
+        log = SqliteEventLog(str(path), Topics(partitions=1))
+        await log.start()
+        try:
+            rows = [tuple(r) for r in await conn.fetch(
+                "SELECT consumer, source_topic, source_partition, source_offset, tenant, "
+                "schedule_id FROM dead_letters")]
+            t = log.topics
+            ends = {f"{topic}[{p}]": await log.end_offset(topic, p)
+                    for topic in (t.events, t.dlq, t.workers, t.commands, t.replies)
+                    for p in range(await log.partitions_for(topic))}
+            return rows, ends
+        finally:
+            await conn.close()
+            await log.close()
+
+    before = asyncio.run(write())
+    target = _schema(schemas, "letters")
+    proc = _replay("--log", f"sqlite:///{path}", "--database-url", database_url,
+                   "--schema", target)
+    assert proc.returncode == 0, proc.stderr
+    assert "dead_letters 1;" in proc.stdout
+    assert "chronolog.dlq[0]@1: not a dead letter" in proc.stderr
+    rows, ends = asyncio.run(after())
+    assert rows == [("projector", "chronolog.events", 0, 3, "acme", "nightly")]
+    assert ends == before, "a replay appends nothing (no dead letter of its own)"
+
+
+# ---------------------------------------------------------------------------------------
+# a replay next to a running projector, and next to readers
+
+
+async def _replay_async(*args: str) -> tuple[int, str, str]:
+    """The CLI as a subprocess, awaited without blocking this event loop (a projector or a
+    reader in this process goes on meanwhile)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
+    proc = await asyncio.create_subprocess_exec(
+        str(CHRONOLOG), "replay", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def _append(path: Path, envs: list[m.EventEnvelope]) -> None:
+    log = SqliteEventLog(str(path), Topics(partitions=PARTITIONS))
+    await log.start()
+    try:
+        for e in envs:
+            await log.append([OutRecord(topic=log.topics.events, key=e.key.encode(),
+                                        value=codec.encode_event(e))])
+    finally:
+        await log.close()
+
+
+async def _oid(database_url: str, schema: str, table: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(await conn.fetchval("SELECT to_regclass($1)::oid", f'"{schema}"."{table}"'))
+    finally:
+        await conn.close()
+
+
+async def _leftover_fresh_schemas(database_url: str) -> list[str]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return [r[0] for r in await conn.fetch(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'chronolog\\_replay\\_%'")]
+    finally:
+        await conn.close()
+
+
+async def test_a_replay_is_refused_while_a_projector_runs_and_the_projector_goes_on(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+    tmp_path: Path,
+) -> None:
+    from chronolog.projections.projector import Projector
+
+    path = tmp_path / "log.db"
+    shutil.copy(log_file[0], path)
+    live = _schema(schemas, "held")
+    await _create_schema(database_url, live)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4,
+                                     server_settings={"search_path": live})
+    assert pool is not None
+    store = PostgresProjectionStore(pool)
+    await store.migrate()
+    log = SqliteEventLog(str(path), Topics(partitions=PARTITIONS))
+    await log.start()
+    projector = Projector(log, store, idle_ms=20)
+    task = asyncio.create_task(projector.run())
+    try:
+        total = len(log_file[1])
+        await wait_until(lambda: sum(projector.watermark().partitions.values()) == total,
+                         what="the projector caught up")
+        before = await _dump(database_url, live)
+        oid = await _oid(database_url, live, "runs")
+
+        rc, out, err = await _replay_async("--log", f"sqlite:///{path}",
+                                           "--database-url", database_url, "--schema", live)
+        assert rc == 1, err
+        assert out == ""
+        assert err.splitlines() == [
+            f"error: unavailable: the projection 'main' is held by a running projector (pid "
+            f"{os.getpid()} on host {socket.gethostname()}); stop it first or replay into "
+            "--schema NAME"]
+        assert await _oid(database_url, live, "runs") == oid, "the live tables were untouched"
+        assert await _dump(database_url, live) == before
+        assert await _leftover_fresh_schemas(database_url) == []
+
+        # the projector goes on: a later event is projected
+        await _append(path, _events("after-refusal")[:3])
+        await wait_until(lambda: pool.fetchval(
+            "SELECT count(*) FROM schedules WHERE schedule_id = 'after-refusal'"),
+            what="the later event projected")
+        assert not task.done()
+    finally:
+        projector.stop()
+        await asyncio.wait_for(task, 30)
+        await log.close()
+        await store.close()
+
+
+async def _read_forever(database_url: str, schema: str, seen: list[int], errors: list[str],
+                        done: asyncio.Event, reverse: bool) -> int:
+    """Query the read model in a loop, as the API does: prepared statements that join the
+    tables, and transactions of several statements (in two lock orders). Counts queries;
+    every failure is kept in ``errors``."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": schema})
+    tables = ["schedules", "runs", "attempts", "effects", "projection_offsets"]
+    if reverse:
+        tables.reverse()
+    n = 0
+    try:
+        while not done.is_set():
+            try:
+                seen.append(int(await conn.fetchval("SELECT 'runs'::regclass::oid")))
+                await conn.fetchval(
+                    "SELECT count(*) FROM schedules s JOIN runs r USING (tenant, schedule_id) "
+                    "LEFT JOIN attempts a USING (run_id) WHERE s.tenant = $1", TENANT)
+                async with conn.transaction(isolation="repeatable_read"):
+                    for t in tables:
+                        await conn.fetchval(f'SELECT count(*) FROM "{t}"')
+                n += 1
+            except Exception as exc:  # noqa: BLE001 - every failure is what the test looks for
+                errors.append(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0)
+    finally:
+        await conn.close()
+    return n
+
+
+async def test_readers_see_the_old_or_the_new_read_model_never_a_missing_table(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+) -> None:
+    path, envs = log_file
+    live = _schema(schemas, "swap")
+    await _live(database_url, live, path)  # the fold, one event per transaction
+    folded = await _dump(database_url, live)
+    old_oid = await _oid(database_url, live, "runs")
+
+    done = asyncio.Event()
+    seen: list[int] = []
+    errors: list[str] = []
+    readers = [asyncio.create_task(_read_forever(database_url, live, seen, errors, done, rev))
+               for rev in (False, True)]
+    try:
+        await wait_until(lambda: len(seen) >= 10, what="readers reading")
+        rc, out, err = await _replay_async("--log", f"sqlite:///{path}", "--database-url",
+                                           database_url, "--schema", live, "--batch", "7")
+        mark = len(seen)
+        await wait_until(lambda: len(seen) >= mark + 10, what="readers after the swap")
+    finally:
+        done.set()
+        counts = await asyncio.gather(*readers)
+    assert rc == 0, err
+    assert out.startswith(f"replay done: {len(envs)} events from {PARTITIONS} partitions into "
+                          f"schema {live}")
+    assert errors == []
+    assert min(counts) > 10
+    new_oid = await _oid(database_url, live, "runs")
+    assert new_oid != old_oid, "the tables were replaced"
+    assert seen[0] == old_oid and seen[-1] == new_oid, "the swap happened while they read"
+    assert set(seen) == {old_oid, new_oid}
+    assert await _dump(database_url, live) == folded, "the rebuild equals the fold"
+    assert await _leftover_fresh_schemas(database_url) == []
+
+
+# ---------------------------------------------------------------------------------------
+# chronolog replay --data-dir on a dev node's directory
+
+
+def _succeeded(url: str) -> int:
+    r = httpx.get(f"{url}/v1/schedules/tick/runs", params={"limit": 500, "state": "SUCCEEDED"},
+                  headers={"Authorization": "Bearer dev"}, timeout=5)
+    return len(r.json()["items"]) if r.status_code == 200 else 0
+
+
+def _poll(fn: Any, timeout: float, what: str) -> Any:
+    return wait_until_sync(fn, timeout, what, errors=(httpx.HTTPError, OSError))
+
+
+@pytest.fixture
+def dev_dir() -> Iterator[Path]:
+    # not under pytest's tmp_path: the embedded PostgreSQL may run as another system user,
+    # and pytest keeps its temporary root private (mode 0700)
+    d = Path(tempfile.mkdtemp(prefix="chronolog-replay-dev-"))
+    yield d
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+
+    EmbeddedPostgres(d / "postgres").stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_replay_data_dir_alone_is_refused_by_a_running_dev_node_and_rebuilds_a_stopped_one(
+    dev_dir: Path, tmp_path: Path, database_url: str, schemas: list[str],
+) -> None:
+    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+    from chronolog.projections.migrate import migrate
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stderr = tmp_path / "dev.err"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
+    node = subprocess.Popen(
+        [str(CHRONOLOG), "dev", "--quiet", "--data-dir", str(dev_dir), "--port", str(port),
+         "--partitions", "2", "--no-demo"],
+        stdout=subprocess.DEVNULL, stderr=open(stderr, "wb"), env=env)
+    try:
+        _poll(lambda: httpx.get(f"{url}/healthz", timeout=2).status_code == 200, 90,
+              "a healthy dev node")
+        r = httpx.post(f"{url}/v1/schedules", headers={"Authorization": "Bearer dev"},
+                       timeout=10, json={"scheduleId": "tick", "every": "1s",
+                                         "job": {"type": "echo"}, "overlap": "allow"})
+        assert r.status_code == 201, r.text
+        _poll(lambda: _succeeded(url) >= 2, 60, "two SUCCEEDED runs")
+
+        refused = _replay("--data-dir", str(dev_dir))
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.splitlines() == [
+            f"error: unavailable: the projection 'main' is held by a running projector (pid "
+            f"{node.pid} on host {socket.gethostname()}); stop it first or replay into "
+            "--schema NAME"]
+        seen = _succeeded(url)
+        _poll(lambda: _succeeded(url) > seen, 60, "runs still projected after the refusal")
+        assert node.poll() is None, "the dev node stopped"
+    finally:
+        node.send_signal(signal.SIGTERM)
+        try:
+            assert node.wait(30) == 0, stderr.read_text()[-2000:]
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait(5)
+            raise
+    pg = EmbeddedPostgres(dev_dir / "postgres")
+    assert not pg.is_running()
+
+    done = _replay("--data-dir", str(dev_dir))
+    assert done.returncode == 0, done.stderr
+    assert "starting the embedded PostgreSQL" in done.stderr
+    assert done.stdout.startswith("replay done: ") and "into schema public" in done.stdout
+    assert not pg.is_running(), "stopped again after the replay"
+
+    # the rebuilt tables equal the fold of the node's log, and a next start migrates them
+    fold = _schema(schemas, "devfold")
+    asyncio.run(_live(database_url, fold, dev_dir / "log.db", partitions=2))
+    dsn = pg.start()
+    try:
+        rebuilt = asyncio.run(_dump(dsn, "public", topic="chronolog.events"))
+        assert rebuilt == asyncio.run(_dump(database_url, fold))
+        assert len(rebuilt["runs"]) >= 3
+
+        async def after() -> tuple[int, list[int]]:
+            conn = await asyncpg.connect(dsn)
+            try:
+                return int(await conn.fetchval("SELECT count(*) FROM workers")), \
+                    await migrate(conn)
+            finally:
+                await conn.close()
+
+        workers, applied = asyncio.run(after())
+        assert workers >= 1, "the workers topic is folded too"
+        assert applied == [], "the rebuilt read model is at the current migration"
+    finally:
+        pg.stop()
+
+
+async def test_the_swap_keeps_the_owner_and_the_grants_of_the_tables_it_replaces(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+) -> None:
+    path, _ = log_file
+    live = _schema(schemas, "grants")
+    await _live(database_url, live, path)
+    reader = f"chronolog_test_reader_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f'CREATE ROLE "{reader}" NOLOGIN')
+        await conn.execute(f'GRANT USAGE ON SCHEMA "{live}" TO "{reader}"')
+        await conn.execute(f'GRANT SELECT ON "{live}".runs, "{live}".schedules TO "{reader}"')
+
+        async def can(table: str, privilege: str) -> bool:
+            return bool(await conn.fetchval("SELECT has_table_privilege($1, $2, $3)", reader,
+                                            f'"{live}"."{table}"', privilege))
+
+        old = await _oid(database_url, live, "runs")
+        rc, _, err = await _replay_async("--log", f"sqlite:///{path}", "--database-url",
+                                         database_url, "--schema", live)
+        assert rc == 0, err
+        assert await _oid(database_url, live, "runs") != old, "the tables were replaced"
+        assert await can("runs", "SELECT") and await can("schedules", "SELECT")
+        assert not await can("attempts", "SELECT") and not await can("runs", "UPDATE")
+    finally:
+        await conn.execute(f'DROP OWNED BY "{reader}"')
+        await conn.execute(f'DROP ROLE IF EXISTS "{reader}"')
+        await conn.close()
+
+
+async def test_a_projector_started_during_a_replay_waits_for_it_then_projects(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+) -> None:
+    import structlog
+
+    from chronolog.projections.lease import LeaseHeld, ProjectionLease
+    from chronolog.projections.projector import Projector
+
+    path, envs = log_file
+    live = _schema(schemas, "wait")
+    await _create_schema(database_url, live)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4,
+                                     server_settings={"search_path": live})
+    assert pool is not None
+    store = PostgresProjectionStore(pool)
+    await store.migrate()
+    log = SqliteEventLog(str(path), Topics(partitions=PARTITIONS))
+    await log.start()
+    replay_lease = await ProjectionLease.exclusive(pool, live, "main")  # as a replay holds it
+    projectors = [Projector(log, store, idle_ms=20) for _ in range(2)]
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        with structlog.testing.capture_logs() as logs:
+            tasks += [asyncio.create_task(p.run()) for p in projectors]
+            await wait_until(lambda: sum(e["event"] == "projector_waiting_for_lease"
+                                         for e in logs) == 2, what="both projectors waiting")
+        assert await pool.fetchval("SELECT count(*) FROM projection_offsets") == 0
+        with pytest.raises(LeaseHeld, match="held by a running replay"):
+            await ProjectionLease.exclusive(pool, live, "main")
+
+        projectors[1].stop()  # one stopped while it waits ends at once
+        await asyncio.wait_for(tasks[1], 10)
+
+        await replay_lease.release()
+        await wait_until(lambda: sum(projectors[0].watermark().partitions.values())
+                         == len(envs), what="the waiting projector projected the log")
+    finally:
+        await replay_lease.release()
+        for p in projectors:
+            p.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await log.close()
+        await store.close()

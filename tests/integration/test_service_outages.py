@@ -1,23 +1,21 @@
 """Services that die under running processes: bounded logs, a bounded stop, and resumption.
 
 A broker under a processor: each Kafka test starts its own single-node Kafka
-(``scripts/kafka.sh`` with its own state directory and ports) so that it can kill it by PID
-and start it again on the same data. A database under a projector: its own embedded
-PostgreSQL, stopped and started again on the same data and port. The suite's shared
-services are never touched.
+(``scripts/kafka.sh`` with its own state directory and ports; ``outages.py``) so that it can
+kill it by PID and start it again on the same data. A database under a projector: its own
+embedded PostgreSQL, stopped and started again on the same data and port. The suite's
+shared services are never touched. The other processes (worker, effect runner, API) and
+their readiness through outages: ``test_readiness_outages.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,57 +29,11 @@ from chronolog.settings import LogConfig, open_log
 from support.polling import wait_until
 
 from .conftest import CHRONOLOG, ROOT
+from .outages import STOP_BOUND_S, OwnBroker, broker, own_postgres
 
-SCRIPT = ROOT / "scripts" / "kafka.sh"
-STOP_BOUND_S = 10  # a chronolog process stops this soon after SIGTERM, whatever its services do
+__all__ = ["broker", "own_postgres"]  # fixtures used here, defined in outages.py
+
 SPEC = {"every": "1s", "job": {"type": "echo", "params": {}}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class OwnBroker:
-    """A broker of this test alone, started, killed and restarted by PID through kafka.sh."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.env = dict(os.environ, KAFKA_STATE_DIR=str(state), KAFKA_PORT=str(_free_port()),
-                        KAFKA_CONTROLLER_PORT=str(_free_port()))
-        self.bootstrap = f"127.0.0.1:{self.env['KAFKA_PORT']}"
-
-    def _run(self, command: str) -> None:
-        subprocess.run(["bash", str(SCRIPT), command], env=self.env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
-
-    def up(self) -> None:
-        self._run("up")
-
-    def start(self) -> None:
-        """Again, on the data it had: the same topics and records."""
-        self._run("start")
-
-    async def kill(self) -> None:
-        """kill -9, and wait until the process is gone (its ports free again)."""
-        pid = int((self.state / "broker.pid").read_text())
-        os.kill(pid, signal.SIGKILL)
-        await wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, what="the broker gone")
-        (self.state / "broker.pid").unlink()
-
-    def down(self) -> None:
-        self._run("down")
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    b = OwnBroker(tmp_path / "kafka")
-    b.up()
-    try:
-        yield b
-    finally:
-        b.down()
 
 
 def _processor(broker: OwnBroker, prefix: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -210,18 +162,6 @@ async def test_a_processor_rides_out_a_broker_outage_with_few_log_lines_and_resu
 
 
 # -- a database outage under a projector
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[EmbeddedPostgres]:
-    # outside pytest's basetemp: a root-run cluster's ancestors must stay traversable
-    path = Path(tempfile.mkdtemp(prefix="chronolog-outage-pg-"))
-    server = EmbeddedPostgres(path / "pg", port=_free_port(), fast=True)
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def _projected(dsn: str, schedule_id: str) -> bool:

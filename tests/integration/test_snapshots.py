@@ -1,4 +1,4 @@
-"""Takeover from a snapshot on both logs (docs/design.md §13): a processor writes its
+"""Takeover from a snapshot on both logs (docs/design.md §14): a processor writes its
 partitions' states to the ``state`` topic; a new owner restores from it plus the tail of
 ``events`` and holds exactly what a fold of ``events`` from offset 0 gives — also after
 the snapshot was damaged, is of another state version, was attempted by a fenced zombie,

@@ -7,8 +7,8 @@ import socket
 __all__ = ["free_port"]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (a loopback address) that nothing listens on right now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])

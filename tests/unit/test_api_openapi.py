@@ -32,3 +32,22 @@ def test_the_contract_paths_and_error_body_are_documented() -> None:
     assert {"scheduleId", "cron", "timezone", "every", "anchor", "at", "job", "misfire", "overlap",
             "retry", "lease", "startDeadline", "jitter", "dst", "effects"} <= set(body)
     json.dumps(doc)  # serializable
+
+
+def test_the_lists_and_the_visibility_of_writes_are_documented() -> None:
+    paths = openapi_document()["paths"]
+    for path, params in (
+        ("/v1/schedules", {"state", "jobType", "resourceClass", "prefix", "limit", "after"}),
+        ("/v1/runs", {"state", "jobType", "scheduleId", "from", "to", "limit", "after"}),
+        ("/v1/dlq", {"consumer", "limit", "after"}),
+    ):
+        op = paths[path]["get"]
+        assert {p["name"] for p in op["parameters"] if p["in"] == "query"} == params, path
+        assert {"200", "400", "401", "500", "503"} <= set(op["responses"]), path
+    writes = [(path, op) for path, item in paths.items() for method, op in item.items()
+              if method in ("post", "put", "delete") and path != "/v1/preview"]
+    assert len(writes) == 9
+    for path, op in writes:
+        ok = [r for code, r in op["responses"].items() if code.startswith("2")]
+        assert ok and all({"X-Chronolog-Visible", "X-Chronolog-Consistency"}
+                          <= set(r.get("headers", {})) for r in ok), path

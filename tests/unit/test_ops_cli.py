@@ -133,3 +133,72 @@ def test_the_cron_specials_pass_through_schedule_create() -> None:
     assert body["cron"] == "0 18 LW * *" and spec.cron == "0 18 LW * *"
     body, spec = _definition("--cron", "0 9 ? * MON#1,5L", "--job", "report")
     assert body["cron"] == spec.cron == "0 9 ? * MON#1,5L"
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["schedule", "list", "--state", "RUNNING"],
+     "invalid state 'RUNNING': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
+     "DELETED"),
+    (["schedule", "list", "--state", ","],
+     "invalid state ',': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
+     "DELETED"),
+    (["schedule", "list", "--limit", "0"], "invalid limit '0': must be 1..500"),
+    (["schedule", "list", "--limit", "501"], "invalid limit '501': must be 1..500"),
+    (["schedule", "list", "--prefix", "a\x00"], "invalid prefix 'a\\x00': 1 to 200 characters"),
+    (["schedule", "list", "--prefix", ""], "invalid prefix '': 1 to 200 characters"),
+    (["schedule", "list", "--resource-class", "gpu.x"], "invalid resourceClass 'gpu.x': "),
+    (["schedule", "list", "--job-type", ""], "invalid jobType '': 1 to 200 characters"),
+    (["schedule", "list", "--after", "a b"], "invalid after 'a b': not a cursor of this API"),
+    (["schedule", "list", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "s1", "--job-type", "echo", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "--state", "LOST"], "invalid state 'LOST': expected "),
+    (["runs", "--from", "yesterday"], "invalid from 'yesterday': not an ISO-8601 date-time"),
+    (["runs", "--to", "2026-13-01T00:00:00Z"], "invalid to '2026-13-01T00:00:00Z': "),
+    (["runs", "--from", "2026-05-02T00:00:00Z", "--to", "2026-05-01T00:00:00Z"],
+     "invalid from '2026-05-02T00:00:00Z': after to '2026-05-01T00:00:00Z'"),
+    (["runs", "--limit", "0"], "invalid limit '0': must be 1..500"),
+    (["runs", "s1", "--after", "bm90LWEtY3Vyc29y"],
+     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "..", "--limit", "5"], "invalid scheduleId '..': "),
+    (["workers", "list", "--limit", "501"], "invalid limit '501': must be 1..500"),
+    (["workers", "list", "--after", "!!"], "invalid after '!!': not a cursor of this API"),
+    (["cancel", "r_1", "--schedule", "a b"], "invalid schedule 'a b': not a schedule ID"),
+])
+def test_list_and_query_flags_are_checked_before_sending(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
+) -> None:
+    # a URL nothing listens on: the input is refused before anything is sent
+    rc = main([*argv, "--url", "http://127.0.0.1:9"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(line), err
+
+
+def test_the_direct_schedule_list_keeps_its_own_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["schedule", "list", "--limit", "10001", "--log",
+                 "sqlite:///nonexistent/x.db"]) == 2
+    assert capsys.readouterr().err.strip() == "invalid limit '10001': must be 1..10000"
+
+
+
+def test_a_runs_cursor_serves_only_the_filters_it_was_made_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from datetime import UTC, datetime
+
+    from chronolog.projections.read_model import RunListCursor, RunQuery
+
+    at = datetime(2026, 5, 1, tzinfo=UTC)
+    cursor = RunListCursor((at, "r_2"), (at, "r_1")).encode(RunQuery(job_type="echo"))
+    rc = main(["runs", "--job-type", "noop", "--after", cursor, "--url", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err
+    rc = main(["runs", "s1", "--after", cursor, "--url", "http://127.0.0.1:9"])  # another list
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err

@@ -110,7 +110,8 @@ def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
          "invalid at '2026-01-0١T00:00:00Z': not ASCII: write "
          "an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
         (["--cron", "* * * * *", "-n", "٣"],
-         "chronolog preview: argument -n: invalid n '٣': expected a whole number (ASCII digits)"),
+         "chronolog preview: argument -n/--count: invalid n '٣': expected a whole number "
+         "(ASCII digits)"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str],
@@ -145,3 +146,11 @@ def test_the_cron_specials_work_through_preview() -> None:
     # and a wrapped hour range on a wrapped weekday range: Thursday 22:00 is not in FRI-MON
     assert (local_of("0 22-1 * * FRI-MON")
             == ["2026-05-01T00:00:00-04:00", "2026-05-01T01:00:00-04:00"])
+
+
+def test_count_is_the_long_name_of_n_as_in_the_api() -> None:
+    args = ("--every", "1h", "--from", "2026-01-01T00:00:00Z", "--json")
+    with_count, with_n = preview(*args, "--count", "3"), preview(*args, "-n", "3")
+    assert with_count.returncode == 0, with_count.stderr
+    assert with_count.stdout == with_n.stdout
+    assert len(json.loads(with_count.stdout)["instants"]) == 3

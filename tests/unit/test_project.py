@@ -9,7 +9,7 @@ import pytest
 
 from chronolog.domain import messages as m
 from chronolog.projections.project import project, project_batch
-from chronolog.projections.store import TABLES, First, RowChanges
+from chronolog.projections.store import TABLES, First, RowChanges, Tally
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 TENANT, SID = "acme", "nightly"
@@ -402,3 +402,74 @@ def test_set_rejects_unknown_columns_and_bad_keys() -> None:
         RowChanges().set("attempts", ("r",), outcome="failed")
     with pytest.raises(KeyError):
         RowChanges().set("nope", ("r",), x=1)
+
+
+# ------------------------------------------------------------------ run counters (tallies)
+
+
+def tallies(c: RowChanges) -> list[tuple[str, str, str, int, tuple[str, str] | None]]:
+    return [(t.kind, t.run_id, t.label, t.n, t.spec) for t in c.tallies]
+
+
+def test_each_outcome_is_tallied_by_the_event_that_reaches_it() -> None:
+    expected = {
+        "ResultPublished": [("finished", RUN, "succeeded", 1, None)],
+        "OccurrenceDeadLettered": [("finished", RUN, "dead", 1, None)],
+        "OccurrenceCancelled": [("finished", RUN, "cancelled", 1, None)],
+        # an ambiguous failure resolved as delivered (no ResultPublished before it)
+        "ReconciliationResolved": [("finished", RUN, "succeeded", 1, None)],
+        # four instants of a range, never runs, labelled from the schedule when known
+        "OccurrenceSkipped": [("skipped", RUN, "misfire", 4, None)],
+        "AttemptClaimed": [("lateness", RUN, "", 1, None)],
+    }
+    for name, sample in SAMPLES.items():
+        assert tallies(project(env(sample))) == expected.get(name, []), name
+
+
+def test_only_the_first_attempts_claim_is_a_start() -> None:
+    claim = SAMPLES["AttemptClaimed"]
+    [t] = project(env(claim)).tallies
+    assert t.claimed_at == claim.claimed_at
+    assert project(env(claim.model_copy(update={"attempt": 2}))).tallies == []
+
+
+def test_an_effects_reconciliation_does_not_change_its_runs_outcome() -> None:
+    for decision in ("delivered", "retry", "abandon"):
+        resolved = m.ReconciliationResolved(run_id=RUN, decision=decision, by="ops",
+                                            effect_id=f"send-{RUN}")
+        assert project(env(resolved)).tallies == [], decision
+    for decision in ("retry", "abandon"):  # their next event (Ready, DeadLettered) counts
+        resolved = m.ReconciliationResolved(run_id=RUN, decision=decision, by="ops")
+        assert project(env(resolved)).tallies == [], decision
+
+
+def test_a_materialized_skip_is_labelled_by_its_run() -> None:
+    skip = SAMPLES["OccurrenceSkipped"].model_copy(update={"materialized": True, "count": 1})
+    [t] = project(env(skip)).tallies
+    assert not t.never_run and t.spec is None  # the store takes the run's labels
+
+
+def test_a_never_run_skip_takes_its_schedules_spec_at_that_point_of_the_log() -> None:
+    gpu = SPEC.model_copy(update={"resource_class": "gpu", "job": m.JobSpec(type="render")})
+    created = m.ScheduleCreated(revision=1, spec=gpu, created_at=T0, anchor=T0,
+                                next_run_at=T0, next_due_at=T0)
+    skip = SAMPLES["OccurrenceSkipped"]
+    revised = m.ScheduleRevised(revision=2, spec=SPEC, anchor=T0, next_run_at=None,
+                                next_due_at=None)
+    events = [env(created, n=0), env(skip, n=1), env(revised, n=2),
+              env(skip.model_copy(update={"run_id": "r_later"}), n=3)]
+    want = [("skipped", RUN, "misfire", 4, ("gpu", "render")),
+            ("skipped", "r_later", "misfire", 4, ("default", "report"))]
+    assert tallies(project_batch(events)) == want
+    # folded one event at a time (the projector's fallback path): the same labels
+    assert tallies(RowChanges.fold(project(e) for e in events)) == want
+    # no spec in the batch before it: left for the store (the stored schedule)
+    assert [t.spec for t in project_batch(events[1:]).tallies] == [None, ("default", "report")]
+
+
+def test_tallies_make_a_change_set_non_empty_and_fold_in_log_order() -> None:
+    dead = Tally("finished", TENANT, SID, RUN, "dead")
+    c = RowChanges().tally(dead)
+    assert c and c.row_count() == 0 and c.tallies == [dead]
+    later = project(env(SAMPLES["ResultPublished"]))
+    assert [t.label for t in RowChanges.fold([c, later]).tallies] == ["dead", "succeeded"]

@@ -1,1 +1,2 @@
-"""One router per resource: schedules, runs, workers, preview, ops (health, metrics)."""
+"""One router per resource: schedules, runs, workers, dlq (dead letters), preview, ops (health,
+metrics)."""

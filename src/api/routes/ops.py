@@ -1,9 +1,9 @@
-"""Operations: ``/healthz`` (liveness, database reachability, the projection watermark) and
-``/metrics`` (Prometheus; an operator token whenever the tenants come from a file)."""
+"""Operations: ``/healthz`` (readiness: the log and the read model answer; the projection
+watermark) and ``/metrics`` (Prometheus; an operator token whenever the tenants come from a
+file)."""
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -14,24 +14,43 @@ from chronolog.api.context import Context
 from chronolog.api.errors import ApiError, ErrorBody, error_responses
 from chronolog.projections.documents import iso
 from chronolog.projections.metrics import render
+from chronolog.readiness import database_reachable, log_reachable
 
 router = APIRouter(tags=["ops"])
 
 
-@router.get("/healthz", summary="Liveness and database reachability",
+@router.get("/healthz", summary="Readiness: the log and the read model answer",
             responses={503: {"model": ErrorBody}})
 async def healthz(ctx: Context) -> JSONResponse:
-    try:
-        if ctx.pool is not None:
-            await asyncio.wait_for(ctx.pool.fetchval("SELECT 1"), 5)
-    except Exception as exc:  # noqa: BLE001 - any failure is "not healthy"
-        raise ApiError(503, f"database unreachable: {exc}") from None
+    """200 with the projection watermark while the API can do its work: its log and its
+    read model answer. 503 otherwise, the message naming what is away: "log unreachable:
+    ..." or "read model unreachable: ..." (both, separated by "; ")."""
+    away = await unavailable_services(ctx)
+    if away:
+        raise ApiError(503, "; ".join(away), headers={"Retry-After": "1"})
     body: dict[str, Any] = {"status": "ok"}
     if ctx.rm is not None:
         offsets, t = await ctx.rm.offsets()
         body["watermark"] = {"partitions": {str(p): n for p, n in sorted(offsets.items())},
                              "time": iso(t)}
     return JSONResponse(body)
+
+
+async def unavailable_services(ctx: Any) -> list[str]:
+    """What the API cannot reach now (empty: ready): its log (a bounded request, and its
+    reply reader in its group) and its read model (``SELECT 1``)."""
+    away: list[str] = []
+    if ctx.log is not None:
+        why = await log_reachable(ctx.log)
+        if why is None and ctx.client is not None and not ctx.client.following():
+            why = "log unreachable: the reply reader is not in its group"
+        if why is not None:
+            away.append(why)
+    if ctx.pool is not None:
+        why = await database_reachable(ctx.pool)
+        if why is not None:
+            away.append(why)
+    return away
 
 
 @router.get("/metrics", summary="Prometheus metrics (an operator token)",

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Path
 
-from chronolog.api.cursors import CONSISTENCY_HEADER
+from chronolog.api.cursors import CONSISTENCY_HEADER, VISIBLE_HEADER
 from chronolog.api.models import MAX_SCHEDULE_ID
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
@@ -19,9 +19,17 @@ ScheduleIdPath = Annotated[str, Path(max_length=MAX_SCHEDULE_ID, pattern=lim.SCH
 RunIdPath = Annotated[str, Path(max_length=64, pattern=lim.RUN_ID_PATTERN,
                                 description="a run ID")]
 
-WRITE_HEADERS: dict[str, Any] = {CONSISTENCY_HEADER: {
-    "description": "opaque read-your-writes token: send it back on reads",
-    "schema": {"type": "string"}}}
+WRITE_HEADERS: dict[str, Any] = {
+    CONSISTENCY_HEADER: {
+        "description": "opaque read-your-writes token: send it back on reads (for clients "
+        "whose reads may go to another API process, or that write through the log)",
+        "schema": {"type": "string"}},
+    VISIBLE_HEADER: {
+        "description": "true: the read model showed the write's events before this answer "
+        "(a read without any header sees it); false: the bound (visible_timeout, default "
+        "2 s) passed first — the write was still accepted",
+        "schema": {"type": "string", "enum": ["true", "false"]}},
+}
 
 # an Idempotency-Key becomes a command's request_key
 IDEMPOTENCY_KEY: dict[str, Any] = spec_limits(m.TriggerRun, "request_key")

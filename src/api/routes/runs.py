@@ -1,5 +1,11 @@
-"""Runs: trigger one now, list a schedule's runs (newest first, paged by ``nextCursor``),
-read one, and the run commands cancel, redrive and reconcile.
+"""Runs: trigger one now, list a schedule's runs or the tenant's (newest first, paged by
+``nextCursor``), read one, and the run commands cancel, redrive and reconcile.
+
+``GET /v1/runs`` lists the runs of every schedule of the tenant, newest first by
+``(scheduledAt, runId)``, ``limit`` (1-500, default 100) at a time; ``state``, ``jobType``,
+``scheduleId``, ``from`` (inclusive) and ``to`` (exclusive, on ``scheduledAt``; instants with
+an offset or ``Z``) filter, and the cursor pins them. Each item is a schedule's run item
+with its ``jobType``.
 
 A run command finds the run's schedule — its partition key — in the read model, so it
 honours a consistency token as reads do. A READY run's ``waiting`` says when no live worker
@@ -16,15 +22,29 @@ from fastapi.responses import JSONResponse
 from chronolog.api.auth import TenantDep
 from chronolog.api.context import ConsistentDep, Context, written
 from chronolog.api.errors import ApiError, error_responses
-from chronolog.api.models import CancelIn, ReconcileIn, RunCreated, RunWritten, TriggerIn
+from chronolog.api.models import (
+    MAX_SCHEDULE_ID,
+    CancelIn,
+    ReconcileIn,
+    RunCreated,
+    RunWritten,
+    TriggerIn,
+)
 from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, RunIdPath, ScheduleIdPath
+from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.projections.documents import RunOut, RunPage, jsonable
+from chronolog.projections.documents import RunListPage, RunOut, RunPage, jsonable, spec_limits
 from chronolog.projections.read_model import (
+    LIST_PAGE,
     MAX_PAGE,
+    RUN_STATES,
+    RunQuery,
     decode_run_cursor,
+    decode_run_list_cursor,
+    parse_list_instant,
     parse_run_states,
     run_document,
+    run_list_page,
     runs_page,
 )
 
@@ -42,10 +62,10 @@ async def trigger_run(
     body: Annotated[TriggerIn | None, Body()] = None,
 ) -> JSONResponse:
     params = body.params if body is not None else None
-    reply, token = await ctx.send(tenant, schedule_id,
+    reply, mark = await ctx.send(tenant, schedule_id,
                                   m.TriggerRun(request_key=idempotency_key, params=params))
     return written(RunCreated(run_id=reply.body["run_id"], state=reply.body["state"]),
-                   201, token)
+                   201, mark)
 
 
 @router.get("/v1/schedules/{schedule_id}/runs", response_model=RunPage,
@@ -63,6 +83,44 @@ async def list_runs(
     cursor = decode_run_cursor(after, schedule_id, states) if after else None
     page = await runs_page(read, tenant.name, schedule_id, states=states, after=cursor,
                            limit=limit, partitions=await ctx.events_partitions())
+    return JSONResponse(jsonable(page))
+
+
+_INSTANT = ("an ISO-8601 instant with an offset or Z, e.g. 2026-03-08T09:00:00Z "
+            "(1970-01-01 to 2999-12-31)")
+
+
+@router.get("/v1/runs", response_model=RunListPage, responses=error_responses(400),
+            summary="The tenant's runs, newest first", dependencies=[ConsistentDep])
+async def list_all_runs(
+    tenant: TenantDep, ctx: Context,
+    state: Annotated[str | None, Query(
+        description=f"comma-separated run states ({', '.join(RUN_STATES)}; any case)")] = None,
+    job_type: Annotated[str | None, Query(
+        alias="jobType", description="only runs of this job type",
+        **spec_limits(m.JobSpec, "type"))] = None,
+    schedule_id: Annotated[str | None, Query(
+        alias="scheduleId", description="only this schedule's runs",
+        max_length=MAX_SCHEDULE_ID, pattern=lim.SCHEDULE_ID_PATTERN)] = None,
+    from_: Annotated[str | None, Query(
+        alias="from", description=f"only runs scheduled at or after this instant: {_INSTANT}",
+        max_length=64, json_schema_extra={"format": "date-time"})] = None,
+    to: Annotated[str | None, Query(
+        description=f"only runs scheduled before this instant: {_INSTANT}",
+        max_length=64, json_schema_extra={"format": "date-time"})] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = LIST_PAGE,
+    after: Annotated[str | None, Query(description="nextCursor of the previous page (made "
+                                       "with the same filters)")] = None,
+) -> JSONResponse:
+    read = ctx.read()
+    states = parse_run_states(state)
+    q = RunQuery(states=tuple(states) if states else None, job_type=job_type,
+                 schedule_id=schedule_id,
+                 since=parse_list_instant(from_, "from") if from_ is not None else None,
+                 until=parse_list_instant(to, "to") if to is not None else None)
+    cursor = decode_run_list_cursor(after, q) if after else None
+    page = await run_list_page(read, tenant.name, q, after=cursor, limit=limit,
+                               partitions=await ctx.events_partitions())
     return JSONResponse(jsonable(page))
 
 
@@ -88,11 +146,11 @@ _RUN_WRITE: dict[str, Any] = {"response_model": RunWritten, "dependencies": [Con
 async def cancel_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context,
                      body: Annotated[CancelIn | None, Body()] = None) -> JSONResponse:
     r = await ctx.run_row(tenant, run_id)
-    reply, token = await ctx.send(tenant, r["schedule_id"], m.CancelRun(
+    reply, mark = await ctx.send(tenant, r["schedule_id"], m.CancelRun(
         run_id=run_id, reason=body.reason if body else ""))
     outcome = reply.body.get("outcome")
     return written(RunWritten(run_id=run_id, state=reply.body.get("state", ""),
-                              outcome=outcome), 202 if outcome == "requested" else 200, token)
+                              outcome=outcome), 202 if outcome == "requested" else 200, mark)
 
 
 @router.post("/v1/runs/{run_id}:redrive", summary="Redrive a DEAD run (same run ID)",
@@ -100,9 +158,9 @@ async def cancel_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context,
              **_RUN_WRITE)
 async def redrive_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSONResponse:
     r = await ctx.run_row(tenant, run_id)
-    reply, token = await ctx.send(tenant, r["schedule_id"], m.RedriveRun(run_id=run_id))
+    reply, mark = await ctx.send(tenant, r["schedule_id"], m.RedriveRun(run_id=run_id))
     return written(RunWritten(run_id=run_id, state=reply.body.get("state", "READY"),
-                              attempt=reply.body.get("attempt")), 200, token)
+                              attempt=reply.body.get("attempt")), 200, mark)
 
 
 @router.post("/v1/runs/{run_id}:reconcile", summary="Resolve a RECONCILING run",
@@ -111,6 +169,6 @@ async def redrive_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSO
 async def reconcile_run(run_id: RunIdPath, body: ReconcileIn, tenant: TenantDep,
                         ctx: Context) -> JSONResponse:
     r = await ctx.run_row(tenant, run_id)
-    reply, token = await ctx.send(tenant, r["schedule_id"], m.ResolveReconciliation(
+    reply, mark = await ctx.send(tenant, r["schedule_id"], m.ResolveReconciliation(
         run_id=run_id, decision=body.decision, note=body.note, effect_id=body.effect_id))
-    return written(RunWritten(run_id=run_id, state=reply.body.get("state", "")), 200, token)
+    return written(RunWritten(run_id=run_id, state=reply.body.get("state", "")), 200, mark)

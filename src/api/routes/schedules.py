@@ -1,4 +1,9 @@
-"""``/v1/schedules``: create, read, revise, pause, resume, delete.
+"""``/v1/schedules``: create, list, read, revise, pause, resume, delete.
+
+``GET /v1/schedules`` lists the tenant's schedules by ID (code-point order), ``limit`` (1-500,
+default 100) at a time with ``nextCursor``; ``state`` (a comma-separated list, any case;
+default every state but DELETED), ``jobType``, ``resourceClass`` and ``prefix`` (a literal
+schedule-ID prefix) filter, and the cursor pins them (``chronolog.projections.read_model``).
 
 ``GET /v1/schedules/{id}`` (``chronolog.projections.read_model.schedule_document``) returns
 ``definition`` (the body of a PUT), ``state``, ``revision`` (also the ``ETag``),
@@ -31,13 +36,15 @@ answers 400 naming the job types it knows instead.
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Body, Header, Query
 from fastapi.responses import JSONResponse
 
 from chronolog.api.auth import TenantDep
 from chronolog.api.context import ConsistentDep, Context, with_warnings, written
 from chronolog.api.errors import ApiError, error_responses
 from chronolog.api.models import (
+    MAX_SCHEDULE_ID,
+    PauseIn,
     RevisedOut,
     ScheduleCreated,
     ScheduleIn,
@@ -47,8 +54,23 @@ from chronolog.api.models import (
 from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, ScheduleIdPath
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.projections.documents import ScheduleDefinition, ScheduleOut, to_spec
-from chronolog.projections.read_model import schedule_document
+from chronolog.projections.documents import (
+    ScheduleDefinition,
+    ScheduleOut,
+    SchedulePage,
+    spec_limits,
+    to_spec,
+)
+from chronolog.projections.read_model import (
+    LIST_PAGE,
+    MAX_PAGE,
+    SCHEDULE_STATES,
+    ScheduleQuery,
+    decode_schedule_cursor,
+    parse_schedule_states,
+    schedule_document,
+    schedules_page,
+)
 from chronolog.tenants import Tenant
 
 router = APIRouter(tags=["schedules"])
@@ -66,12 +88,42 @@ async def create_schedule(
     spec = to_spec(body)
     ctx.check_job(tenant, spec)
     warnings = await ctx.job_warnings(spec)
-    reply, token = await ctx.send(tenant, body.schedule_id,
+    reply, mark = await ctx.send(tenant, body.schedule_id,
                                   m.CreateSchedule(spec=spec, request_key=idempotency_key))
     created = written(ScheduleWritten(schedule_id=body.schedule_id,
                                       revision=reply.body["revision"],
-                                      next_run_at=reply.body.get("next_run_at")), 201, token)
+                                      next_run_at=reply.body.get("next_run_at")), 201, mark)
     return with_warnings(created, warnings)
+
+
+@router.get("/v1/schedules", response_model=SchedulePage, responses=error_responses(400),
+            summary="The tenant's schedules by ID", dependencies=[ConsistentDep])
+async def list_schedules(
+    tenant: TenantDep, ctx: Context,
+    state: Annotated[str | None, Query(
+        description=f"comma-separated schedule states ({', '.join(SCHEDULE_STATES)}; any "
+        "case); default: every state but DELETED")] = None,
+    job_type: Annotated[str | None, Query(
+        alias="jobType", description="only schedules of this job type",
+        **spec_limits(m.JobSpec, "type"))] = None,
+    resource_class: Annotated[str | None, Query(
+        alias="resourceClass", description="only schedules of this resource class",
+        **spec_limits(m.ScheduleSpec, "resource_class"))] = None,
+    prefix: Annotated[str | None, Query(
+        min_length=1, max_length=MAX_SCHEDULE_ID,
+        description="only schedule IDs that start with this text (literally: % and _ "
+        "are plain characters)")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = LIST_PAGE,
+    after: Annotated[str | None, Query(description="nextCursor of the previous page (made "
+                                       "with the same filters)")] = None,
+) -> JSONResponse:
+    read = ctx.read()
+    q = ScheduleQuery(states=parse_schedule_states(state), job_type=job_type,
+                      resource_class=resource_class, prefix=prefix)
+    last = decode_schedule_cursor(after, q) if after else None
+    page = await schedules_page(read, tenant.name, q, after=last, limit=limit,
+                                partitions=await ctx.events_partitions())
+    return JSONResponse(page)
 
 
 @router.get("/v1/schedules/{schedule_id}", response_model=ScheduleOut,
@@ -102,20 +154,20 @@ async def revise_schedule(
         raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
     spec = to_spec(body)
     ctx.check_job(tenant, spec)
-    reply, token = await ctx.send(tenant, schedule_id,
+    reply, mark = await ctx.send(tenant, schedule_id,
                                   m.ReviseSchedule(spec=spec, expected_revision=int(text)))
     return written(RevisedOut(revision=reply.body["revision"],
-                              next_run_at=reply.body.get("next_run_at")), 200, token,
+                              next_run_at=reply.body.get("next_run_at")), 200, mark,
                    {"ETag": f'"{reply.body["revision"]}"'})
 
 
 async def _lifecycle(ctx: Context, tenant: Tenant, schedule_id: str,
                      payload: Any) -> JSONResponse:
-    reply, token = await ctx.send(tenant, schedule_id, payload)
+    reply, mark = await ctx.send(tenant, schedule_id, payload)
     b = reply.body
     return written(ScheduleStateOut(schedule_id=schedule_id, revision=b["revision"],
                                     state=b["state"], next_run_at=b.get("next_run_at")),
-                   200, token)
+                   200, mark)
 
 
 _LIFECYCLE: dict[str, Any] = {
@@ -124,9 +176,10 @@ _LIFECYCLE: dict[str, Any] = {
 
 
 @router.post("/v1/schedules/{schedule_id}:pause", summary="Pause a schedule", **_LIFECYCLE)
-async def pause_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
-                         ctx: Context) -> JSONResponse:
-    return await _lifecycle(ctx, tenant, schedule_id, m.PauseSchedule())
+async def pause_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep, ctx: Context,
+                         body: Annotated[PauseIn | None, Body()] = None) -> JSONResponse:
+    reason = body.reason if body is not None else ""
+    return await _lifecycle(ctx, tenant, schedule_id, m.PauseSchedule(reason=reason))
 
 
 @router.post("/v1/schedules/{schedule_id}:resume", summary="Resume a schedule", **_LIFECYCLE)

@@ -5,6 +5,9 @@ One test per rule (docs/design.md §3, §5), named after the rule.
 
 from __future__ import annotations
 
+from typing import Any
+
+from chronolog.commands.state import MANUAL_KEYS_KEPT
 from chronolog.domain.ids import run_id_for
 from chronolog.domain.recurrence import compile_trigger, jitter_offset, upcoming
 from support.decider import GivenWhenThen
@@ -331,3 +334,23 @@ def test_an_occurrence_materialized_past_its_start_deadline_is_skipped_by_the_sa
     late = gwt.one(d, m.OccurrenceMaterialized)
     skipped = gwt.one(d, m.OccurrenceSkipped)
     assert (skipped.run_id, skipped.reason) == (late.run_id, "start_deadline")
+
+
+def test_a_manual_key_is_idempotent_within_its_window_and_a_new_run_after_it(
+        gwt: GivenWhenThen) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0)
+
+    def trigger(key: str, n: int) -> Any:
+        env = gwt.envelope(m.TriggerRun(request_key=key), command_id=f"c-{key}-{n}")
+        return s.when(env, gwt.T0 + gwt.sec(n))
+
+    first = gwt.one(trigger("pay-run", 0), m.OccurrenceMaterialized).run_id
+    for i in range(MANUAL_KEYS_KEPT - 1):  # the window still holds "pay-run"
+        trigger(f"other-{i}", 1)
+    within = trigger("pay-run", 2)
+    assert (within.events, within.body["run_id"]) == ([], first)
+    trigger("one-more", 3)  # "pay-run" is now the oldest key past the window
+    after = gwt.one(trigger("pay-run", 4), m.OccurrenceMaterialized)
+    assert after.run_id != first  # a new request, never a second run under the old ID
+    assert s.state.run(first) is not None and s.state.run(after.run_id) is not None

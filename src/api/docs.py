@@ -1,0 +1,53 @@
+"""The API's browsable documentation, served entirely by the node itself (works offline).
+
+``/docs`` is Swagger UI and ``/redoc`` is ReDoc, both reading the app's ``/openapi.json``.
+Their JavaScript, CSS and icon come from the ``fastapi-offline`` package's static files,
+mounted under ``/docs/static/`` — never from a CDN: every URL the pages load is on the node.
+None of these routes is in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.staticfiles import StaticFiles
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+__all__ = ["DOCS_URL", "REDOC_URL", "STATIC_URL", "install_docs"]
+
+DOCS_URL = "/docs"
+REDOC_URL = "/redoc"
+STATIC_URL = "/docs/static"
+# the package shipping Swagger UI's and ReDoc's built files, and the folder they are in
+_ASSETS = ("fastapi_offline", "static")
+
+
+def install_docs(app: FastAPI) -> None:
+    """Add ``/docs``, ``/redoc`` and their assets to ``app`` (created with ``docs_url=None,
+    redoc_url=None``)."""
+    app.mount(STATIC_URL, StaticFiles(packages=[_ASSETS]), name="docs-static")
+
+    def urls(request: Request) -> tuple[str, str]:
+        root = request.scope.get("root_path", "")
+        return f"{root}{app.openapi_url}", f"{root}{STATIC_URL}"
+
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        openapi, static = urls(request)
+        return get_swagger_ui_html(
+            openapi_url=openapi, title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{static}/swagger-ui-bundle.js",
+            swagger_css_url=f"{static}/swagger-ui.css",
+            swagger_favicon_url=f"{static}/favicon.png",
+            # no validator badge: it would be an image from swagger.io
+            swagger_ui_parameters={"validatorUrl": None})
+
+    async def redoc(request: Request) -> HTMLResponse:
+        openapi, static = urls(request)
+        return get_redoc_html(
+            openapi_url=openapi, title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{static}/redoc.standalone.js",
+            redoc_favicon_url=f"{static}/favicon.png", with_google_fonts=False)
+
+    app.add_api_route(DOCS_URL, swagger_ui, methods=["GET"], include_in_schema=False)
+    app.add_api_route(REDOC_URL, redoc, methods=["GET"], include_in_schema=False)

@@ -1,0 +1,228 @@
+"""The text output of the user commands (``schedule``, ``trigger``, ``cancel``, ``redrive``,
+``runs``, ``run``, ``workers list``): rich tables and one-line confirmations, made from the
+HTTP API's documents whichever way a command went (``--json`` prints the documents
+themselves)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["created", "revised", "run", "run_written", "runs", "schedule", "schedules",
+           "short", "state_changed", "triggered", "workers"]
+
+
+def short(text: str, n: int = 60) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _console() -> Console:
+    # a pipe gets wide lines rather than rich's 80-column default
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _t(value: str | None) -> str:
+    """A UTC time for people: whole seconds (``2026-11-29T10:37:28Z``)."""
+    if not value:
+        return "-"
+    return value.split(".", 1)[0].removesuffix("Z") + "Z"
+
+
+def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*["" if v is None else str(v) for v in r])
+    return table
+
+
+def _kv(pairs: list[tuple[str, Any]]) -> Table:
+    table = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in pairs:
+        table.add_row(k, "-" if v is None or v == "" else str(v))
+    return table
+
+
+def _rule_text(d: dict[str, Any]) -> str:
+    if "cron" in d:
+        return f"cron '{d['cron']}' {d.get('timezone', 'UTC')}"
+    if "every" in d:
+        return f"every {d['every']:g}s" + (f" anchor {d['anchor']}" if d.get("anchor") else "")
+    if "at" in d:
+        return f"at {d['at']}"
+    if "delay" in d:
+        return f"delay {d['delay']:g}s"
+    return "-"
+
+
+def _policy_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return str(value.get("policy"))
+    return None if value is None else str(value)
+
+
+def _more(con: Console, doc: dict[str, Any]) -> None:
+    if doc.get("nextCursor"):
+        con.print(f"more: --after {doc['nextCursor']}", soft_wrap=True)
+
+
+# =======================================================================================
+# writes
+
+
+def created(result: dict[str, Any]) -> None:
+    print(f"created schedule {result['scheduleId']} (revision {result['revision']}); "
+          f"next run {result['nextRunAt'] or '-'}")
+
+
+def revised(schedule_id: str, result: dict[str, Any]) -> None:
+    print(f"revised schedule {schedule_id} (revision {result['revision']}); "
+          f"next run {result['nextRunAt'] or '-'}")
+
+
+def state_changed(action: str, result: dict[str, Any]) -> None:
+    done = {"pause": "paused", "resume": "resumed", "delete": "deleted"}[action]
+    nxt = (f"; next run {result['nextRunAt']}"
+           if result["state"] == "ACTIVE" and result["nextRunAt"] else "")
+    print(f"{done} schedule {result['scheduleId']}: {result['state']} (revision "
+          f"{result['revision']}){nxt}")
+
+
+def triggered(schedule_id: str, result: dict[str, Any]) -> None:
+    print(f"triggered run {result['runId']} of {schedule_id}: {result['state']}")
+
+
+def run_written(command: str, run_id: str, result: dict[str, Any]) -> None:
+    if command == "cancel":
+        text = ("cancellation requested (the run is executing)"
+                if result.get("outcome") == "requested" else "cancelled")
+    else:
+        text = f"redriven: {result['state']} (attempt {result.get('attempt')})"
+    print(f"run {run_id}: {text}")
+
+
+# =======================================================================================
+# reads
+
+
+def schedule(doc: dict[str, Any]) -> None:
+    d = doc["definition"]
+    con = _console()
+    con.print(_kv([
+        ("schedule", doc["scheduleId"]), ("state", doc["state"]),
+        ("revision", doc["revision"]), ("rule", _rule_text(d)),
+        ("job", f"{d['job']['type']} {json.dumps(d['job'].get('params') or {})}"),
+        ("misfire", _policy_text(d.get("misfire"))), ("overlap", d.get("overlap")),
+        ("retry", json.dumps(d.get("retry")) if d.get("retry") else None),
+        ("lease", d.get("lease")), ("startDeadline", d.get("startDeadline")),
+        ("jitter", d.get("jitter")), ("nextRunAt", _t(doc["nextRunAt"])),
+        ("created / updated", f"{_t(doc['createdAt'])} / {_t(doc['updatedAt'])}"),
+    ] + ([("paused", f"{_t(doc['pausedAt'])} {doc['pauseReason'] or ''}".strip())]
+         if doc.get("pausedAt") else [])
+      + ([("completed", f"{_t(doc['completedAt'])} ({doc['completedReason']})")]
+         if doc.get("completedAt") else [])))
+    if doc.get("resume") is not None and doc["resume"]["instants"]:
+        con.print(_table("a resume now would", ["scheduledAt", "through", "count", "action"],
+                         [[_t(i["scheduledAt"]), _t(i["through"]) if i["through"] else "",
+                           i["count"], i["action"] + (f" ({i['reason']})" if i["reason"]
+                                                      else "")]
+                          for i in doc["resume"]["instants"]]))
+    if doc.get("preview"):
+        con.print(_table("next instants", ["#", "scheduledAt", "dueAt", "local"],
+                         [[i, _t(p["scheduledAt"]), _t(p["dueAt"]), p["local"]]
+                          for i, p in enumerate(doc["preview"], 1)]))
+    else:
+        con.print(f"no upcoming instants ({doc['state']})")
+
+
+def schedules(doc: dict[str, Any], states: str | None) -> None:
+    items = doc["items"]
+    con = _console()
+    if not items:
+        con.print("no schedules" + (f" in state {states}" if states else ""))
+    else:
+        con.print(_table(None, ["schedule", "state", "rev", "rule", "job", "nextRunAt"],
+                         [[i["scheduleId"], i["state"], i["revision"],
+                           _rule_text(i["definition"]), i["definition"]["job"]["type"],
+                           _t(i["nextRunAt"])] for i in items]))
+    _more(con, doc)
+
+
+def runs(doc: dict[str, Any], schedule_id: str | None, states: str | None) -> None:
+    items: list[dict[str, Any]] = doc["items"]
+    con = _console()
+    if not items:
+        con.print(f"no runs{f' of {schedule_id}' if schedule_id else ''}"
+                  + (f" in state {states}" if states else ""))
+    else:
+        waits = any(i.get("waiting") for i in items)
+        across = any("jobType" in i for i in items)  # the list across schedules
+        con.print(_table(None, ["runId", *(["schedule", "job"] if across else []),
+                                "scheduledAt", "state", "attempt", "startedAt", "finishedAt",
+                                *(["waiting"] if waits else [])],
+                         [[i["runId"], *([i["scheduleId"], i.get("jobType")] if across else []),
+                           _t(i["scheduledAt"]), i["state"], i["attempt"],
+                           _t(i["startedAt"]), _t(i["finishedAt"]),
+                           *([i.get("waiting") or ""] if waits else [])]
+                          for i in items]))
+    _more(con, doc)
+
+
+def run(doc: dict[str, Any]) -> None:
+    con = _console()
+    pairs: list[tuple[str, Any]] = [
+        ("run", doc["runId"]), ("schedule", f"{doc['scheduleId']} (revision "
+                                            f"{doc['revision']})"),
+        ("trigger", doc["trigger"] + (f" key {doc['requestKey']}" if doc.get("requestKey")
+                                      else "")),
+        ("state", doc["state"]), ("job", f"{doc['jobType']} {json.dumps(doc['params'])}"),
+        ("scheduledAt", doc["scheduledAt"]), ("dueAt", doc["dueAt"]),
+        ("startedAt", doc["startedAt"]), ("finishedAt", doc["finishedAt"]),
+        ("lateness", None if doc.get("latenessMs") is None else f"{doc['latenessMs']} ms"),
+    ]
+    for key in ("waiting", "skippedReason", "cancelReason", "deadReason", "deadMessage",
+                "lastError"):
+        if doc.get(key):
+            pairs.append((key, doc[key]))
+    if doc.get("cancellationRequested"):
+        pairs.append(("cancellation", "requested"))
+    res = doc.get("result")
+    if res is not None:
+        where = res.get("uri") or short(json.dumps(res.get("inline")), 100)
+        pairs.append(("result", f"{where} ({res['size']} bytes, checksum "
+                                f"{res['checksum']}, attempt {res.get('attempt')})"))
+    con.print(_kv(pairs))
+    if doc.get("attempts"):
+        con.print(_table("attempts", ["#", "fence", "worker", "claimedAt", "leaseUntil",
+                                      "outcome", "error"],
+                         [[a["attempt"], a["fence"], a["workerId"], _t(a["claimedAt"]),
+                           _t(a["leaseUntil"]), a["outcome"] or "(running)",
+                           a["error"] or ""] for a in doc["attempts"]]))
+    if doc.get("effects"):
+        con.print(_table("effects", ["effectId", "kind", "state", "attempts"],
+                         [[e["effectId"], e["kind"], e["state"], e["attempts"]]
+                          for e in doc["effects"]]))
+
+
+def workers(doc: dict[str, Any], live: bool | None) -> None:
+    con = _console()
+    if not doc["items"]:
+        con.print("no workers" + ("" if live is None else
+                                  " live" if live else " that are not live"))
+    else:
+        con.print(_table(None, ["workerId", "live", "class", "jobTypes", "slots",
+                                "lastSeen", "startedAt"],
+                         [[w["workerId"], "yes" if w["live"] else
+                           ("stopped" if w["stopped"] else "no"), c["resourceClass"],
+                           ",".join(c["jobTypes"]) or "-", c["slots"], _t(w["lastSeen"]),
+                           _t(w["startedAt"])]
+                          for w in doc["items"] for c in w["classes"]]))
+    _more(con, doc)
