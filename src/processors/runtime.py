@@ -667,7 +667,10 @@ class Processor:
                 chunk=max(1, cfg.snapshot_chunk), dirty=dirty,
                 specs=set() if loaded is None else loaded.specs, log_end=log_end,
                 last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from)
-            ps.snap.start_now()  # the states the tail (or the whole fold) changed, soon
+            if loaded is None and dirty:
+                # folded from 0: no snapshot of these states yet — the first round goes
+                # now (after a snapshot, the tail's states wait for the usual interval)
+                ps.snap.start_now()
 
     async def _snapshots_usable(self) -> bool:
         """Whether snapshots are on and the log has a ``state`` topic like ``events``."""
