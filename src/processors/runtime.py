@@ -108,7 +108,7 @@ from chronolog.processors.snapshots import (
     Loaded,
     SnapshotRejected,
     SnapshotWriter,
-    decode_snapshot,
+    decode_snapshot_async,
 )
 
 log = structlog.get_logger("chronolog.processor")
@@ -514,13 +514,17 @@ class Processor:
     def _poll_timeout(self) -> int:
         # a busy partition's timers are its chain's business (no busy polling meanwhile)
         idle = [ps for ps in self.partitions.values() if ps.running() is None]
-        if len(idle) == len(self.partitions) and any(ps.snapshot_due(True) for ps in idle):
-            return 0  # nothing in flight: a snapshot chunk goes out unless commands came
+        poll_ms = self.config.poll_ms
+        if len(idle) == len(self.partitions):
+            if any(ps.snapshot_due(True) for ps in idle):
+                return 0  # nothing in flight: a snapshot chunk goes out unless commands came
+            if any(ps.snap is not None and ps.snap.round is not None for ps in idle):
+                poll_ms = min(poll_ms, 5)  # a round's next chunk, once its writer is done
         wakes = [w for w in (ps.next_wake() for ps in idle) if w is not None]
         if not wakes:
-            return self.config.poll_ms
+            return poll_ms
         delta = (min(wakes) - self.clock()).total_seconds() * 1000
-        return int(max(0, min(self.config.poll_ms, delta)))
+        return int(max(0, min(poll_ms, delta)))
 
     # ------------------------------------------------------------------ ownership
 
@@ -663,7 +667,10 @@ class Processor:
                 chunk=max(1, cfg.snapshot_chunk), dirty=dirty,
                 specs=set() if loaded is None else loaded.specs, log_end=log_end,
                 last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from)
-            ps.snap.start_now()  # the states the tail (or the whole fold) changed, soon
+            if loaded is None and dirty:
+                # folded from 0: no snapshot of these states yet — the first round goes
+                # now (after a snapshot, the tail's states wait for the usual interval)
+                ps.snap.start_now()
 
     async def _snapshots_usable(self) -> bool:
         """Whether snapshots are on and the log has a ``state`` topic like ``events``."""
@@ -691,7 +698,7 @@ class Processor:
                                          batch=self.config.state_read_batch):
             records.extend(recs)
         takeover.snapshot_records = len(records)
-        return decode_snapshot(records, events_end)
+        return await decode_snapshot_async(records, events_end)
 
     def _rejected(self, p: int, reason: str, takeover: Takeover) -> None:
         self.stats.snapshots_rejected += 1

@@ -47,10 +47,11 @@ version (u16), through (u64), CRC-32 (u32), then the body (orjson).
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,7 @@ __all__ = [
     "SnapshotRejected",
     "SnapshotWriter",
     "decode_snapshot",
+    "decode_snapshot_async",
     "frame",
     "unframe",
 ]
@@ -142,10 +144,37 @@ class Loaded:
     records: int  # records read (every version of every key)
 
 
+DECODE_SLICE = 5000  # records decoded between two yields of ``decode_snapshot_steps``
+
+
 def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None:
     """The snapshot in ``records`` (a partition of ``state`` read from 0, in order), or
     None when there is none (no marker). ``events_end``: the end offset of the partition
     of ``events``. Raises ``SnapshotRejected`` for a copy that must not be used."""
+    steps = decode_snapshot_steps(records, events_end)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+async def decode_snapshot_async(records: Iterable[Record], events_end: int) -> Loaded | None:
+    """``decode_snapshot``, giving the event loop a turn every ``DECODE_SLICE`` records (a
+    partition of 100,000 states is seconds of decoding: the other partitions, a group
+    heartbeat, the dev node's API go on meanwhile)."""
+    steps = decode_snapshot_steps(records, events_end)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
+
+
+def decode_snapshot_steps(records: Iterable[Record],
+                          events_end: int) -> Generator[None, None, Loaded | None]:
+    """``decode_snapshot`` in steps: yields every ``DECODE_SLICE`` records decoded."""
     latest: dict[bytes, bytes] = {}
     n = 0
     for rec in records:
@@ -172,7 +201,9 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
                                f"of events ({events_end})")
     shapes: dict[str, Policy] = {}
     bodies: list[tuple[str, int, int, int, bytes]] = []
-    for key, value in latest.items():
+    for i, (key, value) in enumerate(latest.items()):
+        if i % DECODE_SLICE == DECODE_SLICE - 1:
+            yield
         kind, version, through, body = unframe(key, value)
         if through > events_end:
             raise SnapshotRejected(f"record {key!r} covers events up to {through}, past the "
@@ -192,7 +223,9 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
     states: dict[str, ScheduleState] = {}
     quotas: dict[str, QuotaState] = {}
     through_of: dict[str, int] = {}
-    for skey, kind, version, through, body in bodies:
+    for i, (skey, kind, version, through, body) in enumerate(bodies):
+        if i % DECODE_SLICE == DECODE_SLICE - 1:
+            yield
         try:
             data: Any = body
             if version != STATE_VERSION:  # upcast (or refused: StateDecodeError)
@@ -332,6 +365,11 @@ class SnapshotWriter:
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     round: _Round | None = None
     waiting: bool = False  # the transaction with the round's marker is not yet committed
+    # chunks taken whose transactions have not committed yet, and how many may be: a round
+    # of many chunks, taken while idle, never fills the writer's queue (a command decided
+    # meanwhile would commit behind all of them)
+    in_flight: int = 0
+    max_in_flight: int = 2
     _last_start: float = field(default_factory=time.monotonic)
     _rounds: int = 0
 
@@ -344,7 +382,7 @@ class SnapshotWriter:
         processor has nothing else to decide; while it is busy only an *overdue* round
         writes — the last one started ``busy_interval_s`` ago, or ``events`` events were
         decided since."""
-        if self.waiting:
+        if self.waiting or self.in_flight >= self.max_in_flight:
             return False
         overdue = (mono - self._last_start >= self.busy_interval_s
                    or self.events_since >= self.events)
@@ -401,6 +439,7 @@ class SnapshotWriter:
             self.stats.encode_s += time.perf_counter() - started
         last = not pending
         self.waiting = last  # the marker's transaction: no next round before it commits
+        self.in_flight += 1
         return Chunk(entries, first, last)
 
     def transaction(self, chunk: Chunk | None, events: tuple[int, int, str] | None,
@@ -446,6 +485,7 @@ class SnapshotWriter:
         """The chunk's transaction committed (chunks commit in the order they were taken)."""
         if chunk.last:
             self.waiting = False
+        self.in_flight -= 1
         rnd = self.round
         if rnd is None:
             return
