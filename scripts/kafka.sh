@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Run one Apache Kafka KRaft node (broker+controller) on 127.0.0.1 for tests and development,
-# without Docker and without a tarball download: the broker's jars come from Maven Central.
+# Run Apache Kafka in KRaft mode on loopback for tests and development — one node
+# (broker+controller), or a cluster of three — without Docker and without a tarball download:
+# the broker's jars come from Maven Central.
 #
-#   scripts/kafka.sh up       fetch the jars (cached), format fresh storage, start, wait ready
-#   scripts/kafka.sh down     stop the broker this script started (by its PID), drop its data
-#   scripts/kafka.sh status   say whether it runs and where
-#   scripts/kafka.sh stop     stop it (by its PID) and keep its data
-#   scripts/kafka.sh start    start it again on the kept data (the same log), or fresh if none
+#   scripts/kafka.sh up [--brokers N]  fetch the jars (cached), format fresh storage, start,
+#                                      wait ready (N = 1, the default, or 3)
+#   scripts/kafka.sh down              stop every broker this script started (by PID), drop data
+#   scripts/kafka.sh status            say whether it runs and where
+#   scripts/kafka.sh stop [NODE]       stop it (SIGTERM by PID; one node of a cluster), keep data
+#   scripts/kafka.sh start [NODE]      start it again on the kept data (the same log), or fresh
+#   scripts/kafka.sh kill NODE         kill -9 one node (by PID) and wait until it is gone
+#   scripts/kafka.sh pid NODE          print one node's PID
+#
+# A cluster (`up --brokers 3`) runs three KRaft nodes, each broker and controller (a 3-voter
+# controller quorum), each with its own data directory, ports and PID under
+# $KAFKA_STATE_DIR/node-<id>/; node ids are 1..3. Replication is that of a production cluster:
+# default.replication.factor=3, min.insync.replicas=2, the offsets and transaction state topics
+# replicated 3 with min ISR 2, unclean.leader.election.enable=false. Ports: KAFKA_PORTS and
+# KAFKA_CONTROLLER_PORTS (comma-separated, one per node) or, by default, KAFKA_PORT + 2*(id-1)
+# and KAFKA_CONTROLLER_PORT + 2*(id-1) (19092/19093, 19094/19095, 19096/19097). The bootstrap
+# file lists every node. A single node keeps the layout below (no node-<id> directory).
 #
 # Everything lives under .kafka/ (git-ignored):
 #   .kafka/libs-<version>/   the broker's runtime classpath (+ a .complete marker)
@@ -49,8 +62,14 @@ LOG4J2_VERSION="2.24.3"
 SLF4J2_VERSION="2.0.16"
 LIBS="$KDIR/libs-$VERSION"
 STATE="${KAFKA_STATE_DIR:-$KDIR}"  # this broker's config, data, logs, PID (jars are shared)
-DATA="$STATE/data"
-PIDFILE="$STATE/broker.pid"
+# the node selected by use_node (a single broker: $STATE itself; a cluster: $STATE/node-<id>)
+NSTATE="$STATE"
+NODE_ID=1
+NPORT="$PORT"
+NCPORT="$CPORT"
+DATA="$NSTATE/data"
+PIDFILE="$NSTATE/broker.pid"
+BROKERS=1
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY="python3"
 
@@ -58,6 +77,83 @@ log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 major() { printf '%s' "${VERSION%%.*}"; }
+
+nth() {  # nth "a,b,c" 2 -> b
+    printf '%s' "$1" | cut -d, -f"$2"
+}
+
+node_port() {  # the broker (kind=broker) or controller port of node $2
+    local kind="$1" i="$2" list base
+    if [ "$kind" = broker ]; then list="${KAFKA_PORTS:-}"; base="$PORT"
+    else list="${KAFKA_CONTROLLER_PORTS:-}"; base="$CPORT"; fi
+    if [ -n "$list" ]; then nth "$list" "$i"; else printf '%s' $((base + 2 * (i - 1))); fi
+}
+
+load_brokers() {
+    # the size of the cluster: `up --brokers N`, else what the last `up` recorded, else 1
+    if [ -n "${WANT_BROKERS:-}" ]; then
+        BROKERS="$WANT_BROKERS"
+    elif [ -f "$STATE/brokers" ]; then
+        BROKERS="$(cat "$STATE/brokers")"
+    else
+        BROKERS=1
+    fi
+    [[ "$BROKERS" =~ ^[13]$ ]] || die "--brokers must be 1 or 3 (got '$BROKERS')"
+    # a cluster's ports are those of its `up` (recorded), unless given again
+    if [ -z "${WANT_BROKERS:-}" ] && [ -f "$STATE/ports" ]; then
+        if [ "$BROKERS" -gt 1 ]; then
+            [ -n "${KAFKA_PORTS:-}" ] || KAFKA_PORTS="$(cat "$STATE/ports")"
+            [ -n "${KAFKA_CONTROLLER_PORTS:-}" ] \
+                || KAFKA_CONTROLLER_PORTS="$(cat "$STATE/controller-ports")"
+        else
+            [ -n "${KAFKA_PORT:-}" ] || PORT="$(cat "$STATE/ports")"
+            [ -n "${KAFKA_CONTROLLER_PORT:-}" ] || CPORT="$(cat "$STATE/controller-ports")"
+        fi
+    fi
+    return 0
+}
+
+record_ports() {
+    local i b="" c=""
+    if [ "$BROKERS" -eq 1 ]; then
+        echo "$PORT" >"$STATE/ports"; echo "$CPORT" >"$STATE/controller-ports"; return 0
+    fi
+    for i in $(seq 1 "$BROKERS"); do
+        b="$b${b:+,}$(node_port broker "$i")"; c="$c${c:+,}$(node_port controller "$i")"
+    done
+    echo "$b" >"$STATE/ports"
+    echo "$c" >"$STATE/controller-ports"
+}
+
+use_node() {  # select node $1: NSTATE, NODE_ID, NPORT, NCPORT, DATA, PIDFILE
+    local i="$1"
+    if [ "$BROKERS" -eq 1 ]; then
+        NSTATE="$STATE"; NODE_ID=1; NPORT="$PORT"; NCPORT="$CPORT"
+    else
+        [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$BROKERS" ] \
+            || die "no node '$i' (nodes are 1..$BROKERS)"
+        NSTATE="$STATE/node-$i"; NODE_ID="$i"
+        NPORT="$(node_port broker "$i")"; NCPORT="$(node_port controller "$i")"
+    fi
+    DATA="$NSTATE/data"
+    PIDFILE="$NSTATE/broker.pid"
+}
+
+voters() {
+    local i out=""
+    for i in $(seq 1 "$BROKERS"); do
+        out="$out${out:+,}$i@$HOST:$(if [ "$BROKERS" -eq 1 ]; then printf '%s' "$CPORT"; else node_port controller "$i"; fi)"
+    done
+    printf '%s' "$out"
+}
+
+bootstrap_list() {
+    local i out=""
+    for i in $(seq 1 "$BROKERS"); do
+        out="$out${out:+,}$HOST:$(if [ "$BROKERS" -eq 1 ]; then printf '%s' "$PORT"; else node_port broker "$i"; fi)"
+    done
+    printf '%s' "$out"
+}
 
 running_pid() {
     # Prints the recorded PID if that process is alive and is our java broker.
@@ -67,7 +163,7 @@ running_pid() {
     [[ "$pid" =~ ^[0-9]+$ ]] || return 1
     kill -0 "$pid" 2>/dev/null || return 1
     # Guard against PID reuse: the command line must be our kafka.Kafka with our config.
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "kafka.Kafka $STATE/server.properties" \
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "kafka.Kafka $NSTATE/server.properties" \
         || return 1
     printf '%s' "$pid"
 }
@@ -127,13 +223,16 @@ fetch() {
 
 write_config() {
     mkdir -p "$DATA"
-    cat >"$STATE/server.properties" <<EOF
-# Generated by scripts/kafka.sh (single KRaft node for tests; not for production).
+    # replication: 1 on a single node; a cluster replicates as production does (3, min ISR 2)
+    local rf=1 isr=1
+    if [ "$BROKERS" -ge 3 ]; then rf=3; isr=2; fi
+    cat >"$NSTATE/server.properties" <<EOF
+# Generated by scripts/kafka.sh (KRaft node $NODE_ID of $BROKERS on loopback, for tests).
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$HOST:$CPORT
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CPORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
+node.id=$NODE_ID
+controller.quorum.voters=$(voters)
+listeners=PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
+advertised.listeners=PLAINTEXT://$HOST:$NPORT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
@@ -141,15 +240,16 @@ log.dirs=$DATA/logs
 metadata.log.dir=$DATA/meta
 auto.create.topics.enable=false
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=2000
@@ -170,14 +270,14 @@ delete.topic.enable=true
 EOF
     # KAFKA_EXTRA_CONFIG: extra server properties, one "key=value" per line (experiments)
     if [ -n "${KAFKA_EXTRA_CONFIG:-}" ]; then
-        printf '%s\n' "$KAFKA_EXTRA_CONFIG" >>"$STATE/server.properties"
+        printf '%s\n' "$KAFKA_EXTRA_CONFIG" >>"$NSTATE/server.properties"
     fi
-    cat >"$STATE/log4j2.properties" <<EOF
+    cat >"$NSTATE/log4j2.properties" <<EOF
 # Generated by scripts/kafka.sh: broker logs at WARN into .kafka/broker.log
 status = warn
 appender.file.type = File
 appender.file.name = FILE
-appender.file.fileName = $STATE/broker.log
+appender.file.fileName = $NSTATE/broker.log
 appender.file.layout.type = PatternLayout
 appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
@@ -185,11 +285,11 @@ rootLogger.appenderRef.file.ref = FILE
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 EOF
-    cat >"$STATE/log4j.properties" <<EOF
+    cat >"$NSTATE/log4j.properties" <<EOF
 # Generated by scripts/kafka.sh (Kafka 3.x / reload4j): WARN into .kafka/broker.log
 log4j.rootLogger=WARN, file
 log4j.appender.file=org.apache.log4j.FileAppender
-log4j.appender.file.File=$STATE/broker.log
+log4j.appender.file.File=$NSTATE/broker.log
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.kafka.server.KafkaRaftServer=INFO
@@ -214,16 +314,9 @@ port_busy() {
     (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null
 }
 
-wait_ready() {
-    local pid="$1" deadline=$((SECONDS + READY_TIMEOUT))
-    while [ "$SECONDS" -lt "$deadline" ]; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            log "broker exited during startup; last lines of its output:"
-            tail -n 30 "$STATE/broker.out" "$STATE/broker.log" >&2 2>/dev/null || true
-            rm -f "$PIDFILE"
-            return 1
-        fi
-        if port_busy "$PORT" && "$PY" - "$HOST:$PORT" <<'EOF' 2>/dev/null
+broker_answers() {
+    # $1: bootstrap servers; $2: the number of brokers the metadata must list
+    "$PY" - "$1" "$2" <<'PYEOF' 2>/dev/null
 import asyncio, sys
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -232,59 +325,58 @@ async def main() -> None:
     await asyncio.wait_for(admin.start(), 10)
     try:
         await asyncio.wait_for(admin.list_topics(), 10)
+        cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
+        if len(cluster["brokers"]) < int(sys.argv[2]):
+            raise SystemExit(1)
     finally:
         await admin.close()
 
 asyncio.run(main())
-EOF
-        then
+PYEOF
+}
+
+wait_ready() {
+    # $1: the selected node's PID; $2: how many brokers its metadata must list
+    local pid="$1" want="${2:-1}" deadline=$((SECONDS + READY_TIMEOUT))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "broker $NODE_ID exited during startup; last lines of its output:"
+            tail -n 30 "$NSTATE/broker.out" "$NSTATE/broker.log" >&2 2>/dev/null || true
+            rm -f "$PIDFILE"
+            return 1
+        fi
+        if port_busy "$NPORT" && broker_answers "$HOST:$NPORT" "$want"; then
             return 0
         fi
         sleep 0.5
     done
-    log "broker not ready within ${READY_TIMEOUT}s; last lines of its log:"
-    tail -n 30 "$STATE/broker.out" "$STATE/broker.log" >&2 2>/dev/null || true
+    log "broker $NODE_ID not ready within ${READY_TIMEOUT}s; last lines of its log:"
+    tail -n 30 "$NSTATE/broker.out" "$NSTATE/broker.log" >&2 2>/dev/null || true
     return 1
 }
 
-cmd_up() {
-    start_broker fresh
-}
-
-cmd_start() {
-    # start again on the data of an earlier `up` (after `stop`, or a kill): the same log
-    if [ -d "$DATA/meta" ] && [ -f "$STATE/server.properties" ]; then
-        start_broker keep
+jvm_log_option() {
+    if [ "$(major)" -ge 4 ]; then
+        printf '%s' "-Dlog4j2.configurationFile=$NSTATE/log4j2.properties"
     else
-        start_broker fresh
+        printf '%s' "-Dlog4j.configuration=file:$NSTATE/log4j.properties"
     fi
 }
 
-start_broker() {
-    local mode="$1"
-    mkdir -p "$KDIR" "$STATE"
-    local pid
-    if pid="$(running_pid)"; then
-        log "already running (pid $pid) at $(cat "$STATE/bootstrap" 2>/dev/null)"
-        return 0
+launch_node() {
+    # format (mode fresh, with cluster id $2) and start the selected node; its PID in LAUNCHED
+    local mode="$1" cid="$2"
+    mkdir -p "$NSTATE"
+    if port_busy "$NPORT" || port_busy "$NCPORT"; then
+        die "port $NPORT or $NCPORT on $HOST is taken by a process this script did not start" \
+            "(set KAFKA_PORT / KAFKA_CONTROLLER_PORT, or KAFKA_PORTS / KAFKA_CONTROLLER_PORTS)"
     fi
-    local t0=$SECONDS
-    if port_busy "$PORT" || port_busy "$CPORT"; then
-        die "port $PORT or $CPORT on $HOST is taken by a process this script did not start" \
-            "(set KAFKA_PORT / KAFKA_CONTROLLER_PORT)"
-    fi
-    fetch
     if [ "$mode" = fresh ]; then
-        rm -rf "$DATA" "$STATE/broker.log" "$STATE/broker.out" "$STATE/bootstrap"
+        rm -rf "$DATA" "$NSTATE/broker.log" "$NSTATE/broker.out"
     fi
     write_config
-    local cp="$LIBS/*"
-    local logopt
-    if [ "$(major)" -ge 4 ]; then
-        logopt="-Dlog4j2.configurationFile=$STATE/log4j2.properties"
-    else
-        logopt="-Dlog4j.configuration=file:$STATE/log4j.properties"
-    fi
+    local cp="$LIBS/*" logopt
+    logopt="$(jvm_log_option)"
     # KAFKA_GC_OPTS: the collector flags (experiments); word-split on purpose
     # shellcheck disable=SC2206
     local gc=(${KAFKA_GC_OPTS:--XX:+UseG1GC -XX:MaxGCPauseMillis=20})
@@ -293,21 +385,90 @@ start_broker() {
     # a short-lived JVM: C1 only and the serial GC start faster
     if [ "$mode" = fresh ]; then
         java -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC "$logopt" -cp "$cp" \
-            kafka.tools.StorageTool format -t "$(cluster_id)" \
-            -c "$STATE/server.properties" --ignore-formatted >"$STATE/format.out" 2>&1 \
-            || { cat "$STATE/format.out" >&2; die "StorageTool format failed"; }
+            kafka.tools.StorageTool format -t "$cid" \
+            -c "$NSTATE/server.properties" --ignore-formatted >"$NSTATE/format.out" 2>&1 \
+            || { cat "$NSTATE/format.out" >&2; die "StorageTool format failed (node $NODE_ID)"; }
     fi
-    nohup setsid "${jvm[@]}" kafka.Kafka "$STATE/server.properties" \
-        >"$STATE/broker.out" 2>&1 </dev/null 9>&- &
-    pid=$!
-    echo "$pid" >"$PIDFILE"
-    if ! wait_ready "$pid"; then
-        stop_pid "$pid"
-        die "kafka $VERSION did not start"
+    nohup setsid "${jvm[@]}" kafka.Kafka "$NSTATE/server.properties" \
+        >"$NSTATE/broker.out" 2>&1 </dev/null 9>&- &
+    LAUNCHED=$!
+    echo "$LAUNCHED" >"$PIDFILE"
+}
+
+node_mode() {
+    # fresh unless the selected node has kept data from an earlier `up`
+    if [ "$1" = keep ] && [ -d "$DATA/meta" ] && [ -f "$NSTATE/server.properties" ]; then
+        printf keep
+    else
+        printf fresh
     fi
-    echo "$HOST:$PORT" >"$STATE/bootstrap"
+}
+
+start_nodes() {
+    # start the nodes "$@" (mode $MODE: fresh formats them), then wait until each is ready
+    local t0=$SECONDS i pid cid=""
+    mkdir -p "$KDIR" "$STATE"
+    fetch
+    declare -A pids=()
+    for i in "$@"; do
+        use_node "$i"
+        if pid="$(running_pid)"; then
+            log "node $i already running (pid $pid)"
+            continue
+        fi
+        local mode
+        mode="$(node_mode "$MODE")"
+        if [ "$mode" = fresh ] && [ -z "$cid" ]; then
+            # one cluster id for every node formatted together; a node re-formatted alone
+            # joins the id its peers were formatted with
+            if [ -f "$STATE/cluster.id" ] && [ "$MODE" = keep ]; then cid="$(cat "$STATE/cluster.id")"
+            else cid="$(cluster_id)"; echo "$cid" >"$STATE/cluster.id"; fi
+        fi
+        launch_node "$mode" "$cid"
+        pids[$i]="$LAUNCHED"
+    done
+    local want=1
+    [ "$BROKERS" -gt 1 ] && [ "$#" -eq "$BROKERS" ] && want="$BROKERS"
+    for i in "${!pids[@]}"; do
+        use_node "$i"
+        if ! wait_ready "${pids[$i]}" "$want"; then
+            for i in "${!pids[@]}"; do stop_pid "${pids[$i]}"; done
+            die "kafka $VERSION did not start (node $NODE_ID)"
+        fi
+    done
+    echo "$(bootstrap_list)" >"$STATE/bootstrap"
     echo "$VERSION" >"$STATE/version"
-    log "kafka $VERSION ready at $HOST:$PORT (pid $pid) in $((SECONDS - t0))s"
+    echo "$BROKERS" >"$STATE/brokers"
+    if [ "$BROKERS" -eq 1 ]; then
+        log "kafka $VERSION ready at $(bootstrap_list) (pid $(cat "$PIDFILE")) in $((SECONDS - t0))s"
+    else
+        log "kafka $VERSION: nodes $* of $BROKERS ready, bootstrap $(bootstrap_list)" \
+            "in $((SECONDS - t0))s"
+    fi
+}
+
+all_nodes() { seq 1 "$BROKERS"; }
+
+cmd_up() {
+    # a fresh cluster: nodes of an earlier one stopped and their data dropped first
+    load_brokers
+    local pid i
+    for i in $(all_nodes); do
+        use_node "$i"
+        if pid="$(running_pid)"; then
+            log "already running (pid $pid) at $(cat "$STATE/bootstrap" 2>/dev/null)"
+            return 0
+        fi
+    done
+    rm -f "$STATE/bootstrap"
+    record_ports
+    MODE=fresh start_nodes $(all_nodes)
+}
+
+cmd_start() {
+    # start again on the data of an earlier `up` (after `stop`, or a kill): the same log
+    load_brokers
+    if [ -n "${1:-}" ]; then MODE=keep start_nodes "$1"; else MODE=keep start_nodes $(all_nodes); fi
 }
 
 stop_pid() {
@@ -323,37 +484,93 @@ stop_pid() {
     fi
 }
 
+stop_nodes() {
+    # SIGTERM to every node "$@" at once (a controller quorum stopped one node at a time loses
+    # its majority, and the last nodes then wait for it in their controlled shutdown), then
+    # wait up to $STOP_WAIT s (30) for them all; SIGKILL to any still running
+    local i pid deadline
+    declare -A pids=()
+    for i in "$@"; do
+        use_node "$i"
+        if pid="$(running_pid)"; then
+            pids[$i]="$pid"
+            kill -TERM "$pid" 2>/dev/null || true
+        else
+            log "no broker $NODE_ID started by this script is running"
+        fi
+        rm -f "$PIDFILE"
+    done
+    deadline=$((SECONDS + ${STOP_WAIT:-30}))
+    for i in "${!pids[@]}"; do
+        while kill -0 "${pids[$i]}" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 0.2
+        done
+        if kill -0 "${pids[$i]}" 2>/dev/null; then
+            log "broker $i (pid ${pids[$i]}) ignored SIGTERM for ${STOP_WAIT:-30}s; sending SIGKILL"
+            kill -KILL "${pids[$i]}" 2>/dev/null || true
+        fi
+        log "stopped broker $i (pid ${pids[$i]})"
+    done
+}
+
 cmd_stop() {
-    # stop the broker (SIGTERM, by its PID), keep its data for `start`
-    local pid
-    if pid="$(running_pid)"; then
-        stop_pid "$pid"
-        log "stopped broker (pid $pid); data kept in $DATA"
-    else
-        log "no broker started by this script is running"
-    fi
+    # stop (SIGTERM, by PID) one node or all, keep their data for `start`
+    load_brokers
+    if [ -n "${1:-}" ]; then stop_nodes "$1"; else stop_nodes $(all_nodes); fi
+}
+
+cmd_kill() {
+    # kill -9 one node by PID and wait until it is gone (its data kept for `start`)
+    load_brokers
+    [ -n "${1:-}" ] || die "usage: kill NODE"
+    use_node "$1"
+    local pid deadline
+    pid="$(running_pid)" || die "node $1 is not running"
+    kill -KILL "$pid"
+    deadline=$((SECONDS + 30))
+    while [ -e "/proc/$pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
     rm -f "$PIDFILE"
+    log "killed broker $NODE_ID (pid $pid)"
+}
+
+cmd_pid() {
+    load_brokers
+    use_node "${1:-1}"
+    running_pid || { log "node ${1:-1} is not running"; return 1; }
+    echo
 }
 
 cmd_down() {
-    local pid
-    if pid="$(running_pid)"; then
-        stop_pid "$pid"
-        log "stopped broker (pid $pid)"
-    else
-        log "no broker started by this script is running"
-    fi
-    rm -rf "$DATA" "$PIDFILE" "$STATE/bootstrap" "$STATE/version"
+    load_brokers
+    local i
+    # the data goes too: no need to wait long for a clean shutdown
+    STOP_WAIT=10 stop_nodes $(all_nodes)
+    for i in $(all_nodes); do
+        use_node "$i"
+        rm -rf "$DATA" "$PIDFILE"
+    done
+    rm -f "$STATE/bootstrap" "$STATE/version" "$STATE/brokers" "$STATE/cluster.id" \
+        "$STATE/ports" "$STATE/controller-ports"
 }
 
 cmd_status() {
-    local pid
-    if pid="$(running_pid)"; then
-        echo "running pid=$pid bootstrap=$(cat "$STATE/bootstrap" 2>/dev/null) version=$(cat "$STATE/version" 2>/dev/null)"
-    else
+    load_brokers
+    local i pid up=0
+    for i in $(all_nodes); do
+        use_node "$i"
+        if pid="$(running_pid)"; then
+            up=$((up + 1))
+            [ "$BROKERS" -gt 1 ] && echo "node $i running pid=$pid port=$NPORT"
+        elif [ "$BROKERS" -gt 1 ]; then
+            echo "node $i stopped"
+        fi
+    done
+    if [ "$up" -eq 0 ]; then
         echo "stopped"
         return 1
     fi
+    use_node 1
+    echo "running brokers=$up/$BROKERS pid=$(running_pid || true) bootstrap=$(cat "$STATE/bootstrap" 2>/dev/null) version=$(cat "$STATE/version" 2>/dev/null)"
 }
 
 with_lock() {
@@ -367,11 +584,30 @@ with_lock() {
     "$@"
 }
 
-case "${1:-}" in
+COMMAND="${1:-}"
+shift || true
+WANT_BROKERS="${KAFKA_BROKERS:-}"
+ARGS=()
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --brokers) WANT_BROKERS="${2:-}"; shift 2 || die "--brokers needs a number" ;;
+        --brokers=*) WANT_BROKERS="${1#--brokers=}"; shift ;;
+        *) ARGS+=("$1"); shift ;;
+    esac
+done
+if [ "$COMMAND" != up ] && [ -n "$WANT_BROKERS" ] && [ -f "$STATE/brokers" ] \
+        && [ "$WANT_BROKERS" != "$(cat "$STATE/brokers")" ]; then
+    die "the cluster in $STATE has $(cat "$STATE/brokers") broker(s), not $WANT_BROKERS"
+fi
+
+case "$COMMAND" in
     up) with_lock cmd_up ;;
     down) with_lock cmd_down ;;
-    start) with_lock cmd_start ;;
-    stop) with_lock cmd_stop ;;
+    start) with_lock cmd_start "${ARGS[@]}" ;;
+    stop) with_lock cmd_stop "${ARGS[@]}" ;;
+    kill) with_lock cmd_kill "${ARGS[@]}" ;;
+    pid) cmd_pid "${ARGS[@]}" ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|start|stop|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--brokers 1|3]|down|start [NODE]|stop [NODE]|kill NODE|pid NODE|status" >&2
+       exit 2 ;;
 esac

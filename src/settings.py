@@ -2,9 +2,10 @@
 
 ``CHRONOLOG_LOG``: ``sqlite:///path/to/log.db`` or ``kafka://host:port[,host:port]``;
 ``CHRONOLOG_DATABASE_URL``; ``CHRONOLOG_TENANTS``; ``CHRONOLOG_PARTITIONS`` (default 12);
-``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_DATA_DIR`` (default
-``./.chronolog``); ``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the
-API's). A bad value raises ``ConfigError`` with one line naming it.
+``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_REPLICATION``,
+``CHRONOLOG_MIN_ISR`` and ``CHRONOLOG_KAFKA_ALLOW_UNSAFE`` (Kafka:
+``chronolog.log.durability``); ``CHRONOLOG_DATA_DIR`` (default ``./.chronolog``);
+``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the API's). A bad value raises ``ConfigError`` with one line naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from chronolog.domain.limits import MAX_BODY_BYTES
+from chronolog.log.durability import SAFE_DEFAULT, Durability
 from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.port import EventLog, Topics
 from chronolog.log.sqlite import SqliteEventLog
@@ -32,6 +34,33 @@ class LogConfig:
     kind: str  # "sqlite" | "kafka"
     target: str  # a file path or bootstrap servers
     topics: Topics
+    durability: Durability = SAFE_DEFAULT  # Kafka only
+
+
+def _positive_env(name: str, limit: int) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ConfigError(f"invalid {name} '{raw}': not an integer") from None
+    if not 1 <= n <= limit:
+        raise ConfigError(f"invalid {name} '{raw}': must be 1..{limit}")
+    return n
+
+
+def durability_from_env() -> Durability:
+    """``CHRONOLOG_REPLICATION`` (the topics' replication factor; default 3 on a cluster of
+    three or more brokers, else 1), ``CHRONOLOG_MIN_ISR`` (default a majority of the
+    replicas: 2 of 3) and ``CHRONOLOG_KAFKA_ALLOW_UNSAFE`` (``1``: start on a cluster that
+    cannot keep the guarantees, logging why)."""
+    raw = os.environ.get("CHRONOLOG_KAFKA_ALLOW_UNSAFE", "").strip().lower()
+    if raw not in ("", "0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(f"invalid CHRONOLOG_KAFKA_ALLOW_UNSAFE '{raw}': expected 1 or 0")
+    return Durability(replication=_positive_env("CHRONOLOG_REPLICATION", 16),
+                      min_isr=_positive_env("CHRONOLOG_MIN_ISR", 16),
+                      allow_unsafe=raw in ("1", "true", "yes"))
 
 
 def partitions_from_env(value: str | None = None) -> int:
@@ -113,7 +142,7 @@ def parse_log_url(
                 raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': '{h}' is not host:port")
         if not hosts:
             raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': no broker")
-        return LogConfig("kafka", ",".join(hosts), topics)
+        return LogConfig("kafka", ",".join(hosts), topics, durability_from_env())
     raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': expected sqlite:///path or kafka://host:port")
 
 
@@ -122,4 +151,4 @@ def open_log(cfg: LogConfig) -> EventLog:
     if cfg.kind == "sqlite":
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
-    return KafkaEventLog(cfg.target, cfg.topics)
+    return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability)

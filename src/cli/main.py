@@ -20,6 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 import argcomplete
 
 from chronolog.cli.errors import UsageError
+from chronolog.log.port import LogUnsafe
 
 # Modules that add sub-commands (each defines register(subparsers)).
 COMMAND_MODULES: tuple[str, ...] = (
@@ -75,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = args.func(args)
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    except LogUnsafe as exc:  # a log that cannot keep the guarantees: refused, as bad config
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -63,6 +63,12 @@ EndTxn; a mismatch aborts the transaction (nothing becomes visible) and the comm
 the plain way. After a failed commit, and for a new owner, the next offset is unknown until
 a plain commit writes there (its effect on the reply latency: docs/run-path.md).
 
+Durability: the topics are created with the replication factor and min ISR of the
+deployment (``Durability``: by default three copies, two in sync, on a cluster of three or
+more brokers, one on a single broker) and with unclean leader election off; ``ensure_topics``
+then checks the cluster against ``chronolog.log.durability.durability_problems`` and raises
+``LogUnsafe`` on any problem (unless the deployment allows it: then each is logged).
+
 Failures: ``Fenced`` when the partition's producer is fenced or otherwise unusable (the caller
 must drop the partition's state and re-acquire); ``LogUnavailable`` when the broker does not
 answer within the configured bounds. After a timeout in the middle of ``commit_transaction`` the
@@ -81,6 +87,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     CoordinatorNotAvailableError,
     IllegalStateError,
@@ -100,11 +107,18 @@ from aiokafka.protocol.commit import OffsetFetchRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from chronolog.backoff import Backoff, retry
+from chronolog.log.durability import (
+    SAFE_DEFAULT,
+    Durability,
+    TopicFacts,
+    durability_problems,
+)
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
     Fenced,
     LogError,
     LogUnavailable,
+    LogUnsafe,
     Offsets,
     OutRecord,
     Position,
@@ -309,13 +323,19 @@ class KafkaEventLog:
         await_visible: bool = True,
         concurrent_txn_backoff_ms: float | None = 2.0,
         fetch_max_wait_ms: int = 10,
+        durability: Durability = SAFE_DEFAULT,
     ) -> None:
         """``aux_partitions``: partition count of replies, dlq, effects.out and
         ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
         retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's).
         ``fetch_max_wait_ms``: the group consumers' fetch wait (module docstring: it bounds
-        how late a consumer sees new records of a partition it just drained)."""
+        how late a consumer sees new records of a partition it just drained).
+        ``durability``: the replication of the topics it creates and what it requires of the
+        cluster (module docstring)."""
         self.topics = topics
+        self.durability = durability
+        self._replication: tuple[int, int] | None = None  # (factor, min ISR), once resolved
+        self._brokers: list[int] = []
         self.bootstrap_servers = bootstrap_servers
         self.client_id = client_id
         self.transaction_timeout_ms = transaction_timeout_ms
@@ -428,7 +448,60 @@ class KafkaEventLog:
         }
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})
+        # checked before any is created: the topics that exist, and the cluster
+        await self._check_durability(list(wanted))
         await self._create_topics(wanted)
+
+    async def _replication_for_cluster(self) -> tuple[int, int]:
+        """(replication factor, min ISR) of the topics this log creates (``Durability``)."""
+        if self._replication is None:
+            _, admin = self._require()
+            cluster = await _retrying(admin.describe_cluster, self._bound_s, "describe_cluster")
+            self._brokers = [int(b["node_id"]) for b in cluster["brokers"]]
+            self._replication = self.durability.resolve(len(self._brokers))
+        return self._replication
+
+    async def _check_durability(self, names: list[str]) -> None:
+        """``LogUnsafe`` when the cluster cannot keep chronolog's promises (module docstring)."""
+        _, admin = self._require()
+        rf, isr = await self._replication_for_cluster()
+        broker_keys = ("unclean.leader.election.enable",
+                       "transaction.state.log.replication.factor",
+                       "transaction.state.log.min.isr")
+        topic_keys = ("min.insync.replicas", "unclean.leader.election.enable")
+        resources = [ConfigResource(ConfigResourceType.BROKER, str(self._brokers[0]),
+                                    dict.fromkeys(broker_keys))]
+        resources += [ConfigResource(ConfigResourceType.TOPIC, n, dict.fromkeys(topic_keys))
+                      for n in names]
+        responses = await _retrying(lambda: admin.describe_configs(resources), self._bound_s,
+                                    "describe_configs")
+        configs: dict[tuple[int, str], dict[str, str]] = {}
+        for resp in responses:
+            for res in resp.to_object()["resources"]:
+                configs[(res["resource_type"], res["resource_name"])] = {
+                    e["config_names"]: e["config_value"] for e in res["config_entries"]}
+        described = await _retrying(lambda: admin.describe_topics(names), self._bound_s,
+                                    "describe_topics")
+        facts: dict[str, TopicFacts] = {}
+        for t in described:
+            if t["error_code"] != 0 or not t["partitions"]:
+                continue  # not created yet: it will be, as the deployment asks
+            cfg = configs.get((int(ConfigResourceType.TOPIC), t["topic"]), {})
+            facts[t["topic"]] = TopicFacts(
+                replicas=min((len(p["replicas"]) for p in t["partitions"]), default=0),
+                min_isr=int(cfg.get("min.insync.replicas", "1")),
+                unclean_election=cfg.get("unclean.leader.election.enable") == "true")
+        broker_cfg = configs.get((int(ConfigResourceType.BROKER), str(self._brokers[0])), {})
+        problems = durability_problems(len(self._brokers), rf, isr, broker_cfg, facts)
+        if not problems:
+            return
+        if self.durability.allow_unsafe:
+            for problem in problems:
+                log.warning("kafka durability not kept (allowed): %s", problem)
+            return
+        raise LogUnsafe("kafka: the cluster cannot keep chronolog's guarantees: "
+                        + "; ".join(problems)
+                        + " (CHRONOLOG_KAFKA_ALLOW_UNSAFE=1 starts anyway)")
 
     async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
         n = self._partition_counts.get(topic)
@@ -441,8 +514,13 @@ class KafkaEventLog:
         """Create the topics ``wanted`` (name -> partitions, configs) that do not exist yet and
         wait until every one of them can be written; learn their partition counts."""
         _, admin = self._require()
+        rf, isr = await self._replication_for_cluster()
+        # (more copies than brokers only where allowed: as many as there are)
+        rf, isr = min(rf, len(self._brokers) or 1), min(isr, len(self._brokers) or 1)
+        safe = {"min.insync.replicas": str(isr), "unclean.leader.election.enable": "false"}
         new = [
-            NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=cfg)
+            NewTopic(name, num_partitions=n, replication_factor=rf,
+                     topic_configs={**safe, **cfg})
             for name, (n, cfg) in wanted.items()
         ]
         resp = await _retrying(

@@ -40,6 +40,12 @@ class LogUnavailable(LogError):
     """The log could not be reached within the configured bound."""
 
 
+class LogUnsafe(LogError):
+    """The log, as configured, cannot keep chronolog's guarantees (a Kafka cluster with too
+    few replicas, or unclean leader election: ``chronolog.log.durability``). A process refuses
+    to start on it: exit status 2, the message naming every setting."""
+
+
 class LogFull(LogUnavailable):
     """The log's disk is full (the embedded SQLite log: SQLITE_FULL). Nothing of the failed
     write is visible; writes succeed again once space is freed, so it is an unavailability
