@@ -5,7 +5,8 @@
 ``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_REPLICATION``,
 ``CHRONOLOG_MIN_ISR`` and ``CHRONOLOG_KAFKA_ALLOW_UNSAFE`` (Kafka:
 ``chronolog.log.durability``); ``CHRONOLOG_DATA_DIR`` (default ``./.chronolog``);
-``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the API's). A bad value raises ``ConfigError`` with one line naming it.
+``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the API's). A bad value raises
+``ConfigError`` with one line naming it.
 """
 
 from __future__ import annotations
