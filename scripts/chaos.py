@@ -89,8 +89,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 KAFKA_SH = ROOT / "scripts" / "kafka.sh"
-SCENARIOS = ("broker-restart", "postgres-restart", "kill-processes", "combined", "disk-full")
+SCENARIOS = ("broker-restart", "postgres-restart", "kill-processes", "combined", "disk-full",
+             "leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down")
 KAFKA_ONLY = ("broker-restart", "combined")
+# on a three-broker cluster only (--brokers 3), where they are the default
+CLUSTER_ONLY = ("leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down")
 PORTS = range(39000, 40000)
 PARTITIONS = 4
 AUTH = {"Authorization": "Bearer dev"}
@@ -111,6 +114,9 @@ class Plan:
     ready: float = 120.0  # a process (or all of them) ready again within this
     tmpfs_mb: int = 512
 
+
+# broker-stop-long: at least this long, past the group session timeout (10 s)
+STOP_LONG_S = 15.0
 
 SHORT = Plan(schedules=20, warmup=3.0, down=5.0, after=3.0, kill_gap=1.0, kill_waits=False,
              settle=90.0, ready=90.0, tmpfs_mb=64)
@@ -176,8 +182,8 @@ class Broker:
                         KAFKA_CONTROLLER_PORT=str(free_port(ports, self.HOST)))
         self.bootstrap = f"{self.HOST}:{self.env['KAFKA_PORT']}"
 
-    def _run(self, command: str) -> None:
-        subprocess.run(["bash", str(KAFKA_SH), command], env=self.env, check=True,
+    def _run(self, *command: str) -> None:
+        subprocess.run(["bash", str(KAFKA_SH), *command], env=self.env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
 
     def up(self) -> None:
@@ -200,6 +206,66 @@ class Broker:
     def down(self) -> None:
         with contextlib.suppress(Exception):
             self._run("down")
+
+
+class Cluster(Broker):
+    """Three KRaft nodes of this run alone (``kafka.sh up --brokers 3``: replication 3, min
+    ISR 2, unclean election off), on 127.0.0.2 like ``Broker``; node ids 1..3. ``kill`` and
+    ``start`` take the whole cluster down and up again; the ``*_node`` methods one node."""
+
+    NODES = (1, 2, 3)
+
+    def __init__(self, state: Path, ports: set[int]) -> None:
+        self.state = state
+        brokers = [free_port(ports, self.HOST) for _ in self.NODES]
+        controllers = [free_port(ports, self.HOST) for _ in self.NODES]
+        self.env = dict(os.environ, KAFKA_STATE_DIR=str(state), KAFKA_HOST=self.HOST,
+                        KAFKA_PORTS=",".join(map(str, brokers)),
+                        KAFKA_CONTROLLER_PORTS=",".join(map(str, controllers)))
+        self.bootstrap = ",".join(f"{self.HOST}:{port}" for port in brokers)
+
+    def up(self) -> None:
+        self._run("up", "--brokers", "3")
+
+    def kill(self) -> None:
+        for node in self.NODES:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self._run("kill", str(node))
+
+    def kill_node(self, node: int) -> None:
+        self._run("kill", str(node))
+
+    def stop_node(self, node: int) -> None:
+        self._run("stop", str(node))
+
+    def start_node(self, node: int) -> None:
+        self._run("start", str(node))
+
+
+async def leader_of(bootstrap: str, topic: str, partition: int) -> int:
+    """The node id leading ``topic``/``partition`` now."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await asyncio.wait_for(admin.start(), 15)
+    try:
+        [described] = await asyncio.wait_for(admin.describe_topics([topic]), 15)
+        return next(int(p["leader"]) for p in described["partitions"]
+                    if p["partition"] == partition)
+    finally:
+        await admin.close()
+
+
+async def transaction_coordinator(bootstrap: str, transactional_id: str) -> int:
+    """The node id coordinating the transactions of ``transactional_id`` now."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await asyncio.wait_for(admin.start(), 15)
+    try:
+        return int(await asyncio.wait_for(admin.find_coordinator(transactional_id, 1), 15))
+    finally:
+        await admin.close()
 
 
 class Postgres:
@@ -529,6 +595,75 @@ class Fold:
                    for r, (_, t) in self.run_instant.items())
 
 
+class Prober:
+    """Manual triggers through the API while the faults happen, twice a second, each with
+    its own Idempotency-Key, on a schedule of their own (hourly from a day after the window:
+    none of its own instants comes in the run). A trigger the API answered 201 is
+    *acknowledged*: its run must be in the log and have exactly one result in the end
+    (missing: lost; a second run for one key, or a second result: doubled). The others (the
+    API refused or could not answer: 503 while the log is away) are only counted."""
+
+    def __init__(self, http: httpx.AsyncClient, api: str, schedule_id: str) -> None:
+        self.http, self.api, self.schedule_id = http, api, schedule_id
+        self.acknowledged: dict[str, str] = {}  # Idempotency-Key -> run ID
+        self.refused: dict[str, int] = {}  # status (or error class) -> count
+        self.said: dict[str, str] = {}  # status -> the first refusal's message
+        self._stop = asyncio.Event()
+
+    async def create(self, window: Window) -> None:
+        start = iso(window.end + timedelta(days=1))
+        body = {"scheduleId": self.schedule_id, "every": "1h", "start": start,
+                "job": {"type": "noop", "params": {}}, "overlap": "allow", "lease": "5s",
+                "retry": {"maxAttempts": 50, "initialBackoff": "1s", "maxBackoff": "2s"}}
+        for _ in range(20):
+            with contextlib.suppress(httpx.HTTPError):
+                r = await self.http.post(f"{self.api}/v1/schedules", json=body, timeout=30,
+                                         headers={**AUTH, "Idempotency-Key": self.schedule_id})
+                if r.status_code in (200, 201, 409):
+                    return
+            await asyncio.sleep(1)
+        raise RuntimeError(f"could not create the probe schedule {self.schedule_id}")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        n = 0
+        url = f"{self.api}/v1/schedules/{self.schedule_id}/runs"
+        while not self._stop.is_set():
+            n += 1
+            key = f"{self.schedule_id}-{n}"
+            try:
+                r = await self.http.post(url, headers={**AUTH, "Idempotency-Key": key},
+                                         timeout=10)
+                if r.status_code == 201:
+                    self.acknowledged[key] = str(r.json()["runId"])
+                else:
+                    status = str(r.status_code)
+                    self.refused[status] = self.refused.get(status, 0) + 1
+                    with contextlib.suppress(ValueError, AttributeError):
+                        self.said.setdefault(status, str(r.json().get("message")))
+            except httpx.HTTPError as exc:
+                name = type(exc).__name__
+                self.refused[name] = self.refused.get(name, 0) + 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.5)
+
+    def settled(self, fold: Fold) -> bool:
+        return all(fold.results.get(run) for run in self.acknowledged.values())
+
+    def account(self, fold: Fold) -> dict[str, Any]:
+        runs = set(self.acknowledged.values())
+        missing = [r for r in runs if r not in fold.run_instant]
+        no_result = [r for r in runs if r in fold.run_instant and not fold.results.get(r)]
+        doubled = (len(self.acknowledged) - len(runs)
+                   + sum(n - 1 for r, n in fold.results.items() if r in runs and n > 1))
+        return {"acknowledged": len(self.acknowledged), "refused": self.refused,
+                "said": self.said,
+                "runs": len(runs), "lost": len(missing) + len(no_result), "doubled": doubled,
+                "examples_missing": missing[:5], "examples_no_result": no_result[:5]}
+
+
 async def audit(dep: Deployment) -> tuple[bool, str]:
     proc = await asyncio.create_subprocess_exec(
         CHRONOLOG, "audit", *dep.offline_flags, stdout=asyncio.subprocess.PIPE,
@@ -616,10 +751,12 @@ class Row:
 
 
 class Chaos:
-    def __init__(self, plan: Plan, work: Path, log_kind: str = "kafka") -> None:
+    def __init__(self, plan: Plan, work: Path, log_kind: str = "kafka",
+                 brokers: int = 1) -> None:
         self.plan = plan
         self.work = work
         self.log_kind = log_kind  # where postgres-restart and kill-processes run
+        self.brokers = brokers  # 1: one broker; 3: a cluster (Cluster)
         self.ports: set[int] = set()
         self.broker: Broker | None = None
         self.pg: Postgres | None = None
@@ -668,8 +805,12 @@ class Chaos:
         topics = Topics(prefix="chaos.", partitions=PARTITIONS)
         if kind == "kafka":
             if self.broker is None:
-                say("starting a private Kafka broker")
-                self.broker = Broker(self.work / "kafka", self.ports)
+                if self.brokers == 3:
+                    say("starting a private Kafka cluster of three brokers")
+                    self.broker = Cluster(self.work / "kafka", self.ports)
+                else:
+                    say("starting a private Kafka broker")
+                    self.broker = Broker(self.work / "kafka", self.ports)
                 await asyncio.to_thread(self.broker.up)
             cfg = LogConfig("kafka", self.broker.bootstrap, topics)
         else:  # the embedded log, on a tmpfs of its own (the full-disk scenario fills it)
@@ -730,13 +871,16 @@ class Chaos:
         say(f"scenario {scenario}")
         try:
             kind = ("sqlite" if scenario == "disk-full"
-                    else "kafka" if scenario in ("broker-restart", "combined") else self.log_kind)
+                    else "kafka" if scenario in KAFKA_ONLY + CLUSTER_ONLY else self.log_kind)
             dep = await self.deployment(kind)
             row.details["log"] = kind
             p = self.plan
             kills = len(dep.procs) if scenario == "kill-processes" else 0
             span = p.warmup + p.down + p.after + kills * (p.kill_gap
                                                           + (30 if p.kill_waits else 0))
+            if scenario in CLUSTER_ONLY:  # a node restarted after the fault, waited for
+                span += 10 + (max(p.down, STOP_LONG_S) - p.down
+                              if scenario == "broker-stop-long" else 0)
             window = self.window(scenario, span)
             await self.load_and_check(dep, window, row,
                                       lambda: self.faults(scenario, dep, row, window))
@@ -756,32 +900,46 @@ class Chaos:
         crashes_before = sum(len(c) for c in dep.crashes().values())
         lines_before = {n: pr.lines() for n, pr in dep.procs.items()}
         await create_schedules(self.http, dep.api, window)
+        prober = Prober(self.http, dep.api, f"{window.ids[0]}-probe")
+        await prober.create(window)
         say(f"{len(window.ids)} schedules every 1s from {iso(window.start)} to "
             f"{iso(window.end)}")
         lg = open_log(dep.log)
         await lg.start()
         fold = Fold(lg, window.tenant, set(window.ids))
+        probed = Fold(lg, window.tenant, {prober.schedule_id})
         try:
             await asyncio.sleep(max(0.0, (window.start - datetime.now(UTC)).total_seconds()
                                     + p.warmup))
-            await inject()
+            probing = asyncio.create_task(prober.run())
+            try:
+                await inject()
+            finally:
+                prober.stop()
+                await probing
             # the window's end, then every run settled
             await asyncio.sleep(max(0.0, (window.end - datetime.now(UTC)).total_seconds()))
 
             async def settled() -> bool:
                 await fold.update()
-                return fold.settled(window)
+                await probed.update()
+                return fold.settled(window) and prober.settled(probed)
 
             t = time.monotonic()
             await poll(settled, p.settle, interval=1.0)
             with contextlib.suppress(Exception):
                 await fold.update()
+                await probed.update()
             account = fold.account(window)
+            acknowledged = prober.account(probed)
             row.details["settle_s"] = round(time.monotonic() - t, 1)
         finally:
             await lg.close()
-        row.runs, row.lost, row.doubled = account["runs"], account["lost"], account["doubled"]
+        row.runs = account["runs"] + acknowledged["runs"]
+        row.lost = account["lost"] + acknowledged["lost"]
+        row.doubled = account["doubled"] + acknowledged["doubled"]
         row.details["account"] = account
+        row.details["acknowledged"] = acknowledged
         row.details["log_lines"] = {n: pr.lines() - lines_before[n]
                                     for n, pr in dep.procs.items()}
         t = time.monotonic()
@@ -887,9 +1045,61 @@ class Chaos:
                 filler.unlink()
                 cleared = datetime.now(UTC)
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
+            elif scenario in CLUSTER_ONLY:
+                await self.cluster_faults(scenario, dep, row, window, lg)
         finally:
             with contextlib.suppress(Exception):
                 await lg.close()
+
+    async def cluster_faults(self, scenario: str, dep: Deployment, row: Row, window: Window,
+                             lg: Any) -> None:
+        """The faults of a three-broker cluster; *recover* is from the fault (a node lost:
+        the others carry on) or, for two nodes lost, from the first one's return."""
+        p = self.plan
+        cluster = self.broker
+        if not isinstance(cluster, Cluster):
+            raise RuntimeError(f"{scenario} needs a three-broker cluster (--brokers 3)")
+        topics = dep.log.topics
+        if scenario in ("leader-kill", "coordinator-kill"):
+            if scenario == "leader-kill":
+                node = await leader_of(cluster.bootstrap, topics.events, 0)
+                what = "the leader of events partition 0"
+            else:
+                node = await transaction_coordinator(cluster.bootstrap,
+                                                     f"{topics.prefix}processor-p0")
+                what = "the coordinator of partition 0's processor transactions"
+            row.faults = f"kill -9 of broker {node}, {what}; restarted after {p.down:g}s"
+            await asyncio.to_thread(cluster.kill_node, node)
+            cleared = datetime.now(UTC)
+            row.recover_s = await self.recovered(dep, cleared, lg, window)
+            await asyncio.sleep(max(0.0, p.down - (datetime.now(UTC) - cleared).total_seconds()))
+            await asyncio.to_thread(cluster.start_node, node)
+        elif scenario == "broker-stop-long":
+            node = await leader_of(cluster.bootstrap, topics.events, 1)
+            down = max(p.down, STOP_LONG_S)
+            row.faults = (f"broker {node} (leader of events partition 1) stopped for {down:g}s "
+                          "(longer than the group session timeout), then started")
+            await asyncio.to_thread(cluster.stop_node, node)
+            await asyncio.sleep(down)
+            await asyncio.to_thread(cluster.start_node, node)
+            cleared = datetime.now(UTC)
+            row.recover_s = await self.recovered(dep, cleared, lg, window)
+        elif scenario == "two-brokers-down":
+            first = await leader_of(cluster.bootstrap, topics.events, 0)
+            second = next(n for n in Cluster.NODES if n != first)
+            row.faults = (f"kill -9 of brokers {first} and {second}, {p.down:g}s; broker "
+                          f"{second} started again, then {first}")
+            await asyncio.to_thread(cluster.kill_node, first)
+            await asyncio.to_thread(cluster.kill_node, second)
+            await self.observe_not_ready(dep, row, "not enough in-sync replicas")
+            await asyncio.sleep(p.down)
+            await asyncio.to_thread(cluster.start_node, second)
+            cleared = datetime.now(UTC)
+            row.recover_s = await self.recovered(dep, cleared, lg, window)
+            await asyncio.to_thread(cluster.start_node, first)
+        if not await poll(lambda: dep.all_ready(self.http), p.ready):
+            raise RuntimeError(f"not every process ready after the cluster came back: "
+                               f"{dep.not_ready()}")
 
     async def broker_down(self, dep: Deployment, row: Row) -> None:
         assert self.broker is not None
@@ -903,7 +1113,9 @@ class Chaos:
 
         async def api_says() -> str | None:
             r = await self.http.get(api, timeout=5)
-            message = str(r.json().get("message", "")) if r.status_code == 503 else ""
+            if r.status_code != 503:
+                return None
+            message = str(r.json().get("message", ""))
             return message if expected in message else None
 
         message = await poll(api_says, 30)
@@ -970,8 +1182,15 @@ async def main_async(args: argparse.Namespace) -> int:
     plan = SHORT if args.short else Plan()
     if args.schedules:
         plan = Plan(**{**plan.__dict__, "schedules": args.schedules})
-    chosen = args.scenario or [s for s in SCENARIOS
-                               if args.log == "kafka" or s not in KAFKA_ONLY]
+    if args.brokers == 3:
+        chosen = args.scenario or list(CLUSTER_ONLY)
+    else:
+        chosen = args.scenario or [s for s in SCENARIOS if s not in CLUSTER_ONLY
+                                   and (args.log == "kafka" or s not in KAFKA_ONLY)]
+        if set(chosen) & set(CLUSTER_ONLY):
+            print(f"chaos.py: {', '.join(sorted(set(chosen) & set(CLUSTER_ONLY)))} need a "
+                  "three-broker cluster (--brokers 3)", file=sys.stderr)
+            return 2
     if args.log == "sqlite" and set(chosen) & set(KAFKA_ONLY):
         print(f"chaos.py: {', '.join(sorted(set(chosen) & set(KAFKA_ONLY)))} need a broker "
               "(--log kafka)", file=sys.stderr)
@@ -980,7 +1199,7 @@ async def main_async(args: argparse.Namespace) -> int:
     os.chmod(work, 0o755)  # the embedded PostgreSQL runs as another user when we are root
     say(f"work directory {work}; scenarios {', '.join(chosen)}; "
         f"{plan.schedules} schedules, outages of {plan.down:g}s")
-    chaos = Chaos(plan, work, args.log)
+    chaos = Chaos(plan, work, args.log, args.brokers)
     rows: list[Row] = []
     started = time.monotonic()
     try:
@@ -1009,6 +1228,9 @@ def main() -> int:
                         help="the log of postgres-restart and kill-processes (default kafka; "
                              "sqlite: the embedded log, no broker, without the broker "
                              "scenarios)")
+    parser.add_argument("--brokers", type=int, choices=(1, 3), default=1,
+                        help="Kafka brokers: 1, or a cluster of 3 (replication 3, min ISR 2) "
+                             "whose scenarios are then the default: " + ", ".join(CLUSTER_ONLY))
     parser.add_argument("--schedules", type=int, default=None,
                         help="schedules per scenario (default 200, --short 20)")
     parser.add_argument("--json", default=None, metavar="PATH",

@@ -137,8 +137,12 @@ def _error(exc: BaseException) -> str:
 
 async def log_reachable(log_: Any, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """``None`` when the log answers a bounded request (the end offset of ``commands``
-    partition 0), else why not, starting ``log unreachable``."""
+    partition 0) and has the replicas a write needs (``EventLog.write_quorum``), else why
+    not, starting ``log unreachable``."""
     try:
+        quorum = await asyncio.wait_for(log_.write_quorum(), timeout)
+        if quorum is not None:
+            return f"log unreachable: {quorum}"
         await asyncio.wait_for(log_.end_offset(log_.topics.commands, 0), timeout)
     except asyncio.CancelledError:
         raise

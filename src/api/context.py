@@ -64,6 +64,8 @@ __all__ = [
     "written",
 ]
 
+QUORUM_CHECK_S = 1.0  # how long the API trusts its last look at the log's write quorum
+
 _REPLY_HTTP = {"invalid": 400, "forbidden": 403, "not_found": 404, "conflict": 409,
                "quota": 429, "stale_fence": 409}
 
@@ -85,6 +87,7 @@ class ApiContext:
     limiter: RateLimiter = field(default_factory=RateLimiter)
     query_names: dict[str, frozenset[str]] = field(default_factory=dict)
     _partitions: dict[str, int] = field(default_factory=dict)
+    _quorum: tuple[float, str | None] = (0.0, None)  # (monotonic time asked, answer)
 
     def __post_init__(self) -> None:
         self.log = self.client.log if self.client is not None else None
@@ -158,6 +161,24 @@ class ApiContext:
 
     # ------------------------------------------------------------------ writes
 
+    async def check_writable(self) -> None:
+        """503 at once while the log has too few replicas to accept a write
+        (``EventLog.write_quorum``, asked at most once a second), instead of a command sent
+        into a log that cannot take it and a reply awaited in vain."""
+        if self.log is None:
+            return
+        asked, answer = self._quorum
+        now = time.monotonic()
+        if now - asked >= QUORUM_CHECK_S:
+            try:
+                answer = await asyncio.wait_for(self.log.write_quorum(), 3)
+            except (TimeoutError, LogError):
+                answer = None  # not known: the send itself will tell
+            self._quorum = (now, answer)
+        if answer is not None:
+            raise ApiError(503, f"the log cannot accept writes now: {answer}", None,
+                           headers={"Retry-After": "1"})
+
     def check_job(self, tenant: Tenant, spec: m.ScheduleSpec) -> None:
         """403 when the tenant may not run the job type or use an effect's destination."""
         if tenant.allowed_jobs is not None and spec.job.type not in tenant.allowed_jobs:
@@ -200,6 +221,7 @@ class ApiContext:
             raise ApiError(429, f"tenant '{tenant.name}' sends commands faster than its rate "
                            f"limit ({limit.per_second:g}/s, burst {limit.burst}); retry in "
                            f"{wait}s", None, headers={"Retry-After": str(wait)})
+        await self.check_writable()
         env = client.envelope(tenant.name, schedule_id, payload)
         env = env.model_copy(update={"principal": f"api:{tenant.name}"})
         try:

@@ -336,6 +336,7 @@ class KafkaEventLog:
         self.durability = durability
         self._replication: tuple[int, int] | None = None  # (factor, min ISR), once resolved
         self._brokers: list[int] = []
+        self._broker_addresses: list[tuple[str, int]] = []
         self.bootstrap_servers = bootstrap_servers
         self.client_id = client_id
         self.transaction_timeout_ms = transaction_timeout_ms
@@ -458,6 +459,8 @@ class KafkaEventLog:
             _, admin = self._require()
             cluster = await _retrying(admin.describe_cluster, self._bound_s, "describe_cluster")
             self._brokers = [int(b["node_id"]) for b in cluster["brokers"]]
+            self._broker_addresses = [(str(b["host"]), int(b["port"]))
+                                      for b in cluster["brokers"]]
             self._replication = self.durability.resolve(len(self._brokers))
         return self._replication
 
@@ -502,6 +505,33 @@ class KafkaEventLog:
         raise LogUnsafe("kafka: the cluster cannot keep chronolog's guarantees: "
                         + "; ".join(problems)
                         + " (CHRONOLOG_KAFKA_ALLOW_UNSAFE=1 starts anyway)")
+
+    async def write_quorum(self) -> str | None:
+        """Fewer brokers accept a connection (within 1 s) than the topics' min ISR: every
+        write is refused (NOT_ENOUGH_REPLICAS, or a timeout while the controller quorum is
+        lost too) until enough return. Known once ``ensure_topics`` has seen the cluster."""
+        if self._replication is None or not self._broker_addresses:
+            return None
+        _, isr = self._replication
+        if isr <= 1:
+            return None
+
+        async def answers(host: str, port: int) -> bool:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+            except (OSError, TimeoutError):
+                return False
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return True
+
+        up = sum(await asyncio.gather(*(answers(h, p) for h, p in self._broker_addresses)))
+        if up >= isr:
+            return None
+        return (f"not enough in-sync replicas: {up} of {len(self._broker_addresses)} brokers "
+                f"answer, a write needs {isr} (min ISR); writes are refused until another "
+                "returns")
 
     async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
         n = self._partition_counts.get(topic)

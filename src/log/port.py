@@ -310,6 +310,12 @@ class EventLog(Protocol):
         """The offset after the last committed record (Kafka: the last stable offset)."""
         ...
 
+    async def write_quorum(self) -> str | None:
+        """None when enough of the log's replicas are there to accept a write; else why not
+        (Kafka: fewer brokers answer than the topics' min ISR; the embedded log: always
+        None). Cheap and bounded: readiness probes call it every few seconds."""
+        ...
+
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         """The group's stored next offset for the partition, or None."""
         ...

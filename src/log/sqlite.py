@@ -1279,6 +1279,9 @@ class SqliteEventLog:
         await asyncio.sleep(min(delay, remaining))
         return min(delay * 2, self.poll_max_s)
 
+    async def write_quorum(self) -> str | None:
+        return None  # one file: writable whenever it answers (a full disk is LogFull)
+
     async def end_offset(self, topic: str, partition: int) -> int:
         await self.partitions_for(topic)
 

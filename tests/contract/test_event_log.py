@@ -107,6 +107,12 @@ async def poll_until(
 # --------------------------------------------------------------------------- records
 
 
+async def test_a_log_with_all_its_replicas_reports_no_write_quorum_problem(
+    event_log: EventLog,
+) -> None:
+    assert await event_log.write_quorum() is None
+
+
 async def test_append_then_read_returns_records_in_order_with_offsets_from_zero(
     event_log: EventLog,
 ) -> None:

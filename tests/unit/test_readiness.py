@@ -114,6 +114,9 @@ class _Away:
     class topics:  # the shape of a log's topics
         commands = "c"
 
+    async def write_quorum(self) -> str | None:
+        return None
+
     async def end_offset(self, topic: str, partition: int) -> int:
         raise ConnectionRefusedError(111, "Connect call failed")
 
