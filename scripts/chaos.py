@@ -1,8 +1,8 @@
 """Chaos: the infrastructure fails under steady load, and every guarantee is checked after.
 
     make chaos [ARGS="--short --scenario NAME ..."]
-    python scripts/chaos.py [--short] [--log kafka|sqlite] [--scenario NAME]...
-                            [--schedules N] [--json PATH] [--keep]
+    python scripts/chaos.py [--short] [--log kafka|sqlite] [--brokers 1|3]
+                            [--scenario NAME]... [--schedules N] [--json PATH] [--keep]
 
 On loopback only, with services of its own that it starts and stops by PID — a Kafka broker
 (``scripts/kafka.sh`` with a private ``KAFKA_STATE_DIR``, on 127.0.0.2: see ``Broker``) and
@@ -25,6 +25,23 @@ a bounded window ``start``..``end``) and injects its faults while they run:
   tmpfs of its own; the tmpfs is filled to the last byte for the outage, then the filler is
   deleted (the Kafka deployment is stopped meanwhile: one deployment at a time shares the
   CPU).
+
+``--brokers 3``: the Kafka deployment runs on a private cluster of three brokers
+(``Cluster``: ``kafka.sh up --brokers 3``, replication 3, min ISR 2), and the scenarios are
+those of a cluster:
+
+* ``leader-kill``: kill -9 of the broker leading ``events`` partition 0 (the others carry
+  on; it is started again after the outage);
+* ``coordinator-kill``: kill -9 of the broker coordinating the transactions of partition 0's
+  processor (``FindCoordinator`` for its transactional id), started again after the outage;
+* ``broker-stop-long``: the leader of ``events`` partition 1 stopped (SIGTERM) for longer
+  than the consumer groups' session timeout, then started;
+* ``two-brokers-down``: two brokers killed for the outage — writes must stop, ``/healthz``
+  saying ``not enough in-sync replicas`` — then one started (service resumes), then the
+  other.
+
+In every scenario a ``Prober`` triggers runs through the API while the faults happen; each
+trigger the API acknowledged must be in the log with one result afterwards.
 
 ``--log sqlite`` runs ``postgres-restart`` and ``kill-processes`` on that SQLite deployment
 too, and leaves out the scenarios that need a broker: no JVM to start, which is what lets the

@@ -93,6 +93,7 @@ from aiokafka.errors import (
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
+    InvalidReplicationFactorError,
     InvalidTxnState,
     KafkaError,
     NotCoordinatorError,
@@ -137,6 +138,7 @@ _FATAL_TXN_ERRORS: tuple[type[BaseException], ...] = (
     ProducerFenced,
     OutOfOrderSequenceNumber,
     InvalidProducerEpoch,
+    InvalidReplicationFactorError,
     InvalidProducerIdMapping,
     InvalidTxnState,
     TransactionalIdAuthorizationFailed,
@@ -337,6 +339,7 @@ class KafkaEventLog:
         self._replication: tuple[int, int] | None = None  # (factor, min ISR), once resolved
         self._brokers: list[int] = []
         self._broker_addresses: list[tuple[str, int]] = []
+        self._config_broker = 0  # a broker listed at start, asked for the brokers' settings
         self.bootstrap_servers = bootstrap_servers
         self.client_id = client_id
         self.transaction_timeout_ms = transaction_timeout_ms
@@ -453,29 +456,47 @@ class KafkaEventLog:
         await self._check_durability(list(wanted))
         await self._create_topics(wanted)
 
-    async def _replication_for_cluster(self) -> tuple[int, int]:
-        """(replication factor, min ISR) of the topics this log creates (``Durability``)."""
+    async def _live_brokers(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of the brokers the cluster metadata lists now: the
+        producer's (describe_cluster asks for every topic's metadata too, slow on a cluster of
+        thousands of topics). A broker that is down is not listed."""
+        producer, admin = self._require()
+        known = sorted(producer.client.cluster.brokers(), key=lambda b: b.nodeId)
+        if known:
+            return [(int(b.nodeId), str(b.host), int(b.port)) for b in known]
+        cluster = await _retrying(admin.describe_cluster, self._bound_s, "describe_cluster")
+        return [(int(b["node_id"]), str(b["host"]), int(b["port"])) for b in cluster["brokers"]]
+
+    async def _replication_for_cluster(self, seen: Iterable[int] = ()) -> tuple[int, int]:
+        """(replication factor, min ISR) of the topics this log creates (``Durability``), for
+        the brokers listed now and those ``seen`` holding replicas of existing topics (one
+        down while a process starts does not make the cluster smaller)."""
         if self._replication is None:
-            _, admin = self._require()
-            cluster = await _retrying(admin.describe_cluster, self._bound_s, "describe_cluster")
-            self._brokers = [int(b["node_id"]) for b in cluster["brokers"]]
-            self._broker_addresses = [(str(b["host"]), int(b["port"]))
-                                      for b in cluster["brokers"]]
+            live = await self._live_brokers()
+            self._brokers = sorted({b[0] for b in live} | set(seen))
+            self._config_broker = live[0][0] if live else self._brokers[0]
+            self._broker_addresses = [(host, port) for _, host, port in live]
             self._replication = self.durability.resolve(len(self._brokers))
         return self._replication
 
     async def _check_durability(self, names: list[str]) -> None:
         """``LogUnsafe`` when the cluster cannot keep chronolog's promises (module docstring)."""
         _, admin = self._require()
-        rf, isr = await self._replication_for_cluster()
+        described = await _retrying(lambda: admin.describe_topics(names), self._bound_s,
+                                    "describe_topics")
+        existing = {t["topic"]: t for t in described
+                    if t["error_code"] == 0 and t["partitions"]}  # the others: created next
+        holders = {int(r) for t in existing.values() for p in t["partitions"]
+                   for r in p["replicas"]}
+        rf, isr = await self._replication_for_cluster(holders)
         broker_keys = ("unclean.leader.election.enable",
                        "transaction.state.log.replication.factor",
                        "transaction.state.log.min.isr")
         topic_keys = ("min.insync.replicas", "unclean.leader.election.enable")
-        resources = [ConfigResource(ConfigResourceType.BROKER, str(self._brokers[0]),
+        resources = [ConfigResource(ConfigResourceType.BROKER, str(self._config_broker),
                                     dict.fromkeys(broker_keys))]
         resources += [ConfigResource(ConfigResourceType.TOPIC, n, dict.fromkeys(topic_keys))
-                      for n in names]
+                      for n in existing]
         responses = await _retrying(lambda: admin.describe_configs(resources), self._bound_s,
                                     "describe_configs")
         configs: dict[tuple[int, str], dict[str, str]] = {}
@@ -483,18 +504,14 @@ class KafkaEventLog:
             for res in resp.to_object()["resources"]:
                 configs[(res["resource_type"], res["resource_name"])] = {
                     e["config_names"]: e["config_value"] for e in res["config_entries"]}
-        described = await _retrying(lambda: admin.describe_topics(names), self._bound_s,
-                                    "describe_topics")
         facts: dict[str, TopicFacts] = {}
-        for t in described:
-            if t["error_code"] != 0 or not t["partitions"]:
-                continue  # not created yet: it will be, as the deployment asks
-            cfg = configs.get((int(ConfigResourceType.TOPIC), t["topic"]), {})
-            facts[t["topic"]] = TopicFacts(
-                replicas=min((len(p["replicas"]) for p in t["partitions"]), default=0),
+        for name, t in existing.items():
+            cfg = configs.get((int(ConfigResourceType.TOPIC), name), {})
+            facts[name] = TopicFacts(
+                replicas=min(len(p["replicas"]) for p in t["partitions"]),
                 min_isr=int(cfg.get("min.insync.replicas", "1")),
                 unclean_election=cfg.get("unclean.leader.election.enable") == "true")
-        broker_cfg = configs.get((int(ConfigResourceType.BROKER), str(self._brokers[0])), {})
+        broker_cfg = configs.get((int(ConfigResourceType.BROKER), str(self._config_broker)), {})
         problems = durability_problems(len(self._brokers), rf, isr, broker_cfg, facts)
         if not problems:
             return
@@ -513,6 +530,10 @@ class KafkaEventLog:
         if self._replication is None or not self._broker_addresses:
             return None
         _, isr = self._replication
+        with contextlib.suppress(Exception):  # a broker that joined since: count it too
+            for _, host, port in await self._live_brokers():
+                if (host, port) not in self._broker_addresses:
+                    self._broker_addresses.append((host, port))
         if isr <= 1:
             return None
 
@@ -565,6 +586,10 @@ class KafkaEventLog:
             err = for_code(code)
             if err is TopicAlreadyExistsError:
                 continue
+            if err is InvalidReplicationFactorError and rf <= len(self._brokers):
+                # fewer brokers up than the replication: a broker is away, wait for it
+                raise LogUnavailable(f"kafka: creating topic {name} with replication {rf} "
+                                     "needs that many brokers up")
             raise LogError(f"kafka: creating topic {name} failed: {err.__name__}")
         # Wait until the new topics' metadata has propagated to the broker's cache, so an
         # append right after ensure_topics does not stall on metadata.
@@ -657,6 +682,11 @@ class KafkaEventLog:
                     request_timeout_ms=self.request_timeout_ms,
                     # short long-polls: a seek waits for the in-flight fetch to come back
                     fetch_max_wait_ms=25,
+                    # a partition created a moment ago answers ListOffsets only once its
+                    # leader hosts it (about 0.1-0.5 s here); aiokafka retries after this
+                    # back-off, whose 100 ms default made each ensure_topics of new topics
+                    # wait about 1 s instead of 0.2-0.4 s (reconnections keep their own)
+                    retry_backoff_ms=20,
                     max_partition_fetch_bytes=4 * 1024 * 1024,
                 )
                 await _bounded(consumer.start(), self._bound_s, "reader connect")
