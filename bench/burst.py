@@ -85,12 +85,17 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
                 p.wait(10)
 
 
-def broker_pid(servers: str) -> int | None:
-    port = servers.split(",")[0].rsplit(":", 1)[1]
-    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True,
-                         check=False).stdout
-    found = re.search(r"pid=(\d+)", out)
-    return int(found.group(1)) if found else None
+def broker_pids(servers: str) -> list[int]:
+    """The PIDs listening on the bootstrap servers' ports (every broker of a cluster)."""
+    pids = []
+    for server in servers.split(","):
+        port = server.rsplit(":", 1)[1]
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True,
+                             text=True, check=False).stdout
+        found = re.search(r"pid=(\d+)", out)
+        if found and int(found.group(1)) not in pids:
+            pids.append(int(found.group(1)))
+    return pids
 
 
 async def live_members(cfg: LogConfig, group: str) -> int:
@@ -203,7 +208,7 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
                               if args.prefetch is not None else []),
                             "--results", str(run_dir / "results")],
                            run_dir / f"worker{i}.log", env))
-    kpid = broker_pid(cfg.target) if cfg.kind == "kafka" else None
+    kpids = broker_pids(cfg.target) if cfg.kind == "kafka" else []
     client = Client(lg, reply_timeout=120)
     await client.start()
     res: dict[str, Any] = {"system": f"chronolog-{args.log}"}
@@ -221,8 +226,8 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
             out = {"client": own.user + own.system,
                    "processor": B.cpu_seconds([procs[0].pid]),
                    "workers": B.cpu_seconds([p.pid for p in procs[1:]])}
-            if kpid:
-                out["broker"] = B.cpu_seconds([kpid])
+            if kpids:
+                out["broker"] = B.cpu_seconds(kpids)  # every broker of the cluster
             return out
 
         await (sustained if args.sustained else burst)(args, run_dir, client, lg, cpu, procs, res)

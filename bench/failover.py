@@ -46,6 +46,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import psutil
 import structlog
 
 from chronolog.domain import codec
@@ -303,6 +304,13 @@ async def child(job: dict[str, Any]) -> None:
             if replied is not None and fired:
                 break
             await asyncio.sleep(0.002)
+        # resident memory once every filled partition is restored (the process's peak is
+        # the same or higher: the restore's buffers are freed by then)
+        filled_done = lambda: all(any(t.partition == q for t in proc.takeovers)  # noqa: E731
+                                  for q in job["filled"])
+        while time.monotonic() < deadline and not task.done() and not filled_done():
+            await asyncio.sleep(0.05)
+        run.extra["rss_mib"] = round(psutil.Process().memory_info().rss / 2**20, 1)
     finally:
         proc.stop()
         await asyncio.wait_for(task, 120)
@@ -351,7 +359,7 @@ async def prepare_snapshot(lg: Any, sids: dict[int, list[str]], timeout: float) 
 
 
 COLUMNS = ("schedules", "events", "mode", "restore_s", "reply_s", "fire_s", "all_s",
-           "state_recs", "tail_evts")
+           "state_recs", "tail_evts", "rss_mib")
 
 
 def header() -> str:
@@ -364,7 +372,8 @@ def _f(v: float | None) -> str:
 
 def row(n: int, events: int, label: str, r: Run) -> str:
     cells = [f"{n:,}", f"{events:,}", label, _f(r.restore), _f(r.reply), _f(r.fire),
-             _f(r.all_restored), f"{r.state_records:,}", f"{r.tail_events:,}"]
+             _f(r.all_restored), f"{r.state_records:,}", f"{r.tail_events:,}",
+             str(r.extra.get("rss_mib", "-"))]
     note = ""
     if r.mode == "snapshot" and not r.from_snapshot:
         note = f"  (NOT from a snapshot: {r.rejected or 'none found'})"
@@ -387,6 +396,9 @@ def median_run(runs: list[Run]) -> Run:
     out.state_records = int(statistics.median([r.state_records for r in runs]))
     out.tail_events = int(statistics.median([r.tail_events for r in runs]))
     out.rejected = next((r.rejected for r in runs if r.rejected), None)
+    rss = [r.extra["rss_mib"] for r in runs if "rss_mib" in r.extra]
+    if rss:
+        out.extra["rss_mib"] = statistics.median(rss)
     return out
 
 
