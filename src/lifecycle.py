@@ -7,6 +7,9 @@ log's ``LogUnavailable`` — a full disk's ``LogFull`` too); any other failure e
 process resumes by itself when the service returns. ``serve_log(log, run, stop)`` (the
 processor, the effect runner) starts the log and runs the service that way, pauses up to
 ``SERVE_RETRY_MAX_S``: a process started while its log is away waits for it.
+``connect_when_up(connect, what)`` does the same for a connection made once at start (the
+projector's and the API's read model): a process started while PostgreSQL is away waits for
+it, and a signal meanwhile stops it (None).
 
 Stopping on SIGTERM or SIGINT within a bound, whatever its services do:
 
@@ -30,7 +33,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -41,6 +44,8 @@ HARD_STOP_S = 8.0  # after the signal: exit, whatever is still running
 SERVE_RETRY_MAX_S = 5.0  # serve_log: the longest pause between tries while the log is away
 
 log = structlog.get_logger("chronolog.lifecycle")
+
+T = TypeVar("T")
 
 
 def hard_stop_after(seconds: float) -> None:
@@ -128,6 +133,24 @@ async def serve_log(log_: Any, run: Callable[[], Coroutine[Any, Any, Any]],
     return await run_until_signalled(main(), on_signal)
 
 
+async def connect_when_up(connect: Callable[[], Coroutine[Any, Any, T]], what: str,
+                          on_unavailable: Callable[[BaseException], object] | None = None,
+                          ) -> T | None:
+    """``connect()``'s result once the service answers: tried again (pauses from 0.5 s up to
+    ``SERVE_RETRY_MAX_S``, ``on_unavailable(exc)`` each time) while it fails as unavailable;
+    any other failure (a wrong password, no such database) is raised. None when SIGTERM or
+    SIGINT comes first (the caller exits cleanly)."""
+    stopped = asyncio.Event()
+    got: list[T] = []
+
+    async def attempt() -> None:
+        got.append(await connect())
+
+    await run_until_signalled(keep_running(attempt, stopped, what, max_delay=SERVE_RETRY_MAX_S,
+                                           on_unavailable=on_unavailable), stopped.set)
+    return got[0] if got else None
+
+
 def _cancel(task: asyncio.Future[Any]) -> None:
     if not task.done():
         log.warning("stop_overdue", grace_s=STOP_GRACE_S)
@@ -150,7 +173,7 @@ def unavailable(exc: BaseException) -> bool:
 
 async def keep_running(run: Callable[[], Coroutine[Any, Any, Any]], stopped: asyncio.Event,
                        what: str, first_delay: float = 0.5, max_delay: float = 30.0,
-                       on_unavailable: Callable[[BaseException], None] | None = None) -> None:
+                       on_unavailable: Callable[[BaseException], object] | None = None) -> None:
     """``run()`` until it returns or ``stopped`` is set; again after a pause whenever it
     fails with a service unavailable (see the module docstring), after calling
     ``on_unavailable(exc)`` (readiness)."""

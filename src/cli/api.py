@@ -84,17 +84,23 @@ async def serve(args: Any, tenants: Any) -> int:
     from chronolog.api.routes.ops import unavailable_services
     from chronolog.cli.errors import UsageError
     from chronolog.client import Client
-    from chronolog.lifecycle import HARD_STOP_S, hard_stop_after
+    from chronolog.lifecycle import HARD_STOP_S, connect_when_up, hard_stop_after
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
     from chronolog.readiness import Readiness, probing, ready_file
 
     log_ = log_from_args(args)
+    readiness = Readiness("api", ready_file(args.ready_file))
     async with database(args) as dsn:
-        try:
-            store = await PostgresProjectionStore.connect(dsn, max_size=10)
-        except Exception as exc:  # noqa: BLE001 - any connect failure is a usage error
+        try:  # started while PostgreSQL is away: wait for it
+            store = await connect_when_up(
+                lambda: PostgresProjectionStore.connect(dsn, max_size=10), "api",
+                lambda exc: readiness.set(False, f"read model unreachable: {exc}"[:300]))
+        except Exception as exc:  # noqa: BLE001 - refused for good: a usage error
             raise UsageError(f"cannot connect to database-url: {exc}") from None
+        if store is None:  # stopped while waiting
+            readiness.set(False, "stopped")
+            return 0
         client: Client | None = None
         projector: Projector | None = None
         task: asyncio.Task[None] | None = None
@@ -129,7 +135,7 @@ async def serve(args: Any, tenants: Any) -> int:
                 away = await unavailable_services(app.state.chronolog)
                 return (False, "; ".join(away)) if away else (True, "serving")
 
-            async with probing(Readiness("api", ready_file(args.ready_file)), probe):
+            async with probing(readiness, probe):
                 await server.serve()
         finally:
             if projector is not None and task is not None:

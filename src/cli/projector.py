@@ -59,7 +59,12 @@ def _run(args: Any) -> int:
 
 
 async def run_projector(args: Any) -> int:
-    from chronolog.lifecycle import SERVE_RETRY_MAX_S, keep_running, run_until_signalled
+    from chronolog.lifecycle import (
+        SERVE_RETRY_MAX_S,
+        connect_when_up,
+        keep_running,
+        run_until_signalled,
+    )
     from chronolog.projections.projector import Projector
     from chronolog.projections.store import PostgresProjectionStore
     from chronolog.readiness import (
@@ -71,11 +76,17 @@ async def run_projector(args: Any) -> int:
     )
 
     log_ = log_from_args(args)
+    readiness = Readiness("projector", ready_file(args.ready_file))
     async with database(args) as dsn:
-        try:
-            store = await PostgresProjectionStore.connect(dsn)
-        except (OSError, Exception) as exc:  # noqa: BLE001 - any connect failure is usage
+        try:  # started while PostgreSQL is away: wait for it
+            store = await connect_when_up(
+                lambda: PostgresProjectionStore.connect(dsn), "projector",
+                lambda exc: readiness.set(False, f"read model unreachable: {exc}"[:300]))
+        except Exception as exc:  # noqa: BLE001 - refused for good: a usage error
             raise _usage(f"cannot connect to database-url: {exc}") from None
+        if store is None:  # stopped while waiting
+            readiness.set(False, "stopped")
+            return 0
         try:
             await store.migrate()
             await log_.start()
@@ -115,7 +126,7 @@ async def run_projector(args: Any) -> int:
                 return True, f"projecting, {lag} events behind the log"
 
             # a database or log outage: run again from the offsets stored, once it is back
-            async with probing(Readiness("projector", ready_file(args.ready_file)), probe):
+            async with probing(readiness, probe):
                 status = await run_until_signalled(
                     keep_running(run, stopped, "projector", max_delay=SERVE_RETRY_MAX_S,
                                  on_unavailable=failed), stop)

@@ -306,3 +306,28 @@ async def test_sigterm_stops_the_api_within_its_bound_while_the_read_model_is_aw
     api.proc.send_signal(signal.SIGTERM)
     status = await asyncio.to_thread(api.proc.wait, STOP_BOUND_S)
     assert status in (0, 1), api.tail()
+
+
+@pytest.mark.postgres
+async def test_the_api_and_projector_started_while_the_read_model_is_away_wait_for_it(
+    own_postgres: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    dsn = await asyncio.to_thread(own_postgres.start)
+    await asyncio.to_thread(own_postgres.stop)
+    node = SqliteNode(tmp_path, dsn)  # its processes start now, the database away
+    try:
+        for name in ("projector", "api"):
+            why = await wait_until(lambda name=name: node.services[name].not_ready(), 60,
+                                   what=f"the {name} not ready")
+            assert why is not None and why.startswith("read model unreachable"), why
+        await asyncio.sleep(OUTAGE_S)  # the outage itself: a duration, nothing to wait for
+        for name, s in node.services.items():
+            assert s.alive(), f"{name} exited while the database was away:\n{s.tail()}"
+            assert s.lines() < MAX_OUTAGE_LINES, (name, s.tail())
+        await asyncio.to_thread(own_postgres.start)  # the same data, the same port
+        await node.ready()
+        r = await node.http.post("/v1/schedules", timeout=30, json={
+            "scheduleId": "late", "every": "1s", "job": {"type": "noop", "params": {}}})
+        assert r.status_code == 201, r.text
+    finally:
+        await node.close()
