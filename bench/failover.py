@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -127,31 +128,27 @@ def _event(cid: str, i: int, sid: str, at: datetime, payload: dict[str, Any]) ->
                          "at": at, "causation_id": cid, "payload": payload}, option=_OPTS)
 
 
-def history(sids: list[str], events: int, now: datetime) -> tuple[list[list[bytes]], int]:
-    """The encoded events of ``sids`` (about ``events`` in all), in append order, in chunks:
-    the creates, then rounds of one run per schedule (materialized, fence, claimed,
-    result), an hour apart, ending before ``now``; each schedule's next instant is after
-    ``now`` (nothing is due at a takeover but what the bench plans)."""
+def history_size(n: int, events: int) -> int:
+    """How many events ``history`` writes for ``n`` schedules and about ``events``."""
+    return n + 4 * n * max(0, (events - n) // (4 * n))
+
+
+def _events(sids: list[str], events: int, now: datetime) -> Iterator[bytes]:
+    """The encoded events of ``sids`` (``history_size`` in all), in append order: the creates,
+    then rounds of one run per schedule (materialized, fence, claimed, result), an hour
+    apart, ending before ``now``; each schedule's next instant is after ``now`` (nothing is
+    due at a takeover but what the bench plans)."""
     n = len(sids)
     rounds = max(0, (events - n) // (4 * n))
     anchor = (now.replace(minute=0, second=0, microsecond=0)
               - timedelta(seconds=EVERY_S * (rounds - 1)))
-    chunks: list[list[bytes]] = []
-    chunk: list[bytes] = []
-
-    def put(value: bytes) -> None:
-        nonlocal chunk
-        chunk.append(value)
-        if len(chunk) >= APPEND_CHUNK:
-            chunks.append(chunk)
-            chunk = []
 
     first_run = anchor if rounds else anchor + timedelta(seconds=EVERY_S)
     for i, sid in enumerate(sids):
-        put(_event(f"create-{sid}", 0, sid, anchor, {
+        yield _event(f"create-{sid}", 0, sid, anchor, {
             "type": "ScheduleCreated", "revision": 1, "spec": _spec(i), "request_key": None,
             "created_at": anchor, "anchor": anchor, "next_run_at": first_run,
-            "next_due_at": first_run}))
+            "next_due_at": first_run})
     for k in range(rounds):
         instant = anchor + timedelta(seconds=EVERY_S * k)
         nxt = instant + timedelta(seconds=EVERY_S)
@@ -160,27 +157,37 @@ def history(sids: list[str], events: int, now: datetime) -> tuple[list[list[byte
             run_id = run_id_for(TENANT, sid, instant)
             job = {"type": "noop", "params": {"customer": i}, "timeout": None}
             tick = f"tick:{sid}:{k}"
-            put(_event(tick, 0, sid, instant, {
+            yield _event(tick, 0, sid, instant, {
                 "type": "OccurrenceMaterialized", "run_id": run_id, "scheduled_at": instant,
                 "due_at": instant, "revision": 1, "job": job, "trigger": "schedule",
                 "request_key": None, "request_digest": None, "state": "READY",
                 "start_deadline_at": None, "resource_class": "default", "priority": 0,
                 "sequence": k + 1, "next_run_at": nxt, "next_due_at": nxt,
-                "advances_schedule": True}))
+                "advances_schedule": True})
             claim = f"assign:{sid}:{k}"
-            put(_event(claim, 0, sid, claimed, {
-                "type": "FenceAdvanced", "fence": k + 1, "run_id": run_id, "reason": "claim"}))
-            put(_event(claim, 1, sid, claimed, {
+            yield _event(claim, 0, sid, claimed, {
+                "type": "FenceAdvanced", "fence": k + 1, "run_id": run_id, "reason": "claim"})
+            yield _event(claim, 1, sid, claimed, {
                 "type": "AttemptClaimed", "run_id": run_id, "attempt": 1, "fence": k + 1,
                 "worker_id": "bench-worker", "claimed_at": claimed,
-                "lease_until": claimed + timedelta(seconds=30)}))
-            put(_event(f"done:{sid}:{k}", 0, sid, claimed + timedelta(seconds=1), {
+                "lease_until": claimed + timedelta(seconds=30)})
+            yield _event(f"done:{sid}:{k}", 0, sid, claimed + timedelta(seconds=1), {
                 "type": "ResultPublished", "run_id": run_id, "attempt": 1, "fence": k + 1,
                 "worker_id": "bench-worker", "checksum": "sha256:00", "size": 2, "uri": None,
-                "inline": {"ok": True}, "finished_at": claimed + timedelta(seconds=1)}))
+                "inline": {"ok": True}, "finished_at": claimed + timedelta(seconds=1)})
+
+
+def history(sids: list[str], events: int, now: datetime) -> Iterator[list[bytes]]:
+    """``_events`` in chunks of ``APPEND_CHUNK``, made as they are appended (10 million
+    events do not fit in memory at once)."""
+    chunk: list[bytes] = []
+    for value in _events(sids, events, now):
+        chunk.append(value)
+        if len(chunk) >= APPEND_CHUNK:
+            yield chunk
+            chunk = []
     if chunk:
-        chunks.append(chunk)
-    return chunks, n + 4 * n * rounds
+        yield chunk
 
 
 async def build(args: argparse.Namespace, n: int, events: int) -> tuple[Any, dict[int, list[str]],
@@ -196,10 +203,9 @@ async def build(args: argparse.Namespace, n: int, events: int) -> tuple[Any, dic
     t = lg.topics
     for p in range(args.fill):
         sids[p] = schedule_ids(args.partitions, p, n)
-        chunks, count = history(sids[p], events, now)
-        for chunk in chunks:
+        for chunk in history(sids[p], events, now):
             await lg.append([OutRecord(t.events, None, v, partition=p) for v in chunk])
-        written += count
+        written += history_size(n, events)
     await lg.close()
     if args.log == "sqlite":
         lg = make_log("sqlite", args.partitions, "FULL", str(lg.path), t.prefix)
