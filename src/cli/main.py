@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.cli.effects",
     "chronolog.cli.schedules",
     "chronolog.cli.dlq",
+    "chronolog.cli.rules",
 )
 
 

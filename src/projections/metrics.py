@@ -114,6 +114,17 @@ def _projector_families(stats: Any) -> Iterator[Metric]:
     yield GaugeMetricFamily("chronolog_projection_lag_seconds",
                             "Delay of the last commit behind the oldest record's append time",
                             value=stats.last_delay_s)
+    in_use = stats.rules_in_use()
+    r = GaugeMetricFamily("chronolog_processor_rules",
+                          "Partitions whose newest event was computed with this recurrence "
+                          "engine and tz database", labels=["engine", "tzdata"])
+    for rv, parts in sorted(in_use.items(), key=lambda kv: kv[0].label):
+        r.add_metric([rv.engine, rv.tzdata], len(parts))
+    yield r
+    yield GaugeMetricFamily("chronolog_processor_rules_mismatch",
+                            "1 when the processors of this deployment compute instants with "
+                            "different recurrence engines or tz databases",
+                            value=1 if len(in_use) > 1 else 0)
 
 
 def _projector_dead_letters(counts: Any) -> Iterator[Metric]:
