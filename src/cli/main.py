@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.cli.schedules",
     "chronolog.cli.dlq",
     "chronolog.cli.rules",
+    "chronolog.cli.backup",
 )
 
 
