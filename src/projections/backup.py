@@ -10,6 +10,7 @@ table in one transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import asyncpg
 
 from chronolog.projections.store import PostgresProjectionStore
 
-__all__ = ["BackupMismatch", "dump", "emptiness", "load"]
+__all__ = ["BackupMismatch", "dump", "emptiness", "load", "renumber_offsets"]
 
 _TABLES = ("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
            "ORDER BY tablename")
@@ -84,3 +85,25 @@ async def load(pool: asyncpg.Pool, folder: Path, manifest: dict[str, Any]) -> di
                                          format="binary")
                 loaded[name] = int(rows)
     return loaded
+
+
+async def renumber_offsets(
+    pool: asyncpg.Pool, renumber: Callable[[str, int, int], tuple[str, int] | None]
+) -> int:
+    """Rewrite the stored projection offsets of a restored read model whose log was
+    renumbered: ``renumber(topic, partition, next_offset)`` -> ``(topic, next_offset)`` (None:
+    keep the row). Returns the rows rewritten."""
+    n = 0
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch("SELECT projection, topic, partition, next_offset "
+                                "FROM projection_offsets")
+        for row in rows:
+            moved = renumber(row["topic"], row["partition"], row["next_offset"])
+            if moved is None:
+                continue
+            await conn.execute(
+                "UPDATE projection_offsets SET topic = $5, next_offset = $6 "
+                "WHERE projection = $1 AND topic = $2 AND partition = $3 AND next_offset = $4",
+                row["projection"], row["topic"], row["partition"], row["next_offset"], *moved)
+            n += 1
+    return n

@@ -138,8 +138,14 @@ def test_backup_and_restore_round_trip_every_part(deployment: dict[str, object])
 
 
 def test_bad_input_exits_2_with_one_line(deployment: dict[str, object], tmp_path: Path) -> None:
-    kafka = _cli("backup", str(tmp_path / "b1"), "--log", "kafka://127.0.0.1:1")
-    assert kafka.returncode == 2 and "support the SQLite log" in kafka.stderr
+    root = deployment["root"]
+    assert isinstance(root, Path)
+    b = _cli("backup", str(root / "bk"), "--log", f"sqlite://{deployment['log']}",
+             "--database-url", str(deployment["src"]))
+    assert b.returncode == 0, b.stderr
+    kafka = _cli("restore", str(root / "bk"), "--log", "kafka://127.0.0.1:1",
+                 "--database-url", str(deployment["dst"]))
+    assert kafka.returncode == 2 and "a backup of an SQLite log" in kafka.stderr
     missing = _cli("backup", str(tmp_path / "b2"), "--log", f"sqlite://{tmp_path / 'no.db'}")
     assert missing.returncode == 2 and "no such file" in missing.stderr
     (tmp_path / "b3").mkdir()
