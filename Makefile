@@ -32,9 +32,10 @@ install: $(RUNTIME)
 test: $(RUNTIME) $(TESTING)
 	$(BIN)/python scripts/with_services.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## only the pure tests (no services)
+## only the pure tests (no services; promtool is installed if missing: scripts/with_services.py)
 test-unit: $(RUNTIME) $(TESTING)
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python scripts/with_services.py --no-kafka --no-postgres -- \
+		$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 schemas: $(RUNTIME)
 	$(BIN)/python -m chronolog.schemagen schemas

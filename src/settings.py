@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 from chronolog.domain.limits import MAX_BODY_BYTES
+from chronolog.domain.recurrence import ENGINE_VERSION
+from chronolog.environment import tzdata_in_use
 from chronolog.log.durability import SAFE_DEFAULT, Durability
 from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.port import EventLog, Topics
@@ -153,3 +155,37 @@ def open_log(cfg: LogConfig) -> EventLog:
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
     return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability)
+
+
+# The header a processor puts on each event it writes, next to ``processor`` and ``epoch``:
+# the recurrence engine and the tz database its instants were computed with.
+RULES_HEADER = "rules"
+
+
+@dataclass(frozen=True)
+class RulesVersion:
+    """The recurrence engine and tz database a process computes instants with."""
+
+    engine: str
+    tzdata: str
+    tzdata_source: str = field(default="", compare=False)  # where zoneinfo read it
+
+    @property
+    def label(self) -> str:
+        """``engine=recurrence/1;tzdata=2025b`` (the value of the ``rules`` header)."""
+        return f"engine={self.engine};tzdata={self.tzdata}"
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> RulesVersion | None:
+        """A ``rules`` header value back (None when it is not one)."""
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        parts = dict(p.partition("=")[::2] for p in text.split(";") if "=" in p)
+        if "engine" not in parts or "tzdata" not in parts:
+            return None
+        return cls(parts["engine"], parts["tzdata"])
+
+
+def installed_rules() -> RulesVersion:
+    """The engine of this installation and the tz database ``zoneinfo`` reads now."""
+    version, source = tzdata_in_use()
+    return RulesVersion(ENGINE_VERSION, version, source)

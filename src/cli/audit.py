@@ -37,6 +37,7 @@ from chronolog.cli.log_reader import (
 from chronolog.domain.codec import DecodeError, decode_event
 from chronolog.log.port import EventLog
 from chronolog.projections.audit import Auditor, AuditReport
+from chronolog.settings import RULES_HEADER
 
 
 def register(subparsers: Any) -> None:
@@ -61,8 +62,11 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None) -> AuditRepor
     auditor = auditor or Auditor()
     topic = log.topics.events
     partitions = await event_partitions(log)
+    newest: dict[int, tuple[str, str]] = {}  # partition -> (rules, processor) of its last event
     for p in range(partitions):
         async for records in read_partition(log, topic, p):
+            if records:
+                newest[p] = _writer(records[-1].headers) or newest.get(p, ("", ""))
             for rec in records:
                 try:
                     env = decode_event(rec.value)
@@ -70,7 +74,38 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None) -> AuditRepor
                     auditor.undecodable(rec.partition, rec.offset, str(exc))
                     continue
                 auditor.feed(env, rec.partition, rec.offset)
-    return auditor.finish()
+    report = auditor.finish()
+    note = rules_mismatch_note(newest)
+    if note:
+        report.notes.append(note)
+    return report
+
+
+def _writer(headers: tuple[tuple[str, bytes], ...]) -> tuple[str, str] | None:
+    found = dict(headers)
+    rules = found.get(RULES_HEADER)
+    if rules is None:
+        return None
+    return (rules.decode("utf-8", "replace"),
+            found.get("processor", b"?").decode("utf-8", "replace"))
+
+
+def rules_mismatch_note(newest: dict[int, tuple[str, str]]) -> str | None:
+    """A note when the newest events of the partitions name different recurrence engines or
+    tz databases (processors of one deployment computing instants differently)."""
+    by_rules: dict[str, list[tuple[int, str]]] = {}
+    for p, (rules, processor) in sorted(newest.items()):
+        if rules:
+            by_rules.setdefault(rules, []).append((p, processor))
+    if len(by_rules) < 2:
+        return None
+    parts = []
+    for rules, where in sorted(by_rules.items()):
+        procs = ", ".join(sorted({proc for _, proc in where}))
+        parts.append(f"{rules} on partitions {','.join(str(p) for p, _ in where)} "
+                     f"(processor {procs})")
+    return ("processors disagree on the rules engine / tz database: " + "; ".join(parts) +
+            " (compare their instants with 'chronolog rules diff')")
 
 
 async def _run(args: argparse.Namespace) -> AuditReport:

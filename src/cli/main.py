@@ -35,6 +35,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.cli.effects",
     "chronolog.cli.schedules",
     "chronolog.cli.dlq",
+    "chronolog.cli.rules",
+    "chronolog.cli.backup",
 )
 
 

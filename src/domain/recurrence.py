@@ -83,6 +83,10 @@ _ONE_DAY = timedelta(days=1)
 _UNIX_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _SEARCH_YEARS = 100  # a satisfiable cron matches within 28 years; beyond this: exhausted
 
+# The recurrence engine's version: raised whenever a change of this module can move an
+# instant of some rule (``chronolog rules snapshot`` / ``diff`` record and compare it).
+ENGINE_VERSION = "recurrence/1"
+
 DST_AMBIGUOUS_CHOICES = ("first", "second", "both")
 DST_NONEXISTENT_CHOICES = ("shift_forward", "skip")
 

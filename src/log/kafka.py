@@ -82,7 +82,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -867,6 +867,39 @@ class KafkaEventLog:
             fetch, self._bound_s, f"fetching offsets of group {group!r}"
         )
         return out
+
+    async def prefixed_topics(self) -> dict[str, int]:
+        """Every topic under this log's prefix, with its partition count (a backup)."""
+        _, admin = self._require()
+        names = await _retrying(admin.list_topics, self._bound_s, "list_topics")
+        mine = sorted(n for n in names if n.startswith(self.topics.prefix))
+        return {n: await self.partitions_for(n) for n in mine}
+
+    async def prefixed_groups(self) -> list[str]:
+        """The consumer groups under this log's prefix (processors, effect runners, workers)."""
+        _, admin = self._require()
+        groups = await _retrying(admin.list_consumer_groups, self._bound_s,
+                                 "list_consumer_groups")
+        return sorted(g[0] for g in groups if str(g[0]).startswith(self.topics.prefix))
+
+    async def set_committed(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Store ``group``'s next offsets without joining it (a restore, while no member of
+        the group runs): a consumer with a manual assignment commits them."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=group,
+                                    enable_auto_commit=False,
+                                    client_id=f"{self.client_id}-restore",
+                                    request_timeout_ms=self.request_timeout_ms)
+        try:
+            await _bounded(consumer.start(), self._bound_s, "restore consumer connect")
+            tps = {TopicPartition(t, p): OffsetAndMetadata(o, "")
+                   for (t, p), o in offsets.items()}
+            consumer.assign(list(tps))
+            await _bounded(consumer.commit(tps), self._bound_s, f"commit of group {group!r}")
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: storing offsets of group {group!r}: {exc!r}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), 10)
 
     # ------------------------------------------------------------------ ownership
 

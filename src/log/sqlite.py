@@ -1379,3 +1379,57 @@ class SqliteEventLog:
                                        wake_on)
         self._consumers.add(consumer)
         return consumer
+
+
+# --------------------------------------------------------------------------- backup
+
+
+def backup_file(source: str | Path, target: str | Path) -> dict[str, int]:
+    """Copy the log file ``source`` to ``target`` with SQLite's online backup API: a
+    consistent copy of every table (records, compacted topics, group offsets, owner epochs)
+    as of one moment, taken while processes write. Returns the copy's ``record_counts``."""
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    try:
+        dst = sqlite3.connect(str(target))
+        try:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    return record_counts(target)
+
+
+def restore_file(backup: str | Path, target: str | Path) -> None:
+    """Write the backed-up log file over ``target`` (the backup API again, so a target
+    opened in WAL mode is replaced whole) and drop the old deployment's group members: no
+    process of it is a member of the restored log."""
+    src = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
+    try:
+        dst = sqlite3.connect(str(target))
+        try:
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=WAL")
+            dst.execute("DELETE FROM members")
+            dst.commit()
+        finally:
+            dst.close()
+    finally:
+        src.close()
+
+
+def record_counts(path: str | Path) -> dict[str, int]:
+    """``topic -> records`` of a log file (compacted topics: the records kept); an empty
+    dict for a file without chronolog's tables."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        out: dict[str, int] = {}
+        for table in ("records", "compacted"):
+            if table in tables:
+                for topic, n in conn.execute(f"SELECT topic, count(*) FROM {table} GROUP BY 1"):
+                    out[topic] = out.get(topic, 0) + n
+        return out
+    finally:
+        conn.close()

@@ -110,6 +110,7 @@ from chronolog.processors.snapshots import (
     SnapshotWriter,
     decode_snapshot_async,
 )
+from chronolog.settings import RULES_HEADER, RulesVersion, installed_rules
 
 log = structlog.get_logger("chronolog.processor")
 
@@ -195,6 +196,9 @@ class ProcessorConfig:
     snapshot_events: int = 100_000
     snapshot_chunk: int = 256  # states encoded per batch (one chunk per transaction)
     state_read_batch: int = 10_000  # records per read of the state topic at takeover
+    # the recurrence engine and tz database named in the ``rules`` header of every event
+    # this processor writes (None: the installed ones, ``installed_rules()``)
+    rules: RulesVersion | None = None
 
 
 @dataclass
@@ -309,6 +313,7 @@ class Processor:
         self.tenants = tenants or OpenTenants()
         self.config = config or ProcessorConfig()
         self.clock = clock
+        self.rules = self.config.rules or installed_rules()
         self._snapshots: bool | None = None  # the state topic is usable (checked once)
         self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
@@ -785,8 +790,8 @@ class Processor:
             except Exception:
                 log.exception("snapshot_encode_failed", partition=ps.partition)
         out = _Output(self.topics, ps.partition, (
-            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode())),
-            snap, chunk)
+            ("processor", self.member_id.encode()), ("epoch", str(ps.owner.epoch).encode()),
+            (RULES_HEADER, self.rules.label.encode())), snap, chunk)
         consumed: dict[tuple[str, int], int] = {}
         for rec in batch:
             self._handle(ps, rec, now, out)

@@ -23,10 +23,22 @@ The families:
   ``chronolog_workers_live`` (gauge; resource_class): live workers per class;
 * ``chronolog_expired_leases`` (gauge): open attempts whose lease ended (database clock) and
   that the processor has not expired yet;
+* ``chronolog_leases_expired_total`` (counter; tenant, resource_class, job_type): attempts
+  the processor expired (LeaseExpired) — take ``rate()`` of it;
+* ``chronolog_completions_rejected_total`` (counter; tenant, resource_class, job_type,
+  reason): completions the processor rejected (CompletionRejected: ``stale_fence``,
+  ``lease_expired``, ``not_leased``, ``checksum_conflict``), from the read model's counters;
+* ``chronolog_effects_finished_total`` (counter; tenant, resource_class, job_type, outcome):
+  effect outcomes — ``succeeded``, ``failed`` (a publication that failed for good),
+  ``uncertain`` (delivery unknown: the run waits in RECONCILING);
 * ``chronolog_fence_rejections_total`` (counter; reason): CompletionRejected events applied
   by *this process's* projector (the event changes no read-model row, so only a projector
   sees it: the API exposes it when it runs the projector in-process, ``chronolog projector
   --metrics-port`` always);
+* ``chronolog_processor_rules`` (gauge; engine, tzdata): partitions whose newest event (as
+  *this process's* projector saw it) was written by a processor computing with that
+  recurrence engine and tz database (the events' ``rules`` header);
+  ``chronolog_processor_rules_mismatch`` (gauge): 1 when there are several;
 * ``chronolog_projection_lag_events`` (gauge; partition): records between the projection's
   stored offsets and the log's end (on Kafka a commit marker counts as one);
 * ``chronolog_projection_lag_seconds`` (gauge): with an in-process projector, its last
@@ -65,7 +77,7 @@ from prometheus_client.registry import Collector
 from chronolog.domain import codec
 from chronolog.log.port import EventLog
 from chronolog.log.reading import read_partition
-from chronolog.projections.store import LATENESS_BUCKETS, bucket_label
+from chronolog.projections.store import EVENT_COUNTERS, LATENESS_BUCKETS, bucket_label
 from chronolog.projections.workers import live_served, live_workers_per_class
 
 __all__ = ["LATENESS_BUCKETS", "MetricsSource", "ProjectorCollector", "Snapshot", "render"]
@@ -80,11 +92,15 @@ class Snapshot:
     # (tenant, resource class, job type, outcome | reason, count)
     finished: list[tuple[str, str, str, str, int]] = field(default_factory=list)
     skipped: list[tuple[str, str, str, str, int]] = field(default_factory=list)
+    # EVENT_COUNTERS kind -> [(tenant, resource class, job type, label, count)]
+    events: dict[str, list[tuple[str, str, str, str, int]]] = field(default_factory=dict)
     oldest_due: dict[str, float] = field(default_factory=dict)
     waiting_without_worker: list[tuple[str, str, int]] = field(default_factory=list)
     workers_live: dict[str, int] = field(default_factory=dict)
     expired_leases: int = 0
     fence_rejections: dict[str, int] | None = None  # None: no projector in this process
+    # RulesVersion -> partitions whose newest event names it (None: no projector here)
+    rules: dict[Any, list[int]] | None = None
     lag_events: dict[int, int] = field(default_factory=dict)
     lag_seconds: float = 0.0
     commands_total: int = 0
@@ -114,6 +130,20 @@ def _projector_families(stats: Any) -> Iterator[Metric]:
     yield GaugeMetricFamily("chronolog_projection_lag_seconds",
                             "Delay of the last commit behind the oldest record's append time",
                             value=stats.last_delay_s)
+    yield from _rules_families(stats.rules_in_use())
+
+
+def _rules_families(in_use: dict[Any, list[int]]) -> Iterator[Metric]:
+    r = GaugeMetricFamily("chronolog_processor_rules",
+                          "Partitions whose newest event was computed with this recurrence "
+                          "engine and tz database", labels=["engine", "tzdata"])
+    for rv, parts in sorted(in_use.items(), key=lambda kv: kv[0].label):
+        r.add_metric([rv.engine, rv.tzdata], len(parts))
+    yield r
+    yield GaugeMetricFamily("chronolog_processor_rules_mismatch",
+                            "1 when the processors of this deployment compute instants with "
+                            "different recurrence engines or tz databases",
+                            value=1 if len(in_use) > 1 else 0)
 
 
 def _projector_dead_letters(counts: Any) -> Iterator[Metric]:
@@ -206,6 +236,7 @@ class MetricsSource:
         if self.projector is not None:
             st = self.projector.stats
             s.fence_rejections = dict(st.completion_rejections)
+            s.rules = st.rules_in_use()
             s.lag_seconds = st.last_delay_s
         return s
 
@@ -247,6 +278,8 @@ def _run_counters(s: Snapshot, rows: list[asyncpg.Record]) -> None:
             buckets.setdefault((tenant, rc), {})[label] = int(value)
         elif metric == "lateness_sum":
             sums[(tenant, rc)] = int(value)
+        elif metric in EVENT_COUNTERS:
+            s.events.setdefault(metric, []).append((tenant, rc, job, label, int(value)))
     for key in sorted(buckets):
         counts, running = [], 0
         for label in labels:
@@ -303,6 +336,24 @@ class _SnapshotCollector(Collector):
         yield lw
         yield GaugeMetricFamily("chronolog_expired_leases",
                                 "Open attempts whose lease has ended", value=s.expired_leases)
+        e = CounterMetricFamily("chronolog_leases_expired", "Attempts the processor expired "
+                                "(LeaseExpired)", labels=["tenant", "resource_class", "job_type"])
+        for tenant, rc, job, _, n in s.events.get("lease_expired", []):
+            e.add_metric([tenant, rc, job], n)
+        yield e
+        cr = CounterMetricFamily("chronolog_completions_rejected", "Completions the processor "
+                                 "rejected (CompletionRejected), by reason",
+                                 labels=["tenant", "resource_class", "job_type", "reason"])
+        for tenant, rc, job, reason, n in s.events.get("rejected", []):
+            cr.add_metric([tenant, rc, job, reason], n)
+        yield cr
+        o = CounterMetricFamily("chronolog_effects_finished", "Effect outcomes recorded: "
+                                "succeeded, failed (publication failed for good), uncertain "
+                                "(delivery unknown: reconciliation)",
+                                labels=["tenant", "resource_class", "job_type", "outcome"])
+        for tenant, rc, job, outcome, n in s.events.get("effect", []):
+            o.add_metric([tenant, rc, job, outcome], n)
+        yield o
         if s.fence_rejections is not None:
             f = CounterMetricFamily("chronolog_fence_rejections",
                                     "Completions rejected, by reason (in-process projector)",
@@ -310,6 +361,8 @@ class _SnapshotCollector(Collector):
             for r, n in sorted(s.fence_rejections.items()):
                 f.add_metric([r], n)
             yield f
+        if s.rules is not None:
+            yield from _rules_families(s.rules)
         lag = GaugeMetricFamily("chronolog_projection_lag_events",
                                 "Records of events not yet projected", labels=["partition"])
         for p, n in sorted(s.lag_events.items()):

@@ -133,6 +133,7 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         case m.LeaseExpired():
             attempt(p.run_id, p.attempt, outcome="lease_expired", lease_until=p.lease_until,
                     finished_at=at)
+            c.tally(Tally("lease_expired", tenant, sid, p.run_id))
         case m.AttemptFailed():
             attempt(p.run_id, p.attempt, outcome="failed", error_class=p.error_class,
                     error=p.message or None, finished_at=at)
@@ -152,8 +153,8 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 result_attempt=p.attempt, finished_at=p.finished_at)
             attempt(p.run_id, p.attempt, outcome="succeeded", finished_at=p.finished_at)
             outcome(p.run_id, "succeeded")
-        case m.CompletionRejected():
-            pass  # kept in the log for audit; no read-model row changes
+        case m.CompletionRejected():  # no read-model row changes: only its counter
+            c.tally(Tally("rejected", tenant, sid, p.run_id, p.reason))
         case m.CancellationRequested():
             run(p.run_id, cancellation_requested=True, cancel_reason=p.reason or None)
         case m.OccurrenceCancelled():
@@ -183,10 +184,13 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                    evidence=None, created_at=First(at))
         case m.EffectSucceeded():
             effect(p.effect_id, state="SUCCEEDED", evidence=p.evidence)
+            c.tally(Tally("effect", tenant, sid, p.run_id, "succeeded"))
         case m.EffectUncertain():
             effect(p.effect_id, state="UNCERTAIN", evidence=p.evidence)
+            c.tally(Tally("effect", tenant, sid, p.run_id, "uncertain"))
         case m.EffectFailed():
             effect(p.effect_id, state="FAILED", evidence=p.evidence)
+            c.tally(Tally("effect", tenant, sid, p.run_id, "failed"))
         case _:
             assert_never(p)
     sched(last_event_at=at)

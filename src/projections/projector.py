@@ -90,6 +90,7 @@ from chronolog.projections.store import (
     refused_for_its_data,
 )
 from chronolog.projections.workers import WorkerDirectory
+from chronolog.settings import RULES_HEADER, RulesVersion
 
 __all__ = ["Commit", "Projector", "ProjectorStats", "Watermark", "decode_and_project"]
 
@@ -135,7 +136,17 @@ class ProjectorStats:
     by_type: Counter[str] = field(default_factory=Counter)
     completion_rejections: Counter[str] = field(default_factory=Counter)  # by reason
     last_delay_s: float = 0.0  # commit time minus the oldest record's append time
+    # partition -> the ``rules`` header of the newest event projected from it (the engine
+    # and tz database of the processor that wrote it; processors_disagree() compares them)
+    rules: dict[int, RulesVersion] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+
+    def rules_in_use(self) -> dict[RulesVersion, list[int]]:
+        """Each engine / tz database pair -> the partitions whose newest event names it."""
+        out: dict[RulesVersion, list[int]] = {}
+        for p, rv in sorted(self.rules.items()):
+            out.setdefault(rv, []).append(p)
+        return out
 
 
 @dataclass
@@ -448,6 +459,10 @@ class Projector:
         committed_ms = time.time() * 1000
         for (_, p), (_, new) in offsets.items():
             self._offsets[p] = new
+        for p, recs in records.items():
+            rules = _rules_of(recs[-1]) if recs else None
+            if rules is not None:
+                self.stats.rules[p] = rules
         last_at = self._last_at(envelopes)
         if last_at:
             newest = max(last_at.values())
@@ -476,6 +491,13 @@ class Projector:
             info = Commit(size, {p: v for (_, p), v in offsets.items()}, append_ms, committed_ms)
             for cb in self.on_commit:
                 cb(info)
+
+
+def _rules_of(rec: Record) -> RulesVersion | None:
+    for name, value in rec.headers:
+        if name == RULES_HEADER:
+            return RulesVersion.parse(value)
+    return None
 
 
 def _chain(groups: Iterable[list[m.EventEnvelope]]) -> Iterable[m.EventEnvelope]:

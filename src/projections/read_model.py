@@ -39,7 +39,7 @@ import binascii
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, get_args
 
 import asyncpg
@@ -304,6 +304,34 @@ def _recurrence(row: asyncpg.Record, spec: m.ScheduleSpec, first: datetime) -> A
         anchor=row["anchor"] or spec.anchor or first, start=spec.start, end=spec.end,
         dst_ambiguous=spec.dst.ambiguous, dst_nonexistent=spec.dst.nonexistent,
     )
+
+
+async def live_rules(pool: asyncpg.Pool) -> list[dict[str, Any]]:
+    """Every tenant's live (ACTIVE or PAUSED) schedules with their rule — the trigger part
+    of the definition and the anchor the processor compiles it at — by tenant and ID
+    (``chronolog rules snapshot``)."""
+    rows = await pool.fetch(
+        "SELECT tenant, schedule_id, state, spec, anchor, created_at FROM schedules "
+        "WHERE state IN ('ACTIVE', 'PAUSED') ORDER BY tenant, schedule_id")
+    out = []
+    for row in rows:
+        spec = _stored_spec(row)
+        anchor = row["anchor"] or spec.anchor or row["created_at"]
+        out.append({
+            "tenant": row["tenant"], "scheduleId": row["schedule_id"], "state": row["state"],
+            "rule": {
+                "cron": spec.cron, "every": spec.every, "delay": spec.delay,
+                "at": _iso_or_none(spec.at), "timezone": spec.timezone,
+                "anchor": _iso_or_none(anchor), "start": _iso_or_none(spec.start),
+                "end": _iso_or_none(spec.end),
+                "dst": {"ambiguous": spec.dst.ambiguous, "nonexistent": spec.dst.nonexistent},
+            },
+        })
+    return out
+
+
+def _iso_or_none(t: datetime | None) -> str | None:
+    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:

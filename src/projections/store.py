@@ -176,15 +176,22 @@ def _bucket_of(us: int) -> str:
     return bucket_label(LATENESS_BUCKETS[i]) if i < len(_BUCKET_US) else "+Inf"
 
 
+# Tally kinds counted as they are, by (tenant, resource class, job type, label):
+# ``lease_expired`` (LeaseExpired), ``rejected`` (CompletionRejected; label: its reason),
+# ``effect`` (EffectSucceeded / EffectUncertain / EffectFailed; label: the outcome)
+EVENT_COUNTERS = ("lease_expired", "rejected", "effect")
+
+
 @dataclass(slots=True)
 class Tally:
     """One addition to the run counters, recorded by the projection of one event.
 
     ``kind``: ``finished`` (``label``: the outcome, ``OUTCOMES`` but ``skipped``),
     ``skipped`` (``label``: the reason; ``n``: the instants it stands for; also an outcome
-    ``skipped``) or ``lateness`` (a run's first claim at ``claimed_at``; the store measures it
-    from the run's due time). ``never_run``: an instant that never became a run, labelled
-    with its schedule's resource class and job type (``spec`` once known)."""
+    ``skipped``), one of ``EVENT_COUNTERS``, or ``lateness`` (a run's first claim at
+    ``claimed_at``; the store measures it from the run's due time). ``never_run``: an
+    instant that never became a run, labelled with its schedule's resource class and job
+    type (``spec`` once known)."""
 
     kind: str
     tenant: str
@@ -633,6 +640,8 @@ async def _count(conn: asyncpg.Connection, changes: RowChanges,
             elif t.kind == "skipped":
                 deltas["finished", t.tenant, rc, job, "skipped"] += t.n
                 deltas["skipped", t.tenant, rc, job, t.label] += t.n
+            elif t.kind in EVENT_COUNTERS:
+                deltas[t.kind, t.tenant, rc, job, t.label] += t.n
             else:
                 deltas["finished", t.tenant, rc, job, t.label] += t.n
     keys = sorted(k for k, v in deltas.items() if v)  # a fixed lock order

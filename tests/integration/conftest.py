@@ -55,10 +55,11 @@ async def event_log(log_config: LogConfig) -> AsyncIterator[Any]:
 class ProcessorProcess:
     """A ``chronolog processor`` subprocess (stopped by PID at teardown)."""
 
-    def __init__(self, cfg: LogConfig, member: str, log_dir: Path) -> None:
+    def __init__(self, cfg: LogConfig, member: str, log_dir: Path,
+                 env_extra: dict[str, str] | None = None) -> None:
         self.member = member
         self.log_path = log_dir / f"{member}.log"
-        env = dict(os.environ, CHRONOLOG_LOG_LEVEL="INFO")
+        env = dict(os.environ, CHRONOLOG_LOG_LEVEL="INFO", **(env_extra or {}))
         self.proc = subprocess.Popen(
             [CHRONOLOG, "processor", "--log", log_url(cfg), "--topic-prefix", cfg.topics.prefix,
              "--partitions", str(cfg.topics.partitions), "--member-id", member, "--batch", "50"],
@@ -88,8 +89,9 @@ class ProcessorProcess:
 def processes(tmp_path: Path) -> Any:
     started: list[ProcessorProcess] = []
 
-    def start(cfg: LogConfig, member: str) -> ProcessorProcess:
-        p = ProcessorProcess(cfg, member, tmp_path)
+    def start(cfg: LogConfig, member: str,
+              env_extra: dict[str, str] | None = None) -> ProcessorProcess:
+        p = ProcessorProcess(cfg, member, tmp_path, env_extra)
         started.append(p)
         return p
 

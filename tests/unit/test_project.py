@@ -421,6 +421,12 @@ def test_each_outcome_is_tallied_by_the_event_that_reaches_it() -> None:
         # four instants of a range, never runs, labelled from the schedule when known
         "OccurrenceSkipped": [("skipped", RUN, "misfire", 4, None)],
         "AttemptClaimed": [("lateness", RUN, "", 1, None)],
+        # the facts the alerts count (docs/alerts.md)
+        "LeaseExpired": [("lease_expired", RUN, "", 1, None)],
+        "CompletionRejected": [("rejected", RUN, "stale_fence", 1, None)],
+        "EffectSucceeded": [("effect", RUN, "succeeded", 1, None)],
+        "EffectUncertain": [("effect", RUN, "uncertain", 1, None)],
+        "EffectFailed": [("effect", RUN, "failed", 1, None)],
     }
     for name, sample in SAMPLES.items():
         assert tallies(project(env(sample))) == expected.get(name, []), name
