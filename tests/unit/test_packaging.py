@@ -20,7 +20,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 MIGRATIONS = ROOT / "src" / "projections" / "migrations"
 # the tools only `make test` / `make lint` need: never a runtime dependency
 TEST_TOOLS = {"pytest", "pytest-asyncio", "hypothesis", "schemathesis", "ruff", "mypy",
-              "import-linter", "aiosmtpd", "testcontainers", "psutil", "setuptools"}
+              "import-linter", "aiosmtpd", "testcontainers", "psutil", "setuptools",
+              "playwright"}
 
 
 def _name(requirement: str) -> str:

@@ -140,14 +140,25 @@ def _flash(request: Request) -> dict[str, str] | None:
             "text": str(data.get("text", ""))[:500]}
 
 
+async def mark(ctx: Any) -> str:
+    """The projection's watermark as one opaque value (what ``/ui/watermark`` answers). A
+    page reads it before its data and carries it: the page's poll refreshes the page's live
+    parts as soon as the watermark differs, so nothing projected after the read is missed."""
+    offsets, t = await ctx.read().offsets()
+    raw = orjson.dumps({"p": {str(k): v for k, v in sorted(offsets.items())}, "t": iso(t)})
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
 def page(request: Request, template: str, tenant: Tenant | None, status: int = 200,
          **values: Any) -> HTMLResponse:
-    """A page for the session's tenant, with the CSRF token its forms carry."""
+    """A page for the session's tenant, with the CSRF token its forms carry (and
+    ``watermark``: ``mark`` read before the page's data, for its live parts)."""
     token = session.token_of(request)
     flash = _flash(request)
     response = templates.TemplateResponse(request, template, {
         "tenant": tenant, "csrf": session.csrf_for(token) if token and tenant else "",
-        "flash": flash, "here": _here(request), **values}, status_code=status)
+        "flash": flash, "here": _here(request), "watermark": "", **values},
+        status_code=status)
     if flash is not None:
         response.delete_cookie(FLASH_COOKIE, path="/")
     return response
@@ -305,6 +316,7 @@ async def schedules_list(
     if tenant is None:
         return _login_redirect(request)
     rm = ctx.read()
+    wm = await mark(ctx)
     problem = None
     items: list[dict[str, Any]] = []
     page_doc: dict[str, Any] = {"nextCursor": None}
@@ -335,7 +347,7 @@ async def schedules_list(
     if page_doc.get("nextCursor"):
         more = "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in filters.items() if v)
         more += ("&" if len(more) > 1 else "") + f"after={page_doc['nextCursor']}"
-    return page(request, "schedules.html", tenant, title="Schedules", items=items,
+    return page(request, "schedules.html", tenant, watermark=wm, title="Schedules", items=items,
                 filters=filters, problem=problem, more=more,
                 idempotency=secrets.token_hex(16))
 
@@ -349,6 +361,7 @@ async def schedule_page(
     if tenant is None:
         return _login_redirect(request)
     rm = ctx.read()
+    wm = await mark(ctx)
     row = await rm.schedule(tenant.name, schedule_id)
     if row is None:
         return not_found(request, tenant, f"no schedule '{schedule_id}'")
@@ -368,7 +381,8 @@ async def schedule_page(
     lifecycle = [e for e in events if e["type"] in (
         "ScheduleCreated", "ScheduleRevised", "SchedulePaused", "ScheduleResumed",
         "ScheduleDeleted", "ScheduleCompleted")]
-    return page(request, "schedule.html", tenant, title=f"Schedule {schedule_id}", s=doc,
+    return page(request, "schedule.html", tenant, watermark=wm,
+                title=f"Schedule {schedule_id}", s=doc,
                 words=rule_words(doc["definition"]), instants=instants_with_dst(row, 10),
                 occurrences=await occurrences(rm, tenant.name, schedule_id),
                 runs=runs, problem=problem, revisions=list(reversed(revisions)),
@@ -485,6 +499,7 @@ async def run_page(request: Request, run_id: RunIdPath, ctx: Context) -> Respons
     tenant = _tenant(request, ctx)
     if tenant is None:
         return _login_redirect(request)
+    wm = await mark(ctx)
     doc = await run_document(ctx.read(), tenant.name, run_id)
     if doc is None:
         return not_found(request, tenant, f"no run '{run_id}'")
@@ -495,8 +510,8 @@ async def run_page(request: Request, run_id: RunIdPath, ctx: Context) -> Respons
         if e["type"] == "LeaseExtended":
             n = int(e["payload"]["attempt"])
             beats[n] = beats.get(n, 0) + 1
-    return page(request, "run.html", tenant, title=f"Run {run_id}", r=doc, events=events,
-                history_complete=complete, heartbeats=beats)
+    return page(request, "run.html", tenant, watermark=wm, title=f"Run {run_id}", r=doc,
+                events=events, history_complete=complete, heartbeats=beats)
 
 
 async def _run_action(request: Request, ctx: Any, run_id: str, verb: str) -> Response:
@@ -551,6 +566,7 @@ async def attention(request: Request, ctx: Context) -> Response:
     if tenant is None:
         return _login_redirect(request)
     rm = ctx.read()
+    wm = await mark(ctx)
     n = await ctx.events_partitions()
 
     async def runs_in(state: str) -> list[dict[str, Any]]:
@@ -569,7 +585,7 @@ async def attention(request: Request, ctx: Context) -> Response:
     letters = jsonable(await dead_letters_page(
         rm, LetterQuery(tenant=who), after=None, limit=100, dlq_topic=ctx.topics.dlq,
         partitions=await ctx.topic_partitions(ctx.topics.dlq)))["items"]
-    return page(request, "attention.html", tenant, title="Attention", dead=dead,
+    return page(request, "attention.html", tenant, watermark=wm, title="Attention", dead=dead,
                 reconciling=reconciling, waiting=waiting, letters=letters)
 
 
@@ -594,6 +610,7 @@ async def health(request: Request, ctx: Context) -> Response:
     if tenant is None:
         return _login_redirect(request)
     rm = ctx.read()
+    wm = await mark(ctx)
     offsets, wm_time = await rm.offsets()
     processors: list[dict[str, Any]] = []
     projection: list[dict[str, Any]] = []
@@ -621,7 +638,7 @@ async def health(request: Request, ctx: Context) -> Response:
                  "p50": _quantile(counts, total, 0.5), "p99": _quantile(counts, total, 0.99),
                  "mean": f"{total_s / total * 1000:.0f} ms" if total else "—"}
                 for t, rc, counts, total, total_s in snap.lateness if t == tenant.name]
-    return page(request, "health.html", tenant, title="Health", processors=processors,
+    return page(request, "health.html", tenant, watermark=wm, title="Health", processors=processors,
                 projection=projection, watermark_time=wm_time, workers=workers,
                 lateness=lateness, lag_seconds=snap.lag_seconds)
 
@@ -635,8 +652,7 @@ async def watermark(request: Request, ctx: Context) -> Response:
     their live parts when it moves."""
     if _tenant(request, ctx) is None:
         return ApiError(401, "not logged in", None).response()
-    offsets, t = await ctx.read().offsets()
-    raw = orjson.dumps({"p": {str(k): v for k, v in sorted(offsets.items())}, "t": iso(t)})
-    return JSONResponse({"watermark": hashlib.sha256(raw).hexdigest()[:16],
-                         "time": iso(t)}, headers={"Cache-Control": "no-store"})
+    _, t = await ctx.read().offsets()
+    return JSONResponse({"watermark": await mark(ctx), "time": iso(t)},
+                        headers={"Cache-Control": "no-store"})
 

@@ -15,7 +15,8 @@
   });
   var url = document.body.getAttribute("data-watermark-url");
   if (!url) { return; }
-  var last = null;
+  // the watermark the page was read at: any change after it refreshes the live parts
+  var last = document.body.getAttribute("data-watermark") || null;
   var status = document.getElementById("live-status");
   function poll() {
     fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}})

@@ -1,0 +1,247 @@
+"""The web dashboard over plain HTTP: its session cookie, its CSRF protection and its tenant
+scoping, on a real processor, projector and PostgreSQL read model (``ApiStack``, embedded
+log).
+
+The session cookie is HttpOnly and SameSite=Strict; every action without the session's CSRF
+token (or with another session's, or from another origin) is 403 and sends nothing; another
+tenant's schedules and runs are neither listed nor reachable by URL (404); actions go
+through the JSON API's command paths, so what they do is what the API reads back.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from chronolog.api.dashboard.session import csrf_for
+from chronolog.log.port import Topics
+from chronolog.settings import LogConfig, open_log
+
+from .api_stack import ACME, GLOBEX, ApiStack
+from .conftest import started
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, database_url: str) -> AsyncIterator[ApiStack]:
+    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(partitions=2))
+    async with started(open_log(cfg)) as lg, ApiStack(lg, database_url) as s:
+        yield s
+
+
+def sid() -> str:
+    return f"dash-{uuid.uuid4().hex[:8]}"
+
+
+def cookie_headers(r: httpx.Response) -> dict[str, str]:
+    """``Set-Cookie`` headers of a response by cookie name."""
+    return {h.split("=", 1)[0]: h for h in r.headers.get_list("set-cookie")}
+
+
+async def login(http: httpx.AsyncClient, token: str) -> httpx.Response:
+    """Log in through the form; the client keeps the cookies."""
+    form = await http.get("/ui/login")
+    assert form.status_code == 200, form.text
+    nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert nonce is not None, form.text
+    return await http.post("/ui/login", data={"csrf": nonce.group(1), "token": token,
+                                              "next": "/ui/"})
+
+
+def csrf_of(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None and found.group(1), page.text[:500]
+    return found.group(1)
+
+
+def client_of(stack: ApiStack) -> httpx.AsyncClient:
+    """A fresh browser-like client on the stack's app (its own cookie jar)."""
+    assert stack.http is not None
+    return httpx.AsyncClient(transport=stack.http._transport, base_url="http://chronolog.test")
+
+
+async def create(stack: ApiStack, headers: dict[str, str], schedule_id: str,
+                 **spec: Any) -> None:
+    assert stack.http is not None
+    body = {"scheduleId": schedule_id, "cron": "0 0 1 1 *", "job": {"type": "report"}, **spec}
+    r = await stack.http.post("/v1/schedules", json=body, headers=headers)
+    assert r.status_code == 201, r.text
+
+
+async def state_of(stack: ApiStack, headers: dict[str, str], schedule_id: str) -> str:
+    assert stack.http is not None
+    r = await stack.http.get(f"/v1/schedules/{schedule_id}", headers=headers)
+    assert r.status_code == 200, r.text
+    return str(r.json()["state"])
+
+
+async def test_login_sets_an_httponly_strict_session_cookie_and_pages_need_it(
+    stack: ApiStack,
+) -> None:
+    async with client_of(stack) as http:
+        r = await http.get("/")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/"
+        r = await http.get("/ui/")
+        assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next=")
+        form = await http.get("/ui/login")
+        login_cookie = cookie_headers(form)["chronolog_login"]
+        assert "HttpOnly" in login_cookie and "samesite=strict" in login_cookie.lower()
+
+        bad = await http.post("/ui/login", data={"csrf": csrf_of(form), "token": "nope"})
+        assert bad.status_code == 401 and "unknown token" in bad.text
+        assert "chronolog_session" not in cookie_headers(bad)
+
+        ok = await login(http, "acme-token")
+        assert ok.status_code == 303 and ok.headers["location"] == "/ui/"
+        session = cookie_headers(ok)["chronolog_session"]
+        assert "HttpOnly" in session and "samesite=strict" in session.lower()
+        assert "Path=/" in session and "Secure" not in session  # plain HTTP on loopback
+        home = await http.get("/ui/")
+        assert home.status_code == 200 and "tenant <strong" in home.text and "acme" in home.text
+        assert "logged in as tenant &#39;acme&#39;" in home.text  # the one-shot notice
+
+        out = await http.post("/ui/logout", data={"csrf": csrf_of(home)})
+        assert out.status_code == 303
+        assert (await http.get("/ui/")).status_code == 303  # logged out
+
+
+async def test_a_login_without_its_csrf_token_is_refused(stack: ApiStack) -> None:
+    async with client_of(stack) as http:
+        await http.get("/ui/login")
+        r = await http.post("/ui/login", data={"token": "acme-token"})
+        assert r.status_code == 403 and "CSRF" in r.text
+        assert "chronolog_session" not in cookie_headers(r)
+        r = await http.post("/ui/login", data={"token": "acme-token", "csrf": "forged"})
+        assert r.status_code == 403
+
+
+async def test_every_action_without_the_sessions_csrf_token_is_403_and_sends_nothing(
+    stack: ApiStack,
+) -> None:
+    s = sid()
+    await create(stack, ACME, s)
+    async with client_of(stack) as http:
+        await login(http, "acme-token")
+        page = await http.get(f"/ui/schedules/{s}")
+        assert page.status_code == 200
+        token = csrf_of(page)
+        refusals = [
+            ({}, {}),                                                    # no token
+            ({"csrf": "0" * 64}, {}),                                    # a wrong one
+            ({"csrf": csrf_for("globex-token")}, {}),                    # another session's
+            ({"csrf": token}, {"Origin": "http://evil.example"}),        # another origin
+        ]
+        for action in ("pause", "delete", "trigger"):
+            for data, headers in refusals:
+                r = await http.post(f"/ui/schedules/{s}/{action}", data=data, headers=headers)
+                assert r.status_code == 403, (action, data, r.text)
+                assert "<title>Refused" in r.text
+        r = await http.post(f"/ui/schedules/{s}/pause", headers={"Accept": "application/json"})
+        assert r.status_code == 403
+        assert r.json()["error"] == "forbidden" and r.json()["field"] == "csrf"
+        r = await http.post("/ui/schedules", data={"scheduleId": sid(), "kind": "every",
+                                                   "rule": "1h", "jobType": "report"})
+        assert r.status_code == 403
+        r = await http.post("/ui/runs/r_0123456789abcdef0123/redrive", data={})
+        assert r.status_code == 403
+        assert await state_of(stack, ACME, s) == "ACTIVE"  # nothing was sent
+        assert stack.http is not None
+        runs = await stack.http.get(f"/v1/schedules/{s}/runs", headers=ACME)
+        assert runs.json()["items"] == []
+
+        # with its token the same action goes through the API's command path
+        r = await http.post(f"/ui/schedules/{s}/pause", data={"csrf": token,
+                                                              "next": f"/ui/schedules/{s}"})
+        assert r.status_code == 303 and r.headers["location"] == f"/ui/schedules/{s}"
+        assert await state_of(stack, ACME, s) == "PAUSED"
+        again = await http.get(f"/ui/schedules/{s}")
+        assert f"paused &#39;{s}&#39;" in again.text and "PAUSED" in again.text
+
+    async with client_of(stack) as anonymous:  # no session at all: 401, nothing sent
+        r = await anonymous.post(f"/ui/schedules/{s}/resume", data={"csrf": token})
+        assert r.status_code == 401
+    assert await state_of(stack, ACME, s) == "PAUSED"
+
+
+async def test_another_tenants_objects_are_neither_listed_nor_reachable(
+    stack: ApiStack,
+) -> None:
+    assert stack.http is not None
+    mine, theirs = sid(), sid()
+    await create(stack, GLOBEX, mine)
+    await create(stack, ACME, theirs)
+    t = await stack.http.post(f"/v1/schedules/{theirs}/runs", headers={
+        **ACME, "Idempotency-Key": "k1"})
+    assert t.status_code == 201, t.text
+    their_run = t.json()["runId"]
+    async with client_of(stack) as http:
+        await login(http, "globex-token")
+        listed = await http.get("/ui/")
+        assert listed.status_code == 200 and f'data-schedule="{mine}"' in listed.text
+        assert theirs not in listed.text
+        searched = await http.get("/ui/", params={"prefix": theirs})
+        assert searched.status_code == 200 and "No schedules match" in searched.text
+        assert f"/ui/schedules/{theirs}" not in searched.text
+        for url in (f"/ui/schedules/{theirs}", f"/ui/runs/{their_run}"):
+            r = await http.get(url)
+            assert r.status_code == 404, url
+            assert theirs not in r.text.replace(f"no schedule &#39;{theirs}&#39;", "")
+        attention = await http.get("/ui/attention")
+        assert attention.status_code == 200 and their_run not in attention.text
+
+        # an action on their schedule with a valid session and token changes nothing
+        token = csrf_of(listed)
+        r = await http.post(f"/ui/schedules/{theirs}/pause", data={"csrf": token})
+        assert r.status_code == 303
+        shown = await http.get(r.headers["location"])
+        assert "refused" in shown.text and "no schedule" in shown.text
+        r = await http.post(f"/ui/runs/{their_run}/cancel", data={"csrf": token})
+        assert r.status_code == 303
+    assert await state_of(stack, ACME, theirs) == "ACTIVE"
+    run = await stack.http.get(f"/v1/runs/{their_run}", headers=ACME)
+    assert run.json()["state"] == "READY" and not run.json()["cancellationRequested"]
+
+
+async def test_a_refused_form_names_the_field_and_a_reconciliation_needs_a_reason(
+    stack: ApiStack,
+) -> None:
+    assert stack.http is not None
+    s = sid()
+    async with client_of(stack) as http:
+        home = (await http.get("/ui/"))
+        await login(http, "acme-token")
+        home = await http.get("/ui/")
+        token = csrf_of(home)
+        r = await http.post("/ui/schedules", data={
+            "csrf": token, "scheduleId": s, "kind": "cron", "rule": "61 * * * *",
+            "jobType": "report"})
+        assert r.status_code == 303
+        shown = await http.get(r.headers["location"])
+        assert "create refused" in shown.text and "cron" in shown.text
+        r = await http.post("/ui/schedules", data={
+            "csrf": token, "scheduleId": s, "kind": "every", "rule": "1h",
+            "jobType": "report", "params": "[1"})
+        shown = await http.get(r.headers["location"])
+        assert "job.params" in shown.text
+        r = await http.post("/ui/schedules", data={
+            "csrf": token, "scheduleId": s, "kind": "every", "rule": "1h",
+            "jobType": "report", "params": '{"n": 1}', "idempotency": "create-1"})
+        assert r.status_code == 303 and r.headers["location"] == f"/ui/schedules/{s}"
+        got = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
+        assert got.json()["definition"]["job"] == {"type": "report", "params": {"n": 1}}
+
+        run = (await stack.http.post(f"/v1/schedules/{s}/runs", headers={
+            **ACME, "Idempotency-Key": "k2"})).json()["runId"]
+        r = await http.post(f"/ui/runs/{run}/reconcile", data={
+            "csrf": token, "decision": "delivered", "reason": "  "})
+        shown = await http.get(r.headers["location"])
+        assert "a reason is required" in shown.text
+        r = await http.post("/ui/schedules", data={"csrf": token, "scheduleId": "a\x00b"})
+        assert r.status_code == 400 and r.json()["field"] == "scheduleId"
