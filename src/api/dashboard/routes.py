@@ -124,6 +124,11 @@ templates.env.filters["brief"] = _brief
 templates.env.filters["pretty"] = _json
 templates.env.filters["seconds"] = duration_words
 templates.env.globals["STATES"] = SCHEDULE_STATES
+# a run state's mark in the timeline (the state is also written out for screen readers and
+# in the tooltip: colour is never the only cue)
+templates.env.globals["GLYPHS"] = {
+    "SUCCEEDED": "✓", "DEAD": "✗", "SKIPPED": "⤼", "RECONCILING": "?", "CANCELLED": "⊘",
+    "LEASED": "▶", "READY": "…", "PENDING": "…", "RETRY_WAIT": "↻"}
 
 
 def _flash(request: Request) -> dict[str, str] | None:

@@ -40,11 +40,26 @@ def _num(text: str, names: dict[str, int]) -> int | None:
     return names.get(text.upper())
 
 
+_NTH = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}
+
+
 def _day_list(field: str) -> str | None:
-    """``1-5`` -> "Monday to Friday"; ``SAT,SUN`` -> "Saturday and Sunday"."""
+    """``1-5`` -> "Monday to Friday"; ``SAT,SUN`` -> "Saturday and Sunday"; ``SUN#2`` ->
+    "the second Sunday of the month"; ``5L`` -> "the last Friday of the month"."""
     out = []
     for item in field.split(","):
-        if "-" in item and "/" not in item:
+        if "#" in item:
+            day, _, nth = item.partition("#")
+            d = _num(day, _DAY_NAMES)
+            if d is None or not 0 <= d <= 7 or not nth.isdigit() or int(nth) not in _NTH:
+                return None
+            out.append(f"the {_NTH[int(nth)]} {_DAYS[d]} of the month")
+        elif item.upper().endswith("L") and len(item) > 1:
+            d = _num(item[:-1], _DAY_NAMES)
+            if d is None or not 0 <= d <= 7:
+                return None
+            out.append(f"the last {_DAYS[d]} of the month")
+        elif "-" in item and "/" not in item:
             lo, hi = (_num(x, _DAY_NAMES) for x in item.split("-", 1))
             if lo is None or hi is None or not (0 <= lo <= 7 and 0 <= hi <= 7):
                 return None
