@@ -245,3 +245,53 @@ async def test_a_refused_form_names_the_field_and_a_reconciliation_needs_a_reaso
         assert "a reason is required" in shown.text
         r = await http.post("/ui/schedules", data={"csrf": token, "scheduleId": "a\x00b"})
         assert r.status_code == 400 and r.json()["field"] == "scheduleId"
+
+
+async def test_the_pages_show_the_read_models_facts_and_page_the_runs(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid()
+    await create(stack, ACME, s, cron="30 2 * * SUN#2", timezone="America/New_York",
+                 overlap="allow")
+    run_ids = []
+    for n in range(23):  # no worker serves 'report' here: each waits READY
+        t = await stack.http.post(f"/v1/schedules/{s}/runs", headers={
+            **ACME, "Idempotency-Key": f"page-{n}"})
+        assert t.status_code == 201, t.text
+        run_ids.append(t.json()["runId"])
+    async with client_of(stack) as http:
+        await login(http, "acme-token")
+        listed = await http.get("/ui/", params={"prefix": s})
+        row = listed.text[listed.text.index(f'data-schedule="{s}"'):]
+        row = row[:row.index("</tr>")]
+        assert "at 02:30 on the second Sunday of the month (America/New_York)" in row
+        assert "<code>30 2 * * SUN#2</code>" in row and "zone America/New_York" in row
+        assert "ready 23" in row, row  # the outcomes of the last 24 hours, by state
+
+        page = await http.get(f"/ui/schedules/{s}")
+        assert page.status_code == 200
+        assert page.text.count('class="badge dst-shifted"') == 1  # March's second Sunday
+        assert page.text.count("<tr data-run=") == 20  # the first page, newest first
+        table = page.text[page.text.index('id="h-runs"'):]
+        assert table.index(run_ids[-1]) < table.index(run_ids[-2])  # newest first
+        older = re.search(r'href="(/ui/schedules/[^"?]+\?after=[^"]+)">Older runs', page.text)
+        assert older is not None
+        rest = await http.get(older.group(1))
+        assert rest.status_code == 200 and rest.text.count("<tr data-run=") == 3
+        shown = set(re.findall(r'<tr data-run="([^"]+)"', page.text + rest.text))
+        assert shown == set(run_ids)  # nothing skipped, nothing twice
+        assert "Revision 1 — created" in page.text
+
+        run = await http.get(f"/ui/runs/{run_ids[0]}")
+        assert run.status_code == 200
+        assert "OccurrenceMaterialized" in run.text and "Not claimed yet." in run.text
+        attention = await http.get("/ui/attention")
+        waiting = attention.text[attention.text.index('id="h-waiting"'):]
+        waiting = waiting[:waiting.index("</section>")]
+        assert run_ids[0] in waiting and "report" in waiting
+        health = await http.get("/ui/health")
+        assert health.status_code == 200 and "Commands partition" in health.text
+        mark = await http.get("/ui/watermark")
+        assert mark.status_code == 200 and len(mark.json()["watermark"]) == 16
+        assert f'data-watermark="{mark.json()["watermark"]}"' in (await http.get("/ui/")).text
+    async with client_of(stack) as anonymous:
+        assert (await anonymous.get("/ui/watermark")).status_code == 401
