@@ -239,7 +239,10 @@ async def test_a_person_works_through_the_dashboard_in_a_real_browser(
             # a phone's width: nothing wider than the screen
             await page.set_viewport_size({"width": 390, "height": 844})
             for url, name in (("/ui/", "schedules-phone"),
-                              ("/ui/schedules/nightly-echo", "schedule-phone")):
+                              ("/ui/schedules/nightly-echo", "schedule-phone"),
+                              (f"/ui/runs/{dead_run}", "run-phone"),
+                              ("/ui/attention", "attention-phone"),
+                              ("/ui/health", "health-phone")):
                 await page.goto(f"{base}{url}")
                 width = await page.evaluate("document.documentElement.scrollWidth")
                 assert width <= 390, (url, width)
