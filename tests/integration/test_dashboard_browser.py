@@ -86,6 +86,8 @@ class Walk:
     def __init__(self, page: Page, base: str, shots: Path) -> None:
         self.page, self.base, self.shots = page, base, shots
         self.confirmed: list[str] = []
+        self.requested: list[str] = []
+        page.on("request", lambda request: self.requested.append(request.url))
 
         async def accept(dialog: Any) -> None:
             self.confirmed.append(dialog.message)
@@ -247,6 +249,11 @@ async def test_a_person_works_through_the_dashboard_in_a_real_browser(
                 width = await page.evaluate("document.documentElement.scrollWidth")
                 assert width <= 390, (url, width)
                 await walk.shot(name)
+            # offline: every request the pages made went to the node itself
+            assert walk.requested and all(
+                u.startswith((f"{base}/", "data:")) for u in walk.requested), {
+                u for u in walk.requested if not u.startswith(base)}
+            assert f"{base}/ui/static/htmx.min.js" in walk.requested
         finally:
             await browser.close()
 

@@ -288,6 +288,8 @@ async def test_the_pages_show_the_read_models_facts_and_page_the_runs(stack: Api
         waiting = attention.text[attention.text.index('id="h-waiting"'):]
         waiting = waiting[:waiting.index("</section>")]
         assert run_ids[0] in waiting and "report" in waiting
+        nowhere = await http.get("/ui/no/such/page")
+        assert nowhere.status_code == 404 and "<title>Not found" in nowhere.text
         health = await http.get("/ui/health")
         assert health.status_code == 200 and "Commands partition" in health.text
         mark = await http.get("/ui/watermark")

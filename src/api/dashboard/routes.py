@@ -661,3 +661,12 @@ async def watermark(request: Request, ctx: Context) -> Response:
     return JSONResponse({"watermark": await mark(ctx), "time": iso(t)},
                         headers={"Cache-Control": "no-store"})
 
+
+
+@router.get(PREFIX + "/{rest:path}")
+async def unknown(request: Request, rest: str, ctx: Context) -> Response:
+    """Any other dashboard path: a 404 page (not the API's JSON)."""
+    tenant = _tenant(request, ctx)
+    if tenant is None:
+        return _login_redirect(request)
+    return not_found(request, tenant, f"no page '{PREFIX}/{rest[:100]}'")
