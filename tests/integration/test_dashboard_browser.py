@@ -88,6 +88,9 @@ class Walk:
         self.confirmed: list[str] = []
         self.requested: list[str] = []
         page.on("request", lambda request: self.requested.append(request.url))
+        self.errors: list[str] = []  # the console's (a script error, a refused resource)
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
 
         async def accept(dialog: Any) -> None:
             self.confirmed.append(dialog.message)
@@ -254,6 +257,8 @@ async def test_a_person_works_through_the_dashboard_in_a_real_browser(
                 u.startswith((f"{base}/", "data:")) for u in walk.requested), {
                 u for u in walk.requested if not u.startswith(base)}
             assert f"{base}/ui/static/htmx.min.js" in walk.requested
+            # the 404 pages log their status; nothing else went wrong in any page
+            assert [e for e in walk.errors if "404" not in e] == [], walk.errors
         finally:
             await browser.close()
 

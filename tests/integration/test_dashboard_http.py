@@ -105,6 +105,9 @@ async def test_login_sets_an_httponly_strict_session_cookie_and_pages_need_it(
         assert "Path=/" in session and "Secure" not in session  # plain HTTP on loopback
         home = await http.get("/ui/")
         assert home.status_code == 200 and "tenant <strong" in home.text and "acme" in home.text
+        assert home.headers["cache-control"] == "no-store"
+        assert home.headers["x-frame-options"] == "DENY"  # its buttons act: never framed
+        assert "frame-ancestors 'none'" in home.headers["content-security-policy"]
         assert "logged in as tenant &#39;acme&#39;" in home.text  # the one-shot notice
 
         out = await http.post("/ui/logout", data={"csrf": csrf_of(home)})

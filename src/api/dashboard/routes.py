@@ -76,6 +76,17 @@ SCHEDULES_SHOWN = 50
 RUNS_SHOWN = 20
 RECENT = timedelta(hours=24)  # the window of a schedule's "recent outcomes"
 
+# every page: never cached (a tenant's data), never framed by another site (its buttons act),
+# nothing loaded from anywhere but the node
+PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+}
+
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 
@@ -166,6 +177,7 @@ def page(request: Request, template: str, tenant: Tenant | None, status: int = 2
         status_code=status)
     if flash is not None:
         response.delete_cookie(FLASH_COOKIE, path="/")
+    response.headers.update(PAGE_HEADERS)
     return response
 
 
