@@ -228,6 +228,9 @@ async def test_a_refused_form_names_the_field_and_a_reconciliation_needs_a_reaso
         assert r.status_code == 303
         shown = await http.get(r.headers["location"])
         assert "create refused" in shown.text and "cron" in shown.text
+        # the form comes back open with what was typed
+        assert '<details class="card" id="create" open>' in shown.text
+        assert f'value="{s}"' in shown.text and 'value="61 * * * *"' in shown.text
         r = await http.post("/ui/schedules", data={
             "csrf": token, "scheduleId": s, "kind": "every", "rule": "1h",
             "jobType": "report", "params": "[1"})

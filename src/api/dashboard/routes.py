@@ -142,7 +142,7 @@ templates.env.globals["GLYPHS"] = {
     "LEASED": "▶", "READY": "…", "PENDING": "…", "RETRY_WAIT": "↻"}
 
 
-def _flash(request: Request) -> dict[str, str] | None:
+def _flash(request: Request) -> dict[str, Any] | None:
     raw = request.cookies.get(FLASH_COOKIE)
     if not raw:
         return None
@@ -152,8 +152,10 @@ def _flash(request: Request) -> dict[str, str] | None:
         return None
     if not isinstance(data, dict):
         return None
+    form = data.get("form")
     return {"kind": "error" if data.get("kind") == "error" else "ok",
-            "text": str(data.get("text", ""))[:500]}
+            "text": str(data.get("text", ""))[:500],
+            "form": {str(k): str(v) for k, v in form.items()} if isinstance(form, dict) else {}}
 
 
 async def mark(ctx: Any) -> str:
@@ -190,12 +192,17 @@ def not_found(request: Request, tenant: Tenant, what: str) -> HTMLResponse:
     return page(request, "error.html", tenant, 404, title="Not found", message=what)
 
 
-def redirect(request: Request, to: str, text: str | None = None,
-             kind: str = "ok") -> RedirectResponse:
-    """303 to ``to`` with a one-shot notice."""
+def redirect(request: Request, to: str, text: str | None = None, kind: str = "ok",
+             form: dict[str, str] | None = None) -> RedirectResponse:
+    """303 to ``to`` with a one-shot notice (and the fields of a refused form, to fill it
+    in again, when they fit in a cookie)."""
     response = RedirectResponse(to, status_code=303)
     if text is not None:
-        value = base64.urlsafe_b64encode(orjson.dumps({"kind": kind, "text": text}))
+        note: dict[str, Any] = {"kind": kind, "text": text[:500]}
+        kept = {k: v for k, v in (form or {}).items() if k not in ("csrf", "idempotency")}
+        if kept and len(orjson.dumps(kept)) <= 1500:
+            note["form"] = kept
+        value = base64.urlsafe_b64encode(orjson.dumps(note))
         session.set_cookie(response, request, FLASH_COOKIE, value.decode().rstrip("="), 60)
     return response
 
@@ -502,7 +509,7 @@ async def create(request: Request, ctx: Context) -> Response:
         r = await schedule_routes.create_schedule(body, tenant, ctx,
                                                   form.get("idempotency") or None)
     except _REFUSALS as exc:
-        return redirect(request, HOME, f"create refused: {_problem(exc)}", "error")
+        return redirect(request, HOME, f"create refused: {_problem(exc)}", "error", form)
     warnings = orjson.loads(r.body).get("warnings") or []
     text = f"created '{body.schedule_id}'" + "".join(f" — {w}" for w in warnings)
     return redirect(request, f"{PREFIX}/schedules/{quote(body.schedule_id)}", text)
