@@ -957,16 +957,20 @@ def instants_with_dst(row: asyncpg.Record, count: int = 10) -> list[dict[str, An
 
 
 async def schedule_history(log: Any, topics: Any, tenant: str, schedule_id: str, *,
-                           run_id: str | None = None, scan: int = HISTORY_SCAN
-                           ) -> tuple[list[dict[str, Any]], bool]:
-    """A schedule's events from the log, oldest first (only those of ``run_id`` when
-    given), each ``{partition, offset, eventId, type, at, causationId, payload}``, and
-    whether the scan reached back to offset 0 (False: only the partition's newest ``scan``
-    records were read). One schedule's events all live in one partition of ``events``:
-    its records are picked by key before anything is decoded."""
+                           run_id: str | None = None, types: Iterable[str] | None = None,
+                           scan: int = HISTORY_SCAN) -> tuple[list[dict[str, Any]], bool]:
+    """A schedule's events from the log, oldest first (only those of ``run_id``, and of
+    ``types``, when given), each ``{partition, offset, eventId, type, at, causationId,
+    payload}``, and whether the scan reached back to offset 0 (False: only the partition's
+    newest ``scan`` records were read). One schedule's events all live in one partition of
+    ``events``: its records are picked by key, and by the bytes of the run ID or type,
+    before anything is decoded."""
     if log is None:
         return [], False
     key = partition_key(tenant, schedule_id)
+    wanted = frozenset(types) if types is not None else None
+    marks = [f'"type":"{t}"'.encode() for t in wanted] if wanted is not None else None
+    run_mark = run_id.encode() if run_id is not None else None
     n = await log.partitions_for(topics.events)
     p = partition_for(key.encode(), n)
     end = await log.end_offset(topics.events, p)
@@ -976,11 +980,16 @@ async def schedule_history(log: Any, topics: Any, tenant: str, schedule_id: str,
         for rec in recs:
             if rec.key != key.encode():
                 continue
+            if run_mark is not None and run_mark not in rec.value:
+                continue
+            if marks is not None and not any(mk in rec.value for mk in marks):
+                continue
             try:
                 env = codec.decode_event(rec.value)
             except ValueError:
                 continue
-            if env.tenant != tenant or env.schedule_id != schedule_id:
+            if env.tenant != tenant or env.schedule_id != schedule_id or (
+                    wanted is not None and env.type not in wanted):
                 continue
             payload = env.payload.model_dump(mode="json")
             if run_id is not None and payload.get("run_id") != run_id:

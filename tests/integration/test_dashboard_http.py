@@ -166,6 +166,8 @@ async def test_every_action_without_the_sessions_csrf_token_is_403_and_sends_not
         assert await state_of(stack, ACME, s) == "PAUSED"
         again = await http.get(f"/ui/schedules/{s}")
         assert f"paused &#39;{s}&#39;" in again.text and "PAUSED" in again.text
+        history = again.text[again.text.index("<h3>History</h3>"):]
+        assert history.index("SchedulePaused") < history.index("ScheduleCreated")  # newest first
 
     async with client_of(stack) as anonymous:  # no session at all: 401, nothing sent
         r = await anonymous.post(f"/ui/schedules/{s}/resume", data={"csrf": token})

@@ -75,6 +75,9 @@ FLASH_COOKIE = "chronolog_flash"
 SCHEDULES_SHOWN = 50
 RUNS_SHOWN = 20
 RECENT = timedelta(hours=24)  # the window of a schedule's "recent outcomes"
+# a schedule's own events, shown as its history (its revisions among them)
+LIFECYCLE = ("ScheduleCreated", "ScheduleRevised", "SchedulePaused", "ScheduleResumed",
+             "ScheduleDeleted", "ScheduleCompleted")
 
 # every page: never cached (a tenant's data), never framed by another site (its buttons act),
 # nothing loaded from anywhere but the node
@@ -398,13 +401,11 @@ async def schedule_page(
     runs = jsonable(await runs_page(rm, tenant.name, schedule_id, states=None, after=cursor,
                                     limit=RUNS_SHOWN,
                                     partitions=await ctx.events_partitions()))
-    events, complete = await schedule_history(ctx.log, ctx.topics, tenant.name, schedule_id)
+    lifecycle, complete = await schedule_history(ctx.log, ctx.topics, tenant.name,
+                                                 schedule_id, types=LIFECYCLE)
     revisions = [{"revision": e["payload"]["revision"], "at": e["at"], "type": e["type"],
                   "spec": _definition(e["payload"]["spec"])}
-                 for e in events if e["type"] in ("ScheduleCreated", "ScheduleRevised")]
-    lifecycle = [e for e in events if e["type"] in (
-        "ScheduleCreated", "ScheduleRevised", "SchedulePaused", "ScheduleResumed",
-        "ScheduleDeleted", "ScheduleCompleted")]
+                 for e in lifecycle if e["type"] in ("ScheduleCreated", "ScheduleRevised")]
     return page(request, "schedule.html", tenant, watermark=wm,
                 title=f"Schedule {schedule_id}", s=doc,
                 words=rule_words(doc["definition"]), instants=instants_with_dst(row, 10),
