@@ -1,6 +1,6 @@
 """The web dashboard over plain HTTP: its session cookie, its CSRF protection and its tenant
-scoping, on a real processor, projector and PostgreSQL read model (``ApiStack``, embedded
-log).
+scoping, on a real processor, projector and PostgreSQL read model (``ApiStack``), on the
+embedded log and on Kafka.
 
 The session cookie is HttpOnly and SameSite=Strict; every action without the session's CSRF
 token (or with another session's, or from another origin) is 403 and sends nothing; another
@@ -13,26 +13,22 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from chronolog.api.dashboard.session import csrf_for
-from chronolog.log.port import Topics
-from chronolog.settings import LogConfig, open_log
 
 from .api_stack import ACME, GLOBEX, ApiStack
-from .conftest import started
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def stack(tmp_path: Path, database_url: str) -> AsyncIterator[ApiStack]:
-    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(partitions=2))
-    async with started(open_log(cfg)) as lg, ApiStack(lg, database_url) as s:
+async def stack(event_log: Any, database_url: str) -> AsyncIterator[ApiStack]:
+    """The stack on each log (the pages read the log too: a schedule's events, offsets)."""
+    async with ApiStack(event_log, database_url) as s:
         yield s
 
 
