@@ -6,11 +6,20 @@
     var msg = e.target && e.target.getAttribute && e.target.getAttribute("data-confirm");
     if (msg && !window.confirm(msg)) { e.preventDefault(); }
   });
-  // never replace a live part while someone types in it
+  // never replace a live part while the focus is in it (someone types, or tabbed onto a
+  // button): it is refreshed once the focus leaves it
   document.addEventListener("htmx:beforeRequest", function (e) {
     var a = document.activeElement;
-    if (a && e.target.contains(a) && /^(INPUT|TEXTAREA|SELECT)$/.test(a.tagName)) {
+    if (a && a !== document.body && e.target.contains(a)) {
       e.preventDefault();
+      e.target.setAttribute("data-stale", "1");
+    }
+  });
+  document.addEventListener("focusout", function (e) {
+    var region = e.target.closest && e.target.closest(".live[data-stale]");
+    if (region && !(e.relatedTarget && region.contains(e.relatedTarget)) && window.htmx) {
+      region.removeAttribute("data-stale");
+      window.htmx.trigger(region, "chronolog:stale");
     }
   });
   var url = document.body.getAttribute("data-watermark-url");
