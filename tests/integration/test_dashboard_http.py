@@ -59,8 +59,9 @@ def csrf_of(page: httpx.Response) -> str:
 
 def client_of(stack: ApiStack) -> httpx.AsyncClient:
     """A fresh browser-like client on the stack's app (its own cookie jar)."""
-    assert stack.http is not None
-    return httpx.AsyncClient(transport=stack.http._transport, base_url="http://chronolog.test")
+    assert stack.app is not None
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=stack.app),
+                             base_url="http://chronolog.test")
 
 
 async def create(stack: ApiStack, headers: dict[str, str], schedule_id: str,
