@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from chronolog.api.dashboard.session import csrf_for
+from support.polling import wait_until
 
 from .api_stack import ACME, GLOBEX, ApiStack
 
@@ -170,6 +171,57 @@ async def test_every_action_without_the_sessions_csrf_token_is_403_and_sends_not
         r = await anonymous.post(f"/ui/schedules/{s}/resume", data={"csrf": token})
         assert r.status_code == 401
     assert await state_of(stack, ACME, s) == "PAUSED"
+
+    async with client_of(stack) as http:  # resume, then delete, through the dashboard
+        await login(http, "acme-token")
+        token = csrf_of(await http.get("/ui/"))
+        r = await http.post(f"/ui/schedules/{s}/resume", data={"csrf": token})
+        assert r.status_code == 303 and await state_of(stack, ACME, s) == "ACTIVE"
+        r = await http.post(f"/ui/schedules/{s}/delete", data={
+            "csrf": token, "next": f"/ui/schedules/{s}"})
+        assert r.status_code == 303 and r.headers["location"] == "/ui/"  # it is gone
+        assert await state_of(stack, ACME, s) == "DELETED"
+        listed = await http.get("/ui/")
+        assert f"deleted &#39;{s}&#39;" in listed.text
+        assert f'data-schedule="{s}"' not in listed.text  # the list leaves DELETED out
+        deleted = await http.get("/ui/", params={"state": "DELETED"})
+        assert f'data-schedule="{s}"' in deleted.text
+
+
+@pytest.mark.parametrize("decision", ["retry", "abandon"])
+async def test_a_reconciliation_is_resolved_through_the_dashboard(
+    stack: ApiStack, decision: str,
+) -> None:
+    assert stack.http is not None
+    s = sid()
+    await create(stack, ACME, s)
+    run = (await stack.http.post(f"/v1/schedules/{s}/runs", headers={
+        **ACME, "Idempotency-Key": "k"})).json()["runId"]
+    claim = await stack.client.claim("acme", s, run, 1, "w-1")
+    await stack.client.fail("acme", s, run, 1, claim["fence"], "w-1", "ambiguous", "timeout")
+
+    async def reconciling() -> bool:
+        g = await stack.http.get(f"/v1/runs/{run}", headers=ACME)
+        return g.json()["state"] == "RECONCILING"
+
+    await wait_until(reconciling, 20, what="run RECONCILING in the read model")
+    async with client_of(stack) as http:
+        await login(http, "acme-token")
+        attention = await http.get("/ui/attention")
+        card = attention.text[attention.text.index(f'<article class="card" data-run="{run}"'):]
+        assert 'value="retry"' in card and 'value="abandon"' in card and "Reason" in card
+        r = await http.post(f"/ui/runs/{run}/reconcile", data={
+            "csrf": csrf_of(attention), "decision": decision, "reason": "checked by hand",
+            "next": "/ui/attention"})
+        assert r.status_code == 303 and r.headers["location"] == "/ui/attention"
+        shown = await http.get("/ui/attention")
+        assert f"resolved run {run}: {decision}" in shown.text
+        assert f'data-run="{run}"' not in shown.text[shown.text.index('id="h-reconciling"'):
+                                                     shown.text.index('id="h-waiting"')]
+    got = (await stack.http.get(f"/v1/runs/{run}", headers=ACME)).json()
+    assert got["reconciliationResolution"]["decision"] == decision
+    assert got["reconciliationResolution"]["note"] == "checked by hand"
+    assert got["state"] == ("READY" if decision == "retry" else "DEAD")
 
 
 async def test_another_tenants_objects_are_neither_listed_nor_reachable(
