@@ -12,7 +12,8 @@ BIN := $(VENV)/bin
 # installed copy that differs from src/: tests/conftest.py.)
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
-SOURCES := $(shell find src -name '*.py' -o -name '*.sql')
+SOURCES := $(shell find src -name '*.py' -o -name '*.sql' -o -name '*.html' -o -name '*.css' \
+	-o -name '*.js' -o -name '*.txt')
 
 .PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint chaos
 
@@ -34,7 +35,7 @@ test: $(RUNTIME) $(TESTING)
 
 ## only the pure tests (no services; promtool is installed if missing: scripts/with_services.py)
 test-unit: $(RUNTIME) $(TESTING)
-	$(BIN)/python scripts/with_services.py --no-kafka --no-postgres -- \
+	$(BIN)/python scripts/with_services.py --no-kafka --no-postgres --no-browser -- \
 		$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 schemas: $(RUNTIME)

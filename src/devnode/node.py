@@ -251,6 +251,7 @@ def _banner(node: DevNode, tenants: Any, tenants_path: str | None, seeded: bool)
     token = tenant.tokens[0] if shown else "<token>"
     lines = [
         f"chronolog dev is running: API {url}  (OpenAPI {url}/docs)",
+        f"web dashboard: {url}/  (log in with the tenant's token)",
         f"data directory: {node.data_dir.resolve()}",
         *([f"log file: {node.log_path.resolve()}"] if node.log_path is not None else []),
         f"tenant '{tenant.name}', token: {token}"

@@ -47,8 +47,10 @@ import orjson
 
 from chronolog.commands.backlog import plan_due
 from chronolog.commands.state import policy_for
+from chronolog.domain import codec
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
+from chronolog.domain.ids import partition_key
 from chronolog.domain.recurrence import (
     RecurrenceError,
     compile_trigger,
@@ -57,6 +59,8 @@ from chronolog.domain.recurrence import (
     resolve_zone,
     upcoming,
 )
+from chronolog.log.partitioner import partition_for
+from chronolog.log.reading import read_partition
 from chronolog.projections import workers as wk
 from chronolog.projections.documents import (
     AttemptOut,
@@ -84,13 +88,14 @@ from chronolog.projections.documents import (
 )
 
 __all__ = [
-    "LIST_PAGE", "MAX_PAGE", "PREVIEW_COUNT", "RUN_STATES", "SCHEDULES_LISTED",
-    "SCHEDULE_STATES", "InvalidQuery", "LetterCursor", "LetterQuery", "ReadModel",
-    "RunCursor", "RunListCursor", "RunQuery", "ScheduleQuery", "dead_letters_page",
+    "HISTORY_SCAN", "LIST_PAGE", "MAX_PAGE", "OUTCOME_STATES", "PREVIEW_COUNT", "RUN_STATES",
+    "SCHEDULES_LISTED", "SCHEDULE_STATES", "InvalidQuery", "LetterCursor", "LetterQuery",
+    "ReadModel", "RunCursor", "RunListCursor", "RunQuery", "ScheduleQuery", "dead_letters_page",
     "decode_letter_cursor", "decode_run_cursor", "decode_run_list_cursor",
-    "decode_schedule_cursor", "decode_worker_cursor", "parse_list_instant",
-    "parse_run_states", "parse_schedule_states", "preview", "run_document", "run_list_page",
-    "runs_page", "schedule_document", "schedule_summary", "schedules_page", "watermark",
+    "decode_schedule_cursor", "decode_worker_cursor", "instants_with_dst", "last_results",
+    "occurrences", "parse_list_instant", "parse_run_states", "parse_schedule_states", "preview",
+    "recent_outcomes", "run_document", "run_list_page", "runs_page", "schedule_document",
+    "schedule_history", "schedule_rows", "schedule_summary", "schedules_page", "watermark",
     "worker_out", "workers_page",
 ]
 
@@ -852,3 +857,172 @@ async def workers_page(pool: Any, *, after: str | None, limit: int, live: bool |
     return WorkerPage(items=[worker_out(w, allowed) for w in rows],
                       next_cursor=_b64({"k": "workers", "l": rows[-1].worker_id, "f": live})
                       if more else None)
+
+
+# =======================================================================================
+# the web dashboard's views (chronolog.api.dashboard): the API's documents above, plus what
+# a page shows beside them — recent outcomes, occurrences with their skip reasons, the next
+# instants with their daylight-saving marks, a schedule's history from the log
+
+
+OUTCOME_STATES: tuple[str, ...] = ("SUCCEEDED", "DEAD", "RECONCILING", "CANCELLED", "SKIPPED")
+HISTORY_SCAN = 20_000  # records of a schedule's partition read back for its history
+
+
+async def recent_outcomes(rm: ReadModel, tenant: str, schedule_ids: list[str],
+                          since: datetime) -> dict[str, dict[str, int]]:
+    """Per schedule, its runs scheduled at or after ``since`` counted by state (a
+    collapsed skip range counts each instant it stands for)."""
+    rows = await rm.pool.fetch(
+        "SELECT schedule_id, state, sum(CASE WHEN state = 'SKIPPED' "
+        "THEN GREATEST(skipped_count, 1) ELSE 1 END)::bigint AS n FROM runs "
+        "WHERE tenant = $1 AND schedule_id = ANY($2::text[]) AND scheduled_at >= $3 "
+        "GROUP BY 1, 2", tenant, schedule_ids, since)
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r["schedule_id"], {})[r["state"]] = int(r["n"])
+    return out
+
+
+async def last_results(rm: ReadModel, tenant: str, schedule_ids: list[str]
+                       ) -> dict[str, dict[str, Any]]:
+    """Per schedule, its newest run that reached an outcome: ``{runId, state,
+    scheduledAt, finishedAt}``."""
+    rows = await rm.pool.fetch(
+        "SELECT s.id AS schedule_id, r.run_id, r.state, r.scheduled_at, r.finished_at "
+        "FROM unnest($2::text[]) AS s(id) CROSS JOIN LATERAL ("
+        " SELECT run_id, state, scheduled_at, finished_at FROM runs "
+        " WHERE tenant = $1 AND schedule_id = s.id AND state = ANY($3::text[]) "
+        " ORDER BY scheduled_at DESC, run_id DESC LIMIT 1) AS r",
+        tenant, schedule_ids, list(OUTCOME_STATES))
+    return {r["schedule_id"]: {"runId": r["run_id"], "state": r["state"],
+                               "scheduledAt": iso(r["scheduled_at"]),
+                               "finishedAt": iso(r["finished_at"])} for r in rows}
+
+
+async def schedule_rows(rm: ReadModel, tenant: str, schedule_ids: list[str]
+                        ) -> dict[str, asyncpg.Record]:
+    """The tenant's schedules rows of these IDs."""
+    rows = await rm.pool.fetch(
+        "SELECT * FROM schedules WHERE tenant = $1 AND schedule_id = ANY($2::text[])",
+        tenant, schedule_ids)
+    return {r["schedule_id"]: r for r in rows}
+
+
+async def occurrences(rm: ReadModel, tenant: str, schedule_id: str, limit: int = 60
+                      ) -> list[dict[str, Any]]:
+    """A schedule's newest ``limit`` occurrences, oldest first, with why a skipped one was
+    skipped: ``{runId, scheduledAt, state, attempt, trigger, finishedAt, skippedReason,
+    skippedThrough, skippedCount}``."""
+    rows = await rm.pool.fetch(
+        "SELECT run_id, scheduled_at, state, attempt, trigger, finished_at, skipped_reason, "
+        "skipped_through, skipped_count FROM runs WHERE tenant = $1 AND schedule_id = $2 "
+        "ORDER BY scheduled_at DESC, run_id DESC LIMIT $3", tenant, schedule_id, limit)
+    return [{"runId": r["run_id"], "scheduledAt": iso(r["scheduled_at"]), "state": r["state"],
+             "attempt": r["attempt"], "trigger": r["trigger"],
+             "finishedAt": iso(r["finished_at"]), "skippedReason": r["skipped_reason"],
+             "skippedThrough": iso(r["skipped_through"]), "skippedCount": r["skipped_count"]}
+            for r in reversed(rows)]
+
+
+def _wall_ambiguous(t: datetime, zone: Any) -> bool:
+    """Whether ``t``'s local wall time happens twice in ``zone`` (a clock set back)."""
+    wall = t.astimezone(zone).replace(tzinfo=None)
+    return (wall.replace(tzinfo=zone, fold=0).utcoffset()
+            != wall.replace(tzinfo=zone, fold=1).utcoffset())
+
+
+def instants_with_dst(row: asyncpg.Record, count: int = 10) -> list[dict[str, Any]]:
+    """An ACTIVE schedule's next ``count`` instants (``preview``) and where daylight saving
+    time changed them, each ``{scheduledAt, dueAt, local, offset, dst, note}``: ``dst`` is
+    None, ``shifted`` (its wall time does not exist that day: moved forward),
+    ``repeated`` (its wall time happens twice that day) or ``skipped`` (a wall time that
+    does not exist, or the repetition the ``dst`` policy leaves out: listed, never run).
+
+    A cron rule is compiled again with the other policies (``nonexistent`` shift or skip,
+    ``ambiguous`` both) over the same span: what differs is what the policy decided."""
+    items = preview(row, count)
+    out = [{"scheduledAt": iso(p.scheduled_at), "dueAt": iso(p.due_at), "local": p.local,
+            "dst": None, "note": None} for p in items]
+    if not items:
+        return out
+    spec = _stored_spec(row)
+    if spec.cron is None:
+        return out
+    zone = resolve_zone(spec.timezone)
+    first, last = items[0].scheduled_at, items[-1].scheduled_at
+
+    def span(ambiguous: str, nonexistent: str) -> set[datetime]:
+        trig = compile_trigger(cron=spec.cron, timezone=spec.timezone, start=spec.start,
+                               end=spec.end, dst_ambiguous=ambiguous,
+                               dst_nonexistent=nonexistent)
+        got = {first} | set(upcoming(trig, first, 4 * count))
+        return {t for t in got if first <= t <= last}
+
+    kept = {p.scheduled_at for p in items}
+    unskipped = span("both", "shift_forward")
+    no_shift = span("both", "skip")
+    for item, p in zip(out, items, strict=True):
+        t = p.scheduled_at
+        if _wall_ambiguous(t, zone):
+            item["dst"], item["note"] = "repeated", (
+                "this wall time happens twice (clocks go back): policy "
+                f"ambiguous={spec.dst.ambiguous}")
+        elif t not in no_shift:
+            item["dst"], item["note"] = "shifted", (
+                "the wall time does not exist that day (clocks go forward): shifted forward")
+    for t in sorted(unskipped - kept):
+        local = t.astimezone(zone)
+        note = ("the repetition of this wall time is left out: policy "
+                f"ambiguous={spec.dst.ambiguous}") if _wall_ambiguous(t, zone) else (
+            "the wall time does not exist that day (clocks go forward): policy "
+            "nonexistent=skip")
+        out.append({"scheduledAt": iso(t), "dueAt": None,
+                    "local": local.isoformat(timespec="seconds"), "dst": "skipped",
+                    "note": note})
+    out.sort(key=lambda i: (i["scheduledAt"], i["dst"] == "skipped"))
+    return out
+
+
+async def schedule_history(log: Any, topics: Any, tenant: str, schedule_id: str, *,
+                           run_id: str | None = None, types: Iterable[str] | None = None,
+                           scan: int = HISTORY_SCAN) -> tuple[list[dict[str, Any]], bool]:
+    """A schedule's events from the log, oldest first (only those of ``run_id``, and of
+    ``types``, when given), each ``{partition, offset, eventId, type, at, causationId,
+    payload}``, and whether the scan reached back to offset 0 (False: only the partition's
+    newest ``scan`` records were read). One schedule's events all live in one partition of
+    ``events``: its records are picked by key, and by the bytes of the run ID or type,
+    before anything is decoded."""
+    if log is None:
+        return [], False
+    key = partition_key(tenant, schedule_id)
+    wanted = frozenset(types) if types is not None else None
+    marks = [f'"type":"{t}"'.encode() for t in wanted] if wanted is not None else None
+    run_mark = run_id.encode() if run_id is not None else None
+    n = await log.partitions_for(topics.events)
+    p = partition_for(key.encode(), n)
+    end = await log.end_offset(topics.events, p)
+    start = max(0, end - scan)
+    out: list[dict[str, Any]] = []
+    async for recs in read_partition(log, topics.events, p, start, end):
+        for rec in recs:
+            if rec.key != key.encode():
+                continue
+            if run_mark is not None and run_mark not in rec.value:
+                continue
+            if marks is not None and not any(mk in rec.value for mk in marks):
+                continue
+            try:
+                env = codec.decode_event(rec.value)
+            except ValueError:
+                continue
+            if env.tenant != tenant or env.schedule_id != schedule_id or (
+                    wanted is not None and env.type not in wanted):
+                continue
+            payload = env.payload.model_dump(mode="json")
+            if run_id is not None and payload.get("run_id") != run_id:
+                continue
+            out.append({"partition": p, "offset": rec.offset, "eventId": env.event_id,
+                        "type": env.type, "at": iso(env.at), "causationId": env.causation_id,
+                        "payload": payload})
+    return out, start == 0

@@ -56,6 +56,7 @@ class ApiStack:
         self._proc_task: asyncio.Task[None] | None = None
         self._proj_task: asyncio.Task[None] | None = None
         self.http: httpx.AsyncClient | None = None
+        self.app: Any = None
 
     async def __aenter__(self) -> ApiStack:
         self.store = await schema_store(self.dsn, max_size=8)
@@ -64,7 +65,7 @@ class ApiStack:
         await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,
                          60, what="partitions assigned")
         self.resume_projector()
-        app = create_app(self.client, self.store, self.tenants, **self.app_options)
+        app = self.app = create_app(self.client, self.store, self.tenants, **self.app_options)
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                       base_url="http://chronolog.test")
         return self

@@ -106,6 +106,11 @@ async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> No
             assert (await http.get("/v1/schedules/nightly")).status_code == 401
             metrics = await http.get("/metrics")
             assert "chronolog_projection_lag_events" in metrics.text
+            # `chronolog api` serves the web dashboard on the same port
+            home = await http.get("/")
+            assert home.status_code == 303 and home.headers["location"] == "/ui/"
+            login = await http.get("/ui/login")
+            assert login.status_code == 200 and "Tenant token" in login.text
     finally:
         codes = [_stop(p) for p in reversed(started)]
     assert codes == [0, 0, 0], [(tmp_path / f).read_text()[-2000:]

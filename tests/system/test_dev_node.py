@@ -208,7 +208,11 @@ def test_dev_banner_keeps_the_token_off_redirected_output_and_metrics_are_open(
                           and out.read_text(), 30, "the banner")
         # a dev node without a tenants file: /metrics needs no token
         assert httpx.get(f"{node.url}/metrics", timeout=10).status_code == 200
+        # the banner names the web dashboard, which / leads to
+        home = httpx.get(f"{node.url}/", timeout=10)
+        assert home.status_code == 303 and home.headers["location"] == "/ui/"
     finally:
         assert node.stop() == 0, (tmp_path / "dev.log").read_text()[-2000:]
     assert "token: <token>" in banner and "Bearer <token>" in banner, banner
+    assert f"web dashboard: {node.url}/  (log in" in banner, banner
     assert "Bearer dev" not in banner and "token: dev" not in banner, banner

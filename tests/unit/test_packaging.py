@@ -20,7 +20,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 MIGRATIONS = ROOT / "src" / "projections" / "migrations"
 # the tools only `make test` / `make lint` need: never a runtime dependency
 TEST_TOOLS = {"pytest", "pytest-asyncio", "hypothesis", "schemathesis", "ruff", "mypy",
-              "import-linter", "aiosmtpd", "testcontainers", "psutil", "setuptools"}
+              "import-linter", "aiosmtpd", "testcontainers", "psutil", "setuptools",
+              "playwright"}
 
 
 def _name(requirement: str) -> str:
@@ -39,12 +40,14 @@ def test_package_list_matches_src_folders() -> None:
         rel = init.parent.relative_to(ROOT / "src")
         if rel.parts:
             found.add("chronolog." + ".".join(rel.parts))
-    # data-only packages (no __init__.py: the SQL migrations) are declared with their data
+    # data-only packages (no __init__.py: the SQL migrations, the dashboard's templates and
+    # static files) are declared with their data
     data = set(cfg["package-data"])
     for pkg in data:
         folder = ROOT / "src" / Path(*pkg.split(".")[1:])
         assert folder.is_dir() and not (folder / "__init__.py").exists(), pkg
-    assert data == {"chronolog.projections.migrations"}
+    assert data == {"chronolog.projections.migrations", "chronolog.api.dashboard.templates",
+                    "chronolog.api.dashboard.static"}
     assert declared == found | data
 
 
@@ -84,6 +87,20 @@ def test_the_wheel_ships_every_sql_migration(wheel: tuple[Path, str]) -> None:
     with zipfile.ZipFile(path) as z:
         for name in on_disk:
             assert z.read(shipped[name]) == (MIGRATIONS / name).read_bytes(), name
+
+
+def test_the_wheel_ships_the_dashboard_templates_and_static_files(
+    wheel: tuple[Path, str],
+) -> None:
+    path, _ = wheel
+    folder = ROOT / "src" / "api" / "dashboard"
+    on_disk = {str(p.relative_to(folder)) for sub in ("templates", "static")
+               for p in (folder / sub).iterdir() if p.is_file()}
+    prefix = "chronolog/api/dashboard/"
+    shipped = {n.removeprefix(prefix) for n in zipfile.ZipFile(path).namelist()
+               if n.startswith(prefix) and not n.endswith(".py")}
+    assert {"templates/base.html", "static/htmx.min.js", "static/dashboard.css"} <= on_disk
+    assert shipped == on_disk
 
 
 def test_the_build_prints_no_setuptools_warning(wheel: tuple[Path, str]) -> None:

@@ -1,0 +1,99 @@
+"""The dashboard's pure views: a rule in words, and the next instants with the marks of
+daylight saving time (``read_model.instants_with_dst``) on real zone transitions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from chronolog.api.dashboard.words import duration_words, rule_words
+from chronolog.projections.documents import DstIn, JobIn, ScheduleDefinition, to_spec
+from chronolog.projections.read_model import instants_with_dst
+
+
+def row(next_run_at: datetime, **definition: Any) -> dict[str, Any]:
+    """A schedules row as the read model stores it (the columns the preview reads)."""
+    spec = to_spec(ScheduleDefinition(job=JobIn(type="report"), **definition))
+    return {"schedule_id": "s", "state": "ACTIVE", "next_run_at": next_run_at,
+            "anchor": None, "spec": spec.model_dump_json()}
+
+
+def marks(items: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    return [(i["local"], i["dst"]) for i in items]
+
+
+NY = "America/New_York"
+
+
+def test_a_wall_time_that_does_not_exist_is_marked_shifted_or_listed_as_skipped() -> None:
+    # 2026-03-08: New York's clocks go from 02:00 to 03:00
+    first = datetime(2026, 3, 6, 7, 30, tzinfo=UTC)  # 02:30 EST on the 6th
+    shifted = instants_with_dst(row(first, cron="30 2 * * *", timezone=NY), 4)
+    assert marks(shifted) == [
+        ("2026-03-06T02:30:00-05:00", None), ("2026-03-07T02:30:00-05:00", None),
+        ("2026-03-08T03:00:00-04:00", "shifted"), ("2026-03-09T02:30:00-04:00", None)]
+    assert "does not exist" in shifted[2]["note"]
+
+    skipped = instants_with_dst(row(first, cron="30 2 * * *", timezone=NY,
+                                    dst=DstIn(nonexistent="skip")), 4)
+    assert [(i["scheduledAt"], i["dst"]) for i in skipped] == [
+        ("2026-03-06T07:30:00Z", None), ("2026-03-07T07:30:00Z", None),
+        ("2026-03-08T07:00:00Z", "skipped"), ("2026-03-09T06:30:00Z", None),
+        ("2026-03-10T06:30:00Z", None)]
+    assert skipped[2]["dueAt"] is None and "nonexistent=skip" in skipped[2]["note"]
+
+
+@pytest.mark.parametrize("policy", ["first", "second", "both"])
+def test_a_wall_time_that_happens_twice_is_marked_repeated(policy: str) -> None:
+    # 2026-11-01: New York's clocks go from 02:00 back to 01:00: 01:30 happens twice
+    first = datetime(2026, 10, 31, 5, 30, tzinfo=UTC)  # 01:30 EDT on the 31st
+    items = instants_with_dst(row(first, cron="30 1 * * *", timezone=NY,
+                                  dst=DstIn(ambiguous=policy)), 3)
+    got = [(i["scheduledAt"], i["dst"]) for i in items]
+    edt, est = ("2026-11-01T05:30:00Z", "repeated"), ("2026-11-01T06:30:00Z", "repeated")
+    if policy == "first":
+        assert got == [("2026-10-31T05:30:00Z", None), edt,
+                       ("2026-11-01T06:30:00Z", "skipped"), ("2026-11-02T06:30:00Z", None)]
+    elif policy == "second":
+        assert got == [("2026-10-31T05:30:00Z", None), ("2026-11-01T05:30:00Z", "skipped"),
+                       est, ("2026-11-02T06:30:00Z", None)]
+    else:
+        assert got == [("2026-10-31T05:30:00Z", None), edt, est]
+
+
+def test_instants_away_from_transitions_and_intervals_carry_no_mark() -> None:
+    first = datetime(2026, 6, 1, 13, 0, tzinfo=UTC)
+    assert {i["dst"] for i in instants_with_dst(row(first, cron="0 9 * * *", timezone=NY),
+                                                10)} == {None}
+    every = instants_with_dst(row(first, every=3600.0), 10)
+    assert len(every) == 10 and {i["dst"] for i in every} == {None}
+    paused = {**row(first, every=3600.0), "state": "PAUSED"}
+    assert instants_with_dst(paused, 10) == []
+
+
+@pytest.mark.parametrize(("definition", "words"), [
+    ({"cron": "0 9 * * 1-5", "timezone": NY}, "at 09:00 on Monday to Friday (America/New_York)"),
+    ({"cron": "*/15 * * * *"}, "every 15 minutes (UTC)"),
+    ({"cron": "* * * * *"}, "every minute (UTC)"),
+    ({"cron": "@daily"}, "at 00:00 (UTC)"),
+    ({"cron": "30 6,18 * * SAT,SUN"}, "at 06:30, 18:30 on Saturday and Sunday (UTC)"),
+    ({"cron": "0 0 L * *"}, "at 00:00 on the last day of the month (UTC)"),
+    ({"cron": "0 12 1 1 *"}, "at 12:00 on day 1 of the month in January (UTC)"),
+    ({"cron": "5 */2 * * *"}, "every 2 hours at minute 5 (UTC)"),
+    ({"cron": "0-10 9 * * *"}, "minute 0-10, hour 9 (UTC)"),
+    ({"cron": "30 2 * * SUN#2", "timezone": NY},
+     "at 02:30 on the second Sunday of the month (America/New_York)"),
+    ({"cron": "0 18 * * 5L"}, "at 18:00 on the last Friday of the month (UTC)"),
+    ({"every": 90.0}, "every 1 min 30 s"),
+    ({"at": "2026-12-24T18:00:00Z"}, "once at 2026-12-24T18:00:00Z"),
+    ({"delay": 3600.0}, "1 h after each run ends"),
+])
+def test_a_rule_in_words(definition: dict[str, Any], words: str) -> None:
+    assert rule_words(definition) == words
+
+
+def test_durations_in_words() -> None:
+    assert [duration_words(s) for s in (0, 5, 60, 3600, 86400 + 61, 1.5)] == [
+        "0 s", "5 s", "1 min", "1 h", "1 d 1 min 1 s", "1.5 s"]
