@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import secrets
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -453,24 +454,17 @@ async def _schedule_action(request: Request, ctx: Any, schedule_id: str, verb: s
     return redirect(request, back, text)
 
 
-@router.post(PREFIX + "/schedules/{schedule_id}/pause")
-async def pause(request: Request, schedule_id: ScheduleIdPath, ctx: Context) -> Response:
-    return await _schedule_action(request, ctx, schedule_id, "pause")
+def _schedule_route(verb: str) -> Callable[..., Awaitable[Response]]:
+    async def act(request: Request, schedule_id: ScheduleIdPath, ctx: Context) -> Response:
+        return await _schedule_action(request, ctx, schedule_id, verb)
+
+    return act
 
 
-@router.post(PREFIX + "/schedules/{schedule_id}/resume")
-async def resume(request: Request, schedule_id: ScheduleIdPath, ctx: Context) -> Response:
-    return await _schedule_action(request, ctx, schedule_id, "resume")
-
-
-@router.post(PREFIX + "/schedules/{schedule_id}/trigger")
-async def trigger(request: Request, schedule_id: ScheduleIdPath, ctx: Context) -> Response:
-    return await _schedule_action(request, ctx, schedule_id, "trigger")
-
-
-@router.post(PREFIX + "/schedules/{schedule_id}/delete")
-async def delete(request: Request, schedule_id: ScheduleIdPath, ctx: Context) -> Response:
-    return await _schedule_action(request, ctx, schedule_id, "delete")
+# one route per action, the same handler: /ui/schedules/{id}/pause|resume|trigger|delete
+for _verb in ("pause", "resume", "trigger", "delete"):
+    router.add_api_route(PREFIX + "/schedules/{schedule_id}/" + _verb, _schedule_route(_verb),
+                         methods=["POST"], name=f"schedule_{_verb}")
 
 
 def definition_from_form(form: dict[str, str]) -> ScheduleIn:
@@ -567,19 +561,17 @@ async def _run_action(request: Request, ctx: Any, run_id: str, verb: str) -> Res
     return redirect(request, back, text)
 
 
-@router.post(PREFIX + "/runs/{run_id}/redrive")
-async def redrive(request: Request, run_id: RunIdPath, ctx: Context) -> Response:
-    return await _run_action(request, ctx, run_id, "redrive")
+def _run_route(verb: str) -> Callable[..., Awaitable[Response]]:
+    async def act(request: Request, run_id: RunIdPath, ctx: Context) -> Response:
+        return await _run_action(request, ctx, run_id, verb)
+
+    return act
 
 
-@router.post(PREFIX + "/runs/{run_id}/reconcile")
-async def reconcile(request: Request, run_id: RunIdPath, ctx: Context) -> Response:
-    return await _run_action(request, ctx, run_id, "reconcile")
-
-
-@router.post(PREFIX + "/runs/{run_id}/cancel")
-async def cancel(request: Request, run_id: RunIdPath, ctx: Context) -> Response:
-    return await _run_action(request, ctx, run_id, "cancel")
+# the same for a run: /ui/runs/{id}/redrive|reconcile|cancel
+for _verb in ("redrive", "reconcile", "cancel"):
+    router.add_api_route(PREFIX + "/runs/{run_id}/" + _verb, _run_route(_verb),
+                         methods=["POST"], name=f"run_{_verb}")
 
 
 # ------------------------------------------------------------------ attention
