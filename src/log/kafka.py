@@ -145,7 +145,12 @@ _FATAL_TXN_ERRORS: tuple[type[BaseException], ...] = (
     IllegalStateError,
 )
 
-_READER_POOL_SIZE = 4
+# Readers (group-less consumers, each assigned one partition at a time). A reader taken for
+# another partition than its last drops what it prefetched and seeks: a process reading
+# several topics at once (the projector: every partition of events, dlq and workers) with
+# fewer readers than partitions in use made each read start cold, and the projector fell
+# behind a steady 1,000 events/s. Enough for each partition a process reads at once.
+_READER_POOL_SIZE = 16
 STATE_SEGMENT_BYTES = 16 * 1024 * 1024  # segment size of the compacted state topic
 _VISIBILITY_TIMEOUT_S = 10.0
 
