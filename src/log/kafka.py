@@ -89,14 +89,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
-    CoordinatorNotAvailableError,
     IllegalStateError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
     InvalidReplicationFactorError,
     InvalidTxnState,
     KafkaError,
-    NotCoordinatorError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
@@ -863,9 +861,12 @@ class KafkaEventLog:
                             raise for_code(code)(f"OffsetFetch {topic}[{partition}]")
                         result[TopicPartition(topic, partition)] = offset if offset >= 0 else None
                 return result
-            except KafkaError as exc:
-                if isinstance(exc, (NotCoordinatorError, CoordinatorNotAvailableError)):
-                    self._group_coordinators.pop(group, None)  # it moved or is starting
+            except KafkaError:
+                # ask for the coordinator again: it moved, is starting, or its broker is gone
+                # (NodeNotReady / a lost connection: a broker of a cluster killed, whose
+                # groups another broker coordinates now — kept, the cached one was asked in
+                # vain for ever)
+                self._group_coordinators.pop(group, None)
                 raise
 
         out: dict[TopicPartition, int | None] = await _retrying(
