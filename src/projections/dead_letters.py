@@ -32,6 +32,7 @@ from chronolog.domain import codec
 from chronolog.domain import limits as lim
 from chronolog.log.dead_letters import DeadLetters, named_by
 from chronolog.log.port import EventLog, Record
+from chronolog.projections.folding import fold_until_stopped
 from chronolog.projections.store import refused_for_its_data
 
 __all__ = ["CONSUMER", "DeadLetterFold", "LetterRow", "letter_row"]
@@ -140,18 +141,8 @@ class DeadLetterFold:
 
     async def run(self) -> None:
         """Fold until ``stop()``; a failure (log, database) is logged and retried."""
-        while not self._stopping.is_set():
-            try:
-                if not await self.step(self.idle_ms):
-                    await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the list is a view: keep going
-                log.warning("dead_letter_fold_failed", error=repr(exc))
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), 1.0)
-                except TimeoutError:
-                    pass
+        await fold_until_stopped(self.step, self._stopping, self.idle_ms, log,
+                                 "dead_letter_fold_failed")
 
     async def offsets(self) -> dict[int, int]:
         """The next dlq offset folded, per partition."""

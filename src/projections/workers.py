@@ -29,6 +29,7 @@ import structlog
 from chronolog.domain.membership import LIVE_S, Announcement, BadAnnouncement, waiting_reason
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog
+from chronolog.projections.folding import fold_until_stopped
 
 __all__ = [
     "WorkerDirectory",
@@ -72,18 +73,8 @@ class WorkerDirectory:
 
     async def run(self) -> None:
         """Fold until ``stop()``; a failure (log, database) is logged and retried."""
-        while not self._stopping.is_set():
-            try:
-                if not await self.step(self.idle_ms):
-                    await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - membership is advisory: keep going
-                log.warning("workers_directory_failed", error=repr(exc))
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), 1.0)
-                except TimeoutError:
-                    pass
+        await fold_until_stopped(self.step, self._stopping, self.idle_ms, log,
+                                 "workers_directory_failed")
 
     async def step(self, wait_ms: int = 0) -> int:
         """Read each partition once from its stored offset and fold what was there."""

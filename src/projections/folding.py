@@ -1,0 +1,28 @@
+"""The loop shared by the read model's side folds of a topic (``dead_letters``: the ``dlq``
+topic; ``workers``: the workers' announcements): step until stopped, a failure logged and
+tried again a second later — these lists are views, so a failing one never stops the
+projector."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+async def fold_until_stopped(step: Callable[[int], Awaitable[int]], stopping: asyncio.Event,
+                             idle_ms: int, log: Any, failed: str) -> None:
+    """``step(idle_ms)`` until ``stopping`` is set; ``log.warning(failed, error=...)`` and a
+    pause of 1 s (cut short by ``stopping``) after a failure."""
+    while not stopping.is_set():
+        try:
+            if not await step(idle_ms):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a view: keep going
+            log.warning(failed, error=repr(exc))
+            try:
+                await asyncio.wait_for(stopping.wait(), 1.0)
+            except TimeoutError:
+                pass
