@@ -653,7 +653,9 @@ class Processor:
         ps.events_offset = log_end
         takeover.states = len(ps.states)
         takeover.events_offset = log_end
-        for key, st in ps.states.items():
+        for i, (key, st) in enumerate(list(ps.states.items())):
+            if i % 5000 == 4999:
+                await asyncio.sleep(0)  # the group's heartbeats go on (100k states: ~1 s)
             ps.arm(key, st)
             for run in (st.runs or {}).values():
                 if run.state == "READY":
@@ -737,6 +739,9 @@ class Processor:
                 except Exception as exc:  # noqa: BLE001 - a poison record must not stop us
                     await self.dead_letters.put(rec, exc)
             offset = recs[-1].offset + 1
+            # a read of records the reader fetched already does not suspend: without this a
+            # long fold would hold the event loop (the group's heartbeats) from start to end
+            await asyncio.sleep(0)
         dirty, last_event = folder.finish()
         takeover.tail_events = folder.folded
         return dirty, max(offset, folder.fold_from), last_event
