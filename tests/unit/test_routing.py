@@ -1,0 +1,185 @@
+"""The routing rule of a partition-count change (chronolog.domain.routing), model-checked.
+
+The model: every partition is a FIFO queue of commands (the partition of ``commands``) and an
+owner that decides them one at a time with ``place``. Clients send a key's commands to its
+home in either version (a client on the old table, or any Kafka producer on the new count);
+the change sends each partition a handover order at some moment; a handover moves every
+key whose new home is elsewhere (an adopt command to that partition) and then appends its
+handover-done to every partition of the new version — all in one step, as in one transaction.
+Whatever the interleaving: a key is never held by two partitions, every command is decided
+exactly once by the partition holding the key (or creating it), a command is forwarded at
+most twice, and once every partition handed over each key is at its new home.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chronolog.domain.routing import (
+    HERE,
+    Forward,
+    PartitionRouting,
+    RoutingTable,
+    RoutingVersion,
+    place,
+)
+
+
+@dataclass
+class Command:
+    key: int
+    number: int
+    hops: int = 0
+
+
+class Model:
+    def __init__(self, old: int, new: int, keys: list[int], existing: list[bool]) -> None:
+        self.table = RoutingTable.initial(old).begin(new)
+        self.to = self.table.get(2)
+        n = self.table.partitions
+        self.queues: list[deque[tuple[str, object]]] = [deque() for _ in range(n)]
+        self.routing = [PartitionRouting.initial(p, self.table) for p in range(n)]
+        self.held: list[set[int]] = [set() for _ in range(n)]
+        for k, exists in zip(keys, existing, strict=True):
+            if exists:
+                self.held[k % old].add(k)
+        self.decided: dict[int, int] = {}  # command number -> partition
+        self.max_hops = 0
+        self.handed: set[int] = set()
+
+    def holders(self, key: int) -> list[int]:
+        return [p for p, keys in enumerate(self.held) if key in keys]
+
+    def send(self, cmd: Command, version: int) -> None:
+        self.queues[self.table.get(version).home(cmd.key)].append(("cmd", cmd))
+
+    def order_handover(self, p: int) -> None:
+        if p < self.table.get(1).partitions and p not in self.handed:
+            self.handed.add(p)
+            self.queues[p].append(("handover", None))
+
+    def step(self, p: int) -> bool:
+        if not self.queues[p]:
+            return False
+        kind, item = self.queues[p].popleft()
+        here = self.routing[p]
+        if kind == "cmd":
+            assert isinstance(item, Command)
+            where = place(item.key, item.key in self.held[p], here)
+            if where is HERE:
+                assert item.number not in self.decided, "a command decided twice"
+                self.decided[item.number] = p
+                self.held[p].add(item.key)  # a create, or a command for the key held here
+                assert self.holders(item.key) == [p], (item.key, self.holders(item.key))
+            else:
+                assert isinstance(where, Forward) and where.partition != p
+                item.hops += 1
+                self.max_hops = max(self.max_hops, item.hops)
+                self.queues[where.partition].append(("cmd", item))
+        elif kind == "adopt":
+            assert isinstance(item, int)
+            assert not self.holders(item), f"key {item} adopted while held elsewhere"
+            self.held[p].add(item)
+        elif kind == "done":
+            version, sender = item  # type: ignore[misc]
+            self.routing[p] = here.handover_received(version, sender)
+        else:  # handover: one transaction
+            moving = {k for k in self.held[p] if self.to.home(k) != p}
+            self.held[p] -= moving
+            for k in sorted(moving):
+                self.queues[self.to.home(k)].append(("adopt", k))
+            for q in range(self.to.partitions):
+                if q != p:
+                    self.queues[q].append(("done", (self.to.version, p)))
+            self.routing[p] = here.handed_over(self.to)
+        return True
+
+
+counts = st.integers(min_value=1, max_value=9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=counts, new=counts, data=st.data())
+def test_a_partition_count_change_never_doubles_or_loses_a_command_in_any_interleaving(
+    old: int, new: int, data: st.DataObject,
+) -> None:
+    if old == new:
+        new = old + 1
+    keys = data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=12, unique=True))
+    existing = data.draw(st.lists(st.booleans(), min_size=len(keys), max_size=len(keys)))
+    model = Model(old, new, keys, existing)
+    n = model.table.partitions
+    actions = data.draw(st.lists(st.one_of(
+        st.tuples(st.just("send"), st.sampled_from(keys), st.sampled_from([1, 2])),
+        st.tuples(st.just("handover"), st.integers(0, n - 1), st.just(0)),
+        st.tuples(st.just("step"), st.integers(0, n - 1), st.just(0)),
+    ), max_size=120))
+    sent = 0
+    for kind, a, b in actions:
+        if kind == "send":
+            model.send(Command(a, sent), b)
+            sent += 1
+        elif kind == "handover":
+            model.order_handover(a)
+        else:
+            model.step(a)
+    for p in range(old):  # the change completes: every old partition hands over
+        model.order_handover(p)
+    for _ in range(100_000):  # drain every queue, round robin
+        stepped = [model.step(p) for p in range(n)]  # every partition a step (no short cut)
+        if not any(stepped):
+            break
+    assert not any(model.queues)
+    assert sorted(model.decided) == list(range(sent)), "a command was lost"
+    assert model.max_hops <= 2
+    for k in keys:
+        holders = model.holders(k)
+        assert holders in ([], [model.to.home(k)]), (k, holders)
+    # after the change, a command sent by the new table is decided at once, without a hop
+    for k in keys:
+        model.send(Command(k, sent), 2)
+        while model.step(model.to.home(k)):
+            pass
+        assert model.decided[sent] == model.to.home(k)
+        sent += 1
+
+
+def test_a_key_that_never_moved_is_decided_at_home_in_either_version() -> None:
+    table = RoutingTable.initial(4).begin(8)
+    key = 5  # home 1 of 4 and 5 of 8
+    old_home = PartitionRouting.initial(1, table)
+    assert place(key, False, old_home) is HERE
+    new_home = PartitionRouting.initial(5, table)
+    assert place(key, False, new_home) == Forward(1)  # the old home has not handed over
+    assert place(key, False, new_home.handover_received(2, 1)) is HERE
+    assert place(key, False, old_home.handed_over(table.get(2))) == Forward(5)
+
+
+def test_a_handover_done_read_before_the_partitions_own_handover_is_kept() -> None:
+    table = RoutingTable.initial(3).begin(2)  # shrinking: partition 1 receives from 0 and 2
+    p1 = PartitionRouting.initial(1, table).handover_received(2, 2)
+    after = p1.handed_over(table.get(2))
+    assert after.has_received(2) and after.has_received(1) and not after.has_received(0)
+    assert place(3, False, after) == Forward(0)  # key 3: home 0 of 3, home 1 of 2
+
+
+def test_the_routing_table_allows_one_change_at_a_time() -> None:
+    table = RoutingTable.initial(12)
+    with pytest.raises(ValueError, match="already"):
+        table.begin(12)
+    moving = table.begin(24)
+    assert moving.migrating == RoutingVersion(2, 24) and moving.current.partitions == 12
+    with pytest.raises(ValueError, match="under way"):
+        moving.begin(36)
+    done = moving.complete()
+    assert done.current == RoutingVersion(2, 24) and done.migrating is None
+    assert done.partitions == 24 and done.begin(6).partitions == 24
+    with pytest.raises(ValueError, match="no change"):
+        done.complete()
+    with pytest.raises(ValueError, match="in order"):
+        RoutingTable((RoutingVersion(2, 3),), 2)
