@@ -44,6 +44,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
+from chronolog.log.kafka import stop_client
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import EventLog, KafkaCluster, LogError, OutRecord
 
@@ -71,12 +72,10 @@ class KafkaEffectAdapter:
 
     async def close(self) -> None:
         if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._producer.stop(), 15)
+            await stop_client(self._producer, 15)
             self._producer = None
         for producer in self._remote.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), 15)
+            await stop_client(producer, 15)
         self._remote.clear()
 
     def _record(self, intent: m.EffectIntended, payload: Any, topic: str) -> OutRecord:
@@ -129,8 +128,7 @@ class KafkaEffectAdapter:
                 try:
                     await asyncio.wait_for(producer.start(), 40)
                 except BaseException:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(producer.stop(), 10)
+                    await stop_client(producer, 10)
                     raise
                 self._remote[bootstrap] = producer
             meta = await asyncio.wait_for(producer.send_and_wait(
@@ -158,8 +156,7 @@ class KafkaEffectAdapter:
             try:
                 await asyncio.wait_for(producer.start(), 40)  # InitProducerId fences zombies
             except BaseException:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(producer.stop(), 10)
+                await stop_client(producer, 10)
                 raise
             self._producer = producer
         return self._producer
@@ -227,6 +224,5 @@ class KafkaEffectAdapter:
         if abort:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.abort_transaction(), 10)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.stop(), 15)
+        await stop_client(producer, 15)
 

@@ -151,6 +151,9 @@ _FATAL_TXN_ERRORS: tuple[type[BaseException], ...] = (
 _READER_POOL_SIZE = 16
 STATE_SEGMENT_BYTES = 16 * 1024 * 1024  # segment size of the compacted state topic
 _VISIBILITY_TIMEOUT_S = 10.0
+# a group member that sends no heartbeat for this long is dropped from its group (no
+# heartbeat goes out while a rebalance callback runs: aiokafka starts them once it returns)
+GROUP_SESSION_TIMEOUT_S = 10.0
 
 
 def _headers_out(headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]] | None:
@@ -226,6 +229,25 @@ async def _bounded(aw: Any, seconds: float, what: str) -> Any:
 # Between repeats of a Kafka request that failed with a retriable error (coordinator loading,
 # leader moving, ...).
 _REQUEST_BACKOFF = Backoff(first=0.02, cap=0.5)
+
+
+async def stop_client(client: Any, bound_s: float) -> None:
+    """Stop an aiokafka consumer or producer, best effort, within ``bound_s`` s.
+
+    aiokafka's ``stop`` awaits the tasks it cancels itself (a consumer's fetch task): their
+    CancelledError can come out of it — seen when an effect runner closed its group consumer
+    after an offset commit timed out with two brokers of three away, which ended the
+    process. Only a cancellation of the calling task itself goes on."""
+    try:
+        await asyncio.wait_for(client.stop(), bound_s)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except Exception:  # noqa: BLE001 - stopping is best effort
+        pass
+
+
 # Between polls for a committed transaction to become visible to committed readers.
 _VISIBILITY_POLL = Backoff(first=0.002, cap=0.05)
 
@@ -389,8 +411,7 @@ class KafkaEventLog:
             await _bounded(admin.start(), self._bound_s, "admin connect")
             await _bounded(producer.start(), self._bound_s, "producer connect")
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), 10)
+            await stop_client(producer, 10)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(admin.close(), 10)
             if isinstance(exc, KafkaError):
@@ -410,12 +431,10 @@ class KafkaEventLog:
             with contextlib.suppress(Exception):
                 await owner.close()
         for reader in self._readers:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.consumer.stop(), 10)
+            await stop_client(reader.consumer, 10)
         self._readers.clear()
         if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._producer.stop(), self._bound_s)
+            await stop_client(self._producer, self._bound_s)
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._admin.close(), 10)
@@ -904,8 +923,7 @@ class KafkaEventLog:
         except KafkaError as exc:
             raise LogUnavailable(f"kafka: storing offsets of group {group!r}: {exc!r}") from exc
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), 10)
+            await stop_client(consumer, 10)
 
     # ------------------------------------------------------------------ ownership
 
@@ -932,8 +950,7 @@ class KafkaEventLog:
             # or completing their open transaction).
             await _bounded(producer.start(), self._bound_s, f"InitProducerId for {txn_id}")
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), 10)
+            await stop_client(producer, 10)
             if isinstance(exc, KafkaError):  # no broker to bootstrap from, ...
                 raise LogUnavailable(f"kafka: InitProducerId for {txn_id} failed: {exc!r}"
                                      ) from exc
@@ -1229,7 +1246,7 @@ class KafkaGroupConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             request_timeout_ms=log_.request_timeout_ms,
-            session_timeout_ms=10000,
+            session_timeout_ms=int(GROUP_SESSION_TIMEOUT_S * 1000),
             heartbeat_interval_ms=1000,
             fetch_max_wait_ms=log_.fetch_max_wait_ms,
             max_partition_fetch_bytes=4 * 1024 * 1024,
@@ -1245,10 +1262,13 @@ class KafkaGroupConsumer:
             # Fetch the committed offsets only now: the callback may have started the
             # partition's transactional producer, completing an older owner's transaction.
             # (Should this fail, aiokafka starts such a partition at its committed offset.)
+            # A member may seek a partition while this runs (one it took over in the
+            # background after its callback returned): that seek is the newer one.
             for topic, partition in sorted(assigned - self._sought):
                 tp = TopicPartition(topic, partition)
                 offset = await self._consumer.committed(tp)
-                if offset is not None and offset >= 0:
+                if (offset is not None and offset >= 0
+                        and (topic, partition) not in self._sought):
                     self._consumer.seek(tp, offset)
         finally:
             self._sought = None
@@ -1302,6 +1322,5 @@ class KafkaGroupConsumer:
         if not self._started:
             return
         self._started = False
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._consumer.stop(), self._log._bound_s)
+        await stop_client(self._consumer, self._log._bound_s)
 

@@ -120,6 +120,10 @@ READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRed
 INTERNAL_COMMANDS = ("tick:", "assign:", "quota:")
 # between tries to take a partition over while the log does not answer (acquire, restore)
 TAKEOVER_BACKOFF = Backoff(first=0.5, cap=5.0)
+# How long a rebalance callback waits for its take-overs before it returns (the group's
+# heartbeats wait for it: under half the session timeout); the rest go on in the background
+TAKEOVER_INLINE_S = 4.0
+RESTORE_SLOTS = 2  # partitions restored at the same time
 
 
 class TenantPolicies(Protocol):
@@ -338,6 +342,16 @@ class Processor:
         # partition -> (failed take-overs in a row, monotonic time of the next try)
         self._retake: dict[int, tuple[int, float]] = {}
         self._throttle = Throttle()
+        # partitions being taken over in the background -> the task (``_on_assigned``), and
+        # the outcomes it produced since: (partition, (state, take-over, committed offset) |
+        # the exception | None when revoked before its turn)
+        self._restoring: dict[int, asyncio.Task[None]] = {}
+        self._restored: list[tuple[int, Any]] = []
+        self._closing: set[asyncio.Task[None]] = set()  # owners of discarded take-overs
+        self._abandoned: set[int] = set()  # revoked while being restored: not installed
+        self._restore_slots = asyncio.Semaphore(RESTORE_SLOTS)
+        # partitions installed since this step's poll began -> the offset they were sought to
+        self._installed: dict[int, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -384,9 +398,19 @@ class Processor:
             try:
                 await self._settle(rebuild=False)  # the open transactions finish first
             finally:
+                for task in set(self._restoring.values()):
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                for _, outcome in self._restored:
+                    if isinstance(outcome, tuple):
+                        self._discard_owner(outcome[0])
+                self._restoring, self._restored = {}, []
                 await self._consumer.close()
                 for ps in list(self.partitions.values()):
                     await self._drop(ps.partition, "shutdown")
+                if self._closing:
+                    await asyncio.gather(*self._closing, return_exceptions=True)
                 if tuned:
                     _gc_untune()
 
@@ -396,6 +420,9 @@ class Processor:
         Decides while the previous iteration's transactions are still in flight (see the
         module docstring), then waits for those before launching its own.
         """
+        if self._restored:
+            self._install_restored()  # before the poll: their records flow from the seek
+        self._installed.clear()
         timeout = self._poll_timeout()
         records = await self._consumer.getmany(timeout_ms=timeout,
                                                max_records=self.config.batch_max)
@@ -411,6 +438,7 @@ class Processor:
         chains = self._chains()
         if chains:
             await self._take_over_again()
+        self._reread_installed(by_partition)
         work: list[_Work] = []
         for p, ps in list(self.partitions.items()):
             batch = by_partition.get(p, [])
@@ -525,6 +553,8 @@ class Processor:
                 return 0  # nothing in flight: a snapshot chunk goes out unless commands came
             if any(ps.snap is not None and ps.snap.round is not None for ps in idle):
                 poll_ms = min(poll_ms, 5)  # a round's next chunk, once its writer is done
+        if self._restoring:
+            poll_ms = min(poll_ms, 20)  # a partition restored in the background: installed soon
         wakes = [w for w in (ps.next_wake() for ps in idle) if w is not None]
         if not wakes:
             return poll_ms
@@ -537,29 +567,110 @@ class Processor:
         """Take over each assigned partition: acquire (fencing the previous owner), restore,
         seek. One the log does not let us take over now (it does not answer) stays without
         state and is tried again after ``TAKEOVER_BACKOFF`` (``_take_over_again``): a broker
-        outage under load must not end the process, nor leave the partition unowned."""
+        outage under load must not end the process, nor leave the partition unowned.
+
+        The take-overs run in tasks of their own, awaited here for at most
+        ``TAKEOVER_INLINE_S``: no heartbeat of the group goes out while a rebalance callback
+        runs (aiokafka starts them once it returns), so a restore longer than the session
+        timeout done here would get the member dropped from the group — and, taken over
+        again from the start after rejoining, dropped again, for ever (a first fold of a
+        long history). A partition still restoring then is installed by ``step`` once
+        restored; its records are not decided before that (the seek at the install reads
+        them again from the committed offset)."""
         assigned_at = time.monotonic()
-        for topic, p in sorted(tps):
-            if topic != self.topics.commands or p in self.partitions:
-                continue
+        ours = {p for topic, p in tps if topic == self.topics.commands}
+        self._abandoned -= ours  # revoked while restoring, and given back: installed after all
+        todo = sorted(p for p in ours if p not in self.partitions and p not in self._restoring)
+        if todo:
+            tasks = []
+            for p in todo:
+                task = asyncio.create_task(self._take_over_in_turn(p, assigned_at),
+                                           name=f"take-over-{p}")
+                self._restoring[p] = task
+                tasks.append(task)
+            await asyncio.wait(tasks, timeout=TAKEOVER_INLINE_S)
+        self._install_restored()
+
+    async def _take_over_in_turn(self, p: int, assigned_at: float) -> None:
+        """Acquire and restore partition p once one of ``RESTORE_SLOTS`` is free (in the
+        order of assignment: one long restore does not hold the others up, and a few at a
+        time serve the first ones sooner than all at once); its outcome goes to
+        ``_restored`` for ``_install_restored``."""
+        async with self._restore_slots:
+            if p in self._abandoned:
+                self._restored.append((p, None))  # revoked before its turn: nothing to do
+                return
+            # the outcome first, then the append: ``self._restored`` is replaced by each
+            # install, so the list must be looked up after the await, not before it
+            outcome: Any
             try:
-                await self._take_over(p, assigned_at)
-            except Exception as exc:
-                if not (unavailable(exc) or isinstance(exc, LogError)):
-                    raise
-                tries = self._retake.get(p, (0, 0.0))[0] + 1
-                wait = TAKEOVER_BACKOFF.delay(tries)
-                self._retake[p] = (tries, time.monotonic() + wait)
-                self._failed[p] = f"take-over failed: {type(exc).__name__}: {exc}"[:300]
-                held = self._throttle.take(f"takeover-{p}")  # a few lines per outage
-                if held is not None:
-                    log.warning("partition_takeover_failed", partition=p, tries=tries,
-                                retry_in_s=wait, error=f"{type(exc).__name__}: {exc}"[:300],
-                                **({"held_back": held} if held else {}))
-        if self.config.gc_tuning and gc_tuned():
+                outcome = await self._take_over(p, assigned_at)
+            except Exception as exc:  # noqa: BLE001 - handled at the install
+                outcome = exc
+            self._restored.append((p, outcome))
+
+    def _install_restored(self) -> None:
+        """Install the partitions restored since the last call (seek to the committed
+        offset: their records flow from there), note the take-overs that failed."""
+        restored, self._restored = self._restored, []
+        for p, outcome in restored:
+            self._restoring.pop(p, None)
+            abandoned = p in self._abandoned
+            self._abandoned.discard(p)
+            if outcome is None:
+                continue
+            if isinstance(outcome, BaseException):
+                self._take_over_failed(p, outcome)
+                continue
+            ps, takeover, committed = outcome
+            if abandoned:
+                self._discard_owner(ps)  # revoked while it was restored
+                continue
+            self._consumer.seek(self.topics.commands, p, committed or 0)
+            self._installed[p] = committed or 0
+            self.partitions[p] = ps
+            self._failed.pop(p, None)  # taken over: its next commit tells
+            self._retake.pop(p, None)
+            takeover.restored_at = time.monotonic()
+            self.takeovers.append(takeover)
+            log.info("partition_assigned", partition=p, schedules=len(ps.states),
+                     events_offset=ps.events_offset, commands_offset=committed or 0,
+                     from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
+                     restore_s=round(takeover.restored_at - takeover.assigned_at, 3))
+        if restored and self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
 
-    async def _take_over(self, p: int, assigned_at: float | None = None) -> None:
+    def _reread_installed(self, by_partition: dict[int, list[Record]]) -> None:
+        """A partition installed while this step polled, or after (a rebalance callback, a
+        take-over again): the records polled for it may predate its seek — they are left
+        undecided and the partition is sought to its committed offset again (nothing was
+        decided for it since the install), so they are read again in order."""
+        for p, committed in self._installed.items():
+            if by_partition.pop(p, None) is not None:
+                self._consumer.seek(self.topics.commands, p, committed)
+
+    def _take_over_failed(self, p: int, exc: BaseException) -> None:
+        if not (unavailable(exc) or isinstance(exc, LogError)):
+            raise exc
+        tries = self._retake.get(p, (0, 0.0))[0] + 1
+        wait = TAKEOVER_BACKOFF.delay(tries)
+        self._retake[p] = (tries, time.monotonic() + wait)
+        self._failed[p] = f"take-over failed: {type(exc).__name__}: {exc}"[:300]
+        held = self._throttle.take(f"takeover-{p}")  # a few lines per outage
+        if held is not None:
+            log.warning("partition_takeover_failed", partition=p, tries=tries,
+                        retry_in_s=wait, error=f"{type(exc).__name__}: {exc}"[:300],
+                        **({"held_back": held} if held else {}))
+
+    def _discard_owner(self, ps: PartitionState) -> None:
+        task = asyncio.create_task(ps.owner.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _take_over(self, p: int, assigned_at: float | None = None
+                         ) -> tuple[PartitionState, Takeover, int | None]:
+        """Acquire partition p (fencing its previous owner) and restore its state: the
+        partition, its take-over record and the group's committed offset of p."""
         if assigned_at is None:
             assigned_at = time.monotonic()
         if not self._command_partitions:
@@ -576,22 +687,15 @@ class Processor:
             with contextlib.suppress(Exception):
                 await owner.close()
             raise
-        self._consumer.seek(self.topics.commands, p, committed or 0)
-        self.partitions[p] = ps
-        self._failed.pop(p, None)  # taken over: its next commit tells
-        self._retake.pop(p, None)
-        takeover.restored_at = time.monotonic()
-        self.takeovers.append(takeover)
-        log.info("partition_assigned", partition=p, schedules=len(ps.states),
-                 events_offset=ps.events_offset, commands_offset=committed or 0,
-                 from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
-                 restore_s=round(takeover.restored_at - assigned_at, 3))
+        return ps, takeover, committed
 
     async def _on_revoked(self, tps: set[tuple[str, int]]) -> None:
         for topic, p in sorted(tps):
             if topic == self.topics.commands:
                 self._retake.pop(p, None)  # its next owner takes it over
                 self._failed.pop(p, None)
+                if p in self._restoring:
+                    self._abandoned.add(p)
             ps = self.partitions.get(p)
             if topic == self.topics.commands and ps is not None:
                 chain = ps.running()

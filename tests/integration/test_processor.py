@@ -519,3 +519,74 @@ async def test_a_partition_fenced_away_but_still_assigned_is_acquired_again(
         await client.close()
         proc.stop()
         await asyncio.wait_for(task, 30)
+
+
+class _HeldRestore(Processor):
+    """A processor whose restore of one partition waits for ``release`` — the stand-in for
+    a partition with a long history (a fold from offset 0 of millions of events)."""
+
+    def __init__(self, lg: Any, member: str, partition: int) -> None:
+        super().__init__(lg, member)
+        self.held_partition = partition
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _restore(self, ps: Any, takeover: Any = None) -> None:
+        if ps.partition == self.held_partition:
+            self.holding.set()
+            await self.release.wait()
+        await super()._restore(ps, takeover)
+
+
+def _group_session_timeout_s(lg: Any) -> float:
+    from chronolog.log.kafka import GROUP_SESSION_TIMEOUT_S
+    return float(getattr(lg, "session_timeout_s", GROUP_SESSION_TIMEOUT_S))
+
+
+async def test_a_restore_longer_than_the_group_session_keeps_the_member_and_is_taken_over_once(
+    event_log: Any,
+) -> None:
+    """Kafka sends no heartbeat while a rebalance callback runs: a take-over done inside it
+    that outlasts the session timeout got the member dropped, and after rejoining it took
+    the partition over again from the start — for ever, on a long enough history. The
+    restore goes on in the background instead; the other partitions are served meanwhile,
+    and a command sent to the restoring partition is decided once it is restored."""
+    lg = event_log
+    n = lg.topics.partitions
+    ids = {partition_for(partition_key("acme", f"s{i}").encode(), n): f"s{i}"
+           for i in range(200)}
+    held, other = 0, next(p for p in ids if p != 0)
+    proc = _HeldRestore(lg, "p1", held)
+    client = Client(lg, reply_timeout=120)
+    task = asyncio.create_task(proc.run())
+    await client.start()
+    try:
+        await asyncio.wait_for(proc.holding.wait(), 60)
+        await wait_until(lambda: set(proc.partitions) == set(range(n)) - {held}, 60,
+                         what="every other partition served while one restores")
+        # once the rebalance settled, the process says what it waits for
+        await wait_until(lambda: f"restoring partitions [{held}]" in proc.readiness()[1], 30,
+                         what="readiness naming the partition being restored")
+        assert not proc.readiness()[0]
+        # a command for the restoring partition is sent, and one for another partition is
+        # decided meanwhile
+        waiting = asyncio.create_task(client.create_schedule("acme", ids[held], SPEC))
+        reply = await client.create_schedule("acme", ids[other], SPEC)
+        assert reply["revision"] == 1
+        # the restore is held past the session timeout: a duration, nothing to wait for
+        await asyncio.sleep(_group_session_timeout_s(lg) + 3)
+        assert proc._consumer is not None and proc._consumer.joined()
+        assert not waiting.done()
+        proc.release.set()
+        created = await asyncio.wait_for(waiting, 60)
+        assert created["revision"] == 1
+        assert [t.partition for t in proc.takeovers].count(held) == 1
+        assert set(proc.partitions) == set(range(n))
+        assert proc.readiness()[0], proc.readiness()
+    finally:
+        proc.release.set()
+        await client.close()
+        proc.stop()
+        await asyncio.wait_for(task, 60)
+    created_events = [e for e in await events(lg) if e.type == "ScheduleCreated"]
+    assert sorted(e.schedule_id for e in created_events) == sorted([ids[held], ids[other]])
