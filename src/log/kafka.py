@@ -380,6 +380,7 @@ class KafkaEventLog:
         self._readers: list[_Reader] = []
         self._free_readers: asyncio.Queue[_Reader] | None = None
         self._readers_lock = asyncio.Lock()
+        self._closing_readers: set[asyncio.Task[None]] = set()  # replaced after a failure
         self._partition_counts: dict[str, int] = {}
         self._group_coordinators: dict[str, int] = {}
         self._owners: set[KafkaPartitionOwner] = set()
@@ -433,6 +434,8 @@ class KafkaEventLog:
         for reader in self._readers:
             await stop_client(reader.consumer, 10)
         self._readers.clear()
+        if self._closing_readers:
+            await asyncio.gather(*self._closing_readers, return_exceptions=True)
         if self._producer is not None:
             await stop_client(self._producer, self._bound_s)
         if self._admin is not None:
@@ -728,11 +731,28 @@ class KafkaEventLog:
                 self._free_readers.put_nowait(o)
         try:
             yield reader
-        finally:
-            if reader.tp is not None and reader.tp in reader.consumer.assignment():
-                # an idle pooled reader must not keep long-polling its last partition
-                reader.consumer.pause(reader.tp)
-            self._free_readers.put_nowait(reader)
+        except Exception:
+            # A read that failed (a broker away, a request timed out) may leave its consumer
+            # with metadata that never heals: after two brokers of three came back, a
+            # projector's reader kept timing out on ListOffsets of a partition whose leader
+            # had moved, for minutes. It is replaced: a new one bootstraps afresh.
+            self._readers.remove(reader)
+            closing = asyncio.create_task(stop_client(reader.consumer, 10))
+            self._closing_readers.add(closing)
+            closing.add_done_callback(self._closing_readers.discard)
+            raise
+        except BaseException:  # cancelled: back to the pool as it is
+            self._return_reader(reader)
+            raise
+        else:
+            self._return_reader(reader)
+
+    def _return_reader(self, reader: _Reader) -> None:
+        assert self._free_readers is not None
+        if reader.tp is not None and reader.tp in reader.consumer.assignment():
+            # an idle pooled reader must not keep long-polling its last partition
+            reader.consumer.pause(reader.tp)
+        self._free_readers.put_nowait(reader)
 
     async def _lso(self, consumer: AIOKafkaConsumer,
                    tps: list[TopicPartition]) -> dict[TopicPartition, int]:
