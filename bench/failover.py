@@ -268,7 +268,11 @@ async def takeover(lg: Any, sids: dict[int, list[str]], mode: str, timeout: floa
         sys.executable, os.path.abspath(__file__), "--child", orjson.dumps(job).decode(),
         stdout=asyncio.subprocess.PIPE, env=os.environ)
     out, _ = await proc.communicate()
-    lines = [x for x in out.decode().splitlines() if x.startswith("{")]
+    text = out.decode().splitlines()
+    for x in text:  # the processor's warnings (a snapshot rejected or off, ...)
+        if not x.startswith("{"):
+            print(f"  child: {x}", file=sys.stderr, flush=True)
+    lines = [x for x in text if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         run = Run(mode)
         run.extra["error"] = f"the processor process failed (exit {proc.returncode})"
@@ -346,9 +350,16 @@ async def prepare_snapshot(lg: Any, sids: dict[int, list[str]], timeout: float) 
     proc = Processor(lg, f"bench-prep-{uuid.uuid4().hex[:6]}")
     task = asyncio.create_task(proc.run())
     deadline = started + timeout
+    shown = started
     try:
         while time.monotonic() < deadline and not task.done():
             snaps = [proc.partitions[p].snap for p in sids if p in proc.partitions]
+            if time.monotonic() - shown >= 10:  # progress, on stderr
+                shown = time.monotonic()
+                print(f"  prep {shown - started:.0f} s: " + "; ".join(
+                    f"p{s.partition} rounds {s.stats.rounds} states {s.stats.states} "
+                    f"left {len(s.round.pending) if s.round else 0}"
+                    for s in snaps if s is not None), file=sys.stderr, flush=True)
             if len(snaps) == len(sids) and all(
                     s is not None and s.stats.rounds >= 1 and s.round is None for s in snaps):
                 break

@@ -94,6 +94,7 @@ from chronolog.log.port import (
     EventLog,
     Fenced,
     LogError,
+    LogUnavailable,
     OutRecord,
     PartitionOwner,
     Position,
@@ -613,6 +614,7 @@ class Processor:
         """Install the partitions restored since the last call (seek to the committed
         offset: their records flow from there), note the take-overs that failed."""
         restored, self._restored = self._restored, []
+        fatal: BaseException | None = None  # raised once the others are installed
         for p, outcome in restored:
             self._restoring.pop(p, None)
             abandoned = p in self._abandoned
@@ -620,7 +622,10 @@ class Processor:
             if outcome is None:
                 continue
             if isinstance(outcome, BaseException):
-                self._take_over_failed(p, outcome)
+                try:
+                    self._take_over_failed(p, outcome)
+                except BaseException as exc:  # noqa: BLE001 - not the log's: ends the run
+                    fatal = fatal or exc
                 continue
             ps, takeover, committed = outcome
             if abandoned:
@@ -639,6 +644,8 @@ class Processor:
                      restore_s=round(takeover.restored_at - takeover.assigned_at, 3))
         if restored and self.config.gc_tuning and gc_tuned():
             gc.freeze()  # the restored states are long-lived: keep them out of collections
+        if fatal is not None:
+            raise fatal
 
     def _reread_installed(self, by_partition: dict[int, list[Record]]) -> None:
         """A partition installed while this step polled, or after (a rebalance callback, a
@@ -784,21 +791,28 @@ class Processor:
                 ps.snap.start_now()
 
     async def _snapshots_usable(self) -> bool:
-        """Whether snapshots are on and the log has a ``state`` topic like ``events``."""
+        """Whether snapshots are on and the log has a ``state`` topic like ``events``.
+
+        Decided once per process, from an answer of the log: a log that does not answer
+        (``LogUnavailable``) fails this takeover, which is tried again, instead of turning
+        snapshots off for the life of the process (every later takeover would fold from 0)."""
         if self._snapshots is None:
-            self._snapshots = False
+            usable = False
             if self.config.snapshots:
                 try:
                     n = await self.log.partitions_for(self.topics.state)
                     events = await self.log.partitions_for(self.topics.events)
+                except LogUnavailable:
+                    raise
                 except LogError as exc:
                     log.warning("snapshots_off", reason=f"no state topic: {exc}")
                 else:
                     if n == events:
-                        self._snapshots = True
+                        usable = True
                     else:
                         log.warning("snapshots_off", reason=f"the state topic has {n} "
                                     f"partitions, events {events}")
+            self._snapshots = usable
         return self._snapshots
 
     async def _load_snapshot(self, p: int, events_end: int,

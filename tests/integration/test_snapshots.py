@@ -24,7 +24,7 @@ from chronolog.commands.quota import QuotaState, evolve_quota
 from chronolog.commands.state_codec import STATE_VERSION
 from chronolog.domain import codec
 from chronolog.domain.ids import QUOTA_ID
-from chronolog.log.port import Fenced, OutRecord, Record
+from chronolog.log.port import Fenced, LogUnavailable, OutRecord, Record
 from chronolog.processors import snapshots as sn
 from chronolog.processors.runtime import OpenTenants, Processor, ProcessorConfig, Takeover
 from chronolog.projections.audit import audit
@@ -327,3 +327,32 @@ async def test_the_audit_of_a_log_taken_over_from_snapshots_passes(event_log: An
     report = audit(numbered)
     assert report.ok, report.violations[:5]
     assert [p for p in range(t.partitions) if await _partition(event_log, t.state, p)]
+
+
+class _NoAnswerOnce:
+    """The real log, except that its first ``partitions_for`` does not answer (a broker
+    that times out once, as under load)."""
+
+    def __init__(self, lg: Any) -> None:
+        self._lg = lg
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lg, name)
+
+    async def partitions_for(self, topic: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise LogUnavailable(f"{topic}: no answer within the bound")
+        n: int = await self._lg.partitions_for(topic)
+        return n
+
+
+async def test_a_log_that_does_not_answer_once_does_not_turn_snapshots_off(
+    event_log: Any,
+) -> None:
+    flaky = _NoAnswerOnce(event_log)
+    proc = Processor(flaky, "p-flaky", tenants=Quota())
+    with pytest.raises(LogUnavailable):  # this take-over fails, and is tried again
+        await proc._snapshots_usable()
+    assert await proc._snapshots_usable() is True
