@@ -415,7 +415,7 @@ def median_run(runs: list[Run]) -> Run:
     out.rejected = next((r.rejected for r in runs if r.rejected), None)
     rss = [r.extra["rss_mib"] for r in runs if "rss_mib" in r.extra]
     if rss:
-        out.extra["rss_mib"] = statistics.median(rss)
+        out.extra["rss_mib"] = round(statistics.median(rss), 1)
     return out
 
 

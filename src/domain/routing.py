@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["HERE", "Forward", "Here", "PartitionRouting", "RoutingTable", "RoutingVersion",
-           "place"]
+__all__ = ["HERE", "Forward", "Here", "PartitionRouting", "RoutingChange", "RoutingTable",
+           "RoutingVersion", "follow", "place"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +195,35 @@ def place(key_hash: int, held: bool, here: PartitionRouting) -> Here | Forward:
     if old == new or here.has_received(old):
         return HERE
     return Forward(old)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingChange:
+    """One record of the deployment's routing history (the log's ``routing`` topic): version
+    ``version`` with ``partitions`` partitions begins (``done`` False: its handovers are
+    under way) or is complete (``done`` True: clients route by it). The history starts with
+    version 1, complete: the count the deployment was created with."""
+
+    version: int
+    partitions: int
+    done: bool
+
+
+def follow(table: RoutingTable | None, change: RoutingChange) -> RoutingTable | None:
+    """The table after ``change``; a change that does not follow from ``table`` changes
+    nothing (two operators beginning a change at once: the first on the log wins; a
+    repeated record is a no-op). So every process folding the same history agrees."""
+    if table is None:
+        if change.version == 1 and change.done and change.partitions >= 1:
+            return RoutingTable.initial(change.partitions)
+        return None
+    migrating = table.migrating
+    if migrating is None:
+        if (not change.done and change.version == table.active + 1
+                and change.partitions > table.current.partitions):
+            return table.begin(change.partitions)
+        return table
+    if change.done and change.version == migrating.version \
+            and change.partitions == migrating.partitions:
+        return table.complete()
+    return table

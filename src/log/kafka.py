@@ -86,10 +86,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     IllegalStateError,
+    InvalidPartitionsError,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
     InvalidReplicationFactorError,
@@ -164,6 +165,18 @@ def _headers_out(headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]
 _Sent = tuple["asyncio.Future[Any]", int]
 
 
+async def _know_partition(producer: AIOKafkaProducer, topic: str, partition: int) -> None:
+    """Make sure the producer's metadata has ``partition`` of ``topic``: one added since it
+    last refreshed (``add_partitions``, by any process) is refused by aiokafka until then."""
+    known = producer.client.cluster.partitions_for_topic(topic)
+    if known is not None and partition in known:
+        return
+    await _bounded(producer.client.force_metadata_update(), 30, "metadata update")
+    known = producer.client.cluster.partitions_for_topic(topic)
+    if known is None or partition not in known:
+        raise LogError(f"kafka: partition {partition} of {topic!r} does not exist")
+
+
 async def _send_batched(producer: AIOKafkaProducer,
                         placed: Sequence[tuple[OutRecord, int]]) -> list[_Sent]:
     """Send records with aiokafka's batch API: per partition, as few batches as fit (one
@@ -174,6 +187,7 @@ async def _send_batched(producer: AIOKafkaProducer,
         by_tp.setdefault((rec.topic, p), []).append(i)
     sent: list[_Sent | None] = [None] * len(placed)
     for (topic, p), indexes in by_tp.items():
+        await _know_partition(producer, topic, p)
         batch, members = producer.create_batch(), list[tuple[int, int]]()
         for i in indexes:
             rec = placed[i][0]
@@ -320,6 +334,9 @@ def _lower_concurrent_txn_backoff(seconds: float) -> None:
     current = getattr(sender, "BACKOFF_OVERRIDE", None)
     if isinstance(current, (int, float)) and seconds < current:
         sender.BACKOFF_OVERRIDE = seconds
+
+
+_GROUP_METADATA_MAX_AGE_MS = 5000
 
 
 class _Mispredicted(Exception):
@@ -475,6 +492,7 @@ class KafkaEventLog:
                                      "segment.ms": str(3_600_000),
                                      "min.cleanable.dirty.ratio": "0.25"}),
         }
+        wanted[t.routing] = (1, {"retention.ms": "-1", "retention.bytes": "-1"})
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})
         # checked before any is created: the topics that exist, and the cluster
@@ -660,6 +678,33 @@ class KafkaEventLog:
             self._partition_counts[topic] = n
         return n
 
+    async def add_partitions(self, topic: str, partitions: int) -> int:
+        _, admin = self._require()
+        self._partition_counts.pop(topic, None)
+        n = await self.partitions_for(topic)
+        if partitions > n:
+            try:
+                await _bounded(admin.create_partitions(
+                    {topic: NewPartitions(total_count=partitions)},
+                    timeout_ms=self.request_timeout_ms), self._bound_s, "create_partitions")
+            except InvalidPartitionsError:
+                pass  # grown meanwhile by someone else: its count is read below
+            except KafkaError as exc:
+                raise LogUnavailable(f"kafka: adding partitions to {topic} failed: "
+                                     f"{exc!r}") from exc
+        # wait until every partition has a leader and answers ListOffsets (as a new topic)
+        deadline = time.monotonic() + self._bound_s
+        while True:
+            got = (await self._describe([topic])).get(topic) or 0
+            if got >= partitions:
+                await self._end_offsets(TopicPartition(topic, p) for p in range(got))
+                self._partition_counts[topic] = got
+                return got
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"kafka: {topic} has {got} partitions with a leader, "
+                                     f"not {partitions}")
+            await asyncio.sleep(0.05)
+
     async def _placed(self, records: Sequence[OutRecord]) -> list[tuple[OutRecord, int]]:
         placed: list[tuple[OutRecord, int]] = []
         for rec in records:
@@ -677,6 +722,8 @@ class KafkaEventLog:
         producer, _ = self._require()
         placed = await self._placed(records)
         try:
+            for tp in {(rec.topic, p) for rec, p in placed}:
+                await _know_partition(producer, *tp)
             futures = [
                 await producer.send(
                     rec.topic, rec.value, key=rec.key, partition=p,
@@ -1268,6 +1315,9 @@ class KafkaGroupConsumer:
             request_timeout_ms=log_.request_timeout_ms,
             session_timeout_ms=int(GROUP_SESSION_TIMEOUT_S * 1000),
             heartbeat_interval_ms=1000,
+            # partitions added to a topic (add_partitions) are seen, and assigned, at the
+            # next metadata refresh: within seconds, not aiokafka's default 5 minutes
+            metadata_max_age_ms=_GROUP_METADATA_MAX_AGE_MS,
             fetch_max_wait_ms=log_.fetch_max_wait_ms,
             max_partition_fetch_bytes=4 * 1024 * 1024,
         )

@@ -130,6 +130,12 @@ class Topics:
         return f"{self.prefix}state"
 
     @property
+    def routing(self) -> str:
+        """The deployment's routing history (``chronolog.log.routing_history``): one
+        partition, a record per change of the partition count."""
+        return f"{self.prefix}routing"
+
+    @property
     def compacted(self) -> tuple[str, ...]:
         """The topics that keep only the latest record of each key (``state``): Kafka's
         ``cleanup.policy=compact``; on the embedded log an append replaces the key's record."""
@@ -289,6 +295,16 @@ class EventLog(Protocol):
 
     async def partitions_for(self, topic: str) -> int:
         """The partition count of an existing topic; ``LogError`` for an unknown one."""
+        ...
+
+    async def add_partitions(self, topic: str, partitions: int) -> int:
+        """Grow ``topic`` to ``partitions`` partitions; returns its count after (a topic never
+        shrinks: a count at or below the current one changes nothing). Records keep the
+        partition they were written to; a keyed append hashes over the count the appending
+        process knows, which may lag (so a partition owner must route what arrives —
+        docs/design.md §18). Other processes see the new partitions within seconds: their
+        group consumers are assigned them, and writing to or reading one refreshes the
+        count."""
         ...
 
     async def append(self, records: Sequence[OutRecord]) -> list[Position]:

@@ -215,7 +215,9 @@ _UPSERT_COMPACTED = (
 
 
 class _TopicCache(dict[str, int]):
-    """topic -> partition count (never changes), and which topics are compacted."""
+    """topic -> partition count, and which topics are compacted. A count only grows
+    (``add_partitions``); one cached by a process is refreshed when it meets a larger
+    partition number, and by its group consumers' heartbeats."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -452,6 +454,30 @@ def _topic_partitions(conn: sqlite3.Connection, cache: dict[str, int], topic: st
     return n
 
 
+def _grown_count(conn: sqlite3.Connection, cache: dict[str, int], topic: str, p: int) -> int:
+    """The partition count of ``topic`` for partition number ``p``: the cached one, or —
+    when ``p`` is past it — the one stored now (another process may have added partitions)."""
+    n = cache.get(topic)
+    if n is None or p >= n:
+        cache.pop(topic, None)
+        n = _topic_partitions(conn, cache, topic)
+    return n
+
+
+def _add_partitions(conn: sqlite3.Connection, topic: str, partitions: int) -> int:
+    _begin(conn)
+    row = conn.execute("SELECT partitions FROM topics WHERE topic = ?", (topic,)).fetchone()
+    if row is None:
+        _rollback(conn)
+        raise LogError(f"unknown topic {topic!r} (call ensure_topics first)")
+    n = max(int(row[0]), partitions)
+    if n != int(row[0]):
+        conn.execute("UPDATE topics SET partitions = ? WHERE topic = ?", (n, topic))
+        _rings(conn, ALL)  # group members may gain the new partitions
+    conn.execute("COMMIT")
+    return n
+
+
 def _load_topics(conn: sqlite3.Connection, cache: _TopicCache) -> None:
     compacted = {str(t) for (t,) in conn.execute("SELECT topic FROM compacted_topics")}
     cache.compacted.update(compacted)
@@ -492,6 +518,8 @@ def _append_in_tx(
             n = _topic_partitions(conn, cache, topic)
         if rec.partition is not None:
             p = rec.partition
+            if p >= n:
+                n = _grown_count(conn, cache, topic, p)
             if not 0 <= p < n:
                 raise LogError(f"partition {p} out of range for {topic!r} ({n} partitions)")
         elif rec.key is not None:
@@ -881,9 +909,14 @@ class SqliteGroupConsumer:
         lapsed = (self._started
                   and loop.time() - self._last_heartbeat > self._log.session_timeout_s)
         until = time.time() + self._log.session_timeout_s
-        await self._log._w.run(
+        counts = await self._log._w.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
         )
+        cache = self._log._partitions
+        grown = {t: n for t, n in counts.items() if n > cache.get(t, 0)}
+        if grown:  # partitions were added: the next poll recomputes the assignment
+            cache.update(grown)
+            self._dirty = True
         self._last_heartbeat = asyncio.get_running_loop().time()
         if lapsed:
             # We were out of the group (paused, starved, heartbeats failing on a full
@@ -896,7 +929,8 @@ class SqliteGroupConsumer:
     @staticmethod
     def _upsert_member(
         conn: sqlite3.Connection, group: str, member_id: str, topics: str, until: float
-    ) -> None:
+    ) -> dict[str, int]:
+        """Renew the membership; returns the partition counts of the member's topics."""
         _begin(conn)
         conn.execute(
             "INSERT INTO members (grp, member_id, topics, heartbeat_until) VALUES (?, ?, ?, ?) "
@@ -908,7 +942,12 @@ class SqliteGroupConsumer:
             "DELETE FROM members WHERE grp = ? AND heartbeat_until < ?", (group, time.time())
         )
         _rings(conn, ALL)  # membership: every consumer of the group may rebalance
+        names = json.loads(topics)
+        counts = conn.execute(
+            f"SELECT topic, partitions FROM topics WHERE topic IN ({','.join('?' * len(names))})",
+            names).fetchall()
         conn.execute("COMMIT")
+        return {str(t): int(n) for t, n in counts}
 
     async def _heartbeat_loop(self) -> None:
         interval = self._log.heartbeat_interval_s
@@ -1204,7 +1243,8 @@ class SqliteEventLog:
         t = self.topics
         names = [t.commands, t.events, t.replies, t.dlq, t.effects, t.workers, t.state]
         names += [t.ready(c) for c in ready_classes]
-        found = await self._w.run(_ensure_topics, [(n, t.partitions) for n in names],
+        found = await self._w.run(_ensure_topics,
+                                  [(n, t.partitions) for n in names] + [(t.routing, 1)],
                                   t.compacted)
         await self._r.run(_load_topics, self._partitions)
         for name in names:
@@ -1231,6 +1271,20 @@ class SqliteEventLog:
             n = await self._r.run(_topic_partitions, self._partitions, topic)
         return n
 
+    async def _count_for(self, topic: str, partition: int) -> int:
+        """The partition count of ``topic``, read again when ``partition`` is past the one
+        cached (another process may have added partitions since)."""
+        n = await self.partitions_for(topic)
+        if partition >= n:
+            n = await self._r.run(_grown_count, self._partitions, topic, partition)
+        return n
+
+    async def add_partitions(self, topic: str, partitions: int) -> int:
+        await self._ready()
+        n = await self._w.run(_add_partitions, topic, partitions)
+        self._partitions[topic] = max(n, self._partitions.get(topic, 0))
+        return n
+
     # -- records ----------------------------------------------------------------------
 
     async def append(self, records: Sequence[OutRecord]) -> list[Position]:
@@ -1247,7 +1301,7 @@ class SqliteEventLog:
         max_records: int = 1000,
         timeout_ms: int = 0,
     ) -> list[Record]:
-        n = await self.partitions_for(topic)
+        n = await self._count_for(topic, partition)
         if not 0 <= partition < n:
             raise LogError(f"partition {partition} out of range for {topic!r} ({n} partitions)")
         loop = asyncio.get_running_loop()
@@ -1313,7 +1367,7 @@ class SqliteEventLog:
         return f"{self.topics.prefix}processor-p{partition}"
 
     async def acquire(self, partition: int, owner_id: str) -> SqlitePartitionOwner:
-        n = await self.partitions_for(self.topics.commands)
+        n = await self._count_for(self.topics.commands, partition)
         if not 0 <= partition < n:
             raise LogError(f"partition {partition} out of range ({n} partitions)")
         epoch = await self._w.run(_acquire, self._owner_name(partition), owner_id)

@@ -586,3 +586,86 @@ async def test_only_a_broker_backed_log_is_a_kafka_cluster(
 ) -> None:
     # the capability the Kafka effect adapter's transactional path checks for
     assert isinstance(event_log, KafkaCluster) == (backend == "kafka")
+
+
+# --------------------------------------------------------------------------- growing a topic
+
+
+async def test_adding_partitions_keeps_every_record_where_it_was_and_never_shrinks(
+    event_log: EventLog,
+) -> None:
+    t = event_log.topics
+    keys = keys_per_partition(2)
+    before = await event_log.append([OutRecord(t.commands, k, k) for k in keys])
+
+    assert await event_log.add_partitions(t.commands, PARTITIONS * 2) == PARTITIONS * 2
+    assert await event_log.partitions_for(t.commands) == PARTITIONS * 2
+    for p in range(PARTITIONS):
+        assert ([r.value for r in await read_all(event_log, t.commands, p)]
+                == [keys[i] for i, pos in enumerate(before) if pos.partition == p])
+    for p in range(PARTITIONS, PARTITIONS * 2):
+        assert await event_log.end_offset(t.commands, p) == 0
+    # a keyed append now hashes over the new count; a new partition takes records
+    key = next(k for k in (f"g{i}".encode() for i in range(1000))
+               if partition_for(k, PARTITIONS * 2) >= PARTITIONS)
+    [pos] = await event_log.append([OutRecord(t.commands, key, b"new home")])
+    assert pos.partition == partition_for(key, PARTITIONS * 2)
+    assert [r.value for r in await read_all(event_log, t.commands, pos.partition)] == [
+        b"new home"]
+    # a count at or below the current one changes nothing
+    assert await event_log.add_partitions(t.commands, PARTITIONS) == PARTITIONS * 2
+    assert await event_log.add_partitions(t.commands, PARTITIONS * 2) == PARTITIONS * 2
+    assert await event_log.partitions_for(t.commands) == PARTITIONS * 2
+    # the other topics keep theirs
+    assert await event_log.partitions_for(t.events) == PARTITIONS
+
+
+async def test_another_process_writes_reads_and_owns_a_partition_added_after_it_started(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    t = event_log.topics
+    other = await open_log()
+    assert await other.partitions_for(t.commands) == PARTITIONS  # known before the growth
+    await event_log.add_partitions(t.commands, PARTITIONS + 3)
+    new = PARTITIONS + 2
+
+    [pos] = await other.append([OutRecord(t.commands, b"k", b"to the new one", partition=new)])
+    assert (pos.partition, pos.offset) == (new, 0)
+    assert [r.value for r in await read_all(other, t.commands, new)] == [b"to the new one"]
+    owner = await other.acquire(new, "owner-of-a-new-partition")
+    [written] = await owner.commit(
+        [OutRecord(t.commands, b"k", b"in a transaction", partition=new)], {}, "g")
+    assert written.partition == new
+    assert [r.value for r in await read_all(event_log, t.commands, new)] == [
+        b"to the new one", b"in a transaction"]
+    await owner.close()
+
+
+async def test_a_group_member_is_assigned_the_partitions_added_while_it_runs(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    t = event_log.topics
+    member_log = await open_log()  # the member lives in another process than the grower
+    assigned: set[tuple[str, int]] = set()
+
+    async def on_assigned(tps: set[tuple[str, int]]) -> None:
+        assigned.update(tps)
+
+    consumer = member_log.group_consumer("growing", [t.commands], "member-a",
+                                         on_assigned=on_assigned)
+    await consumer.start()
+    sink: dict[int, list[Record]] = {}
+    await poll_until([consumer], lambda: len(consumer.assignment()) == PARTITIONS, sink,
+                     what="every partition of the topic as it was")
+    await event_log.add_partitions(t.commands, PARTITIONS * 2)
+    everything = {(t.commands, p) for p in range(PARTITIONS * 2)}
+    await poll_until([consumer], lambda: consumer.assignment() == everything, sink,
+                     what="the added partitions")
+    assert assigned == everything
+    [pos] = await event_log.append(
+        [OutRecord(t.commands, b"k", b"on an added partition", partition=PARTITIONS + 1)])
+    await poll_until([consumer], lambda: any(r.value == b"on an added partition"
+                                             for r in sink[0]), sink, what="its record")
+    got = [r for r in sink[0] if r.value == b"on an added partition"]
+    assert [(r.partition, r.offset) for r in got] == [(pos.partition, pos.offset)]
+    await consumer.close()

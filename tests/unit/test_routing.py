@@ -24,8 +24,10 @@ from chronolog.domain.routing import (
     HERE,
     Forward,
     PartitionRouting,
+    RoutingChange,
     RoutingTable,
     RoutingVersion,
+    follow,
     place,
 )
 
@@ -183,3 +185,51 @@ def test_the_routing_table_allows_one_change_at_a_time() -> None:
         done.complete()
     with pytest.raises(ValueError, match="in order"):
         RoutingTable((RoutingVersion(2, 3),), 2)
+
+
+# --------------------------------------------------------------------------- the history
+
+
+def fold(changes: list[RoutingChange]) -> RoutingTable | None:
+    table: RoutingTable | None = None
+    for c in changes:
+        table = follow(table, c)
+    return table
+
+
+def test_the_history_starts_with_version_one_complete() -> None:
+    assert fold([RoutingChange(1, 12, True)]) == RoutingTable.initial(12)
+    assert fold([RoutingChange(2, 24, False)]) is None  # no start: no table
+    assert fold([RoutingChange(1, 12, False)]) is None
+
+
+def test_a_change_begins_then_completes_and_clients_route_by_it_only_then() -> None:
+    begun = fold([RoutingChange(1, 12, True), RoutingChange(2, 24, False)])
+    assert begun is not None and begun.current.partitions == 12
+    assert begun.migrating == RoutingVersion(2, 24)
+    done = follow(begun, RoutingChange(2, 24, True))
+    assert done is not None and done.current == RoutingVersion(2, 24)
+    assert done.migrating is None
+
+
+def test_of_two_changes_begun_at_once_the_first_on_the_log_wins() -> None:
+    table = fold([RoutingChange(1, 12, True), RoutingChange(2, 24, False),
+                  RoutingChange(2, 16, False), RoutingChange(2, 16, True)])
+    assert table is not None and table.migrating == RoutingVersion(2, 24)
+    assert table.active == 1  # the loser's completion completes nothing
+
+
+def test_a_repeated_or_out_of_order_change_changes_nothing() -> None:
+    start = [RoutingChange(1, 12, True), RoutingChange(2, 24, False)]
+    table = fold(start)
+    assert fold([*start, RoutingChange(2, 24, False)]) == table
+    assert fold([*start, RoutingChange(3, 48, False)]) == table  # one change at a time
+    done = fold([*start, RoutingChange(2, 24, True)])
+    assert fold([*start, RoutingChange(2, 24, True), RoutingChange(2, 24, True)]) == done
+    assert fold([*start, RoutingChange(2, 24, True), RoutingChange(1, 12, True)]) == done
+
+
+def test_the_partition_count_only_grows() -> None:
+    table = fold([RoutingChange(1, 12, True), RoutingChange(2, 6, False)])
+    assert table == RoutingTable.initial(12)
+    assert fold([RoutingChange(1, 12, True), RoutingChange(2, 12, False)]) == table
