@@ -14,7 +14,10 @@ Its commands are addressed to a partition, not placed by the key's hash:
   (``HandedOver``) and sends its ``HandoverDone`` to every other partition of the new
   version. The processor moves the keys whose home changes in the same transaction, ahead
   of those commands (``decider.move_out``, ``quota.move_out_quota``).
-* ``HandoverDone`` — a sender's keys are all here: ``HandoverReceived``.
+* ``HandoverDone`` — a sender's keys are all here: ``HandoverReceived`` (after
+  ``RoutingVersionAdded`` when it names versions the partition did not know: a partition
+  that a version adds learns it from the first handover-done it reads, whatever the order
+  in which the partitions are sent ``BeginHandover``).
 
 A repeated command changes nothing. Pure: no I/O, no clock.
 """
@@ -110,30 +113,48 @@ def decide_routing(view: RoutingView, command: m.CommandEnvelope) -> Decision:
 
 
 def _received(view: RoutingView, p: m.HandoverDone) -> Decision:
-    """A handover-done is recorded once."""
-    seen = view.early if view.routing is None else view.routing.received
-    if (p.version, p.sender) in seen:
-        return Decision()
-    return Decision(events=[m.HandoverReceived(version=p.version, sender=p.sender)])
+    """A handover-done is recorded once; the versions it names are learned first."""
+    events: list[Any] = []
+    if p.partitions:
+        learned = _learn(view, p.partitions)
+        if isinstance(learned, Decision):
+            return learned
+        events.extend(learned)
+    after = view
+    for ev in events:
+        after = evolve_routing(after, ev)
+    seen = after.early if after.routing is None else after.routing.received
+    if (p.version, p.sender) not in seen:
+        events.append(m.HandoverReceived(version=p.version, sender=p.sender))
+    return Decision(events=events)
+
+
+def _learn(view: RoutingView, partitions: tuple[int, ...]) -> list[Any] | Decision:
+    """The event that adds the versions of ``partitions`` the view does not know (none when
+    it knows them all); a refusal when they do not extend the known ones."""
+    known = tuple(v.partitions for v in view.table.versions)
+    if partitions[:len(known)] != known[:len(partitions)]:
+        return Decision(status="conflict", field="partitions",
+                        reason=f"routing versions {list(partitions)} do not extend the "
+                        f"known ones {list(known)}")
+    if len(partitions) <= len(known):
+        return []
+    try:
+        table_of(partitions)
+    except ValueError as exc:
+        return Decision(status="invalid", field="partitions", reason=str(exc))
+    return [m.RoutingVersionAdded(partitions=partitions)]
 
 
 def _begin(view: RoutingView, p: m.BeginHandover) -> Decision:
     """Learn the versions; hand over when this partition serves the one before."""
-    known = tuple(v.partitions for v in view.table.versions)
     if p.to_version != len(p.partitions):
         return Decision(status="invalid", field="to_version",
                         reason=f"version {p.to_version} of {len(p.partitions)} versions")
-    if p.partitions[:len(known)] != known[:len(p.partitions)]:
-        return Decision(status="conflict", field="partitions",
-                        reason=f"routing versions {list(p.partitions)} do not extend the "
-                        f"known ones {list(known)}")
-    try:
-        table_of(p.partitions)
-    except ValueError as exc:
-        return Decision(status="invalid", field="partitions", reason=str(exc))
-    events: list[Any] = []
-    if len(p.partitions) > len(known):
-        events.append(m.RoutingVersionAdded(partitions=p.partitions))
+    learned = _learn(view, p.partitions)
+    if isinstance(learned, Decision):
+        return learned
+    events: list[Any] = list(learned)
     after = view
     for ev in events:
         after = evolve_routing(after, ev)
@@ -150,7 +171,8 @@ def _begin(view: RoutingView, p: m.BeginHandover) -> Decision:
     to = after.table.get(p.to_version)
     events.append(m.HandedOver(version=to.version))
     sends = [Send(ROUTING_ID, handover_command_id(to.version, view.partition, q),
-                  m.HandoverDone(version=to.version, sender=view.partition), partition=q)
+                  m.HandoverDone(version=to.version, sender=view.partition,
+                                 partitions=p.partitions), partition=q)
              for q in range(to.partitions) if q != view.partition]
     return Decision(events=events, sends=sends)
 

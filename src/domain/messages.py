@@ -486,11 +486,14 @@ class BeginHandover(_Model):
 
 class HandoverDone(_Model):
     """Partition ``sender`` handed over to ``version``: every key it moved to the receiving
-    partition is ahead of this command there."""
+    partition is ahead of this command there (and so is nothing it forwards after it)."""
 
     type: Literal["HandoverDone"] = "HandoverDone"
     version: int = Field(ge=2, le=lim.MAX_INT)
     sender: int = Field(ge=0, le=lim.MAX_INT)
+    # the routing versions' partition counts, as ``BeginHandover`` carries them: a partition
+    # the version adds learns it from the first handover-done it reads
+    partitions: tuple[int, ...] = ()
 
 
 class Tick(_Model):

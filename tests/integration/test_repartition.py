@@ -120,8 +120,9 @@ async def test_keys_move_to_their_new_home_exactly_once_and_keep_their_state(
             assert r.holders(k) == [home(k, OLD)]
         before = r.states()
 
-        # version 2: the partitions it adds learn it first, then the old ones hand over
-        for p in (3, 2, 1, 0):
+        # version 2: the old partitions hand over first (the partitions it adds learn it
+        # from their handover-done commands), then the new ones are told (a repeat for them)
+        for p in (0, 1, 2, 3):
             env = begin(c, p)
             await to_partition(event_log, env, p)
             assert (await reply_of(event_log, env.command_id)).status == "ok"

@@ -233,7 +233,7 @@ def test_begin_handover_on_a_partition_of_the_old_version_hands_over_and_tells_t
     dec = decide_routing(view, _routing(gwt, BEGIN))
     assert gwt.names(dec) == ["RoutingVersionAdded", "HandedOver"]
     assert [(s.partition, s.payload) for s in dec.sends] == [
-        (q, m.HandoverDone(version=2, sender=1)) for q in (0, 2, 3)]
+        (q, m.HandoverDone(version=2, sender=1, partitions=(2, 4))) for q in (0, 2, 3)]
     after = _fold(view, dec)
     assert after.routing is not None and after.routing.serves.version == 2
     assert after.routing.has_received(1)
@@ -278,6 +278,21 @@ def test_a_handover_done_is_recorded_once_even_before_the_version_is_known(
     view = _fold(view, decide_routing(view, _routing(gwt, BEGIN)))
     assert view.routing is not None and view.routing.has_received(1) and not view.early
     assert not decide_routing(view, done).events
+
+
+def test_a_partition_a_version_adds_learns_it_from_the_first_handover_done(
+    gwt: GivenWhenThen,
+) -> None:
+    view = RoutingView.initial(2, RoutingTable.initial(2))
+    done = _routing(gwt, m.HandoverDone(version=2, sender=0, partitions=(2, 4)))
+    dec = decide_routing(view, done)
+    assert gwt.names(dec) == ["RoutingVersionAdded", "HandoverReceived"]
+    view = _fold(view, dec)
+    assert view.routing is not None and view.routing.serves.version == 2
+    assert view.routing.has_received(0)
+    assert not decide_routing(view, done).events
+    other = _routing(gwt, m.HandoverDone(version=2, sender=1, partitions=(3, 6)))
+    assert decide_routing(view, other).status == "conflict"
 
 
 def test_only_the_processor_changes_the_routing(gwt: GivenWhenThen) -> None:
