@@ -18,11 +18,11 @@ from typing import Any
 from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.domain.ids import ROUTING_ID, ROUTING_TENANT, partition_key
+from chronolog.domain.ids import ROUTING_ID, ROUTING_TENANT, partition_key, quota_key
 from chronolog.domain.routing import RoutingTable
 from chronolog.log.partitioner import key_hash
 from chronolog.log.port import OutRecord
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.runtime import OpenTenants, Processor, ProcessorConfig
 from support.polling import wait_until
 
 OLD, NEW = 2, 4
@@ -34,12 +34,23 @@ def config(**kw: Any) -> ProcessorConfig:
     return ProcessorConfig(routing=RoutingTable.initial(OLD), snapshot_interval_s=0.2, **kw)
 
 
+class Quota(OpenTenants):
+    """Every tenant may hold ``QUOTA`` schedules."""
+
+    def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
+        return (None, QUOTA)
+
+
+QUOTA = 5
+
+
 class Running:
     """An in-process processor (first routing version: 2 partitions) plus a client."""
 
-    def __init__(self, lg: Any, member: str, cfg: ProcessorConfig) -> None:
+    def __init__(self, lg: Any, member: str, cfg: ProcessorConfig,
+                 tenants: OpenTenants | None = None) -> None:
         self.lg = lg
-        self.proc = Processor(lg, member, config=cfg)
+        self.proc = Processor(lg, member, tenants=tenants, config=cfg)
         self.client = Client(lg, reply_timeout=30)
         self.task: asyncio.Task[None] | None = None
 
@@ -180,3 +191,30 @@ async def test_keys_move_to_their_new_home_exactly_once_and_keep_their_state(
         env = r3.client.envelope("acme", s, m.TriggerRun(request_key=f"rk-{s}"))
         await to_partition(event_log, env, home(partition_key("acme", s), OLD))
         assert (await reply_of(event_log, env.command_id)).body["run_id"] == runs[s][0]
+
+
+async def test_a_tenants_quota_moves_with_its_slots_and_stays_exact(event_log: Any) -> None:
+    tenant = next(t for t in (f"t{i}" for i in range(100))
+                  if home(quota_key(t), OLD) != home(quota_key(t), NEW))
+    qkey = quota_key(tenant)
+    async with Running(event_log, "p1", config(), Quota()) as r:
+        c = r.client
+        for i in range(3):
+            await c.create_schedule(tenant, f"s{i}", SPEC)
+        slots = dict(r.proc.partitions[home(qkey, OLD)].quotas[qkey].slots)
+        assert len(slots) == 3
+        for p in (0, 1):
+            env = begin(c, p)
+            await to_partition(event_log, env, p)
+            assert (await reply_of(event_log, env.command_id)).status == "ok"
+        await wait_until(lambda: qkey in r.proc.partitions[home(qkey, NEW)].quotas, 30,
+                         what="the quota at its new home")
+        assert qkey not in r.proc.partitions[home(qkey, OLD)].quotas
+        assert r.proc.partitions[home(qkey, NEW)].quotas[qkey].slots == slots
+        # the saga goes on against the moved slots: two more fit, the third does not
+        for i in range(3, 5):
+            await c.create_schedule(tenant, f"s{i}", SPEC)
+        reply = await c.send(c.envelope(tenant, "s5", m.CreateSchedule(
+            spec=m.ScheduleSpec.model_validate(SPEC))))
+        assert reply.status == "quota", reply
+        assert len(r.proc.partitions[home(qkey, NEW)].quotas[qkey].slots) == QUOTA
