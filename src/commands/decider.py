@@ -35,8 +35,23 @@ from chronolog.commands.state import (
     policy_for,
     trigger_of,
 )
+from chronolog.commands.state_codec import (
+    STATE_VERSION,
+    StateDecodeError,
+    decode_moved_schedule,
+    moved_schedule,
+)
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, effect_id_for, manual_run_id, run_id_for, saga_command_id
+from chronolog.domain.ids import (
+    QUOTA_ID,
+    ROUTING_ID,
+    effect_id_for,
+    manual_run_id,
+    move_command_id,
+    partition_key,
+    run_id_for,
+    saga_command_id,
+)
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.domain.recurrence import (
     DelayTrigger,
@@ -56,7 +71,9 @@ __all__ = [
     "decide",
     "evolve",
     "fold",
+    "held",
     "initial_state",
+    "move_out",
     "next_wakeup",
     "ungranted_effect",
 ]
@@ -93,11 +110,14 @@ OPEN_TENANT = TenantContext()
 @dataclass(frozen=True, slots=True)
 class Send:
     """A command the processor sends through ``commands`` in the decision's transaction, to
-    the aggregate ``schedule_id`` of the same tenant (the quota saga's steps)."""
+    the aggregate ``schedule_id`` of the same tenant (the quota saga's steps; a moved key's
+    adopt command). ``partition``: the partition it is appended to (None: the aggregate's
+    home, as the sender routes it)."""
 
     schedule_id: str
     command_id: str
     payload: Any
+    partition: int | None = None
 
 
 @dataclass(slots=True)
@@ -221,6 +241,11 @@ def _decide(
         case m.ReserveQuotaSlot() | m.ConfirmQuotaSlot() | m.ReleaseQuotaSlot():
             return _reject("invalid", f"{p.type} is a command of the tenant's quota "
                            f"(schedule ID '{QUOTA_ID}')", "type")
+        case m.AdoptKey():
+            return _adopt(state, command, p)
+        case m.BeginHandover() | m.HandoverDone():
+            return _reject("invalid", f"{p.type} is a command of a partition's routing view "
+                           f"(schedule ID '{ROUTING_ID}')", "type")
         case _:
             assert_never(p)
 
@@ -1239,6 +1264,59 @@ def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome, now: datetim
                                            "state": live.effects[p.effect_id][0]})
 
 
+# ---------------------------------------------------------------------------------------
+# moves between partitions (docs/design.md §18)
+
+
+def held(state: ScheduleState) -> bool:
+    """Whether anything of the schedule is on this partition: it was created (whatever its
+    status since), or a create of it waits for a quota slot."""
+    return state.status != "NEW" or state.quota is not None
+
+
+def move_out(state: ScheduleState, to_partition: int, version: int,
+             from_partition: int) -> Decision:
+    """The handover rule for one key: its state leaves this partition (``KeyMovedOut``) and
+    an adopt command carrying the whole of it goes to ``to_partition`` in the same
+    transaction. ``state`` must be a live state (not a draft)."""
+    if not held(state):
+        return _reject("not_found", "nothing of the schedule is held here")
+    encoded, shape = moved_schedule(state)
+    adopt = m.AdoptKey(kind="schedule", state=encoded, shape=shape,
+                       state_version=STATE_VERSION, from_partition=from_partition,
+                       version=version)
+    key = partition_key(state.tenant, state.schedule_id)
+    d = _Draft(state)
+    d.emit(m.KeyMovedOut(to_partition=to_partition, version=version))
+    return Decision(events=d.events, sends=[Send(state.schedule_id,
+                                                 move_command_id("in", version, key), adopt,
+                                                 partition=to_partition)])
+
+
+def _adopt(state: ScheduleState, command: m.CommandEnvelope, p: m.AdoptKey) -> Decision:
+    """A key moved here by its old home's handover is installed exactly as it left
+    (``KeyMovedIn`` carries the state): never over a state held here."""
+    if command.principal != PROCESSOR:
+        return _reject("forbidden", "only the processor moves a schedule between partitions")
+    if p.kind != "schedule":
+        return _reject("invalid", f"a {p.kind} state is adopted by its own aggregate", "kind")
+    if held(state):
+        return _reject("conflict", "the schedule is held here already: an adopted state never "
+                       "replaces one", "scheduleId")
+    try:
+        moved = decode_moved_schedule(p.state, p.shape, p.state_version)
+    except StateDecodeError as exc:
+        return _reject("invalid", f"the adopted state does not decode: {exc}", "state")
+    if (moved.tenant, moved.schedule_id) != (state.tenant, state.schedule_id):
+        return _reject("invalid", f"the adopted state is of {moved.tenant}/"
+                       f"{moved.schedule_id}", "state")
+    d = _Draft(state)
+    d.emit(m.KeyMovedIn(kind="schedule", state=p.state, shape=p.shape,
+                        state_version=p.state_version, from_partition=p.from_partition,
+                        version=p.version))
+    return Decision(events=d.events, body={"adopted": True, "revision": d.state.revision})
+
+
 # =======================================================================================
 # evolve
 
@@ -1377,6 +1455,12 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
         case (m.QuotaSlotReserved() | m.QuotaSlotRefused() | m.QuotaSlotConfirmed()
               | m.QuotaSlotReleased()):
             pass  # events of a tenant's quota aggregate (chronolog.commands.quota)
+        case m.KeyMovedOut():
+            state.become(initial_state(state.tenant, state.schedule_id))
+        case m.KeyMovedIn():
+            state.become(decode_moved_schedule(event.state, event.shape, event.state_version))
+        case m.RoutingVersionAdded() | m.HandedOver() | m.HandoverReceived():
+            pass  # events of a partition's routing view (chronolog.commands.routing)
         case _:
             assert_never(event)
     return state

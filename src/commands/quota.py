@@ -25,31 +25,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chronolog.commands.decider import PROCESSOR, Decision, Send
+from chronolog.commands.state import QuotaState
+from chronolog.commands.state_codec import (
+    STATE_VERSION,
+    StateDecodeError,
+    decode_moved_quota,
+    moved_quota,
+)
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, saga_command_id
+from chronolog.domain.ids import QUOTA_ID, move_command_id, quota_key, saga_command_id
 
-__all__ = ["RESERVATION_TTL", "QuotaState", "decide_quota", "evolve_quota", "quota_wakeup"]
+__all__ = ["RESERVATION_TTL", "QuotaState", "decide_quota", "evolve_quota", "move_out_quota",
+           "quota_wakeup"]
 
 # how long a reserved slot waits for its schedule's processor to create the schedule
 RESERVATION_TTL = timedelta(seconds=60)
-
-
-class QuotaState:
-    """The fold of a tenant's quota events: schedule ID -> (create command ID, end of the
-    reservation, or None once the slot is taken)."""
-
-    __slots__ = ("slots", "tenant")
-    schedule_id = QUOTA_ID
-
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
-        self.slots: dict[str, tuple[str, datetime | None]] = {}
-
-    def taken(self) -> int:
-        return sum(1 for _, until in self.slots.values() if until is None)
-
-    def reserved(self) -> int:
-        return sum(1 for _, until in self.slots.values() if until is not None)
 
 
 def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
@@ -58,6 +48,8 @@ def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
     p = command.payload
     if isinstance(p, m.Tick):
         return _expire(state, now)
+    if isinstance(p, m.AdoptKey):
+        return _adopt(state, command, p)
     if not isinstance(p, (m.ReserveQuotaSlot, m.ConfirmQuotaSlot, m.ReleaseQuotaSlot)):
         return Decision(status="invalid", field="scheduleId",
                         reason=f"schedule ID '{QUOTA_ID}' is the tenant's quota, not a schedule")
@@ -112,6 +104,45 @@ def _reserve(d: _Draft, p: m.ReserveQuotaSlot, held: tuple[str, datetime | None]
     d.answer(p.schedule_id, p.create_command_id, False, None, reason)
 
 
+def move_out_quota(state: QuotaState, to_partition: int, version: int,
+                   from_partition: int) -> Decision:
+    """The handover rule for a tenant's quota aggregate (as ``decider.move_out`` for a
+    schedule): its slots leave this partition, an adopt command carries them to
+    ``to_partition`` in the same transaction."""
+    adopt = m.AdoptKey(kind="quota", state=moved_quota(state), state_version=STATE_VERSION,
+                       from_partition=from_partition, version=version)
+    d = _Draft(state)
+    d.emit(m.KeyMovedOut(to_partition=to_partition, version=version))
+    return Decision(events=d.events, sends=[
+        Send(QUOTA_ID, move_command_id("in", version, quota_key(state.tenant)), adopt,
+             partition=to_partition)])
+
+
+def _adopt(state: QuotaState, command: m.CommandEnvelope, p: m.AdoptKey) -> Decision:
+    """The tenant's quota moved here: installed exactly as it left, never over slots held
+    here."""
+    if command.principal != PROCESSOR:
+        return Decision(status="forbidden", reason="only the processor moves a tenant's quota")
+    if p.kind != "quota":
+        return Decision(status="invalid", field="kind",
+                        reason=f"a {p.kind} state is adopted by its own aggregate")
+    if state.slots:
+        return Decision(status="conflict", field="scheduleId",
+                        reason="the tenant's quota is held here already")
+    try:
+        moved = decode_moved_quota(p.state, p.state_version)
+    except StateDecodeError as exc:
+        return Decision(status="invalid", field="state",
+                        reason=f"the adopted quota does not decode: {exc}")
+    if moved.tenant != state.tenant:
+        return Decision(status="invalid", field="state",
+                        reason=f"the adopted quota is of tenant {moved.tenant}")
+    d = _Draft(state)
+    d.emit(m.KeyMovedIn(kind="quota", state=p.state, state_version=p.state_version,
+                        from_partition=p.from_partition, version=p.version))
+    return Decision(events=d.events)
+
+
 def _expire(state: QuotaState, now: datetime) -> Decision:
     """Release every reservation that ended unconfirmed; tell each held create."""
     d = _Draft(state)
@@ -152,6 +183,10 @@ def evolve_quota(state: QuotaState, event: Any) -> QuotaState:
             state.slots[event.schedule_id] = (event.create_command_id, None)
         case m.QuotaSlotReleased():
             state.slots.pop(event.schedule_id, None)
+        case m.KeyMovedOut():
+            state.slots = {}
+        case m.KeyMovedIn():
+            state.slots = decode_moved_quota(event.state, event.state_version).slots
         case _:
             pass  # QuotaSlotRefused: recorded for the audit, no slot changes
     return state

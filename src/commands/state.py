@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from chronolog.domain.ids import QUOTA_ID
 from chronolog.domain.messages import JobSpec, ScheduleSpec
 from chronolog.domain.recurrence import compile_trigger
 
@@ -460,6 +461,14 @@ class ScheduleState:
         s.quota = self.quota
         return s
 
+    def become(self, other: ScheduleState) -> None:
+        """Take every field of ``other``, a state no one else holds (a key moved in or out
+        of the partition, docs/design.md §18); a draft stays a draft."""
+        owned = self.owned
+        for name in ScheduleState.__slots__:
+            setattr(self, name, getattr(other, name))
+        self.owned = owned
+
     def own(self, run_id: str) -> Run:
         """The run ``run_id``, safe to change in place (cloned first in a draft)."""
         runs = self.runs
@@ -526,6 +535,24 @@ class ScheduleState:
             tuple(self.pending or ()),
             tuple(sorted((self.manual or {}).items())),
         )
+
+
+class QuotaState:
+    """The fold of a tenant's quota events (``chronolog.commands.quota``): schedule ID ->
+    (create command ID, end of the reservation, or None once the slot is taken)."""
+
+    __slots__ = ("slots", "tenant")
+    schedule_id = QUOTA_ID
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.slots: dict[str, tuple[str, datetime | None]] = {}
+
+    def taken(self) -> int:
+        return sum(1 for _, until in self.slots.values() if until is None)
+
+    def reserved(self) -> int:
+        return sum(1 for _, until in self.slots.values() if until is not None)
 
 
 def initial_state(tenant: str, schedule_id: str) -> ScheduleState:

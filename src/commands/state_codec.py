@@ -32,9 +32,9 @@ from typing import Any
 
 import orjson
 
-from chronolog.commands.quota import QuotaState
 from chronolog.commands.state import (
     Policy,
+    QuotaState,
     QuotaWait,
     Run,
     ScheduleState,
@@ -47,11 +47,15 @@ from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleS
 __all__ = [
     "STATE_VERSION",
     "StateDecodeError",
+    "decode_moved_quota",
+    "decode_moved_schedule",
     "decode_quota",
     "decode_schedule",
     "decode_shape",
     "encode_quota",
     "encode_schedule",
+    "moved_quota",
+    "moved_schedule",
     "register_state_upcaster",
     "shape_of",
     "upcast_state",
@@ -310,3 +314,47 @@ def decode_quota(data: bytes | list[Any]) -> QuotaState:
     except (ValueError, TypeError) as exc:
         raise StateDecodeError(f"not a stored quota state: {type(exc).__name__}: {exc}") \
             from exc
+
+
+# ------------------------------------------------------------------------------- moves
+#
+# A key moved to another partition (docs/design.md §18) carries its whole state in the
+# adopt command and in the event that installs it: the JSON text of the encoding above, of
+# ``STATE_VERSION`` when it was written (upcast when it is read by a later version), and, for
+# a schedule, its spec shape.
+
+
+def moved_schedule(s: ScheduleState) -> tuple[str, str | None]:
+    """(state, shape) of a live schedule state as a move carries them."""
+    pol = s.policy
+    shape = None if pol is None else _parts(pol)[1].decode()
+    return encode_schedule(s).decode(), shape
+
+
+def decode_moved_schedule(state: str, shape: str | None, version: int) -> ScheduleState:
+    """The state ``moved_schedule`` gave (``version``: the state version it was written in);
+    ``StateDecodeError`` for anything else."""
+    shapes: dict[str, Policy] = {}
+    if shape is not None:
+        h, pol = decode_shape(shape.encode())
+        shapes[h] = pol
+    return decode_schedule(_moved_body("schedule", state, version), shapes)
+
+
+def moved_quota(q: QuotaState) -> str:
+    """The state of a tenant's quota aggregate as a move carries it."""
+    return encode_quota(q).decode()
+
+
+def decode_moved_quota(state: str, version: int) -> QuotaState:
+    return decode_quota(_moved_body("quota", state, version))
+
+
+def _moved_body(kind: str, state: str, version: int) -> list[Any]:
+    try:
+        body = orjson.loads(state)
+    except ValueError as exc:
+        raise StateDecodeError(f"a moved {kind} state that is not JSON: {exc}") from exc
+    if not isinstance(body, list):
+        raise StateDecodeError(f"a moved {kind} state that is no list")
+    return upcast_state(kind, body, version) if version != STATE_VERSION else body

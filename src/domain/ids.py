@@ -25,6 +25,25 @@ def quota_key(tenant: str) -> str:
     return partition_key(tenant, QUOTA_ID)
 
 
+# the routing view of a partition (docs/design.md §18) is an aggregate of its own on every
+# partition, keyed ``routing_key()``: its commands and events name this tenant and schedule ID
+# and are addressed to a partition, not placed by their key's hash
+ROUTING_TENANT = "_chronolog"
+ROUTING_ID = "@routing"
+
+
+def routing_key() -> str:
+    """The log key of a partition's routing view (the same on every partition)."""
+    return partition_key(ROUTING_TENANT, ROUTING_ID)
+
+
+def move_command_id(side: str, version: int, key: str) -> str:
+    """The command ID of a key's move to routing ``version`` (``side``: "out", the handover's
+    decision on the old home; "in", the adopt command to the new home): one per key and
+    version, so the events of the two sides never share an ID."""
+    return f"move:{side}:{version}:{_digest(key)}"
+
+
 def saga_command_id(kind: str, create_command_id: str) -> str:
     """The command ID of a quota saga step for one create (deterministic, bounded length)."""
     return f"quota:{kind}:{_digest(create_command_id)}"

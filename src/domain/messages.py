@@ -455,6 +455,47 @@ class AnswerQuotaSlot(_Model):
     reason: str = ""
 
 
+# Changing the partition count (docs/design.md §18): commands the partition owners send each
+# other through ``commands``, in the transaction of the decision that emits them, to an
+# explicit partition. Only the processor (principal ``processor``) may send them.
+
+
+class AdoptKey(_Model):
+    """Take over a key moved out of ``from_partition`` by its handover to routing version
+    ``version``: ``state`` is its whole state as the state codec encodes it (JSON text of
+    ``state_version``), ``shape`` its spec shape (None: a state without a spec)."""
+
+    type: Literal["AdoptKey"] = "AdoptKey"
+    kind: Literal["schedule", "quota"] = "schedule"
+    state: str
+    shape: str | None = None
+    state_version: int = Field(ge=1, le=lim.MAX_INT)
+    from_partition: int = Field(ge=0, le=lim.MAX_INT)
+    version: int = Field(ge=1, le=lim.MAX_INT)
+
+
+class BeginHandover(_Model):
+    """Routing version ``to_version`` is under way (``partitions``: the partition count of
+    every version, oldest first). A partition serving the version before hands its keys
+    over; one that no earlier version had learns the version it serves from the start."""
+
+    type: Literal["BeginHandover"] = "BeginHandover"
+    partitions: tuple[int, ...] = Field(min_length=2)
+    to_version: int = Field(ge=2, le=lim.MAX_INT)
+
+
+class HandoverDone(_Model):
+    """Partition ``sender`` handed over to ``version``: every key it moved to the receiving
+    partition is ahead of this command there (and so is nothing it forwards after it)."""
+
+    type: Literal["HandoverDone"] = "HandoverDone"
+    version: int = Field(ge=2, le=lim.MAX_INT)
+    sender: int = Field(ge=0, le=lim.MAX_INT)
+    # the routing versions' partition counts, as ``BeginHandover`` carries them: a partition
+    # the version adds learns it from the first handover-done it reads
+    partitions: tuple[int, ...] = ()
+
+
 class Tick(_Model):
     """A timer the processor gives itself: act on everything due at ``now``."""
 
@@ -480,6 +521,9 @@ Command = Annotated[
     | ConfirmQuotaSlot
     | ReleaseQuotaSlot
     | AnswerQuotaSlot
+    | AdoptKey
+    | BeginHandover
+    | HandoverDone
     | Tick,
     Field(discriminator="type"),
 ]
@@ -855,6 +899,56 @@ class QuotaSlotReleased(_Event):
     released_at: UtcDatetime
 
 
+# changing the partition count (docs/design.md §18): a key leaving and entering a partition
+# (on the key), and a partition's routing view (on the partition's routing key, ``ROUTING_ID``)
+
+
+class KeyMovedOut(_Event):
+    """The key's state left this partition for ``to_partition`` (routing version
+    ``version``): from here on the partition holds nothing of it."""
+
+    type: Literal["KeyMovedOut"] = "KeyMovedOut"
+    to_partition: int
+    version: int
+
+
+class KeyMovedIn(_Event):
+    """The key's state, moved out of ``from_partition``, is installed here exactly as it
+    was: ``state`` (JSON text of the state codec's ``state_version``) and its spec ``shape``."""
+
+    type: Literal["KeyMovedIn"] = "KeyMovedIn"
+    kind: Literal["schedule", "quota"] = "schedule"
+    state: str
+    shape: str | None = None
+    state_version: int
+    from_partition: int
+    version: int
+
+
+class RoutingVersionAdded(_Event):
+    """The partition learned the routing versions ``partitions`` (counts, oldest first)."""
+
+    type: Literal["RoutingVersionAdded"] = "RoutingVersionAdded"
+    partitions: tuple[int, ...]
+
+
+class HandedOver(_Event):
+    """The partition handed over to ``version`` (the keys it moved out are moved in this
+    transaction) and serves it from here on."""
+
+    type: Literal["HandedOver"] = "HandedOver"
+    version: int
+    moved: int = 0
+
+
+class HandoverReceived(_Event):
+    """The partition read ``sender``'s handover-done for ``version``."""
+
+    type: Literal["HandoverReceived"] = "HandoverReceived"
+    version: int
+    sender: int
+
+
 Event = Annotated[
     ScheduleCreated
     | ScheduleRevised
@@ -889,7 +983,12 @@ Event = Annotated[
     | QuotaSlotReserved
     | QuotaSlotRefused
     | QuotaSlotConfirmed
-    | QuotaSlotReleased,
+    | QuotaSlotReleased
+    | KeyMovedOut
+    | KeyMovedIn
+    | RoutingVersionAdded
+    | HandedOver
+    | HandoverReceived,
     Field(discriminator="type"),
 ]
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from aiokafka.partitioner import murmur2 as _aiokafka_murmur2
 
-__all__ = ["misplaced", "murmur2", "partition_for"]
+__all__ = ["key_hash", "misplaced", "murmur2", "partition_for"]
 
 
 def murmur2(data: bytes) -> int:
@@ -35,18 +35,28 @@ def partition_for(key: bytes, num_partitions: int) -> int:
     return (_aiokafka_murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
-def misplaced(record_key: bytes | None, key: str, partition: int, num_partitions: int
+@lru_cache(maxsize=1 << 16)
+def key_hash(key: bytes) -> int:
+    """The key's positive murmur2 hash: its partition among n is ``key_hash(key) % n`` (the
+    routing versions of ``chronolog.domain.routing`` place keys by it)."""
+    return _aiokafka_murmur2(key) & 0x7FFFFFFF  # type: ignore[no-any-return]
+
+
+def misplaced(record_key: bytes | None, key: str, partition: int, num_partitions: int | None
               ) -> str | None:
     """Why a record that belongs under ``key`` may not be decided on ``partition`` (None: it
     may). Its record key must be ``key`` and its partition the one ``partition_for`` gives
     that key: a producer with another partitioner (librdkafka's default, CRC32) or a
     hand-picked partition would otherwise put one aggregate's history in two partitions,
-    each with its own state and owner."""
+    each with its own state and owner. ``num_partitions`` None: only the record key is
+    checked (a partition that forwards whatever it receives, docs/design.md §18)."""
     encoded = key.encode()
     if record_key != encoded:
         shown = record_key.decode("utf-8", "replace")[:200] if record_key is not None else None
         return (f"the record key must be the envelope's tenant/schedule_id {key!r}, "
                 f"got {shown!r}")
+    if num_partitions is None:
+        return None
     right = partition_for(encoded, num_partitions)
     if right != partition:
         return (f"key {key!r} belongs to partition {right} (Kafka's default murmur2 "

@@ -74,21 +74,38 @@ from chronolog.commands.decider import (
     TenantContext,
     decide,
     evolve,
+    move_out,
     next_wakeup,
 )
-from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota, quota_wakeup
+from chronolog.commands.quota import (
+    QuotaState,
+    decide_quota,
+    evolve_quota,
+    move_out_quota,
+    quota_wakeup,
+)
+from chronolog.commands.routing import RoutingView, decide_routing, evolve_routing
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, event_id_for, partition_key
+from chronolog.domain.ids import (
+    QUOTA_ID,
+    ROUTING_ID,
+    ROUTING_TENANT,
+    event_id_for,
+    move_command_id,
+    partition_key,
+    routing_key,
+)
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
 from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.domain.routing import Forward, RoutingTable, RoutingVersion
 from chronolog.environment import gc_paused, gc_tuned, utc_now
 from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_untune as _gc_untune
 from chronolog.lifecycle import unavailable
 from chronolog.log.dead_letters import DeadLetters
-from chronolog.log.partitioner import misplaced
+from chronolog.log.partitioner import key_hash, misplaced
 from chronolog.log.port import (
     WAKE_HEADER,
     EventLog,
@@ -118,7 +135,8 @@ log = structlog.get_logger("chronolog.processor")
 PROCESSOR_GROUP_SUFFIX = "processors"
 READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRedriven")
 # command IDs of the processor's own commands, answered by no reply of their own
-INTERNAL_COMMANDS = ("tick:", "assign:", "quota:")
+INTERNAL_COMMANDS = ("tick:", "assign:", "quota:", "move:", "routing:")
+ROUTING_KEY = routing_key()
 # between tries to take a partition over while the log does not answer (acquire, restore)
 TAKEOVER_BACKOFF = Backoff(first=0.5, cap=5.0)
 # How long a rebalance callback waits for its take-overs before it returns (the group's
@@ -204,6 +222,9 @@ class ProcessorConfig:
     # the recurrence engine and tz database named in the ``rules`` header of every event
     # this processor writes (None: the installed ones, ``installed_rules()``)
     rules: RulesVersion | None = None
+    # the deployment's first routing table (docs/design.md §18; None: one version with the
+    # partition count of ``commands``); later versions are read from each partition's log
+    routing: RoutingTable | None = None
 
 
 @dataclass
@@ -221,6 +242,9 @@ class ProcessorStats:
     restored_from_snapshot: int = 0  # takeovers that started from a snapshot
     restored_from_zero: int = 0  # takeovers that folded events from offset 0
     snapshots_rejected: int = 0  # snapshots ignored (damaged, another version, ...)
+    forwarded: int = 0  # commands appended to the partition that may hold their key
+    moved_out: int = 0  # keys handed over to another partition
+    moved_in: int = 0  # keys adopted from another partition
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -262,6 +286,8 @@ class PartitionState:
         self.chain: asyncio.Task[None] | None = None
         self.held: list[Record] = []
         self.dispatch = Dispatcher()  # workers' seats and the READY runs waiting for one
+        # the partition's routing view, folded from its log (docs/design.md §18)
+        self.routing: RoutingView | None = None
 
     def running(self) -> asyncio.Task[None] | None:
         """This partition's commit chain while it runs (None when idle)."""
@@ -687,6 +713,8 @@ class Processor:
         if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
             owner.await_visible = self.config.await_visible
         ps = PartitionState(p, owner)
+        ps.routing = RoutingView.initial(p, self.config.routing
+                                         or RoutingTable.initial(self._command_partitions))
         try:
             await self._restore(ps, takeover)
             committed = await self.log.committed(self.group, self.topics.commands, p)
@@ -768,11 +796,7 @@ class Processor:
             if i % 5000 == 4999:
                 await asyncio.sleep(0)  # the group's heartbeats go on (100k states: ~1 s)
             ps.arm(key, st)
-            for run in (st.runs or {}).values():
-                if run.state == "READY":
-                    self._wait_for_seat(ps, key, st, run)
-                elif run.state == "LEASED" and run.worker_id:
-                    ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
+            self._seat_runs(ps, key, st)
         for key, qs in ps.quotas.items():
             ps.arm_at(key, quota_wakeup(qs))
         await self._restore_replies(ps)
@@ -838,7 +862,7 @@ class Processor:
         snapshot), or from offset 0. Returns the keys whose states are not on ``state`` as
         they are, the offset after the last event, and that event's (offset, ID). Raises
         ``SnapshotRejected`` when the snapshot does not fit the log (before folding any)."""
-        folder = Folder(loaded)
+        folder = Folder(loaded, ps.routing)
         ps.states, ps.quotas = folder.states, folder.quotas
         offset = folder.start
         async for recs in read_partition(self.log, self.topics.events, ps.partition, offset,
@@ -861,6 +885,7 @@ class Processor:
             # long fold would hold the event loop (the group's heartbeats) from start to end
             await asyncio.sleep(0)
         dirty, last_event = folder.finish()
+        ps.routing = folder.routing
         takeover.tail_events = folder.folded
         return dirty, max(offset, folder.fold_from), last_event
 
@@ -909,7 +934,7 @@ class Processor:
         snap = ps.snap
         if snap is not None and snap.due(time.monotonic(), idle):
             try:
-                chunk = snap.take(ps.states, ps.quotas, time.monotonic(), idle)
+                chunk = snap.take(ps.states, ps.quotas, time.monotonic(), idle, ps.routing)
             except Exception:
                 log.exception("snapshot_encode_failed", partition=ps.partition)
         out = _Output(self.topics, ps.partition, (
@@ -1054,7 +1079,11 @@ class Processor:
             self._dead_letter(ps, rec, str(exc), out, error=exc)
             return
         key = partition_key(env.tenant, env.schedule_id)
-        wrong_place = misplaced(rec.key, key, ps.partition, self._command_partitions)
+        if env.schedule_id == ROUTING_ID:  # addressed to this partition, not placed by key
+            self._decide_routing(ps, rec, env, now, out)
+            return
+        h = key_hash(key.encode())
+        wrong_place = misplaced(rec.key, key, ps.partition, self._placed_by(ps, h))
         if wrong_place is not None:
             self._dead_letter(ps, rec, wrong_place, out, env)
             return
@@ -1077,6 +1106,8 @@ class Processor:
         if earlier is not None:  # the original's transaction is still in flight
             self.stats.duplicates += 1
             out.reply_from(cid, earlier)
+            return
+        if not isinstance(env.payload, m.AdoptKey) and self._forwarded(ps, rec, key, h, out):
             return
         if env.schedule_id == QUOTA_ID:
             qs = ps.quotas.get(key)
@@ -1108,6 +1139,141 @@ class Processor:
             self._unapplied[(ps.partition, rec.offset)] = exc
             raise _Unapplied(f"command {cid}: {type(exc).__name__}: {exc}") from exc
         self._unapplied_keys.discard(key)
+        if isinstance(env.payload, m.AdoptKey):
+            self._adopted(ps, key, st, dec)
+
+    # ------------------------------------------------------------------ routing (§18)
+
+    def _placed_by(self, ps: PartitionState, h: int) -> int | None:
+        """The partition count under which a command for the key of hash ``h`` belongs on
+        this partition: one of a version of its routing view where it is the key's home,
+        else the current one (the record is misplaced); None while no version has this
+        partition (``place`` forwards whatever it receives)."""
+        view = ps.routing
+        assert view is not None
+        if view.routing is None:
+            return None
+        for v in view.table.versions:
+            if v.home(h) == ps.partition:
+                return v.partitions
+        return view.table.current.partitions
+
+    def _forwarded(self, ps: PartitionState, rec: Record, key: str, h: int,
+                   out: _Output) -> bool:
+        """``place``: a command for a key this partition does not hold, and may not decide,
+        is appended in this transaction to the partition that may hold it (True)."""
+        view = ps.routing
+        assert view is not None
+        where = view.place(h, key in ps.states or key in ps.quotas)
+        if not isinstance(where, Forward):
+            return False
+        self.stats.forwarded += 1
+        out.commands.append(OutRecord(topic=self.topics.commands, key=rec.key, value=rec.value,
+                                      partition=where.partition, headers=rec.headers))
+        return True
+
+    def _decide_routing(self, ps: PartitionState, rec: Record, env: m.CommandEnvelope,
+                        now: datetime, out: _Output) -> None:
+        """A command of the partition's routing view. A handover moves every key whose home
+        in the next version is another partition, in this transaction, ahead of the
+        partition's own routing events and of its handover-done commands."""
+        view = ps.routing
+        assert view is not None
+        cid = env.command_id
+        try:
+            dec = decide_routing(view, env)
+            values = [codec.encode_event_fields(event_id_for(cid, i), m.CURRENT_VERSION,
+                                                ROUTING_KEY, ROUTING_TENANT, ROUTING_ID, now,
+                                                cid, ev) for i, ev in enumerate(dec.events)]
+        except Exception as exc:  # a decider bug rejects this command only
+            self.stats.decide_errors += 1
+            log.exception("routing_decide_failed", command_id=cid, type=env.type)
+            self._dead_letter(ps, rec, f"the command could not be decided: "
+                              f"{type(exc).__name__}: {exc}", out, env, exc)
+            return
+        if not dec.ok:
+            log.warning("routing_rejected", partition=ps.partition, command_id=cid,
+                        status=dec.status, reason=dec.reason)
+        handover = next((ev for ev in dec.events if isinstance(ev, m.HandedOver)), None)
+        if handover is not None:
+            after = view
+            for ev in dec.events:
+                if ev is handover:
+                    break
+                after = evolve_routing(after, ev)
+            self._hand_over(ps, after.table.get(handover.version), now, out)
+        first_index = len(out.events)
+        for i, ev in enumerate(dec.events):
+            view = ps.routing = evolve_routing(view, ev)
+            out.event(event_id_for(cid, i), ROUTING_KEY, ROUTING_TENANT, ROUTING_ID, now, cid,
+                      ev, values[i])
+        if dec.events and ps.snap is not None:
+            ps.snap.dirty.add(ROUTING_KEY)
+            ps.snap.events_since += len(dec.events)
+        self._send(ps, ROUTING_TENANT, dec, now, out)
+        if not cid.startswith(INTERNAL_COMMANDS):
+            if env.reply_to:
+                out.reply_to[cid] = env.reply_to
+            body = dec.body if not dec.field else {**dec.body, "field": dec.field}
+            out.reply_new(cid, dec.status, dec.reason, codec.encode_body(body), ROUTING_TENANT,
+                          ROUTING_ID, first_index, len(out.events))
+            ps.pending[cid] = out
+        log.info("routing_decided", partition=ps.partition, type=env.type,
+                 status=dec.status, events=[ev.type for ev in dec.events])
+
+    def _hand_over(self, ps: PartitionState, to: RoutingVersion, now: datetime,
+                   out: _Output) -> None:
+        """Move out every key whose home in ``to`` is another partition: its moved-out event
+        here and its adopt command to its new home (``move_out``), in key order."""
+        p = ps.partition
+        for key in sorted(ps.states):
+            dest = to.home(key_hash(key.encode()))
+            if dest == p:
+                continue
+            st = ps.states[key]
+            runs = [*(st.runs or {})]
+            cid = move_command_id("out", to.version, key)
+            dec = move_out(st, dest, to.version, p)
+            if not dec.ok:  # nothing of it here (a create refused before it was held)
+                del ps.states[key]
+                continue
+            encoded = self._encode(key, st, dec, cid, now)
+            self._apply(ps, key, st, dec, encoded, cid, now, out)
+            del ps.states[key]
+            for run_id in runs:  # its workers' credit: they now answer to the new home
+                ps.dispatch.settle(run_id, None)
+            self.stats.moved_out += 1
+        for key in sorted(ps.quotas):
+            dest = to.home(key_hash(key.encode()))
+            if dest == p:
+                continue
+            qs = ps.quotas[key]
+            cid = move_command_id("out", to.version, key)
+            dec = move_out_quota(qs, dest, to.version, p)
+            self._apply_quota(ps, key, qs, dec, self._encode(key, qs, dec, cid, now),  # type: ignore[arg-type]
+                              cid, now, out)
+            del ps.quotas[key]
+            ps.arm_at(key, None)
+            self.stats.moved_out += 1
+
+    def _adopted(self, ps: PartitionState, key: str, st: ScheduleState, dec: Decision) -> None:
+        """After an adopt command: a key moved in has its runs seated (its timer is armed by
+        ``_apply``); a refused adopt is an error of the handover (logged)."""
+        if not dec.ok:
+            log.error("adopt_refused", partition=ps.partition, key=key, status=dec.status,
+                      reason=dec.reason)
+            return
+        self.stats.moved_in += 1
+        self._seat_runs(ps, key, st)
+
+    def _seat_runs(self, ps: PartitionState, key: str, st: ScheduleState) -> None:
+        """A state that arrived whole (restored, moved in): its READY runs wait for a seat,
+        its LEASED ones hold their worker's."""
+        for run in (st.runs or {}).values():
+            if run.state == "READY":
+                self._wait_for_seat(ps, key, st, run)
+            elif run.state == "LEASED" and run.worker_id:
+                ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
 
     def _decide_quota(self, ps: PartitionState, key: str, qs: QuotaState,
                       env: m.CommandEnvelope, now: datetime, out: _Output,
@@ -1130,32 +1296,51 @@ class Processor:
             return
         if dec.events:
             ps.quotas[key] = qs
-            if ps.snap is not None:
-                ps.snap.dirty.add(key)
-                ps.snap.events_since += len(dec.events)
+        self._apply_quota(ps, key, qs, dec, encoded, cid, now, out)
+        if isinstance(env.payload, m.AdoptKey) and not dec.ok:
+            log.error("adopt_refused", partition=ps.partition, key=key, status=dec.status,
+                      reason=dec.reason)
+
+    def _apply_quota(self, ps: PartitionState, key: str, qs: QuotaState, dec: Decision,
+                     encoded: tuple[list[bytes], bytes | None], cid: str, now: datetime,
+                     out: _Output) -> None:
+        """Evolve and record a quota decision's events, its saga commands and its reply."""
+        if dec.events and ps.snap is not None:
+            ps.snap.dirty.add(key)
+            ps.snap.events_since += len(dec.events)
         first_index = len(out.events)
         values, body = encoded
         for i, ev in enumerate(dec.events):
             evolve_quota(qs, ev)
             out.event(event_id_for(cid, i), key, qs.tenant, QUOTA_ID, now, cid, ev, values[i])
-        self._send(qs.tenant, dec, now, out)
+        self._send(ps, qs.tenant, dec, now, out)
         ps.arm_at(key, quota_wakeup(qs))
         if body is not None:
             out.reply_new(cid, dec.status, dec.reason, body, qs.tenant, QUOTA_ID, first_index,
                           len(out.events))
             ps.pending[cid] = out
 
-    def _send(self, tenant: str, dec: Decision, now: datetime, out: _Output) -> None:
-        """A decision's commands to other aggregates of the tenant (the quota saga), written
-        to ``commands`` in this transaction, after the events."""
+    def _send(self, ps: PartitionState, tenant: str, dec: Decision, now: datetime,
+              out: _Output) -> None:
+        """A decision's commands to other aggregates of the tenant (the quota saga, a moved
+        key's adopt command) or to other partitions (handover-done), written to ``commands``
+        in this transaction, after the events: to the partition the send names, else to the
+        aggregate's home in the version this partition serves (its ``place`` forwards it if
+        the key is elsewhere)."""
+        view = ps.routing
+        assert view is not None
         for send in dec.sends:
             env = m.CommandEnvelope.model_construct(
                 command_id=send.command_id, type=send.payload.type, tenant=tenant,
                 principal=PROCESSOR, schedule_id=send.schedule_id, issued_at=now,
                 reply_to=None, payload=send.payload)
-            out.commands.append(OutRecord(
-                topic=self.topics.commands, key=partition_key(tenant, send.schedule_id).encode(),
-                value=codec.encode_command(env)))
+            key = partition_key(tenant, send.schedule_id).encode()
+            partition = send.partition
+            if partition is None:
+                serves = view.table.current if view.routing is None else view.routing.serves
+                partition = serves.home(key_hash(key))
+            out.commands.append(OutRecord(topic=self.topics.commands, key=key,
+                                          value=codec.encode_command(env), partition=partition))
 
     def _encode(self, key: str, st: ScheduleState, dec: Decision, command_id: str,
                 now: datetime) -> tuple[list[bytes], bytes | None]:
@@ -1201,7 +1386,7 @@ class Processor:
                 if ev.type == "LeaseExpired":
                     ps.dispatch.lapse_holder(run_id)
                 ps.dispatch.settle(run_id, st.run(run_id))
-        self._send(st.tenant, dec, now, out)
+        self._send(ps, st.tenant, dec, now, out)
         ps.arm(key, st)
         if body is not None:
             answered = dec.answers or command_id  # a held create is answered by the saga

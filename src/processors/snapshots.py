@@ -41,8 +41,15 @@ Reading (``decode_snapshot`` and the processor's restore)
     (``STATE_VERSION``): any record that fails either, any undecodable body, a through past
     the end of ``events``: the whole copy is ignored (``SnapshotRejected``).
 
-Record layout: ``b"cs"``, kind (1 byte: S schedule, Q quota, P spec, M marker), state
-version (u16), through (u64), CRC-32 (u32), then the body (orjson).
+Keys that leave the partition (a handover to another routing version moves them out,
+docs/design.md §18) are written as a *gone* record (kind G, empty body): the latest record
+of the key then says the partition holds nothing of it, so an older state record of it is
+never restored; events of the key after its ``through`` (it may move back) are folded as
+usual. The partition's routing view (``chronolog.commands.routing``) is a record of its own
+(kind R, key ``routing_key()``), so a takeover from a snapshot routes as its owner did.
+
+Record layout: ``b"cs"``, kind (1 byte: S schedule, Q quota, R routing view, G gone, P spec,
+M marker), state version (u16), through (u64), CRC-32 (u32), then the body (orjson).
 """
 
 from __future__ import annotations
@@ -58,8 +65,9 @@ from typing import Any
 import orjson
 
 from chronolog.commands.decider import evolve
-from chronolog.commands.quota import QuotaState, evolve_quota
-from chronolog.commands.state import Policy, ScheduleState, initial_state
+from chronolog.commands.quota import evolve_quota
+from chronolog.commands.routing import RoutingView, decode_view, encode_view, evolve_routing
+from chronolog.commands.state import Policy, QuotaState, ScheduleState, initial_state
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
@@ -71,8 +79,8 @@ from chronolog.commands.state_codec import (
     shape_of,
     upcast_state,
 )
-from chronolog.domain.ids import QUOTA_ID
-from chronolog.domain.messages import EventEnvelope
+from chronolog.domain.ids import QUOTA_ID, ROUTING_ID, routing_key
+from chronolog.domain.messages import EventEnvelope, KeyMovedOut
 from chronolog.log.port import OutRecord, Record
 
 __all__ = [
@@ -91,8 +99,10 @@ __all__ = [
 
 MAGIC = b"cs"
 KIND_SCHEDULE, KIND_QUOTA, KIND_SPEC, KIND_MARKER = b"S"[0], b"Q"[0], b"P"[0], b"M"[0]
+KIND_ROUTING, KIND_GONE = b"R"[0], b"G"[0]
 _KIND_NAMES = {KIND_SCHEDULE: "schedule", KIND_QUOTA: "quota", KIND_SPEC: "spec",
-               KIND_MARKER: "marker"}
+               KIND_MARKER: "marker", KIND_ROUTING: "routing", KIND_GONE: "gone"}
+ROUTING_KEY = routing_key().encode()
 MARKER_KEY = b"@snapshot"  # no partition key: those are always tenant/schedule_id
 SPEC_KEY_PREFIX = b"@spec/"
 _HEADER = struct.Struct(">2sBHQ")
@@ -142,6 +152,7 @@ class Loaded:
     specs: set[str]  # hashes of the spec shapes stored
     marker: dict[str, Any]
     records: int  # records read (every version of every key)
+    routing: RoutingView | None = None  # the partition's routing view, when stored
 
 
 DECODE_SLICE = 5000  # records decoded between two yields of ``decode_snapshot_steps``
@@ -216,16 +227,28 @@ def decode_snapshot_steps(records: Iterable[Record],
             except StateDecodeError as exc:
                 raise SnapshotRejected(f"spec {key!r}: {exc}") from exc
             shapes[shape_hash] = shape
-        elif kind in (KIND_SCHEDULE, KIND_QUOTA):
+        elif kind in (KIND_SCHEDULE, KIND_QUOTA, KIND_ROUTING, KIND_GONE):
+            if version != STATE_VERSION and kind in (KIND_ROUTING, KIND_GONE):
+                raise SnapshotRejected(f"record {key!r} is of state version {version}")
             bodies.append((key.decode(), kind, version, through, body))
         else:
             raise SnapshotRejected(f"record {key!r}: a second marker")
     states: dict[str, ScheduleState] = {}
     quotas: dict[str, QuotaState] = {}
     through_of: dict[str, int] = {}
+    routing: RoutingView | None = None
     for i, (skey, kind, version, through, body) in enumerate(bodies):
         if i % DECODE_SLICE == DECODE_SLICE - 1:
             yield
+        through_of[skey] = through
+        if kind == KIND_GONE:
+            continue  # the key left the partition: nothing of it is restored
+        if kind == KIND_ROUTING:
+            try:
+                routing = decode_view(body)
+            except ValueError as exc:
+                raise SnapshotRejected(f"record {skey!r}: {exc}") from exc
+            continue
         try:
             data: Any = body
             if version != STATE_VERSION:  # upcast (or refused: StateDecodeError)
@@ -241,17 +264,21 @@ def decode_snapshot_steps(records: Iterable[Record],
                 quotas[skey] = decode_quota(data)
         except StateDecodeError as exc:
             raise SnapshotRejected(f"record {skey!r}: {exc}") from exc
-        through_of[skey] = through
-    return Loaded(states, quotas, through_of, fold_from, last_event, set(shapes), marker, n)
+    return Loaded(states, quotas, through_of, fold_from, last_event, set(shapes), marker, n,
+                  routing)
 
 
 class Folder:
     """Folds a partition's events into its states: from offset 0, or onto a snapshot —
     each key's events from the offset its record covers, after checking that the event the
-    marker names as the last one before ``fold_from`` is there (the first one fed)."""
+    marker names as the last one before ``fold_from`` is there (the first one fed).
+    ``routing``: the partition's routing view before its first event (the one the snapshot
+    stores replaces it)."""
 
-    def __init__(self, loaded: Loaded | None = None) -> None:
+    def __init__(self, loaded: Loaded | None = None,
+                 routing: RoutingView | None = None) -> None:
         self.loaded = loaded
+        self.routing = routing if loaded is None or loaded.routing is None else loaded.routing
         self.states: dict[str, ScheduleState] = {} if loaded is None else loaded.states
         self.quotas: dict[str, QuotaState] = {} if loaded is None else loaded.quotas
         self.through: dict[str, int] = {} if loaded is None else loaded.through
@@ -291,16 +318,23 @@ class Folder:
             return  # its state's record covers it
         self.folded += 1
         self.dirty.add(key)
+        if env.schedule_id == ROUTING_ID:
+            if self.routing is not None:
+                self.routing = evolve_routing(self.routing, env.payload)
+            return
         if env.schedule_id == QUOTA_ID:
             qs = self.quotas.get(key)
             if qs is None:
                 qs = self.quotas[key] = QuotaState(env.tenant)
             evolve_quota(qs, env.payload)
-            return
-        st = self.states.get(key)
-        if st is None:
-            st = self.states[key] = initial_state(env.tenant, env.schedule_id)
-        evolve(st, env.payload)
+        else:
+            st = self.states.get(key)
+            if st is None:
+                st = self.states[key] = initial_state(env.tenant, env.schedule_id)
+            evolve(st, env.payload)
+        if isinstance(env.payload, KeyMovedOut):  # it left the partition
+            self.states.pop(key, None)
+            self.quotas.pop(key, None)
 
     def finish(self) -> tuple[set[str], tuple[int, str] | None]:
         """The keys whose states are not on ``state`` as they are now (all of them after a
@@ -309,7 +343,9 @@ class Folder:
             raise SnapshotRejected(f"the snapshot's last event {self.check[1]} at "
                                    f"{self.check[0]} is not there (events end before it)")
         if self.loaded is None:
-            return set(self.states) | set(self.quotas), self.last_event
+            # every key fed: the states, and the keys that left (an older record of theirs
+            # may be on ``state``: their gone record replaces it)
+            return set(self.states) | set(self.quotas) | self.dirty, self.last_event
         return self.dirty, self.last_event
 
 
@@ -393,8 +429,11 @@ class SnapshotWriter:
         return overdue or (idle and mono - self._last_start >= self.interval_s)
 
     def take(self, states: dict[str, ScheduleState], quotas: dict[str, QuotaState],
-             mono: float, idle: bool = True) -> Chunk | None:
-        """The next chunk, encoded now (before the batch that carries it is decided)."""
+             mono: float, idle: bool = True, routing: RoutingView | None = None,
+             ) -> Chunk | None:
+        """The next chunk, encoded now (before the batch that carries it is decided): the
+        dirty keys' states, the routing view, and a gone record for a key the partition no
+        longer holds."""
         if not self.due(mono, idle):
             return None
         rnd = self.round
@@ -426,6 +465,11 @@ class SnapshotWriter:
                 qs = quotas.get(key)
                 if qs is not None:
                     entries.append((key.encode(), KIND_QUOTA, encode_quota(qs)))
+                elif key.encode() == ROUTING_KEY:
+                    if routing is not None:
+                        entries.append((ROUTING_KEY, KIND_ROUTING, encode_view(routing)))
+                else:
+                    entries.append((key.encode(), KIND_GONE, b""))
         except Exception:
             # a state that cannot be encoded: this round is given up (its keys stay dirty);
             # the last marker stays valid, restore folds a longer tail

@@ -93,7 +93,7 @@ from typing import Any, assert_never
 from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.commands.state import MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID
+from chronolog.domain.ids import QUOTA_ID, ROUTING_ID
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
 
 __all__ = [
@@ -351,6 +351,8 @@ class Auditor:
         """Fold one event (events of one schedule must come in log order)."""
         assert not self._finished, "feed after finish"
         self.report.events += 1
+        if env.schedule_id == ROUTING_ID:
+            return  # a partition's routing view (docs/design.md §18): no guarantee of its own
         if env.schedule_id == QUOTA_ID:
             self._fold_quota(env, EventRef(partition, offset, env.event_id, env.payload.type))
             return
@@ -581,6 +583,9 @@ class Auditor:
             case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
                   | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
                 pass  # the tenant quota: _track_slot, _fold_quota
+            case (m.KeyMovedOut() | m.KeyMovedIn() | m.RoutingVersionAdded() | m.HandedOver()
+                  | m.HandoverReceived()):
+                pass  # a key moving between partitions (docs/design.md §18)
             case _:
                 assert_never(p)
 

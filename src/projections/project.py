@@ -68,6 +68,11 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
               | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
             return c  # the quota saga changes no row (a held create is not a schedule yet)
+        case (m.KeyMovedOut() | m.KeyMovedIn() | m.RoutingVersionAdded() | m.HandedOver()
+              | m.HandoverReceived()):
+            # a key moving between partitions (docs/design.md §18) changes none of its rows:
+            # the schedule and its runs are the same on its new home
+            return c
         case m.ScheduleCreated():
             # every definition column, so a re-created (previously deleted) ID starts clean
             sched(revision=p.revision, state="ACTIVE", spec=p.spec.model_dump(mode="json"),

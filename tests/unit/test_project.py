@@ -101,6 +101,12 @@ QUOTA_SAMPLES: dict[str, Any] = {
     "QuotaSlotConfirmed": m.QuotaSlotConfirmed(schedule_id="s1", create_command_id="c1"),
     "QuotaSlotReleased": m.QuotaSlotReleased(schedule_id="s1", create_command_id="c1",
                                              reason="expired", released_at=T0),
+    # a key moving between partitions changes none of its rows (docs/design.md §18)
+    "KeyMovedOut": m.KeyMovedOut(to_partition=3, version=2),
+    "KeyMovedIn": m.KeyMovedIn(state="[]", state_version=1, from_partition=1, version=2),
+    "RoutingVersionAdded": m.RoutingVersionAdded(partitions=(2, 4)),
+    "HandedOver": m.HandedOver(version=2),
+    "HandoverReceived": m.HandoverReceived(version=2, sender=1),
 }
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
 from chronolog.commands import state_codec as sc
-from chronolog.commands.decider import PROCESSOR, Decision, fold
+from chronolog.commands.decider import PROCESSOR, Decision, decide, evolve, fold, held, move_out
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
 from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
@@ -176,6 +176,8 @@ class PartitionMachine(DeciderMachine):
                     for e in covered:
                         evolve_quota(q, e)
                     assert list(loaded.quotas[key].slots.items()) == list(q.slots.items())
+                elif key not in loaded.states:  # a gone record: the key left
+                    assert not held(fold(TENANT, key.split("/", 1)[1], covered))
                 else:
                     assert (fold(TENANT, key.split("/", 1)[1], covered).snapshot()
                             == loaded.states[key].snapshot())
@@ -194,6 +196,9 @@ class PartitionMachine(DeciderMachine):
         for key, evs in by_key.items():
             if key != QUOTA_KEY:
                 sid = key.split("/", 1)[1]
+                if key not in folder.states:  # it left the partition
+                    assert not held(fold(TENANT, sid, evs))
+                    continue
                 assert fold(TENANT, sid, evs).snapshot() == folder.states[key].snapshot()
         if loaded is not None:  # the tail: each key's events its record does not cover
             assert folder.folded == sum(
@@ -203,7 +208,7 @@ class PartitionMachine(DeciderMachine):
         if go_on:  # the new owner goes on from what it restored
             self.epoch += 1
             for sid in list(self.states):
-                self.states[sid] = folder.states[key_of(sid)]
+                self.states[sid] = folder.states.get(key_of(sid), self.states[sid])
             if QUOTA_KEY in folder.quotas:
                 self.quota = folder.quotas[QUOTA_KEY]
             end = self.events[-1][0] + 1 if self.events else 0
@@ -217,6 +222,64 @@ PartitionMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRestoreFromSnapshotEqualsFoldFromZero = PartitionMachine.TestCase
+
+
+class MovingPartitionMachine(PartitionMachine):
+    """The same, with schedules leaving the partition (a handover to another routing
+    version, docs/design.md §18) and coming back at random points: a key that left is not
+    restored from an older record of it (its gone record, or its moved-out event in the
+    tail, removes it), and one that came back is restored as it came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away: dict[str, m.AdoptKey] = {}
+        self.version = 1
+
+    def _by_key(self) -> dict[str, ScheduleState]:
+        return {key_of(sid): s for sid, s in self.states.items() if sid not in self.away}
+
+    def _do(self, sid: str, payload: Any) -> Decision:
+        if sid in self.away:  # a command for it: it is back first
+            self._come_back(sid)
+        return super()._do(sid, payload)
+
+    def _apply(self, sid: str, dec: Decision) -> None:
+        for e in dec.events:
+            evolve(self.states[sid], e)
+            self.history[sid].append(e)
+        self._record(key_of(sid), sid, dec.events)
+
+    @rule(i=st.integers(0, len(SIDS) - 1))
+    def leave(self, i: int) -> None:
+        sid = SIDS[i]
+        state = self.states.get(sid)
+        if sid in self.away or state is None or not held(state):
+            return
+        self.version += 1
+        dec = move_out(state, 1, self.version, 0)
+        self.away[sid] = dec.sends[0].payload
+        self._apply(sid, dec)
+
+    @rule(i=st.integers(0, len(SIDS) - 1))
+    def come_back(self, i: int) -> None:
+        if SIDS[i] in self.away:
+            self._come_back(SIDS[i])
+
+    def _come_back(self, sid: str) -> None:
+        adopt = self.away.pop(sid)
+        env = m.CommandEnvelope(command_id=f"in-{self.version}-{sid}", type=adopt.type,
+                                tenant=TENANT, principal=PROCESSOR, schedule_id=sid,
+                                issued_at=self.now, payload=adopt)
+        dec = decide(self.states[sid], env, self.now)
+        assert dec.ok, dec.reason
+        self._apply(sid, dec)
+
+
+MovingPartitionMachine.TestCase.settings = settings(
+    max_examples=80, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestRestoreWithKeysLeavingAndComingBack = MovingPartitionMachine.TestCase
 
 
 # --------------------------------------------------------------------------- rejections
