@@ -201,7 +201,12 @@ async def test_a_tenants_quota_moves_with_its_slots_and_stays_exact(event_log: A
         c = r.client
         for i in range(3):
             await c.create_schedule(tenant, f"s{i}", SPEC)
-        slots = dict(r.proc.partitions[home(qkey, OLD)].quotas[qkey].slots)
+        old_home = r.proc.partitions[home(qkey, OLD)]
+        # a create is answered before its slot is confirmed (the confirmation follows)
+        await wait_until(lambda: all(held is None for _, held in
+                                     old_home.quotas[qkey].slots.values()), 30,
+                         what="every slot confirmed")
+        slots = dict(old_home.quotas[qkey].slots)
         assert len(slots) == 3
         for p in (0, 1):
             env = begin(c, p)
