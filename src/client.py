@@ -267,8 +267,11 @@ class Client:
         futs = await self.submit(envs)
         return await self.collect(envs, futs, timeout)
 
-    async def submit(self, envs: Sequence[m.CommandEnvelope]) -> list[asyncio.Future[m.Reply]]:
-        """Append the commands durably (one append); the futures of their replies."""
+    async def submit(self, envs: Sequence[m.CommandEnvelope], partition: int | None = None
+                     ) -> list[asyncio.Future[m.Reply]]:
+        """Append the commands durably (one append); the futures of their replies.
+        ``partition``: append them there instead of placing them by their key (a command
+        addressed to a partition: a partition's routing view, docs/design.md §18)."""
         if self._task is None:
             raise RuntimeError("Client.start() first")
         loop = asyncio.get_running_loop()
@@ -282,7 +285,7 @@ class Client:
             await self._append([OutRecord(
                 topic=self.topics.commands,
                 key=partition_key(env.tenant, env.schedule_id).encode(),
-                value=codec.encode_command(env),
+                value=codec.encode_command(env), partition=partition,
             ) for env in envs])
         except BaseException:
             self._forget(envs, futs)

@@ -66,14 +66,17 @@ def durability_from_env() -> Durability:
                       allow_unsafe=raw in ("1", "true", "yes"))
 
 
+MAX_PARTITIONS = 1024  # of a deployment's topics (CHRONOLOG_PARTITIONS, repartition --to)
+
+
 def partitions_from_env(value: str | None = None) -> int:
     raw = value if value is not None else os.environ.get("CHRONOLOG_PARTITIONS", "12")
     try:
         n = int(raw)
     except ValueError:
         raise ConfigError(f"invalid CHRONOLOG_PARTITIONS '{raw}': not an integer") from None
-    if not 1 <= n <= 1024:
-        raise ConfigError(f"invalid CHRONOLOG_PARTITIONS '{raw}': must be 1..1024")
+    if not 1 <= n <= MAX_PARTITIONS:
+        raise ConfigError(f"invalid CHRONOLOG_PARTITIONS '{raw}': must be 1..{MAX_PARTITIONS}")
     return n
 
 

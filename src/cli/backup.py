@@ -434,6 +434,7 @@ async def _restore_kafka(log: Any, folder: Path, manifest: dict[str, Any]) -> _R
     for topic, n in info["topics"].items():
         name = _renamed(topic, old, new)
         await log.ensure_topic(name, n)
+        await log.add_partitions(name, n)  # a topic grown after creation (docs §18)
         data = await asyncio.to_thread((folder / info["folder"] / f"{topic}.jsonl").read_bytes)
         rows = [orjson.loads(line) for line in data.splitlines() if line]
         for i in range(0, len(rows), 500):
@@ -446,6 +447,8 @@ async def _restore_kafka(log: Any, folder: Path, manifest: dict[str, Any]) -> _R
                 renumber.old.setdefault(tp, []).append(r["o"])
                 renumber.new.setdefault(tp, []).append(pos.offset)
                 renumber.end[tp] = pos.offset + 1
+    # the snapshots' topic is not backed up; it keeps the partition count of events
+    await log.add_partitions(log.topics.state, await log.partitions_for(log.topics.events))
     for group, stored in info["groups"].items():
         offsets = {}
         for topic, p, off in stored:

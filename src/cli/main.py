@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.cli.dlq",
     "chronolog.cli.rules",
     "chronolog.cli.backup",
+    "chronolog.cli.repartition",
 )
 
 

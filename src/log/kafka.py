@@ -498,6 +498,12 @@ class KafkaEventLog:
         # checked before any is created: the topics that exist, and the cluster
         await self._check_durability(list(wanted))
         await self._create_topics(wanted)
+        # a topic that follows the processors' partitions created after the deployment grew
+        # (a new ready.<class>) grows to the count of commands (docs/design.md §18)
+        n = self._partition_counts[t.commands]
+        for name in wanted:
+            if t.follows_processors(name) and self._partition_counts[name] < n:
+                await self.add_partitions(name, n)
 
     async def _live_brokers(self) -> list[tuple[int, str, int]]:
         """(node id, host, port) of the brokers the cluster metadata lists now: the
@@ -961,10 +967,11 @@ class KafkaEventLog:
         return out
 
     async def prefixed_topics(self) -> dict[str, int]:
-        """Every topic under this log's prefix, with its partition count (a backup)."""
         _, admin = self._require()
         names = await _retrying(admin.list_topics, self._bound_s, "list_topics")
         mine = sorted(n for n in names if n.startswith(self.topics.prefix))
+        for n in mine:  # counts grow (add_partitions by another process): read them again
+            self._partition_counts.pop(n, None)
         return {n: await self.partitions_for(n) for n in mine}
 
     async def prefixed_groups(self) -> list[str]:

@@ -135,6 +135,13 @@ class Topics:
         partition, a record per change of the partition count."""
         return f"{self.prefix}routing"
 
+    def follows_processors(self, topic: str) -> bool:
+        """Whether partition p of ``topic`` belongs with partition p of ``commands`` (its
+        owner writes or reads it there): commands, events, state, replies and every
+        ``ready.<class>``. A change of the partition count grows these (§18)."""
+        return topic in (self.commands, self.events, self.state, self.replies) or (
+            topic.startswith(f"{self.prefix}ready."))
+
     @property
     def compacted(self) -> tuple[str, ...]:
         """The topics that keep only the latest record of each key (``state``): Kafka's
@@ -295,6 +302,11 @@ class EventLog(Protocol):
 
     async def partitions_for(self, topic: str) -> int:
         """The partition count of an existing topic; ``LogError`` for an unknown one."""
+        ...
+
+    async def prefixed_topics(self) -> dict[str, int]:
+        """Every topic under this log's prefix (``topics.prefix``), by name, with its
+        partition count as stored now."""
         ...
 
     async def add_partitions(self, topic: str, partitions: int) -> int:

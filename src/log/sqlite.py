@@ -100,7 +100,7 @@ import random
 import sqlite3
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -1248,11 +1248,21 @@ class SqliteEventLog:
                                   t.compacted)
         await self._r.run(_load_topics, self._partitions)
         for name in names:
-            if found[name] != t.partitions:
+            if found[name] < t.partitions:
                 log.warning(
                     "topic %s exists with %d partitions, not %d", name, found[name], t.partitions
                 )
         self._partitions.update(found)
+        await self._follow_commands(names, found)
+
+    async def _follow_commands(self, names: Sequence[str], found: Mapping[str, int]) -> None:
+        """A topic that follows the processors' partitions (``Topics.follows_processors``)
+        created after the deployment grew (a new ``ready.<class>``) grows to the count of
+        ``commands`` (docs/design.md §18)."""
+        n = found[self.topics.commands]
+        for name in names:
+            if self.topics.follows_processors(name) and found[name] < n:
+                await self.add_partitions(name, n)
 
     async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
         await self._ready()
@@ -1278,6 +1288,17 @@ class SqliteEventLog:
         if partition >= n:
             n = await self._r.run(_grown_count, self._partitions, topic, partition)
         return n
+
+    async def prefixed_topics(self) -> dict[str, int]:
+        await self._ready()
+        prefix = self.topics.prefix
+
+        def _topics(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute("SELECT topic, partitions FROM topics WHERE substr(topic, 1, ?)"
+                                " = ? ORDER BY topic", (len(prefix), prefix)).fetchall()
+            return {str(t): int(n) for t, n in rows}
+
+        return await self._r.run(_topics)
 
     async def add_partitions(self, topic: str, partitions: int) -> int:
         await self._ready()

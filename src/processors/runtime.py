@@ -118,6 +118,7 @@ from chronolog.log.port import (
     Record,
 )
 from chronolog.log.reading import read_partition
+from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
 from chronolog.processors.dispatch import Dispatcher
 from chronolog.processors.snapshots import (
@@ -222,8 +223,9 @@ class ProcessorConfig:
     # the recurrence engine and tz database named in the ``rules`` header of every event
     # this processor writes (None: the installed ones, ``installed_rules()``)
     rules: RulesVersion | None = None
-    # the deployment's first routing table (docs/design.md §18; None: one version with the
-    # partition count of ``commands``); later versions are read from each partition's log
+    # the deployment's routing table for a partition with no routing event of its own yet
+    # (docs/design.md §18; None: read at each takeover from the log's routing history,
+    # ``chronolog.log.routing_history``); later versions come from the partition's own log
     routing: RoutingTable | None = None
 
 
@@ -349,7 +351,6 @@ class Processor:
         self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
-        self._command_partitions = 0  # of the commands topic, read at the first assignment
         self.stats = ProcessorStats()
         self._stopping = asyncio.Event()
         self._consumer: Any = None
@@ -706,15 +707,13 @@ class Processor:
         partition, its take-over record and the group's committed offset of p."""
         if assigned_at is None:
             assigned_at = time.monotonic()
-        if not self._command_partitions:
-            self._command_partitions = await self.log.partitions_for(self.topics.commands)
+        table = self.config.routing or await read_routing(self.log)
         takeover = Takeover(p, assigned_at)
         owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
         if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
             owner.await_visible = self.config.await_visible
         ps = PartitionState(p, owner)
-        ps.routing = RoutingView.initial(p, self.config.routing
-                                         or RoutingTable.initial(self._command_partitions))
+        ps.routing = RoutingView.initial(p, table)
         try:
             await self._restore(ps, takeover)
             committed = await self.log.committed(self.group, self.topics.commands, p)

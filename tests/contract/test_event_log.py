@@ -669,3 +669,22 @@ async def test_a_group_member_is_assigned_the_partitions_added_while_it_runs(
     got = [r for r in sink[0] if r.value == b"on an added partition"]
     assert [(r.partition, r.offset) for r in got] == [(pos.partition, pos.offset)]
     await consumer.close()
+
+
+async def test_prefixed_topics_lists_this_logs_topics_with_their_counts_and_no_others(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    t = event_log.topics
+    await event_log.ensure_topics(("default", "gpu"))
+    other = await open_log()
+    await other.add_partitions(t.ready("gpu"), PARTITIONS + 2)  # by another process
+    topics = await event_log.prefixed_topics()
+    names = list(topics)
+    assert {t.commands, t.events, t.state, t.replies, t.routing, t.ready("default"),
+            t.ready("gpu")} <= set(names)
+    assert names == sorted(names)
+    assert all(n.startswith(t.prefix) for n in names)
+    assert topics[t.routing] == 1 and topics[t.events] == PARTITIONS
+    assert topics[t.ready("gpu")] == PARTITIONS + 2
+    assert [n for n in names if t.follows_processors(n)] == sorted(
+        [t.commands, t.events, t.state, t.replies, t.ready("default"), t.ready("gpu")])
