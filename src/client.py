@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -32,10 +33,14 @@ from chronolog.domain.ids import partition_key
 from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 from chronolog.environment import new_id, utc_now
 from chronolog.log.dead_letters import DeadLetters
-from chronolog.log.port import EventLog, OutRecord, Record
+from chronolog.log.partitioner import partition_for
+from chronolog.log.port import EventLog, LogError, OutRecord, Record
+from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
 
 log = structlog.get_logger("chronolog.client")
+
+ROUTING_REFRESH_S = 10.0  # how old the known routing version may be before it is read again
 
 
 class CommandError(Exception):
@@ -125,11 +130,18 @@ class Client:
         self._positions: dict[tuple[str, int], int] = {}  # next offset to read of replies
         self._throttle = Throttle()
         self.dead_letters = DeadLetters(log_, f"client:{self.client_id}")
+        # the partition count commands are placed by: the deployment's active routing
+        # version (docs/design.md §18), read at start and again every ROUTING_REFRESH_S
+        # (None until read: the log places them by the topic's count)
+        self._route_by: int | None = None
+        self._routing_read_at = 0.0
+        self._routing_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start following ``replies`` from their current end. A start that fails (the log
         is away) leaves nothing running: it may be called again."""
         self._ready.clear()
+        await self._read_routing()
         self._consumer = self.log.group_consumer(
             f"{self.topics.prefix}{self.client_id}", [self.topics.replies], self.client_id,
             on_assigned=self._on_assigned, wake_on=[self.client_id],
@@ -141,6 +153,27 @@ class Client:
         except BaseException:
             await self._stop_reading()
             raise
+
+    async def _read_routing(self) -> None:
+        """Learn the partition count clients route by now (a log that does not answer
+        keeps the one known: a partition forwards what it does not hold)."""
+        self._routing_read_at = time.monotonic()
+        try:
+            self._route_by = (await read_routing(self.log)).current.partitions
+        except (LogError, OSError) as exc:
+            held = self._throttle.take("routing_read_failed")
+            if held is not None:
+                log.warning("routing_read_failed", error=str(exc)[:300],
+                            **({"held_back": held} if held else {}))
+
+    def _placement(self, key: bytes) -> int | None:
+        """The partition of ``commands`` a command keyed ``key`` goes to (None: the log
+        places it); starts a read of the routing history when the one known is old."""
+        if (time.monotonic() - self._routing_read_at > ROUTING_REFRESH_S
+                and (self._routing_task is None or self._routing_task.done())):
+            self._routing_task = asyncio.create_task(self._read_routing(),
+                                                     name=f"{self.client_id}-routing")
+        return None if self._route_by is None else partition_for(key, self._route_by)
 
     async def _on_assigned(self, tps: set[tuple[str, int]]) -> None:
         """Follow a partition from its end — or, assigned again after the group lost us
@@ -169,6 +202,10 @@ class Client:
                 await self._consumer.close()
 
     async def close(self) -> None:
+        if self._routing_task is not None:
+            self._routing_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._routing_task
         if self._appender is not None and not self._appender.done():
             with contextlib.suppress(Exception):
                 await self._appender  # commands already handed over are appended
@@ -282,11 +319,13 @@ class Client:
                 fut = self._waiters[env.command_id] = loop.create_future()
             futs.append(fut)
         try:
-            await self._append([OutRecord(
-                topic=self.topics.commands,
-                key=partition_key(env.tenant, env.schedule_id).encode(),
-                value=codec.encode_command(env), partition=partition,
-            ) for env in envs])
+            records = []
+            for env in envs:
+                key = partition_key(env.tenant, env.schedule_id).encode()
+                records.append(OutRecord(
+                    topic=self.topics.commands, key=key, value=codec.encode_command(env),
+                    partition=self._placement(key) if partition is None else partition))
+            await self._append(records)
         except BaseException:
             self._forget(envs, futs)
             raise
