@@ -38,7 +38,7 @@ Conventions
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import asyncpg
@@ -106,6 +106,7 @@ def create_app(
     max_body_bytes: int = lim.MAX_BODY_BYTES,
     known_job_types: Mapping[str, Iterable[str]] | None = None,
     visible_timeout: float = 2.0,
+    alongside: Callable[[], list[str]] | None = None,
 ) -> FastAPI:
     """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
     ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
@@ -114,7 +115,10 @@ def create_app(
     resource class -> the job types its own workers have) makes creating a schedule whose
     job type neither those nor any announced worker of its class serve a 400 naming them;
     without it such a create is 201 with ``warnings``. ``visible_timeout`` bounds how long
-    a write waits for the read model to show its events (``X-Chronolog-Visible``)."""
+    a write waits for the read model to show its events (``X-Chronolog-Visible``).
+    ``alongside``: the parts of a node running in this process that are not ready, as
+    ``"<part>: <reason>"`` (a dev node's processor while it restores): ``/healthz`` is 503
+    while there is any."""
     pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
     app = FastAPI(
         title="chronolog", version=API_VERSION,
@@ -126,7 +130,7 @@ def create_app(
         client=client, pool=pool, tenants=tenants, projector=projector, projection=projection,
         reply_timeout=reply_timeout, consistency_timeout=consistency_timeout,
         consistency_poll=consistency_poll, known_job_types=known_job_types,
-        visible_timeout=visible_timeout)
+        visible_timeout=visible_timeout, alongside=alongside)
     app.add_middleware(
         RequestGuard, max_body_bytes=max_body_bytes, form_paths=FORM_PATHS,
         error=lambda status, message, field: ApiError(status, message, field).response())

@@ -28,7 +28,7 @@ fresh.
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -86,6 +86,8 @@ class ApiContext:
     visible_timeout: float = 2.0
     limiter: RateLimiter = field(default_factory=RateLimiter)
     query_names: dict[str, frozenset[str]] = field(default_factory=dict)
+    # the not-ready parts of a node in this process, "<part>: <reason>" (create_app)
+    alongside: Callable[[], list[str]] | None = None
     _partitions: dict[str, int] = field(default_factory=dict)
     _quorum: tuple[float, str | None] = (0.0, None)  # (monotonic time asked, answer)
 

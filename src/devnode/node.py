@@ -170,9 +170,18 @@ async def run_node(
 
     from chronolog.workers.builtin import BUILTIN_JOB_TYPES
 
+    def not_ready() -> list[str]:
+        """The node's processor is its command path: /healthz is 503 while it restores."""
+        proc = node.parts.get("processor")
+        if proc is None:
+            return ["processor: starting"]
+        ready, why = proc.readiness()
+        return [] if ready else [f"processor: {why}"]
+
     app = create_app(client, store, tenants, projector=projector,
                      max_body_bytes=max_body_bytes(), visible_timeout=visible_timeout(),
-                     known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {})
+                     known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {},
+                     alongside=not_ready)
 
     def api() -> Any:
         config = server_config(app, node.host, node.port, log_level="warning",

@@ -23,8 +23,9 @@ router = APIRouter(tags=["ops"])
             responses={503: {"model": ErrorBody}})
 async def healthz(ctx: Context) -> JSONResponse:
     """200 with the projection watermark while the API can do its work: its log and its
-    read model answer. 503 otherwise, the message naming what is away: "log unreachable:
-    ..." or "read model unreachable: ..." (both, separated by "; ")."""
+    read model answer (and, in a node running its parts in one process, those parts are
+    ready). 503 otherwise, the message naming what is away: "log unreachable: ...", "read
+    model unreachable: ...", "processor: restoring partitions [...]" (separated by "; ")."""
     away = await unavailable_services(ctx)
     if away:
         raise ApiError(503, "; ".join(away), headers={"Retry-After": "1"})
@@ -50,6 +51,8 @@ async def unavailable_services(ctx: Any) -> list[str]:
         why = await database_reachable(ctx.pool)
         if why is not None:
             away.append(why)
+    if ctx.alongside is not None:
+        away.extend(ctx.alongside())
     return away
 
 
