@@ -179,6 +179,19 @@ class PartitionFold:
                 self.done.add((p.effect_id, attempt))  # type: ignore[union-attr, arg-type]
 
 
+def resume_offset(folded_to: int, intents: Mapping[tuple[str, int], int],
+                  done: set[tuple[str, int]], poison: int | None) -> int:
+    """Where a runner reads a partition from after folding it up to ``folded_to``: the first
+    intent there without an outcome (or record that does not decode: it is dead-lettered
+    when read), else ``folded_to`` — what comes before has nothing left to do, and reading it
+    again costs a restart as much as the fold (a node that stops before its runner caught up
+    read the same events twice at every start)."""
+    open_at = [off for key, off in intents.items() if key not in done]
+    if poison is not None:
+        open_at.append(poison)
+    return min(open_at, default=folded_to)
+
+
 def default_adapters(
     log_: EventLog, member_id: str, database_url: str | None = None
 ) -> dict[str, EffectAdapter]:
@@ -373,18 +386,27 @@ class EffectRunner:
             start = await self.log.committed(self.group, topic, p) or 0
             fold = PartitionFold()
             offset = start
+            intents: dict[tuple[str, int], int] = {}  # (effect, attempt) -> its offset
+            poison: int | None = None  # the first record that does not decode
             async for recs in read_partition(self.log, topic, p, start):
                 for rec in recs:
                     env = _decoded(rec)
-                    if env is not None:  # a poison record is dead-lettered when consumed
-                        fold.apply(env)
+                    if env is None:  # a poison record is dead-lettered when consumed
+                        poison = rec.offset if poison is None else poison
+                        continue
+                    fold.apply(env)
+                    if isinstance(env.payload, m.EffectIntended):
+                        intents.setdefault((env.payload.effect_id, env.payload.attempt),
+                                           rec.offset)
                 offset = recs[-1].offset + 1
+            resume = resume_offset(offset, intents, fold.done, poison)
             self._folds[p] = fold
             self._open[p] = {}
-            self._read_to[p] = self._committed[p] = start
-            self._consumer.seek(topic, p, start)
+            self._committed[p] = start
+            self._read_to[p] = resume  # committed with the next progress
+            self._consumer.seek(topic, p, resume)
             log.info("effects_partition_assigned", partition=p, from_offset=start,
-                     folded_to=offset, done=len(fold.done))
+                     folded_to=offset, resume_at=resume, done=len(fold.done))
         self.ready.set()
 
     async def _on_revoked(self, tps: set[tuple[str, int]]) -> None:
