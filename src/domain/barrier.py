@@ -22,13 +22,13 @@ the live projector applies ``cut_at_barrier`` to each batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from chronolog.domain import messages as m
 
 __all__ = ["Barrier", "BarrierOrder", "Handovers", "barrier_met", "barrier_of", "cut_at_barrier",
-           "handed_over", "record_handovers"]
+           "handed_over", "in_barrier_order", "record_handovers"]
 
 # partition -> the highest routing version whose HandedOver was taken (0 / absent: none)
 Handovers = Mapping[int, int]
@@ -144,3 +144,34 @@ class BarrierOrder:
         if b is not None:
             self.released.add(partition)
         return b
+
+
+def in_barrier_order(
+    partitions: Mapping[int, Sequence[tuple[int, m.EventEnvelope]]],
+    on_stuck: Callable[[int, int, Barrier], None] | None = None,
+) -> Iterator[tuple[int, int, m.EventEnvelope]]:
+    """Every partition's ``(offset, envelope)`` pairs (each in log order) as ``(partition,
+    offset, envelope)``, in barrier order: each partition in turn as far as it can go. When
+    none can go on, ``on_stuck(partition, offset, barrier)`` is told about the one
+    ``to_release`` names and it goes on past it; without ``on_stuck`` the order ends there."""
+    order = BarrierOrder()
+    pos = dict.fromkeys(partitions, 0)
+    while True:
+        progressed = False
+        for p in sorted(partitions):
+            items = partitions[p][pos[p]:]
+            if not items or not order.ready(p):
+                continue
+            n = order.take(p, [env for _, env in items])
+            for offset, env in items[:n]:
+                yield p, offset, env
+            pos[p] += n
+            progressed = progressed or n > 0
+        if progressed:
+            continue
+        stuck = order.to_release()
+        if stuck is None or on_stuck is None:
+            return
+        barrier = order.release(stuck)
+        assert barrier is not None
+        on_stuck(stuck, partitions[stuck][pos[stuck]][0], barrier)
