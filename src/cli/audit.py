@@ -4,8 +4,9 @@ docs/design.md §10.
     chronolog audit [--log URL | --data-dir DIR] [--partitions N] [--json]
 
 Reads every partition of ``events`` from offset 0 to its end offset at the start of the
-audit (committed reads, through the EventLog port), feeds each event to the pure checker
-(``chronolog.projections.audit``) and then:
+audit (committed reads, through the EventLog port), in move-barrier order (a moved key's
+events on its old home before those on its new home: ``chronolog.projections.ordered``),
+feeds each event to the pure checker (``chronolog.projections.audit``) and then:
 
 * no violation: prints one summary line (``audit ok: ...``) and exits 0;
 * violations: prints each one (``VIOLATION <check>: <message>`` and, indented, its events as

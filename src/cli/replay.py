@@ -25,7 +25,10 @@ A replay never empties tables that someone reads or writes:
    on from the rebuilt tables' offsets.
 2. **The build.** It migrates a fresh schema ``chronolog_replay_<random>`` from empty and
    folds into it every partition of ``events`` from offset 0 to its end offset taken at the
-   start, in batches of ``--batch`` events (default 1000) written as
+   start, in move-barrier order (``chronolog.projections.ordered``: a moved key's events on
+   its old home first; a partition whose ``KeyMovedIn`` has no handover in the log stops
+   before it, where the live projector holds it, and is named on stderr), in batches of
+   ``--batch`` events (default 1000) written as
    ``PostgresProjectionStore.apply(project_batch(events), offsets)`` — the row changes and the
    partition's next offset in one transaction, exactly as the live projector writes them —
    and the whole ``workers`` topic (the workers directory: ``workers``,

@@ -15,7 +15,11 @@ One *pass*:
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
    ``project_batch`` (both while the previous batch is being written) — partition order is
    kept; across partitions order does not matter because every row (schedule, run, attempt,
-   effect) belongs to one aggregate, i.e. to one partition;
+   effect) belongs to one aggregate, i.e. to one partition at a time. A key moved to
+   another partition (docs/design.md §18) is kept in order by the *move barrier*
+   (``chronolog.domain.barrier``, docs/design.md §9): a partition is cut before a
+   ``KeyMovedIn`` until its old home's ``HandedOver`` of that version is applied
+   (``projection_offsets.handed_over``, written with the offsets), and not read meanwhile;
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
@@ -51,7 +55,9 @@ CPU work overlaps PostgreSQL's; on a conflict the queued batches are dropped wit
 ``partitions=`` restricts a projector to some partitions of ``events``: projectors on
 disjoint partition sets share one database without ever conflicting (offsets are
 compare-and-set per partition, and every row belongs to one partition), which is how the
-projection scales past one process's CPU.
+projection scales past one process's CPU. A projector over every partition (or whose set
+names them) reads the partitions added to ``events`` while it runs: the count is read
+again every ``discover_s``.
 
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
 event applied), ``lag()`` (records between the stored offsets and the log's end offsets —

@@ -14,7 +14,7 @@ the columns its run row got from ``OccurrenceMaterialized``.
 1. compare-and-set of each consumed partition's ``next_offset`` (the expected one must be the
    stored one, a missing row counting as 0), which also row-locks those offsets; any
    mismatch raises ``OffsetConflict`` and rolls the whole transaction back (another projector
-   or a replay raced us);
+   or a replay raced us); ``handed_over`` (the move barrier) is raised with it;
 2. per table, the rows grouped by their *column signature* (which columns, and which of them
    are ``First``); one statement per group, whatever the number of rows:
    * a group that sets every required column of the table (NOT NULL, no default: what the
