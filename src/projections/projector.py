@@ -455,6 +455,12 @@ class Projector:
             {p: self._offsets.get(p, 0) for p in self._owned}, self._last_event_at
         )
 
+    def held(self) -> dict[int, tuple[int, Barrier]]:
+        """The partitions held by the move barrier: partition -> (offset of the
+        ``KeyMovedIn`` it waits at, the old home's handover it waits for)."""
+        return {p: (offset, b) for p, (offset, b) in self._held.items()
+                if self._offsets.get(p, 0) <= offset and not barrier_met(self._handed, b)}
+
     async def lag(self) -> dict[int, int]:
         """Records per partition between the stored offsets and the log's end offsets (the
         partitions added to the log since included, ``_discover``)."""
