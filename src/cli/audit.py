@@ -4,8 +4,9 @@ docs/design.md §10.
     chronolog audit [--log URL | --data-dir DIR] [--partitions N] [--json]
 
 Reads every partition of ``events`` from offset 0 to its end offset at the start of the
-audit (committed reads, through the EventLog port), feeds each event to the pure checker
-(``chronolog.projections.audit``) and then:
+audit (committed reads, through the EventLog port), in move-barrier order (a moved key's
+events on its old home before those on its new home: ``chronolog.projections.ordered``),
+feeds each event to the pure checker (``chronolog.projections.audit``) and then:
 
 * no violation: prints one summary line (``audit ok: ...``) and exits 0;
 * violations: prints each one (``VIOLATION <check>: <message>`` and, indented, its events as
@@ -32,10 +33,11 @@ from chronolog.cli.log_reader import (
     event_partitions,
     log_config,
     open_existing_log,
-    read_partition,
+    read_in_order,
 )
-from chronolog.domain.codec import DecodeError, decode_event
-from chronolog.log.port import EventLog
+from chronolog.domain.barrier import Barrier
+from chronolog.domain.codec import DecodeError
+from chronolog.log.port import EventLog, Record
 from chronolog.projections.audit import Auditor, AuditReport
 from chronolog.settings import RULES_HEADER
 
@@ -63,17 +65,21 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None) -> AuditRepor
     topic = log.topics.events
     partitions = await event_partitions(log)
     newest: dict[int, tuple[str, str]] = {}  # partition -> (rules, processor) of its last event
-    for p in range(partitions):
-        async for records in read_partition(log, topic, p):
-            if records:
-                newest[p] = _writer(records[-1].headers) or newest.get(p, ("", ""))
-            for rec in records:
-                try:
-                    env = decode_event(rec.value)
-                except DecodeError as exc:
-                    auditor.undecodable(rec.partition, rec.offset, str(exc))
-                    continue
-                auditor.feed(env, rec.partition, rec.offset)
+    ends = {p: await log.end_offset(topic, p) for p in range(partitions)}
+
+    def stuck(partition: int, barrier: Barrier, rec: Record) -> None:
+        auditor.handover_missing(partition, rec.offset, barrier.partition, barrier.version)
+
+    # a moved key's events on its old home first, then on its new home (docs/design.md §10)
+    async for taken in read_in_order(log, topic, ends, on_stuck=stuck):
+        records = [rec for rec, _ in taken.items]
+        newest[taken.partition] = (_writer(records[-1].headers)
+                                   or newest.get(taken.partition, ("", "")))
+        for rec, env in taken.items:
+            if isinstance(env, DecodeError):
+                auditor.undecodable(rec.partition, rec.offset, str(env))
+                continue
+            auditor.feed(env, rec.partition, rec.offset)
     report = auditor.finish()
     note = rules_mismatch_note(newest)
     if note:

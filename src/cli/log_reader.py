@@ -5,7 +5,10 @@
 the CLI prints one line and exits 2); ``open_existing_log(cfg)`` opens the log without
 creating anything (a missing SQLite file or a missing ``events`` topic is a usage error, not
 an empty log); ``read_partition`` yields one partition's committed records from an offset up
-to the end offset taken when it starts, oldest first, through the EventLog port.
+to the end offset taken when it starts, oldest first, through the EventLog port;
+``read_in_order`` yields every partition of ``events`` in move-barrier order (a moved key's
+events on its old home before those on its new home: ``chronolog.projections.ordered``), as
+the audit and the replay fold them.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from typing import Any
 from chronolog.cli.errors import UsageError
 from chronolog.log.port import EventLog, LogError
 from chronolog.log.reading import read_partition
+from chronolog.projections.ordered import Taken, read_in_order
 from chronolog.settings import ConfigError, LogConfig, open_log, parse_log_url
 
 __all__ = [
+    "Taken",
     "add_log_arguments",
     "event_partitions",
     "log_config",
     "open_existing_log",
+    "read_in_order",
     "read_partition",
 ]
 

@@ -25,7 +25,10 @@ A replay never empties tables that someone reads or writes:
    on from the rebuilt tables' offsets.
 2. **The build.** It migrates a fresh schema ``chronolog_replay_<random>`` from empty and
    folds into it every partition of ``events`` from offset 0 to its end offset taken at the
-   start, in batches of ``--batch`` events (default 1000) written as
+   start, in move-barrier order (``chronolog.projections.ordered``: a moved key's events on
+   its old home first; a partition whose ``KeyMovedIn`` has no handover in the log stops
+   before it, where the live projector holds it, and is named on stderr), in batches of
+   ``--batch`` events (default 1000) written as
    ``PostgresProjectionStore.apply(project_batch(events), offsets)`` — the row changes and the
    partition's next offset in one transaction, exactly as the live projector writes them —
    and the whole ``workers`` topic (the workers directory: ``workers``,
@@ -67,14 +70,15 @@ from chronolog.cli.log_reader import (
     event_partitions,
     log_config,
     open_existing_log,
-    read_partition,
 )
 from chronolog.domain import messages as m
-from chronolog.domain.codec import DecodeError, decode_event
+from chronolog.domain.barrier import BarrierOrder, record_handovers
+from chronolog.domain.codec import DecodeError
 from chronolog.log.port import EventLog, LogError
 from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
 from chronolog.projections.migrate import MigrationError
+from chronolog.projections.ordered import read_in_order
 from chronolog.projections.project import project_batch
 from chronolog.projections.rebuild import (
     FRESH_PREFIX,
@@ -118,6 +122,9 @@ class ReplayStats:
     letter_records: int = 0  # records of the dlq topic folded
     counts: dict[str, int] = field(default_factory=dict)  # rows per table once built
     schema: str = ""  # the schema the rebuilt read model was put in
+    # partition -> (old home, routing version): held before a KeyMovedIn whose old home's
+    # HandedOver the log does not have (the live projector holds it there too)
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def register(subparsers: Any) -> None:
@@ -179,35 +186,23 @@ async def replay(
     """
     topic = log.topics.events
     stats = ReplayStats(partitions=await event_partitions(log))
+    ends: dict[int, int] = {}
     for p in range(stats.partitions):
         stop = stops[p] if stops is not None else await log.end_offset(topic, p)
-        if to_offset is not None:
-            stop = min(stop, to_offset)
-        next_offset = 0
+        ends[p] = stop if to_offset is None else min(stop, to_offset)
         stats.offsets[p] = 0
-        async for records in read_partition(log, topic, p, 0, stop, batch=batch):
-            envelopes: list[m.EventEnvelope] = []
-            end = next_offset
-            done = False
-            for rec in records:
-                try:
-                    env = decode_event(rec.value)
-                except DecodeError as exc:  # skipped, as the live projector skips it
-                    stats.skipped.append(f"p{p}@{rec.offset}: {exc}")
-                    end = rec.offset + 1
-                    continue
-                if until is not None and env.at > until:
-                    done = True
-                    break
-                envelopes.append(env)
-                end = rec.offset + 1
-            await _write(store, topic, p, next_offset, end, envelopes, stats)
-            if progress is not None:
-                progress(len(envelopes))
-            next_offset = end
-            if done:
-                break
-        stats.offsets[p] = next_offset
+    order = BarrierOrder()
+    async for taken in read_in_order(log, topic, ends, until=until, batch=batch, order=order):
+        p = taken.partition
+        for rec, env in taken.items:
+            if isinstance(env, DecodeError):  # skipped, as the live projector skips it
+                stats.skipped.append(f"p{p}@{rec.offset}: {env}")
+        envelopes = taken.envelopes
+        await _write(store, topic, p, stats.offsets[p], taken.end, envelopes, stats)
+        if progress is not None:
+            progress(len(envelopes))
+        stats.offsets[p] = taken.end
+    stats.held = {p: (b.partition, b.version) for p, b in order.stuck().items()}
     return stats
 
 
@@ -215,8 +210,11 @@ async def _write(store: PostgresProjectionStore, topic: str, p: int, start: int,
                  envelopes: list[m.EventEnvelope], stats: ReplayStats) -> None:
     if end <= start:
         return
+    handed: dict[int, int] = {}
+    record_handovers(handed, p, envelopes)
     result = await store.apply(project_batch(envelopes), {(topic, p): (start, end)},
-                               last_event_at={(topic, p): envelopes[-1].at} if envelopes else {})
+                               last_event_at={(topic, p): envelopes[-1].at} if envelopes else {},
+                               handed_over={(topic, p): v for p, v in handed.items()})
     stats.events += len(envelopes)
     stats.batches += 1
     for table, n in result.rows.items():
@@ -434,6 +432,10 @@ def run(args: argparse.Namespace) -> int:
           f"{offsets}")
     for skipped in stats.skipped:
         print(f"note: skipped a record that does not decode: {skipped}", file=sys.stderr)
+    for p, (old, version) in sorted(stats.held.items()):
+        print(f"note: partition {p} stops at a key moved in from partition {old} (routing "
+              f"version {version}) whose handover is not in the log; 'chronolog audit' "
+              "reports it", file=sys.stderr)
     if stats.missing:
         print(f"note: {stats.missing} row changes found no row to update (events for rows "
               "that were never created)", file=sys.stderr)

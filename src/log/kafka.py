@@ -684,6 +684,14 @@ class KafkaEventLog:
             self._partition_counts[topic] = n
         return n
 
+    async def partition_count(self, topic: str) -> int:
+        n = (await self._describe([topic])).get(topic)
+        known = self._partition_counts.get(topic, 0)
+        if not n:  # unknown, or a partition added a moment ago has no leader yet
+            return known or await self.partitions_for(topic)
+        self._partition_counts[topic] = max(n, known)
+        return max(n, known)
+
     async def add_partitions(self, topic: str, partitions: int) -> int:
         _, admin = self._require()
         self._partition_counts.pop(topic, None)

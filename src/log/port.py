@@ -309,6 +309,13 @@ class EventLog(Protocol):
         partition count as stored now."""
         ...
 
+    async def partition_count(self, topic: str) -> int:
+        """The partition count of an existing topic as the log has it now: partitions any
+        process added since this one first asked are counted (``partitions_for`` may answer
+        a count learned earlier). A metadata request on Kafka, a query on SQLite: for a
+        reader that follows a growing topic every few seconds, not for every record."""
+        ...
+
     async def add_partitions(self, topic: str, partitions: int) -> int:
         """Grow ``topic`` to ``partitions`` partitions; returns its count after (a topic never
         shrinks: a count at or below the current one changes nothing). Records keep the

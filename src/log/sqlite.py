@@ -1281,6 +1281,10 @@ class SqliteEventLog:
             n = await self._r.run(_topic_partitions, self._partitions, topic)
         return n
 
+    async def partition_count(self, topic: str) -> int:
+        await self._ready()
+        return await self._r.run(_grown_count, self._partitions, topic, 1 << 62)
+
     async def _count_for(self, topic: str, partition: int) -> int:
         """The partition count of ``topic``, read again when ``partition`` is past the one
         cached (another process may have added partitions since)."""

@@ -78,8 +78,24 @@ type):
     its schedule stops being live. Nothing confirms or releases a slot not held under that
     create; at the end the quota's taken slots are exactly the live schedules holding one.
     Reservations still open at the end (creates in flight) are listed in the notes.
+``single_home``
+    A key (a schedule, a tenant's quota aggregate) has its events on one partition at a
+    time: its first partition, until its ``KeyMovedOut``; then, from its ``KeyMovedIn``, the
+    partition it moved to. An event of the key anywhere else — on its old home after it
+    moved out, on a partition before the key moved in there — means two partitions held it.
+``move_matched``
+    A ``KeyMovedIn(from_partition p, version v)`` on q comes after the key's
+    ``KeyMovedOut(to_partition q, version v)`` on p, and p's ``HandedOver`` of v is in the log
+    (else the moved-in key's partition waits for it for ever: readers that apply the move
+    barrier hold it there; ``handover_missing``).
 ``decodable``
     Only for readers of raw records (the CLI): a record of ``events`` that does not decode.
+
+Across partitions, ``feed`` must be given a moved key's events in its order: the events of
+its old home up to its ``KeyMovedOut``, then those of its new home from its ``KeyMovedIn``
+(``chronolog.domain.barrier``: the CLI reads the log in move-barrier order); the key's
+state — fences, occurrences, runs, results, effects, quota slots — continues across the
+move, so every other check holds across it too.
 """
 
 from __future__ import annotations
@@ -93,6 +109,7 @@ from typing import Any, assert_never
 from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.commands.state import MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
+from chronolog.domain.barrier import Barrier, in_barrier_order
 from chronolog.domain.ids import QUOTA_ID, ROUTING_ID
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
 
@@ -117,6 +134,8 @@ CHECKS: tuple[str, ...] = (
     "completed_final",
     "quota_exact",
     "quota_balance",
+    "single_home",
+    "move_matched",
     "decodable",
 )
 
@@ -314,6 +333,15 @@ class _Effect:
     success_ref: EventRef | None = None
 
 
+@dataclass(slots=True)
+class _Home:
+    """Where a key is: its partition, and while it moves its KeyMovedOut's (to_partition,
+    version, event)."""
+
+    partition: int
+    moving: tuple[int, int, EventRef] | None
+
+
 def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Trigger:
     """The schedule's trigger, compiled exactly as the decider compiles it."""
     return compile_trigger(cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
@@ -336,6 +364,9 @@ class Auditor:
         self._effects: dict[str, _Effect] = {}
         self._holders: dict[tuple[str, str], _SlotHolder] = {}
         self._quotas: dict[str, _QuotaFold] = {}
+        # (tenant, schedule ID) -> where the key is: [its partition, its KeyMovedOut's
+        # (to_partition, version, ref) while it is moving]
+        self._homes: dict[tuple[str, str], _Home] = {}
         self._finished = False
 
     # -- input ----------------------------------------------------------------------
@@ -347,12 +378,26 @@ class Auditor:
         self.report.violations.append(
             Violation("decodable", f"record does not decode: {reason}", (ref,)))
 
+    def handover_missing(self, partition: int, offset: int, from_partition: int,
+                         version: int) -> None:
+        """A ``KeyMovedIn`` at ``partition@offset`` waits for ``from_partition``'s handover
+        to ``version``, which the log does not have (a reader in move-barrier order found
+        nothing else to read: it reads on past it)."""
+        ref = EventRef(partition, offset, "?", "KeyMovedIn")
+        self.report.violations.append(Violation(
+            "move_matched", f"a key moved in from partition {from_partition} (routing "
+            f"version {version}), which never handed over to that version", (ref,)))
+
     def feed(self, env: m.EventEnvelope, partition: int = 0, offset: int = 0) -> None:
         """Fold one event (events of one schedule must come in log order)."""
         assert not self._finished, "feed after finish"
         self.report.events += 1
         if env.schedule_id == ROUTING_ID:
             return  # a partition's routing view (docs/design.md §18): no guarantee of its own
+        self._track_home(env, partition, EventRef(partition, offset, env.event_id,
+                                                  env.payload.type))
+        if isinstance(env.payload, (m.KeyMovedOut, m.KeyMovedIn)):
+            return  # the key's state continues across the move
         if env.schedule_id == QUOTA_ID:
             self._fold_quota(env, EventRef(partition, offset, env.event_id, env.payload.type))
             return
@@ -362,6 +407,47 @@ class Auditor:
             s = self._schedules[key] = _Schedule(env.tenant, env.schedule_id)
         ref = EventRef(partition, offset, env.event_id, env.payload.type)
         self._fold(s, env, ref)
+
+    # -- moves between partitions ---------------------------------------------------
+
+    def _track_home(self, env: m.EventEnvelope, partition: int, ref: EventRef) -> None:
+        """``single_home`` and ``move_matched`` for one event of a key."""
+        key = (env.tenant, env.schedule_id)
+        p = env.payload
+        home = self._homes.get(key)
+        if isinstance(p, m.KeyMovedIn):
+            self._moved_in(env, p, home, partition, ref)
+            self._homes[key] = _Home(partition, None)
+            return
+        if home is None:
+            home = self._homes[key] = _Home(partition, None)
+        elif home.moving is not None or home.partition != partition:
+            where = (f"after it moved out to partition {home.moving[0]}"
+                     if home.moving is not None and home.partition == partition
+                     else f"while partition {home.partition} holds it")
+            self.report.violations.append(Violation(
+                "single_home", f"{p.type} on partition {partition} {where}",
+                tuple(r for r in (home.moving[2] if home.moving else None, ref)
+                      if r is not None), env.tenant, env.schedule_id))
+        if isinstance(p, m.KeyMovedOut):
+            home.moving = (p.to_partition, p.version, ref)
+
+    def _moved_in(self, env: m.EventEnvelope, p: m.KeyMovedIn, home: _Home | None,
+                  partition: int, ref: EventRef) -> None:
+        """A ``KeyMovedIn`` must follow the key's ``KeyMovedOut`` to here at that version."""
+        if (home is not None and home.moving is not None and home.partition == p.from_partition
+                and home.moving[:2] == (partition, p.version)):
+            return
+        if home is None or home.moving is None:
+            what = "without its KeyMovedOut there"
+        else:
+            what = (f"but it moved out of partition {home.partition} to partition "
+                    f"{home.moving[0]} at version {home.moving[1]}")
+        self.report.violations.append(Violation(
+            "move_matched", f"the key moved in from partition {p.from_partition} (routing "
+            f"version {p.version}) {what}",
+            tuple(r for r in (home.moving[2] if home and home.moving else None, ref)
+                  if r is not None), env.tenant, env.schedule_id))
 
     # -- helpers --------------------------------------------------------------------
 
@@ -892,12 +978,18 @@ class Auditor:
 
 def audit(events: Iterable[m.EventEnvelope | tuple[int, int, m.EventEnvelope]],
           misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> AuditReport:
-    """Audit a sequence of envelopes (bare ones are numbered partition 0, offsets 0, 1, ...)."""
+    """Audit a sequence of envelopes (bare ones are numbered partition 0, offsets 0, 1, ...),
+    each partition's in log order; across partitions they are fed in move-barrier order
+    (``chronolog.domain.barrier.in_barrier_order``), whatever order they come in."""
     auditor = Auditor(misfire_walk_limit=misfire_walk_limit)
+    partitions: dict[int, list[tuple[int, m.EventEnvelope]]] = {}
     for n, item in enumerate(events):
-        if isinstance(item, m.EventEnvelope):
-            auditor.feed(item, 0, n)
-        else:
-            partition, offset, env = item
-            auditor.feed(env, partition, offset)
+        partition, offset, env = (0, n, item) if isinstance(item, m.EventEnvelope) else item
+        partitions.setdefault(partition, []).append((offset, env))
+
+    def stuck(partition: int, offset: int, barrier: Barrier) -> None:
+        auditor.handover_missing(partition, offset, barrier.partition, barrier.version)
+
+    for partition, offset, env in in_barrier_order(partitions, stuck):
+        auditor.feed(env, partition, offset)
     return auditor.finish()

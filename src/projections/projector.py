@@ -15,7 +15,11 @@ One *pass*:
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
    ``project_batch`` (both while the previous batch is being written) — partition order is
    kept; across partitions order does not matter because every row (schedule, run, attempt,
-   effect) belongs to one aggregate, i.e. to one partition;
+   effect) belongs to one aggregate, i.e. to one partition at a time. A key moved to
+   another partition (docs/design.md §18) is kept in order by the *move barrier*
+   (``chronolog.domain.barrier``, docs/design.md §9): a partition is cut before a
+   ``KeyMovedIn`` until its old home's ``HandedOver`` of that version is applied
+   (``projection_offsets.handed_over``, written with the offsets), and not read meanwhile;
 3. ``store.apply(changes, {(topic, p): (expected, new)})``: the row changes and the new
    offsets commit in ONE PostgreSQL transaction, guarded by the expected offsets.
 
@@ -51,7 +55,9 @@ CPU work overlaps PostgreSQL's; on a conflict the queued batches are dropped wit
 ``partitions=`` restricts a projector to some partitions of ``events``: projectors on
 disjoint partition sets share one database without ever conflicting (offsets are
 compare-and-set per partition, and every row belongs to one partition), which is how the
-projection scales past one process's CPU.
+projection scales past one process's CPU. A projector over every partition (or whose set
+names them) reads the partitions added to ``events`` while it runs: the count is read
+again every ``discover_s``.
 
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
 event applied), ``lag()`` (records between the stored offsets and the log's end offsets —
@@ -77,6 +83,13 @@ import structlog
 
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.domain.barrier import (
+    Barrier,
+    barrier_met,
+    cut_at_barrier,
+    handed_over,
+    record_handovers,
+)
 from chronolog.environment import gc_tune, gc_untune
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
@@ -98,6 +111,7 @@ log = structlog.get_logger("chronolog.projector")
 
 DEFAULT_BATCH = 5000
 DEFAULT_IDLE_MS = 100
+DEFAULT_DISCOVER_S = 2.0  # how often the projector looks for partitions added to events
 
 
 GC_GEN0_THRESHOLD = 50_000  # while run() is active (see chronolog.environment.gc_tune)
@@ -133,6 +147,7 @@ class ProjectorStats:
     conflicts: int = 0
     missing_rows: int = 0
     refused_batches: int = 0  # batches the database refused, written again record by record
+    barrier_waits: int = 0  # batches cut before a KeyMovedIn whose old home was not applied
     by_type: Counter[str] = field(default_factory=Counter)
     completion_rejections: Counter[str] = field(default_factory=Counter)  # by reason
     last_delay_s: float = 0.0  # commit time minus the oldest record's append time
@@ -156,19 +171,19 @@ class _Batch:
     ends: dict[int, int] = field(default_factory=dict)  # partition -> next offset after it
     dead: list[tuple[Record, BaseException]] = field(default_factory=list)  # to skip
     changes: RowChanges | None = None  # projected while the previous batch is written
+    handed: dict[int, int] = field(default_factory=dict)  # partition -> HandedOver version
 
     @property
     def size(self) -> int:
         return sum(len(v) for v in self.envelopes.values())
 
 
-def decode_and_project(
+def decode_records(
     records: dict[int, list[Record]],
-) -> tuple[dict[int, list[Record]], dict[int, list[m.EventEnvelope]], RowChanges,
+) -> tuple[dict[int, list[Record]], dict[int, list[m.EventEnvelope]],
            list[tuple[Record, BaseException]]]:
-    """Decode and project records (per partition, in log order): the records kept, their
-    envelopes, their folded row changes, and the records that do not decode or project
-    (with the error) — to be dead-lettered and skipped."""
+    """Decode records (per partition, in log order): the records kept, their envelopes, and
+    the records that do not decode (with the error) — to be dead-lettered and skipped."""
     kept: dict[int, list[Record]] = {}
     envelopes: dict[int, list[m.EventEnvelope]] = {}
     dead: list[tuple[Record, BaseException]] = []
@@ -181,6 +196,26 @@ def decode_and_project(
                 continue
             kept.setdefault(p, []).append(rec)
             envelopes.setdefault(p, []).append(env)
+    return kept, envelopes, dead
+
+
+def decode_and_project(
+    records: dict[int, list[Record]],
+) -> tuple[dict[int, list[Record]], dict[int, list[m.EventEnvelope]], RowChanges,
+           list[tuple[Record, BaseException]]]:
+    """Decode and project records (per partition, in log order): the records kept, their
+    envelopes, their folded row changes, and the records that do not decode or project
+    (with the error) — to be dead-lettered and skipped."""
+    return project_decoded(*decode_records(records))
+
+
+def project_decoded(
+    kept: dict[int, list[Record]], envelopes: dict[int, list[m.EventEnvelope]],
+    dead: list[tuple[Record, BaseException]],
+) -> tuple[dict[int, list[Record]], dict[int, list[m.EventEnvelope]], RowChanges,
+           list[tuple[Record, BaseException]]]:
+    """Project decoded records (``decode_records``): the records kept, their envelopes, their
+    folded row changes, and the records to skip, with those whose projection raises."""
     try:
         return kept, envelopes, project_batch(_chain(envelopes.values())), dead
     except Exception:  # noqa: BLE001 - find the records whose projection raises
@@ -200,6 +235,34 @@ def decode_and_project(
     return kept, envelopes, changes, dead
 
 
+def cut_batch(
+    read: dict[int, list[Record]], kept: dict[int, list[Record]],
+    envelopes: dict[int, list[m.EventEnvelope]], dead: list[tuple[Record, BaseException]],
+    handovers: Mapping[int, int],
+) -> dict[int, tuple[int, Barrier]]:
+    """Cut each partition of a decoded batch before its first ``KeyMovedIn`` whose old home's
+    handover is not among ``handovers`` (the ones applied, or in batches applied before
+    this one: docs/design.md §9, the move barrier). ``read``, ``kept``, ``envelopes`` and
+    ``dead`` are cut in place; returns partition -> (offset of the ``KeyMovedIn``, its
+    barrier) for the partitions cut."""
+    held: dict[int, tuple[int, Barrier]] = {}
+    for p, envs in list(envelopes.items()):
+        n, barrier = cut_at_barrier(envs, handovers)
+        if barrier is None:
+            continue
+        offset = kept[p][n].offset
+        held[p] = (offset, barrier)
+        kept[p], envelopes[p] = kept[p][:n], envs[:n]
+        read[p] = [r for r in read[p] if r.offset < offset]
+        for side in (read, kept, envelopes):
+            if not side[p]:
+                del side[p]
+    if held:
+        dead[:] = [(r, e) for r, e in dead
+                   if r.partition not in held or r.offset < held[r.partition][0]]
+    return held
+
+
 class Projector:
     """Projects the ``events`` topic into PostgreSQL until ``stop()``."""
 
@@ -212,6 +275,7 @@ class Projector:
         idle_ms: int = DEFAULT_IDLE_MS,
         read_ahead: int = 2,
         partitions: Iterable[int] | None = None,
+        discover_s: float = DEFAULT_DISCOVER_S,
     ) -> None:
         self.log = log_
         self.store = store
@@ -226,6 +290,13 @@ class Projector:
         self._partitions = 0
         self._only = None if partitions is None else frozenset(partitions)
         self._owned: list[int] = []
+        self.discover_s = discover_s
+        self._discovered_at = 0.0
+        # the move barrier: partition -> highest routing version whose HandedOver is applied
+        # (any projector's, as far as this one knows), and the owned partitions held at a
+        # KeyMovedIn: partition -> (its offset, what it waits for)
+        self._handed: dict[int, int] = {}
+        self._held: dict[int, tuple[int, Barrier]] = {}
         self._stopping = asyncio.Event()
         self._progress = asyncio.Condition()
         self._started = False
@@ -243,12 +314,30 @@ class Projector:
         """Learn the partition count and load the stored offsets (idempotent)."""
         if self._started:
             return
-        self._partitions = await self.log.partitions_for(self.topic)
-        self._owned = [p for p in range(self._partitions) if self._only is None or p in self._only]
+        self._partitions = await self.log.partition_count(self.topic)
+        self._discovered_at = time.monotonic()
+        self._owned = self._mine(self._partitions)
         if not self._owned:
             raise ValueError(f"no partition of {self.topic} ({self._partitions}) to project")
         await self._load_offsets()
         self._started = True
+
+    def _mine(self, partitions: int) -> list[int]:
+        return [p for p in range(partitions) if self._only is None or p in self._only]
+
+    async def _discover(self) -> None:
+        """Follow partitions added to ``events`` while running: every ``discover_s`` the
+        log's partition count is read again (not a cached one) and the partitions added
+        that this projector projects are read from then on (from their stored offsets)."""
+        if time.monotonic() - self._discovered_at < self.discover_s:
+            return
+        self._discovered_at = time.monotonic()
+        n = await self.log.partition_count(self.topic)
+        if n > self._partitions:
+            log.info("projector_partitions_added", topic=self.topic, before=self._partitions,
+                     after=n)
+            self._partitions = n
+            self._owned = self._mine(n)
 
     def stop(self) -> None:
         """Ask ``run`` to return after its current batch."""
@@ -317,20 +406,25 @@ class Projector:
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""
         position = dict(start)
+        # handovers applied, or in the batches queued ahead of the next one (which are
+        # applied first, or dropped with it on a conflict)
+        known = dict(self._handed)
         idle = False
         while True:
-            batch = await self._read(position, self.idle_ms if idle else 0)
+            batch = await self._read(position, self.idle_ms if idle else 0, known)
             if not batch.ends:
                 idle = True
                 continue
             idle = False
             position.update(batch.ends)
+            for p, v in batch.handed.items():
+                known[p] = max(known.get(p, 0), v)
             await queue.put(batch)
 
     async def step(self, wait_ms: int = 0) -> int:
         """One pass without read-ahead (tests, tools): the number of events applied."""
         await self.start()
-        batch = await self._read(dict(self._offsets), wait_ms)
+        batch = await self._read(dict(self._offsets), wait_ms, dict(self._handed))
         if not batch.ends:
             return 0
         try:
@@ -361,9 +455,17 @@ class Projector:
             {p: self._offsets.get(p, 0) for p in self._owned}, self._last_event_at
         )
 
+    def held(self) -> dict[int, tuple[int, Barrier]]:
+        """The partitions held by the move barrier: partition -> (offset of the
+        ``KeyMovedIn`` it waits at, the old home's handover it waits for)."""
+        return {p: (offset, b) for p, (offset, b) in self._held.items()
+                if self._offsets.get(p, 0) <= offset and not barrier_met(self._handed, b)}
+
     async def lag(self) -> dict[int, int]:
-        """Records per partition between the stored offsets and the log's end offsets."""
+        """Records per partition between the stored offsets and the log's end offsets (the
+        partitions added to the log since included, ``_discover``)."""
         await self.start()
+        await self._discover()
         out: dict[int, int] = {}
         for p in self._owned:
             end = await self.log.end_offset(self.topic, p)
@@ -386,23 +488,53 @@ class Projector:
     async def _load_offsets(self) -> None:
         stored = await self.store.offsets()
         self._offsets = {p: n for (t, p), n in stored.items() if t == self.topic}
+        self._handed = await self.store.handovers(self.topic)
         self._last_event_at = await self.store.pool.fetchval(
             "SELECT max(last_event_at) FROM projection_offsets WHERE projection = $1 "
             "AND topic = $2 AND partition = ANY($3::integer[])", self.store.projection,
             self.topic, self._owned)
 
-    async def _read(self, start: dict[int, int], wait_ms: int) -> _Batch:
-        """Read, decode and project one batch, each partition from ``start``."""
+    async def _read(self, start: dict[int, int], wait_ms: int, known: dict[int, int]
+                    ) -> _Batch:
+        """Read, decode and project one batch, each partition from ``start``, cut at the move
+        barrier: ``known`` are the handovers applied before this batch (updated from the
+        database when a partition waits for one it does not know of)."""
+        await self._discover()
+        reading = await self._unheld(start, known)
         n = max(1, len(self._owned))
         per_partition = max(1, self.batch_max // n)
+        if not reading and wait_ms:
+            await asyncio.sleep(wait_ms / 1000)  # every partition waits for another's handover
         reads = await asyncio.gather(*(
             self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
-            for p in self._owned
+            for p in reading
         ))
-        read = {p: records for p, records in zip(self._owned, reads, strict=True) if records}
-        kept, envelopes, changes, dead = decode_and_project(read)
+        read = {p: records for p, records in zip(reading, reads, strict=True) if records}
+        kept, envelopes, dead = decode_records(read)
+        held = cut_batch(read, kept, envelopes, dead, known)
+        if held:
+            self.stats.barrier_waits += 1
+            self._held.update(held)
+        handed: dict[int, int] = {}
+        for p, envs in envelopes.items():
+            record_handovers(handed, p, envs)
+        kept, envelopes, changes, dead = project_decoded(kept, envelopes, dead)
         return _Batch(kept, envelopes, {p: recs[-1].offset + 1 for p, recs in read.items()},
-                      dead, changes)
+                      dead, changes, handed)
+
+    async def _unheld(self, start: dict[int, int], known: dict[int, int]) -> list[int]:
+        """The owned partitions to read now: not those held at a ``KeyMovedIn`` whose old
+        home's handover is not applied. While one is held, the handovers other projectors
+        applied are read again from the database (one query per pass, never per record)."""
+        def waiting() -> set[int]:
+            return {p for p, (offset, barrier) in self._held.items()
+                    if start.get(p, 0) == offset and not barrier_met(known, barrier)}
+
+        if waiting():
+            for p, v in (await self.store.handovers(self.topic)).items():
+                known[p] = max(known.get(p, 0), v)
+        held = waiting()
+        return [p for p in self._owned if p not in held]
 
     async def _apply(self, batch: _Batch) -> None:
         if not batch.ends:
@@ -412,8 +544,9 @@ class Projector:
                    for p, end in batch.ends.items()}
         changes = batch.changes or project_batch(_chain(batch.envelopes.values()))
         try:
-            result = await self.store.apply(changes, offsets,
-                                            last_event_at=self._last_at(batch.envelopes))
+            result = await self.store.apply(
+                changes, offsets, last_event_at=self._last_at(batch.envelopes),
+                handed_over={(self.topic, p): v for p, v in batch.handed.items()})
         except Exception as exc:
             if not refused_for_its_data(exc):
                 raise
@@ -432,9 +565,11 @@ class Projector:
             for rec, env in zip(batch.records.get(p, []), batch.envelopes.get(p, []),
                                 strict=True):
                 offsets = {tp: (self._offsets.get(p, 0), rec.offset + 1)}
+                version = handed_over(env)
                 try:
-                    result = await self.store.apply(project(env), offsets,
-                                                    last_event_at={tp: env.at})
+                    result = await self.store.apply(
+                        project(env), offsets, last_event_at={tp: env.at},
+                        handed_over=None if version is None else {tp: version})
                 except Exception as exc:
                     if not refused_for_its_data(exc):
                         raise
@@ -459,6 +594,8 @@ class Projector:
         committed_ms = time.time() * 1000
         for (_, p), (_, new) in offsets.items():
             self._offsets[p] = new
+        for p, envs in envelopes.items():
+            record_handovers(self._handed, p, envs)
         for p, recs in records.items():
             rules = _rules_of(recs[-1]) if recs else None
             if rules is not None:

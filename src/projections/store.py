@@ -14,7 +14,7 @@ the columns its run row got from ``OccurrenceMaterialized``.
 1. compare-and-set of each consumed partition's ``next_offset`` (the expected one must be the
    stored one, a missing row counting as 0), which also row-locks those offsets; any
    mismatch raises ``OffsetConflict`` and rolls the whole transaction back (another projector
-   or a replay raced us);
+   or a replay raced us); ``handed_over`` (the move barrier) is raised with it;
 2. per table, the rows grouped by their *column signature* (which columns, and which of them
    are ``First``); one statement per group, whatever the number of rows:
    * a group that sets every required column of the table (NOT NULL, no default: what the
@@ -470,16 +470,29 @@ class PostgresProjectionStore:
         )
         return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
+    async def handovers(self, topic: str) -> dict[int, int]:
+        """Partition -> the highest routing version whose ``HandedOver`` is applied (the move
+        barrier, docs/design.md §9), for every partition of ``topic`` any projector of this
+        projection wrote (partitions without a handover are left out)."""
+        rows = await self.pool.fetch(
+            "SELECT partition, handed_over FROM projection_offsets WHERE projection = $1 "
+            "AND topic = $2 AND handed_over > 0", self.projection, topic)
+        return {r["partition"]: r["handed_over"] for r in rows}
+
     async def apply(
         self,
         changes: RowChanges,
         offsets: Mapping[TopicPartition, tuple[int, int]],
         *,
         last_event_at: Mapping[TopicPartition, datetime] | None = None,
+        handed_over: Mapping[TopicPartition, int] | None = None,
     ) -> ApplyResult:
         """Write ``changes`` and advance ``offsets`` ({tp: (expected_next, new_next)}) atomically.
 
-        Raises ``OffsetConflict`` (nothing written) if a stored offset is not the expected one.
+        ``handed_over`` ({tp: version}): the highest routing version whose ``HandedOver`` the
+        batch applies on that partition (the move barrier: ``handovers()``); a stored higher
+        one is kept. Raises ``OffsetConflict`` (nothing written) if a stored offset is not the
+        expected one.
         """
         for tp, (expected, new) in offsets.items():
             if expected < 0 or new < expected:
@@ -487,7 +500,8 @@ class PostgresProjectionStore:
         result = ApplyResult()
         async with self.pool.acquire() as conn, conn.transaction():
             if offsets:
-                await self._advance_offsets(conn, offsets, last_event_at or {})
+                await self._advance_offsets(conn, offsets, last_event_at or {},
+                                            handed_over or {})
             specs = await _schedule_labels(conn, changes.tallies)  # before the rows change
             for spec in TABLES.values():
                 rows = changes.table(spec.name)
@@ -502,6 +516,7 @@ class PostgresProjectionStore:
         conn: asyncpg.Connection,
         offsets: Mapping[TopicPartition, tuple[int, int]],
         last_event_at: Mapping[TopicPartition, datetime],
+        handed_over: Mapping[TopicPartition, int],
     ) -> None:
         tps = sorted(offsets)  # a fixed lock order: concurrent projectors cannot deadlock
         topics = [t for t, _ in tps]
@@ -521,16 +536,18 @@ class PostgresProjectionStore:
             UPDATE projection_offsets AS o
                SET next_offset = u.new_offset,
                    last_event_at = COALESCE(u.last_event_at, o.last_event_at),
+                   handed_over = GREATEST(o.handed_over, u.handed_over),
                    updated_at = now()
-              FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[], $6::timestamptz[])
-                   AS u(topic, partition, expected, new_offset, last_event_at)
+              FROM unnest($2::text[], $3::integer[], $4::bigint[], $5::bigint[], $6::timestamptz[],
+                          $7::integer[])
+                   AS u(topic, partition, expected, new_offset, last_event_at, handed_over)
              WHERE o.projection = $1 AND o.topic = u.topic AND o.partition = u.partition
                AND o.next_offset = u.expected
             RETURNING o.topic, o.partition
             """,
             self.projection, topics, parts,
             [offsets[tp][0] for tp in tps], [offsets[tp][1] for tp in tps],
-            [last_event_at.get(tp) for tp in tps],
+            [last_event_at.get(tp) for tp in tps], [handed_over.get(tp, 0) for tp in tps],
         )
         if len(moved) != len(tps):
             rows = await conn.fetch(
