@@ -101,6 +101,11 @@ class RoutingTable:
             raise ValueError("partitions must be at least 1")
         if partitions == self.current.partitions:
             raise ValueError(f"the deployment has {partitions} partitions already")
+        if partitions < self.current.partitions:
+            # a Kafka topic never loses partitions; and the forwarding rule's bound of two
+            # hops holds for a growing count only (a shrinking one can take three)
+            raise ValueError(f"the partition count can only grow: {partitions} < "
+                             f"{self.current.partitions}")
         return RoutingTable((*self.versions, RoutingVersion(len(self.versions) + 1,
                                                             partitions)), self.active)
 
@@ -220,7 +225,7 @@ def follow(table: RoutingTable | None, change: RoutingChange) -> RoutingTable | 
     migrating = table.migrating
     if migrating is None:
         if (not change.done and change.version == table.active + 1
-                and change.partitions > table.current.partitions):
+                and change.partitions > table.current.partitions):  # grows (``begin``)
             return table.begin(change.partitions)
         return table
     if change.done and change.version == migrating.version \
