@@ -43,9 +43,10 @@ async def events(lg: Any) -> list[m.EventEnvelope]:
 class Running:
     """An in-process processor plus a client, on one log."""
 
-    def __init__(self, lg: Any, member: str = "p1") -> None:
+    def __init__(self, lg: Any, member: str = "p1", config: ProcessorConfig | None = None,
+                 tenants: Any = None) -> None:
         self.lg = lg
-        self.proc = Processor(lg, member)
+        self.proc = Processor(lg, member, tenants=tenants, config=config)
         self.client = Client(lg, reply_timeout=30)
         self.task: asyncio.Task[None] | None = None
 

@@ -11,7 +11,6 @@ the same states and the same routing view.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -22,8 +21,10 @@ from chronolog.domain.ids import ROUTING_ID, ROUTING_TENANT, partition_key, quot
 from chronolog.domain.routing import RoutingTable
 from chronolog.log.partitioner import key_hash
 from chronolog.log.port import OutRecord
-from chronolog.processors.runtime import OpenTenants, Processor, ProcessorConfig
+from chronolog.processors.runtime import OpenTenants, ProcessorConfig
 from support.polling import wait_until
+
+from . import test_processor
 
 OLD, NEW = 2, 4
 SPEC = {"every": "1h", "job": {"type": "echo"}, "overlap": "allow"}
@@ -44,28 +45,9 @@ class Quota(OpenTenants):
 QUOTA = 5
 
 
-class Running:
-    """An in-process processor (first routing version: 2 partitions) plus a client."""
-
-    def __init__(self, lg: Any, member: str, cfg: ProcessorConfig,
-                 tenants: OpenTenants | None = None) -> None:
-        self.lg = lg
-        self.proc = Processor(lg, member, tenants=tenants, config=cfg)
-        self.client = Client(lg, reply_timeout=30)
-        self.task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Running:
-        self.task = asyncio.create_task(self.proc.run())
-        await self.client.start()
-        await wait_until(lambda: len(self.proc.partitions) == self.lg.topics.partitions,
-                         30, what="partitions assigned")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.client.close()
-        self.proc.stop()
-        assert self.task is not None
-        await asyncio.wait_for(self.task, 30)
+class Running(test_processor.Running):
+    """An in-process processor (first routing version: 2 partitions) plus a client, and
+    where it holds each key."""
 
     def holders(self, key: str) -> list[int]:
         return sorted(p for p, ps in self.proc.partitions.items() if key in ps.states)
