@@ -3,9 +3,16 @@ variable."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from chronolog.api.server import ServerLimits, server_limits
+
+CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 
 
 def test_defaults_and_values() -> None:
@@ -24,3 +31,14 @@ def test_defaults_and_values() -> None:
 def test_a_wrong_value_names_its_variable(variable: str, value: str) -> None:
     with pytest.raises(ValueError, match=variable):
         server_limits({variable: value})
+
+
+@pytest.mark.parametrize("command", ["api", "dev"])
+def test_the_api_and_dev_commands_refuse_a_wrong_bound_with_exit_2(
+    command: str, tmp_path: Path,
+) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")},
+           "CHRONOLOG_DATA_DIR": str(tmp_path), "CHRONOLOG_HEADER_TIMEOUT": "soon"}
+    done = subprocess.run([CHRONOLOG, command], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert b"CHRONOLOG_HEADER_TIMEOUT: expected a number, got 'soon'" in done.stderr
