@@ -16,7 +16,8 @@ Conventions
   on output and numbers or text such as ``90s``/``15m`` on input.
 * Every error is ``{"error": <status>, "field": <field or null>, "message": "..."}`` where
   ``<status>`` is a word: ``invalid`` (400), ``unauthorized`` (401), ``forbidden`` (403),
-  ``not_found`` (404), ``method_not_allowed`` (405, with ``Allow``), ``conflict`` (409),
+  ``not_found`` (404), ``method_not_allowed`` (405, with ``Allow``), ``timeout`` (408: a
+  body not sent within the body timeout), ``conflict`` (409),
   ``too_large`` (413), ``unsupported_media_type`` (415), ``precondition_required`` (428),
   ``quota`` (429), ``internal`` (500: a bug, with an error id in the log), ``unavailable``
   (503) — the command reply statuses plus the HTTP-only ones. Validation is always 400
@@ -57,6 +58,8 @@ from chronolog.api.docs import install_docs
 from chronolog.api.errors import STATUS_WORDS, ApiError, install_handlers
 from chronolog.api.limits import RequestGuard
 from chronolog.api.routes import dlq, ops, preview, runs, schedules, workers
+from chronolog.api.server import ServerLimits, server_limits
+from chronolog.api.sessions import SessionStore
 from chronolog.client import Client
 from chronolog.domain import limits as lim
 from chronolog.projections.store import PostgresProjectionStore
@@ -107,6 +110,7 @@ def create_app(
     known_job_types: Mapping[str, Iterable[str]] | None = None,
     visible_timeout: float = 2.0,
     alongside: Callable[[], list[str]] | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
     ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
@@ -118,7 +122,9 @@ def create_app(
     a write waits for the read model to show its events (``X-Chronolog-Visible``).
     ``alongside``: the parts of a node running in this process that are not ready, as
     ``"<part>: <reason>"`` (a dev node's processor while it restores): ``/healthz`` is 503
-    while there is any."""
+    while there is any. ``limits`` (default ``server_limits()``: the environment): the body
+    timeout and the dashboard's session lifetimes (``chronolog.api.server``)."""
+    limits = limits or server_limits()
     pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
     app = FastAPI(
         title="chronolog", version=API_VERSION,
@@ -130,9 +136,12 @@ def create_app(
         client=client, pool=pool, tenants=tenants, projector=projector, projection=projection,
         reply_timeout=reply_timeout, consistency_timeout=consistency_timeout,
         consistency_poll=consistency_poll, known_job_types=known_job_types,
-        visible_timeout=visible_timeout, alongside=alongside)
+        visible_timeout=visible_timeout, alongside=alongside,
+        sessions=SessionStore(limits.session_max_age, limits.session_idle),
+        secure_cookies=limits.secure_cookies)
     app.add_middleware(
         RequestGuard, max_body_bytes=max_body_bytes, form_paths=FORM_PATHS,
+        body_timeout=limits.body_timeout,
         error=lambda status, message, field: ApiError(status, message, field).response())
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     install_handlers(app)

@@ -21,7 +21,10 @@ positions, for clients whose later reads may go elsewhere (another API process b
 load balancer) or that write through the log. A read that sends it back waits until the
 projection has passed the positions, at most ``consistency_timeout``; if it has not by then
 the read is 503 ``unavailable`` with ``Retry-After: 1`` — never stale data presented as
-fresh.
+fresh. A token naming a position the log has not written yet (or a partition it does not
+have) cannot be one of its writes: it is 400 at once, never a wait. At most
+``max_consistency_waits`` reads wait at a time; one more is 503 with ``Retry-After: 1`` at
+once, so waiting reads cannot crowd out the others (``/healthz`` among them).
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
@@ -41,6 +44,8 @@ from pydantic import BaseModel
 from chronolog.api.cursors import CONSISTENCY_HEADER, VISIBLE_HEADER, decode_token, encode_token
 from chronolog.api.errors import ApiError
 from chronolog.api.limits import RateLimiter
+from chronolog.api.sessions import SessionStore
+from chronolog.api.throttle import AuthFailures
 from chronolog.client import Client, ReplyTimeout
 from chronolog.commands.decider import TenantContext, ungranted_effect
 from chronolog.domain import messages as m
@@ -88,6 +93,11 @@ class ApiContext:
     query_names: dict[str, frozenset[str]] = field(default_factory=dict)
     # the not-ready parts of a node in this process, "<part>: <reason>" (create_app)
     alongside: Callable[[], list[str]] | None = None
+    max_consistency_waits: int = 64
+    sessions: SessionStore = field(default_factory=SessionStore)  # the dashboard's
+    secure_cookies: bool = False  # Secure cookies even over plain HTTP (behind TLS)
+    auth_failures: AuthFailures = field(default_factory=AuthFailures)
+    _waiting: int = 0  # reads waiting for a consistency token now
     _partitions: dict[str, int] = field(default_factory=dict)
     _quorum: tuple[float, str | None] = (0.0, None)  # (monotonic time asked, answer)
 
@@ -151,11 +161,34 @@ class ApiContext:
                 return False
             await asyncio.sleep(self.consistency_poll)
 
+    async def check_token(self, required: dict[int, int]) -> None:
+        """400 when ``required`` names a partition ``events`` does not have or a position
+        past what the log has written: no write of this log gave that token."""
+        if self.log is None:
+            return
+        n = await self.events_partitions()
+        for p, offset in sorted(required.items()):
+            if p < 0 or p >= n or offset < 0 or offset > await self.log.end_offset(
+                    self.topics.events, p):
+                raise ApiError(400, f"invalid {CONSISTENCY_HEADER}: it names a position the "
+                               f"log has not written (partition {p})", CONSISTENCY_HEADER)
+
     async def wait_consistent(self, required: dict[int, int]) -> None:
-        """Return once the projection reached ``required``; 503 after the timeout."""
+        """Return once the projection reached ``required``; 503 after the timeout (or at
+        once when ``max_consistency_waits`` reads already wait)."""
         if self.projector is None:
             self.read()  # 503 without a read model
-        if await self.reached(required, self.consistency_timeout):
+        await self.check_token(required)
+        if self._waiting >= self.max_consistency_waits:
+            raise ApiError(503, f"too many reads wait for a consistency token "
+                           f"({self.max_consistency_waits}); retry shortly",
+                           CONSISTENCY_HEADER, headers={"Retry-After": "1"})
+        self._waiting += 1
+        try:
+            reached = await self.reached(required, self.consistency_timeout)
+        finally:
+            self._waiting -= 1
+        if reached:
             return
         raise ApiError(503, f"the read model has not reached the consistency token within "
                        f"{self.consistency_timeout:g}s; retry shortly", CONSISTENCY_HEADER,

@@ -3,6 +3,8 @@
 ``RequestGuard`` is an ASGI middleware between the server and the app. Before FastAPI reads
 anything it refuses, with the JSON error body:
 
+* a body not received within ``body_timeout`` seconds of the request head (408: a client
+  trickling a body cannot hold the request open);
 * a body larger than ``max_body_bytes`` (413; by ``Content-Length`` or while reading) —
   bodies of GET, HEAD and OPTIONS are never read, so never refused either;
 * a non-empty body that is not JSON by its ``Content-Type`` (415) — except an HTML form
@@ -21,6 +23,7 @@ error id, logged with the traceback: no plain-text 500 leaves the API.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -58,13 +61,18 @@ class _TooLarge(Exception):
     pass
 
 
+class _TooSlow(Exception):
+    pass
+
+
 class RequestGuard:
     """See the module docstring. ``error(status, message, field)`` builds the response."""
 
     def __init__(self, app: ASGIApp, *, error: ErrorResponder,
                  max_body_bytes: int = MAX_BODY_BYTES,
-                 form_paths: tuple[str, ...] = ()) -> None:
+                 form_paths: tuple[str, ...] = (), body_timeout: float = 30.0) -> None:
         self.app = app
+        self.body_timeout = body_timeout
         self.error = error
         self.max_body_bytes = max_body_bytes
         self.form_paths = form_paths
@@ -113,6 +121,9 @@ class RequestGuard:
             body = await self._read(receive)
         except _TooLarge:
             return self._too_large(), receive
+        except _TooSlow:
+            return self.error(408, f"the body was not received within "
+                              f"{self.body_timeout:g}s", None), receive
         replay = _replay(body, receive)
         if not body:
             return None, replay
@@ -152,8 +163,13 @@ class RequestGuard:
     async def _read(self, receive: Any) -> bytes:
         chunks: list[bytes] = []
         size = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise _TooSlow from None
             if message["type"] != "http.request":
                 break
             chunk = message.get("body", b"")

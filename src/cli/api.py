@@ -79,6 +79,11 @@ def _run(args: Any) -> int:
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    from chronolog.api.server import server_limits
+    try:
+        args.limits = server_limits()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return asyncio.run(serve(args, tenants))
 
 
@@ -119,9 +124,9 @@ async def serve(args: Any, tenants: Any) -> int:
             app = create_app(client, store, tenants, projector=projector,
                              reply_timeout=args.reply_timeout,
                              max_body_bytes=args.max_body_bytes,
-                             visible_timeout=args.visible_timeout)
+                             visible_timeout=args.visible_timeout, limits=args.limits)
             # open requests get a few seconds after a signal; the whole process is bounded
-            config = server_config(app, args.host, args.port, log_level="warning",
+            config = server_config(app, args.host, args.port, args.limits, log_level="warning",
                                    lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S)
             server = Server(config)
             loop = asyncio.get_running_loop()

@@ -49,6 +49,11 @@ def _run(args: Any) -> int:
         max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    from chronolog.api.server import server_limits
+    try:
+        server_limits()  # so is a bad server or session bound (CHRONOLOG_HEADER_TIMEOUT...)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     ddir.mkdir(parents=True, exist_ok=True)
     log_path = None
     if args.quiet or not sys.stdout.isatty():

@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from chronolog.api.dashboard.session import csrf_for
 from support.polling import wait_until
 
 from .api_stack import ACME, GLOBEX, ApiStack
@@ -128,6 +127,9 @@ async def test_every_action_without_the_sessions_csrf_token_is_403_and_sends_not
 ) -> None:
     s = sid()
     await create(stack, ACME, s)
+    async with client_of(stack) as other:
+        await login(other, "globex-token")
+        others = csrf_of(await other.get("/ui/"))
     async with client_of(stack) as http:
         await login(http, "acme-token")
         page = await http.get(f"/ui/schedules/{s}")
@@ -136,7 +138,7 @@ async def test_every_action_without_the_sessions_csrf_token_is_403_and_sends_not
         refusals = [
             ({}, {}),                                                    # no token
             ({"csrf": "0" * 64}, {}),                                    # a wrong one
-            ({"csrf": csrf_for("globex-token")}, {}),                    # another session's
+            ({"csrf": others}, {}),                                      # another session's
             ({"csrf": token}, {"Origin": "http://evil.example"}),        # another origin
         ]
         for action in ("pause", "delete", "trigger"):

@@ -175,10 +175,10 @@ def page(request: Request, template: str, tenant: Tenant | None, status: int = 2
          **values: Any) -> HTMLResponse:
     """A page for the session's tenant, with the CSRF token its forms carry (and
     ``watermark``: ``mark`` read before the page's data, for its live parts)."""
-    token = session.token_of(request)
+    got = session.session_of(request) if tenant is not None else None
     flash = _flash(request)
     response = templates.TemplateResponse(request, template, {
-        "tenant": tenant, "csrf": session.csrf_for(token) if token and tenant else "",
+        "tenant": tenant, "csrf": got[0].csrf if got is not None else "",
         "flash": flash, "here": _here(request), "watermark": "", **values},
         status_code=status)
     if flash is not None:
@@ -222,7 +222,8 @@ def _safe_next(value: str | None, default: str) -> str:
 
 
 def _tenant(request: Request, ctx: Any) -> Tenant | None:
-    return session.session_tenant(request, ctx.tenants)
+    got = session.session_of(request)
+    return got[1] if got is not None else None
 
 
 def _login_redirect(request: Request) -> RedirectResponse:
@@ -307,15 +308,20 @@ async def login(request: Request, ctx: Context) -> Response:
         return _refused(request, None, "missing or invalid CSRF token: reload the login "
                         "page and try again")
     token = form.get("token", "").strip()
+    throttled = ctx.auth_failures.refusal(request)
+    if throttled is not None:
+        return throttled
     tenant = ctx.tenants.by_token(token) if token else None
     if tenant is None:
+        if token:
+            ctx.auth_failures.failed(request)
         nonce = session.login_nonce()
         refused = page(request, "login.html", None, 401, login_csrf=nonce, next=target,
                        error="unknown token" if token else "a token is required")
         session.set_cookie(refused, request, session.LOGIN_COOKIE, nonce, 3600)
         return refused
     response = redirect(request, target, f"logged in as tenant '{tenant.name}'")
-    session.set_session(response, request, token)
+    session.set_session(response, request, tenant, token)
     return response
 
 
@@ -325,7 +331,7 @@ async def logout(request: Request, ctx: Context) -> Response:
     if isinstance(got, Response):
         return got
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
-    session.clear_session(response)
+    session.clear_session(response, request)
     return response
 
 

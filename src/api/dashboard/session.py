@@ -1,15 +1,24 @@
 """The dashboard's session and its CSRF protection.
 
-Logging in stores the tenant's token in the session cookie ``chronolog_session``
-(``HttpOnly``, ``SameSite=Strict``, ``Path=/``; ``Secure`` when the request came over
-HTTPS): every page and action is then the tenant's, exactly as a request with
-``Authorization: Bearer <token>`` is (``Tenants.by_token``). Nothing is kept on the server,
-so a session works on every API process that knows the tenants, and a restart keeps it.
+Logging in creates a session on the server (``SessionStore``): a random ID
+(``secrets.token_urlsafe(32)``) that is all the cookie ``chronolog_session`` holds
+(``HttpOnly``, ``SameSite=Strict``, ``Path=/``; ``Secure`` when the request came over HTTPS
+or ``CHRONOLOG_SECURE_COOKIES=1`` says the node is behind a TLS proxy). The tenant token
+typed at login stays on the server: the cookie is not a credential of the JSON API (a
+Bearer token equal to it is an unknown token), and a copied cookie dies with its session.
+
+A session ends at the first of: its absolute lifetime (``CHRONOLOG_SESSION_MAX_AGE``,
+default 12 h), an idle gap longer than ``CHRONOLOG_SESSION_IDLE`` (default 30 min), logout
+(revoked on the server, whatever the browser keeps), or its token no longer naming its
+tenant (the tenants file changed: checked at every request). Sessions live in the API
+process's memory: a restart logs everyone out, and several API processes behind a load
+balancer need sticky sessions.
 
 Every action (a POST) carries a CSRF token in the form field ``csrf``:
 
-* logged in, the token is ``HMAC-SHA256(tenant token, "chronolog dashboard csrf")``: only a
-  page rendered for the session holds it, and another site can neither read it nor forge it;
+* logged in, the token is a random value made with the session and kept with it: only a
+  page rendered for the session holds it, a new login (a new session) gets a new one, and
+  it dies with the session;
 * the login form itself is a double submit: ``GET /ui/login`` sets a random
   ``chronolog_login`` cookie (``HttpOnly``, ``SameSite=Strict``) and puts the same value in
   the form.
@@ -20,58 +29,42 @@ refused with 403 before anything is sent to the log.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
 import secrets
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from chronolog.api.sessions import Session, SessionStore
 from chronolog.tenants import Tenant, Tenants
 
-__all__ = ["LOGIN_COOKIE", "SESSION_COOKIE", "clear_session", "csrf_for", "csrf_ok",
-           "login_nonce", "login_ok", "origin_ok", "session_tenant", "set_cookie",
-           "set_session", "token_of"]
+__all__ = ["LOGIN_COOKIE", "SESSION_COOKIE", "Session", "SessionStore", "clear_session",
+           "csrf_ok", "login_nonce", "login_ok", "origin_ok", "session_of", "set_cookie",
+           "set_session"]
 
 SESSION_COOKIE = "chronolog_session"
 LOGIN_COOKIE = "chronolog_login"
-_CSRF_MESSAGE = b"chronolog dashboard csrf"
+def _store(request: Request) -> SessionStore:
+    store: SessionStore = request.app.state.chronolog.sessions
+    return store
 
 
-def _encode(token: str) -> str:
-    return base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
-
-
-def token_of(request: Request) -> str | None:
-    """The tenant token of the request's session cookie (None: none, or not ours)."""
-    raw = request.cookies.get(SESSION_COOKIE)
-    if not raw or len(raw) > 2000:
+def session_of(request: Request) -> tuple[Session, Tenant] | None:
+    """The request's live session and its tenant (None: not logged in)."""
+    tenants: Tenants = request.app.state.chronolog.tenants
+    s = _store(request).get(request.cookies.get(SESSION_COOKIE), tenants)
+    if s is None:
         return None
-    try:
-        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-
-
-def session_tenant(request: Request, tenants: Tenants) -> Tenant | None:
-    """The tenant whose token the session cookie holds (None: not logged in)."""
-    token = token_of(request)
-    return tenants.by_token(token) if token else None
-
-
-def csrf_for(token: str) -> str:
-    """The CSRF token of a session holding ``token``."""
-    return hmac.new(token.encode(), _CSRF_MESSAGE, hashlib.sha256).hexdigest()
+    tenant = tenants.by_token(s.token)
+    return (s, tenant) if tenant is not None else None
 
 
 def csrf_ok(request: Request, given: str | None) -> bool:
     """Whether ``given`` is the CSRF token of the request's session."""
-    token = token_of(request)
-    if not token or not given:
+    got = session_of(request)
+    if got is None or not given:
         return False
-    return hmac.compare_digest(csrf_for(token), given)
+    return hmac.compare_digest(got[0].csrf.encode(), given.encode())
 
 
 def login_nonce() -> str:
@@ -95,14 +88,24 @@ def origin_ok(request: Request) -> bool:
 
 def set_cookie(response: Response, request: Request, name: str, value: str,
                max_age: int | None = None) -> None:
+    secure = request.url.scheme == "https" or bool(
+        getattr(request.app.state.chronolog, "secure_cookies", False))
     response.set_cookie(name, value, max_age=max_age, path="/", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+                        samesite="strict", secure=secure)
 
 
-def set_session(response: Response, request: Request, token: str) -> None:
-    set_cookie(response, request, SESSION_COOKIE, _encode(token))
+def set_session(response: Response, request: Request, tenant: Tenant, token: str) -> Session:
+    """A new session for ``tenant`` (the request's old one, if any, is revoked: a login
+    always gets a new ID and a new CSRF token)."""
+    store = _store(request)
+    store.revoke(request.cookies.get(SESSION_COOKIE))
+    s = store.create(tenant, token)
+    set_cookie(response, request, SESSION_COOKIE, s.sid)
     response.delete_cookie(LOGIN_COOKIE, path="/")
+    return s
 
 
-def clear_session(response: Response) -> None:
+def clear_session(response: Response, request: Request) -> None:
+    """Log out: the session is revoked on the server, the browser's cookie deleted."""
+    _store(request).revoke(request.cookies.get(SESSION_COOKIE))
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")

@@ -6,7 +6,7 @@ file)."""
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from chronolog.api.auth import Bearer, require_operator
@@ -60,8 +60,8 @@ async def unavailable_services(ctx: Any) -> list[str]:
             response_class=Response, responses={
                 200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
                 **error_responses(403)})
-async def prometheus(creds: Bearer, ctx: Context) -> Response:
-    require_operator(ctx.tenants, creds)
+async def prometheus(request: Request, creds: Bearer, ctx: Context) -> Response:
+    require_operator(ctx, request, creds)
     if ctx.metrics is None:
         raise ApiError(503, "no read model configured")
     snap = await ctx.metrics.snapshot()
