@@ -658,17 +658,23 @@ class KafkaEventLog:
         # (more copies than brokers only where allowed: as many as there are)
         rf, isr = min(rf, len(self._brokers) or 1), min(isr, len(self._brokers) or 1)
         safe = {"min.insync.replicas": str(isr), "unclean.leader.election.enable": "false"}
+        # only those missing: on a cluster with ACLs a principal without CREATE (a worker, an
+        # API) is refused a CreateTopics even of a topic that exists
+        known = await self._describe(list(wanted))
         new = [
             NewTopic(name, num_partitions=n, replication_factor=rf,
                      topic_configs={**safe, **cfg})
-            for name, (n, cfg) in wanted.items()
+            for name, (n, cfg) in wanted.items() if not known.get(name)
         ]
-        resp = await _retrying(
-            lambda: admin.create_topics(new, timeout_ms=self.request_timeout_ms),
-            self._bound_s,
-            "create_topics",
-        )
-        for item in resp.topic_errors:
+        errors = []
+        if new:
+            resp = await _retrying(
+                lambda: admin.create_topics(new, timeout_ms=self.request_timeout_ms),
+                self._bound_s,
+                "create_topics",
+            )
+            errors = resp.topic_errors
+        for item in errors:
             name, code = item[0], item[1]
             if code == 0:
                 continue
