@@ -14,7 +14,7 @@ what the role's code does:
   ``<prefix>processor-p<N>``, ``events``, ``state``, ``replies``, ``ready.*`` (assignments)
   and ``commands`` (forwards, ticks); reads ``events``/``state``/``routing`` back when it
   takes a partition over; dead letters to ``dlq``;
-* projector: reads ``events`` and ``workers`` (its own offsets live in PostgreSQL);
+* projector: reads ``events``, ``workers`` and ``dlq`` (its own offsets live in PostgreSQL);
 * api: a client (writes ``commands``, reads ``replies`` in its own group ``<prefix>client-*``)
   that also reads ``events`` (recent events) and the processors' progress;
 * effects: reads ``events`` in its group, a client of its own (``<prefix>effects-*``),
@@ -131,7 +131,7 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
     elif role == "projector":
         topic(topics.events, "READ")
         topic(topics.workers, "READ")
-        topic(topics.dlq, "WRITE")
+        topic(topics.dlq, "READ", "WRITE")  # dead letters are projected too
         add("CLUSTER", CLUSTER, "LITERAL", "IDEMPOTENT_WRITE")
     elif role == "api":
         client("client-")

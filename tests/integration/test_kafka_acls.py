@@ -129,6 +129,10 @@ async def test_each_role_under_its_own_principal_completes_a_scheduled_run(
                               until=lambda d: len(d["items"]) >= 1, timeout=120)
         run = await api.ok("run", page["items"][-1]["runId"])
         assert run["result"]["inline"] == {"n": 1}
+        # and nothing any of them did was refused (the broker logs each refusal)
+        refused = [line for line in (broker.state / "broker.log").read_text().splitlines()
+                   if " is Denied " in line and topics.prefix in line]
+        assert refused == []
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
