@@ -406,7 +406,8 @@ class KafkaEventLog:
         durability: Durability = SAFE_DEFAULT,
         auth: KafkaAuth = NO_AUTH,
     ) -> None:
-        """``auth``: the principal every client of this log speaks as. ``aux_partitions``: partition count of replies, dlq, effects.out and
+        """``auth``: the principal every client of this log speaks as.
+        ``aux_partitions``: partition count of replies, dlq, effects.out and
         ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
         retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's).
         ``fetch_max_wait_ms``: the group consumers' fetch wait (module docstring: it bounds

@@ -18,7 +18,7 @@ what the role's code does:
 * api: a client (writes ``commands``, reads ``replies`` in its own group ``<prefix>client-*``)
   that also reads ``events`` (recent events) and the processors' progress;
 * effects: reads ``events`` in its group, a client of its own (``<prefix>effects-*``),
-  writes ``effects.out``;
+  writes ``effects.out`` (kafka effects: in transactions ``<prefix>effects-<member>``);
 * worker: a client (``<prefix>worker-*``) and its membership records in ``workers``; reads
   its assignments: a pool-less worker ``ready.<class>`` (every class; pool topics denied),
   a worker of pool P only ``ready.pool-<P>.<class>``;
@@ -142,6 +142,9 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         topic(topics.events, "READ")
         topic(topics.effects, "WRITE")
         add("GROUP", f"{p}effects", "LITERAL", "READ", "DESCRIBE")
+        # kafka effects: one transactional producer per runner (<prefix>effects-<member>);
+        # an operator's destination topic outside the prefix needs its own WRITE
+        add("TRANSACTIONAL_ID", f"{p}effects-", "PREFIXED", "WRITE", "DESCRIBE")
     elif role == "worker":
         client("worker-")
         topic(topics.workers, "WRITE")
@@ -160,8 +163,7 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         add("GROUP", p, "PREFIXED", "ALL")
         add("TRANSACTIONAL_ID", p, "PREFIXED", "ALL")
         add("CLUSTER", CLUSTER, "LITERAL", "IDEMPOTENT_WRITE")
-    seen: set[Acl] = set()
-    return [a for a in out if not (a in seen or seen.add(a))]  # type: ignore[func-returns-value]
+    return list(dict.fromkeys(out))  # each once (a client's and a role's may coincide)
 
 
 async def apply_acls(admin: object, acls: list[Acl]) -> None:

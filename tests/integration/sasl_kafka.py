@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.net import free_port
-
 from chronolog.log.kafka import KafkaAuth
+from support.net import free_port
 
 from .conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "kafka.sh"
-USERS = ("processor", "projector", "api", "worker", "worker-a", "worker-b", "reader")
+USERS = ("processor", "projector", "api", "effects", "worker", "worker-a", "worker-b",
+         "reader")
 
 
 @dataclass

@@ -23,12 +23,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
-from support.net import free_port
-from support.polling import wait_until
-
 from chronolog.log.kafka import KafkaAuth, KafkaEventLog
 from chronolog.log.kafka_acls import acls_for, apply_acls
 from chronolog.log.port import LogError, OutRecord, Topics
+from support.net import free_port
+from support.polling import wait_until
 
 from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
@@ -231,3 +230,33 @@ async def test_an_unauthenticated_client_and_a_wrong_password_are_refused(
     # the right password is let in (the refusals above are not a broker that is away)
     lg = await _log(broker, topics, broker.auth("worker"))
     await lg.close()
+
+
+async def test_a_kafka_effect_publishes_as_the_effects_principal(
+    broker: SaslKafka, deployment: Topics,
+) -> None:
+    """The kafka effect's transactional producer speaks as the log's principal, and the
+    effects role's ACLs let it publish to ``effects.out`` in its transaction."""
+    from chronolog.domain import messages as m
+    from chronolog.effect_adapters.kafka_topic import KafkaEffectAdapter
+
+    topics = deployment
+    await _grant(broker, topics, "effects", "effects")
+    lg = await _log(broker, topics, broker.auth("effects"))
+    adapter = KafkaEffectAdapter(lg, "m1")
+    try:
+        intent = m.EffectIntended(effect_id="kafka-r1", run_id="r1", kind="kafka",
+                                  config={}, checksum="c1", inline={"total": 57}, attempt=1)
+        out = await adapter.perform(intent, intent.inline)
+        assert out.status == "succeeded", out
+        assert out.evidence["transactional_id"] == f"{topics.prefix}effects-m1"
+    finally:
+        await adapter.close()
+        await lg.close()
+    admin = await _log(broker, topics, broker.auth("admin"))
+    try:
+        recs = await admin.read(topics.effects, out.evidence["partition"],
+                                out.evidence["offset"], 1, 2000)
+        assert [r.key for r in recs] == [b"kafka-r1"]
+    finally:
+        await admin.close()
