@@ -7,9 +7,10 @@ role (``CHRONOLOG_KAFKA_SASL_USERNAME``, ``chronolog.settings.kafka_auth_from_en
 what the role's code does:
 
 * every role: DESCRIBE and DESCRIBE_CONFIGS on the deployment's topics (metadata, end
-  offsets, the durability check of ``ensure_topics``) and DESCRIBE_CONFIGS on the cluster
-  (the brokers' replication settings); CREATE on the prefix for the roles that create the
-  topics (processor, operator), while the others find them created;
+  offsets, the durability check of ``ensure_topics``), DESCRIBE_CONFIGS on the cluster
+  (the brokers' replication settings) and IDEMPOTENT_WRITE (the log's idempotent
+  producer); CREATE on the prefix for the roles that create the topics (processor,
+  operator), while the others find them created;
 * processor: consumes ``commands`` in its group and writes, in transactions with ids
   ``<prefix>processor-p<N>``, ``events``, ``state``, ``replies``, ``ready.*`` (assignments)
   and ``commands`` (forwards, ticks); reads ``events``/``state``/``routing`` back when it
@@ -22,7 +23,8 @@ what the role's code does:
 * worker: a client (``<prefix>worker-*``) and its membership records in ``workers``; reads
   its assignments: a pool-less worker ``ready.<class>`` (every class; pool topics denied),
   a worker of pool P only ``ready.pool-<P>.<class>``;
-* reader (replay, audit): reads ``events``, ``state``, ``routing``;
+* reader (replay, audit): reads ``events``, ``state``, ``routing``, and ``workers`` and
+  ``dlq`` (replay rebuilds what the projector folds);
 * operator (backup, restore, repartition): everything under the prefix.
 
 What a holder of each role's credentials can still do is in docs/security.md.
@@ -104,7 +106,9 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         add("TOPIC", name, "LITERAL", *ops)
 
     add("TOPIC", p, "PREFIXED", "DESCRIBE", "DESCRIBE_CONFIGS")
-    add("CLUSTER", CLUSTER, "LITERAL", "DESCRIBE_CONFIGS")
+    # the log's shared producer is idempotent (InitProducerId) in every process, a reader's
+    # too; it grants no topic
+    add("CLUSTER", CLUSTER, "LITERAL", "DESCRIBE_CONFIGS", "IDEMPOTENT_WRITE")
     if role in ("processor", "operator"):
         add("TOPIC", p, "PREFIXED", "CREATE")
 
@@ -115,7 +119,6 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         topic(topics.routing, "READ")
         topic(topics.dlq, "WRITE")
         add("GROUP", f"{p}{group_prefix}", "PREFIXED", "READ", "DESCRIBE")
-        add("CLUSTER", CLUSTER, "LITERAL", "IDEMPOTENT_WRITE")
 
     if role == "processor":
         topic(topics.commands, "READ", "WRITE")
@@ -127,12 +130,10 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         add("TOPIC", f"{p}ready.", "PREFIXED", "WRITE")
         add("GROUP", f"{p}processors", "LITERAL", "READ", "DESCRIBE")
         add("TRANSACTIONAL_ID", f"{p}processor-p", "PREFIXED", "WRITE", "DESCRIBE")
-        add("CLUSTER", CLUSTER, "LITERAL", "IDEMPOTENT_WRITE")
     elif role == "projector":
         topic(topics.events, "READ")
         topic(topics.workers, "READ")
         topic(topics.dlq, "READ", "WRITE")  # dead letters are projected too
-        add("CLUSTER", CLUSTER, "LITERAL", "IDEMPOTENT_WRITE")
     elif role == "api":
         client("client-")
         topic(topics.events, "READ")
@@ -158,11 +159,12 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         topic(topics.events, "READ")
         topic(topics.state, "READ")
         topic(topics.routing, "READ")
+        topic(topics.workers, "READ")  # replay rebuilds what the projector folds
+        topic(topics.dlq, "READ")
     elif role == "operator":
         add("TOPIC", p, "PREFIXED", "ALL")
         add("GROUP", p, "PREFIXED", "ALL")
         add("TRANSACTIONAL_ID", p, "PREFIXED", "ALL")
-        add("CLUSTER", CLUSTER, "LITERAL", "IDEMPOTENT_WRITE")
     return list(dict.fromkeys(out))  # each once (a client's and a role's may coincide)
 
 

@@ -3,7 +3,9 @@
 
 * the ACL sets are sufficient: a processor, a projector, a worker and an API, each the real
   ``chronolog`` executable under its own principal with exactly its role's ACLs (applied by
-  ``chronolog kafka-acls --apply`` as the admin), complete a scheduled run end to end;
+  ``chronolog kafka-acls --apply`` as the admin), complete a scheduled run end to end, and
+  ``chronolog audit`` and ``replay`` run as the reader — none of them refused anything; a
+  kafka effect publishes as the effects principal;
 * they are narrow: a worker principal can neither write ``events`` nor read ``events`` or
   ``state``; a worker of pool b cannot read pool a's ``ready.pool-a.<class>`` (the rogue
   worker: it tries to consume them in a group and gets an authorization error, none of pool
@@ -59,18 +61,28 @@ async def _log(broker: SaslKafka, topics: Topics, auth: KafkaAuth) -> KafkaEvent
 
 @pytest.fixture
 async def deployment(broker: SaslKafka) -> AsyncIterator[Topics]:
-    """A fresh prefix whose topics the admin created (ready topics of pools a and b too),
-    with a record in each of pool a's ready topic, events and state."""
+    """A fresh prefix whose topics the admin created (ready topics of pools a and b too)."""
     topics = Topics(prefix=f"a{uuid.uuid4().hex[:8]}.", partitions=2)
     admin = await _log(broker, topics, broker.auth("admin"))
     try:
         await admin.ensure_topics([CLASS, f"pool-a.{CLASS}", f"pool-b.{CLASS}"])
-        await admin.append([OutRecord(topics.ready(f"pool-a.{CLASS}"), b"k", b"pool a's job"),
-                            OutRecord(topics.events, b"k", b"an event"),
-                            OutRecord(topics.state, b"k", b"a state")])
         yield topics
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def seeded(broker: SaslKafka, deployment: Topics) -> Topics:
+    """The deployment with a record in each of pool a's ready topic, events and state."""
+    admin = await _log(broker, deployment, broker.auth("admin"))
+    try:
+        await admin.append([
+            OutRecord(deployment.ready(f"pool-a.{CLASS}"), b"k", b"pool a's job"),
+            OutRecord(deployment.events, b"k", b"an event"),
+            OutRecord(deployment.state, b"k", b"a state")])
+    finally:
+        await admin.close()
+    return deployment
 
 
 async def _grant(broker: SaslKafka, topics: Topics, role: str, user: str,
@@ -128,6 +140,14 @@ async def test_each_role_under_its_own_principal_completes_a_scheduled_run(
                               until=lambda d: len(d["items"]) >= 1, timeout=120)
         run = await api.ok("run", page["items"][-1]["runId"])
         assert run["result"]["inline"] == {"n": 1}
+        # the operators' readers: audit and replay as the reader principal
+        _apply_with_cli(broker, topics, "reader", "reader")
+        reader = _env(CHRONOLOG_TOPIC_PREFIX=topics.prefix, **broker.env("reader"))
+        for args in (["audit"], ["replay", "--database-url", dsn, "--schema", "replayed"]):
+            done = subprocess.run([CHRONOLOG, *args, "--log", f"kafka://{broker.bootstrap}"],
+                                  env=reader, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=120)
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
         # and nothing any of them did was refused (the broker logs each refusal)
         refused = [line for line in (broker.state / "broker.log").read_text().splitlines()
                    if " is Denied " in line and topics.prefix in line]
@@ -162,9 +182,9 @@ async def _rogue_consume(broker: SaslKafka, user: str, topic: str, group: str) -
 
 
 async def test_a_worker_principal_reaches_only_its_pools_assignments(
-    broker: SaslKafka, deployment: Topics,
+    broker: SaslKafka, seeded: Topics,
 ) -> None:
-    topics = deployment
+    topics = seeded
     await _grant(broker, topics, "worker", "worker-a", "a")
     await _grant(broker, topics, "worker", "worker-b", "b")
     await _grant(broker, topics, "worker", "worker")
@@ -203,9 +223,9 @@ async def test_a_worker_principal_reaches_only_its_pools_assignments(
 
 
 async def test_an_api_principal_cannot_read_ready_topics(
-    broker: SaslKafka, deployment: Topics,
+    broker: SaslKafka, seeded: Topics,
 ) -> None:
-    topics = deployment
+    topics = seeded
     await _grant(broker, topics, "api", "api")
     api = await _log(broker, topics, broker.auth("api"))
     try:
