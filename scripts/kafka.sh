@@ -249,7 +249,7 @@ EOF
     local pw mech lower
     pw="$(cat "$STATE/admin.password")"
     mech="$(cat "$STATE/sasl.mechanism")"
-    lower="$(printf '%s' "$mech" | tr 'A-Z' 'a-z')"
+    lower="${mech,,}"
     cat <<EOF
 listeners=SASL_PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
 advertised.listeners=SASL_PLAINTEXT://$HOST:$NPORT
