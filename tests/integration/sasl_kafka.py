@@ -17,7 +17,7 @@ from .conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "kafka.sh"
 USERS = ("processor", "projector", "api", "effects", "worker", "worker-a", "worker-b",
-         "reader")
+         "reader", "operator")
 
 
 @dataclass

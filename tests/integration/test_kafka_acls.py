@@ -4,7 +4,8 @@
 * the ACL sets are sufficient: a processor, a projector, a worker and an API, each the real
   ``chronolog`` executable under its own principal with exactly its role's ACLs (applied by
   ``chronolog kafka-acls --apply`` as the admin), complete a scheduled run end to end, and
-  ``chronolog audit`` and ``replay`` run as the reader — none of them refused anything; a
+  ``chronolog audit`` and ``replay`` run as the reader and ``backup`` as the operator — none
+  of them refused anything; a
   kafka effect publishes as the effects principal;
 * they are narrow: a worker principal can neither write ``events`` nor read ``events`` or
   ``state``; a worker of pool b cannot read pool a's ``ready.pool-a.<class>`` (the rogue
@@ -148,6 +149,16 @@ async def test_each_role_under_its_own_principal_completes_a_scheduled_run(
                                   env=reader, cwd=ROOT, capture_output=True, text=True,
                                   timeout=120)
             assert done.returncode == 0, (args, done.stdout, done.stderr)
+        # and a backup as the operator
+        _apply_with_cli(broker, topics, "operator", "operator")
+        done = subprocess.run(
+            [CHRONOLOG, "backup", str(tmp_path / "backup"), "--log",
+             f"kafka://{broker.bootstrap}", "--database-url", dsn, "--results",
+             str(tmp_path / "results")],
+            env=_env(CHRONOLOG_TOPIC_PREFIX=topics.prefix, **broker.env("operator")), cwd=ROOT,
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert (tmp_path / "backup" / "manifest.json").is_file()
         # and nothing any of them did was refused (the broker logs each refusal)
         refused = [line for line in (broker.state / "broker.log").read_text().splitlines()
                    if " is Denied " in line and topics.prefix in line]
@@ -280,3 +291,18 @@ async def test_a_kafka_effect_publishes_as_the_effects_principal(
         assert [r.key for r in recs] == [b"kafka-r1"]
     finally:
         await admin.close()
+
+
+def test_only_a_principal_allowed_to_alter_acls_can_apply_them(broker: SaslKafka) -> None:
+    args = [CHRONOLOG, "kafka-acls", "--role", "worker", "--principal", "User:worker-b",
+            "--pool", "b", "--topic-prefix", "elsewhere.", "--apply"]
+    refused = subprocess.run([*args, "--log", f"kafka://{broker.bootstrap}"],
+                             env=_env(**broker.env("worker-b")), cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith("error: the broker refused 'ALLOW DESCRIBE "), refused
+    no_log = subprocess.run([*args, "--log", "sqlite:///tmp/x.db"], env=_env(), cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert no_log.returncode == 2
+    assert no_log.stderr.strip() == ("invalid --log 'sqlite:///tmp/x.db': --apply needs "
+                                     "kafka://HOST:PORT")
