@@ -11,6 +11,8 @@
 #   scripts/kafka.sh start [NODE]      start it again on the kept data (the same log), or fresh
 #   scripts/kafka.sh kill NODE         kill -9 one node (by PID) and wait until it is gone
 #   scripts/kafka.sh pid NODE          print one node's PID
+#   scripts/kafka.sh up --sasl         (or KAFKA_SASL=1) one node whose clients authenticate
+#                                      (SASL/SCRAM) and are authorized by ACLs (see below)
 #
 # A cluster (`up --brokers 3`) runs three KRaft nodes, each broker and controller (a 3-voter
 # controller quorum), each with its own data directory, ports and PID under
@@ -30,6 +32,16 @@
 #
 # KAFKA_STATE_DIR moves one broker's config, data, logs and PID out of .kafka/ (several brokers
 # of one checkout each get their own; the jars stay shared in .kafka/libs-<version>/).
+#
+# SASL (`up --sasl`, single node): the client listener is SASL_PLAINTEXT with
+# KAFKA_SASL_MECHANISM (SCRAM-SHA-512, or SCRAM-SHA-256); the StandardAuthorizer with
+# allow.everyone.if.no.acl.found=false, so a principal can do only what an ACL grants it;
+# User:admin is the super user (the broker itself, and operators). The controller listener
+# authenticates with SASL/PLAIN as admin (KRaft controllers cannot check SCRAM: the SCRAM
+# credentials live in the metadata they serve). SCRAM users are created at format time
+# (`StorageTool format --add-scram`): admin with a random password, and KAFKA_SASL_USERS
+# ("name:password name2:password2", optional). Written under the state dir, mode 0600:
+# admin.password, sasl.mechanism (and server.properties, which holds the password too).
 #
 # Environment: KAFKA_VERSION (default below), KAFKA_HOST (127.0.0.1; another loopback address
 # such as 127.0.0.2 for a broker killed and restarted under running clients: on 127.0.0.1 a
@@ -221,8 +233,68 @@ fetch() {
     touch "$LIBS/.complete"
 }
 
+sasl_on() { [ "${SASL:-0}" = 1 ]; }
+
+listener_config() {
+    if ! sasl_on; then
+        cat <<EOF
+listeners=PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
+advertised.listeners=PLAINTEXT://$HOST:$NPORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+EOF
+        return 0
+    fi
+    local pw mech lower
+    pw="$(cat "$STATE/admin.password")"
+    mech="$(cat "$STATE/sasl.mechanism")"
+    lower="${mech,,}"
+    cat <<EOF
+listeners=SASL_PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
+advertised.listeners=SASL_PLAINTEXT://$HOST:$NPORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT
+inter.broker.listener.name=SASL_PLAINTEXT
+sasl.enabled.mechanisms=$mech
+sasl.mechanism.inter.broker.protocol=$mech
+listener.name.sasl_plaintext.sasl.enabled.mechanisms=$mech
+listener.name.sasl_plaintext.$lower.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$pw";
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="$pw" user_admin="$pw";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:admin
+EOF
+}
+
+sasl_setup() {
+    # a fresh admin password and the mechanism, for a fresh `up --sasl` (0600)
+    local mech="${KAFKA_SASL_MECHANISM:-SCRAM-SHA-512}"
+    [[ "$mech" =~ ^SCRAM-SHA-(256|512)$ ]] \
+        || die "KAFKA_SASL_MECHANISM must be SCRAM-SHA-512 or SCRAM-SHA-256 (got '$mech')"
+    (umask 077
+     "$PY" -c 'import secrets; print(secrets.token_urlsafe(24))' >"$STATE/admin.password"
+     echo "$mech" >"$STATE/sasl.mechanism")
+    echo 1 >"$STATE/sasl"
+}
+
+scram_args() {
+    # StorageTool --add-scram arguments: admin, then each KAFKA_SASL_USERS "name:password"
+    local mech pair
+    mech="$(cat "$STATE/sasl.mechanism")"
+    printf '%s\n' --add-scram "$mech=[name=admin,password=$(cat "$STATE/admin.password")]"
+    for pair in ${KAFKA_SASL_USERS:-}; do
+        [[ "$pair" =~ ^[A-Za-z0-9._-]+:[A-Za-z0-9._~-]+$ ]] \
+            || die "KAFKA_SASL_USERS: '$pair' is not name:password (letters, digits, ._-~)"
+        printf '%s\n' --add-scram "$mech=[name=${pair%%:*},password=${pair#*:}]"
+    done
+}
+
 write_config() {
     mkdir -p "$DATA"
+    (umask 077; : >"$NSTATE/server.properties")
     # replication: 1 on a single node; a cluster replicates as production does (3, min ISR 2)
     local rf=1 isr=1
     if [ "$BROKERS" -ge 3 ]; then rf=3; isr=2; fi
@@ -231,11 +303,7 @@ write_config() {
 process.roles=broker,controller
 node.id=$NODE_ID
 controller.quorum.voters=$(voters)
-listeners=PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
-advertised.listeners=PLAINTEXT://$HOST:$NPORT
-controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+$(listener_config)
 log.dirs=$DATA/logs
 metadata.log.dir=$DATA/meta
 auto.create.topics.enable=false
@@ -285,6 +353,12 @@ rootLogger.appenderRef.file.ref = FILE
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 EOF
+    if sasl_on; then  # each refused operation, with its principal and resource
+        cat >>"$NSTATE/log4j2.properties" <<EOF
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = INFO
+EOF
+    fi
     cat >"$NSTATE/log4j.properties" <<EOF
 # Generated by scripts/kafka.sh (Kafka 3.x / reload4j): WARN into .kafka/broker.log
 log4j.rootLogger=WARN, file
@@ -316,12 +390,19 @@ port_busy() {
 
 broker_answers() {
     # $1: bootstrap servers; $2: the number of brokers the metadata must list
-    "$PY" - "$1" "$2" <<'PYEOF' 2>/dev/null
+    local auth=()
+    if sasl_on; then auth=("$(cat "$STATE/sasl.mechanism")" "$(cat "$STATE/admin.password")"); fi
+    "$PY" - "$1" "$2" "${auth[@]}" <<'PYEOF' 2>/dev/null
 import asyncio, sys
 from aiokafka.admin import AIOKafkaAdminClient
 
 async def main() -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=sys.argv[1], request_timeout_ms=5000)
+    auth = {}
+    if len(sys.argv) > 3:
+        auth = dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism=sys.argv[3],
+                    sasl_plain_username="admin", sasl_plain_password=sys.argv[4])
+    admin = AIOKafkaAdminClient(bootstrap_servers=sys.argv[1], request_timeout_ms=5000,
+                                **auth)
     await asyncio.wait_for(admin.start(), 10)
     try:
         await asyncio.wait_for(admin.list_topics(), 10)
@@ -384,8 +465,11 @@ launch_node() {
         -Djava.awt.headless=true "$logopt" -cp "$cp")
     # a short-lived JVM: C1 only and the serial GC start faster
     if [ "$mode" = fresh ]; then
+        local scram=()
+        if sasl_on; then mapfile -t scram < <(scram_args); fi
+        (umask 077; : >"$NSTATE/format.out")  # it prints the SCRAM credentials' keys
         java -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC "$logopt" -cp "$cp" \
-            kafka.tools.StorageTool format -t "$cid" \
+            kafka.tools.StorageTool format -t "$cid" "${scram[@]}" \
             -c "$NSTATE/server.properties" --ignore-formatted >"$NSTATE/format.out" 2>&1 \
             || { cat "$NSTATE/format.out" >&2; die "StorageTool format failed (node $NODE_ID)"; }
     fi
@@ -460,8 +544,12 @@ cmd_up() {
             return 0
         fi
     done
-    rm -f "$STATE/bootstrap"
+    rm -f "$STATE/bootstrap" "$STATE/sasl" "$STATE/admin.password" "$STATE/sasl.mechanism"
     record_ports
+    if sasl_on; then
+        [ "$BROKERS" -eq 1 ] || die "--sasl runs a single node (not --brokers $BROKERS)"
+        sasl_setup
+    fi
     MODE=fresh start_nodes $(all_nodes)
 }
 
@@ -550,7 +638,8 @@ cmd_down() {
         rm -rf "$DATA" "$PIDFILE"
     done
     rm -f "$STATE/bootstrap" "$STATE/version" "$STATE/brokers" "$STATE/cluster.id" \
-        "$STATE/ports" "$STATE/controller-ports"
+        "$STATE/ports" "$STATE/controller-ports" "$STATE/sasl" "$STATE/admin.password" \
+        "$STATE/sasl.mechanism"
 }
 
 cmd_status() {
@@ -587,11 +676,15 @@ with_lock() {
 COMMAND="${1:-}"
 shift || true
 WANT_BROKERS="${KAFKA_BROKERS:-}"
+SASL="${KAFKA_SASL:-0}"
+# a broker brought up with --sasl starts again (start) with it
+if [ "$COMMAND" != up ] && [ -f "$STATE/sasl" ]; then SASL=1; fi
 ARGS=()
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --brokers) WANT_BROKERS="${2:-}"; shift 2 || die "--brokers needs a number" ;;
         --brokers=*) WANT_BROKERS="${1#--brokers=}"; shift ;;
+        --sasl) SASL=1; shift ;;
         *) ARGS+=("$1"); shift ;;
     esac
 done
@@ -608,6 +701,6 @@ case "$COMMAND" in
     kill) with_lock cmd_kill "${ARGS[@]}" ;;
     pid) cmd_pid "${ARGS[@]}" ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up [--brokers 1|3]|down|start [NODE]|stop [NODE]|kill NODE|pid NODE|status" >&2
+    *) echo "usage: $0 up [--brokers 1|3] [--sasl]|down|start [NODE]|stop [NODE]|kill NODE|pid NODE|status" >&2
        exit 2 ;;
 esac

@@ -5,7 +5,11 @@
 ``CHRONOLOG_TOPIC_PREFIX`` (default ``chronolog.``); ``CHRONOLOG_REPLICATION``,
 ``CHRONOLOG_MIN_ISR`` and ``CHRONOLOG_KAFKA_ALLOW_UNSAFE`` (Kafka:
 ``chronolog.log.durability``); ``CHRONOLOG_DATA_DIR`` (default ``./.chronolog``);
-``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the API's). A bad value raises
+``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the API's);
+``CHRONOLOG_KAFKA_SECURITY_PROTOCOL``, ``CHRONOLOG_KAFKA_SASL_MECHANISM``,
+``CHRONOLOG_KAFKA_SASL_USERNAME``, ``CHRONOLOG_KAFKA_SASL_PASSWORD`` or
+``CHRONOLOG_KAFKA_SASL_PASSWORD_FILE`` (Kafka: the principal, ``kafka_auth_from_env``). A bad
+value raises
 ``ConfigError`` with one line naming it.
 """
 
@@ -20,7 +24,13 @@ from chronolog.domain.limits import MAX_BODY_BYTES
 from chronolog.domain.recurrence import ENGINE_VERSION
 from chronolog.environment import tzdata_in_use
 from chronolog.log.durability import SAFE_DEFAULT, Durability
-from chronolog.log.kafka import KafkaEventLog
+from chronolog.log.kafka import (
+    NO_AUTH,
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
+    KafkaAuth,
+    KafkaEventLog,
+)
 from chronolog.log.port import EventLog, Topics
 from chronolog.log.sqlite import SqliteEventLog
 
@@ -38,6 +48,7 @@ class LogConfig:
     target: str  # a file path or bootstrap servers
     topics: Topics
     durability: Durability = SAFE_DEFAULT  # Kafka only
+    auth: KafkaAuth = NO_AUTH  # Kafka only
 
 
 def _positive_env(name: str, limit: int) -> int | None:
@@ -64,6 +75,56 @@ def durability_from_env() -> Durability:
     return Durability(replication=_positive_env("CHRONOLOG_REPLICATION", 16),
                       min_isr=_positive_env("CHRONOLOG_MIN_ISR", 16),
                       allow_unsafe=raw in ("1", "true", "yes"))
+
+
+def kafka_auth_from_env() -> KafkaAuth:
+    """The principal a process speaks to Kafka as. ``CHRONOLOG_KAFKA_SECURITY_PROTOCOL``:
+    ``PLAINTEXT`` (no authentication; the default without a user name) or
+    ``SASL_PLAINTEXT`` (the default with one); ``CHRONOLOG_KAFKA_SASL_MECHANISM``:
+    ``SCRAM-SHA-512`` (default), ``SCRAM-SHA-256`` or ``PLAIN``;
+    ``CHRONOLOG_KAFKA_SASL_USERNAME``; the password from ``CHRONOLOG_KAFKA_SASL_PASSWORD``
+    or, kept out of the environment, the first line of the file named by
+    ``CHRONOLOG_KAFKA_SASL_PASSWORD_FILE``."""
+    env = os.environ
+    user = env.get("CHRONOLOG_KAFKA_SASL_USERNAME", "").strip()
+    raw = env.get("CHRONOLOG_KAFKA_SECURITY_PROTOCOL", "").strip()
+    protocol = raw.upper() or ("SASL_PLAINTEXT" if user else "PLAINTEXT")
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ConfigError(f"invalid CHRONOLOG_KAFKA_SECURITY_PROTOCOL '{raw}': expected "
+                          + " or ".join(SECURITY_PROTOCOLS))
+    sasl_vars = ("CHRONOLOG_KAFKA_SASL_MECHANISM", "CHRONOLOG_KAFKA_SASL_USERNAME",
+                 "CHRONOLOG_KAFKA_SASL_PASSWORD", "CHRONOLOG_KAFKA_SASL_PASSWORD_FILE")
+    if protocol == "PLAINTEXT":
+        given = [name for name in sasl_vars if env.get(name, "").strip()]
+        if given:
+            raise ConfigError(f"invalid CHRONOLOG_KAFKA_SECURITY_PROTOCOL '{raw}': {given[0]} "
+                              "is set but PLAINTEXT does not authenticate (use SASL_PLAINTEXT)")
+        return NO_AUTH
+    raw_mech = env.get("CHRONOLOG_KAFKA_SASL_MECHANISM", "").strip()
+    mechanism = raw_mech.upper() or "SCRAM-SHA-512"
+    if mechanism not in SASL_MECHANISMS:
+        raise ConfigError(f"invalid CHRONOLOG_KAFKA_SASL_MECHANISM '{raw_mech}': expected "
+                          + ", ".join(SASL_MECHANISMS))
+    if not user:
+        raise ConfigError(f"missing CHRONOLOG_KAFKA_SASL_USERNAME: {protocol} needs a user name")
+    password = env.get("CHRONOLOG_KAFKA_SASL_PASSWORD", "")
+    path = env.get("CHRONOLOG_KAFKA_SASL_PASSWORD_FILE", "").strip()
+    if password and path:
+        raise ConfigError("invalid CHRONOLOG_KAFKA_SASL_PASSWORD_FILE: "
+                          "CHRONOLOG_KAFKA_SASL_PASSWORD is set too (give one)")
+    if path:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"invalid CHRONOLOG_KAFKA_SASL_PASSWORD_FILE '{path}': "
+                              f"{exc.strerror if isinstance(exc, OSError) else exc}") from None
+        password = lines[0] if lines else ""
+        if not password:
+            raise ConfigError(f"invalid CHRONOLOG_KAFKA_SASL_PASSWORD_FILE '{path}': empty")
+    if not password:
+        raise ConfigError("missing CHRONOLOG_KAFKA_SASL_PASSWORD (or "
+                          f"CHRONOLOG_KAFKA_SASL_PASSWORD_FILE): {protocol} needs a password")
+    return KafkaAuth(protocol, mechanism, user, password)
 
 
 MAX_PARTITIONS = 1024  # of a deployment's topics (CHRONOLOG_PARTITIONS, repartition --to)
@@ -148,7 +209,8 @@ def parse_log_url(
                 raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': '{h}' is not host:port")
         if not hosts:
             raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': no broker")
-        return LogConfig("kafka", ",".join(hosts), topics, durability_from_env())
+        return LogConfig("kafka", ",".join(hosts), topics, durability_from_env(),
+                         kafka_auth_from_env())
     raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': expected sqlite:///path or kafka://host:port")
 
 
@@ -157,7 +219,7 @@ def open_log(cfg: LogConfig) -> EventLog:
     if cfg.kind == "sqlite":
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
-    return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability)
+    return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability, auth=cfg.auth)
 
 
 # The header a processor puts on each event it writes, next to ``processor`` and ``epoch``:

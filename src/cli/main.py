@@ -38,6 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "chronolog.cli.rules",
     "chronolog.cli.backup",
     "chronolog.cli.repartition",
+    "chronolog.cli.kafka_acls",
 )
 
 

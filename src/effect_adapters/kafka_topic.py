@@ -44,7 +44,7 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
-from chronolog.log.kafka import stop_client
+from chronolog.log.kafka import NO_AUTH, stop_client
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import EventLog, KafkaCluster, LogError, OutRecord
 
@@ -152,6 +152,8 @@ class KafkaEffectAdapter:
                 client_id=f"chronolog-{self.transactional_id}",
                 transactional_id=self.transactional_id, enable_idempotence=True, acks="all",
                 linger_ms=0, request_timeout_ms=30000,
+                # the log's cluster: as the log's principal (the effects role's ACLs)
+                **getattr(self.log, "auth", NO_AUTH).client_kwargs(),
             )
             try:
                 await asyncio.wait_for(producer.start(), 40)  # InitProducerId fences zombies

@@ -69,6 +69,12 @@ more brokers, one on a single broker) and with unclean leader election off; ``en
 then checks the cluster against ``chronolog.log.durability.durability_problems`` and raises
 ``LogUnsafe`` on any problem (unless the deployment allows it: then each is logged).
 
+Authentication: ``KafkaAuth`` (``auth=``) is passed to every client the log builds — the
+shared producer and admin client, the readers, the partition owners' transactional
+producers, the group consumers and the restore consumer — so one process speaks to the
+broker as one principal (``chronolog.settings.kafka_auth_from_env``; what each role's
+principal needs: ``chronolog.log.kafka_acls``).
+
 Failures: ``Fenced`` when the partition's producer is fenced or otherwise unusable (the caller
 must drop the partition's state and re-acquire); ``LogUnavailable`` when the broker does not
 answer within the configured bounds. After a timeout in the middle of ``commit_transaction`` the
@@ -83,6 +89,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -352,6 +359,35 @@ class _Reader:
         self.lso = -1  # the last stable offset of ``tp`` last seen (it only grows)
 
 
+# TLS (SSL, SASL_SSL) would need an SSL context, which nothing builds yet
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT")
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+@dataclass(frozen=True)
+class KafkaAuth:
+    """How a process authenticates to the brokers: ``PLAINTEXT`` (none, the default) or SASL
+    with a mechanism, a user name and a password (``chronolog.settings`` reads them from
+    the environment). The password is left out of the repr."""
+
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """The aiokafka keyword arguments of every producer, consumer and admin client."""
+        if not self.security_protocol.startswith("SASL"):
+            return {"security_protocol": self.security_protocol}
+        return {"security_protocol": self.security_protocol,
+                "sasl_mechanism": self.sasl_mechanism,
+                "sasl_plain_username": self.username,
+                "sasl_plain_password": self.password}
+
+
+NO_AUTH = KafkaAuth()
+
+
 class KafkaEventLog:
     """The EventLog port on Kafka (see the module docstring for the mapping)."""
 
@@ -368,8 +404,10 @@ class KafkaEventLog:
         concurrent_txn_backoff_ms: float | None = 2.0,
         fetch_max_wait_ms: int = 10,
         durability: Durability = SAFE_DEFAULT,
+        auth: KafkaAuth = NO_AUTH,
     ) -> None:
-        """``aux_partitions``: partition count of replies, dlq, effects.out and
+        """``auth``: the principal every client of this log speaks as.
+        ``aux_partitions``: partition count of replies, dlq, effects.out and
         ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
         retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's).
         ``fetch_max_wait_ms``: the group consumers' fetch wait (module docstring: it bounds
@@ -378,6 +416,7 @@ class KafkaEventLog:
         cluster (module docstring)."""
         self.topics = topics
         self.durability = durability
+        self.auth = auth
         self._replication: tuple[int, int] | None = None  # (factor, min ISR), once resolved
         self._brokers: list[int] = []
         self._broker_addresses: list[tuple[str, int]] = []
@@ -412,6 +451,7 @@ class KafkaEventLog:
             bootstrap_servers=self.bootstrap_servers,
             client_id=f"{self.client_id}-admin",
             request_timeout_ms=self.request_timeout_ms,
+            **self.auth.client_kwargs(),
         )
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers,
@@ -424,6 +464,7 @@ class KafkaEventLog:
             max_batch_size=512 * 1024,
             request_timeout_ms=self.request_timeout_ms,
             retry_backoff_ms=50,
+            **self.auth.client_kwargs(),
         )
         try:
             await _bounded(admin.start(), self._bound_s, "admin connect")
@@ -618,17 +659,23 @@ class KafkaEventLog:
         # (more copies than brokers only where allowed: as many as there are)
         rf, isr = min(rf, len(self._brokers) or 1), min(isr, len(self._brokers) or 1)
         safe = {"min.insync.replicas": str(isr), "unclean.leader.election.enable": "false"}
+        # only those missing: on a cluster with ACLs a principal without CREATE (a worker, an
+        # API) is refused a CreateTopics even of a topic that exists
+        known = await self._describe(list(wanted))
         new = [
             NewTopic(name, num_partitions=n, replication_factor=rf,
                      topic_configs={**safe, **cfg})
-            for name, (n, cfg) in wanted.items()
+            for name, (n, cfg) in wanted.items() if not known.get(name)
         ]
-        resp = await _retrying(
-            lambda: admin.create_topics(new, timeout_ms=self.request_timeout_ms),
-            self._bound_s,
-            "create_topics",
-        )
-        for item in resp.topic_errors:
+        errors = []
+        if new:
+            resp = await _retrying(
+                lambda: admin.create_topics(new, timeout_ms=self.request_timeout_ms),
+                self._bound_s,
+                "create_topics",
+            )
+            errors = resp.topic_errors
+        for item in errors:
             name, code = item[0], item[1]
             if code == 0:
                 continue
@@ -774,6 +821,7 @@ class KafkaEventLog:
                     # wait about 1 s instead of 0.2-0.4 s (reconnections keep their own)
                     retry_backoff_ms=20,
                     max_partition_fetch_bytes=4 * 1024 * 1024,
+                    **self.auth.client_kwargs(),
                 )
                 await _bounded(consumer.start(), self._bound_s, "reader connect")
                 reader = _Reader(consumer)
@@ -995,7 +1043,8 @@ class KafkaEventLog:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, group_id=group,
                                     enable_auto_commit=False,
                                     client_id=f"{self.client_id}-restore",
-                                    request_timeout_ms=self.request_timeout_ms)
+                                    request_timeout_ms=self.request_timeout_ms,
+                                    **self.auth.client_kwargs())
         try:
             await _bounded(consumer.start(), self._bound_s, "restore consumer connect")
             tps = {TopicPartition(t, p): OffsetAndMetadata(o, "")
@@ -1026,6 +1075,7 @@ class KafkaEventLog:
             # after the previous commit (answered NOT_ENOUGH_REPLICAS to aiokafka's produce
             # version); each one waited the whole back-off at the old setting
             retry_backoff_ms=2,
+            **self.auth.client_kwargs(),
         )
         try:
             # InitProducerId: bumps the epoch of txn_id, fencing older producers (and aborting
@@ -1335,6 +1385,7 @@ class KafkaGroupConsumer:
             metadata_max_age_ms=_GROUP_METADATA_MAX_AGE_MS,
             fetch_max_wait_ms=log_.fetch_max_wait_ms,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            **log_.auth.client_kwargs(),
         )
         self._started = False
 
