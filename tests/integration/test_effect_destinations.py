@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import orjson
@@ -211,15 +212,20 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 ) -> None:
     node_db, ledger = two_databases
     topics = Topics("chronolog.", 4)
-    ok = Tenants({"acme": tenant("acme", ledger=ledger_destination(ledger),
+    # the ledger of the check must be another server: any database on the node's is refused
+    elsewhere = ledger.replace(f":{urlsplit(ledger).port}/", f":{free_port()}/")
+    ok = Tenants({"acme": tenant("acme", ledger=ledger_destination(elsewhere),
                                  out={"kind": "kafka", "topic": "chronolog.effects.out"},
                                  orders={"kind": "kafka", "topic": "acme.orders"})})
     check_destinations(ok, topics, node_db)  # nothing refused
     own_db = Tenants({"acme": tenant("acme", books=ledger_destination(
         node_db.replace("127.0.0.1", "localhost")))})
-    with pytest.raises(ConfigError, match=r"tenants\.acme\.destinations\.books: dsn is the "
-                       r"node's own database"):
+    with pytest.raises(ConfigError, match=r"tenants\.acme\.destinations\.books: dsn "
+                       r"reaches the node's own database server"):
         check_destinations(own_db, topics, node_db)
+    same_server = Tenants({"acme": tenant("acme", books=ledger_destination(ledger))})
+    with pytest.raises(ConfigError, match=r"destinations\.books: dsn reaches the node's own"):
+        check_destinations(same_server, topics, node_db)
     for topic in ("chronolog.events", "chronolog.commands", "chronolog.ready.default"):
         own_topic = Tenants({"acme": tenant("acme", out={"kind": "kafka", "topic": topic})})
         with pytest.raises(ConfigError, match=r"destinations\.out: topic .* chronolog's own"):
