@@ -49,7 +49,9 @@ def _run(args: Any) -> int:
         max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    ddir.mkdir(parents=True, exist_ok=True)
+    from chronolog.log.datadir import private_dir
+
+    private_dir(ddir)  # 0700; a wider one is tightened with a warning
     log_path = None
     if args.quiet or not sys.stdout.isatty():
         configure_logging()

@@ -182,22 +182,32 @@ async def test_the_runner_refuses_an_intent_for_a_destination_not_granted(
     node_db, ledger = two_databases
     tenants = Tenants({
         "acme": tenant("acme", ledger=ledger_destination(ledger),
-                       sneaky=ledger_destination(node_db)),
+                       sneaky=ledger_destination(node_db),
+                       # the node's server again: another spelling, another database on it
+                       sneakier=ledger_destination(
+                           node_db.replace("127.0.0.1", "127.1").rsplit("/", 1)[0]
+                           + "/postgres")),
         "mallory": tenant("mallory", frozenset({"noop"}))})
     async with Node(lg, None) as node:  # the processor checks nothing
         await node.client.create_schedule("mallory", "steal", spec(
             "noop", {"kind": "postgres", "destination": "ledger"}))
         await node.client.create_schedule("acme", "own", spec(
             "noop", {"kind": "postgres", "destination": "sneaky"}))
+        await node.client.create_schedule("acme", "own2", spec(
+            "noop", {"kind": "postgres", "destination": "sneakier"}))
         await node.runner(tenants, database_url=node_db)
         stolen = await node.completed_run("mallory", "steal")
         own = await node.completed_run("acme", "own")
+        own2 = await node.completed_run("acme", "own2")
         got = await wait_until(lambda: outcome(lg, f"postgres-{stolen}"), 20, what="outcome")
         own_got = await wait_until(lambda: outcome(lg, f"postgres-{own}"), 20, what="outcome")
+        own2_got = await wait_until(lambda: outcome(lg, f"postgres-{own2}"), 20,
+                                    what="outcome")
     assert got.type == "EffectFailed"
     assert "not granted to tenant 'mallory'" in got.payload.evidence["reason"]
-    assert own_got.type == "EffectFailed"
-    assert "node's own database" in own_got.payload.evidence["reason"]
+    for got_own in (own_got, own2_got):
+        assert got_own.type == "EffectFailed"
+        assert "node's own database" in got_own.payload.evidence["reason"]
     for dsn in (node_db, ledger):
         conn = await asyncpg.connect(dsn)
         try:
@@ -235,6 +245,11 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 @pytest.mark.parametrize("command", ["effects", "dev"])
 @pytest.mark.parametrize("destination", [
     'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"',
+    # the same server in other spellings, another database on it
+    'kind = "postgres"\ndsn = "postgresql://chronolog@0.0.0.0:5432/postgres"\nsql = "SELECT 1"',
+    'kind = "postgres"\ndsn = "postgresql://chronolog@[::ffff:127.0.0.1]:5432/x"\nsql = "SELECT 1"',
+    'kind = "postgres"\ndsn = "postgresql://chronolog@/x?host=/postgres&port=5432"\n'
+    'sql = "SELECT 1"',
     'kind = "kafka"\ntopic = "chronolog.events"'])
 async def test_the_cli_exits_2_on_a_destination_the_node_must_refuse(
     tmp_path: Path, command: str, destination: str,
