@@ -256,7 +256,8 @@ class EmbeddedPostgres:
         try:
             lines = (self.data_dir / "pg_hba.conf").read_text().splitlines()
         except OSError as exc:
-            raise EmbeddedPostgresError(f"unreadable pg_hba.conf in {self.data_dir}: {exc}") from exc
+            raise EmbeddedPostgresError(
+                f"unreadable pg_hba.conf in {self.data_dir}: {exc}") from exc
         return any("trust" in line.split("#", 1)[0].split() for line in lines)
 
     def _write_hba(self) -> None:
