@@ -182,6 +182,10 @@ class EmbeddedPostgres:
         port = self._running_port()
         if port is None:
             raise EmbeddedPostgresError(f"no PostgreSQL server is running in {self.data_dir}")
+        if self._trusting():  # started by an older chronolog: it needs a password first
+            with self._lock():
+                if self._trusting():
+                    self._upgrade_online(port)
         return self._dsn(port, database)
 
     def is_running(self) -> bool:
