@@ -24,14 +24,16 @@ under ``tmp_path``).
 
 Every connection needs a password (SCRAM-SHA-256, TCP and socket alike): another local user
 must not reach the read model, let alone run commands as its superuser. ``initdb`` sets a
-password generated for the data directory (``secrets``), kept in ``DATA_DIR/chronolog.password``
-(0600; the directory itself is 0700, so is the socket in it). A data directory made by an
-older chronolog with ``trust`` authentication is upgraded on its next start: the server, if
-stopped, gets the password in single-user mode (no connection is accepted meanwhile) — if
-running, over its own connection — then ``pg_hba.conf`` is rewritten to require it. The DSN
-carries the password: hand it to a child process in its environment, not on its command line.
-TCP stays because every client of the read model takes a ``host:port`` DSN and a socket path
-is limited to 107 bytes (a data directory too deep for one gets no socket, TCP only).
+password generated for the cluster (``secrets``), kept in ``chronolog.password`` inside the
+data directory (0600; the directory itself is 0700, so is the socket in it). The password is
+never on a command line (every local user can list those): files, stdin, the environment. A
+data directory made by an older chronolog with ``trust`` authentication is upgraded on its
+next start (or ``dsn()``): the server, if stopped, gets the password in single-user mode (no
+connection is accepted meanwhile) — if running, over its own connection — then
+``pg_hba.conf`` is rewritten to require it. The DSN carries the password: hand it to a child
+process in its environment, not on its command line. TCP stays because every client of the
+read model takes a ``host:port`` DSN and a socket path is limited to 107 bytes (a data
+directory too deep for one gets no socket, TCP only).
 
 ``fast=True`` (for tests) runs with ``fsync=off``, ``synchronous_commit=off`` and
 ``full_page_writes=off``: a crash of the machine can lose or corrupt its data, which a
@@ -291,8 +293,8 @@ class EmbeddedPostgres:
         password = self._new_password()
         base = ["-h", _HOST, "-p", str(port), "-U", SUPERUSER, "-X", "-q", "-v", "ON_ERROR_STOP=1",
                 "-d", "postgres"]
-        self._run(["psql", *base, "-c", f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{password}'"],
-                  timeout=30, as_server=False)
+        self._run(["psql", *base], timeout=30, as_server=False,  # the SQL on stdin, not argv
+                  stdin=f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{password}'\n".encode())
         self._write_hba()
         self._run(["psql", *base, "-c", "SELECT pg_reload_conf()"], timeout=30, as_server=False,
                   password=password)
