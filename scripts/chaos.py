@@ -316,9 +316,11 @@ class Postgres:
 class Proc:
     """One chronolog process, started and killed by PID; its stderr and readiness files."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path) -> None:
+    def __init__(self, name: str, argv: list[str], workdir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
+        self.env = env or {}  # secrets (the DSN's password) go here, not on the command line
         self.log_path = workdir / f"{name}.log"
         self.ready_path = workdir / f"{name}.ready"
         self.popen: subprocess.Popen[bytes] | None = None
@@ -333,7 +335,7 @@ class Proc:
             self.popen = subprocess.Popen(
                 [*self.argv, "--ready-file", str(self.ready_path)],
                 stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
-                env=dict(os.environ, CHRONOLOG_LOG_LEVEL="INFO"))
+                env=dict(os.environ, CHRONOLOG_LOG_LEVEL="INFO", **self.env))
         self.expected_down = False
 
     def alive(self) -> bool:
@@ -423,14 +425,14 @@ class Deployment:
         for i in range(1, self.workers + 1):
             self._add(f"worker-{i}", ["worker", *flags, "--builtin-jobs", "--concurrency", "8",
                                       "--results", str(results), "--drain-timeout", "2"])
-        self._add("projector", ["projector", *flags, "--database-url", self.dsn])
+        database = {"CHRONOLOG_DATABASE_URL": self.dsn}
+        self._add("projector", ["projector", *flags], database)
         self._add("effects", ["effects", *flags, "--member-id", "effects-1",
                               "--results", str(results)])
-        self._add("api", ["api", *flags, "--database-url", self.dsn,
-                          "--port", str(self.api_port)])
+        self._add("api", ["api", *flags, "--port", str(self.api_port)], database)
 
-    def _add(self, name: str, args: list[str]) -> None:
-        self.procs[name] = Proc(name, [CHRONOLOG, *args], self.workdir)
+    def _add(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.procs[name] = Proc(name, [CHRONOLOG, *args], self.workdir, env)
 
     def start(self) -> None:
         for proc in self.procs.values():
@@ -697,9 +699,9 @@ async def projection_equals_replay(dep: Deployment, timeout: float) -> tuple[boo
     detail = ""
     while time.monotonic() < deadline:
         proc = await asyncio.create_subprocess_exec(
-            CHRONOLOG, "replay", *dep.offline_flags, "--database-url", dep.dsn,
-            "--schema", "fresh", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=dep.offline_env)
+            CHRONOLOG, "replay", *dep.offline_flags, "--schema", "fresh",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+            env=dict(dep.offline_env, CHRONOLOG_DATABASE_URL=dep.dsn))
         _, err = await asyncio.wait_for(proc.communicate(), 900)
         if proc.returncode != 0:
             detail = f"replay exit {proc.returncode}: {err.decode(errors='replace')[-300:]}"

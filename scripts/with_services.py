@@ -72,6 +72,18 @@ def ensure_browser() -> str | None:
     return None
 
 
+def _shown(dsn: str | None) -> str | None:
+    """A DSN for the console: its password masked (a log may be kept, or shared)."""
+    if not dsn:
+        return dsn
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return dsn.replace(f":{parts.password}@", ":***@", 1)
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print("usage: with_services.py [--no-kafka] [--no-postgres] [--no-browser] -- CMD ...",
@@ -105,7 +117,7 @@ def main(argv: list[str]) -> int:
         env.setdefault("CHRONOLOG_REQUIRE_SERVICES", "1")
         print(
             f"services: kafka={env.get('KAFKA_BOOTSTRAP_SERVERS')} "
-            f"postgres={env.get('CHRONOLOG_TEST_DATABASE_URL')}",
+            f"postgres={_shown(env.get('CHRONOLOG_TEST_DATABASE_URL'))}",
             flush=True,
         )
         return subprocess.call(cmd, env=env, cwd=ROOT)

@@ -12,17 +12,22 @@ A tenant's own options (``headers``, ``subject``, ``give_up_after``) are merged 
 time by ``adapter_config``; they can never change the target.
 
 Two targets are refused even when an operator configures them (``check_destinations``, a
-``ConfigError`` at start): the node's own read-model database, and chronolog's own topics
-(every topic under the topic prefix except the kafka-effect output topic ``<prefix>effects.out``).
+``ConfigError`` at start): the node's own read-model database server — any database on it,
+however its address is written (``database_refusal``) — and chronolog's own topics (every
+topic under the topic prefix except the kafka-effect output topic ``<prefix>effects.out``).
+The effect runner refuses them again for each intent, and the postgres adapter checks the
+DSN once more, host names resolved, just before it connects.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
@@ -150,30 +155,137 @@ def parse_destinations(tenant: str, raw: Any) -> dict[str, AnyDestination]:
 
 # ---------------------------------------------------------------------- refused targets
 
-_LOOPBACK_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1", "localhost.localdomain"})
-
-
-def _db_identity(dsn: str) -> tuple[str, int, str]:
+def _dsn_targets(dsn: str) -> list[tuple[str, int]]:
+    """Every (host, port) a libpq/asyncpg URL may connect to: the hosts of the authority
+    (``h1:p1,h2:p2``, ``[v6]:p``), a ``host``/``hostaddr`` query parameter (a comma list;
+    a Unix socket directory starts with ``/``), the ``port`` parameter, then ``$PGPORT``,
+    then 5432. A missing host is ``""`` (the client's default: a local socket or localhost).
+    Host names are percent-decoded and lower-cased."""
     parts = urlsplit(dsn)
     query = parse_qs(parts.query)
-    host = (parts.hostname or query.get("host", [""])[0] or "").lower()
+    authority = parts.netloc.rpartition("@")[2]
+    hosts: list[str] = []
+    ports: list[str] = []
+    for item in authority.split(",") if authority else []:
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        elif item.count(":") == 1:
+            host, port = item.split(":")
+        else:
+            host, port = item, ""
+        hosts.append(host)
+        ports.append(port)
+    for key in ("host", "hostaddr"):
+        for value in query.get(key, []):
+            hosts += value.split(",")
+    for value in query.get("port", []):
+        ports += value.split(",")
+    if not hosts:
+        hosts = [""]
+    default = os.environ.get("PGPORT", "") or "5432"
+    numbers = [p for p in ports if p]
+    out = []
+    for i, host in enumerate(hosts):
+        port = ports[i] if i < len(ports) and ports[i] else (
+            numbers[0] if len(numbers) == 1 else default)
+        try:
+            number = int(port)
+        except ValueError:
+            number = -1  # not a port: matches nothing, and the client refuses it anyway
+        out.append((unquote(host).strip().lower(), number))
+    return out
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an address when it is one in any form the C resolver takes without a
+    lookup (``127.1``, ``0x7f.1``, ``2130706433``, ``[::ffff:127.0.0.1]``, a zone suffix)."""
+    text = host.strip("[]").split("%")[0]
     try:
-        if ipaddress.ip_address(host).is_loopback:
-            host = "localhost"
-    except ValueError:
-        pass
-    if host in _LOOPBACK_HOSTS or host.startswith("/"):
-        host = "localhost"  # loopback and the local socket reach the same server
-    port = parts.port or int(query.get("port", ["5432"])[0])
-    db = parts.path.lstrip("/") or query.get("dbname", [""])[0] or parts.username or ""
-    return host, port, db
+        info = socket.getaddrinfo(text, None, flags=socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError):
+        return None
+    return ipaddress.ip_address(info[0][4][0]) if info else None
 
 
-def same_database(dsn: str, node_database_url: str | None) -> bool:
-    """Whether ``dsn`` names the node's own database (same server address, port and name)."""
-    if not node_database_url:
+def _unwrap(ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+            ) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The IPv4 address inside an IPv4-mapped (``::ffff:a.b.c.d``) or IPv4-compatible
+    (``::a.b.c.d``) IPv6 address; others unchanged."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if int(ip) >> 32 == 0 and int(ip) > 1:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
+def _is_local(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Loopback, unspecified (0.0.0.0 and ``::`` reach this machine), or one of this
+    machine's own addresses (the kernel lets a socket bind only to those)."""
+    ip = _unwrap(ip)
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((str(ip), 0))
+    except OSError:
         return False
-    return _db_identity(dsn) == _db_identity(node_database_url)
+    return True
+
+
+_LOCAL_NAMES = ("", "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def _addresses(host: str, resolve: bool
+               ) -> tuple[bool, frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """(whether ``host`` is this machine, the addresses it stands for)."""
+    if host.startswith(("/", "@")):  # a Unix socket directory (or an abstract one)
+        return True, frozenset()
+    ip = _ip(host)
+    if ip is not None:
+        return _is_local(ip), frozenset({_unwrap(ip)})
+    if host in _LOCAL_NAMES or host.endswith(".localhost") or host == socket.gethostname().lower():
+        return True, frozenset()
+    if not resolve:
+        return False, frozenset()
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False, frozenset()  # a name that does not resolve reaches nothing
+    ips = frozenset(_unwrap(ipaddress.ip_address(str(i[4][0]).split("%")[0])) for i in infos)
+    return any(_is_local(i) for i in ips), ips
+
+
+def database_refusal(dsn: str, node_database_url: str | None, *,
+                     resolve: bool = True) -> str | None:
+    """Why ``dsn`` reaches the node's own PostgreSQL server (any database on it), or None.
+
+    A destination is the node's server when one of its hosts and the node's are the same
+    server on the same port: both on this machine (any loopback address, ``0.0.0.0``,
+    ``::``, IPv4-mapped or -compatible forms, ``localhost``, this machine's own addresses
+    and names, a Unix socket directory, no host at all), or the same name, or names whose
+    addresses overlap. ``resolve``: look host names up (config load and just before
+    connecting); without it only literal addresses and local names are recognised.
+    """
+    if not node_database_url:
+        return None
+    node_targets = _dsn_targets(node_database_url)
+    node_ports = {port for _, port in node_targets}
+    node = [(host, *_addresses(host, resolve)) for host, _ in node_targets]
+    node_local = any(local for _, local, _ in node)
+    node_ips = frozenset().union(*(ips for _, _, ips in node))
+    node_names = {host for host, _, _ in node}
+    for host, port in _dsn_targets(dsn):
+        if port not in node_ports:
+            continue
+        local, ips = _addresses(host, resolve)
+        if (local and node_local) or host in node_names or ips & node_ips:
+            shown = host or "the default local socket"
+            return (f"dsn reaches the node's own database server ({shown} port {port}); "
+                    "no database on it may be a destination")
+    return None
 
 
 def chronolog_topic(topic: str, topics: Topics) -> bool:
@@ -183,10 +295,13 @@ def chronolog_topic(topic: str, topics: Topics) -> bool:
 
 
 def refusal(dest: AnyDestination, topics: Topics | None,
-            node_database_url: str | None) -> str | None:
-    """Why ``dest`` may never be used on this node, or None."""
-    if isinstance(dest, PostgresDestination) and same_database(dest.dsn, node_database_url):
-        return "dsn is the node's own database"
+            node_database_url: str | None, *, resolve: bool = True) -> str | None:
+    """Why ``dest`` may never be used on this node, or None (``resolve``: see
+    ``database_refusal``)."""
+    if isinstance(dest, PostgresDestination):
+        why = database_refusal(dest.dsn, node_database_url, resolve=resolve)
+        if why is not None:
+            return why
     if isinstance(dest, KafkaDestination) and topics is not None and chronolog_topic(
             dest.topic, topics):
         return f"topic '{dest.topic}' is one of chronolog's own topics"

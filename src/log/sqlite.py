@@ -105,6 +105,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from chronolog.log.datadir import PRIVATE_FILE, private_dir, tighten
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
@@ -783,7 +784,7 @@ class ProcessLock:
         """Take the lock without waiting; True when it is now held by this object."""
         if self._fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1216,11 +1217,19 @@ class SqliteEventLog:
         async with self._start_lock:
             if self._started:
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._private_files()
             await self._w.run(_setup)
             await self._r.run(_load_topics, self._partitions)
             self._bell.open()
             self._started = True
+
+    def _private_files(self) -> None:
+        """The log's directory 0700 and its files 0600 (SQLite gives ``-wal``/``-shm`` the
+        mode of the database file): created so, tightened with a warning if found wider."""
+        private_dir(self.path.parent)
+        for suffix in ("", "-wal", "-shm"):
+            tighten(Path(f"{self.path}{suffix}"))
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
 
     async def _ready(self) -> None:
         if not self._started:

@@ -122,9 +122,9 @@ class FilesystemResultStore:
         final = self.root / key
         tmp = final.parent / f".tmp-{uuid.uuid4().hex}"
         for _ in range(10):  # gc may remove an empty run directory between mkdir and open
-            final.parent.mkdir(parents=True, exist_ok=True)
+            final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 break
             except FileNotFoundError:
                 continue
@@ -134,7 +134,8 @@ class FilesystemResultStore:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fchmod(f.fileno(), 0o444)  # read-only: staged objects are immutable
+                # read-only (staged objects are immutable), and the owner's alone (a job's result)
+                os.fchmod(f.fileno(), 0o400)
                 os.fsync(f.fileno())
             try:
                 os.link(tmp, final)  # never replaces an existing name

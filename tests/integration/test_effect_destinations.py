@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import orjson
@@ -181,22 +182,32 @@ async def test_the_runner_refuses_an_intent_for_a_destination_not_granted(
     node_db, ledger = two_databases
     tenants = Tenants({
         "acme": tenant("acme", ledger=ledger_destination(ledger),
-                       sneaky=ledger_destination(node_db)),
+                       sneaky=ledger_destination(node_db),
+                       # the node's server again: another spelling, another database on it
+                       sneakier=ledger_destination(
+                           node_db.replace("127.0.0.1", "127.1").rsplit("/", 1)[0]
+                           + "/postgres")),
         "mallory": tenant("mallory", frozenset({"noop"}))})
     async with Node(lg, None) as node:  # the processor checks nothing
         await node.client.create_schedule("mallory", "steal", spec(
             "noop", {"kind": "postgres", "destination": "ledger"}))
         await node.client.create_schedule("acme", "own", spec(
             "noop", {"kind": "postgres", "destination": "sneaky"}))
+        await node.client.create_schedule("acme", "own2", spec(
+            "noop", {"kind": "postgres", "destination": "sneakier"}))
         await node.runner(tenants, database_url=node_db)
         stolen = await node.completed_run("mallory", "steal")
         own = await node.completed_run("acme", "own")
+        own2 = await node.completed_run("acme", "own2")
         got = await wait_until(lambda: outcome(lg, f"postgres-{stolen}"), 20, what="outcome")
         own_got = await wait_until(lambda: outcome(lg, f"postgres-{own}"), 20, what="outcome")
+        own2_got = await wait_until(lambda: outcome(lg, f"postgres-{own2}"), 20,
+                                    what="outcome")
     assert got.type == "EffectFailed"
     assert "not granted to tenant 'mallory'" in got.payload.evidence["reason"]
-    assert own_got.type == "EffectFailed"
-    assert "node's own database" in own_got.payload.evidence["reason"]
+    for got_own in (own_got, own2_got):
+        assert got_own.type == "EffectFailed"
+        assert "node's own database" in got_own.payload.evidence["reason"]
     for dsn in (node_db, ledger):
         conn = await asyncpg.connect(dsn)
         try:
@@ -211,15 +222,20 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 ) -> None:
     node_db, ledger = two_databases
     topics = Topics("chronolog.", 4)
-    ok = Tenants({"acme": tenant("acme", ledger=ledger_destination(ledger),
+    # the ledger of the check must be another server: any database on the node's is refused
+    elsewhere = ledger.replace(f":{urlsplit(ledger).port}/", f":{free_port()}/")
+    ok = Tenants({"acme": tenant("acme", ledger=ledger_destination(elsewhere),
                                  out={"kind": "kafka", "topic": "chronolog.effects.out"},
                                  orders={"kind": "kafka", "topic": "acme.orders"})})
     check_destinations(ok, topics, node_db)  # nothing refused
     own_db = Tenants({"acme": tenant("acme", books=ledger_destination(
         node_db.replace("127.0.0.1", "localhost")))})
-    with pytest.raises(ConfigError, match=r"tenants\.acme\.destinations\.books: dsn is the "
-                       r"node's own database"):
+    with pytest.raises(ConfigError, match=r"tenants\.acme\.destinations\.books: dsn "
+                       r"reaches the node's own database server"):
         check_destinations(own_db, topics, node_db)
+    same_server = Tenants({"acme": tenant("acme", books=ledger_destination(ledger))})
+    with pytest.raises(ConfigError, match=r"destinations\.books: dsn reaches the node's own"):
+        check_destinations(same_server, topics, node_db)
     for topic in ("chronolog.events", "chronolog.commands", "chronolog.ready.default"):
         own_topic = Tenants({"acme": tenant("acme", out={"kind": "kafka", "topic": topic})})
         with pytest.raises(ConfigError, match=r"destinations\.out: topic .* chronolog's own"):
@@ -229,6 +245,11 @@ async def test_the_node_database_and_chronolog_topics_are_refused_at_start(
 @pytest.mark.parametrize("command", ["effects", "dev"])
 @pytest.mark.parametrize("destination", [
     'kind = "postgres"\ndsn = "NODE"\nsql = "SELECT 1"',
+    # the same server in other spellings, another database on it
+    'kind = "postgres"\ndsn = "postgresql://chronolog@0.0.0.0:5432/postgres"\nsql = "SELECT 1"',
+    'kind = "postgres"\ndsn = "postgresql://chronolog@[::ffff:127.0.0.1]:5432/x"\nsql = "SELECT 1"',
+    'kind = "postgres"\ndsn = "postgresql://chronolog@/x?host=/postgres&port=5432"\n'
+    'sql = "SELECT 1"',
     'kind = "kafka"\ntopic = "chronolog.events"'])
 async def test_the_cli_exits_2_on_a_destination_the_node_must_refuse(
     tmp_path: Path, command: str, destination: str,

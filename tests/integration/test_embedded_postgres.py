@@ -134,7 +134,7 @@ def test_command_line_start_and_stop(tmp_path: Path) -> None:
             timeout=120, env=env,
         )
         dsn = out.stdout.strip()
-        assert dsn.startswith("postgresql://chronolog@127.0.0.1:")
+        assert dsn.startswith("postgresql://chronolog:") and "@127.0.0.1:" in dsn
         status = subprocess.run([*cmd, "status", str(data)], capture_output=True, text=True,
                                 timeout=60, env=env)
         assert status.returncode == 0 and status.stdout.strip() == dsn
