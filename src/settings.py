@@ -64,6 +64,17 @@ def _positive_env(name: str, limit: int) -> int | None:
     return n
 
 
+# the most of an effect destination's response body read into memory (its evidence)
+DEFAULT_EFFECT_RESPONSE_BYTES = 1 << 20
+
+
+def effect_response_cap() -> int:
+    """``CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES``: the most bytes of a webhook response read
+    (default 1 MiB); the rest is never read."""
+    cap = _positive_env("CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES", 1 << 30)
+    return DEFAULT_EFFECT_RESPONSE_BYTES if cap is None else cap
+
+
 def durability_from_env() -> Durability:
     """``CHRONOLOG_REPLICATION`` (the topics' replication factor; default 3 on a cluster of
     three or more brokers, else 1), ``CHRONOLOG_MIN_ISR`` (default a majority of the

@@ -9,8 +9,14 @@ IP. Proxies from the environment are ignored (a proxy would connect on our behal
 
 Refused unless the destination sets ``allow_private``: loopback, private (RFC 1918, ULA),
 link-local, carrier-grade NAT, unspecified, multicast, reserved and every other non-global
-address, including IPv4-mapped IPv6 forms of them. Cloud metadata endpoints are refused even
-with ``allow_private``.
+address. An IPv6 address that carries an IPv4 address is judged by the IPv4 address it
+carries, because that is where the packets end up: IPv4-mapped (``::ffff:a.b.c.d``),
+IPv4-translated (``::ffff:0:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), NAT64
+(``64:ff9b::a.b.c.d``) and 6to4 (``2002:AABB:CCDD::``). Teredo tunnel addresses
+(``2001::/32``) are refused (the metadata check reads the client address they carry). The
+local-use NAT64 prefix (``64:ff9b:1::/48``) is refused outright: where it embeds the IPv4
+address depends on the operator's prefix length, so it cannot be judged. Cloud metadata
+endpoints are refused even with ``allow_private``, in every one of these spellings.
 """
 
 from __future__ import annotations
@@ -27,21 +33,53 @@ import httpx
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254"))
 
+# IPv6 prefixes whose last 32 bits are an IPv4 address (RFC 6052 NAT64 well-known prefix,
+# RFC 2765 IPv4-translated, RFC 4291 IPv4-compatible)
+_LAST_32_BITS = tuple(ipaddress.ip_network(n) for n in ("64:ff9b::/96", "::ffff:0:0:0/96",
+                                                       "::/96"))
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: embedding not knowable
+
+AnyAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 class BlockedAddress(Exception):
     """The destination resolved to an address it may not reach; nothing was sent."""
 
 
-def address_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
-                    allow_private: bool) -> str | None:
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, translated, compatible, NAT64,
+    6to4, Teredo's client), or None. ``::`` and ``::1`` carry none."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if int(ip) > 1 and any(ip in net for net in _LAST_32_BITS):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def _non_public(ip: AnyAddress) -> bool:
+    return ip.is_multicast or ip.is_unspecified or not ip.is_global
+
+
+def address_refusal(ip: AnyAddress, allow_private: bool) -> str | None:
     """Why a connection to ``ip`` is refused, or None."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip in METADATA_ADDRESSES:
+    carried = embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if ip in METADATA_ADDRESSES or carried in METADATA_ADDRESSES:
         return "a cloud metadata address"
     if allow_private:
         return None
-    if ip.is_multicast or ip.is_unspecified or not ip.is_global:
+    if ip in _LOCAL_NAT64:
+        return "a local-use NAT64 address (the IPv4 address it reaches cannot be judged)"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.teredo is not None:
+        return "a Teredo tunnel address (not a public address)"
+    if carried is not None:
+        if _non_public(carried):
+            return f"not a public address (it carries {carried}: loopback, private or reserved)"
+        return None
+    if _non_public(ip):
         return "not a public address (loopback, private, link-local or reserved)"
     return None
 

@@ -44,20 +44,27 @@ intent: clock skew between them eats into the safety margin (one request timeout
 
 Evidence never carries the response body or headers: the status code, a receipt ID only when
 it is a short token (``[A-Za-z0-9_.:-]``, at most 64 characters), the body's size, timings.
+At most ``CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES`` (default 1 MiB) of a response body is read;
+a longer body is cut there (``body_truncated`` in the evidence) and its status still counts —
+a 2xx is a delivery whatever follows it. JSON is parsed in a thread, never on the event loop,
+by a parser that refuses nesting deeper than 1,024 levels (then the body is simply not JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from chronolog.backoff import Backoff
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch, seconds
 from chronolog.effect_adapters.netguard import BlockedAddress, guarded_client
+from chronolog.settings import effect_response_cap
 
 RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 DEFAULT_RETENTION = 24 * 3600.0
@@ -73,18 +80,71 @@ def _token(value: Any) -> str | None:
     return text if _TOKEN.match(text) else None
 
 
-def _receipt(resp: httpx.Response) -> str | None:
-    for h in ("Receipt-Id", "X-Receipt-Id"):
-        if h in resp.headers:
-            return _token(resp.headers[h])
-    try:
-        body = resp.json()
-    except ValueError:
+@dataclass(frozen=True)
+class Reply:
+    """A destination's answer with at most ``cap`` bytes of its body read."""
+
+    status_code: int
+    headers: httpx.Headers
+    body: bytes
+    truncated: bool  # the body was longer than the cap: the rest was never read
+
+    def evidence(self) -> dict[str, Any]:
+        return {"body_bytes": len(self.body), "body_truncated": True} if self.truncated \
+            else {"body_bytes": len(self.body)}
+
+
+async def exchange(client: httpx.AsyncClient, method: str, url: str, cap: int,
+                   **kwargs: Any) -> Reply:
+    """Send one request and read at most ``cap`` bytes of the response body: a destination
+    cannot make the runner hold more than that in memory, whatever it sends."""
+    async with client.stream(method, url, **kwargs) as resp:
+        chunks: list[bytes] = []
+        size = 0
+        truncated = False
+        async for chunk in resp.aiter_raw():
+            if size + len(chunk) > cap:
+                chunks.append(chunk[:cap - size])
+                truncated = True
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return Reply(resp.status_code, resp.headers, b"".join(chunks), truncated)
+
+
+async def parse_json(body: bytes) -> Any:
+    """The JSON value of a response body, parsed off the event loop; ``None`` when it is not
+    JSON, is cut short, or nests deeper than the parser's limit (1,024 levels)."""
+    if not body:
         return None
+    try:
+        return await asyncio.to_thread(orjson.loads, body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _receipt(reply: Reply) -> str | None:
+    for h in ("Receipt-Id", "X-Receipt-Id"):
+        if h in reply.headers:
+            return _token(reply.headers[h])
+    body = None if reply.truncated else await parse_json(reply.body)
     if isinstance(body, dict):
         for k in ("receipt", "receipt_id", "id"):
             if k in body:
                 return _token(body[k])
+    return None
+
+
+def url_refusal(url: Any) -> str | None:
+    """Why ``url`` cannot be requested at all (so nothing would be sent), or None."""
+    try:
+        parsed = httpx.URL(str(url))
+    except (httpx.InvalidURL, TypeError) as exc:
+        return f"is not a valid URL ({exc})"
+    if parsed.scheme not in ("http", "https"):
+        return f"is not an http(s) URL (scheme {parsed.scheme!r})"
+    if not parsed.host:
+        return "has no host"
     return None
 
 
@@ -100,8 +160,9 @@ class WebhookEffectAdapter:
 
     kind = "webhook"
 
-    def __init__(self) -> None:
+    def __init__(self, max_response_bytes: int | None = None) -> None:
         self._clients: dict[bool, httpx.AsyncClient] = {}  # by allow_private
+        self.max_response_bytes = max_response_bytes or effect_response_cap()
 
     def contract_for(self, config: dict[str, Any]) -> Contract:
         if config.get("idempotent", True):
@@ -133,6 +194,9 @@ class WebhookEffectAdapter:
         url = cfg.get("url")
         if not url:
             return Outcome.failed(reason="config: url is required")
+        unusable = url_refusal(url)
+        if unusable is not None:  # refused before anything was sent: a failure, not a doubt
+            return Outcome.failed(reason=f"config: url {unusable}", sent=False)
         timeout = seconds(cfg.get("timeout"), 10.0)
         retention = seconds(cfg.get("retention"), DEFAULT_RETENTION)
         idempotent = bool(cfg.get("idempotent", True))
@@ -159,11 +223,14 @@ class WebhookEffectAdapter:
                 break  # never repeat an ambiguous try without idempotency
             t = Stopwatch()
             try:
-                resp = await self._http(cfg).post(url, json=body, headers=headers,
-                                                  timeout=timeout)
+                resp = await exchange(self._http(cfg), "POST", url, self.max_response_bytes,
+                                      json=body, headers=headers, timeout=timeout)
             except BlockedAddress as exc:
                 return Outcome.failed(**base, reason=f"destination refused: {exc}", tries=tries,
                                       elapsed_ms=sw.ms())
+            except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:  # before any byte
+                return Outcome.failed(**base, reason=f"config: url {exc}", sent=False,
+                                      tries=tries, elapsed_ms=sw.ms())
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 tries.append({"try": n, "error": type(exc).__name__, "sent": False,
                               "elapsed_ms": t.ms()})
@@ -174,9 +241,10 @@ class WebhookEffectAdapter:
                 ambiguous = True
             else:
                 tries.append({"try": n, "status": resp.status_code, "elapsed_ms": t.ms()})
+                tries[-1].update(resp.evidence())
                 if 200 <= resp.status_code < 300:
                     return Outcome.succeeded(**base, status=resp.status_code,
-                                             receipt=_receipt(resp), tries=tries,
+                                             receipt=await _receipt(resp), tries=tries,
                                              elapsed_ms=sw.ms())
                 if 300 <= resp.status_code < 400:
                     return Outcome.failed(**base, status=resp.status_code,
@@ -184,7 +252,7 @@ class WebhookEffectAdapter:
                                           elapsed_ms=sw.ms())
                 if 400 <= resp.status_code < 500 and resp.status_code not in RETRYABLE_4XX:
                     return Outcome.failed(**base, status=resp.status_code,
-                                          body_bytes=len(resp.content), tries=tries,
+                                          body_bytes=len(resp.body), tries=tries,
                                           elapsed_ms=sw.ms())
                 if resp.status_code >= 500:
                     ambiguous = True
@@ -228,18 +296,17 @@ class WebhookEffectAdapter:
             if i:
                 await asyncio.sleep(interval)
             try:
-                resp = await self._http(cfg).get(cfg["status_url"],
-                                                 params={"key": intent.effect_id},
-                                                 timeout=timeout)
+                resp = await exchange(self._http(cfg), "GET", cfg["status_url"],
+                                      self.max_response_bytes,
+                                      params={"key": intent.effect_id}, timeout=timeout)
             except (httpx.HTTPError, BlockedAddress) as exc:
                 seen.append(type(exc).__name__)
                 continue
             if resp.status_code == 404:
                 seen.append("not_found")
                 continue
-            try:
-                doc = resp.json()
-            except ValueError:
+            doc = None if resp.truncated else await parse_json(resp.body)
+            if doc is None:
                 seen.append(f"http {resp.status_code}")
                 continue
             status = str(doc.get("status", "")) if isinstance(doc, dict) else ""

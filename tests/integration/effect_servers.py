@@ -9,11 +9,14 @@ returns the stored receipt and commits nothing). ``plan`` scripts the next POSTs
 * ``500`` — commit, then answer 500 (the effect happened; the reply says error);
 * ``503`` — answer 503 WITHOUT committing;
 * ``400`` — answer 400 without committing (its body carries ``secret`` text);
-* ``redirect`` — answer 307 to ``redirect_to`` without committing.
+* ``redirect`` — answer 307 to ``redirect_to`` without committing;
+* ``huge`` — commit, answer 200 with a body of ``huge_bytes`` (default 64 MiB, streamed);
+* ``deep`` — commit, answer 200 with 200,000 nested ``[`` (no JSON parser's recursion copes).
 
 Every request's path and headers are kept in ``requests`` (to see what reached the server).
 
-``GET /status?key=K`` answers ``{"status": "done", "receipt": ...}`` or 404 ``not_found``.
+``GET /status?key=K`` answers ``{"status": "done", "receipt": ...}`` or 404 ``not_found``
+(with ``status_deep``: 200 and 200,000 nested ``[``).
 
 ``SmtpServer`` is an aiosmtpd ``Controller`` on 127.0.0.1 whose handler records every message
 it receives and can drop the reply after DATA (``drop_after_data`` counts down): the message
@@ -44,6 +47,9 @@ class HookServer:
         self.requests: list[tuple[str, dict[str, str]]] = []  # (method path, headers)
         self.redirect_to = ""
         self.secret = "s3cret-internal-token"
+        self.huge_bytes = 64 << 20
+        self.huge_sent = 0  # bytes of huge bodies the server managed to write
+        self.status_deep = False  # GET /status answers 200 with 200,000 nested ``[``
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
 
@@ -83,7 +89,9 @@ class HookServer:
             url = urlparse(target)
             if method == "GET" and url.path == "/status":
                 key = parse_qs(url.query).get("key", [""])[0]
-                if key in self.receipts:
+                if self.status_deep:
+                    self._deep(writer)
+                elif key in self.receipts:
                     self._respond(writer, 200, {"status": "done", "receipt": self.receipts[key]})
                 else:
                     self._respond(writer, 404, {"status": "not_found"})
@@ -120,10 +128,34 @@ class HookServer:
         if action == "drop":
             writer.transport.abort()  # committed, but the response is lost
             return
+        if action == "huge":
+            await self._huge(writer)
+            return
+        if action == "deep":
+            self._deep(writer)
+            return
         if action == "500":
             self._respond(writer, 500, {"error": "internal"})
             return
         self._respond(writer, 200, {"receipt": receipt})
+
+    @staticmethod
+    def _deep(writer: asyncio.StreamWriter) -> None:
+        data = b"[" * 200_000
+        writer.write(f"HTTP/1.1 200 X\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                     + data)
+
+    async def _huge(self, writer: asyncio.StreamWriter) -> None:
+        """200 and ``huge_bytes`` of body, written in chunks until the client stops reading."""
+        chunk = b"x" * (64 << 10)
+        writer.write(f"HTTP/1.1 200 X\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {self.huge_bytes}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        for _ in range(self.huge_bytes // len(chunk)):
+            writer.write(chunk)
+            await writer.drain()
+            self.huge_sent += len(chunk)
 
     @staticmethod
     def _respond(writer: asyncio.StreamWriter, status: int, doc: dict[str, Any]) -> None:

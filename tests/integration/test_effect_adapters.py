@@ -9,6 +9,7 @@ in test_effect_runner.py).
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -147,6 +148,67 @@ async def test_webhook_connection_refused_is_retry_later() -> None:
 
 
 # ---------------------------------------------------------------------- email
+
+
+async def test_webhook_reads_at_most_the_cap_of_a_huge_response_and_posts_once(
+        hook: HookServer) -> None:
+    """A 2xx with a 64 MiB body: the runner reads 1 MiB, the effect counts as delivered, the
+    rest is never read (memory stays bounded) and nothing is POSTed a second time."""
+    hook.plan = ["huge"]
+    adapter = WebhookEffectAdapter(max_response_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        out = await adapter.perform(intent("webhook", {"url": hook.url, **FAST}), {"a": 1}, ctx())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await adapter.close()
+    assert out.status == "succeeded"
+    assert out.evidence["tries"][-1]["body_truncated"] is True
+    assert out.evidence["tries"][-1]["body_bytes"] == 1 << 20
+    assert len(hook.keys_seen) == 1 and len(hook.committed) == 1
+    assert peak < 16 << 20, f"peak {peak} bytes while reading a 64 MiB response"
+    assert hook.huge_sent < hook.huge_bytes  # the client stopped reading: the rest never came
+
+
+async def test_webhook_deeply_nested_json_is_not_json_and_not_an_error(hook: HookServer) -> None:
+    hook.plan = ["deep"]
+    adapter = WebhookEffectAdapter()
+    try:
+        out = await adapter.perform(intent("webhook", {"url": hook.url, **FAST}), {"a": 1}, ctx())
+    finally:
+        await adapter.close()
+    assert out.status == "succeeded" and out.evidence["receipt"] is None
+    assert len(hook.committed) == 1
+
+
+async def test_webhook_status_url_answering_deep_json_is_not_an_error(hook: HookServer) -> None:
+    """The status URL's answer is parsed with the same limit: a nesting bomb there is an
+    unreadable answer (still uncertain), not an exception that escapes the adapter."""
+    hook.plan = ["drop"]  # a lost response, then the status URL is asked
+    hook.status_deep = True
+    adapter = WebhookEffectAdapter()
+    try:
+        out = await adapter.perform(
+            intent("webhook", {"url": hook.url, "idempotent": False,
+                               "status_url": hook.status_url, "status_checks": 1, **FAST}),
+            {"a": 1}, ctx())
+    finally:
+        await adapter.close()
+    assert out.status == "uncertain"
+    assert out.evidence["tries"][-1]["status_checks"] == ["http 200"]
+
+
+@pytest.mark.parametrize("url", ["http://", "ftp://example.com/hook", "not a url",
+                                 "http://[::1/hook"])
+async def test_webhook_with_an_unusable_url_fails_and_sends_nothing(url: str) -> None:
+    """Nothing can have been sent: the outcome is failed, never uncertain."""
+    adapter = WebhookEffectAdapter()
+    try:
+        out = await adapter.perform(intent("webhook", {"url": url, **FAST}), {"a": 1}, ctx())
+    finally:
+        await adapter.close()
+    assert out.status == "failed" and out.evidence["sent"] is False
 
 
 def email_cfg(smtp: SmtpServer, **kw: Any) -> dict[str, Any]:

@@ -140,6 +140,30 @@ def test_which_addresses_a_webhook_may_reach(address: str, private_ok: bool,
     assert (address_refusal(ipaddress.ip_address(address), private_ok) is not None) == refused
 
 
+@pytest.mark.parametrize(("address", "private_ok", "refused"), [
+    # NAT64 (64:ff9b::/96): judged by the IPv4 address in its last 32 bits
+    ("64:ff9b::a9fe:a9fe", False, True), ("64:ff9b::a9fe:a9fe", True, True),  # metadata
+    ("64:ff9b::7f00:1", False, True), ("64:ff9b::a00:1", False, True),
+    ("64:ff9b::808:808", False, False),
+    ("64:ff9b:1::808:808", False, True),  # local-use NAT64: the embedding is not knowable
+    # 6to4 (2002::/16): the IPv4 address in bits 16-47
+    ("2002:7f00:1::", False, True), ("2002:a9fe:a9fe::1", True, True),
+    ("2002:c0a8:1::1", False, True), ("2002:808:808::1", False, False),
+    # Teredo (2001::/32): a tunnel, refused; its client address is read for metadata
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False, True),
+    ("2001:0:4136:e378:8000:63bf:5601:5601", True, True),  # client 169.254.169.254
+    # IPv4-compatible (::a.b.c.d) and IPv4-translated (::ffff:0:a.b.c.d)
+    ("::127.0.0.1", False, True), ("::10.0.0.1", False, True), ("::a9fe:a9fe", True, True),
+    ("::ffff:0:7f00:1", False, True), ("::ffff:0:a9fe:a9fe", True, True),
+    ("::8.8.8.8", False, False), ("::ffff:0:808:808", False, False),
+    # every embedding of a public address still passes; :: and ::1 are themselves refused
+    ("::", False, True), ("::1", False, True), ("::1", True, False),
+])
+def test_an_ipv6_address_carrying_an_ipv4_address_is_judged_by_the_ipv4_address(
+        address: str, private_ok: bool, refused: bool) -> None:
+    assert (address_refusal(ipaddress.ip_address(address), private_ok) is not None) == refused
+
+
 def test_a_schedule_stored_before_destinations_still_decodes_and_names_no_target() -> None:
     """A ScheduleCreated already in the log with a tenant-written effect ``config`` decodes
     (the log is replayed forever); the config is dropped and the effect names the destination
