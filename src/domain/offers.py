@@ -84,7 +84,8 @@ def offer_proof(credential: str, worker_id: str, pool: str, partition: int,
     return hmac.new(credential.encode(), msg.encode(), hashlib.sha256).hexdigest()
 
 
-def verify_proof(offer: Offer, partition: int, credentials: Iterable[str], now: float) -> str | None:
+def verify_proof(offer: Offer, partition: int, credentials: Iterable[str],
+                 now: float) -> str | None:
     """Why ``offer`` (read from ``partition``) does not prove membership of its pool, or None
     when it does: fresh (``now`` is the verifier's Unix time) and keyed by one of
     ``credentials`` (the pool's; none: an unknown pool). Every credential is compared."""

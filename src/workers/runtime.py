@@ -307,7 +307,8 @@ class Worker:
         for cls in self.resource_classes:
             consumer = self._consumers.get(cls)
             if consumer is None or not consumer.joined():
-                return False, (f"the consumer of {self.topics.ready_for(cls, self.pool)} is not in its group "
+                topic = self.topics.ready_for(cls, self.pool)
+                return False, (f"the consumer of {topic} is not in its group "
                                f"(joining, or the log is away)")
             owned.append(f"{cls} {sorted(self.partitions(cls))}")
         return True, f"consumes ready partitions: {', '.join(owned)}"

@@ -144,3 +144,31 @@ def test_a_resource_class_named_like_a_pools_topic_is_refused() -> None:
     assert m.ScheduleSpec.model_validate({**spec, "resource_class": "gpu"}).resource_class == "gpu"
     with pytest.raises(ValidationError, match="resource_class"):
         m.ScheduleSpec.model_validate({**spec, "resource_class": "pool-a"})
+
+
+# ---------------------------------------------------------------- the worker's credential
+
+
+def test_a_pool_workers_credential_comes_from_the_environment_or_an_owner_only_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chronolog.cli.errors import UsageError
+    from chronolog.cli.worker import CREDENTIAL_ENV, pool_credential
+
+    monkeypatch.delenv(CREDENTIAL_ENV, raising=False)
+    assert pool_credential(None, None) is None
+    with pytest.raises(UsageError, match="--pool: no credential"):
+        pool_credential("a", None)
+    monkeypatch.setenv(CREDENTIAL_ENV, CRED_A)
+    assert pool_credential("a", None) == CRED_A
+    with pytest.raises(UsageError, match="--pool: 'Bad_Pool'"):
+        pool_credential("Bad_Pool", None)
+    f = tmp_path / "cred"
+    f.write_text(CRED_B + "\n")
+    f.chmod(0o600)
+    assert pool_credential("a", str(f)) == CRED_B
+    f.chmod(0o644)
+    with pytest.raises(UsageError, match=r"--credential-file: .*\(mode 0644; use 0600\)"):
+        pool_credential("a", str(f))
+    with pytest.raises(UsageError, match="--credential-file: only with --pool"):
+        pool_credential(None, str(f))
