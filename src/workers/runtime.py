@@ -106,10 +106,12 @@ DRAIN_OUTCOMES_S = 4.0
 LEAVE_STEP_S = 1.5
 
 
-def worker_group(prefix: str, job_types: Iterable[str]) -> str:
-    """The consumer group of the workers with exactly these job types."""
+def worker_group(prefix: str, job_types: Iterable[str], pool: str | None = None) -> str:
+    """The consumer group of the workers with exactly these job types (and pool: a pool's
+    groups share the prefix ``<prefix>workers.pool-<pool>.``, for a per-pool group ACL)."""
     digest = hashlib.sha256("\n".join(sorted(job_types)).encode()).hexdigest()[:12]
-    return f"{prefix}{WORKER_GROUP_SUFFIX}.{digest}"
+    pool_part = "" if pool is None else f"pool-{pool}."
+    return f"{prefix}{WORKER_GROUP_SUFFIX}.{pool_part}{digest}"
 
 
 @dataclass
@@ -328,9 +330,7 @@ class Worker:
         )
         beats: asyncio.Task[None] | None = None
         announcer: asyncio.Task[None] | None = None
-        self.group = self._group_given or worker_group(self.topics.prefix, self._jobs)
-        if self.pool is not None and self._group_given is None:
-            self.group += f"-pool-{self.pool}"  # a pool's workers share its ready topics only
+        self.group = self._group_given or worker_group(self.topics.prefix, self._jobs, self.pool)
         try:
             if not await self._start_services():
                 return  # stopped while waiting for the log

@@ -172,3 +172,10 @@ def test_a_pool_workers_credential_comes_from_the_environment_or_an_owner_only_f
         pool_credential("a", str(f))
     with pytest.raises(UsageError, match="--credential-file: only with --pool"):
         pool_credential(None, str(f))
+
+
+def test_a_pool_workers_consumer_group_is_named_under_its_pool() -> None:
+    from chronolog.workers.runtime import worker_group
+
+    assert worker_group("x.", ["echo"], "a").startswith("x.workers.pool-a.")
+    assert worker_group("x.", ["echo"]) == "x.workers." + worker_group("x.", ["echo"], "a")[17:]
