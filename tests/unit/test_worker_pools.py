@@ -179,3 +179,21 @@ def test_a_pool_workers_consumer_group_is_named_under_its_pool() -> None:
 
     assert worker_group("x.", ["echo"], "a").startswith("x.workers.pool-a.")
     assert worker_group("x.", ["echo"]) == "x.workers." + worker_group("x.", ["echo"], "a")[17:]
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--classes", "default,pool-a"], "--classes: a resource class may not start with 'pool-'"),
+    (["--pool", "a"], "--pool: no credential"),
+    (["--credential-file", "/nonexistent"], "--credential-file: only with --pool"),
+])
+def test_the_worker_cli_refuses_a_pool_class_or_a_pool_without_its_credential(
+    argv: list[str], line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from chronolog.cli.main import main
+    from chronolog.cli.worker import CREDENTIAL_ENV
+
+    monkeypatch.delenv(CREDENTIAL_ENV, raising=False)
+    rc = main(["worker", "--builtin-jobs", "--data-dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and line in err, err
