@@ -11,6 +11,10 @@ max_schedules = 1000
 min_interval = "1s"         # shortest every / delay / cron gap (text or seconds)
 rate_limit = { per_second = 50, burst = 100 }   # API commands; a number = per second
 weight = 1                  # share of the workers when tenants' runs wait for a seat
+pools = ["acme-workers"]    # only workers of these pools run acme's runs (see below)
+
+[pools.acme-workers]
+credentials = ["pool-s3cret"]   # a worker of the pool proves it holds one (rotation: several)
 
 [tenants.acme.destinations.billing]   # effect destinations granted to the tenant
 kind = "webhook"
@@ -22,13 +26,19 @@ Destinations are parsed by ``chronolog.destinations`` (see README, Tenants).
 Without a file, ``dev_tenants()`` has one tenant ``default`` with token ``dev``, no rate
 limit, and ``/metrics`` open (a tenants file always closes it to all but operators).
 Tokens are compared in constant time, over every token of every tenant.
+
+Worker pools: a tenant with ``pools`` has its runs assigned only to workers that proved
+membership of one of those pools (``chronolog.domain.offers``); a tenant without ``pools`` has
+its runs assigned only to pool-less workers, so a pool's workers never see another tenant's
+runs and a pool-bound tenant's runs never reach a worker that proved nothing.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +49,7 @@ from chronolog.settings import ConfigError
 
 # a tenant of a tenants file without ``rate_limit``: commands per second, and the burst
 DEFAULT_RATE_LIMIT = (50.0, 100)
+POOL_NAME = re.compile(r"^[a-z0-9-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class Tenant:
     min_interval: float = MIN_INTERVAL_SECONDS
     rate_limit: RateLimit | None = None  # None: unlimited
     weight: float = 1.0  # share of a resource class's seats when runs of tenants wait
+    pools: frozenset[str] = frozenset()  # worker pools that run its runs (none: pool-less)
 
 
 @dataclass
@@ -70,6 +82,18 @@ class Tenants:
 
     tenants: dict[str, Tenant] = field(default_factory=dict)
     operator_tokens: tuple[str, ...] | None = None
+    pool_credentials: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pool -> secrets
+
+    def seat_pools(self, tenant: str) -> frozenset[str | None]:
+        """The pools whose seats may take ``tenant``'s runs (``None``: pool-less seats)."""
+        t = self.tenants.get(tenant)
+        if t is None or not t.pools:
+            return frozenset({None})
+        return frozenset(t.pools)
+
+    def credentials(self, pool: str) -> tuple[str, ...]:
+        """The credentials of ``pool`` (none: an unknown pool)."""
+        return self.pool_credentials.get(pool, ())
 
     def by_token(self, token: str) -> Tenant | None:
         """The tenant holding ``token``; every token is compared (constant time)."""
@@ -148,7 +172,46 @@ def load_tenants(path: str | Path) -> Tenants:
                            _min_interval(name, cfg.get("min_interval", MIN_INTERVAL_SECONDS)),
                            _rate_limit(name, cfg.get("rate_limit")),
                            _weight(name, cfg.get("weight", 1)))
-    return Tenants(out, _operator_tokens(raw.get("operators", {})))
+    pools = _pools(p, raw.get("pools", {}))
+    for name, cfg in section.items():
+        out[name] = replace(out[name], pools=_tenant_pools(p, name, cfg.get("pools", []), pools))
+    return Tenants(out, _operator_tokens(raw.get("operators", {})), pools)
+
+
+def _pools(p: Path, section: Any) -> dict[str, tuple[str, ...]]:
+    """``[pools.<name>]`` tables: name -> credentials."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"invalid tenants file '{p}': pools: not a table")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, cfg in section.items():
+        if not POOL_NAME.match(name):
+            raise ConfigError(f"invalid tenants file '{p}': pools.{name}: a pool name is "
+                              "1 to 64 of a-z, 0-9 and -")
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"invalid tenants file '{p}': pools.{name}: not a table")
+        unknown = set(cfg) - {"credentials"}
+        if unknown:
+            raise ConfigError(f"invalid tenants file '{p}': pools.{name}: unknown key "
+                              f"'{sorted(unknown)[0]}' (credentials)")
+        creds = cfg.get("credentials")
+        if (not isinstance(creds, list) or not creds
+                or not all(isinstance(c, str) and len(c) >= 16 for c in creds)):
+            raise ConfigError(f"invalid tenants file '{p}': pools.{name}.credentials: a "
+                              "non-empty list of strings of at least 16 characters")
+        out[name] = tuple(creds)
+    return out
+
+
+def _tenant_pools(p: Path, tenant: str, value: Any,
+                  pools: dict[str, tuple[str, ...]]) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"invalid tenants file '{p}': tenants.{tenant}.pools: must be a "
+                          "list of pool names")
+    for name in value:
+        if name not in pools:
+            raise ConfigError(f"invalid tenants file '{p}': tenants.{tenant}.pools: unknown "
+                              f"pool '{name}' (no [pools.{name}] table)")
+    return frozenset(value)
 
 
 def _min_interval(name: str, value: Any) -> float:

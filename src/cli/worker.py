@@ -8,6 +8,9 @@ receives its readiness: ready while the consumer of every resource class is in i
 and the log answers. ``--jobs``
 imports a module (``pkg.mod``) or a file (``path/jobs.py``) and calls its
 ``register(worker)``. Staged results go to ``--results DIR`` (default ``<data dir>/results``).
+``--pool NAME`` joins a worker pool of the tenants file: the pool's credential comes from the
+environment variable ``CHRONOLOG_WORKER_CREDENTIAL`` or from ``--credential-file PATH`` (a file
+only its owner may read, mode 0600), never from the command line, where ``ps`` would show it.
 
 ``chronolog gc [--data-dir DIR | --results DIR] [--log URL] --grace 1h [--dry-run] [--json]``
 deletes staged result objects that no ResultPublished references and whose attempt can never
@@ -46,6 +49,11 @@ def register(sub: Any) -> None:
                    help="seconds running handlers may finish after SIGTERM (default 30)")
     p.add_argument("--reply-timeout", type=float, default=10.0,
                    help="seconds to wait for a command's reply before re-sending it")
+    p.add_argument("--pool", default=None, help="join this worker pool (tenants file "
+                   "[pools.NAME]); credential from $CHRONOLOG_WORKER_CREDENTIAL or "
+                   "--credential-file")
+    p.add_argument("--credential-file", default=None, metavar="PATH",
+                   help="file holding the pool's credential (mode 0600)")
     p.add_argument("--group", default=None, help=argparse.SUPPRESS)
     add_ready_flag(p)
     p.set_defaults(func=_run_worker)
@@ -102,8 +110,13 @@ def _run_worker(args: Any) -> int:
         raise UsageError(f"--concurrency: must be at least 1, got {args.concurrency}")
     if args.prefetch is not None and args.prefetch < 0:
         raise UsageError(f"--prefetch: must not be negative, got {args.prefetch}")
+    bad = [c for c in classes if c.lower().startswith("pool-")]
+    if bad:
+        raise UsageError(f"--classes: a resource class may not start with 'pool-': '{bad[0]}'")
+    credential = pool_credential(args.pool, args.credential_file)
     log_ = log_from_args(args)
     worker = Worker(log_, worker_id=args.worker_id, resource_classes=classes,
+                    pool=args.pool, credential=credential,
                     concurrency=args.concurrency,
                     result_store=FilesystemResultStore(results_dir(args)),
                     group=args.group, drain_timeout=args.drain_timeout,
@@ -116,6 +129,40 @@ def _run_worker(args: Any) -> int:
         raise UsageError("no jobs registered: pass --builtin-jobs or --jobs MODULE_OR_FILE")
 
     return asyncio.run(_serve_worker(log_, worker, ready_file(args.ready_file)))
+
+
+CREDENTIAL_ENV = "CHRONOLOG_WORKER_CREDENTIAL"
+
+
+def pool_credential(pool: str | None, path: str | None) -> str | None:
+    """The credential of ``--pool``: from ``--credential-file`` (owner-only) or
+    ``$CHRONOLOG_WORKER_CREDENTIAL``; UsageError names the flag."""
+    import os
+    import re
+    import stat
+
+    from chronolog.cli.errors import UsageError
+
+    if pool is None:
+        if path is not None:
+            raise UsageError("--credential-file: only with --pool")
+        return None
+    if not re.fullmatch(r"[a-z0-9-]{1,64}", pool):
+        raise UsageError(f"--pool: '{pool}' is not a pool name (1 to 64 of a-z, 0-9 and -)")
+    if path is not None:
+        try:
+            mode = os.stat(path).st_mode
+            secret = Path(path).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--credential-file: cannot read '{path}': {exc.strerror}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise UsageError(f"--credential-file: '{path}' is readable by others than its "
+                             f"owner (mode {stat.S_IMODE(mode):04o}; use 0600)")
+    else:
+        secret = os.environ.get(CREDENTIAL_ENV, "").strip()
+    if not secret:
+        raise UsageError(f"--pool: no credential: set {CREDENTIAL_ENV} or pass --credential-file")
+    return secret
 
 
 async def _serve_worker(log_: Any, worker: Any, ready_path: str | None) -> int:

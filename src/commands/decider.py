@@ -1163,6 +1163,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
             d.emit(_rejected(run, p, state.fence, reason))
         return Decision(status="stale_fence", events=d.events, reason=problem[1],
                         body={"current_fence": d.state.fence})
+    if p.worker_id != run.worker_id:
+        return _not_assignee(run, p.worker_id)
     d = _Draft(state)
     d.emit(m.ResultPublished(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                              worker_id=p.worker_id, checksum=p.checksum, size=p.size,
@@ -1181,6 +1183,13 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
             "run_id": run.run_id, "state": "SUCCEEDED", "checksum": p.checksum, "fence": p.fence,
             "result": {"checksum": p.checksum, "size": p.size, "uri": p.uri, "inline": p.inline}})
     return Decision(events=d.events, body=_result_body(live))
+
+
+def _not_assignee(run: Run, worker_id: str) -> Decision:
+    """An outcome must name the worker the attempt is leased to: the fence alone is a small
+    counter anyone could guess, the assignee is who the processor handed the run to."""
+    return _reject("forbidden", f"worker '{worker_id}' is not the attempt's assignee",
+                   "worker_id")
 
 
 def _rejected(run: Run, p: m.CompleteRun, current: int, reason: str) -> m.CompletionRejected:
@@ -1208,6 +1217,8 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
             dec.events = d.events
         return dec
     assert run is not None
+    if p.worker_id != run.worker_id:
+        return _not_assignee(run, p.worker_id)
     d = _Draft(state)
     d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                            worker_id=p.worker_id, error_class=p.error_class, message=p.message))

@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
@@ -292,6 +293,13 @@ class ScheduleSpec(_Model):
     effects: tuple[EffectSpec, ...] = ()
     resource_class: str = Field(default="default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     priority: int = Field(default=0, ge=-100, le=100)
+
+    @field_validator("resource_class")
+    @classmethod
+    def _not_a_pool_topic(cls, v: str) -> str:
+        if v.lower().startswith("pool-"):  # ready.pool-<pool>.<class> carries pools' runs
+            raise ValueError("a resource class may not start with 'pool-'")
+        return v
 
     @model_validator(mode="after")
     def _exactly_one_trigger(self) -> ScheduleSpec:

@@ -85,6 +85,12 @@ class OutRecord:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+def pool_class(pool: str, resource_class: str) -> str:
+    """The ``ready.`` suffix of a pool's assignments: ``pool-<pool>.<class>`` (resource
+    classes named ``pool-...`` are refused, so the names cannot collide)."""
+    return f"pool-{pool}.{resource_class}"
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """Topic names under a prefix (default ``chronolog.``) and the shared partition count."""
@@ -111,6 +117,12 @@ class Topics:
 
     def ready(self, resource_class: str) -> str:
         return f"{self.prefix}ready.{resource_class}"
+
+    def ready_for(self, resource_class: str, pool: str | None) -> str:
+        """Where the assignments of a worker of ``pool`` (None: pool-less) are written:
+        ``ready.pool-<pool>.<class>``, so a per-pool read grant on the prefix
+        ``ready.pool-<pool>.`` keeps one pool's runs from another pool's workers."""
+        return self.ready(resource_class if pool is None else pool_class(pool, resource_class))
 
     @property
     def workers(self) -> str:

@@ -31,6 +31,15 @@ that advances by 1/weight per run assigned; the tenant with the least virtual ti
 idling banks no credit: one tenant's burst of thousands of runs delays another tenant's next
 run by about one assignment, not by the burst. Within a tenant, higher ``priority`` first, then
 the order the runs became ready.
+
+Worker pools (tenants file ``[pools.<name>]``): a seat records the pool its worker proved
+membership of (the runtime verifies an offer's proof before it reaches ``offer``; an offer
+that does not verify seats nobody), ``None`` for a pool-less worker. A run is assigned only to
+a seat whose pool is one its tenant may use (``seat_for``'s ``pools``: the tenant's pools, or
+``{None}`` for a tenant without pools). A live seat keeps its pool: an offer naming the same
+worker with another pool is ignored until the seat lapses, so nobody can move a pool worker's
+seat (and its assignments) out of the pool by offering under its name. A pool seat's
+assignment records go to ``ready.pool-<pool>.<class>``, read only by the pool's workers.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ class Seat:
     job_types: frozenset[str] | None
     renewed: float  # monotonic time of the last offer
     outstanding: set[str] = field(default_factory=set)  # run IDs assigned, not finished
+    pool: str | None = None  # the pool the worker proved membership of (None: pool-less)
 
     @property
     def credit(self) -> int:
@@ -132,12 +142,17 @@ class Dispatcher:
     def offer(self, offer: Offer, now: float) -> None:
         seats = self.seats.setdefault(offer.resource_class, {})
         seat = seats.get(offer.worker_id)
+        if seat is not None and seat.pool != offer.pool:
+            if now - seat.renewed <= SEAT_TTL_S:
+                return  # a live seat keeps its pool (see the module docstring)
+            seat.pool = offer.pool
         if offer.window == 0:
             if seat is not None:
                 seat.window = 0  # no new assignments; outstanding ones still finish
             return
         if seat is None:
-            seats[offer.worker_id] = Seat(offer.worker_id, offer.window, offer.job_types, now)
+            seats[offer.worker_id] = Seat(offer.worker_id, offer.window, offer.job_types, now,
+                                          pool=offer.pool)
             return
         seat.window, seat.job_types, seat.renewed = offer.window, offer.job_types, now
 
@@ -158,11 +173,14 @@ class Dispatcher:
             worker_id, Seat(worker_id, 0, None, float("-inf")))
         seat.outstanding.add(run_id)
 
-    def seat_for(self, resource_class: str, job_type: str, now: float) -> Seat | None:
-        """The live seat with the most credit that takes ``job_type`` (None: none has any)."""
+    def seat_for(self, resource_class: str, job_type: str, now: float,
+                 pools: frozenset[str | None] = frozenset({None})) -> Seat | None:
+        """The live seat with the most credit that takes ``job_type`` and whose pool is in
+        ``pools`` (None: none has any)."""
         best: Seat | None = None
         for seat in self.seats.get(resource_class, {}).values():
             if (seat.credit > 0 and now - seat.renewed <= SEAT_TTL_S and seat.takes(job_type)
+                    and seat.pool in pools
                     and (best is None or seat.credit > best.credit)):
                 best = seat
         return best

@@ -98,7 +98,7 @@ from chronolog.domain.ids import (
     routing_key,
 )
 from chronolog.domain.limits import MIN_INTERVAL_SECONDS
-from chronolog.domain.offers import BadOffer, Offer, is_offer
+from chronolog.domain.offers import BadOffer, Offer, is_offer, verify_proof
 from chronolog.domain.routing import Forward, RoutingTable, RoutingVersion
 from chronolog.environment import gc_paused, gc_tuned, utc_now
 from chronolog.environment import gc_tune as _gc_tune
@@ -159,6 +159,10 @@ class TenantPolicies(Protocol):
 
     def weight(self, tenant: str) -> float: ...
 
+    def seat_pools(self, tenant: str) -> frozenset[str | None]: ...
+
+    def credentials(self, pool: str) -> tuple[str, ...]: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -178,6 +182,12 @@ class OpenTenants:
 
     def weight(self, tenant: str) -> float:
         return 1.0
+
+    def seat_pools(self, tenant: str) -> frozenset[str | None]:
+        return frozenset({None})  # no pools: pool-less workers only
+
+    def credentials(self, pool: str) -> tuple[str, ...]:
+        return ()  # no pool is known: every pool offer is refused
 
 
 @dataclass
@@ -237,6 +247,7 @@ class ProcessorStats:
     ticks: int = 0
     transactions: int = 0
     dead_letters: int = 0
+    offers_unverified: int = 0  # pool offers whose proof did not verify (nobody seated)
     decide_errors: int = 0  # commands whose decide raised (rejected as invalid)
     tick_errors: int = 0  # timers whose decide raised (the schedule is not re-armed)
     apply_errors: int = 0  # decisions that could not be applied (the partition was rebuilt)
@@ -353,6 +364,7 @@ class Processor:
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
         self.stats = ProcessorStats()
+        self._unverified_logged: dict[str, float] = {}  # worker -> when last logged
         self._stopping = asyncio.Event()
         self._consumer: Any = None
         self._inflight: asyncio.Task[None] | None = None  # the writer loop (commit_many)
@@ -1073,9 +1085,17 @@ class Processor:
     def _handle(self, ps: PartitionState, rec: Record, now: datetime, out: _Output) -> None:
         if rec.headers and is_offer(rec.headers):
             try:
-                ps.dispatch.offer(Offer.decode(rec.value), time.monotonic())
+                offer = Offer.decode(rec.value)
             except BadOffer as exc:
                 self._dead_letter(ps, rec, str(exc), out)
+                return
+            if offer.pool is not None:
+                why = verify_proof(offer, rec.partition, self.tenants.credentials(offer.pool),
+                                   now.timestamp())
+                if why is not None:
+                    self._unverified_offer(offer, rec.partition, why)
+                    return
+            ps.dispatch.offer(offer, time.monotonic())
             return
         unapplied = self._unapplied.get((ps.partition, rec.offset))
         if unapplied is not None:  # it stopped this partition once: not decided again
@@ -1405,6 +1425,18 @@ class Processor:
                           st.tenant, st.schedule_id, first_index, len(out.events))
             ps.pending[answered] = out
 
+    def _unverified_offer(self, offer: Offer, partition: int, why: str) -> None:
+        """Count a pool offer that seats nobody; log it at most every 10 s per worker."""
+        self.stats.offers_unverified += 1
+        mono = time.monotonic()
+        if mono - self._unverified_logged.get(offer.worker_id, float("-inf")) >= 10.0:
+            if len(self._unverified_logged) > 1000:
+                self._unverified_logged.clear()
+            self._unverified_logged[offer.worker_id] = mono
+            log.warning("offer_unverified", worker_id=offer.worker_id[:200],
+                        pool=(offer.pool or "")[:100], partition=partition, reason=why,
+                        total=self.stats.offers_unverified)
+
     def _ready(self, ps: PartitionState, key: str, st: ScheduleState, ev: Any) -> None:
         """A run became READY: it waits for a worker's seat (``_dispatch``)."""
         if isinstance(ev, m.OccurrenceMaterialized) and ev.state != "READY":
@@ -1433,7 +1465,7 @@ class Processor:
                 run = st.run(run_id) if st is not None else None
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
                     continue  # cancelled, skipped or assigned meanwhile
-                seat = d.seat_for(cls, run.job.type, mono)
+                seat = d.seat_for(cls, run.job.type, mono, self.tenants.seat_pools(st.tenant))
                 if seat is None:
                     kept.append((tenant, entry))  # no live seat takes its job type
                     continue
@@ -1456,7 +1488,7 @@ class Processor:
                 queue.charge(tenant)
                 d.assign(cls, seat, run_id, int(dec.body["fence"]))
                 out.assignments.append(OutRecord(
-                    topic=self.topics.ready(cls), key=run_id.encode(),
+                    topic=self.topics.ready_for(cls, seat.pool), key=run_id.encode(),
                     value=codec.dumps_kept({"assignee": seat.worker_id, "tenant": st.tenant,
                                             "schedule_id": st.schedule_id, **dec.body},
                                            orjson.OPT_UTC_Z),

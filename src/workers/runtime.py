@@ -72,9 +72,9 @@ from chronolog.backoff import Backoff
 from chronolog.client import Client
 from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
-from chronolog.domain.offers import OFFER_HEADER, Offer
+from chronolog.domain.offers import OFFER_HEADER, Offer, offer_proof
 from chronolog.log.dead_letters import DeadLetters
-from chronolog.log.port import EventLog, LogError, OutRecord, Record
+from chronolog.log.port import EventLog, LogError, OutRecord, Record, pool_class
 from chronolog.logging import Throttle
 from chronolog.settings import data_dir
 from chronolog.wakeup import Wakeup
@@ -106,10 +106,12 @@ DRAIN_OUTCOMES_S = 4.0
 LEAVE_STEP_S = 1.5
 
 
-def worker_group(prefix: str, job_types: Iterable[str]) -> str:
-    """The consumer group of the workers with exactly these job types."""
+def worker_group(prefix: str, job_types: Iterable[str], pool: str | None = None) -> str:
+    """The consumer group of the workers with exactly these job types (and pool: a pool's
+    groups share the prefix ``<prefix>workers.pool-<pool>.``, for a per-pool group ACL)."""
     digest = hashlib.sha256("\n".join(sorted(job_types)).encode()).hexdigest()[:12]
-    return f"{prefix}{WORKER_GROUP_SUFFIX}.{digest}"
+    pool_part = "" if pool is None else f"pool-{pool}."
+    return f"{prefix}{WORKER_GROUP_SUFFIX}.{pool_part}{digest}"
 
 
 @dataclass
@@ -196,6 +198,8 @@ class Worker:
         prefetch: int | None = None,
         offer_interval: float = 1.0,
         announce_interval: float = ANNOUNCE_INTERVAL_S,
+        pool: str | None = None,
+        credential: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -203,6 +207,11 @@ class Worker:
             raise ValueError("prefetch must not be negative")
         if not resource_classes:
             raise ValueError("at least one resource class is required")
+        if (pool is None) != (credential is None):
+            raise ValueError("a pool worker needs its pool's credential (and only it)")
+        # a pool worker reads ready.pool-<pool>.<class> and proves membership in its offers
+        self.pool = pool
+        self._credential = credential
         self.log = log_
         self.topics = log_.topics
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -300,7 +309,8 @@ class Worker:
         for cls in self.resource_classes:
             consumer = self._consumers.get(cls)
             if consumer is None or not consumer.joined():
-                return False, (f"the consumer of {self.topics.ready(cls)} is not in its group "
+                topic = self.topics.ready_for(cls, self.pool)
+                return False, (f"the consumer of {topic} is not in its group "
                                f"(joining, or the log is away)")
             owned.append(f"{cls} {sorted(self.partitions(cls))}")
         return True, f"consumes ready partitions: {', '.join(owned)}"
@@ -320,7 +330,7 @@ class Worker:
         )
         beats: asyncio.Task[None] | None = None
         announcer: asyncio.Task[None] | None = None
-        self.group = self._group_given or worker_group(self.topics.prefix, self._jobs)
+        self.group = self._group_given or worker_group(self.topics.prefix, self._jobs, self.pool)
         try:
             if not await self._start_services():
                 return  # stopped while waiting for the log
@@ -363,7 +373,9 @@ class Worker:
         tries = 0
         while not self._stopping.is_set():
             try:
-                await self.log.ensure_topics(ready_classes=self.resource_classes)
+                await self.log.ensure_topics(ready_classes=[
+                    c if self.pool is None else pool_class(self.pool, c)
+                    for c in self.resource_classes])
                 if self._own_client:
                     await self.client.start()
                 return True
@@ -464,9 +476,8 @@ class Worker:
         window = 0 if withdraw else self.window(lane)
         if not withdraw:
             lane.offered = window
-        offer = Offer(self.worker_id, lane.cls, window, frozenset(self._jobs))
-        value = offer.encode()
-        recs = [OutRecord(self.topics.commands, None, value, partition=p, headers=(OFFER_HEADER,))
+        recs = [OutRecord(self.topics.commands, None, self._offer_for(lane.cls, window, p),
+                          partition=p, headers=(OFFER_HEADER,))
                 for p in sorted(partitions)]
         if not recs:
             return
@@ -475,6 +486,15 @@ class Worker:
             self.stats.offers += len(recs)
         except Exception as exc:  # noqa: BLE001 - the next offer (a second later) tries again
             self._warn("offer_failed", error=repr(exc)[:300])
+
+    def _offer_for(self, cls: str, window: int, partition: int) -> bytes:
+        """The offer record for ``partition``; a pool worker's carries its proof."""
+        jobs = frozenset(self._jobs)
+        if self.pool is None or self._credential is None:
+            return Offer(self.worker_id, cls, window, jobs).encode()
+        issued = round(time.time(), 3)
+        proof = offer_proof(self._credential, self.worker_id, self.pool, partition, cls, issued)
+        return Offer(self.worker_id, cls, window, jobs, self.pool, issued, proof).encode()
 
     async def _offers(self, lane: _Lane) -> None:
         """Renew this worker's offers every ``offer_interval`` seconds."""
@@ -514,7 +534,7 @@ class Worker:
         lease allows, so an acknowledgement per batch — a write transaction or a broker
         round trip each — would buy nothing."""
         cls = lane.cls
-        topic = self.topics.ready(cls)
+        topic = self.topics.ready_for(cls, self.pool)
         unacked: dict[tuple[str, int], int] = {}  # read positions not acknowledged yet
         acked_at = time.monotonic()
 

@@ -425,3 +425,22 @@ def test_reconciliation_retry_on_a_deleted_schedule_is_conflict(gwt: GivenWhenTh
     s.given(m.DeleteSchedule(), gwt.T0 + gwt.sec(2))
     d = s.when(m.ResolveReconciliation(run_id=claimed.run_id, decision="retry"), gwt.T0)
     assert (d.status, d.events) == ("conflict", [])
+
+
+def test_only_the_attempts_assignee_may_complete_or_fail_it(gwt: GivenWhenThen) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0)
+    run = s.materialize(gwt.T0)[0]
+    c = s.claim(run.run_id, gwt.T0 + gwt.sec(1), worker="legit")
+    now = gwt.T0 + gwt.sec(2)
+    for cmd in (m.CompleteRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence,
+                              worker_id="rogue", checksum="sha256:00", size=0),
+                m.FailRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence,
+                          worker_id="rogue", error_class="permanent")):
+        d = s.when(cmd, now)  # the right fence and attempt, another worker
+        assert (d.status, d.field, d.events) == ("forbidden", "worker_id", [])
+        assert "assignee" in d.reason
+    assert s.run(c.run_id).state == "LEASED"
+    d = s.when(m.CompleteRun(run_id=c.run_id, attempt=c.attempt, fence=c.fence,
+                             worker_id="legit", checksum="sha256:00", size=0), now)
+    assert d.status == "ok" and gwt.names(d)[0] == "ResultPublished"
