@@ -21,8 +21,9 @@ what the role's code does:
 * effects: reads ``events`` in its group, a client of its own (``<prefix>effects-*``),
   writes ``effects.out`` (kafka effects: in transactions ``<prefix>effects-<member>``);
 * worker: a client (``<prefix>worker-*``) and its membership records in ``workers``; reads
-  its assignments: a pool-less worker ``ready.<class>`` (every class; pool topics denied),
-  a worker of pool P only ``ready.pool-<P>.<class>``;
+  its assignments in its consumer group: a pool-less worker ``ready.<class>`` in groups
+  ``<prefix>workers.<digest>`` (every class; pool topics and pool groups denied), a worker
+  of pool P only ``ready.pool-<P>.<class>`` in groups ``<prefix>workers.pool-<P>.*``;
 * reader (replay, audit): reads ``events``, ``state``, ``routing``, and ``workers`` and
   ``dlq`` (replay rebuilds what the projector folds);
 * operator (backup, restore, repartition): everything under the prefix.
@@ -149,11 +150,16 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
     elif role == "worker":
         client("worker-")
         topic(topics.workers, "WRITE")
-        add("GROUP", f"{p}workers", "PREFIXED", "READ", "DESCRIBE")
+        # consumer groups: pool-less workers <prefix>workers.<digest>, a pool's
+        # <prefix>workers.pool-<P>.<digest> (chronolog.workers.runtime.worker_group): a
+        # principal cannot join another pool's group and be handed its partitions
         if pool is None:
+            add("GROUP", f"{p}workers.", "PREFIXED", "READ", "DESCRIBE")
+            add("GROUP", f"{p}workers.pool-", "PREFIXED", "READ", deny=True)
             add("TOPIC", f"{p}ready.", "PREFIXED", "READ")
             add("TOPIC", f"{p}ready.pool-", "PREFIXED", "READ", deny=True)
         else:
+            add("GROUP", f"{p}workers.pool-{pool}.", "PREFIXED", "READ", "DESCRIBE")
             add("TOPIC", f"{p}ready.pool-{pool}.", "PREFIXED", "READ")
     elif role == "reader":
         topic(topics.events, "READ")
