@@ -11,6 +11,8 @@ max_schedules = 1000
 min_interval = "1s"         # shortest every / delay / cron gap (text or seconds)
 rate_limit = { per_second = 50, burst = 100 }   # API commands; a number = per second
 weight = 1                  # share of the workers when tenants' runs wait for a seat
+max_attempts = 100          # the most retry.maxAttempts a schedule may ask for (<= 100)
+min_backoff = "1s"          # the shortest wait before a retry (>= 1s)
 
 [tenants.acme.destinations.billing]   # effect destinations granted to the tenant
 kind = "webhook"
@@ -34,7 +36,11 @@ from typing import Any
 
 from chronolog.destinations import AnyDestination, parse_destinations
 from chronolog.domain.durations import InvalidDuration, parse_duration
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.limits import (
+    MAX_RETRY_ATTEMPTS,
+    MIN_INTERVAL_SECONDS,
+    MIN_RETRY_BACKOFF_SECONDS,
+)
 from chronolog.settings import ConfigError
 
 # a tenant of a tenants file without ``rate_limit``: commands per second, and the burst
@@ -59,6 +65,8 @@ class Tenant:
     min_interval: float = MIN_INTERVAL_SECONDS
     rate_limit: RateLimit | None = None  # None: unlimited
     weight: float = 1.0  # share of a resource class's seats when runs of tenants wait
+    max_attempts: int = MAX_RETRY_ATTEMPTS  # retry.maxAttempts at most (node ceiling or less)
+    min_backoff: float = MIN_RETRY_BACKOFF_SECONDS  # shortest retry wait (node floor or more)
 
 
 @dataclass
@@ -94,6 +102,13 @@ class Tenants:
     def weight(self, tenant: str) -> float:
         t = self.tenants.get(tenant)
         return t.weight if t is not None else 1.0
+
+    def retry_bounds(self, tenant: str) -> tuple[int, float]:
+        """The tenant's ``(max_attempts, min_backoff)``; the node's bounds when unknown."""
+        t = self.tenants.get(tenant)
+        if t is None:
+            return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
+        return (t.max_attempts, t.min_backoff)
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
@@ -147,7 +162,8 @@ def load_tenants(path: str | Path) -> Tenants:
                            parse_destinations(name, cfg.get("destinations")),
                            _min_interval(name, cfg.get("min_interval", MIN_INTERVAL_SECONDS)),
                            _rate_limit(name, cfg.get("rate_limit")),
-                           _weight(name, cfg.get("weight", 1)))
+                           _weight(name, cfg.get("weight", 1)),
+                           *_retry_bounds(name, cfg))
     return Tenants(out, _operator_tokens(raw.get("operators", {})))
 
 
@@ -159,6 +175,25 @@ def _min_interval(name: str, value: Any) -> float:
     if seconds <= 0:
         raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': must be positive")
     return seconds
+
+
+def _retry_bounds(name: str, cfg: dict[str, Any]) -> tuple[int, float]:
+    """``max_attempts`` (1 to the node's ceiling) and ``min_backoff`` (the node's floor or
+    more): a tenant may tighten the node's retry bounds, never loosen them."""
+    attempts = cfg.get("max_attempts", MAX_RETRY_ATTEMPTS)
+    if (isinstance(attempts, bool) or not isinstance(attempts, int)
+            or not 1 <= attempts <= MAX_RETRY_ATTEMPTS):
+        raise ConfigError(f"invalid tenants.{name}.max_attempts '{attempts}': an integer "
+                          f"from 1 to {MAX_RETRY_ATTEMPTS}")
+    value = cfg.get("min_backoff", MIN_RETRY_BACKOFF_SECONDS)
+    try:
+        backoff = parse_duration(value)
+    except InvalidDuration as exc:
+        raise ConfigError(f"invalid tenants.{name}.min_backoff '{value}': {exc.reason}") from None
+    if backoff < MIN_RETRY_BACKOFF_SECONDS:
+        raise ConfigError(f"invalid tenants.{name}.min_backoff '{value}': at least "
+                          f"{MIN_RETRY_BACKOFF_SECONDS:g}s (the node's floor)")
+    return attempts, backoff
 
 
 def _weight(name: str, value: Any) -> float:

@@ -1127,9 +1127,11 @@ class Processor:
         if st is None:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
+        max_attempts, min_backoff = self.tenants.retry_bounds(env.tenant)
         tenant = TenantContext(allowed, max_schedules,
                                destinations=self.tenants.destinations(env.tenant),
-                               min_interval=self.tenants.min_interval(env.tenant))
+                               min_interval=self.tenants.min_interval(env.tenant),
+                               max_attempts=max_attempts, min_backoff=min_backoff)
         try:
             dec = decide(st, env, now, tenant)
             encoded = self._encode(key, st, dec, cid, now)

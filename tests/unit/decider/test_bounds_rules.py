@@ -1,0 +1,67 @@
+"""Decider rules bounding retries: the ceiling on ``retry.maxAttempts`` and the floor under
+the wait before a retry (the tenant's policy enters as ``TenantContext`` data; the wait is
+written into ``RetryScheduled.retry_at``).
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chronolog.domain.limits import MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS
+from support.decider import GivenWhenThen
+
+
+def test_a_schedule_asking_for_more_attempts_than_the_ceiling_is_invalid(
+    gwt: GivenWhenThen,
+) -> None:
+    m = gwt.m
+    over = gwt.spec(retry={"max_attempts": MAX_RETRY_ATTEMPTS + 1})
+    d = gwt.when(gwt.given(), m.CreateSchedule(spec=over), gwt.T0, gwt.TenantContext())
+    assert (d.status, d.events, d.field) == ("invalid", [], "retry.maxAttempts"), d.reason
+    assert "1000" not in d.reason and str(MAX_RETRY_ATTEMPTS + 1) in d.reason
+    d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(retry={"max_attempts": 1000})),
+                 gwt.T0, gwt.TenantContext())
+    assert (d.status, d.field) == ("invalid", "retry.maxAttempts")
+    at_ceiling = gwt.spec(retry={"max_attempts": MAX_RETRY_ATTEMPTS})
+    assert gwt.when(gwt.given(), m.CreateSchedule(spec=at_ceiling), gwt.T0).ok
+    # a tenant's lower ceiling, and a revision held to it as well
+    strict = gwt.TenantContext(max_attempts=5)
+    d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(retry={"max_attempts": 6})),
+                 gwt.T0, strict)
+    assert (d.status, d.field) == ("invalid", "retry.maxAttempts")
+    s = gwt.story().create(gwt.T0)
+    d = s.when(m.ReviseSchedule(spec=gwt.spec(retry={"max_attempts": 6}), expected_revision=1),
+               gwt.T0, strict)
+    assert (d.status, d.events, d.field) == ("invalid", [], "retry.maxAttempts")
+
+
+def _failed_once(gwt: GivenWhenThen, initial_backoff: float, tenant: object) -> object:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, retry={"max_attempts": 5, "initial_backoff": initial_backoff})
+    [occ] = s.materialize(gwt.T0)
+    claimed = s.claim(occ.run_id, gwt.T0)
+    d = s.when(m.FailRun(run_id=claimed.run_id, attempt=claimed.attempt, fence=claimed.fence,
+                         worker_id=claimed.worker_id, error_class="transient", message="boom"),
+               gwt.T0 + gwt.sec(1), tenant)  # type: ignore[arg-type]
+    return gwt.one(d, m.RetryScheduled)
+
+
+def test_a_retry_waits_at_least_the_floor_even_with_a_zero_initial_backoff(
+    gwt: GivenWhenThen,
+) -> None:
+    retry = _failed_once(gwt, 0, gwt.TenantContext())
+    assert retry.retry_at == gwt.T0 + gwt.sec(1) + gwt.sec(MIN_RETRY_BACKOFF_SECONDS)
+    # a tenant's higher floor
+    retry = _failed_once(gwt, 0, gwt.TenantContext(min_backoff=30.0))
+    assert retry.retry_at == gwt.T0 + gwt.sec(31)
+
+
+@settings(max_examples=50, deadline=None)
+@given(backoff=st.floats(min_value=0, max_value=600), floor=st.floats(min_value=1, max_value=60))
+def test_no_retry_is_scheduled_sooner_than_the_tenants_floor(backoff: float,
+                                                             floor: float) -> None:
+    gwt = GivenWhenThen()
+    retry = _failed_once(gwt, backoff, gwt.TenantContext(min_backoff=floor))
+    wait = (retry.retry_at - (gwt.T0 + gwt.sec(1))).total_seconds()
+    assert wait >= floor - 1e-6
