@@ -97,7 +97,11 @@ from chronolog.domain.ids import (
     partition_key,
     routing_key,
 )
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.limits import (
+    MAX_RETRY_ATTEMPTS,
+    MIN_INTERVAL_SECONDS,
+    MIN_RETRY_BACKOFF_SECONDS,
+)
 from chronolog.domain.offers import BadOffer, Offer, is_offer
 from chronolog.domain.routing import Forward, RoutingTable, RoutingVersion
 from chronolog.environment import gc_paused, gc_tuned, utc_now
@@ -159,6 +163,8 @@ class TenantPolicies(Protocol):
 
     def weight(self, tenant: str) -> float: ...
 
+    def retry_bounds(self, tenant: str) -> tuple[int, float]: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -178,6 +184,9 @@ class OpenTenants:
 
     def weight(self, tenant: str) -> float:
         return 1.0
+
+    def retry_bounds(self, tenant: str) -> tuple[int, float]:
+        return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
 
 
 @dataclass
