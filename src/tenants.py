@@ -13,6 +13,7 @@ rate_limit = { per_second = 50, burst = 100 }   # API commands; a number = per s
 weight = 1                  # share of the workers when tenants' runs wait for a seat
 max_attempts = 100          # the most retry.maxAttempts a schedule may ask for (<= 100)
 min_backoff = "1s"          # the shortest wait before a retry (>= 1s)
+max_running = 8             # the most runs assigned and not finished at once (per node)
 
 [tenants.acme.destinations.billing]   # effect destinations granted to the tenant
 kind = "webhook"
@@ -67,6 +68,7 @@ class Tenant:
     weight: float = 1.0  # share of a resource class's seats when runs of tenants wait
     max_attempts: int = MAX_RETRY_ATTEMPTS  # retry.maxAttempts at most (node ceiling or less)
     min_backoff: float = MIN_RETRY_BACKOFF_SECONDS  # shortest retry wait (node floor or more)
+    max_running: int | None = None  # runs assigned and not finished at once (None: no cap)
 
 
 @dataclass
@@ -109,6 +111,10 @@ class Tenants:
         if t is None:
             return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
         return (t.max_attempts, t.min_backoff)
+
+    def max_running(self, tenant: str) -> int | None:
+        t = self.tenants.get(tenant)
+        return t.max_running if t is not None else None
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
@@ -163,7 +169,8 @@ def load_tenants(path: str | Path) -> Tenants:
                            _min_interval(name, cfg.get("min_interval", MIN_INTERVAL_SECONDS)),
                            _rate_limit(name, cfg.get("rate_limit")),
                            _weight(name, cfg.get("weight", 1)),
-                           *_retry_bounds(name, cfg))
+                           *_retry_bounds(name, cfg),
+                           _max_running(name, cfg.get("max_running")))
     return Tenants(out, _operator_tokens(raw.get("operators", {})))
 
 
@@ -194,6 +201,13 @@ def _retry_bounds(name: str, cfg: dict[str, Any]) -> tuple[int, float]:
         raise ConfigError(f"invalid tenants.{name}.min_backoff '{value}': at least "
                           f"{MIN_RETRY_BACKOFF_SECONDS:g}s (the node's floor)")
     return attempts, backoff
+
+
+def _max_running(name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ConfigError(f"invalid tenants.{name}.max_running '{value}': an integer >= 1")
+    return value
 
 
 def _weight(name: str, value: Any) -> float:

@@ -124,7 +124,7 @@ from chronolog.log.port import (
 from chronolog.log.reading import read_partition
 from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
-from chronolog.processors.dispatch import Dispatcher
+from chronolog.processors.dispatch import Dispatcher, running_by_tenant
 from chronolog.processors.snapshots import (
     Chunk,
     Folder,
@@ -165,6 +165,8 @@ class TenantPolicies(Protocol):
 
     def retry_bounds(self, tenant: str) -> tuple[int, float]: ...
 
+    def max_running(self, tenant: str) -> int | None: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -187,6 +189,9 @@ class OpenTenants:
 
     def retry_bounds(self, tenant: str) -> tuple[int, float]:
         return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
+
+    def max_running(self, tenant: str) -> int | None:
+        return None
 
 
 @dataclass
@@ -1294,6 +1299,7 @@ class Processor:
                 self._wait_for_seat(ps, key, st, run)
             elif run.state == "LEASED" and run.worker_id:
                 ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
+                ps.dispatch.hold(run.run_id, st.tenant)
 
     def _decide_quota(self, ps: PartitionState, key: str, qs: QuotaState,
                       env: m.CommandEnvelope, now: datetime, out: _Output,
@@ -1433,6 +1439,7 @@ class Processor:
         worker's behalf, and an assignment record on partition p of ``ready.<class>``."""
         d = ps.dispatch
         mono = time.monotonic()
+        running = running_by_tenant(p.dispatch for p in self.partitions.values())
         for cls, queue in d.waiting.items():
             kept: list[tuple[str, tuple[int, int, str, str, int]]] = []
             for tenant, entry in queue.entries():
@@ -1444,6 +1451,10 @@ class Processor:
                 run = st.run(run_id) if st is not None else None
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
                     continue  # cancelled, skipped or assigned meanwhile
+                cap = self.tenants.max_running(tenant)
+                if cap is not None and running[tenant] >= cap:
+                    kept.append((tenant, entry))  # the tenant holds its share: it waits
+                    continue
                 seat = d.seat_for(cls, run.job.type, mono)
                 if seat is None:
                     kept.append((tenant, entry))  # no live seat takes its job type
@@ -1466,6 +1477,8 @@ class Processor:
                     continue
                 queue.charge(tenant)
                 d.assign(cls, seat, run_id, int(dec.body["fence"]))
+                d.hold(run_id, tenant)
+                running[tenant] += 1
                 out.assignments.append(OutRecord(
                     topic=self.topics.ready(cls), key=run_id.encode(),
                     value=codec.dumps_kept({"assignee": seat.worker_id, "tenant": st.tenant,

@@ -1,7 +1,8 @@
 """Bounded execution end to end: a failing run's retries wait at least the node's floor
-(a zero ``initialBackoff`` is raised to it) and a schedule asking for more attempts than the
-ceiling is refused naming ``retry.maxAttempts``. A processor in process, a worker serving
-the run, on both logs.
+(a zero ``initialBackoff`` is raised to it), a schedule asking for more attempts than the
+ceiling is refused naming ``retry.maxAttempts``, and a tenant holding its ``max_running``
+share leaves the other slots to other tenants. A processor in process, a worker serving the
+runs (a ``chronolog worker`` process where it matters), on both logs.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import pytest
 
 from chronolog.client import Invalid
 from chronolog.domain.limits import MIN_RETRY_BACKOFF_SECONDS
+from chronolog.settings import LogConfig
+from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import FilesystemResultStore
 from support.polling import wait_until
 
 from .test_processor import Running, events
-from .test_workers import manual_spec, published, serving
+from .test_workers import manual_spec, of_type, published, serving, worker_processes
 
 
 async def test_a_zero_initial_backoff_is_raised_to_the_floor(event_log: Any,
@@ -48,3 +51,37 @@ async def test_more_attempts_than_the_ceiling_are_refused(event_log: Any) -> Non
                 "fail", {"times": 1}, retry={"max_attempts": 1000}))
     assert refused.value.field == "retry.maxAttempts"
     assert not [e for e in await events(event_log) if e.schedule_id == "many"]
+
+
+async def test_a_tenant_over_its_running_share_leaves_slots_to_another(
+    event_log: Any, log_config: LogConfig, tmp_path: Path
+) -> None:
+    """Tenant ``hog`` (max_running 2) triggers 20 runs that sleep for ten minutes; a run of
+    tenant ``meek`` still starts and finishes at once on the same 4-slot worker process, and
+    ``hog`` never holds more than 2 runs: the other 18 wait READY."""
+    tenants = Tenants({"hog": Tenant("hog", max_running=2), "meek": Tenant("meek")})
+    with worker_processes() as start:
+        async with Running(event_log, tenants=tenants) as r:
+            start(log_config, "w1", tmp_path, tmp_path / "results")
+            await r.client.create_schedule("hog", "long", manual_spec("sleep", {"seconds": 600}))
+            hog = [(await r.client.trigger("hog", "long", f"k{i}"))["run_id"] for i in range(20)]
+
+            async def hog_claims() -> list[Any]:
+                return [e for e in await events(event_log)
+                        if e.type == "AttemptClaimed" and e.payload.run_id in hog]
+
+            await wait_until(lambda: _at_least(hog_claims, 2), 30, what="hog's first two runs")
+            await r.client.create_schedule("meek", "quick", manual_spec("echo", {"x": 1}))
+            meek = (await r.client.trigger("meek", "quick", "k"))["run_id"]
+            await wait_until(lambda: published(event_log, meek), 15,
+                             what="meek's run finished beside hog's sleepers")
+            assert len(await hog_claims()) == 2
+            states = [run.state for ps in r.proc.partitions.values()
+                      for st in ps.states.values() for run in (st.runs or {}).values()
+                      if run.run_id in hog]
+            assert sorted(states) == ["LEASED"] * 2 + ["READY"] * 18, states
+    assert not await of_type(event_log, "AttemptFailed", meek)
+
+
+async def _at_least(read: Any, n: int) -> bool:
+    return len(await read()) >= n
