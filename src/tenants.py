@@ -14,6 +14,10 @@ weight = 1                  # share of the workers when tenants' runs wait for a
 max_attempts = 100          # the most retry.maxAttempts a schedule may ask for (<= 100)
 min_backoff = "1s"          # the shortest wait before a retry (>= 1s)
 max_running = 8             # the most runs assigned and not finished at once (per node)
+execution_timeout = "10m"   # the longest an attempt may run (default 1h)
+
+[tenants.acme.job_timeouts]           # per job type, instead of execution_timeout
+report = "1h"
 
 [tenants.acme.destinations.billing]   # effect destinations granted to the tenant
 kind = "webhook"
@@ -38,6 +42,7 @@ from typing import Any
 from chronolog.destinations import AnyDestination, parse_destinations
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
     MAX_RETRY_ATTEMPTS,
     MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
@@ -69,6 +74,8 @@ class Tenant:
     max_attempts: int = MAX_RETRY_ATTEMPTS  # retry.maxAttempts at most (node ceiling or less)
     min_backoff: float = MIN_RETRY_BACKOFF_SECONDS  # shortest retry wait (node floor or more)
     max_running: int | None = None  # runs assigned and not finished at once (None: no cap)
+    execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS  # an attempt's longest run
+    job_timeouts: dict[str, float] = field(default_factory=dict, compare=False)  # per job type
 
 
 @dataclass
@@ -111,6 +118,13 @@ class Tenants:
         if t is None:
             return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
         return (t.max_attempts, t.min_backoff)
+
+    def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]:
+        """The tenant's execution timeout and its per-job-type ones (seconds)."""
+        t = self.tenants.get(tenant)
+        if t is None:
+            return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
+        return (t.execution_timeout, t.job_timeouts)
 
     def max_running(self, tenant: str) -> int | None:
         t = self.tenants.get(tenant)
@@ -170,7 +184,8 @@ def load_tenants(path: str | Path) -> Tenants:
                            _rate_limit(name, cfg.get("rate_limit")),
                            _weight(name, cfg.get("weight", 1)),
                            *_retry_bounds(name, cfg),
-                           _max_running(name, cfg.get("max_running")))
+                           _max_running(name, cfg.get("max_running")),
+                           *_timeouts(name, cfg))
     return Tenants(out, _operator_tokens(raw.get("operators", {})))
 
 
@@ -201,6 +216,26 @@ def _retry_bounds(name: str, cfg: dict[str, Any]) -> tuple[int, float]:
         raise ConfigError(f"invalid tenants.{name}.min_backoff '{value}': at least "
                           f"{MIN_RETRY_BACKOFF_SECONDS:g}s (the node's floor)")
     return attempts, backoff
+
+
+def _timeouts(name: str, cfg: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """``execution_timeout`` and the ``[tenants.<name>.job_timeouts]`` table (job type ->
+    duration): positive durations."""
+    def seconds(key: str, value: Any) -> float:
+        try:
+            out = parse_duration(value)
+        except InvalidDuration as exc:
+            raise ConfigError(f"invalid tenants.{name}.{key} '{value}': {exc.reason}") from None
+        if out <= 0:
+            raise ConfigError(f"invalid tenants.{name}.{key} '{value}': must be positive")
+        return out
+
+    default = seconds("execution_timeout",
+                      cfg.get("execution_timeout", DEFAULT_EXECUTION_TIMEOUT_SECONDS))
+    table = cfg.get("job_timeouts", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"invalid tenants.{name}.job_timeouts: a table of job type = duration")
+    return default, {job: seconds(f"job_timeouts.{job}", v) for job, v in table.items()}
 
 
 def _max_running(name: str, value: Any) -> int | None:

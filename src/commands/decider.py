@@ -53,6 +53,7 @@ from chronolog.domain.ids import (
     saga_command_id,
 )
 from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
     MAX_RETRY_ATTEMPTS,
     MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
@@ -107,6 +108,15 @@ class TenantContext:
     min_interval: float = MIN_INTERVAL_SECONDS
     max_attempts: int = MAX_RETRY_ATTEMPTS
     min_backoff: float = MIN_RETRY_BACKOFF_SECONDS
+    # the longest an attempt may run (seconds), and per job type (overrides it)
+    execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS
+    job_timeouts: Mapping[str, float] | None = None
+
+    def timeout_for(self, job: m.JobSpec) -> float:
+        """An attempt's execution timeout: the tenant's for the job type, or the job's own
+        timeout when that is shorter (a job may lower the tenant's, never raise it)."""
+        ceiling = (self.job_timeouts or {}).get(job.type, self.execution_timeout)
+        return ceiling if job.timeout is None else min(job.timeout, ceiling)
 
     def allows(self, job_type: str) -> bool:
         return (self.allowed_jobs is None or "*" in self.allowed_jobs
@@ -216,7 +226,7 @@ def _decide(
         case m.Tick():
             return tick(state, now)
         case m.ClaimRun():
-            return _claim(state, p, now)
+            return _claim(state, p, now, tenant)
         case m.Heartbeat():
             return _heartbeat(state, p, now)
         case m.CompleteRun():
@@ -1089,7 +1099,8 @@ def _resolve(
 # attempts: claim, heartbeat, complete, fail
 
 
-def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
+def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime,
+           tenant: TenantContext = OPEN_TENANT) -> Decision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1105,10 +1116,12 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
     assert pol is not None
     fence = state.fence + 1
     lease_until = now + timedelta(seconds=pol.lease)
+    timeout = tenant.timeout_for(run.job)
     d = _Draft(state)
     d.emit(m.FenceAdvanced(fence=fence, run_id=run.run_id, reason="claim"))
     d.emit(m.AttemptClaimed(run_id=run.run_id, attempt=run.attempt, fence=fence,
-                            worker_id=p.worker_id, claimed_at=now, lease_until=lease_until))
+                            worker_id=p.worker_id, claimed_at=now, lease_until=lease_until,
+                            timeout=timeout))
     return Decision(
         events=d.events,
         body={
@@ -1121,7 +1134,7 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
             "revision": run.revision,
             "job_type": run.job.type,
             "params": run.job.params,
-            "timeout": run.job.timeout,
+            "timeout": timeout,
         },
     )
 

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_DURATION_SECONDS",
     "MAX_INT",
     "MAX_PARAMS_BYTES",
+    "DEFAULT_EXECUTION_TIMEOUT_SECONDS",
     "MAX_RETRY_ATTEMPTS",
     "MIN_RETRY_BACKOFF_SECONDS",
     "MIN_INTERVAL_SECONDS",
@@ -60,6 +61,10 @@ MAX_RETRY_ATTEMPTS = 100
 # the shortest wait before a retry: a smaller retry.initialBackoff is raised to it when the
 # retry is scheduled (a tenants file may raise it for a tenant)
 MIN_RETRY_BACKOFF_SECONDS = 1.0
+# how long one attempt's handler may run, unless the tenants file says otherwise for the
+# tenant (execution_timeout) or its job type (job_timeouts); a job's own timeout may only
+# shorten it. The worker cancels the handler when it elapses.
+DEFAULT_EXECUTION_TIMEOUT_SECONDS = 3600.0
 
 # a schedule ID: these characters, at least one of them not a dot (so never "." or "..")
 SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_.:@-]*[A-Za-z0-9_:@-][A-Za-z0-9_.:@-]*$"

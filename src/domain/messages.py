@@ -698,6 +698,9 @@ class AttemptClaimed(_Event):
     worker_id: str
     claimed_at: UtcDatetime
     lease_until: UtcDatetime
+    # the attempt's execution timeout (seconds): the job's own, at most the tenant's; the
+    # worker cancels the handler when it elapses (None: an event written before it existed)
+    timeout: float | None = None
 
 
 class LeaseExtended(_Event):

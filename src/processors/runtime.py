@@ -98,6 +98,7 @@ from chronolog.domain.ids import (
     routing_key,
 )
 from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
     MAX_RETRY_ATTEMPTS,
     MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
@@ -167,6 +168,8 @@ class TenantPolicies(Protocol):
 
     def max_running(self, tenant: str) -> int | None: ...
 
+    def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -192,6 +195,9 @@ class OpenTenants:
 
     def max_running(self, tenant: str) -> int | None:
         return None
+
+    def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]:
+        return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
 
 
 @dataclass
@@ -1142,10 +1148,12 @@ class Processor:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
         max_attempts, min_backoff = self.tenants.retry_bounds(env.tenant)
+        timeout, job_timeouts = self.tenants.timeouts(env.tenant)
         tenant = TenantContext(allowed, max_schedules,
                                destinations=self.tenants.destinations(env.tenant),
                                min_interval=self.tenants.min_interval(env.tenant),
-                               max_attempts=max_attempts, min_backoff=min_backoff)
+                               max_attempts=max_attempts, min_backoff=min_backoff,
+                               execution_timeout=timeout, job_timeouts=job_timeouts)
         try:
             dec = decide(st, env, now, tenant)
             encoded = self._encode(key, st, dec, cid, now)
@@ -1462,7 +1470,8 @@ class Processor:
                 cid = f"assign:{ps.partition}:{run_id}:{attempt}"
                 try:
                     dec = decide(st, _assign_envelope(st, cid, now, run_id, attempt,
-                                                      seat.worker_id), now, TenantContext())
+                                                      seat.worker_id), now,
+                                 self._claim_context(st.tenant))
                     encoded = self._encode(key, st, dec, cid, now)
                 except Exception:  # a decider bug must not stop the partition
                     log.exception("assign_decide_failed", partition=ps.partition, run_id=run_id)
@@ -1489,6 +1498,12 @@ class Processor:
             for tenant, entry in kept:
                 queue.restore(tenant, entry)
         d.prune(mono)
+
+    def _claim_context(self, tenant: str) -> TenantContext:
+        """What an assignment (a ClaimRun on a worker's behalf) needs of the tenant's
+        policy: its execution timeouts, written into AttemptClaimed and the record."""
+        timeout, job_timeouts = self.tenants.timeouts(tenant)
+        return TenantContext(execution_timeout=timeout, job_timeouts=job_timeouts)
 
     def _dead_letter(
         self, ps: PartitionState, rec: Record, reason: str, out: _Output,

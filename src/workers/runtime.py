@@ -618,9 +618,10 @@ class Worker:
         fence = int(body["fence"])
         job_type = str(body.get("job_type", ""))
         job = self._jobs.get(job_type)
-        timeout = body.get("timeout")
-        if timeout is None and job is not None:
-            timeout = job.timeout
+        # the assignment's timeout (the tenant's, or the job's own if shorter) and the one
+        # registered with the handler: the shorter wins
+        given = [float(t) for t in (body.get("timeout"), job.timeout if job else None) if t]
+        timeout = min(given) if given else None
         ctx = JobContext(
             run_id=run_id, attempt=attempt, fence=fence,
             scheduled_at=_parse_time(body.get("scheduled_at")),

@@ -85,3 +85,28 @@ async def test_a_tenant_over_its_running_share_leaves_slots_to_another(
 
 async def _at_least(read: Any, n: int) -> bool:
     return len(await read()) >= n
+
+
+async def test_a_handler_past_its_execution_timeout_is_cancelled_and_retried(
+    event_log: Any, log_config: LogConfig, tmp_path: Path
+) -> None:
+    """The tenant's execution timeout for the job type (2 s) travels in AttemptClaimed and
+    the assignment record; the worker process cancels the sleeping handler when it elapses,
+    the attempt fails and the run follows its retry policy (2 attempts, then dead)."""
+    tenants = Tenants({"acme": Tenant("acme", job_timeouts={"sleep": 2.0})})
+    with worker_processes() as start:
+        async with Running(event_log, tenants=tenants) as r:
+            start(log_config, "w1", tmp_path, tmp_path / "results")
+            await r.client.create_schedule("acme", "stuck", manual_spec(
+                "sleep", {"seconds": 1e8}, retry={"max_attempts": 2}))
+            run_id = (await r.client.trigger("acme", "stuck", "k"))["run_id"]
+            await wait_until(lambda: of_type(event_log, "OccurrenceDeadLettered", run_id), 40,
+                             what="both attempts timed out, then dead")
+    claims = await of_type(event_log, "AttemptClaimed", run_id)
+    failures = await of_type(event_log, "AttemptFailed", run_id)
+    assert [c.timeout for c in claims] == [2.0, 2.0]
+    assert [f.error_class for f in failures] == ["transient", "transient"]
+    assert all(f.message.startswith("timeout after 2.0s") for f in failures), failures
+    [dead] = await of_type(event_log, "OccurrenceDeadLettered", run_id)
+    assert dead.reason == "max_attempts"
+    assert not await published(event_log, run_id)

@@ -8,7 +8,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronolog.domain.limits import MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS
+from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    MAX_RETRY_ATTEMPTS,
+    MIN_RETRY_BACKOFF_SECONDS,
+)
 from support.decider import GivenWhenThen
 
 
@@ -65,3 +69,25 @@ def test_no_retry_is_scheduled_sooner_than_the_tenants_floor(backoff: float,
     retry = _failed_once(gwt, backoff, gwt.TenantContext(min_backoff=floor))
     wait = (retry.retry_at - (gwt.T0 + gwt.sec(1))).total_seconds()
     assert wait >= floor - 1e-6
+
+
+def test_a_claim_writes_the_attempts_execution_timeout_into_the_event_and_the_body(
+    gwt: GivenWhenThen,
+) -> None:
+    m = gwt.m
+    tenant = gwt.TenantContext(execution_timeout=600.0, job_timeouts={"report": 3600.0})
+    for job, expected in (({"type": "echo"}, 600.0),  # the tenant's
+                          ({"type": "report"}, 3600.0),  # the tenant's for the job type
+                          ({"type": "echo", "timeout": 5}, 5.0),  # the job's own, shorter
+                          ({"type": "echo", "timeout": 7200}, 600.0)):  # never above
+        s = gwt.story().create(gwt.T0, job=job)
+        [occ] = s.materialize(gwt.T0)
+        d = s.when(m.ClaimRun(run_id=occ.run_id, attempt=1, worker_id="w1"), gwt.T0, tenant)
+        assert gwt.one(d, m.AttemptClaimed).timeout == expected, job
+        assert d.body["timeout"] == expected
+        assert s.replayed().run(occ.run_id).state == "LEASED"  # replay reads it, computes nothing
+    # without a tenants file: the node's default
+    s = gwt.story().create(gwt.T0)
+    [occ] = s.materialize(gwt.T0)
+    d = s.when(m.ClaimRun(run_id=occ.run_id, attempt=1, worker_id="w1"), gwt.T0)
+    assert gwt.one(d, m.AttemptClaimed).timeout == DEFAULT_EXECUTION_TIMEOUT_SECONDS
