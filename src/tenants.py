@@ -15,6 +15,7 @@ max_attempts = 100          # the most retry.maxAttempts a schedule may ask for 
 min_backoff = "1s"          # the shortest wait before a retry (>= 1s)
 max_running = 8             # the most runs assigned and not finished at once (per node)
 execution_timeout = "10m"   # the longest an attempt may run (default 1h)
+max_attempts_per_minute = 600   # retries scheduled a minute at most (more are delayed)
 
 [tenants.acme.job_timeouts]           # per job type, instead of execution_timeout
 report = "1h"
@@ -76,6 +77,7 @@ class Tenant:
     max_running: int | None = None  # runs assigned and not finished at once (None: no cap)
     execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS  # an attempt's longest run
     job_timeouts: dict[str, float] = field(default_factory=dict, compare=False)  # per job type
+    max_attempts_per_minute: int | None = None  # retries a minute (None: no ceiling)
 
 
 @dataclass
@@ -125,6 +127,10 @@ class Tenants:
         if t is None:
             return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
         return (t.execution_timeout, t.job_timeouts)
+
+    def attempts_per_minute(self, tenant: str) -> int | None:
+        t = self.tenants.get(tenant)
+        return t.max_attempts_per_minute if t is not None else None
 
     def max_running(self, tenant: str) -> int | None:
         t = self.tenants.get(tenant)
@@ -184,8 +190,10 @@ def load_tenants(path: str | Path) -> Tenants:
                            _rate_limit(name, cfg.get("rate_limit")),
                            _weight(name, cfg.get("weight", 1)),
                            *_retry_bounds(name, cfg),
-                           _max_running(name, cfg.get("max_running")),
-                           *_timeouts(name, cfg))
+                           _positive_int(name, "max_running", cfg.get("max_running")),
+                           *_timeouts(name, cfg),
+                           _positive_int(name, "max_attempts_per_minute",
+                                         cfg.get("max_attempts_per_minute")))
     return Tenants(out, _operator_tokens(raw.get("operators", {})))
 
 
@@ -238,10 +246,10 @@ def _timeouts(name: str, cfg: dict[str, Any]) -> tuple[float, dict[str, float]]:
     return default, {job: seconds(f"job_timeouts.{job}", v) for job, v in table.items()}
 
 
-def _max_running(name: str, value: Any) -> int | None:
+def _positive_int(name: str, key: str, value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < 1):
-        raise ConfigError(f"invalid tenants.{name}.max_running '{value}': an integer >= 1")
+        raise ConfigError(f"invalid tenants.{name}.{key} '{value}': an integer >= 1")
     return value
 
 

@@ -111,6 +111,8 @@ class TenantContext:
     # the longest an attempt may run (seconds), and per job type (overrides it)
     execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS
     job_timeouts: Mapping[str, float] | None = None
+    # extra wait of a retry scheduled now: the tenant's retries per minute are spent
+    retry_delay: float = 0.0
 
     def timeout_for(self, job: m.JobSpec) -> float:
         """An attempt's execution timeout: the tenant's for the job type, or the job's own
@@ -650,10 +652,11 @@ def _expire_lease(d: _Draft, run_id: str, now: datetime) -> None:
 
 
 def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool,
-                   min_backoff: float = MIN_RETRY_BACKOFF_SECONDS) -> None:
+                   min_backoff: float = MIN_RETRY_BACKOFF_SECONDS, extra: float = 0.0) -> None:
     """A failed or expired attempt: another attempt (bounded) or the dead-letter state.
 
-    A scheduled retry waits at least ``min_backoff`` seconds (the tenant's floor)."""
+    A scheduled retry waits at least ``min_backoff`` seconds (the tenant's floor), and
+    ``extra`` more (the tenant's retries per minute are spent)."""
     pol = d.state.policy
     assert pol is not None
     if d.state.status == "DELETED":
@@ -673,7 +676,7 @@ def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool,
             d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt + 1,
                                      resource_class=run.resource_class, priority=run.priority))
         return
-    wait = max(min_backoff, retry_delay(pol, run.run_id, run.attempt, used))
+    wait = max(min_backoff, retry_delay(pol, run.run_id, run.attempt, used)) + extra
     retry_at = now + timedelta(seconds=wait)
     if retry_at > deadline:
         d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_age",
@@ -1254,7 +1257,8 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime,
     if run.cancel_requested:
         d.emit(m.OccurrenceCancelled(run_id=run.run_id, reason="cancelled; attempt failed"))
     elif p.error_class == "transient":
-        _retry_or_dead(d, run, now, immediate=False, min_backoff=tenant.min_backoff)
+        _retry_or_dead(d, run, now, immediate=False, min_backoff=tenant.min_backoff,
+                       extra=tenant.retry_delay)
     elif p.error_class == "permanent":
         d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="permanent_error",
                                         message=p.message))

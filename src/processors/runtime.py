@@ -125,6 +125,7 @@ from chronolog.log.port import (
 from chronolog.log.reading import read_partition
 from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
+from chronolog.processors.attempt_budget import AttemptBudget
 from chronolog.processors.dispatch import Dispatcher, running_by_tenant
 from chronolog.processors.snapshots import (
     Chunk,
@@ -170,6 +171,8 @@ class TenantPolicies(Protocol):
 
     def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]: ...
 
+    def attempts_per_minute(self, tenant: str) -> int | None: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -198,6 +201,9 @@ class OpenTenants:
 
     def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]:
         return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
+
+    def attempts_per_minute(self, tenant: str) -> int | None:
+        return None
 
 
 @dataclass
@@ -372,6 +378,7 @@ class Processor:
         self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
+        self.attempt_budget = AttemptBudget()  # tenants' retries per minute
         self.stats = ProcessorStats()
         self._stopping = asyncio.Event()
         self._consumer: Any = None
@@ -1153,9 +1160,11 @@ class Processor:
                                destinations=self.tenants.destinations(env.tenant),
                                min_interval=self.tenants.min_interval(env.tenant),
                                max_attempts=max_attempts, min_backoff=min_backoff,
-                               execution_timeout=timeout, job_timeouts=job_timeouts)
+                               execution_timeout=timeout, job_timeouts=job_timeouts,
+                               retry_delay=self._retry_delay(env, now))
         try:
             dec = decide(st, env, now, tenant)
+            self._spend_retries(env.tenant, dec, now)
             encoded = self._encode(key, st, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
             self.stats.decide_errors += 1
@@ -1498,6 +1507,21 @@ class Processor:
             for tenant, entry in kept:
                 queue.restore(tenant, entry)
         d.prune(mono)
+
+    def _retry_delay(self, env: m.CommandEnvelope, now: datetime) -> float:
+        """The extra wait a retry of ``env`` (a failure) gets: the tenant's budget of retries
+        a minute is spent (``AttemptBudget``); 0 for other commands or without a ceiling."""
+        per_minute = self.tenants.attempts_per_minute(env.tenant)
+        if per_minute is None or not isinstance(env.payload, m.FailRun):
+            return 0.0
+        return self.attempt_budget.delay(env.tenant, per_minute, now.timestamp())
+
+    def _spend_retries(self, tenant: str, dec: Decision, now: datetime) -> None:
+        per_minute = self.tenants.attempts_per_minute(tenant)
+        if per_minute is not None:
+            for ev in dec.events:
+                if isinstance(ev, m.RetryScheduled):
+                    self.attempt_budget.take(tenant, per_minute, now.timestamp())
 
     def _claim_context(self, tenant: str) -> TenantContext:
         """What an assignment (a ClaimRun on a worker's behalf) needs of the tenant's

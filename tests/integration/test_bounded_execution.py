@@ -110,3 +110,29 @@ async def test_a_handler_past_its_execution_timeout_is_cancelled_and_retried(
     [dead] = await of_type(event_log, "OccurrenceDeadLettered", run_id)
     assert dead.reason == "max_attempts"
     assert not await published(event_log, run_id)
+
+
+async def test_retries_over_the_tenants_budget_a_minute_are_delayed(
+    event_log: Any, tmp_path: Path
+) -> None:
+    """``max_attempts_per_minute = 3``: six runs fail at once; three retries are scheduled
+    after the usual backoff, the other three wait for the budget (a token every 20 s) —
+    delayed, each with its RetryScheduled, none dropped."""
+    store = FilesystemResultStore(tmp_path / "results")
+    tenants = Tenants({"acme": Tenant("acme", max_attempts_per_minute=3)})
+    async with Running(event_log, tenants=tenants) as r, serving(event_log, store, "w1"):
+        await r.client.create_schedule("acme", "flaky", manual_spec(
+            "fail", {"times": 1, "kind": "transient"}))
+        runs = [(await r.client.trigger("acme", "flaky", f"k{i}"))["run_id"] for i in range(6)]
+
+        async def retries() -> list[Any]:
+            return [e for e in await events(event_log)
+                    if e.type == "RetryScheduled" and e.payload.run_id in runs]
+
+        await wait_until(lambda: _at_least(retries, 6), 30, what="six retries scheduled")
+        fails = {e.payload.run_id: e.at for e in await events(event_log)
+                 if e.type == "AttemptFailed"}
+        waits = sorted((e.payload.retry_at - fails[e.payload.run_id]).total_seconds()
+                       for e in await retries())
+        assert all(w < 2 for w in waits[:3]) and all(w >= 15 for w in waits[3:]), waits
+        assert sorted(e.payload.run_id for e in await retries()) == sorted(runs)

@@ -91,3 +91,12 @@ def test_a_claim_writes_the_attempts_execution_timeout_into_the_event_and_the_bo
     [occ] = s.materialize(gwt.T0)
     d = s.when(m.ClaimRun(run_id=occ.run_id, attempt=1, worker_id="w1"), gwt.T0)
     assert gwt.one(d, m.AttemptClaimed).timeout == DEFAULT_EXECUTION_TIMEOUT_SECONDS
+
+
+def test_a_retry_over_the_tenants_budget_is_delayed_and_the_delay_written(
+    gwt: GivenWhenThen,
+) -> None:
+    on_time = _failed_once(gwt, 0, gwt.TenantContext())
+    delayed = _failed_once(gwt, 0, gwt.TenantContext(retry_delay=42.0))
+    assert delayed.retry_at - on_time.retry_at == gwt.sec(42)
+    assert delayed.attempt == on_time.attempt == 2  # delayed, not dropped
