@@ -1163,7 +1163,7 @@ class Processor:
                                execution_timeout=timeout, job_timeouts=job_timeouts,
                                retry_delay=self._retry_delay(env, now))
         try:
-            dec = decide(st, env, now, tenant)
+            dec = self._over_share(env) or decide(st, env, now, tenant)
             self._spend_retries(env.tenant, dec, now)
             encoded = self._encode(key, st, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
@@ -1183,6 +1183,8 @@ class Processor:
         self._unapplied_keys.discard(key)
         if isinstance(env.payload, m.AdoptKey):
             self._adopted(ps, key, st, dec)
+        elif isinstance(env.payload, m.ClaimRun) and dec.ok:
+            self._claimed_directly(ps, st, env.payload.run_id)
 
     # ------------------------------------------------------------------ routing (§18)
 
@@ -1507,6 +1509,27 @@ class Processor:
             for tenant, entry in kept:
                 queue.restore(tenant, entry)
         d.prune(mono)
+
+    def _over_share(self, env: m.CommandEnvelope) -> Decision | None:
+        """A worker's own ClaimRun (not an assignment) when the tenant already holds its
+        ``max_running`` share: refused, as dispatch would not assign it either."""
+        cap = self.tenants.max_running(env.tenant)
+        if cap is None or not isinstance(env.payload, m.ClaimRun):
+            return None
+        held = running_by_tenant(p.dispatch for p in self.partitions.values())[env.tenant]
+        if held < cap:
+            return None
+        return Decision(status="conflict", body={"run_id": env.payload.run_id},
+                        reason=f"the tenant holds its share of running slots "
+                               f"(max_running {cap}): the run waits READY")
+
+    def _claimed_directly(self, ps: PartitionState, st: ScheduleState, run_id: str) -> None:
+        """A run a worker claimed itself holds the worker's seat and counts against the
+        tenant's ``max_running``, like an assigned one (settled when it finishes)."""
+        run = st.run(run_id)
+        if run is not None and run.state == "LEASED" and run.worker_id:
+            ps.dispatch.adopt(run.resource_class, run.worker_id, run_id, run.fence)
+            ps.dispatch.hold(run_id, st.tenant)
 
     def _retry_delay(self, env: m.CommandEnvelope, now: datetime) -> float:
         """The extra wait a retry of ``env`` (a failure) gets: the tenant's budget of retries

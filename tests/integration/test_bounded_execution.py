@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from chronolog.client import Invalid
+from chronolog.client import Conflict, Invalid
+from chronolog.domain import messages as m
 from chronolog.domain.limits import MIN_RETRY_BACKOFF_SECONDS
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import FilesystemResultStore
+from chronolog.workers.results import sha256_hex
 from support.polling import wait_until
 
 from .test_processor import Running, events
@@ -136,3 +138,20 @@ async def test_retries_over_the_tenants_budget_a_minute_are_delayed(
                        for e in await retries())
         assert all(w < 2 for w in waits[:3]) and all(w >= 15 for w in waits[3:]), waits
         assert sorted(e.payload.run_id for e in await retries()) == sorted(runs)
+
+
+async def test_a_workers_own_claim_is_held_to_the_tenants_share(event_log: Any) -> None:
+    """A ClaimRun sent by a worker (not an assignment) counts against ``max_running`` and
+    is refused past it; the run stays READY, and is claimable once the share frees up."""
+    tenants = Tenants({"hog": Tenant("hog", max_running=1)})
+    async with Running(event_log, tenants=tenants) as r:
+        await r.client.create_schedule("hog", "s", manual_spec("sleep", {"seconds": 600}))
+        first, second = [(await r.client.trigger("hog", "s", k))["run_id"] for k in "ab"]
+        held = await r.client.claim("hog", "s", first, 1, "puller")
+        with pytest.raises(Conflict, match="max_running 1"):
+            await r.client.claim("hog", "s", second, 1, "puller")
+        assert not await of_type(event_log, "AttemptClaimed", second)
+        await r.client.call("hog", "s", m.CompleteRun(
+            run_id=first, attempt=1, fence=held["fence"], worker_id="puller",
+            checksum=sha256_hex(b"null"), inline=None, size=4))
+        assert (await r.client.claim("hog", "s", second, 1, "puller"))["run_id"] == second
