@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
+    "DEFAULT_EXECUTION_TIMEOUT_SECONDS",
     "EARLIEST_INSTANT",
     "LATEST_INSTANT",
     "MAX_BODY_BYTES",
@@ -24,10 +25,9 @@ __all__ = [
     "MAX_DURATION_SECONDS",
     "MAX_INT",
     "MAX_PARAMS_BYTES",
-    "DEFAULT_EXECUTION_TIMEOUT_SECONDS",
     "MAX_RETRY_ATTEMPTS",
-    "MIN_RETRY_BACKOFF_SECONDS",
     "MIN_INTERVAL_SECONDS",
+    "MIN_RETRY_BACKOFF_SECONDS",
     "RUN_ID_PATTERN",
     "SCHEDULE_ID_PATTERN",
     "check_instant",
