@@ -1251,7 +1251,8 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime,
     assert run is not None
     d = _Draft(state)
     d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
-                           worker_id=p.worker_id, error_class=p.error_class, message=p.message))
+                           worker_id=p.worker_id, error_class=p.error_class, message=p.message,
+                           reason=p.reason))
     run = d.state.run(run.run_id)
     assert run is not None  # a failed attempt leaves its run in place
     if run.cancel_requested:

@@ -404,6 +404,8 @@ class FailRun(_Model):
     worker_id: str
     error_class: ErrorClass = "transient"
     message: str = ""
+    # why, when the worker knows: "timeout" (the execution timeout elapsed)
+    reason: Literal["timeout"] | None = None
 
 
 class RecordEffectOutcome(_Model):
@@ -727,6 +729,7 @@ class AttemptFailed(_Event):
     worker_id: str
     error_class: ErrorClass
     message: str = ""
+    reason: Literal["timeout"] | None = None  # FailRun's
 
 
 class RetryScheduled(_Event):

@@ -693,7 +693,8 @@ class Worker:
                 att.timed_out = True
                 ctx.cancel(f"timeout after {ctx.timeout}s")
                 ctx.log.warning("handler_timeout", timeout=ctx.timeout)
-                self._report_failure(att, "transient", f"timeout after {ctx.timeout}s")
+                self._report_failure(att, "transient", f"timeout after {ctx.timeout}s",
+                                     reason="timeout")
             await self._settle(fut, job)
         await self._finish(att, fut)
 
@@ -774,7 +775,8 @@ class Worker:
 
     # ------------------------------------------------------------------ outcomes
 
-    def _report_failure(self, att: _Attempt, error_class: str, message: str) -> None:
+    def _report_failure(self, att: _Attempt, error_class: str, message: str,
+                        reason: str | None = None) -> None:
         ctx = att.ctx
         if att.lost:
             self._forget(att)
@@ -782,7 +784,7 @@ class Worker:
         self._report(att, m.FailRun(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
                                     worker_id=self.worker_id,
                                     error_class=error_class,  # type: ignore[arg-type]
-                                    message=message))
+                                    message=message, reason=reason))  # type: ignore[arg-type]
 
     def _report(self, att: _Attempt, payload: Any) -> None:
         """Queue an outcome; outcomes go out together, each re-sent with its command ID

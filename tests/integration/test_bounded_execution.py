@@ -108,6 +108,7 @@ async def test_a_handler_past_its_execution_timeout_is_cancelled_and_retried(
     failures = await of_type(event_log, "AttemptFailed", run_id)
     assert [c.timeout for c in claims] == [2.0, 2.0]
     assert [f.error_class for f in failures] == ["transient", "transient"]
+    assert [f.reason for f in failures] == ["timeout", "timeout"]
     assert all(f.message.startswith("timeout after 2.0s") for f in failures), failures
     [dead] = await of_type(event_log, "OccurrenceDeadLettered", run_id)
     assert dead.reason == "max_attempts"
