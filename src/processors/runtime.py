@@ -58,7 +58,7 @@ import contextlib
 import gc
 import heapq
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -1458,7 +1458,7 @@ class Processor:
         worker's behalf, and an assignment record on partition p of ``ready.<class>``."""
         d = ps.dispatch
         mono = time.monotonic()
-        running = running_by_tenant(p.dispatch for p in self.partitions.values())
+        running: Counter[str] | None = None  # counted once a capped tenant's run comes up
         for cls, queue in d.waiting.items():
             kept: list[tuple[str, tuple[int, int, str, str, int]]] = []
             for tenant, entry in queue.entries():
@@ -1471,7 +1471,9 @@ class Processor:
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
                     continue  # cancelled, skipped or assigned meanwhile
                 cap = self.tenants.max_running(tenant)
-                if cap is not None and running[tenant] >= cap:
+                if cap is not None and running is None:
+                    running = running_by_tenant(p.dispatch for p in self.partitions.values())
+                if cap is not None and running is not None and running[tenant] >= cap:
                     kept.append((tenant, entry))  # the tenant holds its share: it waits
                     continue
                 seat = d.seat_for(cls, run.job.type, mono)
@@ -1498,7 +1500,8 @@ class Processor:
                 queue.charge(tenant)
                 d.assign(cls, seat, run_id, int(dec.body["fence"]))
                 d.hold(run_id, tenant)
-                running[tenant] += 1
+                if running is not None:
+                    running[tenant] += 1
                 out.assignments.append(OutRecord(
                     topic=self.topics.ready(cls), key=run_id.encode(),
                     value=codec.dumps_kept({"assignee": seat.worker_id, "tenant": st.tenant,
