@@ -31,7 +31,9 @@ command's round trip:
    bounded number of times. Heartbeats go on until the outcome is decided. If the worker
    dies before that, the lease expires and the run is retried: a result is never lost, a
    handler may run again (at least once). An exception is a transient failure unless it is
-   ``Permanent`` or ``Ambiguous``; a per-job timeout (JobSpec ``timeout``) is transient.
+   ``Permanent`` or ``Ambiguous``; the attempt's execution timeout (the assignment's: the
+   tenant's, or the job's own if shorter; or the handler's, if shorter still) cancels the
+   handler and is a transient failure with reason ``timeout``.
 
 Graceful drain (``stop()``, SIGTERM in the CLI): withdraw the offers; assigned runs still
 waiting for a slot are handed back at once (reported as transient failures, "worker shutting
