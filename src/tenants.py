@@ -11,7 +11,15 @@ max_schedules = 1000
 min_interval = "1s"         # shortest every / delay / cron gap (text or seconds)
 rate_limit = { per_second = 50, burst = 100 }   # API commands; a number = per second
 weight = 1                  # share of the workers when tenants' runs wait for a seat
+max_attempts = 100          # the most retry.maxAttempts a schedule may ask for (<= 100)
+min_backoff = "1s"          # the shortest wait before a retry (>= 1s)
+max_running = 8             # the most runs assigned and not finished at once (per node)
+execution_timeout = "10m"   # the longest an attempt may run (default 1h)
+max_attempts_per_minute = 600   # retries scheduled a minute at most (more are delayed)
 pools = ["acme-workers"]    # only workers of these pools run acme's runs (see below)
+
+[tenants.acme.job_timeouts]           # per job type, instead of execution_timeout
+report = "1h"
 
 [pools.acme-workers]
 credentials = ["pool-s3cret"]   # a worker of the pool proves it holds one (rotation: several)
@@ -44,7 +52,12 @@ from typing import Any
 
 from chronolog.destinations import AnyDestination, parse_destinations
 from chronolog.domain.durations import InvalidDuration, parse_duration
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    MAX_RETRY_ATTEMPTS,
+    MIN_INTERVAL_SECONDS,
+    MIN_RETRY_BACKOFF_SECONDS,
+)
 from chronolog.settings import ConfigError
 
 # a tenant of a tenants file without ``rate_limit``: commands per second, and the burst
@@ -70,6 +83,12 @@ class Tenant:
     min_interval: float = MIN_INTERVAL_SECONDS
     rate_limit: RateLimit | None = None  # None: unlimited
     weight: float = 1.0  # share of a resource class's seats when runs of tenants wait
+    max_attempts: int = MAX_RETRY_ATTEMPTS  # retry.maxAttempts at most (node ceiling or less)
+    min_backoff: float = MIN_RETRY_BACKOFF_SECONDS  # shortest retry wait (node floor or more)
+    max_running: int | None = None  # runs assigned and not finished at once (None: no cap)
+    execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS  # an attempt's longest run
+    job_timeouts: dict[str, float] = field(default_factory=dict, compare=False)  # per job type
+    max_attempts_per_minute: int | None = None  # retries a minute (None: no ceiling)
     pools: frozenset[str] = frozenset()  # worker pools that run its runs (none: pool-less)
 
 
@@ -118,6 +137,28 @@ class Tenants:
     def weight(self, tenant: str) -> float:
         t = self.tenants.get(tenant)
         return t.weight if t is not None else 1.0
+
+    def retry_bounds(self, tenant: str) -> tuple[int, float]:
+        """The tenant's ``(max_attempts, min_backoff)``; the node's bounds when unknown."""
+        t = self.tenants.get(tenant)
+        if t is None:
+            return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
+        return (t.max_attempts, t.min_backoff)
+
+    def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]:
+        """The tenant's execution timeout and its per-job-type ones (seconds)."""
+        t = self.tenants.get(tenant)
+        if t is None:
+            return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
+        return (t.execution_timeout, t.job_timeouts)
+
+    def attempts_per_minute(self, tenant: str) -> int | None:
+        t = self.tenants.get(tenant)
+        return t.max_attempts_per_minute if t is not None else None
+
+    def max_running(self, tenant: str) -> int | None:
+        t = self.tenants.get(tenant)
+        return t.max_running if t is not None else None
 
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
@@ -171,7 +212,12 @@ def load_tenants(path: str | Path) -> Tenants:
                            parse_destinations(name, cfg.get("destinations")),
                            _min_interval(name, cfg.get("min_interval", MIN_INTERVAL_SECONDS)),
                            _rate_limit(name, cfg.get("rate_limit")),
-                           _weight(name, cfg.get("weight", 1)))
+                           _weight(name, cfg.get("weight", 1)),
+                           *_retry_bounds(name, cfg),
+                           _positive_int(name, "max_running", cfg.get("max_running")),
+                           *_timeouts(name, cfg),
+                           _positive_int(name, "max_attempts_per_minute",
+                                         cfg.get("max_attempts_per_minute")))
     pools = _pools(p, raw.get("pools", {}))
     for name, cfg in section.items():
         out[name] = replace(out[name], pools=_tenant_pools(p, name, cfg.get("pools", []), pools))
@@ -222,6 +268,52 @@ def _min_interval(name: str, value: Any) -> float:
     if seconds <= 0:
         raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': must be positive")
     return seconds
+
+
+def _retry_bounds(name: str, cfg: dict[str, Any]) -> tuple[int, float]:
+    """``max_attempts`` (1 to the node's ceiling) and ``min_backoff`` (the node's floor or
+    more): a tenant may tighten the node's retry bounds, never loosen them."""
+    attempts = cfg.get("max_attempts", MAX_RETRY_ATTEMPTS)
+    if (isinstance(attempts, bool) or not isinstance(attempts, int)
+            or not 1 <= attempts <= MAX_RETRY_ATTEMPTS):
+        raise ConfigError(f"invalid tenants.{name}.max_attempts '{attempts}': an integer "
+                          f"from 1 to {MAX_RETRY_ATTEMPTS}")
+    value = cfg.get("min_backoff", MIN_RETRY_BACKOFF_SECONDS)
+    try:
+        backoff = parse_duration(value)
+    except InvalidDuration as exc:
+        raise ConfigError(f"invalid tenants.{name}.min_backoff '{value}': {exc.reason}") from None
+    if backoff < MIN_RETRY_BACKOFF_SECONDS:
+        raise ConfigError(f"invalid tenants.{name}.min_backoff '{value}': at least "
+                          f"{MIN_RETRY_BACKOFF_SECONDS:g}s (the node's floor)")
+    return attempts, backoff
+
+
+def _timeouts(name: str, cfg: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """``execution_timeout`` and the ``[tenants.<name>.job_timeouts]`` table (job type ->
+    duration): positive durations."""
+    def seconds(key: str, value: Any) -> float:
+        try:
+            out = parse_duration(value)
+        except InvalidDuration as exc:
+            raise ConfigError(f"invalid tenants.{name}.{key} '{value}': {exc.reason}") from None
+        if out <= 0:
+            raise ConfigError(f"invalid tenants.{name}.{key} '{value}': must be positive")
+        return out
+
+    default = seconds("execution_timeout",
+                      cfg.get("execution_timeout", DEFAULT_EXECUTION_TIMEOUT_SECONDS))
+    table = cfg.get("job_timeouts", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"invalid tenants.{name}.job_timeouts: a table of job type = duration")
+    return default, {job: seconds(f"job_timeouts.{job}", v) for job, v in table.items()}
+
+
+def _positive_int(name: str, key: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ConfigError(f"invalid tenants.{name}.{key} '{value}': an integer >= 1")
+    return value
 
 
 def _weight(name: str, value: Any) -> float:

@@ -52,7 +52,12 @@ from chronolog.domain.ids import (
     run_id_for,
     saga_command_id,
 )
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    MAX_RETRY_ATTEMPTS,
+    MIN_INTERVAL_SECONDS,
+    MIN_RETRY_BACKOFF_SECONDS,
+)
 from chronolog.domain.recurrence import (
     DelayTrigger,
     RecurrenceError,
@@ -90,14 +95,30 @@ LEAVES_LIVE: tuple[type, ...] = (m.ScheduleDeleted, m.ScheduleCompleted)
 
 @dataclass(frozen=True, slots=True)
 class TenantContext:
-    """Tenant policy as seen by the processor: allowed job types, schedule quota and the
-    shortest interval a recurring schedule may have (seconds)."""
+    """Tenant policy as seen by the processor: allowed job types, schedule quota, the
+    shortest interval a recurring schedule may have (seconds), and the retry bounds: the
+    most ``retry.maxAttempts`` a schedule may ask for and the shortest wait before a retry
+    (a smaller ``retry.initialBackoff`` is raised to it; the wait is written into the
+    ``RetryScheduled`` event as its ``retry_at``)."""
 
     allowed_jobs: frozenset[str] | None = None  # None: every job type
     max_schedules: int | None = None  # set: creates go through the quota saga
     # the effect destinations the operator granted, name -> kind; None: not checked here
     destinations: Mapping[str, str] | None = None
     min_interval: float = MIN_INTERVAL_SECONDS
+    max_attempts: int = MAX_RETRY_ATTEMPTS
+    min_backoff: float = MIN_RETRY_BACKOFF_SECONDS
+    # the longest an attempt may run (seconds), and per job type (overrides it)
+    execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS
+    job_timeouts: Mapping[str, float] | None = None
+    # extra wait of a retry scheduled now: the tenant's retries per minute are spent
+    retry_delay: float = 0.0
+
+    def timeout_for(self, job: m.JobSpec) -> float:
+        """An attempt's execution timeout: the tenant's for the job type, or the job's own
+        timeout when that is shorter (a job may lower the tenant's, never raise it)."""
+        ceiling = (self.job_timeouts or {}).get(job.type, self.execution_timeout)
+        return ceiling if job.timeout is None else min(job.timeout, ceiling)
 
     def allows(self, job_type: str) -> bool:
         return (self.allowed_jobs is None or "*" in self.allowed_jobs
@@ -207,13 +228,13 @@ def _decide(
         case m.Tick():
             return tick(state, now)
         case m.ClaimRun():
-            return _claim(state, p, now)
+            return _claim(state, p, now, tenant)
         case m.Heartbeat():
             return _heartbeat(state, p, now)
         case m.CompleteRun():
             return _complete(state, p, now)
         case m.FailRun():
-            return _fail(state, p, now)
+            return _fail(state, p, now, tenant)
         case m.CreateSchedule():
             return _create_or_hold(state, command, p, now, tenant)
         case m.ReviseSchedule():
@@ -307,7 +328,8 @@ def _create(
         trigger = _compile(p.spec, anchor)
     except RecurrenceError as exc:
         return _reject("invalid", str(exc), exc.field)
-    too_often = _below_min_interval(p.spec, trigger, now, tenant)
+    too_often = (_below_min_interval(p.spec, trigger, now, tenant)
+                 or _over_retry_ceiling(p.spec, tenant))
     if too_often is not None:
         return too_often
     first = _first_instant(trigger, pol, p.spec, now, anchor)
@@ -439,6 +461,15 @@ def _below_min_interval(
     return None
 
 
+def _over_retry_ceiling(spec: m.ScheduleSpec, tenant: TenantContext) -> Decision | None:
+    """``retry.maxAttempts`` above the tenant's ceiling is invalid (naming the field)."""
+    if spec.retry.max_attempts > tenant.max_attempts:
+        return _reject("invalid", f"invalid retry.maxAttempts '{spec.retry.max_attempts}': "
+                       f"more than the tenant's ceiling of {tenant.max_attempts}",
+                       "retry.maxAttempts")
+    return None
+
+
 def m_iso(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
@@ -476,7 +507,8 @@ def _revise(
         trigger = _compile(p.spec, anchor)
     except RecurrenceError as exc:
         return _reject("invalid", str(exc), exc.field)
-    too_often = _below_min_interval(p.spec, trigger, now, tenant)
+    too_often = (_below_min_interval(p.spec, trigger, now, tenant)
+                 or _over_retry_ceiling(p.spec, tenant))
     if too_often is not None:
         return too_often
     d = _Draft(state)
@@ -619,8 +651,12 @@ def _expire_lease(d: _Draft, run_id: str, now: datetime) -> None:
     _after_run_left_guard(d, now)
 
 
-def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool) -> None:
-    """A failed or expired attempt: another attempt (bounded) or the dead-letter state."""
+def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool,
+                   min_backoff: float = MIN_RETRY_BACKOFF_SECONDS, extra: float = 0.0) -> None:
+    """A failed or expired attempt: another attempt (bounded) or the dead-letter state.
+
+    A scheduled retry waits at least ``min_backoff`` seconds (the tenant's floor), and
+    ``extra`` more (the tenant's retries per minute are spent)."""
     pol = d.state.policy
     assert pol is not None
     if d.state.status == "DELETED":
@@ -640,7 +676,8 @@ def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool) -> None:
             d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt + 1,
                                      resource_class=run.resource_class, priority=run.priority))
         return
-    retry_at = now + timedelta(seconds=retry_delay(pol, run.run_id, run.attempt, used))
+    wait = max(min_backoff, retry_delay(pol, run.run_id, run.attempt, used)) + extra
+    retry_at = now + timedelta(seconds=wait)
     if retry_at > deadline:
         d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="max_age",
                                         message=f"next retry {m_iso(retry_at)} past max age"))
@@ -1065,7 +1102,8 @@ def _resolve(
 # attempts: claim, heartbeat, complete, fail
 
 
-def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
+def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime,
+           tenant: TenantContext = OPEN_TENANT) -> Decision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1081,10 +1119,12 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
     assert pol is not None
     fence = state.fence + 1
     lease_until = now + timedelta(seconds=pol.lease)
+    timeout = tenant.timeout_for(run.job)
     d = _Draft(state)
     d.emit(m.FenceAdvanced(fence=fence, run_id=run.run_id, reason="claim"))
     d.emit(m.AttemptClaimed(run_id=run.run_id, attempt=run.attempt, fence=fence,
-                            worker_id=p.worker_id, claimed_at=now, lease_until=lease_until))
+                            worker_id=p.worker_id, claimed_at=now, lease_until=lease_until,
+                            timeout=timeout))
     return Decision(
         events=d.events,
         body={
@@ -1097,7 +1137,7 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime) -> Decision:
             "revision": run.revision,
             "job_type": run.job.type,
             "params": run.job.params,
-            "timeout": run.job.timeout,
+            "timeout": timeout,
         },
     )
 
@@ -1206,7 +1246,8 @@ def _result_body(run: Run) -> dict[str, Any]:
             "fence": run.result_fence, "result": result}
 
 
-def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
+def _fail(state: ScheduleState, p: m.FailRun, now: datetime,
+          tenant: TenantContext = OPEN_TENANT) -> Decision:
     run = state.run(p.run_id)
     problem = _current_lease(state, run, p.fence, now)
     if problem is not None:
@@ -1221,13 +1262,15 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime) -> Decision:
         return _not_assignee(run, p.worker_id)
     d = _Draft(state)
     d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
-                           worker_id=p.worker_id, error_class=p.error_class, message=p.message))
+                           worker_id=p.worker_id, error_class=p.error_class, message=p.message,
+                           reason=p.reason))
     run = d.state.run(run.run_id)
     assert run is not None  # a failed attempt leaves its run in place
     if run.cancel_requested:
         d.emit(m.OccurrenceCancelled(run_id=run.run_id, reason="cancelled; attempt failed"))
     elif p.error_class == "transient":
-        _retry_or_dead(d, run, now, immediate=False)
+        _retry_or_dead(d, run, now, immediate=False, min_backoff=tenant.min_backoff,
+                       extra=tenant.retry_delay)
     elif p.error_class == "permanent":
         d.emit(m.OccurrenceDeadLettered(run_id=run.run_id, reason="permanent_error",
                                         message=p.message))

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
+    "DEFAULT_EXECUTION_TIMEOUT_SECONDS",
     "EARLIEST_INSTANT",
     "LATEST_INSTANT",
     "MAX_BODY_BYTES",
@@ -24,7 +25,9 @@ __all__ = [
     "MAX_DURATION_SECONDS",
     "MAX_INT",
     "MAX_PARAMS_BYTES",
+    "MAX_RETRY_ATTEMPTS",
     "MIN_INTERVAL_SECONDS",
+    "MIN_RETRY_BACKOFF_SECONDS",
     "RUN_ID_PATTERN",
     "SCHEDULE_ID_PATTERN",
     "check_instant",
@@ -52,6 +55,16 @@ MAX_COUNT = 1_000_000_000
 MAX_INT = 2**63 - 1
 # the shortest interval of a recurring schedule, unless the tenants file says otherwise
 MIN_INTERVAL_SECONDS = 1.0
+# a schedule's retry.maxAttempts at most (a tenants file may lower it for a tenant): a
+# failing run may not turn into a retry storm
+MAX_RETRY_ATTEMPTS = 100
+# the shortest wait before a retry: a smaller retry.initialBackoff is raised to it when the
+# retry is scheduled (a tenants file may raise it for a tenant)
+MIN_RETRY_BACKOFF_SECONDS = 1.0
+# how long one attempt's handler may run, unless the tenants file says otherwise for the
+# tenant (execution_timeout) or its job type (job_timeouts); a job's own timeout may only
+# shorten it. The worker cancels the handler when it elapses.
+DEFAULT_EXECUTION_TIMEOUT_SECONDS = 3600.0
 
 # a schedule ID: these characters, at least one of them not a dot (so never "." or "..")
 SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_.:@-]*[A-Za-z0-9_:@-][A-Za-z0-9_.:@-]*$"

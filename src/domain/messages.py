@@ -412,6 +412,8 @@ class FailRun(_Model):
     worker_id: str
     error_class: ErrorClass = "transient"
     message: str = ""
+    # why, when the worker knows: "timeout" (the execution timeout elapsed)
+    reason: Literal["timeout"] | None = None
 
 
 class RecordEffectOutcome(_Model):
@@ -706,6 +708,9 @@ class AttemptClaimed(_Event):
     worker_id: str
     claimed_at: UtcDatetime
     lease_until: UtcDatetime
+    # the attempt's execution timeout (seconds): the job's own, at most the tenant's; the
+    # worker cancels the handler when it elapses (None: an event written before it existed)
+    timeout: float | None = None
 
 
 class LeaseExtended(_Event):
@@ -732,6 +737,7 @@ class AttemptFailed(_Event):
     worker_id: str
     error_class: ErrorClass
     message: str = ""
+    reason: Literal["timeout"] | None = None  # FailRun's
 
 
 class RetryScheduled(_Event):

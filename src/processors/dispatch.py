@@ -40,12 +40,20 @@ a seat whose pool is one its tenant may use (``seat_for``'s ``pools``: the tenan
 worker with another pool is ignored until the seat lapses, so nobody can move a pool worker's
 seat (and its assignments) out of the pool by offering under its name. A pool seat's
 assignment records go to ``ready.pool-<pool>.<class>``, read only by the pool's workers.
+
+A tenant's share of the running slots is capped by ``max_running`` (tenants file): the most
+runs of that tenant assigned and not finished at once. The processor counts them over all the
+partitions it owns (``Dispatcher.tenant_of``, summed by ``running_by_tenant``), so the cap
+holds per processor node: with N processors sharing the partitions a tenant may hold up to
+N times its cap. A run over the cap is not assigned; it waits READY and visible, and the next
+dispatch after one of the tenant's runs finishes takes it.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +146,12 @@ class Dispatcher:
         self.seats: dict[str, dict[str, Seat]] = {}  # class -> worker -> seat
         self.waiting: dict[str, FairQueue] = {}  # class -> runs waiting for a seat
         self.assigned: dict[str, tuple[str, str, int]] = {}  # run -> (class, worker, fence)
+        self.tenant_of: dict[str, str] = {}  # run -> tenant, of the runs in ``assigned``
+
+    def hold(self, run_id: str, tenant: str) -> None:
+        """``run_id`` (assigned or adopted) counts against ``tenant``'s ``max_running``."""
+        if run_id in self.assigned:
+            self.tenant_of[run_id] = tenant
 
     def offer(self, offer: Offer, now: float) -> None:
         seats = self.seats.setdefault(offer.resource_class, {})
@@ -207,6 +221,7 @@ class Dispatcher:
         if run is not None and run.state == "LEASED" and run.fence == fence:
             return
         del self.assigned[run_id]
+        self.tenant_of.pop(run_id, None)
         seat = self.seats.get(cls, {}).get(worker)
         if seat is not None:
             seat.outstanding.discard(run_id)
@@ -219,3 +234,12 @@ class Dispatcher:
             for worker in [w for w, s in seats.items()
                            if not s.outstanding and now - s.renewed > SEAT_TTL_S]:
                 del seats[worker]
+
+
+def running_by_tenant(dispatchers: Iterable[Dispatcher]) -> Counter[str]:
+    """Runs assigned and not finished, per tenant, over ``dispatchers`` (the partitions one
+    processor owns): what ``max_running`` is compared with."""
+    counts: Counter[str] = Counter()
+    for d in dispatchers:
+        counts.update(d.tenant_of.values())
+    return counts

@@ -58,7 +58,7 @@ import contextlib
 import gc
 import heapq
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -97,7 +97,12 @@ from chronolog.domain.ids import (
     partition_key,
     routing_key,
 )
-from chronolog.domain.limits import MIN_INTERVAL_SECONDS
+from chronolog.domain.limits import (
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    MAX_RETRY_ATTEMPTS,
+    MIN_INTERVAL_SECONDS,
+    MIN_RETRY_BACKOFF_SECONDS,
+)
 from chronolog.domain.offers import BadOffer, Offer, is_offer, verify_proof
 from chronolog.domain.routing import Forward, RoutingTable, RoutingVersion
 from chronolog.environment import gc_paused, gc_tuned, utc_now
@@ -120,7 +125,8 @@ from chronolog.log.port import (
 from chronolog.log.reading import read_partition
 from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
-from chronolog.processors.dispatch import Dispatcher
+from chronolog.processors.attempt_budget import AttemptBudget
+from chronolog.processors.dispatch import Dispatcher, running_by_tenant
 from chronolog.processors.snapshots import (
     Chunk,
     Folder,
@@ -163,6 +169,14 @@ class TenantPolicies(Protocol):
 
     def credentials(self, pool: str) -> tuple[str, ...]: ...
 
+    def retry_bounds(self, tenant: str) -> tuple[int, float]: ...
+
+    def max_running(self, tenant: str) -> int | None: ...
+
+    def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]: ...
+
+    def attempts_per_minute(self, tenant: str) -> int | None: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -188,6 +202,18 @@ class OpenTenants:
 
     def credentials(self, pool: str) -> tuple[str, ...]:
         return ()  # no pool is known: every pool offer is refused
+
+    def retry_bounds(self, tenant: str) -> tuple[int, float]:
+        return (MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF_SECONDS)
+
+    def max_running(self, tenant: str) -> int | None:
+        return None
+
+    def timeouts(self, tenant: str) -> tuple[float, dict[str, float]]:
+        return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
+
+    def attempts_per_minute(self, tenant: str) -> int | None:
+        return None
 
 
 @dataclass
@@ -363,6 +389,7 @@ class Processor:
         self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = f"{self.topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
         self.partitions: dict[int, PartitionState] = {}
+        self.attempt_budget = AttemptBudget()  # tenants' retries per minute
         self.stats = ProcessorStats()
         self._unverified_logged: dict[str, float] = {}  # worker -> when last logged
         self._stopping = asyncio.Event()
@@ -1147,11 +1174,18 @@ class Processor:
         if st is None:
             st = initial_state(env.tenant, env.schedule_id)
         allowed, max_schedules = self.tenants.policy(env.tenant)
+        max_attempts, min_backoff = self.tenants.retry_bounds(env.tenant)
+        timeout, job_timeouts = self.tenants.timeouts(env.tenant)
         tenant = TenantContext(allowed, max_schedules,
                                destinations=self.tenants.destinations(env.tenant),
-                               min_interval=self.tenants.min_interval(env.tenant))
+                               min_interval=self.tenants.min_interval(env.tenant),
+                               max_attempts=max_attempts, min_backoff=min_backoff,
+                               execution_timeout=timeout, job_timeouts=job_timeouts,
+                               retry_delay=self._retry_delay(env, now))
         try:
-            dec = decide(st, env, now, tenant)
+            dec = (self._unpooled_claim(env) or self._over_share(env)
+                   or decide(st, env, now, tenant))
+            self._spend_retries(env.tenant, dec, now)
             encoded = self._encode(key, st, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
             self.stats.decide_errors += 1
@@ -1170,6 +1204,8 @@ class Processor:
         self._unapplied_keys.discard(key)
         if isinstance(env.payload, m.AdoptKey):
             self._adopted(ps, key, st, dec)
+        elif isinstance(env.payload, m.ClaimRun) and dec.ok:
+            self._claimed_directly(ps, st, env.payload.run_id)
 
     # ------------------------------------------------------------------ routing (§18)
 
@@ -1303,6 +1339,7 @@ class Processor:
                 self._wait_for_seat(ps, key, st, run)
             elif run.state == "LEASED" and run.worker_id:
                 ps.dispatch.adopt(run.resource_class, run.worker_id, run.run_id, run.fence)
+                ps.dispatch.hold(run.run_id, st.tenant)
 
     def _decide_quota(self, ps: PartitionState, key: str, qs: QuotaState,
                       env: m.CommandEnvelope, now: datetime, out: _Output,
@@ -1454,6 +1491,7 @@ class Processor:
         worker's behalf, and an assignment record on partition p of ``ready.<class>``."""
         d = ps.dispatch
         mono = time.monotonic()
+        running: Counter[str] | None = None  # counted once a capped tenant's run comes up
         for cls, queue in d.waiting.items():
             kept: list[tuple[str, tuple[int, int, str, str, int]]] = []
             for tenant, entry in queue.entries():
@@ -1465,6 +1503,12 @@ class Processor:
                 run = st.run(run_id) if st is not None else None
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
                     continue  # cancelled, skipped or assigned meanwhile
+                cap = self.tenants.max_running(tenant)
+                if cap is not None and running is None:
+                    running = running_by_tenant(p.dispatch for p in self.partitions.values())
+                if cap is not None and running is not None and running[tenant] >= cap:
+                    kept.append((tenant, entry))  # the tenant holds its share: it waits
+                    continue
                 seat = d.seat_for(cls, run.job.type, mono, self.tenants.seat_pools(st.tenant))
                 if seat is None:
                     kept.append((tenant, entry))  # no live seat takes its job type
@@ -1472,7 +1516,8 @@ class Processor:
                 cid = f"assign:{ps.partition}:{run_id}:{attempt}"
                 try:
                     dec = decide(st, _assign_envelope(st, cid, now, run_id, attempt,
-                                                      seat.worker_id), now, TenantContext())
+                                                      seat.worker_id), now,
+                                 self._claim_context(st.tenant))
                     encoded = self._encode(key, st, dec, cid, now)
                 except Exception:  # a decider bug must not stop the partition
                     log.exception("assign_decide_failed", partition=ps.partition, run_id=run_id)
@@ -1487,6 +1532,9 @@ class Processor:
                     continue
                 queue.charge(tenant)
                 d.assign(cls, seat, run_id, int(dec.body["fence"]))
+                d.hold(run_id, tenant)
+                if running is not None:
+                    running[tenant] += 1
                 out.assignments.append(OutRecord(
                     topic=self.topics.ready_for(cls, seat.pool), key=run_id.encode(),
                     value=codec.dumps_kept({"assignee": seat.worker_id, "tenant": st.tenant,
@@ -1497,6 +1545,60 @@ class Processor:
             for tenant, entry in kept:
                 queue.restore(tenant, entry)
         d.prune(mono)
+
+    def _unpooled_claim(self, env: m.CommandEnvelope) -> Decision | None:
+        """A worker's own ClaimRun of a run whose tenant is bound to worker pools: refused.
+        Such runs go only to seats whose offers proved a pool credential; a claim carries no
+        proof, so allowing it would hand the run (params included) to any log writer."""
+        if not isinstance(env.payload, m.ClaimRun):
+            return None
+        if None in self.tenants.seat_pools(env.tenant):
+            return None
+        return Decision(status="forbidden", body={"run_id": env.payload.run_id},
+                        field="worker_id", reason="the tenant's runs go only to workers of its pools, through "
+                               "offers that prove a pool credential: a run cannot be claimed")
+
+    def _over_share(self, env: m.CommandEnvelope) -> Decision | None:
+        """A worker's own ClaimRun (not an assignment) when the tenant already holds its
+        ``max_running`` share: refused, as dispatch would not assign it either."""
+        cap = self.tenants.max_running(env.tenant)
+        if cap is None or not isinstance(env.payload, m.ClaimRun):
+            return None
+        held = running_by_tenant(p.dispatch for p in self.partitions.values())[env.tenant]
+        if held < cap:
+            return None
+        return Decision(status="conflict", body={"run_id": env.payload.run_id},
+                        reason=f"the tenant holds its share of running slots "
+                               f"(max_running {cap}): the run waits READY")
+
+    def _claimed_directly(self, ps: PartitionState, st: ScheduleState, run_id: str) -> None:
+        """A run a worker claimed itself holds the worker's seat and counts against the
+        tenant's ``max_running``, like an assigned one (settled when it finishes)."""
+        run = st.run(run_id)
+        if run is not None and run.state == "LEASED" and run.worker_id:
+            ps.dispatch.adopt(run.resource_class, run.worker_id, run_id, run.fence)
+            ps.dispatch.hold(run_id, st.tenant)
+
+    def _retry_delay(self, env: m.CommandEnvelope, now: datetime) -> float:
+        """The extra wait a retry of ``env`` (a failure) gets: the tenant's budget of retries
+        a minute is spent (``AttemptBudget``); 0 for other commands or without a ceiling."""
+        per_minute = self.tenants.attempts_per_minute(env.tenant)
+        if per_minute is None or not isinstance(env.payload, m.FailRun):
+            return 0.0
+        return self.attempt_budget.delay(env.tenant, per_minute, now.timestamp())
+
+    def _spend_retries(self, tenant: str, dec: Decision, now: datetime) -> None:
+        per_minute = self.tenants.attempts_per_minute(tenant)
+        if per_minute is not None:
+            for ev in dec.events:
+                if isinstance(ev, m.RetryScheduled):
+                    self.attempt_budget.take(tenant, per_minute, now.timestamp())
+
+    def _claim_context(self, tenant: str) -> TenantContext:
+        """What an assignment (a ClaimRun on a worker's behalf) needs of the tenant's
+        policy: its execution timeouts, written into AttemptClaimed and the record."""
+        timeout, job_timeouts = self.tenants.timeouts(tenant)
+        return TenantContext(execution_timeout=timeout, job_timeouts=job_timeouts)
 
     def _dead_letter(
         self, ps: PartitionState, rec: Record, reason: str, out: _Output,

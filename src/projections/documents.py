@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from chronolog.domain import messages as m
+from chronolog.domain.limits import MAX_RETRY_ATTEMPTS
 from chronolog.domain.membership import LIVE_S
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger
 
@@ -105,7 +106,8 @@ class MisfireIn(CamelModel):
 
 
 class RetryIn(CamelModel):
-    max_attempts: int | None = spec_field(m.RetrySpec, "max_attempts", default=None)
+    # at most the node's ceiling (a tenant's lower one is the processor's to hold)
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_RETRY_ATTEMPTS)
     initial_backoff: m.Seconds | None = None
     max_backoff: m.Seconds | None = None
     multiplier: float | None = spec_field(m.RetrySpec, "multiplier", default=None)

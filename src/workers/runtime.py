@@ -31,7 +31,9 @@ command's round trip:
    bounded number of times. Heartbeats go on until the outcome is decided. If the worker
    dies before that, the lease expires and the run is retried: a result is never lost, a
    handler may run again (at least once). An exception is a transient failure unless it is
-   ``Permanent`` or ``Ambiguous``; a per-job timeout (JobSpec ``timeout``) is transient.
+   ``Permanent`` or ``Ambiguous``; the attempt's execution timeout (the assignment's: the
+   tenant's, or the job's own if shorter; or the handler's, if shorter still) cancels the
+   handler and is a transient failure with reason ``timeout``.
 
 Graceful drain (``stop()``, SIGTERM in the CLI): withdraw the offers; assigned runs still
 waiting for a slot are handed back at once (reported as transient failures, "worker shutting
@@ -638,9 +640,10 @@ class Worker:
         fence = int(body["fence"])
         job_type = str(body.get("job_type", ""))
         job = self._jobs.get(job_type)
-        timeout = body.get("timeout")
-        if timeout is None and job is not None:
-            timeout = job.timeout
+        # the assignment's timeout (the tenant's, or the job's own if shorter) and the one
+        # registered with the handler: the shorter wins
+        given = [float(t) for t in (body.get("timeout"), job.timeout if job else None) if t]
+        timeout = min(given) if given else None
         ctx = JobContext(
             run_id=run_id, attempt=attempt, fence=fence,
             scheduled_at=_parse_time(body.get("scheduled_at")),
@@ -712,7 +715,8 @@ class Worker:
                 att.timed_out = True
                 ctx.cancel(f"timeout after {ctx.timeout}s")
                 ctx.log.warning("handler_timeout", timeout=ctx.timeout)
-                self._report_failure(att, "transient", f"timeout after {ctx.timeout}s")
+                self._report_failure(att, "transient", f"timeout after {ctx.timeout}s",
+                                     reason="timeout")
             await self._settle(fut, job)
         await self._finish(att, fut)
 
@@ -793,7 +797,8 @@ class Worker:
 
     # ------------------------------------------------------------------ outcomes
 
-    def _report_failure(self, att: _Attempt, error_class: str, message: str) -> None:
+    def _report_failure(self, att: _Attempt, error_class: str, message: str,
+                        reason: str | None = None) -> None:
         ctx = att.ctx
         if att.lost:
             self._forget(att)
@@ -801,7 +806,7 @@ class Worker:
         self._report(att, m.FailRun(run_id=ctx.run_id, attempt=ctx.attempt, fence=ctx.fence,
                                     worker_id=self.worker_id,
                                     error_class=error_class,  # type: ignore[arg-type]
-                                    message=message))
+                                    message=message, reason=reason))  # type: ignore[arg-type]
 
     def _report(self, att: _Attempt, payload: Any) -> None:
         """Queue an outcome; outcomes go out together, each re-sent with its command ID

@@ -210,6 +210,8 @@ async def test_invalid_bodies_are_400_naming_the_field(stack: ApiStack) -> None:
         ({"job": {"type": "a"}}, "cron"),
         ({"every": "1h"}, "job"),
         ({"every": "1h", "job": {"type": "a"}, "retry": {"maxAttempts": 0}}, "retry.maxAttempts"),
+        ({"every": "1h", "job": {"type": "a"}, "retry": {"maxAttempts": 1000}},
+         "retry.maxAttempts"),
         ({"every": "1h", "job": {"type": "a"}, "misfire": "sometimes"}, None),
         ({"every": "1h", "job": {"type": "a"}, "overlap": "maybe"}, "overlap"),
         ({"every": "1h", "job": {"type": "a"}, "color": "red"}, "color"),

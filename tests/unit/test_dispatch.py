@@ -168,3 +168,38 @@ def test_the_tenants_file_sets_a_tenants_weight_and_refuses_a_bad_one(tmp_path: 
         path.write_text(f'[tenants.a]\ntokens = ["t"]\nweight = {bad}\n')
         with pytest.raises(ConfigError, match=r"tenants.a.weight"):
             load_tenants(path)
+
+
+def test_a_tenants_running_runs_are_counted_over_the_partitions_until_they_finish() -> None:
+    from chronolog.processors.dispatch import running_by_tenant
+
+    p0, p1 = Dispatcher(), Dispatcher()
+    for d in (p0, p1):
+        d.offer(Offer("w1", "default", 4), now=0.0)
+    for d, run_id, tenant in ((p0, "r1", "hog"), (p1, "r2", "hog"), (p1, "r3", "meek")):
+        seat = d.seat_for("default", "echo", now=0.0)
+        assert seat is not None
+        d.assign("default", seat, run_id, fence=1)
+        d.hold(run_id, tenant)
+    assert running_by_tenant([p0, p1]) == {"hog": 2, "meek": 1}
+    p0.settle("r1", leased(1))  # still running the assigned attempt: still counted
+    assert running_by_tenant([p0, p1])["hog"] == 2
+    p0.settle("r1", None)  # finished
+    assert running_by_tenant([p0, p1]) == {"hog": 1, "meek": 1}
+    p1.hold("r9", "hog")  # not assigned here: nothing to count
+    assert running_by_tenant([p0, p1])["hog"] == 1
+
+
+def test_the_tenants_file_sets_the_running_share_and_retry_bounds(tmp_path: Path) -> None:
+    good = tmp_path / "tenants.toml"
+    good.write_text('[tenants.a]\ntokens = ["t-a"]\nmax_running = 2\nmax_attempts = 10\n'
+                    'min_backoff = "5s"\n[tenants.b]\ntokens = ["t-b"]\n')
+    tenants = load_tenants(good)
+    assert (tenants.max_running("a"), tenants.retry_bounds("a")) == (2, (10, 5.0))
+    assert (tenants.max_running("b"), tenants.retry_bounds("b")) == (None, (100, 1.0))
+    for key, bad in (("max_running", "0"), ("max_running", '"2"'), ("max_attempts", "1000"),
+                     ("max_attempts", "0"), ("min_backoff", '"0s"'), ("min_backoff", '"soon"')):
+        path = tmp_path / "bad.toml"
+        path.write_text(f'[tenants.a]\ntokens = ["t"]\n{key} = {bad}\n')
+        with pytest.raises(ConfigError, match=rf"tenants.a.{key}"):
+            load_tenants(path)

@@ -202,3 +202,17 @@ def test_a_runs_cursor_serves_only_the_filters_it_was_made_with(
     rc = main(["runs", "s1", "--after", cursor, "--url", "http://127.0.0.1:9"])  # another list
     err = capsys.readouterr().err
     assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err
+
+
+def test_more_attempts_than_the_ceiling_is_exit_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(["schedule", "create", "s1", "--every", "1h", "--job", "echo",
+               "--max-attempts", "1000", "--log", "sqlite:///nonexistent/x.db"])
+    assert rc == 2
+    assert capsys.readouterr().err.startswith("invalid retry.maxAttempts '1000': ")
+    f = tmp_path / "s1.json"
+    f.write_text(json.dumps({"every": "1h", "job": {"type": "echo"},
+                             "retry": {"maxAttempts": 101}}))
+    assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
+    assert "retry.maxAttempts" in capsys.readouterr().err
