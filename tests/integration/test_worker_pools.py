@@ -137,6 +137,25 @@ async def test_a_pool_bound_tenants_runs_go_only_to_its_pools_verified_worker(
             published = [e.payload for e in await events(lg) if e.type == "ResultPublished"
                          and e.payload.run_id == claim.run_id]
             assert published == []
+
+            # a run no pool worker takes (no handler for its job type) waits READY: a rogue
+            # claiming it directly, with no offer and so no proof, is refused
+            await r.client.create_schedule("acme", "orphan", {
+                "at": at, "job": {"type": "no-handler", "params": {"secret": "p-orphan"}}})
+
+            async def orphan_ready() -> Any:
+                for e in await events(lg):
+                    if e.type == "OccurrenceMaterialized" and e.schedule_id == "orphan":
+                        return e.payload.run_id
+                return None
+
+            orphan = await wait_until(orphan_ready, 60, what="the orphan run ready")
+            for rogue in ("rogue", "rogue-nopool"):
+                reply = await r.client.send(r.client.envelope("acme", "orphan", m.ClaimRun(
+                    run_id=orphan, attempt=1, worker_id=rogue)))
+                assert reply.status == "forbidden" and reply.body.get("field") == "worker_id", reply
+            assert not [e for e in await events(lg) if e.type == "AttemptClaimed"
+                        and e.payload.run_id == orphan]
     finally:
         for w in workers:
             w.stop()
