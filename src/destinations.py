@@ -208,15 +208,31 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return ipaddress.ip_address(info[0][4][0]) if info else None
 
 
+# IPv6 prefixes whose last 32 bits are an IPv4 address (RFC 6052 NAT64 well-known prefix,
+# RFC 2765 IPv4-translated, RFC 4291 IPv4-compatible)
+_LAST_32_BITS = tuple(ipaddress.ip_network(n) for n in ("64:ff9b::/96", "::ffff:0:0:0/96",
+                                                       "::/96"))
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, translated, compatible, NAT64,
+    6to4, Teredo's client), or None. ``::`` and ``::1`` carry none."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if int(ip) > 1 and any(ip in net for net in _LAST_32_BITS):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def _unwrap(ip: ipaddress.IPv4Address | ipaddress.IPv6Address
             ) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """The IPv4 address inside an IPv4-mapped (``::ffff:a.b.c.d``) or IPv4-compatible
-    (``::a.b.c.d``) IPv6 address; others unchanged."""
+    """The IPv4 address an IPv6 address carries (``embedded_ipv4``); others unchanged."""
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if int(ip) >> 32 == 0 and int(ip) > 1:
-            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        return embedded_ipv4(ip) or ip
     return ip
 
 

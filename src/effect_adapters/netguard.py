@@ -30,13 +30,11 @@ from typing import Any
 import httpcore
 import httpx
 
+from chronolog.destinations import embedded_ipv4
+
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254"))
 
-# IPv6 prefixes whose last 32 bits are an IPv4 address (RFC 6052 NAT64 well-known prefix,
-# RFC 2765 IPv4-translated, RFC 4291 IPv4-compatible)
-_LAST_32_BITS = tuple(ipaddress.ip_network(n) for n in ("64:ff9b::/96", "::ffff:0:0:0/96",
-                                                       "::/96"))
 _LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: embedding not knowable
 
 AnyAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -44,20 +42,6 @@ AnyAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 class BlockedAddress(Exception):
     """The destination resolved to an address it may not reach; nothing was sent."""
-
-
-def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, translated, compatible, NAT64,
-    6to4, Teredo's client), or None. ``::`` and ``::1`` carry none."""
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]
-    if int(ip) > 1 and any(ip in net for net in _LAST_32_BITS):
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
 
 
 def _non_public(ip: AnyAddress) -> bool:

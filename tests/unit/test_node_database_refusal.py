@@ -40,6 +40,9 @@ REFUSED = [
     "postgresql://u@[::1]:54329/x",
     "postgresql://u@[0:0:0:0:0:0:0:1]:54329/x",
     "postgresql://u@[::ffff:127.0.0.1]:54329/x",
+    "postgresql://u@[::ffff:0:7f00:1]:54329/x",  # IPv4-translated
+    "postgresql://u@[64:ff9b::7f00:1]:54329/x",  # NAT64 of 127.0.0.1
+    "postgresql://u@[2002:7f00:1::1]:54329/x",  # 6to4 of 127.0.0.1
     "postgresql://u@[::ffff:7f00:1]:54329/x",
     "postgresql://u@[::127.0.0.1]:54329/x",
     "postgresql://u@[::ffff:0.0.0.0]:54329/x",
