@@ -40,6 +40,7 @@ from support.polling import wait_until_sync
 pytestmark = pytest.mark.postgres
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "security.md"
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
@@ -104,7 +105,7 @@ async def owner_reaches_it(pg: EmbeddedPostgres) -> None:
 async def test_a_dev_node_keeps_other_local_users_out_of_its_files_and_database(
     shared: Path,
 ) -> None:
-    ddir = shared / "data"
+    ddir = shared / ".chronolog"  # the default name, so the docs' command runs as shown
     ddir.mkdir(mode=0o755)  # made by hand, wider than it should be
     port = free_port()
     err = shared / "dev.err"
@@ -126,6 +127,14 @@ async def test_a_dev_node_keeps_other_local_users_out_of_its_files_and_database(
         for path in private:
             assert mode(path) == 0o600, (path, oct(mode(path)))
         assert mode(cluster) == 0o700
+        # docs/security.md's command for checking a data directory by hand, as it is shown
+        shown = DOCS.read_text().split("To check a data directory by hand:", 1)[1]
+        command = shown.split("```sh\n", 1)[1].split("\n```", 1)[0]
+        checked = subprocess.run(command, shell=True, cwd=shared, capture_output=True,
+                                 text=True, check=True).stdout.split("\n")
+        assert checked[0] in ("700 .chronolog", "701 .chronolog"), checked
+        assert checked[1:3] == ["600 .chronolog/log.db",
+                                "600 .chronolog/postgres/chronolog.password"], checked
 
         listing = as_nobody("ls", str(ddir))
         assert listing.returncode != 0 and "log.db" not in listing.stdout, listing
