@@ -260,14 +260,19 @@ def _tenant_pools(p: Path, tenant: str, value: Any,
     return frozenset(value)
 
 
-def _min_interval(name: str, value: Any) -> float:
+def _positive_duration(name: str, key: str, value: Any) -> float:
+    """``tenants.<name>.<key>``: a duration (text or seconds) greater than zero."""
     try:
         seconds = parse_duration(value)
     except InvalidDuration as exc:
-        raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': {exc.reason}") from None
+        raise ConfigError(f"invalid tenants.{name}.{key} '{value}': {exc.reason}") from None
     if seconds <= 0:
-        raise ConfigError(f"invalid tenants.{name}.min_interval '{value}': must be positive")
+        raise ConfigError(f"invalid tenants.{name}.{key} '{value}': must be positive")
     return seconds
+
+
+def _min_interval(name: str, value: Any) -> float:
+    return _positive_duration(name, "min_interval", value)
 
 
 def _retry_bounds(name: str, cfg: dict[str, Any]) -> tuple[int, float]:
@@ -293,13 +298,7 @@ def _timeouts(name: str, cfg: dict[str, Any]) -> tuple[float, dict[str, float]]:
     """``execution_timeout`` and the ``[tenants.<name>.job_timeouts]`` table (job type ->
     duration): positive durations."""
     def seconds(key: str, value: Any) -> float:
-        try:
-            out = parse_duration(value)
-        except InvalidDuration as exc:
-            raise ConfigError(f"invalid tenants.{name}.{key} '{value}': {exc.reason}") from None
-        if out <= 0:
-            raise ConfigError(f"invalid tenants.{name}.{key} '{value}': must be positive")
-        return out
+        return _positive_duration(name, key, value)
 
     default = seconds("execution_timeout",
                       cfg.get("execution_timeout", DEFAULT_EXECUTION_TIMEOUT_SECONDS))
