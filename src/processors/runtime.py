@@ -1555,7 +1555,8 @@ class Processor:
         if None in self.tenants.seat_pools(env.tenant):
             return None
         return Decision(status="forbidden", body={"run_id": env.payload.run_id},
-                        field="worker_id", reason="the tenant's runs go only to workers of its pools, through "
+                        field="worker_id",
+                        reason="the tenant's runs go only to workers of its pools, through "
                                "offers that prove a pool credential: a run cannot be claimed")
 
     def _over_share(self, env: m.CommandEnvelope) -> Decision | None:
