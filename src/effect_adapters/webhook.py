@@ -70,7 +70,8 @@ RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 DEFAULT_RETENTION = 24 * 3600.0
 # never sent, whoever configured them: routing, framing and hop-by-hop headers
 NEVER_SENT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection",
-                                "keep-alive", "te", "trailer", "upgrade", "idempotency-key"})
+                                "keep-alive", "te", "trailer", "upgrade", "idempotency-key",
+                                "accept-encoding"})
 _TOKEN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -97,8 +98,12 @@ class Reply:
 async def exchange(client: httpx.AsyncClient, method: str, url: str, cap: int,
                    **kwargs: Any) -> Reply:
     """Send one request and read at most ``cap`` bytes of the response body: a destination
-    cannot make the runner hold more than that in memory, whatever it sends."""
-    async with client.stream(method, url, **kwargs) as resp:
+    cannot make the runner hold more than that in memory, whatever it sends. The bytes are
+    counted as they come off the wire (``aiter_raw``) and an uncompressed answer is asked
+    for (``Accept-Encoding: identity``): a compressed body could otherwise inflate far past
+    the cap inside one chunk."""
+    headers = {**kwargs.pop("headers", {}), "Accept-Encoding": "identity"}
+    async with client.stream(method, url, headers=headers, **kwargs) as resp:
         chunks: list[bytes] = []
         size = 0
         truncated = False

@@ -169,6 +169,8 @@ async def test_webhook_reads_at_most_the_cap_of_a_huge_response_and_posts_once(
     assert len(hook.keys_seen) == 1 and len(hook.committed) == 1
     assert peak < 16 << 20, f"peak {peak} bytes while reading a 64 MiB response"
     assert hook.huge_sent < hook.huge_bytes  # the client stopped reading: the rest never came
+    # an uncompressed answer is asked for: a compressed one could inflate past the cap
+    assert hook.requests[0][1]["accept-encoding"] == "identity"
 
 
 async def test_webhook_deeply_nested_json_is_not_json_and_not_an_error(hook: HookServer) -> None:
