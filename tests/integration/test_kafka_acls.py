@@ -24,7 +24,11 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    TopicAuthorizationFailedError,
+)
 
 from chronolog.log.kafka import KafkaAuth, KafkaEventLog
 from chronolog.log.kafka_acls import acls_for, apply_acls
@@ -174,14 +178,16 @@ async def _refused(coro: object) -> LogError:
     return info.value
 
 
-async def _rogue_consume(broker: SaslKafka, user: str, topic: str, group: str) -> list[bytes]:
+async def _rogue_consume(broker: SaslKafka, user: str, topic: str, group: str,
+                         refusal: type[Exception] = TopicAuthorizationFailedError
+                         ) -> list[bytes]:
     """Consume ``topic`` in ``group`` as ``user`` until refused (bounded); what it got."""
     got: list[bytes] = []
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group,
                                 auto_offset_reset="earliest", enable_auto_commit=False,
                                 **broker.auth(user).client_kwargs())
     try:
-        with pytest.raises(TopicAuthorizationFailedError):
+        with pytest.raises(refusal):
             await consumer.start()
             async with asyncio.timeout(30):
                 while True:
@@ -219,8 +225,13 @@ async def test_a_worker_principal_reaches_only_its_pools_assignments(
         assert await rogue.read(topics.ready(f"pool-b.{CLASS}"), 0, 0, 10, 200) == []
     finally:
         await rogue.close()
-    # the rogue worker consumes pool a's topic in pool a's group: refused, nothing received
-    got = await _rogue_consume(broker, "worker-b", pool_a, f"{topics.prefix}workers.x")
+    # the rogue worker consumes pool a's topic in a group of its own pool: the topic is
+    # refused; in pool a's group: the group is refused (it cannot be handed pool a's
+    # partitions and hold them idle); nothing received either way
+    got = await _rogue_consume(broker, "worker-b", pool_a, f"{topics.prefix}workers.pool-b.x")
+    assert got == []
+    got = await _rogue_consume(broker, "worker-b", pool_a, f"{topics.prefix}workers.pool-a.x",
+                               GroupAuthorizationFailedError)
     assert got == []
     # a pool-less worker reads ready.<class> but no pool's topic
     plain = await _log(broker, topics, broker.auth("worker"))
@@ -231,6 +242,8 @@ async def test_a_worker_principal_reaches_only_its_pools_assignments(
     finally:
         await plain.close()
     assert await _rogue_consume(broker, "worker", pool_a, f"{topics.prefix}workers.y") == []
+    assert await _rogue_consume(broker, "worker", pool_a, f"{topics.prefix}workers.pool-a.y",
+                                GroupAuthorizationFailedError) == []
 
 
 async def test_an_api_principal_cannot_read_ready_topics(
