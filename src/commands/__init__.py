@@ -1,1 +1,3 @@
-"""The decider (decide/evolve per schedule aggregate) and the command client."""
+"""The pure deciders (decide/evolve): schedules, tenant quotas and routing views.
+
+The command client is ``chronolog.client``."""
