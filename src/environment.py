@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import uuid
+import zoneinfo
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 
 def utc_now() -> datetime:
@@ -87,9 +89,6 @@ def tzdata_in_use(probe: str = "UTC") -> tuple[str, str]:
     directory holding ``probe``; its version is the ``# version`` line of its ``tzdata.zi``
     (Debian, Alpine, ...) or its ``+VERSION`` file, else ``unknown``. Without such a
     directory: the ``tzdata`` package's ``IANA_VERSION`` (source ``tzdata-package``)."""
-    import zoneinfo
-    from pathlib import Path
-
     for root in zoneinfo.TZPATH:
         base = Path(root)
         if not (base / probe).is_file():

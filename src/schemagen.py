@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from chronolog.api.app import openapi_json
 from chronolog.domain.messages import (
     COMMAND_TYPES,
     EVENT_TYPES,
@@ -54,8 +55,6 @@ def write_all(root: Path) -> list[Path]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
         written.append(p)
-    from chronolog.api.app import openapi_json  # late: the API imports the domain
-
     api = root / "api" / "openapi.json"
     api.parent.mkdir(parents=True, exist_ok=True)
     api.write_text(openapi_json())

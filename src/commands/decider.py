@@ -23,6 +23,8 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any, assert_never
 
+import orjson
+
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
     DEAD_KEPT,
@@ -979,8 +981,6 @@ def _refuse_completed(state: ScheduleState) -> Decision | None:
 
 
 def params_digest(params: dict[str, Any] | None) -> str:
-    import orjson
-
     raw = orjson.dumps(params, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 

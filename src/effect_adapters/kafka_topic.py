@@ -38,6 +38,9 @@ import contextlib
 from typing import Any
 
 import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from chronolog.destinations import chronolog_topic
 from chronolog.domain import codec
@@ -115,9 +118,6 @@ class KafkaEffectAdapter:
     # ------------------------------------------------------------------ another cluster
 
     async def _other_cluster(self, bootstrap: str, rec: OutRecord) -> Outcome:
-        from aiokafka import AIOKafkaProducer
-        from aiokafka.errors import KafkaError
-
         sw = Stopwatch()
         try:
             producer = self._remote.get(bootstrap)
@@ -145,8 +145,6 @@ class KafkaEffectAdapter:
 
     async def _start_producer(self, bootstrap_servers: str) -> Any:
         if self._producer is None:
-            from aiokafka import AIOKafkaProducer
-
             producer = AIOKafkaProducer(
                 bootstrap_servers=bootstrap_servers,
                 client_id=f"chronolog-{self.transactional_id}",
@@ -167,8 +165,6 @@ class KafkaEffectAdapter:
         self, intent: m.EffectIntended, rec: OutRecord, ctx: EffectContext | None,
         bootstrap_servers: str,
     ) -> Outcome:
-        from aiokafka.structs import OffsetAndMetadata, TopicPartition
-
         sw = Stopwatch()
         async with self._lock:
             try:

@@ -110,6 +110,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
     for_code,
 )
+from aiokafka.producer import sender
 from aiokafka.protocol.commit import OffsetFetchRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
@@ -336,8 +337,6 @@ def _internal_futures(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
 
 def _lower_concurrent_txn_backoff(seconds: float) -> None:
     """Lower aiokafka's retry delay after CONCURRENT_TRANSACTIONS (never raise it)."""
-    from aiokafka.producer import sender
-
     current = getattr(sender, "BACKOFF_OVERRIDE", None)
     if isinstance(current, (int, float)) and seconds < current:
         sender.BACKOFF_OVERRIDE = seconds

@@ -299,3 +299,83 @@ def test_the_private_name_allow_list_has_no_stale_entry() -> None:
 ])
 def test_the_private_name_check_sees(code: str, expected: list[tuple[int, str, str]]) -> None:
     assert private_uses(ast.parse(code), "chronolog.cli.example", False, {"_w": "log"}) == expected
+
+
+# ---------------------------------------------------------------------------------------
+# imports inside functions (docs/architecture.md §5.3)
+
+# packages whose functions may import what they run: the command line's start-up stays light
+LAZY_PACKAGES = ("cli", "devnode")
+# (file under src/, imported module): why it is imported inside its function
+LAZY_IMPORTS: dict[tuple[str, str], str] = {
+    ("lifecycle.py", "asyncpg"): "processes on the embedded log never load asyncpg",
+    ("log/kafka_acls.py", "aiokafka.protocol.admin"): "printing the ACLs needs no broker",
+}
+# what `chronolog --help` must not load
+HEAVY_MODULES = ("aiokafka", "asyncpg", "fastapi", "uvicorn", "httpx", "sqlite3")
+
+
+def _under_import_error(handlers: list[ast.ExceptHandler]) -> bool:
+    names = {h.type.id for h in handlers if isinstance(h.type, ast.Name)}
+    return "ImportError" in names or "ModuleNotFoundError" in names
+
+
+def imports_inside_functions(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import inside a function, except an optional dependency's
+    (inside ``try:`` with an ``except ImportError`` handler)."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.Try) and _under_import_error(node.handlers):
+            for child in node.handlers + node.orelse + node.finalbody:
+                visit(child, in_function)
+            return
+        if in_function and isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif in_function and isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, "." * node.level + (node.module or "")))
+        inner = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def _lazy_imports_in_src() -> list[tuple[str, int, str]]:
+    return [(rel.as_posix(), line, module)
+            for rel, tree in _trees() if not rel.as_posix().startswith(LAZY_PACKAGES)
+            for line, module in imports_inside_functions(tree)]
+
+
+def test_imports_inside_functions_follow_the_rule() -> None:
+    offenders = sorted(f"src/{path}:{line}: {module}" for path, line, module
+                       in _lazy_imports_in_src() if (path, module) not in LAZY_IMPORTS)
+    assert offenders == [], ("import at the top of the module (docs/architecture.md §5.3): "
+                             + "; ".join(offenders))
+
+
+def test_the_lazy_import_list_has_no_stale_entry() -> None:
+    used = {(path, module) for path, _, module in _lazy_imports_in_src()}
+    assert sorted(set(LAZY_IMPORTS) - used) == []
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("import orjson\ndef f():\n    return orjson\n", []),
+    ("def f():\n    import orjson\n    return orjson\n", [(2, "orjson")]),
+    ("async def f():\n    from aiokafka import x\n", [(2, "aiokafka")]),
+    ("class C:\n    def m(self):\n        from . import y\n", [(3, ".")]),
+    ("def f():\n    try:\n        import tzdata\n    except ImportError:\n        pass\n", []),
+    ("def f():\n    try:\n        import tzdata\n    except OSError:\n        pass\n",
+     [(3, "tzdata")]),
+])
+def test_the_lazy_import_check_sees(code: str, expected: list[tuple[int, str]]) -> None:
+    assert imports_inside_functions(ast.parse(code)) == expected
+
+
+def test_the_command_line_starts_without_heavy_drivers() -> None:
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, chronolog.cli.main; print(*sorted(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    heavy = sorted(name for name in loaded if name.split(".")[0] in HEAVY_MODULES)
+    assert heavy == []
