@@ -1,1 +1,1 @@
-"""The EventLog port and its adapters: SqliteEventLog, KafkaEventLog."""
+"""The EventLog port and its adapters: SqliteEventLog, KafkaEventLog, MemoryEventLog (tests)."""

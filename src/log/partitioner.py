@@ -1,4 +1,6 @@
-"""Kafka's default partitioner: ``partition_for`` (and aiokafka's ``murmur2``, re-exported).
+"""Kafka's default partitioner: ``partition_for`` (and aiokafka's ``murmur2``, re-exported);
+Kafka's range assignor of a group's partitions, for the logs that assign them themselves:
+``range_assign``.
 
 Both log backends place a keyed record on ``(murmur2(key) & 0x7fffffff) % n`` — exactly what
 the Java client's ``Utils.toPositive(Utils.murmur2(key)) % numPartitions`` and aiokafka's
@@ -15,7 +17,7 @@ from functools import lru_cache
 
 from aiokafka.partitioner import murmur2 as _aiokafka_murmur2
 
-__all__ = ["key_hash", "misplaced", "murmur2", "partition_for"]
+__all__ = ["key_hash", "misplaced", "murmur2", "partition_for", "range_assign"]
 
 
 def murmur2(data: bytes) -> int:
@@ -62,3 +64,17 @@ def misplaced(record_key: bytes | None, key: str, partition: int, num_partitions
         return (f"key {key!r} belongs to partition {right} (Kafka's default murmur2 "
                 f"partitioner over {num_partitions} partitions), not partition {partition}")
     return None
+
+
+def range_assign(members: list[str], partitions: int) -> dict[str, range]:
+    """Kafka's RangeAssignor for one topic: contiguous ranges over ``members`` in the order
+    given (sorted ids), the first ones one larger. The embedded and in-memory logs assign
+    so, so partition p of co-partitioned topics goes to the same member, as on Kafka."""
+    per, extra = divmod(partitions, len(members))
+    out: dict[str, range] = {}
+    start = 0
+    for i, member in enumerate(members):
+        size = per + (1 if i < extra else 0)
+        out[member] = range(start, start + size)
+        start += size
+    return out

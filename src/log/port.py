@@ -1,8 +1,9 @@
-"""The EventLog port: the one protocol both log adapters implement.
+"""The EventLog port: the one protocol every log adapter implements.
 
 chronolog's source of truth is a partitioned, append-only log. Two adapters implement this
-port — ``KafkaEventLog`` (aiokafka, transactions) and ``SqliteEventLog`` (one WAL database
-file) — and one contract suite (``tests/contract/test_event_log.py``) runs against both.
+port for deployments — ``KafkaEventLog`` (aiokafka, transactions) and ``SqliteEventLog`` (one
+WAL database file) — and a third for tests, ``MemoryEventLog`` (one process's memory); one
+contract suite (``tests/contract/test_event_log.py``) runs against all three.
 
 Vocabulary:
 

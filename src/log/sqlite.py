@@ -107,7 +107,7 @@ from typing import Any, TypeVar
 
 from chronolog.log.datadir import PRIVATE_FILE, private_dir, tighten
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
-from chronolog.log.partitioner import partition_for
+from chronolog.log.partitioner import partition_for, range_assign
 from chronolog.log.port import (
     WAKE_HEADER,
     Fenced,
@@ -322,18 +322,6 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
         except sqlite3.Error:  # pragma: no cover - the connection is already in trouble
             log.exception("rollback failed")
-
-
-def _range_assign(members: list[str], partitions: int) -> dict[str, range]:
-    """Kafka's RangeAssignor for one topic: contiguous ranges, the first ones one larger."""
-    per, extra = divmod(partitions, len(members))
-    out: dict[str, range] = {}
-    start = 0
-    for i, member in enumerate(members):
-        size = per + (1 if i < extra else 0)
-        out[member] = range(start, start + size)
-        start += size
-    return out
 
 
 class _Conn:
@@ -990,7 +978,7 @@ class SqliteGroupConsumer:
         for topic in self.topics:
             ids = sorted(set(subs.get(topic, [])) | {self.member_id})  # we are alive
             n = self._log._partitions[topic]
-            mine.update((topic, p) for p in _range_assign(ids, n)[self.member_id])
+            mine.update((topic, p) for p in range_assign(ids, n)[self.member_id])
         return mine
 
     async def _rebalance(self, members: list[tuple[str, list[str]]]) -> None:

@@ -1,9 +1,11 @@
-"""Fixtures for the EventLog contract suite: every test runs against SQLite and Kafka.
+"""Fixtures for the EventLog contract suite: every test runs against SQLite, Kafka and the
+in-memory log.
 
 ``event_log`` is a started log with its topics created (4 partitions, a fresh prefix per
-test). ``open_log()`` opens *another* instance on the same backend — the same database file
-or the same broker and prefix — standing for a second process. The Kafka params need a real
-broker (``KAFKA_BOOTSTRAP_SERVERS``); without one they fail, they never skip.
+test). ``open_log()`` opens *another* instance on the same backend — the same database file,
+the same broker and prefix, or the same in-memory store — standing for a second process.
+The Kafka params need a real broker (``KAFKA_BOOTSTRAP_SERVERS``); without one they fail,
+they never skip.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from chronolog.log.memory import MemoryEventLog, MemoryStore
 from chronolog.log.port import EventLog, Topics
 
 PARTITIONS = 4
@@ -21,7 +24,7 @@ PARTITIONS = 4
 OpenLog = Callable[[], Awaitable[EventLog]]
 
 
-@pytest.fixture(params=["sqlite", "kafka"])
+@pytest.fixture(params=["sqlite", "kafka", "memory"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -32,10 +35,13 @@ async def open_log(
 ) -> AsyncIterator[OpenLog]:
     topics = Topics(prefix=topic_prefix, partitions=PARTITIONS)
     opened: list[EventLog] = []
+    store = MemoryStore()  # what the memory logs of one test share, as processes share a file
 
     async def _open() -> EventLog:
         log: EventLog
-        if backend == "sqlite":
+        if backend == "memory":
+            log = MemoryEventLog(topics, store)
+        elif backend == "sqlite":
             from chronolog.log.sqlite import SqliteEventLog
 
             log = SqliteEventLog(tmp_path / "log.db", topics)
