@@ -87,6 +87,11 @@ class _Partition:
         return self.records[i:i + limit]
 
 
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class MemoryStore:
     """What the processes of one in-memory log share: topics, records, group offsets, owner
     epochs and group members."""
@@ -98,21 +103,31 @@ class MemoryStore:
         self.epochs: dict[str, tuple[int, str]] = {}  # owner name -> (epoch, owner id)
         self.members: dict[str, dict[str, MemoryGroupConsumer]] = {}  # group -> id -> member
         self.generation = 0  # moves with membership and partition counts: members rebalance
-        self._changed = asyncio.Event()
+        self._waiters: set[asyncio.Future[None]] = set()
 
     def changed(self) -> None:
         """Wake every reader waiting for a write (each then looks at what it waits for)."""
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
+        waiters, self._waiters = self._waiters, set()
+        for fut in waiters:
+            _wake(fut)
 
     async def wait(self, timeout_s: float) -> None:
-        """Until the next change, at most ``timeout_s``."""
+        """Until the next change, at most ``timeout_s``.
+
+        A future and a timer rather than ``asyncio.wait_for``: on Python 3.11 ``wait_for``
+        swallows a cancellation that arrives as the awaited event is set, and a client
+        closing its reply reader while a reply lands then waited for its next timeout."""
         if timeout_s <= 0:
             return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(fut)
+        timer = loop.call_later(timeout_s, _wake, fut)
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except TimeoutError:
-            pass
+            await fut
+        finally:
+            timer.cancel()
+            self._waiters.discard(fut)
 
     def partitions(self, topic: str) -> list[_Partition]:
         parts = self.topics.get(topic)

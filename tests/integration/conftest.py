@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
+from support.logs import started as started  # re-exported for the tests here
 from support.polling import wait_until as wait_until  # re-exported for the tests here
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,17 +33,6 @@ def log_config(request: pytest.FixtureRequest, tmp_path: Path, topic_prefix: str
 
 def log_url(cfg: LogConfig) -> str:
     return f"sqlite://{cfg.target}" if cfg.kind == "sqlite" else f"kafka://{cfg.target}"
-
-
-@contextlib.asynccontextmanager
-async def started(lg: Any) -> AsyncIterator[Any]:
-    """``lg`` started with its topics ensured; closed afterwards."""
-    await lg.start()
-    await lg.ensure_topics()
-    try:
-        yield lg
-    finally:
-        await lg.close()
 
 
 @pytest.fixture

@@ -22,11 +22,11 @@ import pytest
 
 from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import Worker
+from support import greet_jobs
 from support.polling import wait_until
+from support.workers import serving
 
-from . import greet_jobs
 from .api_stack import ApiStack
-from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres
 

@@ -20,8 +20,8 @@ from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import FilesystemResultStore
 from chronolog.workers.results import sha256_hex
 from support.polling import wait_until
+from support.processors import Running, events
 
-from .test_processor import Running, events
 from .test_workers import manual_spec, of_type, published, serving, worker_processes
 
 

@@ -16,11 +16,11 @@ from rich.console import Console
 from chronolog.devnode.view import gather, render
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.workers import Worker
+from support import greet_jobs
 from support.polling import wait_until
+from support.workers import serving
 
-from . import greet_jobs
 from .test_poison_node import STEADY, Node, store  # noqa: F401 - store: a fixture
-from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres
 

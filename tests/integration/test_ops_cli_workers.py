@@ -29,7 +29,7 @@ from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
 
 pytestmark = pytest.mark.postgres
 
-GREET_JOBS = str(Path(__file__).with_name("greet_jobs.py"))
+GREET_JOBS = str(Path(__file__).parents[1] / "support" / "greet_jobs.py")
 WAITING = "no worker serves job type 'greet' in class 'default'"
 WARNING = ("warning: no worker of resource class 'default' has ever served job type 'greet': "
            "its runs will wait READY until one does")

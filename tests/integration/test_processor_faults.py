@@ -20,8 +20,7 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.settings import LogConfig
 from support.polling import wait_until
-
-from .test_processor import read_all
+from support.processors import read_all
 
 SPEC = m.ScheduleSpec.model_validate(
     {"every": "1s", "job": {"type": "noop"}, "overlap": "allow",

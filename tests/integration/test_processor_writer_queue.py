@@ -23,9 +23,9 @@ from chronolog.log.port import LogError, Topics
 from chronolog.log.sqlite import SqliteEventLog
 from chronolog.processors.runtime import Processor, ProcessorConfig
 from support.polling import wait_until
+from support.processors import SPEC, events
 
 from .conftest import started
-from .test_processor import SPEC, events
 
 SPEC_ONCE = {**SPEC, "every": "1h"}  # no timers firing during the test
 

@@ -29,9 +29,9 @@ from chronolog.projections.metrics import ProjectorCollector
 from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
 from support.polling import wait_until
+from support.processors import Running, read_all
 
 from .pgdb import create_database, drop_database, dump, schema_store
-from .test_processor import Running, read_all
 
 pytestmark = pytest.mark.postgres
 

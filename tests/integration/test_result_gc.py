@@ -19,9 +19,9 @@ from chronolog.settings import LogConfig
 from chronolog.workers import FilesystemResultStore, JobContext, Worker
 from chronolog.workers.gc import collect
 from support.polling import wait_until
+from support.processors import Running, events
 
 from .conftest import CHRONOLOG, log_url
-from .test_processor import Running, events
 from .test_workers import FAR
 
 RUNS = 30

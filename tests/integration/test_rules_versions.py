@@ -21,11 +21,11 @@ from chronolog.client import Client
 from chronolog.projections.metrics import ProjectorCollector
 from chronolog.projections.projector import Projector
 from chronolog.settings import LogConfig, RulesVersion, installed_rules
+from support.processors import read_all
 from support.tzdb import VERSION, compile_no_dst_new_york
 
 from .conftest import log_url
 from .pgdb import create_database, drop_database, schema_store
-from .test_processor import read_all
 from .test_processor_faults import ids_per_partition
 
 pytestmark = pytest.mark.postgres

@@ -25,10 +25,10 @@ from chronolog.projections.store import LATENESS_BUCKETS, bucket_label
 from chronolog.tenants import Tenant, Tenants
 from chronolog.workers import Worker
 from support.polling import wait_until
+from support.workers import serving
 
 from .api_stack import ApiStack
 from .pgdb import schema_store
-from .test_worker_routing import serving
 
 pytestmark = pytest.mark.postgres
 

@@ -19,9 +19,9 @@ from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
 from chronolog.tenants import load_tenants
 from support.polling import wait_until
+from support.processors import Running, events
 
 from .conftest import CHRONOLOG, ROOT, log_url, started
-from .test_processor import Running, events
 
 CRED_A = "pool-a-credential-0123456789"
 

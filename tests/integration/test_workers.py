@@ -37,9 +37,9 @@ from chronolog.workers import FilesystemResultStore, Worker
 from chronolog.workers.gc import collect
 from chronolog.workers.results import parse_uri
 from support.polling import wait_until
+from support.processors import Running, events, read_all
 
 from .conftest import CHRONOLOG, ROOT, log_url
-from .test_processor import Running, events, read_all
 
 JOBS_FILE = str(Path(__file__).with_name("worker_jobs.py"))
 FAR = (datetime.now(UTC) + timedelta(days=365)).isoformat()

@@ -1,45 +1,18 @@
-"""Jobs find their worker, on both logs: two real workers with different job modules on one
+"""Jobs find their worker, on the in-memory log: two real workers with different job modules on one
 processor each get only the runs they have a handler for, and workers announce themselves
 (the membership records the read side folds into the ``workers`` table)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from chronolog.domain.membership import Announcement
-from chronolog.workers import FilesystemResultStore, Worker
+from chronolog.workers import Worker
+from support import greet_jobs
 from support.polling import wait_until
-
-from . import greet_jobs
-from .test_processor import Running, events, read_all
-
-
-@contextlib.asynccontextmanager
-async def serving(lg: Any, tmp: Path, worker_id: str,
-                  *registers: Callable[[Worker], None]) -> AsyncIterator[Worker]:
-    """A worker with the job types ``registers`` register, announcing itself every 0.2 s."""
-    w = Worker(lg, worker_id=worker_id, result_store=FilesystemResultStore(tmp / "results"),
-               reply_timeout=5, announce_interval=0.2)
-    for register in registers:
-        register(w)
-    async with running(w):
-        yield w
-
-
-@contextlib.asynccontextmanager
-async def running(w: Worker) -> AsyncIterator[Worker]:
-    """``w`` serves until the block ends; then it drains (bounded)."""
-    task = asyncio.create_task(w.run())
-    try:
-        await w.wait_started()
-        yield w
-    finally:
-        w.stop()
-        await asyncio.wait_for(task, 60)
+from support.processors import Running, events, read_all
+from support.workers import serving
 
 
 def every_second(job: str) -> dict[str, Any]:

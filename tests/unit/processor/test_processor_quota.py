@@ -1,4 +1,4 @@
-"""The tenant quota is exact under concurrency, on both logs: creates sent all at once to
+"""The tenant quota is exact under concurrency, on the in-memory log: creates sent all at once to
 schedules on every partition, decided by two processors (so a schedule's processor and the
 processor of the tenant's quota aggregate differ), end with exactly ``max_schedules`` live
 schedules; a delete gives exactly one slot back; a processor restored from the log keeps
@@ -20,8 +20,7 @@ from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import OpenTenants, Processor
 from chronolog.projections.audit import audit
 from support.polling import wait_until
-
-from .test_processor import events, read_all
+from support.processors import events, read_all
 
 QUOTA = 10
 CREATES = 50

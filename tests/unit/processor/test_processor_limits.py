@@ -1,5 +1,5 @@
 """Commands written straight to the log (past the API, the CLI and the client) meet the same
-limits in the processor, on both logs: refused as ``invalid`` naming the field, and the
+limits in the processor, on the in-memory log: refused as ``invalid`` naming the field, and the
 processor goes on deciding."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from chronolog.domain import codec
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from support.polling import wait_until
-
-from .test_processor import Running, read_all
+from support.processors import Running, read_all
 
 JOB = {"type": "echo", "params": {}}
 
