@@ -1,4 +1,4 @@
-"""Moving keys to a new routing version, on both logs (docs/design.md §18).
+"""Moving keys to a new routing version, on the in-memory log (docs/design.md §18).
 
 The log has 4 partitions; the deployment's first routing version uses 2 of them. Schedules
 are created and run (manual triggers, claims: fences advance), then every partition is sent
@@ -22,9 +22,8 @@ from chronolog.domain.routing import RoutingTable
 from chronolog.log.partitioner import key_hash
 from chronolog.log.port import OutRecord
 from chronolog.processors.runtime import OpenTenants, ProcessorConfig
+from support import processors
 from support.polling import wait_until
-
-from . import test_processor
 
 OLD, NEW = 2, 4
 SPEC = {"every": "1h", "job": {"type": "echo"}, "overlap": "allow"}
@@ -45,7 +44,7 @@ class Quota(OpenTenants):
 QUOTA = 5
 
 
-class Running(test_processor.Running):
+class Running(processors.Running):
     """An in-process processor (first routing version: 2 partitions) plus a client, and
     where it holds each key."""
 
