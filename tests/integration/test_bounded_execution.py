@@ -21,15 +21,16 @@ from chronolog.workers import FilesystemResultStore
 from chronolog.workers.results import sha256_hex
 from support.polling import wait_until
 from support.processors import Running, events
+from support.workers import manual_spec, of_type, published, serving_test_jobs
 
-from .test_workers import manual_spec, of_type, published, serving, worker_processes
+from .test_workers import worker_processes
 
 
 async def test_a_zero_initial_backoff_is_raised_to_the_floor(event_log: Any,
                                                              tmp_path: Path) -> None:
     store = FilesystemResultStore(tmp_path / "results")
     retry = {"max_attempts": 3, "initial_backoff": 0, "max_backoff": 0}
-    async with Running(event_log) as r, serving(event_log, store, "w1"):
+    async with Running(event_log) as r, serving_test_jobs(event_log, store, "w1"):
         await r.client.create_schedule("acme", "storm", manual_spec(
             "fail", {"times": 2, "kind": "transient"}, retry=retry))
         run_id = (await r.client.trigger("acme", "storm", "k1"))["run_id"]
@@ -123,7 +124,7 @@ async def test_retries_over_the_tenants_budget_a_minute_are_delayed(
     delayed, each with its RetryScheduled, none dropped."""
     store = FilesystemResultStore(tmp_path / "results")
     tenants = Tenants({"acme": Tenant("acme", max_attempts_per_minute=3)})
-    async with Running(event_log, tenants=tenants) as r, serving(event_log, store, "w1"):
+    async with Running(event_log, tenants=tenants) as r, serving_test_jobs(event_log, store, "w1"):
         await r.client.create_schedule("acme", "flaky", manual_spec(
             "fail", {"times": 1, "kind": "transient"}))
         runs = [(await r.client.trigger("acme", "flaky", f"k{i}"))["run_id"] for i in range(6)]

@@ -20,9 +20,9 @@ from chronolog.workers import FilesystemResultStore, JobContext, Worker
 from chronolog.workers.gc import collect
 from support.polling import wait_until
 from support.processors import Running, events
+from support.workers import FAR
 
 from .conftest import CHRONOLOG, log_url
-from .test_workers import FAR
 
 RUNS = 30
 
