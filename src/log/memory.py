@@ -115,8 +115,9 @@ class MemoryStore:
         """Until the next change, at most ``timeout_s``.
 
         A future and a timer rather than ``asyncio.wait_for``: on Python 3.11 ``wait_for``
-        swallows a cancellation that arrives as the awaited event is set, and a client
-        closing its reply reader while a reply lands then waited for its next timeout."""
+        loses a cancellation that arrives as the awaited event is set (writes here wake
+        readers at once, so that happens), and a client's close() then hung on a reply
+        reader that went on polling."""
         if timeout_s <= 0:
             return
         loop = asyncio.get_running_loop()
