@@ -37,9 +37,9 @@ from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import open_log
 from support.polling import wait_until
 from support.processors import read_all
+from support.repartition import NEW, OLD, SPEC, Running, begin, config, home, reply_of, to_partition
 
 from .pgdb import create_database, drop_database, dump, schema_store
-from .test_repartition import NEW, OLD, SPEC, Running, begin, config, home, reply_of, to_partition
 
 pytestmark = pytest.mark.postgres
 
