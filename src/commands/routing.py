@@ -80,7 +80,7 @@ class RoutingView:
             return HERE
         if self.routing is None:
             return Forward(self.table.current.home(key_hash))
-        return place(key_hash, held, self.routing)
+        return place(key_hash, held, self.routing, self.handing_over_to())
 
     def may_hold(self, key_hash: int) -> bool:
         """Whether the key's home is this partition in some version it knows (a command on

@@ -22,7 +22,9 @@ A partition's view (``PartitionRouting``) is folded from its own log:
 ``place`` never sends a command around in a circle: a key's new home forwards its commands to
 the old home only until it has read the old home's handover-done; the old home forwards them
 back only after its handover, whose handover-done is ahead of the forwarded command in the
-new home's partition — the second time, the new home decides it. Pure: no I/O, no clock.
+new home's partition — the second time, the new home decides it. A partition that is a key's
+home in v+1 but still serves v decides a command for it once it has read the handover-done of
+the key's home in v, rather than send it back there. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -180,19 +182,31 @@ class Forward:
 HERE = Here()
 
 
-def place(key_hash: int, held: bool, here: PartitionRouting) -> Here | Forward:
+def place(key_hash: int, held: bool, here: PartitionRouting,
+          after: RoutingVersion | None = None) -> Here | Forward:
     """Where a command for the key of ``key_hash`` is decided, seen from ``here`` (``held``:
-    the key's state is on this partition now).
+    the key's state is on this partition now; ``after``: the version after the one served,
+    when this partition knows it).
 
     A key held here is decided here. Any other key: with ``new`` its home in the version
     this partition serves and ``old`` its home in the version before — forwarded to ``new``
     when that is another partition; decided here when it never moved (no version before, or
     ``old == new``) or its old home's handover-done was read here (it holds nothing of the
-    key: the key is new); forwarded to ``old`` otherwise (the key may still be there)."""
+    key: the key is new); forwarded to ``old`` otherwise (the key may still be there).
+
+    One more case, before a partition's own handover: a key whose home in the served version
+    has handed over to ``after`` (its handover-done read here), and whose home in ``after``
+    is this partition, is decided here — what that home moved of it came before the
+    handover-done, so not held, the key is new; sent back there it would only be forwarded
+    here again."""
     if held:
         return HERE
     new = here.serves.home(key_hash)
     if new != here.partition:
+        if (after is not None and after.version == here.serves.version + 1
+                and (after.version, new) in here.received
+                and after.home(key_hash) == here.partition):
+            return HERE
         return Forward(new)
     if here.previous is None:
         return HERE

@@ -72,7 +72,8 @@ class Model:
         here = self.routing[p]
         if kind == "cmd":
             assert isinstance(item, Command)
-            where = place(item.key, item.key in self.held[p], here)
+            after = self.to if here.serves.version < self.to.version else None
+            where = place(item.key, item.key in self.held[p], here, after)
             if where is HERE:
                 assert item.number not in self.decided, "a command decided twice"
                 self.decided[item.number] = p
@@ -172,6 +173,22 @@ def test_a_handover_done_read_before_the_partitions_own_handover_is_kept() -> No
     # without the early handover-done, a key that would come from 0 may still be there
     late = PartitionRouting.initial(1, table).handed_over(table.get(2))
     assert place(4, False, late) == Forward(0)
+
+
+def test_a_new_home_yet_to_hand_over_decides_a_new_key_whose_old_home_handed_over() -> None:
+    # 4 -> 6 partitions; key 763: home 3 of 4, 1 of 6. Partition 3 handed over first, so it
+    # forwards the key's commands to 1; partition 1 still serves version 1, where the key's
+    # home is 3 — sent back there, the command would come back to 1 a third time.
+    table = RoutingTable.initial(4).begin(6)
+    key, v2 = 763, table.get(2)
+    p1 = PartitionRouting.initial(1, table)
+    assert place(key, False, p1, v2) == Forward(3)  # 3's handover-done not read: it may hold it
+    read = p1.handover_received(2, 3)
+    assert place(key, False, read, v2) is HERE  # anything 3 moved of it came before its done
+    assert place(key, False, read) == Forward(3)  # without knowing version 2: as before
+    assert place(key, True, read, v2) is HERE
+    p0 = PartitionRouting.initial(0, table).handover_received(2, 3)
+    assert place(key, False, p0, v2) == Forward(3)  # home 1 of 6 is not partition 0
 
 
 def test_the_routing_table_allows_one_change_at_a_time() -> None:
