@@ -22,24 +22,38 @@ import argcomplete
 from chronolog.cli.errors import UsageError
 from chronolog.log.port import LogUnsafe
 
-# Modules that add sub-commands (each defines register(subparsers)).
-COMMAND_MODULES: tuple[str, ...] = (
-    "chronolog.cli.preview",
-    "chronolog.cli.audit",
-    "chronolog.cli.replay",
-    "chronolog.cli.projector",
-    "chronolog.cli.api",
-    "chronolog.cli.processor",
-    "chronolog.cli.dev",
-    "chronolog.cli.worker",
-    "chronolog.cli.effects",
-    "chronolog.cli.schedules",
-    "chronolog.cli.dlq",
-    "chronolog.cli.rules",
-    "chronolog.cli.backup",
-    "chronolog.cli.repartition",
-    "chronolog.cli.kafka_acls",
-)
+# The module that adds each sub-command (each module defines register(subparsers)), in the
+# order `chronolog --help` lists them. `chronolog <command> ...` imports only its command's
+# module: the drivers and the read model of the others (aiokafka, asyncpg, FastAPI, ...) cost
+# most of a second to import, paid by every invocation of a script. Help without a command,
+# an unknown command and shell completion build the whole parser.
+COMMANDS: dict[str, str] = {
+    "preview": "chronolog.cli.preview",
+    "audit": "chronolog.cli.audit",
+    "replay": "chronolog.cli.replay",
+    "projector": "chronolog.cli.projector",
+    "api": "chronolog.cli.api",
+    "processor": "chronolog.cli.processor",
+    "dev": "chronolog.cli.dev",
+    "worker": "chronolog.cli.worker",
+    "gc": "chronolog.cli.worker",
+    "effects": "chronolog.cli.effects",
+    "reconcile": "chronolog.cli.effects",
+    "schedule": "chronolog.cli.schedules",
+    "trigger": "chronolog.cli.schedules",
+    "cancel": "chronolog.cli.schedules",
+    "redrive": "chronolog.cli.schedules",
+    "runs": "chronolog.cli.schedules",
+    "run": "chronolog.cli.schedules",
+    "workers": "chronolog.cli.schedules",
+    "dlq": "chronolog.cli.dlq",
+    "rules": "chronolog.cli.rules",
+    "backup": "chronolog.cli.backup",
+    "restore": "chronolog.cli.backup",
+    "repartition": "chronolog.cli.repartition",
+    "kafka-acls": "chronolog.cli.kafka_acls",
+}
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,27 +70,32 @@ def package_version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The command line with the sub-commands of ``modules`` (all by default)."""
     parser = _Parser(prog="chronolog", description="Event-sourced job scheduler.")
     parser.add_argument("--version", action="version", version=f"chronolog {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # not built yet
-            raise
-        module.register(sub)
+    for name in modules:
+        importlib.import_module(name).register(sub)
     return parser
+
+
+def modules_for(argv: Sequence[str]) -> Sequence[str]:
+    """The command modules a parse of ``argv`` needs: the named command's alone, or all of
+    them (no command, an option first, an unknown command, or the shell asking for
+    completions)."""
+    if argv and argv[0] in COMMANDS and "_ARGCOMPLETE" not in os.environ:
+        return (COMMANDS[argv[0]],)
+    return COMMAND_MODULES
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from chronolog.log.datadir import private_umask
 
     private_umask()  # whatever chronolog creates (log, results, backups, secrets): owner only
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(modules_for(argv))
     argcomplete.autocomplete(parser)  # only when the shell asks for completions (then exits)
     args = parser.parse_args(argv)
     try:

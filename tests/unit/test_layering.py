@@ -379,3 +379,36 @@ def test_the_command_line_starts_without_heavy_drivers() -> None:
         capture_output=True, text=True, check=True).stdout.split()
     heavy = sorted(name for name in loaded if name.split(".")[0] in HEAVY_MODULES)
     assert heavy == []
+
+
+def test_each_command_is_found_in_the_module_that_registers_it() -> None:
+    import argparse
+    import importlib
+
+    from chronolog.cli.main import COMMAND_MODULES, COMMANDS, build_parser
+
+    registered: dict[str, str] = {}
+    for name in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(name).register(sub)
+        registered |= dict.fromkeys(sub.choices, name)
+    assert registered == COMMANDS
+    whole = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert list(whole) == list(COMMANDS)  # `chronolog --help` lists them in this order
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    script = ("import sys\nfrom chronolog.cli.main import main\n"
+              "rc = main(['preview', '--cron', '0 9 * * *', '-n', '1', '--json'])\n"
+              "print(rc, *sorted(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert len(out) == 2  # preview's JSON, then ours
+    rc, *loaded = out[1].split()
+    assert rc == "0"
+    assert "chronolog.cli.preview" in loaded
+    others = sorted(n for n in loaded if n.startswith("chronolog.cli.")
+                    and n not in ("chronolog.cli.main", "chronolog.cli.preview",
+                                  "chronolog.cli.errors"))
+    heavy = sorted(name for name in loaded if name.split(".")[0] in HEAVY_MODULES)
+    assert (others, heavy) == ([], [])
