@@ -2,41 +2,46 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Two installs into .venv, each a regular (not editable) install of the project built from
-# the working tree, redone whenever pyproject.toml or a file of src/ changes:
-# * runtime: the project and its runtime dependencies only (`make run`, `make schemas`, ...);
-# * test: the project's `test` extra on top (pytest, hypothesis, schemathesis, ruff, mypy,
-#   import-linter, ...: `make test`, `make test-unit`, `make lint`).
-# (An editable install of this layout — package chronolog in src/ — makes setuptools print a
-# notice on every install; a regular one prints nothing. pytest refuses to run on an
-# installed copy that differs from src/: tests/conftest.py.)
+# Two installs into .venv:
+# * runtime: the project, editable (src/ is imported in place: an edit needs no reinstall),
+#   and its runtime dependencies (`make run`, `make schemas`, ...); redone when
+#   pyproject.toml changes;
+# * test: the project's `test` extra on top (pytest, pytest-xdist, hypothesis, schemathesis,
+#   ruff, mypy, import-linter, ...: `make test`, `make test-unit`, `make lint`).
+# setuptools prints a notice about editable installs once, at install. The wheel users get is
+# built and checked by tests/unit/test_packaging.py; a non-editable install that differs from
+# src/ is refused by tests/conftest.py.
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
-SOURCES := $(shell find src -name '*.py' -o -name '*.sql' -o -name '*.html' -o -name '*.css' \
-	-o -name '*.js' -o -name '*.txt')
+# test processes: the tests wait on brokers, databases and subprocesses more than they
+# compute, so more processes than cores
+JOBS ?= 4
 
 .PHONY: install test test-unit schemas run kafka-up kafka-down bench clean lint chaos
 
-$(RUNTIME): pyproject.toml $(SOURCES)
+$(RUNTIME): pyproject.toml
 	test -x $(BIN)/python || { $(PY) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip; }
 	rm -rf build
-	$(BIN)/pip install -q .
+	$(BIN)/pip install -q -e .
 	touch $(RUNTIME)
 
 $(TESTING): pyproject.toml | $(RUNTIME)
-	$(BIN)/pip install -q '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 	touch $(TESTING)
 
 install: $(RUNTIME)
 
-## the whole suite, with every service it needs started and stopped here (Kafka, PostgreSQL)
+## the whole suite, with every service it needs started and stopped here (Kafka, PostgreSQL):
+## JOBS processes share the services; the tests marked `serial` (they load the machine or own
+## private servers and ports) run afterwards, alone
 test: $(RUNTIME) $(TESTING)
-	$(BIN)/python scripts/with_services.py -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python scripts/with_services.py -- $(BIN)/python scripts/run_suite.py --jobs $(JOBS) \
+		-- $(PYTEST_ARGS)
 
 ## only the pure tests (no services; promtool is installed if missing: scripts/with_services.py)
 test-unit: $(RUNTIME) $(TESTING)
 	$(BIN)/python scripts/with_services.py --no-kafka --no-postgres --no-browser -- \
-		$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+		$(BIN)/python -m pytest tests/unit -n 2 --dist worksteal $(PYTEST_ARGS)
 
 schemas: $(RUNTIME)
 	$(BIN)/python -m chronolog.schemagen schemas

@@ -125,9 +125,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse to test an installed chronolog older than src/ (``make`` installs the project
-    as a regular, not editable, package and reinstalls it when src/ changes; running pytest
-    without make after an edit would otherwise test the previous code)."""
+    """Refuse to test an installed chronolog that differs from src/ (``make`` installs the
+    project editable, so src/ is what is imported; a regular install — ``pip install .`` —
+    is a copy, which would otherwise test the code of its day after an edit)."""
     import chronolog
 
     src = Path(__file__).resolve().parents[1] / "src"

@@ -290,6 +290,12 @@ async def test_the_api_and_projector_say_the_read_model_is_away_and_resume_by_th
     assert shown["scheduleId"] == "after"
 
 
+def _unreachable(service: Any) -> str | None:
+    """The service's reason for not being ready, once it names the read model (None before)."""
+    why = service.not_ready()
+    return why if why is not None and why.startswith("read model unreachable") else None
+
+
 async def _read_after(node: SqliteNode, token: str) -> dict[str, Any] | None:
     r = await node.http.get("/v1/schedules/after", timeout=30,
                             headers={"X-Chronolog-Consistency": token})
@@ -317,9 +323,10 @@ async def test_the_api_and_projector_started_while_the_read_model_is_away_wait_f
     node = SqliteNode(tmp_path, dsn)  # its processes start now, the database away
     try:
         for name in ("projector", "api"):
-            why = await wait_until(lambda name=name: node.services[name].not_ready(), 60,
-                                   what=f"the {name} not ready")
-            assert why is not None and why.startswith("read model unreachable"), why
+            # its first report may be "starting": it says why once it has tried the database
+            why = await wait_until(lambda name=name: _unreachable(node.services[name]), 60,
+                                   what=f"the {name} not ready, the read model unreachable")
+            assert why.startswith("read model unreachable"), why
         await asyncio.sleep(OUTAGE_S)  # the outage itself: a duration, nothing to wait for
         for name, s in node.services.items():
             assert s.alive(), f"{name} exited while the database was away:\n{s.tail()}"
