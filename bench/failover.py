@@ -55,7 +55,8 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key, run_id_for
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 
 TENANT = "bench"
 EVERY_S = 3600.0

@@ -64,7 +64,8 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.log.port import OutRecord, Topics
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 
 SPEC = m.ScheduleSpec.model_validate({"every": "1h", "job": {"type": "noop"}})
 TENANT = "bench"

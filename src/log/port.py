@@ -92,12 +92,22 @@ def pool_class(pool: str, resource_class: str) -> str:
     return f"pool-{pool}.{resource_class}"
 
 
+# consumer group names, under the topics' prefix
+PROCESSOR_GROUP_SUFFIX = "processors"
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """Topic names under a prefix (default ``chronolog.``) and the shared partition count."""
 
     prefix: str = "chronolog."
     partitions: int = 12
+
+    @property
+    def processor_group(self) -> str:
+        """The consumer group of the processors on ``commands`` (its committed offsets are
+        the commands decided; the dashboard reads its lag)."""
+        return f"{self.prefix}{PROCESSOR_GROUP_SUFFIX}"
 
     @property
     def commands(self) -> str:

@@ -10,7 +10,8 @@ import os
 from typing import Any
 
 from chronolog.lifecycle import serve_log
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 from chronolog.readiness import Readiness, log_reachable, probing
 from chronolog.tenants import load_tenants
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 from chronolog.settings import open_log, parse_log_url
 
 

@@ -21,7 +21,8 @@ from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.log.sqlite import SqliteEventLog
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 from support.polling import wait_until
 from support.processors import SPEC, events
 

@@ -24,9 +24,12 @@ from chronolog.commands.quota import QuotaState, evolve_quota
 from chronolog.commands.state_codec import STATE_VERSION
 from chronolog.domain import codec
 from chronolog.domain.ids import QUOTA_ID
+from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import Fenced, LogUnavailable, OutRecord, Record
 from chronolog.processors import snapshots as sn
-from chronolog.processors.runtime import OpenTenants, Processor, ProcessorConfig, Takeover
+from chronolog.processors.config import OpenTenants, ProcessorConfig, ProcessorStats
+from chronolog.processors.restore import Restorer, Takeover
+from chronolog.processors.runtime import Processor
 from chronolog.projections.audit import audit
 from chronolog.settings import LogConfig, open_log
 from support.polling import wait_until
@@ -352,7 +355,8 @@ async def test_a_log_that_does_not_answer_once_does_not_turn_snapshots_off(
     event_log: Any,
 ) -> None:
     flaky = _NoAnswerOnce(event_log)
-    proc = Processor(flaky, "p-flaky", tenants=Quota())
+    restorer = Restorer(flaky, flaky.topics, ProcessorConfig(), ProcessorStats(),
+                        DeadLetters(flaky, "processor"), "p-flaky")
     with pytest.raises(LogUnavailable):  # this take-over fails, and is tried again
-        await proc._snapshots_usable()
-    assert await proc._snapshots_usable() is True
+        await restorer.snapshots_usable()
+    assert await restorer.snapshots_usable() is True

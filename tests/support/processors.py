@@ -10,7 +10,8 @@ from typing import Any
 from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 from support.polling import wait_until
 
 SPEC = {"every": "1s", "job": {"type": "echo", "params": {"x": 1}}, "overlap": "allow"}

@@ -15,7 +15,7 @@ from chronolog.domain.ids import ROUTING_ID, ROUTING_TENANT, partition_key
 from chronolog.domain.routing import RoutingTable
 from chronolog.log.partitioner import key_hash
 from chronolog.log.port import OutRecord
-from chronolog.processors.runtime import ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
 from support import processors
 from support.polling import wait_until
 

@@ -73,6 +73,8 @@ def test_every_contract_fails_on_a_violation(tmp_path: Path) -> None:
         "domain/ids.py": "import socket\n",
         # a lower layer imports a higher one
         "log/port.py": "import chronolog.projections.store\n",
+        # a part of the processor imports its task manager
+        "processors/output.py": "import chronolog.processors.runtime\n",
         # a private module imported from another package
         "api/_planted.py": "X = 1\n",
         "cli/planted.py": "from chronolog.api._planted import X\n",
@@ -89,6 +91,18 @@ def test_every_contract_fails_on_a_violation(tmp_path: Path) -> None:
     assert result.returncode != 0, out
     for contract in _contracts():
         assert f"{contract['name']} BROKEN" in out, out
+
+
+MAX_PROCESSOR_MODULE_LINES = 800
+
+
+def test_no_module_of_the_processor_grows_past_800_lines() -> None:
+    """The processor is a task manager over partition tasks, restore, output and config:
+    none of its modules holds more than one of those (a module past the limit is a sign
+    that one took another in)."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (SRC / "processors").glob("*.py")}
+    assert {"runtime.py", "partition_task.py", "restore.py", "output.py", "config.py"} <= set(sizes)
+    assert {n: k for n, k in sizes.items() if k > MAX_PROCESSOR_MODULE_LINES} == {}
 
 
 # ---------------------------------------------------------------------------------------

@@ -39,7 +39,6 @@ from chronolog.api.models import PauseIn, ReconcileIn, ScheduleIn
 from chronolog.api.routes import runs as run_routes
 from chronolog.api.routes import schedules as schedule_routes
 from chronolog.api.routes.params import RunIdPath, ScheduleIdPath
-from chronolog.processors.runtime import PROCESSOR_GROUP_SUFFIX
 from chronolog.projections.documents import InvalidDefinition, definition_of, iso, jsonable
 from chronolog.projections.metrics import LATENESS_BUCKETS, MetricsSource
 from chronolog.projections.read_model import (
@@ -640,7 +639,7 @@ async def health(request: Request, ctx: Context) -> Response:
     log = ctx.log
     if log is not None:
         topics = ctx.topics
-        group = f"{topics.prefix}{PROCESSOR_GROUP_SUFFIX}"
+        group = topics.processor_group
         for p in range(await ctx.topic_partitions(topics.commands)):
             end = await log.end_offset(topics.commands, p)
             done = await log.committed(group, topics.commands, p)

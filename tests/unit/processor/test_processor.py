@@ -18,7 +18,8 @@ from chronolog.domain.ids import partition_key
 from chronolog.domain.offers import OFFER_HEADER, Offer
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
-from chronolog.processors.runtime import Processor, ProcessorConfig
+from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.runtime import Processor
 from support.polling import wait_until
 from support.processors import SPEC, Running, events, read_all
 
@@ -189,7 +190,7 @@ async def test_a_slow_transaction_delays_only_its_own_partition(event_log: Any) 
     """Per-partition commit chains: no barrier across partitions, order kept within one."""
     from chronolog.domain.ids import partition_key
     from chronolog.log.partitioner import partition_for
-    from chronolog.processors.runtime import ProcessorConfig
+    from chronolog.processors.config import ProcessorConfig
 
     n = event_log.topics.partitions
     slow_id = "slow"

@@ -17,7 +17,8 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, partition_key, quota_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
-from chronolog.processors.runtime import OpenTenants, Processor
+from chronolog.processors.config import OpenTenants
+from chronolog.processors.runtime import Processor
 from chronolog.projections.audit import audit
 from support.polling import wait_until
 from support.processors import events, read_all

@@ -15,7 +15,7 @@ from typing import Any
 
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key, quota_key
-from chronolog.processors.runtime import OpenTenants
+from chronolog.processors.config import OpenTenants
 from support.polling import wait_until
 from support.repartition import (
     NEW,
