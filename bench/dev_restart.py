@@ -260,7 +260,7 @@ def stop(node: Node, timeout: float = 180.0) -> float:
 def stop_leftover_postgres(ddir: Path) -> None:
     """A node killed hard leaves its embedded PostgreSQL running: stop it (ours)."""
     if (ddir / "postgres" / "postmaster.pid").exists():
-        subprocess.run([sys.executable, "-m", "chronolog.devnode.embedded_postgres", "stop",
+        subprocess.run([sys.executable, "-m", "chronolog.embedded_postgres", "stop",
                         str(ddir / "postgres")], check=False, timeout=120)
 
 

@@ -96,9 +96,9 @@ from typing import Any
 import asyncpg
 import httpx
 
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.embedded_postgres import EmbeddedPostgres
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
 

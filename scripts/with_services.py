@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
                 (ROOT / ".kafka" / "bootstrap").read_text().strip()
             )
         if "--no-postgres" not in opts and not env.get("CHRONOLOG_TEST_DATABASE_URL"):
-            from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+            from chronolog.embedded_postgres import EmbeddedPostgres
 
             tmp = tempfile.mkdtemp(prefix="chronolog-pg-")
             pg = EmbeddedPostgres(Path(tmp) / "pg", fast=True)

@@ -33,8 +33,8 @@ import asyncpg
 from chronolog.cli.errors import Failure, UsageError
 from chronolog.cli.transport import Ctx, RunsQuery, SchedulesQuery, WorkersQuery
 from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.domain import messages as m
+from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.log.port import LogError
 from chronolog.projections.documents import camel_path, jsonable
 from chronolog.projections.read_model import (

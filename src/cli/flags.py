@@ -73,7 +73,7 @@ async def database(args: Any) -> AsyncIterator[str]:
             raise _usage(f"invalid database-url '{url}': expected postgresql://...")
         yield url
         return
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+    from chronolog.embedded_postgres import EmbeddedPostgres
 
     pg = EmbeddedPostgres(Path(data_dir(getattr(args, "data_dir", None))) / "postgres")
     was_running = await asyncio.to_thread(pg.is_running)
@@ -98,7 +98,7 @@ async def existing_database(args: Any, command: str) -> AsyncIterator[str]:
             raise _usage(f"invalid database-url '{url}': expected postgresql://...")
         yield url
         return
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+    from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 
     ddir = data_dir(getattr(args, "data_dir", None))
     clusters = [ddir / "postgres", ddir / "pg"]  # chronolog dev, projector / older layouts

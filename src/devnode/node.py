@@ -59,8 +59,8 @@ async def run_dev(
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
     from chronolog.devnode.nodefile import NodeInfo, api_url, remove_node_file, write_node_file
+    from chronolog.embedded_postgres import EmbeddedPostgres
     from chronolog.log.datadir import private_dir, private_umask
     from chronolog.log.port import Topics
     from chronolog.log.sqlite import SqliteEventLog

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+from chronolog.embedded_postgres import EmbeddedPostgres
 from support.net import free_port
 from support.polling import wait_until
 

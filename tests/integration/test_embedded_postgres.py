@@ -21,7 +21,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 
 pytestmark = pytest.mark.postgres
 
@@ -126,7 +126,7 @@ def test_a_taken_port_fails_with_the_server_log(tmp_path: Path) -> None:
 
 def test_command_line_start_and_stop(tmp_path: Path) -> None:
     data = tmp_path / "pg"
-    cmd = [sys.executable, "-m", "chronolog.devnode.embedded_postgres"]
+    cmd = [sys.executable, "-m", "chronolog.embedded_postgres"]
     env = dict(os.environ)
     try:
         out = subprocess.run(

@@ -30,7 +30,7 @@ import asyncpg
 import httpx
 import pytest
 
-from chronolog.devnode.embedded_postgres import PASSWORD_FILE, POSTGRES_BIN_PATH, EmbeddedPostgres
+from chronolog.embedded_postgres import PASSWORD_FILE, POSTGRES_BIN_PATH, EmbeddedPostgres
 from chronolog.log.port import Topics
 from chronolog.log.sqlite import SqliteEventLog
 from chronolog.workers.results import FilesystemResultStore

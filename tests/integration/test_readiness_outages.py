@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from chronolog.client import Client
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres
 from chronolog.domain import codec
+from chronolog.embedded_postgres import EmbeddedPostgres
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
 from support.net import free_port

@@ -513,7 +513,7 @@ def dev_dir() -> Iterator[Path]:
     # and pytest keeps its temporary root private (mode 0700)
     d = Path(tempfile.mkdtemp(prefix="chronolog-replay-dev-"))
     yield d
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+    from chronolog.embedded_postgres import EmbeddedPostgres
 
     EmbeddedPostgres(d / "postgres").stop()
     shutil.rmtree(d, ignore_errors=True)
@@ -522,7 +522,7 @@ def dev_dir() -> Iterator[Path]:
 def test_replay_data_dir_alone_is_refused_by_a_running_dev_node_and_rebuilds_a_stopped_one(
     dev_dir: Path, tmp_path: Path, database_url: str, schemas: list[str],
 ) -> None:
-    from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+    from chronolog.embedded_postgres import EmbeddedPostgres
     from chronolog.projections.migrate import migrate
 
     port = free_port()

@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 
 from chronolog.client import Client
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+from chronolog.embedded_postgres import EmbeddedPostgres
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
 from support.polling import wait_until
@@ -51,7 +51,7 @@ def _load(broker: OwnBroker, prefix: str) -> subprocess.Popen[bytes]:
 import asyncio
 from chronolog.client import Client
 from chronolog.log.port import Topics
-from chronolog.devnode.embedded_postgres import EmbeddedPostgres
+from chronolog.embedded_postgres import EmbeddedPostgres
 from chronolog.settings import LogConfig, open_log
 async def main():
     lg = open_log(LogConfig("kafka", "{broker.bootstrap}", Topics(prefix="{prefix}", partitions=4)))

@@ -324,6 +324,7 @@ LAZY_PACKAGES = ("cli", "devnode")
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("lifecycle.py", "asyncpg"): "processes on the embedded log never load asyncpg",
     ("log/kafka_acls.py", "aiokafka.protocol.admin"): "printing the ACLs needs no broker",
+    ("embedded_postgres.py", "pwd"): "the server's system user is looked up only when run as root",
 }
 # what `chronolog --help` must not load
 HEAVY_MODULES = ("aiokafka", "asyncpg", "fastapi", "uvicorn", "httpx", "sqlite3")

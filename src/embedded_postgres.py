@@ -41,7 +41,7 @@ throw-away test cluster does not mind. The product default keeps PostgreSQL's du
 
 ``start()``/``stop()`` block (subprocesses); from async code use ``asyncio.to_thread``.
 
-Command line: ``python -m chronolog.devnode.embedded_postgres start|stop|status DIR [--port N]
+Command line: ``python -m chronolog.embedded_postgres start|stop|status DIR [--port N]
 [--fast]`` (``start`` prints the DSN).
 """
 
@@ -584,8 +584,8 @@ class _TempOut:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m chronolog.devnode.embedded_postgres start|stop|status DIR``."""
-    parser = argparse.ArgumentParser(prog="python -m chronolog.devnode.embedded_postgres")
+    """``python -m chronolog.embedded_postgres start|stop|status DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m chronolog.embedded_postgres")
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--port", type=int, default=None)
