@@ -21,10 +21,8 @@ NO_TESTS_COLLECTED = 5
 
 def phases(jobs: int, extra: list[str]) -> list[list[str]]:
     pytest = [sys.executable, "-m", "pytest"]
-    parallel = [*pytest, "-m", "not serial", *extra]
-    if jobs > 1:
-        parallel[3:3] = ["-n", str(jobs), "--dist", "worksteal"]
-    return [parallel, [*pytest, "-m", "serial", *extra]]
+    spread = ["-n", str(jobs), "--dist", "worksteal"] if jobs > 1 else []
+    return [[*pytest, *spread, "-m", "not serial", *extra], [*pytest, "-m", "serial", *extra]]
 
 
 def main(argv: list[str] | None = None) -> int:
