@@ -29,7 +29,7 @@ kind = "webhook"
 url = "https://billing.example/hooks"
 ```
 
-Destinations are parsed by ``chronolog.destinations`` (see README, Tenants).
+Destinations are parsed by ``chronolog.destinations`` (see docs/deployment.md, "Tenants").
 
 Without a file, ``dev_tenants()`` has one tenant ``default`` with token ``dev``, no rate
 limit, and ``/metrics`` open (a tenants file always closes it to all but operators).

@@ -23,7 +23,7 @@ Conventions
   (503) — the command reply statuses plus the HTTP-only ones. Validation is always 400
   (never FastAPI's 422), an unknown query parameter included; ``openapi_document`` lists
   every status each operation can answer.
-* Limits (``chronolog.domain.limits``; README "Limits"): the request guard
+* Limits (``chronolog.domain.limits``; docs/deployment.md, "Limits"): the request guard
   (``chronolog.api.limits.RequestGuard``) refuses oversized bodies, non-JSON bodies, deep
   nesting and NUL before FastAPI parses anything; path IDs must match their patterns; a
   tenant's commands pass its token bucket (429 with ``Retry-After``). ``/metrics`` takes an

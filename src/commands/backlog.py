@@ -4,7 +4,7 @@ Pure: no I/O, no clock. The decider applies a ``Backlog`` when it materializes (
 resume, a revision, a pause); the API shows the same ``Backlog`` for a paused schedule, so
 what a resume is said to do and what it does cannot disagree.
 
-The rules (README "Downtime, stated"):
+The rules (docs/tour.md, "Downtime, stated"):
 
 * **one instant due** (the usual case): on time within ``grace``, it runs. Later than
   ``grace`` — ``skip``: skipped (``misfire``, or ``paused``); ``latest`` and ``all``: it runs

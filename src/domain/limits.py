@@ -4,7 +4,7 @@ The message models (``chronolog.domain.messages``) apply them, so a command is c
 same way wherever it comes from: the API answers 400 naming the field before sending, the
 CLI exits 2, the client raises before appending, and the processor — the authority for
 commands written to the log by anything else — rejects the command as ``invalid``.
-README.md ("Limits") lists them with their defaults and how to configure the ones that can
+docs/deployment.md ("Limits") lists them with their defaults and how to configure the ones that can
 be configured. Pure: no I/O, no clock.
 """
 

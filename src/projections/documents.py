@@ -140,7 +140,7 @@ class ScheduleDefinition(CamelModel):
     """A schedule's definition: exactly one of cron / every / at / delay, the job, policies."""
 
     cron: str | None = Field(default=None, description="5-field cron (with L, L-n, nW, LW, nL, "
-                             "n#k and wrapping ranges such as FRI-MON; see the README) or an "
+                             "n#k and wrapping ranges such as FRI-MON; see docs/tour.md) or an "
                              "@daily-style macro")
     timezone: str | None = Field(default=None, description="IANA zone for cron (default UTC)")
     every: m.Seconds | None = Field(default=None, description="interval (seconds or 15m, 1h...)")

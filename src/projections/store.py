@@ -24,7 +24,7 @@ the columns its run row got from ``OccurrenceMaterialized``.
      partial row would fail PostgreSQL's NOT NULL check even when the row exists.) Rows it
      does not find are reported in ``ApplyResult.missing`` rather than invented.
 
-3. the run counters (``Tally``, README "Metrics"): the outcomes, skips and first-claim
+3. the run counters (``Tally``, docs/deployment.md, "Metrics"): the outcomes, skips and first-claim
    lateness the batch's events record are added to ``run_counters`` and the READY runs are
    kept in ``ready_runs`` (with their count per resource class and job type), in the same
    transaction — so ``/metrics`` reads a few rows and never scans ``runs``. A tally's labels

@@ -1,7 +1,7 @@
 """Hostile and careless requests against the API: every limit answers the JSON error body.
 
 A real processor, projector and PostgreSQL behind the app (``ApiStack`` on the SQLite log:
-none of these paths depends on the log). Each test names one limit (README.md, "Limits").
+none of these paths depends on the log). Each test names one limit (docs/deployment.md, "Limits").
 """
 
 from __future__ import annotations

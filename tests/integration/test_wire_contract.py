@@ -1,4 +1,4 @@
-"""The command wire contract, as README "Commands from any Kafka producer" states it.
+"""The command wire contract, as docs/deployment.md, "Commands from any Kafka producer" states it.
 
 A plain aiokafka producer and consumer — nothing of chronolog is imported here — send a
 ``CreateSchedule`` envelope to a real ``chronolog processor`` on a real broker, keyed

@@ -20,12 +20,12 @@ from chronolog.effect_adapters.runner import Breaker
 from chronolog.settings import ConfigError
 from chronolog.tenants import load_tenants
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
 
 
 def readme_blocks() -> tuple[str, str]:
-    """The TOML and JSON examples of the README's effect destinations section."""
-    text = README.read_text()
+    """The TOML and JSON examples of the effect destinations section of docs/deployment.md."""
+    text = DEPLOYMENT.read_text()
     section = text[text.index("#### Effect destinations"):]
     toml = re.search(r"```toml\n(.*?)```", section, re.S)
     json = re.search(r"```json\n(.*?)```", section, re.S)

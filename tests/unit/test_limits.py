@@ -1,4 +1,4 @@
-"""The limits (README.md, "Limits") as pure functions, and their tenants-file keys."""
+"""The limits (docs/deployment.md, "Limits") as pure functions, and their tenants-file keys."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Expressions are drawn as structured items: each item is rendered to cron text AND carries
 its meaning, written here from the documented rule alone (no parsing, no calendar helpers
 of the implementation). The oracle walks real UTC minutes and applies the daylight-saving
-rule and the Vixie day rule as README.md states them:
+rule and the Vixie day rule as docs/tour.md ("The cron dialect") states them:
 
 * a wildcard job (minute or hour field starts with ``*``) fires at every real minute whose
   local wall time matches;
