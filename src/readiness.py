@@ -14,9 +14,9 @@ probe.
 ``(ready, reason)``) every ``interval`` seconds until cancelled; a probe that raises or does
 not answer within ``interval * 3`` counts as not ready with that reason. The process says
 what ready means (``chronolog.processors``, ``projections``, ``workers``, ``effect_adapters``
-and the API each define it; docs/deployment.md, "Readiness"); the probes of the services they share are
-here: ``log_reachable`` and ``database_reachable`` (a bounded request each, ``None`` when it
-answered, else the reason).
+and the API each define it; docs/deployment.md, "Readiness"); the probes of the services
+they share are here: ``log_reachable`` and ``database_reachable`` (a bounded request each,
+``None`` when it answered, else the reason).
 
 On exit (``probing`` leaves) the file says ``{"ready": false, "reason": "stopped"}``.
 """

@@ -18,8 +18,8 @@ Column conventions:
   collapsed range), so skipped counters are ``sum(skipped_count) ... group by skipped_reason``;
 * CompletionRejected changes no row (it is kept in the log for audit).
 
-Run counters (``Tally``, docs/deployment.md, "Metrics"): an outcome is counted by the event that reaches
-it — ``ResultPublished`` and an ambiguous failure resolved ``delivered`` (succeeded),
+Run counters (``Tally``, docs/deployment.md, "Metrics"): an outcome is counted by the event
+that reaches it — ``ResultPublished`` and an ambiguous failure resolved ``delivered`` (succeeded),
 ``OccurrenceDeadLettered`` (dead), ``OccurrenceCancelled`` (cancelled), ``OccurrenceSkipped``
 (skipped, once per instant it stands for, and by reason) — so a redriven run counts again when
 it ends again, and an effect's reconciliation never changes its run's outcome. The claim of a
