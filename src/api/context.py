@@ -47,7 +47,8 @@ from chronolog.api.limits import RateLimiter
 from chronolog.api.sessions import SessionStore
 from chronolog.api.throttle import AuthFailures
 from chronolog.client import Client, ReplyTimeout
-from chronolog.commands.decider import TenantContext, ungranted_effect
+from chronolog.commands.aggregate import TenantContext
+from chronolog.commands.decider import ungranted_effect
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for

@@ -36,7 +36,7 @@ from typing import Any
 from chronolog.cli.errors import UsageError
 from chronolog.cli.log_reader import add_log_arguments, log_config, open_existing_log
 from chronolog.client import Client
-from chronolog.commands.decider import PROCESSOR
+from chronolog.commands.aggregate import PROCESSOR
 from chronolog.domain import messages as m
 from chronolog.domain.ids import ROUTING_ID, ROUTING_TENANT
 from chronolog.domain.routing import RoutingChange, RoutingTable

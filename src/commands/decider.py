@@ -17,14 +17,22 @@ guard and materializing the next occurrence) sees a consistent state at every st
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from itertools import pairwise
-from typing import Any, assert_never
+from typing import Any, TypeGuard, assert_never, get_args
 
 import orjson
 
+from chronolog.commands.aggregate import (
+    OPEN_TENANT,
+    PROCESSOR,
+    Aggregate,
+    Decision,
+    Draft,
+    Send,
+    TenantContext,
+)
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
     DEAD_KEPT,
@@ -55,9 +63,6 @@ from chronolog.domain.ids import (
     saga_command_id,
 )
 from chronolog.domain.limits import (
-    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
-    MAX_RETRY_ATTEMPTS,
-    MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
 )
 from chronolog.domain.recurrence import (
@@ -70,11 +75,8 @@ from chronolog.domain.recurrence import (
 __all__ = [
     "LEAVES_LIVE",
     "MAX_INSTANTS_PER_DECISION",
-    "PROCESSOR",
     "QUOTA_EXPIRY_MARGIN",
-    "Decision",
-    "Send",
-    "TenantContext",
+    "SCHEDULE",
     "decide",
     "evolve",
     "fold",
@@ -87,7 +89,6 @@ __all__ = [
 
 COLLAPSE_SKIPS_OVER = 20  # more consecutive skips than this become one range event
 _US = timedelta(microseconds=1)
-PROCESSOR = "processor"  # the principal of the commands processors send themselves
 # a granted quota slot is taken only while at least this long remains of its reservation, so
 # the quota aggregate (another processor, another clock) never expires a slot being taken
 QUOTA_EXPIRY_MARGIN = timedelta(seconds=5)
@@ -95,95 +96,19 @@ QUOTA_EXPIRY_MARGIN = timedelta(seconds=5)
 LEAVES_LIVE: tuple[type, ...] = (m.ScheduleDeleted, m.ScheduleCompleted)
 
 
-@dataclass(frozen=True, slots=True)
-class TenantContext:
-    """Tenant policy as seen by the processor: allowed job types, schedule quota, the
-    shortest interval a recurring schedule may have (seconds), and the retry bounds: the
-    most ``retry.maxAttempts`` a schedule may ask for and the shortest wait before a retry
-    (a smaller ``retry.initialBackoff`` is raised to it; the wait is written into the
-    ``RetryScheduled`` event as its ``retry_at``)."""
-
-    allowed_jobs: frozenset[str] | None = None  # None: every job type
-    max_schedules: int | None = None  # set: creates go through the quota saga
-    # the effect destinations the operator granted, name -> kind; None: not checked here
-    destinations: Mapping[str, str] | None = None
-    min_interval: float = MIN_INTERVAL_SECONDS
-    max_attempts: int = MAX_RETRY_ATTEMPTS
-    min_backoff: float = MIN_RETRY_BACKOFF_SECONDS
-    # the longest an attempt may run (seconds), and per job type (overrides it)
-    execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS
-    job_timeouts: Mapping[str, float] | None = None
-    # extra wait of a retry scheduled now: the tenant's retries per minute are spent
-    retry_delay: float = 0.0
-
-    def timeout_for(self, job: m.JobSpec) -> float:
-        """An attempt's execution timeout: the tenant's for the job type, or the job's own
-        timeout when that is shorter (a job may lower the tenant's, never raise it)."""
-        ceiling = (self.job_timeouts or {}).get(job.type, self.execution_timeout)
-        return ceiling if job.timeout is None else min(job.timeout, ceiling)
-
-    def allows(self, job_type: str) -> bool:
-        return (self.allowed_jobs is None or "*" in self.allowed_jobs
-                or job_type in self.allowed_jobs)
+ScheduleDecision = Decision[m.ScheduleEvent]
+ScheduleDraft = Draft[ScheduleState, m.ScheduleEvent]
 
 
-OPEN_TENANT = TenantContext()
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """A command the processor sends through ``commands`` in the decision's transaction, to
-    the aggregate ``schedule_id`` of the same tenant (the quota saga's steps; a moved key's
-    adopt command). ``partition``: the partition it is appended to (None: the aggregate's
-    home, as the sender routes it)."""
-
-    schedule_id: str
-    command_id: str
-    payload: Any
-    partition: int | None = None
-
-
-@dataclass(slots=True)
-class Decision:
-    """The outcome of one command: a status, a reason, a reply body and the events.
-
-    ``sends``: commands to other aggregates, written with the events. ``answers``: the
-    command the reply answers when it is not the decided one (a held create answered by the
-    quota saga), and ``answers_client`` the client waiting for it (that command's
-    ``reply_to``). ``deferred``: no reply now, the saga answers later.
-    """
-
-    status: m.Status = "ok"
-    events: list[Any] = field(default_factory=list)
-    body: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
-    sends: list[Send] = field(default_factory=list)
-    field: str | None = None
-    answers: str | None = None
-    answers_client: str | None = None
-    deferred: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-def _reject(status: m.Status, reason: str, field_: str | None = None, **body: Any) -> Decision:
+def _reject(status: m.Status, reason: str, field_: str | None = None,
+            **body: Any) -> ScheduleDecision:
     return Decision(status=status, reason=reason, field=field_, body=dict(body))
 
 
-class _Draft:
-    """A scratch copy of the state; ``emit`` appends an event and folds it at once."""
-
-    __slots__ = ("events", "state")
-
-    def __init__(self, state: ScheduleState) -> None:
-        self.state = state.draft()  # copy-on-write: only the runs an event touches are cloned
-        self.events: list[Any] = []
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
-        evolve(self.state, event)
+def _draft(state: ScheduleState) -> ScheduleDraft:
+    """A scratch copy of the state (copy-on-write: only the runs an event touches are
+    cloned) that folds each event as it is emitted."""
+    return Draft(state.draft(), evolve)
 
 
 # =======================================================================================
@@ -195,7 +120,7 @@ def decide(
     command: m.CommandEnvelope,
     now: datetime,
     tenant: TenantContext = OPEN_TENANT,
-) -> Decision:
+) -> ScheduleDecision:
     """Decide one command against one schedule's state at authority time ``now``."""
     dec = _decide(state, command, now, tenant)
     if dec.events and state.exists and isinstance(state.quota, str):
@@ -203,7 +128,7 @@ def decide(
     return dec
 
 
-def _release_when_not_live(state: ScheduleState, dec: Decision) -> None:
+def _release_when_not_live(state: ScheduleState, dec: ScheduleDecision) -> None:
     """A schedule holding a quota slot that stops being live (an event of ``LEAVES_LIVE``)
     gives the slot back: a release to the tenant's quota aggregate, named after that event."""
     assert isinstance(state.quota, str)
@@ -224,7 +149,7 @@ def _decide(
     command: m.CommandEnvelope,
     now: datetime,
     tenant: TenantContext,
-) -> Decision:
+) -> ScheduleDecision:
     p = command.payload
     match p:
         case m.Tick():
@@ -304,7 +229,7 @@ def _first_instant(
 
 def _create(
     state: ScheduleState, p: m.CreateSchedule, now: datetime, tenant: TenantContext
-) -> Decision:
+) -> ScheduleDecision:
     if state.status != "NEW":
         if state.status == "DELETED":
             return _reject("conflict", "schedule id was deleted; choose another", "scheduleId")
@@ -337,7 +262,7 @@ def _create(
     first = _first_instant(trigger, pol, p.spec, now, anchor)
     if pol.kind == "at" and first is not None and first < now - timedelta(seconds=pol.grace):
         return _reject("invalid", f"invalid at '{m_iso(first)}': in the past", "at")
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(
         m.ScheduleCreated(
             revision=1,
@@ -356,7 +281,7 @@ def _create(
 def _create_or_hold(
     state: ScheduleState, command: m.CommandEnvelope, p: m.CreateSchedule, now: datetime,
     tenant: TenantContext,
-) -> Decision:
+) -> ScheduleDecision:
     """A create of a tenant with a quota that passes every other check is held: it waits
     for a slot from the tenant's quota aggregate, and is answered when the slot is (see
     ``_quota_answered``). A create of an existing schedule takes no slot."""
@@ -372,7 +297,7 @@ def _create_or_hold(
     trial = _create(state, p, now, tenant)  # every check but the quota
     if not trial.ok:
         return trial
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.ScheduleCreationHeld(command_id=command_id, request_key=p.request_key,
                                   spec=p.spec, reply_to=command.reply_to))
     reserve = m.ReserveQuotaSlot(schedule_id=state.schedule_id, create_command_id=command_id)
@@ -382,7 +307,7 @@ def _create_or_hold(
 
 def _quota_answered(
     state: ScheduleState, p: m.AnswerQuotaSlot, now: datetime, tenant: TenantContext
-) -> Decision:
+) -> ScheduleDecision:
     """The quota's answer to a held create: created with the slot (confirmed to the quota),
     or refused — and a reserved slot it cannot use is given back. The reply goes to the
     held create's command."""
@@ -410,8 +335,8 @@ def _quota_answered(
 
 
 def _refuse_held(state: ScheduleState, wait: QuotaWait, status: m.Status, reason: str,
-                 release: bool, field_: str | None = None) -> Decision:
-    d = _Draft(state)
+                 release: bool, field_: str | None = None) -> ScheduleDecision:
+    d = _draft(state)
     d.emit(m.ScheduleCreationRefused(command_id=wait.command_id, status=status, reason=reason,
                                      release=release))
     dec = _reject(status, reason, field_)
@@ -422,7 +347,7 @@ def _refuse_held(state: ScheduleState, wait: QuotaWait, status: m.Status, reason
     return dec
 
 
-def ungranted_effect(spec: m.ScheduleSpec, tenant: TenantContext) -> Decision | None:
+def ungranted_effect(spec: m.ScheduleSpec, tenant: TenantContext) -> ScheduleDecision | None:
     """An effect may only name a destination the operator granted to the tenant, of its kind."""
     if tenant.destinations is None:
         return None
@@ -443,7 +368,7 @@ _CRON_GAPS_CHECKED = 64
 
 def _below_min_interval(
     spec: m.ScheduleSpec, trigger: Any, now: datetime, tenant: TenantContext
-) -> Decision | None:
+) -> ScheduleDecision | None:
     """A recurring schedule fires at most once per ``tenant.min_interval``: an ``every`` or
     ``delay`` shorter than it, or a cron rule with two of its next instants closer than it,
     is invalid (naming the field)."""
@@ -463,7 +388,7 @@ def _below_min_interval(
     return None
 
 
-def _over_retry_ceiling(spec: m.ScheduleSpec, tenant: TenantContext) -> Decision | None:
+def _over_retry_ceiling(spec: m.ScheduleSpec, tenant: TenantContext) -> ScheduleDecision | None:
     """``retry.maxAttempts`` above the tenant's ceiling is invalid (naming the field)."""
     if spec.retry.max_attempts > tenant.max_attempts:
         return _reject("invalid", f"invalid retry.maxAttempts '{spec.retry.max_attempts}': "
@@ -487,7 +412,7 @@ def _schedule_body(s: ScheduleState) -> dict[str, Any]:
 
 def _revise(
     state: ScheduleState, p: m.ReviseSchedule, now: datetime, tenant: TenantContext
-) -> Decision:
+) -> ScheduleDecision:
     if (ended := _refuse_completed(state)) is not None:
         return ended
     if not state.exists:
@@ -513,7 +438,7 @@ def _revise(
                  or _over_retry_ceiling(p.spec, tenant))
     if too_often is not None:
         return too_often
-    d = _Draft(state)
+    d = _draft(state)
     # Instants of the old revision already due belong to it: settle them first (exactly as
     # a Tick just before the revision would), so none is silently dropped.
     _materialize_due(d, now, late_reason="misfire")
@@ -550,14 +475,14 @@ def _revise(
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
-def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
+def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> ScheduleDecision:
     if (ended := _refuse_completed(state)) is not None:
         return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if state.status == "PAUSED":
         return Decision(body=_schedule_body(state))
-    d = _Draft(state)
+    d = _draft(state)
     # what was already due when the pause arrived is not "missed while paused"
     _materialize_due(d, now, late_reason="misfire")
     if _complete_if_no_instant_left(d, now):  # that was its last instant: nothing to pause
@@ -566,14 +491,14 @@ def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> Decision:
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
-def _resume(state: ScheduleState, now: datetime) -> Decision:
+def _resume(state: ScheduleState, now: datetime) -> ScheduleDecision:
     if (ended := _refuse_completed(state)) is not None:
         return ended
     if not state.exists:
         return _reject("not_found", "no such schedule")
     if state.status == "ACTIVE":
         return Decision(body=_schedule_body(state))
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(
         m.ScheduleResumed(
             resumed_at=now, next_run_at=state.next_run_at, next_due_at=state.next_due_at
@@ -585,10 +510,10 @@ def _resume(state: ScheduleState, now: datetime) -> Decision:
     return Decision(events=d.events, body=_schedule_body(d.state))
 
 
-def _delete(state: ScheduleState, principal: str) -> Decision:
+def _delete(state: ScheduleState, principal: str) -> ScheduleDecision:
     if not state.exists and state.status != "COMPLETED":  # a completed one can be deleted
         return _reject("not_found", "no such schedule")
-    d = _Draft(state)
+    d = _draft(state)
     # Runs not yet started will never start; running ones finish under their fence.
     for run in _current_runs(d):
         if run.state in ("PENDING", "READY", "RETRY_WAIT"):
@@ -602,11 +527,11 @@ def _delete(state: ScheduleState, principal: str) -> Decision:
 # time: Tick
 
 
-def tick(state: ScheduleState, now: datetime) -> Decision:
+def tick(state: ScheduleState, now: datetime) -> ScheduleDecision:
     """Everything due at ``now``: lease expiry, retry release, start deadlines, instants."""
     if state.status == "NEW":
         return Decision()
-    d = _Draft(state)
+    d = _draft(state)
     _expire_leases(d, now)
     _release_retries(d, now)
     _expire_start_deadlines(d, now)
@@ -618,7 +543,7 @@ def tick(state: ScheduleState, now: datetime) -> Decision:
     return Decision(events=d.events)
 
 
-def _current_runs(d: _Draft) -> Iterator[Run]:
+def _current_runs(d: ScheduleDraft) -> Iterator[Run]:
     """The draft's runs, each fetched when reached: an earlier event may have replaced it
     (copy-on-write) or retired it, so a list of run objects taken up front can be stale."""
     runs = d.state.runs
@@ -630,13 +555,13 @@ def _current_runs(d: _Draft) -> Iterator[Run]:
             yield run
 
 
-def _expire_leases(d: _Draft, now: datetime) -> None:
+def _expire_leases(d: ScheduleDraft, now: datetime) -> None:
     for run in _current_runs(d):
         if run.state == "LEASED" and run.lease_until is not None and run.lease_until < now:
             _expire_lease(d, run.run_id, now)
 
 
-def _expire_lease(d: _Draft, run_id: str, now: datetime) -> None:
+def _expire_lease(d: ScheduleDraft, run_id: str, now: datetime) -> None:
     """Lease expiry advances the fence at once; the run goes back to READY (or ends)."""
     run = d.state.run(run_id)
     assert run is not None
@@ -653,7 +578,7 @@ def _expire_lease(d: _Draft, run_id: str, now: datetime) -> None:
     _after_run_left_guard(d, now)
 
 
-def _retry_or_dead(d: _Draft, run: Run, now: datetime, immediate: bool,
+def _retry_or_dead(d: ScheduleDraft, run: Run, now: datetime, immediate: bool,
                    min_backoff: float = MIN_RETRY_BACKOFF_SECONDS, extra: float = 0.0) -> None:
     """A failed or expired attempt: another attempt (bounded) or the dead-letter state.
 
@@ -699,14 +624,14 @@ def unit_hash(text: str) -> float:
     return int.from_bytes(h, "big") / 2**64
 
 
-def _release_retries(d: _Draft, now: datetime) -> None:
+def _release_retries(d: ScheduleDraft, now: datetime) -> None:
     for run in _current_runs(d):
         if run.state == "RETRY_WAIT" and run.retry_at is not None and run.retry_at <= now:
             d.emit(m.OccurrenceReady(run_id=run.run_id, attempt=run.attempt,
                                      resource_class=run.resource_class, priority=run.priority))
 
 
-def _expire_start_deadlines(d: _Draft, now: datetime) -> None:
+def _expire_start_deadlines(d: ScheduleDraft, now: datetime) -> None:
     for run in _current_runs(d):
         if (
             run.state in ("READY", "PENDING")
@@ -717,7 +642,7 @@ def _expire_start_deadlines(d: _Draft, now: datetime) -> None:
             _skip_for_start_deadline(d, run, now)
 
 
-def _skip_for_start_deadline(d: _Draft, run: Run, now: datetime) -> None:
+def _skip_for_start_deadline(d: ScheduleDraft, run: Run, now: datetime) -> None:
     d.emit(m.OccurrenceSkipped(run_id=run.run_id, scheduled_at=run.scheduled_at,
                                reason="start_deadline", materialized=True,
                                revision=run.revision, advances_schedule=False))
@@ -728,7 +653,7 @@ def _skip_for_start_deadline(d: _Draft, run: Run, now: datetime) -> None:
 # materialization and misfire
 
 
-def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
+def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str) -> None:
     """Materialize or skip every instant due at ``now`` (bounded per decision) as the
     misfire policy decides (``backlog.plan_due``)."""
     s = d.state
@@ -757,7 +682,7 @@ def _materialize_due(d: _Draft, now: datetime, late_reason: str) -> None:
         _flush_skips(d, skipped_run, None, final_next=plan.following)
 
 
-def _coalesce_unstarted(d: _Draft, now: datetime) -> None:
+def _coalesce_unstarted(d: ScheduleDraft, now: datetime) -> None:
     """Misfire latest after a gap: a scheduled occurrence from before it that never started
     (READY or PENDING, never claimed) is coalesced into the newest instant too, instead of
     holding the overlap guard against it."""
@@ -773,7 +698,7 @@ def _coalesce_unstarted(d: _Draft, now: datetime) -> None:
 
 
 def _flush_skips(
-    d: _Draft,
+    d: ScheduleDraft,
     skipped: list[tuple[datetime, str]],
     next_kept: datetime | None,
     final_next: datetime | None = None,
@@ -817,7 +742,7 @@ def _flush_skips(
 
 
 def _materialize(
-    d: _Draft, instant: datetime, nxt: datetime | None, now: datetime, queue: bool = False
+    d: ScheduleDraft, instant: datetime, nxt: datetime | None, now: datetime, queue: bool = False
 ) -> None:
     s = d.state
     pol = s.policy
@@ -831,7 +756,7 @@ def _materialize(
 
 
 def _admit(
-    d: _Draft,
+    d: ScheduleDraft,
     run_id: str,
     instant: datetime,
     job: m.JobSpec,
@@ -909,7 +834,7 @@ def _admit(
     )
 
 
-def _after_run_left_guard(d: _Draft, now: datetime) -> None:
+def _after_run_left_guard(d: ScheduleDraft, now: datetime) -> None:
     """A run stopped holding the overlap guard: promote a buffered one; plan a delay run."""
     s = d.state
     pol = s.policy
@@ -942,7 +867,7 @@ def _after_run_left_guard(d: _Draft, now: datetime) -> None:
 # the end of a schedule: COMPLETED
 
 
-def _complete_if_no_instant_left(d: _Draft, now: datetime) -> bool:
+def _complete_if_no_instant_left(d: ScheduleDraft, now: datetime) -> bool:
     """An ACTIVE schedule with no further instant ends: ScheduleCompleted (terminal).
 
     A fixed-delay schedule plans its next instant when its run finishes, so it ends only
@@ -968,7 +893,7 @@ def _no_instant_left(s: ScheduleState) -> bool:
     return s.policy.kind != "delay" or not (s.active_runs() or s.pending)
 
 
-def _refuse_completed(state: ScheduleState) -> Decision | None:
+def _refuse_completed(state: ScheduleState) -> ScheduleDecision | None:
     """A COMPLETED schedule is final: only delete applies to it (and its runs' commands)."""
     if state.status != "COMPLETED":
         return None
@@ -986,7 +911,7 @@ def params_digest(params: dict[str, Any] | None) -> str:
 
 
 def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: str
-             ) -> Decision:
+             ) -> ScheduleDecision:
     if (ended := _refuse_completed(state)) is not None:
         return ended
     if not state.exists:
@@ -1007,7 +932,7 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: s
         job = m.JobSpec(type=job.type, params={**job.params, **p.params}, timeout=job.timeout)
     run_id = manual_run_id(state.tenant, state.schedule_id, p.request_key,
                            f"{command_id}@{now.isoformat()}")
-    d = _Draft(state)
+    d = _draft(state)
     _admit(d, run_id, now, job, "manual", p.request_key, None, now, advances=False,
            request_digest=digest)
     run = d.state.run(run_id)
@@ -1015,7 +940,8 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: s
                                            "state": run.state if run else "SKIPPED"})
 
 
-def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime, principal: str) -> Decision:
+def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime,
+            principal: str) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1024,18 +950,19 @@ def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime, principal: str)
     if run.state == "LEASED":
         if run.cancel_requested:
             return Decision(body={"run_id": run.run_id, "outcome": "requested", "state": "LEASED"})
-        d = _Draft(state)
+        d = _draft(state)
         d.emit(m.CancellationRequested(run_id=run.run_id, by=principal, reason=p.reason))
         return Decision(events=d.events,
                         body={"run_id": run.run_id, "outcome": "requested", "state": "LEASED"})
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.OccurrenceCancelled(run_id=run.run_id, by=principal, reason=p.reason))
     _after_run_left_guard(d, now)
     return Decision(events=d.events,
                     body={"run_id": run.run_id, "outcome": "cancelled", "state": "CANCELLED"})
 
 
-def _redrive(state: ScheduleState, p: m.RedriveRun, now: datetime, principal: str) -> Decision:
+def _redrive(state: ScheduleState, p: m.RedriveRun, now: datetime,
+             principal: str) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1053,7 +980,7 @@ def _redrive(state: ScheduleState, p: m.RedriveRun, now: datetime, principal: st
             return _reject("conflict", f"run {busy[0].run_id} holds the overlap guard "
                            f"(overlap={pol.overlap}); redrive when it has finished",
                            state=run.state, blocking_run_id=busy[0].run_id)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.OccurrenceRedriven(run_id=run.run_id, attempt=run.attempt + 1, by=principal,
                                 redriven_at=now))
     return Decision(events=d.events, body={"run_id": run.run_id, "state": "READY",
@@ -1062,7 +989,7 @@ def _redrive(state: ScheduleState, p: m.RedriveRun, now: datetime, principal: st
 
 def _resolve(
     state: ScheduleState, p: m.ResolveReconciliation, now: datetime, principal: str
-) -> Decision:
+) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1077,7 +1004,7 @@ def _resolve(
         if target == "run" or (run.effects or {}).get(p.effect_id, [None])[0] != "UNCERTAIN":
             return _reject("conflict", f"run is reconciling {target}, not {p.effect_id}")
         target = p.effect_id
-    d = _Draft(state)
+    d = _draft(state)
     effect_id = None if target == "run" else target
     d.emit(m.ReconciliationResolved(run_id=run.run_id, decision=p.decision, by=principal,
                                     note=p.note, effect_id=effect_id))
@@ -1103,7 +1030,7 @@ def _resolve(
 
 
 def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime,
-           tenant: TenantContext = OPEN_TENANT) -> Decision:
+           tenant: TenantContext = OPEN_TENANT) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1111,7 +1038,7 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime,
         return _reject("conflict", f"run is {run.state}", state=run.state, run_id=run.run_id)
     if not run.claimed and run.start_deadline_at is not None and run.start_deadline_at < now:
         # the Tick has not run yet, but the deadline has passed: skip it now, never start it
-        d = _Draft(state)
+        d = _draft(state)
         _skip_for_start_deadline(d, d.state.run(run.run_id), now)  # type: ignore[arg-type]
         return Decision(status="conflict", events=d.events, reason="start deadline passed",
                         body={"state": "SKIPPED", "run_id": run.run_id})
@@ -1120,7 +1047,7 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime,
     fence = state.fence + 1
     lease_until = now + timedelta(seconds=pol.lease)
     timeout = tenant.timeout_for(run.job)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.FenceAdvanced(fence=fence, run_id=run.run_id, reason="claim"))
     d.emit(m.AttemptClaimed(run_id=run.run_id, attempt=run.attempt, fence=fence,
                             worker_id=p.worker_id, claimed_at=now, lease_until=lease_until,
@@ -1157,13 +1084,13 @@ def _current_lease(
     return None
 
 
-def _heartbeat(state: ScheduleState, p: m.Heartbeat, now: datetime) -> Decision:
+def _heartbeat(state: ScheduleState, p: m.Heartbeat, now: datetime) -> ScheduleDecision:
     run = state.run(p.run_id)
     problem = _current_lease(state, run, p.fence, now)
     if problem is not None:
         dec = _reject(problem[0], problem[1], current_fence=state.fence)  # type: ignore[arg-type]
         if problem[1] == "lease expired" and run is not None:
-            d = _Draft(state)  # never revive an expired epoch: expire it now
+            d = _draft(state)  # never revive an expired epoch: expire it now
             _expire_lease(d, run.run_id, now)
             dec.events = d.events
         return dec
@@ -1171,14 +1098,14 @@ def _heartbeat(state: ScheduleState, p: m.Heartbeat, now: datetime) -> Decision:
     pol = state.policy
     assert pol is not None
     lease_until = now + timedelta(seconds=pol.lease)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.LeaseExtended(run_id=run.run_id, attempt=run.attempt, fence=run.fence,
                            lease_until=lease_until))
     return Decision(events=d.events, body={"lease_until": lease_until,
                                            "cancel_requested": run.cancel_requested})
 
 
-def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision:
+def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1186,14 +1113,14 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
         if p.fence == run.result_fence and p.checksum == run.checksum:
             return Decision(body=_result_body(run))  # a repeat returns the saved result
         reason = "checksum_conflict" if p.fence == run.result_fence else "stale_fence"
-        d = _Draft(state)
+        d = _draft(state)
         d.emit(_rejected(run, p, state.fence, reason))
         status: m.Status = "conflict" if reason == "checksum_conflict" else "stale_fence"
         return Decision(status=status, events=d.events, reason=reason,
                         body={"current_fence": state.fence, **_result_body(run)})
     problem = _current_lease(state, run, p.fence, now)
     if problem is not None:
-        d = _Draft(state)
+        d = _draft(state)
         if problem[1] == "lease expired":
             d.emit(_rejected(run, p, state.fence, "lease_expired"))
             _expire_lease(d, run.run_id, now)
@@ -1205,7 +1132,7 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
                         body={"current_fence": d.state.fence})
     if p.worker_id != run.worker_id:
         return _not_assignee(run, p.worker_id)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.ResultPublished(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                              worker_id=p.worker_id, checksum=p.checksum, size=p.size,
                              uri=p.uri, inline=p.inline, finished_at=now))
@@ -1225,7 +1152,7 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Decision
     return Decision(events=d.events, body=_result_body(live))
 
 
-def _not_assignee(run: Run, worker_id: str) -> Decision:
+def _not_assignee(run: Run, worker_id: str) -> ScheduleDecision:
     """An outcome must name the worker the attempt is leased to: the fence alone is a small
     counter anyone could guess, the assignee is who the processor handed the run to."""
     return _reject("forbidden", f"worker '{worker_id}' is not the attempt's assignee",
@@ -1247,20 +1174,20 @@ def _result_body(run: Run) -> dict[str, Any]:
 
 
 def _fail(state: ScheduleState, p: m.FailRun, now: datetime,
-          tenant: TenantContext = OPEN_TENANT) -> Decision:
+          tenant: TenantContext = OPEN_TENANT) -> ScheduleDecision:
     run = state.run(p.run_id)
     problem = _current_lease(state, run, p.fence, now)
     if problem is not None:
         dec = _reject(problem[0], problem[1], current_fence=state.fence)  # type: ignore[arg-type]
         if problem[1] == "lease expired" and run is not None:
-            d = _Draft(state)
+            d = _draft(state)
             _expire_lease(d, run.run_id, now)
             dec.events = d.events
         return dec
     assert run is not None
     if p.worker_id != run.worker_id:
         return _not_assignee(run, p.worker_id)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.AttemptFailed(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                            worker_id=p.worker_id, error_class=p.error_class, message=p.message,
                            reason=p.reason))
@@ -1292,14 +1219,15 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime,
                                            "retry_at": live.retry_at})
 
 
-def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome, now: datetime) -> Decision:
+def _effect_outcome(state: ScheduleState, p: m.RecordEffectOutcome,
+                    now: datetime) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None or run.effects is None or p.effect_id not in run.effects:
         return _reject("not_found", "no such effect")
     current = run.effects[p.effect_id][0]
     if current in ("SUCCEEDED", "FAILED", "ABANDONED"):
         return Decision(body={"effect_id": p.effect_id, "state": current})
-    d = _Draft(state)
+    d = _draft(state)
     if p.outcome == "succeeded":
         d.emit(m.EffectSucceeded(effect_id=p.effect_id, run_id=run.run_id, evidence=p.evidence))
     elif p.outcome == "failed":
@@ -1329,7 +1257,7 @@ def held(state: ScheduleState) -> bool:
 
 
 def move_out(state: ScheduleState, to_partition: int, version: int,
-             from_partition: int) -> Decision:
+             from_partition: int) -> ScheduleDecision:
     """The handover rule for one key: its state leaves this partition (``KeyMovedOut``) and
     an adopt command carrying the whole of it goes to ``to_partition`` in the same
     transaction. ``state`` must be a live state (not a draft)."""
@@ -1340,14 +1268,14 @@ def move_out(state: ScheduleState, to_partition: int, version: int,
                        state_version=STATE_VERSION, from_partition=from_partition,
                        version=version)
     key = partition_key(state.tenant, state.schedule_id)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.KeyMovedOut(to_partition=to_partition, version=version))
     return Decision(events=d.events, sends=[Send(state.schedule_id,
                                                  move_command_id("in", version, key), adopt,
                                                  partition=to_partition)])
 
 
-def _adopt(state: ScheduleState, command: m.CommandEnvelope, p: m.AdoptKey) -> Decision:
+def _adopt(state: ScheduleState, command: m.CommandEnvelope, p: m.AdoptKey) -> ScheduleDecision:
     """A key moved here by its old home's handover is installed exactly as it left
     (``KeyMovedIn`` carries the state): never over a state held here."""
     if command.principal != PROCESSOR:
@@ -1364,7 +1292,7 @@ def _adopt(state: ScheduleState, command: m.CommandEnvelope, p: m.AdoptKey) -> D
     if (moved.tenant, moved.schedule_id) != (state.tenant, state.schedule_id):
         return _reject("invalid", f"the adopted state is of {moved.tenant}/"
                        f"{moved.schedule_id}", "state")
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.KeyMovedIn(kind="schedule", state=p.state, shape=p.shape,
                         state_version=p.state_version, from_partition=p.from_partition,
                         version=p.version))
@@ -1375,7 +1303,7 @@ def _adopt(state: ScheduleState, command: m.CommandEnvelope, p: m.AdoptKey) -> D
 # evolve
 
 
-def evolve(state: ScheduleState, event: Any) -> ScheduleState:
+def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
     """Fold one event into the state (in place; returns it). Never recomputes a value."""
     match event:
         case m.FenceAdvanced():
@@ -1506,15 +1434,10 @@ def evolve(state: ScheduleState, event: Any) -> ScheduleState:
                                     event.reply_to)
         case m.ScheduleCreationRefused():
             state.quota = None
-        case (m.QuotaSlotReserved() | m.QuotaSlotRefused() | m.QuotaSlotConfirmed()
-              | m.QuotaSlotReleased()):
-            pass  # events of a tenant's quota aggregate (chronolog.commands.quota)
         case m.KeyMovedOut():
             state.become(initial_state(state.tenant, state.schedule_id))
         case m.KeyMovedIn():
             state.become(decode_moved_schedule(event.state, event.shape, event.state_version))
-        case m.RoutingVersionAdded() | m.HandedOver() | m.HandoverReceived():
-            pass  # events of a partition's routing view (chronolog.commands.routing)
         case _:
             assert_never(event)
     return state
@@ -1639,7 +1562,7 @@ def _has_open_effects(run: Run) -> bool:
                                            for v in run.effects.values())
 
 
-def fold(tenant: str, schedule_id: str, events: list[Any]) -> ScheduleState:
+def fold(tenant: str, schedule_id: str, events: list[m.ScheduleEvent]) -> ScheduleState:
     """The state after folding ``events`` from the initial state."""
     s = initial_state(tenant, schedule_id)
     for e in events:
@@ -1667,3 +1590,49 @@ def next_wakeup(state: ScheduleState) -> datetime | None:
         if t is not None and (best is None or t < best):
             best = t
     return best
+
+
+# =======================================================================================
+# the schedule as an aggregate (chronolog.commands.aggregate)
+
+_SCHEDULE_COMMANDS: tuple[type, ...] = get_args(m.ScheduleCommand)
+_SCHEDULE_EVENTS: tuple[type, ...] = get_args(m.ScheduleEvent)
+
+
+class ScheduleAggregate:
+    """A schedule, keyed ``tenant/schedule-id``: ``decide``, ``evolve``, ``next_wakeup``,
+    ``move_out`` and the snapshot codec of its state."""
+
+    kind = "schedule"
+
+    def initial(self, tenant: str, schedule_id: str) -> ScheduleState:
+        return initial_state(tenant, schedule_id)
+
+    def decide(self, state: ScheduleState, command: m.CommandEnvelope, now: datetime,
+               tenant: TenantContext) -> ScheduleDecision:
+        return decide(state, command, now, tenant)
+
+    def evolve(self, state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
+        return evolve(state, event)
+
+    def wakeup(self, state: ScheduleState) -> datetime | None:
+        return next_wakeup(state)
+
+    def move_out(self, state: ScheduleState, to_partition: int, version: int,
+                 from_partition: int) -> ScheduleDecision:
+        return move_out(state, to_partition, version, from_partition)
+
+    def accepts(self, payload: m.Command) -> TypeGuard[m.ScheduleCommand]:
+        return isinstance(payload, _SCHEDULE_COMMANDS)
+
+    def owns(self, event: m.Event) -> TypeGuard[m.ScheduleEvent]:
+        return isinstance(event, _SCHEDULE_EVENTS)
+
+    def encode(self, state: ScheduleState) -> tuple[str, str | None]:
+        return moved_schedule(state)
+
+    def decode(self, state: str, shape: str | None, version: int) -> ScheduleState:
+        return decode_moved_schedule(state, shape, version)
+
+
+SCHEDULE: Aggregate[ScheduleState, m.ScheduleCommand, m.ScheduleEvent] = ScheduleAggregate()

@@ -22,9 +22,9 @@ reserved, and every reservation ends confirmed or released.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeGuard, assert_never, get_args
 
-from chronolog.commands.decider import PROCESSOR, Decision, Send
+from chronolog.commands.aggregate import PROCESSOR, Aggregate, Decision, Draft, Send, TenantContext
 from chronolog.commands.state import QuotaState
 from chronolog.commands.state_codec import (
     STATE_VERSION,
@@ -35,15 +35,15 @@ from chronolog.commands.state_codec import (
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, move_command_id, quota_key, saga_command_id
 
-__all__ = ["RESERVATION_TTL", "QuotaState", "decide_quota", "evolve_quota", "move_out_quota",
-           "quota_wakeup"]
+__all__ = ["QUOTA", "RESERVATION_TTL", "QuotaState", "decide_quota", "evolve_quota",
+           "move_out_quota", "quota_wakeup"]
 
 # how long a reserved slot waits for its schedule's processor to create the schedule
 RESERVATION_TTL = timedelta(seconds=60)
 
 
 def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
-                 max_schedules: int | None) -> Decision:
+                 max_schedules: int | None) -> QuotaDecision:
     """Decide one command of the tenant's quota aggregate at authority time ``now``."""
     p = command.payload
     if isinstance(p, m.Tick):
@@ -56,7 +56,7 @@ def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
     if command.principal != PROCESSOR:
         return Decision(status="forbidden",
                         reason="only the processor reserves, confirms or releases quota slots")
-    d = _Draft(state)
+    d = _draft(state)
     held = state.slots.get(p.schedule_id)
     match p:
         case m.ReserveQuotaSlot():
@@ -77,12 +77,12 @@ def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
     return Decision(events=d.events, sends=d.sends)
 
 
-def _reserve(d: _Draft, p: m.ReserveQuotaSlot, held: tuple[str, datetime | None] | None,
+def _reserve(d: QuotaDraft, p: m.ReserveQuotaSlot, held: tuple[str, datetime | None] | None,
              now: datetime, max_schedules: int | None) -> None:
     """Reserve a free slot for the schedule and grant it, or refuse; answer either way."""
     s = d.state
     if held is not None and held[0] == p.create_command_id:  # asked again: the same answer
-        d.answer(p.schedule_id, p.create_command_id, True, held[1] or now + RESERVATION_TTL)
+        _answer(d, p.schedule_id, p.create_command_id, True, held[1] or now + RESERVATION_TTL)
         return
     taken, reserved = s.taken(), s.reserved()
     if held is not None:
@@ -96,29 +96,29 @@ def _reserve(d: _Draft, p: m.ReserveQuotaSlot, held: tuple[str, datetime | None]
         d.emit(m.QuotaSlotReserved(schedule_id=p.schedule_id,
                                    create_command_id=p.create_command_id,
                                    max_schedules=max_schedules, expires_at=until))
-        d.answer(p.schedule_id, p.create_command_id, True, until)
+        _answer(d, p.schedule_id, p.create_command_id, True, until)
         return
     d.emit(m.QuotaSlotRefused(schedule_id=p.schedule_id, create_command_id=p.create_command_id,
                               max_schedules=max_schedules, taken=taken, reserved=reserved,
                               reason=reason))
-    d.answer(p.schedule_id, p.create_command_id, False, None, reason)
+    _answer(d, p.schedule_id, p.create_command_id, False, None, reason)
 
 
 def move_out_quota(state: QuotaState, to_partition: int, version: int,
-                   from_partition: int) -> Decision:
+                   from_partition: int) -> QuotaDecision:
     """The handover rule for a tenant's quota aggregate (as ``decider.move_out`` for a
     schedule): its slots leave this partition, an adopt command carries them to
     ``to_partition`` in the same transaction."""
     adopt = m.AdoptKey(kind="quota", state=moved_quota(state), state_version=STATE_VERSION,
                        from_partition=from_partition, version=version)
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.KeyMovedOut(to_partition=to_partition, version=version))
     return Decision(events=d.events, sends=[
         Send(QUOTA_ID, move_command_id("in", version, quota_key(state.tenant)), adopt,
              partition=to_partition)])
 
 
-def _adopt(state: QuotaState, command: m.CommandEnvelope, p: m.AdoptKey) -> Decision:
+def _adopt(state: QuotaState, command: m.CommandEnvelope, p: m.AdoptKey) -> QuotaDecision:
     """The tenant's quota moved here: installed exactly as it left, never over slots held
     here."""
     if command.principal != PROCESSOR:
@@ -137,44 +137,43 @@ def _adopt(state: QuotaState, command: m.CommandEnvelope, p: m.AdoptKey) -> Deci
     if moved.tenant != state.tenant:
         return Decision(status="invalid", field="state",
                         reason=f"the adopted quota is of tenant {moved.tenant}")
-    d = _Draft(state)
+    d = _draft(state)
     d.emit(m.KeyMovedIn(kind="quota", state=p.state, state_version=p.state_version,
                         from_partition=p.from_partition, version=p.version))
     return Decision(events=d.events)
 
 
-def _expire(state: QuotaState, now: datetime) -> Decision:
+def _expire(state: QuotaState, now: datetime) -> QuotaDecision:
     """Release every reservation that ended unconfirmed; tell each held create."""
-    d = _Draft(state)
+    d = _draft(state)
     for sid, (cid, until) in sorted(state.slots.items()):
         if until is not None and until <= now:
             d.emit(m.QuotaSlotReleased(schedule_id=sid, create_command_id=cid,
                                        reason="expired", released_at=now))
-            d.answer(sid, cid, False, None, "the reserved quota slot expired before the "
+            _answer(d, sid, cid, False, None, "the reserved quota slot expired before the "
                      "schedule was created; retry", kind="expired")
     return Decision(events=d.events, sends=d.sends)
 
 
-class _Draft:
-    """A copy of the state; ``emit`` folds each event at once, ``answer`` sends an answer."""
-
-    def __init__(self, state: QuotaState) -> None:
-        self.state = QuotaState(state.tenant)
-        self.state.slots = dict(state.slots)
-        self.events: list[Any] = []
-        self.sends: list[Send] = []
-
-    def emit(self, event: Any) -> None:
-        self.events.append(event)
-        evolve_quota(self.state, event)
-
-    def answer(self, schedule_id: str, cid: str, granted: bool, until: datetime | None,
-               reason: str = "", kind: str = "answer") -> None:
-        self.sends.append(Send(schedule_id, saga_command_id(kind, cid), m.AnswerQuotaSlot(
-            create_command_id=cid, granted=granted, expires_at=until, reason=reason)))
+QuotaDecision = Decision[m.QuotaEvent]
+QuotaDraft = Draft[QuotaState, m.QuotaEvent]
 
 
-def evolve_quota(state: QuotaState, event: Any) -> QuotaState:
+def _draft(state: QuotaState) -> QuotaDraft:
+    """A copy of the state that folds each event as it is emitted."""
+    copy = QuotaState(state.tenant)
+    copy.slots = dict(state.slots)
+    return Draft(copy, evolve_quota)
+
+
+def _answer(d: QuotaDraft, schedule_id: str, cid: str, granted: bool,
+            until: datetime | None, reason: str = "", kind: str = "answer") -> None:
+    """Send the schedule the answer to its reservation."""
+    d.send(Send(schedule_id, saga_command_id(kind, cid), m.AnswerQuotaSlot(
+        create_command_id=cid, granted=granted, expires_at=until, reason=reason)))
+
+
+def evolve_quota(state: QuotaState, event: m.QuotaEvent) -> QuotaState:
     """Fold one event of the quota aggregate into its state (in place; returns it)."""
     match event:
         case m.QuotaSlotReserved():
@@ -187,8 +186,10 @@ def evolve_quota(state: QuotaState, event: Any) -> QuotaState:
             state.slots = {}
         case m.KeyMovedIn():
             state.slots = decode_moved_quota(event.state, event.state_version).slots
+        case m.QuotaSlotRefused():
+            pass  # recorded for the audit, no slot changes
         case _:
-            pass  # QuotaSlotRefused: recorded for the audit, no slot changes
+            assert_never(event)
     return state
 
 
@@ -196,3 +197,47 @@ def quota_wakeup(state: QuotaState) -> datetime | None:
     """The earliest end of a reservation (when a Tick would release it)."""
     ends = [until for _, until in state.slots.values() if until is not None]
     return min(ends) if ends else None
+
+
+_QUOTA_COMMANDS: tuple[type, ...] = get_args(m.QuotaCommand)
+_QUOTA_EVENTS: tuple[type, ...] = get_args(m.QuotaEvent)
+
+
+class QuotaAggregate:
+    """A tenant's quota, keyed ``tenant/@quota``: ``decide_quota`` (with the tenant's
+    ``max_schedules``), ``evolve_quota``, ``quota_wakeup``, ``move_out_quota`` and the
+    moved-state codec."""
+
+    kind = "quota"
+
+    def initial(self, tenant: str, schedule_id: str) -> QuotaState:
+        return QuotaState(tenant)
+
+    def decide(self, state: QuotaState, command: m.CommandEnvelope, now: datetime,
+               tenant: TenantContext) -> QuotaDecision:
+        return decide_quota(state, command, now, tenant.max_schedules)
+
+    def evolve(self, state: QuotaState, event: m.QuotaEvent) -> QuotaState:
+        return evolve_quota(state, event)
+
+    def wakeup(self, state: QuotaState) -> datetime | None:
+        return quota_wakeup(state)
+
+    def move_out(self, state: QuotaState, to_partition: int, version: int,
+                 from_partition: int) -> QuotaDecision:
+        return move_out_quota(state, to_partition, version, from_partition)
+
+    def accepts(self, payload: m.Command) -> TypeGuard[m.QuotaCommand]:
+        return isinstance(payload, _QUOTA_COMMANDS)
+
+    def owns(self, event: m.Event) -> TypeGuard[m.QuotaEvent]:
+        return isinstance(event, _QUOTA_EVENTS)
+
+    def encode(self, state: QuotaState) -> tuple[str, str | None]:
+        return moved_quota(state), None
+
+    def decode(self, state: str, shape: str | None, version: int) -> QuotaState:
+        return decode_moved_quota(state, version)
+
+
+QUOTA: Aggregate[QuotaState, m.QuotaCommand, m.QuotaEvent] = QuotaAggregate()

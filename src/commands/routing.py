@@ -25,11 +25,13 @@ A repeated command changes nothing. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from datetime import datetime
+from typing import TypeGuard, assert_never, get_args
 
 import orjson
 
-from chronolog.commands.decider import PROCESSOR, Decision, Send
+from chronolog.commands.aggregate import PROCESSOR, Aggregate, Decision, Draft, Send, TenantContext
+from chronolog.commands.state_codec import StateDecodeError
 from chronolog.domain import messages as m
 from chronolog.domain.ids import ROUTING_ID, routing_key
 from chronolog.domain.routing import (
@@ -42,8 +44,18 @@ from chronolog.domain.routing import (
     place,
 )
 
-__all__ = ["RoutingView", "decide_routing", "decode_view", "encode_view", "evolve_routing",
-           "handover_command_id", "routing_key", "table_of"]
+__all__ = [
+    "RoutingAggregate",
+    "RoutingView",
+    "decide_routing",
+    "decode_view",
+    "encode_view",
+    "evolve_routing",
+    "handover_command_id",
+    "routing_aggregate",
+    "routing_key",
+    "table_of",
+]
 
 
 def table_of(partitions: tuple[int, ...] | list[int]) -> RoutingTable:
@@ -99,7 +111,11 @@ def handover_command_id(version: int, sender: int, receiver: int) -> str:
     return f"routing:done:{version}:{sender}:{receiver}"
 
 
-def decide_routing(view: RoutingView, command: m.CommandEnvelope) -> Decision:
+RoutingDecision = Decision[m.RoutingEvent]
+RoutingDraft = Draft[RoutingView, m.RoutingEvent]
+
+
+def decide_routing(view: RoutingView, command: m.CommandEnvelope) -> RoutingDecision:
     """Decide one command of a partition's routing view."""
     p = command.payload
     if not isinstance(p, (m.BeginHandover, m.HandoverDone)):
@@ -112,72 +128,69 @@ def decide_routing(view: RoutingView, command: m.CommandEnvelope) -> Decision:
     return _begin(view, p)
 
 
-def _received(view: RoutingView, p: m.HandoverDone) -> Decision:
+def _received(view: RoutingView, p: m.HandoverDone) -> RoutingDecision:
     """A handover-done is recorded once; the versions it names are learned first."""
-    events: list[Any] = []
+    d: RoutingDraft = Draft(view, evolve_routing)
     if p.partitions:
-        learned = _learn(view, p.partitions)
-        if isinstance(learned, Decision):
-            return learned
-        events.extend(learned)
-    after = view
-    for ev in events:
-        after = evolve_routing(after, ev)
+        refused = _learn(d, p.partitions)
+        if refused is not None:
+            return refused
+    after = d.state
     seen = after.early if after.routing is None else after.routing.received
     if (p.version, p.sender) not in seen:
-        events.append(m.HandoverReceived(version=p.version, sender=p.sender))
-    return Decision(events=events)
+        d.emit(m.HandoverReceived(version=p.version, sender=p.sender))
+    return d.decision()
 
 
-def _learn(view: RoutingView, partitions: tuple[int, ...]) -> list[Any] | Decision:
-    """The event that adds the versions of ``partitions`` the view does not know (none when
-    it knows them all); a refusal when they do not extend the known ones."""
-    known = tuple(v.partitions for v in view.table.versions)
+def _learn(d: RoutingDraft, partitions: tuple[int, ...]) -> RoutingDecision | None:
+    """Emit the event that adds the versions of ``partitions`` the view does not know (none
+    when it knows them all); a refusal when they do not extend the known ones."""
+    known = tuple(v.partitions for v in d.state.table.versions)
     if partitions[:len(known)] != known[:len(partitions)]:
         return Decision(status="conflict", field="partitions",
                         reason=f"routing versions {list(partitions)} do not extend the "
                         f"known ones {list(known)}")
     if len(partitions) <= len(known):
-        return []
+        return None
     try:
         table_of(partitions)
     except ValueError as exc:
         return Decision(status="invalid", field="partitions", reason=str(exc))
-    return [m.RoutingVersionAdded(partitions=partitions)]
+    d.emit(m.RoutingVersionAdded(partitions=partitions))
+    return None
 
 
-def _begin(view: RoutingView, p: m.BeginHandover) -> Decision:
+def _begin(view: RoutingView, p: m.BeginHandover) -> RoutingDecision:
     """Learn the versions; hand over when this partition serves the one before."""
     if p.to_version != len(p.partitions):
         return Decision(status="invalid", field="to_version",
                         reason=f"version {p.to_version} of {len(p.partitions)} versions")
-    learned = _learn(view, p.partitions)
-    if isinstance(learned, Decision):
-        return learned
-    events: list[Any] = list(learned)
-    after = view
-    for ev in events:
-        after = evolve_routing(after, ev)
+    d: RoutingDraft = Draft(view, evolve_routing)
+    refused = _learn(d, p.partitions)
+    if refused is not None:
+        return refused
+    after = d.state
     if after.routing is None:
         return Decision(status="invalid", field="partitions",
                         reason=f"no routing version has partition {view.partition}")
     serves = after.routing.serves.version
     if serves >= p.to_version:
-        return Decision(events=events)  # handed over already (or new in it): nothing to do
+        return d.decision()  # handed over already (or new in it): nothing to do
     if serves != p.to_version - 1:
         return Decision(status="conflict", field="to_version",
                         reason=f"partition {view.partition} serves version {serves}: it "
                         f"hands over to {serves + 1} first")
     to = after.table.get(p.to_version)
-    events.append(m.HandedOver(version=to.version))
-    sends = [Send(ROUTING_ID, handover_command_id(to.version, view.partition, q),
-                  m.HandoverDone(version=to.version, sender=view.partition,
-                                 partitions=p.partitions), partition=q)
-             for q in range(to.partitions) if q != view.partition]
-    return Decision(events=events, sends=sends)
+    d.emit(m.HandedOver(version=to.version))
+    for q in range(to.partitions):
+        if q != view.partition:
+            d.send(Send(ROUTING_ID, handover_command_id(to.version, view.partition, q),
+                        m.HandoverDone(version=to.version, sender=view.partition,
+                                       partitions=p.partitions), partition=q))
+    return d.decision()
 
 
-def evolve_routing(view: RoutingView, event: Any) -> RoutingView:
+def evolve_routing(view: RoutingView, event: m.RoutingEvent) -> RoutingView:
     """Fold one routing event (returns the new view; views are immutable)."""
     match event:
         case m.RoutingVersionAdded():
@@ -200,7 +213,7 @@ def evolve_routing(view: RoutingView, event: Any) -> RoutingView:
             return replace(view, routing=view.routing.handover_received(event.version,
                                                                         event.sender))
         case _:
-            return view  # not an event of the routing view
+            assert_never(event)
 
 
 def encode_view(view: RoutingView) -> bytes:
@@ -228,3 +241,58 @@ def decode_view(data: bytes) -> RoutingView:
                            frozenset((int(v), int(s)) for v, s in early))
     except (TypeError, KeyError) as exc:
         raise ValueError(f"not a routing view: {exc}") from exc
+
+
+_ROUTING_COMMANDS: tuple[type, ...] = get_args(m.RoutingCommand)
+_ROUTING_EVENTS: tuple[type, ...] = get_args(m.RoutingEvent)
+
+
+class RoutingAggregate:
+    """One partition's routing view, on the routing key: ``decide_routing``,
+    ``evolve_routing`` and the view's codec. It has no timer, and never moves: it is the
+    partition's own."""
+
+    kind = "routing"
+
+    def __init__(self, partition: int, table: RoutingTable) -> None:
+        self.partition = partition
+        self.table = table
+
+    def initial(self, tenant: str, schedule_id: str) -> RoutingView:
+        return RoutingView.initial(self.partition, self.table)
+
+    def decide(self, state: RoutingView, command: m.CommandEnvelope, now: datetime,
+               tenant: TenantContext) -> RoutingDecision:
+        return decide_routing(state, command)
+
+    def evolve(self, state: RoutingView, event: m.RoutingEvent) -> RoutingView:
+        return evolve_routing(state, event)
+
+    def wakeup(self, state: RoutingView) -> datetime | None:
+        return None
+
+    def move_out(self, state: RoutingView, to_partition: int, version: int,
+                 from_partition: int) -> RoutingDecision:
+        return Decision(status="invalid", field="scheduleId",
+                        reason="a partition's routing view stays with its partition")
+
+    def accepts(self, payload: m.Command) -> TypeGuard[m.RoutingCommand]:
+        return isinstance(payload, _ROUTING_COMMANDS)
+
+    def owns(self, event: m.Event) -> TypeGuard[m.RoutingEvent]:
+        return isinstance(event, _ROUTING_EVENTS)
+
+    def encode(self, state: RoutingView) -> tuple[str, str | None]:
+        return encode_view(state).decode(), None
+
+    def decode(self, state: str, shape: str | None, version: int) -> RoutingView:
+        try:
+            return decode_view(state.encode())
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            raise StateDecodeError(str(exc)) from exc
+
+
+def routing_aggregate(partition: int, table: RoutingTable) -> Aggregate[
+        RoutingView, m.RoutingCommand, m.RoutingEvent]:
+    """The routing view of ``partition`` (before its first event: ``table``)."""
+    return RoutingAggregate(partition, table)

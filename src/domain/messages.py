@@ -512,7 +512,10 @@ class Tick(_Model):
     type: Literal["Tick"] = "Tick"
 
 
-Command = Annotated[
+# the commands of each aggregate (``chronolog.commands.aggregate``): a schedule's, a tenant
+# quota's and a partition routing view's. ``Tick`` is the processor's own timer; ``AdoptKey``
+# installs a moved key (a schedule or a quota).
+ScheduleCommand = (
     CreateSchedule
     | ReviseSchedule
     | PauseSchedule
@@ -527,16 +530,14 @@ Command = Annotated[
     | CompleteRun
     | FailRun
     | RecordEffectOutcome
-    | ReserveQuotaSlot
-    | ConfirmQuotaSlot
-    | ReleaseQuotaSlot
     | AnswerQuotaSlot
     | AdoptKey
-    | BeginHandover
-    | HandoverDone
-    | Tick,
-    Field(discriminator="type"),
-]
+    | Tick
+)
+QuotaCommand = ReserveQuotaSlot | ConfirmQuotaSlot | ReleaseQuotaSlot | AdoptKey | Tick
+RoutingCommand = BeginHandover | HandoverDone
+
+Command = Annotated[ScheduleCommand | QuotaCommand | RoutingCommand, Field(discriminator="type")]
 
 
 class CommandEnvelope(_Model):
@@ -963,7 +964,9 @@ class HandoverReceived(_Event):
     sender: int
 
 
-Event = Annotated[
+# the events of each aggregate: a schedule's, a tenant quota's and a partition routing
+# view's (a moved key's two events are both a schedule's and a quota's)
+ScheduleEvent = (
     ScheduleCreated
     | ScheduleRevised
     | SchedulePaused
@@ -994,17 +997,16 @@ Event = Annotated[
     | EffectFailed
     | ScheduleCreationHeld
     | ScheduleCreationRefused
-    | QuotaSlotReserved
-    | QuotaSlotRefused
-    | QuotaSlotConfirmed
-    | QuotaSlotReleased
     | KeyMovedOut
     | KeyMovedIn
-    | RoutingVersionAdded
-    | HandedOver
-    | HandoverReceived,
-    Field(discriminator="type"),
-]
+)
+QuotaEvent = (
+    QuotaSlotReserved | QuotaSlotRefused | QuotaSlotConfirmed | QuotaSlotReleased
+    | KeyMovedOut | KeyMovedIn
+)
+RoutingEvent = RoutingVersionAdded | HandedOver | HandoverReceived
+
+Event = Annotated[ScheduleEvent | QuotaEvent | RoutingEvent, Field(discriminator="type")]
 
 EVENT_TYPES: tuple[type[BaseModel], ...] = Event.__origin__.__args__  # type: ignore[attr-defined]
 COMMAND_TYPES: tuple[type[BaseModel], ...] = Command.__origin__.__args__  # type: ignore[attr-defined]

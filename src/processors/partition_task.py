@@ -24,36 +24,23 @@ import asyncio
 import heapq
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import structlog
 
-from chronolog.commands.decider import (
-    PROCESSOR,
-    Decision,
-    TenantContext,
-    decide,
-    evolve,
-    move_out,
-    next_wakeup,
-)
-from chronolog.commands.quota import (
-    QuotaState,
-    decide_quota,
-    evolve_quota,
-    move_out_quota,
-    quota_wakeup,
-)
-from chronolog.commands.routing import RoutingView, decide_routing, evolve_routing
-from chronolog.commands.state import ScheduleState, initial_state
+from chronolog.commands.aggregate import OPEN_TENANT, PROCESSOR, Aggregate, Decision, TenantContext
+from chronolog.commands.decider import ScheduleDecision
+from chronolog.commands.quota import QuotaDecision
+from chronolog.commands.registry import PartitionAggregates
+from chronolog.commands.routing import RoutingView
+from chronolog.commands.state import QuotaState, ScheduleState
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import (
-    QUOTA_ID,
     ROUTING_ID,
     ROUTING_TENANT,
     event_id_for,
@@ -75,7 +62,12 @@ from chronolog.settings import RULES_HEADER, RulesVersion
 
 log = structlog.get_logger("chronolog.processor")
 
-READY_EVENT_TYPES = ("OccurrenceMaterialized", "OccurrenceReady", "OccurrenceRedriven")
+S = TypeVar("S")
+E = TypeVar("E")
+
+# the events after which a run may be READY (it waits for a worker's seat)
+ReadyEvent = m.OccurrenceMaterialized | m.OccurrenceReady | m.OccurrenceRedriven
+READY_EVENTS = (m.OccurrenceMaterialized, m.OccurrenceReady, m.OccurrenceRedriven)
 # command IDs of the processor's own commands, answered by no reply of their own
 INTERNAL_COMMANDS = ("tick:", "assign:", "quota:", "move:", "routing:")
 ROUTING_KEY = routing_key()
@@ -111,8 +103,11 @@ class PartitionTask:
     """One owned partition: its states, timers, reply cache and workers' seats, and the
     pipeline each of its records goes through (``decide``)."""
 
-    def __init__(self, partition: int, owner: PartitionOwner, ctx: TaskContext) -> None:
+    def __init__(self, partition: int, owner: PartitionOwner, ctx: TaskContext,
+                 aggregates: PartitionAggregates) -> None:
         self.partition = partition
+        # the aggregates it decides: schedules, tenants' quotas, its routing view
+        self.aggregates = aggregates
         self.owner = owner
         self.ctx = ctx
         self.states: dict[str, ScheduleState] = {}
@@ -133,14 +128,14 @@ class PartitionTask:
         self.held: list[Record] = []
         self.dispatch = Dispatcher()  # workers' seats and the READY runs waiting for one
         # the partition's routing view, folded from its log (docs/design.md §18)
-        self.routing: RoutingView | None = None
+        self.routing: RoutingView = aggregates.routing.initial(ROUTING_TENANT, ROUTING_ID)
 
     def running(self) -> asyncio.Task[None] | None:
         """This partition's commit chain while it runs (None when idle)."""
         return self.chain if self.chain is not None and not self.chain.done() else None
 
     def arm(self, key: str, state: ScheduleState) -> None:
-        self.arm_at(key, next_wakeup(state))
+        self.arm_at(key, self.aggregates.schedule.wakeup(state))
 
     def arm_at(self, key: str, wake: datetime | None) -> None:
         if wake is None:
@@ -206,8 +201,9 @@ class PartitionTask:
                 continue  # a timer whose decision could not be applied waits for a command
             cid = f"tick:{self.partition}:{int(now.timestamp() * 1e6)}:{key}"
             try:
-                dec = decide(st, tick_envelope(st, cid, now), now, TenantContext())
-                encoded = self._encode(key, st, dec, cid, now)
+                dec = self.aggregates.schedule.decide(st, tick_envelope(st, cid, now), now,
+                                                      OPEN_TENANT)
+                encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
             except Exception:  # a decider bug must not stop the partition
                 self.ctx.stats.tick_errors += 1
                 log.exception("tick_decide_failed", partition=self.partition, key=key)
@@ -249,7 +245,8 @@ class PartitionTask:
             self._dead_letter(rec, str(exc), out, error=exc)
             return
         key = partition_key(env.tenant, env.schedule_id)
-        if env.schedule_id == ROUTING_ID:  # addressed to this partition, not placed by key
+        kind = self.aggregates.kind_of(env.schedule_id)
+        if kind == "routing":  # addressed to this partition, not placed by key
             self._decide_routing(rec, env, now, out)
             return
         h = key_hash(key.encode())
@@ -279,14 +276,15 @@ class PartitionTask:
             return
         if not isinstance(env.payload, m.AdoptKey) and self._forwarded(rec, key, h, out):
             return
-        if env.schedule_id == QUOTA_ID:
+        if kind == "quota":
             qs = self.quotas.get(key)
-            self._decide_quota(key, qs if qs is not None else QuotaState(env.tenant), env,
-                               now, out, rec)
+            if qs is None:
+                qs = self.aggregates.quota.initial(env.tenant, env.schedule_id)
+            self._decide_quota(key, qs, env, now, out, rec)
             return
         st = self.states.get(key)
         if st is None:
-            st = initial_state(env.tenant, env.schedule_id)
+            st = self.aggregates.schedule.initial(env.tenant, env.schedule_id)
         allowed, max_schedules = self.ctx.tenants.policy(env.tenant)
         max_attempts, min_backoff = self.ctx.tenants.retry_bounds(env.tenant)
         timeout, job_timeouts = self.ctx.tenants.timeouts(env.tenant)
@@ -298,9 +296,9 @@ class PartitionTask:
                                retry_delay=self._retry_delay(env, now))
         try:
             dec = (self._unpooled_claim(env) or self._over_share(env)
-                   or decide(st, env, now, tenant))
+                   or self.aggregates.schedule.decide(st, env, now, tenant))
             self._spend_retries(env.tenant, dec, now)
-            encoded = self._encode(key, st, dec, cid, now)
+            encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
             self.ctx.stats.decide_errors += 1
             log.exception("decide_failed", command_id=cid, tenant=env.tenant,
@@ -357,13 +355,11 @@ class PartitionTask:
         in the next version is another partition, in this transaction, ahead of the
         partition's own routing events and of its handover-done commands."""
         view = self.routing
-        assert view is not None
+        routing = self.aggregates.routing
         cid = env.command_id
         try:
-            dec = decide_routing(view, env)
-            values = [codec.encode_event_fields(event_id_for(cid, i), m.CURRENT_VERSION,
-                                                ROUTING_KEY, ROUTING_TENANT, ROUTING_ID, now,
-                                                cid, ev) for i, ev in enumerate(dec.events)]
+            dec = routing.decide(view, env, now, OPEN_TENANT)
+            encoded = self._encode(ROUTING_KEY, ROUTING_TENANT, ROUTING_ID, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
             self.ctx.stats.decide_errors += 1
             log.exception("routing_decide_failed", command_id=cid, type=env.type)
@@ -379,24 +375,12 @@ class PartitionTask:
             for ev in dec.events:
                 if ev is handover:
                     break
-                after = evolve_routing(after, ev)
+                after = routing.evolve(after, ev)
             self._hand_over(after.table.get(handover.version), now, out)
-        first_index = len(out.events)
-        for i, ev in enumerate(dec.events):
-            view = self.routing = evolve_routing(view, ev)
-            out.event(event_id_for(cid, i), ROUTING_KEY, ROUTING_TENANT, ROUTING_ID, now, cid,
-                      ev, values[i])
-        if dec.events and self.snap is not None:
-            self.snap.dirty.add(ROUTING_KEY)
-            self.snap.events_since += len(dec.events)
-        self._send(ROUTING_TENANT, dec, now, out)
-        if not cid.startswith(INTERNAL_COMMANDS):
-            if env.reply_to:
-                out.reply_to[cid] = env.reply_to
-            body = dec.body if not dec.field else {**dec.body, "field": dec.field}
-            out.reply_new(cid, dec.status, dec.reason, codec.encode_body(body), ROUTING_TENANT,
-                          ROUTING_ID, first_index, len(out.events))
-            self.pending[cid] = out
+        if env.reply_to and not cid.startswith(INTERNAL_COMMANDS):
+            out.reply_to[cid] = env.reply_to
+        self.routing = self._record(routing, ROUTING_KEY, ROUTING_TENANT, ROUTING_ID, view, dec,
+                                    encoded, cid, now, out)
         log.info("routing_decided", partition=self.partition, type=env.type,
                  status=dec.status, events=[ev.type for ev in dec.events])
 
@@ -412,11 +396,11 @@ class PartitionTask:
             st = self.states[key]
             runs = [*(st.runs or {})]
             cid = move_command_id("out", to.version, key)
-            dec = move_out(st, dest, to.version, p)
+            dec = self.aggregates.schedule.move_out(st, dest, to.version, p)
             if not dec.ok:  # nothing of it here (a create refused before it was held)
                 del self.states[key]
                 continue
-            encoded = self._encode(key, st, dec, cid, now)
+            encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
             self._apply(key, st, dec, encoded, cid, now, out)
             del self.states[key]
             for run_id in runs:  # its workers' credit: they now answer to the new home
@@ -428,14 +412,14 @@ class PartitionTask:
                 continue
             qs = self.quotas[key]
             cid = move_command_id("out", to.version, key)
-            dec = move_out_quota(qs, dest, to.version, p)
-            self._apply_quota(key, qs, dec, self._encode(key, qs, dec, cid, now),  # type: ignore[arg-type]
-                              cid, now, out)
+            moved = self.aggregates.quota.move_out(qs, dest, to.version, p)
+            self._apply_quota(key, qs, moved, self._encode(key, qs.tenant, qs.schedule_id,
+                                                           moved, cid, now), cid, now, out)
             del self.quotas[key]
             self.arm_at(key, None)
             self.ctx.stats.moved_out += 1
 
-    def _adopted(self, key: str, st: ScheduleState, dec: Decision) -> None:
+    def _adopted(self, key: str, st: ScheduleState, dec: ScheduleDecision) -> None:
         """After an adopt command: a key moved in has its runs seated (its timer is armed by
         ``_apply``); a refused adopt is an error of the handover (logged)."""
         if not dec.ok:
@@ -463,8 +447,9 @@ class PartitionTask:
         someone else: the saga's own steps are answered by commands)."""
         cid = env.command_id
         try:
-            dec = decide_quota(qs, env, now, self.ctx.tenants.policy(env.tenant)[1])
-            encoded = self._encode(key, qs, dec, cid, now)  # type: ignore[arg-type]
+            tenant = TenantContext(max_schedules=self.ctx.tenants.policy(env.tenant)[1])
+            dec = self.aggregates.quota.decide(qs, env, now, tenant)
+            encoded = self._encode(key, qs.tenant, qs.schedule_id, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
             log.exception("quota_decide_failed", command_id=cid, tenant=env.tenant)
             if rec is None:
@@ -481,26 +466,47 @@ class PartitionTask:
             log.error("adopt_refused", partition=self.partition, key=key, status=dec.status,
                       reason=dec.reason)
 
-    def _apply_quota(self, key: str, qs: QuotaState, dec: Decision,
+    def _apply_quota(self, key: str, qs: QuotaState, dec: QuotaDecision,
                      encoded: tuple[list[bytes], bytes | None], cid: str, now: datetime,
                      out: Output) -> None:
         """Evolve and record a quota decision's events, its saga commands and its reply."""
-        if dec.events and self.snap is not None:
-            self.snap.dirty.add(key)
-            self.snap.events_since += len(dec.events)
+        self._record(self.aggregates.quota, key, qs.tenant, qs.schedule_id, qs, dec, encoded,
+                     cid, now, out)
+
+    def _record(
+        self, aggregate: Aggregate[S, Any, E], key: str, tenant: str, schedule_id: str,
+        state: S, dec: Decision[E], encoded: tuple[list[bytes], bytes | None],
+        command_id: str, now: datetime, out: Output,
+        on_event: Callable[[E], None] | None = None,
+    ) -> S:
+        """Evolve and record a decision of any aggregate in this transaction: its events
+        (``on_event`` sees each once it is folded), the commands it sends, the key's next
+        timer and its reply (none for the processor's own commands: timers, assignments,
+        moves). Returns the state after the events."""
         first_index = len(out.events)
         values, body = encoded
+        snap = self.snap
+        if snap is not None and dec.events:
+            snap.dirty.add(key)
+            snap.events_since += len(dec.events)
         for i, ev in enumerate(dec.events):
-            evolve_quota(qs, ev)
-            out.event(event_id_for(cid, i), key, qs.tenant, QUOTA_ID, now, cid, ev, values[i])
-        self._send(qs.tenant, dec, now, out)
-        self.arm_at(key, quota_wakeup(qs))
+            state = aggregate.evolve(state, ev)
+            out.event(event_id_for(command_id, i), key, tenant, schedule_id, now, command_id,
+                      ev, values[i])
+            if on_event is not None:
+                on_event(ev)
+        self._send(tenant, dec, now, out)
+        self.arm_at(key, aggregate.wakeup(state))
         if body is not None:
-            out.reply_new(cid, dec.status, dec.reason, body, qs.tenant, QUOTA_ID, first_index,
-                          len(out.events))
-            self.pending[cid] = out
+            answered = dec.answers or command_id  # a held create is answered by the saga
+            if dec.answers and dec.answers_client:
+                out.reply_to[answered] = dec.answers_client  # its reply wakes that client
+            out.reply_new(answered, dec.status, dec.reason, body, tenant, schedule_id,
+                          first_index, len(out.events))
+            self.pending[answered] = out
+        return state
 
-    def _send(self, tenant: str, dec: Decision, now: datetime,
+    def _send(self, tenant: str, dec: Decision[Any], now: datetime,
               out: Output) -> None:
         """A decision's commands to other aggregates of the tenant (the quota saga, a moved
         key's adopt command) or to other partitions (handover-done), written to ``commands``
@@ -522,13 +528,13 @@ class PartitionTask:
             out.commands.append(OutRecord(topic=self.ctx.topics.commands, key=key,
                                           value=codec.encode_command(env), partition=partition))
 
-    def _encode(self, key: str, st: ScheduleState, dec: Decision, command_id: str,
-                now: datetime) -> tuple[list[bytes], bytes | None]:
+    def _encode(self, key: str, tenant: str, schedule_id: str, dec: Decision[Any],
+                command_id: str, now: datetime) -> tuple[list[bytes], bytes | None]:
         """A decision's events and reply body as bytes, before anything is evolved: a value
         that cannot be encoded (an integer past 64 bits, ...) raises here, with the state
         and the batch untouched."""
         events = [codec.encode_event_fields(event_id_for(command_id, i), m.CURRENT_VERSION, key,
-                                            st.tenant, st.schedule_id, now, command_id, ev)
+                                            tenant, schedule_id, now, command_id, ev)
                   for i, ev in enumerate(dec.events)]
         if dec.deferred or (command_id.startswith(INTERNAL_COMMANDS) and dec.answers is None):
             return events, None  # the processor's own commands, or answered later (the saga)
@@ -538,41 +544,27 @@ class PartitionTask:
     def _apply(
         self, key: str,
         st: ScheduleState,
-        dec: Decision,
+        dec: ScheduleDecision,
         encoded: tuple[list[bytes], bytes | None],
         command_id: str,
         now: datetime,
         out: Output,
     ) -> None:
-        """Evolve and record a decision's events, and its reply (none for the processor's own
-        commands: timers and assignments)."""
-        first_index = len(out.events)
-        values, body = encoded
-        snap = self.snap
-        if snap is not None and dec.events:
-            snap.dirty.add(key)
-            snap.events_since += len(dec.events)
-        for i, ev in enumerate(dec.events):
-            evolve(st, ev)
-            out.event(event_id_for(command_id, i), key, st.tenant, st.schedule_id, now,
-                      command_id, ev, values[i])
-            if ev.type in READY_EVENT_TYPES:
+        """Evolve and record a schedule's decision (``_record``); a run it makes READY waits
+        for a worker's seat, a run it moves on settles the seat that holds it."""
+
+        def ready(ev: m.ScheduleEvent) -> None:
+            if isinstance(ev, READY_EVENTS):
                 self._ready(key, st, ev)
+
+        self._record(self.aggregates.schedule, key, st.tenant, st.schedule_id, st, dec,
+                     encoded, command_id, now, out, ready)
         for ev in dec.events:
             run_id = getattr(ev, "run_id", None)
             if run_id is not None and run_id in self.dispatch.assigned:
                 if ev.type == "LeaseExpired":
                     self.dispatch.lapse_holder(run_id)
                 self.dispatch.settle(run_id, st.run(run_id))
-        self._send(st.tenant, dec, now, out)
-        self.arm(key, st)
-        if body is not None:
-            answered = dec.answers or command_id  # a held create is answered by the saga
-            if dec.answers and dec.answers_client:
-                out.reply_to[answered] = dec.answers_client  # its reply wakes that client
-            out.reply_new(answered, dec.status, dec.reason, body,
-                          st.tenant, st.schedule_id, first_index, len(out.events))
-            self.pending[answered] = out
 
     def _unverified_offer(self, offer: Offer, partition: int, why: str) -> None:
         """Count a pool offer that seats nobody; log it at most every 10 s per worker."""
@@ -586,7 +578,7 @@ class PartitionTask:
                         pool=(offer.pool or "")[:100], partition=partition, reason=why,
                         total=self.ctx.stats.offers_unverified)
 
-    def _ready(self, key: str, st: ScheduleState, ev: Any) -> None:
+    def _ready(self, key: str, st: ScheduleState, ev: ReadyEvent) -> None:
         """A run became READY: it waits for a worker's seat (``_assign_waiting``)."""
         if isinstance(ev, m.OccurrenceMaterialized) and ev.state != "READY":
             return
@@ -627,10 +619,10 @@ class PartitionTask:
                     continue
                 cid = f"assign:{self.partition}:{run_id}:{attempt}"
                 try:
-                    dec = decide(st, assign_envelope(st, cid, now, run_id, attempt,
-                                                      seat.worker_id), now,
-                                 self._claim_context(st.tenant))
-                    encoded = self._encode(key, st, dec, cid, now)
+                    dec = self.aggregates.schedule.decide(
+                        st, assign_envelope(st, cid, now, run_id, attempt, seat.worker_id), now,
+                        self._claim_context(st.tenant))
+                    encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
                 except Exception:  # a decider bug must not stop the partition
                     log.exception("assign_decide_failed", partition=self.partition, run_id=run_id)
                     continue  # it stays READY; the next event of its schedule queues it again
@@ -658,7 +650,7 @@ class PartitionTask:
                 queue.restore(tenant, entry)
         d.prune(mono)
 
-    def _unpooled_claim(self, env: m.CommandEnvelope) -> Decision | None:
+    def _unpooled_claim(self, env: m.CommandEnvelope) -> ScheduleDecision | None:
         """A worker's own ClaimRun of a run whose tenant is bound to worker pools: refused.
         Such runs go only to seats whose offers proved a pool credential; a claim carries no
         proof, so allowing it would hand the run (params included) to any log writer."""
@@ -671,7 +663,7 @@ class PartitionTask:
                         reason="the tenant's runs go only to workers of its pools, through "
                                "offers that prove a pool credential: a run cannot be claimed")
 
-    def _over_share(self, env: m.CommandEnvelope) -> Decision | None:
+    def _over_share(self, env: m.CommandEnvelope) -> ScheduleDecision | None:
         """A worker's own ClaimRun (not an assignment) when the tenant already holds its
         ``max_running`` share: refused, as dispatch would not assign it either."""
         cap = self.ctx.tenants.max_running(env.tenant)
@@ -700,7 +692,7 @@ class PartitionTask:
             return 0.0
         return self.ctx.attempt_budget.delay(env.tenant, per_minute, now.timestamp())
 
-    def _spend_retries(self, tenant: str, dec: Decision, now: datetime) -> None:
+    def _spend_retries(self, tenant: str, dec: ScheduleDecision, now: datetime) -> None:
         per_minute = self.ctx.tenants.attempts_per_minute(tenant)
         if per_minute is not None:
             for ev in dec.events:

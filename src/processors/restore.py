@@ -16,7 +16,6 @@ from typing import Any
 
 import structlog
 
-from chronolog.commands.quota import quota_wakeup
 from chronolog.domain import codec
 from chronolog.environment import gc_paused
 from chronolog.log.dead_letters import DeadLetters
@@ -111,7 +110,7 @@ class Restorer:
             ps.arm(key, st)
             ps.seat_runs(key, st)
         for key, qs in ps.quotas.items():
-            ps.arm_at(key, quota_wakeup(qs))
+            ps.arm_at(key, ps.aggregates.quota.wakeup(qs))
         await self._restore_replies(ps)
         if snapshots:
             cfg = self.config
@@ -175,7 +174,7 @@ class Restorer:
         snapshot), or from offset 0. Returns the keys whose states are not on ``state`` as
         they are, the offset after the last event, and that event's (offset, ID). Raises
         ``SnapshotRejected`` when the snapshot does not fit the log (before folding any)."""
-        folder = Folder(loaded, ps.routing)
+        folder = Folder(ps.aggregates, loaded, ps.routing)
         ps.states, ps.quotas = folder.states, folder.quotas
         offset = folder.start
         unswept = 0
@@ -207,7 +206,8 @@ class Restorer:
             # long fold would hold the event loop (the group's heartbeats) from start to end
             await asyncio.sleep(0)
         dirty, last_event = folder.finish()
-        ps.routing = folder.routing
+        if folder.routing is not None:
+            ps.routing = folder.routing
         takeover.tail_events = folder.folded
         return dirty, max(offset, folder.fold_from), last_event
 

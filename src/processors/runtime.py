@@ -66,7 +66,7 @@ from typing import Any
 import structlog
 
 from chronolog.backoff import Backoff
-from chronolog.commands.routing import RoutingView
+from chronolog.commands.registry import PartitionAggregates
 from chronolog.domain import messages as m
 from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_tuned, utc_now
@@ -476,8 +476,7 @@ class Processor:
         owner = await self.log.acquire(p, self.member_id)  # fences the previous owner
         if hasattr(owner, "await_visible"):  # a log adapter that can skip that wait
             owner.await_visible = self.config.await_visible
-        ps = PartitionTask(p, owner, self._tasks)
-        ps.routing = RoutingView.initial(p, table)
+        ps = PartitionTask(p, owner, self._tasks, PartitionAggregates.of_partition(p, table))
         try:
             await self._restore(ps, takeover)
             committed = await self.log.committed(self.group, self.topics.commands, p)

@@ -64,10 +64,9 @@ from typing import Any
 
 import orjson
 
-from chronolog.commands.decider import evolve
-from chronolog.commands.quota import evolve_quota
-from chronolog.commands.routing import RoutingView, decode_view, encode_view, evolve_routing
-from chronolog.commands.state import Policy, QuotaState, ScheduleState, initial_state
+from chronolog.commands.registry import PartitionAggregates
+from chronolog.commands.routing import RoutingView, decode_view, encode_view
+from chronolog.commands.state import Policy, QuotaState, ScheduleState
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
@@ -79,7 +78,7 @@ from chronolog.commands.state_codec import (
     shape_of,
     upcast_state,
 )
-from chronolog.domain.ids import QUOTA_ID, ROUTING_ID, routing_key
+from chronolog.domain.ids import QUOTA_ID, routing_key
 from chronolog.domain.messages import EventEnvelope, KeyMovedOut
 from chronolog.log.port import OutRecord, Record
 
@@ -275,8 +274,9 @@ class Folder:
     ``routing``: the partition's routing view before its first event (the one the snapshot
     stores replaces it)."""
 
-    def __init__(self, loaded: Loaded | None = None,
+    def __init__(self, aggregates: PartitionAggregates, loaded: Loaded | None = None,
                  routing: RoutingView | None = None) -> None:
+        self.aggregates = aggregates
         self.loaded = loaded
         self.routing = routing if loaded is None or loaded.routing is None else loaded.routing
         self.states: dict[str, ScheduleState] = {} if loaded is None else loaded.states
@@ -318,21 +318,26 @@ class Folder:
             return  # its state's record covers it
         self.folded += 1
         self.dirty.add(key)
-        if env.schedule_id == ROUTING_ID:
-            if self.routing is not None:
-                self.routing = evolve_routing(self.routing, env.payload)
+        ev = env.payload
+        aggs = self.aggregates
+        kind = aggs.kind_of(env.schedule_id)
+        if kind == "routing":
+            if self.routing is not None and aggs.routing.owns(ev):
+                self.routing = aggs.routing.evolve(self.routing, ev)
             return
-        if env.schedule_id == QUOTA_ID:
+        if kind == "quota":
             qs = self.quotas.get(key)
             if qs is None:
-                qs = self.quotas[key] = QuotaState(env.tenant)
-            evolve_quota(qs, env.payload)
+                qs = self.quotas[key] = aggs.quota.initial(env.tenant, env.schedule_id)
+            if aggs.quota.owns(ev):
+                aggs.quota.evolve(qs, ev)
         else:
             st = self.states.get(key)
             if st is None:
-                st = self.states[key] = initial_state(env.tenant, env.schedule_id)
-            evolve(st, env.payload)
-        if isinstance(env.payload, KeyMovedOut):  # it left the partition
+                st = self.states[key] = aggs.schedule.initial(env.tenant, env.schedule_id)
+            if aggs.schedule.owns(ev):
+                aggs.schedule.evolve(st, ev)
+        if isinstance(ev, KeyMovedOut):  # it left the partition
             self.states.pop(key, None)
             self.quotas.pop(key, None)
 

@@ -75,16 +75,16 @@ def _raw_create(command_id: str, schedule_id: str, spec: dict[str, Any]) -> byte
 async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not_a_crash(
     event_log: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import chronolog.processors.partition_task as task
+    from chronolog.commands.decider import SCHEDULE
 
-    real = task.decide
+    real = SCHEDULE.decide
 
     def buggy(st: Any, env: Any, now: Any, tenant: Any) -> Any:  # a decider bug, test-only
         if env.schedule_id == "bug":
             raise ZeroDivisionError("a bug in decide")
         return real(st, env, now, tenant)
 
-    monkeypatch.setattr(task, "decide", buggy)
+    monkeypatch.setattr(SCHEDULE, "decide", buggy)  # the schedule aggregate every task uses
     async with Running(event_log) as r:
         cmds = event_log.topics.commands
         await event_log.append([
@@ -124,16 +124,17 @@ async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not
 async def test_a_decision_that_cannot_be_applied_rebuilds_the_partition_and_is_dead_lettered(
     event_log: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import chronolog.processors.partition_task as task
+    from chronolog.commands.decider import SCHEDULE
 
-    real = task.evolve
+    real = SCHEDULE.evolve
 
     def buggy(st: Any, ev: Any) -> Any:  # a bug in evolve, test-only: half-applied, raises
-        real(st, ev)
+        after = real(st, ev)
         if st.schedule_id == "half" and ev.type == "ScheduleCreated":
             raise KeyError("a bug in evolve")
+        return after
 
-    monkeypatch.setattr(task, "evolve", buggy)
+    monkeypatch.setattr(SCHEDULE, "evolve", buggy)  # the schedule aggregate every task uses
     async with Running(event_log) as r:
         await r.client.create_schedule("acme", "before", SPEC)
         await event_log.append([OutRecord(event_log.topics.commands, b"acme/half",

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
-from chronolog.commands.decider import Decision, TenantContext, decide, evolve, fold
+from chronolog.commands.aggregate import Decision, TenantContext
+from chronolog.commands.decider import decide, evolve, fold
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import messages as m
 

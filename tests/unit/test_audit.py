@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from chronolog.commands.decider import Decision, decide, evolve
+from chronolog.commands.aggregate import Decision
+from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for

@@ -79,7 +79,8 @@ def _lifecycle_events() -> list[m.EventEnvelope]:
     """Every event a schedule's life produces, enveloped as the processor does."""
     from datetime import timedelta
 
-    from chronolog.commands.decider import TenantContext, decide, evolve
+    from chronolog.commands.aggregate import TenantContext
+    from chronolog.commands.decider import decide, evolve
     from chronolog.commands.state import initial_state
 
     spec = m.ScheduleSpec.model_validate({

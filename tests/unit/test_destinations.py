@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from chronolog.commands.decider import TenantContext, ungranted_effect
+from chronolog.commands.aggregate import TenantContext
+from chronolog.commands.decider import ungranted_effect
 from chronolog.destinations import adapter_config, give_up_after, parse_destinations
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.netguard import address_refusal

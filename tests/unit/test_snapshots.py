@@ -22,8 +22,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
 from chronolog.commands import state_codec as sc
-from chronolog.commands.decider import PROCESSOR, Decision, decide, evolve, fold, held, move_out
+from chronolog.commands.aggregate import PROCESSOR, Decision
+from chronolog.commands.decider import decide, evolve, fold, held, move_out
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
+from chronolog.commands.registry import PartitionAggregates
+from chronolog.commands.routing import table_of
 from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
 from chronolog.log.port import Record
@@ -31,6 +34,8 @@ from chronolog.processors import snapshots as sn
 from support.decider import Story
 from support.states import partition_fields
 from unit.decider.test_invariants import SIDS, TENANT, DeciderMachine
+
+AGGREGATES = PartitionAggregates.of_partition(0, table_of([1]))
 
 QUOTA_KEY = f"{TENANT}/@quota"
 
@@ -181,7 +186,7 @@ class PartitionMachine(DeciderMachine):
                 else:
                     assert (fold(TENANT, key.split("/", 1)[1], covered).snapshot()
                             == loaded.states[key].snapshot())
-        folder = sn.Folder(loaded)
+        folder = sn.Folder(AGGREGATES, loaded)
         for offset, env in self.events:
             if offset >= folder.start:
                 folder.feed(offset, env)
@@ -380,12 +385,12 @@ def test_a_snapshot_of_another_log_does_not_fit_its_events() -> None:
     records, events = written_partition()
     loaded = sn.decode_snapshot(records, end_of(events))
     assert loaded is not None
-    folder = sn.Folder(loaded)
+    folder = sn.Folder(AGGREGATES, loaded)
     offset, env = events[-1]
     other = env.model_copy(update={"event_id": "someone-else.0"})
     with pytest.raises(sn.SnapshotRejected, match="not there"):
         folder.feed(offset, other)
-    empty = sn.Folder(sn.decode_snapshot(records, end_of(events)))
+    empty = sn.Folder(AGGREGATES, sn.decode_snapshot(records, end_of(events)))
     with pytest.raises(sn.SnapshotRejected, match="events end before it"):
         empty.finish()
 

@@ -19,7 +19,8 @@ from hypothesis.stateful import invariant
 
 from chronolog.commands import state as st
 from chronolog.commands import state_codec as sc
-from chronolog.commands.decider import TenantContext, decide, evolve
+from chronolog.commands.aggregate import TenantContext
+from chronolog.commands.decider import decide, evolve
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
 from chronolog.commands.state import QuotaWait, Run, ScheduleState, initial_state
 from chronolog.domain import messages as m

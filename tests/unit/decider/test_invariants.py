@@ -39,9 +39,9 @@ from hypothesis.stateful import (
     rule,
 )
 
+from chronolog.commands.aggregate import Decision
 from chronolog.commands.decider import (
     MAX_INSTANTS_PER_DECISION,
-    Decision,
     decide,
     evolve,
     fold,

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
-from chronolog.commands.decider import Decision, decide, evolve, fold, held, move_out
+from chronolog.commands.aggregate import Decision
+from chronolog.commands.decider import decide, evolve, fold, held, move_out
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota, move_out_quota
 from chronolog.commands.routing import (
     RoutingView,

@@ -12,7 +12,8 @@ import random
 from datetime import datetime
 from typing import Any
 
-from chronolog.commands.decider import QUOTA_EXPIRY_MARGIN, Decision
+from chronolog.commands.aggregate import Decision
+from chronolog.commands.decider import QUOTA_EXPIRY_MARGIN
 from chronolog.commands.quota import (
     RESERVATION_TTL,
     QuotaState,
