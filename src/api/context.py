@@ -53,10 +53,10 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
-from chronolog.projections import workers as wk
-from chronolog.projections.documents import camel_path, jsonable
-from chronolog.projections.metrics import MetricsSource
-from chronolog.projections.read_model import ReadModel
+from chronolog.queries import workers as wk
+from chronolog.queries.documents import camel_path, jsonable
+from chronolog.queries.metrics import MetricsSource
+from chronolog.queries.read_model import ReadModel
 from chronolog.tenants import Tenant, Tenants
 
 __all__ = [

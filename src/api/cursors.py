@@ -7,7 +7,7 @@ its events before the answer (reads without a token then see the write), ``false
 bound (``visible_timeout``) passed first.
 
 (The ``after`` cursors of paged lists belong to the read model, which the CLI shares:
-``chronolog.projections.read_model``.)
+``chronolog.queries.read_model``.)
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from chronolog.lifecycle import unavailable
 from chronolog.log.port import LogError
 from chronolog.logging import Throttle
-from chronolog.projections.documents import InvalidDefinition, camel_path, field_of
-from chronolog.projections.read_model import InvalidQuery
+from chronolog.queries.documents import InvalidDefinition, camel_path, field_of
+from chronolog.queries.read_model import InvalidQuery
 
 __all__ = ["STATUS_WORDS", "ApiError", "ErrorBody", "error_responses", "install_handlers"]
 

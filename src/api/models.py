@@ -1,7 +1,7 @@
 """The API's own request and response models (camelCase): the bodies of writes and what they
 answer, and the preview of a rule. A schedule's definition and the documents reads answer
 (schedules, runs, workers) are the read side's, shared with the CLI
-(``chronolog.projections.documents``); their limits come from the domain spec.
+(``chronolog.queries.documents``); their limits come from the domain spec.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import Field
 
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.projections.documents import CamelModel, ScheduleDefinition
+from chronolog.queries.documents import CamelModel, ScheduleDefinition
 
 __all__ = [
     "MAX_SCHEDULE_ID",

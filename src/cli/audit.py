@@ -6,7 +6,7 @@ docs/design.md §10.
 Reads every partition of ``events`` from offset 0 to its end offset at the start of the
 audit (committed reads, through the EventLog port), in move-barrier order (a moved key's
 events on its old home before those on its new home: ``chronolog.projections.ordered``),
-feeds each event to the pure checker (``chronolog.projections.audit``) and then:
+feeds each event to the pure checker (``chronolog.audit.auditor``) and then:
 
 * no violation: prints one summary line (``audit ok: ...``) and exits 0;
 * violations: prints each one (``VIOLATION <check>: <message>`` and, indented, its events as
@@ -28,6 +28,7 @@ import json
 import sys
 from typing import Any
 
+from chronolog.audit.auditor import Auditor, AuditReport
 from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
@@ -38,7 +39,6 @@ from chronolog.cli.log_reader import (
 from chronolog.domain.barrier import Barrier
 from chronolog.domain.codec import DecodeError
 from chronolog.log.port import EventLog, Record
-from chronolog.projections.audit import Auditor, AuditReport
 from chronolog.settings import RULES_HEADER
 
 

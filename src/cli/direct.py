@@ -5,7 +5,7 @@ operation (``chronolog.api.models`` for writes).
 
 Writes go to the log through ``chronolog.client.Client`` and wait, bounded (``--timeout``),
 for the processor's reply. Reads come from the PostgreSQL read model through the queries and
-documents the API uses too (``chronolog.projections.read_model``), so each answer is the
+documents the API uses too (``chronolog.queries.read_model``), so each answer is the
 body the API would give: ``--database-url`` / ``CHRONOLOG_DATABASE_URL``, else the embedded
 PostgreSQL of ``--data-dir`` (``DIR/pg`` or ``DIR/postgres`` as ``chronolog dev`` or
 ``chronolog projector`` makes it); a cluster that is not running is started for the command,
@@ -36,8 +36,8 @@ from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
 from chronolog.domain import messages as m
 from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.log.port import LogError
-from chronolog.projections.documents import camel_path, jsonable
-from chronolog.projections.read_model import (
+from chronolog.queries.documents import camel_path, jsonable
+from chronolog.queries.read_model import (
     ReadModel,
     decode_run_cursor,
     decode_worker_cursor,
@@ -48,7 +48,7 @@ from chronolog.projections.read_model import (
     watermark,
     workers_page,
 )
-from chronolog.projections.workers import ever_served
+from chronolog.queries.workers import ever_served
 from chronolog.settings import LogConfig, data_dir, open_log
 
 __all__ = ["DirectTransport", "api_only"]

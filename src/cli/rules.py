@@ -39,7 +39,7 @@ from chronolog.cli.flags import existing_database
 from chronolog.domain.recurrence import RecurrenceError, parse_instant
 from chronolog.domain.shadow import Transition, compare, resolve, transitions, utc_text
 from chronolog.environment import utc_now
-from chronolog.projections.read_model import live_rules
+from chronolog.queries.read_model import live_rules
 from chronolog.settings import installed_rules
 
 FORMAT = "chronolog.rules-snapshot"

@@ -112,13 +112,13 @@ from chronolog.domain.recurrence import (
     resolve_zone,
 )
 from chronolog.logging import configure_logging
-from chronolog.projections.documents import (
+from chronolog.queries.documents import (
     InvalidDefinition,
     ScheduleDefinition,
     field_of,
     to_spec,
 )
-from chronolog.projections.read_model import (
+from chronolog.queries.read_model import (
     MAX_PAGE,
     SCHEDULE_STATES,
     SCHEDULES_LISTED,

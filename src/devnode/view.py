@@ -326,7 +326,7 @@ async def gather(node: Any) -> Snapshot:
     waiting: list[Waiting] = []
     store = node.parts.get("store")
     if store is not None:
-        from chronolog.projections.workers import waiting_runs
+        from chronolog.queries.workers import waiting_runs
 
         try:
             waiting = [Waiting(*row) for row in await waiting_runs(store.pool, WAITING_ROWS)]

@@ -8,9 +8,9 @@ the worker started and when the record was sent.
 
 Membership records are not events: no decision reads them. The projector folds them into the
 ``workers`` and ``served_job_types`` tables (``chronolog.projections.workers``), from which
-the read side answers ``GET /v1/workers`` and explains why a READY run waits: a worker is
-*live* while it has not said it is stopping and its last record is at most ``LIVE_S``
-seconds old.
+the read side (``chronolog.queries.workers``) answers ``GET /v1/workers`` and explains why a
+READY run waits: a worker is *live* while it has not said it is stopping and its last
+record is at most ``LIVE_S`` seconds old.
 """
 
 from __future__ import annotations

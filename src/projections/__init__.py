@@ -1,1 +1,1 @@
-"""Projections: pure event -> row changes, the PostgreSQL store, the projector and the read API."""
+"""Projections: pure event -> row changes, the PostgreSQL store, the projector and replay."""

@@ -1,5 +1,5 @@
 """Dead letters on the read side: the ``dead_letters`` table the projector folds from the
-``dlq`` topic (``GET /v1/dlq`` reads it; ``chronolog.projections.read_model``).
+``dlq`` topic (``GET /v1/dlq`` reads it; ``chronolog.queries.read_model``).
 
 ``DeadLetterFold(log, pool)`` reads every partition of ``dlq`` from the offsets stored in
 ``projection_offsets`` (topic: the dlq topic) and writes one row per letter key — consumer,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.projector import Projector
+from chronolog.queries.metrics import MetricsSource, render
 from support.polling import wait_until
 
 from .effect_servers import HookServer, SmtpServer

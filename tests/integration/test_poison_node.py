@@ -39,8 +39,8 @@ from chronolog.devnode.supervisor import Supervisor
 from chronolog.domain import codec
 from chronolog.log.dead_letters import read_dead_letters
 from chronolog.log.port import OutRecord
-from chronolog.projections.metrics import MetricsSource, render
 from chronolog.projections.store import PostgresProjectionStore
+from chronolog.queries.metrics import MetricsSource, render
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants
 from support.net import free_port

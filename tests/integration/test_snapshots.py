@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from chronolog.audit.auditor import audit
 from chronolog.client import Client
 from chronolog.commands.decider import fold
 from chronolog.commands.quota import QuotaState, evolve_quota
@@ -30,7 +31,6 @@ from chronolog.processors import snapshots as sn
 from chronolog.processors.config import OpenTenants, ProcessorConfig, ProcessorStats
 from chronolog.processors.restore import Restorer, Takeover
 from chronolog.processors.runtime import Processor
-from chronolog.projections.audit import audit
 from chronolog.settings import LogConfig, open_log
 from support.polling import wait_until
 from support.states import partition_fields

@@ -18,8 +18,9 @@ from types import SimpleNamespace
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from chronolog.projections.metrics import ProjectorCollector, Snapshot, render
+from chronolog.projections.metrics import ProjectorCollector
 from chronolog.projections.projector import ProjectorStats
+from chronolog.queries.metrics import Snapshot, render
 
 ALERTS = Path(__file__).resolve().parents[2] / "docs" / "alerts"
 RULES = ALERTS / "chronolog-rules.yaml"

@@ -13,7 +13,7 @@ import pytest
 
 from chronolog.log.dead_letters import named_by
 from chronolog.log.port import Topics
-from chronolog.projections.read_model import (
+from chronolog.queries.read_model import (
     InvalidQuery,
     LetterQuery,
     RunListCursor,

@@ -1,4 +1,4 @@
-"""The pure audit (chronolog.projections.audit): each check fails on a log that breaks it.
+"""The pure audit (chronolog.audit.auditor): each check fails on a log that breaks it.
 
 Two kinds of logs:
 
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from chronolog.audit.auditor import CHECKS, Auditor, AuditReport, audit
 from chronolog.commands.aggregate import Decision
 from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for
-from chronolog.projections.audit import CHECKS, Auditor, AuditReport, audit
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"

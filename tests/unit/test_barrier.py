@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from chronolog.audit.auditor import audit
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import (
@@ -18,7 +19,6 @@ from chronolog.domain.barrier import (
 )
 from chronolog.domain.ids import ROUTING_ID, ROUTING_TENANT
 from chronolog.log.port import Record
-from chronolog.projections.audit import audit
 from chronolog.projections.projector import cut_batch, decode_records
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

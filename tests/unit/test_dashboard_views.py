@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from chronolog.api.dashboard.words import duration_words, rule_words
-from chronolog.projections.documents import DstIn, JobIn, ScheduleDefinition, to_spec
-from chronolog.projections.read_model import instants_with_dst
+from chronolog.queries.documents import DstIn, JobIn, ScheduleDefinition, to_spec
+from chronolog.queries.read_model import instants_with_dst
 
 
 def row(next_run_at: datetime, **definition: Any) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def test_the_readme_example_is_a_valid_tenants_file(tmp_path: Path) -> None:
     assert tenants.destinations("acme") == {"billing": "webhook", "ledger": "postgres",
                                             "results": "kafka", "ops-mail": "email"}
     assert tenants.destinations("nobody") == {}
-    from chronolog.projections.documents import EffectIn
+    from chronolog.queries.documents import EffectIn
 
     effects = [EffectIn.model_validate(e) for e in orjson.loads("{" + json + "}")["effects"]]
     spec = m.ScheduleSpec.model_validate({"every": "1h", "job": {"type": "noop"}, "effects": [

@@ -1,10 +1,10 @@
 """The architecture as tests.
 
 - The import contracts of ``pyproject.toml`` (``[tool.importlinter]``) hold: the pure core
-  (``chronolog.domain``, ``chronolog.commands``) imports no I/O, clock or edge; a layer imports
-  only the layers below it; a private module is imported only inside its package; the modules
-  of a package import each other without cycles. Each contract is also shown to fail on a
-  copy of the tree with a violation planted in it.
+  (``chronolog.domain``, ``chronolog.commands``, ``chronolog.audit``) imports no I/O, clock
+  or edge; a layer imports only the layers below it; a private module is imported only
+  inside its package; the modules of a package import each other without cycles. Each
+  contract is also shown to fail on a copy of the tree with a violation planted in it.
 - The pure core reads no clock and draws no random number (``datetime.now()`` is a call, not
   an import: import-linter cannot see it).
 - No module uses another package's private (``_underscore``) name.
@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-CORE = ("domain", "commands")
+CORE = ("domain", "commands", "audit")
 
 # (file under src/, private name) pairs allowed to cross a package boundary: none.
 ALLOWED_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset()

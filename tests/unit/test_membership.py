@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from chronolog.domain.membership import Announcement, BadAnnouncement, announcement, waiting_reason
-from chronolog.projections.workers import jobs_in, waiting_for
+from chronolog.queries.workers import jobs_in, waiting_for
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 

@@ -192,7 +192,7 @@ def test_a_runs_cursor_serves_only_the_filters_it_was_made_with(
 ) -> None:
     from datetime import UTC, datetime
 
-    from chronolog.projections.read_model import RunListCursor, RunQuery
+    from chronolog.queries.read_model import RunListCursor, RunQuery
 
     at = datetime(2026, 5, 1, tzinfo=UTC)
     cursor = RunListCursor((at, "r_2"), (at, "r_1")).encode(RunQuery(job_type="echo"))

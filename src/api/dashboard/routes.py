@@ -1,7 +1,7 @@
 """The dashboard's pages (GET, server-rendered) and actions (POST forms, then a redirect).
 
 Pages read through the read model's functions the JSON API answers with
-(``chronolog.projections.read_model``: ``schedules_page``, ``schedule_document``,
+(``chronolog.queries.read_model``: ``schedules_page``, ``schedule_document``,
 ``runs_page``, ``run_document``, ``run_list_page``, ``dead_letters_page``, ``workers_page``)
 plus the few views a page shows beside them (recent outcomes, occurrences, the next
 instants with their DST marks, a schedule's events from the log). Actions call the JSON
@@ -39,9 +39,9 @@ from chronolog.api.models import PauseIn, ReconcileIn, ScheduleIn
 from chronolog.api.routes import runs as run_routes
 from chronolog.api.routes import schedules as schedule_routes
 from chronolog.api.routes.params import RunIdPath, ScheduleIdPath
-from chronolog.projections.documents import InvalidDefinition, definition_of, iso, jsonable
-from chronolog.projections.metrics import LATENESS_BUCKETS, MetricsSource
-from chronolog.projections.read_model import (
+from chronolog.queries.documents import InvalidDefinition, definition_of, iso, jsonable
+from chronolog.queries.metrics import LATENESS_BUCKETS, MetricsSource
+from chronolog.queries.read_model import (
     SCHEDULE_STATES,
     InvalidQuery,
     LetterQuery,

@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse
 from chronolog.api.auth import Viewer
 from chronolog.api.context import Context
 from chronolog.api.errors import error_responses
-from chronolog.projections.documents import DeadLetterPage, jsonable
-from chronolog.projections.read_model import (
+from chronolog.queries.documents import DeadLetterPage, jsonable
+from chronolog.queries.read_model import (
     LIST_PAGE,
     MAX_PAGE,
     LetterQuery,

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from chronolog.api.auth import Bearer, require_operator
 from chronolog.api.context import Context
 from chronolog.api.errors import ApiError, ErrorBody, error_responses
-from chronolog.projections.documents import iso
-from chronolog.projections.metrics import render
+from chronolog.queries.documents import iso
+from chronolog.queries.metrics import render
 from chronolog.readiness import database_reachable, log_reachable
 
 router = APIRouter(tags=["ops"])

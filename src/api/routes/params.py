@@ -10,7 +10,7 @@ from chronolog.api.cursors import CONSISTENCY_HEADER, VISIBLE_HEADER
 from chronolog.api.models import MAX_SCHEDULE_ID
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.projections.documents import spec_limits
+from chronolog.queries.documents import spec_limits
 
 __all__ = ["IDEMPOTENCY_KEY", "WRITE_HEADERS", "RunIdPath", "ScheduleIdPath"]
 

@@ -18,8 +18,8 @@ from chronolog.domain.recurrence import (
     resolve_zone,
     upcoming,
 )
-from chronolog.projections.documents import camel_path, jsonable
-from chronolog.projections.read_model import PREVIEW_COUNT
+from chronolog.queries.documents import camel_path, jsonable
+from chronolog.queries.read_model import PREVIEW_COUNT
 
 router = APIRouter(tags=["preview"])
 

@@ -33,8 +33,8 @@ from chronolog.api.models import (
 from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, RunIdPath, ScheduleIdPath
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.projections.documents import RunListPage, RunOut, RunPage, jsonable, spec_limits
-from chronolog.projections.read_model import (
+from chronolog.queries.documents import RunListPage, RunOut, RunPage, jsonable, spec_limits
+from chronolog.queries.read_model import (
     LIST_PAGE,
     MAX_PAGE,
     RUN_STATES,

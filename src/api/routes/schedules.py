@@ -3,9 +3,9 @@
 ``GET /v1/schedules`` lists the tenant's schedules by ID (code-point order), ``limit`` (1-500,
 default 100) at a time with ``nextCursor``; ``state`` (a comma-separated list, any case;
 default every state but DELETED), ``jobType``, ``resourceClass`` and ``prefix`` (a literal
-schedule-ID prefix) filter, and the cursor pins them (``chronolog.projections.read_model``).
+schedule-ID prefix) filter, and the cursor pins them (``chronolog.queries.read_model``).
 
-``GET /v1/schedules/{id}`` (``chronolog.projections.read_model.schedule_document``) returns
+``GET /v1/schedules/{id}`` (``chronolog.queries.read_model.schedule_document``) returns
 ``definition`` (the body of a PUT), ``state``, ``revision`` (also the ``ETag``),
 ``nextRunAt``, ``nextDueAt`` and ``preview``: the next 5 occurrences ``{scheduledAt, dueAt,
 local}`` where ``dueAt`` includes the schedule's deterministic jitter (the same hash the
@@ -54,14 +54,14 @@ from chronolog.api.models import (
 from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, ScheduleIdPath
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.projections.documents import (
+from chronolog.queries.documents import (
     ScheduleDefinition,
     ScheduleOut,
     SchedulePage,
     spec_limits,
     to_spec,
 )
-from chronolog.projections.read_model import (
+from chronolog.queries.read_model import (
     LIST_PAGE,
     MAX_PAGE,
     SCHEDULE_STATES,

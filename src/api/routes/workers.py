@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from chronolog.api.auth import Viewer
 from chronolog.api.context import Context
 from chronolog.api.errors import error_responses
-from chronolog.projections.documents import WorkerPage, jsonable
-from chronolog.projections.read_model import MAX_PAGE, decode_worker_cursor, workers_page
+from chronolog.queries.documents import WorkerPage, jsonable
+from chronolog.queries.read_model import MAX_PAGE, decode_worker_cursor, workers_page
 
 router = APIRouter(tags=["workers"])
 

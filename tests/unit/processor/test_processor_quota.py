@@ -11,6 +11,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from chronolog.audit.auditor import audit
 from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -19,7 +20,6 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord
 from chronolog.processors.config import OpenTenants
 from chronolog.processors.runtime import Processor
-from chronolog.projections.audit import audit
 from support.polling import wait_until
 from support.processors import events, read_all
 

@@ -4,7 +4,7 @@
 (one schedule's events all live in one partition, so per-partition order is enough);
 ``Auditor.finish()`` returns an ``AuditReport``. ``audit(events)`` does both for an iterable
 of envelopes (numbered partition 0, offsets 0, 1, ...) or ``(partition, offset, envelope)``.
-No I/O and no clock: ``chronolog audit`` (``audit_cli.py``) reads the log and prints.
+No I/O and no clock: ``chronolog audit`` (``chronolog.cli.audit``) reads the log and prints.
 
 Checks (``CHECKS``), each reported with the offending events (partition, offset, event_id,
 type):

@@ -61,8 +61,8 @@ from chronolog.domain.recurrence import (
 )
 from chronolog.log.partitioner import partition_for
 from chronolog.log.reading import read_partition
-from chronolog.projections import workers as wk
-from chronolog.projections.documents import (
+from chronolog.queries import workers as wk
+from chronolog.queries.documents import (
     AttemptOut,
     DeadLetterItem,
     DeadLetterPage,
