@@ -358,8 +358,8 @@ async def projection_behind(lg: Any, body: dict[str, Any] | None) -> int | None:
 
 async def effects_behind(lg: Any) -> int:
     """Events of ``events`` past the effect runner's committed offsets (what its next start
-    folds and reads again: ``chronolog.effect_adapters.runner``)."""
-    group = f"{lg.topics.prefix}effects"
+    folds and reads again: ``chronolog.effects.runner``)."""
+    group = lg.topics.effects_group
     behind = 0
     for p in range(lg.topics.partitions):
         end = await lg.end_offset(lg.topics.events, p)

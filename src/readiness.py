@@ -13,7 +13,7 @@ probe.
 ``watch(readiness, probe, interval)`` evaluates ``probe()`` (a coroutine returning
 ``(ready, reason)``) every ``interval`` seconds until cancelled; a probe that raises or does
 not answer within ``interval * 3`` counts as not ready with that reason. The process says
-what ready means (``chronolog.processors``, ``projections``, ``workers``, ``effect_adapters``
+what ready means (``chronolog.processors``, ``projections``, ``workers``, ``effects``
 and the API each define it; docs/deployment.md, "Readiness"); the probes of the services
 they share are here: ``log_reachable`` and ``database_reachable`` (a bounded request each,
 ``None`` when it answered, else the reason).

@@ -85,9 +85,12 @@ def _run_effects(args: Any) -> int:
     db = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     tenants = effect_tenants(args.tenants or os.environ.get("CHRONOLOG_TENANTS"),
                              log_.topics, db)
+    from chronolog.effects.service import run_effects
     from chronolog.readiness import ready_file
+    from chronolog.workers.results import FilesystemResultStore
 
-    return asyncio.run(run_effects(log_, member, db, results, tenants,
+    store = FilesystemResultStore(results) if results else None
+    return asyncio.run(run_effects(log_, member, db, store, tenants,
                                    ready_file(args.ready_file)))
 
 
@@ -106,27 +109,6 @@ def effect_tenants(path: str | None, topics: Any, database_url: str | None) -> A
     return tenants
 
 
-async def run_effects(log_: Any, member: str, database_url: str | None,
-                      results_dir: str | None, tenants: Any = None,
-                      ready_file: str | None = None) -> int:
-    from chronolog.effect_adapters.runner import EffectRunner
-    from chronolog.lifecycle import serve_log
-    from chronolog.readiness import Readiness, log_reachable, probing
-    from chronolog.workers.results import FilesystemResultStore
-
-    store = FilesystemResultStore(results_dir) if results_dir else None
-    runner = EffectRunner(log_, member, database_url=database_url, result_store=store,
-                          tenants=tenants)
-
-    async def probe() -> tuple[bool, str]:
-        ready, reason = runner.readiness()
-        away = await log_reachable(log_) if ready else None
-        return (False, away) if away else (ready, reason)
-
-    async with probing(Readiness("effects", ready_file), probe):
-        return await serve_log(log_, runner.run, runner.stop, "effects")
-
-
 # ---------------------------------------------------------------------- reconcile
 
 
@@ -135,7 +117,7 @@ def _run_list(args: Any) -> int:
 
 
 async def _list(log_: Any, as_json: bool) -> int:
-    from chronolog.effect_adapters.reconcile import open_reconciliations
+    from chronolog.effects.reconcile import open_reconciliations
 
     await log_.start()
     try:

@@ -139,7 +139,7 @@ async def run_node(
     from chronolog.client import Client
     from chronolog.devnode.supervisor import Supervisor
     from chronolog.devnode.view import Recent
-    from chronolog.effect_adapters.runner import EffectRunner
+    from chronolog.effects.runner import EffectRunner
     from chronolog.processors.runtime import Processor
     from chronolog.projections.projector import Projector
     from chronolog.settings import max_body_bytes, visible_timeout

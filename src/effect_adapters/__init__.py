@@ -1,1 +1,1 @@
-"""Effect adapters (webhook, email, postgres inbox, kafka) and the effect runner."""
+"""Effect adapters (webhook, email, postgres inbox, kafka) and their port (``base``)."""

@@ -129,7 +129,7 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         topic(topics.routing, "READ")
         topic(topics.dlq, "WRITE")
         add("TOPIC", f"{p}ready.", "PREFIXED", "WRITE")
-        add("GROUP", f"{p}processors", "LITERAL", "READ", "DESCRIBE")
+        add("GROUP", topics.processor_group, "LITERAL", "READ", "DESCRIBE")
         add("TRANSACTIONAL_ID", f"{p}processor-p", "PREFIXED", "WRITE", "DESCRIBE")
     elif role == "projector":
         topic(topics.events, "READ")
@@ -138,12 +138,12 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
     elif role == "api":
         client("client-")
         topic(topics.events, "READ")
-        add("GROUP", f"{p}processors", "LITERAL", "DESCRIBE")
+        add("GROUP", topics.processor_group, "LITERAL", "DESCRIBE")
     elif role == "effects":
         client("effects-")
         topic(topics.events, "READ")
         topic(topics.effects, "WRITE")
-        add("GROUP", f"{p}effects", "LITERAL", "READ", "DESCRIBE")
+        add("GROUP", topics.effects_group, "LITERAL", "READ", "DESCRIBE")
         # kafka effects: one transactional producer per runner (<prefix>effects-<member>);
         # an operator's destination topic outside the prefix needs its own WRITE
         add("TRANSACTIONAL_ID", f"{p}effects-", "PREFIXED", "WRITE", "DESCRIBE")

@@ -94,6 +94,10 @@ def pool_class(pool: str, resource_class: str) -> str:
 
 # consumer group names, under the topics' prefix
 PROCESSOR_GROUP_SUFFIX = "processors"
+EFFECTS_GROUP_SUFFIX = "effects"
+# the workers' groups are ``<prefix>workers.[pool-<pool>.]<digest of the job types>``
+# (``chronolog.workers.runtime.worker_group``)
+WORKER_GROUP_SUFFIX = "workers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,11 @@ class Topics:
         """The consumer group of the processors on ``commands`` (its committed offsets are
         the commands decided; the dashboard reads its lag)."""
         return f"{self.prefix}{PROCESSOR_GROUP_SUFFIX}"
+
+    @property
+    def effects_group(self) -> str:
+        """The consumer group of the effect runners on ``events`` (``chronolog.effects``)."""
+        return f"{self.prefix}{EFFECTS_GROUP_SUFFIX}"
 
     @property
     def commands(self) -> str:

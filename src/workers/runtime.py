@@ -76,7 +76,14 @@ from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer, offer_proof
 from chronolog.log.dead_letters import DeadLetters
-from chronolog.log.port import EventLog, LogError, OutRecord, Record, pool_class
+from chronolog.log.port import (
+    WORKER_GROUP_SUFFIX,
+    EventLog,
+    LogError,
+    OutRecord,
+    Record,
+    pool_class,
+)
 from chronolog.logging import Throttle
 from chronolog.settings import data_dir
 from chronolog.wakeup import Wakeup
@@ -91,7 +98,6 @@ from chronolog.workers.results import (
 
 log = structlog.get_logger("chronolog.worker")
 
-WORKER_GROUP_SUFFIX = "workers"
 WINDOW_S = 0.25  # an offer's window covers about this much work at the current rate
 MAX_WINDOW = 1000  # runs one partition may assign to one worker at once
 ACK_EVERY_S = 1.0  # read positions of ready.<class> are acknowledged at most this often

@@ -30,7 +30,7 @@ from chronolog.client import Client, Forbidden, Invalid
 from chronolog.destinations import check_destinations, parse_destinations
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
+from chronolog.effects.runner import EffectRunner, RunnerConfig
 from chronolog.log.port import LogError, Topics
 from chronolog.processors.runtime import Processor
 from chronolog.settings import ConfigError, LogConfig, open_log

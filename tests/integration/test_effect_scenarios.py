@@ -36,7 +36,7 @@ from chronolog.commands.decider import fold
 from chronolog.destinations import parse_destinations
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.effect_adapters.runner import EffectRunner, RunnerConfig
+from chronolog.effects.runner import EffectRunner, RunnerConfig
 from chronolog.processors.runtime import Processor
 from chronolog.settings import LogConfig
 from chronolog.tenants import Tenant, Tenants

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from chronolog.backoff import Backoff, retry
-from chronolog.effect_adapters.runner import RunnerConfig
+from chronolog.effects.runner import RunnerConfig
 from chronolog.workers.runtime import SEND_BACKOFF
 
 

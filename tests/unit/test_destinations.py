@@ -17,7 +17,7 @@ from chronolog.commands.decider import ungranted_effect
 from chronolog.destinations import adapter_config, give_up_after, parse_destinations
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.netguard import address_refusal
-from chronolog.effect_adapters.runner import Breaker
+from chronolog.effects.runner import Breaker
 from chronolog.settings import ConfigError
 from chronolog.tenants import load_tenants
 

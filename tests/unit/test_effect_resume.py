@@ -3,7 +3,7 @@ past everything when nothing there is left to do, else at the first thing left."
 
 from __future__ import annotations
 
-from chronolog.effect_adapters.runner import resume_offset
+from chronolog.effects.runner import resume_offset
 
 
 def test_a_partition_whose_intents_all_have_outcomes_is_read_from_where_the_fold_ended() -> None:

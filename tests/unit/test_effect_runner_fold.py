@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chronolog.domain import messages as m
-from chronolog.effect_adapters.runner import PartitionFold
+from chronolog.effects.runner import PartitionFold
 
 AT = datetime(2026, 10, 8, 12, tzinfo=UTC)
 

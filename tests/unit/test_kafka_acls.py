@@ -132,3 +132,12 @@ def test_the_acl_tables_in_docs_are_the_commands_output() -> None:
                               env={"PATH": "/usr/bin:/bin"})
         assert done.returncode == 0, done.stderr
         assert done.stdout == shown, cmd
+
+
+def test_the_group_names_are_the_ones_deployments_grant() -> None:
+    """A consumer group's name holds its committed offsets and is granted by the ACLs: the
+    processors' and the effect runners' groups are ``<prefix>processors`` and
+    ``<prefix>effects``, and each role is granted the group its process joins."""
+    assert (T.processor_group, T.effects_group) == ("p.processors", "p.effects")
+    for role, group in (("processor", T.processor_group), ("effects", T.effects_group)):
+        assert ("ALLOW", "READ", "GROUP", "LITERAL", group) in _grants(role)

@@ -77,7 +77,6 @@ from chronolog.log.reading import read_partition
 log = structlog.get_logger("chronolog.effects")
 
 OUTCOME_TYPES = ("EffectSucceeded", "EffectFailed", "EffectUncertain")
-GROUP_SUFFIX = "effects"
 # between tries to send an outcome while the log is away
 RECORD_BACKOFF = Backoff(first=0.5, cap=5.0)
 
@@ -220,7 +219,7 @@ class EffectRunner:
         self.log = log_
         self.topics = log_.topics
         self.member_id = member_id
-        self.group = f"{self.topics.prefix}{GROUP_SUFFIX}"
+        self.group = self.topics.effects_group
         self.adapters: dict[str, EffectAdapter] = dict(
             adapters if adapters is not None else default_adapters(log_, member_id, database_url))
         self.result_store = result_store

@@ -1,0 +1,1 @@
+"""The effect runner (a consumer-group process on ``events``) and reconciliation views."""
