@@ -271,7 +271,9 @@ async def test_an_unauthenticated_client_and_a_wrong_password_are_refused(
         with pytest.raises(LogError) as info:
             await lg.start()
         assert isinstance(info.value.__cause__, KafkaConnectionError), info.value
-    # the right password is let in (the refusals above are not a broker that is away)
+    # the right password is let in (the refusals above are not a broker that is away), once
+    # the worker role is granted here (this test may be the first of the module on its broker)
+    await _grant(broker, topics, "worker", "worker")
     lg = await _log(broker, topics, broker.auth("worker"))
     await lg.close()
 
