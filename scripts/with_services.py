@@ -95,13 +95,13 @@ def main(argv: list[str]) -> int:
     cleanups: list[object] = []
     ensure_promtool()
     try:
+        kafka_up: subprocess.Popen[bytes] | None = None
         if "--no-kafka" not in opts and not env.get("KAFKA_BOOTSTRAP_SERVERS"):
+            # the broker starts while PostgreSQL is set up (each takes seconds, mostly waiting)
             script = ROOT / "scripts" / "kafka.sh"
-            subprocess.run([str(script), "up"], check=True, cwd=ROOT)
-            cleanups.append(lambda: subprocess.run([str(script), "down"], cwd=ROOT))
-            env["KAFKA_BOOTSTRAP_SERVERS"] = (
-                (ROOT / ".kafka" / "bootstrap").read_text().strip()
-            )
+            up = kafka_up = subprocess.Popen([str(script), "up"], cwd=ROOT)
+            # stopped once its start has ended (whether it succeeded or not)
+            cleanups.append(lambda: (up.wait(), subprocess.run([str(script), "down"], cwd=ROOT)))
         if "--no-postgres" not in opts and not env.get("CHRONOLOG_TEST_DATABASE_URL"):
             from chronolog.embedded_postgres import EmbeddedPostgres
 
@@ -110,6 +110,12 @@ def main(argv: list[str]) -> int:
             env["CHRONOLOG_TEST_DATABASE_URL"] = pg.start()
             cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
             cleanups.append(pg.stop)
+        if kafka_up is not None:
+            if kafka_up.wait() != 0:
+                raise subprocess.CalledProcessError(kafka_up.returncode, kafka_up.args)
+            env["KAFKA_BOOTSTRAP_SERVERS"] = (
+                (ROOT / ".kafka" / "bootstrap").read_text().strip()
+            )
         if "--no-browser" not in opts:
             why = ensure_browser()
             print(f"browser: {CHROMIUM}" if why is None else

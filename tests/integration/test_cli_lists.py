@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from support.net import free_port
-from support.polling import wait_until
+from support.polling import SPAWN_POLL, wait_until
 
 from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     PARTITIONS,
@@ -76,7 +76,7 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
                 r = await cli("schedule", "create", sid, *rule, "--idempotency-key", sid,
                               "--timeout", "5")
                 return r.rc == 0
-            await wait_until(created, 90, interval=0.2, what=f"{sid} created")
+            await wait_until(created, 90, interval=SPAWN_POLL, what=f"{sid} created")
 
         # the first instant of each runs at once; ping-2 is paused after its run
         await cli.poll("ping-2 ran", "runs", "ping-2", "--state", "SUCCEEDED",

@@ -34,7 +34,7 @@ from chronolog.log.kafka import KafkaAuth, KafkaEventLog
 from chronolog.log.kafka_acls import acls_for, apply_acls
 from chronolog.log.port import LogError, OutRecord, Topics
 from support.net import free_port
-from support.polling import wait_until
+from support.polling import SPAWN_POLL, wait_until
 
 from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
@@ -139,7 +139,7 @@ async def test_each_role_under_its_own_principal_completes_a_scheduled_run(
         created = await wait_until(
             lambda: _answered(api("schedule", "create", "nightly", "--every", "1s", "--job",
                                   "echo", "--params", '{"n": 1}', "--idempotency-key", "c-1",
-                                  "--json")), 120, interval=0.3, what="the API answers")
+                                  "--json")), 120, interval=SPAWN_POLL, what="the API answers")
         assert created.rc == 0, created
         page = await api.poll("a succeeded run", "runs", "nightly", "--state", "SUCCEEDED",
                               until=lambda d: len(d["items"]) >= 1, timeout=120)

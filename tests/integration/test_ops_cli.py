@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from support.net import free_port
-from support.polling import wait_until
+from support.polling import SPAWN_POLL, wait_until
 
 from .conftest import CHRONOLOG, ROOT
 from .pgdb import create_database, drop_database
@@ -140,7 +140,7 @@ class Cli:
             doc = json.loads(r.out)
             return doc if until(doc) else None
 
-        return await wait_until(check, timeout, interval=0.2, what=what)
+        return await wait_until(check, timeout, interval=SPAWN_POLL, what=what)
 
 
 def _one_line(r: Result) -> str:
@@ -174,7 +174,7 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
                       "--timeout", "5", "--json")
         return json.loads(r.out) if r.rc == 0 else None
 
-    doc = await wait_until(created, 90, interval=0.2, what="create answered")
+    doc = await wait_until(created, 90, interval=SPAWN_POLL, what="create answered")
     assert doc["scheduleId"] == "nightly" and doc["revision"] == 1 and doc["nextRunAt"]
     again = await cli("schedule", "create", "nightly", "--every", "1s", "--job", job,
                       "--params", '{"n": 2}', "--idempotency-key", "c-1")
@@ -324,7 +324,7 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
         # the token names the tenant, whose job types the API checks
         forbidden = await wait_until(
             lambda: _answered(api("schedule", "create", "x", "--every", "1s", "--job",
-                                  "report")), 60, interval=0.2, what="the API answers")
+                                  "report")), 60, interval=SPAWN_POLL, what="the API answers")
         assert forbidden.rc == 1
         assert _one_line(forbidden) == "error: forbidden: job type 'report' not allowed"
         # direct access: the tenants file names one tenant, the CLI uses it and checks it
@@ -423,7 +423,7 @@ async def test_the_tenant_quota_through_the_cli(tmp_path: Path, dsn: str) -> Non
             assert r.rc in (0, 1), r.err
             return r.rc == 0
 
-        await wait_until(created, 30, interval=0.2, what="a create after the delete")
+        await wait_until(created, 30, interval=SPAWN_POLL, what="a create after the delete")
         still = await cli("schedule", "create", "three", "--every", "1h", "--job", "echo")
         assert still.rc == 1 and _one_line(still).startswith("error: quota: ")
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from support.net import free_port
-from support.polling import wait_until
+from support.polling import SPAWN_POLL, wait_until
 
 from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     PARTITIONS,
@@ -49,7 +49,7 @@ async def _waiting_then_served(cli: Cli, services: Services, worker_args: list[s
                       "--idempotency-key", "g-1", "--timeout", "5")
         return r if r.rc == 0 else None
 
-    r = await wait_until(created, 90, interval=0.2, what="create answered")
+    r = await wait_until(created, 90, interval=SPAWN_POLL, what="create answered")
     assert r.err.strip().splitlines()[-1] == WARNING
     assert r.out.startswith("created schedule greeter (revision 1)")
 

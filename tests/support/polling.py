@@ -12,12 +12,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["wait_until", "wait_until_sync"]
+__all__ = ["SPAWN_POLL", "wait_until", "wait_until_sync"]
+
+# the interval of a poll whose every check starts a process (a `chronolog` command): each
+# check costs a Python start-up, and on a loaded machine a faster poll mostly takes CPU from
+# the processes whose progress it waits for
+SPAWN_POLL = 0.5
 
 
 async def wait_until(
     cond: Callable[[], Awaitable[Any]] | Callable[[], Any], timeout: float = 20.0,
-    what: str = "condition", *, interval: float = 0.05,
+    what: str = "condition", *, interval: float = 0.1,
     errors: tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Poll ``cond`` (sync or async) until it returns a truthy value, which is returned;
