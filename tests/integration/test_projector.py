@@ -28,7 +28,7 @@ from chronolog.log.port import OutRecord
 from chronolog.projections.metrics import ProjectorCollector
 from chronolog.projections.projector import Commit, Projector
 from chronolog.projections.store import PostgresProjectionStore
-from support.polling import wait_until
+from support.polling import finish, wait_until
 from support.processors import Running, read_all
 
 from .pgdb import create_database, drop_database, dump, schema_store
@@ -145,7 +145,7 @@ async def test_two_projectors_on_one_database_apply_each_event_once(
                      what="both projectors together caught up")
     a.stop()
     b.stop()
-    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    await finish(tasks, 30, "both projectors stopped")
     assert a.stats.events + b.stats.events == total
     assert await dump(shared) == await dump(rebuilt)
 

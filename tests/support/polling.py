@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["SPAWN_POLL", "wait_until", "wait_until_sync"]
+__all__ = ["SPAWN_POLL", "finish", "wait_until", "wait_until_sync"]
 
 # the interval of a poll whose every check starts a process (a `chronolog` command): each
 # check costs a Python start-up, and on a loaded machine a faster poll mostly takes CPU from
@@ -67,3 +67,31 @@ def wait_until_sync(
 
 def _timed_out(timeout: float, what: str, last: Any) -> AssertionError:
     return AssertionError(f"timed out after {timeout}s waiting for {what} (last={last!r})")
+
+
+async def finish(tasks: list[asyncio.Task[Any]], timeout: float, what: str) -> list[Any]:
+    """Wait for ``tasks`` to end (their results; the first exception is raised); fail after
+    ``timeout`` seconds with the stack of each task still running, then cancel them."""
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    if pending:
+        stacks = []
+        for task in pending:
+            stacks.append(f"{task.get_name()}: {_awaiting(task.get_coro())}")
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise AssertionError(f"{what}: not done after {timeout} s; still running:\n"
+                             + "\n".join(stacks))
+    return [task.result() for task in tasks]
+
+
+def _awaiting(coro: Any) -> str:
+    """Where a suspended coroutine waits: its chain of awaits, outermost first."""
+    where: list[str] = []
+    while coro is not None and len(where) < 50:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            where.append(repr(coro)[:200])  # a future or task it waits for
+            break
+        where.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " -> ".join(where) or "(no frame)"
