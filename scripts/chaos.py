@@ -129,6 +129,9 @@ class Plan:
     kill_waits: bool = True  # the next kill once all are ready again (else: kill_gap only)
     settle: float = 180.0  # after the window's end: every run has its result by then
     ready: float = 120.0  # a process (or all of them) ready again within this
+    # a deployment's first start (every process from nothing, beside whatever else loads the
+    # machine: the short run goes inside the parallel test suite)
+    start: float = 180.0
     tmpfs_mb: int = 512
 
 
@@ -378,6 +381,14 @@ class Proc:
                 return sum(1 for _ in f)
         except OSError:
             return 0
+
+    def tail(self, n: int) -> list[str]:
+        """The last ``n`` lines of the process's log (each cut to 300 characters)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line[:300] for line in text.splitlines()[-n:]]
 
 
 @dataclass
@@ -816,8 +827,11 @@ class Chaos:
         if task is not None:
             task.cancel()
         self.supervisors[kind] = asyncio.create_task(dep.supervise())
-        if not await poll(lambda: dep.all_ready(self.http), self.plan.ready):
-            raise RuntimeError(f"the {kind} deployment did not become ready: {dep.not_ready()}")
+        if not await poll(lambda: dep.all_ready(self.http), self.plan.start):
+            late = dep.not_ready()
+            tails = {name: dep.procs[name].tail(5) for name in late}
+            raise RuntimeError(f"the {kind} deployment did not become ready within "
+                               f"{self.plan.start:.0f} s: {late}; their last lines: {tails}")
         return dep
 
     async def build(self, kind: str) -> Deployment:
