@@ -288,7 +288,7 @@ class RoutingAggregate:
     def decode(self, state: str, shape: str | None, version: int) -> RoutingView:
         try:
             return decode_view(state.encode())
-        except (ValueError, orjson.JSONDecodeError) as exc:
+        except ValueError as exc:  # orjson.JSONDecodeError is one
             raise StateDecodeError(str(exc)) from exc
 
 

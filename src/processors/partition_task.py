@@ -34,7 +34,6 @@ import structlog
 
 from chronolog.commands.aggregate import OPEN_TENANT, PROCESSOR, Aggregate, Decision, TenantContext
 from chronolog.commands.decider import ScheduleDecision
-from chronolog.commands.quota import QuotaDecision
 from chronolog.commands.registry import PartitionAggregates
 from chronolog.commands.routing import RoutingView
 from chronolog.commands.state import QuotaState, ScheduleState
@@ -413,8 +412,9 @@ class PartitionTask:
             qs = self.quotas[key]
             cid = move_command_id("out", to.version, key)
             moved = self.aggregates.quota.move_out(qs, dest, to.version, p)
-            self._apply_quota(key, qs, moved, self._encode(key, qs.tenant, qs.schedule_id,
-                                                           moved, cid, now), cid, now, out)
+            self._record(self.aggregates.quota, key, qs.tenant, qs.schedule_id, qs, moved,
+                         self._encode(key, qs.tenant, qs.schedule_id, moved, cid, now), cid,
+                         now, out)
             del self.quotas[key]
             self.arm_at(key, None)
             self.ctx.stats.moved_out += 1
@@ -461,17 +461,11 @@ class PartitionTask:
             return
         if dec.events:
             self.quotas[key] = qs
-        self._apply_quota(key, qs, dec, encoded, cid, now, out)
+        self._record(self.aggregates.quota, key, qs.tenant, qs.schedule_id, qs, dec, encoded,
+                     cid, now, out)
         if isinstance(env.payload, m.AdoptKey) and not dec.ok:
             log.error("adopt_refused", partition=self.partition, key=key, status=dec.status,
                       reason=dec.reason)
-
-    def _apply_quota(self, key: str, qs: QuotaState, dec: QuotaDecision,
-                     encoded: tuple[list[bytes], bytes | None], cid: str, now: datetime,
-                     out: Output) -> None:
-        """Evolve and record a quota decision's events, its saga commands and its reply."""
-        self._record(self.aggregates.quota, key, qs.tenant, qs.schedule_id, qs, dec, encoded,
-                     cid, now, out)
 
     def _record(
         self, aggregate: Aggregate[S, Any, E], key: str, tenant: str, schedule_id: str,
