@@ -535,9 +535,14 @@ class KafkaEventLog:
         wanted[t.routing] = (1, {"retention.ms": "-1", "retention.bytes": "-1"})
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})
-        # checked before any is created: the topics that exist, and the cluster
-        await self._check_durability(list(wanted))
-        await self._create_topics(wanted)
+        # checked before any is created: the topics that exist, and the cluster; a topic
+        # another client created meanwhile (or one whose metadata had not yet reached the
+        # broker asked) is checked once it is seen
+        checked = await self._check_durability(list(wanted))
+        created = await self._create_topics(wanted)
+        unchecked = [n for n in wanted if n not in checked and n not in created]
+        if unchecked:
+            await self._check_durability(unchecked)
         # a topic that follows the processors' partitions created after the deployment grew
         # (a new ready.<class>) grows to the count of commands (docs/design.md §18)
         n = self._partition_counts[t.commands]
@@ -568,8 +573,9 @@ class KafkaEventLog:
             self._replication = self.durability.resolve(len(self._brokers))
         return self._replication
 
-    async def _check_durability(self, names: list[str]) -> None:
-        """``LogUnsafe`` when the cluster cannot keep chronolog's promises (module docstring)."""
+    async def _check_durability(self, names: list[str]) -> set[str]:
+        """``LogUnsafe`` when the cluster cannot keep chronolog's promises (module docstring).
+        Returns the topics of ``names`` that exist and were checked."""
         _, admin = self._require()
         described = await _retrying(lambda: admin.describe_topics(names), self._bound_s,
                                     "describe_topics")
@@ -603,11 +609,11 @@ class KafkaEventLog:
         broker_cfg = configs.get((int(ConfigResourceType.BROKER), str(self._config_broker)), {})
         problems = durability_problems(len(self._brokers), rf, isr, broker_cfg, facts)
         if not problems:
-            return
+            return set(existing)
         if self.durability.allow_unsafe:
             for problem in problems:
                 log.warning("kafka durability not kept (allowed): %s", problem)
-            return
+            return set(existing)
         raise LogUnsafe("kafka: the cluster cannot keep chronolog's guarantees: "
                         + "; ".join(problems)
                         + " (CHRONOLOG_KAFKA_ALLOW_UNSAFE=1 starts anyway)")
@@ -650,9 +656,10 @@ class KafkaEventLog:
             n = self._partition_counts[topic]
         return n
 
-    async def _create_topics(self, wanted: dict[str, tuple[int, dict[str, str]]]) -> None:
+    async def _create_topics(self, wanted: dict[str, tuple[int, dict[str, str]]]) -> set[str]:
         """Create the topics ``wanted`` (name -> partitions, configs) that do not exist yet and
-        wait until every one of them can be written; learn their partition counts."""
+        wait until every one of them can be written; learn their partition counts. Returns
+        the names this call created."""
         _, admin = self._require()
         rf, isr = await self._replication_for_cluster()
         # (more copies than brokers only where allowed: as many as there are)
@@ -667,6 +674,7 @@ class KafkaEventLog:
             for name, (n, cfg) in wanted.items() if not known.get(name)
         ]
         errors = []
+        created: set[str] = set()
         if new:
             resp = await _retrying(
                 lambda: admin.create_topics(new, timeout_ms=self.request_timeout_ms),
@@ -677,6 +685,7 @@ class KafkaEventLog:
         for item in errors:
             name, code = item[0], item[1]
             if code == 0:
+                created.add(name)
                 continue
             err = for_code(code)
             if err is TopicAlreadyExistsError:
@@ -699,7 +708,7 @@ class KafkaEventLog:
                 await self._end_offsets(
                     TopicPartition(n, p) for n in names for p in range(counts[n] or 0)
                 )
-                return
+                return created
             if time.monotonic() > deadline:
                 missing = [n for n in names if not counts.get(n)]
                 raise LogUnavailable(f"kafka: topics not visible in metadata: {missing}")
