@@ -168,3 +168,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         indices, _ = units.setdefault(key, ([], float(mark.kwargs.get("seconds", 60))))
         indices.append(i)
     items[:] = slowest_first(items, list(units.values()), int(workerinput["workercount"]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """With ``CHRONOLOG_TEST_CPU_LOG`` set: a JSON line per test appended there — its wall
+    time and the CPU seconds of this process and of the processes it started (reaped), setup
+    to teardown — to find what loads the machine during the suite."""
+    path = os.environ.get("CHRONOLOG_TEST_CPU_LOG")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = (resource.getrusage(resource.RUSAGE_SELF),
+                     resource.getrusage(resource.RUSAGE_CHILDREN))
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    t0, c0 = time.monotonic(), cpu()
+    yield
+    line = json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - t0, 2),
+                       "cpu": round(cpu() - c0, 2)})
+    with open(path, "a") as f:
+        f.write(line + "\n")

@@ -102,10 +102,25 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
+from chronolog.audit.folds import (
+    CHECKS,
+    AuditReport,
+    AuditState,
+    EffectFold,
+    EventRef,
+    Home,
+    QuotaFold,
+    RevisionFold,
+    RunFold,
+    ScheduleFold,
+    SlotHolder,
+    Violation,
+    decode_state,
+    encode_state,
+)
 from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.commands.state import MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
@@ -122,224 +137,11 @@ __all__ = [
     "audit",
 ]
 
-CHECKS: tuple[str, ...] = (
-    "occurrence_unique",
-    "fence_monotonic",
-    "fence_current",
-    "result_once",
-    "result_within_lease",
-    "overlap",
-    "misfire_all_complete",
-    "effect_unique",
-    "completed_final",
-    "quota_exact",
-    "quota_balance",
-    "single_home",
-    "move_matched",
-    "decodable",
-)
 
 GUARDED_OVERLAP = frozenset({"skip", "buffer_one", "buffer_all"})
 DEFAULT_MISFIRE_WALK_LIMIT = 100_000  # trigger instants walked per schedule revision
 _US = timedelta(microseconds=1)
 
-
-@dataclass(frozen=True, slots=True)
-class EventRef:
-    """Where an event sits in the log and what it is."""
-
-    partition: int
-    offset: int
-    event_id: str
-    type: str
-
-    def __str__(self) -> str:
-        return f"p{self.partition}@{self.offset} {self.type} {self.event_id}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"partition": self.partition, "offset": self.offset,
-                "event_id": self.event_id, "type": self.type}
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """One broken rule: the check, a sentence, and the events that show it (log order)."""
-
-    check: str
-    message: str
-    events: tuple[EventRef, ...]
-    tenant: str = ""
-    schedule_id: str = ""
-    run_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "message": self.message, "tenant": self.tenant,
-                "schedule_id": self.schedule_id, "run_id": self.run_id,
-                "events": [e.to_dict() for e in self.events]}
-
-
-@dataclass
-class AuditReport:
-    """What the audit saw and what it found."""
-
-    events: int = 0
-    schedules: int = 0
-    runs: int = 0
-    results: int = 0
-    effects: int = 0
-    violations: list[Violation] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    @property
-    def violation_counts(self) -> dict[str, int]:
-        """Violations per check, every check listed (zero included)."""
-        counts = dict.fromkeys(CHECKS, 0)
-        for v in self.violations:
-            counts[v.check] = counts.get(v.check, 0) + 1
-        return counts
-
-    def by_check(self, check: str) -> list[Violation]:
-        return [v for v in self.violations if v.check == check]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "events": self.events, "schedules": self.schedules,
-                "runs": self.runs, "results": self.results, "effects": self.effects,
-                "violation_counts": self.violation_counts,
-                "violations": [v.to_dict() for v in self.violations], "notes": list(self.notes)}
-
-
-# ---------------------------------------------------------------------------------------
-# per-schedule fold
-
-
-class _Run:
-    __slots__ = (
-        "cause",
-        "claim_ref",
-        "claimed_fence",
-        "lease_ref",
-        "lease_until",
-        "materialized_ref",
-        "result_ref",
-        "revision",
-        "run_fence",
-        "run_id",
-        "state",
-    )
-
-    def __init__(self, run_id: str, revision: int, state: str, ref: EventRef | None) -> None:
-        self.run_id = run_id
-        self.revision = revision
-        self.state = state
-        self.claimed_fence = 0  # the fence of the latest AttemptClaimed
-        self.run_fence = 0  # the latest FenceAdvanced for this run
-        self.lease_until: datetime | None = None  # None: no lease held
-        self.lease_ref: EventRef | None = None
-        self.claim_ref: EventRef | None = None
-        self.result_ref: EventRef | None = None
-        self.materialized_ref = ref
-        self.cause: str | None = None  # the command whose decision materialized it
-
-
-@dataclass
-class _Revision:
-    """One revision's spec, and what misfire ``all`` must see recorded under it."""
-
-    revision: int
-    spec: m.ScheduleSpec
-    anchor: datetime
-    ref: EventRef
-    check_misfire: bool
-    instants: dict[datetime, EventRef] = field(default_factory=dict)
-    ranges: list[tuple[datetime, datetime, int, EventRef]] = field(default_factory=list)
-
-
-class _Schedule:
-    __slots__ = (
-        "completed_ref",
-        "current",
-        "fence",
-        "fence_ref",
-        "fence_run",
-        "last_instant",
-        "leased",
-        "manual",
-        "max_fence",
-        "pending",
-        "revised_at",
-        "revisions",
-        "runs",
-        "schedule_id",
-        "scheduled_runs",
-        "spans",
-        "starts",
-        "tenant",
-    )
-
-    def __init__(self, tenant: str, schedule_id: str) -> None:
-        self.tenant = tenant
-        self.schedule_id = schedule_id
-        self.revisions: dict[int, _Revision] = {}
-        self.current: _Revision | None = None
-        self.fence = 0
-        self.max_fence = 0
-        self.fence_ref: EventRef | None = None
-        self.fence_run: str | None = None
-        # claimed occurrence spans [start, end] (an instant is [t, t]), disjoint, by start
-        self.starts: list[datetime] = []
-        self.spans: list[tuple[datetime, datetime, EventRef]] = []
-        self.manual: dict[str, EventRef] = {}
-        self.runs: dict[str, _Run] = {}
-        self.leased: set[str] = set()
-        self.pending: set[str] = set()
-        self.completed_ref: EventRef | None = None  # its ScheduleCompleted, once ended
-        self.scheduled_runs = 0  # runs that advanced the schedule (its maxCount count)
-        self.last_instant: datetime | None = None  # the latest scheduled instant recorded
-        self.revised_at: datetime | None = None  # authority time of the current revision
-
-    def overlap_policy(self, revision: int | None = None) -> str | None:
-        rev = self.current if revision is None else self.revisions.get(revision, self.current)
-        return None if rev is None else rev.spec.overlap
-
-
-@dataclass
-class _SlotHolder:
-    """A schedule of a tenant with a quota: the create it waits with, or holds a slot for."""
-
-    held: str | None = None  # the command ID of a create waiting for a slot
-    slot: str | None = None  # the command ID of the create whose slot it holds
-    live: bool = False
-    ref: EventRef | None = None
-
-
-@dataclass
-class _QuotaFold:
-    """A tenant's quota aggregate: schedule ID -> [create command ID, event, confirmed]."""
-
-    slots: dict[str, list[Any]] = field(default_factory=dict)
-    max_schedules: int | None = None
-    reserved: set[str] = field(default_factory=set)  # every create a slot was reserved for
-
-
-@dataclass
-class _Effect:
-    owner: tuple[str, str]
-    intent_ref: EventRef
-    retry_allowed: bool = False
-    success_ref: EventRef | None = None
-
-
-@dataclass(slots=True)
-class _Home:
-    """Where a key is: its partition, and while it moves its KeyMovedOut's (to_partition,
-    version, event)."""
-
-    partition: int
-    moving: tuple[int, int, EventRef] | None
 
 
 def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Trigger:
@@ -357,17 +159,39 @@ def _iso(t: datetime | None) -> str:
 class Auditor:
     """Feed events in log order (per partition); ``finish`` checks what needs the whole log."""
 
-    def __init__(self, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> None:
+    def __init__(self, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT,
+                 state: AuditState | None = None) -> None:
         self.misfire_walk_limit = misfire_walk_limit
-        self.report = AuditReport()
-        self._schedules: dict[tuple[str, str], _Schedule] = {}
-        self._effects: dict[str, _Effect] = {}
-        self._holders: dict[tuple[str, str], _SlotHolder] = {}
-        self._quotas: dict[str, _QuotaFold] = {}
-        # (tenant, schedule ID) -> where the key is: [its partition, its KeyMovedOut's
-        # (to_partition, version, ref) while it is moving]
-        self._homes: dict[tuple[str, str], _Home] = {}
-        self._finished = False
+        state = state if state is not None else AuditState()
+        self.report = state.report
+        self._schedules = state.schedules
+        self._effects = state.effects
+        self._holders = state.holders
+        self._quotas = state.quotas
+        # (tenant, schedule ID) -> where the key is: its partition, and its KeyMovedOut's
+        # (to_partition, version, ref) while it is moving
+        self._homes = state.homes
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The auditor's state as a document (``chronolog.audit.folds``) to ``resume`` from,
+        after settling what the checks no longer need: misfire ``all`` completeness is
+        judged through each revision's latest recorded instant, and its instants up to
+        there are dropped. Everything else is kept, so an audit resumed from here reports
+        exactly what one pass over the same events reports."""
+        for s in self._schedules.values():
+            for rev in s.revisions.values():
+                if rev.check_misfire:
+                    self._check_misfire_all(s, rev, settle=True)
+        return encode_state(AuditState(self.report, self._schedules, self._effects,
+                                       self._holders, self._quotas, self._homes))
+
+    @classmethod
+    def resume(cls, doc: Any, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> Auditor:
+        """An auditor in the state of a ``checkpoint`` document (``CheckpointError`` when it
+        is not one), to be fed the events after it."""
+        return cls(misfire_walk_limit, decode_state(doc))
 
     # -- input ----------------------------------------------------------------------
 
@@ -390,7 +214,6 @@ class Auditor:
 
     def feed(self, env: m.EventEnvelope, partition: int = 0, offset: int = 0) -> None:
         """Fold one event (events of one schedule must come in log order)."""
-        assert not self._finished, "feed after finish"
         self.report.events += 1
         if env.schedule_id == ROUTING_ID:
             return  # a partition's routing view (docs/design.md §18): no guarantee of its own
@@ -404,7 +227,7 @@ class Auditor:
         key = (env.tenant, env.schedule_id)
         s = self._schedules.get(key)
         if s is None:
-            s = self._schedules[key] = _Schedule(env.tenant, env.schedule_id)
+            s = self._schedules[key] = ScheduleFold(env.tenant, env.schedule_id)
         ref = EventRef(partition, offset, env.event_id, env.payload.type)
         self._fold(s, env, ref)
 
@@ -417,10 +240,10 @@ class Auditor:
         home = self._homes.get(key)
         if isinstance(p, m.KeyMovedIn):
             self._moved_in(env, p, home, partition, ref)
-            self._homes[key] = _Home(partition, None)
+            self._homes[key] = Home(partition, None)
             return
         if home is None:
-            home = self._homes[key] = _Home(partition, None)
+            home = self._homes[key] = Home(partition, None)
         elif home.moving is not None or home.partition != partition:
             where = (f"after it moved out to partition {home.moving[0]}"
                      if home.moving is not None and home.partition == partition
@@ -432,7 +255,7 @@ class Auditor:
         if isinstance(p, m.KeyMovedOut):
             home.moving = (p.to_partition, p.version, ref)
 
-    def _moved_in(self, env: m.EventEnvelope, p: m.KeyMovedIn, home: _Home | None,
+    def _moved_in(self, env: m.EventEnvelope, p: m.KeyMovedIn, home: Home | None,
                   partition: int, ref: EventRef) -> None:
         """A ``KeyMovedIn`` must follow the key's ``KeyMovedOut`` to here at that version."""
         if (home is not None and home.moving is not None and home.partition == p.from_partition
@@ -451,22 +274,22 @@ class Auditor:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _violate(self, s: _Schedule, check: str, message: str, *refs: EventRef | None,
+    def _violate(self, s: ScheduleFold, check: str, message: str, *refs: EventRef | None,
                  run_id: str | None = None) -> None:
         events = tuple(sorted({r for r in refs if r is not None},
                               key=lambda r: (r.partition, r.offset)))
         self.report.violations.append(
             Violation(check, message, events, s.tenant, s.schedule_id, run_id))
 
-    def _run(self, s: _Schedule, run_id: str) -> _Run:
+    def _run(self, s: ScheduleFold, run_id: str) -> RunFold:
         run = s.runs.get(run_id)
         if run is None:  # an event for a run never materialized: judge it from here on
             rev = s.current.revision if s.current else 0
-            run = s.runs[run_id] = _Run(run_id, rev, "UNKNOWN", None)
+            run = s.runs[run_id] = RunFold(run_id, rev, "UNKNOWN", None)
         return run
 
     @staticmethod
-    def _set_state(s: _Schedule, run: _Run, state: str) -> None:
+    def _set_state(s: ScheduleFold, run: RunFold, state: str) -> None:
         run.state = state
         if state == "LEASED":
             s.leased.add(run.run_id)
@@ -479,7 +302,7 @@ class Auditor:
         else:
             s.pending.discard(run.run_id)
 
-    def _claim_key(self, s: _Schedule, start: datetime, end: datetime, ref: EventRef,
+    def _claim_key(self, s: ScheduleFold, start: datetime, end: datetime, ref: EventRef,
                    what: str) -> None:
         """Claim the occurrence span [start, end]; report it if an earlier one overlaps."""
         i = bisect.bisect_right(s.starts, end)
@@ -496,7 +319,7 @@ class Auditor:
         s.starts.insert(i, start)
         s.spans.insert(i, (start, end, ref))
 
-    def _record_instant(self, s: _Schedule, start: datetime, end: datetime | None, count: int,
+    def _record_instant(self, s: ScheduleFold, start: datetime, end: datetime | None, count: int,
                         ref: EventRef, what: str) -> None:
         self._claim_key(s, start, end or start, ref, what)
         last = end or start
@@ -509,7 +332,7 @@ class Auditor:
             else:
                 rev.ranges.append((start, end, count, ref))
 
-    def _fence_of_run(self, s: _Schedule, run: _Run, fence: int, ref: EventRef,
+    def _fence_of_run(self, s: ScheduleFold, run: RunFold, fence: int, ref: EventRef,
                       what: str) -> None:
         """A heartbeat or publication must carry the run's claimed and still-current fence."""
         if run.claim_ref is None:
@@ -528,7 +351,7 @@ class Auditor:
 
     # -- the fold -------------------------------------------------------------------
 
-    def _fold(self, s: _Schedule, env: m.EventEnvelope, ref: EventRef) -> None:
+    def _fold(self, s: ScheduleFold, env: m.EventEnvelope, ref: EventRef) -> None:
         p = env.payload
         self._track_slot(s, p, ref)
         match p:
@@ -539,7 +362,7 @@ class Auditor:
                     self._after_completion(s, ref, "it was revised")
                 s.revised_at = env.at
                 kind_ok = p.spec.cron is not None or p.spec.every is not None
-                rev = _Revision(p.revision, p.spec, p.anchor, ref,
+                rev = RevisionFold(p.revision, p.spec, p.anchor, ref,
                                 check_misfire=kind_ok and p.spec.misfire.policy == "all")
                 s.revisions[p.revision] = rev
                 s.current = rev
@@ -569,7 +392,7 @@ class Auditor:
                                   run_id=p.run_id)
                 run = s.runs.get(p.run_id)
                 if run is None:
-                    run = s.runs[p.run_id] = _Run(p.run_id, p.revision, p.state, ref)
+                    run = s.runs[p.run_id] = RunFold(p.run_id, p.revision, p.state, ref)
                 else:
                     if (run.materialized_ref is not None
                             and len(self.report.violations) == reported):  # not said above
@@ -656,7 +479,7 @@ class Auditor:
             case m.EffectSucceeded():
                 eff = self._effects.get(p.effect_id)
                 if eff is None:
-                    self._effects[p.effect_id] = _Effect((s.tenant, s.schedule_id), ref,
+                    self._effects[p.effect_id] = EffectFold((s.tenant, s.schedule_id), ref,
                                                          success_ref=ref)
                 elif eff.success_ref is not None:
                     self._violate(s, "effect_unique",
@@ -676,7 +499,7 @@ class Auditor:
                 assert_never(p)
 
     @staticmethod
-    def _one_catch_up(s: _Schedule, cause: str | None) -> bool:
+    def _one_catch_up(s: ScheduleFold, cause: str | None) -> bool:
         """No PENDING run yet, or every PENDING run came from the same decision (``cause``):
         a misfire ``all`` catch-up queues its occurrences together under any overlap."""
         if not s.pending:
@@ -684,13 +507,13 @@ class Auditor:
         return cause is not None and all(
             (r := s.runs.get(k)) is not None and r.cause == cause for k in s.pending)
 
-    def _after_completion(self, s: _Schedule, ref: EventRef, what: str) -> None:
+    def _after_completion(self, s: ScheduleFold, ref: EventRef, what: str) -> None:
         """Nothing happens to a COMPLETED schedule's instants or definition."""
         if s.completed_ref is not None:
             self._violate(s, "completed_final", f"the schedule is COMPLETED, yet {what}",
                           s.completed_ref, ref)
 
-    def _completed(self, s: _Schedule, env: m.EventEnvelope, p: m.ScheduleCompleted,
+    def _completed(self, s: ScheduleFold, env: m.EventEnvelope, p: m.ScheduleCompleted,
                    ref: EventRef) -> None:
         """A ScheduleCompleted must be the schedule's first, and the schedule really ended."""
         self._after_completion(s, ref, "it completed again")
@@ -713,7 +536,7 @@ class Auditor:
             self._violate(s, "completed_final", f"completed ({p.reason}) while instant "
                           f"{_iso(left)} was still to come", rev.ref, ref)
 
-    def _instant_left(self, s: _Schedule, rev: _Revision, at: datetime) -> datetime | None:
+    def _instant_left(self, s: ScheduleFold, rev: RevisionFold, at: datetime) -> datetime | None:
         """An instant of the current revision still to come when it completed at ``at``."""
         spec = rev.spec
         if spec.at is not None:
@@ -735,13 +558,13 @@ class Auditor:
         return nxt
     # -- the tenant quota -------------------------------------------------------------
 
-    def _track_slot(self, s: _Schedule, p: Any, ref: EventRef) -> None:
+    def _track_slot(self, s: ScheduleFold, p: Any, ref: EventRef) -> None:
         """A schedule's side of the quota: held creates, the slot it holds, whether live."""
         key = (s.tenant, s.schedule_id)
         h = self._holders.get(key)
         if isinstance(p, m.ScheduleCreationHeld):
             if h is None:
-                h = self._holders[key] = _SlotHolder()
+                h = self._holders[key] = SlotHolder()
             h.held = p.command_id
         elif h is None:
             return
@@ -760,7 +583,7 @@ class Auditor:
 
     def _fold_quota(self, env: m.EventEnvelope, ref: EventRef) -> None:
         """One event of a tenant's quota aggregate, in its (one partition's) order."""
-        q = self._quotas.setdefault(env.tenant, _QuotaFold())
+        q = self._quotas.setdefault(env.tenant, QuotaFold())
         p = env.payload
         if not isinstance(p, (m.QuotaSlotReserved, m.QuotaSlotRefused, m.QuotaSlotConfirmed,
                               m.QuotaSlotReleased)):
@@ -803,9 +626,9 @@ class Auditor:
 
     def _check_quotas(self) -> None:
         """Each tenant's quota against its schedules, at the end of the log."""
-        live: dict[str, list[tuple[str, _SlotHolder]]] = {}
+        live: dict[str, list[tuple[str, SlotHolder]]] = {}
         for (tenant, sid), h in self._holders.items():
-            q = self._quotas.get(tenant, _QuotaFold())
+            q = self._quotas.get(tenant, QuotaFold())
             if h.slot is not None and h.slot not in q.reserved:
                 self._quota_violation("quota_exact", tenant, sid, "created under the quota "
                                       "without a slot reserved for its create", h.ref)
@@ -831,7 +654,7 @@ class Auditor:
                 self.report.notes.append(f"tenant {tenant}: {open_} quota reservation(s) "
                                          "still open (creates in flight)")
 
-    def _manual_key(self, s: _Schedule, request_key: str, ref: EventRef) -> None:
+    def _manual_key(self, s: ScheduleFold, request_key: str, ref: EventRef) -> None:
         """A manual trigger's request key is idempotent over the schedule's last
         ``MANUAL_KEYS_KEPT`` manual triggers: recorded again within them, it is a second
         occurrence of one request (a key reused after them is a new request)."""
@@ -845,7 +668,7 @@ class Auditor:
         if len(s.manual) > MANUAL_KEYS_KEPT:
             del s.manual[next(iter(s.manual))]
 
-    def _check_overlap_claim(self, s: _Schedule, run: _Run, ref: EventRef) -> None:
+    def _check_overlap_claim(self, s: ScheduleFold, run: RunFold, ref: EventRef) -> None:
         others = sorted(r for r in s.leased if r != run.run_id)
         if not others:
             return
@@ -857,7 +680,7 @@ class Auditor:
                           f"overlap {now_policy}: run {run.run_id} claimed while run "
                           f"{other.run_id} is LEASED", other.claim_ref, ref, run_id=run.run_id)
 
-    def _result(self, s: _Schedule, env: m.EventEnvelope, p: m.ResultPublished,
+    def _result(self, s: ScheduleFold, env: m.EventEnvelope, p: m.ResultPublished,
                 ref: EventRef) -> None:
         run = self._run(s, p.run_id)
         self._fence_of_run(s, run, p.fence, ref, "ResultPublished")
@@ -878,11 +701,11 @@ class Auditor:
                           f"{_iso(run.lease_until)}", run.lease_ref, ref, run_id=run.run_id)
         self._set_state(s, run, "SUCCEEDED")
 
-    def _effect_intended(self, s: _Schedule, p: m.EffectIntended, ref: EventRef) -> None:
+    def _effect_intended(self, s: ScheduleFold, p: m.EffectIntended, ref: EventRef) -> None:
         owner = (s.tenant, s.schedule_id)
         eff = self._effects.get(p.effect_id)
         if eff is None:
-            self._effects[p.effect_id] = _Effect(owner, ref)
+            self._effects[p.effect_id] = EffectFold(owner, ref)
             return
         if eff.owner != owner:
             self._violate(s, "effect_unique",
@@ -899,39 +722,58 @@ class Auditor:
     # -- whole-log checks -----------------------------------------------------------
 
     def finish(self) -> AuditReport:
-        """Run the checks that need every event, and return the report."""
-        if not self._finished:
-            self._finished = True
+        """The report as of the events fed so far: what was found while folding, and the
+        checks that need every event — misfire ``all`` completeness (since the last
+        checkpoint), the quotas — judged now. The state is left as it was: more events may
+        be fed, and ``finish`` asked again."""
+        found = self.report
+        self.report = AuditReport(found.events, len(self._schedules), found.runs,
+                                  found.results, len(self._effects), list(found.violations),
+                                  list(found.notes))
+        try:
             for s in self._schedules.values():
                 for rev in s.revisions.values():
                     if rev.check_misfire:
                         self._check_misfire_all(s, rev)
             self._check_quotas()
-            self.report.schedules = len(self._schedules)
-            self.report.effects = len(self._effects)
-        return self.report
+            return self.report
+        finally:
+            self.report = found
 
-    def _check_misfire_all(self, s: _Schedule, rev: _Revision) -> None:
+    def _check_misfire_all(self, s: ScheduleFold, rev: RevisionFold,
+                           settle: bool = False) -> None:
+        """Every trigger instant between the first (or the settled) and the latest recorded
+        one is recorded. ``settle``: then drop what was checked, keeping where it ended."""
         points = [(t, t) for t in rev.instants] + [(a, b) for a, b, _, _ in rev.ranges]
-        if len(points) < 2:
+        if not points:
             return
         lo = min(a for a, _ in points)
         hi = max(b for _, b in points)
+        if rev.settled is None and len(points) < 2:
+            return  # one record: where the check will start (kept until there is another)
+        if rev.settled is not None and hi <= rev.settled:
+            if settle:
+                self._settle(rev, rev.settled, rev.settled_ref)
+            return
         try:
             trigger = _compile(rev.spec, rev.anchor)
         except RecurrenceError as exc:
             self.report.notes.append(
                 f"misfire_all_complete: {s.tenant}/{s.schedule_id} revision {rev.revision}: "
                 f"trigger does not compile ({exc}); not checked")
+            if settle:
+                rev.check_misfire = False
+                rev.instants.clear()
+                rev.ranges.clear()
             return
         ranges = sorted(rev.ranges, key=lambda r: r[0])
         starts = [r[0] for r in ranges]
         seen_in_range = [0] * len(ranges)
         walked = 0
-        last_ref: EventRef | None = None
+        last_ref = rev.settled_ref
         gap: list[datetime] = []  # [first missing, last missing]
         gap_count = 0
-        t = trigger.next_after(lo - _US)
+        t = trigger.next_after(lo - _US if rev.settled is None else rev.settled)
         while t is not None and t <= hi:
             if walked >= self.misfire_walk_limit:
                 self.report.notes.append(
@@ -962,13 +804,22 @@ class Auditor:
             if gap:
                 self._gap(s, rev, gap, gap_count, last_ref, None)
             for i, (a, b, count, ref) in enumerate(ranges):
-                if seen_in_range[i] != count:
+                if seen_in_range[i] != count and (rev.settled is None or a > rev.settled):
                     self._violate(s, "misfire_all_complete",
                                   f"skip range {_iso(a)} .. {_iso(b)} says {count} instants, "
                                   f"the trigger has {seen_in_range[i]} in it (misfire all)",
                                   ref)
+        if settle:
+            self._settle(rev, hi, rev.instants.get(hi) or next(
+                (ref for _, b, _, ref in ranges if b == hi), last_ref))
 
-    def _gap(self, s: _Schedule, rev: _Revision, gap: list[datetime], count: int,
+    @staticmethod
+    def _settle(rev: RevisionFold, through: datetime, ref: EventRef | None) -> None:
+        rev.settled, rev.settled_ref = max(through, rev.settled or through), ref
+        rev.instants.clear()
+        rev.ranges.clear()
+
+    def _gap(self, s: ScheduleFold, rev: RevisionFold, gap: list[datetime], count: int,
              before: EventRef | None, after: EventRef | None) -> None:
         span = _iso(gap[0]) if gap[0] == gap[1] else f"{_iso(gap[0])} .. {_iso(gap[1])}"
         self._violate(s, "misfire_all_complete",

@@ -26,9 +26,13 @@ import argparse
 import asyncio
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from chronolog.audit.auditor import Auditor, AuditReport
+from chronolog.audit.folds import CheckpointError
 from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
@@ -36,9 +40,16 @@ from chronolog.cli.log_reader import (
     open_existing_log,
     read_in_order,
 )
-from chronolog.domain.barrier import Barrier
-from chronolog.domain.codec import DecodeError
-from chronolog.log.port import EventLog, Record
+from chronolog.domain.barrier import Barrier, BarrierOrder
+from chronolog.domain.codec import DecodeError, decode_event
+from chronolog.environment import utc_now
+from chronolog.log.audit_checkpoints import (
+    AuditCheckpoint,
+    CheckpointUnreadable,
+    load_checkpoint,
+    save_checkpoint,
+)
+from chronolog.log.port import EventLog, LogError, Record
 from chronolog.settings import RULES_HEADER
 
 
@@ -55,36 +66,121 @@ def register(subparsers: Any) -> None:
                     "configuration.",
     )
     add_log_arguments(parser)
+    parser.add_argument("--full", action="store_true",
+                        help="fold every event from the beginning instead of going on from "
+                             "the last checkpoint (the verdict is the same)")
+    parser.add_argument("--no-save", action="store_true",
+                        help="do not write a checkpoint where this audit stops")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
 
-async def audit_log(log: EventLog, auditor: Auditor | None = None) -> AuditReport:
-    """Feed every committed event of every partition of ``events`` to an ``Auditor``."""
-    auditor = auditor or Auditor()
+@dataclass
+class AuditRun:
+    """What one ``audit_log`` did: the report, and how it read the log."""
+
+    report: AuditReport
+    read: int = 0  # events read by this run
+    resumed: AuditCheckpoint | None = None  # the checkpoint it went on from
+    saved: bool = False
+
+
+async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool = False,
+                    save: bool = True) -> AuditRun:
+    """Feed the committed events of every partition of ``events`` to an ``Auditor``: those
+    after the latest checkpoint (``chronolog.log.audit_checkpoints``), or every one with
+    ``full``; then save a checkpoint where it stopped (unless ``save`` is false)."""
     topic = log.topics.events
     partitions = await event_partitions(log)
-    newest: dict[int, tuple[str, str]] = {}  # partition -> (rules, processor) of its last event
     ends = {p: await log.end_offset(topic, p) for p in range(partitions)}
+    notes: list[str] = []
+    checkpoint = None if full or auditor is not None else await _usable_checkpoint(log, ends,
+                                                                                    notes)
+    if checkpoint is not None:
+        auditor = Auditor.resume(orjson.loads(checkpoint.document))
+    auditor = auditor or Auditor()
+    order = BarrierOrder(handovers=dict(checkpoint.handovers) if checkpoint else {})
+    positions = dict(checkpoint.positions) if checkpoint else {}
+    last_events = dict(checkpoint.last_events) if checkpoint else {}
+    newest: dict[int, tuple[str, str]] = {}  # partition -> (rules, processor) of its last event
+    read = 0
 
     def stuck(partition: int, barrier: Barrier, rec: Record) -> None:
         auditor.handover_missing(partition, rec.offset, barrier.partition, barrier.version)
 
     # a moved key's events on its old home first, then on its new home (docs/design.md §10)
-    async for taken in read_in_order(log, topic, ends, on_stuck=stuck):
+    async for taken in read_in_order(log, topic, ends, on_stuck=stuck, order=order,
+                                     starts=positions):
         records = [rec for rec, _ in taken.items]
         newest[taken.partition] = (_writer(records[-1].headers)
                                    or newest.get(taken.partition, ("", "")))
         for rec, env in taken.items:
+            read += 1
             if isinstance(env, DecodeError):
                 auditor.undecodable(rec.partition, rec.offset, str(env))
+                last_events[rec.partition] = f"{rec.offset}:?"
                 continue
             auditor.feed(env, rec.partition, rec.offset)
+            last_events[rec.partition] = f"{rec.offset}:{env.event_id}"
+        positions[taken.partition] = taken.end
     report = auditor.finish()
     note = rules_mismatch_note(newest)
-    if note:
-        report.notes.append(note)
-    return report
+    run = AuditRun(report, read, checkpoint)
+    if checkpoint is not None:
+        notes.append(f"went on from the checkpoint of {checkpoint.taken_at} "
+                     f"({checkpoint.events} events): {read} events read since")
+    if save:
+        document = orjson.dumps(auditor.checkpoint())
+        try:
+            await save_checkpoint(log, AuditCheckpoint(
+                positions, last_events, dict(order.handovers), report.events,
+                utc_now().isoformat().replace("+00:00", "Z"), document))
+            run.saved = True
+        except LogError as exc:
+            notes.append(f"checkpoint not saved ({exc}): the next audit reads these events "
+                         "again")
+    report.notes.extend(notes + ([note] if note else []))
+    return run
+
+
+async def _usable_checkpoint(log: EventLog, ends: dict[int, int],
+                             notes: list[str]) -> AuditCheckpoint | None:
+    """The latest checkpoint if it is one of this log as it is (else None, with a note)."""
+    try:
+        checkpoint = await load_checkpoint(log)
+    except CheckpointUnreadable as exc:
+        notes.append(f"{exc}: audited from the beginning")
+        return None
+    if checkpoint is None:
+        return None
+    for p, position in checkpoint.positions.items():
+        if position > ends.get(p, 0):
+            notes.append(f"the checkpoint of {checkpoint.taken_at} is past the end of "
+                         f"partition {p} (another log, or one restored to an earlier point): "
+                         "audited from the beginning")
+            return None
+    for p, where in checkpoint.last_events.items():
+        offset, _, event_id = where.partition(":")
+        records = await log.read(log.topics.events, p, int(offset), max_records=1)
+        found = records[0] if records and records[0].offset == int(offset) else None
+        seen = None
+        if found is not None:
+            try:
+                seen = decode_event(found.value).event_id
+            except DecodeError:
+                seen = "?"
+        if seen != event_id:
+            notes.append(f"the checkpoint of {checkpoint.taken_at} names event {event_id} at "
+                         f"p{p}@{offset}, which the log does not hold there (another log, or "
+                         "one restored): audited from the beginning")
+            return None
+    try:
+        Auditor.resume(orjson.loads(checkpoint.document))
+    except (CheckpointError, orjson.JSONDecodeError) as exc:
+        notes.append(f"the checkpoint of {checkpoint.taken_at} is unusable ({exc}): audited "
+                     "from the beginning")
+        return None
+    return checkpoint
 
 
 def _writer(headers: tuple[tuple[str, bytes], ...]) -> tuple[str, str] | None:
@@ -123,7 +219,7 @@ async def _run(args: argparse.Namespace) -> AuditReport:
             if actual != args.partitions:
                 print(f"note: {log.topics.events} has {actual} partitions, not "
                       f"{args.partitions}; reading all {actual}", file=sys.stderr)
-        return await audit_log(log)
+        return (await audit_log(log, full=args.full, save=not args.no_save)).report
     finally:
         await log.close()
 

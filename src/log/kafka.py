@@ -533,6 +533,7 @@ class KafkaEventLog:
                                      "min.cleanable.dirty.ratio": "0.25"}),
         }
         wanted[t.routing] = (1, {"retention.ms": "-1", "retention.bytes": "-1"})
+        wanted[t.audit] = self._topic_config(t.audit) or (1, {})
         for cls in ready_classes:
             wanted[t.ready(cls)] = (self.aux_partitions, {})
         # checked before any is created: the topics that exist, and the cluster; a topic
@@ -649,10 +650,19 @@ class KafkaEventLog:
                 f"answer, a write needs {isr} (min ISR); writes are refused until another "
                 "returns")
 
+    def _topic_config(self, topic: str) -> tuple[int, dict[str, str]] | None:
+        """(partitions, configs) of a topic created on first use with a config of its own."""
+        if topic == self.topics.audit:  # checkpoints: the latest record of each key
+            return (1, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.25",
+                        "segment.ms": str(3_600_000)})
+        return None
+
     async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
         n = self._partition_counts.get(topic)
         if n is None:
-            await self._create_topics({topic: (partitions or self.topics.partitions, {})})
+            known = self._topic_config(topic)
+            await self._create_topics({topic: (partitions or self.topics.partitions, {})
+                                       if known is None else known})
             n = self._partition_counts[topic]
         return n
 

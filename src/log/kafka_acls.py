@@ -25,7 +25,8 @@ what the role's code does:
   ``<prefix>workers.<digest>`` (every class; pool topics and pool groups denied), a worker
   of pool P only ``ready.pool-<P>.<class>`` in groups ``<prefix>workers.pool-<P>.*``;
 * reader (replay, audit): reads ``events``, ``state``, ``routing``, and ``workers`` and
-  ``dlq`` (replay rebuilds what the projector folds);
+  ``dlq`` (replay rebuilds what the projector folds); reads and writes ``audit`` (the
+  audit's checkpoint);
 * operator (backup, restore, repartition): everything under the prefix.
 
 What a holder of each role's credentials can still do is in docs/security.md.
@@ -167,6 +168,7 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         topic(topics.routing, "READ")
         topic(topics.workers, "READ")  # replay rebuilds what the projector folds
         topic(topics.dlq, "READ")
+        topic(topics.audit, "READ", "WRITE")
     elif role == "operator":
         add("TOPIC", p, "PREFIXED", "ALL")
         add("GROUP", p, "PREFIXED", "ALL")

@@ -409,6 +409,7 @@ class MemoryEventLog:
         for name in names:
             self.store.create(name, t.partitions, compacted=name in t.compacted)
         self.store.create(t.routing, 1)
+        self.store.create(t.audit, 1, compacted=True)
         # a topic that follows the processors' partitions created after the deployment grew
         # (a new ready.<class>) grows to the count of commands, as on the other logs
         n = len(self.store.partitions(t.commands))
@@ -418,7 +419,8 @@ class MemoryEventLog:
         self.store.changed()
 
     async def ensure_topic(self, topic: str, partitions: int | None = None) -> int:
-        n = self.store.create(topic, partitions or self.topics.partitions)
+        n = self.store.create(topic, partitions or self.topics.partitions,
+                              compacted=topic in self.topics.compacted)
         self.store.changed()
         return n
 

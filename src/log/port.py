@@ -167,6 +167,12 @@ class Topics:
         partition, a record per change of the partition count."""
         return f"{self.prefix}routing"
 
+    @property
+    def audit(self) -> str:
+        """Where ``chronolog audit`` keeps its checkpoint (``chronolog.log.audit_checkpoints``):
+        compacted, one partition."""
+        return f"{self.prefix}audit"
+
     def follows_processors(self, topic: str) -> bool:
         """Whether partition p of ``topic`` belongs with partition p of ``commands`` (its
         owner writes or reads it there): commands, events, state, replies and every
@@ -176,9 +182,10 @@ class Topics:
 
     @property
     def compacted(self) -> tuple[str, ...]:
-        """The topics that keep only the latest record of each key (``state``): Kafka's
-        ``cleanup.policy=compact``; on the embedded log an append replaces the key's record."""
-        return (self.state,)
+        """The topics that keep only the latest record of each key (``state``, ``audit``):
+        Kafka's ``cleanup.policy=compact``; on the embedded log an append replaces the key's
+        record."""
+        return (self.state, self.audit)
 
 
 # (topic, partition) -> the NEXT offset to consume (Kafka convention: last consumed + 1)

@@ -1241,8 +1241,8 @@ class SqliteEventLog:
         names = [t.commands, t.events, t.replies, t.dlq, t.effects, t.workers, t.state]
         names += [t.ready(c) for c in ready_classes]
         found = await self._w.run(_ensure_topics,
-                                  [(n, t.partitions) for n in names] + [(t.routing, 1)],
-                                  t.compacted)
+                                  [(n, t.partitions) for n in names]
+                                  + [(t.routing, 1), (t.audit, 1)], t.compacted)
         await self._r.run(_load_topics, self._partitions)
         for name in names:
             if found[name] < t.partitions:
@@ -1266,7 +1266,8 @@ class SqliteEventLog:
         n = self._partitions.get(topic)
         if n is None:
             wanted = [(topic, partitions or self.topics.partitions)]
-            found = await self._w.run(_ensure_topics, wanted)
+            found = await self._w.run(_ensure_topics, wanted,
+                                      [t for t in self.topics.compacted if t == topic])
             self._partitions.update(found)
             n = found[topic]
         return n

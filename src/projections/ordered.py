@@ -57,13 +57,16 @@ class _Cursor:
 async def read_in_order(
     log: EventLog, topic: str, stops: Mapping[int, int], *,
     until: datetime | None = None, on_stuck: Stuck | None = None, batch: int = READ_BATCH,
-    order: BarrierOrder | None = None,
+    order: BarrierOrder | None = None, starts: Mapping[int, int] | None = None,
 ) -> AsyncIterator[Taken]:
-    """Chunks of every partition of ``stops`` (partition -> end offset) from offset 0, in
-    barrier order (module docstring). ``until``: each partition ends before its first event
-    whose authority time is later."""
+    """Chunks of every partition of ``stops`` (partition -> end offset) from its offset in
+    ``starts`` (default 0), in barrier order (module docstring; ``order``: the barrier state
+    where an earlier reading ended, so it goes on from ``starts``). ``until``: each partition
+    ends before its first event whose authority time is later."""
     order = order or BarrierOrder()
-    cursors = [_Cursor(p, 0, stop, done=stop <= 0) for p, stop in sorted(stops.items())]
+    starts = starts or {}
+    cursors = [_Cursor(p, starts.get(p, 0), stop, done=stop <= starts.get(p, 0))
+               for p, stop in sorted(stops.items())]
     while True:
         progressed = False
         for c in cursors:

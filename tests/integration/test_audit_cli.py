@@ -171,3 +171,90 @@ def test_a_log_without_the_events_topic_exits_2(tmp_path: Path) -> None:
              "CHRONOLOG_TOPIC_PREFIX": "other."}, timeout=120)
     assert proc.returncode == 2
     assert "no topic 'other.events'" in proc.stderr
+
+
+# -- checkpoints: an audit goes on from where the last one stopped
+
+
+def _audit_records(db: Path) -> list[tuple[bytes | None, bytes]]:
+    async def main() -> list[tuple[bytes | None, bytes]]:
+        log = SqliteEventLog(str(db), Topics(partitions=PARTITIONS))
+        await log.start()
+        try:
+            return [(r.key, r.value) for r in await log.read(log.topics.audit, 0, 0, 1000)]
+        finally:
+            await log.close()
+
+    return asyncio.run(main())
+
+
+def _append_audit(db: Path, records: list[tuple[bytes | None, bytes]]) -> None:
+    async def main() -> None:
+        log = SqliteEventLog(str(db), Topics(partitions=PARTITIONS))
+        await log.start()
+        await log.append([OutRecord(log.topics.audit, k, v, partition=0) for k, v in records])
+        await log.close()
+
+    asyncio.run(main())
+
+
+def test_a_second_audit_reads_only_what_is_new_and_full_gives_the_same_verdict(
+    tmp_path: Path, clean: list[m.EventEnvelope],
+) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, clean)
+    first = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "went on from" not in first.stdout
+    assert any(k == b"head" for k, _ in _audit_records(db))  # the checkpoint it left
+
+    again = next(e for e in clean if e.type == "ResultPublished").model_copy(
+        update={"event_id": "forged.0"})
+    _write_log(db, [again])
+    second = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "VIOLATION result_once: a second ResultPublished" in second.stdout
+    assert f"({len(clean)} events): 1 events read since" in second.stdout
+    assert second.stdout.splitlines()[-1].startswith(
+        f"audit FAILED: 1 violations (result_once=1) in {len(clean) + 1} events")
+
+    full = _chronolog("audit", "--log", f"sqlite:///{db}", "--full", "--json")
+    resumed = _chronolog("audit", "--log", f"sqlite:///{db}", "--json")
+    a, b = json.loads(full.stdout), json.loads(resumed.stdout)
+    assert full.returncode == resumed.returncode == 1
+    assert {k: v for k, v in a.items() if k != "notes"} == {
+        k: v for k, v in b.items() if k != "notes"}
+    assert any("0 events read since" in n for n in b["notes"])
+
+
+def test_a_checkpoint_of_another_log_or_a_damaged_one_is_not_used(
+    tmp_path: Path, clean: list[m.EventEnvelope],
+) -> None:
+    a, b = tmp_path / "a" / "log.db", tmp_path / "b" / "log.db"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    _write_log(a, clean)
+    _write_log(b, [e for e in clean if e.schedule_id == "nightly"])
+    assert _chronolog("audit", "--log", f"sqlite:///{a}").returncode == 0
+    _append_audit(b, _audit_records(a))  # a's checkpoint, on b's log
+    other = _chronolog("audit", "--log", f"sqlite:///{b}", "--no-save")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "audited from the beginning" in other.stdout
+    nightly = sum(e.schedule_id == "nightly" for e in clean)
+    assert f"audit ok: {nightly} events, 1 schedules" in other.stdout
+
+    # a's own checkpoint with a chunk overwritten: reported, and the log audited whole
+    _append_audit(a, [(b"a/0", b"not the chunk")])
+    damaged = _chronolog("audit", "--log", f"sqlite:///{a}")
+    assert damaged.returncode == 0, damaged.stdout + damaged.stderr
+    assert "do not match their head" in damaged.stdout
+    assert f"audit ok: {len(clean)} events" in damaged.stdout
+    # it saved a new checkpoint (in the other slot): the next audit goes on from it
+    assert "0 events read since" in _chronolog("audit", "--log", f"sqlite:///{a}").stdout
+
+
+def test_no_save_leaves_no_checkpoint(tmp_path: Path, clean: list[m.EventEnvelope]) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, clean)
+    assert _chronolog("audit", "--log", f"sqlite:///{db}", "--no-save").returncode == 0
+    assert _audit_records(db) == []

@@ -15,13 +15,18 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chronolog.audit.auditor import CHECKS, Auditor, AuditReport, audit
+from chronolog.audit.folds import CheckpointError
 from chronolog.commands.aggregate import Decision
 from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
+from chronolog.domain.barrier import in_barrier_order
 from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -823,3 +828,116 @@ def test_a_run_materialized_twice_is_a_duplicate_occurrence() -> None:
             revision=1, job=m.JobSpec(type="report"), trigger="manual",
             request_key=f"k{n}", state="READY", sequence=0, advances_schedule=False))
     only(log.audit(), "occurrence_unique")
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoints: an audit resumed from its checkpoint reports what one pass reports
+
+
+def _resumed(events: list[tuple[int, int, m.EventEnvelope]], cuts: set[int]) -> AuditReport:
+    """The audit of ``events`` (in move-barrier order, as ``audit`` feeds them) with a
+    checkpoint taken, written as JSON, read back and resumed from before each index of
+    ``cuts``."""
+    partitions: dict[int, list[tuple[int, m.EventEnvelope]]] = {}
+    for p, off, env in events:
+        partitions.setdefault(p, []).append((off, env))
+    auditor = Auditor()
+    for n, (p, off, env) in enumerate(in_barrier_order(partitions, lambda *_: None)):
+        if n in cuts:
+            auditor = Auditor.resume(orjson.loads(orjson.dumps(auditor.checkpoint())))
+        auditor.feed(env, p, off)
+    return auditor.finish()
+
+
+def _numbered(events: list[m.EventEnvelope]) -> list[tuple[int, int, m.EventEnvelope]]:
+    return [(0, n, e) for n, e in enumerate(events)]
+
+
+def _real_logs() -> list[list[tuple[int, int, m.EventEnvelope]]]:
+    d1 = _scenario_retries_effects_misfire_all()
+    d2 = _scenario_buffer_all_ranges()
+    d3, d4 = _scenario_allow_and_buffer_one_and_manual()
+    skips = [e for e in d1.log if e.type == "OccurrenceSkipped"]
+    no_skip = [e for e in d1.log if e is not skips[len(skips) // 2]]
+    rng = next(e for e in d2.log if e.type == "OccurrenceSkipped"
+               and e.payload.count > 1)  # type: ignore[union-attr]
+    wrong = rng.model_copy(update={"payload": rng.payload.model_copy(
+        update={"count": rng.payload.count - 1})})  # type: ignore[union-attr]
+    return [_positioned(d1, d2, d3, d4), _numbered(no_skip),
+            _numbered([wrong if e is rng else e for e in d2.log]),
+            _numbered(_completed_one_shot().log), _numbered(_completed_by_max_count().log)]
+
+
+REAL_LOGS = _real_logs()
+
+
+@settings(deadline=None, max_examples=60)  # a whole audit per example: slow under load
+@given(which=st.integers(0, len(REAL_LOGS) - 1), data=st.data())
+def test_an_audit_resumed_from_checkpoints_anywhere_reports_what_one_pass_reports(
+    which: int, data: st.DataObject,
+) -> None:
+    events = REAL_LOGS[which]
+    cuts = data.draw(st.sets(st.integers(0, len(events)), max_size=6))
+    whole = audit(events)
+    assert _resumed(events, cuts).to_dict() == whole.to_dict()
+
+
+@pytest.mark.parametrize("log", [
+    Log().created(misfire="all").mat(0).skipped(1).mat(3),
+    Log().created(misfire="all").skipped(0, through=29, count=30, reason="misfire_max_age")
+    .skipped(40, through=69, count=30, reason="misfire_max_age").mat(70),
+    Log().created().mat(0).fence(1, 0).claim(0, 1).mat(1).fence(2, 1).claim(1, 2),
+    Log().created().mat(0).fence(2, 0).fence(1, 0),
+], ids=["missing-instant", "gap-between-ranges", "overlap", "fence"])
+def test_a_violation_is_reported_the_same_whatever_the_checkpoints(log: Log) -> None:
+    events = _numbered(log.events)
+    whole = audit(events)
+    assert not whole.ok
+    for cut in range(len(events) + 1):
+        assert _resumed(events, {cut}).to_dict() == whole.to_dict(), cut
+
+
+def test_a_second_result_after_a_checkpoint_is_still_a_second_result() -> None:
+    log = Log().created().mat(0).fence(1, 0).claim(0, 1).result(0, 1, T0 + sec(5))
+    auditor = Auditor()
+    for n, e in enumerate(log.events):
+        auditor.feed(e, 0, n)
+    resumed = Auditor.resume(orjson.loads(orjson.dumps(auditor.checkpoint())))
+    resumed.feed(Log().result(0, 1, T0 + sec(6)).events[0], 0, len(log.events))
+    (v,) = only(resumed.finish(), "result_once")
+    assert [e.offset for e in v.events] == [4, 5]
+
+
+def test_a_checkpoint_drops_the_misfire_all_instants_it_has_judged() -> None:
+    log = Log().created(misfire="all").mat(0).skipped(1).mat(3)  # minute 2 missing
+    auditor = Auditor()
+    for n, e in enumerate(log.events):
+        auditor.feed(e, 0, n)
+    doc = auditor.checkpoint()
+    [rev] = doc["schedules"][0]["revisions"]
+    assert rev[5] == [] and rev[6] == []  # instants and ranges: judged and dropped
+    assert rev[7] == (T0 + timedelta(minutes=3)).isoformat()  # settled through minute 3
+    # the gap was reported at the checkpoint, once, and stays reported
+    resumed = Auditor.resume(doc)
+    resumed.feed(Log().mat(4).events[0], 0, len(log.events))
+    (v,) = only(resumed.finish(), "misfire_all_complete")
+    assert "2026-03-02T09:02:00Z" in v.message
+
+
+def test_a_checkpoint_encodes_the_same_state_to_the_same_document() -> None:
+    events = REAL_LOGS[0]
+    auditor = Auditor()
+    for p, off, env in events[: len(events) // 2]:
+        auditor.feed(env, p, off)
+    doc = auditor.checkpoint()
+    assert Auditor.resume(orjson.loads(orjson.dumps(doc))).checkpoint() == doc
+
+
+@pytest.mark.parametrize("doc, says", [
+    ({"version": 99}, "version 99"),
+    ("not a document", "version None"),
+    ({"version": 1, "report": {"counts": [0]}}, "damaged"),
+])
+def test_a_checkpoint_of_another_version_or_damaged_is_refused(doc: Any, says: str) -> None:
+    with pytest.raises(CheckpointError, match=says):
+        Auditor.resume(doc)

@@ -3,7 +3,7 @@ worksteal hands out, the slowest first, spread by their durations."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.ordering import slices, slowest_first
@@ -53,6 +53,7 @@ def test_without_workers_or_slow_tests_the_order_is_kept() -> None:
     assert slowest_first(items, [([0, 1, 2, 3], 10.0)], workers=4) == items  # too many
 
 
+@settings(deadline=None)
 @given(n=st.integers(1, 300), workers=st.integers(2, 8), data=st.data())
 def test_the_order_is_a_permutation_that_keeps_the_others_in_collection_order(
     n: int, workers: int, data: st.DataObject,

@@ -1,0 +1,414 @@
+"""What the audit folds, and its checkpoint: the auditor's state as a JSON document.
+
+The auditor (``chronolog.audit.auditor``) keeps, per key, what its checks need of the events
+seen so far: per schedule its revisions, fences, claimed occurrence spans, manual request keys
+and runs (``ScheduleFold``), per effect ID its intent and success (``EffectFold``), per
+tenant its quota aggregate (``QuotaFold``, ``SlotHolder``) and per key its partition
+(``Home``), and the report found so far (``AuditReport``). ``encode_state`` writes all of it
+as one JSON-able document (``CHECKPOINT_VERSION``), ``decode_state`` reads it back; an audit
+that resumes from the document and reads on gives the report an audit of the whole log gives
+(docs/design.md §10, "Checkpoints"). Pure: no I/O.
+
+Encoding: an event reference is ``[partition, offset, event_id, type]``; instants are ISO 8601
+strings; a spec is its JSON form (validated again as a stored spec on reading); sets are
+sorted lists, so one state always encodes to the same document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from chronolog.domain import messages as m
+
+CHECKPOINT_VERSION = 1
+
+# the checks, in report order (each is described in chronolog.audit.auditor)
+CHECKS: tuple[str, ...] = (
+    "occurrence_unique",
+    "fence_monotonic",
+    "fence_current",
+    "result_once",
+    "result_within_lease",
+    "overlap",
+    "misfire_all_complete",
+    "effect_unique",
+    "completed_final",
+    "quota_exact",
+    "quota_balance",
+    "single_home",
+    "move_matched",
+    "decodable",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint document this code cannot read (another version, damaged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventRef:
+    """Where an event sits in the log and what it is."""
+
+    partition: int
+    offset: int
+    event_id: str
+    type: str
+
+    def __str__(self) -> str:
+        return f"p{self.partition}@{self.offset} {self.type} {self.event_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partition": self.partition, "offset": self.offset,
+                "event_id": self.event_id, "type": self.type}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken rule: the check, a sentence, and the events that show it (log order)."""
+
+    check: str
+    message: str
+    events: tuple[EventRef, ...]
+    tenant: str = ""
+    schedule_id: str = ""
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "message": self.message, "tenant": self.tenant,
+                "schedule_id": self.schedule_id, "run_id": self.run_id,
+                "events": [e.to_dict() for e in self.events]}
+
+
+@dataclass
+class AuditReport:
+    """What the audit saw and what it found."""
+
+    events: int = 0
+    schedules: int = 0
+    runs: int = 0
+    results: int = 0
+    effects: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def violation_counts(self) -> dict[str, int]:
+        """Violations per check, every check listed (zero included)."""
+        counts = dict.fromkeys(CHECKS, 0)
+        for v in self.violations:
+            counts[v.check] = counts.get(v.check, 0) + 1
+        return counts
+
+    def by_check(self, check: str) -> list[Violation]:
+        return [v for v in self.violations if v.check == check]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "events": self.events, "schedules": self.schedules,
+                "runs": self.runs, "results": self.results, "effects": self.effects,
+                "violation_counts": self.violation_counts,
+                "violations": [v.to_dict() for v in self.violations], "notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------------------------------
+# per-schedule fold
+
+
+class RunFold:
+    __slots__ = (
+        "cause",
+        "claim_ref",
+        "claimed_fence",
+        "lease_ref",
+        "lease_until",
+        "materialized_ref",
+        "result_ref",
+        "revision",
+        "run_fence",
+        "run_id",
+        "state",
+    )
+
+    def __init__(self, run_id: str, revision: int, state: str, ref: EventRef | None) -> None:
+        self.run_id = run_id
+        self.revision = revision
+        self.state = state
+        self.claimed_fence = 0  # the fence of the latest AttemptClaimed
+        self.run_fence = 0  # the latest FenceAdvanced for this run
+        self.lease_until: datetime | None = None  # None: no lease held
+        self.lease_ref: EventRef | None = None
+        self.claim_ref: EventRef | None = None
+        self.result_ref: EventRef | None = None
+        self.materialized_ref = ref
+        self.cause: str | None = None  # the command whose decision materialized it
+
+
+@dataclass
+class RevisionFold:
+    """One revision's spec, and what misfire ``all`` must see recorded under it."""
+
+    revision: int
+    spec: m.ScheduleSpec
+    anchor: datetime
+    ref: EventRef
+    check_misfire: bool
+    instants: dict[datetime, EventRef] = field(default_factory=dict)
+    ranges: list[tuple[datetime, datetime, int, EventRef]] = field(default_factory=list)
+    # misfire ``all`` checked through this instant (at a checkpoint), the instants and ranges
+    # up to it dropped; the event that recorded it (a gap after it names it)
+    settled: datetime | None = None
+    settled_ref: EventRef | None = None
+
+
+class ScheduleFold:
+    __slots__ = (
+        "completed_ref",
+        "current",
+        "fence",
+        "fence_ref",
+        "fence_run",
+        "last_instant",
+        "leased",
+        "manual",
+        "max_fence",
+        "pending",
+        "revised_at",
+        "revisions",
+        "runs",
+        "schedule_id",
+        "scheduled_runs",
+        "spans",
+        "starts",
+        "tenant",
+    )
+
+    def __init__(self, tenant: str, schedule_id: str) -> None:
+        self.tenant = tenant
+        self.schedule_id = schedule_id
+        self.revisions: dict[int, RevisionFold] = {}
+        self.current: RevisionFold | None = None
+        self.fence = 0
+        self.max_fence = 0
+        self.fence_ref: EventRef | None = None
+        self.fence_run: str | None = None
+        # claimed occurrence spans [start, end] (an instant is [t, t]), disjoint, by start
+        self.starts: list[datetime] = []
+        self.spans: list[tuple[datetime, datetime, EventRef]] = []
+        self.manual: dict[str, EventRef] = {}
+        self.runs: dict[str, RunFold] = {}
+        self.leased: set[str] = set()
+        self.pending: set[str] = set()
+        self.completed_ref: EventRef | None = None  # its ScheduleCompleted, once ended
+        self.scheduled_runs = 0  # runs that advanced the schedule (its maxCount count)
+        self.last_instant: datetime | None = None  # the latest scheduled instant recorded
+        self.revised_at: datetime | None = None  # authority time of the current revision
+
+    def overlap_policy(self, revision: int | None = None) -> str | None:
+        rev = self.current if revision is None else self.revisions.get(revision, self.current)
+        return None if rev is None else rev.spec.overlap
+
+
+@dataclass
+class SlotHolder:
+    """A schedule of a tenant with a quota: the create it waits with, or holds a slot for."""
+
+    held: str | None = None  # the command ID of a create waiting for a slot
+    slot: str | None = None  # the command ID of the create whose slot it holds
+    live: bool = False
+    ref: EventRef | None = None
+
+
+@dataclass
+class QuotaFold:
+    """A tenant's quota aggregate: schedule ID -> [create command ID, event, confirmed]."""
+
+    slots: dict[str, list[Any]] = field(default_factory=dict)
+    max_schedules: int | None = None
+    reserved: set[str] = field(default_factory=set)  # every create a slot was reserved for
+
+
+@dataclass
+class EffectFold:
+    owner: tuple[str, str]
+    intent_ref: EventRef
+    retry_allowed: bool = False
+    success_ref: EventRef | None = None
+
+
+@dataclass(slots=True)
+class Home:
+    """Where a key is: its partition, and while it moves its KeyMovedOut's (to_partition,
+    version, event)."""
+
+    partition: int
+    moving: tuple[int, int, EventRef] | None
+
+
+# ---------------------------------------------------------------------------------------
+# the checkpoint document
+
+
+@dataclass
+class AuditState:
+    """Everything the auditor holds between two events."""
+
+    report: AuditReport = field(default_factory=AuditReport)
+    schedules: dict[tuple[str, str], ScheduleFold] = field(default_factory=dict)
+    effects: dict[str, EffectFold] = field(default_factory=dict)
+    holders: dict[tuple[str, str], SlotHolder] = field(default_factory=dict)
+    quotas: dict[str, QuotaFold] = field(default_factory=dict)
+    homes: dict[tuple[str, str], Home] = field(default_factory=dict)
+
+
+def _ref(r: EventRef | None) -> list[Any] | None:
+    return None if r is None else [r.partition, r.offset, r.event_id, r.type]
+
+
+def _unref(a: list[Any] | None) -> EventRef | None:
+    return None if a is None else EventRef(int(a[0]), int(a[1]), str(a[2]), str(a[3]))
+
+
+def _must(a: list[Any]) -> EventRef:
+    return EventRef(int(a[0]), int(a[1]), str(a[2]), str(a[3]))
+
+
+def _t(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _unt(s: str | None) -> datetime | None:
+    return None if s is None else datetime.fromisoformat(s)
+
+
+def _encode_run(r: RunFold) -> list[Any]:
+    return [r.run_id, r.revision, r.state, r.claimed_fence, r.run_fence, _t(r.lease_until),
+            _ref(r.lease_ref), _ref(r.claim_ref), _ref(r.result_ref),
+            _ref(r.materialized_ref), r.cause]
+
+
+def _decode_run(a: list[Any]) -> RunFold:
+    run = RunFold(a[0], a[1], a[2], _unref(a[9]))
+    run.claimed_fence, run.run_fence, run.lease_until = a[3], a[4], _unt(a[5])
+    run.lease_ref, run.claim_ref, run.result_ref = _unref(a[6]), _unref(a[7]), _unref(a[8])
+    run.cause = a[10]
+    return run
+
+
+def _encode_revision(r: RevisionFold) -> list[Any]:
+    return [r.revision, r.spec.model_dump(mode="json"), _t(r.anchor), _ref(r.ref),
+            r.check_misfire, [[_t(t), _ref(ref)] for t, ref in r.instants.items()],
+            [[_t(a), _t(b), n, _ref(ref)] for a, b, n, ref in r.ranges],
+            _t(r.settled), _ref(r.settled_ref)]
+
+
+def _decode_revision(a: list[Any]) -> RevisionFold:
+    anchor = _unt(a[2])
+    assert anchor is not None
+    return RevisionFold(
+        a[0], m.ScheduleSpec.model_validate(a[1], context=m.STORED), anchor, _must(a[3]),
+        a[4], {datetime.fromisoformat(t): _must(ref) for t, ref in a[5]},
+        [(datetime.fromisoformat(x), datetime.fromisoformat(y), n, _must(ref))
+         for x, y, n, ref in a[6]],
+        _unt(a[7]), _unref(a[8]))
+
+
+def _encode_schedule(s: ScheduleFold) -> dict[str, Any]:
+    return {
+        "tenant": s.tenant, "id": s.schedule_id,
+        "revisions": [_encode_revision(r) for r in s.revisions.values()],
+        "current": None if s.current is None else s.current.revision,
+        "fence": [s.fence, s.max_fence, _ref(s.fence_ref), s.fence_run],
+        "spans": [[_t(a), _t(b), _ref(ref)] for a, b, ref in s.spans],
+        "manual": [[k, _ref(ref)] for k, ref in s.manual.items()],
+        "runs": [_encode_run(r) for r in s.runs.values()],
+        "leased": sorted(s.leased), "pending": sorted(s.pending),
+        "completed": _ref(s.completed_ref), "scheduled_runs": s.scheduled_runs,
+        "last_instant": _t(s.last_instant), "revised_at": _t(s.revised_at),
+    }
+
+
+def _decode_schedule(d: dict[str, Any]) -> ScheduleFold:
+    s = ScheduleFold(d["tenant"], d["id"])
+    for a in d["revisions"]:
+        rev = _decode_revision(a)
+        s.revisions[rev.revision] = rev
+    s.current = None if d["current"] is None else s.revisions[d["current"]]
+    s.fence, s.max_fence, fence_ref, s.fence_run = d["fence"]
+    s.fence_ref = _unref(fence_ref)
+    s.spans = [(datetime.fromisoformat(a), datetime.fromisoformat(b), _must(ref))
+               for a, b, ref in d["spans"]]
+    s.starts = [a for a, _, _ in s.spans]
+    s.manual = {k: _must(ref) for k, ref in d["manual"]}
+    s.runs = {r.run_id: r for r in map(_decode_run, d["runs"])}
+    s.leased, s.pending = set(d["leased"]), set(d["pending"])
+    s.completed_ref = _unref(d["completed"])
+    s.scheduled_runs = d["scheduled_runs"]
+    s.last_instant, s.revised_at = _unt(d["last_instant"]), _unt(d["revised_at"])
+    return s
+
+
+def _encode_report(r: AuditReport) -> dict[str, Any]:
+    return {"counts": [r.events, r.schedules, r.runs, r.results, r.effects],
+            "violations": [[v.check, v.message, [_ref(e) for e in v.events], v.tenant,
+                            v.schedule_id, v.run_id] for v in r.violations],
+            "notes": list(r.notes)}
+
+
+def _decode_report(d: dict[str, Any]) -> AuditReport:
+    events, schedules, runs, results, effects = d["counts"]
+    return AuditReport(events, schedules, runs, results, effects,
+                       [Violation(c, msg, tuple(_must(e) for e in refs), t, sid, run)
+                        for c, msg, refs, t, sid, run in d["violations"]], list(d["notes"]))
+
+
+def encode_state(state: AuditState) -> dict[str, Any]:
+    """The checkpoint document of ``state`` (JSON-able)."""
+    return {
+        "version": CHECKPOINT_VERSION,
+        "report": _encode_report(state.report),
+        "schedules": [_encode_schedule(s) for s in state.schedules.values()],
+        "effects": [[k, list(e.owner), _ref(e.intent_ref), e.retry_allowed,
+                     _ref(e.success_ref)] for k, e in state.effects.items()],
+        "holders": [[t, sid, h.held, h.slot, h.live, _ref(h.ref)]
+                    for (t, sid), h in state.holders.items()],
+        "quotas": [[t, [[sid, *slot[:1], _ref(slot[1]), slot[2]] for sid, slot in q.slots.items()],
+                    q.max_schedules, sorted(q.reserved)] for t, q in state.quotas.items()],
+        "homes": [[t, sid, h.partition,
+                   None if h.moving is None else [h.moving[0], h.moving[1], _ref(h.moving[2])]]
+                  for (t, sid), h in state.homes.items()],
+    }
+
+
+def decode_state(doc: Any) -> AuditState:
+    """The state a checkpoint document holds; ``CheckpointError`` when it is not one this
+    code wrote."""
+    if not isinstance(doc, dict) or doc.get("version") != CHECKPOINT_VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        raise CheckpointError(f"audit checkpoint version {version!r} (this chronolog reads "
+                              f"{CHECKPOINT_VERSION})")
+    try:
+        state = AuditState(report=_decode_report(doc["report"]))
+        for d in doc["schedules"]:
+            s = _decode_schedule(d)
+            state.schedules[(s.tenant, s.schedule_id)] = s
+        for k, owner, intent, retry, success in doc["effects"]:
+            state.effects[k] = EffectFold((owner[0], owner[1]), _must(intent), retry,
+                                          _unref(success))
+        for t, sid, held, slot, live, ref in doc["holders"]:
+            state.holders[(t, sid)] = SlotHolder(held, slot, live, _unref(ref))
+        for t, slots, max_schedules, reserved in doc["quotas"]:
+            state.quotas[t] = QuotaFold(
+                {sid: [cid, _must(ref), confirmed] for sid, cid, ref, confirmed in slots},
+                max_schedules, set(reserved))
+        for t, sid, partition, moving in doc["homes"]:
+            state.homes[(t, sid)] = Home(partition, None if moving is None else
+                                         (moving[0], moving[1], _must(moving[2])))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"audit checkpoint damaged: {type(exc).__name__}: {exc}") \
+            from None
+    return state
