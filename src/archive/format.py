@@ -179,6 +179,14 @@ class SegmentHeader:
 def encode_segment(topic: str, partition: int, start: int, end: int,
                    records: Sequence[Record]) -> bytes:
     """The segment file of ``records`` (checked by the caller: one partition, in order)."""
+    raw = segment_body(topic, partition, start, end, records)
+    return gzip.compress(raw, compresslevel=GZIP_LEVEL, mtime=0)
+
+
+def segment_body(topic: str, partition: int, start: int, end: int,
+                 records: Sequence[Record]) -> bytes:
+    """A segment's JSON lines before compression (bench/archive_codecs.py compares codecs
+    on them)."""
     header = dict(format=SEGMENT_FORMAT, version=VERSION, topic=topic, partition=partition,
                   start=start, end=end, first_offset=records[0].offset,
                   last_offset=records[-1].offset, count=len(records))
@@ -188,8 +196,7 @@ def encode_segment(topic: str, partition: int, start: int, end: int,
         "key": None if r.key is None else _enc(r.key), "value": _enc(r.value),
         "headers": [[name, _enc(value)] for name, value in r.headers],
     }) for r in records)
-    raw = b"\n".join(lines) + b"\n"
-    return gzip.compress(raw, compresslevel=GZIP_LEVEL, mtime=0)
+    return b"\n".join(lines) + b"\n"
 
 
 def decode_segment(data: bytes) -> tuple[SegmentHeader, list[Record]]:
