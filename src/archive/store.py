@@ -4,10 +4,11 @@
 consecutive records of one partition of ``events`` covering the log positions
 ``[start, end)``: ``start`` defaults to what the partition's archive already ends at (or the
 first record's offset in an empty archive), ``end`` to the last record's offset + 1 — pass
-them when Kafka's transaction markers sit at the edges. One call writes one segment file and
-then one manifest entry, each atomically (a temporary file, fsync, rename, fsync of the
-folder), so a crash leaves either no trace, or a segment file that no entry lists yet (the
-retry rewrites it), or both.
+them when Kafka's transaction markers sit at the edges. Records that start below the
+archived end are a retry: the defaults are then the range of the entry they begin. One call
+writes one segment file and then one manifest entry, each atomically (a temporary file,
+fsync, rename, fsync of the folder), so a crash leaves either no trace, or a segment file
+that no entry lists yet (the retry rewrites it), or both.
 
 Appends keep a partition's archive one contiguous, hash-chained run:
 
@@ -184,6 +185,8 @@ class ArchiveWriter:
         _check_records(partition, records)
         entries = self.entries(partition)
         archived = entries[-1].end if entries else None
+        if start is None and archived is not None and records[0].offset < archived:
+            start, end = _retried_range(entries, records, end)
         if start is None:
             start = records[0].offset if archived is None else archived
         if end is None:
@@ -225,6 +228,17 @@ class ArchiveWriter:
         _write_atomically(folder / MANIFEST, b"".join(e.line() for e in [*entries, entry]))
         entries.append(entry)
         return entry
+
+
+def _retried_range(entries: list[Entry], records: Sequence[Record],
+                   end: int | None) -> tuple[int | None, int | None]:
+    """The range of the entry whose records these would be again (defaults of a retry)."""
+    for e in entries:
+        if e.first_offset == records[0].offset:
+            if end is None and e.last_offset == records[-1].offset:
+                end = e.end
+            return e.start, end
+    return records[0].offset, end
 
 
 def _check_records(partition: int, records: Sequence[Record]) -> None:

@@ -71,6 +71,8 @@ def test_a_retried_range_with_the_same_records_is_a_no_op(tmp_path: Path) -> Non
     again = ArchiveWriter(tmp_path, TOPIC)  # a restarted writer, reading the manifest anew
     assert again.append(0, run(0, [0, 1]), start=0) == a
     assert again.append(0, run(0, [2, 3]), start=2, end=4) == b
+    assert again.append(0, run(0, [0, 1])) == a  # the defaults of a retry: the entry's range
+    assert again.append(0, run(0, [2, 3])) == b
     assert _files(tmp_path) == before
 
 
