@@ -71,6 +71,15 @@ def segment_name(start: int, end: int) -> str:
     return f"{start:020d}-{end:020d}.jsonl.gz"
 
 
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    """A segment file name's ``(start, end)``; None for any other name."""
+    head, sep, tail = name.partition("-")
+    if (not sep or tail[20:] != ".jsonl.gz" or len(head) != 20 or not head.isdigit()
+            or not tail[:20].isdigit()):
+        return None
+    return int(head), int(tail[:20])
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

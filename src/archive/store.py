@@ -45,6 +45,7 @@ from chronolog.archive.format import (
     decode_segment,
     encode_segment,
     parse_entry,
+    parse_segment_name,
     partition_dir,
     segment_name,
     sha256_hex,
@@ -227,6 +228,10 @@ class ArchiveWriter:
                            entries[-1].hash if entries else GENESIS)
         _write_atomically(folder / MANIFEST, b"".join(e.line() for e in [*entries, entry]))
         entries.append(entry)
+        for leftover in folder.iterdir():  # another range a stopped writer began here
+            rng = parse_segment_name(leftover.name)
+            if rng is not None and rng[0] == start and leftover.name != name:
+                leftover.unlink()
         return entry
 
 

@@ -12,12 +12,15 @@ reported and the walk goes on (a missing or altered segment is never skipped sil
 * ``reordered``: an entry starting before the previous one ends, or a segment file holding
   another entry's segment (its SHA-256 is that entry's);
 * ``gap``: an entry starting after the previous one ends;
-* ``chain``: an entry whose ``prev`` is not the previous entry's ``hash`` (64 zeros first).
+* ``chain``: an entry whose ``prev`` is not the previous entry's ``hash`` (64 zeros first);
+* ``unlisted``: a segment file that no entry lists, other than the one a writer stopped
+  between a segment and its entry leaves: at the archived end (any one file in a partition
+  folder without a manifest yet). That leftover is not part of the archive; the next append
+  there rewrites or removes it.
 
-A segment file that no entry lists is a crash's leftover between a segment and its entry (the
-next append of that range rewrites it) and is not part of the archive. Dropping a partition's
-last entries is not visible in the archive alone: that is the live log's side of the proof
-(the log still holds everything after the archived end).
+Dropping a partition's newest entry (or all of them, with at most one segment file) is not
+visible in the archive alone: that is the live log's side of the proof (the log still holds
+everything after the archived end).
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ from chronolog.archive.format import (
     SegmentError,
     decode_segment,
     parse_entry,
+    parse_segment_name,
     partition_dir,
     sha256_hex,
     split_lines,
 )
 from chronolog.archive.store import archived_partitions, check_archive
 
-KINDS = ("malformed", "altered", "missing", "reordered", "gap", "chain")
+KINDS = ("malformed", "altered", "missing", "reordered", "gap", "chain", "unlisted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,6 @@ def verify(directory: Path) -> VerifyReport:
     check_archive(directory)
     report = VerifyReport()
     for partition in archived_partitions(directory):
-        report.partitions += 1
         _verify_partition(directory, partition, report)
     return report
 
@@ -103,8 +106,9 @@ def _verify_partition(directory: Path, partition: int, report: VerifyReport) -> 
     try:
         data = (folder / MANIFEST).read_bytes()
     except FileNotFoundError:
-        report.problems.append(Problem("missing", partition, MANIFEST, "no manifest"))
+        _check_unlisted(folder, [], partition, report)  # a first append stopped midway?
         return
+    report.partitions += 1
     lines, complete = split_lines(data)
     entries: list[Entry | None] = []
     for n, line in enumerate(lines, 1):
@@ -127,6 +131,30 @@ def _verify_partition(directory: Path, partition: int, report: VerifyReport) -> 
             _check_links(entry, previous, first, partition, report)
             _check_segment(folder, entry, hashes, partition, report)
         previous, first = entry, False
+    _check_unlisted(folder, entries, partition, report)
+
+
+def _check_unlisted(folder: Path, entries: list[Entry | None], partition: int,
+                    report: VerifyReport) -> None:
+    """Segment files no entry lists: a writer stopped between a segment and its entry leaves
+    one at the archived end (at most one, anywhere, before the partition's first entry);
+    any other points at entries dropped from the manifest."""
+    listed = {e.segment for e in entries if e is not None}
+    unlisted = sorted(
+        (name, rng) for name, rng in ((p.name, parse_segment_name(p.name))
+                                      for p in folder.iterdir())
+        if rng is not None and name not in listed)
+    if not entries:
+        if len(unlisted) <= 1:
+            return
+        leftover: int | None = None
+    else:
+        last = entries[-1]
+        leftover = last.end if last is not None else None
+    for name, (start, _) in unlisted:
+        if start != leftover:
+            report.problems.append(Problem("unlisted", partition, name,
+                                           "segment file that no manifest entry lists"))
 
 
 def _check_links(entry: Entry, previous: Entry | None, first: bool, partition: int,

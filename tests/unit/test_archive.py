@@ -93,6 +93,43 @@ def test_a_retry_after_a_crash_between_segment_and_manifest_writes_the_same_byte
     assert verify(tmp_path).ok
 
 
+def test_a_writer_stopped_before_a_partitions_first_entry_leaves_nothing_archived(
+    tmp_path: Path,
+) -> None:
+    ArchiveWriter(tmp_path, TOPIC)
+    folder = tmp_path / partition_dir(5)
+    folder.mkdir()
+    assert verify(tmp_path).ok  # stopped after the folder
+    (folder / "00000000000000000000-00000000000000000002.jsonl.gz").write_bytes(
+        encode_segment(TOPIC, 5, 0, 2, run(5, [0, 1])))
+    report = verify(tmp_path)  # stopped after the segment, before the manifest
+    assert report.ok and report.partitions == 0, report.problems
+    assert archived_end(tmp_path, 5) is None
+
+
+def test_another_range_from_a_leftovers_start_removes_the_leftover(tmp_path: Path) -> None:
+    w = ArchiveWriter(tmp_path, TOPIC)
+    w.append(0, run(0, [0, 1]))
+    manifest = tmp_path / partition_dir(0) / MANIFEST
+    kept = manifest.read_bytes()
+    leftover = w.append(0, run(0, [2, 3])).segment
+    manifest.write_bytes(kept)  # stopped before the entry of [2, 4)
+    entry = ArchiveWriter(tmp_path, TOPIC).append(0, run(0, [2, 3, 4, 5]))
+    assert (entry.start, entry.end) == (2, 6)
+    assert not (tmp_path / partition_dir(0) / leftover).exists()
+    assert verify(tmp_path).ok
+
+
+def test_segment_files_no_entry_lists_are_reported_unlisted(tmp_path: Path) -> None:
+    w = ArchiveWriter(tmp_path, TOPIC)
+    *_, third = (w.append(0, run(0, [i, i + 1])) for i in (0, 2, 4))
+    manifest = tmp_path / partition_dir(0) / MANIFEST
+    manifest.write_bytes(manifest.read_bytes().splitlines(keepends=True)[0])
+    # the second could be a stopped writer's leftover at the archived end; the third not
+    assert [(p.kind, p.segment) for p in verify(tmp_path).problems] == [
+        ("unlisted", third.segment)]
+
+
 @pytest.mark.parametrize(("offsets", "start", "end", "words"), [
     ([1, 2], 1, 3, "overlaps"),       # starts inside the first segment
     ([0, 1, 2, 3], 0, 4, "overlaps"),  # covers two segments as one
