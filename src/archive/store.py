@@ -79,7 +79,8 @@ def _write_atomically(path: Path, data: bytes) -> None:
 def check_archive(directory: Path) -> None:
     """``NotAnArchive`` unless ``directory`` holds an archive (its ``ARCHIVE`` marker)."""
     if not directory.is_dir():
-        raise NotAnArchive(f"invalid archive '{directory}': no such directory")
+        what = "not a directory" if directory.exists() else "no such directory"
+        raise NotAnArchive(f"invalid archive '{directory}': {what}")
     marker = directory / MARKER
     try:
         ok = marker.is_file() and _marker_ok(marker.read_bytes())

@@ -195,6 +195,9 @@ def test_a_directory_without_an_archive_is_refused(tmp_path: Path) -> None:
         verify(tmp_path / "absent")
     with pytest.raises(NotAnArchive, match="not an archive"):
         verify(tmp_path)
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotAnArchive, match="not a directory"):
+        verify(tmp_path / "file")
 
 
 _bytes = st.binary(max_size=40) | st.text(max_size=20).map(lambda s: s.encode())
