@@ -21,7 +21,7 @@ A *manifest entry* is one canonical JSON line (sorted keys, no spaces) of a part
 records, ``sha256`` of the segment file, ``prev`` (the ``hash`` of the partition's previous
 entry, 64 zeros for the first: a hash chain) and ``hash``, the SHA-256 of the entry's other
 fields in the same canonical form. Anything else — another key, a non-canonical spelling,
-upper-case hex — is not an entry (``ManifestError``).
+upper-case hex, a segment name that is not its range's — is not an entry (``ManifestError``).
 """
 
 from __future__ import annotations
@@ -139,8 +139,9 @@ def parse_entry(line: bytes) -> Entry:
         value = obj[name]
         if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
             raise ManifestError(f"{name} is not a lower-case SHA-256")
-    if not isinstance(obj["segment"], str):
-        raise ManifestError("segment is not a string")
+    if not isinstance(obj["segment"], str) or parse_segment_name(obj["segment"]) != (
+            obj["start"], obj["end"]):
+        raise ManifestError("segment is not the file name of the entry's range")
     entry = Entry(**obj)
     if entry.line() != line + b"\n":
         raise ManifestError("not in canonical form")
