@@ -30,6 +30,7 @@ from chronolog.log.port import LogUnsafe
 COMMANDS: dict[str, str] = {
     "preview": "chronolog.cli.preview",
     "audit": "chronolog.cli.audit",
+    "archive": "chronolog.cli.archive",
     "replay": "chronolog.cli.replay",
     "projector": "chronolog.cli.projector",
     "api": "chronolog.cli.api",
