@@ -149,27 +149,6 @@ def _same_file(a: Path, b: Path) -> bool:
     return b.is_file() and a.read_bytes() == b.read_bytes()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the tests marked ``slow(seconds=...)`` first, spread over the
-    workers (tests/support/ordering.py). Every worker computes the same order from the
-    same collection, as xdist requires."""
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is None:
-        return
-    from support.ordering import slowest_first
-
-    units: dict[str, tuple[list[int], float]] = {}
-    for i, item in enumerate(items):
-        own = next((m for m in item.own_markers if m.name == "slow"), None)
-        mark = own or item.get_closest_marker("slow")
-        if mark is None:
-            continue
-        key = item.nodeid if own is not None else item.nodeid.split("::")[0]
-        indices, _ = units.setdefault(key, ([], float(mark.kwargs.get("seconds", 60))))
-        indices.append(i)
-    items[:] = slowest_first(items, list(units.values()), int(workerinput["workercount"]))
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """With ``CHRONOLOG_TEST_CPU_LOG`` set: a JSON line per test appended there — its wall

@@ -46,7 +46,6 @@ async def _pages(cli: Cli, *args: str) -> list[dict[str, Any]]:
         after = ["--after", doc["nextCursor"]]
 
 
-@pytest.mark.slow(seconds=85)
 async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
     tmp_path: Path, dsn: str,  # noqa: F811
 ) -> None:

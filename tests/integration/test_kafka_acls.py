@@ -41,8 +41,7 @@ from .pgdb import create_database, drop_database
 from .sasl_kafka import SaslKafka, sasl_kafka
 from .test_ops_cli import Cli, Services, _answered, _env
 
-# the module shares one SASL broker (module-scoped): its tests move together
-pytestmark = [pytest.mark.postgres, pytest.mark.slow(seconds=200)]
+pytestmark = pytest.mark.postgres
 
 CLASS = "default"
 

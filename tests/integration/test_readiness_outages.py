@@ -138,7 +138,6 @@ async def kafka_node(broker: OwnBroker, dsn: str, tmp_path: Path,
         await node.close()
 
 
-@pytest.mark.slow(seconds=175)
 @pytest.mark.kafka
 @pytest.mark.postgres
 async def test_every_process_is_not_ready_while_the_broker_is_away_and_resumes_by_itself(
@@ -190,7 +189,6 @@ async def test_every_process_is_not_ready_while_the_broker_is_away_and_resumes_b
     await wait_until(performed, 90, interval=0.5, what="the run and its effect after the outage")
 
 
-@pytest.mark.slow(seconds=50)
 @pytest.mark.kafka
 @pytest.mark.postgres
 async def test_sigterm_stops_the_worker_effect_runner_and_api_within_bound_while_broker_away(

@@ -257,7 +257,6 @@ async def _at_least(aw: Any, n: int) -> bool:
     return (await aw) >= n
 
 
-@pytest.mark.slow(seconds=32)
 async def test_a_change_no_processor_finishes_exits_1_and_the_same_command_resumes_it(
     cfg: LogConfig, tmp_path: Path,
 ) -> None:

@@ -519,7 +519,6 @@ def dev_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.slow(seconds=45)
 def test_replay_data_dir_alone_is_refused_by_a_running_dev_node_and_rebuilds_a_stopped_one(
     dev_dir: Path, tmp_path: Path, database_url: str, schemas: list[str],
 ) -> None:

@@ -104,7 +104,6 @@ async def _outage_logged(log_path: Path) -> bool:
     return "Connect call failed" in text or "NodeNotReadyError" in text
 
 
-@pytest.mark.slow(seconds=70)
 @pytest.mark.kafka
 async def test_sigterm_stops_a_processor_within_its_bound_while_the_broker_is_dead(
     broker: OwnBroker, tmp_path: Path

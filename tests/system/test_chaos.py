@@ -22,6 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # minutes: faults under load
+
 
 def short_chaos(tmp_path: Path, *args: str) -> tuple[list[dict], str, int]:
     report = tmp_path / "chaos.json"
@@ -43,7 +45,6 @@ def assert_clean(rows: list[dict]) -> None:
         assert (acknowledged["lost"], acknowledged["doubled"]) == (0, 0), row
 
 
-@pytest.mark.slow(seconds=80)
 def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     rows, summary, code = short_chaos(tmp_path, "--log", "sqlite")
     assert [r["scenario"] for r in rows] == ["postgres-restart", "kill-processes",
@@ -52,7 +53,6 @@ def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     assert code == 0, summary
 
 
-@pytest.mark.slow(seconds=440)
 def test_the_short_chaos_run_on_a_three_broker_cluster_is_clean_in_every_row(
     tmp_path: Path,
 ) -> None:
