@@ -3,7 +3,9 @@ log, the read model and the result store — into a directory, and back into an 
 deployment.
 
     chronolog backup DIR  [--data-dir D | --log URL] [--database-url DSN] [--results R]
+    chronolog backup verify DIR [--accept-unverified]
     chronolog restore DIR [--data-dir D | --log URL] [--database-url DSN] [--results R]
+                          [--accept-unverified]
 
 ``--data-dir D`` alone names a dev node's data: ``D/log.db``, the embedded PostgreSQL in
 ``D/postgres`` and ``D/results``; ``--log kafka://host:port`` a Kafka log (the topics under
@@ -15,12 +17,18 @@ committed record of every topic but ``state``, with partition, offset, key, head
 timestamp, and the committed offsets of every group under the prefix), then the result store
 (staged objects are immutable files, written before the events that name them). So the
 restored read model is never ahead of the restored log (the projector carries on from its
-offsets), and every result the log names is there. ``DIR/manifest.json`` is written last:
-a directory without it is an incomplete backup.
+offsets), and every result the log names is there. ``DIR/manifest.json`` is written last,
+with every file's size and SHA-256 (``chronolog.cli.backup_check``): a directory without it
+is an incomplete backup.
 
-``restore`` writes a backup into an empty deployment — no log records, no read-model rows,
-no result objects — and refuses anything else (exit 2, naming what is not empty) before
-writing anything. Everything a decision needs survives: the events (outbox intents of
+``backup verify DIR`` checks a backup without restoring it, as ``restore`` does first: exit 0
+and one summary line, or exit 2 and one line naming the first problem.
+
+``restore`` verifies the whole backup, then writes it into an empty deployment — no log
+records, no read-model rows, no result objects — and refuses anything else (exit 2, naming
+the damaged file or what is not empty) before writing anything. It stages every part beside
+the target and makes them visible only when all are staged (the restore section below).
+Everything a decision needs survives: the events (outbox intents of
 effects, request keys of manual triggers, fences), the processors' and the effect
 runners' committed offsets. Started on the restored data, a processor answers a repeated
 trigger with its original run, and the effect runner performs an effect that had not been
@@ -32,9 +40,10 @@ the read model's projection offsets and the groups' committed offsets are transl
 the new numbering (an old next offset becomes the new offset of the first record at or
 after it).
 
-Exit status: 0 done; 2 bad input (a non-empty target or backup directory, a missing or
-invalid manifest, a read model of other migrations, a backup of the other log kind) with
-one line on stderr.
+Exit status: 0 done; 2 bad input (a damaged backup: a file missing, unlisted, of another
+size or checksum, a log failing its integrity check, a count that differs; a non-empty target
+or backup directory; a missing or invalid manifest; a read model of other migrations; a
+backup of the other log kind) with one line on stderr.
 """
 
 from __future__ import annotations
