@@ -43,7 +43,8 @@ after it).
 Exit status: 0 done; 2 bad input (a damaged backup: a file missing, unlisted, of another
 size or checksum, a log failing its integrity check, a count that differs; a non-empty target
 or backup directory; a missing or invalid manifest; a read model of other migrations; a
-backup of the other log kind) with one line on stderr.
+backup of the other log kind) with one line on stderr; 1 with one line for a failure while
+restoring (a database or disk error; run the same restore again).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ from chronolog.projections.backup import (
     stage,
 )
 from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
-from chronolog.projections.rebuild import drop_schema, quote, swap_in
+from chronolog.projections.migrate import MigrationError
+from chronolog.projections.rebuild import SwapBusy, drop_schema, quote, swap_in
 from chronolog.settings import LogConfig, data_dir, open_log
 
 
@@ -448,7 +450,17 @@ def run_restore(args: argparse.Namespace) -> int:
     if cfg.kind != "kafka" and kind != "sqlite":
         raise UsageError(f"invalid dir '{folder}': a backup of a Kafka log; restore it with "
                          "--log kafka://...")
-    done = asyncio.run(_restore(args, cfg, folder, checked))
+    try:
+        done = asyncio.run(_restore(args, cfg, folder, checked))
+    except (SwapBusy, MigrationError, LogError, OSError, asyncpg.PostgresError,
+            asyncpg.InterfaceError) as exc:
+        text = str(exc).replace("\n", " ")
+        again = ("restore again into a fresh CHRONOLOG_TOPIC_PREFIX (records it appended "
+                 "stay)" if cfg.kind == "kafka" else "run the same restore again (it removes "
+                 "what this one staged, or finishes the commit this one began)")
+        print(f"error: restore stopped: {type(exc).__name__}: {text}; {again}",
+              file=sys.stderr)
+        return 1
     print(f"restore: {done['records']} log records -> {cfg.target}, {done['rows']} read-model "
           f"rows in {done['tables']} tables, {done['objects']} result objects", file=sys.stdout)
     return 0
