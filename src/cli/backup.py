@@ -3,7 +3,9 @@ log, the read model and the result store — into a directory, and back into an 
 deployment.
 
     chronolog backup DIR  [--data-dir D | --log URL] [--database-url DSN] [--results R]
+    chronolog backup verify DIR [--accept-unverified]
     chronolog restore DIR [--data-dir D | --log URL] [--database-url DSN] [--results R]
+                          [--accept-unverified]
 
 ``--data-dir D`` alone names a dev node's data: ``D/log.db``, the embedded PostgreSQL in
 ``D/postgres`` and ``D/results``; ``--log kafka://host:port`` a Kafka log (the topics under
@@ -15,12 +17,18 @@ committed record of every topic but ``state``, with partition, offset, key, head
 timestamp, and the committed offsets of every group under the prefix), then the result store
 (staged objects are immutable files, written before the events that name them). So the
 restored read model is never ahead of the restored log (the projector carries on from its
-offsets), and every result the log names is there. ``DIR/manifest.json`` is written last:
-a directory without it is an incomplete backup.
+offsets), and every result the log names is there. ``DIR/manifest.json`` is written last,
+with every file's size and SHA-256 (``chronolog.cli.backup_check``): a directory without it
+is an incomplete backup.
 
-``restore`` writes a backup into an empty deployment — no log records, no read-model rows,
-no result objects — and refuses anything else (exit 2, naming what is not empty) before
-writing anything. Everything a decision needs survives: the events (outbox intents of
+``backup verify DIR`` checks a backup without restoring it, as ``restore`` does first: exit 0
+and one summary line, or exit 2 and one line naming the first problem.
+
+``restore`` verifies the whole backup, then writes it into an empty deployment — no log
+records, no read-model rows, no result objects — and refuses anything else (exit 2, naming
+the damaged file or what is not empty) before writing anything. It stages every part beside
+the target and makes them visible only when all are staged (the restore section below).
+Everything a decision needs survives: the events (outbox intents of
 effects, request keys of manual triggers, fences), the processors' and the effect
 runners' committed offsets. Started on the restored data, a processor answers a repeated
 trigger with its original run, and the effect runner performs an effect that had not been
@@ -32,9 +40,11 @@ the read model's projection offsets and the groups' committed offsets are transl
 the new numbering (an old next offset becomes the new offset of the first record at or
 after it).
 
-Exit status: 0 done; 2 bad input (a non-empty target or backup directory, a missing or
-invalid manifest, a read model of other migrations, a backup of the other log kind) with
-one line on stderr.
+Exit status: 0 done; 2 bad input (a damaged backup: a file missing, unlisted, of another
+size or checksum, a log failing its integrity check, a count that differs; a non-empty target
+or backup directory; a missing or invalid manifest; a read model of other migrations; a
+backup of the other log kind) with one line on stderr; 1 with one line for a failure while
+restoring (a database or disk error; run the same restore again).
 """
 
 from __future__ import annotations
@@ -47,14 +57,23 @@ import dataclasses
 import json
 import os
 import shutil
+import sqlite3
 import sys
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import orjson
 
+from chronolog.cli.backup_check import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    Verified,
+    file_entries,
+    manifest_checksum,
+    verify,
+)
 from chronolog.cli.errors import UsageError
 from chronolog.cli.flags import database, existing_database
 from chronolog.cli.log_reader import add_log_arguments, log_config, open_existing_log
@@ -64,15 +83,16 @@ from chronolog.log.reading import read_partition
 from chronolog.log.sqlite import backup_file, record_counts, restore_file
 from chronolog.projections.backup import (
     BackupMismatch,
+    drop_stages,
     dump,
     emptiness,
-    load,
     renumber_offsets,
+    stage,
 )
+from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
+from chronolog.projections.migrate import MigrationError
+from chronolog.projections.rebuild import SwapBusy, drop_schema, quote, swap_in
 from chronolog.settings import LogConfig, data_dir, open_log
-
-FORMAT = "chronolog.backup"
-FORMAT_VERSION = 1
 
 
 def register(subparsers: Any) -> None:
@@ -86,6 +106,9 @@ def register(subparsers: Any) -> None:
         description="Restore DIR (a 'chronolog backup') into an empty deployment: no log "
                     "records, no read-model rows, no result objects (exit 2 otherwise).")
     for p in (b, r):
+        p.add_argument("--accept-unverified", action="store_true",
+                       help="accept a format-1 backup, which has no checksums (its log and "
+                            "read-model files are still checked against the manifest's counts)")
         p.add_argument("dir", metavar="DIR", help="the backup directory")
         add_log_arguments(p)
         p.add_argument("--database-url", default=None, metavar="DSN",
@@ -93,7 +116,11 @@ def register(subparsers: Any) -> None:
                             "embedded PostgreSQL of --data-dir)")
         p.add_argument("--results", default=None, metavar="DIR",
                        help="the result store (default <data dir>/results)")
-    b.set_defaults(func=run_backup)
+    b.add_argument("verify_dir", nargs="?", metavar="DIR",
+                   help="'chronolog backup verify DIR': check the backup in DIR (every "
+                        "file's size and SHA-256, the log's integrity, every count) without "
+                        "restoring it")
+    b.set_defaults(func=_backup_or_verify)
     r.set_defaults(func=run_restore)
 
 
@@ -157,6 +184,15 @@ def _copy_results(source: Path, target: Path) -> int | None:
     return sum(1 for p in target.rglob("*") if p.is_file())
 
 
+def _backup_or_verify(args: argparse.Namespace) -> int:
+    if args.verify_dir is None:
+        return run_backup(args)
+    if args.dir != "verify":
+        raise UsageError(f"invalid argument '{args.verify_dir}': 'chronolog backup' takes one "
+                         "DIR ('chronolog backup verify DIR' checks a backup)")
+    return run_verify(args)
+
+
 def run_backup(args: argparse.Namespace) -> int:
     """Execute ``chronolog backup``."""
     cfg = _config(args)
@@ -168,9 +204,9 @@ def run_backup(args: argparse.Namespace) -> int:
                          "new or empty one)")
     out.mkdir(parents=True, exist_ok=True)
     manifest = asyncio.run(_backup(args, cfg, out))
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / "manifest.json")
+    manifest["files"] = file_entries(out)
+    manifest["manifestSha256"] = manifest_checksum(manifest)
+    _write_atomically(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     rm = manifest["readModel"]["tables"]
     print(f"backup: {sum(manifest['log']['records'].values())} log records, "
           f"{sum(rm.values())} read-model rows in {len(rm)} tables, "
@@ -179,49 +215,90 @@ def run_backup(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------ restore
+#
+# A restore first verifies the whole backup (chronolog.cli.backup_check), then checks the
+# target is empty, then stages every part beside the target — the SQLite log as
+# ``.<log>.restore-staging`` next to it, the result store as ``.<results>.restore-staging``
+# next to it, the read model in a staging schema — and only then makes them visible: it writes
+# the journal ``<log>.restore.json`` (which backup, by the SHA-256 of its manifest), swaps the
+# read model in (one transaction), renames the result store and the log over their targets
+# and removes the journal. Killed before the journal, the target is as it was and the next
+# restore removes the leftovers; killed after it, the next restore of the same backup finds
+# the journal, accepts the parts already put in place (they are this backup's) and does the
+# whole commit again. A Kafka log cannot be staged (records appended to a topic stay): its
+# records go in after the read model is staged and before it is swapped in.
 
 
-def load_manifest(folder: Path) -> dict[str, Any]:
-    """The backup's manifest, checked; any problem is a ``UsageError`` naming it."""
-    path = folder / "manifest.json"
-    if not folder.is_dir():
-        raise UsageError(f"invalid dir '{folder}': no such directory")
+def _staging(path: Path) -> Path:
+    return path.with_name(f".{path.name}.restore-staging")
+
+
+def _journal(target: Path) -> Path:
+    return target.with_name(f"{target.name}.restore.json")
+
+
+def _resuming(target: Path, digest: str) -> bool:
+    """True if an interrupted restore of the same backup left its journal next to the log."""
+    journal = _journal(target)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(journal.read_text())
     except FileNotFoundError:
-        raise UsageError(f"invalid dir '{folder}': no manifest.json (not a backup, or an "
-                         "incomplete one)") from None
+        return False
     except (OSError, ValueError) as exc:
-        raise UsageError(f"invalid dir '{folder}': manifest.json unreadable ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise UsageError(f"invalid dir '{folder}': manifest.json is not a chronolog backup")
-    if doc.get("formatVersion") != FORMAT_VERSION:
-        raise UsageError(f"invalid dir '{folder}': manifest formatVersion "
-                         f"{doc.get('formatVersion')!r} (this chronolog reads {FORMAT_VERSION})")
+        raise UsageError(f"invalid log '{target}': {journal} unreadable ({exc})") from None
+    if doc.get("manifest") != digest:
+        raise UsageError(f"invalid log '{target}': an interrupted restore of another backup "
+                         f"({doc.get('backup')}) left {journal.name}; run that restore again "
+                         "to finish it")
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _replace(staged: Path, target: Path) -> None:
+    """Rename ``staged`` over ``target`` (a directory: over an empty or restored one)."""
+    if target.is_dir():
+        shutil.rmtree(target)
+    os.replace(staged, target)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _commit_log(staged: Path, target: Path) -> int:
+    """Rename the staged log over ``target`` (its old write-ahead log folded in and removed
+    first, so none is applied to the new file), then remove the journal; the records."""
+    if target.exists():
+        conn = sqlite3.connect(str(target))
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    for leftover in ("-wal", "-shm"):
+        Path(f"{target}{leftover}").unlink(missing_ok=True)
+    os.replace(staged, target)
+    directory = os.open(target.parent, os.O_RDONLY)
     try:
-        rm = doc["readModel"]
-        tables, migrations = dict(rm["tables"]), list(rm["migrations"])
-        kind = doc["log"]["kind"]
-        log_file = folder / (doc["log"]["file"] if kind == "sqlite" else doc["log"]["folder"])
-        if kind == "kafka":
-            topics = dict(doc["log"]["topics"])
-            dict(doc["log"]["groups"])
-            int(doc["log"]["partitions"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"invalid dir '{folder}': manifest.json lacks {exc}") from None
-    if kind not in ("sqlite", "kafka"):
-        raise UsageError(f"invalid dir '{folder}': a backup of an unknown log kind {kind!r}")
-    if kind == "sqlite" and not log_file.is_file():
-        raise UsageError(f"invalid dir '{folder}': its log file {log_file.name} is missing")
-    if kind == "kafka":
-        for topic in topics:
-            if not (log_file / f"{topic}.jsonl").is_file():
-                raise UsageError(f"invalid dir '{folder}': the records of {topic} are missing")
-    for name in tables:
-        if not (folder / rm.get("folder", "readmodel") / f"{name}.copy").is_file():
-            raise UsageError(f"invalid dir '{folder}': read-model table {name} is missing")
-    doc["readModel"] = {**rm, "tables": tables, "migrations": migrations}
-    return doc
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    _journal(target).unlink()
+    return sum(record_counts(target).values())
+
+
+def _objects(results: Path) -> int:
+    return sum(1 for p in results.rglob("*") if p.is_file())
 
 
 def _check_empty(target: Path, results: Path) -> None:
@@ -245,93 +322,154 @@ def _check_results_empty(results: Path) -> None:
                          "deployment")
 
 
+def _stage_log(backup: Path, target: Path) -> Path:
+    """The backed-up log file restored next to ``target``, synced (renamed over it later)."""
+    staged = _staging(target)
+    staged.unlink(missing_ok=True)
+    restore_file(backup, staged)
+    with staged.open("rb") as f:
+        os.fsync(f.fileno())
+    return staged
+
+
+def _stage_results(folder: Path, manifest: dict[str, Any], results: Path) -> Path | None:
+    if not manifest.get("results"):
+        return None
+    staged = _staging(results)
+    _remove(staged)
+    _copy_results(folder / manifest["results"]["folder"], staged)
+    return staged
+
+
 async def _restore(args: argparse.Namespace, cfg: LogConfig, folder: Path,
-                   manifest: dict[str, Any]) -> dict[str, Any]:
-    # everything is checked before anything is written (an SQLite log and the result store
-    # in run_restore, the Kafka topics and the read model here)
+                   checked: Verified) -> dict[str, Any]:
+    manifest = checked.manifest
     kafka = None
     if cfg.kind == "kafka":
-        if manifest["log"]["kind"] != "kafka":
-            raise UsageError(f"invalid dir '{folder}': a backup of an SQLite log; restore it "
-                             "with --log sqlite:///... or --data-dir")
         topics = dataclasses.replace(cfg.topics, partitions=int(manifest["log"]["partitions"]))
         kafka = open_log(dataclasses.replace(cfg, topics=topics))
         try:
             await kafka.start()
         except (LogError, OSError) as exc:
             raise UsageError(f"cannot open log kafka:{cfg.target}: {exc}") from None
-    elif manifest["log"]["kind"] != "sqlite":
-        raise UsageError(f"invalid dir '{folder}': a backup of a Kafka log; restore it with "
-                         "--log kafka://...")
     try:
-        return await _restore_into(args, cfg, folder, manifest, kafka)
+        return await _restore_into(args, cfg, folder, checked, kafka)
     finally:
         if kafka is not None:
             await kafka.close()
 
 
 async def _restore_into(args: argparse.Namespace, cfg: LogConfig, folder: Path,
-                        manifest: dict[str, Any], kafka: Any) -> dict[str, Any]:
-    target = Path(cfg.target)
-    results = _results(args)
+                        checked: Verified, kafka: Any) -> dict[str, Any]:
+    manifest = checked.manifest
+    target, results = Path(cfg.target), _results(args)
+    resuming = kafka is None and _resuming(target, checked.digest)
     if kafka is not None:
+        _check_results_empty(results)
         await _check_kafka_empty(kafka, manifest)
-    opened: AbstractAsyncContextManager[str] = database(args)
-    async with opened as dsn:
+    elif not resuming:
+        _check_empty(target, results)
+    async with database(args) as dsn:
         pool = await _pool(dsn)
         try:
-            why = await emptiness(pool)
-            if why is not None:
-                raise UsageError(f"invalid database-url: the read model is not empty ({why}); "
-                                 "restore goes into an empty deployment")
-            rm = manifest["readModel"]
+            schema = await current_schema(pool)
             try:
-                loaded = await load(pool, folder / rm.get("folder", "readmodel"), rm)
-            except BackupMismatch as exc:
-                raise UsageError(f"invalid dir '{folder}': {exc}") from None
-            if kafka is not None:
-                renumber = await _restore_kafka(kafka, folder, manifest)
-                old, new = manifest["log"]["prefix"], kafka.topics.prefix
-
-                def moved(topic: str, p: int, old_next: int) -> tuple[str, int] | None:
-                    if topic not in manifest["log"]["topics"]:
-                        return None
-                    name = _renamed(topic, old, new)
-                    return name, renumber.next_offset((name, p), old_next)
-
-                await renumber_offsets(pool, moved)
+                lease = await ProjectionLease.exclusive(pool, schema, "main", role="restore")
+            except LeaseHeld as exc:
+                raise UsageError(f"invalid database-url: {exc}; restore goes into a stopped, "
+                                 "empty deployment") from None
+            try:
+                why = None if resuming else await emptiness(pool)
+                if why is not None:
+                    raise UsageError(f"invalid database-url: the read model is not empty "
+                                     f"({why}); restore goes into an empty deployment")
+                await drop_stages(pool)
+                return await _stage_and_commit(pool, dsn, schema, cfg, folder, checked,
+                                               results, kafka)
+            finally:
+                await lease.release()
         finally:
             await pool.close()
-    if kafka is not None:
-        objects = None
-        if manifest.get("results"):
-            objects = await asyncio.to_thread(
-                _copy_results, folder / manifest["results"]["folder"], results)
-        return {"records": sum(len(v) for v in renumber.new.values()),
-                "rows": sum(loaded.values()), "tables": len(loaded), "objects": objects or 0}
-    await asyncio.to_thread(restore_file, folder / manifest["log"]["file"], target)
-    objects = None
-    if manifest.get("results"):
-        objects = await asyncio.to_thread(_copy_results, folder / manifest["results"]["folder"],
-                                          results)
-    records = await asyncio.to_thread(record_counts, target)
-    return {"records": sum(records.values()), "rows": sum(loaded.values()),
-            "tables": len(loaded), "objects": objects or 0}
+
+
+async def _stage_and_commit(pool: asyncpg.Pool, dsn: str, schema: str, cfg: LogConfig,
+                            folder: Path, checked: Verified, results: Path,
+                            kafka: Any) -> dict[str, Any]:
+    """Stage every part, then make it visible (the section comment above)."""
+    manifest, target = checked.manifest, Path(cfg.target)
+    rm = manifest["readModel"]
+    staged_log = staged_results = None
+    staged_schema: str | None = None
+    try:
+        if kafka is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged_log = await asyncio.to_thread(_stage_log, folder / manifest["log"]["file"],
+                                                 target)
+        results.parent.mkdir(parents=True, exist_ok=True)
+        staged_results = await asyncio.to_thread(_stage_results, folder, manifest, results)
+        try:
+            staged_schema, loaded = await stage(dsn, folder / rm["folder"], rm)
+        except BackupMismatch as exc:
+            raise UsageError(f"invalid backup '{folder}': {exc}") from None
+        records = 0
+        if kafka is not None:
+            records = await _restore_kafka_into(kafka, folder, manifest, dsn, staged_schema)
+        else:
+            await asyncio.to_thread(_write_atomically, _journal(target), json.dumps(
+                {"backup": str(folder), "manifest": checked.digest,
+                 "schema": staged_schema}) + "\n")
+        async with pool.acquire() as conn:
+            await swap_in(conn, staged_schema, schema)
+        staged_schema = None
+        if staged_results is not None:
+            await asyncio.to_thread(_replace, staged_results, results)
+            staged_results = None
+        if staged_log is not None:
+            records = await asyncio.to_thread(_commit_log, staged_log, target)
+            staged_log = None
+    finally:  # left only by a failure before the commit
+        for path in (staged_log, staged_results):
+            if path is not None:
+                await asyncio.to_thread(_remove, path)
+        if staged_schema is not None:
+            await drop_schema(pool, staged_schema)
+    objects = await asyncio.to_thread(_objects, results) if manifest.get("results") else 0
+    return {"records": records, "rows": sum(loaded.values()), "tables": len(loaded),
+            "objects": objects}
 
 
 def run_restore(args: argparse.Namespace) -> int:
     """Execute ``chronolog restore``."""
     cfg = _config(args)
     folder = Path(args.dir)
-    manifest = load_manifest(folder)
-    if cfg.kind == "sqlite":
-        _check_empty(Path(cfg.target), _results(args))
-        Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
-    else:
-        _check_results_empty(_results(args))
-    done = asyncio.run(_restore(args, cfg, folder, manifest))
+    checked = verify(folder, accept_unverified=args.accept_unverified)
+    kind = checked.manifest["log"]["kind"]
+    if cfg.kind == "kafka" and kind != "kafka":
+        raise UsageError(f"invalid dir '{folder}': a backup of an SQLite log; restore it "
+                         "with --log sqlite:///... or --data-dir")
+    if cfg.kind != "kafka" and kind != "sqlite":
+        raise UsageError(f"invalid dir '{folder}': a backup of a Kafka log; restore it with "
+                         "--log kafka://...")
+    try:
+        done = asyncio.run(_restore(args, cfg, folder, checked))
+    except (SwapBusy, MigrationError, LogError, OSError, asyncpg.PostgresError,
+            asyncpg.InterfaceError) as exc:
+        text = str(exc).replace("\n", " ")
+        again = ("restore again into a fresh CHRONOLOG_TOPIC_PREFIX (records it appended "
+                 "stay)" if cfg.kind == "kafka" else "run the same restore again (it removes "
+                 "what this one staged, or finishes the commit this one began)")
+        print(f"error: restore stopped: {type(exc).__name__}: {text}; {again}",
+              file=sys.stderr)
+        return 1
     print(f"restore: {done['records']} log records -> {cfg.target}, {done['rows']} read-model "
           f"rows in {done['tables']} tables, {done['objects']} result objects", file=sys.stdout)
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Execute ``chronolog backup verify DIR``."""
+    folder = Path(args.verify_dir)
+    print(verify(folder, accept_unverified=args.accept_unverified).summary(folder))
     return 0
 
 
@@ -418,10 +556,36 @@ async def _check_kafka_empty(log: Any, manifest: dict[str, Any]) -> None:
             if end:
                 raise UsageError(f"invalid log 'kafka://{log.bootstrap_servers}': not empty "
                                  f"(topic {name} partition {p} has records up to offset "
-                                 f"{end}); restore goes into an empty deployment")
+                                 f"{end}); restore goes into an empty deployment (records "
+                                 "appended by an interrupted restore stay: restore into a "
+                                 "fresh CHRONOLOG_TOPIC_PREFIX, or delete the topics under "
+                                 f"'{new}')")
         if have != n:
             raise UsageError(f"invalid log 'kafka://{log.bootstrap_servers}': topic {name} has "
                              f"{have} partitions, the backup's {n}")
+
+
+async def _restore_kafka_into(log: Any, folder: Path, manifest: dict[str, Any], dsn: str,
+                              staged: str) -> int:
+    """Append the backup's records and translate the stored offsets of the read model staged
+    in schema ``staged``; the records appended."""
+    renumber = await _restore_kafka(log, folder, manifest)
+    old, new = manifest["log"]["prefix"], log.topics.prefix
+
+    def moved(topic: str, p: int, old_next: int) -> tuple[str, int] | None:
+        if topic not in manifest["log"]["topics"]:
+            return None
+        name = _renamed(topic, old, new)
+        return name, renumber.next_offset((name, p), old_next)
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1,
+                                     server_settings={"search_path": quote(staged)})
+    assert pool is not None
+    try:
+        await renumber_offsets(pool, moved)
+    finally:
+        await pool.close()
+    return sum(len(v) for v in renumber.new.values())
 
 
 async def _restore_kafka(log: Any, folder: Path, manifest: dict[str, Any]) -> _Renumbering:

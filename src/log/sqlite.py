@@ -1479,9 +1479,9 @@ def backup_file(source: str | Path, target: str | Path) -> dict[str, int]:
 
 
 def restore_file(backup: str | Path, target: str | Path) -> None:
-    """Write the backed-up log file over ``target`` (the backup API again, so a target
-    opened in WAL mode is replaced whole) and drop the old deployment's group members: no
-    process of it is a member of the restored log."""
+    """Write the backed-up log file into ``target`` (a new file: ``chronolog restore`` stages
+    it next to the live log and renames it over that at the end) and drop the old
+    deployment's group members: no process of it is a member of the restored log."""
     src = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
     try:
         dst = sqlite3.connect(str(target))
@@ -1494,6 +1494,26 @@ def restore_file(backup: str | Path, target: str | Path) -> None:
             dst.close()
     finally:
         src.close()
+
+
+def checked_counts(path: str | Path) -> dict[str, int]:
+    """``record_counts`` of a log file that passes ``PRAGMA integrity_check``, opened
+    read-only and immutable (nothing is written beside it); ``ValueError`` naming the first
+    problem SQLite reports otherwise (a truncated or damaged file)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        try:
+            rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"not a sound SQLite file ({exc})") from None
+    if rows != ["ok"]:
+        raise ValueError(f"fails PRAGMA integrity_check ({rows[0]})")
+    try:
+        return record_counts(path)
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"not a sound SQLite file ({exc})") from None
 
 
 def record_counts(path: str | Path) -> dict[str, int]:

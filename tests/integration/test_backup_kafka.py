@@ -114,6 +114,8 @@ async def test_kafka_backup_restore_keeps_request_keys_outbox_and_offsets(
         refused = await _cli(old.topics.prefix, "restore", str(tmp_path / "bk"), "--log",
                              f"kafka://{kafka_bootstrap}", "--database-url", dst_db)
         assert refused.returncode == 2 and "not empty (topic " in refused.stderr, refused.stderr
+        # what to do after an interrupted Kafka restore, whose appended records stay
+        assert "restore into a fresh CHRONOLOG_TOPIC_PREFIX" in refused.stderr
         r = await _cli(new_prefix, "restore", str(tmp_path / "bk"), "--log",
                        f"kafka://{kafka_bootstrap}", "--database-url", dst_db)
         assert r.returncode == 0, r.stderr

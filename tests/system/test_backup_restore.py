@@ -90,6 +90,13 @@ class Node:
         return httpx.post(f"{self.url}/v1/schedules/invoice/runs", headers={
             **AUTH, "Idempotency-Key": key}, timeout=10)
 
+    def served(self) -> tuple[list[str], list[str]]:
+        """The schedule IDs and the invoice schedule's run IDs the node serves."""
+        schedules = httpx.get(f"{self.url}/v1/schedules", headers=AUTH, timeout=5).json()
+        runs = httpx.get(f"{self.url}/v1/schedules/invoice/runs", headers=AUTH, timeout=5).json()
+        return ([s["scheduleId"] for s in schedules["items"]],
+                sorted(r["runId"] for r in runs["items"]))
+
     def run(self, run_id: str) -> dict[str, Any]:
         r = httpx.get(f"{self.url}/v1/runs/{run_id}", headers=AUTH, timeout=5)
         r.raise_for_status()
@@ -147,6 +154,8 @@ timeout = "2s"
                         60, what="the run succeeded")
         assert effect_states(done) == ["INTENDED"]
 
+        served = old.served()
+        assert served == (["invoice"], [run_id])
         b = cli("backup", str(dirs["backup"]), "--data-dir", str(dirs["old"]))
         assert b.returncode == 0, b.stderr
         assert b.stdout.startswith("backup: ")
@@ -164,6 +173,15 @@ timeout = "2s"
     bad = cli("restore", str(incomplete), "--data-dir", str(dirs["new"]))
     assert bad.returncode == 2 and "no manifest.json" in bad.stderr
     assert not (dirs["new"] / "log.db").exists()
+    # a backup whose log.db was cut short is refused in one line, and nothing is written
+    truncated = dirs["root"] / "truncated"
+    shutil.copytree(dirs["backup"], truncated)
+    data = (truncated / "log.db").read_bytes()
+    (truncated / "log.db").write_bytes(data[:len(data) // 2])
+    cut = cli("restore", str(truncated), "--data-dir", str(dirs["new"]))
+    assert cut.returncode == 2 and len(cut.stderr.strip().splitlines()) == 1, cut.stderr
+    assert "log.db is " in cut.stderr and "(truncated or altered)" in cut.stderr
+    assert not dirs["new"].exists()
 
     restored = cli("restore", str(dirs["backup"]), "--data-dir", str(dirs["new"]))
     assert restored.returncode == 0, restored.stderr
@@ -171,6 +189,8 @@ timeout = "2s"
     new = Node(dirs["new"], free_port(), tenants, dirs["root"] / "new.log")
     try:
         wait_for(new.healthy, 90, what="the restored node")
+        # exactly the backed-up schedules and runs
+        wait_for(lambda: new.served() == served, 30, what="the restored read model served")
         # the request key survived: the same key answers the original run
         repeat = new.trigger("invoice-57")
         assert repeat.status_code in (200, 201), repeat.text
