@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import structlog
+
 # at most one line per kind of library message in this many seconds
 SUMMARY_S = float(os.environ.get("CHRONOLOG_LOG_SUMMARY_S", "30"))
 # loggers of the libraries (client libraries, the HTTP server and client)
@@ -108,8 +110,6 @@ def configure_logging(level: str | None = None, json: bool | None = None,
     """Log structlog events and stdlib records at ``level`` (default ``CHRONOLOG_LOG_LEVEL``,
     INFO) to ``stream`` (default stderr), as JSON unless ``stream`` is a terminal (``json``
     forces either). ``library_level``: a higher threshold for loggers outside chronolog."""
-    import structlog  # here: a command that never logs does not pay for importing it
-
     lvl = _level(level or os.environ.get("CHRONOLOG_LOG_LEVEL", "INFO"))
     out: Any = STDERR if stream is None else stream
     as_json = (not out.isatty()) if json is None else json

@@ -24,8 +24,15 @@ from chronolog.domain.limits import MAX_BODY_BYTES
 from chronolog.domain.recurrence import ENGINE_VERSION
 from chronolog.environment import tzdata_in_use
 from chronolog.log.durability import SAFE_DEFAULT, Durability
-from chronolog.log.kafka_auth import NO_AUTH, SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaAuth
+from chronolog.log.kafka import (
+    NO_AUTH,
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
+    KafkaAuth,
+    KafkaEventLog,
+)
 from chronolog.log.port import EventLog, Topics
+from chronolog.log.sqlite import SqliteEventLog
 
 
 class ConfigError(ValueError):
@@ -222,11 +229,7 @@ def open_log(cfg: LogConfig) -> EventLog:
     """The EventLog adapter for a configuration (not started)."""
     if cfg.kind == "sqlite":
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
-        from chronolog.log.sqlite import SqliteEventLog  # each adapter imported when used
-
         return SqliteEventLog(cfg.target, cfg.topics)
-    from chronolog.log.kafka import KafkaEventLog
-
     return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability, auth=cfg.auth)
 
 

@@ -40,8 +40,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
+import asyncpg
 import orjson
 
 from chronolog.commands.backlog import plan_due
@@ -85,9 +86,6 @@ from chronolog.queries.documents import (
     iso,
     jsonable,
 )
-
-if TYPE_CHECKING:
-    import asyncpg
 
 __all__ = [
     "HISTORY_SCAN", "LIST_PAGE", "MAX_PAGE", "OUTCOME_STATES", "PREVIEW_COUNT", "RUN_STATES",
