@@ -90,6 +90,9 @@ type):
     barrier hold it there; ``handover_missing``).
 ``decodable``
     Only for readers of raw records (the CLI): a record of ``events`` that does not decode.
+``archive_intact``
+    Only for readers of an archive (``chronolog audit --archive``): a segment of the history
+    that is missing or does not match its manifest, so the history cannot be proved.
 
 Across partitions, ``feed`` must be given a moved key's events in its order: the events of
 its old home up to its ``KeyMovedOut``, then those of its new home from its ``KeyMovedIn``
@@ -201,6 +204,10 @@ class Auditor:
         ref = EventRef(partition, offset, "?", "?")
         self.report.violations.append(
             Violation("decodable", f"record does not decode: {reason}", (ref,)))
+
+    def archive_damaged(self, reason: str) -> None:
+        """Record that the archived history could not be read whole (``reason``)."""
+        self.report.violations.append(Violation("archive_intact", reason, ()))
 
     def handover_missing(self, partition: int, offset: int, from_partition: int,
                          version: int) -> None:

@@ -40,6 +40,7 @@ CHECKS: tuple[str, ...] = (
     "single_home",
     "move_matched",
     "decodable",
+    "archive_intact",
 )
 
 

@@ -25,14 +25,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+from chronolog.archive import ArchiveError
+from chronolog.archive.source import ArchivedHistory
 from chronolog.audit.auditor import Auditor, AuditReport
 from chronolog.audit.folds import CheckpointError
+from chronolog.cli.errors import UsageError
 from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
@@ -50,6 +55,7 @@ from chronolog.log.audit_checkpoints import (
     save_checkpoint,
 )
 from chronolog.log.port import EventLog, LogError, Record
+from chronolog.projections.ordered import Readable
 from chronolog.settings import RULES_HEADER
 
 
@@ -69,6 +75,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--full", action="store_true",
                         help="fold every event from the beginning instead of going on from "
                              "the last checkpoint (the verdict is the same)")
+    parser.add_argument("--archive", metavar="DIR", default=os.environ.get("CHRONOLOG_ARCHIVE"),
+                        help="read the history below each partition's archived end from this "
+                             "archive (env CHRONOLOG_ARCHIVE)")
     parser.add_argument("--no-save", action="store_true",
                         help="do not write a checkpoint where this audit stops")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -86,16 +95,23 @@ class AuditRun:
 
 
 async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool = False,
-                    save: bool = True) -> AuditRun:
+                    save: bool = True, archive: Path | None = None) -> AuditRun:
     """Feed the committed events of every partition of ``events`` to an ``Auditor``: those
     after the latest checkpoint (``chronolog.log.audit_checkpoints``), or every one with
-    ``full``; then save a checkpoint where it stopped (unless ``save`` is false)."""
+    ``full``; then save a checkpoint where it stopped (unless ``save`` is false). With
+    ``archive``, the history below each partition's archived end is read from the archive
+    (``chronolog.archive.source``): a segment that does not verify is an ``archive_intact``
+    violation, and no checkpoint is saved."""
     topic = log.topics.events
+    try:
+        source: Readable = log if archive is None else ArchivedHistory(archive, log)
+    except ArchiveError as exc:
+        raise UsageError(str(exc)) from None
     partitions = await event_partitions(log)
     ends = {p: await log.end_offset(topic, p) for p in range(partitions)}
     notes: list[str] = []
-    checkpoint = None if full or auditor is not None else await _usable_checkpoint(log, ends,
-                                                                                    notes)
+    checkpoint = None if full or auditor is not None else await _usable_checkpoint(
+        log, source, ends, notes)
     if checkpoint is not None:
         auditor = Auditor.resume(orjson.loads(checkpoint.document))
     auditor = auditor or Auditor()
@@ -109,20 +125,25 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
         auditor.handover_missing(partition, rec.offset, barrier.partition, barrier.version)
 
     # a moved key's events on its old home first, then on its new home (docs/design.md §10)
-    async for taken in read_in_order(log, topic, ends, on_stuck=stuck, order=order,
-                                     starts=positions):
-        records = [rec for rec, _ in taken.items]
-        newest[taken.partition] = (_writer(records[-1].headers)
-                                   or newest.get(taken.partition, ("", "")))
-        for rec, env in taken.items:
-            read += 1
-            if isinstance(env, DecodeError):
-                auditor.undecodable(rec.partition, rec.offset, str(env))
-                last_events[rec.partition] = f"{rec.offset}:?"
-                continue
-            auditor.feed(env, rec.partition, rec.offset)
-            last_events[rec.partition] = f"{rec.offset}:{env.event_id}"
-        positions[taken.partition] = taken.end
+    try:
+        async for taken in read_in_order(source, topic, ends, on_stuck=stuck, order=order,
+                                         starts=positions):
+            records = [rec for rec, _ in taken.items]
+            newest[taken.partition] = (_writer(records[-1].headers)
+                                       or newest.get(taken.partition, ("", "")))
+            for rec, env in taken.items:
+                read += 1
+                if isinstance(env, DecodeError):
+                    auditor.undecodable(rec.partition, rec.offset, str(env))
+                    last_events[rec.partition] = f"{rec.offset}:?"
+                    continue
+                auditor.feed(env, rec.partition, rec.offset)
+                last_events[rec.partition] = f"{rec.offset}:{env.event_id}"
+            positions[taken.partition] = taken.end
+    except ArchiveError as exc:  # the history cannot be read whole: said, not saved
+        auditor.archive_damaged(f"{exc} (the audit stopped there; chronolog archive verify "
+                                "lists every problem)")
+        save = False
     report = auditor.finish()
     note = rules_mismatch_note(newest)
     run = AuditRun(report, read, checkpoint)
@@ -143,7 +164,7 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
     return run
 
 
-async def _usable_checkpoint(log: EventLog, ends: dict[int, int],
+async def _usable_checkpoint(log: EventLog, source: Readable, ends: dict[int, int],
                              notes: list[str]) -> AuditCheckpoint | None:
     """The latest checkpoint if it is one of this log as it is (else None, with a note)."""
     try:
@@ -161,7 +182,10 @@ async def _usable_checkpoint(log: EventLog, ends: dict[int, int],
             return None
     for p, where in checkpoint.last_events.items():
         offset, _, event_id = where.partition(":")
-        records = await log.read(log.topics.events, p, int(offset), max_records=1)
+        try:
+            records = await source.read(log.topics.events, p, int(offset), max_records=1)
+        except ArchiveError:
+            records = []
         found = records[0] if records and records[0].offset == int(offset) else None
         seen = None
         if found is not None:
@@ -219,7 +243,9 @@ async def _run(args: argparse.Namespace) -> AuditReport:
             if actual != args.partitions:
                 print(f"note: {log.topics.events} has {actual} partitions, not "
                       f"{args.partitions}; reading all {actual}", file=sys.stderr)
-        return (await audit_log(log, full=args.full, save=not args.no_save)).report
+        archive = Path(args.archive) if args.archive else None
+        return (await audit_log(log, full=args.full, save=not args.no_save,
+                                archive=archive)).report
     finally:
         await log.close()
 

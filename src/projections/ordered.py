@@ -19,14 +19,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import Barrier, BarrierOrder
 from chronolog.domain.codec import DecodeError, decode_event
-from chronolog.log.port import EventLog, Record
+from chronolog.log.port import Record
 from chronolog.log.reading import READ_BATCH
 
-__all__ = ["Taken", "read_in_order"]
+__all__ = ["Readable", "Taken", "read_in_order"]
+
+
+class Readable(Protocol):
+    """What is read: the log (``EventLog``), or history as archive plus log
+    (``chronolog.archive.source``)."""
+
+    async def read(self, topic: str, partition: int, offset: int, max_records: int = 1000,
+                   timeout_ms: int = 0) -> list[Record]: ...
 
 Stuck = Callable[[int, Barrier, Record], None]
 
@@ -55,7 +64,7 @@ class _Cursor:
 
 
 async def read_in_order(
-    log: EventLog, topic: str, stops: Mapping[int, int], *,
+    log: Readable, topic: str, stops: Mapping[int, int], *,
     until: datetime | None = None, on_stuck: Stuck | None = None, batch: int = READ_BATCH,
     order: BarrierOrder | None = None, starts: Mapping[int, int] | None = None,
 ) -> AsyncIterator[Taken]:
@@ -109,7 +118,7 @@ def _take(order: BarrierOrder, c: _Cursor) -> Taken | None:
     return Taken(c.partition, items, c.position)
 
 
-async def _fill(log: EventLog, topic: str, c: _Cursor, until: datetime | None,
+async def _fill(log: Readable, topic: str, c: _Cursor, until: datetime | None,
                 batch: int) -> None:
     """Read the cursor's next records (decoded) into its buffer; done at its end."""
     if c.position >= c.stop:

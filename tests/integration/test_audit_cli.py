@@ -9,6 +9,7 @@ are the clean one plus a hand-made event that breaks one rule.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -258,3 +259,96 @@ def test_no_save_leaves_no_checkpoint(tmp_path: Path, clean: list[m.EventEnvelop
     _write_log(db, clean)
     assert _chronolog("audit", "--log", f"sqlite:///{db}", "--no-save").returncode == 0
     assert _audit_records(db) == []
+
+
+# -- the history from an archive: below each partition's archived end the audit reads it
+
+
+def _archive(db: Path, directory: Path, replace: dict[str, bytes] | None = None) -> int:
+    """Archive the first half of every partition of the log's events (a record whose event
+    ID is in ``replace`` archived with that value instead); the records archived."""
+    from chronolog.archive import ArchiveWriter
+
+    async def main() -> int:
+        log = SqliteEventLog(str(db), Topics(partitions=PARTITIONS))
+        await log.start()
+        writer = ArchiveWriter(directory, log.topics.events)
+        n = 0
+        try:
+            for p in range(PARTITIONS):
+                records = await log.read(log.topics.events, p, 0, 1000)
+                half = records[: len(records) // 2]
+                if not half:
+                    continue
+                swapped = []
+                for r in half:
+                    event_id = codec.decode_event(r.value).event_id
+                    value = (replace or {}).get(event_id, r.value)
+                    swapped.append(dataclasses.replace(r, value=value))
+                writer.append(p, swapped)
+                n += len(half)
+        finally:
+            await log.close()
+        return n
+
+    return asyncio.run(main())
+
+
+def test_the_history_below_the_archived_end_is_read_from_the_archive(
+    tmp_path: Path, clean: list[m.EventEnvelope],
+) -> None:
+    db, archive = tmp_path / "log.db", tmp_path / "archive"
+    _write_log(db, clean)
+    assert _archive(db, archive) > 0
+    archived = _archived(archive)
+    same = _chronolog("audit", "--log", f"sqlite:///{db}", "--full", "--no-save",
+                      "--archive", str(archive))
+    assert same.returncode == 0, same.stdout
+    assert same.stdout.splitlines()[-1].startswith(f"audit ok: {len(clean)} events")  # once each
+
+    # an archive whose copy of an event says otherwise than the log: the archive is what is
+    # read below its end (here the copy of the event after a result is a second result)
+    p, results = next((p, [e for e in envs if e.type == "ResultPublished"])
+                      for p, envs in archived.items()
+                      if any(e.type == "ResultPublished" for e in envs))
+    later = archived[p][archived[p].index(results[0]) + 1]
+    forged = results[0].model_copy(update={"event_id": later.event_id})
+    other = tmp_path / "forged"
+    _archive(db, other, {later.event_id: codec.encode_event(forged)})
+    live = _chronolog("audit", "--log", f"sqlite:///{db}", "--full", "--no-save")
+    assert live.returncode == 0, live.stdout
+    read = _chronolog("audit", "--log", f"sqlite:///{db}", "--full", "--no-save",
+                      "--archive", str(other))
+    assert read.returncode == 1, read.stdout
+    assert "VIOLATION result_once: a second ResultPublished" in read.stdout
+
+
+def _archived(archive: Path) -> dict[int, list[m.EventEnvelope]]:
+    from chronolog.archive import read_archive
+
+    return {p: [codec.decode_event(r.value) for r in read_archive(archive, p)]
+            for p in range(PARTITIONS) if (archive / f"p{p:04d}").is_dir()}
+
+
+def test_a_damaged_archive_is_a_violation_and_leaves_no_checkpoint(
+    tmp_path: Path, clean: list[m.EventEnvelope],
+) -> None:
+    db, archive = tmp_path / "log.db", tmp_path / "archive"
+    _write_log(db, clean)
+    _archive(db, archive)
+    segment = sorted(archive.glob("p*/*.gz"))[0]
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    proc = _chronolog("audit", "--log", f"sqlite:///{db}", "--archive", str(archive))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "VIOLATION archive_intact:" in proc.stdout and segment.name in proc.stdout
+    assert _audit_records(db) == []  # nothing proved, nothing saved
+
+
+def test_an_archive_that_is_not_one_exits_2(tmp_path: Path, clean: list[m.EventEnvelope]) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, clean)
+    proc = _chronolog("audit", "--log", f"sqlite:///{db}", "--archive", str(tmp_path / "none"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("invalid archive '") and len(proc.stderr.splitlines()) == 1
