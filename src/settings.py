@@ -25,6 +25,7 @@ from chronolog.domain.recurrence import ENGINE_VERSION
 from chronolog.environment import tzdata_in_use
 from chronolog.log.durability import SAFE_DEFAULT, Durability
 from chronolog.log.kafka import (
+    COMPRESSIONS,
     NO_AUTH,
     SASL_MECHANISMS,
     SECURITY_PROTOCOLS,
@@ -49,6 +50,7 @@ class LogConfig:
     topics: Topics
     durability: Durability = SAFE_DEFAULT  # Kafka only
     auth: KafkaAuth = NO_AUTH  # Kafka only
+    compression: str = "none"  # Kafka only: the producers' batch compression
 
 
 def _positive_env(name: str, limit: int) -> int | None:
@@ -86,6 +88,17 @@ def durability_from_env() -> Durability:
     return Durability(replication=_positive_env("CHRONOLOG_REPLICATION", 16),
                       min_isr=_positive_env("CHRONOLOG_MIN_ISR", 16),
                       allow_unsafe=raw in ("1", "true", "yes"))
+
+
+def compression_from_env() -> str:
+    """``CHRONOLOG_KAFKA_COMPRESSION``: how Kafka producers compress their batches — ``zstd``
+    (the default: the fewest bytes for the CPU, docs/performance.md), ``lz4``, ``gzip`` or
+    ``none``."""
+    raw = os.environ.get("CHRONOLOG_KAFKA_COMPRESSION", "").strip().lower() or "zstd"
+    if raw not in COMPRESSIONS:
+        raise ConfigError(f"invalid CHRONOLOG_KAFKA_COMPRESSION '{raw}': expected one of "
+                          f"{', '.join(COMPRESSIONS)}")
+    return raw
 
 
 def kafka_auth_from_env() -> KafkaAuth:
@@ -221,7 +234,7 @@ def parse_log_url(
         if not hosts:
             raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': no broker")
         return LogConfig("kafka", ",".join(hosts), topics, durability_from_env(),
-                         kafka_auth_from_env())
+                         kafka_auth_from_env(), compression_from_env())
     raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': expected sqlite:///path or kafka://host:port")
 
 
@@ -230,7 +243,8 @@ def open_log(cfg: LogConfig) -> EventLog:
     if cfg.kind == "sqlite":
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
-    return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability, auth=cfg.auth)
+    return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability, auth=cfg.auth,
+                         compression=cfg.compression)
 
 
 # The header a processor puts on each event it writes, next to ``processor`` and ``epoch``:

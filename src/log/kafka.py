@@ -360,6 +360,9 @@ class _Reader:
 
 # TLS (SSL, SASL_SSL) would need an SSL context, which nothing builds yet
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT")
+# the producers' batch compression (CHRONOLOG_KAFKA_COMPRESSION); lz4 and zstd come from
+# cramjam, aiokafka's codec library
+COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
 SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 
 
@@ -404,8 +407,11 @@ class KafkaEventLog:
         fetch_max_wait_ms: int = 10,
         durability: Durability = SAFE_DEFAULT,
         auth: KafkaAuth = NO_AUTH,
+        compression: str = "none",
     ) -> None:
-        """``auth``: the principal every client of this log speaks as.
+        """``auth``: the principal every client of this log speaks as. ``compression``: how
+        its producers compress their batches (``COMPRESSIONS``; the brokers keep them as
+        sent, the consumers decompress).
         ``aux_partitions``: partition count of replies, dlq, effects.out and
         ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
         retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's).
@@ -416,6 +422,7 @@ class KafkaEventLog:
         self.topics = topics
         self.durability = durability
         self.auth = auth
+        self._compression = None if compression == "none" else compression
         self._replication: tuple[int, int] | None = None  # (factor, min ISR), once resolved
         self._brokers: list[int] = []
         self._broker_addresses: list[tuple[str, int]] = []
@@ -461,6 +468,7 @@ class KafkaEventLog:
             # and the Client groups its appends itself; a linger only added latency
             linger_ms=0,
             max_batch_size=512 * 1024,
+            compression_type=self._compression,
             request_timeout_ms=self.request_timeout_ms,
             retry_backoff_ms=50,
             **self.auth.client_kwargs(),
@@ -1088,6 +1096,7 @@ class KafkaEventLog:
             acks="all",
             linger_ms=0,
             max_batch_size=512 * 1024,
+            compression_type=self._compression,
             request_timeout_ms=self.request_timeout_ms,
             # retries are mostly KIP-890 verification refusals of a produce sent right
             # after the previous commit (answered NOT_ENOUGH_REPLICAS to aiokafka's produce

@@ -1,0 +1,198 @@
+"""Benchmark: bytes kept per run, on each log and in the read model.
+
+One ``chronolog processor``, one ``chronolog worker --builtin-jobs`` and one
+``chronolog projector`` subprocess per log; this process creates ``--schedules`` schedules
+``every 1s`` (job ``noop``), lets them run for ``--seconds``, pauses them, waits for the
+projector, and then measures:
+
+* **log, logical**: key + value + header bytes of every record of every topic under the
+  prefix, read back through the EventLog port (what a record costs before any storage
+  format or compression), per topic;
+* **log, on disk**: SQLite: the file's pages in use after a WAL checkpoint; Kafka: the
+  ``.log`` segment files of the prefix's topics in the broker's log directories
+  (``--kafka-logs``; batches as the producers compressed them: ``CHRONOLOG_KAFKA_COMPRESSION``
+  of the processes is what is measured);
+* **read model**: ``pg_total_relation_size`` of ``runs`` and ``attempts`` (tables and
+  indexes), and of every table.
+
+Each divided by the runs that finished (``ResultPublished``). A benchmark, not a test:
+figures go to docs/performance.md.
+
+    .venv/bin/python bench/storage.py --log sqlite|kafka [--schedules 100] [--seconds 60]
+        [--kafka-logs .kafka] [--database-url DSN]
+
+Kafka needs ``KAFKA_BOOTSTRAP_SERVERS``; the read model ``CHRONOLOG_TEST_DATABASE_URL`` (or
+``--database-url``): a fresh database is created in it. Run it through
+scripts/with_services.py, which starts both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from chronolog.client import Client
+from chronolog.domain import codec
+from chronolog.log.port import Topics
+from chronolog.settings import LogConfig, open_log
+
+sys.path.insert(0, str(Path(__file__).parent))
+from e2e import spawn, stop, url_of
+
+
+async def logical_bytes(lg: Any) -> tuple[dict[str, int], int]:
+    """Bytes per topic (key + value + headers) and the runs finished (results on events)."""
+    sizes: dict[str, int] = {}
+    results = 0
+    for topic, partitions in (await lg.prefixed_topics()).items():
+        total = 0
+        for p in range(partitions):
+            end = await lg.end_offset(topic, p)
+            off = 0
+            while off < end:
+                recs = await lg.read(topic, p, off, 5000)
+                if not recs:
+                    break
+                for r in recs:
+                    total += len(r.key or b"") + len(r.value) + sum(
+                        len(k) + len(v) for k, v in r.headers)
+                    if topic == lg.topics.events and b'"ResultPublished"' in r.value:
+                        results += codec.decode_event(r.value).type == "ResultPublished"
+                off = recs[-1].offset + 1
+        sizes[topic.removeprefix(lg.topics.prefix)] = total
+    return sizes, results
+
+
+def sqlite_on_disk(path: Path) -> int:
+    conn = sqlite3.connect(str(path))
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int((pages - free) * size)
+    finally:
+        conn.close()
+
+
+def kafka_on_disk(logs: Path, prefix: str) -> dict[str, int]:
+    """Bytes of the ``.log`` segment files of the prefix's topics, per topic."""
+    out: dict[str, int] = {}
+    for seg in logs.rglob("*.log"):
+        folder = seg.parent.name  # <topic>-<partition>
+        topic = folder.rsplit("-", 1)[0]
+        if topic.startswith(prefix):
+            name = topic.removeprefix(prefix)
+            out[name] = out.get(name, 0) + seg.stat().st_size
+    return out
+
+
+async def read_model_bytes(dsn: str) -> dict[str, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT c.relname, pg_total_relation_size(c.oid) AS size FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p') AND n.nspname = current_schema()")
+        return {r["relname"]: int(r["size"]) for r in rows}
+    finally:
+        await conn.close()
+
+
+async def projected(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM runs WHERE state = 'SUCCEEDED'") or 0)
+    finally:
+        await conn.close()
+
+
+async def fresh_database(url: str) -> str:
+    name = f"bench_storage_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    topics = Topics(prefix=f"st{uuid.uuid4().hex[:6]}.", partitions=args.partitions)
+    if args.log == "sqlite":
+        cfg = LogConfig("sqlite", str(workdir / "log.db"), topics)
+    else:
+        cfg = LogConfig("kafka", os.environ["KAFKA_BOOTSTRAP_SERVERS"], topics)
+    dsn = await fresh_database(args.database_url)
+    lg = open_log(cfg)
+    await lg.start()
+    await lg.ensure_topics()
+    common = ["--log", url_of(cfg), "--topic-prefix", topics.prefix,
+              "--partitions", str(topics.partitions)]
+    procs = [spawn(["processor", *common], workdir / "processor.log"),
+             spawn(["worker", *common, "--builtin-jobs", "--concurrency", "64",
+                    "--results", str(workdir / "results")], workdir / "worker.log"),
+             spawn(["projector", *common, "--database-url", dsn], workdir / "projector.log")]
+    client = Client(lg, reply_timeout=60)
+    await client.start()
+    ids = [f"s-{i:04d}" for i in range(args.schedules)]
+    try:
+        await asyncio.gather(*(client.create_schedule(
+            "bench", sid, {"every": "1s", "job": {"type": "noop"}}) for sid in ids))
+        await asyncio.sleep(args.seconds)
+        await asyncio.gather(*(client.pause("bench", sid) for sid in ids))
+        await asyncio.sleep(3)  # the last runs finish
+        logical, runs = await logical_bytes(lg)
+        for _ in range(120):  # the projector catches up
+            if await projected(dsn) >= runs:
+                break
+            await asyncio.sleep(1)
+    finally:
+        await client.close()
+        stop(procs)
+        await lg.close()
+    disk = (sqlite_on_disk(Path(cfg.target)) if args.log == "sqlite"
+            else sum(kafka_on_disk(Path(args.kafka_logs), topics.prefix).values()))
+    model = await read_model_bytes(dsn)
+    per = (lambda n: round(n / runs)) if runs else (lambda n: 0)
+    return {
+        "log": args.log, "schedules": args.schedules, "seconds": args.seconds,
+        "compression": os.environ.get("CHRONOLOG_KAFKA_COMPRESSION", "-"),
+        "runs": runs,
+        "log_logical_per_run": per(sum(logical.values())),
+        "log_logical_per_run_by_topic": {t: per(n) for t, n in sorted(logical.items())},
+        "log_on_disk_per_run": per(disk),
+        "read_model_runs_attempts_per_run": per(model.get("runs", 0) + model.get("attempts", 0)),
+        "read_model_all_per_run": per(sum(model.values())),
+    }
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--log", choices=["sqlite", "kafka"], required=True)
+    ap.add_argument("--schedules", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--kafka-logs", default=".kafka", help="the broker's log directories")
+    ap.add_argument("--database-url", default=os.environ.get("CHRONOLOG_TEST_DATABASE_URL"))
+    args = ap.parse_args()
+    if not args.database_url:
+        ap.error("--database-url or CHRONOLOG_TEST_DATABASE_URL is needed")
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        print(json.dumps(await bench(args, Path(tmp)), indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
