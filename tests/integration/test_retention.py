@@ -1,0 +1,258 @@
+"""Retention of finished runs in the read model (chronolog.projections.retention,
+docs/design.md §9 "Retention"), on an embedded SQLite log and a real PostgreSQL.
+
+Windows are seconds long and every time is an event time written into the log: nothing
+here waits for a clock.
+
+* the live projector prunes exactly the finished runs whose finish is older than their
+  tenant's window before the newest event it projected — two tenants, two windows — with
+  their attempts and final effects; live runs, schedules and counters stay;
+* the read model's now is the newest event projected, not the wall clock: a history years
+  old loses nothing while its events are within the window;
+* batches are bounded (``batch`` runs per transaction, ``max_batches`` per pass);
+* a replay gives the live projector's tables row for row, counters included;
+* property (hypothesis over run histories): after pruning, every live run, every schedule
+  and every counter is still there, and the finished runs left are exactly those inside
+  their window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chronolog.cli.replay import replay
+from chronolog.domain import messages as m
+from chronolog.log.port import Topics
+from chronolog.projections.project import project_batch
+from chronolog.projections.projector import Projector
+from chronolog.projections.retention import RetentionPolicy, prune
+from chronolog.projections.store import PostgresProjectionStore
+from chronolog.settings import LogConfig, open_log
+from support.histories import FINISHED, LIVE, records, run_history, schedule, tick
+from support.logs import started
+from support.polling import wait_until
+
+from .pgdb import create_database, drop_database, dump, schema_store
+
+pytestmark = pytest.mark.postgres
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+POLICY = RetentionPolicy(default=60.0, tenants={"short": 10.0})  # "long" takes the default
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture(scope="module")
+def module_dsn(database_url: str) -> Iterator[str]:
+    dsn = asyncio.run(create_database(database_url, "test_retention"))
+    yield dsn
+    asyncio.run(drop_database(database_url, dsn))
+
+
+@pytest.fixture
+async def stores(module_dsn: str) -> AsyncIterator[list[PostgresProjectionStore]]:
+    opened: list[PostgresProjectionStore] = []
+    yield opened
+    for s in opened:
+        await s.close()
+
+
+@pytest.fixture
+async def sqlite_log(tmp_path: Path) -> AsyncIterator[Any]:
+    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(prefix="ret.", partitions=2))
+    async with started(open_log(cfg)) as lg:
+        yield lg
+
+
+async def _store(dsn: str, stores: list[PostgresProjectionStore]) -> PostgresProjectionStore:
+    s = await schema_store(dsn)
+    stores.append(s)
+    return s
+
+
+# (tenant, run, outcome, finished at T0 + s); the log's newest event is at T0 + 100 s, so
+# "short" (10 s) keeps what finished after T0 + 90 s and "long" (60 s) after T0 + 40 s
+RUNS = [
+    ("short", "r-s-old-ok", "succeeded", 20), ("short", "r-s-old-dead", "dead", 50),
+    ("short", "r-s-old-cancel", "cancelled", 85), ("short", "r-s-old-skip", "skipped", 89),
+    ("short", "r-s-new-ok", "succeeded", 95), ("short", "r-s-live", "leased", 10),
+    ("long", "r-l-old-ok", "succeeded", 20), ("long", "r-l-old-skip", "skipped", 39),
+    ("long", "r-l-new-dead", "dead", 50), ("long", "r-l-new-ok", "succeeded", 85),
+    ("long", "r-l-live", "ready", 1),
+]
+EXPECTED_LEFT = {"r-s-new-ok", "r-s-live", "r-l-new-dead", "r-l-new-ok", "r-l-live"}
+
+
+async def _write_history(lg: Any) -> None:
+    topic = lg.topics.events
+    for p, tenant in enumerate(("short", "long")):  # one tenant per partition
+        envs = [schedule(tenant, "s", at(0))]
+        for t, run_id, outcome, finish in RUNS:
+            if t == tenant:
+                envs += run_history(tenant, "s", run_id, outcome, at(0), at(finish))
+        envs.sort(key=lambda e: e.at)
+        await lg.append(records(topic, envs, p))
+    await lg.append(records(topic, [tick("long", "s", at(100))], 1))  # the newest event
+
+
+async def _runs(store: PostgresProjectionStore) -> set[str]:
+    return {r[0] for r in await store.pool.fetch("SELECT run_id FROM runs")}
+
+
+async def _counters(store: PostgresProjectionStore) -> dict[tuple[str, ...], int]:
+    rows = await store.pool.fetch(
+        "SELECT metric, tenant, resource_class, job_type, label, sum(value)::bigint "
+        "FROM run_counters GROUP BY 1, 2, 3, 4, 5")
+    return {tuple(r[:5]): r[5] for r in rows if r[5]}
+
+
+async def test_pruning_removes_exactly_the_finished_runs_past_each_tenants_window(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    await _write_history(sqlite_log)
+    store = await _store(module_dsn, stores)
+    before = Projector(sqlite_log, store, retention=POLICY)
+    await before.run_until_caught_up(30)  # step() projects only: nothing pruned yet
+    assert await _runs(store) == {r for _, r, _, _ in RUNS}
+    counters = await _counters(store)
+    schedules = await store.pool.fetch("SELECT * FROM schedules ORDER BY tenant")
+
+    live = Projector(sqlite_log, store, retention=POLICY, prune_every_s=0.05)
+    task = asyncio.create_task(live.run())
+    try:
+        await wait_until(lambda: live.pruned.runs >= 6, 30, what="the projector's pruning")
+    finally:
+        live.stop()
+        await asyncio.wait_for(task, 30)
+
+    assert await _runs(store) == EXPECTED_LEFT
+    assert live.pruned.now == at(100)
+    left_attempts = {r[0] for r in await store.pool.fetch("SELECT run_id FROM attempts")}
+    assert left_attempts == {"r-s-new-ok", "r-s-live", "r-l-new-dead", "r-l-new-ok"}
+    effects = {r[0] for r in await store.pool.fetch("SELECT run_id FROM effects")}
+    assert effects == {"r-s-new-ok", "r-l-new-ok"}
+    assert await _counters(store) == counters  # counters are never pruned
+    assert await store.pool.fetch("SELECT * FROM schedules ORDER BY tenant") == schedules
+
+
+async def test_the_read_models_now_is_the_newest_event_not_the_wall_clock(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """Years-old history within its window keeps every row (a stopped deployment started
+    again, or a replay of old history); one newer event moves the read model's now."""
+    await _write_history(sqlite_log)
+    store = await _store(module_dsn, stores)
+    wide = RetentionPolicy(default=3600.0)  # an hour: nothing of T0 + 0..100 s is past it
+    pr = Projector(sqlite_log, store, retention=wide)
+    await pr.run_until_caught_up(30)
+    report = await pr.prune()
+    assert report.now == at(100) and report.runs == 0
+    assert await _runs(store) == {r for _, r, _, _ in RUNS}
+    await sqlite_log.append(records(sqlite_log.topics.events,
+                                    [tick("long", "s", at(100 + 3600 + 41))], 1))
+    await pr.run_until_caught_up(30)
+    report = await pr.prune()
+    # finished before T0 + 141 s: every finished run; the live ones stay
+    assert await _runs(store) == {"r-s-live", "r-l-live"}
+    assert report.runs == 9
+
+
+async def test_pruning_batches_are_bounded(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    topic = sqlite_log.topics.events
+    envs = [schedule("short", "s", at(0))]
+    for i in range(10):
+        envs += run_history("short", "s", f"r{i:02}", "dead", at(0), at(1))
+    envs.append(tick("short", "s", at(100)))
+    await sqlite_log.append(records(topic, envs, 0))
+    store = await _store(module_dsn, stores)
+    await Projector(sqlite_log, store).run_until_caught_up(30)
+
+    one = await prune(store.pool, POLICY, projection=store.projection, topic=topic, batch=3,
+                      max_batches=1)
+    assert (one.runs, one.attempts, one.batches) == (3, 3, 1)
+    assert len(await _runs(store)) == 7
+    rest = await prune(store.pool, POLICY, projection=store.projection, topic=topic, batch=3)
+    # 7 left in batches of 3 (3, 3, 1), then the other tenants' group finds none
+    assert (rest.runs, rest.batches) == (7, 4)
+    assert await _runs(store) == set()
+
+
+async def test_a_replay_gives_the_live_projectors_tables_after_pruning(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    await _write_history(sqlite_log)
+    live_store = await _store(module_dsn, stores)
+    live = Projector(sqlite_log, live_store, retention=POLICY, prune_every_s=0.05, batch_max=5)
+    task = asyncio.create_task(live.run())
+    try:
+        await wait_until(lambda: live.pruned.runs >= 6, 30, what="the projector's pruning")
+    finally:
+        live.stop()
+        await asyncio.wait_for(task, 30)
+
+    rebuilt = await _store(module_dsn, stores)
+    stats = await replay(sqlite_log, rebuilt, batch=4, retention=POLICY)
+    assert stats.pruned == 6
+    a, b = await dump(live_store), await dump(rebuilt)
+    assert {r[0] for r in a["runs"]} == EXPECTED_LEFT
+    assert a == b
+    assert await _counters(live_store) == await _counters(rebuilt)
+
+
+# ------------------------------------------------------------------ the property
+
+_history = st.lists(
+    st.tuples(st.sampled_from(["short", "long"]), st.sampled_from(FINISHED + LIVE),
+              st.integers(min_value=1, max_value=99)),
+    min_size=1, max_size=12)
+
+
+async def _check_history(store: PostgresProjectionStore,
+                         history: list[tuple[str, str, int]]) -> None:
+    await store.pool.execute("TRUNCATE schedules, runs, attempts, effects, run_counters, "
+                             "ready_runs, projection_offsets")
+    envs: list[m.EventEnvelope] = [schedule("short", "s", at(0)), schedule("long", "s", at(0))]
+    for i, (tenant, outcome, finish) in enumerate(history):
+        envs += run_history(tenant, "s", f"r{i}", outcome, at(0), at(finish))
+    envs.sort(key=lambda e: e.at)
+    envs.append(tick("long", "s", at(100)))
+    topic = "ret.events"
+    await store.apply(project_batch(envs), {(topic, 0): (0, len(envs))},
+                      last_event_at={(topic, 0): at(100)})
+    counters = await _counters(store)
+    schedules = await store.pool.fetch("SELECT * FROM schedules ORDER BY tenant")
+    await prune(store.pool, POLICY, projection=store.projection, topic=topic, batch=2)
+    left = await _runs(store)
+    for i, (tenant, outcome, finish) in enumerate(history):
+        past = finish < 100 - POLICY.window(tenant)
+        assert (f"r{i}" in left) == (outcome in LIVE or not past), (tenant, outcome, finish)
+    assert await _counters(store) == counters
+    assert await store.pool.fetch("SELECT * FROM schedules ORDER BY tenant") == schedules
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=_history)
+def test_pruning_never_removes_a_live_run_a_schedule_or_a_counter(
+    history: list[tuple[str, str, int]], module_dsn: str
+) -> None:
+    async def check() -> None:
+        store = await schema_store(module_dsn, "retention_property")
+        try:
+            await _check_history(store, history)
+        finally:
+            await store.close()
+
+    asyncio.run(check())
