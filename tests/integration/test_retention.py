@@ -256,3 +256,55 @@ def test_pruning_never_removes_a_live_run_a_schedule_or_a_counter(
             await store.close()
 
     asyncio.run(check())
+
+
+# ------------------------------------------------------------------ the API across pruning
+
+
+async def test_lists_and_cursors_go_on_across_pruning_and_a_pruned_run_is_a_404(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """A page's cursor whose last run was pruned since goes on with the next run; a GET of
+    a pruned run is the usual 404 (a run ID does not say whether it ever existed)."""
+    import httpx
+
+    from chronolog.api.app import create_app
+    from chronolog.tenants import Tenant, Tenants
+
+    topic = sqlite_log.topics.events
+    envs = [schedule("short", "s", at(0))]
+    for i in range(6):  # r3 is live; the others finish a second after they are due
+        envs += run_history("short", "s", f"r{i}", "leased" if i == 3 else "dead",
+                            at(10 * i), at(10 * i + 1))
+    envs.sort(key=lambda e: e.at)
+    await sqlite_log.append(records(topic, envs, 0))
+    store = await _store(module_dsn, stores)
+    pr = Projector(sqlite_log, store, retention=POLICY)
+    await pr.run_until_caught_up(30)
+    await pr.prune()  # now T0 + 51 s, window 10 s: r0, r1 and r2 go
+    assert await _runs(store) == {"r3", "r4", "r5"}
+
+    tenants = Tenants({"short": Tenant("short", ("short-token",))})
+    app = create_app(None, store, tenants)
+    auth = {"Authorization": "Bearer short-token"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://chronolog.test") as http:
+        first = {path: (await http.get(path, params={"limit": 2}, headers=auth)).json()
+                 for path in ("/v1/schedules/s/runs", "/v1/runs")}
+        for page in first.values():
+            assert [r["runId"] for r in page["items"]] == ["r5", "r4"]
+
+        await sqlite_log.append(records(topic, [tick("short", "s", at(55))], 0))
+        await pr.run_until_caught_up(30)
+        await pr.prune()  # now T0 + 55 s: r4 (finished at T0 + 41 s) goes
+        assert await _runs(store) == {"r3", "r5"}
+
+        for path, page in first.items():
+            second = await http.get(path, params={"limit": 2, "after": page["nextCursor"]},
+                                    headers=auth)
+            assert second.status_code == 200, second.text
+            assert [r["runId"] for r in second.json()["items"]] == ["r3"]
+            assert second.json()["nextCursor"] is None
+        gone = await http.get("/v1/runs/r4", headers=auth)
+        assert gone.status_code == 404 and gone.json()["field"] == "runId"
+        assert (await http.get("/v1/runs/r3", headers=auth)).status_code == 200
