@@ -131,7 +131,8 @@ async def serve(args: Any, tenants: Any) -> int:
             app = create_app(client, store, tenants, projector=projector,
                              reply_timeout=args.reply_timeout,
                              max_body_bytes=args.max_body_bytes,
-                             visible_timeout=args.visible_timeout, limits=args.limits)
+                             visible_timeout=args.visible_timeout, limits=args.limits,
+                             retention=args.retention)
             # open requests get a few seconds after a signal; the whole process is bounded
             config = server_config(app, args.host, args.port, args.limits, log_level="warning",
                                    lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S)

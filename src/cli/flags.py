@@ -91,11 +91,9 @@ def retention_from_args(args: Any, tenants: Any) -> float:
     return seconds
 
 
-def retention_policy_from_args(args: Any) -> Any:
-    """The read model's ``RetentionPolicy`` for a command without tenants of its own to
-    serve (``chronolog projector``, ``chronolog replay``): ``--tenants`` /
-    ``$CHRONOLOG_TENANTS`` (the tenants' own windows, if any) and ``--retention``."""
-    from chronolog.projections.retention import RetentionPolicy
+def tenants_from_args(args: Any) -> tuple[Any, float]:
+    """The tenants (``--tenants`` / ``$CHRONOLOG_TENANTS``, else the dev registry) and the
+    deployment's retention (``retention_from_args``), checked together."""
     from chronolog.tenants import dev_tenants, load_tenants
 
     path = getattr(args, "tenants", None) or os.environ.get("CHRONOLOG_TENANTS")
@@ -103,7 +101,16 @@ def retention_policy_from_args(args: Any) -> Any:
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise _usage(str(exc)) from None
-    return RetentionPolicy.of(tenants, retention_from_args(args, tenants))
+    return tenants, retention_from_args(args, tenants)
+
+
+def retention_policy_from_args(args: Any) -> Any:
+    """The read model's ``RetentionPolicy`` for a command without tenants of its own to
+    serve (``chronolog projector``, ``chronolog replay``): ``--tenants`` /
+    ``$CHRONOLOG_TENANTS`` (the tenants' own windows, if any) and ``--retention``."""
+    from chronolog.projections.retention import RetentionPolicy
+
+    return RetentionPolicy.of(*tenants_from_args(args))
 
 
 def _usage(message: str) -> Exception:

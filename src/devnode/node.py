@@ -191,7 +191,7 @@ async def run_node(
     app = create_app(client, store, tenants, projector=projector,
                      max_body_bytes=max_body_bytes(), visible_timeout=visible_timeout(),
                      known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {},
-                     alongside=not_ready)
+                     alongside=not_ready, retention=retention)
 
     def api() -> Any:
         config = server_config(app, node.host, node.port, log_level="warning",

@@ -69,7 +69,7 @@ async def stores(module_dsn: str) -> AsyncIterator[list[PostgresProjectionStore]
 
 @pytest.fixture
 async def sqlite_log(tmp_path: Path) -> AsyncIterator[Any]:
-    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(prefix="ret.", partitions=2))
+    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(partitions=2))
     async with started(open_log(cfg)) as lg:
         yield lg
 
@@ -228,7 +228,7 @@ async def _check_history(store: PostgresProjectionStore,
         envs += run_history(tenant, "s", f"r{i}", outcome, at(0), at(finish))
     envs.sort(key=lambda e: e.at)
     envs.append(tick("long", "s", at(100)))
-    topic = "ret.events"
+    topic = "chronolog.events"
     await store.apply(project_batch(envs), {(topic, 0): (0, len(envs))},
                       last_event_at={(topic, 0): at(100)})
     counters = await _counters(store)
@@ -308,3 +308,65 @@ async def test_lists_and_cursors_go_on_across_pruning_and_a_pruned_run_is_a_404(
         gone = await http.get("/v1/runs/r4", headers=auth)
         assert gone.status_code == 404 and gone.json()["field"] == "runId"
         assert (await http.get("/v1/runs/r3", headers=auth)).status_code == 200
+
+
+# ------------------------------------------------------------------ result objects
+
+
+async def test_gc_removes_results_past_their_retention_and_the_api_answers_410(
+    sqlite_log: Any, tmp_path: Path, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """``chronolog gc`` (a real process) removes the object of a run finished longer ago
+    than its tenant's result_retention before the log's newest event, keeps the one inside
+    its window whatever its age on disk, and a GET of the expired run's result is 410 Gone
+    naming result_retention; the kept one is served."""
+    import subprocess
+
+    import httpx
+    import orjson
+
+    from chronolog.api.app import create_app
+    from chronolog.tenants import load_tenants
+    from chronolog.workers.results import FilesystemResultStore
+
+    from .conftest import CHRONOLOG
+
+    results = FilesystemResultStore(tmp_path / "results")
+    old_uri = await results.put("r-old", 1, 1, b"o" * 9000)
+    new_uri = await results.put("r-new", 1, 1, b"n" * 9000)
+    topic = sqlite_log.topics.events
+    envs = [schedule("short", "s", at(0))]
+    envs += run_history("short", "s", "r-old", "succeeded", at(0), at(80), old_uri)
+    envs += run_history("short", "s", "r-new", "succeeded", at(0), at(95), new_uri)
+    envs.sort(key=lambda e: e.at)
+    envs.append(tick("short", "s", at(100)))  # the newest event: r-old finished 20 s before
+    await sqlite_log.append(records(topic, envs, 0))
+    tenants_file = tmp_path / "tenants.toml"
+    tenants_file.write_text('[tenants.short]\ntokens = ["short-token"]\nretention = "60s"\n'
+                            'result_retention = "10s"\n')
+
+    done = subprocess.run(
+        [CHRONOLOG, "gc", "--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", "2", "--results", str(tmp_path / "results"), "--grace", "1h",
+         "--tenants", str(tenants_file), "--json"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    report = orjson.loads(done.stdout)
+    assert (report["expired"], report["deleted_uris"]) == (1, [old_uri])
+    assert report["kept_referenced"] == 1
+    assert {o.uri for o in await results.list()} == {new_uri}
+
+    store = await _store(module_dsn, stores)
+    await Projector(sqlite_log, store).run_until_caught_up(30)
+    app = create_app(None, store, load_tenants(tenants_file), retention=60.0)
+    auth = {"Authorization": "Bearer short-token"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://chronolog.test") as http:
+        gone = await http.get("/v1/runs/r-old/result", headers=auth)
+        assert gone.status_code == 410, gone.text
+        body = gone.json()
+        assert (body["error"], body["field"]) == ("gone", "result_retention")
+        assert "result_retention (10s after the run finished)" in body["message"]
+        kept = await http.get("/v1/runs/r-new/result", headers=auth)
+        assert kept.status_code == 200, kept.text
+        assert kept.json()["uri"] == new_uri
+        assert (await http.get("/v1/runs/r-nope/result", headers=auth)).status_code == 404

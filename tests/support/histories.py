@@ -39,8 +39,8 @@ def tick(tenant: str, sid: str, at: datetime) -> m.EventEnvelope:
 
 
 def run_history(tenant: str, sid: str, run_id: str, outcome: str, start: datetime,
-                finish: datetime) -> list[m.EventEnvelope]:
-    """The events of one run (module docstring)."""
+                finish: datetime, uri: str | None = None) -> list[m.EventEnvelope]:
+    """The events of one run (module docstring); ``uri``: a succeeded run's result object."""
     out: list[Any] = []
 
     def add(at: datetime, payload: Any) -> None:
@@ -63,7 +63,8 @@ def run_history(tenant: str, sid: str, run_id: str, outcome: str, start: datetim
     if outcome == "succeeded":
         add(finish, m.ResultPublished(run_id=run_id, attempt=1, fence=1, worker_id="w",
                                       checksum="sha256:0", size=1,
-                                      uri=f"file:///results/{run_id}", finished_at=finish))
+                                      uri=uri or f"results:{run_id}/a1-f1-0000000000000000",
+                                      finished_at=finish))
         add(finish, m.EffectIntended(effect_id=f"fx-{run_id}", run_id=run_id, kind="webhook",
                                      checksum="sha256:0"))
         add(finish, m.EffectSucceeded(effect_id=f"fx-{run_id}", run_id=run_id, evidence={}))
