@@ -346,7 +346,8 @@ async def test_gc_removes_results_past_their_retention_and_the_api_answers_410(
                             'result_retention = "10s"\n')
 
     done = subprocess.run(
-        [CHRONOLOG, "gc", "--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", "2", "--results", str(tmp_path / "results"), "--grace", "1h",
+        [CHRONOLOG, "gc", "--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", "2",
+         "--results", str(tmp_path / "results"), "--grace", "1h",
          "--tenants", str(tenants_file), "--json"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
