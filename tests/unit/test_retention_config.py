@@ -95,3 +95,27 @@ def test_a_result_retention_past_the_flags_retention_stops_the_command(tmp_path:
     assert (done.returncode, done.stderr.strip()) == (
         2, "invalid tenants.a.result_retention '7200s': must not exceed the tenant's "
            "retention (3600s)")
+
+
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
+
+
+def test_the_deployment_docs_retention_example_and_command_are_what_chronolog_does(
+        tmp_path: Path) -> None:
+    """docs/deployment.md, "Tenants": the tenants-file example parses with its retention
+    keys, and the retention command shown prints exactly what is shown, exit 2."""
+    import re
+
+    text = DEPLOYMENT.read_text()
+    section = text[text.index("### Tenants"):text.index("### Limits")]
+    toml = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert toml is not None
+    tenants = load_tenants(_file(tmp_path, toml.group(1)))
+    assert (tenants.retention("acme", DAY), tenants.result_retention("acme", DAY)) == (
+        30 * DAY, 7 * DAY)
+    blocks = re.findall(r"```console\n\$ (chronolog [^\n]*)\n(.*?)```", section, re.S)
+    assert blocks
+    for command, shown in blocks:
+        done = _run(command.split()[1:], tmp_path)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr == shown, command
