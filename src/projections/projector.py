@@ -59,6 +59,12 @@ projection scales past one process's CPU. A projector over every partition (or w
 names them) reads the partitions added to ``events`` while it runs: the count is read
 again every ``discover_s``.
 
+Retention (``chronolog.projections.retention``, docs/design.md §9): ``run`` also prunes, every
+``prune_every_s`` and a bounded number of batches at a time, the rows of the runs finished
+longer ago than their tenant's window (``retention=``, a ``RetentionPolicy``) before the
+newest event projected; ``prune()`` is one pass (tests, tools). ``step`` and
+``run_until_caught_up`` only project.
+
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
 event applied), ``lag()`` (records between the stored offsets and the log's end offsets —
 on Kafka a transaction's commit marker takes an offset too, so a caught-up partition can
