@@ -52,6 +52,8 @@ __all__ = [
     "DEFAULT_PRUNE_BATCH",
     "FINAL_EFFECT_STATES",
     "FINISHED_STATES",
+    "ONE_TENANT_SQL",
+    "OTHER_TENANTS_SQL",
     "PruneReport",
     "RetentionPolicy",
     "projected_now",
@@ -98,25 +100,30 @@ async def projected_now(conn: asyncpg.Connection | asyncpg.Pool, projection: str
     return value
 
 
+# the finished states written out (not a parameter), so the planner can use the partial
+# indexes of migration 0008, whose predicate is this very list
+_FINISHED_SQL = "state IN (" + ", ".join(f"'{st}'" for st in FINISHED_STATES) + ")"
 _DELETE = """
 WITH chosen AS (
     SELECT run_id FROM runs
-     WHERE {where} AND finished_at < $2 AND state = ANY($3::text[])
-     LIMIT $4
+     WHERE {where} AND finished_at < $2 AND {finished}
+     ORDER BY finished_at
+     LIMIT $3
 ), doomed AS (
     DELETE FROM runs r USING chosen c
-     WHERE r.run_id = c.run_id AND r.finished_at < $2 AND r.state = ANY($3::text[])
+     WHERE r.run_id = c.run_id AND r.finished_at < $2 AND r.{finished}
     RETURNING r.run_id
 ), a AS (
     DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM doomed) RETURNING 1
 ), e AS (
     DELETE FROM effects WHERE run_id IN (SELECT run_id FROM doomed)
-       AND state = ANY($5::text[]) RETURNING 1
+       AND state = ANY($4::text[]) RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed), (SELECT count(*) FROM a), (SELECT count(*) FROM e)
 """
-_ONE_TENANT = _DELETE.format(where="tenant = $1")
-_OTHER_TENANTS = _DELETE.format(where="tenant <> ALL($1::text[])")
+# one tenant with its own window ($1: the tenant), and every other tenant ($1: those)
+ONE_TENANT_SQL = _DELETE.format(where="tenant = $1", finished=_FINISHED_SQL)
+OTHER_TENANTS_SQL = _DELETE.format(where="tenant <> ALL($1::text[])", finished=_FINISHED_SQL)
 
 
 async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str, topic: str,
@@ -130,15 +137,14 @@ async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str,
     if report.now is None:
         return report
     groups: list[tuple[str, Any, float]] = [
-        (_ONE_TENANT, tenant, seconds) for tenant, seconds in sorted(policy.tenants.items())]
-    groups.append((_OTHER_TENANTS, sorted(policy.tenants), policy.default))
+        (ONE_TENANT_SQL, tenant, seconds) for tenant, seconds in sorted(policy.tenants.items())]
+    groups.append((OTHER_TENANTS_SQL, sorted(policy.tenants), policy.default))
     for sql, who, seconds in groups:
         cutoff = report.now - timedelta(seconds=seconds)
         while max_batches is None or report.batches < max_batches:
             async with pool.acquire() as conn, conn.transaction():
                 runs, attempts, effects = await conn.fetchrow(
-                    sql, who, cutoff, list(FINISHED_STATES), max(1, batch),
-                    list(FINAL_EFFECT_STATES))
+                    sql, who, cutoff, max(1, batch), list(FINAL_EFFECT_STATES))
             report.batches += 1
             report.runs += runs
             report.attempts += attempts

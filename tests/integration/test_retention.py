@@ -33,7 +33,13 @@ from chronolog.domain import messages as m
 from chronolog.log.port import Topics
 from chronolog.projections.project import project_batch
 from chronolog.projections.projector import Projector
-from chronolog.projections.retention import RetentionPolicy, prune
+from chronolog.projections.retention import (
+    FINAL_EFFECT_STATES,
+    ONE_TENANT_SQL,
+    OTHER_TENANTS_SQL,
+    RetentionPolicy,
+    prune,
+)
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.settings import LogConfig, open_log
 from support.histories import FINISHED, LIVE, records, run_history, schedule, tick
@@ -187,6 +193,22 @@ async def test_pruning_batches_are_bounded(
     # 7 left in batches of 3 (3, 3, 1), then the other tenants' group finds none
     assert (rest.runs, rest.batches) == (7, 4)
     assert await _runs(store) == set()
+
+
+async def test_pruning_finds_its_runs_through_the_finished_runs_indexes(
+    module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """With sequential scans priced out (a small table would not need an index), both
+    deletions choose their runs through migration 0008's partial indexes (runs_finished or
+    runs_finished_by_tenant: the planner may take either for one tenant, oldest first)."""
+    store = await _store(module_dsn, stores)
+    async with store.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        for sql, who in ((ONE_TENANT_SQL, "short"), (OTHER_TENANTS_SQL, ["short"])):
+            plan = "\n".join(r[0] for r in await conn.fetch(
+                "EXPLAIN " + sql, who, at(0), 10, list(FINAL_EFFECT_STATES)))
+            assert "Scan using runs_finished" in plan, plan
+            assert "Seq Scan on runs" not in plan, plan
 
 
 async def test_a_replay_gives_the_live_projectors_tables_after_pruning(
