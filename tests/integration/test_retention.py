@@ -367,11 +367,14 @@ async def test_gc_removes_results_past_their_retention_and_the_api_answers_410(
     tenants_file.write_text('[tenants.short]\ntokens = ["short-token"]\nretention = "60s"\n'
                             'result_retention = "10s"\n')
 
-    done = subprocess.run(
-        [CHRONOLOG, "gc", "--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", "2",
-         "--results", str(tmp_path / "results"), "--grace", "1h",
-         "--tenants", str(tenants_file), "--json"],
-        capture_output=True, text=True, timeout=60)
+    gc = [CHRONOLOG, "gc", "--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", "2",
+          "--results", str(tmp_path / "results"), "--grace", "1h", "--tenants", str(tenants_file)]
+    dry = subprocess.run([*gc, "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("scanned 2 staged objects: would delete 1 (1 past their "
+                                 "run's result_retention), kept 1 referenced"), dry.stdout
+    assert len(await results.list()) == 2
+    done = subprocess.run([*gc, "--json"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     report = orjson.loads(done.stdout)
     assert (report["expired"], report["deleted_uris"]) == (1, [old_uri])
