@@ -17,6 +17,8 @@ max_running = 8             # the most runs assigned and not finished at once (p
 execution_timeout = "10m"   # the longest an attempt may run (default 1h)
 max_attempts_per_minute = 600   # retries scheduled a minute at most (more are delayed)
 pools = ["acme-workers"]    # only workers of these pools run acme's runs (see below)
+retention = "30d"           # how long a finished run's read-model rows are kept (see below)
+result_retention = "7d"     # how long a finished run's result object is kept (<= retention)
 
 [tenants.acme.job_timeouts]           # per job type, instead of execution_timeout
 report = "1h"
@@ -39,6 +41,13 @@ Worker pools: a tenant with ``pools`` has its runs assigned only to workers that
 membership of one of those pools (``chronolog.domain.offers``); a tenant without ``pools`` has
 its runs assigned only to pool-less workers, so a pool's workers never see another tenant's
 runs and a pool-bound tenant's runs never reach a worker that proved nothing.
+
+Retention (docs/design.md §9, "Retention"): ``retention`` is how long the read model keeps a
+finished run's rows after its finish (a tenant without it: the deployment's ``--retention``,
+default 30 days); ``result_retention`` how long its result object is kept (default 7 days, or
+the run's retention when that is shorter). A file whose ``result_retention`` exceeds the
+tenant's ``retention`` is refused, naming both (``retention_of`` checks the same against the
+deployment's default for a tenant that sets only ``result_retention``).
 """
 
 from __future__ import annotations
@@ -62,6 +71,8 @@ from chronolog.settings import ConfigError
 
 # a tenant of a tenants file without ``rate_limit``: commands per second, and the burst
 DEFAULT_RATE_LIMIT = (50.0, 100)
+DEFAULT_RETENTION_S = 30 * 86400.0  # a finished run's rows, unless told otherwise
+DEFAULT_RESULT_RETENTION_S = 7 * 86400.0  # a finished run's result object
 POOL_NAME = re.compile(r"^[a-z0-9-]{1,64}$")
 
 
@@ -90,6 +101,8 @@ class Tenant:
     job_timeouts: dict[str, float] = field(default_factory=dict, compare=False)  # per job type
     max_attempts_per_minute: int | None = None  # retries a minute (None: no ceiling)
     pools: frozenset[str] = frozenset()  # worker pools that run its runs (none: pool-less)
+    retention: float | None = None  # finished runs' rows, seconds (None: the deployment's)
+    result_retention: float | None = None  # result objects, seconds (None: the default)
 
 
 @dataclass
@@ -160,6 +173,31 @@ class Tenants:
         t = self.tenants.get(tenant)
         return t.max_running if t is not None else None
 
+    def retention(self, tenant: str, default: float) -> float:
+        """How long ``tenant``'s finished runs keep their read-model rows (seconds);
+        ``default``: the deployment's ``--retention``."""
+        t = self.tenants.get(tenant)
+        return default if t is None or t.retention is None else t.retention
+
+    def result_retention(self, tenant: str, default: float) -> float:
+        """How long ``tenant``'s finished runs keep their result objects (seconds): its own,
+        else ``DEFAULT_RESULT_RETENTION_S`` capped by its ``retention(tenant, default)``."""
+        t = self.tenants.get(tenant)
+        if t is not None and t.result_retention is not None:
+            return t.result_retention
+        return min(DEFAULT_RESULT_RETENTION_S, self.retention(tenant, default))
+
+    def check_retention(self, default: float) -> None:
+        """``ConfigError`` naming the tenant and field when a tenant's ``result_retention``
+        exceeds its retention (its own, else the deployment's ``default``)."""
+        for name, t in self.tenants.items():
+            if t.result_retention is not None and t.result_retention > self.retention(
+                    name, default):
+                raise ConfigError(
+                    f"invalid tenants.{name}.result_retention '{t.result_retention:g}s': "
+                    f"must not exceed the tenant's retention "
+                    f"({self.retention(name, default):g}s)")
+
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
         if t is None:
@@ -220,7 +258,9 @@ def load_tenants(path: str | Path) -> Tenants:
                                          cfg.get("max_attempts_per_minute")))
     pools = _pools(p, raw.get("pools", {}))
     for name, cfg in section.items():
-        out[name] = replace(out[name], pools=_tenant_pools(p, name, cfg.get("pools", []), pools))
+        rows, results = _retention(name, cfg)
+        out[name] = replace(out[name], pools=_tenant_pools(p, name, cfg.get("pools", []), pools),
+                            retention=rows, result_retention=results)
     return Tenants(out, _operator_tokens(raw.get("operators", {})), pools)
 
 
@@ -269,6 +309,18 @@ def _positive_duration(name: str, key: str, value: Any) -> float:
     if seconds <= 0:
         raise ConfigError(f"invalid tenants.{name}.{key} '{value}': must be positive")
     return seconds
+
+
+def _retention(name: str, cfg: dict[str, Any]) -> tuple[float | None, float | None]:
+    """``retention`` and ``result_retention`` (positive durations, or absent: None); the
+    result's window must not exceed the rows' window when both are set."""
+    rows, results = cfg.get("retention"), cfg.get("result_retention")
+    r = None if rows is None else _positive_duration(name, "retention", rows)
+    rr = None if results is None else _positive_duration(name, "result_retention", results)
+    if rr is not None and r is not None and rr > r:
+        raise ConfigError(f"invalid tenants.{name}.result_retention '{results}': must not "
+                          f"exceed tenants.{name}.retention '{rows}'")
+    return r, rr
 
 
 def _min_interval(name: str, value: Any) -> float:

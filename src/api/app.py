@@ -63,7 +63,7 @@ from chronolog.api.sessions import SessionStore
 from chronolog.client import Client
 from chronolog.domain import limits as lim
 from chronolog.projections.store import PostgresProjectionStore
-from chronolog.tenants import Tenants
+from chronolog.tenants import DEFAULT_RETENTION_S, Tenants
 
 __all__ = [
     "API_VERSION",
@@ -111,6 +111,7 @@ def create_app(
     visible_timeout: float = 2.0,
     alongside: Callable[[], list[str]] | None = None,
     limits: ServerLimits | None = None,
+    retention: float | None = None,
 ) -> FastAPI:
     """The API app. ``client`` sends commands (and gives the log: topics, end offsets);
     ``store`` (or an asyncpg pool) is the read model; ``projector``, when one runs in this
@@ -123,7 +124,9 @@ def create_app(
     ``alongside``: the parts of a node running in this process that are not ready, as
     ``"<part>: <reason>"`` (a dev node's processor while it restores): ``/healthz`` is 503
     while there is any. ``limits`` (default ``server_limits()``: the environment): the body
-    timeout and the dashboard's session lifetimes (``chronolog.api.server``)."""
+    timeout and the dashboard's session lifetimes (``chronolog.api.server``). ``retention``:
+    the deployment's ``--retention`` (the default of tenants without their own), from which
+    a run's result window is derived (410 past it)."""
     limits = limits or server_limits()
     pool: Any = store.pool if isinstance(store, PostgresProjectionStore) else store
     app = FastAPI(
@@ -138,7 +141,8 @@ def create_app(
         consistency_poll=consistency_poll, known_job_types=known_job_types,
         visible_timeout=visible_timeout, alongside=alongside,
         sessions=SessionStore(limits.session_max_age, limits.session_idle),
-        secure_cookies=limits.secure_cookies)
+        secure_cookies=limits.secure_cookies,
+        retention=DEFAULT_RETENTION_S if retention is None else retention)
     app.add_middleware(
         RequestGuard, max_body_bytes=max_body_bytes, form_paths=FORM_PATHS,
         body_timeout=limits.body_timeout,

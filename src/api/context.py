@@ -57,7 +57,7 @@ from chronolog.queries import workers as wk
 from chronolog.queries.documents import camel_path, jsonable
 from chronolog.queries.metrics import MetricsSource
 from chronolog.queries.read_model import ReadModel
-from chronolog.tenants import Tenant, Tenants
+from chronolog.tenants import DEFAULT_RETENTION_S, Tenant, Tenants
 
 __all__ = [
     "ApiContext",
@@ -90,6 +90,7 @@ class ApiContext:
     consistency_poll: float = 0.02
     known_job_types: Mapping[str, Iterable[str]] | None = None
     visible_timeout: float = 2.0
+    retention: float = DEFAULT_RETENTION_S  # the deployment's --retention (tenants' default)
     limiter: RateLimiter = field(default_factory=RateLimiter)
     query_names: dict[str, frozenset[str]] = field(default_factory=dict)
     # the not-ready parts of a node in this process, "<part>: <reason>" (create_app)

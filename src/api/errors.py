@@ -41,7 +41,7 @@ UNAVAILABLE = (OSError, LogError, asyncpg.PostgresConnectionError, asyncpg.Inter
 
 STATUS_WORDS = {
     400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-    405: "method_not_allowed", 408: "timeout", 409: "conflict", 413: "too_large",
+    405: "method_not_allowed", 408: "timeout", 409: "conflict", 410: "gone", 413: "too_large",
     415: "unsupported_media_type", 422: "invalid", 428: "precondition_required", 429: "quota",
     500: "internal",
     503: "unavailable",

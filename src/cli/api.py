@@ -34,8 +34,10 @@ from chronolog.cli.flags import (
     add_database_flag,
     add_log_flags,
     add_ready_flag,
+    add_retention_flag,
     database,
     log_from_args,
+    retention_from_args,
 )
 
 __all__ = ["register", "serve"]
@@ -59,6 +61,7 @@ def register(sub: Any) -> None:
     p.add_argument("--visible-timeout", default=None, metavar="SECONDS",
                    help="how long a write waits for the read model to show it (env "
                    "CHRONOLOG_VISIBLE_TIMEOUT; default 2)")
+    add_retention_flag(p)
     add_ready_flag(p)
     p.set_defaults(func=_run)
 
@@ -79,6 +82,7 @@ def _run(args: Any) -> int:
         tenants = load_tenants(path) if path else dev_tenants()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    args.retention = retention_from_args(args, tenants)
     from chronolog.api.server import server_limits
     try:
         args.limits = server_limits()
@@ -119,12 +123,16 @@ async def serve(args: Any, tenants: Any) -> int:
             client = Client(log_, principal="api", reply_timeout=args.reply_timeout)
             await client.start()
             if args.with_projector:
-                projector = Projector(log_, store)
+                from chronolog.projections.retention import RetentionPolicy
+
+                projector = Projector(log_, store,
+                                      retention=RetentionPolicy.of(tenants, args.retention))
                 task = asyncio.create_task(projector.run(), name="projector")
             app = create_app(client, store, tenants, projector=projector,
                              reply_timeout=args.reply_timeout,
                              max_body_bytes=args.max_body_bytes,
-                             visible_timeout=args.visible_timeout, limits=args.limits)
+                             visible_timeout=args.visible_timeout, limits=args.limits,
+                             retention=args.retention)
             # open requests get a few seconds after a signal; the whole process is bounded
             config = server_config(app, args.host, args.port, args.limits, log_level="warning",
                                    lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S)

@@ -58,6 +58,61 @@ def add_ready_flag(p: argparse.ArgumentParser) -> None:
                         "whenever it changes (env CHRONOLOG_READY_FILE)")
 
 
+def add_retention_flag(p: argparse.ArgumentParser) -> None:
+    """``--retention DURATION``: how long finished runs keep their read-model rows, for the
+    tenants that do not set their own ``retention`` (docs/design.md §9, "Retention")."""
+    p.add_argument("--retention", default=None, metavar="DURATION",
+                   help="how long a finished run's rows are kept, e.g. 30d (env "
+                        "CHRONOLOG_RETENTION; default 30d; a tenant's own retention wins)")
+
+
+def retention_from_args(args: Any, tenants: Any) -> float:
+    """The deployment's retention in seconds (``--retention``, else ``$CHRONOLOG_RETENTION``,
+    else 30 days), checked with the tenants' own windows (a ``result_retention`` longer than
+    its tenant's retention is refused); ``UsageError`` naming the flag or field."""
+    from chronolog.domain.durations import InvalidDuration, parse_duration
+    from chronolog.tenants import DEFAULT_RETENTION_S
+
+    flag = getattr(args, "retention", None)
+    raw = flag if flag is not None else os.environ.get("CHRONOLOG_RETENTION")
+    name = "--retention" if flag is not None else "CHRONOLOG_RETENTION"
+    seconds = DEFAULT_RETENTION_S
+    if raw is not None:
+        try:
+            seconds = parse_duration(raw)
+        except InvalidDuration as exc:
+            raise _usage(f"invalid {name} '{exc.value}': {exc.reason}") from None
+        if seconds <= 0:
+            raise _usage(f"invalid {name} '{raw}': must be positive")
+    try:
+        tenants.check_retention(seconds)
+    except ConfigError as exc:
+        raise _usage(str(exc)) from None
+    return seconds
+
+
+def tenants_from_args(args: Any) -> tuple[Any, float]:
+    """The tenants (``--tenants`` / ``$CHRONOLOG_TENANTS``, else the dev registry) and the
+    deployment's retention (``retention_from_args``), checked together."""
+    from chronolog.tenants import dev_tenants, load_tenants
+
+    path = getattr(args, "tenants", None) or os.environ.get("CHRONOLOG_TENANTS")
+    try:
+        tenants = load_tenants(path) if path else dev_tenants()
+    except ConfigError as exc:
+        raise _usage(str(exc)) from None
+    return tenants, retention_from_args(args, tenants)
+
+
+def retention_policy_from_args(args: Any) -> Any:
+    """The read model's ``RetentionPolicy`` for a command without tenants of its own to
+    serve (``chronolog projector``, ``chronolog replay``): ``--tenants`` /
+    ``$CHRONOLOG_TENANTS`` (the tenants' own windows, if any) and ``--retention``."""
+    from chronolog.projections.retention import RetentionPolicy
+
+    return RetentionPolicy.of(*tenants_from_args(args))
+
+
 def _usage(message: str) -> Exception:
     from chronolog.cli.errors import UsageError
 

@@ -13,7 +13,13 @@ import os
 import socket
 from typing import Any
 
-from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args
+from chronolog.cli.flags import (
+    add_log_flags,
+    add_ready_flag,
+    add_retention_flag,
+    log_from_args,
+    retention_policy_from_args,
+)
 from chronolog.processors.service import run_processor
 
 
@@ -23,6 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--member-id", default=None, help="group member id (default host-pid)")
     p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
     p.add_argument("--batch", type=int, default=500, help="max commands per transaction")
+    add_retention_flag(p)
     add_ready_flag(p)
     p.set_defaults(func=_run)
 
@@ -31,11 +38,14 @@ def _run(args: Any) -> int:
     from chronolog.logging import configure_logging
 
     configure_logging()
+    # the deployment's retention, checked with the tenants' own (the log is not pruned yet)
+    args.retention_policy = retention_policy_from_args(args)
     log_ = log_from_args(args)
     member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
     from chronolog.readiness import ready_file
 
     return asyncio.run(run_processor(log_, member, args.batch, args.tenants,
-                                     ready_file(args.ready_file)))
+                                     ready_file(args.ready_file),
+                                     args.retention_policy.default))
 
 

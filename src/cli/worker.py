@@ -12,9 +12,11 @@ imports a module (``pkg.mod``) or a file (``path/jobs.py``) and calls its
 environment variable ``CHRONOLOG_WORKER_CREDENTIAL`` or from ``--credential-file PATH`` (a file
 only its owner may read, mode 0600), never from the command line, where ``ps`` would show it.
 
-``chronolog gc [--data-dir DIR | --results DIR] [--log URL] --grace 1h [--dry-run] [--json]``
+``chronolog gc [--data-dir DIR | --results DIR] [--log URL] --grace 1h [--dry-run] [--json]
+[--tenants FILE] [--retention DURATION]``
 deletes staged result objects that no ResultPublished references and whose attempt can never
-publish, once older than the grace period (see ``chronolog.workers.gc``).
+publish, once older than the grace period, and published ones of runs finished longer ago
+than their tenant's ``result_retention`` (see ``chronolog.workers.gc``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args
+from chronolog.cli.flags import (
+    add_log_flags,
+    add_ready_flag,
+    add_retention_flag,
+    log_from_args,
+    tenants_from_args,
+)
 
 
 def register(sub: Any) -> None:
@@ -65,6 +73,9 @@ def register(sub: Any) -> None:
     g.add_argument("--grace", default="1h", help="minimum age of a removed object (default 1h)")
     g.add_argument("--dry-run", action="store_true", help="report, delete nothing")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
+    g.add_argument("--tenants", default=None,
+                   help="tenants TOML, for their result_retention (env CHRONOLOG_TENANTS)")
+    add_retention_flag(g)
     g.set_defaults(func=_run_gc)
 
 
@@ -212,6 +223,7 @@ def _run_gc(args: Any) -> int:
         grace = parse_duration(args.grace)
     except ValueError as exc:
         raise UsageError(f"--grace: invalid duration '{args.grace}': {exc}") from None
+    tenants, retention = tenants_from_args(args)
     log_ = log_from_args(args)
     store = FilesystemResultStore(results_dir(args))
 
@@ -219,7 +231,9 @@ def _run_gc(args: Any) -> int:
         await log_.start()
         try:
             await log_.ensure_topics()  # idempotent; a brand-new log simply references nothing
-            return await collect(log_, store, grace, dry_run=args.dry_run)
+            return await collect(log_, store, grace, dry_run=args.dry_run,
+                                 result_retention=lambda t: tenants.result_retention(
+                                     t, retention))
         finally:
             await log_.close()
 
@@ -228,7 +242,8 @@ def _run_gc(args: Any) -> int:
         sys.stdout.write(orjson.dumps(report.as_dict()).decode() + "\n")
     else:
         verb = "would delete" if args.dry_run else "deleted"
-        print(f"scanned {report.scanned} staged objects: {verb} {len(report.deleted)}, kept "
+        print(f"scanned {report.scanned} staged objects: {verb} {len(report.deleted)} "
+              f"({report.expired} past their run's result_retention), kept "
               f"{report.kept_referenced} referenced, {report.kept_open} still publishable or "
               f"unknown to the log, {report.kept_young} younger than the grace")
     return 0

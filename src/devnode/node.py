@@ -55,7 +55,7 @@ class DevNode:
 async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
-    builtin: bool = True, log_path: Path | None = None,
+    builtin: bool = True, log_path: Path | None = None, retention: float | None = None,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
@@ -100,7 +100,8 @@ async def run_dev(
             _banner(node, tenants, tenants_path, first_run and demo)
 
         await run_node(node, lg, store, tenants, stop, database_url=database_url,
-                       on_started=started, view=not quiet, builtin=builtin)
+                       on_started=started, view=not quiet, builtin=builtin,
+                       retention=retention)
         return 0
     finally:
         with contextlib.suppress(OSError):
@@ -118,7 +119,7 @@ async def run_dev(
 async def run_node(
     node: DevNode, lg: Any, store: Any, tenants: Any, stop: asyncio.Event, *,
     database_url: str | None = None, on_started: Any = None, view: bool = False,
-    supervisor: Any = None, builtin: bool = True,
+    supervisor: Any = None, builtin: bool = True, retention: float | None = None,
 ) -> None:
     """Run every part of a node on ``lg`` (either log) and ``store`` until ``stop`` is set.
 
@@ -149,7 +150,13 @@ async def run_node(
     results = FilesystemResultStore(node.data_dir / "results")
     sup = supervisor or Supervisor()
     recent = Recent()
-    projector = Projector(lg, store)  # the API waits on it: one object, run again on failure
+    from chronolog.projections.retention import RetentionPolicy
+    from chronolog.tenants import DEFAULT_RETENTION_S
+
+    # the API waits on the projector: one object, run again on failure; it prunes finished
+    # runs past their tenant's retention (``retention``: the node's --retention)
+    projector = Projector(lg, store, retention=RetentionPolicy.of(
+        tenants, DEFAULT_RETENTION_S if retention is None else retention))
     client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
     node.parts.update(projector=projector, client=client, store=store, log=lg, recent=recent,
                       supervisor=sup)
@@ -184,7 +191,7 @@ async def run_node(
     app = create_app(client, store, tenants, projector=projector,
                      max_body_bytes=max_body_bytes(), visible_timeout=visible_timeout(),
                      known_job_types={"default": BUILTIN_JOB_TYPES} if builtin else {},
-                     alongside=not_ready)
+                     alongside=not_ready, retention=retention)
 
     def api() -> Any:
         config = server_config(app, node.host, node.port, log_level="warning",

@@ -17,6 +17,7 @@ from chronolog.domain.limits import (
 )
 from chronolog.domain.routing import RoutingTable
 from chronolog.settings import RulesVersion
+from chronolog.tenants import DEFAULT_RETENTION_S
 
 
 class TenantPolicies(Protocol):
@@ -91,6 +92,9 @@ class ProcessorConfig:
     ticks_per_step: int = 300
     reply_cache_size: int = 10_000
     reply_retention_s: float = 3600.0
+    # the deployment's retention of finished runs (``--retention``; a tenant's own wins):
+    # accepted and validated now, for pruning the log later — nothing is pruned yet
+    retention_s: float = DEFAULT_RETENTION_S
     restore_chunk: int = 2000
     # pipelining: decide batch N+1 while batch N's transactions are in flight
     pipeline: bool = True

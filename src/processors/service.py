@@ -13,16 +13,18 @@ from chronolog.lifecycle import serve_log
 from chronolog.processors.config import ProcessorConfig
 from chronolog.processors.runtime import Processor
 from chronolog.readiness import Readiness, log_reachable, probing
-from chronolog.tenants import load_tenants
+from chronolog.tenants import DEFAULT_RETENTION_S, load_tenants
 
 
 async def run_processor(log_: Any, member: str, batch: int = 500,
-                        tenants_path: str | None = None, ready_file: str | None = None) -> int:
+                        tenants_path: str | None = None, ready_file: str | None = None,
+                        retention_s: float = DEFAULT_RETENTION_S) -> int:
     tenants = None
     path = tenants_path or os.environ.get("CHRONOLOG_TENANTS")
     if path:
         tenants = load_tenants(path)
-    proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(batch_max=batch))
+    proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(batch_max=batch,
+                                                                retention_s=retention_s))
 
     async def probe() -> tuple[bool, str]:
         ready, reason = proc.readiness()

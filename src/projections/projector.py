@@ -59,6 +59,12 @@ projection scales past one process's CPU. A projector over every partition (or w
 names them) reads the partitions added to ``events`` while it runs: the count is read
 again every ``discover_s``.
 
+Retention (``chronolog.projections.retention``, docs/design.md §9): ``run`` also prunes, every
+``prune_every_s`` and a bounded number of batches at a time, the rows of the runs finished
+longer ago than their tenant's window (``retention=``, a ``RetentionPolicy``) before the
+newest event projected; ``prune()`` is one pass (tests, tools). ``step`` and
+``run_until_caught_up`` only project.
+
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
 event applied), ``lag()`` (records between the stored offsets and the log's end offsets —
 on Kafka a transaction's commit marker takes an offset too, so a caught-up partition can
@@ -96,6 +102,7 @@ from chronolog.log.port import EventLog, Record
 from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import ProjectionLease
 from chronolog.projections.project import project, project_batch
+from chronolog.projections.retention import PruneReport, RetentionPolicy, prune
 from chronolog.projections.store import (
     OffsetConflict,
     PostgresProjectionStore,
@@ -112,6 +119,8 @@ log = structlog.get_logger("chronolog.projector")
 DEFAULT_BATCH = 5000
 DEFAULT_IDLE_MS = 100
 DEFAULT_DISCOVER_S = 2.0  # how often the projector looks for partitions added to events
+DEFAULT_PRUNE_EVERY_S = 10.0  # how often finished runs past their retention are pruned
+PRUNE_BATCHES_PER_PASS = 20  # batches of one pruning pass (the next pass goes on)
 
 
 GC_GEN0_THRESHOLD = 50_000  # while run() is active (see chronolog.environment.gc_tune)
@@ -276,6 +285,8 @@ class Projector:
         read_ahead: int = 2,
         partitions: Iterable[int] | None = None,
         discover_s: float = DEFAULT_DISCOVER_S,
+        retention: RetentionPolicy | None = None,
+        prune_every_s: float = DEFAULT_PRUNE_EVERY_S,
     ) -> None:
         self.log = log_
         self.store = store
@@ -307,6 +318,11 @@ class Projector:
             WorkerDirectory(log_, store.pool, store.projection) if alongside else None)
         self.letters: DeadLetterFold | None = (
             DeadLetterFold(log_, store.pool, store.projection) if alongside else None)
+        # retention of finished runs (chronolog.projections.retention): by one projector of
+        # a set too, on a timer beside the batches
+        self.retention = (retention or RetentionPolicy()) if alongside else None
+        self.prune_every_s = prune_every_s
+        self.pruned = PruneReport()  # totals since this projector started
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -368,6 +384,8 @@ class Projector:
                    if self.workers is not None else None)
         letters = (asyncio.create_task(self.letters.run(), name="dead-letter-fold")
                    if self.letters is not None else None)
+        pruner = (asyncio.create_task(self._prune_until_stopped(), name="retention")
+                  if self.retention is not None else None)
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
@@ -399,9 +417,33 @@ class Projector:
         finally:
             gc_untune()
             await _cancel(stopping)
-            for side in (members, letters):
+            for side in (members, letters, pruner):
                 if side is not None:
                     await _cancel(side)
+
+    async def prune(self, max_batches: int | None = None) -> PruneReport:
+        """One pruning pass (``chronolog.projections.retention``): the rows of the runs
+        finished longer than their tenant's retention before the newest event projected."""
+        report = await prune(self.store.pool, self.retention or RetentionPolicy(),
+                             projection=self.store.projection, topic=self.topic,
+                             max_batches=max_batches)
+        for name in ("runs", "attempts", "effects", "batches"):
+            setattr(self.pruned, name, getattr(self.pruned, name) + getattr(report, name))
+        self.pruned.now = report.now
+        return report
+
+    async def _prune_until_stopped(self) -> None:
+        """``prune`` every ``prune_every_s`` (a bounded pass each time) until stopped; a
+        failure is logged and tried again at the next tick — pruning never stops projecting."""
+        while not self._stopping.is_set():
+            try:
+                await self.prune(PRUNE_BATCHES_PER_PASS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - tried again at the next tick
+                log.warning("projector_prune_failed", error=repr(exc)[:500])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.prune_every_s)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""

@@ -94,8 +94,9 @@ __all__ = [
     "decode_letter_cursor", "decode_run_cursor", "decode_run_list_cursor",
     "decode_schedule_cursor", "decode_worker_cursor", "instants_with_dst", "last_results",
     "occurrences", "parse_list_instant", "parse_run_states", "parse_schedule_states", "preview",
-    "recent_outcomes", "run_document", "run_list_page", "runs_page", "schedule_document",
-    "schedule_history", "schedule_rows", "schedule_summary", "schedules_page", "watermark",
+    "recent_outcomes", "result_expired", "run_document", "run_list_page", "runs_page",
+    "schedule_document", "schedule_history", "schedule_rows", "schedule_summary",
+    "schedules_page", "watermark",
     "worker_out", "workers_page",
 ]
 
@@ -768,6 +769,14 @@ def _json(value: Any) -> Any:
     if isinstance(value, (str, bytes)):
         return orjson.loads(value)
     return value
+
+
+def result_expired(finished_at: datetime | None, now: datetime | None, window: float) -> bool:
+    """A run's result is past its tenant's ``result_retention`` (``window`` seconds): it
+    finished longer ago than that before the read model's now (the newest event projected,
+    never the wall clock), so ``chronolog gc`` removes or has removed its object."""
+    return (finished_at is not None and now is not None
+            and finished_at < now - timedelta(seconds=window))
 
 
 async def run_document(rm: ReadModel, tenant: str, run_id: str) -> dict[str, Any] | None:

@@ -23,12 +23,23 @@ side of keeping. Nothing is deleted because of what gc *did not* read.
 
 The grace period is belt and braces (and a window for people who want to look at a stale
 attempt's output); safety does not depend on clocks.
+
+**Result retention** (docs/design.md §7). With ``result_retention`` (tenant -> seconds: the
+tenants file's ``result_retention``), a *published* object is removed too once its run
+finished longer ago than its tenant's window: the run's finish is its ResultPublished's
+``finished_at``, and "now" is the newest event time gc read in the log — the read model's
+notion of now (chronolog.projections.retention), never the wall clock, so a deployment
+stopped for a while loses nothing when gc runs before new events arrive. A published object
+of a run inside its window is kept, whatever its age; the API answers a GET of an expired
+run's result with 410 Gone naming ``result_retention``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -45,6 +56,8 @@ class _RunRefs:
     claimed: set[int] = field(default_factory=set)  # every fence ever claimed for the run
     open_fence: int | None = None  # the fence of the current, still-open claim
     published: set[str] = field(default_factory=set)
+    tenant: str = ""
+    finished_at: datetime | None = None  # its ResultPublished's finish (None: not published)
 
 
 @dataclass
@@ -53,6 +66,21 @@ class References:
 
     runs: dict[str, _RunRefs] = field(default_factory=dict)
     events_read: int = 0
+    newest: datetime | None = None  # the newest event time read: the read model's now
+
+    def apply_envelope(self, env: dict[str, Any]) -> None:
+        """An event as the log holds it: its envelope's time and tenant, then its payload."""
+        at = env.get("at")
+        if isinstance(at, str):
+            t = datetime.fromisoformat(at)
+            if self.newest is None or t > self.newest:
+                self.newest = t
+        payload = env.get("payload")
+        if isinstance(payload, dict):
+            self.apply(payload)
+            run = self.runs.get(str(payload.get("run_id")))
+            if run is not None and isinstance(env.get("tenant"), str):
+                run.tenant = env["tenant"]
 
     def apply(self, ev: dict[str, Any]) -> None:
         t = ev.get("type")
@@ -71,6 +99,8 @@ class References:
             r = self.runs.setdefault(run_id, _RunRefs())
             if ev.get("uri"):
                 r.published.add(str(ev["uri"]))
+            if isinstance(ev.get("finished_at"), str):
+                r.finished_at = datetime.fromisoformat(ev["finished_at"])
             r.open_fence = None
         elif t in _CLOSING_ALL:
             r = self.runs.setdefault(run_id, _RunRefs())
@@ -79,6 +109,14 @@ class References:
     def referenced(self, uri: str, run_id: str) -> bool:
         r = self.runs.get(run_id)
         return r is not None and uri in r.published
+
+    def expired(self, uri: str, run_id: str, window: Callable[[str], float]) -> bool:
+        """A published object whose run finished longer than its tenant's ``window``
+        (seconds) before the newest event read."""
+        r = self.runs.get(run_id)
+        if r is None or uri not in r.published or r.finished_at is None or self.newest is None:
+            return False
+        return r.finished_at < self.newest - timedelta(seconds=window(r.tenant))
 
     def can_never_publish(self, obj: StagedObject) -> bool:
         """True only when the log proves the staging attempt's claim is closed."""
@@ -96,9 +134,8 @@ async def fold_references(log_: EventLog) -> References:
         async for recs in read_partition(log_, topic, p):
             for rec in recs:
                 env = orjson.loads(rec.value)
-                payload = env.get("payload") if isinstance(env, dict) else None
-                if isinstance(payload, dict):
-                    refs.apply(payload)
+                if isinstance(env, dict):
+                    refs.apply_envelope(env)
                 refs.events_read += 1
     return refs
 
@@ -110,26 +147,36 @@ class GcReport:
     kept_referenced: int = 0
     kept_open: int = 0  # the attempt may still publish (or the log does not know it yet)
     kept_young: int = 0
+    expired: int = 0  # published objects of runs past their result retention (deleted)
     events_read: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"scanned": self.scanned, "deleted": len(self.deleted),
                 "kept_referenced": self.kept_referenced, "kept_open": self.kept_open,
-                "kept_young": self.kept_young, "events_read": self.events_read,
+                "kept_young": self.kept_young, "expired": self.expired,
+                "events_read": self.events_read,
                 "deleted_uris": self.deleted}
 
 
 async def collect(
     log_: EventLog, store: ResultStore, grace_s: float, dry_run: bool = False,
-    now: float | None = None,
+    now: float | None = None, result_retention: Callable[[str], float] | None = None,
 ) -> GcReport:
-    """Delete unreferenced staged objects that can never be published and are old enough."""
+    """Delete unreferenced staged objects that can never be published and are old enough,
+    and (with ``result_retention``: tenant -> seconds) published objects of runs finished
+    longer ago than their tenant's window."""
     objects = await store.list()
     refs = await fold_references(log_)
     report = GcReport(scanned=len(objects), events_read=refs.events_read)
     wall = time.time() if now is None else now
     for obj in objects:
-        if refs.referenced(obj.uri, obj.run_id):
+        if result_retention is not None and refs.expired(obj.uri, obj.run_id,
+                                                         result_retention):
+            if not dry_run:
+                await store.delete(obj.uri)
+            report.expired += 1
+            report.deleted.append(obj.uri)
+        elif refs.referenced(obj.uri, obj.run_id):
             report.kept_referenced += 1
         elif not refs.can_never_publish(obj):
             report.kept_open += 1

@@ -62,3 +62,22 @@ def test_terminal_events_close_the_open_claim() -> None:
         refs = fold({"type": "AttemptClaimed", "run_id": "r", "fence": 1},
                     {"type": ending, "run_id": "r"})
         assert refs.can_never_publish(obj("r", 1))
+
+
+def test_a_published_result_expires_only_past_its_tenants_window_by_event_time() -> None:
+    o = obj("r", 1)
+    refs = References()
+    for env in ({"tenant": "t", "at": "2026-03-01T12:00:00+00:00",
+                 "payload": {"type": "AttemptClaimed", "run_id": "r", "fence": 1}},
+                {"tenant": "t", "at": "2026-03-01T12:00:10+00:00",
+                 "payload": {"type": "ResultPublished", "run_id": "r", "fence": 1,
+                             "uri": o.uri, "finished_at": "2026-03-01T12:00:10+00:00"}},
+                {"tenant": "t", "at": "2026-03-01T12:01:10+00:00", "payload": {}}):
+        refs.apply_envelope(env)
+    # the newest event is 60 s after the finish, whatever the wall clock says
+    assert refs.expired(o.uri, "r", lambda tenant: 59.0)
+    assert not refs.expired(o.uri, "r", lambda tenant: 60.0)
+    assert not refs.expired(obj("r", 2).uri, "r", lambda tenant: 0.0)  # never published
+    seen: list[str] = []
+    refs.expired(o.uri, "r", lambda tenant: seen.append(tenant) or 1.0)
+    assert seen == ["t"]  # the window is the run's tenant's

@@ -33,7 +33,15 @@ from chronolog.api.models import (
 from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, RunIdPath, ScheduleIdPath
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.queries.documents import RunListPage, RunOut, RunPage, jsonable, spec_limits
+from chronolog.domain.durations import format_duration
+from chronolog.queries.documents import (
+    ResultOut,
+    RunListPage,
+    RunOut,
+    RunPage,
+    jsonable,
+    spec_limits,
+)
 from chronolog.queries.read_model import (
     LIST_PAGE,
     MAX_PAGE,
@@ -43,6 +51,7 @@ from chronolog.queries.read_model import (
     decode_run_list_cursor,
     parse_list_instant,
     parse_run_states,
+    result_expired,
     run_document,
     run_list_page,
     runs_page,
@@ -132,6 +141,30 @@ async def get_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSONRes
     if doc is None:
         raise ApiError(404, f"no run '{run_id}'", "runId")
     return JSONResponse(doc, headers={"ETag": f'"{doc["revision"]}"'})
+
+
+@router.get("/v1/runs/{run_id}/result", response_model=ResultOut,
+            responses=error_responses(400, 404, 410),
+            summary="A run's result (410 once past the tenant's result_retention)",
+            dependencies=[ConsistentDep])
+async def get_run_result(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSONResponse:
+    """The result of a succeeded run: its location (``uri``) or its inline value, with its
+    checksum and size. 410 Gone once the run finished longer ago than the tenant's
+    ``result_retention`` (its object is, or is about to be, removed by ``chronolog gc``)."""
+    read = ctx.read()
+    doc = await run_document(read, tenant.name, run_id)
+    if doc is None:
+        raise ApiError(404, f"no run '{run_id}'", "runId")
+    if doc.get("result") is None:
+        raise ApiError(404, f"run '{run_id}' has no result ({doc['state']})", "runId")
+    window = ctx.tenants.result_retention(tenant.name, ctx.retention)
+    row = await read.run(tenant.name, run_id)
+    _, now = await read.offsets()
+    if row is not None and result_expired(row["finished_at"], now, window):
+        raise ApiError(410, f"the result of run '{run_id}' is past the tenant's "
+                       f"result_retention ({format_duration(window)} after the run "
+                       "finished)", "result_retention")
+    return JSONResponse(doc["result"])
 
 
 _RUN_WRITE: dict[str, Any] = {"response_model": RunWritten, "dependencies": [ConsistentDep]}

@@ -1,0 +1,154 @@
+"""Retention of finished runs in the read model (docs/design.md §9, "Retention").
+
+A *finished* run is one in a terminal state of the run lifecycle (docs/design.md, run
+states): ``SUCCEEDED``, ``DEAD`` (failed for good, dead-lettered, timed out before its start),
+``CANCELLED`` and ``SKIPPED`` — ``FINISHED_STATES``. ``RECONCILING`` is not one (a person has
+still to decide it), nor is any state of a run that may still be claimed or retried. Once
+its ``finished_at`` is older than its tenant's retention (``RetentionPolicy``: the tenants
+file's ``retention``, else the deployment's ``--retention``), ``prune`` deletes:
+
+* its ``runs`` row and its ``attempts`` rows (the history the API lists);
+* its ``effects`` rows in a final state (``SUCCEEDED``, ``FAILED``, ``ABANDONED``); an effect
+  still ``INTENDED``, ``UNCERTAIN`` or ``RECONCILING`` is work the effect runner or an
+  operator has still to do and is kept until it ends.
+
+Kept for ever: ``schedules`` (definitions and revisions), every run that is not finished,
+``run_counters`` and ``ready_runs`` (the metrics are sums over all history; a finished run is
+never READY), ``dead_letters`` (one row per *log record* skipped, not per run: an operator's
+record of what a consumer could not read), ``workers``, ``served_job_types`` and
+``projection_offsets``.
+
+**Whose clock.** "Older than" compares ``finished_at`` (the finishing event's time, as the
+projection recorded it) with the read model's *now*: the newest event time it has projected
+(``max(projection_offsets.last_event_at)`` over ``events``) — never the wall clock. A replay
+of old history therefore prunes against the same instant the live projector reached, and a
+deployment stopped for a month does not lose its rows when it starts again before any new
+event arrives. A run's rows go only when the log has moved on past its window.
+
+**How.** ``prune`` deletes in batches of at most ``batch`` runs (their attempts and effects
+with them), one transaction per batch, per tenant with its own window (the indexes of
+migration 0008: ``runs (tenant, finished_at)`` and ``runs (finished_at)``, partial on
+finished runs), so no transaction holds many row locks or runs for long; the ``DELETE``
+repeats the terminal-state and cut-off test on each row it locks, so a run redriven between
+the choice and the delete is kept. The live projector runs it on a timer beside its batches
+(``Projector(retention=...)``); ``chronolog replay`` runs it once its build is complete, with
+the same policy — both are functions of the events projected, so they leave the same rows.
+A later event of a pruned run (a redrive of a run dead past its window) finds no row: the
+projector counts it among its missing rows, as a replay that pruned at the same point would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from chronolog.tenants import DEFAULT_RETENTION_S, Tenants
+
+__all__ = [
+    "DEFAULT_PRUNE_BATCH",
+    "FINAL_EFFECT_STATES",
+    "FINISHED_STATES",
+    "ONE_TENANT_SQL",
+    "OTHER_TENANTS_SQL",
+    "PruneReport",
+    "RetentionPolicy",
+    "projected_now",
+    "prune",
+]
+
+FINISHED_STATES = ("SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED")
+FINAL_EFFECT_STATES = ("SUCCEEDED", "FAILED", "ABANDONED")
+DEFAULT_PRUNE_BATCH = 1000  # runs per transaction (with their attempts and effects)
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long finished runs keep their rows: ``default`` seconds, ``tenants`` (tenant ->
+    seconds) for the tenants that set their own."""
+
+    default: float = DEFAULT_RETENTION_S
+    tenants: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tenants: Tenants, default: float) -> RetentionPolicy:
+        own = {n: t.retention for n, t in tenants.tenants.items() if t.retention is not None}
+        return cls(default, own)
+
+    def window(self, tenant: str) -> float:
+        return self.tenants.get(tenant, self.default)
+
+
+@dataclass
+class PruneReport:
+    runs: int = 0
+    attempts: int = 0
+    effects: int = 0
+    batches: int = 0
+    now: datetime | None = None
+
+
+async def projected_now(conn: asyncpg.Connection | asyncpg.Pool, projection: str,
+                        topic: str) -> datetime | None:
+    """The read model's now: the newest event time projected from ``topic`` (None: none)."""
+    value: datetime | None = await conn.fetchval(
+        "SELECT max(last_event_at) FROM projection_offsets "
+        "WHERE projection = $1 AND topic = $2", projection, topic)
+    return value
+
+
+# the finished states written out (not a parameter), so the planner can use the partial
+# indexes of migration 0008, whose predicate is this very list
+_FINISHED_SQL = "state IN (" + ", ".join(f"'{st}'" for st in FINISHED_STATES) + ")"
+_DELETE = """
+WITH chosen AS (
+    SELECT run_id FROM runs
+     WHERE {where} AND finished_at < $2 AND {finished}
+     ORDER BY finished_at
+     LIMIT $3
+), doomed AS (
+    DELETE FROM runs r USING chosen c
+     WHERE r.run_id = c.run_id AND r.finished_at < $2 AND r.{finished}
+    RETURNING r.run_id
+), a AS (
+    DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM doomed) RETURNING 1
+), e AS (
+    DELETE FROM effects WHERE run_id IN (SELECT run_id FROM doomed)
+       AND state = ANY($4::text[]) RETURNING 1
+)
+SELECT (SELECT count(*) FROM doomed), (SELECT count(*) FROM a), (SELECT count(*) FROM e)
+"""
+# one tenant with its own window ($1: the tenant), and every other tenant ($1: those)
+ONE_TENANT_SQL = _DELETE.format(where="tenant = $1", finished=_FINISHED_SQL)
+OTHER_TENANTS_SQL = _DELETE.format(where="tenant <> ALL($1::text[])", finished=_FINISHED_SQL)
+
+
+async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str, topic: str,
+                batch: int = DEFAULT_PRUNE_BATCH, max_batches: int | None = None,
+                now: datetime | None = None) -> PruneReport:
+    """Delete the rows of the runs finished longer than their tenant's window before the
+    read model's now (module docstring); ``max_batches`` bounds one call (the live
+    projector's timer), ``None`` goes on until nothing is left."""
+    report = PruneReport()
+    report.now = now if now is not None else await projected_now(pool, projection, topic)
+    if report.now is None:
+        return report
+    groups: list[tuple[str, Any, float]] = [
+        (ONE_TENANT_SQL, tenant, seconds) for tenant, seconds in sorted(policy.tenants.items())]
+    groups.append((OTHER_TENANTS_SQL, sorted(policy.tenants), policy.default))
+    for sql, who, seconds in groups:
+        cutoff = report.now - timedelta(seconds=seconds)
+        while max_batches is None or report.batches < max_batches:
+            async with pool.acquire() as conn, conn.transaction():
+                runs, attempts, effects = await conn.fetchrow(
+                    sql, who, cutoff, max(1, batch), list(FINAL_EFFECT_STATES))
+            report.batches += 1
+            report.runs += runs
+            report.attempts += attempts
+            report.effects += effects
+            if runs < batch:
+                break
+    return report
