@@ -50,7 +50,7 @@ class LogConfig:
     topics: Topics
     durability: Durability = SAFE_DEFAULT  # Kafka only
     auth: KafkaAuth = NO_AUTH  # Kafka only
-    compression: str = "none"  # Kafka only: the producers' batch compression
+    compression: str = "zstd"  # Kafka only: the producers' batch compression
 
 
 def _positive_env(name: str, limit: int) -> int | None:

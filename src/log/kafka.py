@@ -407,7 +407,7 @@ class KafkaEventLog:
         fetch_max_wait_ms: int = 10,
         durability: Durability = SAFE_DEFAULT,
         auth: KafkaAuth = NO_AUTH,
-        compression: str = "none",
+        compression: str = "zstd",
     ) -> None:
         """``auth``: the principal every client of this log speaks as. ``compression``: how
         its producers compress their batches (``COMPRESSIONS``; the brokers keep them as

@@ -390,3 +390,22 @@ async def test_unknown_topic_fails_fast(klog: KafkaEventLog) -> None:
     with pytest.raises(LogError):
         await klog.append([OutRecord(f"{klog.topics.prefix}nope", key=b"k", value=b"v")])
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "lz4", "zstd"])
+async def test_records_written_with_each_compression_read_back_the_same(
+    kafka_bootstrap: str, topic_prefix: str, compression: str,
+) -> None:
+    topics = Topics(prefix=topic_prefix, partitions=1)
+    log = KafkaEventLog(kafka_bootstrap, topics, compression=compression)
+    await log.start()
+    try:
+        await log.ensure_topics()
+        sent = [OutRecord(topics.events, f"k{i}".encode(), b'{"n": %d}' % i * 20,
+                          partition=0, headers=(("h", b"v"),)) for i in range(50)]
+        await log.append(sent)
+        got = await log.read(topics.events, 0, 0, 100)
+        assert [(r.key, r.value, r.headers) for r in got] == [
+            (s.key, s.value, s.headers) for s in sent]
+    finally:
+        await log.close()
