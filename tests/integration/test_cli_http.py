@@ -225,5 +225,5 @@ async def test_refusals_and_an_api_without_a_processor(tmp_path: Path, dsn: str)
             "error: not_found: no schedule 'ghost'"
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)
 

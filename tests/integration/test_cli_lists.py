@@ -185,7 +185,7 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
             assert [i["scheduleId"] for i in own["items"]] == ["rep-1"]
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)
 
 
 def _z(t: datetime) -> str:

@@ -169,7 +169,7 @@ async def test_each_role_under_its_own_principal_completes_a_scheduled_run(
         assert refused == []
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)
 
 
 async def _refused(coro: object) -> LogError:

@@ -77,6 +77,11 @@ class Services:
     def tail(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
 
+    def failed(self, codes: dict[str, int | None]) -> str:
+        """Each process that did not exit 0: its status and the end of its log, whole."""
+        return "\n".join(f"{name} exited {code}:\n{self.tail(name)}"
+                         for name, code in codes.items() if code != 0)
+
     def stop_all(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
         for name, p in reversed(list(self.procs.items())):
@@ -297,7 +302,7 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
         await _lifecycle(cli)
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)
 
 
 @pytest.mark.kafka
@@ -390,7 +395,7 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
             assert body == await api.ok("run", ids[0])
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)
 
 
 async def _answered(call: Any) -> Result | None:
@@ -428,4 +433,4 @@ async def test_the_tenant_quota_through_the_cli(tmp_path: Path, dsn: str) -> Non
         assert still.rc == 1 and _one_line(still).startswith("error: quota: ")
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)

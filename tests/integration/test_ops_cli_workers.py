@@ -109,7 +109,7 @@ async def _run(tmp_path: Path, dsn: str, log_args: list[str],  # noqa: F811
         await _waiting_then_served(cli, services, [*log_args, *results])
     finally:
         codes = services.stop_all()
-    assert set(codes.values()) == {0}, {n: services.tail(n) for n in codes}
+    assert set(codes.values()) == {0}, services.failed(codes)
 
 
 async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_on_the_embedded_log(

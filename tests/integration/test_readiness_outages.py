@@ -168,8 +168,16 @@ async def test_every_process_is_not_ready_while_the_broker_is_away_and_resumes_b
     r = await node.http.post("/v1/schedules", timeout=30, json={
         "scheduleId": "after", "every": "1s", "job": {"type": "noop", "params": {}}})
     assert r.status_code == 201, r.text
-    read = await node.http.get("/v1/schedules/after", timeout=30, headers={
-        "X-Chronolog-Consistency": r.headers["X-Chronolog-Consistency"]})
+    token = {"X-Chronolog-Consistency": r.headers["X-Chronolog-Consistency"]}
+
+    async def read_back() -> httpx.Response | None:
+        # a 503 on the token says "retry shortly" (the projector is still catching up after
+        # the outage): a client retries it, as the API's contract asks
+        got = await node.http.get("/v1/schedules/after", timeout=30, headers=token)
+        waiting = got.status_code == 503 and got.json().get("field") == "X-Chronolog-Consistency"
+        return None if waiting else got
+
+    read = await wait_until(read_back, 60, what="the read model reaches the create's token")
     assert read.status_code == 200, read.text
     lg = open_log(node.cfg)
     await lg.start()
