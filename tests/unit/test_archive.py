@@ -236,7 +236,7 @@ def _build(directory: Path, layout: dict[int, list[tuple[int, int]]]) -> list[Re
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=_archive)
 def test_any_sequence_of_contiguous_appends_verifies_and_reads_back(
     layout: dict[int, list[tuple[int, int]]],
@@ -358,7 +358,7 @@ DAMAGE: dict[str, tuple[Damage, int]] = {  # the damage, and the segments it nee
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=_archive, data=st.data())
 def test_any_damage_is_reported_with_its_kind(
     damage: str, layout: dict[int, list[tuple[int, int]]], data: st.DataObject

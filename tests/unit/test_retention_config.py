@@ -1,8 +1,7 @@
 """Retention settings: the tenants file's ``retention`` / ``result_retention`` (parsed and
 refused in chronolog.tenants) and the deployment's ``--retention`` / ``CHRONOLOG_RETENTION``
-on ``chronolog dev``, ``processor``, ``projector``, ``api`` and ``replay`` (one home:
-chronolog.cli.flags): bad values are one line naming the flag or field, exit 2 — real
-processes, refused before they touch a log or a database."""
+(one home: chronolog.cli.flags): bad values are one line naming the flag or field, exit 2.
+The flag on each command, as real processes: tests/integration/test_retention_cli.py."""
 
 from __future__ import annotations
 
@@ -76,25 +75,6 @@ def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedPro
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOLOG_")}
     return subprocess.run([CHRONOLOG, *args], capture_output=True, text=True, timeout=60,
                           env={**clean, "CHRONOLOG_DATA_DIR": str(tmp_path), **env})
-
-
-@pytest.mark.parametrize("command", ["dev", "processor", "projector", "api", "replay"])
-def test_a_bad_retention_flag_is_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
-    done = _run([command, "--retention", "forever"], tmp_path)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("invalid --retention 'forever': "), lines
-    done = _run([command], tmp_path, CHRONOLOG_RETENTION="0")
-    assert (done.returncode, done.stderr.strip()) == (
-        2, "invalid CHRONOLOG_RETENTION '0': must be positive")
-
-
-def test_a_result_retention_past_the_flags_retention_stops_the_command(tmp_path: Path) -> None:
-    tenants = _file(tmp_path, '[tenants.a]\ntokens = ["t"]\nresult_retention = "2h"\n')
-    done = _run(["projector", "--tenants", str(tenants), "--retention", "1h"], tmp_path)
-    assert (done.returncode, done.stderr.strip()) == (
-        2, "invalid tenants.a.result_retention '7200s': must not exceed the tenant's "
-           "retention (3600s)")
 
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
