@@ -29,6 +29,8 @@ class ArchivedHistory:
         self.topics: Topics = log.topics
         check_archive(self.directory)
         self._entries: dict[int, list[Entry]] = {}
+        # the segment read last: a reader takes it in several batches, read and checked once
+        self._segment: tuple[Entry, list[Record]] | None = None
 
     def entries(self, partition: int) -> list[Entry]:
         """The manifest entries of ``partition`` (read once)."""
@@ -55,10 +57,15 @@ class ArchivedHistory:
         for entry in self.entries(partition):
             if entry.end <= offset:
                 continue
-            out += [r for r in read_segment(self.directory, entry) if r.offset >= offset]
+            out += [r for r in self._records(entry) if r.offset >= offset]
             if out:
                 return out[:max_records]
         return out
+
+    def _records(self, entry: Entry) -> list[Record]:
+        if self._segment is None or self._segment[0] != entry:
+            self._segment = (entry, read_segment(self.directory, entry))
+        return self._segment[1]
 
     async def end_offset(self, topic: str, partition: int) -> int:
         return await self.log.end_offset(topic, partition)

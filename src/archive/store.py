@@ -27,7 +27,6 @@ file otherwise).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from chronolog.archive.format import (
     sha256_hex,
     split_lines,
 )
+from chronolog.files import write_atomically
 from chronolog.log.port import Record
 
 
@@ -60,20 +60,6 @@ class ArchiveRefused(ArchiveError):
 
 class NotAnArchive(ArchiveError):
     """A directory that does not exist or has no ``ARCHIVE`` marker."""
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_archive(directory: Path) -> None:
@@ -168,7 +154,7 @@ class ArchiveWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         marker = self.directory / MARKER
         if not marker.exists():
-            _write_atomically(marker, canonical({"format": FORMAT, "version": VERSION}) + b"\n")
+            write_atomically(marker, canonical({"format": FORMAT, "version": VERSION}) + b"\n")
         check_archive(self.directory)
 
     def entries(self, partition: int) -> list[Entry]:
@@ -223,11 +209,11 @@ class ArchiveWriter:
         folder.mkdir(exist_ok=True)
         name = segment_name(start, end)
         data = encode_segment(self.topic, partition, start, end, records)
-        _write_atomically(folder / name, data)
+        write_atomically(folder / name, data)
         entry = Entry.make(partition, name, start, end, records[0].offset, records[-1].offset,
                            len(records), sha256_hex(data),
                            entries[-1].hash if entries else GENESIS)
-        _write_atomically(folder / MANIFEST, b"".join(e.line() for e in [*entries, entry]))
+        write_atomically(folder / MANIFEST, b"".join(e.line() for e in [*entries, entry]))
         entries.append(entry)
         for leftover in folder.iterdir():  # another range a stopped writer began here
             rng = parse_segment_name(leftover.name)

@@ -110,11 +110,9 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
     partitions = await event_partitions(log)
     ends = {p: await log.end_offset(topic, p) for p in range(partitions)}
     notes: list[str] = []
-    checkpoint = None if full or auditor is not None else await _usable_checkpoint(
-        log, source, ends, notes)
-    if checkpoint is not None:
-        auditor = Auditor.resume(orjson.loads(checkpoint.document))
-    auditor = auditor or Auditor()
+    checkpoint, resumed = (None, None) if full or auditor is not None else (
+        await _usable_checkpoint(log, source, ends, notes))
+    auditor = resumed or auditor or Auditor()
     order = BarrierOrder(handovers=dict(checkpoint.handovers) if checkpoint else {})
     positions = dict(checkpoint.positions) if checkpoint else {}
     last_events = dict(checkpoint.last_events) if checkpoint else {}
@@ -164,22 +162,26 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
     return run
 
 
+Usable = tuple[AuditCheckpoint, Auditor] | tuple[None, None]
+
+
 async def _usable_checkpoint(log: EventLog, source: Readable, ends: dict[int, int],
-                             notes: list[str]) -> AuditCheckpoint | None:
-    """The latest checkpoint if it is one of this log as it is (else None, with a note)."""
+                             notes: list[str]) -> Usable:
+    """The latest checkpoint and the auditor resumed from it, if it is one of this log as it
+    is (else ``(None, None)``, with a note)."""
     try:
         checkpoint = await load_checkpoint(log)
     except CheckpointUnreadable as exc:
         notes.append(f"{exc}: audited from the beginning")
-        return None
+        return None, None
     if checkpoint is None:
-        return None
+        return None, None
     for p, position in checkpoint.positions.items():
         if position > ends.get(p, 0):
             notes.append(f"the checkpoint of {checkpoint.taken_at} is past the end of "
                          f"partition {p} (another log, or one restored to an earlier point): "
                          "audited from the beginning")
-            return None
+            return None, None
     for p, where in checkpoint.last_events.items():
         offset, _, event_id = where.partition(":")
         try:
@@ -197,14 +199,13 @@ async def _usable_checkpoint(log: EventLog, source: Readable, ends: dict[int, in
             notes.append(f"the checkpoint of {checkpoint.taken_at} names event {event_id} at "
                          f"p{p}@{offset}, which the log does not hold there (another log, or "
                          "one restored): audited from the beginning")
-            return None
+            return None, None
     try:
-        Auditor.resume(orjson.loads(checkpoint.document))
+        return checkpoint, Auditor.resume(orjson.loads(checkpoint.document))
     except (CheckpointError, orjson.JSONDecodeError) as exc:
         notes.append(f"the checkpoint of {checkpoint.taken_at} is unusable ({exc}): audited "
                      "from the beginning")
-        return None
-    return checkpoint
+        return None, None
 
 
 def _writer(headers: tuple[tuple[str, bytes], ...]) -> tuple[str, str] | None:

@@ -78,6 +78,7 @@ from chronolog.cli.errors import UsageError
 from chronolog.cli.flags import database, existing_database
 from chronolog.cli.log_reader import add_log_arguments, log_config, open_existing_log
 from chronolog.environment import utc_now
+from chronolog.files import fsync_directory, write_atomically
 from chronolog.log.port import LogError, OutRecord
 from chronolog.log.reading import read_partition
 from chronolog.log.sqlite import backup_file, record_counts, restore_file
@@ -206,7 +207,7 @@ def run_backup(args: argparse.Namespace) -> int:
     manifest = asyncio.run(_backup(args, cfg, out))
     manifest["files"] = file_entries(out)
     manifest["manifestSha256"] = manifest_checksum(manifest)
-    _write_atomically(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    write_atomically(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     rm = manifest["readModel"]["tables"]
     print(f"backup: {sum(manifest['log']['records'].values())} log records, "
           f"{sum(rm.values())} read-model rows in {len(rm)} tables, "
@@ -267,15 +268,6 @@ def _replace(staged: Path, target: Path) -> None:
     os.replace(staged, target)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _commit_log(staged: Path, target: Path) -> int:
     """Rename the staged log over ``target`` (its old write-ahead log folded in and removed
     first, so none is applied to the new file), then remove the journal; the records."""
@@ -288,11 +280,7 @@ def _commit_log(staged: Path, target: Path) -> int:
     for leftover in ("-wal", "-shm"):
         Path(f"{target}{leftover}").unlink(missing_ok=True)
     os.replace(staged, target)
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    fsync_directory(target.parent)
     _journal(target).unlink()
     return sum(record_counts(target).values())
 
@@ -415,9 +403,9 @@ async def _stage_and_commit(pool: asyncpg.Pool, dsn: str, schema: str, cfg: LogC
         if kafka is not None:
             records = await _restore_kafka_into(kafka, folder, manifest, dsn, staged_schema)
         else:
-            await asyncio.to_thread(_write_atomically, _journal(target), json.dumps(
+            await asyncio.to_thread(write_atomically, _journal(target), (json.dumps(
                 {"backup": str(folder), "manifest": checked.digest,
-                 "schema": staged_schema}) + "\n")
+                 "schema": staged_schema}) + "\n").encode())
         async with pool.acquire() as conn:
             await swap_in(conn, staged_schema, schema)
         staged_schema = None

@@ -87,3 +87,12 @@ def processes(tmp_path: Path) -> Any:
     yield start
     for p in started:
         p.stop()
+
+
+@pytest.fixture
+async def stores() -> AsyncIterator[list[Any]]:
+    """The projection stores a test opened (``pgdb.open_store``), closed after it."""
+    opened: list[Any] = []
+    yield opened
+    for store in opened:
+        await store.close()

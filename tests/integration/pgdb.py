@@ -2,13 +2,16 @@
 schema per test, and row dumps for comparing read models.
 
 ``fresh_database(admin_dsn)`` creates a database and returns its DSN (dropped by
-``drop_database``); ``schema_store(dsn, schema)`` opens a ``PostgresProjectionStore`` whose
+``drop_database``; ``module_database`` for a module's fixture); ``schema_store(dsn, schema)``
+opens a ``PostgresProjectionStore`` whose
 connections put ``schema`` first on the search_path, creates the schema and migrates it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,6 +45,14 @@ async def drop_database(admin_dsn: str, dsn: str) -> None:
         await conn.close()
 
 
+def module_database(admin_dsn: str, prefix: str) -> Iterator[str]:
+    """A database for one test module (a module-scoped fixture yields from this), dropped
+    after it."""
+    dsn = asyncio.run(create_database(admin_dsn, prefix))
+    yield dsn
+    asyncio.run(drop_database(admin_dsn, dsn))
+
+
 async def schema_store(dsn: str, schema: str | None = None, max_size: int = 4
                        ) -> PostgresProjectionStore:
     """A migrated store in a new schema of ``dsn`` (a fresh name when not given)."""
@@ -73,3 +84,10 @@ async def dump(store: PostgresProjectionStore) -> dict[str, list[tuple[Any, ...]
         store.projection)
     out["projection_offsets"] = [tuple(r) for r in rows]
     return out
+
+
+async def open_store(dsn: str, opened: list[PostgresProjectionStore]) -> PostgresProjectionStore:
+    """``schema_store(dsn)``, kept in ``opened`` (the ``stores`` fixture closes them)."""
+    store = await schema_store(dsn)
+    opened.append(store)
+    return store

@@ -20,7 +20,7 @@ claimed: applied before the old home's events, the run row would come back LEASE
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +39,7 @@ from support.polling import wait_until
 from support.processors import read_all
 from support.repartition import NEW, OLD, SPEC, Running, begin, config, home, reply_of, to_partition
 
-from .pgdb import create_database, drop_database, dump, schema_store
+from .pgdb import dump, module_database, open_store
 
 pytestmark = pytest.mark.postgres
 
@@ -50,23 +50,8 @@ NOW = datetime.now(UTC)
 
 @pytest.fixture(scope="module")
 def module_dsn(database_url: str) -> Iterator[str]:
-    dsn = asyncio.run(create_database(database_url, "test_moves"))
-    yield dsn
-    asyncio.run(drop_database(database_url, dsn))
+    yield from module_database(database_url, "test_moves")
 
-
-@pytest.fixture
-async def stores(module_dsn: str) -> AsyncIterator[list[PostgresProjectionStore]]:
-    opened: list[PostgresProjectionStore] = []
-    yield opened
-    for s in opened:
-        await s.close()
-
-
-async def _store(dsn: str, stores: list[PostgresProjectionStore]) -> PostgresProjectionStore:
-    s = await schema_store(dsn)
-    stores.append(s)
-    return s
 
 
 async def moved_log(lg: Any) -> dict[str, str]:
@@ -120,7 +105,7 @@ async def test_new_homes_are_applied_only_after_their_old_homes_handover(
     moved_in = await _offsets_of(event_log, m.KeyMovedIn)
     handed = await _offsets_of(event_log, m.HandedOver)
     assert set(moved_in) == NEW_HOMES and set(handed) >= OLD_HOMES
-    live = await _store(module_dsn, stores)
+    live = await open_store(module_dsn, stores)
     commits: list[tuple[str, Commit]] = []
 
     def projector(name: str, partitions: frozenset[int]) -> Projector:
@@ -141,7 +126,7 @@ async def test_new_homes_are_applied_only_after_their_old_homes_handover(
     old = projector("old", OLD_HOMES)
     new2 = projector("new", NEW_HOMES)
     tasks = [asyncio.create_task(new2.run()), asyncio.create_task(old.run())]
-    rebuilt = await _store(module_dsn, stores)
+    rebuilt = await open_store(module_dsn, stores)
     whole = Projector(event_log, rebuilt, batch_max=7)
     await whole.run_until_caught_up(60)
     await wait_until(lambda: {**old.watermark().partitions, **new2.watermark().partitions}
@@ -163,7 +148,7 @@ async def test_new_homes_are_applied_only_after_their_old_homes_handover(
     a = await dump(live)
     assert a == await dump(rebuilt)
 
-    replayed = await _store(module_dsn, stores)
+    replayed = await open_store(module_dsn, stores)
     stats = await replay(event_log, replayed, batch=5)
     assert stats.held == {}
     assert await dump(replayed) == a
@@ -214,7 +199,7 @@ async def test_audit_is_clean_after_a_move_and_reports_a_forged_one(event_log: A
 async def test_the_projector_reads_partitions_added_while_it_runs(
     event_log: Any, log_config: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
-    live = await _store(module_dsn, stores)
+    live = await open_store(module_dsn, stores)
     pr = Projector(event_log, live, idle_ms=20, discover_s=0.2)
     task = asyncio.create_task(pr.run())
     try:

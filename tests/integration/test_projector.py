@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,7 +31,7 @@ from chronolog.projections.store import PostgresProjectionStore
 from support.polling import finish, wait_until
 from support.processors import Running, read_all
 
-from .pgdb import create_database, drop_database, dump, schema_store
+from .pgdb import dump, module_database, open_store
 
 pytestmark = pytest.mark.postgres
 
@@ -40,29 +40,14 @@ SPEC = {"every": "1s", "job": {"type": "echo"}, "overlap": "allow"}
 
 @pytest.fixture(scope="module")
 def module_dsn(database_url: str) -> Iterator[str]:
-    dsn = asyncio.run(create_database(database_url, "test_projector"))
-    yield dsn
-    asyncio.run(drop_database(database_url, dsn))
+    yield from module_database(database_url, "test_projector")
 
-
-@pytest.fixture
-async def stores(module_dsn: str) -> AsyncIterator[list[PostgresProjectionStore]]:
-    opened: list[PostgresProjectionStore] = []
-    yield opened
-    for s in opened:
-        await s.close()
-
-
-async def _store(module_dsn: str, stores: list[PostgresProjectionStore]) -> PostgresProjectionStore:
-    s = await schema_store(module_dsn)
-    stores.append(s)
-    return s
 
 
 async def _rebuild(lg: Any, module_dsn: str, stores: list[PostgresProjectionStore]
                    ) -> tuple[PostgresProjectionStore, Projector]:
     """A fresh schema projected from offset 0 in small batches."""
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     pr = Projector(lg, store, batch_max=7)
     await pr.run_until_caught_up(60)
     return store, pr
@@ -75,7 +60,7 @@ async def _event_count(lg: Any) -> int:
 async def test_restart_resumes_from_the_stored_offsets(
     event_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
-    live = await _store(module_dsn, stores)
+    live = await open_store(module_dsn, stores)
     first_commits: list[Commit] = []
     async with Running(event_log) as r:
         for i in range(12):
@@ -124,7 +109,7 @@ async def _more(lg: Any, n: int) -> bool:
 async def test_two_projectors_on_one_database_apply_each_event_once(
     event_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
-    shared = await _store(module_dsn, stores)
+    shared = await open_store(module_dsn, stores)
     async with Running(event_log) as r:
         for i in range(20):
             await r.client.create_schedule("acme", f"s{i}", SPEC)
@@ -150,7 +135,7 @@ async def test_two_projectors_on_one_database_apply_each_event_once(
     assert await dump(shared) == await dump(rebuilt)
 
     # scale-out: projectors on disjoint partition sets share a database without conflicts
-    split = await _store(module_dsn, stores)
+    split = await open_store(module_dsn, stores)
     halves = [Projector(event_log, split, batch_max=11, partitions=ps) for ps in ({0, 1}, {2, 3})]
     await asyncio.gather(*(h.run_until_caught_up(60) for h in halves))
     assert sum(h.stats.events for h in halves) == total
@@ -174,7 +159,7 @@ def _materialized(run_id: str, at: datetime, params: dict[str, Any] | None = Non
 async def test_poison_records_are_dead_lettered_and_skipped_and_the_rest_is_projected(
     event_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     async with Running(event_log) as r:
         await r.client.create_schedule("acme", "s0", SPEC)
     topic = event_log.topics.events
@@ -223,7 +208,7 @@ async def test_poison_records_are_dead_lettered_and_skipped_and_the_rest_is_proj
             in generate_latest(registry).decode())
 
     # a second projector from offset 0 skips the same records: the same tables
-    again = await _store(module_dsn, stores)
+    again = await open_store(module_dsn, stores)
     rebuilt = Projector(event_log, again, batch_max=2)
     await rebuilt.run_until_caught_up(30)
     assert await dump(again) == await dump(store)

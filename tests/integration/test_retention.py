@@ -46,7 +46,7 @@ from support.histories import FINISHED, LIVE, records, run_history, schedule, ti
 from support.logs import started
 from support.polling import wait_until
 
-from .pgdb import create_database, drop_database, dump, schema_store
+from .pgdb import dump, module_database, open_store, schema_store
 
 pytestmark = pytest.mark.postgres
 
@@ -60,17 +60,7 @@ def at(seconds: float) -> datetime:
 
 @pytest.fixture(scope="module")
 def module_dsn(database_url: str) -> Iterator[str]:
-    dsn = asyncio.run(create_database(database_url, "test_retention"))
-    yield dsn
-    asyncio.run(drop_database(database_url, dsn))
-
-
-@pytest.fixture
-async def stores(module_dsn: str) -> AsyncIterator[list[PostgresProjectionStore]]:
-    opened: list[PostgresProjectionStore] = []
-    yield opened
-    for s in opened:
-        await s.close()
+    yield from module_database(database_url, "test_retention")
 
 
 @pytest.fixture
@@ -79,11 +69,6 @@ async def sqlite_log(tmp_path: Path) -> AsyncIterator[Any]:
     async with started(open_log(cfg)) as lg:
         yield lg
 
-
-async def _store(dsn: str, stores: list[PostgresProjectionStore]) -> PostgresProjectionStore:
-    s = await schema_store(dsn)
-    stores.append(s)
-    return s
 
 
 # (tenant, run, outcome, finished at T0 + s); the log's newest event is at T0 + 100 s, so
@@ -126,7 +111,7 @@ async def test_pruning_removes_exactly_the_finished_runs_past_each_tenants_windo
     sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
     await _write_history(sqlite_log)
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     before = Projector(sqlite_log, store, retention=POLICY)
     await before.run_until_caught_up(30)  # step() projects only: nothing pruned yet
     assert await _runs(store) == {r for _, r, _, _ in RUNS}
@@ -157,7 +142,7 @@ async def test_the_read_models_now_is_the_newest_event_not_the_wall_clock(
     """Years-old history within its window keeps every row (a stopped deployment started
     again, or a replay of old history); one newer event moves the read model's now."""
     await _write_history(sqlite_log)
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     wide = RetentionPolicy(default=3600.0)  # an hour: nothing of T0 + 0..100 s is past it
     pr = Projector(sqlite_log, store, retention=wide)
     await pr.run_until_caught_up(30)
@@ -182,7 +167,7 @@ async def test_pruning_batches_are_bounded(
         envs += run_history("short", "s", f"r{i:02}", "dead", at(0), at(1))
     envs.append(tick("short", "s", at(100)))
     await sqlite_log.append(records(topic, envs, 0))
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     await Projector(sqlite_log, store).run_until_caught_up(30)
 
     one = await prune(store.pool, POLICY, projection=store.projection, topic=topic, batch=3,
@@ -201,7 +186,7 @@ async def test_pruning_finds_its_runs_through_the_finished_runs_indexes(
     """With sequential scans priced out (a small table would not need an index), both
     deletions choose their runs through migration 0008's partial indexes (runs_finished or
     runs_finished_by_tenant: the planner may take either for one tenant, oldest first)."""
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     async with store.pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
         for sql, who in ((ONE_TENANT_SQL, "short"), (OTHER_TENANTS_SQL, ["short"])):
@@ -215,7 +200,7 @@ async def test_a_replay_gives_the_live_projectors_tables_after_pruning(
     sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
     await _write_history(sqlite_log)
-    live_store = await _store(module_dsn, stores)
+    live_store = await open_store(module_dsn, stores)
     live = Projector(sqlite_log, live_store, retention=POLICY, prune_every_s=0.05, batch_max=5)
     task = asyncio.create_task(live.run())
     try:
@@ -224,7 +209,7 @@ async def test_a_replay_gives_the_live_projectors_tables_after_pruning(
         live.stop()
         await asyncio.wait_for(task, 30)
 
-    rebuilt = await _store(module_dsn, stores)
+    rebuilt = await open_store(module_dsn, stores)
     stats = await replay(sqlite_log, rebuilt, batch=4, retention=POLICY)
     assert stats.pruned == 6
     a, b = await dump(live_store), await dump(rebuilt)
@@ -300,7 +285,7 @@ async def test_lists_and_cursors_go_on_across_pruning_and_a_pruned_run_is_a_404(
                             at(10 * i), at(10 * i + 1))
     envs.sort(key=lambda e: e.at)
     await sqlite_log.append(records(topic, envs, 0))
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     pr = Projector(sqlite_log, store, retention=POLICY)
     await pr.run_until_caught_up(30)
     await pr.prune()  # now T0 + 51 s, window 10 s: r0, r1 and r2 go
@@ -381,7 +366,7 @@ async def test_gc_removes_results_past_their_retention_and_the_api_answers_410(
     assert report["kept_referenced"] == 1
     assert {o.uri for o in await results.list()} == {new_uri}
 
-    store = await _store(module_dsn, stores)
+    store = await open_store(module_dsn, stores)
     await Projector(sqlite_log, store).run_until_caught_up(30)
     app = create_app(None, store, load_tenants(tenants_file), retention=60.0)
     auth = {"Authorization": "Bearer short-token"}
