@@ -93,7 +93,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     IllegalStateError,
@@ -111,7 +111,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.producer import sender
-from aiokafka.protocol.commit import OffsetFetchRequest
+from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from chronolog.backoff import Backoff, retry
@@ -993,6 +993,36 @@ class KafkaEventLog:
             raise LogUnavailable(f"kafka: end offset of {topic}[{partition}] failed: "
                                  f"{exc!r}") from exc
 
+    async def start_offset(self, topic: str, partition: int) -> int:
+        self._require()
+        await self.partitions_for(topic)
+        tp = TopicPartition(topic, partition)
+        try:
+            async with self._reader(tp) as reader:
+                begin = await _bounded(reader.consumer.beginning_offsets([tp]), self._bound_s,
+                                       "log start")
+                return int(begin[tp])
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: start offset of {topic}[{partition}] failed: "
+                                 f"{exc!r}") from exc
+
+    async def delete_before(self, topic: str, partition: int, offset: int) -> int:
+        _, admin = self._require()
+        if topic in self.topics.compacted:
+            raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
+        end = await self.end_offset(topic, partition)
+        if offset > end:
+            raise LogError(f"cannot delete {topic}[{partition}] below {offset}: "
+                           f"its end is {end}")
+        tp = TopicPartition(topic, partition)
+        try:
+            low = await _bounded(admin.delete_records({tp: RecordsToDelete(offset)}),
+                                 self._bound_s, "delete records")
+        except KafkaError as exc:
+            raise LogUnavailable(f"kafka: deleting {topic}[{partition}] below {offset} "
+                                 f"failed: {exc!r}") from exc
+        return int(low[tp])
+
     async def _end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         tps = list(tps)
         if not tps:
@@ -1047,6 +1077,35 @@ class KafkaEventLog:
             fetch, self._bound_s, f"fetching offsets of group {group!r}"
         )
         return out
+
+    async def store_offsets(self, group: str, offsets: Offsets) -> None:
+        _, admin = self._require()
+        by_topic: dict[str, list[tuple[int, int, str]]] = {}
+        for (topic, p), offset in offsets.items():
+            by_topic.setdefault(topic, []).append((int(p), int(offset), ""))
+        if not by_topic:
+            return
+
+        async def send() -> None:
+            coordinator = self._group_coordinators.get(group)
+            if coordinator is None:
+                coordinator = await admin.find_coordinator(group)
+                self._group_coordinators[group] = coordinator
+            # generation -1 and no member: a commit for a group without members
+            request = OffsetCommitRequest(group, OffsetCommitRequest.DEFAULT_GENERATION_ID, "",
+                                          OffsetCommitRequest.DEFAULT_RETENTION_TIME,
+                                          list(by_topic.items()))
+            try:
+                resp = await admin._send_request(request, coordinator)
+                for topic, parts in resp.topics:
+                    for partition, code in parts:
+                        if code:
+                            raise for_code(code)(f"OffsetCommit {topic}[{partition}]")
+            except KafkaError:
+                self._group_coordinators.pop(group, None)
+                raise
+
+        await _retrying(send, self._bound_s, f"storing offsets of group {group!r}")
 
     async def prefixed_topics(self) -> dict[str, int]:
         _, admin = self._require()

@@ -82,6 +82,13 @@ class _Partition:
         self.offsets.append(record.offset)
         self.next_offset = record.offset + 1
 
+    def start(self) -> int:
+        return self.offsets[0] if self.offsets else self.next_offset
+
+    def delete_before(self, offset: int) -> None:
+        i = bisect.bisect_left(self.offsets, offset)
+        del self.records[:i], self.offsets[:i]
+
     def read(self, offset: int, limit: int) -> list[Record]:
         i = bisect.bisect_left(self.offsets, offset)
         return self.records[i:i + limit]
@@ -463,6 +470,23 @@ class MemoryEventLog:
 
     async def end_offset(self, topic: str, partition: int) -> int:
         return self.store.partition(topic, partition).next_offset
+
+    async def store_offsets(self, group: str, offsets: Offsets) -> None:
+        for (topic, p), offset in offsets.items():
+            self.store.group_offsets[(group, topic, int(p))] = int(offset)
+
+    async def start_offset(self, topic: str, partition: int) -> int:
+        return self.store.partition(topic, partition).start()
+
+    async def delete_before(self, topic: str, partition: int, offset: int) -> int:
+        part = self.store.partition(topic, partition)
+        if topic in self.store.compacted:
+            raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
+        if offset > part.next_offset:
+            raise LogError(f"cannot delete {topic}[{partition}] below {offset}: "
+                           f"its end is {part.next_offset}")
+        part.delete_before(offset)
+        return part.start()
 
     async def write_quorum(self) -> str | None:
         return None  # one process's memory: writable whenever it answers

@@ -384,6 +384,21 @@ class EventLog(Protocol):
         """The offset after the last committed record (Kafka: the last stable offset)."""
         ...
 
+    async def start_offset(self, topic: str, partition: int) -> int:
+        """The offset of the oldest record the partition still holds (Kafka's log start
+        offset): 0 until ``delete_before`` removed records; the end offset when it removed
+        them all. A read from below it returns records from it."""
+        ...
+
+    async def delete_before(self, topic: str, partition: int, offset: int) -> int:
+        """Remove the partition's records below ``offset`` (Kafka's DeleteRecords) and
+        return the start offset after. Only a prefix ever goes: the embedded logs delete in
+        bounded batches, each its own transaction, oldest first, so a process killed half-way
+        has removed a shorter prefix, never a hole. An ``offset`` at or below the start
+        changes nothing; past the end, or on a compacted topic, it is refused
+        (``LogError``). Deciding what may go is the caller's (``chronolog.processors.pruning``)."""
+        ...
+
     async def write_quorum(self) -> str | None:
         """None when enough of the log's replicas are there to accept a write; else why not
         (Kafka: fewer brokers answer than the topics' min ISR; the embedded log: always
@@ -392,6 +407,13 @@ class EventLog(Protocol):
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         """The group's stored next offset for the partition, or None."""
+        ...
+
+    async def store_offsets(self, group: str, offsets: Offsets) -> None:
+        """Record ``offsets`` as ``group``'s committed offsets outside any membership (a
+        group with no members: Kafka's "simple" offset commit): how a reader that keeps its
+        own position elsewhere (the projector, in its database) tells the log how far it
+        has read, so that the log's pruning waits for it. ``committed`` reads them."""
         ...
 
     async def acquire(self, partition: int, owner_id: str) -> PartitionOwner:

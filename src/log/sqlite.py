@@ -743,6 +743,31 @@ def _poll_partition(
     return version, _rows_to_records(topic, partition, rows)
 
 
+DELETE_BATCH = 5_000  # records removed per transaction by ``delete_before``
+
+
+def _start_offset(conn: sqlite3.Connection, topic: str, partition: int) -> int:
+    row = conn.execute("SELECT min(offset) FROM records WHERE topic = ? AND partition = ?",
+                       (topic, partition)).fetchone()
+    if row is not None and row[0] is not None:
+        return int(row[0])
+    end = conn.execute("SELECT next_offset FROM log_ends WHERE topic = ? AND partition = ?",
+                       (topic, partition)).fetchone()
+    return int(end[0]) if end else 0
+
+
+def _delete_batch(conn: sqlite3.Connection, topic: str, partition: int, offset: int) -> bool:
+    """Remove at most ``DELETE_BATCH`` of the oldest records below ``offset`` in one
+    transaction; True when none is left below it."""
+    _begin(conn)
+    start = _start_offset(conn, topic, partition)
+    upper = min(offset, start + DELETE_BATCH)
+    conn.execute("DELETE FROM records WHERE topic = ? AND partition = ? AND offset < ?",
+                 (topic, partition, upper))
+    conn.execute("COMMIT")
+    return upper >= offset
+
+
 # ---------------------------------------------------------------------------------------
 # the public classes
 
@@ -1086,12 +1111,15 @@ class SqliteGroupConsumer:
                     continue  # positions changed: query again before returning anything
             if records:
                 kept: list[Record] = []
+                asked = dict(positions)
                 for rec in records:
                     tp = (rec.topic, rec.partition)
-                    # a seek or rebalance during the query wins over what it returned
-                    if self._positions.get(tp) == rec.offset:
+                    # a seek or rebalance during the query wins over what it returned; a
+                    # position below the partition's start (deleted records) moves to it
+                    at = self._positions.get(tp)
+                    if at is not None and at == asked.get(tp) and rec.offset >= at:
                         kept.append(rec)
-                        self._positions[tp] = rec.offset + 1
+                        self._positions[tp] = asked[tp] = rec.offset + 1
                 if len(kept) >= max_records:
                     self._dirty = True  # there may be more right away
                 if kept:
@@ -1370,6 +1398,28 @@ class SqliteEventLog:
             return int(row[0]) if row else 0
 
         return await self._r.run(_end)
+
+    async def store_offsets(self, group: str, offsets: Offsets) -> None:
+        await self._ready()
+        rows = [(group, t, int(p), int(o)) for (t, p), o in offsets.items()]
+        if rows:
+            await self._w.run(_upsert_offsets, rows)
+
+    async def start_offset(self, topic: str, partition: int) -> int:
+        await self.partitions_for(topic)
+        return await self._r.run(_start_offset, topic, partition)
+
+    async def delete_before(self, topic: str, partition: int, offset: int) -> int:
+        await self.partitions_for(topic)
+        if topic in self._partitions.compacted:
+            raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
+        end = await self.end_offset(topic, partition)
+        if offset > end:
+            raise LogError(f"cannot delete {topic}[{partition}] below {offset}: "
+                           f"its end is {end}")
+        while not await self._w.run(_delete_batch, topic, partition, offset):
+            pass
+        return await self.start_offset(topic, partition)
 
     async def committed(self, group: str, topic: str, partition: int) -> int | None:
         await self._ready()

@@ -195,6 +195,101 @@ async def test_end_offset(event_log: EventLog) -> None:
     assert await event_log.end_offset(topic, 1) == 0
 
 
+# --------------------------------------------------------------------------- pruning
+
+
+async def test_delete_before_removes_a_prefix_and_every_process_reads_from_the_new_start(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    topic = event_log.topics.events
+    await event_log.append([OutRecord(topic, None, b"%d" % i, partition=1) for i in range(12)])
+    assert await event_log.start_offset(topic, 1) == 0
+
+    assert await event_log.delete_before(topic, 1, 7) == 7
+
+    other = await open_log()
+    for log in (event_log, other):
+        assert await log.start_offset(topic, 1) == 7
+        assert await log.end_offset(topic, 1) == 12
+        got = await log.read(topic, 1, 0)  # from below the start: from the start
+        assert [(r.offset, r.value) for r in got] == [(i, b"%d" % i) for i in range(7, 12)]
+    assert await event_log.start_offset(topic, 0) == 0  # other partitions untouched
+    positions = await event_log.append([OutRecord(topic, None, b"next", partition=1)])
+    assert positions[0].offset == 12
+
+
+async def test_delete_before_at_or_below_the_start_changes_nothing(event_log: EventLog) -> None:
+    topic = event_log.topics.events
+    await event_log.append([OutRecord(topic, None, b"x", partition=0) for _ in range(6)])
+    await event_log.delete_before(topic, 0, 4)
+    assert await event_log.delete_before(topic, 0, 2) == 4
+    assert await event_log.delete_before(topic, 0, 4) == 4
+    assert [r.offset for r in await event_log.read(topic, 0, 0)] == [4, 5]
+
+
+async def test_delete_before_the_end_empties_the_partition_and_its_start_is_the_end(
+    event_log: EventLog,
+) -> None:
+    topic = event_log.topics.events
+    await event_log.append([OutRecord(topic, None, b"x", partition=3) for _ in range(3)])
+    assert await event_log.delete_before(topic, 3, 3) == 3
+    assert await event_log.start_offset(topic, 3) == 3
+    assert await event_log.read(topic, 3, 0) == []
+
+
+async def test_delete_before_past_the_end_or_on_a_compacted_topic_is_refused(
+    event_log: EventLog,
+) -> None:
+    t = event_log.topics
+    await event_log.append([OutRecord(t.events, None, b"x", partition=2) for _ in range(3)])
+    with pytest.raises(LogError, match="end"):
+        await event_log.delete_before(t.events, 2, 4)
+    with pytest.raises(LogError, match="compacted"):
+        await event_log.delete_before(t.state, 2, 1)
+    assert await event_log.start_offset(t.events, 2) == 0
+
+
+async def test_a_group_member_whose_committed_offset_was_deleted_resumes_at_the_start(
+    event_log: EventLog,
+) -> None:
+    t = event_log.topics
+    await event_log.append([OutRecord(t.commands, None, b"%d" % i, partition=0)
+                            for i in range(8)])
+    await event_log.append([OutRecord(t.commands, None, b"x", partition=p)
+                            for p in range(1, PARTITIONS)])
+    first = event_log.group_consumer("pruned", [t.commands], "member-a")
+    await first.start()
+    everything = {(t.commands, p) for p in range(PARTITIONS)}
+    sink: dict[int, list[Record]] = {}
+    await poll_until([first], lambda: first.assignment() == everything, sink,
+                     what="the assignment")
+    await first.commit({(t.commands, 0): 2})
+    await first.close()
+    await event_log.delete_before(t.commands, 0, 5)
+
+    again = event_log.group_consumer("pruned", [t.commands], "member-b")
+    await again.start()
+    sink = {}
+    await poll_until([again], lambda: sum(r.partition == 0 for r in sink.get(0, [])) >= 3,
+                     sink, what="partition 0 from its new start")
+    assert [r.offset for r in sink[0] if r.partition == 0] == [5, 6, 7]
+    await again.close()
+
+
+async def test_offsets_stored_for_a_group_without_members_are_read_by_every_process(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    t = event_log.topics
+    group = f"{t.prefix}progress"
+    assert await event_log.committed(group, t.events, 1) is None
+    await event_log.store_offsets(group, {(t.events, 1): 7, (t.events, 2): 3})
+    await event_log.store_offsets(group, {(t.events, 1): 9})
+    other = await open_log()
+    assert await other.committed(group, t.events, 1) == 9
+    assert await other.committed(group, t.events, 2) == 3
+    assert await other.committed(group, t.events, 0) is None
+
+
 # --------------------------------------------------------------------------- owners
 
 
