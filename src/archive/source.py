@@ -45,9 +45,14 @@ class ArchivedHistory:
 
     async def read(self, topic: str, partition: int, offset: int, max_records: int = 1000,
                    timeout_ms: int = 0) -> list[Record]:
-        if topic != self.topics.events or offset >= self.archived_end(partition):
+        end = self.archived_end(partition)
+        if topic != self.topics.events or offset >= end:
             return await self.log.read(topic, partition, offset, max_records, timeout_ms)
-        return await asyncio.to_thread(self._archived, partition, offset, max_records)
+        archived = await asyncio.to_thread(self._archived, partition, offset, max_records)
+        if archived:
+            return archived
+        # only transaction markers are archived from here on (Kafka): the log goes on
+        return await self.log.read(topic, partition, end, max_records, timeout_ms)
 
     def _archived(self, partition: int, offset: int, max_records: int) -> list[Record]:
         """Archived records at or after ``offset``, from the segment holding it on (a

@@ -91,8 +91,10 @@ type):
 ``decodable``
     Only for readers of raw records (the CLI): a record of ``events`` that does not decode.
 ``archive_intact``
-    Only for readers of an archive (``chronolog audit --archive``): a segment of the history
-    that is missing or does not match its manifest, so the history cannot be proved.
+    Only for readers of the log (the CLI): history that cannot be read whole — a segment of
+    the archive (``chronolog audit --archive``) that is missing or does not match its
+    manifest, or events pruned from the log that no archive given holds (a gap between the
+    archive and the live log) — so the history there cannot be proved.
 
 Across partitions, ``feed`` must be given a moved key's events in its order: the events of
 its old home up to its ``KeyMovedOut``, then those of its new home from its ``KeyMovedIn``

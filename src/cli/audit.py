@@ -55,7 +55,7 @@ from chronolog.log.audit_checkpoints import (
     save_checkpoint,
 )
 from chronolog.log.port import EventLog, LogError, Record
-from chronolog.projections.ordered import Readable
+from chronolog.log.reading import Readable
 from chronolog.settings import RULES_HEADER
 
 
@@ -116,6 +116,11 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
     order = BarrierOrder(handovers=dict(checkpoint.handovers) if checkpoint else {})
     positions = dict(checkpoint.positions) if checkpoint else {}
     last_events = dict(checkpoint.last_events) if checkpoint else {}
+    for p in range(partitions):
+        gap = await _history_gap(log, source, p, positions.get(p, 0))
+        if gap is not None:
+            auditor.archive_damaged(gap)
+            save = False
     newest: dict[int, tuple[str, str]] = {}  # partition -> (rules, processor) of its last event
     read = 0
 
@@ -160,6 +165,25 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
                          "again")
     report.notes.extend(notes + ([note] if note else []))
     return run
+
+
+async def _history_gap(log: EventLog, source: Readable, partition: int,
+                       begin: int) -> str | None:
+    """Why the history of ``partition`` from ``begin`` cannot be read whole: the log was
+    pruned past ``begin`` and the archive (if any) does not hold what went (None: it can)."""
+    start = await log.start_offset(log.topics.events, partition)
+    if begin >= start:
+        return None
+    if isinstance(source, ArchivedHistory):
+        entries = source.entries(partition)
+        if entries and entries[0].start <= begin and source.archived_end(partition) >= start:
+            return None
+        held = (f"the archive holds [{entries[0].start}, {source.archived_end(partition)})"
+                if entries else "the archive holds none of it")
+    else:
+        held = "no archive was given (--archive)"
+    return (f"partition {partition}: events [{begin}, {start}) were pruned from the log and "
+            f"{held}: the history there cannot be proved")
 
 
 Usable = tuple[AuditCheckpoint, Auditor] | tuple[None, None]

@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from chronolog.cli.errors import UsageError
-from chronolog.cli.flags import add_retention_flag, retention_from_args
+from chronolog.cli.flags import (
+    add_archive_flag,
+    add_retention_flag,
+    archive_from_args,
+    retention_from_args,
+)
 from chronolog.devnode.node import run_dev
 
 
@@ -30,6 +35,7 @@ def register(sub: Any) -> None:
                    help="no built-in worker: only workers you attach (`chronolog worker "
                         "--data-dir DIR --jobs ...`) serve runs")
     add_retention_flag(p)
+    add_archive_flag(p)
     p.set_defaults(func=_run)
 
 
@@ -47,6 +53,7 @@ def _run(args: Any) -> int:
         tenants_path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")
         tenants = _tenants(tenants_path)
         retention = retention_from_args(args, tenants)
+        archive = archive_from_args(args)
         _check_destinations(tenants, partitions, args.database_url
                             or os.environ.get("CHRONOLOG_DATABASE_URL"))
         max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
@@ -75,7 +82,8 @@ def _run(args: Any) -> int:
                                    os.environ.get("CHRONOLOG_DATABASE_URL"),
                                    demo=not args.no_demo and not args.no_builtin,
                                    tenants_path=tenants_path, builtin=not args.no_builtin,
-                                   log_path=log_path, retention=retention))
+                                   log_path=log_path, retention=retention,
+                                   archive=archive))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

@@ -66,6 +66,24 @@ def add_retention_flag(p: argparse.ArgumentParser) -> None:
                         "CHRONOLOG_RETENTION; default 30d; a tenant's own retention wins)")
 
 
+def add_archive_flag(p: argparse.ArgumentParser) -> None:
+    """``--archive DIR``: where events go before the log's pruning removes them
+    (docs/design.md §19, §20)."""
+    p.add_argument("--archive", default=None, metavar="DIR",
+                   help="archive events here before they are pruned from the log (env "
+                        "CHRONOLOG_ARCHIVE; default: none — then pruning waits for the "
+                        "audit's checkpoint)")
+
+
+def archive_from_args(args: Any) -> str | None:
+    """``--archive``, else ``$CHRONOLOG_ARCHIVE``, else None; ``UsageError`` naming the
+    flag for a path that exists and is not a directory."""
+    value = getattr(args, "archive", None) or os.environ.get("CHRONOLOG_ARCHIVE") or None
+    if value is not None and os.path.exists(value) and not os.path.isdir(value):
+        raise _usage(f"--archive: {value!r} is not a directory")
+    return value
+
+
 def retention_from_args(args: Any, tenants: Any) -> float:
     """The deployment's retention in seconds (``--retention``, else ``$CHRONOLOG_RETENTION``,
     else 30 days), checked with the tenants' own windows (a ``result_retention`` longer than

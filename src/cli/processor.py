@@ -14,9 +14,11 @@ import socket
 from typing import Any
 
 from chronolog.cli.flags import (
+    add_archive_flag,
     add_log_flags,
     add_ready_flag,
     add_retention_flag,
+    archive_from_args,
     log_from_args,
     retention_policy_from_args,
 )
@@ -30,6 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument("--tenants", default=None, help="tenants TOML (env CHRONOLOG_TENANTS)")
     p.add_argument("--batch", type=int, default=500, help="max commands per transaction")
     add_retention_flag(p)
+    add_archive_flag(p)
     add_ready_flag(p)
     p.set_defaults(func=_run)
 
@@ -38,14 +41,15 @@ def _run(args: Any) -> int:
     from chronolog.logging import configure_logging
 
     configure_logging()
-    # the deployment's retention, checked with the tenants' own (the log is not pruned yet)
+    # the deployment's retention, checked with the tenants' own: the log keeps the longest
     args.retention_policy = retention_policy_from_args(args)
+    archive = archive_from_args(args)
     log_ = log_from_args(args)
     member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
     from chronolog.readiness import ready_file
 
     return asyncio.run(run_processor(log_, member, args.batch, args.tenants,
                                      ready_file(args.ready_file),
-                                     args.retention_policy.default))
+                                     args.retention_policy.longest(), archive))
 
 

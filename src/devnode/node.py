@@ -56,6 +56,7 @@ async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
     builtin: bool = True, log_path: Path | None = None, retention: float | None = None,
+    archive: str | None = None,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
@@ -101,7 +102,7 @@ async def run_dev(
 
         await run_node(node, lg, store, tenants, stop, database_url=database_url,
                        on_started=started, view=not quiet, builtin=builtin,
-                       retention=retention)
+                       retention=retention, archive=archive)
         return 0
     finally:
         with contextlib.suppress(OSError):
@@ -120,6 +121,7 @@ async def run_node(
     node: DevNode, lg: Any, store: Any, tenants: Any, stop: asyncio.Event, *,
     database_url: str | None = None, on_started: Any = None, view: bool = False,
     supervisor: Any = None, builtin: bool = True, retention: float | None = None,
+    archive: str | None = None, audit_every: float | None = None,
 ) -> None:
     """Run every part of a node on ``lg`` (either log) and ``store`` until ``stop`` is set.
 
@@ -150,19 +152,28 @@ async def run_node(
     results = FilesystemResultStore(node.data_dir / "results")
     sup = supervisor or Supervisor()
     recent = Recent()
+    from chronolog.devnode.audits import AUDIT_EVERY_S, NodeAudits
+    from chronolog.processors.config import ProcessorConfig
     from chronolog.projections.retention import RetentionPolicy
     from chronolog.tenants import DEFAULT_RETENTION_S
 
     # the API waits on the projector: one object, run again on failure; it prunes finished
     # runs past their tenant's retention (``retention``: the node's --retention)
-    projector = Projector(lg, store, retention=RetentionPolicy.of(
-        tenants, DEFAULT_RETENTION_S if retention is None else retention))
+    policy = RetentionPolicy.of(tenants, DEFAULT_RETENTION_S if retention is None
+                                else retention)
+    projector = Projector(lg, store, retention=policy)
+    # the processor prunes the log behind the audit, which the node runs for itself
+    # (chronolog.devnode.audits), and keeps the longest window of any tenant
+    config = ProcessorConfig(retention_s=policy.longest(), archive=archive)
+    audits = NodeAudits(node.data_dir, AUDIT_EVERY_S if audit_every is None else audit_every,
+                        archive)
     client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
     node.parts.update(projector=projector, client=client, store=store, log=lg, recent=recent,
                       supervisor=sup)
 
     def processor() -> Any:
-        p = node.parts["processor"] = Processor(lg, f"dev-{os.getpid()}", tenants=tenants)
+        p = node.parts["processor"] = Processor(lg, f"dev-{os.getpid()}", tenants=tenants,
+                                                config=config)
         p.on_commit.append(recent)
         return p
 
@@ -210,6 +221,8 @@ async def run_node(
             sup.add("worker", worker, lambda w: w.run(), lambda w: w.stop())
         sup.add("effects", effects, lambda e: e.run(), lambda e: e.stop())
         sup.add("api", api, lambda s: s.serve(), exit_server)
+        sup.add("audits", lambda: audits, lambda a: a.run(), lambda a: a.stop())
+        node.parts["audits"] = audits
         await _wait_serving(sup, stop)
         if on_started is not None:
             await on_started(node)

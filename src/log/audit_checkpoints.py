@@ -117,6 +117,22 @@ async def checkpoint_positions(log: EventLog) -> dict[int, int] | None:
     return {int(p): int(o) for p, o in head["positions"].items()}
 
 
+async def checkpoint_needs(log: EventLog) -> dict[int, int] | None:
+    """Per partition, the first offset of ``events`` the latest checkpoint still reads: the
+    event it checks on resuming (its last event), else its position (None: no checkpoint;
+    a partition it does not name: 0). The log's pruning keeps everything from there.
+    ``CheckpointUnreadable`` when the head does not decode: nothing may go then."""
+    head = _head(await _latest(log))
+    if head is None:
+        return None
+    needs = {int(p): int(o) for p, o in head["positions"].items()}
+    for p, where in head["last_events"].items():
+        offset = str(where).partition(":")[0]
+        if offset.isdigit():
+            needs[int(p)] = min(needs.get(int(p), 0), int(offset))
+    return needs
+
+
 async def save_checkpoint(log: EventLog, checkpoint: AuditCheckpoint) -> None:
     """Write ``checkpoint`` as the latest: its chunks into the slot the current head does not
     name, then the head (module docstring)."""

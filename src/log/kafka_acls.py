@@ -14,8 +14,11 @@ what the role's code does:
 * processor: consumes ``commands`` in its group and writes, in transactions with ids
   ``<prefix>processor-p<N>``, ``events``, ``state``, ``replies``, ``ready.*`` (assignments)
   and ``commands`` (forwards, ticks); reads ``events``/``state``/``routing`` back when it
-  takes a partition over; dead letters to ``dlq``;
-* projector: reads ``events``, ``workers`` and ``dlq`` (its own offsets live in PostgreSQL);
+  takes a partition over; dead letters to ``dlq``; prunes its partitions of ``events``,
+  ``commands`` and ``replies`` (DELETE), once the audit checkpoint (reads ``audit``), the
+  projectors and the effect runners (DESCRIBE on their groups) are past what goes;
+* projector: reads ``events``, ``workers`` and ``dlq`` (its own offsets live in PostgreSQL;
+  it publishes them as the offsets of the group ``<prefix>projector``);
 * api: a client (writes ``commands``, reads ``replies`` in its own group ``<prefix>client-*``)
   that also reads ``events`` (recent events) and the processors' progress;
 * effects: reads ``events`` in its group, a client of its own (``<prefix>effects-*``),
@@ -132,10 +135,20 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         add("TOPIC", f"{p}ready.", "PREFIXED", "WRITE")
         add("GROUP", topics.processor_group, "LITERAL", "READ", "DESCRIBE")
         add("TRANSACTIONAL_ID", f"{p}processor-p", "PREFIXED", "WRITE", "DESCRIBE")
+        # pruning (chronolog.processors.pruning): it deletes old records of its partitions
+        # of events, commands and replies once the audit's checkpoint (audit), the
+        # projectors and the effect runners (their groups' offsets) are past them
+        for name in (topics.events, topics.commands, topics.replies):
+            add("TOPIC", name, "LITERAL", "DELETE")
+        topic(topics.audit, "READ")
+        add("GROUP", topics.projector_group, "LITERAL", "DESCRIBE")
+        add("GROUP", topics.effects_group, "LITERAL", "DESCRIBE")
     elif role == "projector":
         topic(topics.events, "READ")
         topic(topics.workers, "READ")
         topic(topics.dlq, "READ", "WRITE")  # dead letters are projected too
+        # how far it has applied events, for the log's pruning (offsets stored, no member)
+        add("GROUP", topics.projector_group, "LITERAL", "READ", "DESCRIBE")
     elif role == "api":
         client("client-")
         topic(topics.events, "READ")

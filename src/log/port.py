@@ -119,6 +119,13 @@ class Topics:
         return f"{self.prefix}{EFFECTS_GROUP_SUFFIX}"
 
     @property
+    def projector_group(self) -> str:
+        """Where projectors publish how far they have applied ``events`` (offsets stored with
+        ``EventLog.store_offsets``; the read model's own offsets stay in its database): the
+        log's pruning waits for it."""
+        return f"{self.prefix}projector"
+
+    @property
     def commands(self) -> str:
         return f"{self.prefix}commands"
 

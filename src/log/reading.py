@@ -8,14 +8,25 @@ iteration ends; on Kafka, commit markers and aborted data below that end are ski
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Protocol
 
-from chronolog.log.port import EventLog, Record
+from chronolog.log.port import Record
 
 READ_BATCH = 2000
 
 
+class Readable(Protocol):
+    """What is read: the log (``EventLog``), or history as archive plus log
+    (``chronolog.archive.source.ArchivedHistory``)."""
+
+    async def read(self, topic: str, partition: int, offset: int, max_records: int = 1000,
+                   timeout_ms: int = 0) -> list[Record]: ...
+
+    async def end_offset(self, topic: str, partition: int) -> int: ...
+
+
 async def read_partition(
-    log: EventLog, topic: str, partition: int, start: int = 0, stop: int | None = None,
+    log: Readable, topic: str, partition: int, start: int = 0, stop: int | None = None,
     batch: int = READ_BATCH,
 ) -> AsyncIterator[list[Record]]:
     """Batches of committed records of one partition, offsets in ``[start, stop)``.

@@ -92,9 +92,15 @@ class ProcessorConfig:
     ticks_per_step: int = 300
     reply_cache_size: int = 10_000
     reply_retention_s: float = 3600.0
-    # the deployment's retention of finished runs (``--retention``; a tenant's own wins):
-    # accepted and validated now, for pruning the log later — nothing is pruned yet
+    # the log's window (``--retention``, or a tenant's own when longer): events younger
+    # than this before a partition's newest are never pruned (chronolog.processors.pruning)
     retention_s: float = DEFAULT_RETENTION_S
+    # pruning the owned partitions of events and the transient topics, every prune_every_s
+    # (off: the log keeps everything); archive: where events go before they are removed
+    prune: bool = True
+    prune_every_s: float = 30.0
+    transient_s: float = 3600.0
+    archive: str | None = None
     restore_chunk: int = 2000
     # pipelining: decide batch N+1 while batch N's transactions are in flight
     pipeline: bool = True

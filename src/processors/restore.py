@@ -16,11 +16,12 @@ from typing import Any
 
 import structlog
 
+from chronolog.archive.source import ArchivedHistory
 from chronolog.domain import codec
 from chronolog.environment import gc_paused
 from chronolog.log.dead_letters import DeadLetters
-from chronolog.log.port import EventLog, LogError, LogUnavailable, Record
-from chronolog.log.reading import read_partition
+from chronolog.log.port import EventLog, LogError, LogUnavailable, LogUnsafe, Record
+from chronolog.log.reading import Readable, read_partition
 from chronolog.processors.config import ProcessorConfig, ProcessorStats
 from chronolog.processors.partition_task import PartitionTask
 from chronolog.processors.snapshots import (
@@ -95,7 +96,7 @@ class Restorer:
                 ps.states, ps.quotas = {}, {}
                 loaded = None
         if loaded is None:
-            folded = await self._fold(ps, None, takeover)
+            folded = await self._fold(ps, None, takeover, await self._whole_history(p))
             self.stats.restored_from_zero += 1
         else:
             takeover.from_snapshot = True
@@ -120,7 +121,9 @@ class Restorer:
                 busy_interval_s=cfg.snapshot_busy_interval_s, events=cfg.snapshot_events,
                 chunk=max(1, cfg.snapshot_chunk), dirty=dirty,
                 specs=set() if loaded is None else loaded.specs, log_end=log_end,
-                last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from)
+                last_event=last_event, fold_from=0 if loaded is None else loaded.fold_from,
+                marker_last=None if loaded is None else loaded.last_event,
+                marked=loaded is not None)
             if loaded is None and dirty:
                 # folded from 0: no snapshot of these states yet — the first round goes
                 # now (after a snapshot, the tail's states wait for the usual interval)
@@ -167,8 +170,27 @@ class Restorer:
         log.warning("snapshot_rejected", partition=p, reason=reason,
                     detail="folding events from offset 0")
 
+    async def _whole_history(self, p: int) -> Readable:
+        """Where partition p's events are read from offset 0: the log, or — once pruned —
+        the archive below its archived end (``ArchivedHistory``). ``LogUnsafe`` when the
+        log was pruned and no archive covers what went: folding what is left would build
+        wrong states, so the partition is not taken over (its readiness says why)."""
+        start = await self.log.start_offset(self.topics.events, p)
+        if start == 0:
+            return self.log
+        why = (f"partition {p} of events was pruned below offset {start} and has no usable "
+               "snapshot")
+        if self.config.archive is None:
+            raise LogUnsafe(f"{why}; restoring it needs the archive (--archive)")
+        history = ArchivedHistory(self.config.archive, self.log)
+        entries = history.entries(p)
+        if not entries or entries[0].start != 0 or history.archived_end(p) < start:
+            raise LogUnsafe(f"{why}, and the archive does not hold offsets 0 to {start}")
+        return history
+
     async def _fold(
         self, ps: PartitionTask, loaded: Loaded | None, takeover: Takeover,
+        source: Readable | None = None,
     ) -> tuple[set[str], int, tuple[int, str] | None]:
         """Fold partition p of ``events`` into ``ps`` (``Folder``): onto ``loaded`` (a
         snapshot), or from offset 0. Returns the keys whose states are not on ``state`` as
@@ -178,8 +200,8 @@ class Restorer:
         ps.states, ps.quotas = folder.states, folder.quotas
         offset = folder.start
         unswept = 0
-        async for recs in read_partition(self.log, self.topics.events, ps.partition, offset,
-                                         batch=self.config.restore_chunk):
+        async for recs in read_partition(source or self.log, self.topics.events, ps.partition,
+                                         offset, batch=self.config.restore_chunk):
             for rec in recs:
                 try:
                     env = codec.decode_event(rec.value)

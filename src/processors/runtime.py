@@ -79,6 +79,7 @@ from chronolog.logging import Throttle
 from chronolog.processors.config import OpenTenants, ProcessorConfig, ProcessorStats, TenantPolicies
 from chronolog.processors.output import Output
 from chronolog.processors.partition_task import PartitionTask, TaskContext, Unapplied
+from chronolog.processors.pruning import Pruner
 from chronolog.processors.restore import Restorer, Takeover
 from chronolog.settings import installed_rules
 
@@ -144,6 +145,10 @@ class Processor:
         self._restore_slots = asyncio.Semaphore(RESTORE_SLOTS)
         # partitions installed since this step's poll began -> the offset they were sought to
         self._installed: dict[int, int] = {}
+        # pruning of the owned partitions (chronolog.processors.pruning), beside the loop
+        cfg = self.config
+        self.pruner = Pruner(log_, retention_s=cfg.retention_s, archive=cfg.archive,
+                             transient_s=cfg.transient_s)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -184,8 +189,16 @@ class Processor:
                 _gc_tune(self.config.gc_gen0_threshold)
                 tuned = True
             await self._consumer.start()
-            while not self._stopping.is_set():
-                await self.step()
+            pruning = (asyncio.create_task(self._prune_until_stopped(), name="pruning")
+                       if self.config.prune else None)
+            try:
+                while not self._stopping.is_set():
+                    await self.step()
+            finally:
+                if pruning is not None:
+                    pruning.cancel()
+                    with contextlib.suppress(BaseException):
+                        await pruning
         finally:
             try:
                 await self._settle(rebuild=False)  # the open transactions finish first
@@ -205,6 +218,25 @@ class Processor:
                     await asyncio.gather(*self._closing, return_exceptions=True)
                 if tuned:
                     _gc_untune()
+
+    async def _prune_until_stopped(self) -> None:
+        """A pruning pass over every owned partition every ``prune_every_s``; a failure is
+        logged and tried again at the next pass: pruning never stops deciding."""
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.prune_every_s)
+            for p, ps in list(self.partitions.items()):
+                if self._stopping.is_set():
+                    return
+                snap = ps.snap
+                try:
+                    await self.pruner.prune(p, None if snap is None
+                                            else snap.takeover_reads_from())
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - tried again at the next pass
+                    self.pruner.stats.failures += 1
+                    log.warning("prune_failed", partition=p, error=repr(exc)[:500])
 
     async def step(self) -> None:
         """One iteration: a batch of commands plus due timers, one transaction per partition.

@@ -18,13 +18,16 @@ from chronolog.tenants import DEFAULT_RETENTION_S, load_tenants
 
 async def run_processor(log_: Any, member: str, batch: int = 500,
                         tenants_path: str | None = None, ready_file: str | None = None,
-                        retention_s: float = DEFAULT_RETENTION_S) -> int:
+                        retention_s: float = DEFAULT_RETENTION_S,
+                        archive: str | None = None) -> int:
+    """``retention_s``: the log's window (the longest of the deployment's and the tenants'
+    retention); ``archive``: where events go before they are pruned."""
     tenants = None
     path = tenants_path or os.environ.get("CHRONOLOG_TENANTS")
     if path:
         tenants = load_tenants(path)
-    proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(batch_max=batch,
-                                                                retention_s=retention_s))
+    proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(
+        batch_max=batch, retention_s=retention_s, archive=archive))
 
     async def probe() -> tuple[bool, str]:
         ready, reason = proc.readiness()

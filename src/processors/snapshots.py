@@ -402,6 +402,9 @@ class SnapshotWriter:
     log_end: int = 0  # the offset after the last event committed (or being committed)
     last_event: tuple[int, str] | None = None  # (offset, event ID) of that last event
     fold_from: int = 0  # of the last marker written or read
+    # that marker's last event before fold_from, and whether there is a marker at all
+    marker_last: tuple[int, str] | None = None
+    marked: bool = False
     events_since: int = 0
     stats: SnapshotStats = field(default_factory=SnapshotStats)
     round: _Round | None = None
@@ -413,6 +416,14 @@ class SnapshotWriter:
     max_in_flight: int = 2
     _last_start: float = field(default_factory=time.monotonic)
     _rounds: int = 0
+
+    def takeover_reads_from(self) -> int | None:
+        """The first offset of ``events`` a takeover from the latest committed marker reads
+        (the event it checks, else ``fold_from``); None while there is no marker: a takeover
+        would fold from offset 0. The log's pruning keeps everything from there."""
+        if not self.marked:
+            return None
+        return self.fold_from if self.marker_last is None else self.marker_last[0]
 
     def start_now(self) -> None:
         """The next round starts at the next batch (after a takeover)."""
@@ -544,5 +555,7 @@ class SnapshotWriter:
         if chunk.last:
             assert rnd.start is not None
             self.fold_from = rnd.start
+            self.marker_last = rnd.last_event
+            self.marked = True
             self.stats.rounds += 1
             self.round = None

@@ -19,23 +19,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import Barrier, BarrierOrder
 from chronolog.domain.codec import DecodeError, decode_event
 from chronolog.log.port import Record
-from chronolog.log.reading import READ_BATCH
+from chronolog.log.reading import READ_BATCH, Readable
 
-__all__ = ["Readable", "Taken", "read_in_order"]
+__all__ = ["Taken", "read_in_order"]
 
-
-class Readable(Protocol):
-    """What is read: the log (``EventLog``), or history as archive plus log
-    (``chronolog.archive.source``)."""
-
-    async def read(self, topic: str, partition: int, offset: int, max_records: int = 1000,
-                   timeout_ms: int = 0) -> list[Record]: ...
 
 Stuck = Callable[[int, Barrier, Record], None]
 

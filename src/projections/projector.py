@@ -120,6 +120,7 @@ DEFAULT_BATCH = 5000
 DEFAULT_IDLE_MS = 100
 DEFAULT_DISCOVER_S = 2.0  # how often the projector looks for partitions added to events
 DEFAULT_PRUNE_EVERY_S = 10.0  # how often finished runs past their retention are pruned
+PROGRESS_EVERY_S = 5.0  # between two publications of the stored offsets on the log
 PRUNE_BATCHES_PER_PASS = 20  # batches of one pruning pass (the next pass goes on)
 
 
@@ -323,6 +324,7 @@ class Projector:
         self.retention = (retention or RetentionPolicy()) if alongside else None
         self.prune_every_s = prune_every_s
         self.pruned = PruneReport()  # totals since this projector started
+        self.progress_every_s = PROGRESS_EVERY_S
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -386,6 +388,7 @@ class Projector:
                    if self.letters is not None else None)
         pruner = (asyncio.create_task(self._prune_until_stopped(), name="retention")
                   if self.retention is not None else None)
+        progress = asyncio.create_task(self._publish_progress(), name="progress")
         gc_tune(GC_GEN0_THRESHOLD)  # batches allocate many short-lived objects
         try:
             while not self._stopping.is_set():
@@ -417,7 +420,7 @@ class Projector:
         finally:
             gc_untune()
             await _cancel(stopping)
-            for side in (members, letters, pruner):
+            for side in (members, letters, pruner, progress):
                 if side is not None:
                     await _cancel(side)
 
@@ -444,6 +447,26 @@ class Projector:
                 log.warning("projector_prune_failed", error=repr(exc)[:500])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.prune_every_s)
+
+    async def _publish_progress(self) -> None:
+        """Every ``progress_every_s``, the offsets stored in the database as the log's group
+        ``Topics.projector_group`` (``EventLog.store_offsets``): the log's pruning removes no
+        event this projector has not applied (``chronolog.processors.pruning``). A failure
+        is logged and tried again at the next tick."""
+        published: dict[int, int] = {}
+        while not self._stopping.is_set():
+            changed = {(self.topic, p): n for p, n in self._offsets.items()
+                       if published.get(p) != n}
+            if changed:
+                try:
+                    await self.log.store_offsets(self.log.topics.projector_group, changed)
+                    published.update({p: n for (_, p), n in changed.items()})
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - tried again at the next tick
+                    log.warning("projector_progress_failed", error=repr(exc)[:500])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.progress_every_s)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""

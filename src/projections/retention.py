@@ -81,6 +81,10 @@ class RetentionPolicy:
     def window(self, tenant: str) -> float:
         return self.tenants.get(tenant, self.default)
 
+    def longest(self) -> float:
+        """The longest window of any tenant: the log's own (it serves every tenant)."""
+        return max([self.default, *self.tenants.values()])
+
 
 @dataclass
 class PruneReport:
