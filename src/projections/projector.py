@@ -80,7 +80,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -435,38 +435,39 @@ class Projector:
         self.pruned.now = report.now
         return report
 
-    async def _prune_until_stopped(self) -> None:
-        """``prune`` every ``prune_every_s`` (a bounded pass each time) until stopped; a
-        failure is logged and tried again at the next tick — pruning never stops projecting."""
+    async def _every(self, seconds: Callable[[], float], what: str,
+                     step: Callable[[], Awaitable[Any]]) -> None:
+        """``step()`` every ``seconds()`` until stopped; a failure is logged (``what``) and
+        tried again at the next tick — a side task never stops projecting."""
         while not self._stopping.is_set():
             try:
-                await self.prune(PRUNE_BATCHES_PER_PASS)
+                await step()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - tried again at the next tick
-                log.warning("projector_prune_failed", error=repr(exc)[:500])
+                log.warning(what, error=repr(exc)[:500])
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.prune_every_s)
+                await asyncio.wait_for(self._stopping.wait(), seconds())
+
+    async def _prune_until_stopped(self) -> None:
+        """``prune`` every ``prune_every_s`` (a bounded pass each time) until stopped."""
+        await self._every(lambda: self.prune_every_s, "projector_prune_failed",
+                          lambda: self.prune(PRUNE_BATCHES_PER_PASS))
 
     async def _publish_progress(self) -> None:
         """Every ``progress_every_s``, the offsets stored in the database as the log's group
         ``Topics.projector_group`` (``EventLog.store_offsets``): the log's pruning removes no
-        event this projector has not applied (``chronolog.processors.pruning``). A failure
-        is logged and tried again at the next tick."""
+        event this projector has not applied (``chronolog.processors.pruning``)."""
         published: dict[int, int] = {}
-        while not self._stopping.is_set():
+
+        async def publish() -> None:
             changed = {(self.topic, p): n for p, n in self._offsets.items()
                        if published.get(p) != n}
             if changed:
-                try:
-                    await self.log.store_offsets(self.log.topics.projector_group, changed)
-                    published.update({p: n for (_, p), n in changed.items()})
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - tried again at the next tick
-                    log.warning("projector_progress_failed", error=repr(exc)[:500])
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.progress_every_s)
+                await self.log.store_offsets(self.log.topics.projector_group, changed)
+                published.update({p: n for (_, p), n in changed.items()})
+
+        await self._every(lambda: self.progress_every_s, "projector_progress_failed", publish)
 
     async def _reader(self, queue: asyncio.Queue[_Batch], start: dict[int, int]) -> None:
         """Fill ``queue`` with decoded, projected batches read from ``start`` on."""
