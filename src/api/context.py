@@ -51,6 +51,7 @@ from chronolog.commands.aggregate import TenantContext
 from chronolog.commands.decider import ungranted_effect
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
+from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.queries import workers as wk
@@ -272,12 +273,7 @@ class ApiContext:
             raise ApiError(503, f"the log is unavailable: {exc}", None,
                            headers={"Retry-After": "1"}) from None
         if reply.status != "ok":
-            body = dict(reply.body)
-            fld = body.pop("field", None)
-            extra = {k: v for k, v in (("revision", body.get("revision")),
-                                       ("state", body.get("state"))) if v is not None}
-            raise ApiError(_REPLY_HTTP.get(reply.status, 409), reply.reason or reply.status,
-                           camel_path(fld) if isinstance(fld, str) else None, **extra)
+            raise _refused(reply)
         required: dict[int, int] = {}
         for pos in reply.positions:
             if pos.topic == self.topics.events:
@@ -301,6 +297,21 @@ class ApiContext:
         recs = await self.log.read(self.topics.events, p, max(0, end - 16), 16, 0)
         offsets = [r.offset for r in recs if r.offset < end]
         return {p: max(offsets) + 1} if offsets else {}
+
+
+def _refused(reply: m.Reply) -> ApiError:
+    """The error answer of a refused command. A refusal over the tenant's storage budget
+    names the tenants-file setting as its field and says when to retry (``Retry-After``)."""
+    body = dict(reply.body)
+    fld = body.pop("field", None)
+    extra = {k: v for k, v in (("revision", body.get("revision")),
+                               ("state", body.get("state"))) if v is not None}
+    if fld == STORAGE_SETTING:
+        wait = body.get("retry_after")
+        return ApiError(_REPLY_HTTP["quota"], reply.reason, STORAGE_SETTING,
+                        headers={"Retry-After": str(wait)} if isinstance(wait, int) else None)
+    return ApiError(_REPLY_HTTP.get(reply.status, 409), reply.reason or reply.status,
+                    camel_path(fld) if isinstance(fld, str) else None, **extra)
 
 
 @dataclass(frozen=True)
