@@ -7,6 +7,10 @@ Writes validate what they can first, then send one command and wait — bounded,
 command may still be decided, so the message says to read the resource (or retry with the
 same ``Idempotency-Key``) before retrying blindly.
 
+A refused command is the error body of its reply's status (``quota`` is 429); a refusal over
+the tenant's storage budget names the tenants-file setting, ``storage_budget``, as its field
+and carries the processor's ``retry_after`` as ``Retry-After``.
+
 Read your writes by default: after an ok reply the write waits, at most ``visible_timeout``
 (default 2 s), until the projection has passed the log positions of the events the command
 caused (for a write that caused none, e.g. an idempotent replay, just past the last record

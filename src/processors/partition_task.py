@@ -15,7 +15,9 @@ A decision whose events cannot be applied to the state raises ``Unapplied``: the
 no longer the log's, and the task manager drops the partition and takes it over again.
 
 What every task of a processor shares (the tenants' policies, counters, the dead-letter
-writer, the other tasks for tenant-wide counts) is its ``TaskContext``.
+writer, the other tasks for tenant-wide counts, the tenants' retries-a-minute and storage
+budgets) is its ``TaskContext``. A schedule's decision passes the tenant's storage budget
+(``_within_storage_budget``, docs/design.md §9) before it is applied.
 """
 
 from __future__ import annotations

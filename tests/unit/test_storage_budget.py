@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,19 @@ def test_the_tenants_file_sets_the_storage_budget_and_the_default_applies(
         512 * 2**20, 100_000, 2 * 10**9, DEFAULT_STORAGE_BUDGET]
     assert DEFAULT_STORAGE_BUDGET == 256 * 2**20
     assert dev_tenants().storage_budget("default") is None  # no tenants file: no budget
+
+
+def test_the_docs_tenants_files_set_the_storage_budget_they_show(tmp_path: Path) -> None:
+    """docs/deployment.md ("Tenants") and docs/security.md ("Storage a tenant writes"): their
+    tenants-file examples load with the budget their comments give."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    shown = {"deployment.md": ("### Tenants", 256 * 2**20),
+             "security.md": ("## Storage a tenant writes", 512 * 2**20)}
+    for name, (heading, budget) in shown.items():
+        text = (docs / name).read_text()
+        toml = re.search(r"```toml\n(.*?)```", text[text.index(heading):], re.S)
+        assert toml is not None, name
+        assert _load(tmp_path, toml.group(1)).storage_budget("acme") == budget, name
 
 
 @pytest.mark.parametrize("value", ['"lots"', "-1", "1.5", "true", '"10TB"',
