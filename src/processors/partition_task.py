@@ -17,14 +17,13 @@ no longer the log's, and the task manager drops the partition and takes it over 
 What every task of a processor shares (the tenants' policies, counters, the dead-letter
 writer, the other tasks for tenant-wide counts, the tenants' retries-a-minute and storage
 budgets) is its ``TaskContext``. A schedule's decision passes the tenant's storage budget
-(``_within_storage_budget``, docs/design.md §9) before it is applied.
+(``StorageGate.within``, docs/design.md §9) before it is applied.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
@@ -52,14 +51,6 @@ from chronolog.domain.ids import (
 )
 from chronolog.domain.offers import BadOffer, Offer, is_offer, verify_proof
 from chronolog.domain.routing import Forward, RoutingVersion
-from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
-from chronolog.domain.storage_budget import (
-    StorageBudgets,
-    params_bytes,
-    refusal_reason,
-    result_bytes,
-    retry_after,
-)
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.partitioner import key_hash, misplaced
 from chronolog.log.port import OutRecord, PartitionOwner, Record
@@ -68,6 +59,7 @@ from chronolog.processors.config import ProcessorConfig, ProcessorStats, TenantP
 from chronolog.processors.dispatch import Dispatcher, running_by_tenant
 from chronolog.processors.output import Output
 from chronolog.processors.snapshots import Chunk, SnapshotWriter
+from chronolog.processors.storage_budget import StorageGate
 from chronolog.settings import RULES_HEADER, RulesVersion
 
 log = structlog.get_logger("chronolog.processor")
@@ -98,7 +90,7 @@ class TaskContext:
     tasks: Mapping[int, PartitionTask]
     attempt_budget: AttemptBudget = field(default_factory=AttemptBudget)  # retries a minute
     # bytes of params and results each tenant wrote in the last hour (its storage budget)
-    storage: StorageBudgets = field(default_factory=StorageBudgets)
+    storage: StorageGate = field(default_factory=StorageGate)
     # commands (partition, offset) and timers (key) whose decision could not be applied:
     # not decided again (the command is dead-lettered, the timer waits for a command)
     unapplied: dict[tuple[int, int], Exception] = field(default_factory=dict)
@@ -300,15 +292,18 @@ class PartitionTask:
         allowed, max_schedules = self.ctx.tenants.policy(env.tenant)
         max_attempts, min_backoff = self.ctx.tenants.retry_bounds(env.tenant)
         timeout, job_timeouts = self.ctx.tenants.timeouts(env.tenant)
+        budget = self.ctx.tenants.storage_budget(env.tenant)
+        refusal, budget_wait = self.ctx.storage.result_refusal(budget, env, now)
         tenant = TenantContext(allowed, max_schedules,
                                destinations=self.ctx.tenants.destinations(env.tenant),
                                min_interval=self.ctx.tenants.min_interval(env.tenant),
                                max_attempts=max_attempts, min_backoff=min_backoff,
                                execution_timeout=timeout, job_timeouts=job_timeouts,
-                               retry_delay=self._retry_delay(env, now),
-                               result_refusal=self._result_refusal(env, now))
+                               retry_delay=max(budget_wait, self._retry_delay(
+                                   env, now, failing=refusal is not None)),
+                               result_refusal=refusal)
         try:
-            dec = self._within_storage_budget(env, now, (
+            dec = self.ctx.storage.within(budget, env, now, (
                 self._unpooled_claim(env) or self._over_share(env)
                 or self.aggregates.schedule.decide(st, env, now, tenant)))
             self._spend_retries(env.tenant, dec, now)
@@ -693,11 +688,13 @@ class PartitionTask:
             self.dispatch.adopt(run.resource_class, run.worker_id, run_id, run.fence)
             self.dispatch.hold(run_id, st.tenant)
 
-    def _retry_delay(self, env: m.CommandEnvelope, now: datetime) -> float:
-        """The extra wait a retry of ``env`` (a failure) gets: the tenant's budget of retries
-        a minute is spent (``AttemptBudget``); 0 for other commands or without a ceiling."""
+    def _retry_delay(self, env: m.CommandEnvelope, now: datetime,
+                     failing: bool = False) -> float:
+        """The extra wait a retry of ``env`` (a failure, or ``failing``: a result refused)
+        gets: the tenant's budget of retries a minute is spent (``AttemptBudget``); 0 for
+        other commands or without a ceiling."""
         per_minute = self.ctx.tenants.attempts_per_minute(env.tenant)
-        if per_minute is None or not isinstance(env.payload, m.FailRun):
+        if per_minute is None or not (failing or isinstance(env.payload, m.FailRun)):
             return 0.0
         return self.ctx.attempt_budget.delay(env.tenant, per_minute, now.timestamp())
 
@@ -707,46 +704,6 @@ class PartitionTask:
             for ev in dec.events:
                 if isinstance(ev, m.RetryScheduled):
                     self.ctx.attempt_budget.take(tenant, per_minute, now.timestamp())
-
-    def _within_storage_budget(self, env: m.CommandEnvelope, now: datetime,
-                               dec: ScheduleDecision) -> ScheduleDecision:
-        """``dec``, its params and results counted against the tenant's storage budget; or,
-        when it would write params that do not fit this hour, a ``quota`` refusal naming the
-        budget with the seconds until they would fit (``retry_after``). Only a decision that
-        writes is refused: a repeated command answered from its state writes nothing."""
-        budget = self.ctx.tenants.storage_budget(env.tenant)
-        if budget is None or not dec.ok or not dec.events:
-            return dec
-        now_s = now.timestamp()
-        size = params_bytes(env.payload)
-        if size:
-            wait = self.ctx.storage.wait(env.tenant, size, budget, now_s)
-            if wait is not None:
-                what = f"the params of {env.payload.type}"
-                return Decision(status="quota", field=STORAGE_SETTING,
-                                reason=refusal_reason(env.tenant, what, size, budget, wait),
-                                body={"retry_after": retry_after(wait)})
-        size += sum(result_bytes(ev.size, ev.inline) for ev in dec.events
-                    if isinstance(ev, m.ResultPublished))
-        if size:
-            self.ctx.storage.take(env.tenant, size, now_s)
-        return dec
-
-    def _result_refusal(self, env: m.CommandEnvelope,
-                        now: datetime) -> tuple[m.ErrorClass, str] | None:
-        """How a CompleteRun's attempt fails when its result does not fit the tenant's storage
-        budget this hour: a transient failure (retried by the policy) while it would fit
-        later, a permanent one when it is larger than the whole budget; None: it fits."""
-        budget = self.ctx.tenants.storage_budget(env.tenant)
-        p = env.payload
-        if budget is None or not isinstance(p, m.CompleteRun):
-            return None
-        size = result_bytes(p.size, p.inline)
-        wait = self.ctx.storage.wait(env.tenant, size, budget, now.timestamp())
-        if wait is None:
-            return None
-        reason = refusal_reason(env.tenant, "the result", size, budget, wait)
-        return ("permanent" if math.isinf(wait) else "transient"), reason
 
     def _claim_context(self, tenant: str) -> TenantContext:
         """What an assignment (a ClaimRun on a worker's behalf) needs of the tenant's

@@ -7,6 +7,7 @@ fails its attempt (retried or dead-lettered by the policy), never a run that van
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,7 +16,10 @@ import pytest
 from chronolog.client import QuotaExceeded
 from chronolog.domain import messages as m
 from chronolog.tenants import Tenant, Tenants
+from chronolog.workers import FilesystemResultStore
+from support.polling import wait_until
 from support.processors import Running, events
+from support.workers import manual_spec, of_type, published, serving_test_jobs
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 BUDGET = 100_000
@@ -99,7 +103,8 @@ async def test_a_result_over_the_budget_fails_its_attempt_naming_the_budget(
                              40_001, uri=uri.format(run2, fence2))
         reply = refused.value.reply
         assert reply.body["field"] == "storage_budget"
-        assert reply.body["state"] == "RETRY_WAIT"  # retried by the policy
+        assert reply.body["state"] == "RETRY_WAIT"  # retried by the policy, once it fits
+        assert datetime.fromisoformat(reply.body["retry_at"]) >= T0 + timedelta(seconds=3600)
         failed = [e.payload for e in await events(event_log)
                   if isinstance(e.payload, m.AttemptFailed)]
         assert [(f.run_id, f.error_class) for f in failed] == [(run2, "transient")]
@@ -118,3 +123,27 @@ async def test_a_result_larger_than_the_whole_budget_dead_letters_its_run(
                                     65_537, uri=f"results:{run}/a1-f{fence}-0123456789abcdef")
         assert refused.value.reply.body["state"] == "DEAD"
         assert "larger than the whole budget" in refused.value.reply.reason
+
+
+async def test_a_worker_whose_result_is_over_the_budget_sees_its_attempt_fail(
+        event_log: Any, tmp_path: Path) -> None:
+    """A real worker (built-in and test jobs, a filesystem result store): its first result
+    fits, the second would pass the budget — the attempt fails naming it, the run waits to
+    be retried, nothing of it is published."""
+    store = FilesystemResultStore(tmp_path / "results")
+    record = {"file": str(tmp_path / "calls"), "pad": 50_000}  # results of about 50 KB
+    async with Running(event_log, tenants=tenants()) as r, \
+            serving_test_jobs(event_log, store, "w1"):
+        await r.client.create_schedule("acme", "s1", manual_spec(
+            "record", record, retry={"max_attempts": 3}))
+        first = (await r.client.trigger("acme", "s1", "k1"))["run_id"]
+        [fits] = await wait_until(lambda: published(event_log, first), 20, what="a result")
+        assert fits.size > 50_000 and fits.uri is not None  # staged, and counted
+        second = (await r.client.trigger("acme", "s1", "k2"))["run_id"]
+        [failed] = await wait_until(lambda: of_type(event_log, "AttemptFailed", second), 20,
+                                    what="the second attempt failed")
+        assert failed.error_class == "transient"
+        assert failed.message.startswith("over the storage budget of tenant 'acme'")
+        [retry] = await of_type(event_log, "RetryScheduled", second)
+        assert retry.attempt == 2
+        assert not await published(event_log, second)
