@@ -19,6 +19,7 @@ max_attempts_per_minute = 600   # retries scheduled a minute at most (more are d
 pools = ["acme-workers"]    # only workers of these pools run acme's runs (see below)
 retention = "30d"           # how long a finished run's read-model rows are kept (see below)
 result_retention = "7d"     # how long a finished run's result object is kept (<= retention)
+storage_budget = "256MiB"   # bytes of params and results written in any hour (see below)
 
 [tenants.acme.job_timeouts]           # per job type, instead of execution_timeout
 report = "1h"
@@ -48,6 +49,13 @@ default 30 days); ``result_retention`` how long its result object is kept (defau
 the run's retention when that is shorter). A file whose ``result_retention`` exceeds the
 tenant's ``retention`` is refused, naming both (``retention_of`` checks the same against the
 deployment's default for a tenant that sets only ``result_retention``).
+
+Storage budget (docs/design.md §9, "Storage budget"): ``storage_budget`` is the most bytes
+of params (creates, revisions, manual triggers) and results the tenant may write in any
+hour — an integer of bytes or a text such as ``"256MiB"`` (B, KB, MB, GB, KiB, MiB, GiB). A
+tenant of a tenants file without it has ``DEFAULT_STORAGE_BUDGET`` (256 MiB an hour); it is
+at least ``MAX_PARAMS_BYTES``, so the largest params a command may carry always fit an empty
+window. ``dev_tenants()`` has no budget.
 """
 
 from __future__ import annotations
@@ -63,6 +71,8 @@ from chronolog.destinations import AnyDestination, parse_destinations
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import (
     DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    MAX_INT,
+    MAX_PARAMS_BYTES,
     MAX_RETRY_ATTEMPTS,
     MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
@@ -73,6 +83,14 @@ from chronolog.settings import ConfigError
 DEFAULT_RATE_LIMIT = (50.0, 100)
 DEFAULT_RETENTION_S = 30 * 86400.0  # a finished run's rows, unless told otherwise
 DEFAULT_RESULT_RETENTION_S = 7 * 86400.0  # a finished run's result object
+# a tenant of a tenants file without ``storage_budget``: bytes of params and results an hour.
+# A busy normal tenant — ten runs a second, each with a few KiB of params and an inline result
+# (at most 8 KiB) — writes well under 256 MiB an hour; a tenant writing the largest params at
+# its whole default rate limit (50 a second) would write 11 GiB: it is refused at 256 MiB.
+DEFAULT_STORAGE_BUDGET = 256 * 1024 * 1024
+_SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
+          "GiB": 2**30}
 POOL_NAME = re.compile(r"^[a-z0-9-]{1,64}$")
 
 
@@ -103,6 +121,7 @@ class Tenant:
     pools: frozenset[str] = frozenset()  # worker pools that run its runs (none: pool-less)
     retention: float | None = None  # finished runs' rows, seconds (None: the deployment's)
     result_retention: float | None = None  # result objects, seconds (None: the default)
+    storage_budget: int | None = None  # bytes of params and results an hour (None: no budget)
 
 
 @dataclass
@@ -198,6 +217,12 @@ class Tenants:
                     f"must not exceed the tenant's retention "
                     f"({self.retention(name, default):g}s)")
 
+    def storage_budget(self, tenant: str) -> int | None:
+        """The bytes of params and results ``tenant`` may write in any hour (None: no
+        budget)."""
+        t = self.tenants.get(tenant)
+        return t.storage_budget if t is not None else None
+
     def policy(self, tenant: str) -> tuple[frozenset[str] | None, int | None]:
         t = self.tenants.get(tenant)
         if t is None:
@@ -260,7 +285,9 @@ def load_tenants(path: str | Path) -> Tenants:
     for name, cfg in section.items():
         rows, results = _retention(name, cfg)
         out[name] = replace(out[name], pools=_tenant_pools(p, name, cfg.get("pools", []), pools),
-                            retention=rows, result_retention=results)
+                            retention=rows, result_retention=results,
+                            storage_budget=_storage_budget(
+                                name, cfg.get("storage_budget", DEFAULT_STORAGE_BUDGET)))
     return Tenants(out, _operator_tokens(raw.get("operators", {})), pools)
 
 
@@ -321,6 +348,23 @@ def _retention(name: str, cfg: dict[str, Any]) -> tuple[float | None, float | No
         raise ConfigError(f"invalid tenants.{name}.result_retention '{results}': must not "
                           f"exceed tenants.{name}.retention '{rows}'")
     return r, rr
+
+
+def _storage_budget(name: str, value: Any) -> int:
+    """``storage_budget``: bytes an hour, an integer or a text with a unit ("256MiB"), from
+    ``MAX_PARAMS_BYTES`` (the largest params fit an empty window) to ``MAX_INT``."""
+    text = value if isinstance(value, str) else None
+    match = _SIZE.match(text) if text is not None else None
+    if match is not None:
+        size: Any = int(match[1]) * _UNITS[match[2]]
+    else:
+        size = value
+    if (isinstance(size, bool) or not isinstance(size, int)
+            or not MAX_PARAMS_BYTES <= size <= MAX_INT):
+        raise ConfigError(f"invalid tenants.{name}.storage_budget '{value}': bytes an hour, "
+                          f"an integer or a size such as \"256MiB\" (B, KB, MB, GB, KiB, "
+                          f"MiB, GiB), at least {MAX_PARAMS_BYTES} (the largest params)")
+    return size
 
 
 def _min_interval(name: str, value: Any) -> float:

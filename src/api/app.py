@@ -26,7 +26,9 @@ Conventions
 * Limits (``chronolog.domain.limits``; docs/deployment.md, "Limits"): the request guard
   (``chronolog.api.limits.RequestGuard``) refuses oversized bodies, non-JSON bodies, deep
   nesting and NUL before FastAPI parses anything; path IDs must match their patterns; a
-  tenant's commands pass its token bucket (429 with ``Retry-After``). ``/metrics`` takes an
+  tenant's commands pass its token bucket (429 with ``Retry-After``), and the processor
+  holds its params and results to its storage budget (429, ``field`` ``storage_budget``,
+  with ``Retry-After``: ``chronolog.domain.storage_budget``). ``/metrics`` takes an
   operator token whenever the tenants come from a file.
 * Auth (``chronolog.api.auth``): ``Authorization: Bearer <token>`` -> tenant; every read and
   write is tenant-scoped.

@@ -7,6 +7,10 @@ Writes validate what they can first, then send one command and wait — bounded,
 command may still be decided, so the message says to read the resource (or retry with the
 same ``Idempotency-Key``) before retrying blindly.
 
+A refused command is the error body of its reply's status (``quota`` is 429); a refusal over
+the tenant's storage budget names the tenants-file setting, ``storage_budget``, as its field
+and carries the processor's ``retry_after`` as ``Retry-After``.
+
 Read your writes by default: after an ok reply the write waits, at most ``visible_timeout``
 (default 2 s), until the projection has passed the log positions of the events the command
 caused (for a write that caused none, e.g. an idempotent replay, just past the last record
@@ -51,6 +55,7 @@ from chronolog.commands.aggregate import TenantContext
 from chronolog.commands.decider import ungranted_effect
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
+from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.queries import workers as wk
@@ -272,12 +277,7 @@ class ApiContext:
             raise ApiError(503, f"the log is unavailable: {exc}", None,
                            headers={"Retry-After": "1"}) from None
         if reply.status != "ok":
-            body = dict(reply.body)
-            fld = body.pop("field", None)
-            extra = {k: v for k, v in (("revision", body.get("revision")),
-                                       ("state", body.get("state"))) if v is not None}
-            raise ApiError(_REPLY_HTTP.get(reply.status, 409), reply.reason or reply.status,
-                           camel_path(fld) if isinstance(fld, str) else None, **extra)
+            raise _refused(reply)
         required: dict[int, int] = {}
         for pos in reply.positions:
             if pos.topic == self.topics.events:
@@ -301,6 +301,21 @@ class ApiContext:
         recs = await self.log.read(self.topics.events, p, max(0, end - 16), 16, 0)
         offsets = [r.offset for r in recs if r.offset < end]
         return {p: max(offsets) + 1} if offsets else {}
+
+
+def _refused(reply: m.Reply) -> ApiError:
+    """The error answer of a refused command. A refusal over the tenant's storage budget
+    names the tenants-file setting as its field and says when to retry (``Retry-After``)."""
+    body = dict(reply.body)
+    fld = body.pop("field", None)
+    extra = {k: v for k, v in (("revision", body.get("revision")),
+                               ("state", body.get("state"))) if v is not None}
+    if fld == STORAGE_SETTING:
+        wait = body.get("retry_after")
+        return ApiError(_REPLY_HTTP["quota"], reply.reason, STORAGE_SETTING,
+                        headers={"Retry-After": str(wait)} if isinstance(wait, int) else None)
+    return ApiError(_REPLY_HTTP.get(reply.status, 409), reply.reason or reply.status,
+                    camel_path(fld) if isinstance(fld, str) else None, **extra)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from chronolog.cli.errors import Failure, UsageError
 from chronolog.cli.transport import Ctx, RunsQuery, SchedulesQuery, WorkersQuery
 from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
 from chronolog.domain import messages as m
+from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.log.port import LogError
 from chronolog.queries.documents import camel_path, jsonable
@@ -247,8 +248,10 @@ class DirectTransport:
             body = dict(exc.body)
             fld = body.pop("field", None)
             extra = {k: body[k] for k in ("revision", "state") if body.get(k) is not None}
+            if isinstance(fld, str) and fld != STORAGE_SETTING:  # a tenants-file setting
+                fld = camel_path(fld)  # stays as the file spells it; a body field is camelCase
             raise Failure(exc.reply.status, exc.reason or exc.reply.status,
-                          camel_path(fld) if isinstance(fld, str) else None, extra) from None
+                          fld if isinstance(fld, str) else None, extra) from None
 
     # ------------------------------------------------------------------ the read model
 

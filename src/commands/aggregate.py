@@ -86,6 +86,10 @@ class TenantContext:
     job_timeouts: Mapping[str, float] | None = None
     # extra wait of a retry scheduled now: the tenant's retries per minute are spent
     retry_delay: float = 0.0
+    # a CompleteRun whose result is over the tenant's storage budget (its bytes do not fit
+    # the hour's window, decided by the processor): the error class and message the attempt
+    # fails with instead of publishing the result (None: the result fits)
+    result_refusal: tuple[m.ErrorClass, str] | None = None
 
     def timeout_for(self, job: m.JobSpec) -> float:
         """An attempt's execution timeout: the tenant's for the job type, or the job's own

@@ -71,6 +71,7 @@ from chronolog.domain.recurrence import (
     Trigger,
     upcoming,
 )
+from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 
 __all__ = [
     "LEAVES_LIVE",
@@ -159,7 +160,7 @@ def _decide(
         case m.Heartbeat():
             return _heartbeat(state, p, now)
         case m.CompleteRun():
-            return _complete(state, p, now)
+            return _complete(state, p, now, tenant)
         case m.FailRun():
             return _fail(state, p, now, tenant)
         case m.CreateSchedule():
@@ -1105,7 +1106,8 @@ def _heartbeat(state: ScheduleState, p: m.Heartbeat, now: datetime) -> ScheduleD
                                            "cancel_requested": run.cancel_requested})
 
 
-def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> ScheduleDecision:
+def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime,
+              tenant: TenantContext = OPEN_TENANT) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
         return _reject("not_found", "no such run")
@@ -1132,6 +1134,8 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Schedule
                         body={"current_fence": d.state.fence})
     if p.worker_id != run.worker_id:
         return _not_assignee(run, p.worker_id)
+    if tenant.result_refusal is not None:
+        return _result_refused(state, p, now, tenant, *tenant.result_refusal)
     d = _draft(state)
     d.emit(m.ResultPublished(run_id=run.run_id, attempt=run.attempt, fence=p.fence,
                              worker_id=p.worker_id, checksum=p.checksum, size=p.size,
@@ -1150,6 +1154,21 @@ def _complete(state: ScheduleState, p: m.CompleteRun, now: datetime) -> Schedule
             "run_id": run.run_id, "state": "SUCCEEDED", "checksum": p.checksum, "fence": p.fence,
             "result": {"checksum": p.checksum, "size": p.size, "uri": p.uri, "inline": p.inline}})
     return Decision(events=d.events, body=_result_body(live))
+
+
+def _result_refused(state: ScheduleState, p: m.CompleteRun, now: datetime,
+                    tenant: TenantContext, error_class: m.ErrorClass,
+                    message: str) -> ScheduleDecision:
+    """A result over the tenant's storage budget is not published: the attempt fails with
+    ``message`` (naming the budget), retried or dead-lettered by the schedule's policy like
+    any failure of ``error_class``; the worker is answered ``quota``."""
+    failed = _fail(state, m.FailRun(run_id=p.run_id, attempt=p.attempt, fence=p.fence,
+                                    worker_id=p.worker_id, error_class=error_class,
+                                    message=message), now, tenant)
+    if not failed.ok:
+        return failed
+    return Decision(status="quota", reason=message, field=STORAGE_SETTING, events=failed.events,
+                    sends=failed.sends, body=failed.body)
 
 
 def _not_assignee(run: Run, worker_id: str) -> ScheduleDecision:

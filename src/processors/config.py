@@ -44,6 +44,8 @@ class TenantPolicies(Protocol):
 
     def attempts_per_minute(self, tenant: str) -> int | None: ...
 
+    def storage_budget(self, tenant: str) -> int | None: ...
+
 
 class OpenTenants:
     """Every tenant may run every job, with no quota (embedded single-user default).
@@ -80,6 +82,9 @@ class OpenTenants:
         return (DEFAULT_EXECUTION_TIMEOUT_SECONDS, {})
 
     def attempts_per_minute(self, tenant: str) -> int | None:
+        return None
+
+    def storage_budget(self, tenant: str) -> int | None:
         return None
 
 

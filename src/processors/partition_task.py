@@ -15,7 +15,9 @@ A decision whose events cannot be applied to the state raises ``Unapplied``: the
 no longer the log's, and the task manager drops the partition and takes it over again.
 
 What every task of a processor shares (the tenants' policies, counters, the dead-letter
-writer, the other tasks for tenant-wide counts) is its ``TaskContext``.
+writer, the other tasks for tenant-wide counts, the tenants' retries-a-minute and storage
+budgets) is its ``TaskContext``. A schedule's decision passes the tenant's storage budget
+(``StorageGate.within``, docs/design.md §9) before it is applied.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from chronolog.processors.config import ProcessorConfig, ProcessorStats, TenantP
 from chronolog.processors.dispatch import Dispatcher, running_by_tenant
 from chronolog.processors.output import Output
 from chronolog.processors.snapshots import Chunk, SnapshotWriter
+from chronolog.processors.storage_budget import StorageGate
 from chronolog.settings import RULES_HEADER, RulesVersion
 
 log = structlog.get_logger("chronolog.processor")
@@ -86,6 +89,8 @@ class TaskContext:
     # every task of the processor, by partition (a tenant's running runs span them)
     tasks: Mapping[int, PartitionTask]
     attempt_budget: AttemptBudget = field(default_factory=AttemptBudget)  # retries a minute
+    # bytes of params and results each tenant wrote in the last hour (its storage budget)
+    storage: StorageGate = field(default_factory=StorageGate)
     # commands (partition, offset) and timers (key) whose decision could not be applied:
     # not decided again (the command is dead-lettered, the timer waits for a command)
     unapplied: dict[tuple[int, int], Exception] = field(default_factory=dict)
@@ -287,15 +292,20 @@ class PartitionTask:
         allowed, max_schedules = self.ctx.tenants.policy(env.tenant)
         max_attempts, min_backoff = self.ctx.tenants.retry_bounds(env.tenant)
         timeout, job_timeouts = self.ctx.tenants.timeouts(env.tenant)
+        budget = self.ctx.tenants.storage_budget(env.tenant)
+        refusal, budget_wait = self.ctx.storage.result_refusal(budget, env, now)
         tenant = TenantContext(allowed, max_schedules,
                                destinations=self.ctx.tenants.destinations(env.tenant),
                                min_interval=self.ctx.tenants.min_interval(env.tenant),
                                max_attempts=max_attempts, min_backoff=min_backoff,
                                execution_timeout=timeout, job_timeouts=job_timeouts,
-                               retry_delay=self._retry_delay(env, now))
+                               retry_delay=max(budget_wait, self._retry_delay(
+                                   env, now, failing=refusal is not None)),
+                               result_refusal=refusal)
         try:
-            dec = (self._unpooled_claim(env) or self._over_share(env)
-                   or self.aggregates.schedule.decide(st, env, now, tenant))
+            dec = self.ctx.storage.within(budget, env, now, (
+                self._unpooled_claim(env) or self._over_share(env)
+                or self.aggregates.schedule.decide(st, env, now, tenant)))
             self._spend_retries(env.tenant, dec, now)
             encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
         except Exception as exc:  # a decider bug rejects this command only
@@ -678,11 +688,13 @@ class PartitionTask:
             self.dispatch.adopt(run.resource_class, run.worker_id, run_id, run.fence)
             self.dispatch.hold(run_id, st.tenant)
 
-    def _retry_delay(self, env: m.CommandEnvelope, now: datetime) -> float:
-        """The extra wait a retry of ``env`` (a failure) gets: the tenant's budget of retries
-        a minute is spent (``AttemptBudget``); 0 for other commands or without a ceiling."""
+    def _retry_delay(self, env: m.CommandEnvelope, now: datetime,
+                     failing: bool = False) -> float:
+        """The extra wait a retry of ``env`` (a failure, or ``failing``: a result refused)
+        gets: the tenant's budget of retries a minute is spent (``AttemptBudget``); 0 for
+        other commands or without a ceiling."""
         per_minute = self.ctx.tenants.attempts_per_minute(env.tenant)
-        if per_minute is None or not isinstance(env.payload, m.FailRun):
+        if per_minute is None or not (failing or isinstance(env.payload, m.FailRun)):
             return 0.0
         return self.ctx.attempt_budget.delay(env.tenant, per_minute, now.timestamp())
 

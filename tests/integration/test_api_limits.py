@@ -32,10 +32,12 @@ LIMITED = Tenants({
     "acme": Tenant("acme", ("acme-token",), None, 1000),
     "slow": Tenant("slow", ("slow-token",), None, 1000, min_interval=120.0),
     "bursty": Tenant("bursty", ("bursty-token",), None, 1000, rate_limit=RateLimit(0.2, 2)),
+    "thrifty": Tenant("thrifty", ("thrifty-token",), None, 1000, storage_budget=100_000),
 }, operator_tokens=("ops-token",))
 ACME = {"Authorization": "Bearer acme-token"}
 SLOW = {"Authorization": "Bearer slow-token"}
 BURSTY = {"Authorization": "Bearer bursty-token"}
+THRIFTY = {"Authorization": "Bearer thrifty-token"}
 JOB = {"type": "report"}
 
 
@@ -273,6 +275,39 @@ async def test_commands_past_the_tenants_rate_are_429_with_retry_after(
     assert int(answers[2].headers["retry-after"]) >= 1
     # another tenant is not held back by it
     r = await create(http, {"scheduleId": sid(), "every": "1h", "job": JOB})
+    assert r.status_code == 201, r.text
+
+
+async def test_writes_past_the_tenants_storage_budget_are_429_naming_it_with_retry_after(
+    http: httpx.AsyncClient,
+) -> None:
+    schedule_id = sid()
+    params = {"p": "x" * 59_992}  # 60,000 bytes as JSON
+    r = await create(http, {"scheduleId": schedule_id, "every": "24h", "overlap": "allow",
+                            "job": {"type": "report", "params": params}}, THRIFTY)
+    assert r.status_code == 201, r.text
+    runs = f"/v1/schedules/{schedule_id}/runs"
+    r = await http.post(runs, headers={**THRIFTY, "Idempotency-Key": "k1"},
+                        json={"params": {"p": "x" * 39_992}})  # 40,000: the budget exactly
+    assert r.status_code == 201, r.text
+    r = await http.post(runs, headers={**THRIFTY, "Idempotency-Key": "k2"},
+                        json={"params": {"p": ""}})  # 8 bytes more: refused
+    body = error(r, 429, "storage_budget")
+    assert body["error"] == "quota"
+    assert body["message"].startswith(
+        "over the storage budget of tenant 'thrifty' (storage_budget = 100000 bytes an hour): "
+        "the params of TriggerRun, 8 bytes, does not fit this hour; retry in ")
+    wait = int(r.headers["retry-after"])
+    # when the create, the hour's first write, leaves the window: an hour after it, counted
+    # from the whole second after it (docs/design.md §9)
+    assert 3500 < wait <= 3601
+    assert body["message"].endswith(f"retry in {wait}s")
+    # a revision with params is refused the same way; another tenant is not held back
+    r = await http.put(f"/v1/schedules/{schedule_id}", headers={**THRIFTY, "If-Match": '"1"'},
+                       json={"every": "24h", "job": {"type": "report", "params": {"p": ""}}})
+    error(r, 429, "storage_budget")
+    r = await create(http, {"scheduleId": sid(), "every": "1h",
+                            "job": {"type": "report", "params": params}})
     assert r.status_code == 201, r.text
 
 

@@ -434,3 +434,48 @@ async def test_the_tenant_quota_through_the_cli(tmp_path: Path, dsn: str) -> Non
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, services.failed(codes)
+
+
+async def test_the_storage_budget_through_the_cli_and_the_api(tmp_path: Path, dsn: str) -> None:
+    """Past the tenant's storage budget a write is one line on stderr, exit 1, straight to the
+    log and through the API alike (``--json``: the API's body, ``field`` the tenants-file
+    setting), and the API's 429 says when to retry (``Retry-After``)."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\ntokens = ["acme-token"]\nstorage_budget = 100000\n')
+    log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
+                "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
+    port = free_port()
+    env = _env(CHRONOLOG_TENANTS=str(tenants))
+    services = Services(tmp_path, env)
+    services.start("processor", ["processor", *log_args])
+    services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
+    refused = ("error: quota: over the storage budget of tenant 'acme' (storage_budget = "
+               "100000 bytes an hour): the params of TriggerRun, 8 bytes, does not fit this "
+               "hour; retry in ")
+    try:
+        direct = Cli([*log_args, "--database-url", dsn, "--tenant", "acme"], env, services)
+        await wait_until(lambda: (tmp_path / "log.db").exists(), 30, what="the log file")
+        await direct.ok("schedule", "create", "s1", "--every", "24h", "--job", "echo",
+                        "--params", json.dumps({"p": "x" * 59_992}))  # 60,000 bytes
+        await direct.ok("trigger", "s1", "--params", json.dumps({"p": "x" * 39_992}))
+        over = await direct("trigger", "s1", "--params", '{"p": ""}')
+        assert over.rc == 1 and _one_line(over).startswith(refused), over.err
+        as_json = await direct("trigger", "s1", "--params", '{"p": ""}', "--json")
+        assert json.loads(as_json.out)["field"] == "storage_budget"
+
+        api = Cli(["--url", f"http://127.0.0.1:{port}", "--token", "acme-token"], env, services)
+        through = await wait_until(lambda: _answered(api("trigger", "s1", "--params",
+                                                         '{"p": ""}', "--json")),
+                                   30, interval=SPAWN_POLL, what="the API's answer")
+        assert through.rc == 1 and _one_line(through).startswith(refused), through.err
+        body = json.loads(through.out)
+        assert (body["error"], body["field"]) == ("quota", "storage_budget")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            r = await http.post("/v1/schedules/s1/runs", json={"params": {"p": ""}}, headers={
+                "Authorization": "Bearer acme-token", "Idempotency-Key": "k-over"})
+        assert r.status_code == 429 and r.json()["field"] == "storage_budget", r.text
+        assert r.json()["message"].endswith(f"retry in {r.headers['retry-after']}s")
+        assert 3500 < int(r.headers["retry-after"]) <= 3601
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, services.failed(codes)

@@ -121,6 +121,33 @@ async def test_a_command_whose_decision_raises_is_rejected_and_dead_lettered_not
         assert (await r.client.create_schedule("acme", "after2", SPEC))["revision"] == 1
 
 
+async def test_raw_commands_of_any_producer_are_held_to_the_storage_budget(
+    event_log: Any,
+) -> None:
+    """Creates written straight to ``commands`` (no client, no API) count against the tenant's
+    storage budget like any other: past it the reply is ``quota`` naming ``storage_budget``
+    and nothing of the create is written."""
+    from chronolog.tenants import Tenant, Tenants
+
+    tenants = Tenants({"acme": Tenant("acme", ("t",), storage_budget=100_000)})
+
+    def create(schedule_id: str, pad: int) -> OutRecord:
+        spec = {**SPEC, "job": {"type": "echo", "params": {"p": "x" * pad}}}
+        return OutRecord(event_log.topics.commands, f"acme/{schedule_id}".encode(),
+                         _raw_create(f"c-{schedule_id}", schedule_id, spec))
+
+    async with Running(event_log, tenants=tenants):
+        await event_log.append([create("fits", 59_992)])  # 60,000 bytes of params
+        fits = await wait_until(lambda: _reply_to(event_log, "c-fits"), 30, what="a reply")
+        assert fits.status == "ok", fits
+        await event_log.append([create("over", 39_993)])  # 40,001 more: one byte over
+        over = await wait_until(lambda: _reply_to(event_log, "c-over"), 30, what="a reply")
+        assert (over.status, over.body["field"]) == ("quota", "storage_budget"), over
+        assert 3500 < over.body["retry_after"] <= 3601
+        assert "storage_budget = 100000 bytes an hour" in over.reason
+        assert not [e for e in await events(event_log) if e.schedule_id == "over"]
+
+
 async def test_a_decision_that_cannot_be_applied_rebuilds_the_partition_and_is_dead_lettered(
     event_log: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -5,11 +5,14 @@ Kafka)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from chronolog.client import Client
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.environment import utc_now
 from chronolog.processors.config import ProcessorConfig
 from chronolog.processors.runtime import Processor
 from support.polling import wait_until
@@ -39,9 +42,9 @@ class Running:
     """An in-process processor plus a client, on one log."""
 
     def __init__(self, lg: Any, member: str = "p1", config: ProcessorConfig | None = None,
-                 tenants: Any = None) -> None:
+                 tenants: Any = None, clock: Callable[[], datetime] = utc_now) -> None:
         self.lg = lg
-        self.proc = Processor(lg, member, tenants=tenants, config=config)
+        self.proc = Processor(lg, member, tenants=tenants, config=config, clock=clock)
         self.client = Client(lg, reply_timeout=30)
         self.task: asyncio.Task[None] | None = None
 

@@ -25,10 +25,12 @@ Max schedules (429) is the processors' alone: a create of a tenant with a quota 
 once the tenant's quota aggregate (one partition of the log) reserved a slot for it or
 refused one, so the quota is exact under concurrency, whichever entry point sent the create.
 The API does not pre-check it against the read model, which lags the log (it would refuse a
-create right after a delete). The job-type check (403) is done here (early answer) and by
-the processor (the authority). Creating a schedule whose job type no worker of its class has
-ever announced is 201 with ``warnings``; an app given ``known_job_types`` (the dev node)
-answers 400 naming the job types it knows instead.
+create right after a delete). The storage budget (429, ``storage_budget``) is the processors'
+too: a create or revision whose params do not fit the tenant's hour is refused there.
+The job-type check (403) is done here (early answer) and by the processor (the
+authority). Creating a schedule whose job type no worker of its class has ever announced is
+201 with ``warnings``; an app given ``known_job_types`` (the dev node) answers 400 naming the
+job types it knows instead.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
