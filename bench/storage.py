@@ -21,6 +21,14 @@ figures go to docs/performance.md.
     .venv/bin/python bench/storage.py --log sqlite|kafka [--schedules 100] [--seconds 60]
         [--kafka-logs .kafka] [--database-url DSN]
 
+**Flat storage** (``--retention 2m --samples 6,12``): the processes run with that retention
+(the processor prunes every 10 s, a ``chronolog audit`` runs every 30 s as a deployment's
+timer would, so that pruning can follow it), and at each sample minute the bytes kept —
+log (logical and on disk), read model (every table) and result objects — are measured
+while the schedules keep firing; the last sample over the one before is the figure (flat:
+within ±15 %). Kafka frees disk by whole segments: the processes roll them every 30 s here
+(``CHRONOLOG_KAFKA_SEGMENT``).
+
 Kafka needs ``KAFKA_BOOTSTRAP_SERVERS``; the read model ``CHRONOLOG_TEST_DATABASE_URL`` (or
 ``--database-url``): a fresh database is created in it. Run it through
 scripts/with_services.py, which starts both.
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
@@ -47,7 +56,7 @@ from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, open_log
 
 sys.path.insert(0, str(Path(__file__).parent))
-from e2e import spawn, stop, url_of
+from e2e import CHRONOLOG, spawn, stop, url_of
 
 
 async def logical_bytes(lg: Any) -> tuple[dict[str, int], int]:
@@ -141,17 +150,30 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     await lg.ensure_topics()
     common = ["--log", url_of(cfg), "--topic-prefix", topics.prefix,
               "--partitions", str(topics.partitions)]
-    procs = [spawn(["processor", *common], workdir / "processor.log"),
+    kept = ["--retention", args.retention] if args.retention else []
+    procs = [spawn(["processor", *common, *kept], workdir / "processor.log"),
              spawn(["worker", *common, "--builtin-jobs", "--concurrency", "64",
                     "--results", str(workdir / "results")], workdir / "worker.log"),
-             spawn(["projector", *common, "--database-url", dsn], workdir / "projector.log")]
+             spawn(["projector", *common, *kept, "--database-url", dsn],
+                   workdir / "projector.log")]
     client = Client(lg, reply_timeout=60)
     await client.start()
     ids = [f"s-{i:04d}" for i in range(args.schedules)]
+    samples: list[dict[str, Any]] = []
+    auditing = None
     try:
         await asyncio.gather(*(client.create_schedule(
             "bench", sid, {"every": "1s", "job": {"type": "noop"}}) for sid in ids))
-        await asyncio.sleep(args.seconds)
+        if args.samples:
+            auditing = asyncio.create_task(audits(common, workdir))
+            began = asyncio.get_running_loop().time()
+            for minute in args.samples:
+                await asyncio.sleep(max(0.0, began + minute * 60
+                                        - asyncio.get_running_loop().time()))
+                samples.append(await kept_now(args, cfg, lg, dsn, workdir, minute))
+                print(json.dumps(samples[-1]), flush=True)
+        else:
+            await asyncio.sleep(args.seconds)
         await asyncio.gather(*(client.pause("bench", sid) for sid in ids))
         await asyncio.sleep(3)  # the last runs finish
         logical, runs = await logical_bytes(lg)
@@ -160,9 +182,19 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 break
             await asyncio.sleep(1)
     finally:
+        if auditing is not None:
+            auditing.cancel()
+            with contextlib.suppress(BaseException):
+                await auditing
         await client.close()
         stop(procs)
         await lg.close()
+    if samples:
+        return {"log": args.log, "schedules": args.schedules, "retention": args.retention,
+                "samples": samples, "last_over_previous": {
+                    k: round(samples[-1][k] / samples[-2][k], 3) if len(samples) > 1
+                    and samples[-2][k] else None
+                    for k in ("log_logical", "log_on_disk", "read_model", "results", "total")}}
     disk = (sqlite_on_disk(Path(cfg.target)) if args.log == "sqlite"
             else sum(kafka_on_disk(Path(args.kafka_logs), topics.prefix).values()))
     model = await read_model_bytes(dsn)
@@ -179,6 +211,35 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
 
+async def audits(common: list[str], workdir: Path) -> None:
+    """``chronolog audit`` every 30 s (a deployment's timer): pruning follows its checkpoint."""
+    while True:
+        await asyncio.sleep(30)
+        with open(workdir / "audit.log", "ab") as err:
+            child = await asyncio.create_subprocess_exec(
+                CHRONOLOG, "audit", *common, stdout=asyncio.subprocess.DEVNULL, stderr=err)
+            await child.wait()
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+async def kept_now(args: argparse.Namespace, cfg: LogConfig, lg: Any, dsn: str,
+                   workdir: Path, minute: float) -> dict[str, Any]:
+    """What is kept now: log (records held, and on disk), read model, result objects."""
+    logical, _ = await logical_bytes(lg)
+    disk = (sqlite_on_disk(Path(cfg.target)) if args.log == "sqlite"
+            else sum(kafka_on_disk(Path(args.kafka_logs), cfg.topics.prefix).values()))
+    model = sum((await read_model_bytes(dsn)).values())
+    results = tree_bytes(workdir / "results")
+    held = {t: await lg.end_offset(t, p) - await lg.start_offset(t, p)
+            for t in [lg.topics.events] for p in range(cfg.topics.partitions)}
+    return {"minute": minute, "log_logical": sum(logical.values()), "log_on_disk": disk,
+            "read_model": model, "results": results, "total": disk + model + results,
+            "events_held": sum(held.values()) if held else 0}
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", choices=["sqlite", "kafka"], required=True)
@@ -187,7 +248,13 @@ async def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--kafka-logs", default=".kafka", help="the broker's log directories")
     ap.add_argument("--database-url", default=os.environ.get("CHRONOLOG_TEST_DATABASE_URL"))
+    ap.add_argument("--retention", default=None, help="e.g. 2m: the processes' retention")
+    ap.add_argument("--samples", default="", help="minutes at which to measure, e.g. 6,12")
     args = ap.parse_args()
+    args.samples = [float(x) for x in args.samples.split(",") if x]
+    if args.samples:
+        os.environ.setdefault("CHRONOLOG_PRUNE_EVERY", "10s")
+        os.environ.setdefault("CHRONOLOG_KAFKA_SEGMENT", "30s")
     if not args.database_url:
         ap.error("--database-url or CHRONOLOG_TEST_DATABASE_URL is needed")
     with tempfile.TemporaryDirectory(dir=".") as tmp:

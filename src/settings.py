@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import MAX_BODY_BYTES
 from chronolog.domain.recurrence import ENGINE_VERSION
 from chronolog.environment import tzdata_in_use
@@ -27,6 +28,7 @@ from chronolog.log.durability import SAFE_DEFAULT, Durability
 from chronolog.log.kafka import (
     COMPRESSIONS,
     NO_AUTH,
+    PRUNED_SEGMENT_MS,
     SASL_MECHANISMS,
     SECURITY_PROTOCOLS,
     KafkaAuth,
@@ -51,6 +53,7 @@ class LogConfig:
     durability: Durability = SAFE_DEFAULT  # Kafka only
     auth: KafkaAuth = NO_AUTH  # Kafka only
     compression: str = "zstd"  # Kafka only: the producers' batch compression
+    segment_ms: int = PRUNED_SEGMENT_MS  # Kafka only: the pruned topics' segment roll
 
 
 def _positive_env(name: str, limit: int) -> int | None:
@@ -184,6 +187,23 @@ DEFAULT_VISIBLE_TIMEOUT = 2.0
 MAX_VISIBLE_TIMEOUT = 60.0
 
 
+def interval_from_env(name: str, default: float) -> float:
+    """A period set by the environment variable ``name`` as a duration (``30s``, ``5m``),
+    else ``default`` seconds; ``ConfigError`` naming the variable for a bad or non-positive
+    one. For the log's pruning (``CHRONOLOG_PRUNE_EVERY``) and the dev node's audits
+    (``CHRONOLOG_AUDIT_EVERY``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        seconds = parse_duration(raw)
+    except InvalidDuration as exc:
+        raise ConfigError(f"invalid {name} '{raw}': {exc}") from None
+    if not seconds > 0:
+        raise ConfigError(f"invalid {name} '{raw}': must be more than 0s")
+    return seconds
+
+
 def visible_timeout(value: float | str | None = None) -> float:
     """How long an API write waits for the read model to show its events: the flag, else
     ``CHRONOLOG_VISIBLE_TIMEOUT``, else 2 s (seconds, 0..60; 0: answer without waiting)."""
@@ -233,8 +253,9 @@ def parse_log_url(
                 raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': '{h}' is not host:port")
         if not hosts:
             raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': no broker")
+        segment = interval_from_env("CHRONOLOG_KAFKA_SEGMENT", PRUNED_SEGMENT_MS / 1000)
         return LogConfig("kafka", ",".join(hosts), topics, durability_from_env(),
-                         kafka_auth_from_env(), compression_from_env())
+                         kafka_auth_from_env(), compression_from_env(), int(segment * 1000))
     raise ConfigError(f"invalid CHRONOLOG_LOG '{url}': expected sqlite:///path or kafka://host:port")
 
 
@@ -244,7 +265,7 @@ def open_log(cfg: LogConfig) -> EventLog:
         Path(cfg.target).parent.mkdir(parents=True, exist_ok=True)
         return SqliteEventLog(cfg.target, cfg.topics)
     return KafkaEventLog(cfg.target, cfg.topics, durability=cfg.durability, auth=cfg.auth,
-                         compression=cfg.compression)
+                         compression=cfg.compression, segment_ms=cfg.segment_ms)
 
 
 # The header a processor puts on each event it writes, next to ``processor`` and ``epoch``:

@@ -41,7 +41,13 @@ def register(sub: Any) -> None:
 
 def _run(args: Any) -> int:
     from chronolog.logging import configure_logging
-    from chronolog.settings import ConfigError, data_dir, max_body_bytes, partitions_from_env
+    from chronolog.settings import (
+        ConfigError,
+        data_dir,
+        interval_from_env,
+        max_body_bytes,
+        partitions_from_env,
+    )
 
     try:
         ddir = data_dir(args.data_dir)
@@ -54,6 +60,8 @@ def _run(args: Any) -> int:
         tenants = _tenants(tenants_path)
         retention = retention_from_args(args, tenants)
         archive = archive_from_args(args)
+        prune_every = interval_from_env("CHRONOLOG_PRUNE_EVERY", 30.0)
+        audit_every = interval_from_env("CHRONOLOG_AUDIT_EVERY", 60.0)
         _check_destinations(tenants, partitions, args.database_url
                             or os.environ.get("CHRONOLOG_DATABASE_URL"))
         max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
@@ -83,7 +91,8 @@ def _run(args: Any) -> int:
                                    demo=not args.no_demo and not args.no_builtin,
                                    tenants_path=tenants_path, builtin=not args.no_builtin,
                                    log_path=log_path, retention=retention,
-                                   archive=archive))
+                                   archive=archive, prune_every=prune_every,
+                                   audit_every=audit_every))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

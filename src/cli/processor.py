@@ -13,6 +13,7 @@ import os
 import socket
 from typing import Any
 
+from chronolog.cli.errors import UsageError
 from chronolog.cli.flags import (
     add_archive_flag,
     add_log_flags,
@@ -23,6 +24,7 @@ from chronolog.cli.flags import (
     retention_policy_from_args,
 )
 from chronolog.processors.service import run_processor
+from chronolog.settings import ConfigError, interval_from_env
 
 
 def register(sub: Any) -> None:
@@ -44,12 +46,17 @@ def _run(args: Any) -> int:
     # the deployment's retention, checked with the tenants' own: the log keeps the longest
     args.retention_policy = retention_policy_from_args(args)
     archive = archive_from_args(args)
+    try:
+        prune_every = interval_from_env("CHRONOLOG_PRUNE_EVERY", 30.0)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     log_ = log_from_args(args)
     member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
     from chronolog.readiness import ready_file
 
     return asyncio.run(run_processor(log_, member, args.batch, args.tenants,
                                      ready_file(args.ready_file),
-                                     args.retention_policy.longest(), archive))
+                                     args.retention_policy.longest(), archive,
+                                     prune_every))
 
 

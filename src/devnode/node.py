@@ -56,7 +56,7 @@ async def run_dev(
     ddir: Path, host: str, port: int, tenants: Any, partitions: int, *, quiet: bool,
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
     builtin: bool = True, log_path: Path | None = None, retention: float | None = None,
-    archive: str | None = None,
+    archive: str | None = None, prune_every: float = 30.0, audit_every: float | None = None,
 ) -> int:
     """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
     from chronolog.destinations import check_destinations
@@ -102,7 +102,8 @@ async def run_dev(
 
         await run_node(node, lg, store, tenants, stop, database_url=database_url,
                        on_started=started, view=not quiet, builtin=builtin,
-                       retention=retention, archive=archive)
+                       retention=retention, archive=archive, prune_every=prune_every,
+                       audit_every=audit_every)
         return 0
     finally:
         with contextlib.suppress(OSError):
@@ -121,7 +122,7 @@ async def run_node(
     node: DevNode, lg: Any, store: Any, tenants: Any, stop: asyncio.Event, *,
     database_url: str | None = None, on_started: Any = None, view: bool = False,
     supervisor: Any = None, builtin: bool = True, retention: float | None = None,
-    archive: str | None = None, audit_every: float | None = None,
+    archive: str | None = None, audit_every: float | None = None, prune_every: float = 30.0,
 ) -> None:
     """Run every part of a node on ``lg`` (either log) and ``store`` until ``stop`` is set.
 
@@ -164,7 +165,8 @@ async def run_node(
     projector = Projector(lg, store, retention=policy)
     # the processor prunes the log behind the audit, which the node runs for itself
     # (chronolog.devnode.audits), and keeps the longest window of any tenant
-    config = ProcessorConfig(retention_s=policy.longest(), archive=archive)
+    config = ProcessorConfig(retention_s=policy.longest(), archive=archive,
+                             prune_every_s=prune_every)
     audits = NodeAudits(node.data_dir, AUDIT_EVERY_S if audit_every is None else audit_every,
                         archive)
     client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")

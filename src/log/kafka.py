@@ -363,6 +363,8 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT")
 # the producers' batch compression (CHRONOLOG_KAFKA_COMPRESSION); lz4 and zstd come from
 # cramjam, aiokafka's codec library
 COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
+# the segment roll of the topics chronolog prunes (CHRONOLOG_KAFKA_SEGMENT)
+PRUNED_SEGMENT_MS = 3_600_000
 SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 
 
@@ -408,10 +410,13 @@ class KafkaEventLog:
         durability: Durability = SAFE_DEFAULT,
         auth: KafkaAuth = NO_AUTH,
         compression: str = "zstd",
+        segment_ms: int = PRUNED_SEGMENT_MS,
     ) -> None:
         """``auth``: the principal every client of this log speaks as. ``compression``: how
         its producers compress their batches (``COMPRESSIONS``; the brokers keep them as
-        sent, the consumers decompress).
+        sent, the consumers decompress). ``segment_ms``: how often the topics the log's
+        pruning shortens (events, commands, replies, ready.*) roll a segment: a broker frees
+        the disk of a segment only once all of it lies below the log start.
         ``aux_partitions``: partition count of replies, dlq, effects.out and
         ready.<class> (default: ``topics.partitions``). ``concurrent_txn_backoff_ms``: the
         retry delay after CONCURRENT_TRANSACTIONS (module docstring; None: aiokafka's).
@@ -423,6 +428,7 @@ class KafkaEventLog:
         self.durability = durability
         self.auth = auth
         self._compression = None if compression == "none" else compression
+        self._segment = {"segment.ms": str(segment_ms)}
         self._replication: tuple[int, int] | None = None  # (factor, min ISR), once resolved
         self._brokers: list[int] = []
         self._broker_addresses: list[tuple[str, int]] = []
@@ -525,9 +531,11 @@ class KafkaEventLog:
     async def ensure_topics(self, ready_classes: Sequence[str] = ("default",)) -> None:
         t = self.topics
         wanted: dict[str, tuple[int, dict[str, str]]] = {
-            t.commands: (t.partitions, {}),
-            t.events: (t.partitions, {"retention.ms": "-1", "retention.bytes": "-1"}),
-            t.replies: (self.aux_partitions, {}),
+            # pruned by chronolog (chronolog.processors.pruning), never by the broker's time
+            t.commands: (t.partitions, {**self._segment}),
+            t.events: (t.partitions, {"retention.ms": "-1", "retention.bytes": "-1",
+                                      **self._segment}),
+            t.replies: (self.aux_partitions, {**self._segment}),
             t.dlq: (self.aux_partitions, {}),
             t.effects: (self.aux_partitions, {}),
             t.workers: (self.aux_partitions, {"cleanup.policy": "compact"}),
@@ -543,7 +551,7 @@ class KafkaEventLog:
         wanted[t.routing] = (1, {"retention.ms": "-1", "retention.bytes": "-1"})
         wanted[t.audit] = self._topic_config(t.audit) or (1, {})
         for cls in ready_classes:
-            wanted[t.ready(cls)] = (self.aux_partitions, {})
+            wanted[t.ready(cls)] = (self.aux_partitions, {**self._segment})
         # checked before any is created: the topics that exist, and the cluster; a topic
         # another client created meanwhile (or one whose metadata had not yet reached the
         # broker asked) is checked once it is seen

@@ -19,7 +19,7 @@ from chronolog.tenants import DEFAULT_RETENTION_S, load_tenants
 async def run_processor(log_: Any, member: str, batch: int = 500,
                         tenants_path: str | None = None, ready_file: str | None = None,
                         retention_s: float = DEFAULT_RETENTION_S,
-                        archive: str | None = None) -> int:
+                        archive: str | None = None, prune_every_s: float = 30.0) -> int:
     """``retention_s``: the log's window (the longest of the deployment's and the tenants'
     retention); ``archive``: where events go before they are pruned."""
     tenants = None
@@ -27,7 +27,8 @@ async def run_processor(log_: Any, member: str, batch: int = 500,
     if path:
         tenants = load_tenants(path)
     proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(
-        batch_max=batch, retention_s=retention_s, archive=archive))
+        batch_max=batch, retention_s=retention_s, archive=archive,
+        prune_every_s=prune_every_s))
 
     async def probe() -> tuple[bool, str]:
         ready, reason = proc.readiness()
