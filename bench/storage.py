@@ -165,7 +165,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         await asyncio.gather(*(client.create_schedule(
             "bench", sid, {"every": "1s", "job": {"type": "noop"}}) for sid in ids))
         if args.samples:
-            auditing = asyncio.create_task(audits(common, workdir))
+            auditing = asyncio.create_task(audits(cfg, workdir))
             began = asyncio.get_running_loop().time()
             for minute in args.samples:
                 await asyncio.sleep(max(0.0, began + minute * 60
@@ -211,14 +211,17 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
 
-async def audits(common: list[str], workdir: Path) -> None:
-    """``chronolog audit`` every 30 s (a deployment's timer): pruning follows its checkpoint."""
+async def audits(cfg: LogConfig, workdir: Path) -> None:
+    """``chronolog audit`` every 30 s (a deployment's timer): pruning follows its checkpoint.
+    A failed audit stops the benchmark: its figures would not be of a pruned log."""
+    env = dict(os.environ, CHRONOLOG_TOPIC_PREFIX=cfg.topics.prefix)
     while True:
         await asyncio.sleep(30)
-        with open(workdir / "audit.log", "ab") as err:
+        with open(workdir / "audit.log", "ab") as out:
             child = await asyncio.create_subprocess_exec(
-                CHRONOLOG, "audit", *common, stdout=asyncio.subprocess.DEVNULL, stderr=err)
-            await child.wait()
+                CHRONOLOG, "audit", "--log", url_of(cfg), stdout=out, stderr=out, env=env)
+            if await child.wait() != 0:
+                raise SystemExit(f"the audit failed: {(workdir / 'audit.log').read_text()}")
 
 
 def tree_bytes(path: Path) -> int:
