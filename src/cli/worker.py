@@ -243,7 +243,8 @@ def _run_gc(args: Any) -> int:
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(f"scanned {report.scanned} staged objects: {verb} {len(report.deleted)} "
-              f"({report.expired} past their run's result_retention), kept "
+              f"({report.expired} past their run's result_retention, {report.pruned} of "
+              f"runs pruned from the log), kept "
               f"{report.kept_referenced} referenced, {report.kept_open} still publishable or "
               f"unknown to the log, {report.kept_young} younger than the grace")
     return 0

@@ -32,6 +32,13 @@ notion of now (chronolog.projections.retention), never the wall clock, so a depl
 stopped for a while loses nothing when gc runs before new events arrive. A published object
 of a run inside its window is kept, whatever its age; the API answers a GET of an expired
 run's result with 410 Gone naming ``result_retention``.
+
+**Pruned history** (docs/design.md §20). gc reads the log as it is now: once a partition was
+pruned, the events of its oldest runs are gone, and their objects would be "unknown to the
+log" for ever. An object unknown to the log and staged before the oldest event every pruned
+partition still holds belongs to that pruned history (its attempt's claim came before its
+staging): its run finished longer ago than the log's window, which is never shorter than a
+tenant's ``result_retention``, so it is removed (``pruned``), past the grace as well.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ class References:
     runs: dict[str, _RunRefs] = field(default_factory=dict)
     events_read: int = 0
     newest: datetime | None = None  # the newest event time read: the read model's now
+    # the oldest event time (ms) every pruned partition still holds (None: none pruned)
+    pruned_before_ms: int | None = None
 
     def apply_envelope(self, env: dict[str, Any]) -> None:
         """An event as the log holds it: its envelope's time and tenant, then its payload."""
@@ -118,6 +127,12 @@ class References:
             return False
         return r.finished_at < self.newest - timedelta(seconds=window(r.tenant))
 
+    def of_pruned_history(self, obj: StagedObject) -> bool:
+        """An object of a run the log no longer holds: unknown to it, and staged before the
+        oldest event a pruned partition still holds (module docstring)."""
+        return (self.pruned_before_ms is not None and obj.run_id not in self.runs
+                and obj.mtime * 1000 < self.pruned_before_ms)
+
     def can_never_publish(self, obj: StagedObject) -> bool:
         """True only when the log proves the staging attempt's claim is closed."""
         r = self.runs.get(obj.run_id)
@@ -131,7 +146,12 @@ async def fold_references(log_: EventLog) -> References:
     refs = References()
     topic = log_.topics.events
     for p in range(await log_.partitions_for(topic)):
+        pruned = await log_.start_offset(topic, p) > 0
         async for recs in read_partition(log_, topic, p):
+            if pruned:
+                pruned = False
+                first = recs[0].timestamp_ms
+                refs.pruned_before_ms = min(first, refs.pruned_before_ms or first)
             for rec in recs:
                 env = orjson.loads(rec.value)
                 if isinstance(env, dict):
@@ -148,12 +168,14 @@ class GcReport:
     kept_open: int = 0  # the attempt may still publish (or the log does not know it yet)
     kept_young: int = 0
     expired: int = 0  # published objects of runs past their result retention (deleted)
+    pruned: int = 0  # objects of runs whose events were pruned from the log (deleted)
     events_read: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"scanned": self.scanned, "deleted": len(self.deleted),
                 "kept_referenced": self.kept_referenced, "kept_open": self.kept_open,
                 "kept_young": self.kept_young, "expired": self.expired,
+                "pruned": self.pruned,
                 "events_read": self.events_read,
                 "deleted_uris": self.deleted}
 
@@ -178,6 +200,11 @@ async def collect(
             report.deleted.append(obj.uri)
         elif refs.referenced(obj.uri, obj.run_id):
             report.kept_referenced += 1
+        elif refs.of_pruned_history(obj) and wall - obj.mtime >= grace_s:
+            if not dry_run:
+                await store.delete(obj.uri)
+            report.pruned += 1
+            report.deleted.append(obj.uri)
         elif not refs.can_never_publish(obj):
             report.kept_open += 1
         elif wall - obj.mtime < grace_s:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from chronolog.workers.gc import References
+import dataclasses
+
+import orjson
+
+from chronolog.log.memory import MemoryEventLog
+from chronolog.log.port import OutRecord, Topics
+from chronolog.workers.gc import References, fold_references
 from chronolog.workers.results import StagedObject
 
 
@@ -81,3 +87,29 @@ def test_a_published_result_expires_only_past_its_tenants_window_by_event_time()
     seen: list[str] = []
     refs.expired(o.uri, "r", lambda tenant: seen.append(tenant) or 1.0)
     assert seen == ["t"]  # the window is the run's tenant's
+
+
+def test_an_unknown_object_older_than_every_pruned_partitions_history_is_of_pruned_runs() -> None:
+    refs = fold({"type": "AttemptClaimed", "run_id": "r", "fence": 3})
+    old, young = obj("gone", 1), dataclasses.replace(obj("gone", 2), mtime=2000.0)
+    assert not refs.of_pruned_history(old)  # nothing pruned: unknown is kept
+    refs.pruned_before_ms = 1_000_000  # the oldest event the pruned partitions hold: 1000 s
+    assert refs.of_pruned_history(old)
+    assert not refs.of_pruned_history(young)  # staged after it: a claim gc may not have read
+    assert not refs.of_pruned_history(obj("r", 3))  # a run the log holds: its own rules
+
+
+async def test_the_fold_learns_the_oldest_event_a_pruned_partition_still_holds() -> None:
+    lg = MemoryEventLog(Topics(prefix="gc.", partitions=2))
+    await lg.start()
+    await lg.ensure_topics()
+    event = orjson.dumps({"at": "2026-01-01T00:00:00+00:00", "tenant": "t",
+                          "payload": {"type": "AttemptClaimed", "run_id": "r", "fence": 1}})
+    await lg.append([OutRecord(lg.topics.events, None, event, partition=p)
+                     for p in (0, 0, 0, 1)])
+    assert (await fold_references(lg)).pruned_before_ms is None
+    await lg.delete_before(lg.topics.events, 0, 2)
+    held = (await lg.read(lg.topics.events, 0, 0))[0]
+    refs = await fold_references(lg)
+    assert held.offset == 2 and refs.pruned_before_ms == held.timestamp_ms
+    assert refs.events_read == 2
