@@ -62,6 +62,13 @@ SCAN_BATCH = 2_000  # records read at a time while looking for the window's firs
 SCAN_LIMIT = 100_000  # records looked at per topic partition per pass (the next goes on)
 
 
+class Unread:
+    """The audit checkpoint not read yet (``Pruner.prune`` reads it)."""
+
+
+UNREAD = Unread()
+
+
 @dataclass(frozen=True)
 class EventNeeds:
     """Partition p of ``events`` and the first offset each of its readers still needs."""
@@ -143,19 +150,28 @@ class Pruner:
         self.clock = clock
         self.stats = PruneStats()
 
-    async def prune(self, partition: int, snapshot: int | None) -> None:
+    async def prune(self, partition: int, snapshot: int | None,
+                    checkpoint: dict[int, int] | Unread | None = UNREAD) -> None:
         """One pass over partition ``partition``: ``events`` (``snapshot``: the first offset
-        a takeover from its latest snapshot reads), then the transient topics."""
+        a takeover from its latest snapshot reads; ``checkpoint``: the audit checkpoint's
+        needs, when the caller read them once for several partitions), then the transient
+        topics."""
         self.stats.passes += 1
-        await self.prune_events(partition, snapshot)
+        await self.prune_events(partition, snapshot, checkpoint)
         await self.prune_transient(partition)
 
-    async def needs(self, partition: int, snapshot: int | None) -> EventNeeds:
+    async def checkpoint(self) -> dict[int, int] | None:
+        """The audit checkpoint's needs (``checkpoint_needs``): read once per pass."""
+        return await checkpoint_needs(self.log)
+
+    async def needs(self, partition: int, snapshot: int | None,
+                    checkpoint: dict[int, int] | Unread | None = UNREAD) -> EventNeeds:
         t, lg = self.topics, self.log
         topic = t.events
         start = await lg.start_offset(topic, partition)
         end = await lg.end_offset(topic, partition)
-        checkpoint = await checkpoint_needs(lg)
+        if isinstance(checkpoint, Unread):
+            checkpoint = await self.checkpoint()
         archived: int | None = None
         if self.archive is not None:
             archived = await asyncio.to_thread(self._archived_end, partition)
@@ -168,9 +184,10 @@ class Pruner:
             await lg.committed(t.effects_group, topic, partition),
             archived, window)
 
-    async def prune_events(self, partition: int, snapshot: int | None) -> int:
+    async def prune_events(self, partition: int, snapshot: int | None,
+                           checkpoint: dict[int, int] | Unread | None = UNREAD) -> int:
         """Archive (when kept) and remove what nothing needs; the start after."""
-        needs = await self.needs(partition, snapshot)
+        needs = await self.needs(partition, snapshot, checkpoint)
         if self.archive is not None:
             # what the other needs allow goes to the archive first
             target, _ = events_bound(EventNeeds(**{**needs.__dict__, "archive": needs.end}))

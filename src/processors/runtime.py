@@ -225,13 +225,18 @@ class Processor:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.config.prune_every_s)
+            try:
+                checkpoint = await self.pruner.checkpoint() if self.partitions else None
+            except Exception as exc:  # noqa: BLE001 - tried again at the next pass
+                log.warning("prune_failed", error=repr(exc)[:500])
+                continue
             for p, ps in list(self.partitions.items()):
                 if self._stopping.is_set():
                     return
                 snap = ps.snap
                 try:
                     await self.pruner.prune(p, None if snap is None
-                                            else snap.takeover_reads_from())
+                                            else snap.takeover_reads_from(), checkpoint)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - tried again at the next pass
