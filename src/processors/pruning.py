@@ -23,8 +23,9 @@ it (``EventNeeds``, ``events_bound``):
   (log time, not the wall clock: a deployment stopped for a month keeps its window), so a
   replay of the window (``chronolog replay``) finds every event of it.
 
-Transient topics keep what their readers may still ask for (``transient_s``, default one
-hour, and never less than the longest lease a worker is given): ``commands`` below the
+Transient topics keep what their readers may still ask for (``transient_s``: an hour, or
+the retention window when that is shorter, never less than a minute; it must not be shorter
+than the longest lease a worker is given): ``commands`` below the
 processors' committed offset only (a command not yet decided is never lost); ``replies``
 (a client waits for its reply for seconds; the reply cache a new owner restores keeps an hour)
 and ``ready.*`` assignments (an assignment its worker has not read by then has had its lease
@@ -58,6 +59,7 @@ log = structlog.get_logger("chronolog.pruning")
 
 PRUNE_EVERY_S = 30.0
 TRANSIENT_S = 3600.0
+MIN_TRANSIENT_S = 60.0
 SCAN_BATCH = 2_000  # records read at a time while looking for the window's first record
 SCAN_LIMIT = 100_000  # records looked at per topic partition per pass (the next goes on)
 
@@ -146,7 +148,9 @@ class Pruner:
         self.topics: Topics = log_.topics
         self.retention_s = retention_s
         self.archive = None if archive is None else Path(archive)
-        self.transient_s = transient_s
+        # an hour, or the retention window when that is shorter (never under a minute):
+        # a log kept for two minutes is not kept for an hour by its transient topics
+        self.transient_s = min(transient_s, max(retention_s, MIN_TRANSIENT_S))
         self.clock = clock
         self.stats = PruneStats()
 
