@@ -45,7 +45,7 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -179,14 +179,19 @@ class Pruner:
         archived: int | None = None
         if self.archive is not None:
             archived = await asyncio.to_thread(self._archived_end, partition)
-        limit = min(end, 0 if snapshot is None else snapshot)
-        window = await self._window(topic, partition, start, limit, self.retention_s)
-        return EventNeeds(
+        needs = EventNeeds(
             start, end, snapshot,
             None if checkpoint is None else checkpoint.get(partition, 0),
             await lg.committed(t.projector_group, topic, partition),
             await lg.committed(t.effects_group, topic, partition),
-            archived, window)
+            archived, end)
+        # the window is looked for only below what the other needs allow (the archive can
+        # take what they allow): no record is read when nothing may go
+        limit, _ = events_bound(replace(needs, archive=None if archived is None else end))
+        if limit <= start:
+            return replace(needs, window=start)
+        return replace(needs, window=await self._window(topic, partition, start, limit,
+                                                        self.retention_s))
 
     async def prune_events(self, partition: int, snapshot: int | None,
                            checkpoint: dict[int, int] | Unread | None = UNREAD) -> int:
@@ -194,12 +199,11 @@ class Pruner:
         needs = await self.needs(partition, snapshot, checkpoint)
         if self.archive is not None:
             # what the other needs allow goes to the archive first
-            target, _ = events_bound(EventNeeds(**{**needs.__dict__, "archive": needs.end}))
+            target, _ = events_bound(replace(needs, archive=needs.end))
             if target > needs.start:
                 await self._archive(partition, needs.start, target)
-                needs = EventNeeds(**{**needs.__dict__,
-                                      "archive": await asyncio.to_thread(
-                                          self._archived_end, partition)})
+                needs = replace(needs, archive=await asyncio.to_thread(
+                    self._archived_end, partition))
         bound, why = events_bound(needs)
         self.stats.held_by[partition] = why
         if bound <= needs.start:

@@ -3,6 +3,8 @@ that may still need it is past it — ``events_bound``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -51,9 +53,9 @@ def test_without_a_checkpoint_nothing_goes_unless_an_archive_holds_it() -> None:
     base = EventNeeds(start=0, end=100, snapshot=80, checkpoint=None, projector=100,
                       effects=None, archive=None, window=100)
     assert events_bound(base) == (0, "audit checkpoint")
-    archived = EventNeeds(**{**base.__dict__, "archive": 50})
+    archived = replace(base, archive=50)
     assert events_bound(archived) == (50, "archive")
-    audited = EventNeeds(**{**base.__dict__, "checkpoint": 60})
+    audited = replace(base, checkpoint=60)
     assert events_bound(audited) == (60, "audit checkpoint")
 
 
@@ -61,5 +63,5 @@ def test_without_a_snapshot_or_a_published_projector_offset_nothing_goes() -> No
     n = EventNeeds(start=5, end=100, snapshot=None, checkpoint=90, projector=100,
                    effects=None, archive=None, window=100)
     assert events_bound(n) == (5, "snapshot")
-    n = EventNeeds(**{**n.__dict__, "snapshot": 70, "projector": None})
+    n = replace(n, snapshot=70, projector=None)
     assert events_bound(n) == (5, "projector")
