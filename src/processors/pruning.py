@@ -189,7 +189,7 @@ class Pruner:
         # take what they allow): no record is read when nothing may go
         limit, _ = events_bound(replace(needs, archive=None if archived is None else end))
         if limit <= start:
-            return replace(needs, window=start)
+            return needs  # held by another need (the window is not what holds it)
         return replace(needs, window=await self._window(topic, partition, start, limit,
                                                         self.retention_s))
 
