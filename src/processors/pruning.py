@@ -89,8 +89,6 @@ def events_bound(n: EventNeeds) -> tuple[int, str]:
     """The offset below which partition p of ``events`` may go, and the need that holds it
     there (the bound is never below ``start``: nothing is restored by pruning)."""
     limits: list[tuple[int, str]] = [
-        (n.end, "end"),
-        (n.window, "retention window"),
         (0 if n.snapshot is None else n.snapshot, "snapshot"),
         (0 if n.projector is None else n.projector, "projector"),
     ]
@@ -102,6 +100,8 @@ def events_bound(n: EventNeeds) -> tuple[int, str]:
         limits.append((n.effects, "effect runners"))
     if n.archive is not None:
         limits.append((n.archive, "archive"))
+    # last: a tie names the reader that needs the events
+    limits += [(n.window, "retention window"), (n.end, "end")]
     bound, why = min(limits, key=lambda lim: lim[0])
     return max(bound, n.start), why
 
