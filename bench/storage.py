@@ -236,11 +236,12 @@ async def kept_now(args: argparse.Namespace, cfg: LogConfig, lg: Any, dsn: str,
             else sum(kafka_on_disk(Path(args.kafka_logs), cfg.topics.prefix).values()))
     model = sum((await read_model_bytes(dsn)).values())
     results = tree_bytes(workdir / "results")
-    held = {t: await lg.end_offset(t, p) - await lg.start_offset(t, p)
-            for t in [lg.topics.events] for p in range(cfg.topics.partitions)}
+    t = lg.topics.events
+    held = [await lg.end_offset(t, p) - await lg.start_offset(t, p)
+            for p in range(cfg.topics.partitions)]
     return {"minute": minute, "log_logical": sum(logical.values()), "log_on_disk": disk,
             "read_model": model, "results": results, "total": disk + model + results,
-            "events_held": sum(held.values()) if held else 0}
+            "events_held": sum(held), "by_topic": logical}
 
 
 async def main() -> None:
