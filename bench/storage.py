@@ -71,13 +71,18 @@ def _field_bytes(name: str, value: Any) -> int:
 def tally(into: dict[str, dict[str, Any]], topic: str, key: bytes, value: bytes,
           headers: int) -> None:
     """Add one record to the breakdown: its bytes under its topic and kind (an event's or a
-    command's type, else the topic), and the bytes of each of its JSON members (an
-    envelope's ``payload`` member by member), the record key and headers included."""
+    command's type, in either event format; else the topic), and the bytes of each of its
+    JSON members (an envelope's payload member by member), the record key and headers
+    included."""
     try:
         raw = orjson.loads(value)
     except orjson.JSONDecodeError:
         raw = None
-    kind = str(raw.get("type", topic)) if isinstance(raw, dict) else topic
+    kind = topic
+    if isinstance(raw, dict):  # an envelope's type, or a compact event's payload's
+        inner = raw.get("p")
+        kind = str(raw.get("type") or (inner.get("type") if isinstance(inner, dict) else None)
+                   or topic)
     row = into.setdefault(f"{topic} {kind}", {"records": 0, "bytes": 0, "fields": {},
                                               "sample": None})
     if raw is not None and row["sample"] is None:

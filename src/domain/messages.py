@@ -563,6 +563,18 @@ class CommandEnvelope(_Model):
             raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_type_from_envelope(cls, data: Any) -> Any:
+        """A payload written without its ``type`` (the compact encoding leaves out members
+        at their default, and a payload's ``type`` is the envelope's) takes the envelope's."""
+        if isinstance(data, dict):
+            payload = data.get("payload")
+            if isinstance(payload, dict) and "type" not in payload and isinstance(
+                    data.get("type"), str):
+                return {**data, "payload": {**payload, "type": data["type"]}}
+        return data
+
     @model_validator(mode="after")
     def _type_matches_payload(self) -> CommandEnvelope:
         if self.type != self.payload.type:
@@ -1037,8 +1049,19 @@ class LogPosition(_Model):
     offset: int
 
 
+# a reply's positions: ``[topic, partition, offset]`` as written since the compact format,
+# ``{topic, partition, offset}`` before it
+_POSITIONS_SCHEMA: dict[str, Any] = {"type": "array", "items": {"anyOf": [
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"},
+                                      {"type": "integer"}], "minItems": 3, "maxItems": 3},
+    {"type": "object", "required": ["topic", "partition", "offset"],
+     "properties": {"topic": {"type": "string"}, "partition": {"type": "integer"},
+                    "offset": {"type": "integer"}}}]}}
+
+
 class Reply(BaseModel):
-    """The answer to one command, correlated by ``command_id``."""
+    """The answer to one command, correlated by ``command_id``. Members at their default
+    (an empty ``reason``, ``body`` or ``positions``) may be left out."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -1046,9 +1069,19 @@ class Reply(BaseModel):
     status: Status
     reason: str = ""
     body: dict[str, Any] = Field(default_factory=dict)
-    positions: tuple[LogPosition, ...] = ()
+    positions: Annotated[tuple[LogPosition, ...], WithJsonSchema(_POSITIONS_SCHEMA)] = ()
     tenant: str = ""
     schedule_id: str = ""
+
+    @field_validator("positions", mode="before")
+    @classmethod
+    def _positions_as_triples(cls, value: Any) -> Any:
+        """A position written compactly, ``[topic, partition, offset]``, reads as one of
+        ``{topic, partition, offset}`` (both are stored)."""
+        if isinstance(value, (list, tuple)):
+            return [dict(zip(("topic", "partition", "offset"), p, strict=True))
+                    if isinstance(p, (list, tuple)) and len(p) == 3 else p for p in value]
+        return value
 
 
 class DeadLetter(BaseModel):

@@ -36,6 +36,10 @@ def test_the_fixture_has_every_kind_of_record() -> None:
     assert len({r["decoded"].get("type") for r in RECORDS if r["topic"] == "events"}) >= 5
 
 
-@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r['topic']}-{r['decoded'].get('type', '')}")
+def _name(record: dict[str, Any]) -> str:
+    return f"{record['topic']}-{record['decoded'].get('type', '')}"
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=_name)
 def test_records_of_the_first_format_decode_to_the_values_they_had(record: dict[str, Any]) -> None:
     assert decoded(record["topic"], record["key"], record["value"].encode()) == record["decoded"]
