@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 FORMAT = 2
@@ -170,7 +171,8 @@ def compact_payload(payload: dict[str, Any], at: Any = None) -> dict[str, Any]:
 
 def expand_payload(payload: dict[str, Any], at: Any = None) -> dict[str, Any]:
     """``compact_payload`` undone: every member left out is back at its wire default, every
-    instant written as microseconds after ``at`` (ISO 8601 text) an aware datetime."""
+    instant written as microseconds after ``at`` (ISO 8601 text) ISO 8601 text again, as the
+    first format wrote it (``Z``, microseconds only when there are some)."""
     found = payload.get("type")
     etype = found if isinstance(found, str) else ""
     out = dict(_with_defaults(payload, EVENT_DEFAULTS.get(etype, _NONE)))
@@ -180,8 +182,9 @@ def expand_payload(payload: dict[str, Any], at: Any = None) -> dict[str, Any]:
         if isinstance(value, int) and not isinstance(value, bool):
             if base is None:
                 base = _instant(at)
-            try:
-                out[name] = base + value * _MICRO
+            try:  # ISO 8601 text as the first format wrote it, for readers of raw records
+                out[name] = orjson.dumps(base + value * _MICRO,
+                                         option=orjson.OPT_UTC_Z).decode()[1:-1]
             except OverflowError as exc:
                 raise ValueError(f"p.{name}: {value} microseconds after at is out of range"
                                  ) from exc

@@ -135,6 +135,9 @@ def test_both_event_formats_decode_to_the_same_envelope() -> None:
                                            env.payload)
         assert fields == compact, env.type
         assert len(compact) < len(codec.encode_event_v1(env)), env.type
+        # a reader of raw records sees the first format's members, member for member
+        assert codec.expand_event(orjson.loads(compact)) == orjson.loads(
+            codec.encode_event_v1(env)), env.type
 
 
 def test_a_compact_event_writes_each_value_once_and_no_wire_default() -> None:
@@ -316,3 +319,5 @@ def test_any_event_reads_back_the_same_from_both_formats(
                               causation_id=causation, payload=payload)
         assert codec.decode_event(codec.encode_event(env)) == env
         assert codec.decode_event(codec.encode_event_v1(env)) == env
+        assert codec.expand_event(orjson.loads(codec.encode_event(env))) == orjson.loads(
+            codec.encode_event_v1(env))
