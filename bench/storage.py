@@ -242,8 +242,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         logical, runs = await logical_bytes(lg, breakdown)
         if breakdown is not None:
             print_breakdown(breakdown, runs)
-            if args.samples:
-                Path(args.samples).write_text("".join(
+            if args.keep_records:
+                Path(args.keep_records).write_text("".join(
                     json.dumps(row["sample"]) + "\n" for _, row in sorted(breakdown.items())
                     if row["sample"]))
         for _ in range(120):  # the projector catches up
@@ -321,7 +321,7 @@ async def main() -> None:
     ap.add_argument("--kafka-logs", default=".kafka", help="the broker's log directories")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print bytes per run by record kind and member (stderr)")
-    ap.add_argument("--samples", help="with --breakdown: write one record of each kind "
+    ap.add_argument("--keep-records", help="with --breakdown: write one record of each kind "
                     "([topic, key, value] JSON lines) to this file")
     ap.add_argument("--database-url", default=os.environ.get("CHRONOLOG_TEST_DATABASE_URL"))
     ap.add_argument("--retention", default=None, help="e.g. 2m: the processes' retention")

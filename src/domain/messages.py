@@ -541,6 +541,9 @@ Command = Annotated[ScheduleCommand | QuotaCommand | RoutingCommand, Field(discr
 
 
 class CommandEnvelope(_Model):
+    """A command to one aggregate. Members at their default may be left out (chronolog writes
+    them so); a payload without ``type`` has the envelope's."""
+
     command_id: str = Field(min_length=1, max_length=200)
     type: str
     tenant: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
