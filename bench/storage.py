@@ -19,7 +19,10 @@ Each divided by the runs that finished (``ResultPublished``). A benchmark, not a
 figures go to docs/performance.md.
 
     .venv/bin/python bench/storage.py --log sqlite|kafka [--schedules 100] [--seconds 60]
-        [--kafka-logs .kafka] [--database-url DSN]
+        [--kafka-logs .kafka] [--database-url DSN] [--breakdown]
+
+``--breakdown`` also prints (on stderr) the bytes per run of each record kind (a topic and
+an event's or command's type) and, per record, of each of its JSON members: where the bytes go.
 
 **Flat storage** (``--retention 2m --samples 6,12``): the processes run with that retention
 (the processor prunes every 10 s, a ``chronolog audit`` runs every 30 s as a deployment's
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 
 from chronolog.client import Client
 from chronolog.domain import codec
@@ -59,8 +63,63 @@ sys.path.insert(0, str(Path(__file__).parent))
 from e2e import CHRONOLOG, spawn, stop, url_of
 
 
-async def logical_bytes(lg: Any) -> tuple[dict[str, int], int]:
-    """Bytes per topic (key + value + headers) and the runs finished (results on events)."""
+def _field_bytes(name: str, value: Any) -> int:
+    """The bytes one JSON member ``"name":value,`` takes."""
+    return len(orjson.dumps({name: value})) - 1
+
+
+def tally(into: dict[str, dict[str, Any]], topic: str, key: bytes, value: bytes,
+          headers: int) -> None:
+    """Add one record to the breakdown: its bytes under its topic and kind (an event's or a
+    command's type, in either event format; else the topic), and the bytes of each of its
+    JSON members (an envelope's payload member by member), the record key and headers
+    included."""
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        raw = None
+    kind = topic
+    if isinstance(raw, dict):  # an envelope's type, or a compact event's payload's
+        inner = raw.get("p")
+        kind = str(raw.get("type") or (inner.get("type") if isinstance(inner, dict) else None)
+                   or topic)
+    row = into.setdefault(f"{topic} {kind}", {"records": 0, "bytes": 0, "fields": {},
+                                              "sample": None})
+    if raw is not None and row["sample"] is None:
+        row["sample"] = [topic, key.decode("utf-8", "replace"), value.decode()]
+    row["records"] += 1
+    row["bytes"] += len(key) + len(value) + headers
+    fields = row["fields"]
+    fields["(record key)"] = fields.get("(record key)", 0) + len(key)
+    fields["(headers)"] = fields.get("(headers)", 0) + headers
+    if not isinstance(raw, dict):
+        return
+    for name, member in raw.items():
+        if name in ("payload", "p") and isinstance(member, dict):
+            fields["(payload braces)"] = fields.get("(payload braces)", 0) + 2
+            for inner, v in member.items():
+                label = f"{name}.{inner}"
+                fields[label] = fields.get(label, 0) + _field_bytes(inner, v)
+            fields[name] = fields.get(name, 0) + len(name) + 3
+        else:
+            fields[name] = fields.get(name, 0) + _field_bytes(name, member)
+
+
+def print_breakdown(into: dict[str, dict[str, Any]], runs: int) -> None:
+    """Bytes per run by record kind, and each kind's members, largest first."""
+    per = max(runs, 1)
+    for kind, row in sorted(into.items(), key=lambda kv: -kv[1]["bytes"]):
+        print(f"{row['bytes'] / per:8.0f} B/run {row['records'] / per:5.2f} rec/run "
+              f"{row['bytes'] / row['records']:6.0f} B/rec  {kind}", file=sys.stderr)
+        for name, n in sorted(row["fields"].items(), key=lambda kv: -kv[1]):
+            if n:
+                print(f"{'':10}{n / row['records']:7.1f} B/rec  {name}", file=sys.stderr)
+
+
+async def logical_bytes(lg: Any, breakdown: dict[str, dict[str, Any]] | None = None,
+                        ) -> tuple[dict[str, int], int]:
+    """Bytes per topic (key + value + headers) and the runs finished (results on events);
+    ``breakdown`` (if given) gets each record's bytes by kind and member (``tally``)."""
     sizes: dict[str, int] = {}
     results = 0
     for topic, partitions in (await lg.prefixed_topics()).items():
@@ -73,8 +132,11 @@ async def logical_bytes(lg: Any) -> tuple[dict[str, int], int]:
                 if not recs:
                     break
                 for r in recs:
-                    total += len(r.key or b"") + len(r.value) + sum(
-                        len(k) + len(v) for k, v in r.headers)
+                    headers = sum(len(k) + len(v) for k, v in r.headers)
+                    total += len(r.key or b"") + len(r.value) + headers
+                    if breakdown is not None:
+                        tally(breakdown, topic.removeprefix(lg.topics.prefix), r.key or b"",
+                              r.value, headers)
                     if topic == lg.topics.events and b'"ResultPublished"' in r.value:
                         results += codec.decode_event(r.value).type == "ResultPublished"
                 off = recs[-1].offset + 1
@@ -176,7 +238,14 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await asyncio.sleep(args.seconds)
         await asyncio.gather(*(client.pause("bench", sid) for sid in ids))
         await asyncio.sleep(3)  # the last runs finish
-        logical, runs = await logical_bytes(lg)
+        breakdown: dict[str, dict[str, Any]] | None = {} if args.breakdown else None
+        logical, runs = await logical_bytes(lg, breakdown)
+        if breakdown is not None:
+            print_breakdown(breakdown, runs)
+            if args.keep_records:
+                Path(args.keep_records).write_text("".join(
+                    json.dumps(row["sample"]) + "\n" for _, row in sorted(breakdown.items())
+                    if row["sample"]))
         for _ in range(120):  # the projector catches up
             if await projected(dsn) >= runs:
                 break
@@ -251,6 +320,10 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--kafka-logs", default=".kafka", help="the broker's log directories")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print bytes per run by record kind and member (stderr)")
+    ap.add_argument("--keep-records", help="with --breakdown: write one record of each kind "
+                    "([topic, key, value] JSON lines) to this file")
     ap.add_argument("--database-url", default=os.environ.get("CHRONOLOG_TEST_DATABASE_URL"))
     ap.add_argument("--retention", default=None, help="e.g. 2m: the processes' retention")
     ap.add_argument("--samples", default="", help="minutes at which to measure, e.g. 6,12")

@@ -22,6 +22,7 @@ from chronolog.domain.messages import (
     Reply,
     ScheduleSpec,
 )
+from chronolog.domain.wire import CompactEventEnvelope
 
 
 def _schema(model: type[BaseModel]) -> str:
@@ -37,6 +38,7 @@ def render_all() -> dict[str, str]:
         out[f"events/{m.__name__}.json"] = _schema(m)
     out["envelopes/CommandEnvelope.json"] = _schema(CommandEnvelope)
     out["envelopes/EventEnvelope.json"] = _schema(EventEnvelope)
+    out["envelopes/CompactEventEnvelope.json"] = _schema(CompactEventEnvelope)
     out["envelopes/Reply.json"] = _schema(Reply)
     out["envelopes/DeadLetter.json"] = _schema(DeadLetter)
     out["ScheduleSpec.json"] = _schema(ScheduleSpec)

@@ -3,6 +3,12 @@
 Events are stored forever, so their shape may evolve: an upcaster registered for
 ``(type, version)`` turns a stored dict of that version into the next version's dict before
 validation, repeatedly, until the current version is reached.
+
+Events are written in the compact format 2 (``chronolog.domain.wire``); a stored event of
+either format is first brought to the first format's members (``wire.expand_event``), then
+upcast and validated, so every reader gets the same values from both. Commands and replies
+leave out members at their default (``dumps_compact``, ``encode_reply_fields``); ready
+assignments their empty members (``encode_assignment``); their decoders fill them back.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from chronolog.domain import wire
 from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 from chronolog.domain.messages import (
     CURRENT_VERSION,
@@ -76,12 +83,14 @@ def dumps(model: BaseModel) -> bytes:
     return orjson.dumps(model.model_dump(mode="python"), option=_OPTS)
 
 
-def encode_event(env: EventEnvelope) -> bytes:
-    """The envelope's fields as stored, then the payload's own ``model_dump``.
+def dumps_compact(model: BaseModel) -> bytes:
+    """Serialize a message model without the members at their default, at any depth of
+    nested models (a payload's ``type`` too: an envelope's ``type`` names it)."""
+    return orjson.dumps(model.model_dump(mode="python", exclude_defaults=True), option=_OPTS)
 
-    Byte-for-byte what ``dumps(env)`` gives (tests/unit/test_codec.py checks it), about a
-    third cheaper: pydantic does not walk the envelope's discriminated union.
-    """
+
+def encode_event(env: EventEnvelope) -> bytes:
+    """The envelope in the compact format 2 (``chronolog.domain.wire``)."""
     return encode_event_fields(env.event_id, env.version, env.key, env.tenant, env.schedule_id,
                                env.at, env.causation_id, env.payload)
 
@@ -90,11 +99,23 @@ def encode_event_fields(event_id: str, version: int, key: str, tenant: str, sche
                         at: datetime, causation_id: str | None, payload: BaseModel) -> bytes:
     """``encode_event`` straight from the fields, without building the envelope model (the
     processor's hot path: the payload is a validated event, ``at`` an aware datetime)."""
-    return dumps_kept({
-        "event_id": event_id, "type": payload.type, "version": version,  # type: ignore[attr-defined]
-        "key": key, "tenant": tenant, "schedule_id": schedule_id, "at": at,
-        "causation_id": causation_id, "payload": payload.model_dump(mode="python"),
-    })
+    return dumps_kept(wire.compact_event(event_id, version, key, tenant, schedule_id, at,
+                                         causation_id, payload.model_dump(mode="python")))
+
+
+def encode_event_v1(env: EventEnvelope) -> bytes:
+    """The envelope in the first format (every member, as written before format 2): what
+    older logs, archives and backups hold; for tests and tools that need such records."""
+    return dumps(env)
+
+
+def expand_event(raw: dict[str, Any]) -> dict[str, Any]:
+    """A stored event's JSON object in the first format's members, whichever format it has
+    (for readers of raw records); ``DecodeError`` names a missing member."""
+    try:
+        return wire.expand_event(raw)
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from exc
 
 
 def decode_event(data: bytes) -> EventEnvelope:
@@ -102,7 +123,7 @@ def decode_event(data: bytes) -> EventEnvelope:
         raw = orjson.loads(data)
         if not isinstance(raw, dict):
             raise DecodeError("event is not a JSON object")
-        return EventEnvelope.model_validate(upcast(raw), context=STORED)
+        return EventEnvelope.model_validate(upcast(expand_event(raw)), context=STORED)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"event is not JSON: {exc}") from exc
     except (ValueError, TypeError, OverflowError) as exc:  # a version that is no integer, ...
@@ -112,7 +133,9 @@ def decode_event(data: bytes) -> EventEnvelope:
 
 
 def encode_command(env: CommandEnvelope) -> bytes:
-    return dumps(env)
+    """A command without the members at their default (``CommandEnvelope`` puts the
+    payload's ``type`` back from its own when reading)."""
+    return dumps_compact(env)
 
 
 def decode_command(data: bytes) -> CommandEnvelope:
@@ -128,7 +151,11 @@ def decode_command(data: bytes) -> CommandEnvelope:
 
 
 def encode_reply(reply: Reply) -> bytes:
-    return dumps(reply)
+    """The same bytes as ``encode_reply_fields`` of the reply's fields."""
+    return encode_reply_fields(
+        reply.command_id, reply.status, reply.reason, reply.body,
+        [(p.topic, p.partition, p.offset) for p in reply.positions], reply.tenant,
+        reply.schedule_id)
 
 
 def encode_body(body: dict[str, Any]) -> bytes:
@@ -152,16 +179,53 @@ def encode_reply_fields(
     ``positions`` are (topic, partition, offset) triples; ``body`` may be given already
     encoded (``encode_body``: a snapshot taken when the decision was made).
     """
-    return dumps_kept({
-        "command_id": command_id, "status": status, "reason": reason,
-        "body": orjson.Fragment(body) if isinstance(body, bytes) else body,
-        "positions": [{"topic": t, "partition": p, "offset": o} for t, p, o in positions],
-        "tenant": tenant, "schedule_id": schedule_id,
-    })
+    out: dict[str, Any] = {"command_id": command_id, "status": status}
+    if reason:
+        out["reason"] = reason
+    if body and body != b"{}":
+        out["body"] = orjson.Fragment(body) if isinstance(body, bytes) else body
+    if positions:  # [topic, partition, offset] each (``Reply`` reads both shapes)
+        out["positions"] = [[t, p, o] for t, p, o in positions]
+    if tenant:
+        out["tenant"] = tenant
+    if schedule_id:
+        out["schedule_id"] = schedule_id
+    return dumps_kept(out)
 
 
 def decode_reply(data: bytes) -> Reply:
     return Reply.model_validate(orjson.loads(data))
+
+
+# a ready assignment's members left out when empty (the worker reads them as these)
+_ASSIGNMENT_EMPTY: dict[str, Any] = {"params": {}, "timeout": None}
+
+
+def encode_assignment(assignee: str, tenant: str, schedule_id: str,
+                      body: dict[str, Any]) -> bytes:
+    """A ready assignment: the worker it is for, the run's tenant and schedule, and the
+    claim's reply body, without ``run_id`` (the record key) and empty members."""
+    out: dict[str, Any] = {"assignee": assignee, "tenant": tenant, "schedule_id": schedule_id}
+    for k, v in body.items():
+        if k == "run_id" or (k in _ASSIGNMENT_EMPTY and v == _ASSIGNMENT_EMPTY[k]):
+            continue
+        out[k] = v
+    return dumps_kept(out, orjson.OPT_UTC_Z)
+
+
+def decode_assignment(data: bytes, key: bytes | None) -> dict[str, Any]:
+    """A ready assignment's members, every one (those left out at their empty value, the
+    run ID from the record key when the value does not hold it)."""
+    body = orjson.loads(data)
+    if not isinstance(body, dict):
+        raise DecodeError("assignment is not a JSON object")
+    if "run_id" not in body:
+        if not key:
+            raise DecodeError("run_id: the assignment names no run (no record key)")
+        body["run_id"] = key.decode()
+    for k, v in _ASSIGNMENT_EMPTY.items():
+        body.setdefault(k, dict(v) if isinstance(v, dict) else v)
+    return body
 
 
 def encode_dead_letter(dl: DeadLetter) -> bytes:

@@ -541,6 +541,9 @@ Command = Annotated[ScheduleCommand | QuotaCommand | RoutingCommand, Field(discr
 
 
 class CommandEnvelope(_Model):
+    """A command to one aggregate. Members at their default may be left out (chronolog writes
+    them so); a payload without ``type`` has the envelope's."""
+
     command_id: str = Field(min_length=1, max_length=200)
     type: str
     tenant: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -561,6 +564,18 @@ class CommandEnvelope(_Model):
         bad = lim.text_violation(data, "", lim.MAX_DOCUMENT_DEPTH)
         if bad is not None:
             raise ValueError(f"{bad[0]}: {bad[1]}" if bad[0] else bad[1])
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_type_from_envelope(cls, data: Any) -> Any:
+        """A payload written without its ``type`` (the compact encoding leaves out members
+        at their default, and a payload's ``type`` is the envelope's) takes the envelope's."""
+        if isinstance(data, dict):
+            payload = data.get("payload")
+            if isinstance(payload, dict) and "type" not in payload and isinstance(
+                    data.get("type"), str):
+                return {**data, "payload": {**payload, "type": data["type"]}}
         return data
 
     @model_validator(mode="after")
@@ -1037,8 +1052,19 @@ class LogPosition(_Model):
     offset: int
 
 
+# a reply's positions: ``[topic, partition, offset]`` as written since the compact format,
+# ``{topic, partition, offset}`` before it
+_POSITIONS_SCHEMA: dict[str, Any] = {"type": "array", "items": {"anyOf": [
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"},
+                                      {"type": "integer"}], "minItems": 3, "maxItems": 3},
+    {"type": "object", "required": ["topic", "partition", "offset"],
+     "properties": {"topic": {"type": "string"}, "partition": {"type": "integer"},
+                    "offset": {"type": "integer"}}}]}}
+
+
 class Reply(BaseModel):
-    """The answer to one command, correlated by ``command_id``."""
+    """The answer to one command, correlated by ``command_id``. Members at their default
+    (an empty ``reason``, ``body`` or ``positions``) may be left out."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -1046,9 +1072,19 @@ class Reply(BaseModel):
     status: Status
     reason: str = ""
     body: dict[str, Any] = Field(default_factory=dict)
-    positions: tuple[LogPosition, ...] = ()
+    positions: Annotated[tuple[LogPosition, ...], WithJsonSchema(_POSITIONS_SCHEMA)] = ()
     tenant: str = ""
     schedule_id: str = ""
+
+    @field_validator("positions", mode="before")
+    @classmethod
+    def _positions_as_triples(cls, value: Any) -> Any:
+        """A position written compactly, ``[topic, partition, offset]``, reads as one of
+        ``{topic, partition, offset}`` (both are stored)."""
+        if isinstance(value, (list, tuple)):
+            return [dict(zip(("topic", "partition", "offset"), p, strict=True))
+                    if isinstance(p, (list, tuple)) and len(p) == 3 else p for p in value]
+        return value
 
 
 class DeadLetter(BaseModel):

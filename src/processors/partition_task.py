@@ -645,9 +645,8 @@ class PartitionTask:
                     running[tenant] += 1
                 out.assignments.append(OutRecord(
                     topic=self.ctx.topics.ready_for(cls, seat.pool), key=run_id.encode(),
-                    value=codec.dumps_kept({"assignee": seat.worker_id, "tenant": st.tenant,
-                                            "schedule_id": st.schedule_id, **dec.body},
-                                           orjson.OPT_UTC_Z),
+                    value=codec.encode_assignment(seat.worker_id, st.tenant, st.schedule_id,
+                                                  dec.body),
                     partition=self.partition,
                 ))
             for tenant, entry in kept:

@@ -43,6 +43,7 @@ tenant's ``result_retention``, so it is removed (``pruned``), past the grace as 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from chronolog.domain import codec
 from chronolog.log.port import EventLog
 from chronolog.log.reading import read_partition
 from chronolog.workers.results import ResultStore, StagedObject
@@ -155,7 +157,8 @@ async def fold_references(log_: EventLog) -> References:
             for rec in recs:
                 env = orjson.loads(rec.value)
                 if isinstance(env, dict):
-                    refs.apply_envelope(env)
+                    with contextlib.suppress(codec.DecodeError):  # not an event: no reference
+                        refs.apply_envelope(codec.expand_event(env))
                 refs.events_read += 1
     return refs
 

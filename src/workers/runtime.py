@@ -72,6 +72,7 @@ import structlog
 from chronolog import lifecycle
 from chronolog.backoff import Backoff
 from chronolog.client import Client
+from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.membership import ANNOUNCE_INTERVAL_S, announcement
 from chronolog.domain.offers import OFFER_HEADER, Offer, offer_proof
@@ -610,7 +611,7 @@ class Worker:
         another worker's assignments after a rebalance); dead-letter a record that is not an
         assignment. False: that record could not be recorded, so it must be read again."""
         try:
-            body = orjson.loads(rec.value)
+            body = codec.decode_assignment(rec.value, rec.key)
             worker, run_id, fence = body["assignee"], str(body["run_id"]), int(body["fence"])
             tenant, schedule_id = str(body["tenant"]), str(body["schedule_id"])
             if not isinstance(body.get("params", {}), dict):

@@ -154,15 +154,16 @@ async def test_a_plain_kafka_producer_creates_a_schedule_and_reads_its_reply(
         assert reply["body"]["revision"] == 1
         assert reply["body"]["schedule_id"] == schedule_id
         assert reply["body"]["state"] == "ACTIVE" and reply["body"]["next_run_at"]
-        positions = reply["positions"]
-        assert positions and {p["topic"] for p in positions} == {events}
-        assert {p["partition"] for p in positions} == {meta.partition}
+        positions = reply["positions"]  # [topic, partition, offset] each
+        assert positions and {t for t, _, _ in positions} == {events}
+        assert {p for _, p, _ in positions} == {meta.partition}
 
-        # the event, on the same partition number of events, under the same key
+        # the event, on the same partition number of events, under the same key, in the
+        # compact format: f = 2, k = tenant/schedule_id, c = the command ID, p = the event
         [created, *_] = await _events_of(kafka_bootstrap, events, meta.partition, key, 1)
-        assert created["payload"]["type"] == "ScheduleCreated"
-        assert created["schedule_id"] == schedule_id and created["tenant"] == TENANT
-        assert created["causation_id"] == command_id
+        assert created["f"] == 2 and created["p"]["type"] == "ScheduleCreated"
+        assert created["k"] == f"{TENANT}/{schedule_id}"
+        assert created["c"] == command_id
 
         # the same command ID again: the original reply, no second schedule
         meta2 = await producer.send_and_wait(

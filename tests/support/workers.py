@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.workers import FilesystemResultStore, Worker
 from support import worker_jobs
@@ -71,7 +70,7 @@ def invocations(path: Path, run_id: str) -> list[list[str]]:
 
 async def assignments_for(lg: Any, run_id: str) -> list[Any]:
     return [r for r in await read_all(lg, lg.topics.ready("default"))
-            if orjson.loads(r.value)["run_id"] == run_id]
+            if codec.decode_assignment(r.value, r.key)["run_id"] == run_id]
 
 
 async def all_acknowledged(lg: Any, group: str) -> bool:

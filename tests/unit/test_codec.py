@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from chronolog.client import Client
-from chronolog.domain import codec
+from chronolog.domain import codec, wire
 from chronolog.domain import messages as m
 from chronolog.log.sqlite import SqliteEventLog
 
@@ -69,7 +71,7 @@ def test_upcaster_is_applied_by_type_and_version(monkeypatch: pytest.MonkeyPatch
         raw["payload"]["fence"] = raw["payload"].pop("epoch")
         return raw
 
-    old = orjson.loads(codec.encode_event(_event()))
+    old = orjson.loads(codec.encode_event_v1(_event()))
     old["payload"]["epoch"] = old["payload"].pop("fence")
     env = codec.decode_event(orjson.dumps(old))
     assert env.payload.fence == 3 and env.version == 2
@@ -121,16 +123,115 @@ def _lifecycle_events() -> list[m.EventEnvelope]:
     return out
 
 
-def test_encode_event_is_byte_identical_to_the_generic_dump() -> None:
+def test_both_event_formats_decode_to_the_same_envelope() -> None:
     events = _lifecycle_events()
     assert len({e.type for e in events}) >= 8
     for env in events:
-        assert codec.encode_event(env) == codec.dumps(env), env.type
-        assert codec.decode_event(codec.encode_event(env)) == env
+        compact = codec.encode_event(env)
+        assert codec.decode_event(compact) == env, env.type
+        assert codec.decode_event(codec.encode_event_v1(env)) == env, env.type
         fields = codec.encode_event_fields(env.event_id, env.version, env.key, env.tenant,
                                            env.schedule_id, env.at, env.causation_id,
                                            env.payload)
-        assert fields == codec.dumps(env), env.type
+        assert fields == compact, env.type
+        assert len(compact) < len(codec.encode_event_v1(env)), env.type
+        # a reader of raw records sees the first format's members, member for member
+        assert codec.expand_event(orjson.loads(compact)) == orjson.loads(
+            codec.encode_event_v1(env)), env.type
+
+
+def test_a_compact_event_writes_each_value_once_and_no_wire_default() -> None:
+    env = next(e for e in _lifecycle_events() if e.type == "OccurrenceMaterialized"
+               and e.payload.trigger == "schedule")  # type: ignore[union-attr]
+    raw = orjson.loads(codec.encode_event(env))
+    assert set(raw) == {"f", "k", "c", "n", "at", "p"}  # no tenant, schedule_id, event_id
+    assert (raw["f"], raw["k"], raw["n"]) == (2, "acme/s1", 0)
+    assert "trigger" not in raw["p"] and "priority" not in raw["p"]
+    assert raw["p"]["scheduled_at"] == 0  # at the event's time: microseconds after ``at``
+    assert raw["p"]["next_run_at"] == 3_600_000_000  # the next hour
+    assert "resource_class" not in raw["p"] and "advances_schedule" not in raw["p"]
+    assert raw["p"]["type"] == "OccurrenceMaterialized"
+
+
+def test_the_wire_format_example_of_the_design_is_what_the_codec_writes() -> None:
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    section = design[design.index("### Wire format"):]
+    start = section.index("```json\n") + 8
+    example = section[start:section.index("\n```", start)]
+    assert orjson.loads(example) == orjson.loads(codec.encode_event(_event()))
+    assert codec.decode_event(example.encode()) == _event()
+
+
+def test_every_compact_event_is_valid_for_its_documented_schema() -> None:
+    for env in _lifecycle_events():
+        raw = orjson.loads(codec.encode_event(env))
+        doc = wire.CompactEventEnvelope.model_validate(raw)
+        assert (doc.k, doc.c, doc.p["type"]) == (env.key, env.causation_id, env.type)
+
+
+def test_a_compact_event_reads_a_left_out_member_as_its_frozen_wire_default() -> None:
+    for etype, defaults in wire.EVENT_DEFAULTS.items():
+        assert wire.expand_payload({"type": etype}) == {"type": etype, **defaults}
+    job = wire.expand_payload({"type": "OccurrenceMaterialized", "job": {"type": "noop"}})["job"]
+    assert job == {"type": "noop", "params": {}, "timeout": None}
+
+
+def test_a_compact_instant_is_exact_to_the_microsecond_before_or_after_at() -> None:
+    env = _event()
+    for delta in (timedelta(0), timedelta(microseconds=1), timedelta(microseconds=-1),
+                  timedelta(days=-3650, microseconds=7), timedelta(days=3650, seconds=59)):
+        payload = m.LeaseExtended(run_id="r_1", attempt=1, fence=3, lease_until=T0 + delta)
+        ext = env.model_copy(update={"type": payload.type, "payload": payload})
+        raw = orjson.loads(codec.encode_event(ext))
+        assert raw["p"]["lease_until"] == delta // timedelta(microseconds=1)
+        assert codec.decode_event(codec.encode_event(ext)) == ext
+
+
+def test_a_compact_event_keeps_what_its_key_and_causation_do_not_say() -> None:
+    env = _event().model_copy(update={"key": "routing@0", "event_id": "handover-7"})
+    raw = orjson.loads(codec.encode_event(env))
+    assert (raw["tenant"], raw["schedule_id"], raw["id"]) == ("acme", "s1", "handover-7")
+    assert codec.decode_event(codec.encode_event(env)) == env
+    bare = env.model_copy(update={"causation_id": None})
+    assert codec.decode_event(codec.encode_event(bare)) == bare
+
+
+def test_an_event_of_an_unknown_format_is_a_decode_error_naming_it() -> None:
+    with pytest.raises(codec.DecodeError, match=r"^f: unknown event format 3"):
+        codec.decode_event(b'{"f":3,"k":"a/b","p":{}}')
+    with pytest.raises(codec.DecodeError, match=r"^n: "):
+        codec.decode_event(b'{"f":2,"k":"a/b","c":"x","at":"2026-03-08T07:00:00Z",'
+                           b'"p":{"type":"ScheduleDeleted"}}')
+    with pytest.raises(codec.DecodeError, match=r"^at: "):
+        codec.decode_event(b'{"f":2,"k":"a/b","c":"x","n":0,"p":{"type":"LeaseExtended",'
+                           b'"run_id":"r","attempt":1,"fence":1,"lease_until":5}}')
+
+
+def test_a_compact_command_decodes_to_the_command_it_was() -> None:
+    spec = m.ScheduleSpec.model_validate({"every": "1h", "job": {"type": "echo"}})
+    for payload in (m.CreateSchedule(spec=spec), m.Tick(), m.PauseSchedule(),
+                    m.CompleteRun(run_id="r_1", attempt=1, fence=2, worker_id="w",
+                                  checksum="sha256:0", size=0),
+                    m.FailRun(run_id="r_1", attempt=1, fence=2, worker_id="w")):
+        env = m.CommandEnvelope(command_id="c1", type=payload.type, tenant="acme",
+                                schedule_id="s1", issued_at=T0, payload=payload)
+        data = codec.encode_command(env)
+        assert codec.decode_command(data) == env, payload.type
+        assert codec.decode_command(codec.dumps(env)) == env, payload.type
+        assert b'"principal"' not in data and b"null" not in data, payload.type
+
+
+def test_a_compact_assignment_decodes_to_every_member() -> None:
+    body = {"run_id": "r_1", "attempt": 1, "fence": 2, "lease_until": T0, "params": {},
+            "timeout": None, "job_type": "noop"}
+    data = codec.encode_assignment("w1", "acme", "s1", body)
+    assert b"r_1" not in data and b"params" not in data and b"timeout" not in data
+    assert codec.decode_assignment(data, b"r_1") == {
+        "assignee": "w1", "tenant": "acme", "schedule_id": "s1", "run_id": "r_1", "attempt": 1,
+        "fence": 2, "lease_until": "2026-03-08T07:00:00Z", "params": {}, "timeout": None,
+        "job_type": "noop"}
+    with pytest.raises(codec.DecodeError, match=r"^run_id: "):
+        codec.decode_assignment(data, None)
 
 
 def test_dumps_kept_gives_the_bytes_orjson_gives() -> None:
@@ -153,6 +254,8 @@ def test_encode_reply_fields_is_byte_identical_to_a_reply_model() -> None:
                                     "s1")
     assert pre == data
     assert codec.decode_reply(data).body["lease_until"] == "2026-03-08T07:00:00Z"
+    assert codec.decode_reply(data) == codec.decode_reply(codec.dumps(reply))  # first format
+    assert b'"positions":[["p.events",3,17]' in data
     assert codec.encode_reply_fields("c2", "invalid", "bad", {}, [], "", "") == codec.encode_reply(
         m.Reply(command_id="c2", status="invalid", reason="bad"))
 
@@ -182,3 +285,39 @@ def test_a_client_envelope_with_nul_in_any_text_is_refused_naming_the_field(
     assert codec.decode_command(codec.encode_command(ok)) == ok
     with pytest.raises(ValidationError, match="reason: text must not contain NUL"):
         client.envelope("acme", "s1", m.PauseSchedule(reason="main\x00tenance"))
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                max_size=12)
+_INSTANT = st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(9998, 12, 31),
+                        timezones=st.just(UTC))
+
+
+@settings(max_examples=200, deadline=None)
+@given(event_id=_TEXT, causation=st.one_of(st.none(), _TEXT), index=st.integers(0, 10**6),
+       derived=st.booleans(), tenant=_TEXT, schedule_id=_TEXT, slash=st.booleans(),
+       version=st.integers(1, 3), at=_INSTANT, lease_until=_INSTANT,
+       scheduled_at=_INSTANT, next_run_at=st.one_of(st.none(), _INSTANT),
+       priority=st.integers(-100, 100),
+       params=st.dictionaries(_TEXT, st.integers(-2**63, 2**63 - 1), max_size=2))
+def test_any_event_reads_back_the_same_from_both_formats(
+        event_id: str, causation: str | None, index: int, derived: bool, tenant: str,
+        schedule_id: str, slash: bool, version: int, at: datetime, lease_until: datetime,
+        scheduled_at: datetime, next_run_at: datetime | None, priority: int,
+        params: dict[str, int]) -> None:
+    if derived and causation is not None:
+        event_id = f"{causation}.{index}"
+    key = f"{tenant}/{schedule_id}" if slash else f"{tenant}{schedule_id}"
+    for payload in (
+            m.LeaseExtended(run_id="r_1", attempt=1, fence=2, lease_until=lease_until),
+            m.OccurrenceMaterialized(
+                run_id="r_1", scheduled_at=scheduled_at, due_at=scheduled_at, revision=1,
+                job=m.JobSpec(type="noop", params=params), state="READY", sequence=1,
+                priority=priority, next_run_at=next_run_at, next_due_at=next_run_at)):
+        env = m.EventEnvelope(event_id=event_id, type=payload.type, version=version, key=key,
+                              tenant=tenant, schedule_id=schedule_id, at=at,
+                              causation_id=causation, payload=payload)
+        assert codec.decode_event(codec.encode_event(env)) == env
+        assert codec.decode_event(codec.encode_event_v1(env)) == env
+        assert codec.expand_event(orjson.loads(codec.encode_event(env))) == orjson.loads(
+            codec.encode_event_v1(env))

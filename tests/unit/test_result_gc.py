@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from chronolog.domain import codec
+from chronolog.domain import messages as m
 from chronolog.log.memory import MemoryEventLog
 from chronolog.log.port import OutRecord, Topics
 from chronolog.workers.gc import References, fold_references
@@ -113,3 +116,25 @@ async def test_the_fold_learns_the_oldest_event_a_pruned_partition_still_holds()
     refs = await fold_references(lg)
     assert held.offset == 2 and refs.pruned_before_ms == held.timestamp_ms
     assert refs.events_read == 2
+
+
+def test_the_fold_reads_events_of_both_formats_alike() -> None:
+    at = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
+    payloads = [m.AttemptClaimed(run_id="r", attempt=1, fence=2, worker_id="w", claimed_at=at,
+                                 lease_until=at + timedelta(seconds=30)),
+                m.ResultPublished(run_id="r", attempt=1, fence=2, worker_id="w", checksum="c",
+                                  size=1, uri="results:r/a1-f2-0123456789abcdef",
+                                  finished_at=at + timedelta(seconds=1))]
+    envs = [m.EventEnvelope(event_id=f"c{i}.0", type=p.type, key="acme/s1", tenant="acme",
+                            schedule_id="s1", at=at + timedelta(seconds=i), causation_id=f"c{i}",
+                            payload=p) for i, p in enumerate(payloads)]
+    folds = []
+    for encode in (codec.encode_event_v1, codec.encode_event):
+        refs = References()
+        for env in envs:
+            refs.apply_envelope(codec.expand_event(orjson.loads(encode(env))))
+        folds.append(refs)
+    first, compact = folds
+    assert compact.runs == first.runs and compact.newest == first.newest
+    assert compact.runs["r"].published == {"results:r/a1-f2-0123456789abcdef"}
+    assert compact.runs["r"].tenant == "acme"

@@ -59,8 +59,8 @@ async def test_a_due_run_is_assigned_to_an_offering_worker_with_its_claim(event_
                                   what="a run assigned")
         assert {c.payload.worker_id for c in claims} == {"w1"}
         records = await read_all(event_log, event_log.topics.ready("default"))
-        assigned = {orjson.loads(rec.value)["run_id"]: (rec, orjson.loads(rec.value))
-                    for rec in records}
+        assigned = {body["run_id"]: (rec, body) for rec in records
+                    for body in [codec.decode_assignment(rec.value, rec.key)]}
         partition = partition_for(partition_key("acme", "s1").encode(),
                                   event_log.topics.partitions)
         for c in claims:

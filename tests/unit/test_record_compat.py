@@ -1,0 +1,45 @@
+"""Records written before the compact wire format (docs/design.md, "Wire format") still read.
+
+``fixtures/records_v1.jsonl`` holds real records written by chronolog before the compact
+format (one of each kind a ``bench/storage.py`` run writes: events, commands, replies, ready
+assignments), each with the values the decoder of that time gave. Every reader decodes
+through the codec, so the codec giving those values is every reader giving them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chronolog.domain import codec
+
+FIXTURE = Path(__file__).parent / "fixtures" / "records_v1.jsonl"
+RECORDS = [json.loads(line) for line in FIXTURE.read_text().splitlines() if line]
+
+
+def decoded(topic: str, key: str, value: bytes) -> Any:
+    if topic == "events":
+        return codec.decode_event(value).model_dump(mode="json")
+    if topic == "commands":
+        return codec.decode_command(value).model_dump(mode="json")
+    if topic == "replies":
+        return codec.decode_reply(value).model_dump(mode="json")
+    return codec.decode_assignment(value, key.encode())
+
+
+def test_the_fixture_has_every_kind_of_record() -> None:
+    kinds = {r["topic"] for r in RECORDS}
+    assert kinds == {"events", "commands", "replies", "ready.default"}
+    assert len({r["decoded"].get("type") for r in RECORDS if r["topic"] == "events"}) >= 5
+
+
+def _name(record: dict[str, Any]) -> str:
+    return f"{record['topic']}-{record['decoded'].get('type', '')}"
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=_name)
+def test_records_of_the_first_format_decode_to_the_values_they_had(record: dict[str, Any]) -> None:
+    assert decoded(record["topic"], record["key"], record["value"].encode()) == record["decoded"]
