@@ -122,6 +122,7 @@ from chronolog.log.port import (
     ThenCallback,
     Topics,
 )
+from chronolog.log.record_codec import CODEC_ZSTD_DICT_1, pack, unpack
 
 __all__ = ["ProcessLock", "SqliteEventLog", "SqliteGroupConsumer", "SqlitePartitionOwner"]
 
@@ -130,7 +131,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TP = tuple[str, int]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PAGE_SIZE = 16384
 _HEARTBEAT_SUMMARY_S = 30.0  # failing heartbeats: one log line per this many seconds
 
@@ -147,6 +148,7 @@ CREATE TABLE IF NOT EXISTS records (
     value       BLOB NOT NULL,
     headers     BLOB,
     ts          INTEGER NOT NULL,
+    codec       INTEGER,
     PRIMARY KEY (topic, partition, offset)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log_ends (
@@ -200,11 +202,11 @@ _UPSERT_END = (
     "ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset"
 )
 _SELECT_RECORDS = (
-    "SELECT offset, key, value, headers, ts FROM records "
+    "SELECT offset, key, value, headers, ts, codec FROM records "
     "WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?"
 )
 _SELECT_COMPACTED = (
-    "SELECT offset, key, value, headers, ts FROM compacted "
+    "SELECT offset, key, value, headers, ts, NULL FROM compacted "
     "WHERE topic = ? AND partition = ? AND offset >= ? ORDER BY offset LIMIT ?"
 )
 _UPSERT_COMPACTED = (
@@ -423,6 +425,9 @@ def _setup(conn: sqlite3.Connection) -> None:
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
+        columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(records)")}
+        if "codec" not in columns:  # a version-2 file: its rows stay as they are (NULL)
+            conn.execute("ALTER TABLE records ADD COLUMN codec INTEGER")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -475,13 +480,15 @@ def _load_topics(conn: sqlite3.Connection, cache: _TopicCache) -> None:
 
 
 def _insert_sql(rows: int) -> str:
-    return _INSERT_RECORDS + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return _INSERT_RECORDS + ", ".join([f"(?, ?, ?, ?, ?, ?, ?, {CODEC_ZSTD_DICT_1})"] * rows)
 
 
-_INSERT_RECORDS = "INSERT INTO records (topic, partition, offset, key, value, headers, ts) VALUES "
+_INSERT_RECORDS = ("INSERT INTO records (topic, partition, offset, key, value, headers, ts, codec) "
+                   "VALUES ")
 # Rows per multi-row INSERT: one sqlite3_step (one release of the GIL) per chunk instead of
 # one per row — the writer thread then no longer convoys behind the event loop's thread for
 # the GIL on every record. 64 rows x 7 values stay far below SQLITE_MAX_VARIABLE_NUMBER.
+# Every row is stored compressed (chronolog.log.record_codec: value and headers).
 _INSERT_CHUNK = 64
 _INSERT_SQL = [_insert_sql(n) for n in range(_INSERT_CHUNK + 1)]
 
@@ -496,7 +503,8 @@ def _append_in_tx(
     next_offsets: dict[TP, int] = {}
     values: list[Any] = []
     positions: list[Position] = []
-    headers_seen: dict[tuple[tuple[str, bytes], ...], bytes | None] = {}
+    # headers as stored: (plain, compressed), once per transaction
+    headers_seen: dict[tuple[tuple[str, bytes], ...], tuple[bytes, bytes]] = {}
     wake: set[str] = set()  # what the doorbell rings for: topics, or their WAKE_HEADER names
     compacted_topics = getattr(cache, "compacted", ())
     compacted: list[tuple[Any, ...]] = []  # rows of compacted topics (upserted by key)
@@ -523,20 +531,23 @@ def _append_in_tx(
             ).fetchone()
             off = int(row[0]) if row else 0
         headers = rec.headers
+        is_compacted = topic in compacted_topics
+        blob: bytes | None = None
         if headers:
-            blob = headers_seen.get(headers)
-            if blob is None:
-                blob = headers_seen[headers] = _encode_headers(headers)
+            seen = headers_seen.get(headers)
+            if seen is None:
+                raw = _encode_headers(headers) or b""
+                seen = headers_seen[headers] = (raw, pack(raw))
+            blob = seen[0] if is_compacted else seen[1]
             wake.add(_wake_name(topic, headers))
         else:
-            blob = None
             wake.add(topic)
-        if topic in compacted_topics:
+        if is_compacted:
             if rec.key is None:
                 raise LogError(f"a record for the compacted topic {topic!r} needs a key")
             compacted.append((topic, p, rec.key, off, rec.value, blob, ts))
         else:
-            values += (topic, p, off, rec.key, rec.value, blob, ts)
+            values += (topic, p, off, rec.key, pack(rec.value), blob, ts)
         positions.append(Position(topic, p, off))
         next_offsets[tp] = off + 1
     width = 7 * _INSERT_CHUNK
@@ -718,11 +729,11 @@ def _rows_to_records(topic: str, partition: int, rows: Iterable[tuple[Any, ...]]
             partition=partition,
             offset=int(off),
             key=None if key is None else bytes(key),
-            value=bytes(value),
-            headers=_decode_headers(headers),
+            value=unpack(codec, bytes(value)),
+            headers=_decode_headers(None if headers is None else unpack(codec, bytes(headers))),
             timestamp_ms=int(ts),
         )
-        for off, key, value, headers, ts in rows
+        for off, key, value, headers, ts, codec in rows
     ]
 
 

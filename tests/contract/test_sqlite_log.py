@@ -8,6 +8,7 @@ condition read from the database.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import signal
@@ -16,12 +17,14 @@ import sys
 import textwrap
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from chronolog.log.port import OutRecord, Topics
-from chronolog.log.sqlite import ProcessLock, SqliteEventLog
+from chronolog.log.port import OutRecord, Record, Topics
+from chronolog.log.record_codec import unpack
+from chronolog.log.sqlite import SCHEMA_VERSION, ProcessLock, SqliteEventLog
 from support.polling import wait_until
 
 PARTITIONS = 4
@@ -186,8 +189,9 @@ def _batches(db: Path, events: str) -> Counter[int]:
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         return Counter(
-            int(bytes(v).split(b":", 1)[0])
-            for (v,) in conn.execute("SELECT value FROM records WHERE topic = ?", (events,))
+            int(unpack(codec, bytes(v)).split(b":", 1)[0])
+            for v, codec in conn.execute("SELECT value, codec FROM records WHERE topic = ?",
+                                         (events,))
         )
     finally:
         conn.close()
@@ -528,4 +532,48 @@ async def test_a_log_file_of_schema_1_gets_the_compacted_topics_when_opened(
     finally:
         await again.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_records_are_stored_compressed_and_rows_of_an_older_file_read_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """The embedded log stores a record's value and headers with zstd and its dictionary
+    (codec 1); a version-2 file's rows (no codec column) keep their plain bytes and read
+    the same after the file is opened by this version."""
+    db = tmp_path / "log.db"
+    topics = Topics(prefix="c.", partitions=1)
+    value = b'{"f":2,"k":"t/s","p":{"type":"AttemptClaimed","fence":3}}' * 3
+
+    async def write(extra: bytes) -> list[Record]:
+        async with SqliteEventLog(db, topics) as lg:
+            await lg.ensure_topics()
+            await lg.append([OutRecord(topics.events, b"t/s", value + extra, partition=0,
+                                       headers=(("processor", b"p1"),))])
+            return await lg.read(topics.events, 0, 0)
+
+    first = asyncio.run(write(b""))
+    assert [(r.value, r.headers) for r in first] == [(value, (("processor", b"p1"),))]
+    conn = sqlite3.connect(db)
+    try:
+        stored, codec = conn.execute("SELECT value, codec FROM records").fetchone()
+        assert codec == 1 and len(stored) < len(value) / 2
+        # as a version-2 file: no codec column, plain rows
+        conn.execute("UPDATE records SET value = ?, headers = NULL", (value,))
+        conn.execute("ALTER TABLE records DROP COLUMN codec")
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    finally:
+        conn.close()
+    both = asyncio.run(write(b"+"))
+    assert [r.value for r in both] == [value, value + b"+"]
+    assert _record_dictionary_sha() == RECORD_DICT_V1_SHA256
+
+
+RECORD_DICT_V1_SHA256 = "99b2eaa9a093a15aaabca1d480aab1706fb025b6bfedcd45a6ae07740fd05753"
+
+
+def _record_dictionary_sha() -> str:
+    """The dictionary is part of the file format: a changed one would misread every row."""
+    return hashlib.sha256(resources.files("chronolog.log").joinpath(
+        "record_dict_v1.bin").read_bytes()).hexdigest()
