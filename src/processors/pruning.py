@@ -153,6 +153,7 @@ class Pruner:
         self.transient_s = min(transient_s, max(retention_s, MIN_TRANSIENT_S))
         self.clock = clock
         self.stats = PruneStats()
+        self._ready: tuple[float, list[str]] | None = None
 
     async def prune(self, partition: int, snapshot: int | None,
                     checkpoint: dict[int, int] | Unread | None = UNREAD) -> None:
@@ -217,8 +218,7 @@ class Pruner:
         t = self.topics
         decided = await self.log.committed(t.processor_group, t.commands, partition)
         topics: list[tuple[str, int | None]] = [(t.commands, decided or 0), (t.replies, None)]
-        topics += [(name, None) for name in await self.log.prefixed_topics()
-                   if name.startswith(f"{t.prefix}ready.")]
+        topics += [(name, None) for name in await self._ready_topics()]
         for topic, limit in topics:
             try:
                 if partition >= await self.log.partitions_for(topic):
@@ -232,6 +232,15 @@ class Pruner:
             if bound > start:
                 after = await self.log.delete_before(topic, partition, bound)
                 self._count(topic, after - start)
+
+    async def _ready_topics(self) -> list[str]:
+        """The ``ready.*`` topics, listed at most once a minute (a metadata request)."""
+        now = time.monotonic()
+        if self._ready is None or now - self._ready[0] > 60.0:
+            names = [name for name in await self.log.prefixed_topics()
+                     if name.startswith(f"{self.topics.prefix}ready.")]
+            self._ready = (now, names)
+        return self._ready[1]
 
     def _count(self, topic: str, n: int) -> None:
         self.stats.deleted[topic] = self.stats.deleted.get(topic, 0) + max(0, n)
