@@ -142,7 +142,7 @@ class Pruner:
     """Prunes the partitions one processor owns (module docstring)."""
 
     def __init__(self, log_: EventLog, *, retention_s: float, archive: str | Path | None = None,
-                 transient_s: float = TRANSIENT_S,
+                 transient_s: float = TRANSIENT_S, min_transient_s: float = MIN_TRANSIENT_S,
                  clock: Callable[[], float] = time.time) -> None:
         self.log = log_
         self.topics: Topics = log_.topics
@@ -150,7 +150,7 @@ class Pruner:
         self.archive = None if archive is None else Path(archive)
         # an hour, or the retention window when that is shorter (never under a minute):
         # a log kept for two minutes is not kept for an hour by its transient topics
-        self.transient_s = min(transient_s, max(retention_s, MIN_TRANSIENT_S))
+        self.transient_s = min(transient_s, max(retention_s, min_transient_s))
         self.clock = clock
         self.stats = PruneStats()
         self._ready: tuple[float, list[str]] | None = None

@@ -229,3 +229,23 @@ async def test_a_projector_publishes_how_far_it_applied_events(
     finally:
         projector.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_transient_topics_go_by_age_and_commands_only_once_decided(event_log: Any) -> None:
+    t = event_log.topics
+    ready = t.ready("default")
+    for topic in (t.commands, t.replies, ready):
+        await event_log.append([OutRecord(topic, None, b"x%d" % i, partition=1)
+                                for i in range(10)])
+    await event_log.store_offsets(t.processor_group, {(t.commands, 1): 6})
+    young = Pruner(event_log, retention_s=3600, transient_s=3600)
+    await young.prune_transient(1)  # all of it younger than the hour: nothing goes
+    assert [await event_log.start_offset(x, 1) for x in (t.commands, t.replies, ready)] == [
+        0, 0, 0]
+    old = Pruner(event_log, retention_s=0, transient_s=0, min_transient_s=0)
+    await old.prune_transient(1)
+    # commands below what the processors decided; replies and assignments by age alone
+    assert await event_log.start_offset(t.commands, 1) == 6
+    assert await event_log.start_offset(t.replies, 1) == 10
+    assert await event_log.start_offset(ready, 1) == 10
+    assert await event_log.start_offset(t.commands, 0) == 0
