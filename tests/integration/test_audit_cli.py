@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from chronolog.audit.folds import CHECKPOINT_VERSION
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.log.audit_checkpoints import load_checkpoint, save_checkpoint
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
@@ -257,9 +259,6 @@ def test_a_checkpoint_of_another_log_or_a_damaged_one_is_not_used(
 def test_a_checkpoint_of_an_older_version_is_not_used_and_replaced(
     tmp_path: Path, clean: list[m.EventEnvelope],
 ) -> None:
-    from chronolog.audit.folds import CHECKPOINT_VERSION
-    from chronolog.log.audit_checkpoints import load_checkpoint, save_checkpoint
-
     db = tmp_path / "log.db"
     _write_log(db, clean)
     assert _chronolog("audit", "--log", f"sqlite:///{db}").returncode == 0

@@ -1188,13 +1188,15 @@ def test_the_decider_s_long_steady_log_is_clean_and_its_state_the_same_at_any_le
     short, long_ = _steady_log(500), _steady_log(1000)  # DEAD runs: DEAD_KEPT at most
     _assert_clean(audit(short))
     _assert_clean(audit(long_))
-    held = []
+    held, sizes = [], []
     for log in (short, long_):
         auditor = Auditor()
         for n, e in enumerate(log):
             auditor.feed(e, 0, n)
         held.append(auditor.held())
+        sizes.append(len(orjson.dumps(auditor.checkpoint())))
     assert held[0] == held[1]
+    assert abs(sizes[1] - sizes[0]) < sizes[0] // 20  # offsets and counts have more digits
     assert held[1]["dead"] <= DEAD_KEPT and held[1]["runs"] <= DEAD_KEPT + 2 * FINISHED_KEPT
 
 
