@@ -18,7 +18,10 @@ type):
     (``through``/``count``) claims the whole span ``[scheduled_at, through]``: its first
     instant is its key, and the instants inside it
     are implied by the trigger, so any later scheduled occurrence whose instant falls inside
-    an earlier range (or a range that swallows an earlier instant) is a duplicate too.
+    an earlier range (or a range that swallows an earlier instant) is a duplicate too. Only
+    the schedule's last ``SPANS_KEPT`` spans are held; the decider records a schedule's
+    instants in increasing order, so a span that does not start after the end of the
+    forgotten ones (its watermark) repeats or reorders one of them and is reported as such.
 ``fence_monotonic``
     ``FenceAdvanced.fence`` is strictly greater than every earlier fence of the schedule.
 ``fence_current``
@@ -28,7 +31,11 @@ type):
     ``FenceAdvanced`` for the run (lease expired, superseded) makes the claimed fence stale.
     (The run's latest fence rather than the schedule's: under overlap ``allow`` two runs of
     one schedule legitimately hold different fences at once, and the decider checks a
-    heartbeat or completion against its own run's fence.)
+    heartbeat or completion against its own run's fence.) A fence is advanced and a run
+    claimed only for a run the decider holds live: a ``FenceAdvanced`` or ``AttemptClaimed``
+    for a finished or DEAD run, or for one the schedule does not hold (never materialized, or
+    finished and forgotten), is reported, as is a ``LeaseExtended`` or ``ResultPublished``
+    for a run not held (as one never claimed).
 ``result_once``
     At most one ``ResultPublished`` per run.
 ``result_within_lease``
@@ -52,11 +59,15 @@ type):
     between the first and the last scheduled instant recorded under that revision is
     recorded as materialized or skipped (a skip range covers its span; its ``count`` must
     equal the trigger's instants in it). Work is bounded: at most ``misfire_walk_limit``
-    instants per revision; a truncated walk is listed in ``AuditReport.notes``.
+    instants per revision; a truncated walk is listed in ``AuditReport.notes``. A revision's
+    records are judged (and dropped) whenever it holds more than ``MISFIRE_KEPT`` of them,
+    and at each checkpoint.
 ``effect_unique``
     One ``EffectIntended`` per effect ID, unless a ``ReconciliationResolved`` with decision
     ``retry`` for that effect came in between; an effect ID belongs to one schedule; at most
-    one ``EffectSucceeded`` per effect ID.
+    one ``EffectSucceeded`` per effect ID. An effect is held with its run, so an
+    ``EffectIntended`` or ``EffectSucceeded`` of an effect not held whose run the schedule
+    does not hold either (its effects settled, the run forgotten) is reported.
 ``completed_final``
     A ``ScheduleCompleted`` is final and true. Final: after it no scheduled occurrence is
     materialized or skipped and the schedule is not revised, paused or resumed (only a
@@ -96,6 +107,18 @@ type):
     manifest, or events pruned from the log that no archive given holds (a gap between the
     archive and the live log) — so the history there cannot be proved.
 
+What the auditor forgets (docs/design.md §10), so that its state — and a checkpoint — is
+bounded by the live schedules and runs, not by the length of the history: a finished run
+(SUCCEEDED, CANCELLED, SKIPPED) once its effects are settled and ``FINISHED_KEPT`` newer
+finished runs of its schedule are held, with its effects; a DEAD run beyond the schedule's
+``DEAD_KEPT`` (the decider's rule: the earliest materialized goes); a claimed span beyond the
+last ``SPANS_KEPT`` (kept as a watermark); a manual request key beyond the last
+``MANUAL_KEYS_KEPT``; misfire ``all`` records once judged. The decider forgets the same
+things (it keeps fewer finished runs) and answers any later command for a run it no longer
+holds with ``not_found``, writing nothing, so an event of a forgotten run is by itself a
+violation, reported under the checks above. All of it happens while folding, by rules on
+the events alone, so a checkpoint anywhere changes nothing.
+
 Across partitions, ``feed`` must be given a moved key's events in its order: the events of
 its old home up to its ``KeyMovedOut``, then those of its new home from its ``KeyMovedIn``
 (``chronolog.domain.barrier``: the CLI reads the log in move-barrier order); the key's
@@ -127,7 +150,7 @@ from chronolog.audit.folds import (
     encode_state,
 )
 from chronolog.commands.decider import LEAVES_LIVE
-from chronolog.commands.state import MANUAL_KEYS_KEPT
+from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import Barrier, in_barrier_order
 from chronolog.domain.ids import QUOTA_ID, ROUTING_ID
@@ -145,6 +168,12 @@ __all__ = [
 
 GUARDED_OVERLAP = frozenset({"skip", "buffer_one", "buffer_all"})
 DEFAULT_MISFIRE_WALK_LIMIT = 100_000  # trigger instants walked per schedule revision
+# what the auditor holds per schedule besides its live runs (docs/design.md §10, "What the
+# audit forgets"): finished runs, claimed occurrence spans, misfire ``all`` records
+FINISHED_KEPT = 4  # finished runs (SUCCEEDED, CANCELLED, SKIPPED) whose effects are settled
+SPANS_KEPT = 16  # the latest claimed occurrence spans; older ones: a watermark
+MISFIRE_KEPT = 64  # recorded instants and ranges of a revision before they are judged
+FINISHED = frozenset({"SUCCEEDED", "CANCELLED", "SKIPPED"})
 _US = timedelta(microseconds=1)
 
 
@@ -155,6 +184,10 @@ def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Trigger:
                            timezone=spec.timezone, anchor=anchor, start=spec.start,
                            end=spec.end, dst_ambiguous=spec.dst.ambiguous,
                            dst_nonexistent=spec.dst.nonexistent)
+
+
+_NOT_HELD = (" (or that finished and was forgotten: the decider answers a command for a run it "
+             "no longer holds with not_found, writing nothing)")
 
 
 def _iso(t: datetime | None) -> str:
@@ -183,14 +216,33 @@ class Auditor:
         """The auditor's state as a document (``chronolog.audit.folds``) to ``resume`` from,
         after settling what the checks no longer need: misfire ``all`` completeness is
         judged through each revision's latest recorded instant, and its instants up to
-        there are dropped. Everything else is kept, so an audit resumed from here reports
-        exactly what one pass over the same events reports."""
+        there are dropped. Everything else is kept as it is (what the checks no longer need
+        was forgotten while folding, by the same rules in one pass), so an audit resumed
+        from here reports exactly what one pass over the same events reports."""
         for s in self._schedules.values():
             for rev in s.revisions.values():
                 if rev.check_misfire:
                     self._check_misfire_all(s, rev, settle=True)
         return encode_state(AuditState(self.report, self._schedules, self._effects,
                                        self._holders, self._quotas, self._homes))
+
+    def held(self) -> dict[str, int]:
+        """How much the auditor holds (what a checkpoint carries): schedules, runs (of which
+        finished and DEAD), claimed occurrence spans, manual request keys, effects, misfire
+        ``all`` records not yet judged. Bounded by the live schedules and runs, not by the
+        length of the history (docs/design.md §10, "What the audit forgets")."""
+        folds = self._schedules.values()
+        return {
+            "schedules": len(self._schedules),
+            "runs": sum(len(s.runs) for s in folds),
+            "finished": sum(len(s.finished) for s in folds),
+            "dead": sum(len(s.dead) for s in folds),
+            "spans": sum(len(s.spans) for s in folds),
+            "manual": sum(len(s.manual) for s in folds),
+            "effects": len(self._effects),
+            "misfire": sum(len(r.instants) + len(r.ranges) for s in folds
+                           for r in s.revisions.values()),
+        }
 
     @classmethod
     def resume(cls, doc: Any, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> Auditor:
@@ -297,9 +349,22 @@ class Auditor:
             run = s.runs[run_id] = RunFold(run_id, rev, "UNKNOWN", None)
         return run
 
-    @staticmethod
-    def _set_state(s: ScheduleFold, run: RunFold, state: str) -> None:
+    def _set_state(self, s: ScheduleFold, run: RunFold, state: str) -> None:
         run.state = state
+        rid = run.run_id
+        if state in FINISHED:
+            s.dead.pop(rid, None)
+            s.finished.pop(rid, None)
+            s.finished[rid] = None
+            self._retire(s)
+        elif state == "DEAD":
+            s.finished.pop(rid, None)
+            s.dead[rid] = None
+            if len(s.dead) > DEAD_KEPT:  # as the decider: the earliest materialized goes
+                self._forget(s, next(r for r in s.runs if r in s.dead))
+        else:
+            s.finished.pop(rid, None)
+            s.dead.pop(rid, None)
         if state == "LEASED":
             s.leased.add(run.run_id)
         else:
@@ -311,9 +376,57 @@ class Auditor:
         else:
             s.pending.discard(run.run_id)
 
+    def _retire(self, s: ScheduleFold) -> None:
+        """Forget the oldest finished runs beyond ``FINISHED_KEPT`` whose effects are all
+        settled (a run with an open effect is kept besides, as the decider keeps it)."""
+        if len(s.finished) <= FINISHED_KEPT:
+            return
+        settled = [rid for rid in s.finished if not self._effects_open(s.runs.get(rid))]
+        for rid in settled[:len(settled) - FINISHED_KEPT]:
+            self._forget(s, rid)
+
+    def _effects_open(self, run: RunFold | None) -> bool:
+        return run is not None and any((e := self._effects.get(eid)) is not None and e.open
+                                       for eid in run.effects)
+
+    def _forget(self, s: ScheduleFold, run_id: str) -> None:
+        """Drop a finished run and its (settled) effects: a later event of it is reported
+        as one of a run the schedule does not hold (docs/design.md §10)."""
+        run = s.runs.pop(run_id, None)
+        s.finished.pop(run_id, None)
+        s.dead.pop(run_id, None)
+        for eid in run.effects if run is not None else ():
+            eff = self._effects.get(eid)
+            if eff is not None and eff.run_id == run_id:
+                del self._effects[eid]
+
+    def _not_live(self, s: ScheduleFold, run_id: str, what: str, ref: EventRef) -> bool:
+        """A fence is advanced and a run claimed only for a run the decider holds live
+        (READY, LEASED, or the LEASED run whose lease expires or is superseded): report
+        one the schedule does not hold or that has finished (True when reported)."""
+        run = s.runs.get(run_id)
+        if run is not None and run.state not in FINISHED and run.state != "DEAD":
+            return False
+        why = (f"which is {run.state}" if run is not None else
+               "which the schedule does not hold (never materialized, or finished and "
+               "forgotten: the decider answers a command for it with not_found)")
+        self._violate(s, "fence_current", f"{what} for run {run_id}, {why}",
+                      run.claim_ref if run is not None else None, ref, run_id=run_id)
+        return True
+
     def _claim_key(self, s: ScheduleFold, start: datetime, end: datetime, ref: EventRef,
                    what: str) -> None:
-        """Claim the occurrence span [start, end]; report it if an earlier one overlaps."""
+        """Claim the occurrence span [start, end]; report it if an earlier one overlaps, or
+        if it does not start after the forgotten ones (the decider claims a schedule's
+        instants in increasing order)."""
+        if s.claimed_through is not None and start <= s.claimed_through:
+            self._violate(s, "occurrence_unique",
+                          f"{what} [{_iso(start)} .. {_iso(end)}] is not after "
+                          f"{_iso(s.claimed_through)}, where the schedule's occurrences "
+                          f"older than its last {SPANS_KEPT} end: the decider records a "
+                          "schedule's instants in increasing order, so this one repeats "
+                          "(or reorders) an earlier one", s.claimed_ref, ref)
+            return
         i = bisect.bisect_right(s.starts, end)
         if i > 0:
             a, b, old = s.spans[i - 1]
@@ -327,6 +440,11 @@ class Auditor:
                 return
         s.starts.insert(i, start)
         s.spans.insert(i, (start, end, ref))
+        if len(s.spans) > SPANS_KEPT:
+            del s.starts[0]
+            _, b, old = s.spans.pop(0)
+            if s.claimed_through is None or b > s.claimed_through:
+                s.claimed_through, s.claimed_ref = b, old
 
     def _record_instant(self, s: ScheduleFold, start: datetime, end: datetime | None, count: int,
                         ref: EventRef, what: str) -> None:
@@ -340,14 +458,17 @@ class Auditor:
                 rev.instants.setdefault(start, ref)
             else:
                 rev.ranges.append((start, end, count, ref))
+            if len(rev.instants) + len(rev.ranges) > MISFIRE_KEPT:
+                self._check_misfire_all(s, rev, settle=True)  # judged as at a checkpoint
 
     def _fence_of_run(self, s: ScheduleFold, run: RunFold, fence: int, ref: EventRef,
-                      what: str) -> None:
-        """A heartbeat or publication must carry the run's claimed and still-current fence."""
+                      what: str, held: bool = True) -> None:
+        """A heartbeat or publication must carry the run's claimed and still-current fence
+        (``held``: whether the schedule held the run before this event)."""
         if run.claim_ref is None:
             self._violate(s, "fence_current",
-                          f"{what} with fence {fence} for a run that was never claimed",
-                          ref, run_id=run.run_id)
+                          f"{what} with fence {fence} for a run that was never claimed"
+                          + ("" if held else _NOT_HELD), ref, run_id=run.run_id)
         elif fence != run.claimed_fence:
             self._violate(s, "fence_current",
                           f"{what} carries fence {fence}, the run was claimed with "
@@ -367,6 +488,7 @@ class Auditor:
             case m.ScheduleCreated() | m.ScheduleRevised():
                 if isinstance(p, m.ScheduleCreated):  # a new one, or a deleted ID's again
                     s.completed_ref, s.scheduled_runs, s.last_instant = None, 0, None
+                    s.claimed_through = s.claimed_ref = None  # a new life's instants
                 else:
                     self._after_completion(s, ref, "it was revised")
                 s.revised_at = env.at
@@ -428,13 +550,19 @@ class Auditor:
                     self._violate(s, "fence_monotonic",
                                   f"fence advanced to {p.fence}, not above {s.max_fence}",
                                   s.fence_ref, ref, run_id=p.run_id)
+                else:
+                    self._not_live(s, p.run_id, f"fence advanced to {p.fence}", ref)
                 s.fence = p.fence
                 s.max_fence = max(s.max_fence, p.fence)
                 s.fence_ref = ref
                 s.fence_run = p.run_id
-                self._run(s, p.run_id).run_fence = p.fence
+                if (advanced := s.runs.get(p.run_id)) is not None:
+                    advanced.run_fence = p.fence
             case m.AttemptClaimed():
+                reported = self._not_live(s, p.run_id, "AttemptClaimed", ref)
                 run = self._run(s, p.run_id)
+                if reported and s.fence_run == p.run_id:  # judge what follows from here
+                    run.run_fence = max(run.run_fence, s.fence)
                 if p.fence != s.fence or s.fence_run != p.run_id:
                     detail = (f"the schedule's current fence is {s.fence}"
                               if p.fence != s.fence else
@@ -449,8 +577,9 @@ class Auditor:
                 run.claim_ref = ref
                 self._set_state(s, run, "LEASED")
             case m.LeaseExtended():
+                held = p.run_id in s.runs
                 run = self._run(s, p.run_id)
-                self._fence_of_run(s, run, p.fence, ref, "LeaseExtended")
+                self._fence_of_run(s, run, p.fence, ref, "LeaseExtended", held)
                 run.lease_until = p.lease_until
                 run.lease_ref = ref
             case m.LeaseExpired():
@@ -475,28 +604,20 @@ class Auditor:
             case m.OccurrenceCancelled():
                 self._set_state(s, self._run(s, p.run_id), "CANCELLED")
             case m.ReconciliationRequired():
-                run = self._run(s, p.run_id)
-                if p.effect_id is None or run.state == "LEASED":
-                    self._set_state(s, run, "RECONCILING")
+                if p.effect_id is None:
+                    self._set_state(s, self._run(s, p.run_id), "RECONCILING")
+                elif (held_run := s.runs.get(p.run_id)) is not None and \
+                        held_run.state == "LEASED":
+                    self._set_state(s, held_run, "RECONCILING")
             case m.ReconciliationResolved():
-                if p.effect_id is not None and p.decision == "retry":
-                    eff = self._effects.get(p.effect_id)
-                    if eff is not None:
-                        eff.retry_allowed = True
+                self._resolved(s, p)
             case m.EffectIntended():
                 self._effect_intended(s, p, ref)
             case m.EffectSucceeded():
-                eff = self._effects.get(p.effect_id)
-                if eff is None:
-                    self._effects[p.effect_id] = EffectFold((s.tenant, s.schedule_id), ref,
-                                                         success_ref=ref)
-                elif eff.success_ref is not None:
-                    self._violate(s, "effect_unique",
-                                  f"effect {p.effect_id} succeeded twice",
-                                  eff.success_ref, ref, run_id=p.run_id)
-                else:
-                    eff.success_ref = ref
-            case m.EffectUncertain() | m.EffectFailed():
+                self._effect_succeeded(s, p, ref)
+            case m.EffectFailed():
+                self._effect_settled(s, p.effect_id)
+            case m.EffectUncertain():
                 pass
             case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
                   | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
@@ -691,15 +812,17 @@ class Auditor:
 
     def _result(self, s: ScheduleFold, env: m.EventEnvelope, p: m.ResultPublished,
                 ref: EventRef) -> None:
+        held = p.run_id in s.runs
         run = self._run(s, p.run_id)
-        self._fence_of_run(s, run, p.fence, ref, "ResultPublished")
+        self._fence_of_run(s, run, p.fence, ref, "ResultPublished", held)
         if run.result_ref is not None:
             self._violate(s, "result_once", f"a second ResultPublished for run {run.run_id}",
                           run.result_ref, ref, run_id=run.run_id)
         else:
             run.result_ref = ref
         if run.lease_until is None:
-            why = ("the run was never claimed" if run.claim_ref is None
+            why = (("the run was never claimed" + ("" if held else _NOT_HELD))
+                   if run.claim_ref is None
                    else f"its lease had ended ({run.lease_ref.type if run.lease_ref else '?'})")
             self._violate(s, "result_within_lease",
                           f"ResultPublished at {_iso(env.at)} without a lease: {why}",
@@ -710,11 +833,70 @@ class Auditor:
                           f"{_iso(run.lease_until)}", run.lease_ref, ref, run_id=run.run_id)
         self._set_state(s, run, "SUCCEEDED")
 
+    def _resolved(self, s: ScheduleFold, p: m.ReconciliationResolved) -> None:
+        """A human's decision: a retried effect may be intended once more; a delivered or
+        abandoned one is settled; a run delivered has succeeded."""
+        if p.effect_id is None:
+            run = s.runs.get(p.run_id)
+            if run is not None and p.decision == "delivered":
+                self._set_state(s, run, "SUCCEEDED")
+            return
+        eff = self._effects.get(p.effect_id)
+        if eff is None:
+            return
+        if p.decision == "retry":
+            eff.retry_allowed = eff.open = True
+        else:
+            self._effect_settled(s, p.effect_id)
+
+    def _effect_settled(self, s: ScheduleFold, effect_id: str) -> None:
+        """An effect reached an outcome: its run may now be forgotten."""
+        eff = self._effects.get(effect_id)
+        if eff is not None and eff.open:
+            eff.open = False
+            self._retire(s)
+
+    def _effect_of_run(self, s: ScheduleFold, run_id: str, effect_id: str, ref: EventRef,
+                       what: str) -> RunFold | None:
+        """The held run an effect not held belongs to; None (reported) when the schedule
+        does not hold it: the decider writes an effect's events only while it holds its run
+        (a finished run is kept until its effects are settled)."""
+        run = s.runs.get(run_id)
+        if run is None:
+            self._violate(s, "effect_unique",
+                          f"{what} for effect {effect_id} of run {run_id}, which the schedule "
+                          "does not hold (never materialized, or finished with its effects "
+                          "settled and forgotten: the decider answers it not_found)",
+                          ref, run_id=run_id)
+        return run
+
+    def _effect_succeeded(self, s: ScheduleFold, p: m.EffectSucceeded, ref: EventRef) -> None:
+        eff = self._effects.get(p.effect_id)
+        if eff is None:
+            run = self._effect_of_run(s, p.run_id, p.effect_id, ref, "EffectSucceeded")
+            if run is not None:
+                self.report.effects += 1
+                self._effects[p.effect_id] = EffectFold((s.tenant, s.schedule_id), ref,
+                                                        success_ref=ref, run_id=p.run_id,
+                                                        open=False)
+                run.effects.append(p.effect_id)
+        elif eff.success_ref is not None:
+            self._violate(s, "effect_unique",
+                          f"effect {p.effect_id} succeeded twice",
+                          eff.success_ref, ref, run_id=p.run_id)
+        else:
+            eff.success_ref = ref
+            self._effect_settled(s, p.effect_id)
+
     def _effect_intended(self, s: ScheduleFold, p: m.EffectIntended, ref: EventRef) -> None:
         owner = (s.tenant, s.schedule_id)
         eff = self._effects.get(p.effect_id)
         if eff is None:
-            self._effects[p.effect_id] = EffectFold(owner, ref)
+            run = self._effect_of_run(s, p.run_id, p.effect_id, ref, "EffectIntended")
+            if run is not None:
+                self.report.effects += 1
+                self._effects[p.effect_id] = EffectFold(owner, ref, run_id=p.run_id)
+                run.effects.append(p.effect_id)
             return
         if eff.owner != owner:
             self._violate(s, "effect_unique",
@@ -727,6 +909,7 @@ class Auditor:
                           "retry in between", eff.intent_ref, ref, run_id=p.run_id)
         eff.intent_ref = ref
         eff.retry_allowed = False
+        eff.open = True
 
     # -- whole-log checks -----------------------------------------------------------
 
@@ -737,7 +920,7 @@ class Auditor:
         be fed, and ``finish`` asked again."""
         found = self.report
         self.report = AuditReport(found.events, len(self._schedules), found.runs,
-                                  found.results, len(self._effects), list(found.violations),
+                                  found.results, found.effects, list(found.violations),
                                   list(found.notes))
         try:
             for s in self._schedules.values():

@@ -4,10 +4,12 @@ The auditor (``chronolog.audit.auditor``) keeps, per key, what its checks need o
 seen so far: per schedule its revisions, fences, claimed occurrence spans, manual request keys
 and runs (``ScheduleFold``), per effect ID its intent and success (``EffectFold``), per
 tenant its quota aggregate (``QuotaFold``, ``SlotHolder``) and per key its partition
-(``Home``), and the report found so far (``AuditReport``). ``encode_state`` writes all of it
-as one JSON-able document (``CHECKPOINT_VERSION``), ``decode_state`` reads it back; an audit
-that resumes from the document and reads on gives the report an audit of the whole log gives
-(docs/design.md §10, "Checkpoints"). Pure: no I/O.
+(``Home``), and the report found so far (``AuditReport``). All of it is bounded by the live
+schedules and runs: what the auditor forgets, and why its checks stay sound, is told in its
+module docstring. ``encode_state`` writes all of it as one JSON-able document
+(``CHECKPOINT_VERSION``), ``decode_state`` reads it back; an audit that resumes from the
+document and reads on gives the report an audit of the whole log gives (docs/design.md §10,
+"Checkpoints"). Pure: no I/O.
 
 Encoding: an event reference is ``[partition, offset, event_id, type]``; instants are ISO 8601
 strings; a spec is its JSON form (validated again as a stored spec on reading); sets are
@@ -22,7 +24,7 @@ from typing import Any
 
 from chronolog.domain import messages as m
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: bounded state (finished runs, span watermark, effects by run)
 
 # the checks, in report order (each is described in chronolog.audit.auditor)
 CHECKS: tuple[str, ...] = (
@@ -125,6 +127,7 @@ class RunFold:
         "cause",
         "claim_ref",
         "claimed_fence",
+        "effects",
         "lease_ref",
         "lease_until",
         "materialized_ref",
@@ -147,6 +150,7 @@ class RunFold:
         self.result_ref: EventRef | None = None
         self.materialized_ref = ref
         self.cause: str | None = None  # the command whose decision materialized it
+        self.effects: list[str] = []  # the effect IDs intended for it (held in the auditor)
 
 
 @dataclass
@@ -168,11 +172,15 @@ class RevisionFold:
 
 class ScheduleFold:
     __slots__ = (
+        "claimed_ref",
+        "claimed_through",
         "completed_ref",
         "current",
+        "dead",
         "fence",
         "fence_ref",
         "fence_run",
+        "finished",
         "last_instant",
         "leased",
         "manual",
@@ -200,8 +208,15 @@ class ScheduleFold:
         # claimed occurrence spans [start, end] (an instant is [t, t]), disjoint, by start
         self.starts: list[datetime] = []
         self.spans: list[tuple[datetime, datetime, EventRef]] = []
+        # the end of the latest span dropped from ``spans`` (only the last few are kept) and
+        # the event that recorded it: every later claim must start after it
+        self.claimed_through: datetime | None = None
+        self.claimed_ref: EventRef | None = None
         self.manual: dict[str, EventRef] = {}
         self.runs: dict[str, RunFold] = {}
+        # finished runs (SUCCEEDED, CANCELLED, SKIPPED) still held, oldest first; DEAD ones
+        self.finished: dict[str, None] = {}
+        self.dead: dict[str, None] = {}
         self.leased: set[str] = set()
         self.pending: set[str] = set()
         self.completed_ref: EventRef | None = None  # its ScheduleCompleted, once ended
@@ -239,6 +254,8 @@ class EffectFold:
     intent_ref: EventRef
     retry_allowed: bool = False
     success_ref: EventRef | None = None
+    run_id: str = ""  # the run it was intended for (forgotten with it)
+    open: bool = True  # intended or uncertain: its run is kept until it is settled
 
 
 @dataclass(slots=True)
@@ -289,14 +306,14 @@ def _unt(s: str | None) -> datetime | None:
 def _encode_run(r: RunFold) -> list[Any]:
     return [r.run_id, r.revision, r.state, r.claimed_fence, r.run_fence, _t(r.lease_until),
             _ref(r.lease_ref), _ref(r.claim_ref), _ref(r.result_ref),
-            _ref(r.materialized_ref), r.cause]
+            _ref(r.materialized_ref), r.cause, list(r.effects)]
 
 
 def _decode_run(a: list[Any]) -> RunFold:
     run = RunFold(a[0], a[1], a[2], _unref(a[9]))
     run.claimed_fence, run.run_fence, run.lease_until = a[3], a[4], _unt(a[5])
     run.lease_ref, run.claim_ref, run.result_ref = _unref(a[6]), _unref(a[7]), _unref(a[8])
-    run.cause = a[10]
+    run.cause, run.effects = a[10], list(a[11])
     return run
 
 
@@ -325,6 +342,8 @@ def _encode_schedule(s: ScheduleFold) -> dict[str, Any]:
         "current": None if s.current is None else s.current.revision,
         "fence": [s.fence, s.max_fence, _ref(s.fence_ref), s.fence_run],
         "spans": [[_t(a), _t(b), _ref(ref)] for a, b, ref in s.spans],
+        "claimed": [_t(s.claimed_through), _ref(s.claimed_ref)],
+        "finished": list(s.finished), "dead": list(s.dead),
         "manual": [[k, _ref(ref)] for k, ref in s.manual.items()],
         "runs": [_encode_run(r) for r in s.runs.values()],
         "leased": sorted(s.leased), "pending": sorted(s.pending),
@@ -344,6 +363,8 @@ def _decode_schedule(d: dict[str, Any]) -> ScheduleFold:
     s.spans = [(datetime.fromisoformat(a), datetime.fromisoformat(b), _must(ref))
                for a, b, ref in d["spans"]]
     s.starts = [a for a, _, _ in s.spans]
+    s.claimed_through, s.claimed_ref = _unt(d["claimed"][0]), _unref(d["claimed"][1])
+    s.finished, s.dead = dict.fromkeys(d["finished"]), dict.fromkeys(d["dead"])
     s.manual = {k: _must(ref) for k, ref in d["manual"]}
     s.runs = {r.run_id: r for r in map(_decode_run, d["runs"])}
     s.leased, s.pending = set(d["leased"]), set(d["pending"])
@@ -374,7 +395,8 @@ def encode_state(state: AuditState) -> dict[str, Any]:
         "report": _encode_report(state.report),
         "schedules": [_encode_schedule(s) for s in state.schedules.values()],
         "effects": [[k, list(e.owner), _ref(e.intent_ref), e.retry_allowed,
-                     _ref(e.success_ref)] for k, e in state.effects.items()],
+                     _ref(e.success_ref), e.run_id, e.open]
+                    for k, e in state.effects.items()],
         "holders": [[t, sid, h.held, h.slot, h.live, _ref(h.ref)]
                     for (t, sid), h in state.holders.items()],
         "quotas": [[t, [[sid, *slot[:1], _ref(slot[1]), slot[2]] for sid, slot in q.slots.items()],
@@ -397,9 +419,9 @@ def decode_state(doc: Any) -> AuditState:
         for d in doc["schedules"]:
             s = _decode_schedule(d)
             state.schedules[(s.tenant, s.schedule_id)] = s
-        for k, owner, intent, retry, success in doc["effects"]:
+        for k, owner, intent, retry, success, run_id, open_ in doc["effects"]:
             state.effects[k] = EffectFold((owner[0], owner[1]), _must(intent), retry,
-                                          _unref(success))
+                                          _unref(success), run_id, open_)
         for t, sid, held, slot, live, ref in doc["holders"]:
             state.holders[(t, sid)] = SlotHolder(held, slot, live, _unref(ref))
         for t, slots, max_schedules, reserved in doc["quotas"]:

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from chronolog.audit.folds import CHECKPOINT_VERSION
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.log.audit_checkpoints import load_checkpoint, save_checkpoint
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
@@ -252,6 +254,37 @@ def test_a_checkpoint_of_another_log_or_a_damaged_one_is_not_used(
     assert f"audit ok: {len(clean)} events" in damaged.stdout
     # it saved a new checkpoint (in the other slot): the next audit goes on from it
     assert "0 events read since" in _chronolog("audit", "--log", f"sqlite:///{a}").stdout
+
+
+def test_a_checkpoint_of_an_older_version_is_not_used_and_replaced(
+    tmp_path: Path, clean: list[m.EventEnvelope],
+) -> None:
+    db = tmp_path / "log.db"
+    _write_log(db, clean)
+    assert _chronolog("audit", "--log", f"sqlite:///{db}").returncode == 0
+
+    async def downgrade() -> None:  # the same checkpoint, as a version before this one
+        log = SqliteEventLog(str(db), Topics(partitions=PARTITIONS))
+        await log.start()
+        try:
+            saved = await load_checkpoint(log)
+            assert saved is not None
+            doc = json.loads(saved.document)
+            assert doc["version"] == CHECKPOINT_VERSION
+            doc["version"] = CHECKPOINT_VERSION - 1
+            await save_checkpoint(log, dataclasses.replace(
+                saved, document=json.dumps(doc).encode()))
+        finally:
+            await log.close()
+
+    asyncio.run(downgrade())
+    old = _chronolog("audit", "--log", f"sqlite:///{db}")
+    assert old.returncode == 0, old.stdout + old.stderr
+    assert (f"is unusable (audit checkpoint version {CHECKPOINT_VERSION - 1} (this chronolog "
+            f"reads {CHECKPOINT_VERSION})): audited from the beginning") in old.stdout
+    assert f"audit ok: {len(clean)} events" in old.stdout
+    # it saved a checkpoint of its own version: the next audit goes on from it
+    assert "0 events read since" in _chronolog("audit", "--log", f"sqlite:///{db}").stdout
 
 
 def test_no_save_leaves_no_checkpoint(tmp_path: Path, clean: list[m.EventEnvelope]) -> None:

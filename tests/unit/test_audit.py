@@ -20,11 +20,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chronolog.audit.auditor import CHECKS, Auditor, AuditReport, audit
-from chronolog.audit.folds import CheckpointError
+from chronolog.audit.auditor import (
+    CHECKS,
+    FINISHED_KEPT,
+    MISFIRE_KEPT,
+    SPANS_KEPT,
+    Auditor,
+    AuditReport,
+    audit,
+)
+from chronolog.audit.folds import CHECKPOINT_VERSION, CheckpointError
 from chronolog.commands.aggregate import Decision
 from chronolog.commands.decider import decide, evolve
-from chronolog.commands.state import MANUAL_KEYS_KEPT, initial_state
+from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import in_barrier_order
 from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for
@@ -201,6 +209,71 @@ def _scenario_allow_and_buffer_one_and_manual() -> tuple[Driver, Driver]:
     b.do(m.PauseSchedule(), T0 + sec(184))
     b.do(m.DeleteSchedule(), T0 + sec(185))
     return a, b
+
+
+STEADY_OUTCOMES = ("done", "open_effect", "transient", "dead", "redriven", "cancelled",
+                   "expired")
+
+
+def _steady(outcomes: list[str]) -> tuple[Driver, list[tuple[int, int]]]:
+    """A steady workload through the real decider: one run a minute (overlap ``allow``, a
+    webhook effect), each ending as ``outcomes`` says — done (its effect succeeds), done with
+    its effect uncertain and resolved five runs later, a transient failure then success, dead
+    (kept by the decider up to DEAD_KEPT), dead then redriven and done, cancelled, its lease
+    expired then done. Also returns, after each run, (events so far, runs the decider holds)."""
+    d = Driver("steady")
+    d.create(T0, overlap="allow", lease=30.0, effects=[{"kind": "webhook",
+                                                        "destination": "d-webhook"}],
+             retry={"max_attempts": 3, "initial_backoff": 5, "max_backoff": 5})
+    to_resolve: dict[int, tuple[str, str]] = {}
+    marks: list[tuple[int, int]] = []
+
+    def finish(c: m.AttemptClaimed, now: datetime, outcome: str = "succeeded") -> str:
+        dec = d.complete(c, now)
+        (eff,) = [e for e in dec.events if isinstance(e, m.EffectIntended)]
+        d.do(m.RecordEffectOutcome(run_id=c.run_id, effect_id=eff.effect_id,
+                                   outcome=outcome), now)  # type: ignore[arg-type]
+        return eff.effect_id
+
+    for k, outcome in enumerate(outcomes):
+        now = T0 + sec(60 * k)
+        d.tick(now)
+        (rid,) = d.runs_in("READY")
+        if outcome == "cancelled":
+            d.do(m.CancelRun(run_id=rid), now)
+        else:
+            c = d.claim(rid, now + sec(1))
+            if outcome in ("done", "open_effect"):
+                eid = finish(c, now + sec(2), "uncertain" if outcome == "open_effect"
+                             else "succeeded")
+                if outcome == "open_effect":
+                    to_resolve[k + 5] = (rid, eid)
+            elif outcome == "transient":
+                d.fail(c, now + sec(2))
+                retry_at = d.state.run(rid).retry_at  # type: ignore[union-attr]
+                assert retry_at is not None
+                d.tick(retry_at)
+                finish(d.claim(rid, retry_at + sec(1)), retry_at + sec(2), "failed")
+            elif outcome in ("dead", "redriven"):
+                d.fail(c, now + sec(2), "permanent")
+                if outcome == "redriven":
+                    d.do(m.RedriveRun(run_id=rid), now + sec(3))
+                    finish(d.claim(rid, now + sec(4)), now + sec(5))
+            else:
+                assert outcome == "expired"
+                d.tick(now + sec(35))  # the lease expired: the fence advances, READY again
+                finish(d.claim(rid, now + sec(36)), now + sec(37))
+        if k in to_resolve:
+            rid, eid = to_resolve.pop(k)
+            d.do(m.ResolveReconciliation(run_id=rid, decision="delivered", effect_id=eid),
+                 now + sec(50))
+        marks.append((len(d.log), len(d.state.runs or {})))
+    return d, marks
+
+
+def _steady_log(rounds: int) -> list[m.EventEnvelope]:
+    d, _ = _steady([STEADY_OUTCOMES[k % len(STEADY_OUTCOMES)] for k in range(rounds)])
+    return d.log
 
 
 def _positioned(*drivers: Driver) -> list[tuple[int, int, m.EventEnvelope]]:
@@ -865,10 +938,51 @@ def _real_logs() -> list[list[tuple[int, int, m.EventEnvelope]]]:
         update={"count": rng.payload.count - 1})})  # type: ignore[union-attr]
     return [_positioned(d1, d2, d3, d4), _numbered(no_skip),
             _numbered([wrong if e is rng else e for e in d2.log]),
-            _numbered(_completed_one_shot().log), _numbered(_completed_by_max_count().log)]
+            _numbered(_completed_one_shot().log), _numbered(_completed_by_max_count().log),
+            *(_numbered(log) for log in LONG_LOGS.values())]
 
 
+def _again(env: m.EventEnvelope, **payload: Any) -> m.EventEnvelope:
+    """``env`` written once more, long after (a new event ID; payload fields replaced)."""
+    return env.model_copy(update={"event_id": f"again-{env.event_id}",
+                                  "payload": env.payload.model_copy(update=payload)})
+
+
+def _long_logs() -> dict[str, list[m.EventEnvelope]]:
+    """A long steady log of the real decider, clean and with one event of its first run
+    written again at its end (what the audit has forgotten by then)."""
+    log = _steady_log(3 * (FINISHED_KEPT + SPANS_KEPT))
+
+    def first(kind: type) -> m.EventEnvelope:
+        return next(e for e in log if isinstance(e.payload, kind))
+
+    fence = max(e.payload.fence for e in log if isinstance(e.payload, m.FenceAdvanced)) + 1
+    claim = first(m.AttemptClaimed)
+    return {
+        "clean": log,
+        "late-result": [*log, _again(first(m.ResultPublished))],
+        "late-claim": [*log, _again(first(m.FenceAdvanced), fence=fence),
+                       _again(claim, fence=fence)],
+        "duplicate-occurrence": [*log, _again(first(m.OccurrenceMaterialized))],
+        "duplicate-effect": [*log, _again(first(m.EffectIntended))],
+    }
+
+
+LONG_LOGS = _long_logs()
 REAL_LOGS = _real_logs()
+
+
+@pytest.mark.parametrize("name, checks", [
+    ("clean", {}),
+    ("late-result", {"fence_current": 1, "result_within_lease": 1}),
+    ("late-claim", {"fence_current": 2}),
+    ("duplicate-occurrence", {"occurrence_unique": 1}),
+    ("duplicate-effect", {"effect_unique": 1}),
+])
+def test_a_late_event_in_a_long_real_log_is_reported(name: str, checks: dict[str, int]) -> None:
+    report = audit(LONG_LOGS[name])
+    assert {k: v for k, v in report.violation_counts.items() if v} == checks
+    assert all(v.events[-1].event_id.startswith("again-") for v in report.violations)
 
 
 @settings(deadline=None, max_examples=60)  # a whole audit per example: slow under load
@@ -936,8 +1050,173 @@ def test_a_checkpoint_encodes_the_same_state_to_the_same_document() -> None:
 @pytest.mark.parametrize("doc, says", [
     ({"version": 99}, "version 99"),
     ("not a document", "version None"),
-    ({"version": 1, "report": {"counts": [0]}}, "damaged"),
+    ({"version": CHECKPOINT_VERSION, "report": {"counts": [0]}}, "damaged"),
 ])
 def test_a_checkpoint_of_another_version_or_damaged_is_refused(doc: Any, says: str) -> None:
     with pytest.raises(CheckpointError, match=says):
         Auditor.resume(doc)
+
+
+# ---------------------------------------------------------------------------------------
+# what the audit forgets (docs/design.md §10): its state stays bounded, the checks sound
+
+LONG = FINISHED_KEPT + SPANS_KEPT + 2  # runs after which both windows have moved on
+
+
+def _long_history(effect: bool = False) -> Log:
+    """Run 0 (its effect settled, with ``effect``), then ``LONG`` more runs, all done."""
+    log = Log().created().mat(0).claimed_and_done(0, 1)
+    if effect:
+        log.add(_effect(0)).add(m.EffectSucceeded(effect_id=f"webhook-{rid(0)}",
+                                                  run_id=rid(0)))
+    for k in range(1, LONG + 1):
+        log.mat(k).claimed_and_done(k, k + 1)
+    return log
+
+
+def _same_whatever_the_checkpoints(log: Log) -> AuditReport:
+    events = _numbered(log.events)
+    whole = audit(events)
+    for cuts in ({1}, {len(events) // 2}, {len(events) - 1}, {5, 40, len(events) - 2}):
+        assert _resumed(events, cuts).to_dict() == whole.to_dict(), cuts
+    return whole
+
+
+def _held(log: Log) -> dict[str, int]:
+    auditor = Auditor()
+    for n, e in enumerate(log.events):
+        auditor.feed(e, 0, n)
+    return auditor.held()
+
+
+def test_a_long_history_leaves_only_the_recent_runs_and_spans_held() -> None:
+    held = _held(_long_history(effect=True))
+    assert held["runs"] == held["finished"] == FINISHED_KEPT
+    assert held["spans"] == SPANS_KEPT
+    assert held["effects"] == 0  # run 0's settled effect went with run 0
+
+
+def test_a_late_result_for_a_long_finished_run_is_still_reported() -> None:
+    log = _long_history().result(0, fence=1, at=T0 + sec(7))
+    report = _same_whatever_the_checkpoints(log)
+    assert report.violation_counts["fence_current"] == 1
+    assert report.violation_counts["result_within_lease"] == 1
+    assert sum(report.violation_counts.values()) == 2
+    for v in report.violations:
+        assert v.run_id == rid(0) and "finished and was forgotten" in v.message
+        assert v.events[-1].type == "ResultPublished"
+
+
+def test_a_late_claim_for_a_long_finished_run_is_still_reported() -> None:
+    fence = LONG + 2
+    log = _long_history().fence(fence, 0).claim(0, fence, T0 + sec(7))
+    report = _same_whatever_the_checkpoints(log)
+    advanced, claimed = only(report, "fence_current", 2)
+    assert [advanced.events[-1].type, claimed.events[-1].type] == [
+        "FenceAdvanced", "AttemptClaimed"]
+    assert all("does not hold" in v.message and v.run_id == rid(0) for v in (advanced, claimed))
+
+
+def test_a_late_fence_for_a_long_finished_run_is_still_reported() -> None:
+    log = _long_history().fence(LONG + 2, 0, reason="lease_expired")
+    (v,) = only(_same_whatever_the_checkpoints(log), "fence_current")
+    assert "fence advanced to" in v.message and "does not hold" in v.message
+
+
+def test_a_claim_of_a_run_that_has_just_finished_is_reported() -> None:
+    log = Log().created().mat(0).claimed_and_done(0, 1).fence(2, 0).claim(0, 2, T0 + sec(9))
+    violations = only(_same_whatever_the_checkpoints(log), "fence_current", 2)
+    assert all("which is SUCCEEDED" in v.message for v in violations)
+
+
+@pytest.mark.parametrize("again", [
+    lambda log: log.mat(0),
+    lambda log: log.skipped(1, reason="misfire"),
+    lambda log: log.skipped(LONG - 3, through=LONG + 5, count=9, reason="misfire"),
+], ids=["materialized", "skipped", "range-over-forgotten-and-held"])
+def test_an_occurrence_recorded_again_long_after_is_still_a_duplicate(again: Any) -> None:
+    log = again(_long_history())
+    (v,) = only(_same_whatever_the_checkpoints(log), "occurrence_unique")
+    assert "repeats" in v.message or "overlaps" in v.message
+
+
+def test_an_instant_older_than_the_forgotten_ones_is_a_duplicate_or_out_of_order() -> None:
+    log = _long_history()
+    log.mat(LONG + 1)
+    log.add(m.OccurrenceMaterialized(  # a new instant, but before ones already claimed
+        run_id="r-between", scheduled_at=T0 + sec(30), due_at=T0 + sec(30), revision=1,
+        job=m.JobSpec(type="report"), state="READY", sequence=99))
+    (v,) = only(_same_whatever_the_checkpoints(log), "occurrence_unique")
+    assert "is not after" in v.message and "in increasing order" in v.message
+
+
+def test_an_effect_recorded_again_long_after_is_still_reported() -> None:
+    eid = f"webhook-{rid(0)}"
+    log = _long_history(effect=True).add(_effect(0))
+    (v,) = only(_same_whatever_the_checkpoints(log), "effect_unique")
+    assert f"EffectIntended for effect {eid}" in v.message and "does not hold" in v.message
+    log = _long_history(effect=True).add(m.EffectSucceeded(effect_id=eid, run_id=rid(0)))
+    (v,) = only(_same_whatever_the_checkpoints(log), "effect_unique")
+    assert f"EffectSucceeded for effect {eid}" in v.message
+
+
+def test_a_run_with_an_open_effect_is_kept_until_its_effect_is_settled() -> None:
+    eid = f"webhook-{rid(0)}"
+    log = Log().created().mat(0).claimed_and_done(0, 1).add(_effect(0))
+    for k in range(1, LONG + 1):
+        log.mat(k).claimed_and_done(k, k + 1)
+    assert _held(log)["runs"] == FINISHED_KEPT + 1  # run 0 waits for its effect
+    log.add(m.EffectUncertain(effect_id=eid, run_id=rid(0)))
+    log.add(m.ReconciliationRequired(run_id=rid(0), reason="?", effect_id=eid))
+    log.add(m.ReconciliationResolved(run_id=rid(0), decision="retry", effect_id=eid))
+    log.add(_effect(0, attempt=2)).add(m.EffectSucceeded(effect_id=eid, run_id=rid(0)))
+    _assert_clean(_same_whatever_the_checkpoints(log))
+    assert _held(log)["runs"] == FINISHED_KEPT  # settled: run 0 and its effect are gone
+    assert _held(log)["effects"] == 0
+
+
+def test_misfire_all_records_are_judged_as_they_come_and_a_gap_is_reported_once() -> None:
+    log = Log().created(misfire="all").mat(0)  # minute 1 missing
+    for k in range(2, MISFIRE_KEPT * 3):
+        log.mat(k)
+    (v,) = only(_same_whatever_the_checkpoints(log), "misfire_all_complete")
+    assert "2026-03-02T09:01:00Z" in v.message
+    assert _held(log)["misfire"] <= MISFIRE_KEPT
+
+
+def test_the_decider_s_long_steady_log_is_clean_and_its_state_the_same_at_any_length() -> None:
+    short, long_ = _steady_log(500), _steady_log(1000)  # DEAD runs: DEAD_KEPT at most
+    _assert_clean(audit(short))
+    _assert_clean(audit(long_))
+    held, sizes = [], []
+    for log in (short, long_):
+        auditor = Auditor()
+        for n, e in enumerate(log):
+            auditor.feed(e, 0, n)
+        held.append(auditor.held())
+        sizes.append(len(orjson.dumps(auditor.checkpoint())))
+    assert held[0] == held[1]
+    assert abs(sizes[1] - sizes[0]) < sizes[0] // 20  # offsets and counts have more digits
+    assert held[1]["dead"] <= DEAD_KEPT and held[1]["runs"] <= DEAD_KEPT + 2 * FINISHED_KEPT
+
+
+@settings(deadline=None, max_examples=25)
+@given(outcomes=st.lists(st.sampled_from(STEADY_OUTCOMES), min_size=1, max_size=160))
+def test_the_audit_holds_no_more_than_the_decider_plus_a_constant_window(
+    outcomes: list[str],
+) -> None:
+    d, marks = _steady(outcomes)
+    auditor = Auditor()
+    fed = 0
+    for upto, decider_runs in marks:
+        for n in range(fed, upto):
+            auditor.feed(d.log[n], 0, n)
+        fed = upto
+        held = auditor.held()
+        # the decider's live, DEAD and effect-waiting runs (its newest finished one aside)
+        assert held["runs"] <= decider_runs + FINISHED_KEPT
+        assert held["finished"] <= FINISHED_KEPT + held["effects"]
+        assert held["dead"] <= DEAD_KEPT
+        assert held["spans"] <= SPANS_KEPT
+        assert held["effects"] <= held["runs"]  # one effect a run, held with its run
+    assert audit(d.log).ok

@@ -145,8 +145,21 @@ def test_rule_a_batch_whose_barriers_are_met_is_not_cut() -> None:
 # the audit across a move
 
 
+def materialized(sid: str = "s1") -> m.EventEnvelope:
+    """Run r1 of the key (the run ``fence`` advances for)."""
+    return ev(m.OccurrenceMaterialized(run_id="r1", scheduled_at=T0, due_at=T0, revision=1,
+                                       job=m.JobSpec(type="report"), state="READY",
+                                       sequence=1), sid)
+
+
+def planned(sid: str = "s1") -> m.EventEnvelope:
+    """An event of the key that no check concerns but ``single_home`` (where it is)."""
+    return ev(m.NextRunPlanned(next_run_at=None, next_due_at=None), sid)
+
+
 def test_audit_rule_the_state_continues_across_a_move() -> None:
-    p1 = [(1, 0, fence(5)), (1, 1, moved_out(3, 2)), (1, 2, handed(2))]
+    p1 = [(1, 0, materialized()), (1, 1, fence(5)), (1, 2, moved_out(3, 2)),
+          (1, 3, handed(2))]
     ok = audit([(3, 0, moved_in(1, 2)), (3, 1, fence(6)), *p1])  # new home listed first
     assert ok.ok, ok.violations
     bad = audit([(3, 0, moved_in(1, 2)), (3, 1, fence(4)), *p1])
@@ -154,24 +167,24 @@ def test_audit_rule_the_state_continues_across_a_move() -> None:
 
 
 def test_audit_rule_single_home_events_on_the_old_home_after_the_move() -> None:
-    report = audit([(1, 0, fence(5)), (1, 1, moved_out(3, 2)), (1, 2, handed(2)),
-                    (1, 3, fence(6)), (3, 0, moved_in(1, 2))])
+    report = audit([(1, 0, planned()), (1, 1, moved_out(3, 2)), (1, 2, handed(2)),
+                    (1, 3, planned()), (3, 0, moved_in(1, 2))])
     assert [v.check for v in report.violations] == ["single_home"]
     assert [(e.partition, e.offset) for e in report.violations[0].events] == [(1, 1), (1, 3)]
 
 
 def test_audit_rule_single_home_events_on_a_partition_that_does_not_hold_the_key() -> None:
-    report = audit([(1, 0, fence(5)), (3, 0, fence(6))])
+    report = audit([(1, 0, planned()), (3, 0, planned())])
     assert [v.check for v in report.violations] == ["single_home"]
 
 
 def test_audit_rule_move_matched_a_key_moved_in_without_its_moved_out() -> None:
-    report = audit([(1, 0, fence(5)), (1, 1, handed(2)), (3, 0, moved_in(1, 2))])
+    report = audit([(1, 0, planned()), (1, 1, handed(2)), (3, 0, moved_in(1, 2))])
     assert [v.check for v in report.violations] == ["move_matched"]
 
 
 def test_audit_rule_move_matched_a_key_moved_in_whose_handover_is_missing() -> None:
-    report = audit([(1, 0, fence(5)), (1, 1, moved_out(3, 2)), (3, 0, moved_in(1, 2)),
-                    (3, 1, fence(6))])
+    report = audit([(1, 0, planned()), (1, 1, moved_out(3, 2)), (3, 0, moved_in(1, 2)),
+                    (3, 1, planned())])
     assert [v.check for v in report.violations] == ["move_matched"]
     assert report.events == 4  # read on past it
