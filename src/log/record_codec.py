@@ -3,7 +3,7 @@
 Kafka producers compress batches of records (zstd by default); the embedded log stores one
 row per record, and a record of chronolog is a few hundred bytes of JSON that zstd alone
 barely shrinks. With a *dictionary* — typical records of every kind (events, commands,
-replies, assignments and their headers), frozen in ``record_dict_v1.bin`` — zstd keeps about
+replies, assignments and their headers), frozen in ``dictionaries/record_v1.zdict`` — zstd keeps about
 35 % of a record for ~3 us to compress and ~1 us to expand (measured on a dev node's
 records), so the log's rows shrink to about a third at a few percent of a core.
 
@@ -25,7 +25,7 @@ CODEC_ZSTD_DICT_1 = 1
 LEVEL = 3
 
 _DICTIONARY = zstandard.ZstdCompressionDict(
-    resources.files("chronolog.log").joinpath("record_dict_v1.bin").read_bytes(),
+    resources.files("chronolog.log.dictionaries").joinpath("record_v1.zdict").read_bytes(),
     dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 _local = threading.local()
 

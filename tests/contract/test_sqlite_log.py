@@ -575,5 +575,5 @@ RECORD_DICT_V1_SHA256 = "99b2eaa9a093a15aaabca1d480aab1706fb025b6bfedcd45a6ae077
 
 def _record_dictionary_sha() -> str:
     """The dictionary is part of the file format: a changed one would misread every row."""
-    return hashlib.sha256(resources.files("chronolog.log").joinpath(
-        "record_dict_v1.bin").read_bytes()).hexdigest()
+    return hashlib.sha256(resources.files("chronolog.log.dictionaries").joinpath(
+        "record_v1.zdict").read_bytes()).hexdigest()

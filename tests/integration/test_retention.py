@@ -357,7 +357,8 @@ async def test_gc_removes_results_past_their_retention_and_the_api_answers_410(
     dry = subprocess.run([*gc, "--dry-run"], capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("scanned 2 staged objects: would delete 1 (1 past their "
-                                 "run's result_retention), kept 1 referenced"), dry.stdout
+                                 "run's result_retention, 0 of runs pruned from the log), "
+                                 "kept 1 referenced"), dry.stdout
     assert len(await results.list()) == 2
     done = subprocess.run([*gc, "--json"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -47,7 +47,7 @@ def test_package_list_matches_src_folders() -> None:
         folder = ROOT / "src" / Path(*pkg.split(".")[1:])
         assert folder.is_dir() and not (folder / "__init__.py").exists(), pkg
     assert data == {"chronolog.projections.migrations", "chronolog.api.dashboard.templates",
-                    "chronolog.api.dashboard.static"}
+                    "chronolog.api.dashboard.static", "chronolog.log.dictionaries"}
     assert declared == found | data
 
 
@@ -87,6 +87,14 @@ def test_the_wheel_ships_every_sql_migration(wheel: tuple[Path, str]) -> None:
     with zipfile.ZipFile(path) as z:
         for name in on_disk:
             assert z.read(shipped[name]) == (MIGRATIONS / name).read_bytes(), name
+
+
+def test_the_wheel_ships_the_embedded_logs_record_dictionary(wheel: tuple[Path, str]) -> None:
+    path, _ = wheel
+    name = "chronolog/log/dictionaries/record_v1.zdict"
+    with zipfile.ZipFile(path) as z:
+        assert z.read(name) == (ROOT / "src" / "log" / "dictionaries" / "record_v1.zdict"
+                                ).read_bytes()
 
 
 def test_the_wheel_ships_the_dashboard_templates_and_static_files(
