@@ -125,10 +125,11 @@ async def make_days(pool: asyncpg.Pool, days: Iterable[date]) -> list[str]:
 
 
 async def ensure_days(pool: asyncpg.Pool, today: date, *, back: int,
-                      ahead: int = AHEAD_DAYS) -> list[str]:
+                      ahead: int = AHEAD_DAYS, after: datetime | None = None) -> list[str]:
     """Make the day partitions missing for ``today - back .. today + ahead`` (module
-    docstring); the runs partitions made now."""
-    return await make_days(pool, (today + timedelta(days=n) for n in range(-back, ahead + 1)))
+    docstring), only those ending after ``after`` if given; the runs partitions made now."""
+    days = [today + timedelta(days=n) for n in range(-back, ahead + 1)]
+    return await make_days(pool, [d for d in days if after is None or day_bounds(d)[1] > after])
 
 
 def quote(ident: str) -> str:

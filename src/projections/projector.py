@@ -108,6 +108,7 @@ from chronolog.projections.retention import (
     PruneReport,
     RetentionPolicy,
     ensure_partitions,
+    projected_now,
     prune,
 )
 from chronolog.projections.store import (
@@ -389,6 +390,11 @@ class Projector:
         if self._started:
             await self._load_offsets()
         await self.start()
+        if self.retention is not None:  # today's days before the first batch lands
+            try:
+                await self.ensure_partitions()
+            except Exception as exc:  # noqa: BLE001 - the retention timer tries again
+                log.warning("projector_partitions_failed", error=repr(exc)[:500])
         stopping = asyncio.create_task(self._stopping.wait())
         members = (asyncio.create_task(self.workers.run(), name="workers-directory")
                    if self.workers is not None else None)
@@ -447,7 +453,9 @@ class Projector:
     async def ensure_partitions(self) -> list[str]:
         """Make the day partitions of today and the next days that are missing
         (``chronolog.projections.partitions``); the runs partitions made."""
-        made = await ensure_partitions(self.store.pool, self.retention or RetentionPolicy())
+        now = await projected_now(self.store.pool, self.store.projection, self.topic)
+        made = await ensure_partitions(self.store.pool, self.retention or RetentionPolicy(),
+                                       now=now)
         self.partitions_made += made
         return made
 

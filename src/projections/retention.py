@@ -206,12 +206,16 @@ async def _close_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, 
 
 
 async def ensure_partitions(pool: asyncpg.Pool, policy: RetentionPolicy,
-                            today: date | None = None) -> list[str]:
+                            today: date | None = None, now: datetime | None = None
+                            ) -> list[str]:
     """Make the missing day partitions of ``today`` (the wall clock's by default) and the
     next days, and of the whole days of the deployment's window back
-    (``chronolog.projections.partitions``); the runs partitions made."""
+    (``chronolog.projections.partitions``), but none that ``prune`` would drop at the read
+    model's ``now`` (a log whose time runs ahead of the wall clock); the runs partitions
+    made."""
+    closed = None if now is None else now - timedelta(seconds=policy.default)
     return await ensure_days(pool, today or datetime.now(UTC).date(),
-                             back=days_back(policy.default))
+                             back=days_back(policy.default), after=closed)
 
 
 async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str, topic: str,
