@@ -25,12 +25,31 @@ of old history therefore prunes against the same instant the live projector reac
 deployment stopped for a month does not lose its rows when it starts again before any new
 event arrives. A run's rows go only when the log has moved on past its window.
 
+**Whole days.** ``runs`` and ``attempts`` are partitioned by day of the run's
+``scheduled_at`` (``chronolog.projections.partitions``). ``prune`` first takes the *closed*
+days — ended more than the deployment's window (``RetentionPolicy.default``) before now —
+oldest first: a day whose runs are all finished and past their own tenant's window is
+dropped (its two partitions, and first its runs' final effects); a day with at most
+``straggler_limit`` runs that are not (live, ``RECONCILING``, finished late, or of a tenant
+with a longer window) has them moved to the default partition — the day detached, the
+stragglers and their attempts inserted again through the parent — and is dropped; a day with
+more stays, its expired rows deleted one by one below. Each day is one transaction that
+locks ``runs`` and ``attempts`` (waiting ``LOCK_WAIT_MS`` at most, else tried on the next
+pass) and checks the day again under the lock, so a run redriven meanwhile is kept.
+
+**Row by row.** Rows outside a droppable day are deleted one by one: a tenant whose window
+is shorter than the deployment's in every partition (its runs never wait for their day);
+every other tenant in the default partition and in the closed days that stayed. A run of
+the deployment's window (or a longer one) in a day not yet closed waits for its day: at
+most a day after its own window.
+
 **How.** ``prune`` deletes in batches of at most ``batch`` runs (their attempts and effects
-with them), one transaction per batch, per tenant with its own window (the indexes of
-migration 0008: ``runs (tenant, finished_at)`` and ``runs (finished_at)``, partial on
-finished runs), so no transaction holds many row locks or runs for long; the ``DELETE``
-repeats the terminal-state and cut-off test on each row it locks, so a run redriven between
-the choice and the delete is kept. The live projector runs it on a timer beside its batches
+with them), one transaction per batch, per tenant with its own window and per partition
+searched (the indexes of migration 0008, on every partition since 0009: ``runs (tenant,
+finished_at)`` and ``runs (finished_at)``, partial on finished runs), so no transaction
+holds many row locks or runs for long; the ``DELETE`` repeats the terminal-state and
+cut-off test on each row it locks, so a run redriven between the choice and the delete is
+kept. The live projector runs it on a timer beside its batches
 (``Projector(retention=...)``); ``chronolog replay`` runs it once its build is complete, with
 the same policy — both are functions of the events projected, so they leave the same rows.
 A later event of a pruned run (a redrive of a run dead past its window) finds no row: the
@@ -169,20 +188,33 @@ def _stragglers_sql(runs: str) -> str:
             f"WHERE {_EXPIRED} IS NOT TRUE LIMIT $4")
 
 
+_DROPPED, _STAYS, _BUSY = "dropped", "stays", "busy"
+
+
 async def _close_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, ...],
-                     limit: int, report: PruneReport) -> bool:
+                     limit: int, report: PruneReport) -> str:
     """Drop a closed day whose stragglers are at most ``limit``, moving them to the default
-    partition first (module docstring); False: more stragglers (the day stays)."""
-    runs, attempts = quote(day.runs), quote(day.attempts)
+    partition first (module docstring): ``_DROPPED``; ``_STAYS``: more stragglers (its
+    expired rows go one by one); ``_BUSY``: the tables stayed locked (the next pass)."""
     # a first look without the lock: a day with many stragglers is not worth locking for
     if len(await pool.fetch(_stragglers_sql(day.runs), *cutoffs, limit + 1)) > limit:
-        return False
+        return _STAYS
+    try:
+        return await _drop_day(pool, day, cutoffs, limit, report)
+    except (asyncpg.exceptions.LockNotAvailableError,
+            asyncpg.exceptions.DeadlockDetectedError):
+        return _BUSY
+
+
+async def _drop_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, ...],
+                    limit: int, report: PruneReport) -> str:
+    runs, attempts = quote(day.runs), quote(day.attempts)
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
         await conn.execute("LOCK TABLE ONLY runs, attempts IN ACCESS EXCLUSIVE MODE")
         kept = [r[0] for r in await conn.fetch(_stragglers_sql(day.runs), *cutoffs, limit + 1)]
         if len(kept) > limit:
-            return False
+            return _STAYS
         n_runs = await conn.fetchval(f"SELECT count(*) FROM {runs}")
         n_attempts = await conn.fetchval(
             f"SELECT count(*) FROM {attempts} WHERE run_id <> ALL($1::text[])", kept)
@@ -202,7 +234,7 @@ async def _close_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, 
     report.runs += n_runs - len(kept)
     report.attempts += n_attempts
     report.effects += n_effects
-    return True
+    return _DROPPED
 
 
 async def ensure_partitions(pool: asyncpg.Pool, policy: RetentionPolicy,
@@ -236,7 +268,7 @@ async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str,
     closed = [d for d in await day_partitions(pool) if d.upper <= cutoffs[2]]
     sources = [DEFAULT_PARTITION]
     for day in closed:
-        if not await _close_day(pool, day, cutoffs, max(0, straggler_limit), report):
+        if await _close_day(pool, day, cutoffs, max(0, straggler_limit), report) == _STAYS:
             sources.append(day.runs)  # too many stragglers: its expired rows one by one
     # a tenant with a shorter window than the deployment's, everywhere; every other
     # tenant in the default partition and in the closed days left

@@ -8,10 +8,13 @@ PostgreSQL.
   whose rows are in the default partition is left to it;
 * a run ID stays one row whatever the writes; an attempt is in its run's day; a lookup by run
   ID is an index scan in every partition;
+* a backup records the days and a restore loads each row into its day; the replay's swap
+  puts a partitioned table in place with its own days;
 * a day past the deployment's window with every run expired is dropped (gone from pg_class
   and pg_inherits), with its final effects; its stragglers (a live run, a tenant with a
   longer window) move to the default partition, or, past the limit, keep the day and its
-  expired rows go one by one; a day not yet past the window keeps its expired rows;
+  expired rows go one by one; a day whose tables stay locked waits for the next pass; a
+  day not yet past the window keeps its expired rows;
 * property (hypothesis over runs, days with or without a partition, and now): the runs left
   are exactly those the rule keeps, and no day past the window is left.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -30,10 +34,12 @@ from hypothesis import strategies as st
 
 from chronolog.cli.replay import replay
 from chronolog.domain import messages as m
+from chronolog.projections import backup
 from chronolog.projections.migrate import load_migrations, migrate
 from chronolog.projections.partitions import day_partitions, make_days
 from chronolog.projections.project import project_batch
 from chronolog.projections.projector import Projector
+from chronolog.projections.rebuild import swap_in
 from chronolog.projections.retention import RetentionPolicy, prune
 from chronolog.projections.store import PostgresProjectionStore
 from support.histories import FINISHED, LIVE, run_history, schedule, tick
@@ -229,6 +235,57 @@ async def test_lookups_by_run_id_are_index_scans_in_every_partition(
             assert len(scans) >= 4, plan  # three days and the default
 
 
+# ------------------------------------------------------------------ backups and the swap
+
+async def _two_days(store: PostgresProjectionStore) -> None:
+    await make_days(store.pool, [D0, D0 + DAY])
+    envs = [schedule("t", "s", midnight(D0))]
+    for n, outcome in enumerate(("succeeded", "leased")):
+        start = midnight(D0) + timedelta(days=n, hours=5)
+        envs += run_history("t", "s", f"r{n}", outcome, start, start + HOUR)
+    await _apply(store, envs)
+
+
+async def test_a_backup_restores_the_rows_into_their_days(
+    module_dsn: str, stores: list[PostgresProjectionStore], tmp_path: Path
+) -> None:
+    store = await open_store(module_dsn, stores)
+    await _two_days(store)
+    manifest = await backup.dump(store.pool, tmp_path)
+    assert manifest["days"] == ["2026-03-01", "2026-03-02"]
+    assert manifest["tables"]["runs"] == 2 and manifest["tables"]["attempts"] == 2
+    assert not any(name.startswith(("runs_", "attempts_")) for name in manifest["tables"])
+
+    schema, loaded = await backup.stage(module_dsn, tmp_path, manifest)
+    restored = await schema_store(module_dsn, schema)
+    try:
+        assert loaded["runs"] == 2
+        for table in ("runs", "attempts"):
+            assert await _homes(restored, table) == await _homes(store, table)
+        assert await restored.pool.fetch("SELECT * FROM runs ORDER BY run_id") \
+            == await store.pool.fetch("SELECT * FROM runs ORDER BY run_id")
+    finally:
+        await restored.close()
+
+
+async def test_the_swap_puts_a_partitioned_table_in_place_with_its_days(
+    module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """The target's partitions go with their table, whatever the fresh one's days."""
+    target = await open_store(module_dsn, stores)
+    await make_days(target.pool, [D0 - DAY])
+    fresh = await open_store(module_dsn, stores)
+    await _two_days(fresh)
+    fresh_schema = await fresh.pool.fetchval("SELECT current_schema()")
+    target_schema = await target.pool.fetchval("SELECT current_schema()")
+    async with target.pool.acquire() as conn:
+        await swap_in(conn, fresh_schema, target_schema)
+    assert await _children(target, "runs") == {"runs_default", "runs_p20260301",
+                                               "runs_p20260302"}
+    assert await _homes(target, "runs") == {("r0",): "runs_p20260301",
+                                            ("r1",): "runs_p20260302"}
+
+
 # ------------------------------------------------------------------ retention by days
 
 WINDOWS = RetentionPolicy(default=86400.0, tenants={"short": 3600.0, "long": 30 * 86400.0})
@@ -304,6 +361,29 @@ async def test_a_day_with_more_stragglers_than_the_limit_stays_and_loses_its_exp
     assert report.days == [] and report.runs == 4
     assert await _homes(store, "runs") == {("live",): "runs_p20260301",
                                            ("kept",): "runs_p20260301"}
+
+
+async def test_a_day_whose_tables_stay_locked_is_left_whole_for_the_next_pass(
+    module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """A reader holding runs past the lock wait: the day is neither dropped nor deleted
+    from row by row; once the reader is gone, the next pass drops it."""
+    store = await open_store(module_dsn, stores)
+    await _straggling_day(store)
+    before = await _homes(store, "runs")
+    schema = await store.pool.fetchval("SELECT current_schema()")
+    reader = await asyncpg.connect(module_dsn)
+    try:
+        async with reader.transaction():
+            await reader.execute(f'LOCK TABLE "{schema}".runs IN ACCESS SHARE MODE')
+            report = await prune(store.pool, WINDOWS, projection=store.projection,
+                                 topic=TOPIC)
+            assert report.days == [] and report.runs == 0
+            assert await _homes(store, "runs") == before
+    finally:
+        await reader.close()
+    report = await prune(store.pool, WINDOWS, projection=store.projection, topic=TOPIC)
+    assert report.days == [D0] and report.moved == 2
 
 
 async def test_a_day_not_past_the_window_keeps_its_expired_rows_until_it_goes_whole(
