@@ -43,6 +43,10 @@ A replay never empties tables that someone reads or writes:
    it — after each batch, against the newest event time projected, with the windows of
    ``--tenants`` / ``$CHRONOLOG_TENANTS`` and ``--retention`` / ``$CHRONOLOG_RETENTION``
    (give it the projector's) — so the rebuilt tables hold the rows the live ones do.
+   Before its first batch the build makes the day partitions of ``runs`` and ``attempts``
+   the live projector keeps (the days of the window back from today and the next days,
+   ``chronolog.projections.retention.ensure_partitions``), so the history lands in the
+   same days.
 3. **The swap.** Only when the build is complete, one transaction replaces the target's
    read-model tables by the fresh ones (``chronolog.projections.rebuild.swap_in``: lock,
    drop the old, move the new in, keeping their owner and grants) and drops the fresh schema.
@@ -98,7 +102,7 @@ from chronolog.projections.rebuild import (
     quote,
     swap_in,
 )
-from chronolog.projections.retention import RetentionPolicy, prune
+from chronolog.projections.retention import RetentionPolicy, ensure_partitions, prune
 from chronolog.projections.store import TABLES, PostgresProjectionStore
 from chronolog.projections.workers import WorkerDirectory
 
@@ -208,6 +212,7 @@ async def replay(
         stop = stops[p] if stops is not None else await log.end_offset(topic, p)
         ends[p] = stop if to_offset is None else min(stop, to_offset)
         stats.offsets[p] = 0
+    await ensure_partitions(store.pool, policy)  # the days the live projector would have
     order = BarrierOrder()
     async for taken in read_in_order(log, topic, ends, until=until, batch=batch, order=order):
         p = taken.partition

@@ -2,7 +2,9 @@
 ``COPY`` file, taken in one REPEATABLE READ transaction (one consistent snapshot, while the
 projector writes), and copied back into an empty, freshly migrated read model.
 
-``dump(pool, folder)`` -> ``{"tables": {name: rows}, "migrations": [versions]}``;
+``dump(pool, folder)`` -> ``{"tables": {name: rows}, "migrations": [versions], "days":
+[the day partitions of runs and attempts]}`` (a partitioned table is one file, written by
+``COPY (SELECT ...)``; a restore makes the backup's days before it loads the rows);
 ``emptiness(pool)`` -> the first table with rows (None: empty); ``copy_rows(path)`` -> the
 rows of one binary COPY file, parsed without a database (a cut or damaged file is a
 ``BackupMismatch``: ``chronolog restore`` checks every file before it writes anything).
@@ -20,11 +22,13 @@ from __future__ import annotations
 import secrets
 import struct
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from chronolog.projections.partitions import day_partitions, insertable_columns, make_days
 from chronolog.projections.rebuild import drop_schema, quote
 from chronolog.projections.store import PostgresProjectionStore
 
@@ -34,8 +38,11 @@ __all__ = ["STAGE_PREFIX", "BackupMismatch", "copy_rows", "drop_stages", "dump",
 STAGE_PREFIX = "chronolog_restore_"
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
-_TABLES = ("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-           "ORDER BY tablename")
+# the tables of the read model, a partitioned one as one table (its partitions are where
+# its rows are kept, not tables of their own)
+_TABLES = ("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+           "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') "
+           "AND NOT c.relispartition ORDER BY c.relname")
 
 
 class BackupMismatch(Exception):
@@ -60,9 +67,13 @@ async def dump(pool: asyncpg.Pool, folder: Path) -> dict[str, Any]:
             "SELECT version FROM schema_migrations ORDER BY version")]
         for name in names:
             tables[name] = int(await conn.fetchval(f"SELECT count(*) FROM {_ident(name)}"))
-            await conn.copy_from_table(name, output=str(folder / f"{name}.copy"),
-                                       format="binary")
-    return {"tables": tables, "migrations": versions}
+            # COPY (SELECT ...): COPY TO of a partitioned table itself is refused; the
+            # columns are the ones a COPY of the table writes (not the generated ones)
+            cols = ", ".join(_ident(c) for c in await insertable_columns(conn, name))
+            await conn.copy_from_query(f"SELECT {cols} FROM {_ident(name)}",
+                                       output=str(folder / f"{name}.copy"), format="binary")
+        days = [p.day.isoformat() for p in await day_partitions(conn)]
+    return {"tables": tables, "migrations": versions, "days": days}
 
 
 async def emptiness(pool: asyncpg.Pool) -> str | None:
@@ -128,6 +139,7 @@ async def stage(dsn: str, folder: Path, manifest: dict[str, Any]) -> tuple[str, 
     assert pool is not None
     try:
         await PostgresProjectionStore(pool).migrate()
+        await make_days(pool, [date.fromisoformat(d) for d in manifest.get("days", [])])
         async with pool.acquire() as conn:
             versions = [r[0] for r in await conn.fetch(
                 "SELECT version FROM schema_migrations ORDER BY version")]

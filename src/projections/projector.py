@@ -62,7 +62,9 @@ again every ``discover_s``.
 Retention (``chronolog.projections.retention``, docs/design.md §9): ``run`` also prunes, every
 ``prune_every_s`` and a bounded number of batches at a time, the rows of the runs finished
 longer ago than their tenant's window (``retention=``, a ``RetentionPolicy``) before the
-newest event projected; ``prune()`` is one pass (tests, tools). ``step`` and
+newest event projected, and before each pass makes the day partitions of ``runs`` and
+``attempts`` of today and the next days (``ensure_partitions()``,
+``chronolog.projections.partitions``); ``prune()`` is one pass (tests, tools). ``step`` and
 ``run_until_caught_up`` only project.
 
 Observability: ``watermark()`` (per-partition next offset + the authority time of the last
@@ -102,7 +104,13 @@ from chronolog.log.port import EventLog, Record
 from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import ProjectionLease
 from chronolog.projections.project import project, project_batch
-from chronolog.projections.retention import PruneReport, RetentionPolicy, prune
+from chronolog.projections.retention import (
+    PruneReport,
+    RetentionPolicy,
+    ensure_partitions,
+    projected_now,
+    prune,
+)
 from chronolog.projections.store import (
     OffsetConflict,
     PostgresProjectionStore,
@@ -325,6 +333,7 @@ class Projector:
         self.prune_every_s = prune_every_s
         self.pruned = PruneReport()  # totals since this projector started
         self.progress_every_s = PROGRESS_EVERY_S
+        self.partitions_made: list[str] = []  # day partitions this projector made
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -381,6 +390,11 @@ class Projector:
         if self._started:
             await self._load_offsets()
         await self.start()
+        if self.retention is not None:  # today's days before the first batch lands
+            try:
+                await self.ensure_partitions()
+            except Exception as exc:  # noqa: BLE001 - the retention timer tries again
+                log.warning("projector_partitions_failed", error=repr(exc)[:500])
         stopping = asyncio.create_task(self._stopping.wait())
         members = (asyncio.create_task(self.workers.run(), name="workers-directory")
                    if self.workers is not None else None)
@@ -430,10 +444,20 @@ class Projector:
         report = await prune(self.store.pool, self.retention or RetentionPolicy(),
                              projection=self.store.projection, topic=self.topic,
                              max_batches=max_batches)
-        for name in ("runs", "attempts", "effects", "batches"):
+        for name in ("runs", "attempts", "effects", "batches", "moved"):
             setattr(self.pruned, name, getattr(self.pruned, name) + getattr(report, name))
+        self.pruned.days += report.days
         self.pruned.now = report.now
         return report
+
+    async def ensure_partitions(self) -> list[str]:
+        """Make the day partitions of today and the next days that are missing
+        (``chronolog.projections.partitions``); the runs partitions made."""
+        now = await projected_now(self.store.pool, self.store.projection, self.topic)
+        made = await ensure_partitions(self.store.pool, self.retention or RetentionPolicy(),
+                                       now=now)
+        self.partitions_made += made
+        return made
 
     async def _every(self, seconds: Callable[[], float], what: str,
                      step: Callable[[], Awaitable[Any]]) -> None:
@@ -450,9 +474,13 @@ class Projector:
                 await asyncio.wait_for(self._stopping.wait(), seconds())
 
     async def _prune_until_stopped(self) -> None:
-        """``prune`` every ``prune_every_s`` (a bounded pass each time) until stopped."""
-        await self._every(lambda: self.prune_every_s, "projector_prune_failed",
-                          lambda: self.prune(PRUNE_BATCHES_PER_PASS))
+        """The day partitions ahead, then ``prune`` (a bounded pass), every
+        ``prune_every_s`` until stopped."""
+        async def step() -> None:
+            await self.ensure_partitions()
+            await self.prune(PRUNE_BATCHES_PER_PASS)
+
+        await self._every(lambda: self.prune_every_s, "projector_prune_failed", step)
 
     async def _publish_progress(self) -> None:
         """Every ``progress_every_s``, the offsets stored in the database as the log's group

@@ -10,9 +10,10 @@ tables of the target schema by the fresh ones in ONE transaction:
 2. the fresh tables get the owner and the privileges (``GRANT``) of the tables they replace,
    so a reader role granted access to the live tables keeps it;
 3. the old tables are dropped (``RESTRICT``: a view of someone else's that depends on one
-   makes the swap fail and roll back, rather than being dropped with it) and the fresh ones
-   are moved into the target schema (``ALTER TABLE ... SET SCHEMA``, their indexes with
-   them); the emptied fresh schema is dropped.
+   makes the swap fail and roll back, rather than being dropped with it; a partitioned
+   table's partitions go with it) and the fresh ones are moved into the target schema
+   (``ALTER TABLE ... SET SCHEMA``, their indexes with them, each partition of a
+   partitioned table too); the emptied fresh schema is dropped.
 
 A reader's query sees either the old tables or the new ones, whole: a query that waited
 on the swap's locks looks its table names up again once it gets them (PostgreSQL does when
@@ -82,17 +83,20 @@ async def drop_schema(conn: asyncpg.Connection | asyncpg.Pool, schema: str) -> N
     await conn.execute(f"DROP SCHEMA IF EXISTS {quote(schema)} CASCADE")
 
 
-async def _relations(conn: asyncpg.Connection, schema: str) -> list[tuple[str, str]]:
+async def _relations(conn: asyncpg.Connection, schema: str, *,
+                     partitions: bool = True) -> list[tuple[str, str]]:
     """(name, relkind) of the movable relations of ``schema`` (not indexes, not the
-    sequences a table owns: those move with their table)."""
+    sequences a table owns: those move with their table); ``partitions=False`` leaves out
+    the partitions of a partitioned table (they are dropped with it)."""
     rows = await conn.fetch(
         "SELECT c.relname, c.relkind::text AS relkind FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'S') "
+        "AND ($2 OR NOT c.relispartition) "
         "AND NOT (c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d "
         "  WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid "
         "  AND d.deptype IN ('a', 'i'))) "
-        "ORDER BY c.relname", schema)
+        "ORDER BY c.relname", schema, partitions)
     return [(r["relname"], r["relkind"]) for r in rows]
 
 
@@ -131,7 +135,10 @@ async def _swap_once(conn: asyncpg.Connection, fresh: str, target: str,
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(target)}")
         moving = await _relations(conn, fresh)
         names = {n for n, _ in moving}
-        replaced = [(n, k) for n, k in await _relations(conn, target) if n in names]
+        # a partitioned table goes with its partitions, whatever their names (the days
+        # of the fresh one need not be the old one's)
+        replaced = [(n, k) for n, k in await _relations(conn, target, partitions=False)
+                    if n in names]
         tables = [f"{quote(target)}.{quote(n)}" for n, k in replaced if k in ("r", "p")]
         if tables:
             ms = max(1, int(lock_wait_s * 1000))

@@ -25,12 +25,31 @@ of old history therefore prunes against the same instant the live projector reac
 deployment stopped for a month does not lose its rows when it starts again before any new
 event arrives. A run's rows go only when the log has moved on past its window.
 
+**Whole days.** ``runs`` and ``attempts`` are partitioned by day of the run's
+``scheduled_at`` (``chronolog.projections.partitions``). ``prune`` first takes the *closed*
+days — ended more than the deployment's window (``RetentionPolicy.default``) before now —
+oldest first: a day whose runs are all finished and past their own tenant's window is
+dropped (its two partitions, and first its runs' final effects); a day with at most
+``straggler_limit`` runs that are not (live, ``RECONCILING``, finished late, or of a tenant
+with a longer window) has them moved to the default partition — the day detached, the
+stragglers and their attempts inserted again through the parent — and is dropped; a day with
+more stays, its expired rows deleted one by one below. Each day is one transaction that
+locks ``runs`` and ``attempts`` (waiting ``LOCK_WAIT_MS`` at most, else tried on the next
+pass) and checks the day again under the lock, so a run redriven meanwhile is kept.
+
+**Row by row.** Rows outside a droppable day are deleted one by one: a tenant whose window
+is shorter than the deployment's in every partition (its runs never wait for their day);
+every other tenant in the default partition and in the closed days that stayed. A run of
+the deployment's window (or a longer one) in a day not yet closed waits for its day: at
+most a day after its own window.
+
 **How.** ``prune`` deletes in batches of at most ``batch`` runs (their attempts and effects
-with them), one transaction per batch, per tenant with its own window (the indexes of
-migration 0008: ``runs (tenant, finished_at)`` and ``runs (finished_at)``, partial on
-finished runs), so no transaction holds many row locks or runs for long; the ``DELETE``
-repeats the terminal-state and cut-off test on each row it locks, so a run redriven between
-the choice and the delete is kept. The live projector runs it on a timer beside its batches
+with them), one transaction per batch, per tenant with its own window and per partition
+searched (the indexes of migration 0008, on every partition since 0009: ``runs (tenant,
+finished_at)`` and ``runs (finished_at)``, partial on finished runs), so no transaction
+holds many row locks or runs for long; the ``DELETE`` repeats the terminal-state and
+cut-off test on each row it locks, so a run redriven between the choice and the delete is
+kept. The live projector runs it on a timer beside its batches
 (``Projector(retention=...)``); ``chronolog replay`` runs it once its build is complete, with
 the same policy — both are functions of the events projected, so they leave the same rows.
 A later event of a pruned run (a redrive of a run dead past its window) finds no row: the
@@ -41,11 +60,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
+from chronolog.projections.partitions import (
+    DEFAULT_PARTITION,
+    LOCK_WAIT_MS,
+    DayPartition,
+    day_partitions,
+    days_back,
+    ensure_days,
+    insertable_columns,
+    quote,
+)
 from chronolog.tenants import DEFAULT_RETENTION_S, Tenants
 
 __all__ = [
@@ -54,8 +83,11 @@ __all__ = [
     "FINISHED_STATES",
     "ONE_TENANT_SQL",
     "OTHER_TENANTS_SQL",
+    "STRAGGLER_LIMIT",
     "PruneReport",
     "RetentionPolicy",
+    "delete_sql",
+    "ensure_partitions",
     "projected_now",
     "prune",
 ]
@@ -63,6 +95,7 @@ __all__ = [
 FINISHED_STATES = ("SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED")
 FINAL_EFFECT_STATES = ("SUCCEEDED", "FAILED", "ABANDONED")
 DEFAULT_PRUNE_BATCH = 1000  # runs per transaction (with their attempts and effects)
+STRAGGLER_LIMIT = 10_000  # the most runs a closed day moves to the default partition
 
 
 @dataclass(frozen=True)
@@ -88,6 +121,8 @@ class RetentionPolicy:
 
 @dataclass
 class PruneReport:
+    days: list[date] = field(default_factory=list)  # day partitions dropped
+    moved: int = 0  # stragglers moved from them to the default partition
     runs: int = 0
     attempts: int = 0
     effects: int = 0
@@ -109,13 +144,14 @@ async def projected_now(conn: asyncpg.Connection | asyncpg.Pool, projection: str
 _FINISHED_SQL = "state IN (" + ", ".join(f"'{st}'" for st in FINISHED_STATES) + ")"
 _DELETE = """
 WITH chosen AS (
-    SELECT run_id FROM runs
+    SELECT run_id, scheduled_at FROM {source}
      WHERE {where} AND finished_at < $2 AND {finished}
      ORDER BY finished_at
      LIMIT $3
 ), doomed AS (
-    DELETE FROM runs r USING chosen c
-     WHERE r.run_id = c.run_id AND r.finished_at < $2 AND r.{finished}
+    DELETE FROM {source} r USING chosen c
+     WHERE r.run_id = c.run_id AND r.scheduled_at = c.scheduled_at
+       AND r.finished_at < $2 AND r.{finished}
     RETURNING r.run_id
 ), a AS (
     DELETE FROM attempts WHERE run_id IN (SELECT run_id FROM doomed) RETURNING 1
@@ -125,25 +161,124 @@ WITH chosen AS (
 )
 SELECT (SELECT count(*) FROM doomed), (SELECT count(*) FROM a), (SELECT count(*) FROM e)
 """
-# one tenant with its own window ($1: the tenant), and every other tenant ($1: those)
-ONE_TENANT_SQL = _DELETE.format(where="tenant = $1", finished=_FINISHED_SQL)
-OTHER_TENANTS_SQL = _DELETE.format(where="tenant <> ALL($1::text[])", finished=_FINISHED_SQL)
+_ONE = "tenant = $1"
+_OTHERS = "tenant <> ALL($1::text[])"
+
+
+def delete_sql(where: str, source: str) -> str:
+    """One batch of row deletes among the runs of ``source`` (``runs``, or one partition)."""
+    return _DELETE.format(where=where, finished=_FINISHED_SQL, source=quote(source))
+
+
+# one tenant with its own window ($1: the tenant) in every partition, and every other
+# tenant ($1: those) in the default partition
+ONE_TENANT_SQL = delete_sql(_ONE, "runs")
+OTHER_TENANTS_SQL = delete_sql(_OTHERS, DEFAULT_PARTITION)
+
+# a run past its tenant's window ($1: tenants with their own, $2: their cut-offs, $3: the
+# others' cut-off), as a condition on the row ``r`` joined with its cut-off ``w``
+_EXPIRED = (f"(r.{_FINISHED_SQL} AND r.finished_at IS NOT NULL "
+            "AND r.finished_at < COALESCE(w.cutoff, $3))")
+_WINDOWS = "LEFT JOIN unnest($1::text[], $2::timestamptz[]) AS w(tenant, cutoff) " \
+           "ON w.tenant = r.tenant"
+
+
+def _stragglers_sql(runs: str) -> str:
+    return (f"SELECT r.run_id FROM {quote(runs)} AS r {_WINDOWS} "
+            f"WHERE {_EXPIRED} IS NOT TRUE LIMIT $4")
+
+
+_DROPPED, _STAYS, _BUSY = "dropped", "stays", "busy"
+
+
+async def _close_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, ...],
+                     limit: int, report: PruneReport) -> str:
+    """Drop a closed day whose stragglers are at most ``limit``, moving them to the default
+    partition first (module docstring): ``_DROPPED``; ``_STAYS``: more stragglers (its
+    expired rows go one by one); ``_BUSY``: the tables stayed locked (the next pass)."""
+    # a first look without the lock: a day with many stragglers is not worth locking for
+    if len(await pool.fetch(_stragglers_sql(day.runs), *cutoffs, limit + 1)) > limit:
+        return _STAYS
+    try:
+        return await _drop_day(pool, day, cutoffs, limit, report)
+    except (asyncpg.exceptions.LockNotAvailableError,
+            asyncpg.exceptions.DeadlockDetectedError):
+        return _BUSY
+
+
+async def _drop_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, ...],
+                    limit: int, report: PruneReport) -> str:
+    runs, attempts = quote(day.runs), quote(day.attempts)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
+        await conn.execute("LOCK TABLE ONLY runs, attempts IN ACCESS EXCLUSIVE MODE")
+        kept = [r[0] for r in await conn.fetch(_stragglers_sql(day.runs), *cutoffs, limit + 1)]
+        if len(kept) > limit:
+            return _STAYS
+        n_runs = await conn.fetchval(f"SELECT count(*) FROM {runs}")
+        n_attempts = await conn.fetchval(
+            f"SELECT count(*) FROM {attempts} WHERE run_id <> ALL($1::text[])", kept)
+        n_effects = len(await conn.fetch(
+            f"DELETE FROM effects WHERE run_id IN (SELECT run_id FROM {runs} "
+            "WHERE run_id <> ALL($1::text[])) AND state = ANY($2::text[]) RETURNING 1",
+            kept, list(FINAL_EFFECT_STATES)))
+        if kept:  # the stragglers go to the default partition (no partition holds the day)
+            for parent, name in (("runs", runs), ("attempts", attempts)):
+                await conn.execute(f"ALTER TABLE {parent} DETACH PARTITION {name}")
+                cols = ", ".join(quote(c) for c in await insertable_columns(conn, parent))
+                await conn.execute(f"INSERT INTO {parent} ({cols}) SELECT {cols} FROM {name} "
+                                   "WHERE run_id = ANY($1::text[])", kept)
+        await conn.execute(f"DROP TABLE {runs}, {attempts}")
+    report.days.append(day.day)
+    report.moved += len(kept)
+    report.runs += n_runs - len(kept)
+    report.attempts += n_attempts
+    report.effects += n_effects
+    return _DROPPED
+
+
+async def ensure_partitions(pool: asyncpg.Pool, policy: RetentionPolicy,
+                            today: date | None = None, now: datetime | None = None
+                            ) -> list[str]:
+    """Make the missing day partitions of ``today`` (the wall clock's by default) and the
+    next days, and of the whole days of the deployment's window back
+    (``chronolog.projections.partitions``), but none that ``prune`` would drop at the read
+    model's ``now`` (a log whose time runs ahead of the wall clock); the runs partitions
+    made."""
+    closed = None if now is None else now - timedelta(seconds=policy.default)
+    return await ensure_days(pool, today or datetime.now(UTC).date(),
+                             back=days_back(policy.default), after=closed)
 
 
 async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str, topic: str,
                 batch: int = DEFAULT_PRUNE_BATCH, max_batches: int | None = None,
-                now: datetime | None = None) -> PruneReport:
-    """Delete the rows of the runs finished longer than their tenant's window before the
-    read model's now (module docstring); ``max_batches`` bounds one call (the live
-    projector's timer), ``None`` goes on until nothing is left."""
+                now: datetime | None = None,
+                straggler_limit: int = STRAGGLER_LIMIT) -> PruneReport:
+    """Drop the closed days and delete the rows of the runs finished longer than their
+    tenant's window before the read model's now (module docstring); ``max_batches`` bounds
+    one call's row deletes (the live projector's timer), ``None`` goes on until nothing is
+    left."""
     report = PruneReport()
     report.now = now if now is not None else await projected_now(pool, projection, topic)
     if report.now is None:
         return report
-    groups: list[tuple[str, Any, float]] = [
-        (ONE_TENANT_SQL, tenant, seconds) for tenant, seconds in sorted(policy.tenants.items())]
-    groups.append((OTHER_TENANTS_SQL, sorted(policy.tenants), policy.default))
-    for sql, who, seconds in groups:
+    own = sorted(policy.tenants.items())
+    cutoffs = ([t for t, _ in own], [report.now - timedelta(seconds=s) for _, s in own],
+               report.now - timedelta(seconds=policy.default))
+    closed = [d for d in await day_partitions(pool) if d.upper <= cutoffs[2]]
+    sources = [DEFAULT_PARTITION]
+    for day in closed:
+        if await _close_day(pool, day, cutoffs, max(0, straggler_limit), report) == _STAYS:
+            sources.append(day.runs)  # too many stragglers: its expired rows one by one
+    # a tenant with a shorter window than the deployment's, everywhere; every other
+    # tenant in the default partition and in the closed days left
+    groups: list[tuple[str, Any, float, str]] = []
+    for tenant, seconds in own:
+        for source in (["runs"] if seconds < policy.default else sources):
+            groups.append((_ONE, tenant, seconds, source))
+    groups += [(_OTHERS, [t for t, _ in own], policy.default, source) for source in sources]
+    for where, who, seconds, source in groups:
+        sql = delete_sql(where, source)
         cutoff = report.now - timedelta(seconds=seconds)
         while max_batches is None or report.batches < max_batches:
             async with pool.acquire() as conn, conn.transaction():

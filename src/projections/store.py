@@ -89,6 +89,12 @@ class TableSpec:
     key: tuple[str, ...]
     types: Mapping[str, str]  # every writable column, key included -> PostgreSQL type
     required: frozenset[str]  # non-key columns that are NOT NULL without a default
+    # a partitioned table (migration 0009): its partition column, which its unique key
+    # holds beside ``key`` and which a write never changes once the row exists
+    partition: str | None = None
+    # columns the store fills in SQL on insert, not the projection: column -> expression
+    # over the batch's row ``u`` (NOT NULL without a default, like ``required``)
+    derived: Mapping[str, str] = field(default_factory=dict)
 
     # The writable non-key columns; computed once (RowChanges.set checks every change
     # against it, so a property recomputing it was a measurable part of projecting).
@@ -98,8 +104,11 @@ class TableSpec:
         object.__setattr__(self, "columns", frozenset(self.types) - frozenset(self.key))
 
 
-def _spec(name: str, key: tuple[str, ...], required: Iterable[str], **types: str) -> TableSpec:
-    spec = TableSpec(name, key, MappingProxyType(types), frozenset(required))
+def _spec(name: str, key: tuple[str, ...], required: Iterable[str], *,
+          partition: str | None = None, derived: Mapping[str, str] | None = None,
+          **types: str) -> TableSpec:
+    spec = TableSpec(name, key, MappingProxyType(types), frozenset(required), partition,
+                     MappingProxyType(dict(derived or {})))
     assert set(key) <= set(types) and spec.required <= spec.columns, name
     return spec
 
@@ -121,6 +130,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             "runs",
             ("run_id",),
             ("tenant", "schedule_id", "scheduled_at", "revision", "trigger", "state", "updated_at"),
+            partition="scheduled_at",
             run_id=TEXT, tenant=TEXT, schedule_id=TEXT, scheduled_at=TS, due_at=TS,
             revision=BIGINT, trigger=TEXT, request_key=TEXT, state=TEXT, attempt=INT,
             job_type=TEXT, params=JSONB, resource_class=TEXT, priority=INT, sequence=BIGINT,
@@ -136,6 +146,11 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             ("run_id", "attempt"),
             ("tenant", "schedule_id", "fence", "worker_id", "claimed_at", "lease_until",
              "updated_at"),
+            partition="scheduled_at",
+            # the run's scheduled_at: the run's row is written before its attempts (TABLES
+            # order); an attempt whose run has no row (pruned) takes its claimed_at
+            derived={"scheduled_at": 'COALESCE((SELECT r.scheduled_at FROM runs AS r '
+                                     'WHERE r.run_id = u.run_id LIMIT 1), u.claimed_at)'},
             run_id=TEXT, attempt=INT, tenant=TEXT, schedule_id=TEXT, fence=BIGINT,
             worker_id=TEXT, claimed_at=TS, lease_until=TS, outcome=TEXT, error_class=TEXT,
             error=TEXT, finished_at=TS, updated_at=TS,
@@ -405,28 +420,44 @@ class _SqlCache:
 
         table = _quote(spec.name)
         keys = ", ".join(_quote(k) for k in spec.key)
-        if insert:
-            sets = ", ".join(
-                f"{_quote(c)} = COALESCE(t.{_quote(c)}, EXCLUDED.{_quote(c)})"
-                if first
-                else f"{_quote(c)} = EXCLUDED.{_quote(c)}"
-                for c, first in signature
-            )
-            return (
-                f"INSERT INTO {table} AS t ({alias}) "
-                f"SELECT {', '.join(src(c) for c in allc)} FROM unnest({params}) AS u({alias}) "
-                f"ON CONFLICT ({keys}) DO UPDATE SET {sets}"
-            )
         sets = ", ".join(
             f"{_quote(c)} = COALESCE(t.{_quote(c)}, {src(c)})" if first
             else f"{_quote(c)} = {src(c)}"
-            for c, first in signature
+            for c, first in signature if c != spec.partition
         )
         match = " AND ".join(f"t.{_quote(k)} = u.{_quote(k)}" for k in spec.key)
         returning = ", ".join(f"t.{_quote(k)}" for k in spec.key)
+        if not insert:
+            return (
+                f"UPDATE {table} AS t SET {sets} FROM unnest({params}) AS u({alias}) "
+                f"WHERE {match} RETURNING {returning}"
+            )
+        upsert = ", ".join(
+            f"{_quote(c)} = COALESCE(t.{_quote(c)}, EXCLUDED.{_quote(c)})"
+            if first
+            else f"{_quote(c)} = EXCLUDED.{_quote(c)}"
+            for c, first in signature if c != spec.partition
+        )
+        names = [*allc, *spec.derived]
+        values = [*(src(c) for c in allc), *spec.derived.values()]
+        if spec.partition is None:
+            return (
+                f"INSERT INTO {table} AS t ({alias}) "
+                f"SELECT {', '.join(values)} FROM unnest({params}) AS u({alias}) "
+                f"ON CONFLICT ({keys}) DO UPDATE SET {upsert}"
+            )
+        # A partitioned table's unique key holds its partition column too, so the key alone
+        # is made unique here: the rows found by key are updated (their partition column
+        # left as it is), and only the keys not found are inserted.
+        found = " AND ".join(f"f.{_quote(k)} = u.{_quote(k)}" for k in spec.key)
         return (
-            f"UPDATE {table} AS t SET {sets} FROM unnest({params}) AS u({alias}) "
-            f"WHERE {match} RETURNING {returning}"
+            f"WITH u AS (SELECT * FROM unnest({params}) AS u({alias})), "
+            f"found AS (UPDATE {table} AS t SET {sets} FROM u WHERE {match} "
+            f"RETURNING {returning}) "
+            f"INSERT INTO {table} AS t ({', '.join(_quote(c) for c in names)}) "
+            f"SELECT {', '.join(values)} FROM u "
+            f"WHERE NOT EXISTS (SELECT 1 FROM found AS f WHERE {found}) "
+            f"ON CONFLICT ({keys}, {_quote(spec.partition)}) DO UPDATE SET {upsert}"
         )
 
 

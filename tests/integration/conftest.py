@@ -96,3 +96,11 @@ async def stores() -> AsyncIterator[list[Any]]:
     yield opened
     for store in opened:
         await store.close()
+
+
+@pytest.fixture
+async def sqlite_log(tmp_path: Path) -> AsyncIterator[Any]:
+    """An embedded SQLite log of two partitions (a module may define its own)."""
+    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(partitions=2))
+    async with started(open_log(cfg)) as lg:
+        yield lg

@@ -10,7 +10,8 @@ here waits for a clock.
 * the read model's now is the newest event projected, not the wall clock: a history years
   old loses nothing while its events are within the window;
 * batches are bounded (``batch`` runs per transaction, ``max_batches`` per pass);
-* a replay gives the live projector's tables row for row, counters included;
+* a replay gives the live projector's tables row for row, counters included — also when
+  whole days are dropped and their stragglers moved (partitions by day, migration 0009);
 * property (hypothesis over run histories): after pruning, every live run, every schedule
   and every counter is still there, and the finished runs left are exactly those inside
   their window.
@@ -19,7 +20,7 @@ here waits for a clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chronolog.cli.replay import replay
+from chronolog.cli.replay import ReplayStats, replay
 from chronolog.domain import messages as m
-from chronolog.log.port import Topics
 from chronolog.projections.project import project_batch
 from chronolog.projections.projector import Projector
 from chronolog.projections.retention import (
@@ -41,9 +41,7 @@ from chronolog.projections.retention import (
     prune,
 )
 from chronolog.projections.store import PostgresProjectionStore
-from chronolog.settings import LogConfig, open_log
 from support.histories import FINISHED, LIVE, records, run_history, schedule, tick
-from support.logs import started
 from support.polling import wait_until
 
 from .pgdb import dump, module_database, open_store, schema_store
@@ -61,13 +59,6 @@ def at(seconds: float) -> datetime:
 @pytest.fixture(scope="module")
 def module_dsn(database_url: str) -> Iterator[str]:
     yield from module_database(database_url, "test_retention")
-
-
-@pytest.fixture
-async def sqlite_log(tmp_path: Path) -> AsyncIterator[Any]:
-    cfg = LogConfig("sqlite", str(tmp_path / "log.db"), Topics(partitions=2))
-    async with started(open_log(cfg)) as lg:
-        yield lg
 
 
 
@@ -196,25 +187,81 @@ async def test_pruning_finds_its_runs_through_the_finished_runs_indexes(
             assert "Seq Scan on runs" not in plan, plan
 
 
+async def _live_then_replay(
+    lg: Any, dsn: str, stores: list[PostgresProjectionStore], policy: RetentionPolicy,
+    done: Callable[[Projector], bool],
+) -> tuple[Projector, PostgresProjectionStore, PostgresProjectionStore, ReplayStats]:
+    """A live projector (small batches, pruning every 50 ms) run until ``done``, then a
+    replay of the same log into another store."""
+    live_store = await open_store(dsn, stores)
+    live = Projector(lg, live_store, retention=policy, prune_every_s=0.05, batch_max=5)
+    task = asyncio.create_task(live.run())
+    try:
+        await wait_until(lambda: done(live), 30, what="the projector's pruning")
+    finally:
+        live.stop()
+        await asyncio.wait_for(task, 30)
+    rebuilt = await open_store(dsn, stores)
+    stats = await replay(lg, rebuilt, batch=4, retention=policy)
+    return live, live_store, rebuilt, stats
+
+
 async def test_a_replay_gives_the_live_projectors_tables_after_pruning(
     sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
     await _write_history(sqlite_log)
-    live_store = await open_store(module_dsn, stores)
-    live = Projector(sqlite_log, live_store, retention=POLICY, prune_every_s=0.05, batch_max=5)
-    task = asyncio.create_task(live.run())
-    try:
-        await wait_until(lambda: live.pruned.runs >= 6, 30, what="the projector's pruning")
-    finally:
-        live.stop()
-        await asyncio.wait_for(task, 30)
-
-    rebuilt = await open_store(module_dsn, stores)
-    stats = await replay(sqlite_log, rebuilt, batch=4, retention=POLICY)
+    _live, live_store, rebuilt, stats = await _live_then_replay(
+        sqlite_log, module_dsn, stores, POLICY, lambda p: p.pruned.runs >= 6)
     assert stats.pruned == 6
     a, b = await dump(live_store), await dump(rebuilt)
     assert {r[0] for r in a["runs"]} == EXPECTED_LEFT
     assert a == b
+    assert await _counters(live_store) == await _counters(rebuilt)
+
+
+async def test_a_replay_drops_and_keeps_the_days_the_live_projector_does(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """Both make the days of a two-day window back from today's wall clock and three ahead;
+    the log's time runs four days past today, so the days up to tomorrow are past the
+    window: both drop them, move the same stragglers to the default partition (a live run, a
+    run of a tenant with a longer window) and keep the same rows."""
+    today = datetime.now(UTC).date()
+    base = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    policy = RetentionPolicy(default=2 * 86400.0, tenants={"short": 3600.0,
+                                                           "long": 10 * 86400.0})
+    day = timedelta(days=1)
+    envs = [schedule(t, "s", base - 3 * day) for t in ("t", "short", "long")]
+    for run_id, tenant, outcome, n in (
+        ("a", "t", "succeeded", -2), ("b", "t", "dead", -2), ("c", "t", "cancelled", -1),
+        ("live", "t", "leased", -1), ("d", "t", "skipped", 0), ("kept", "long", "succeeded", 0),
+        ("e", "short", "succeeded", 1),
+    ):
+        start = base + n * day + timedelta(hours=6)
+        envs += run_history(tenant, "s", run_id, outcome, start, start + timedelta(hours=1))
+    envs.sort(key=lambda e: e.at)
+    # one partition: the log's time rises with the history, so a run is past its window
+    # only once its effects are projected, whatever the batches
+    envs.append(tick("t", "s", base + 4 * day + timedelta(hours=1)))
+    await sqlite_log.append(records(sqlite_log.topics.events, envs, 0))
+    gone = [today + n * day for n in (-2, -1, 0, 1)]
+
+    live, live_store, rebuilt, stats = await _live_then_replay(
+        sqlite_log, module_dsn, stores, policy,
+        lambda p: sorted(p.pruned.days) == gone and p.pruned.runs == 5)
+    assert stats.pruned == 5
+    assert live.pruned.moved == 2
+    a, b = await dump(live_store), await dump(rebuilt)
+    assert {r[0] for r in a["runs"]} == {"live", "kept"}
+    assert a == b
+    for store in (live_store, rebuilt):
+        rows = await store.pool.fetch("SELECT c.relname FROM pg_inherits i "
+                                      "JOIN pg_class c ON c.oid = i.inhrelid "
+                                      "WHERE i.inhparent = 'runs'::regclass")
+        assert {r[0] for r in rows} == {f"runs_p{today + n * day:%Y%m%d}" for n in (2, 3)} \
+            | {"runs_default"}
+        homes = await store.pool.fetch("SELECT DISTINCT tableoid::regclass::text FROM runs")
+        assert [r[0] for r in homes] == ["runs_default"]
     assert await _counters(live_store) == await _counters(rebuilt)
 
 
