@@ -3,9 +3,9 @@
 Kafka producers compress batches of records (zstd by default); the embedded log stores one
 row per record, and a record of chronolog is a few hundred bytes of JSON that zstd alone
 barely shrinks. With a *dictionary* — typical records of every kind (events, commands,
-replies, assignments and their headers), frozen in ``dictionaries/record_v1.zdict`` — zstd keeps about
-35 % of a record for ~3 us to compress and ~1 us to expand (measured on a dev node's
-records), so the log's rows shrink to about a third at a few percent of a core.
+replies, assignments and their headers), frozen in ``dictionaries/record_v1.zdict`` — zstd
+keeps about 35 % of a record for ~3 us to compress and ~1 us to expand (measured on a dev
+node's records), so the log's rows shrink to about a third at a few percent of a core.
 
 A row's ``codec`` column says how it is stored: NULL (rows written before, and the compacted
 topics' rows) as given; ``1`` — zstd with dictionary 1. The dictionary is part of the file
