@@ -38,10 +38,11 @@ locks ``runs`` and ``attempts`` (waiting ``LOCK_WAIT_MS`` at most, else tried on
 pass) and checks the day again under the lock, so a run redriven meanwhile is kept.
 
 **Row by row.** Rows outside a droppable day are deleted one by one: a tenant whose window
-is shorter than the deployment's in every partition (its runs never wait for their day);
-every other tenant in the default partition and in the closed days that stayed. A run of
-the deployment's window (or a longer one) in a day not yet closed waits for its day: at
-most a day after its own window.
+is shorter than the deployment's, or shorter than a day, in every partition (its runs never
+wait for their day); every other tenant in the default partition and in the closed days
+that stayed — in every partition too when the deployment's window is shorter than a day (a
+two-minute window waiting for its day would keep a day of rows). A run of a window of a day
+or more in a day not yet closed waits for its day: at most a day after its own window.
 
 **How.** ``prune`` deletes in batches of at most ``batch`` runs (their attempts and effects
 with them), one transaction per batch, per tenant with its own window and per partition
@@ -95,6 +96,9 @@ __all__ = [
 FINISHED_STATES = ("SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED")
 FINAL_EFFECT_STATES = ("SUCCEEDED", "FAILED", "ABANDONED")
 DEFAULT_PRUNE_BATCH = 1000  # runs per transaction (with their attempts and effects)
+# a window shorter than a day does not wait for its day (that would keep its rows for more
+# than twice the window): its rows go one by one in every partition
+ONE_DAY_S = 86400.0
 STRAGGLER_LIMIT = 10_000  # the most runs a closed day moves to the default partition
 
 
@@ -274,9 +278,11 @@ async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str,
     # tenant in the default partition and in the closed days left
     groups: list[tuple[str, Any, float, str]] = []
     for tenant, seconds in own:
-        for source in (["runs"] if seconds < policy.default else sources):
+        for source in (["runs"] if seconds < policy.default or seconds < ONE_DAY_S
+                       else sources):
             groups.append((_ONE, tenant, seconds, source))
-    groups += [(_OTHERS, [t for t, _ in own], policy.default, source) for source in sources]
+    groups += [(_OTHERS, [t for t, _ in own], policy.default, source)
+               for source in (["runs"] if policy.default < ONE_DAY_S else sources)]
     for where, who, seconds, source in groups:
         sql = delete_sql(where, source)
         cutoff = report.now - timedelta(seconds=seconds)

@@ -410,6 +410,26 @@ async def test_a_day_not_past_the_window_keeps_its_expired_rows_until_it_goes_wh
     assert report.days == [D0] and await _homes(store, "runs") == {}
 
 
+async def test_a_window_shorter_than_a_day_does_not_wait_for_its_day(
+    module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """A two-minute window keeps two minutes of rows, not a day: its expired rows go one by
+    one inside an open day partition, for the deployment's window as for a tenant's."""
+    store = await open_store(module_dsn, stores)
+    await make_days(store.pool, [D0])
+    at = midnight(D0) + 5 * HOUR
+    envs = [schedule(t, "s", midnight(D0)) for t in ("t", "short")]
+    envs += run_history("t", "s", "old", "succeeded", at, at + timedelta(seconds=10))
+    envs += run_history("short", "s", "old2", "succeeded", at, at + timedelta(seconds=10))
+    envs += run_history("t", "s", "young", "succeeded", at + HOUR, at + HOUR)
+    envs.append(tick("t", "s", at + HOUR + timedelta(seconds=60)))
+    await _apply(store, envs)
+    short = RetentionPolicy(default=120.0, tenants={"short": 120.0})
+    report = await prune(store.pool, short, projection=store.projection, topic=TOPIC)
+    assert report.days == [] and report.runs == 2
+    assert await _homes(store, "runs") == {("young",): "runs_p20260301"}
+
+
 # ------------------------------------------------------------------ the property
 
 _runs = st.lists(
