@@ -56,8 +56,9 @@ import orjson
 
 from chronolog.client import Client
 from chronolog.domain import codec
+from chronolog.log.kafka import PRUNED_SEGMENT_MS
 from chronolog.log.port import Topics
-from chronolog.settings import LogConfig, open_log
+from chronolog.settings import LogConfig, interval_from_env, open_log
 
 sys.path.insert(0, str(Path(__file__).parent))
 from e2e import CHRONOLOG, spawn, stop, url_of
@@ -205,7 +206,10 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if args.log == "sqlite":
         cfg = LogConfig("sqlite", str(workdir / "log.db"), topics)
     else:
-        cfg = LogConfig("kafka", os.environ["KAFKA_BOOTSTRAP_SERVERS"], topics)
+        # the topics this process creates roll segments as the processes' would
+        segment = interval_from_env("CHRONOLOG_KAFKA_SEGMENT", PRUNED_SEGMENT_MS / 1000)
+        cfg = LogConfig("kafka", os.environ["KAFKA_BOOTSTRAP_SERVERS"], topics,
+                        segment_ms=int(segment * 1000))
     dsn = await fresh_database(args.database_url)
     lg = open_log(cfg)
     await lg.start()
