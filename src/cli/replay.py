@@ -53,6 +53,10 @@ A replay never empties tables that someone reads or writes:
    A reader sees the old read model or the new one, never a missing or half-built table. A
    replay that fails before the swap drops its fresh schema and leaves the target as it was.
 
+A pruned log (a partition of ``events`` whose ``start_offset`` is above 0, design §20) is
+refused before anything is touched (``refuse_pruned``, exit 1 naming the partitions): a fold
+from offset 0 of what is left would silently lack the pruned history.
+
 A progress bar (rich) is drawn on stderr when it is a terminal. Exit 0 with one summary line
 on stdout; 2 with one line on stderr for bad input (log, DSN, schema, --until, --to-offset,
 a data directory without an embedded PostgreSQL) or an unreachable database; 1 with one line
@@ -106,8 +110,17 @@ from chronolog.projections.retention import RetentionPolicy, ensure_partitions, 
 from chronolog.projections.store import TABLES, PostgresProjectionStore
 from chronolog.projections.workers import WorkerDirectory
 
-__all__ = ["ReplayError", "ReplayStats", "connect_store", "fold_dead_letters", "fold_workers",
-           "rebuild", "register", "replay"]
+__all__ = [
+    "ReplayError",
+    "ReplayStats",
+    "connect_store",
+    "fold_dead_letters",
+    "fold_workers",
+    "rebuild",
+    "refuse_pruned",
+    "register",
+    "replay",
+]
 
 DEFAULT_BATCH = 1000
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -380,6 +393,22 @@ def _check(args: argparse.Namespace) -> datetime | None:
     return _parse_until(args.until) if args.until is not None else None
 
 
+async def refuse_pruned(log: EventLog, stops: dict[int, int]) -> None:
+    """``ReplayError`` naming every partition of ``events`` whose oldest records were pruned
+    below the part the replay would fold (``start_offset > 0`` and below its stop): a fold
+    from offset 0 would silently lack the schedules and runs of the pruned part, so the
+    replay is refused before the database is touched (design §20, "Replay after pruning")."""
+    topic = log.topics.events
+    pruned = []
+    for p, stop in sorted(stops.items()):
+        start = await log.start_offset(topic, p)
+        if start > 0 and stop > 0:
+            pruned.append(f"p{p} starts at offset {start}")
+    if pruned:
+        raise ReplayError(f"the event log was pruned ({', '.join(pruned)}); a replay from "
+                          "offset 0 would lack the history before those offsets")
+
+
 async def _run(args: argparse.Namespace) -> ReplayStats:
     until = _check(args)
     cfg = log_config(args)
@@ -390,6 +419,7 @@ async def _run(args: argparse.Namespace) -> ReplayStats:
         stops = {p: await log.end_offset(topic, p) for p in range(partitions)}
         if args.to_offset is not None:
             stops = {p: min(n, args.to_offset) for p, n in stops.items()}
+        await refuse_pruned(log, stops)
         async with existing_database(args, "this replay") as dsn:
             with _progress_bar(sum(stops.values())) as advance:
                 return await rebuild(log, dsn, schema=args.schema, projection=args.projection,

@@ -665,3 +665,41 @@ async def test_a_projector_started_during_a_replay_waits_for_it_then_projects(
         await asyncio.gather(*tasks, return_exceptions=True)
         await log.close()
         await store.close()
+
+
+def test_a_replay_of_a_pruned_log_is_refused_and_the_read_model_is_untouched(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+    tmp_path: Path,
+) -> None:
+    path, envs = log_file
+    counts = [sum(1 for e in envs if partition_for(e.key.encode(), PARTITIONS) == p)
+              for p in range(PARTITIONS)]
+    part = counts.index(max(counts))
+    assert counts[part] > 3
+    pruned = tmp_path / "pruned.db"
+    shutil.copy(path, pruned)
+    target = _schema(schemas, "pruned")
+    first = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                    "--schema", target)
+    assert first.returncode == 0, first.stderr
+    before = asyncio.run(_dump(database_url, target))
+
+    async def prune_first(n: int) -> int:
+        log = SqliteEventLog(str(pruned), Topics(partitions=PARTITIONS))
+        try:
+            return await log.delete_before(log.topics.events, part, n)
+        finally:
+            await log.close()
+
+    assert asyncio.run(prune_first(3)) == 3
+    proc = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                   "--schema", target)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "error: replay stopped, the read model is untouched: the event log was pruned "
+        f"(p{part} starts at offset 3); a replay from offset 0 would lack the history before "
+        "those offsets")
+    assert asyncio.run(_dump(database_url, target)) == before
+    # a prefix that ends at or below the start has nothing pruned in it to lack
+    assert _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                   "--schema", target, "--to-offset", "0").returncode == 0
