@@ -28,6 +28,7 @@ import asyncpg
 import httpx
 import pytest
 
+from chronolog.archive.store import ArchiveWriter
 from chronolog.cli.replay import connect_store
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -239,6 +240,7 @@ def test_to_offset_and_until_rebuild_a_prefix_of_every_partition(
     (["--schema", "Bad-Name"], "invalid schema 'Bad-Name'"),
     (["--until", "yesterday"], "invalid until 'yesterday'"),
     (["--to-offset", "-1"], "invalid to-offset '-1'"),
+    (["--archive", "/nonexistent-archive"], "invalid archive '/nonexistent-archive'"),
 ])
 def test_bad_input_exits_2_with_one_line(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], args: list[str],
@@ -667,7 +669,7 @@ async def test_a_projector_started_during_a_replay_waits_for_it_then_projects(
         await store.close()
 
 
-def test_a_replay_of_a_pruned_log_is_refused_and_the_read_model_is_untouched(
+def test_a_pruned_log_is_refused_without_an_archive_and_replayed_whole_with_one(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
     tmp_path: Path,
 ) -> None:
@@ -691,6 +693,16 @@ def test_a_replay_of_a_pruned_log_is_refused_and_the_read_model_is_untouched(
         finally:
             await log.close()
 
+    async def archive_first(n: int) -> None:
+        log = SqliteEventLog(str(pruned), Topics(partitions=PARTITIONS))
+        try:
+            records = await log.read(log.topics.events, part, 0, max_records=n)
+        finally:
+            await log.close()
+        ArchiveWriter(archive, topic=records[0].topic).append(part, records)
+
+    archive = tmp_path / "archive"
+    asyncio.run(archive_first(3))
     assert asyncio.run(prune_first(3)) == 3
     proc = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
                    "--schema", target)
@@ -699,6 +711,15 @@ def test_a_replay_of_a_pruned_log_is_refused_and_the_read_model_is_untouched(
         "error: replay stopped, the read model is untouched: the event log was pruned "
         f"(p{part} starts at offset 3); a replay from offset 0 would lack the history before "
         "those offsets")
+    assert asyncio.run(_dump(database_url, target)) == before
+    # with the archive holding what went, the whole history is replayed: the same rows
+    whole = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                    "--schema", target, "--archive", str(archive))
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stderr.strip() == (
+        f"note: partition {part} was pruned below offset 3: its history was read from the "
+        "archive, then the log")
+    assert whole.stdout == first.stdout
     assert asyncio.run(_dump(database_url, target)) == before
     # a prefix that ends at or below the start has nothing pruned in it to lack
     assert _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
