@@ -721,6 +721,6 @@ def test_a_pruned_log_is_refused_without_an_archive_and_replayed_whole_with_one(
         "archive, then the log")
     assert whole.stdout == first.stdout
     assert asyncio.run(_dump(database_url, target)) == before
-    # a prefix that ends at or below the start has nothing pruned in it to lack
+    # --to-offset 0 folds nothing, so nothing pruned is missing from it
     assert _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
                    "--schema", target, "--to-offset", "0").returncode == 0
