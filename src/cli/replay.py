@@ -4,7 +4,7 @@ the live one, and put it in place in one transaction.
     chronolog replay [--log URL | --data-dir DIR] [--partitions N]
                      [--database-url DSN] [--schema NAME] [--projection NAME]
                      [--to-offset N | --until TIME] [--batch N]
-                     [--tenants FILE] [--retention DURATION]
+                     [--tenants FILE] [--retention DURATION] [--archive DIR]
 
 The database is ``--database-url``, else ``$CHRONOLOG_DATABASE_URL``, else the embedded
 PostgreSQL of the data directory (``DIR/postgres`` of ``chronolog dev``; it must exist): a
@@ -53,6 +53,13 @@ A replay never empties tables that someone reads or writes:
    A reader sees the old read model or the new one, never a missing or half-built table. A
    replay that fails before the swap drops its fresh schema and leaves the target as it was.
 
+A pruned log (a partition of ``events`` whose ``start_offset`` is above 0, design §20) is
+refused before anything is touched (``refuse_pruned``, exit 1 naming the partitions): a fold
+from offset 0 of what is left would silently lack the pruned history. With ``--archive DIR``
+(env ``CHRONOLOG_ARCHIVE``) holding a partition's pruned part, the partition is read from
+the archive below its archived end, then from the log (``ArchivedHistory``), and a note on
+stderr names it.
+
 A progress bar (rich) is drawn on stderr when it is a terminal. Exit 0 with one summary line
 on stdout; 2 with one line on stderr for bad input (log, DSN, schema, --until, --to-offset,
 a data directory without an embedded PostgreSQL) or an unreachable database; 1 with one line
@@ -63,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -72,6 +80,8 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from chronolog.archive import ArchiveError
+from chronolog.archive.source import ArchivedHistory
 from chronolog.cli.errors import UsageError
 from chronolog.cli.flags import (
     add_retention_flag,
@@ -88,6 +98,7 @@ from chronolog.domain import messages as m
 from chronolog.domain.barrier import BarrierOrder, record_handovers
 from chronolog.domain.codec import DecodeError
 from chronolog.log.port import EventLog, LogError
+from chronolog.log.reading import Readable
 from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
 from chronolog.projections.migrate import MigrationError
@@ -106,8 +117,17 @@ from chronolog.projections.retention import RetentionPolicy, ensure_partitions, 
 from chronolog.projections.store import TABLES, PostgresProjectionStore
 from chronolog.projections.workers import WorkerDirectory
 
-__all__ = ["ReplayError", "ReplayStats", "connect_store", "fold_dead_letters", "fold_workers",
-           "rebuild", "register", "replay"]
+__all__ = [
+    "ReplayError",
+    "ReplayStats",
+    "connect_store",
+    "fold_dead_letters",
+    "fold_workers",
+    "rebuild",
+    "refuse_pruned",
+    "register",
+    "replay",
+]
 
 DEFAULT_BATCH = 1000
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -166,6 +186,9 @@ def register(subparsers: Any) -> None:
                       help="stop every partition before offset N")
     stop.add_argument("--until", metavar="TIME",
                       help="stop each partition at its first event later than TIME (ISO-8601)")
+    parser.add_argument("--archive", metavar="DIR", default=os.environ.get("CHRONOLOG_ARCHIVE"),
+                        help="read the history below each partition's archived end from this "
+                             "archive, so a pruned log replays whole (env CHRONOLOG_ARCHIVE)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
                         help=f"events per transaction (default {DEFAULT_BATCH})")
     parser.add_argument("--tenants", default=None,
@@ -197,12 +220,15 @@ async def replay(
     progress: Progress | None = None,
     stops: dict[int, int] | None = None,
     retention: RetentionPolicy | None = None,
+    history: ArchivedHistory | None = None,
 ) -> ReplayStats:
     """Project every partition of ``events`` from offset 0 into an empty store.
 
     ``stops`` (partition -> end offset) fixes where each partition ends; by default its end
     offset now, capped by ``to_offset``. ``retention`` (default: the default policy, as the
     live projector's) prunes finished runs past their window after every batch.
+    ``history`` (the archive + the log) serves the reads of ``events`` below each
+    partition's archived end from the archive.
     """
     policy = retention or RetentionPolicy()
     topic = log.topics.events
@@ -214,7 +240,9 @@ async def replay(
         stats.offsets[p] = 0
     await ensure_partitions(store.pool, policy)  # the days the live projector would have
     order = BarrierOrder()
-    async for taken in read_in_order(log, topic, ends, until=until, batch=batch, order=order):
+    source: Readable = log if history is None else history
+    async for taken in read_in_order(source, topic, ends, until=until, batch=batch,
+                                     order=order):
         p = taken.partition
         for rec, env in taken.items:
             if isinstance(env, DecodeError):  # skipped, as the live projector skips it
@@ -304,6 +332,7 @@ async def rebuild(
     stops: dict[int, int] | None = None,
     progress: Progress | None = None,
     retention: RetentionPolicy | None = None,
+    history: ArchivedHistory | None = None,
 ) -> ReplayStats:
     """The whole replay (module docstring): lease, build in a fresh schema, swap in.
 
@@ -328,7 +357,7 @@ async def rebuild(
                     await store.migrate()
                     stats = await replay(log, store, until=until, batch=batch,
                                          progress=progress, stops=stops,
-                                         retention=retention)
+                                         retention=retention, history=history)
                     stats.worker_records = await fold_workers(log, store, stats.skipped)
                     stats.letter_records = await fold_dead_letters(log, store, stats.skipped)
                     for table in COUNTED:
@@ -380,6 +409,31 @@ def _check(args: argparse.Namespace) -> datetime | None:
     return _parse_until(args.until) if args.until is not None else None
 
 
+async def refuse_pruned(log: EventLog, stops: dict[int, int],
+                        history: ArchivedHistory | None = None) -> dict[int, int]:
+    """``ReplayError`` naming every partition of ``events`` whose oldest records were pruned
+    below the part the replay would fold (``start_offset > 0`` and below its stop): a fold
+    from offset 0 would silently lack the schedules and runs of the pruned part, so the
+    replay is refused before the database is touched (design §20, "Replay after pruning").
+    A partition whose pruned part ``history``'s archive holds (archived end >= start) is
+    not refused: it is read from the archive. Returns partition -> start of those."""
+    topic = log.topics.events
+    pruned = []
+    archived: dict[int, int] = {}
+    for p, stop in sorted(stops.items()):
+        start = await log.start_offset(topic, p)
+        if start > 0 and stop > 0:
+            if history is not None and history.archived_end(p) >= start:
+                archived[p] = start
+            else:
+                pruned.append(f"p{p} starts at offset {start}")
+    if pruned:
+        raise ReplayError(f"the event log was pruned ({', '.join(pruned)}); a replay from "
+                          "offset 0 would lack the history before those offsets"
+                          + ("" if history is None else ", which the archive does not hold"))
+    return archived
+
+
 async def _run(args: argparse.Namespace) -> ReplayStats:
     until = _check(args)
     cfg = log_config(args)
@@ -390,11 +444,19 @@ async def _run(args: argparse.Namespace) -> ReplayStats:
         stops = {p: await log.end_offset(topic, p) for p in range(partitions)}
         if args.to_offset is not None:
             stops = {p: min(n, args.to_offset) for p, n in stops.items()}
+        history = None
+        if args.archive is not None:
+            try:
+                history = ArchivedHistory(args.archive, log)
+            except (ArchiveError, OSError) as exc:
+                raise UsageError(f"invalid archive '{args.archive}': {exc}") from None
+        args.from_archive = await refuse_pruned(log, stops, history)
         async with existing_database(args, "this replay") as dsn:
             with _progress_bar(sum(stops.values())) as advance:
                 return await rebuild(log, dsn, schema=args.schema, projection=args.projection,
                                      until=until, batch=args.batch, stops=stops,
-                                     progress=advance, retention=args.retention_policy)
+                                     progress=advance, retention=args.retention_policy,
+                                     history=history)
     finally:
         await log.close()
 
@@ -457,6 +519,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"replay done: {stats.events} events from {stats.partitions} partitions into "
           f"schema {stats.schema} (projection {args.projection}): {tables}; next offsets "
           f"{offsets}")
+    for p, start in sorted(args.from_archive.items()):
+        print(f"note: partition {p} was pruned below offset {start}: its history was read "
+              "from the archive, then the log", file=sys.stderr)
     for skipped in stats.skipped:
         print(f"note: skipped a record that does not decode: {skipped}", file=sys.stderr)
     for p, (old, version) in sorted(stats.held.items()):

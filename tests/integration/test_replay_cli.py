@@ -28,6 +28,7 @@ import asyncpg
 import httpx
 import pytest
 
+from chronolog.archive.store import ArchiveWriter
 from chronolog.cli.replay import connect_store
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -239,6 +240,7 @@ def test_to_offset_and_until_rebuild_a_prefix_of_every_partition(
     (["--schema", "Bad-Name"], "invalid schema 'Bad-Name'"),
     (["--until", "yesterday"], "invalid until 'yesterday'"),
     (["--to-offset", "-1"], "invalid to-offset '-1'"),
+    (["--archive", "/nonexistent-archive"], "invalid archive '/nonexistent-archive'"),
 ])
 def test_bad_input_exits_2_with_one_line(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], args: list[str],
@@ -665,3 +667,60 @@ async def test_a_projector_started_during_a_replay_waits_for_it_then_projects(
         await asyncio.gather(*tasks, return_exceptions=True)
         await log.close()
         await store.close()
+
+
+def test_a_pruned_log_is_refused_without_an_archive_and_replayed_whole_with_one(
+    database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], schemas: list[str],
+    tmp_path: Path,
+) -> None:
+    path, envs = log_file
+    counts = [sum(1 for e in envs if partition_for(e.key.encode(), PARTITIONS) == p)
+              for p in range(PARTITIONS)]
+    part = counts.index(max(counts))
+    assert counts[part] > 3
+    pruned = tmp_path / "pruned.db"
+    shutil.copy(path, pruned)
+    target = _schema(schemas, "pruned")
+    first = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                    "--schema", target)
+    assert first.returncode == 0, first.stderr
+    before = asyncio.run(_dump(database_url, target))
+
+    async def prune_first(n: int) -> int:
+        log = SqliteEventLog(str(pruned), Topics(partitions=PARTITIONS))
+        try:
+            return await log.delete_before(log.topics.events, part, n)
+        finally:
+            await log.close()
+
+    async def archive_first(n: int) -> None:
+        log = SqliteEventLog(str(pruned), Topics(partitions=PARTITIONS))
+        try:
+            records = await log.read(log.topics.events, part, 0, max_records=n)
+        finally:
+            await log.close()
+        ArchiveWriter(archive, topic=records[0].topic).append(part, records)
+
+    archive = tmp_path / "archive"
+    asyncio.run(archive_first(3))
+    assert asyncio.run(prune_first(3)) == 3
+    proc = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                   "--schema", target)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "error: replay stopped, the read model is untouched: the event log was pruned "
+        f"(p{part} starts at offset 3); a replay from offset 0 would lack the history before "
+        "those offsets")
+    assert asyncio.run(_dump(database_url, target)) == before
+    # with the archive holding what went, the whole history is replayed: the same rows
+    whole = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                    "--schema", target, "--archive", str(archive))
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stderr.strip() == (
+        f"note: partition {part} was pruned below offset 3: its history was read from the "
+        "archive, then the log")
+    assert whole.stdout == first.stdout
+    assert asyncio.run(_dump(database_url, target)) == before
+    # --to-offset 0 folds nothing, so nothing pruned is missing from it
+    assert _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,
+                   "--schema", target, "--to-offset", "0").returncode == 0
