@@ -15,8 +15,9 @@ what the role's code does:
   ``<prefix>processor-p<N>``, ``events``, ``state``, ``replies``, ``ready.*`` (assignments)
   and ``commands`` (forwards, ticks); reads ``events``/``state``/``routing`` back when it
   takes a partition over; dead letters to ``dlq``; prunes its partitions of ``events``,
-  ``commands`` and ``replies`` (DELETE), once the audit checkpoint (reads ``audit``), the
-  projectors and the effect runners (DESCRIBE on their groups) are past what goes;
+  ``commands``, ``replies`` and ``ready.*`` (DELETE; READ of the last two, for their
+  records' age), once the audit checkpoint (reads ``audit``), the projectors and the
+  effect runners (DESCRIBE on their groups) are past what goes;
 * projector: reads ``events``, ``workers`` and ``dlq`` (its own offsets live in PostgreSQL;
   it publishes them as the offsets of the group ``<prefix>projector``);
 * api: a client (writes ``commands``, reads ``replies`` in its own group ``<prefix>client-*``)
@@ -138,8 +139,10 @@ def acls_for(role: str, principal: str, topics: Topics, pool: str | None = None
         # pruning (chronolog.processors.pruning): it deletes old records of its partitions
         # of events, commands and replies once the audit's checkpoint (audit), the
         # projectors and the effect runners (their groups' offsets) are past them
-        for name in (topics.events, topics.commands, topics.replies):
+        for name in (topics.events, topics.commands):
             add("TOPIC", name, "LITERAL", "DELETE")
+        topic(topics.replies, "READ", "DELETE")  # its records' age (it writes them anyway)
+        add("TOPIC", f"{p}ready.", "PREFIXED", "READ", "DELETE")
         topic(topics.audit, "READ")
         add("GROUP", topics.projector_group, "LITERAL", "DESCRIBE")
         add("GROUP", topics.effects_group, "LITERAL", "DESCRIBE")
