@@ -16,6 +16,7 @@ from chronolog.cli.flags import (
     archive_from_args,
     retention_from_args,
 )
+from chronolog.devnode.audits import AUDIT_EVERY_S
 from chronolog.devnode.node import run_dev
 
 
@@ -61,7 +62,7 @@ def _run(args: Any) -> int:
         retention = retention_from_args(args, tenants)
         archive = archive_from_args(args)
         prune_every = interval_from_env("CHRONOLOG_PRUNE_EVERY", 30.0)
-        audit_every = interval_from_env("CHRONOLOG_AUDIT_EVERY", 60.0)
+        audit_every = interval_from_env("CHRONOLOG_AUDIT_EVERY", AUDIT_EVERY_S)
         _check_destinations(tenants, partitions, args.database_url
                             or os.environ.get("CHRONOLOG_DATABASE_URL"))
         max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting

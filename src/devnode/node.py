@@ -153,7 +153,7 @@ async def run_node(
     results = FilesystemResultStore(node.data_dir / "results")
     sup = supervisor or Supervisor()
     recent = Recent()
-    from chronolog.devnode.audits import AUDIT_EVERY_S, NodeAudits
+    from chronolog.devnode.audits import NodeAudits
     from chronolog.processors.config import ProcessorConfig
     from chronolog.projections.retention import RetentionPolicy
     from chronolog.tenants import DEFAULT_RETENTION_S
@@ -167,8 +167,9 @@ async def run_node(
     # (chronolog.devnode.audits), and keeps the longest window of any tenant
     config = ProcessorConfig(retention_s=policy.longest(), archive=archive,
                              prune_every_s=prune_every)
-    audits = NodeAudits(node.data_dir, AUDIT_EVERY_S if audit_every is None else audit_every,
-                        archive)
+    # (``chronolog dev``: its embedded log; a node built on another log is audited by its
+    # own timer — ``audit_every`` None: no audits here)
+    audits = None if audit_every is None else NodeAudits(node.data_dir, audit_every, archive)
     client = Client(lg, principal="api", client_id=f"dev-api-{os.getpid()}")
     node.parts.update(projector=projector, client=client, store=store, log=lg, recent=recent,
                       supervisor=sup)
@@ -223,8 +224,9 @@ async def run_node(
             sup.add("worker", worker, lambda w: w.run(), lambda w: w.stop())
         sup.add("effects", effects, lambda e: e.run(), lambda e: e.stop())
         sup.add("api", api, lambda s: s.serve(), exit_server)
-        sup.add("audits", lambda: audits, lambda a: a.run(), lambda a: a.stop())
-        node.parts["audits"] = audits
+        if audits is not None:
+            sup.add("audits", lambda: audits, lambda a: a.run(), lambda a: a.stop())
+            node.parts["audits"] = audits
         await _wait_serving(sup, stop)
         if on_started is not None:
             await on_started(node)

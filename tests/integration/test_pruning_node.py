@@ -76,9 +76,15 @@ async def test_a_dev_node_prunes_behind_its_audits_archives_and_loses_nothing(
             env=env, cwd=tmp_path)
     lg: Any = None
     try:
-        wait_until_sync(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz",
-                                          timeout=2).status_code == 200,
-                        90, what="chronolog dev serving", errors=(httpx.HTTPError, OSError))
+        def serving() -> bool:
+            assert proc.poll() is None, f"chronolog dev exited: {err.read_text()[-3000:]}"
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+
+        try:
+            wait_until_sync(serving, 120, what="chronolog dev serving",
+                            errors=(httpx.HTTPError, OSError))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{err.read_text()[-3000:]}") from None
         for sid, extra in (("tick", []), ("all", ["--misfire", "all"])):
             done = _cli(ddir, "schedule", "create", sid, "--every", "1s", "--job", "noop",
                         *extra)
