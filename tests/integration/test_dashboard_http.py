@@ -293,8 +293,14 @@ async def test_a_refused_form_names_the_field_and_a_reconciliation_needs_a_reaso
             "csrf": token, "scheduleId": s, "kind": "every", "rule": "1h",
             "jobType": "report", "params": '{"n": 1}', "idempotency": "create-1"})
         assert r.status_code == 303 and r.headers["location"] == f"/ui/schedules/{s}"
-        got = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
-        assert got.json()["definition"]["job"] == {"type": "report", "params": {"n": 1}}
+        # the write waited for the read model at most its visible timeout (2 s): a loaded
+        # machine may need longer before the schedule is shown
+        async def shown_by_api() -> dict[str, Any] | None:
+            got = await stack.http.get(f"/v1/schedules/{s}", headers=ACME)
+            return got.json() if got.status_code == 200 else None
+
+        body = await wait_until(shown_by_api, 30, what="the created schedule in the read model")
+        assert body["definition"]["job"] == {"type": "report", "params": {"n": 1}}
 
         run = (await stack.http.post(f"/v1/schedules/{s}/runs", headers={
             **ACME, "Idempotency-Key": "k2"})).json()["runId"]
