@@ -134,6 +134,7 @@ from chronolog.log.port import (
     Record,
     ThenCallback,
     Topics,
+    refuse_deletion,
 )
 
 __all__ = ["KafkaEventLog", "KafkaGroupConsumer", "KafkaPartitionOwner"]
@@ -1016,12 +1017,8 @@ class KafkaEventLog:
 
     async def delete_before(self, topic: str, partition: int, offset: int) -> int:
         _, admin = self._require()
-        if topic in self.topics.compacted:
-            raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
-        end = await self.end_offset(topic, partition)
-        if offset > end:
-            raise LogError(f"cannot delete {topic}[{partition}] below {offset}: "
-                           f"its end is {end}")
+        refuse_deletion(topic, partition, offset, await self.end_offset(topic, partition),
+                        topic in self.topics.compacted)
         tp = TopicPartition(topic, partition)
         try:
             low = await _bounded(admin.delete_records({tp: RecordsToDelete(offset)}),

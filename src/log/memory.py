@@ -57,6 +57,7 @@ from chronolog.log.port import (
     Record,
     ThenCallback,
     Topics,
+    refuse_deletion,
 )
 
 __all__ = ["MemoryEventLog", "MemoryGroupConsumer", "MemoryPartitionOwner", "MemoryStore"]
@@ -480,11 +481,8 @@ class MemoryEventLog:
 
     async def delete_before(self, topic: str, partition: int, offset: int) -> int:
         part = self.store.partition(topic, partition)
-        if topic in self.store.compacted:
-            raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
-        if offset > part.next_offset:
-            raise LogError(f"cannot delete {topic}[{partition}] below {offset}: "
-                           f"its end is {part.next_offset}")
+        refuse_deletion(topic, partition, offset, part.next_offset,
+                        topic in self.store.compacted)
         part.delete_before(offset)
         return part.start()
 

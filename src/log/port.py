@@ -195,6 +195,16 @@ class Topics:
         return (self.state, self.audit)
 
 
+def refuse_deletion(topic: str, partition: int, offset: int, end: int,
+                    compacted: bool) -> None:
+    """What every adapter's ``delete_before`` refuses (``LogError``): a compacted topic, an
+    offset past the partition's end."""
+    if compacted:
+        raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
+    if offset > end:
+        raise LogError(f"cannot delete {topic}[{partition}] below {offset}: its end is {end}")
+
+
 # (topic, partition) -> the NEXT offset to consume (Kafka convention: last consumed + 1)
 Offsets = Mapping[tuple[str, int], int]
 

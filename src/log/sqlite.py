@@ -121,6 +121,7 @@ from chronolog.log.port import (
     Record,
     ThenCallback,
     Topics,
+    refuse_deletion,
 )
 from chronolog.log.record_codec import CODEC_ZSTD_DICT_1, pack, unpack
 
@@ -1422,12 +1423,8 @@ class SqliteEventLog:
 
     async def delete_before(self, topic: str, partition: int, offset: int) -> int:
         await self.partitions_for(topic)
-        if topic in self._partitions.compacted:
-            raise LogError(f"{topic!r} is compacted: its records are not deleted by offset")
-        end = await self.end_offset(topic, partition)
-        if offset > end:
-            raise LogError(f"cannot delete {topic}[{partition}] below {offset}: "
-                           f"its end is {end}")
+        refuse_deletion(topic, partition, offset, await self.end_offset(topic, partition),
+                        topic in self._partitions.compacted)
         while not await self._w.run(_delete_batch, topic, partition, offset):
             pass
         return await self.start_offset(topic, partition)
