@@ -260,15 +260,24 @@ async def stop_client(client: Any, bound_s: float) -> None:
     aiokafka's ``stop`` awaits the tasks it cancels itself (a consumer's fetch task): their
     CancelledError can come out of it — seen when an effect runner closed its group consumer
     after an offset commit timed out with two brokers of three away, which ended the
-    process. Only a cancellation of the calling task itself goes on."""
+    process. Only a cancellation of the calling task itself goes on. A stop still running
+    after the bound is cancelled and not waited for (``asyncio.wait_for`` would wait for it
+    to finish cancelling, unbounded when it does not): the client is abandoned, which is
+    safe for the same reasons as a process's stop (``chronolog.lifecycle``)."""
+    stopping = asyncio.ensure_future(client.stop())
     try:
-        await asyncio.wait_for(client.stop(), bound_s)
+        done, _ = await asyncio.wait({stopping}, timeout=bound_s)
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    except Exception:  # noqa: BLE001 - stopping is best effort
-        pass
+        stopping.cancel()
+        raise
+    if not done:
+        stopping.cancel()
+        _retrieve_exceptions([stopping])
+        log.warning("kafka: stopping a %s took over %.0f s; abandoned", type(client).__name__,
+                    bound_s)
+        return
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # best effort
+        stopping.result()
 
 
 # Between polls for a committed transaction to become visible to committed readers.

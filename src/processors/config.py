@@ -125,6 +125,10 @@ class ProcessorConfig:
     # this long (the fencer's view of the group changed meanwhile and it let the partition
     # go), is acquired again instead of staying without an owner
     fenced_retry_s: float = 5.0
+    # at stop: the longest wait for the transactions in flight and the take-overs being
+    # restored; what is still running then is abandoned (its transaction is aborted by the
+    # partition's next owner, which fences this producer; chronolog.lifecycle)
+    shutdown_s: float = 30.0
     # snapshots of the owned partitions' states on the ``state`` topic (docs/design.md §14,
     # chronolog.processors.snapshots): a takeover reads them plus the tail of ``events``
     # instead of folding ``events`` from offset 0. Off: fold from 0 and write none.

@@ -56,9 +56,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -197,16 +198,18 @@ class Processor:
             finally:
                 if pruning is not None:
                     pruning.cancel()
-                    with contextlib.suppress(BaseException):
-                        await pruning
+                    await _within(asyncio.wait({pruning}), self.config.shutdown_s, "pruning")
         finally:
-            try:
-                await self._settle(rebuild=False)  # the open transactions finish first
+            try:  # the open transactions finish first, within the shutdown bound
+                await _within(self._settle(rebuild=False), self.config.shutdown_s,
+                              "transactions in flight")
             finally:
-                for task in set(self._restoring.values()):
+                restoring = set(self._restoring.values())
+                for task in restoring:
                     task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+                if restoring:
+                    await _within(asyncio.wait(restoring), self.config.shutdown_s,
+                                  "take-overs being restored")
                 for _, outcome in self._restored:
                     if isinstance(outcome, tuple):
                         self._discard_owner(outcome[0])
@@ -672,3 +675,23 @@ class _Work:
     batch: list[Record]
     out: Output
     consumed: dict[tuple[str, int], int]
+
+
+async def _within(work: Coroutine[Any, Any, Any], seconds: float, what: str) -> None:
+    """Await ``work`` at most ``seconds`` (the processor's stop); past the bound it is
+    cancelled and not waited for, logged with where it stood. Its failure is logged too: a
+    stop goes on whatever its parts do."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        where = io.StringIO()
+        task.print_stack(limit=12, file=where)
+        task.cancel()
+        log.warning("stop_abandoned", what=what, after_s=seconds, stack=where.getvalue()[-3000:])
+        return
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("stop_failed", what=what, error=repr(task.exception())[:500])

@@ -22,7 +22,7 @@ from chronolog.processors.runtime import Processor
 from chronolog.projections.projector import Projector
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import Tenant, Tenants
-from support.polling import wait_until
+from support.polling import finish_each, wait_until
 
 from .pgdb import schema_store
 
@@ -81,14 +81,20 @@ class ApiStack:
         await asyncio.wait_for(self._proj_task, 30)
         self._proj_task = None
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self.http is not None:
-            await self.http.aclose()
-        if self._proj_task is not None:
-            await self.pause_projector()
-        await self.client.close()
+    async def _stop_processor(self) -> None:
+        assert self._proc_task is not None
         self.proc.stop()
+        await self._proc_task
+
+    async def __aexit__(self, *exc: object) -> None:
+        steps: list[tuple[str, Any]] = []
+        if self.http is not None:
+            steps.append(("closing the HTTP client", self.http.aclose))
+        if self._proj_task is not None:
+            steps.append(("stopping the projector", self.pause_projector))
+        steps.append(("closing the command client", self.client.close))
         if self._proc_task is not None:
-            await asyncio.wait_for(self._proc_task, 30)
+            steps.append(("stopping the processor", self._stop_processor))
         if self.store is not None:
-            await self.store.close()
+            steps.append(("closing the read model's pool", self.store.close))
+        await finish_each(steps, 60)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["SPAWN_POLL", "finish", "wait_until", "wait_until_sync"]
+__all__ = ["SPAWN_POLL", "finish", "finish_each", "wait_until", "wait_until_sync"]
 
 # the interval of a poll whose every check starts a process (a `chronolog` command): each
 # check costs a Python start-up, and on a loaded machine a faster poll mostly takes CPU from
@@ -74,14 +74,34 @@ async def finish(tasks: list[asyncio.Task[Any]], timeout: float, what: str) -> l
     ``timeout`` seconds with the stack of each task still running, then cancel them."""
     _, pending = await asyncio.wait(tasks, timeout=timeout)
     if pending:
-        stacks = []
+        stacks = [f"{task.get_name()}: {_awaiting(task.get_coro())}" for task in pending]
+        others = [t for t in asyncio.all_tasks() if t not in pending
+                  and t is not asyncio.current_task() and not t.done()]
+        stacks += ["the loop's other tasks:"] + [
+            f"  {t.get_name()}: {_awaiting(t.get_coro())}" for t in others[:40]]
         for task in pending:
-            stacks.append(f"{task.get_name()}: {_awaiting(task.get_coro())}")
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        # a task that ignores its cancellation is not waited for beyond a few seconds
+        await asyncio.wait(pending, timeout=5)
         raise AssertionError(f"{what}: not done after {timeout} s; still running:\n"
                              + "\n".join(stacks))
     return [task.result() for task in tasks]
+
+
+async def finish_each(steps: list[tuple[str, Callable[[], Awaitable[Any]]]],
+                      timeout: float) -> None:
+    """A teardown: each ``(what, step)`` in turn, each bounded by ``finish`` (a step that
+    hangs fails the test with every task's stack instead of holding it until the suite's
+    timeout); every step runs even when one before it failed, and the first failure is
+    raised at the end."""
+    failure: BaseException | None = None
+    for what, step in steps:
+        try:
+            await finish([asyncio.ensure_future(step())], timeout, what)
+        except Exception as exc:  # noqa: BLE001 - the next steps run; raised below
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def _awaiting(coro: Any) -> str:
