@@ -26,7 +26,9 @@ import structlog
 
 log = structlog.get_logger("chronolog.devnode.supervisor")
 
-__all__ = ["Notice", "Supervisor"]
+__all__ = ["CANCEL_WAIT_S", "Notice", "Supervisor"]
+
+CANCEL_WAIT_S = 5.0  # stop(): the longest wait for a part after its cancellation
 
 
 @dataclass(frozen=True)
@@ -116,21 +118,41 @@ class Supervisor:
                    for p in self.parts.values())
 
     async def stop(self, order: list[tuple[str, float]]) -> None:
-        """Stop the named parts in order, each waited at most its timeout (then cancelled)."""
-        for name, timeout in order:
-            part = self.parts.get(name)
-            if part is None or part.task is None:
-                continue
-            part.stopping.set()
-            try:
-                result = part.stop(part.current)
-                if asyncio.iscoroutine(result):
-                    await result
-            except Exception as exc:  # noqa: BLE001 - stopping goes on
-                log.warning("part_stop_failed", part=name, error=repr(exc))
-            try:
-                await asyncio.wait_for(asyncio.shield(part.task), timeout)
-            except (TimeoutError, Exception):  # noqa: BLE001 - force it
-                part.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await part.task
+        """Stop the named parts in order, each waited at most its timeout (then cancelled),
+        then any part not named (``CANCEL_WAIT_S`` each). A part that ignores its
+        cancellation is left after ``CANCEL_WAIT_S`` (logged ``part_abandoned``): the stop
+        is bounded whatever a part does. Cancelled itself, the stop cancels every part still
+        running before it ends, so none outlives the node (a projector holding a database
+        connection would hold its pool's close)."""
+        named = [name for name, _ in order]
+        rest = [(name, CANCEL_WAIT_S) for name in self.parts if name not in named]
+        try:
+            for name, timeout in [*order, *rest]:
+                await self._stop_part(name, timeout)
+        except asyncio.CancelledError:
+            for part in self.parts.values():
+                part.stopping.set()
+                if part.task is not None:
+                    part.task.cancel()
+            raise
+
+    async def _stop_part(self, name: str, timeout: float) -> None:
+        part = self.parts.get(name)
+        if part is None or part.task is None or part.task.done():
+            return
+        part.stopping.set()
+        try:
+            result = part.stop(part.current)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception as exc:  # noqa: BLE001 - stopping goes on
+            log.warning("part_stop_failed", part=name, error=repr(exc))
+        done, _ = await asyncio.wait({part.task}, timeout=timeout)
+        if done:
+            if not part.task.cancelled():
+                part.task.exception()  # retrieved: a keeper logs its parts' failures itself
+            return
+        part.task.cancel()  # forced
+        done, _ = await asyncio.wait({part.task}, timeout=CANCEL_WAIT_S)
+        if not done:
+            log.error("part_abandoned", part=name, after_s=timeout + CANCEL_WAIT_S)

@@ -43,6 +43,7 @@ jsonb value, keys included; the log keeps the original. Any other value the data
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -53,8 +54,13 @@ from typing import Any
 
 import asyncpg
 import orjson
+import structlog
 
 from chronolog.projections.migrate import migrate as _migrate
+
+log = structlog.get_logger("chronolog.projections.store")
+
+CLOSE_TIMEOUT_S = 30.0  # close(): the longest wait for the pool's connections
 
 __all__ = [
     "LATENESS_BUCKETS",
@@ -479,8 +485,15 @@ class PostgresProjectionStore:
         assert pool is not None
         return cls(pool, projection)
 
-    async def close(self) -> None:
-        await self.pool.close()
+    async def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the pool: wait up to ``timeout`` for its connections to be released (a
+        connection still held then — a stuck query, a task that was never stopped — would
+        hold ``close`` for ever), then terminate what is left."""
+        try:
+            await asyncio.wait_for(self.pool.close(), timeout)
+        except TimeoutError:
+            log.warning("read_model_pool_terminated", after_s=timeout)
+            self.pool.terminate()
 
     async def __aenter__(self) -> PostgresProjectionStore:
         return self
