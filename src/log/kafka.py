@@ -1397,8 +1397,7 @@ class KafkaPartitionOwner:
         producer, self._producer = self._producer, None
         self._log._owners.discard(self)
         if producer is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(producer.stop(), 10)
+            await stop_client(producer, 10)
             _retrieve_exceptions(_internal_futures(producer))
 
     async def _await_visible(

@@ -70,6 +70,13 @@ async def create(stack: ApiStack, headers: dict[str, str], schedule_id: str,
     body = {"scheduleId": schedule_id, "cron": "0 0 1 1 *", "job": {"type": "report"}, **spec}
     r = await stack.http.post("/v1/schedules", json=body, headers=headers)
     assert r.status_code == 201, r.text
+    http = stack.http
+
+    async def shown() -> bool:  # the pages read the read model: wait until it has it
+        return (await http.get(f"/v1/schedules/{schedule_id}", headers=headers)
+                ).status_code == 200
+
+    await wait_until(shown, 60, what=f"schedule {schedule_id} in the read model")
 
 
 async def state_of(stack: ApiStack, headers: dict[str, str], schedule_id: str) -> str:

@@ -85,11 +85,12 @@ async def test_restart_resumes_from_the_stored_offsets(
         two.on_commit.append(lambda c: first_commits.append(c) if not first_commits else None)
         task = asyncio.create_task(two.run())
         await wait_until(lambda: first_commits, 30, what="second projector's first commit")
-    # the processor has stopped: the log no longer grows
-    rebuilt, rb = await _rebuild(event_log, module_dsn, stores)
-    await wait_until(lambda: two.watermark() == rb.watermark(), 30, what="live caught up")
-    two.stop()
-    await asyncio.wait_for(task, 30)
+    try:  # the processor has stopped: the log no longer grows
+        rebuilt, rb = await _rebuild(event_log, module_dsn, stores)
+        await wait_until(lambda: two.watermark() == rb.watermark(), 30, what="live caught up")
+    finally:
+        two.stop()
+        await asyncio.wait_for(task, 30)
 
     # the second projector began exactly where the stored offsets said
     for p, (expected, _new) in first_commits[0].offsets.items():

@@ -34,22 +34,25 @@ def short_chaos(tmp_path: Path, *args: str) -> tuple[list[dict], str, int]:
     return rows, done.stdout + done.stderr[-4000:], done.returncode
 
 
-def assert_clean(rows: list[dict]) -> None:
+def assert_clean(rows: list[dict], summary: str) -> None:
+    """Every row clean; a failure shows the whole row (its replay's and audit's detail) and
+    the end of the run's output."""
     for row in rows:
-        assert row["runs"] > 0, row
-        assert (row["lost"], row["doubled"]) == (0, 0), row
-        assert (row["audit"], row["replay"], row["crashes"]) == ("pass", "equal", 0), row
-        assert row["recover_s"] is not None and not row["error"], row
+        said = f"{json.dumps(row, default=str)[:4000]}\n{summary[-3000:]}"
+        assert row["runs"] > 0, said
+        assert (row["lost"], row["doubled"]) == (0, 0), said
+        assert (row["audit"], row["replay"], row["crashes"]) == ("pass", "equal", 0), said
+        assert row["recover_s"] is not None and not row["error"], said
         acknowledged = row["details"]["acknowledged"]
-        assert acknowledged["acknowledged"] > 0, row  # commands were accepted meanwhile
-        assert (acknowledged["lost"], acknowledged["doubled"]) == (0, 0), row
+        assert acknowledged["acknowledged"] > 0, said  # commands were accepted meanwhile
+        assert (acknowledged["lost"], acknowledged["doubled"]) == (0, 0), said
 
 
 def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     rows, summary, code = short_chaos(tmp_path, "--log", "sqlite")
     assert [r["scenario"] for r in rows] == ["postgres-restart", "kill-processes",
                                              "disk-full"], summary
-    assert_clean(rows)
+    assert_clean(rows, summary)
     assert code == 0, summary
 
 
@@ -63,7 +66,7 @@ def test_the_short_chaos_run_on_a_three_broker_cluster_is_clean_in_every_row(
     rows, summary, code = short_chaos(tmp_path, "--brokers", "3")
     assert [r["scenario"] for r in rows] == ["leader-kill", "coordinator-kill",
                                              "broker-stop-long", "two-brokers-down"], summary
-    assert_clean(rows)
+    assert_clean(rows, summary)
     [two_down] = [r for r in rows if r["scenario"] == "two-brokers-down"]
     [said] = two_down["details"]["healthz_during_fault"]
     assert said.startswith("log unreachable: not enough in-sync replicas: 1 of 3 brokers"), said
