@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from chronolog.projections.projector import Projector
 from chronolog.projections.retention import RetentionPolicy, prune
 from chronolog.projections.window import STAND_INS
 from chronolog.settings import LogConfig
+from support.docs import sh_commands
 from support.polling import wait_until
 
 from .conftest import CHRONOLOG, ROOT, log_url
@@ -47,12 +47,8 @@ def module_dsn(database_url: str) -> Iterator[str]:
 
 def _docs_commands() -> list[list[str]]:
     """The replay commands docs/deployment.md shows for a pruned log."""
-    text = (ROOT / "docs" / "deployment.md").read_text()
-    section = text[text.index("`chronolog replay` of a pruned log"):]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None
-    return [line.split("#")[0].split() for line in block.group(1).splitlines()
-            if line.startswith("chronolog replay")]
+    return sh_commands(ROOT / "docs" / "deployment.md", "`chronolog replay` of a pruned log",
+                       "chronolog replay")
 
 
 def _replay(cmd: list[str], cfg: LogConfig, dsn: str, schema: str, retention: float,
