@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 from chronolog.archive.source import ArchivedHistory
-from chronolog.cli.replay import rebuild, refuse_pruned
+from chronolog.cli.replay import ReplayError, rebuild, refuse_pruned
 from chronolog.processors.pruning import Pruner
 from chronolog.projections.projector import Projector
 from chronolog.projections.retention import RetentionPolicy, prune
@@ -162,6 +162,10 @@ async def test_a_replay_of_the_window_equals_the_live_read_model_for_the_window(
     # without the archive: each pruned partition from its snapshot and the retained events
     plan = await refuse_pruned(event_log, ends)
     assert set(plan.windows) == set(range(t.partitions)) and not plan.archived
+    # a state cannot be undone: a replay stopping before a snapshot is refused
+    for stop in ({p: s + 1 for p, s in starts.items()}, ends):
+        with pytest.raises(ReplayError, match="cannot stop before that"):
+            await refuse_pruned(event_log, stop, until=None if stop is not ends else cut)
     schema = f"w_{(await _schema_of(live))[2:]}"
     stats = await rebuild(event_log, module_dsn, schema=schema, retention=policy, stops=ends,
                           windows=plan.windows)
