@@ -598,7 +598,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     tables = ", ".join(f"{t} {n}" for t, n in stats.counts.items())
     offsets = " ".join(f"p{p}={o}" for p, o in sorted(stats.offsets.items()))
-    print(f"replay done: {stats.events} events from {stats.partitions} partitions into "
+    print(f"replay done: {stats.events + stats.window_events} events from "
+          f"{stats.partitions} partitions into "
           f"schema {stats.schema} (projection {args.projection}): {tables}; next offsets "
           f"{offsets}")
     for p, start in sorted(args.pruned.archived.items()):

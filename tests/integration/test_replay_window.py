@@ -22,6 +22,7 @@ import pytest
 
 from chronolog.archive.source import ArchivedHistory
 from chronolog.cli.replay import ReplayError, rebuild, refuse_pruned
+from chronolog.log.reading import read_partition
 from chronolog.processors.pruning import Pruner
 from chronolog.projections.projector import Projector
 from chronolog.projections.retention import RetentionPolicy, prune
@@ -190,6 +191,12 @@ async def test_a_replay_of_the_window_equals_the_live_read_model_for_the_window(
     cli = f"c_{(await _schema_of(live))[2:]}"
     proc = _replay(window_cmd, log_config, module_dsn, cli, policy.default, archive)
     assert proc.returncode == 0, proc.stderr
+    # every retained event folded once: before its state, or after it
+    retained = 0
+    for p in range(t.partitions):
+        async for recs in read_partition(event_log, t.events, p, starts[p]):
+            retained += len(recs)
+    assert proc.stdout.startswith(f"replay done: {retained} events from {t.partitions} ")
     assert [n.split(": replayed from its snapshot (")[0] for n in proc.stderr.splitlines()] == [
         f"note: partition {p} was pruned below offset {starts[p]}" for p in sorted(starts)]
     assert await _rows(module_dsn, cli) == got
