@@ -21,6 +21,7 @@ from chronolog.domain import messages as m
 from chronolog.projections.project import project_batch
 from chronolog.projections.store import First, RowChanges
 from chronolog.projections.window import STAND_INS, effect_rows, state_rows
+from support.decider import SCHEDULE, T0, Story, complete, sec
 from unit.decider.test_invariants import TENANT, DeciderMachine
 
 BEFORE = datetime(2000, 1, 1, tzinfo=UTC)  # the stand-in: before every event of the machine
@@ -72,3 +73,18 @@ WindowRowsMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestStateRowsAreTheProjectionsRows = WindowRowsMachine.TestCase
+
+
+def test_the_effects_of_a_states_runs_are_the_projections_in_every_column_it_carries() -> None:
+    story = Story().create(T0, effects=[{"kind": "webhook", "destination": "d-webhook"}])
+    [occ] = story.materialize(T0)
+    claimed = story.claim(occ.run_id, T0 + sec(1))
+    story.given(complete(claimed), T0 + sec(2))
+    envelopes = [m.EventEnvelope(event_id=f"e{i}", type=e.type, key=f"{TENANT}/{SCHEDULE}",
+                                 tenant=TENANT, schedule_id=SCHEDULE, at=T0 + sec(2),
+                                 payload=e) for i, e in enumerate(story.history)]
+    made = effect_rows([story.state], BEFORE)
+    assert len(made.effects) == 1
+    _agree(made, project_batch(envelopes), "effects")
+    [row] = made.effects.values()
+    assert (row["kind"], row["state"], row["created_at"]) == ("webhook", "INTENDED", First(BEFORE))
