@@ -7,18 +7,24 @@ events: pruning never goes past the event the snapshot's marker checks. The snap
 as a takeover reads it (``load_window``: partition p of ``state`` whole, decoded by
 ``decode_snapshot_async``, the event the marker names checked in the log): each schedule
 state as of its record's ``through`` T, the marker's ``fold_from`` F. The partition's rows
-are then built in three steps, each through the projection's own code (``project_batch``
-and ``PostgresProjectionStore.apply``, as the live projector writes):
+are then built in four steps, each written through the projection's own code
+(``project_batch`` and ``PostgresProjectionStore.apply``, as the live projector writes):
 
-1. ``fold_before``: the retained events of each key *before* its state, offsets in
-   ``[s, T)``: the rows of the runs the log still holds whole (those that finished since
-   the window began, which the state no longer keeps) and the event-given columns of the
-   others (a partial change of a row not made yet finds none and is counted missing);
-2. ``seed``: the states' rows (``chronolog.projections.window.state_rows``) over them —
-   what a state knows overwrites, its stand-ins fill only what no event gave — and the
-   partition's stored offset moved to F;
-3. the replay's usual fold from F on (``chronolog.cli.replay.replay``), each key's events
-   from its T on, as a takeover folds its tail.
+1. ``seed``: the states' ``schedules`` and ``runs`` rows
+   (``chronolog.projections.window.state_rows``; the times a state does not carry as
+   first-writer-wins stand-ins), and the partition's stored offset moved to just after the
+   event the marker names (``Window.resume``; only transaction markers lie between it
+   and F);
+2. ``fold_before``: the retained events of each key *before* its state, offsets in
+   ``[s, T)``, over those rows: the rows of the runs the log holds whole (those that
+   started and finished within the window, which the state no longer keeps), and the
+   columns only events give. A column an event writes ends with the last value written
+   before T, which is the state's where it carries the column, so the order is safe; a
+   stand-in gives way to any event's value;
+3. ``seed_effects``: the effects of the states' runs, after the retained intents gave
+   their creation times;
+4. the replay's usual fold from ``Window.resume`` on (``chronolog.cli.replay.replay``),
+   each key's events from its T on, as a takeover folds its tail.
 
 A key without a record (none changed before F) has T = F. Retention then runs as after any
 replay, and ``drop_unknown_finishes`` removes the finished runs whose finish was pruned.
@@ -125,7 +131,7 @@ async def _first_time(log: EventLog, partition: int, start: int, end: int) -> da
 
 async def fold_before(log: EventLog, store: PostgresProjectionStore, windows: Mapping[int, Window],
                       stops: Mapping[int, int], batch: int) -> tuple[int, int]:
-    """Step 1 (module docstring): each window's retained events of every key before its
+    """Step 2 (module docstring): each window's retained events of every key before its
     state, projected without moving the stored offsets; (events projected, changes that
     found no row)."""
     events = missing = 0
@@ -158,6 +164,6 @@ async def seed(store: PostgresProjectionStore, topic: str,
 
 
 async def seed_effects(store: PostgresProjectionStore, windows: Mapping[int, Window]) -> None:
-    """Step 3 (module docstring): the effects of the states' runs."""
+    """Step 3 (module docstring): the effects of the states' runs (no offset moves)."""
     for _, w in sorted(windows.items()):
         await store.apply(effect_rows(w.loaded.states.values(), w.before), {})
