@@ -53,12 +53,16 @@ A replay never empties tables that someone reads or writes:
    A reader sees the old read model or the new one, never a missing or half-built table. A
    replay that fails before the swap drops its fresh schema and leaves the target as it was.
 
-A pruned log (a partition of ``events`` whose ``start_offset`` is above 0, design §20) is
-refused before anything is touched (``refuse_pruned``, exit 1 naming the partitions): a fold
-from offset 0 of what is left would silently lack the pruned history. With ``--archive DIR``
-(env ``CHRONOLOG_ARCHIVE``) holding a partition's pruned part, the partition is read from
-the archive below its archived end, then from the log (``ArchivedHistory``), and a note on
-stderr names it.
+A pruned partition (``start_offset`` above 0, design §20) is never folded from what is
+left as if it were whole: that would silently lack the pruned history. Before anything is
+touched ``refuse_pruned`` decides how each is read, and a note on stderr names the way:
+
+* with ``--archive DIR`` (env ``CHRONOLOG_ARCHIVE``) holding its pruned part: the whole
+  history, from the archive below its archived end, then from the log (``ArchivedHistory``);
+* else the *window* (``chronolog.cli.replay_window``, design §9 "Replay of the window"): its
+  latest snapshot's states as rows, the retained events, then the tail after the snapshot;
+* with neither a usable snapshot nor such an archive, or a stop (``--to-offset``,
+  ``--until``) before its snapshot: refused, exit 1 naming the partitions.
 
 A progress bar (rich) is drawn on stderr when it is a terminal. Exit 0 with one summary line
 on stdout; 2 with one line on stderr for bad input (log, DSN, schema, --until, --to-offset,
@@ -73,7 +77,7 @@ import asyncio
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -94,10 +98,18 @@ from chronolog.cli.log_reader import (
     log_config,
     open_existing_log,
 )
+from chronolog.cli.replay_window import (
+    Window,
+    WindowUnavailable,
+    fold_before,
+    load_window,
+    seed,
+    seed_effects,
+)
 from chronolog.domain import messages as m
-from chronolog.domain.barrier import BarrierOrder, record_handovers
+from chronolog.domain.barrier import Barrier, BarrierOrder, record_handovers
 from chronolog.domain.codec import DecodeError
-from chronolog.log.port import EventLog, LogError
+from chronolog.log.port import EventLog, LogError, Record
 from chronolog.log.reading import Readable
 from chronolog.projections.dead_letters import DeadLetterFold
 from chronolog.projections.lease import LeaseHeld, ProjectionLease, current_schema
@@ -115,9 +127,11 @@ from chronolog.projections.rebuild import (
 )
 from chronolog.projections.retention import RetentionPolicy, ensure_partitions, prune
 from chronolog.projections.store import TABLES, PostgresProjectionStore
+from chronolog.projections.window import drop_unknown_finishes
 from chronolog.projections.workers import WorkerDirectory
 
 __all__ = [
+    "Pruned",
     "ReplayError",
     "ReplayStats",
     "connect_store",
@@ -160,6 +174,12 @@ class ReplayStats:
     # partition -> (old home, routing version): held before a KeyMovedIn whose old home's
     # HandedOver the log does not have (the live projector holds it there too)
     held: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # a replay of the window: events folded before the snapshot's states (step 1 of
+    # chronolog.cli.replay_window), and (partition, offset, old home, version) of each
+    # KeyMovedIn read past without its handover
+    window_events: int = 0
+    window_missing: int = 0  # ... of which changes to rows of the pruned history (none made)
+    read_past: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 def register(subparsers: Any) -> None:
@@ -188,7 +208,8 @@ def register(subparsers: Any) -> None:
                       help="stop each partition at its first event later than TIME (ISO-8601)")
     parser.add_argument("--archive", metavar="DIR", default=os.environ.get("CHRONOLOG_ARCHIVE"),
                         help="read the history below each partition's archived end from this "
-                             "archive, so a pruned log replays whole (env CHRONOLOG_ARCHIVE)")
+                             "archive, so a pruned log replays whole rather than from its "
+                             "snapshots (env CHRONOLOG_ARCHIVE)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
                         help=f"events per transaction (default {DEFAULT_BATCH})")
     parser.add_argument("--tenants", default=None,
@@ -221,6 +242,7 @@ async def replay(
     stops: dict[int, int] | None = None,
     retention: RetentionPolicy | None = None,
     history: ArchivedHistory | None = None,
+    windows: Mapping[int, Window] | None = None,
 ) -> ReplayStats:
     """Project every partition of ``events`` from offset 0 into an empty store.
 
@@ -228,9 +250,12 @@ async def replay(
     offset now, capped by ``to_offset``. ``retention`` (default: the default policy, as the
     live projector's) prunes finished runs past their window after every batch.
     ``history`` (the archive + the log) serves the reads of ``events`` below each
-    partition's archived end from the archive.
+    partition's archived end from the archive. ``windows`` (pruned partitions replayed from
+    their snapshots, ``chronolog.cli.replay_window``): those partitions are built from their
+    states and retained events, then read on from their snapshot's ``fold_from``.
     """
     policy = retention or RetentionPolicy()
+    windows = windows or {}
     topic = log.topics.events
     stats = ReplayStats(partitions=await event_partitions(log))
     ends: dict[int, int] = {}
@@ -239,33 +264,61 @@ async def replay(
         ends[p] = stop if to_offset is None else min(stop, to_offset)
         stats.offsets[p] = 0
     await ensure_partitions(store.pool, policy)  # the days the live projector would have
+    if windows:
+        await seed(store, topic, windows)
+        stats.window_events, stats.window_missing = await fold_before(log, store, windows,
+                                                                      ends, batch)
+        await seed_effects(store, windows)
+        for p, w in windows.items():
+            stats.offsets[p] = w.resume
     order = BarrierOrder()
     source: Readable = log if history is None else history
     async for taken in read_in_order(source, topic, ends, until=until, batch=batch,
-                                     order=order):
+                                     order=order, on_stuck=_read_past(stats) if windows
+                                     else None,
+                                     starts={p: w.resume for p, w in windows.items()}):
         p = taken.partition
         for rec, env in taken.items:
             if isinstance(env, DecodeError):  # skipped, as the live projector skips it
                 stats.skipped.append(f"p{p}@{rec.offset}: {env}")
         envelopes = taken.envelopes
-        await _write(store, topic, p, stats.offsets[p], taken.end, envelopes, stats)
+        window = windows.get(p)
+        if window is not None:  # each key's events from the offset its state is as of
+            envelopes = [e for r, e in taken.items if isinstance(e, m.EventEnvelope)
+                         and r.offset >= window.through(e.key)]
+        await _write(store, topic, p, stats.offsets[p], taken.end, envelopes, stats,
+                     last_at=taken.envelopes[-1].at if taken.envelopes else None,
+                     read=taken.envelopes)
         stats.pruned += (await prune(store.pool, policy, projection=store.projection,
                                      topic=topic)).runs
         if progress is not None:
             progress(len(envelopes))
         stats.offsets[p] = taken.end
     stats.held = {p: (b.partition, b.version) for p, b in order.stuck().items()}
+    if windows:
+        stats.pruned += await drop_unknown_finishes(store.pool)
     return stats
 
 
+def _read_past(stats: ReplayStats) -> Callable[[int, Barrier, Record], None]:
+    """A replay of the window reads past a ``KeyMovedIn`` whose handover is not in the log:
+    its old home's handover may have been pruned (named on stderr)."""
+    def stuck(partition: int, barrier: Barrier, record: Record) -> None:
+        stats.read_past.append((partition, record.offset, barrier.partition, barrier.version))
+    return stuck
+
+
 async def _write(store: PostgresProjectionStore, topic: str, p: int, start: int, end: int,
-                 envelopes: list[m.EventEnvelope], stats: ReplayStats) -> None:
+                 envelopes: list[m.EventEnvelope], stats: ReplayStats,
+                 last_at: datetime | None = None,
+                 read: list[m.EventEnvelope] | None = None) -> None:
     if end <= start:
         return
     handed: dict[int, int] = {}
-    record_handovers(handed, p, envelopes)
+    record_handovers(handed, p, envelopes if read is None else read)
+    last_at = last_at or (envelopes[-1].at if envelopes else None)
     result = await store.apply(project_batch(envelopes), {(topic, p): (start, end)},
-                               last_event_at={(topic, p): envelopes[-1].at} if envelopes else {},
+                               last_event_at={(topic, p): last_at} if last_at else {},
                                handed_over={(topic, p): v for p, v in handed.items()})
     stats.events += len(envelopes)
     stats.batches += 1
@@ -333,6 +386,7 @@ async def rebuild(
     progress: Progress | None = None,
     retention: RetentionPolicy | None = None,
     history: ArchivedHistory | None = None,
+    windows: Mapping[int, Window] | None = None,
 ) -> ReplayStats:
     """The whole replay (module docstring): lease, build in a fresh schema, swap in.
 
@@ -357,7 +411,8 @@ async def rebuild(
                     await store.migrate()
                     stats = await replay(log, store, until=until, batch=batch,
                                          progress=progress, stops=stops,
-                                         retention=retention, history=history)
+                                         retention=retention, history=history,
+                                         windows=windows)
                     stats.worker_records = await fold_workers(log, store, stats.skipped)
                     stats.letter_records = await fold_dead_letters(log, store, stats.skipped)
                     for table in COUNTED:
@@ -409,29 +464,56 @@ def _check(args: argparse.Namespace) -> datetime | None:
     return _parse_until(args.until) if args.until is not None else None
 
 
+@dataclass
+class Pruned:
+    """How a replay reads the pruned partitions of ``events`` (``refuse_pruned``):
+    partition -> its log's start, for those read whole from the archive; partition -> its
+    snapshot, for those replayed from it (the replay of the window)."""
+
+    archived: dict[int, int] = field(default_factory=dict)
+    windows: dict[int, Window] = field(default_factory=dict)
+
+
 async def refuse_pruned(log: EventLog, stops: dict[int, int],
-                        history: ArchivedHistory | None = None) -> dict[int, int]:
-    """``ReplayError`` naming every partition of ``events`` whose oldest records were pruned
-    below the part the replay would fold (``start_offset > 0`` and below its stop): a fold
-    from offset 0 would silently lack the schedules and runs of the pruned part, so the
-    replay is refused before the database is touched (design §20, "Replay after pruning").
-    A partition whose pruned part ``history``'s archive holds (archived end >= start) is
-    not refused: it is read from the archive. Returns partition -> start of those."""
+                        history: ArchivedHistory | None = None, *,
+                        until: datetime | None = None) -> Pruned:
+    """How each partition of ``events`` pruned below the part the replay would fold
+    (``start_offset > 0`` and below its stop) is read (design §20, "Replay after pruning"):
+    from the archive, when ``history``'s archive holds everything below its start (the
+    whole history, as before pruning); else from its latest snapshot and the retained events
+    (``chronolog.cli.replay_window``). ``ReplayError`` before the database is touched, naming
+    every partition that can be neither: no archive holding its pruned part and no usable
+    snapshot, or a stop (``--to-offset``, ``--until``) before its snapshot."""
     topic = log.topics.events
-    pruned = []
-    archived: dict[int, int] = {}
+    refused = []
+    out = Pruned()
     for p, stop in sorted(stops.items()):
         start = await log.start_offset(topic, p)
-        if start > 0 and stop > 0:
-            if history is not None and history.archived_end(p) >= start:
-                archived[p] = start
-            else:
-                pruned.append(f"p{p} starts at offset {start}")
-    if pruned:
-        raise ReplayError(f"the event log was pruned ({', '.join(pruned)}); a replay from "
+        if start == 0 or stop == 0:
+            continue
+        if history is not None and _archive_holds(history, p, start):
+            out.archived[p] = start
+            continue
+        try:
+            window = await load_window(log, p, start)
+        except WindowUnavailable as exc:
+            refused.append(f"p{p} starts at offset {start} and {exc}")
+            continue
+        if until is not None or stop < window.last_through:
+            refused.append(f"p{p} starts at offset {start} and its snapshot is as of offset "
+                           f"{window.last_through}: a replay of it cannot stop before that")
+            continue
+        out.windows[p] = window
+    if refused:
+        raise ReplayError(f"the event log was pruned ({'; '.join(refused)}); a replay from "
                           "offset 0 would lack the history before those offsets"
                           + ("" if history is None else ", which the archive does not hold"))
-    return archived
+    return out
+
+
+def _archive_holds(history: ArchivedHistory, p: int, start: int) -> bool:
+    entries = history.entries(p)
+    return bool(entries) and entries[0].start == 0 and history.archived_end(p) >= start
 
 
 async def _run(args: argparse.Namespace) -> ReplayStats:
@@ -450,13 +532,13 @@ async def _run(args: argparse.Namespace) -> ReplayStats:
                 history = ArchivedHistory(args.archive, log)
             except (ArchiveError, OSError) as exc:
                 raise UsageError(f"invalid archive '{args.archive}': {exc}") from None
-        args.from_archive = await refuse_pruned(log, stops, history)
+        args.pruned = await refuse_pruned(log, stops, history, until=until)
         async with existing_database(args, "this replay") as dsn:
             with _progress_bar(sum(stops.values())) as advance:
                 return await rebuild(log, dsn, schema=args.schema, projection=args.projection,
                                      until=until, batch=args.batch, stops=stops,
                                      progress=advance, retention=args.retention_policy,
-                                     history=history)
+                                     history=history, windows=args.pruned.windows)
     finally:
         await log.close()
 
@@ -516,12 +598,23 @@ def run(args: argparse.Namespace) -> int:
         return 1
     tables = ", ".join(f"{t} {n}" for t, n in stats.counts.items())
     offsets = " ".join(f"p{p}={o}" for p, o in sorted(stats.offsets.items()))
-    print(f"replay done: {stats.events} events from {stats.partitions} partitions into "
+    print(f"replay done: {stats.events + stats.window_events} events from "
+          f"{stats.partitions} partitions into "
           f"schema {stats.schema} (projection {args.projection}): {tables}; next offsets "
           f"{offsets}")
-    for p, start in sorted(args.from_archive.items()):
+    for p, start in sorted(args.pruned.archived.items()):
         print(f"note: partition {p} was pruned below offset {start}: its history was read "
               "from the archive, then the log", file=sys.stderr)
+    for p, w in sorted(args.pruned.windows.items()):
+        print(f"note: partition {p} was pruned below offset {w.start}: replayed from its "
+              f"snapshot ({len(w.loaded.states)} schedule states, events from offset "
+              f"{w.fold_from}) and the retained events from offset {w.start}; the columns a "
+              "state does not carry are the projection's only where an event of the window "
+              "gives them", file=sys.stderr)
+    for p, offset, old, version in stats.read_past:
+        print(f"note: partition {p} read past a key moved in from partition {old} (routing "
+              f"version {version}, offset {offset}) whose handover is not in the log",
+              file=sys.stderr)
     for skipped in stats.skipped:
         print(f"note: skipped a record that does not decode: {skipped}", file=sys.stderr)
     for p, (old, version) in sorted(stats.held.items()):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import signal
 import subprocess
 from datetime import datetime
@@ -24,6 +23,7 @@ from chronolog.archive import read_archive
 from chronolog.domain import codec
 from chronolog.log.port import Topics
 from chronolog.log.sqlite import SqliteEventLog
+from support.docs import sh_commands
 from support.net import free_port
 from support.polling import wait_until, wait_until_sync
 
@@ -33,12 +33,7 @@ RETENTION = "4s"  # the docs show 2m: the same command, with a window a test can
 
 
 def _docs_commands() -> list[list[str]]:
-    text = (ROOT / "docs" / "deployment.md").read_text()
-    section = text[text.index("**Pruning the log.**"):]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None
-    return [line.split("#")[0].split() for line in block.group(1).splitlines()
-            if line.startswith("chronolog ")]
+    return sh_commands(ROOT / "docs" / "deployment.md", "**Pruning the log.**")
 
 
 def _cli(ddir: Path | None, *args: str) -> subprocess.CompletedProcess[str]:

@@ -709,8 +709,8 @@ def test_a_pruned_log_is_refused_without_an_archive_and_replayed_whole_with_one(
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         "error: replay stopped, the read model is untouched: the event log was pruned "
-        f"(p{part} starts at offset 3); a replay from offset 0 would lack the history before "
-        "those offsets")
+        f"(p{part} starts at offset 3 and it has no snapshot); a replay from offset 0 would "
+        "lack the history before those offsets")
     assert asyncio.run(_dump(database_url, target)) == before
     # with the archive holding what went, the whole history is replayed: the same rows
     whole = _replay("--log", f"sqlite:///{pruned}", "--database-url", database_url,

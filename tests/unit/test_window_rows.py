@@ -1,0 +1,90 @@
+"""The rows a schedule state implies (``chronolog.projections.window.state_rows`` and
+``effect_rows``, docs/design.md §9 "Replay of the window") are the projection's rows of the
+same history in every column but the stand-ins (``STAND_INS``).
+
+The stateful property drives the decider's machine (random specs, every command kind, clock
+advances; tests/unit/decider/test_invariants.py), keeps each event with its authority time,
+and after every step compares, for each schedule, the rows its state gives with the rows
+``project_batch`` gives for its whole history: the same schedules, runs and effects rows
+for every state-made row, equal in each column a state carries."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import invariant
+
+from chronolog.commands.aggregate import Decision
+from chronolog.domain import messages as m
+from chronolog.projections.project import project_batch
+from chronolog.projections.store import First, RowChanges
+from chronolog.projections.window import STAND_INS, effect_rows, state_rows
+from support.decider import SCHEDULE, T0, Story, complete, sec
+from unit.decider.test_invariants import TENANT, DeciderMachine
+
+BEFORE = datetime(2000, 1, 1, tzinfo=UTC)  # the stand-in: before every event of the machine
+DEFAULTS = {"cancellation_requested": False, "fence": 0}  # the columns' defaults
+
+
+def _value(v: Any) -> Any:
+    return v.value if isinstance(v, First) else v
+
+
+def _agree(made: RowChanges, projected: RowChanges, table: str) -> None:
+    rows = projected.table(table)
+    for key, row in made.table(table).items():
+        assert key in rows, (table, key)
+        for col, value in row.items():
+            if col in STAND_INS[table]:
+                continue
+            want = _value(rows[key].get(col, DEFAULTS.get(col)))
+            assert _value(value) == want, (table, key, col, value, want)
+
+
+class WindowRowsMachine(DeciderMachine):
+    """The decider's machine, keeping the envelopes each decision's events make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.envelopes: dict[str, list[m.EventEnvelope]] = {}
+
+    def _do(self, sid: str, payload: Any) -> Decision:
+        decision = super()._do(sid, payload)
+        for event in decision.events:
+            self.envelopes.setdefault(sid, []).append(m.EventEnvelope(
+                event_id=f"e{len(self.envelopes.get(sid, []))}", type=event.type,
+                key=f"{TENANT}/{sid}", tenant=TENANT, schedule_id=sid, at=self.now,
+                payload=event))
+        return decision
+
+    @invariant()
+    def a_states_rows_are_the_projections_in_every_column_it_carries(self) -> None:
+        for sid, state in self.states.items():
+            projected = project_batch(self.envelopes.get(sid, []))
+            _agree(state_rows([state], BEFORE), projected, "schedules")
+            _agree(state_rows([state], BEFORE), projected, "runs")
+            _agree(effect_rows([state], BEFORE), projected, "effects")
+
+
+WindowRowsMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestStateRowsAreTheProjectionsRows = WindowRowsMachine.TestCase
+
+
+def test_the_effects_of_a_states_runs_are_the_projections_in_every_column_it_carries() -> None:
+    story = Story().create(T0, effects=[{"kind": "webhook", "destination": "d-webhook"}])
+    [occ] = story.materialize(T0)
+    claimed = story.claim(occ.run_id, T0 + sec(1))
+    story.given(complete(claimed), T0 + sec(2))
+    envelopes = [m.EventEnvelope(event_id=f"e{i}", type=e.type, key=f"{TENANT}/{SCHEDULE}",
+                                 tenant=TENANT, schedule_id=SCHEDULE, at=T0 + sec(2),
+                                 payload=e) for i, e in enumerate(story.history)]
+    made = effect_rows([story.state], BEFORE)
+    assert len(made.effects) == 1
+    _agree(made, project_batch(envelopes), "effects")
+    [row] = made.effects.values()
+    assert (row["kind"], row["state"], row["created_at"]) == ("webhook", "INTENDED", First(BEFORE))
