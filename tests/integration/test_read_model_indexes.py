@@ -1,0 +1,201 @@
+"""The indexes of runs as migration 0010 leaves them (docs/design.md §9 "The read model"),
+on a real PostgreSQL.
+
+* migration 0010 on a populated read model: every row stays, and the queries answer the same
+  after it as before — a schedule's runs and the tenant's runs page by page through their
+  cursors, with and without filters, each run's document, the READY runs no worker serves;
+* on a realistic table (tens of thousands of runs, analyzed), the lists' queries — a
+  schedule's runs, the tenant's runs, the newest keys — read an index of runs
+  (runs_history, runs_by_tenant: an index scan backwards, or a bitmap scan of a few rows),
+  never a sequential scan.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from chronolog.projections.migrate import load_migrations, migrate
+from chronolog.projections.partitions import make_days
+from chronolog.projections.project import project_batch
+from chronolog.projections.store import PostgresProjectionStore
+from chronolog.queries import workers as wk
+from chronolog.queries.read_model import ReadModel, RunQuery, run_document
+from support.histories import run_history, schedule
+
+from .pgdb import module_database, schema_store
+
+pytestmark = pytest.mark.postgres
+
+TOPIC = "chronolog.events"
+D0 = date(2026, 3, 1)
+T0 = datetime(2026, 3, 1, 6, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.fixture(scope="module")
+def module_dsn(database_url: str) -> Iterator[str]:
+    yield from module_database(database_url, "test_rm_indexes")
+
+
+async def _schema_before_0010(dsn: str) -> asyncpg.Pool:
+    """A pool on a new schema migrated up to 0009 (the read model as it was before)."""
+    schema = f"m_{uuid.uuid4().hex[:10]}"
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2,
+                                     server_settings={"search_path": f'"{schema}"'})
+    assert pool is not None
+    async with pool.acquire() as conn:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, "
+                           "name text NOT NULL, checksum text NOT NULL, "
+                           "applied_at timestamptz NOT NULL DEFAULT now())")
+        for mig in load_migrations():
+            if mig.version <= 9:
+                await conn.execute(mig.sql)
+                await conn.execute("INSERT INTO schema_migrations VALUES ($1, $2, $3)",
+                                   mig.version, mig.name, mig.checksum)
+    return pool
+
+
+def _history() -> list[Any]:
+    """Two schedules of tenant t (and one of tenant u), runs in every state over two days:
+    the first day in a day partition, the second in the default one; two runs of t share
+    an instant (the cursor's run ID tie-break)."""
+    envs: list[Any] = [schedule("t", "a", T0), schedule("t", "b", T0), schedule("u", "a", T0)]
+    outcomes = ("succeeded", "ready", "dead", "leased", "cancelled", "skipped", "succeeded")
+    n = 0
+    for day in (0, 1):
+        for i, outcome in enumerate(outcomes):
+            start = T0 + timedelta(days=day, minutes=10 * i)
+            for sid in ("a", "b"):
+                n += 1
+                envs += run_history("t", sid, f"r{n:03d}", outcome, start, start + MINUTE)
+            n += 1
+            envs += run_history("u", "a", f"r{n:03d}", outcome, start, start + MINUTE)
+    return sorted(envs, key=lambda e: e.at)
+
+
+async def _answers(rm: ReadModel) -> dict[str, Any]:
+    """What the queries answer, every list read two rows a page through its cursor."""
+    out: dict[str, Any] = {}
+
+    async def pages(fetch: Any, newest: Any) -> list[tuple[datetime, str, str]]:
+        bound = await newest()
+        got: list[tuple[datetime, str, str]] = []
+        last = None
+        while bound is not None:
+            rows = await fetch(bound, last)
+            got += [(r["scheduled_at"], r["run_id"], r["state"]) for r in rows]
+            if len(rows) < 2:
+                break
+            last = (rows[-1]["scheduled_at"], rows[-1]["run_id"])
+        return got
+
+    for sid in ("a", "b"):
+        for states in (None, ["SUCCEEDED", "DEAD"]):
+            out[f"history {sid} {states}"] = await pages(
+                lambda b, last, sid=sid, states=states: rm.runs_page(
+                    "t", sid, b, last, states, 2),
+                lambda sid=sid: rm.newest_run_key("t", sid))
+    for q in (RunQuery(), RunQuery(states=("READY", "LEASED")), RunQuery(schedule_id="b"),
+              RunQuery(job_type="echo", since=T0 + 30 * MINUTE,
+                       until=T0 + timedelta(days=1, minutes=30))):
+        out[f"tenant {q}"] = await pages(
+            lambda b, last, q=q: rm.run_list("t", q, b, last, 2),
+            lambda: rm.newest_tenant_run_key("t"))
+    ids = [r["run_id"] for r in await rm.pool.fetch("SELECT run_id FROM runs ORDER BY run_id")]
+    out["documents"] = [await run_document(rm, tenant, rid) for rid in ids for tenant in "tu"]
+    out["waiting"] = await wk.waiting_runs(rm.pool, limit=50)
+    out["waiting counts"] = await wk.waiting_counts(rm.pool)
+    return out
+
+
+async def test_migration_0010_keeps_every_row_and_the_queries_answer_the_same(
+    module_dsn: str,
+) -> None:
+    pool = await _schema_before_0010(module_dsn)
+    try:
+        await make_days(pool, [D0])  # the second day is left to the default partition
+        envs = _history()
+        store = PostgresProjectionStore(pool)
+        await store.apply(project_batch(envs), {(TOPIC, 0): (0, len(envs))},
+                          last_event_at={(TOPIC, 0): envs[-1].at})
+        rm = ReadModel(pool, TOPIC)
+        runs = [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")]
+        attempts = [dict(r) for r in await pool.fetch(
+            "SELECT * FROM attempts ORDER BY run_id, attempt")]
+        before = await _answers(rm)
+        assert len(before["history a None"]) == 14 and before["waiting"]  # a real read model
+
+        async with pool.acquire() as conn:
+            assert await migrate(conn) == [10]
+
+        assert [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")] == runs
+        assert [dict(r) for r in await pool.fetch(
+            "SELECT * FROM attempts ORDER BY run_id, attempt")] == attempts
+        assert await _answers(rm) == before
+        indexes = {r[0] for r in await pool.fetch(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND tablename = 'runs'")}
+        assert indexes == {"runs_pkey", "runs_history", "runs_by_tenant", "runs_finished",
+                           "runs_finished_by_tenant"}
+    finally:
+        await pool.close()
+
+
+class _Explaining:
+    """A pool whose fetches answer the plan of their statement (a ReadModel's queries are
+    explained exactly as they are sent)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.plans: list[str] = []
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        self.plans.append("\n".join(r[0] for r in await self.pool.fetch("EXPLAIN " + sql, *args)))
+        return []
+
+    async def fetchrow(self, sql: str, *args: Any) -> None:
+        await self.fetch(sql, *args)
+
+
+async def test_the_run_lists_read_an_index_of_runs(module_dsn: str) -> None:
+    store = await schema_store(module_dsn)
+    try:
+        pool = store.pool
+        await make_days(pool, [D0, D0 + timedelta(days=1)])
+        # 40,000 runs of 200 schedules of 4 tenants over two days, analyzed
+        await pool.execute(
+            "INSERT INTO runs (run_id, tenant, schedule_id, scheduled_at, revision, trigger, "
+            "state, attempt, job_type, updated_at, finished_at) "
+            "SELECT 'r' || lpad(i::text, 8, '0'), 't' || (i % 4), 's' || (i % 200), "
+            "$1::timestamptz + (i / 200) * interval '15 minutes', 1, 'schedule', "
+            "CASE WHEN i % 10 = 0 THEN 'DEAD' ELSE 'SUCCEEDED' END, 1, 'echo', "
+            "$1::timestamptz, $1::timestamptz FROM generate_series(1, 40000) AS i", T0)
+        await pool.execute("ANALYZE runs")
+        rm = ReadModel(_Explaining(pool), TOPIC)  # type: ignore[arg-type]
+        bound = (T0 + timedelta(days=1), "r99999999")
+        last = (T0 + timedelta(hours=20), "r00001234")
+        await rm.runs_page("t1", "s1", bound, None, None, 50)
+        await rm.runs_page("t1", "s1", bound, last, ["SUCCEEDED"], 50)
+        await rm.run_list("t1", RunQuery(), bound, None, 100)
+        await rm.run_list("t1", RunQuery(states=("DEAD",)), bound, last, 100)
+        await rm.newest_run_key("t1", "s1")
+        await rm.newest_tenant_run_key("t1")
+        assert len(rm.pool.plans) == 6  # type: ignore[attr-defined]
+        expected = ["runs_history"] * 2 + ["runs_by_tenant"] * 2 + [
+            "runs_history", "runs_by_tenant"]
+        for plan, index in zip(rm.pool.plans, expected, strict=True):  # type: ignore[attr-defined]
+            assert "Seq Scan" not in plan, plan
+            # every partition's index is named <partition>_<columns>_idx: the parent's
+            # columns say which it is
+            name = {"runs_history": "tenant_schedule_id_scheduled_at_run_id_idx",
+                    "runs_by_tenant": "tenant_scheduled_at_run_id_idx"}[index]
+            assert name in plan, plan
+    finally:
+        await store.close()
