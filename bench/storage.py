@@ -13,7 +13,10 @@ projector, and then measures:
   (``--kafka-logs``; batches as the producers compressed them: ``CHRONOLOG_KAFKA_COMPRESSION``
   of the processes is what is measured);
 * **read model**: ``pg_total_relation_size`` of ``runs`` and ``attempts`` (tables, TOAST and
-  indexes, summed over their partitions), and of every table.
+  indexes, summed over their partitions), and of every table; and apart, the bytes of the
+  partitions of ``runs`` and ``attempts`` that hold no row (the days made ahead and back:
+  each an index metapage per index and a TOAST index, a fixed cost), with the figure per
+  run net of them.
 
 Each divided by the runs that finished (``ResultPublished``). A benchmark, not a test:
 figures go to docs/performance.md.
@@ -201,6 +204,24 @@ async def read_model_bytes(dsn: str) -> dict[str, int]:
         await conn.close()
 
 
+async def empty_partitions_bytes(dsn: str) -> int:
+    """The bytes of the partitions of ``runs`` and ``attempts`` that hold no row: the days
+    made ahead of and behind today (the window's, 30 by default), each with its indexes'
+    metapages and TOAST index — a fixed cost, not one per run."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        total = 0
+        for table in ("runs", "attempts"):
+            for r in await conn.fetch(
+                    "SELECT relid::regclass::text AS name, pg_total_relation_size(relid) AS size "
+                    "FROM pg_partition_tree($1::regclass) WHERE isleaf", table):
+                if not await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {r['name']})"):
+                    total += int(r["size"])
+        return total
+    finally:
+        await conn.close()
+
+
 async def print_read_model(dsn: str, runs: int) -> None:
     """Where the read model's bytes of ``runs`` and ``attempts`` go, per run: each table's
     heap (with its live and dead tuples), TOAST and each index; each column's average
@@ -323,6 +344,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     disk = (sqlite_on_disk(Path(cfg.target)) if args.log == "sqlite"
             else sum(kafka_on_disk(Path(args.kafka_logs), topics.prefix).values()))
     model = await read_model_bytes(dsn)
+    empty = await empty_partitions_bytes(dsn)
     if args.breakdown:
         await print_read_model(dsn, runs)
     per = (lambda n: round(n / runs)) if runs else (lambda n: 0)
@@ -334,6 +356,9 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "log_logical_per_run_by_topic": {t: per(n) for t, n in sorted(logical.items())},
         "log_on_disk_per_run": per(disk),
         "read_model_runs_attempts_per_run": per(model.get("runs", 0) + model.get("attempts", 0)),
+        "read_model_runs_attempts_empty_partitions": empty,
+        "read_model_runs_attempts_per_run_net": per(
+            model.get("runs", 0) + model.get("attempts", 0) - empty),
         "read_model_all_per_run": per(sum(model.values())),
     }
 

@@ -1,5 +1,5 @@
--- 0010_compact_run_indexes: the indexes of runs, fewer and smaller (docs/design.md §9
--- "The read model", "Bytes per run").
+-- 0010_compact_read_model: runs and attempts with fewer and smaller indexes and without the
+-- columns nothing reads (docs/design.md §9, "Bytes per run").
 --
 -- An UPDATE of a row is HOT (heap-only: no new entry in any index, and the old version is
 -- pruned within its page without a vacuum) only if it changes no column an index holds or
@@ -36,3 +36,18 @@ DROP INDEX IF EXISTS runs_history;
 DROP INDEX IF EXISTS runs_by_tenant;
 CREATE INDEX runs_history ON runs (tenant, schedule_id, scheduled_at, run_id);
 CREATE INDEX runs_by_tenant ON runs (tenant, scheduled_at, run_id);
+
+-- Columns no query reads, each written in every version of every row:
+-- * runs.lateness_ms (generated, stored): the run's document computes it as it is read, from
+--   the same columns and with the same expression;
+-- * runs.materialized_at: when the run was materialized (the log has it: its
+--   OccurrenceMaterialized event);
+-- * attempts.tenant, attempts.schedule_id: the run's (an attempt is read by its run ID, after
+--   its run, which is tenant-scoped; deleted by run ID);
+-- * attempts.updated_at: the time of the attempt's last event, which nothing shows (its
+--   claimed_at, lease_until and finished_at are its times).
+-- A dropped column's bytes stay in the rows written before this migration until they are
+-- written again or their day is dropped; the rows written after it are smaller.
+
+ALTER TABLE runs DROP COLUMN lateness_ms, DROP COLUMN materialized_at;
+ALTER TABLE attempts DROP COLUMN tenant, DROP COLUMN schedule_id, DROP COLUMN updated_at;
