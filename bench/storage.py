@@ -12,8 +12,11 @@ projector, and then measures:
   ``.log`` segment files of the prefix's topics in the broker's log directories
   (``--kafka-logs``; batches as the producers compressed them: ``CHRONOLOG_KAFKA_COMPRESSION``
   of the processes is what is measured);
-* **read model**: ``pg_total_relation_size`` of ``runs`` and ``attempts`` (tables and
-  indexes), and of every table.
+* **read model**: ``pg_total_relation_size`` of ``runs`` and ``attempts`` (tables, TOAST and
+  indexes, summed over their partitions), and of every table; and apart, the bytes of the
+  partitions of ``runs`` and ``attempts`` that hold no row (the days made ahead and back:
+  each an index metapage per index and a TOAST index, a fixed cost), with the figure per
+  run net of them.
 
 Each divided by the runs that finished (``ResultPublished``). A benchmark, not a test:
 figures go to docs/performance.md.
@@ -22,7 +25,9 @@ figures go to docs/performance.md.
         [--kafka-logs .kafka] [--database-url DSN] [--breakdown]
 
 ``--breakdown`` also prints (on stderr) the bytes per run of each record kind (a topic and
-an event's or command's type) and, per record, of each of its JSON members: where the bytes go.
+an event's or command's type) and, per record, of each of its JSON members: where the bytes go;
+and of the read model's ``runs`` and ``attempts``: each heap (live and dead tuples), TOAST and
+index, and each column's average width.
 
 **Flat storage** (``--retention 2m --samples 6,12``): the processes run with that retention
 (the processor prunes every 10 s, a ``chronolog audit`` runs every 30 s as a deployment's
@@ -169,14 +174,82 @@ def kafka_on_disk(logs: Path, prefix: str) -> dict[str, int]:
     return out
 
 
+# every table of the schema with the bytes of its whole partition tree (a partitioned
+# table's own size is 0: its rows are in its partitions, counted under its root)
+_TABLE_BYTES = """
+SELECT COALESCE(root.relname, c.relname) AS relname, sum(pg_total_relation_size(c.oid)) AS size
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_class root ON root.oid = pg_partition_root(c.oid) AND root.oid <> c.oid
+ WHERE c.relkind IN ('r', 'p') AND n.nspname = current_schema()
+ GROUP BY 1
+"""
+
+# each index of runs and attempts, summed over the partitions (by the parent index's name)
+_INDEX_BYTES = """
+SELECT COALESCE(root.relname, i.relname) AS index, sum(pg_relation_size(i.oid)) AS size
+  FROM pg_class i JOIN pg_index x ON x.indexrelid = i.oid
+  JOIN pg_class t ON t.oid = x.indrelid
+  LEFT JOIN pg_class root ON root.oid = pg_partition_root(i.oid) AND root.oid <> i.oid
+ WHERE COALESCE(pg_partition_root(t.oid), t.oid) IN ('runs'::regclass, 'attempts'::regclass)
+ GROUP BY 1 ORDER BY 2 DESC
+"""
+
+
 async def read_model_bytes(dsn: str) -> dict[str, int]:
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch(
-            "SELECT c.relname, pg_total_relation_size(c.oid) AS size FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.relkind IN ('r', 'p') AND n.nspname = current_schema()")
+        rows = await conn.fetch(_TABLE_BYTES)
         return {r["relname"]: int(r["size"]) for r in rows}
+    finally:
+        await conn.close()
+
+
+async def empty_partitions_bytes(dsn: str) -> int:
+    """The bytes of the partitions of ``runs`` and ``attempts`` that hold no row: the days
+    made ahead of and behind today (the window's, 30 by default), each with its indexes'
+    metapages and TOAST index — a fixed cost, not one per run."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        total = 0
+        for table in ("runs", "attempts"):
+            for r in await conn.fetch(
+                    "SELECT relid::regclass::text AS name, pg_total_relation_size(relid) AS size "
+                    "FROM pg_partition_tree($1::regclass) WHERE isleaf", table):
+                if not await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {r['name']})"):
+                    total += int(r["size"])
+        return total
+    finally:
+        await conn.close()
+
+
+async def print_read_model(dsn: str, runs: int) -> None:
+    """Where the read model's bytes of ``runs`` and ``attempts`` go, per run: each table's
+    heap (with its live and dead tuples), TOAST and each index; each column's average
+    width (``pg_stats`` after an ANALYZE, which changes no size)."""
+    per = max(runs, 1)
+    conn = await asyncpg.connect(dsn)
+    try:
+        for table in ("runs", "attempts"):
+            r = await conn.fetchrow(
+                "SELECT sum(pg_relation_size(t.relid)) AS heap, "
+                "sum(pg_total_relation_size(t.relid) - pg_indexes_size(t.relid) "
+                "    - pg_relation_size(t.relid)) AS toast, "
+                "sum(s.n_live_tup) AS live, sum(s.n_dead_tup) AS dead "
+                "FROM pg_partition_tree($1::regclass) t "
+                "JOIN pg_stat_user_tables s ON s.relid = t.relid WHERE t.isleaf", table)
+            print(f"read model {table}: heap {int(r['heap'] or 0) / per:7.1f} B/run, "
+                  f"TOAST {int(r['toast'] or 0) / per:5.1f} B/run, "
+                  f"live tuples {r['live']}, dead tuples {r['dead']}", file=sys.stderr)
+        for r in await conn.fetch(_INDEX_BYTES):
+            print(f"read model index {r['index']}: {int(r['size']) / per:7.1f} B/run",
+                  file=sys.stderr)
+        await conn.execute("ANALYZE runs; ANALYZE attempts")
+        for r in await conn.fetch(
+                "SELECT tablename, attname, avg_width, null_frac FROM pg_stats "
+                "WHERE schemaname = current_schema() AND tablename IN ('runs', 'attempts') "
+                "AND inherited ORDER BY 1, 3 DESC"):
+            print(f"read model column {r['tablename']}.{r['attname']}: "
+                  f"avg width {r['avg_width']} B, null {r['null_frac']:.2f}", file=sys.stderr)
     finally:
         await conn.close()
 
@@ -271,6 +344,9 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     disk = (sqlite_on_disk(Path(cfg.target)) if args.log == "sqlite"
             else sum(kafka_on_disk(Path(args.kafka_logs), topics.prefix).values()))
     model = await read_model_bytes(dsn)
+    empty = await empty_partitions_bytes(dsn)
+    if args.breakdown:
+        await print_read_model(dsn, runs)
     per = (lambda n: round(n / runs)) if runs else (lambda n: 0)
     return {
         "log": args.log, "schedules": args.schedules, "seconds": args.seconds,
@@ -280,6 +356,9 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "log_logical_per_run_by_topic": {t: per(n) for t, n in sorted(logical.items())},
         "log_on_disk_per_run": per(disk),
         "read_model_runs_attempts_per_run": per(model.get("runs", 0) + model.get("attempts", 0)),
+        "read_model_runs_attempts_empty_partitions": empty,
+        "read_model_runs_attempts_per_run_net": per(
+            model.get("runs", 0) + model.get("attempts", 0) - empty),
         "read_model_all_per_run": per(sum(model.values())),
     }
 

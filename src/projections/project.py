@@ -10,8 +10,9 @@ after it does (RetryScheduled, OccurrenceReady, OccurrenceDeadLettered, ...). Ev
 also stamps ``schedules.last_event_at``.
 
 Column conventions:
-* ``runs.started_at`` is the *first* claim (``First``), so ``lateness_ms`` (a generated
-  column: first start minus due_at) is the start lateness of the occurrence, not of a retry;
+* ``runs.started_at`` is the *first* claim (``First``), so the run's ``latenessMs`` (first
+  start minus due_at, computed as it is read) is the start lateness of the occurrence, not
+  of a retry;
 * ``runs.finished_at`` is set when the run reaches a terminal state and cleared by a redrive;
 * ``runs.attempt`` mirrors the decider: 1 at materialization, then the attempt each event
   names; ``runs.skipped_count`` is the number of instants a SKIPPED row stands for (a
@@ -55,7 +56,7 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         c.set("runs", (run_id,), updated_at=at, **cols)
 
     def attempt(run_id: str, number: int, **cols: Any) -> None:
-        c.set("attempts", (run_id, number), updated_at=at, **cols)
+        c.set("attempts", (run_id, number), **cols)
 
     def effect(effect_id: str, **cols: Any) -> None:
         c.set("effects", (effect_id,), updated_at=at, **cols)
@@ -103,7 +104,7 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 request_key=p.request_key, state=p.state, attempt=1, job_type=p.job.type,
                 params=p.job.params, resource_class=p.resource_class, priority=p.priority,
                 sequence=p.sequence, start_deadline_at=p.start_deadline_at,
-                materialized_at=at, ready_at=at if p.state == "READY" else None)
+                ready_at=at if p.state == "READY" else None)
             if p.advances_schedule:
                 sched(next_run_at=p.next_run_at, next_due_at=p.next_due_at)
         case m.OccurrenceSkipped():
@@ -130,9 +131,9 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
             run(p.run_id, state="LEASED", attempt=p.attempt, started_at=First(p.claimed_at))
             if p.attempt == 1:  # the first claim (every later attempt has a higher number)
                 c.tally(Tally("lateness", tenant, sid, p.run_id, claimed_at=p.claimed_at))
-            attempt(p.run_id, p.attempt, tenant=tenant, schedule_id=sid, fence=p.fence,
-                    worker_id=p.worker_id, claimed_at=p.claimed_at, lease_until=p.lease_until,
-                    outcome=None, error_class=None, error=None, finished_at=None)
+            attempt(p.run_id, p.attempt, fence=p.fence, worker_id=p.worker_id,
+                    claimed_at=p.claimed_at, lease_until=p.lease_until, outcome=None,
+                    error_class=None, error=None, finished_at=None)
         case m.LeaseExtended():
             attempt(p.run_id, p.attempt, lease_until=p.lease_until)
         case m.LeaseExpired():

@@ -143,8 +143,9 @@ async def projected_now(conn: asyncpg.Connection | asyncpg.Pool, projection: str
     return value
 
 
-# the finished states written out (not a parameter), so the planner can use the partial
-# indexes of migration 0008, whose predicate is this very list
+# the finished states written out (not a parameter); the partial indexes of migration 0010
+# (runs_finished, runs_finished_by_tenant) hold every row with a finished_at, which
+# ``finished_at < $2`` implies, and this condition leaves out a RECONCILING run among them
 _FINISHED_SQL = "state IN (" + ", ".join(f"'{st}'" for st in FINISHED_STATES) + ")"
 _DELETE = """
 WITH chosen AS (

@@ -140,7 +140,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             run_id=TEXT, tenant=TEXT, schedule_id=TEXT, scheduled_at=TS, due_at=TS,
             revision=BIGINT, trigger=TEXT, request_key=TEXT, state=TEXT, attempt=INT,
             job_type=TEXT, params=JSONB, resource_class=TEXT, priority=INT, sequence=BIGINT,
-            start_deadline_at=TS, materialized_at=TS, ready_at=TS, retry_at=TS, started_at=TS,
+            start_deadline_at=TS, ready_at=TS, retry_at=TS, started_at=TS,
             finished_at=TS, result_checksum=TEXT, result_size=BIGINT, result_uri=TEXT,
             result_inline=JSONB, result_attempt=INT, skipped_reason=TEXT, skipped_through=TS,
             skipped_count=INT, cancellation_requested=BOOL, cancel_reason=TEXT,
@@ -150,16 +150,14 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
         "attempts": _spec(
             "attempts",
             ("run_id", "attempt"),
-            ("tenant", "schedule_id", "fence", "worker_id", "claimed_at", "lease_until",
-             "updated_at"),
+            ("fence", "worker_id", "claimed_at", "lease_until"),
             partition="scheduled_at",
             # the run's scheduled_at: the run's row is written before its attempts (TABLES
             # order); an attempt whose run has no row (pruned) takes its claimed_at
             derived={"scheduled_at": 'COALESCE((SELECT r.scheduled_at FROM runs AS r '
                                      'WHERE r.run_id = u.run_id LIMIT 1), u.claimed_at)'},
-            run_id=TEXT, attempt=INT, tenant=TEXT, schedule_id=TEXT, fence=BIGINT,
-            worker_id=TEXT, claimed_at=TS, lease_until=TS, outcome=TEXT, error_class=TEXT,
-            error=TEXT, finished_at=TS, updated_at=TS,
+            run_id=TEXT, attempt=INT, fence=BIGINT, worker_id=TEXT, claimed_at=TS,
+            lease_until=TS, outcome=TEXT, error_class=TEXT, error=TEXT, finished_at=TS,
         ),
         "effects": _spec(
             "effects",

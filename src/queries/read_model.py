@@ -109,6 +109,12 @@ SCHEDULE_STATES: tuple[str, ...] = ("ACTIVE", "PAUSED", "COMPLETED", "DELETED")
 SCHEDULES_LISTED: tuple[str, ...] = ("ACTIVE", "COMPLETED", "PAUSED")  # without a filter
 
 
+# a run's start lateness in milliseconds, computed as it is read (it was a stored generated
+# column until migration 0010, with this expression)
+LATENESS_MS = ("(EXTRACT(EPOCH FROM (started_at - COALESCE(due_at, scheduled_at))) * 1000)"
+               "::bigint")
+
+
 class InvalidQuery(ValueError):
     """A query parameter the read model refuses (a 400 in the API, a usage error in the
     CLI); ``field`` names it."""
@@ -164,8 +170,11 @@ class ReadModel:
         return int(n or 0)
 
     async def run(self, tenant: str, run_id: str) -> asyncpg.Record | None:
+        """The run's row with its start lateness (``lateness_ms``: its first claim versus its
+        intended start, due_at else scheduled_at; NULL before a claim)."""
         return await self.pool.fetchrow(
-            "SELECT * FROM runs WHERE run_id = $1 AND tenant = $2", run_id, tenant)
+            f"SELECT *, {LATENESS_MS} AS lateness_ms FROM runs "
+            "WHERE run_id = $1 AND tenant = $2", run_id, tenant)
 
     async def attempts(self, run_id: str) -> list[asyncpg.Record]:
         return await self.pool.fetch(

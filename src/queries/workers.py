@@ -6,6 +6,10 @@ announced per class). Readers (the API, the CLI, the live view, the metrics) der
 those tables, with the database's clock, whether a worker is *live* (not stopped, last seen
 within ``membership.LIVE_S``) and so why a READY run waits: ``waiting_reason`` when no live
 worker of the run's resource class serves its job type. Nothing of this is an event.
+
+The READY runs are read from ``ready_runs`` (what ``runs`` holds WHERE state = 'READY', with
+its resource class, job type and when it became ready, kept by the projector in the same
+transaction as the runs: docs/design.md §9), so ``runs`` needs no index of its own for them.
 """
 
 from __future__ import annotations
@@ -102,8 +106,8 @@ async def waiting_counts(pool: Any) -> list[tuple[str, str, int]]:
     are counted per (class, job type) first, so the cost does not grow with the workers."""
     served = await live_served(pool)
     return [(r[0], r[1], int(r[2])) for r in await pool.fetch(
-        "SELECT COALESCE(resource_class, 'default'), COALESCE(job_type, ''), count(*) "
-        "FROM runs WHERE state = 'READY' GROUP BY 1, 2 ORDER BY 1, 2")
+        "SELECT resource_class, job_type, count(*) "
+        "FROM ready_runs GROUP BY 1, 2 ORDER BY 1, 2")
         if (r[0], r[1]) not in served]
 
 
@@ -113,10 +117,11 @@ async def waiting_runs(pool: Any, limit: int = 10) -> list[tuple[str, str, str, 
     if not unserved:
         return []
     rows = await pool.fetch(
-        "SELECT tenant, schedule_id, run_id, job_type, resource_class FROM runs "
-        "WHERE state = 'READY' AND (COALESCE(resource_class, 'default'), "
-        "COALESCE(job_type, '')) IN (SELECT * FROM unnest($1::text[], $2::text[])) "
-        "ORDER BY ready_at NULLS LAST, run_id LIMIT $3",
+        "SELECT r.tenant, r.schedule_id, r.run_id, r.job_type, r.resource_class "
+        "FROM ready_runs AS q JOIN runs AS r ON r.run_id = q.run_id "
+        "WHERE (q.resource_class, q.job_type) IN "
+        "(SELECT * FROM unnest($1::text[], $2::text[])) "
+        "ORDER BY q.ready_at, q.run_id LIMIT $3",
         [c for c, _, _ in unserved], [j for _, j, _ in unserved], limit)
     return [(r["tenant"], r["schedule_id"], r["run_id"],
              waiting_reason(r["job_type"], r["resource_class"])) for r in rows]
