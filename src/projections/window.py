@@ -18,7 +18,7 @@ of the read model, as ``project`` would have written them for the columns a stat
 
 What a state does not carry is either a *stand-in* or left empty (``STAND_INS`` names these
 columns): the times of the events that set them — a schedule's ``updated_at``,
-``last_event_at``, ``deleted_at``, ``completed_at``, a run's ``materialized_at``,
+``last_event_at``, ``deleted_at``, ``completed_at``, a run's
 ``ready_at``, ``updated_at``, an effect's ``created_at``, ``updated_at`` — are given
 ``before``, the authority time of the partition's first retained event, which the true
 value precedes; the texts and documents of events (a pause or completion reason, a run's
@@ -55,7 +55,7 @@ __all__ = ["STAND_INS", "drop_unknown_finishes", "effect_rows", "state_rows"]
 STAND_INS: Mapping[str, frozenset[str]] = MappingProxyType({
     "schedules": frozenset({"updated_at", "last_event_at", "pause_reason", "deleted_at",
                             "completed_at", "completed_reason"}),
-    "runs": frozenset({"updated_at", "materialized_at", "ready_at", "sequence", "started_at",
+    "runs": frozenset({"updated_at", "ready_at", "sequence", "started_at",
                        "request_key", "retry_at", "skipped_reason", "skipped_through",
                        "skipped_count", "cancel_reason", "dead_reason", "dead_message",
                        "last_error_class", "last_error", "reconciliation",
@@ -116,7 +116,7 @@ def _run_row(c: RowChanges, st: ScheduleState, run: Run, request_key: str | None
         attempt=run.attempt, job_type=run.job.type, params=run.job.params,
         resource_class=run.resource_class, priority=run.priority,
         start_deadline_at=run.start_deadline_at, cancellation_requested=run.cancel_requested,
-        materialized_at=stand_in, updated_at=stand_in)
+        updated_at=stand_in)
     if request_key is not None:
         cols["request_key"] = First(request_key)
     if run.state == "READY":

@@ -41,6 +41,7 @@ from support.net import free_port
 from support.polling import wait_until, wait_until_sync
 
 from .decider_log import ScheduleLog
+from .pgdb import module_database
 
 pytestmark = pytest.mark.postgres
 
@@ -103,6 +104,13 @@ def log_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[m.Eve
 
     asyncio.run(write())
     return path, envs
+
+
+@pytest.fixture(scope="module")
+def database_url(database_url: str) -> Iterator[str]:
+    """A database of this module's own: the tests look for the staging schemas a replay
+    leaves behind, which a replay of another module running meanwhile would add to."""
+    yield from module_database(database_url, "test_replay_cli")
 
 
 @pytest.fixture
