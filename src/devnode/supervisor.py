@@ -6,9 +6,10 @@ is stopped or fails, ``stop(part)`` asks it to finish. When ``run`` raises — o
 while the node is not stopping — the part is restarted after a delay that starts at
 ``initial_backoff`` and doubles up to ``max_backoff``; a part that then ran for
 ``stable_after`` seconds starts again from ``initial_backoff`` on its next failure. Every
-restart is logged (``part_restarting``), printed on stderr, counted (``restarts``) and kept
-in ``notices`` for a live view. ``stop(order)`` stops the parts one after the other, each
-bounded, without restarting them.
+restart is logged (``part_restarting``; the first failure of a part with a given error type
+and message also with its traceback, ``part_failed``), printed on stderr, counted
+(``restarts``) and kept in ``notices`` for a live view. ``stop(order)`` stops the parts
+one after the other, each bounded, without restarting them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class _Part:
     current: Any = None
     task: asyncio.Task[None] | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    failures_seen: set[str] = field(default_factory=set)  # type: message, traceback logged
 
 
 class Supervisor:
@@ -89,8 +91,11 @@ class Supervisor:
                 error = "it stopped by itself"
             except asyncio.CancelledError:
                 raise
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - uvicorn exits on a bind error
+            except (Exception, SystemExit) as exc:  # uvicorn exits on a bind error
                 error = f"{type(exc).__name__}: {exc}"[:500]
+                if error not in part.failures_seen:  # once per distinct error: where it was
+                    part.failures_seen.add(error)
+                    log.error("part_failed", part=part.name, error=error, exc_info=exc)
             if part.stopping.is_set():
                 return
             if time.monotonic() - started >= self.stable_after:

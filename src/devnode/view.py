@@ -76,7 +76,7 @@ REASON_W = 120
 ERROR_LINE_W = 300
 
 STATE_STYLE = {
-    "SUCCEEDED": "green", "FAILED": "yellow", "DEAD": "bold red", "SKIPPED": "magenta",
+    "SUCCEEDED": "green", "RETRY_WAIT": "yellow", "DEAD": "bold red", "SKIPPED": "magenta",
     "CANCELLED": "dim", "RECONCILING": "bold yellow", "READY": "cyan",
 }
 
@@ -104,7 +104,7 @@ class _Entry:
     tenant: str
     schedule_id: str
     run_id: str
-    state: str
+    state: m.RunState
     job_type: str | None = None
     attempt: int | None = None
     fence: int | None = None
@@ -157,14 +157,17 @@ class Recent:
         elif isinstance(p, m.ResultPublished):
             self._set(env, p.run_id, "SUCCEEDED", attempt=p.attempt, fence=p.fence,
                       reason=None)
+        # the run states of the read model (m.RunState), the ones `chronolog runs --state`
+        # and the API filter on: a failed attempt leaves its run LEASED until the processor
+        # schedules the retry (RETRY_WAIT) or dead-letters it (DEAD), right after
         elif isinstance(p, m.AttemptFailed):
-            self._set(env, p.run_id, "FAILED", attempt=p.attempt, fence=p.fence, reason=None,
+            self._set(env, p.run_id, "LEASED", attempt=p.attempt, fence=p.fence, reason=None,
                       error=f"{p.error_class}: {p.message}" if p.message else p.error_class)
         elif isinstance(p, m.RetryScheduled):
-            self._set(env, p.run_id, "FAILED",
+            self._set(env, p.run_id, "RETRY_WAIT",
                       reason=f"retry {p.attempt} at {p.retry_at.astimezone(UTC):%H:%M:%S}")
         elif isinstance(p, m.LeaseExpired):
-            self._set(env, p.run_id, "FAILED", attempt=p.attempt, fence=p.fence,
+            self._set(env, p.run_id, "LEASED", attempt=p.attempt, fence=p.fence,
                       reason="lease expired")
         elif isinstance(p, m.OccurrenceDeadLettered):
             self._set(env, p.run_id, "DEAD",
@@ -183,7 +186,8 @@ class Recent:
             self._set(env, p.run_id, "READY", attempt=p.attempt,
                       reason=f"redriven by {p.by}" if p.by else "redriven")
 
-    def _set(self, env: m.EventEnvelope, run_id: str, state: str, **changes: Any) -> None:
+    def _set(self, env: m.EventEnvelope, run_id: str, state: m.RunState,
+             **changes: Any) -> None:
         entry = self.runs.get(run_id)
         if entry is None:
             entry = self.runs[run_id] = _Entry(env.at, env.tenant, env.schedule_id, run_id,
@@ -246,7 +250,7 @@ class Outcome:
     tenant: str
     schedule_id: str
     run_id: str
-    state: str  # SUCCEEDED | FAILED (an attempt failed) | DEAD | SKIPPED | CANCELLED | ...
+    state: m.RunState  # the read model's: SUCCEEDED | RETRY_WAIT | DEAD | SKIPPED | ...
     job_type: str | None = None
     attempt: int | None = None
     fence: int | None = None
@@ -475,7 +479,7 @@ def _why(o: Outcome) -> str:
         parts.append(f"x{o.count}" + (f" through {_hm(o.through)}" if o.through else ""))
     if o.error and o.state != "SUCCEEDED":
         # a failed attempt: its error first (then when it is retried); else the reason first
-        parts.insert(0 if o.state == "FAILED" else len(parts), o.error)
+        parts.insert(0 if o.state in ("LEASED", "RETRY_WAIT") else len(parts), o.error)
     return clip(" · ".join(parts), REASON_W) if parts else ""
 
 

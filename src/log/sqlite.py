@@ -438,14 +438,21 @@ def _setup(conn: sqlite3.Connection) -> None:
 
 def _topic_partitions(conn: sqlite3.Connection, cache: dict[str, int], topic: str) -> int:
     n = cache.get(topic)
-    if n is None:
-        row = conn.execute("SELECT partitions FROM topics WHERE topic = ?", (topic,)).fetchone()
-        if row is None:
-            raise LogError(f"unknown topic {topic!r} (call ensure_topics first)")
-        if isinstance(cache, _TopicCache) and conn.execute(
-                "SELECT 1 FROM compacted_topics WHERE topic = ?", (topic,)).fetchone():
-            cache.compacted.add(topic)  # learnt before the count: no reader misses it
-        n = cache[topic] = int(row[0])
+    return _stored_count(conn, cache, topic) if n is None else n
+
+
+def _stored_count(conn: sqlite3.Connection, cache: dict[str, int], topic: str) -> int:
+    """The partition count of ``topic`` as stored now, cached. The cache is shared with the
+    event loop (a group consumer computes its assignment from it) and the other connection's
+    thread: an entry is only ever replaced by a larger count, never removed, not even for the
+    time of this read — a reader that found it missing would fail (KeyError)."""
+    row = conn.execute("SELECT partitions FROM topics WHERE topic = ?", (topic,)).fetchone()
+    if row is None:
+        raise LogError(f"unknown topic {topic!r} (call ensure_topics first)")
+    if isinstance(cache, _TopicCache) and conn.execute(
+            "SELECT 1 FROM compacted_topics WHERE topic = ?", (topic,)).fetchone():
+        cache.compacted.add(topic)  # learnt before the count: no reader misses it
+    n = cache[topic] = max(int(row[0]), cache.get(topic, 0))
     return n
 
 
@@ -454,8 +461,7 @@ def _grown_count(conn: sqlite3.Connection, cache: dict[str, int], topic: str, p:
     when ``p`` is past it — the one stored now (another process may have added partitions)."""
     n = cache.get(topic)
     if n is None or p >= n:
-        cache.pop(topic, None)
-        n = _topic_partitions(conn, cache, topic)
+        n = _stored_count(conn, cache, topic)
     return n
 
 

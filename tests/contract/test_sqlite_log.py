@@ -577,3 +577,34 @@ def _record_dictionary_sha() -> str:
     """The dictionary is part of the file format: a changed one would misread every row."""
     return hashlib.sha256(resources.files("chronolog.log.dictionaries").joinpath(
         "record_v1.zdict").read_bytes()).hexdigest()
+
+
+async def test_reading_a_partition_count_again_never_hides_the_topic_from_a_group_member(
+    log: SqliteEventLog,
+) -> None:
+    # What a projector's partition discovery does on a timer (partition_count, on the log's
+    # reader thread) while the node's effect runner polls its group (its assignment computed
+    # from the same counts on the event loop): the runner must not find the count missing
+    # for the time of the read. It failed with KeyError: '<prefix>events' on an idle node.
+    t = log.topics
+    consumer = log.group_consumer("recount", [t.events], "member-a")
+    await consumer.start()
+    everything = {(t.events, p) for p in range(PARTITIONS)}
+    await wait_until(lambda: consumer.assignment() == everything, DEADLINE_S)
+    counts: list[int] = []
+
+    async def recount() -> None:
+        for _ in range(500):
+            counts.append(await log.partition_count(t.events))
+
+    # several at once: whenever the member polls, the log is reading a count again
+    recounting = asyncio.gather(*(recount() for _ in range(4)))
+    polls = 0
+    while not recounting.done() or polls < 20:
+        consumer.seek(t.events, polls % PARTITIONS, 0)  # its next poll looks at the group
+        await consumer.getmany(timeout_ms=0)
+        polls += 1
+    await recounting
+    assert counts == [PARTITIONS] * 2000
+    assert consumer.assignment() == everything
+    await consumer.close()

@@ -134,7 +134,7 @@ def test_the_view_of_a_recorded_state(width: int) -> None:
         return found[0]
 
     assert "SUCCEEDED" in row("r_ok")
-    assert "FAILED" in row("r_retry") and "transient: Conn" in row("r_retry")
+    assert "RETRY_WAIT" in row("r_retry") and "transient: Conn" in row("r_retry")
     if width >= 160:
         assert "transient: ConnectionError: refused · retry 2 at 08:55:03" in row("r_retry")
     dead = row("r_dead")
@@ -253,3 +253,22 @@ async def test_an_event_the_view_cannot_record_never_reaches_the_processor() -> 
     assert any("2 events could not be recorded" in p for p in snap.problems)
     text = text_of(render(snap, 120).renderable, 120)
     assert "2 events could not be recorded (last: TypeError" in text
+
+
+def test_every_state_the_live_view_shows_is_one_the_runs_filter_accepts() -> None:
+    from chronolog.queries.read_model import RUN_STATES, parse_run_states
+
+    recent = recorded()
+    t = NOW - timedelta(minutes=1)
+    recent(0, [  # a failed attempt and an expired lease, before the processor moves the run
+        _env("flaky", _materialized("r_failing", "fail", t), t),
+        _env("flaky", m.AttemptFailed(run_id="r_failing", attempt=1, fence=1, worker_id="w",
+                                      error_class="transient"), t),
+        _env("flaky", _materialized("r_lapsed", "fail", t), t),
+        _env("flaky", m.LeaseExpired(run_id="r_lapsed", attempt=1, fence=2,
+                                     lease_until=t), t)])
+    shown = {o.state for o in recent.outcomes(20)}
+    assert {"SUCCEEDED", "RETRY_WAIT", "DEAD", "SKIPPED", "CANCELLED", "LEASED"} <= shown
+    for state in shown:
+        assert state in RUN_STATES
+        assert parse_run_states(state.lower()) == [state]  # what `runs --state` and the API use

@@ -7,6 +7,7 @@ import contextlib
 import time
 
 import pytest
+import structlog
 
 from chronolog.devnode import supervisor as supervision
 from chronolog.devnode.supervisor import Supervisor
@@ -95,3 +96,33 @@ async def test_a_stop_that_is_cancelled_cancels_every_part_still_running() -> No
     assert first_task is not None
     first_task.cancel()
     await asyncio.wait({first_task}, timeout=5)
+
+
+class Failing:
+    """Fails with the errors given, one per run, then runs until stopped."""
+
+    def __init__(self, errors: list[BaseException]) -> None:
+        self.errors = errors
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        if self.errors:
+            raise self.errors.pop(0)
+        await self.stopping.wait()
+
+
+async def test_a_failed_parts_traceback_is_logged_once_per_distinct_error() -> None:
+    part = Failing([KeyError("chronolog.events"), KeyError("chronolog.events"),
+                    RuntimeError("other"), KeyError("chronolog.events")])
+    sup = Supervisor(initial_backoff=0.0, max_backoff=0.0, say=lambda line: None)
+    with structlog.testing.capture_logs() as logs:
+        sup.add("effects", lambda: part, lambda p: p.run(), lambda p: p.stopping.set())
+        await wait_until(lambda: sup.restarts["effects"] == 4, 10.0, "four restarts")
+        await sup.stop([("effects", 5.0)])
+    failed = [e for e in logs if e["event"] == "part_failed"]
+    assert [e["error"] for e in failed] == ["KeyError: 'chronolog.events'",
+                                           "RuntimeError: other"]
+    assert all(e["part"] == "effects" and isinstance(e["exc_info"], BaseException)
+               for e in failed)
+    assert failed[0]["exc_info"].__traceback__ is not None  # where it was raised
+    assert len([e for e in logs if e["event"] == "part_restarting"]) == 4
