@@ -31,6 +31,7 @@ from typing import Any
 import asyncpg
 
 from chronolog.cli.errors import Failure, UsageError
+from chronolog.cli.flags import checked_database_url
 from chronolog.cli.transport import Ctx, RunsQuery, SchedulesQuery, WorkersQuery
 from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
 from chronolog.domain import messages as m
@@ -262,9 +263,7 @@ class DirectTransport:
         args = self.args
         url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
         if url:
-            if not url.startswith(("postgresql://", "postgres://")):
-                raise UsageError(f"invalid database-url '{url}': expected postgresql://...")
-            yield url
+            yield checked_database_url(url)
             return
         ddir = data_dir(args.data_dir)
         clusters = [ddir / "pg", ddir / "postgres"]  # chronolog dev / chronolog projector

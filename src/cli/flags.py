@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from chronolog.cli.errors import UsageError
 from chronolog.settings import ConfigError, data_dir, open_log, parse_log_url
@@ -137,14 +138,37 @@ def _usage(message: str) -> Exception:
     return UsageError(message)
 
 
+def checked_database_url(url: str) -> str:
+    """``url`` if it is a PostgreSQL URL a connection can be made from; else the usage error
+    naming the flag (a bad port, an unclosed ``[`` of an IPv6 host, a host name no resolver
+    accepts), before anything connects — a driver would fail with a traceback instead."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise _usage(f"invalid database-url '{url}': expected postgresql://...")
+    try:
+        netloc = urlsplit(url).netloc  # an unclosed "[" is a ValueError
+        for host_port in netloc.rpartition("@")[2].split(","):  # host1:port1,host2:port2
+            if host_port.startswith("["):  # an IPv6 address: no name to resolve
+                host, port = "", host_port.partition("]")[2].removeprefix(":")
+            else:
+                host, _, port = host_port.partition(":")
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port!r} is not a number in 1-65535")
+            try:
+                host.encode("idna")
+            except UnicodeError:
+                raise ValueError(f"host {host!r} is not a host name (a label is empty or "
+                                 "longer than 63 characters)") from None
+    except ValueError as exc:
+        raise _usage(f"invalid database-url '{url}': {exc}") from None
+    return url
+
+
 @asynccontextmanager
 async def database(args: Any) -> AsyncIterator[str]:
     """The DSN the arguments name; an embedded server is started (and stopped) if needed."""
     url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     if url:
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
-        yield url
+        yield checked_database_url(url)
         return
     from chronolog.embedded_postgres import EmbeddedPostgres
 
@@ -167,9 +191,7 @@ async def existing_database(args: Any, command: str) -> AsyncIterator[str]:
     client is connected to it by then (a dev node started meanwhile keeps its database)."""
     url = args.database_url or os.environ.get("CHRONOLOG_DATABASE_URL")
     if url:
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise _usage(f"invalid database-url '{url}': expected postgresql://...")
-        yield url
+        yield checked_database_url(url)
         return
     from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 

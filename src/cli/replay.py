@@ -89,6 +89,7 @@ from chronolog.archive.source import ArchivedHistory
 from chronolog.cli.errors import UsageError
 from chronolog.cli.flags import (
     add_retention_flag,
+    checked_database_url,
     existing_database,
     retention_policy_from_args,
 )
@@ -447,8 +448,8 @@ def _parse_until(text: str) -> datetime:
 
 def _check(args: argparse.Namespace) -> datetime | None:
     dsn = args.database_url
-    if dsn is not None and not dsn.startswith(("postgresql://", "postgres://")):
-        raise UsageError(f"invalid database-url '{dsn}': expected postgresql://...")
+    if dsn is not None:
+        checked_database_url(dsn)
     if args.schema is not None:
         if not _SCHEMA.match(args.schema):
             raise UsageError(f"invalid schema '{args.schema}': lower-case letters, digits "

@@ -244,6 +244,8 @@ def test_to_offset_and_until_rebuild_a_prefix_of_every_partition(
 
 @pytest.mark.parametrize("args, fragment", [
     (["--database-url", "mysql://x"], "invalid database-url 'mysql://x'"),
+    (["--database-url", "postgresql://a@a..b/db"], "host 'a..b' is not a host name"),
+    (["--database-url", "postgresql://u:p@[bad/x"], "invalid database-url 'postgresql://u:p@["),
     (["--database-url", "postgresql://u@127.0.0.1:1/db"], "cannot connect to database-url"),
     (["--schema", "Bad-Name"], "invalid schema 'Bad-Name'"),
     (["--until", "yesterday"], "invalid until 'yesterday'"),
