@@ -37,6 +37,7 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import EventLog, LogError, OutRecord, Record
 from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
+from chronolog.wakeup import wait_within
 
 log = structlog.get_logger("chronolog.client")
 
@@ -149,7 +150,7 @@ class Client:
         try:
             await self._consumer.start()
             self._task = asyncio.create_task(self._pump(), name=f"{self.client_id}-replies")
-            await asyncio.wait_for(self._ready.wait(), 30)
+            await wait_within(self._ready.wait(), 30)
         except BaseException:
             await self._stop_reading()
             raise

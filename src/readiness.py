@@ -35,6 +35,8 @@ from typing import Any
 
 import structlog
 
+from chronolog.wakeup import wait_within
+
 __all__ = ["READY_FILE_ENV", "Readiness", "database_reachable", "log_reachable", "probing",
            "ready_file", "watch"]
 
@@ -107,7 +109,7 @@ async def watch(readiness: Readiness, probe: Probe, interval: float = PROBE_INTE
     """Evaluate ``probe`` every ``interval`` seconds until cancelled (module docstring)."""
     while True:
         try:
-            ready, reason = await asyncio.wait_for(probe(), interval * 3 + PROBE_TIMEOUT_S)
+            ready, reason = await wait_within(probe(), interval * 3 + PROBE_TIMEOUT_S)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failing probe means not ready
@@ -140,10 +142,10 @@ async def log_reachable(log_: Any, timeout: float = PROBE_TIMEOUT_S) -> str | No
     partition 0) and has the replicas a write needs (``EventLog.write_quorum``), else why
     not, starting ``log unreachable``."""
     try:
-        quorum = await asyncio.wait_for(log_.write_quorum(), timeout)
+        quorum = await wait_within(log_.write_quorum(), timeout)
         if quorum is not None:
             return f"log unreachable: {quorum}"
-        await asyncio.wait_for(log_.end_offset(log_.topics.commands, 0), timeout)
+        await wait_within(log_.end_offset(log_.topics.commands, 0), timeout)
     except asyncio.CancelledError:
         raise
     except TimeoutError:
@@ -157,7 +159,7 @@ async def database_reachable(pool: Any, timeout: float = PROBE_TIMEOUT_S) -> str
     """``None`` when PostgreSQL answers ``SELECT 1`` through ``pool`` within ``timeout``,
     else why not, starting ``read model unreachable``."""
     try:
-        await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout)
+        await wait_within(pool.fetchval("SELECT 1"), timeout)
     except asyncio.CancelledError:
         raise
     except TimeoutError:

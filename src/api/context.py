@@ -63,6 +63,7 @@ from chronolog.queries.documents import camel_path, jsonable
 from chronolog.queries.metrics import MetricsSource
 from chronolog.queries.read_model import ReadModel
 from chronolog.tenants import DEFAULT_RETENTION_S, Tenant, Tenants
+from chronolog.wakeup import wait_within
 
 __all__ = [
     "ApiContext",
@@ -213,7 +214,7 @@ class ApiContext:
         now = time.monotonic()
         if now - asked >= QUORUM_CHECK_S:
             try:
-                answer = await asyncio.wait_for(self.log.write_quorum(), 3)
+                answer = await wait_within(self.log.write_quorum(), 3)
             except (TimeoutError, LogError):
                 answer = None  # not known: the send itself will tell
             self._quorum = (now, answer)

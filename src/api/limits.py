@@ -36,6 +36,7 @@ import structlog
 
 from chronolog.domain.limits import MAX_BODY_BYTES, MAX_DOCUMENT_DEPTH, json_depth, text_violation
 from chronolog.tenants import RateLimit
+from chronolog.wakeup import wait_within
 
 __all__ = ["RateLimiter", "RequestGuard"]
 
@@ -167,7 +168,7 @@ class RequestGuard:
         deadline = loop.time() + self.body_timeout
         while True:
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                message = await wait_within(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise _TooSlow from None
             if message["type"] != "http.request":

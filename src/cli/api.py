@@ -39,6 +39,7 @@ from chronolog.cli.flags import (
     log_from_args,
     retention_from_args,
 )
+from chronolog.wakeup import wait_within
 
 __all__ = ["register", "serve"]
 
@@ -157,7 +158,7 @@ async def serve(args: Any, tenants: Any) -> int:
             if projector is not None and task is not None:
                 projector.stop()
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(task, 30)
+                    await wait_within(task, 30)
             if client is not None:
                 await client.close()
             await log_.close()

@@ -23,6 +23,7 @@ from chronolog.cli.errors import UsageError
 from chronolog.log.kafka_acls import ROLES, AclError, acls_for, apply_acls
 from chronolog.log.port import Topics
 from chronolog.settings import ConfigError, parse_log_url
+from chronolog.wakeup import wait_within
 
 
 def register(sub: Any) -> None:
@@ -63,9 +64,9 @@ def _run(args: argparse.Namespace) -> int:
     async def apply() -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=cfg.target, client_id="chronolog-acls",
                                     request_timeout_ms=15000, **cfg.auth.client_kwargs())
-        await asyncio.wait_for(admin.start(), 30)
+        await wait_within(admin.start(), 30)
         try:
-            await asyncio.wait_for(apply_acls(admin, acls), 60)
+            await wait_within(apply_acls(admin, acls), 60)
         finally:
             await admin.close()
 

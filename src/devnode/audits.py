@@ -19,6 +19,8 @@ from pathlib import Path
 
 import structlog
 
+from chronolog.wakeup import wait_within
+
 log = structlog.get_logger("chronolog.devnode")
 
 AUDIT_EVERY_S = 60.0
@@ -47,7 +49,7 @@ class NodeAudits:
     async def run(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.every_s)
+                await wait_within(self._stopping.wait(), self.every_s)
             if self._stopping.is_set():
                 return
             await self.audit_once()

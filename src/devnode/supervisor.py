@@ -25,6 +25,8 @@ from typing import Any
 
 import structlog
 
+from chronolog.wakeup import wait_within
+
 log = structlog.get_logger("chronolog.devnode.supervisor")
 
 __all__ = ["CANCEL_WAIT_S", "Notice", "Supervisor"]
@@ -108,7 +110,7 @@ class Supervisor:
             self._say(f"chronolog: {part.name} failed ({error}); restarting it in "
                       f"{delay:.1f} s (restart {n})")
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(part.stopping.wait(), delay)
+                await wait_within(part.stopping.wait(), delay)
             if part.stopping.is_set():
                 return
             delay = min(self.max_backoff, delay * 2)

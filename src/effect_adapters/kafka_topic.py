@@ -50,6 +50,7 @@ from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Sto
 from chronolog.log.kafka import NO_AUTH, stop_client
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import EventLog, KafkaCluster, LogError, OutRecord
+from chronolog.wakeup import wait_within
 
 
 class KafkaEffectAdapter:
@@ -126,12 +127,12 @@ class KafkaEffectAdapter:
                     bootstrap_servers=bootstrap, client_id=f"chronolog-effects-{self.member_id}",
                     enable_idempotence=True, acks="all", linger_ms=0, request_timeout_ms=30000)
                 try:
-                    await asyncio.wait_for(producer.start(), 40)
+                    await wait_within(producer.start(), 40)
                 except BaseException:
                     await stop_client(producer, 10)
                     raise
                 self._remote[bootstrap] = producer
-            meta = await asyncio.wait_for(producer.send_and_wait(
+            meta = await wait_within(producer.send_and_wait(
                 rec.topic, rec.value, key=rec.key, headers=list(rec.headers)), 40)
         except (TimeoutError, KafkaError, OSError) as exc:
             return Outcome.retry_later(error=repr(exc)[:300], elapsed_ms=sw.ms(),
@@ -154,7 +155,7 @@ class KafkaEffectAdapter:
                 **getattr(self.log, "auth", NO_AUTH).client_kwargs(),
             )
             try:
-                await asyncio.wait_for(producer.start(), 40)  # InitProducerId fences zombies
+                await wait_within(producer.start(), 40)  # InitProducerId fences zombies
             except BaseException:
                 await stop_client(producer, 10)
                 raise
@@ -170,8 +171,8 @@ class KafkaEffectAdapter:
             try:
                 producer = await self._start_producer(bootstrap_servers)
                 n = await self.log.partitions_for(rec.topic)
-                await asyncio.wait_for(producer.begin_transaction(), 30)
-                meta = await asyncio.wait_for(producer.send_and_wait(
+                await wait_within(producer.begin_transaction(), 30)
+                meta = await wait_within(producer.send_and_wait(
                     rec.topic, rec.value, key=rec.key, partition=partition_for(rec.key or b"", n),
                     headers=list(rec.headers)), 30)
                 evidence = {"contract": "transactional", "transactional_id": self.transactional_id,
@@ -182,15 +183,15 @@ class KafkaEffectAdapter:
                     env = ctx.outcome_envelope("succeeded", evidence)
                     key = partition_key(env.tenant, env.schedule_id).encode()
                     cmds = self.log.topics.commands
-                    await asyncio.wait_for(producer.send_and_wait(
+                    await wait_within(producer.send_and_wait(
                         cmds, codec.encode_command(env), key=key,
                         partition=partition_for(key, await self.log.partitions_for(cmds))), 30)
                     target = ctx.commit_to() if ctx.commit_to is not None else ctx.offset + 1
-                    await asyncio.wait_for(producer.send_offsets_to_transaction(
+                    await wait_within(producer.send_offsets_to_transaction(
                         {TopicPartition(ctx.events_topic, ctx.partition):
                          OffsetAndMetadata(target, "")}, ctx.group), 30)
                     recorded = True
-                await asyncio.wait_for(producer.commit_transaction(), 30)
+                await wait_within(producer.commit_transaction(), 30)
             except Exception as exc:  # noqa: BLE001 - classified below
                 landed = await self._landed(ctx)
                 await self._reset(abort=not landed)
@@ -221,6 +222,6 @@ class KafkaEffectAdapter:
             return
         if abort:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.abort_transaction(), 10)
+                await wait_within(producer.abort_transaction(), 10)
         await stop_client(producer, 15)
 

@@ -31,6 +31,7 @@ import httpcore
 import httpx
 
 from chronolog.destinations import embedded_ipv4
+from chronolog.wakeup import wait_within
 
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254"))
@@ -82,7 +83,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
             pass
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(
+            infos = await wait_within(
                 loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
         except (TimeoutError, OSError) as exc:
             raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc

@@ -73,6 +73,7 @@ from chronolog.lifecycle import unavailable
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.log.reading import read_partition
+from chronolog.wakeup import wait_within
 
 log = structlog.get_logger("chronolog.effects")
 
@@ -349,7 +350,7 @@ class EffectRunner:
         for rec in records:
             self._consumer.seek(rec.topic, rec.partition, rec.offset)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._progress.wait(), self.config.poll_ms / 1000)
+            await wait_within(self._progress.wait(), self.config.poll_ms / 1000)
         await self._commit_progress()
 
     async def _close_lanes(self) -> None:
@@ -359,7 +360,7 @@ class EffectRunner:
                 continue
             if lane.busy:  # let the effect at hand finish (or leave it unrecorded)
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(lane.task),
+                    await wait_within(asyncio.shield(lane.task),
                                            max(0.0, deadline - time.monotonic()))
             lane.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -527,7 +528,7 @@ class EffectRunner:
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+            await wait_within(self._stopping.wait(), seconds)
         if self._stopping.is_set():
             raise _Stopping()
 

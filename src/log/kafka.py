@@ -136,6 +136,7 @@ from chronolog.log.port import (
     Topics,
     refuse_deletion,
 )
+from chronolog.wakeup import wait_within
 
 __all__ = ["KafkaEventLog", "KafkaGroupConsumer", "KafkaPartitionOwner"]
 
@@ -244,7 +245,7 @@ def _to_record(msg: Any) -> Record:
 async def _bounded(aw: Any, seconds: float, what: str) -> Any:
     """Await ``aw`` for at most ``seconds``; a timeout becomes ``LogUnavailable``."""
     try:
-        return await asyncio.wait_for(aw, seconds)
+        return await wait_within(aw, seconds)
     except TimeoutError as exc:
         raise LogUnavailable(f"kafka: {what} did not finish within {seconds:.0f}s") from exc
 
@@ -495,7 +496,7 @@ class KafkaEventLog:
         except BaseException as exc:
             await stop_client(producer, 10)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(admin.close(), 10)
+                await wait_within(admin.close(), 10)
             if isinstance(exc, KafkaError):
                 raise LogUnavailable(
                     f"kafka: cannot connect to {self.bootstrap_servers}: {exc!r}"
@@ -521,7 +522,7 @@ class KafkaEventLog:
             await stop_client(self._producer, self._bound_s)
         if self._admin is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._admin.close(), 10)
+                await wait_within(self._admin.close(), 10)
         self._producer = self._admin = None
 
     async def __aenter__(self) -> KafkaEventLog:
@@ -661,7 +662,7 @@ class KafkaEventLog:
 
         async def answers(host: str, port: int) -> bool:
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+                _, writer = await wait_within(asyncio.open_connection(host, port), 1.0)
             except (OSError, TimeoutError):
                 return False
             writer.close()
@@ -1378,7 +1379,7 @@ class KafkaPartitionOwner:
             raise exc
         if not fatal:
             try:
-                await asyncio.wait_for(producer.abort_transaction(), self._log._bound_s)
+                await wait_within(producer.abort_transaction(), self._log._bound_s)
             except Exception as abort_exc:  # noqa: BLE001 - any abort failure kills the owner
                 log.warning("%s: abort after %r failed: %r", self.transactional_id, exc, abort_exc)
             else:

@@ -83,6 +83,7 @@ from chronolog.processors.partition_task import PartitionTask, TaskContext, Unap
 from chronolog.processors.pruning import Pruner
 from chronolog.processors.restore import Restorer, Takeover
 from chronolog.settings import installed_rules
+from chronolog.wakeup import wait_within
 
 log = structlog.get_logger("chronolog.processor")
 
@@ -227,7 +228,7 @@ class Processor:
         logged and tried again at the next pass: pruning never stops deciding."""
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.config.prune_every_s)
+                await wait_within(self._stopping.wait(), self.config.prune_every_s)
             try:
                 checkpoint = await self.pruner.checkpoint() if self.partitions else None
             except Exception as exc:  # noqa: BLE001 - tried again at the next pass

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chronolog.logging import Throttle
+from chronolog.wakeup import wait_within
 
 
 async def fold_until_stopped(step: Callable[[int], Awaitable[int]], stopping: asyncio.Event,
@@ -29,6 +30,6 @@ async def fold_until_stopped(step: Callable[[int], Awaitable[int]], stopping: as
             if held is not None:
                 log.warning(failed, error=repr(exc)[:500], **({"held_back": held} if held else {}))
             try:
-                await asyncio.wait_for(stopping.wait(), 1.0)
+                await wait_within(stopping.wait(), 1.0)
             except TimeoutError:
                 pass

@@ -119,6 +119,7 @@ from chronolog.projections.store import (
 )
 from chronolog.projections.workers import WorkerDirectory
 from chronolog.settings import RULES_HEADER, RulesVersion
+from chronolog.wakeup import wait_within
 
 __all__ = ["Commit", "Projector", "ProjectorStats", "Watermark", "decode_and_project"]
 
@@ -130,6 +131,7 @@ DEFAULT_DISCOVER_S = 2.0  # how often the projector looks for partitions added t
 DEFAULT_PRUNE_EVERY_S = 10.0  # how often finished runs past their retention are pruned
 PROGRESS_EVERY_S = 5.0  # between two publications of the stored offsets on the log
 PRUNE_BATCHES_PER_PASS = 20  # batches of one pruning pass (the next pass goes on)
+CANCEL_AGAIN_S = 1.0  # a task that goes on after its cancellation is cancelled again after this
 
 
 GC_GEN0_THRESHOLD = 50_000  # while run() is active (see chronolog.environment.gc_tune)
@@ -471,7 +473,7 @@ class Projector:
             except Exception as exc:  # noqa: BLE001 - tried again at the next tick
                 log.warning(what, error=repr(exc)[:500])
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), seconds())
+                await wait_within(self._stopping.wait(), seconds())
 
     async def _prune_until_stopped(self) -> None:
         """The day partitions ahead, then ``prune`` (a bounded pass), every
@@ -573,7 +575,7 @@ class Projector:
         """Wait (bounded) until the watermark covers ``partition -> next offset``."""
         async with self._progress:
             try:
-                await asyncio.wait_for(
+                await wait_within(
                     self._progress.wait_for(lambda: self.watermark().reached(required)), timeout
                 )
             except TimeoutError:
@@ -742,6 +744,12 @@ def _chain(groups: Iterable[list[m.EventEnvelope]]) -> Iterable[m.EventEnvelope]
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    """Cancel ``task`` and wait for its end, cancelling it again each second it goes on: a
+    library call inside it that loses a cancellation (``asyncio.wait_for`` in Python 3.11,
+    which aiokafka uses) would otherwise hold the projector's stop. Its outcome is dropped; a
+    cancellation of the caller is not (``asyncio.wait`` lets it through)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_AGAIN_S)
+    if not task.cancelled():
+        task.exception()  # retrieved: the reader's failure is raised by its own check

@@ -43,7 +43,6 @@ jsonb value, keys included; the log keeps the original. Any other value the data
 
 from __future__ import annotations
 
-import asyncio
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -57,6 +56,7 @@ import orjson
 import structlog
 
 from chronolog.projections.migrate import migrate as _migrate
+from chronolog.wakeup import wait_within
 
 log = structlog.get_logger("chronolog.projections.store")
 
@@ -488,7 +488,7 @@ class PostgresProjectionStore:
         connection still held then — a stuck query, a task that was never stopped — would
         hold ``close`` for ever), then terminate what is left."""
         try:
-            await asyncio.wait_for(self.pool.close(), timeout)
+            await wait_within(self.pool.close(), timeout)
         except TimeoutError:
             log.warning("read_model_pool_terminated", after_s=timeout)
             self.pool.terminate()

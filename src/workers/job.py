@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from chronolog.wakeup import wait_within
+
 __all__ = ["Ambiguous", "Cancelled", "Handler", "JobContext", "JobRegistry", "Permanent"]
 
 
@@ -64,7 +66,7 @@ class JobContext:
     async def sleep(self, seconds: float) -> None:
         """Sleep, waking early with ``Cancelled`` if the attempt is cancelled."""
         try:
-            await asyncio.wait_for(self.cancelled.wait(), max(0.0, seconds))
+            await wait_within(self.cancelled.wait(), max(0.0, seconds))
         except TimeoutError:
             return
         self.check_cancelled()

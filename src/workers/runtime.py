@@ -87,7 +87,7 @@ from chronolog.log.port import (
 )
 from chronolog.logging import Throttle
 from chronolog.settings import data_dir
-from chronolog.wakeup import Wakeup
+from chronolog.wakeup import Wakeup, wait_within
 from chronolog.workers.builtin import register_builtin_jobs
 from chronolog.workers.job import Ambiguous, Cancelled, Handler, JobContext, Permanent
 from chronolog.workers.results import (
@@ -305,7 +305,7 @@ class Worker:
         self._stopping.set()
 
     async def wait_started(self, timeout: float = 60.0) -> None:
-        await asyncio.wait_for(self._started.wait(), timeout)
+        await wait_within(self._started.wait(), timeout)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready: the consumer of every resource class is in its group
@@ -368,7 +368,7 @@ class Worker:
             if announcer is not None:
                 announcer.cancel()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._announce(stopping=True), LEAVE_STEP_S)
+                    await wait_within(self._announce(stopping=True), LEAVE_STEP_S)
             for t in list(self._background):
                 t.cancel()
             if self._own_client:
@@ -601,10 +601,10 @@ class Worker:
             # leaving steps, each bounded: a broker that is away must not hold the stop
             for step in (ack(), self._offer(lane, lane.owned, withdraw=True)):
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(step, LEAVE_STEP_S)
+                    await wait_within(step, LEAVE_STEP_S)
             lane.owned.clear()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.close(), 2 * LEAVE_STEP_S)
+                await wait_within(consumer.close(), 2 * LEAVE_STEP_S)
 
     async def _assignment(self, lane: _Lane, rec: Record) -> bool:
         """Admit an assignment addressed to this worker; skip anything else (re-reads,
