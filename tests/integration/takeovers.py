@@ -72,6 +72,12 @@ async def take_over(lg: Any, member: str, config: ProcessorConfig | None = None,
 
         await wait_until(everything, 60, what="every partition assigned to the probe")
         await proc._on_assigned({(lg.topics.commands, p) for p in range(lg.topics.partitions)})
+
+        def restored() -> bool:  # a restore longer than the inline wait goes on in its task
+            proc._install_restored()  # what the loop's step would do
+            return not proc._restoring
+
+        await wait_until(restored, 60, what="every take-over restored or failed")
         states = {p: partition_fields(ps.states, ps.quotas) for p, ps in proc.partitions.items()}
         takeovers = {t.partition: t for t in proc.takeovers}
     finally:
