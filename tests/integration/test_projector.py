@@ -49,7 +49,8 @@ async def _rebuild(lg: Any, module_dsn: str, stores: list[PostgresProjectionStor
     """A fresh schema projected from offset 0 in small batches."""
     store = await open_store(module_dsn, stores)
     pr = Projector(lg, store, batch_max=7)
-    await pr.run_until_caught_up(60)
+    # a record per partition a batch: a few hundred batches, slow on a loaded machine
+    await pr.run_until_caught_up(180)
     return store, pr
 
 
