@@ -121,8 +121,11 @@ RunState = Literal[
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
 
 
+# defer_build: a model's validator is built when it is first used, not at import: a command
+# line invocation uses a few of these models, and building all of them took about a tenth of
+# its start-up (every `chronolog` process imports this module)
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -590,7 +593,7 @@ class CommandEnvelope(_Model):
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class ScheduleCreated(_Event):
@@ -1029,7 +1032,7 @@ CURRENT_VERSION = 1
 
 
 class EventEnvelope(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     event_id: str
     type: str
@@ -1066,7 +1069,7 @@ class Reply(BaseModel):
     """The answer to one command, correlated by ``command_id``. Members at their default
     (an empty ``reason``, ``body`` or ``positions``) may be left out."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     command_id: str
     status: Status
@@ -1102,7 +1105,7 @@ class DeadLetter(BaseModel):
     could not parse).
     """
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     reason: str
     original: str  # the original bytes (a prefix of them when original_size is larger), base64
