@@ -151,7 +151,7 @@ class MetricsSource:
                                         if (rc, job) not in served]
             s.workers_live = await live_workers_per_class(conn)
             s.expired_leases = await conn.fetchval(
-                "SELECT count(*) FROM attempts WHERE outcome IS NULL AND lease_until < now()")
+                "SELECT count(*) FROM open_attempts WHERE lease_until < now()")
             s.schedules = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
                 "SELECT tenant, state, count(*) FROM schedules GROUP BY 1, 2 ORDER BY 1, 2")]
             offsets = await conn.fetch(
