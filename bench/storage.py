@@ -242,7 +242,7 @@ async def print_read_model(dsn: str, runs: int) -> None:
                 "sum(pg_total_relation_size(t.relid) - pg_indexes_size(t.relid) "
                 "    - pg_relation_size(t.relid)) AS toast, "
                 "sum(s.n_live_tup) AS live, sum(s.n_dead_tup) AS dead, "
-                "sum(s.n_tup_upd) AS upd, sum(s.n_tup_hot_upd) AS hot "
+                "sum(s.n_tup_upd)::bigint AS upd, sum(s.n_tup_hot_upd)::bigint AS hot "
                 "FROM pg_partition_tree($1::regclass) t "
                 "JOIN pg_stat_user_tables s ON s.relid = t.relid WHERE t.isleaf", table)
             print(f"read model {table}: heap {int(r['heap'] or 0) / per:7.1f} B/run, "

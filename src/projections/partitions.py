@@ -36,7 +36,6 @@ import asyncpg
 __all__ = [
     "AHEAD_DAYS",
     "DEFAULT_PARTITION",
-    "FILLFACTOR",
     "LOCK_WAIT_MS",
     "DayPartition",
     "day_bounds",
@@ -52,11 +51,6 @@ __all__ = [
 DEFAULT_PARTITION = "runs_default"
 AHEAD_DAYS = 3  # days made ahead of today
 LOCK_WAIT_MS = 1000  # how long a partition's DDL waits for its table lock
-# the share of each page of a day partition that inserts fill (migration 0011): the rest is
-# room for the updated versions of its rows (a run's claim and publish, an attempt's end),
-# so that those updates stay in the row's page (HOT: no new index entry, the old version
-# pruned in the page without a vacuum)
-FILLFACTOR = 45
 DAY_S = 86400.0
 _NAME = re.compile(r"^runs_p(\d{8})$")
 
@@ -111,8 +105,7 @@ async def _make(conn: asyncpg.Connection, day: DayPartition) -> bool:
             for parent, name in (("runs", day.runs), ("attempts", day.attempts)):
                 await conn.execute(
                     f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF {parent} '
-                    f"FOR VALUES FROM ('{lower.isoformat()}') TO ('{upper.isoformat()}') "
-                    f"WITH (fillfactor = {FILLFACTOR})")
+                    f"FOR VALUES FROM ('{lower.isoformat()}') TO ('{upper.isoformat()}')")
     except (asyncpg.exceptions.CheckViolationError, asyncpg.exceptions.LockNotAvailableError):
         return False  # the default holds rows of that day, or the table is busy: not now
     return True

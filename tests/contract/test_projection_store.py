@@ -315,7 +315,7 @@ async def test_open_attempts_follow_the_attempts_and_the_publish_touches_no_inde
     """An attempt is in open_attempts (migration 0011) with its lease end from its claim
     until it has an outcome, kept in the batch's transaction; the publish, which sets the
     run's finished_at and the attempt's outcome, changes no indexed column of runs or
-    attempts: with room in the page (the partitions' fillfactor) both are HOT updates."""
+    attempts: both are HOT updates when the row's page has room."""
     run_id = _uid()
     lease = T0 + timedelta(minutes=1)
     await store.apply(_new_run(RowChanges(), run_id, state="LEASED", attempt=1).set(
