@@ -21,8 +21,15 @@ projector, and then measures:
 Each divided by the runs that finished (``ResultPublished``). A benchmark, not a test:
 figures go to docs/performance.md.
 
+``--warmup SECONDS`` also gives the read model's *steady-state* bytes per run: the bytes of
+``runs`` and ``attempts`` at the end minus those after the warm-up, over the runs that
+finished in between (the read model's count of succeeded runs at both points). The
+database runs with its own autovacuum configuration, as in production, and nothing else
+reclaims space: what autovacuum makes reusable in that time is reused by the runs that
+follow, which the end-of-run figure (measured before any vacuum can have run) does not see.
+
     .venv/bin/python bench/storage.py --log sqlite|kafka [--schedules 100] [--seconds 60]
-        [--kafka-logs .kafka] [--database-url DSN] [--breakdown]
+        [--kafka-logs .kafka] [--database-url DSN] [--breakdown] [--warmup SECONDS]
 
 ``--breakdown`` also prints (on stderr) the bytes per run of each record kind (a topic and
 an event's or command's type) and, per record, of each of its JSON members: where the bytes go;
@@ -234,12 +241,14 @@ async def print_read_model(dsn: str, runs: int) -> None:
                 "SELECT sum(pg_relation_size(t.relid)) AS heap, "
                 "sum(pg_total_relation_size(t.relid) - pg_indexes_size(t.relid) "
                 "    - pg_relation_size(t.relid)) AS toast, "
-                "sum(s.n_live_tup) AS live, sum(s.n_dead_tup) AS dead "
+                "sum(s.n_live_tup) AS live, sum(s.n_dead_tup) AS dead, "
+                "sum(s.n_tup_upd)::bigint AS upd, sum(s.n_tup_hot_upd)::bigint AS hot "
                 "FROM pg_partition_tree($1::regclass) t "
                 "JOIN pg_stat_user_tables s ON s.relid = t.relid WHERE t.isleaf", table)
             print(f"read model {table}: heap {int(r['heap'] or 0) / per:7.1f} B/run, "
                   f"TOAST {int(r['toast'] or 0) / per:5.1f} B/run, "
-                  f"live tuples {r['live']}, dead tuples {r['dead']}", file=sys.stderr)
+                  f"live tuples {r['live']}, dead tuples {r['dead']}, "
+                  f"updates {r['upd']} ({r['hot']} HOT)", file=sys.stderr)
         for r in await conn.fetch(_INDEX_BYTES):
             print(f"read model index {r['index']}: {int(r['size']) / per:7.1f} B/run",
                   file=sys.stderr)
@@ -299,6 +308,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     await client.start()
     ids = [f"s-{i:04d}" for i in range(args.schedules)]
     samples: list[dict[str, Any]] = []
+    warm: tuple[int, int] | None = None  # (bytes of runs and attempts, runs) after --warmup
     auditing = None
     try:
         await asyncio.gather(*(client.create_schedule(
@@ -311,6 +321,10 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                         - asyncio.get_running_loop().time()))
                 samples.append(await kept_now(args, cfg, lg, dsn, workdir, minute))
                 print(json.dumps(samples[-1]), flush=True)
+        elif args.warmup:
+            await asyncio.sleep(args.warmup)
+            warm = (await runs_attempts_bytes(dsn), await projected(dsn))
+            await asyncio.sleep(max(0.0, args.seconds - args.warmup))
         else:
             await asyncio.sleep(args.seconds)
         await asyncio.gather(*(client.pause("bench", sid) for sid in ids))
@@ -348,6 +362,13 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if args.breakdown:
         await print_read_model(dsn, runs)
     per = (lambda n: round(n / runs)) if runs else (lambda n: 0)
+    steady = {}
+    if warm is not None:
+        grown = model.get("runs", 0) + model.get("attempts", 0) - warm[0]
+        since = await projected(dsn) - warm[1]
+        steady = {"read_model_runs_attempts_per_run_steady":
+                  round(grown / since) if since > 0 else None,
+                  "warmup_seconds": args.warmup, "runs_after_warmup": since}
     return {
         "log": args.log, "schedules": args.schedules, "seconds": args.seconds,
         "compression": os.environ.get("CHRONOLOG_KAFKA_COMPRESSION", "-"),
@@ -360,7 +381,13 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "read_model_runs_attempts_per_run_net": per(
             model.get("runs", 0) + model.get("attempts", 0) - empty),
         "read_model_all_per_run": per(sum(model.values())),
+        **steady,
     }
+
+
+async def runs_attempts_bytes(dsn: str) -> int:
+    model = await read_model_bytes(dsn)
+    return model.get("runs", 0) + model.get("attempts", 0)
 
 
 async def audits(cfg: LogConfig, workdir: Path) -> None:
@@ -408,6 +435,9 @@ async def main() -> None:
     ap.add_argument("--keep-records", help="with --breakdown: write one record of each kind "
                     "([topic, key, value] JSON lines) to this file")
     ap.add_argument("--database-url", default=os.environ.get("CHRONOLOG_TEST_DATABASE_URL"))
+    ap.add_argument("--warmup", type=float, default=0.0,
+                    help="seconds: also the steady-state figure, the growth of runs and "
+                         "attempts after the warm-up over the runs finished after it")
     ap.add_argument("--retention", default=None, help="e.g. 2m: the processes' retention")
     ap.add_argument("--samples", default="", help="minutes at which to measure, e.g. 6,12")
     args = ap.parse_args()

@@ -45,14 +45,19 @@ two-minute window waiting for its day would keep a day of rows). A run of a wind
 or more in a day not yet closed waits for its day: at most a day after its own window.
 
 **How.** ``prune`` deletes in batches of at most ``batch`` runs (their attempts and effects
-with them), one transaction per batch, per tenant with its own window and per partition
-searched (the indexes of migration 0008, on every partition since 0009: ``runs (tenant,
-finished_at)`` and ``runs (finished_at)``, partial on finished runs), so no transaction
-holds many row locks or runs for long; the ``DELETE`` repeats the terminal-state and
-cut-off test on each row it locks, so a run redriven between the choice and the delete is
-kept. The live projector runs it on a timer beside its batches
-(``Projector(retention=...)``); ``chronolog replay`` runs it once its build is complete, with
-the same policy — both are functions of the events projected, so they leave the same rows.
+with them), one transaction per batch, per tenant and per partition searched (the tenants of
+the deployment's window found in the partition by a loose scan of ``runs_by_tenant``), so no
+transaction holds many row locks or runs for long. No index holds ``finished_at`` (migration
+0011: the publish that sets it is then a heap-only update); a finished run's ``finished_at``
+is never before its ``scheduled_at``, so a tenant's expired runs are among its runs
+scheduled before the cut-off, a range of ``runs_by_tenant (tenant, scheduled_at, run_id)``,
+whose finished state and ``finished_at`` are checked on the row. (A run cancelled before its
+instant, the one case of a ``finished_at`` before it, goes once both are past the cut-off.)
+The ``DELETE`` repeats the terminal-state and cut-off test on each row it locks, so a run
+redriven between the choice and the delete is kept. The live projector runs it on a timer
+beside its batches (``Projector(retention=...)``); ``chronolog replay`` runs it once its
+build is complete, with the same policy — both are functions of the events projected, so
+they leave the same rows.
 A later event of a pruned run (a redrive of a run dead past its window) finds no row: the
 projector counts it among its missing rows, as a replay that pruned at the same point would.
 """
@@ -83,7 +88,6 @@ __all__ = [
     "FINAL_EFFECT_STATES",
     "FINISHED_STATES",
     "ONE_TENANT_SQL",
-    "OTHER_TENANTS_SQL",
     "STRAGGLER_LIMIT",
     "PruneReport",
     "RetentionPolicy",
@@ -143,15 +147,18 @@ async def projected_now(conn: asyncpg.Connection | asyncpg.Pool, projection: str
     return value
 
 
-# the finished states written out (not a parameter); the partial indexes of migration 0010
-# (runs_finished, runs_finished_by_tenant) hold every row with a finished_at, which
-# ``finished_at < $2`` implies, and this condition leaves out a RECONCILING run among them
+# the finished states written out (not a parameter)
 _FINISHED_SQL = "state IN (" + ", ".join(f"'{st}'" for st in FINISHED_STATES) + ")"
+# No index holds finished_at (migration 0011: the publish that sets it is then a HOT
+# update). A finished run's finished_at is never before its scheduled_at (a run does not
+# start before its instant), so ``finished_at < $2`` implies ``scheduled_at < $2``: the
+# candidates of one tenant are a range of runs_by_tenant (tenant, scheduled_at, run_id),
+# taken oldest instant first; the finished state and finished_at are checked on the row.
 _DELETE = """
 WITH chosen AS (
     SELECT run_id, scheduled_at FROM {source}
-     WHERE {where} AND finished_at < $2 AND {finished}
-     ORDER BY finished_at
+     WHERE {where} AND scheduled_at < $2 AND finished_at < $2 AND {finished}
+     ORDER BY scheduled_at
      LIMIT $3
 ), doomed AS (
     DELETE FROM {source} r USING chosen c
@@ -163,11 +170,12 @@ WITH chosen AS (
 ), e AS (
     DELETE FROM effects WHERE run_id IN (SELECT run_id FROM doomed)
        AND state = ANY($4::text[]) RETURNING 1
+), o AS (
+    DELETE FROM open_attempts WHERE run_id IN (SELECT run_id FROM doomed)
 )
 SELECT (SELECT count(*) FROM doomed), (SELECT count(*) FROM a), (SELECT count(*) FROM e)
 """
 _ONE = "tenant = $1"
-_OTHERS = "tenant <> ALL($1::text[])"
 
 
 def delete_sql(where: str, source: str) -> str:
@@ -175,10 +183,25 @@ def delete_sql(where: str, source: str) -> str:
     return _DELETE.format(where=where, finished=_FINISHED_SQL, source=quote(source))
 
 
-# one tenant with its own window ($1: the tenant) in every partition, and every other
-# tenant ($1: those) in the default partition
+# one tenant ($1) in every partition; the same in one partition is ``delete_sql(_ONE, it)``
 ONE_TENANT_SQL = delete_sql(_ONE, "runs")
-OTHER_TENANTS_SQL = delete_sql(_OTHERS, DEFAULT_PARTITION)
+
+# the tenants that have runs in a partition (or all of ``runs``), one probe of
+# runs_by_tenant each (a loose index scan): the deployment's window is applied tenant by
+# tenant, each through its own range of that index
+_TENANTS = """
+WITH RECURSIVE t(tenant) AS (
+    SELECT min(tenant) FROM {source}
+    UNION ALL
+    SELECT (SELECT min(tenant) FROM {source} WHERE tenant > t.tenant) FROM t
+     WHERE t.tenant IS NOT NULL
+)
+SELECT tenant FROM t WHERE tenant IS NOT NULL
+"""
+
+
+async def _tenants(pool: asyncpg.Pool, source: str) -> list[str]:
+    return [r[0] for r in await pool.fetch(_TENANTS.format(source=quote(source)))]
 
 # a run past its tenant's window ($1: tenants with their own, $2: their cut-offs, $3: the
 # others' cut-off), as a condition on the row ``r`` joined with its cut-off ``w``
@@ -227,6 +250,9 @@ async def _drop_day(pool: asyncpg.Pool, day: DayPartition, cutoffs: tuple[Any, .
             f"DELETE FROM effects WHERE run_id IN (SELECT run_id FROM {runs} "
             "WHERE run_id <> ALL($1::text[])) AND state = ANY($2::text[]) RETURNING 1",
             kept, list(FINAL_EFFECT_STATES)))
+        await conn.execute(  # an attempt left open by a finished run (kept apart, 0011)
+            f"DELETE FROM open_attempts WHERE run_id IN (SELECT run_id FROM {runs} "
+            "WHERE run_id <> ALL($1::text[]))", kept)
         if kept:  # the stragglers go to the default partition (no partition holds the day)
             for parent, name in (("runs", runs), ("attempts", attempts)):
                 await conn.execute(f"ALTER TABLE {parent} DETACH PARTITION {name}")
@@ -277,15 +303,16 @@ async def prune(pool: asyncpg.Pool, policy: RetentionPolicy, *, projection: str,
             sources.append(day.runs)  # too many stragglers: its expired rows one by one
     # a tenant with a shorter window than the deployment's, everywhere; every other
     # tenant in the default partition and in the closed days left
-    groups: list[tuple[str, Any, float, str]] = []
+    groups: list[tuple[str, float, str]] = []
     for tenant, seconds in own:
         for source in (["runs"] if seconds < policy.default or seconds < ONE_DAY_S
                        else sources):
-            groups.append((_ONE, tenant, seconds, source))
-    groups += [(_OTHERS, [t for t, _ in own], policy.default, source)
-               for source in (["runs"] if policy.default < ONE_DAY_S else sources)]
-    for where, who, seconds, source in groups:
-        sql = delete_sql(where, source)
+            groups.append((tenant, seconds, source))
+    for source in (["runs"] if policy.default < ONE_DAY_S else sources):
+        groups += [(tenant, policy.default, source) for tenant in await _tenants(pool, source)
+                   if tenant not in policy.tenants]
+    for who, seconds, source in groups:
+        sql = delete_sql(_ONE, source)
         cutoff = report.now - timedelta(seconds=seconds)
         while max_batches is None or report.batches < max_batches:
             async with pool.acquire() as conn, conn.transaction():

@@ -24,14 +24,16 @@ the columns its run row got from ``OccurrenceMaterialized``.
      partial row would fail PostgreSQL's NOT NULL check even when the row exists.) Rows it
      does not find are reported in ``ApplyResult.missing`` rather than invented.
 
-3. the run counters (``Tally``, docs/deployment.md, "Metrics"): the outcomes, skips and first-claim
-   lateness the batch's events record are added to ``run_counters`` and the READY runs are
-   kept in ``ready_runs`` (with their count per resource class and job type), in the same
-   transaction — so ``/metrics`` reads a few rows and never scans ``runs``. A tally's labels
-   are its run's resource class and job type (fixed when the run is materialized) and, for
-   an instant that never became a run, its schedule's at that point of the log: from the
-   batch when an earlier event of it set the spec, else from ``schedules`` before the batch
-   is written. A replay therefore adds up to the same counters whatever its batches.
+3. the run counters (``Tally``, docs/deployment.md, "Metrics"): the outcomes, skips and
+   first-claim lateness the batch's events record are added to ``run_counters`` and the
+   READY runs are kept in ``ready_runs`` (with their count per resource class and job type),
+   in the same transaction — so ``/metrics`` reads a few rows and never scans ``runs``; so
+   are the open attempts and their lease ends in ``open_attempts`` (the expired leases of
+   ``/metrics``). A tally's labels are its run's resource class and job type (fixed when the
+   run is materialized) and, for an instant that never became a run, its schedule's at that
+   point of the log: from the batch when an earlier event of it set the spec, else from
+   ``schedules`` before the batch is written. A replay therefore adds up to the same
+   counters whatever its batches.
 
 jsonb values are encoded with orjson and sent as ``text[]``; timestamps must be aware datetimes.
 
@@ -551,6 +553,7 @@ class PostgresProjectionStore:
                     await self._write_table(conn, spec, rows, result)
             shard = min((p for _, p in offsets), default=0)
             result.counters = await _count(conn, changes, specs, shard)
+            await _keep_open_attempts(conn, changes)
         return result
 
     async def _advance_offsets(
@@ -661,6 +664,26 @@ async def _schedule_labels(conn: asyncpg.Connection, tallies: list[Tally]
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, First) else value
+
+
+async def _keep_open_attempts(conn: asyncpg.Connection, changes: RowChanges) -> None:
+    """Keep ``open_attempts`` (migration 0011) for the attempts the batch wrote: an attempt
+    with no outcome is there with its lease end, any other is not (so that the publish, which
+    sets the outcome, changes no indexed column of ``attempts``)."""
+    keys = [key for key, row in changes.attempts.items()
+            if "outcome" in row or "lease_until" in row]
+    if not keys:
+        return
+    run_ids, numbers = [k[0] for k in keys], [k[1] for k in keys]
+    await conn.execute(
+        "DELETE FROM open_attempts o USING unnest($1::text[], $2::integer[]) AS u(r, a) "
+        "WHERE o.run_id = u.r AND o.attempt = u.a", run_ids, numbers)
+    await conn.execute(
+        "INSERT INTO open_attempts (run_id, attempt, lease_until) "
+        "SELECT t.run_id, t.attempt, t.lease_until FROM attempts AS t "
+        "JOIN unnest($1::text[], $2::integer[]) AS u(r, a) "
+        "ON t.run_id = u.r AND t.attempt = u.a "
+        "WHERE t.outcome IS NULL AND t.lease_until IS NOT NULL", run_ids, numbers)
 
 
 async def _count(conn: asyncpg.Connection, changes: RowChanges,

@@ -63,6 +63,7 @@ STAND_INS: Mapping[str, frozenset[str]] = MappingProxyType({
     "attempts": frozenset(),
     "effects": frozenset({"created_at", "updated_at", "evidence"}),
     "ready_runs": frozenset({"ready_at"}),
+    "open_attempts": frozenset(),
 })
 
 _CREATED = frozenset({"ACTIVE", "PAUSED", "DELETED", "COMPLETED"})

@@ -23,7 +23,7 @@ The projector's own counters (``chronolog projector --metrics-port``) are
   that no live worker of their class serves (``chronolog.queries.workers``);
   ``chronolog_workers_live`` (gauge; resource_class): live workers per class;
 * ``chronolog_expired_leases`` (gauge): open attempts whose lease ended (database clock) and
-  that the processor has not expired yet;
+  that the processor has not expired yet (``open_attempts``, migration 0011);
 * ``chronolog_leases_expired_total`` (counter; tenant, resource_class, job_type): attempts
   the processor expired (LeaseExpired) — take ``rate()`` of it;
 * ``chronolog_completions_rejected_total`` (counter; tenant, resource_class, job_type,
@@ -151,7 +151,7 @@ class MetricsSource:
                                         if (rc, job) not in served]
             s.workers_live = await live_workers_per_class(conn)
             s.expired_leases = await conn.fetchval(
-                "SELECT count(*) FROM attempts WHERE outcome IS NULL AND lease_until < now()")
+                "SELECT count(*) FROM open_attempts WHERE lease_until < now()")
             s.schedules = [(r[0], r[1], int(r[2])) for r in await conn.fetch(
                 "SELECT tenant, state, count(*) FROM schedules GROUP BY 1, 2 ORDER BY 1, 2")]
             offsets = await conn.fetch(

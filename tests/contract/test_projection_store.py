@@ -309,6 +309,45 @@ async def test_partial_change_keeps_the_other_columns(store: PostgresProjectionS
     assert after["result_inline"] == '{"ok": true}'
 
 
+async def test_open_attempts_follow_the_attempts_and_the_publish_touches_no_index(
+    store: PostgresProjectionStore,
+) -> None:
+    """An attempt is in open_attempts (migration 0011) with its lease end from its claim
+    until it has an outcome, kept in the batch's transaction; the publish, which sets the
+    run's finished_at and the attempt's outcome, changes no indexed column of runs or
+    attempts: both are HOT updates when the row's page has room."""
+    run_id = _uid()
+    lease = T0 + timedelta(minutes=1)
+    await store.apply(_new_run(RowChanges(), run_id, state="LEASED", attempt=1).set(
+        "attempts", (run_id, 1), fence=1, worker_id="w", claimed_at=T0, lease_until=lease,
+        outcome=None), {})
+    opened = "SELECT attempt, lease_until FROM open_attempts WHERE run_id = $1"
+    assert [tuple(r) for r in await store.pool.fetch(opened, run_id)] == [(1, lease)]
+    later = lease + timedelta(minutes=1)  # a heartbeat moves the lease
+    await store.apply(RowChanges().set("attempts", (run_id, 1), lease_until=later), {})
+    assert [tuple(r) for r in await store.pool.fetch(opened, run_id)] == [(1, later)]
+
+    publish = RowChanges().set(
+        "runs", (run_id,), state="SUCCEEDED", attempt=1, result_checksum="sha256:ab",
+        result_size=1, result_attempt=1, finished_at=later, updated_at=later).set(
+        "attempts", (run_id, 1), outcome="succeeded", finished_at=later)
+    await store.apply(publish, {})
+    assert await store.pool.fetch(opened, run_id) == []
+    # what an index of runs or attempts (or of any of their partitions) holds or names in
+    # its predicate: none of the columns the publish writes
+    for table, key in (("runs", (run_id,)), ("attempts", (run_id, 1))):
+        indexed = await store.pool.fetch(
+            "SELECT i.indexrelid::regclass::text AS index, a.attname, "
+            "pg_get_expr(i.indpred, i.indrelid) AS predicate "
+            "FROM pg_partition_tree($1::regclass) t JOIN pg_index i ON i.indrelid = t.relid "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)",
+            table)
+        written = set(publish.table(table)[key])
+        assert indexed and "finished_at" in written
+        for r in indexed:
+            assert r["attname"] not in written and r["predicate"] is None, r
+
+
 async def test_none_clears_and_first_only_fills(store: PostgresProjectionStore) -> None:
     run_id = _uid()
     await store.apply(_new_run(RowChanges(), run_id, started_at=First(T0),

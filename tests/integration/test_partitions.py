@@ -451,7 +451,7 @@ async def _check(store: PostgresProjectionStore, runs: list[tuple[str, int, str,
     for p in await day_partitions(store.pool):
         await store.pool.execute(f'DROP TABLE "{p.runs}", "{p.attempts}"')
     await store.pool.execute("TRUNCATE schedules, runs, attempts, effects, run_counters, "
-                             "ready_runs, projection_offsets")
+                             "ready_runs, open_attempts, projection_offsets")
     await make_days(store.pool, [D0 + timedelta(days=d) for d in days])
     envs = [schedule(t, "s", midnight(D0)) for t in ("short", "t", "long")]
     for i, (tenant, day, outcome, finish_h) in enumerate(runs):

@@ -1,11 +1,13 @@
-"""The indexes of runs as migration 0010 leaves them (docs/design.md §9 "The read model"),
-on a real PostgreSQL.
+"""The indexes of runs as migrations 0010 and 0011 leave them (docs/design.md §9 "The read
+model"), on a real PostgreSQL.
 
-* migration 0010 on a populated read model: every row stays with every value of the columns
-  it keeps, and the queries answer the same after it as before — a schedule's runs and the
-  tenant's runs page by page through their cursors, with and without filters, each run's
-  document (its start lateness computed as it is read, where it was a stored column), the
-  READY runs no worker serves;
+* migrations 0010 and 0011 on a populated read model: every row stays with every value of
+  the columns it keeps, the open attempts are copied to open_attempts, no index of runs or
+  attempts holds a column the publish sets, and the queries answer the same after them as
+  before — a schedule's runs and the tenant's runs
+  page by page through their cursors, with and without filters, each run's document (its
+  start lateness computed as it is read, where it was a stored column), the READY runs no
+  worker serves;
 * on a realistic table (tens of thousands of runs, analyzed), the lists' queries — a
   schedule's runs, the tenant's runs, the newest keys — read an index of runs
   (runs_history, runs_by_tenant: an index scan backwards, or a bitmap scan of a few rows),
@@ -148,7 +150,7 @@ async def _answers(rm: ReadModel) -> dict[str, Any]:
     return out
 
 
-async def test_migration_0010_keeps_every_row_and_the_queries_answer_the_same(
+async def test_migrations_0010_0011_keep_every_row_and_the_queries_answer_the_same(
     module_dsn: str,
 ) -> None:
     pool = await _schema_before_0010(module_dsn)
@@ -163,7 +165,7 @@ async def test_migration_0010_keeps_every_row_and_the_queries_answer_the_same(
         assert len(before["history a None"]) == 14 and before["waiting"]  # a real read model
 
         async with pool.acquire() as conn:
-            assert await migrate(conn) == [10]
+            assert await migrate(conn) == [10, 11]
 
         # every value of the columns kept; the dropped ones nothing read
         assert [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")] == [
@@ -178,8 +180,19 @@ async def test_migration_0010_keeps_every_row_and_the_queries_answer_the_same(
         indexes = {r[0] for r in await pool.fetch(
             "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
             "AND tablename = 'runs'")}
-        assert indexes == {"runs_pkey", "runs_history", "runs_by_tenant", "runs_finished",
-                           "runs_finished_by_tenant"}
+        # 0011: no index of runs or attempts holds a column the publish sets
+        assert indexes == {"runs_pkey", "runs_history", "runs_by_tenant"}
+        assert {r[0] for r in await pool.fetch(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND tablename = 'attempts'")} == {"attempts_pkey"}
+        # the open attempts (the leased runs') converted into open_attempts, with their leases
+        open_attempts = {tuple(r) for r in await pool.fetch(
+            "SELECT run_id, attempt, lease_until FROM attempts WHERE outcome IS NULL")}
+        # the leased, dead and cancelled runs of each schedule on both days: no event ended
+        # their attempt (as attempts_open held them)
+        assert len(open_attempts) == 18
+        assert {tuple(r) for r in await pool.fetch(
+            "SELECT run_id, attempt, lease_until FROM open_attempts")} == open_attempts
     finally:
         await pool.close()
 

@@ -38,7 +38,8 @@ from .takeovers import Running, some_history
 pytestmark = pytest.mark.postgres
 
 KEYS = {"schedules": ("tenant", "schedule_id"), "runs": ("run_id",),
-        "attempts": ("run_id", "attempt"), "effects": ("effect_id",), "ready_runs": ("run_id",)}
+        "attempts": ("run_id", "attempt"), "effects": ("effect_id",), "ready_runs": ("run_id",),
+        "open_attempts": ("run_id", "attempt")}
 
 
 @pytest.fixture(scope="module")

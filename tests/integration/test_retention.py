@@ -32,13 +32,14 @@ from hypothesis import strategies as st
 
 from chronolog.cli.replay import ReplayStats, replay
 from chronolog.domain import messages as m
+from chronolog.projections.partitions import DEFAULT_PARTITION
 from chronolog.projections.project import project_batch
 from chronolog.projections.projector import Projector
 from chronolog.projections.retention import (
     FINAL_EFFECT_STATES,
     ONE_TENANT_SQL,
-    OTHER_TENANTS_SQL,
     RetentionPolicy,
+    delete_sql,
     prune,
 )
 from chronolog.projections.store import PostgresProjectionStore
@@ -167,26 +168,51 @@ async def test_pruning_batches_are_bounded(
     assert (one.runs, one.attempts, one.batches) == (3, 3, 1)
     assert len(await _runs(store)) == 7
     rest = await prune(store.pool, POLICY, projection=store.projection, topic=topic, batch=3)
-    # 7 left in batches of 3 (3, 3, 1), then the other tenants' group finds none
-    assert (rest.runs, rest.batches) == (7, 4)
+    # 7 left in batches of 3 (3, 3, 1); the deployment's window goes tenant by tenant over
+    # the tenants that have runs, and the only one has its own window: no other batch
+    assert (rest.runs, rest.batches) == (7, 3)
     assert await _runs(store) == set()
 
 
-async def test_pruning_finds_its_runs_through_the_finished_runs_indexes(
+async def test_pruning_finds_its_runs_through_the_tenants_runs_index(
     module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
-    """With sequential scans priced out (a small table would not need an index), both
-    deletions choose their runs through the partial indexes of migration 0010 (runs_finished or
-    runs_finished_by_tenant: the planner may take either for one tenant, oldest first, by
-    an index scan or a bitmap scan)."""
+    """No index holds finished_at (migration 0011): with sequential scans priced out (a
+    small table would not need an index), a tenant's deletions, in every partition or in
+    one, choose their runs through runs_by_tenant (tenant, scheduled_at, run_id), the range
+    of the runs scheduled before the cut-off (by an index scan or a bitmap scan)."""
     store = await open_store(module_dsn, stores)
     async with store.pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
-        for sql, who in ((ONE_TENANT_SQL, "short"), (OTHER_TENANTS_SQL, ["short"])):
+        for sql in (ONE_TENANT_SQL, delete_sql("tenant = $1", DEFAULT_PARTITION)):
             plan = "\n".join(r[0] for r in await conn.fetch(
-                "EXPLAIN " + sql, who, at(0), 10, list(FINAL_EFFECT_STATES)))
-            assert re.search(r"(Index Scan using|Bitmap Index Scan on) runs_finished", plan), plan
+                "EXPLAIN " + sql, "short", at(0), 10, list(FINAL_EFFECT_STATES)))
+            assert re.search(r"(Index Scan using|Bitmap Index Scan on) "
+                             r"(runs_by_tenant|runs_\w+_tenant_scheduled_at_run_id_idx)",
+                             plan), plan
+            assert re.search(r"Index Cond: \(\(tenant = .+\) AND \(scheduled_at < .+\)\)",
+                             plan), plan
             assert "Seq Scan on runs" not in plan, plan
+
+
+async def test_a_finished_run_goes_when_its_finish_is_past_the_window_not_its_instant(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """Retention chooses through the instant (a finished run's finished_at is never before
+    its scheduled_at) but compares finished_at: a run scheduled long before the cut-off
+    that finished after it stays; one that finished before it goes."""
+    topic = sqlite_log.topics.events
+    envs = [schedule("long", "s", at(0))]
+    envs += run_history("long", "s", "early", "succeeded", at(1), at(2))
+    envs += run_history("long", "s", "late", "succeeded", at(1), at(90))
+    envs.append(tick("long", "s", at(100)))
+    await sqlite_log.append(records(topic, sorted(envs, key=lambda e: e.at), 0))
+    store = await open_store(module_dsn, stores)
+    await Projector(sqlite_log, store).run_until_caught_up(30)
+    # now is 100 s, the window 60 s: the cut-off is 40 s
+    report = await prune(store.pool, POLICY, projection=store.projection, topic=topic)
+    assert report.runs == 1
+    assert await _runs(store) == {"late"}
 
 
 async def _live_then_replay(
@@ -278,7 +304,7 @@ _history = st.lists(
 async def _check_history(store: PostgresProjectionStore,
                          history: list[tuple[str, str, int]]) -> None:
     await store.pool.execute("TRUNCATE schedules, runs, attempts, effects, run_counters, "
-                             "ready_runs, projection_offsets")
+                             "ready_runs, open_attempts, projection_offsets")
     envs: list[m.EventEnvelope] = [schedule("short", "s", at(0)), schedule("long", "s", at(0))]
     for i, (tenant, outcome, finish) in enumerate(history):
         envs += run_history(tenant, "s", f"r{i}", outcome, at(0), at(finish))
