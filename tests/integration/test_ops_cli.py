@@ -287,6 +287,7 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
     return ids
 
 
+@pytest.mark.long(45)
 async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
     log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
                 "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
@@ -305,6 +306,7 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
     assert set(codes.values()) == {0}, services.failed(codes)
 
 
+@pytest.mark.long(120)
 @pytest.mark.kafka
 async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_same(
     tmp_path: Path, dsn: str, kafka_bootstrap: str,

@@ -138,6 +138,7 @@ async def kafka_node(broker: OwnBroker, dsn: str, tmp_path: Path,
         await node.close()
 
 
+@pytest.mark.long(80)
 @pytest.mark.kafka
 @pytest.mark.postgres
 async def test_every_process_is_not_ready_while_the_broker_is_away_and_resumes_by_itself(

@@ -48,6 +48,7 @@ def assert_clean(rows: list[dict], summary: str) -> None:
         assert (acknowledged["lost"], acknowledged["doubled"]) == (0, 0), said
 
 
+@pytest.mark.long(85)
 def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     rows, summary, code = short_chaos(tmp_path, "--log", "sqlite")
     assert [r["scenario"] for r in rows] == ["postgres-restart", "kill-processes",
@@ -56,6 +57,7 @@ def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     assert code == 0, summary
 
 
+@pytest.mark.long(240)
 def test_the_short_chaos_run_on_a_three_broker_cluster_is_clean_in_every_row(
     tmp_path: Path,
 ) -> None:
