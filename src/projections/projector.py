@@ -62,7 +62,8 @@ again every ``discover_s``.
 Retention (``chronolog.projections.retention``, docs/design.md §9): ``run`` also prunes, every
 ``prune_every_s`` and a bounded number of batches at a time, the rows of the runs finished
 longer ago than their tenant's window (``retention=``, a ``RetentionPolicy``) before the
-newest event projected, and before each pass makes the day partitions of ``runs`` and
+newest event projected (the oldest of the partitions still behind the log, while one is:
+``pruning_now``), and before each pass makes the day partitions of ``runs`` and
 ``attempts`` of today and the next days (``ensure_partitions()``,
 ``chronolog.projections.partitions``); ``prune()`` is one pass (tests, tools). ``step`` and
 ``run_until_caught_up`` only project.
@@ -442,15 +443,45 @@ class Projector:
 
     async def prune(self, max_batches: int | None = None) -> PruneReport:
         """One pruning pass (``chronolog.projections.retention``): the rows of the runs
-        finished longer than their tenant's retention before the newest event projected."""
+        finished longer than their tenant's retention before the pruning's now
+        (``pruning_now``); none while a partition behind the log has projected nothing."""
+        now = await self.pruning_now()
+        if now is None:
+            return PruneReport()
         report = await prune(self.store.pool, self.retention or RetentionPolicy(),
                              projection=self.store.projection, topic=self.topic,
-                             max_batches=max_batches)
+                             max_batches=max_batches, now=now)
         for name in ("runs", "attempts", "effects", "batches", "moved"):
             setattr(self.pruned, name, getattr(self.pruned, name) + getattr(report, name))
         self.pruned.days += report.days
         self.pruned.now = report.now
         return report
+
+    async def pruning_now(self) -> datetime | None:
+        """The time the live projector prunes by: the newest event projected, unless one
+        of its partitions is behind the log — then the oldest last event time of those.
+
+        A run's later events are on its own partition. Pruned by the newest time of any
+        partition, a run of a partition that lags behind the others (catching up, a hot
+        partition, small batches) could go before its own partition had projected the
+        events after its finish — an effect intended with its result would then come back
+        as a row of its own, which a replay (pruning once, at the end) never writes. By
+        the times of the partitions still behind, a run goes only once its own partition
+        is past its window. A lag of one record is taken as caught up: on Kafka a
+        transaction's commit marker takes the last offset. None: a partition behind has
+        projected nothing yet (no pruning until it has)."""
+        newest = await projected_now(self.store.pool, self.store.projection, self.topic)
+        behind = [p for p, n in (await self.lag()).items() if n > 1]
+        if newest is None or not behind:
+            return newest
+        times = await self.store.pool.fetch(
+            "SELECT partition, last_event_at FROM projection_offsets "
+            "WHERE projection = $1 AND topic = $2 AND partition = ANY($3::integer[])",
+            self.store.projection, self.topic, behind)
+        known = {r["partition"]: r["last_event_at"] for r in times}
+        if any(known.get(p) is None for p in behind):
+            return None
+        return min(newest, *(known[p] for p in behind))
 
     async def ensure_partitions(self) -> list[str]:
         """Make the day partitions of today and the next days that are missing

@@ -129,6 +129,35 @@ async def test_pruning_removes_exactly_the_finished_runs_past_each_tenants_windo
     assert await store.pool.fetch("SELECT * FROM schedules ORDER BY tenant") == schedules
 
 
+async def test_a_partition_behind_the_log_holds_the_pruning_back_to_its_own_time(
+    sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """The live projector prunes by the newest event projected; while a partition is
+    behind the log (more than a record: a commit marker's offset), by that partition's
+    last event time — a run goes only once its own partition is past its window."""
+    await _write_history(sqlite_log)
+    store = await open_store(module_dsn, stores)
+    pr = Projector(sqlite_log, store, retention=POLICY)
+    await pr.run_until_caught_up(30)
+    assert await pr.pruning_now() == at(100)  # the newest: partition 1's tick
+    topic = sqlite_log.topics.events
+    await sqlite_log.append(records(topic, [tick("short", "s", at(96))], 0))
+    assert await pr.pruning_now() == at(100)  # one record behind: as caught up
+    await sqlite_log.append(records(topic, [tick("short", "s", at(97))], 0))
+    # two behind: partition 0's newest projected event (r-s-new-ok's finish at 95 s)
+    assert await pr.pruning_now() == at(95)
+    report = await pr.prune()
+    assert report.now == at(95)
+    # by partition 0's time "short" keeps what finished from 85 s on, "long" from 35 s on
+    # (by the newest: 90 s and 40 s)
+    assert await _runs(store) == EXPECTED_LEFT | {"r-s-old-skip", "r-s-old-cancel",
+                                                  "r-l-old-skip"}
+    await pr.run_until_caught_up(30)
+    assert await pr.pruning_now() == at(100)
+    await pr.prune()
+    assert await _runs(store) == EXPECTED_LEFT
+
+
 async def test_the_read_models_now_is_the_newest_event_not_the_wall_clock(
     sqlite_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
 ) -> None:
