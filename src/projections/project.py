@@ -17,6 +17,10 @@ Column conventions:
 * ``runs.attempt`` mirrors the decider: 1 at materialization, then the attempt each event
   names; ``runs.skipped_count`` is the number of instants a SKIPPED row stands for (a
   collapsed range), so skipped counters are ``sum(skipped_count) ... group by skipped_reason``;
+* a run's attempt 1 is columns of its run row (``FIRST_ATTEMPT``: ``first_fence``, ...; its
+  claim time is ``started_at``), later attempts rows of ``attempts`` (migration 0012): nearly
+  every run has one attempt, which costs a few columns of a row written anyway rather than a
+  row and an index entry of its own;
 * CompletionRejected changes no row (it is kept in the log for audit).
 
 Run counters (``Tally``, docs/deployment.md, "Metrics"): an outcome is counted by the event
@@ -36,7 +40,14 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import iso_utc
 from chronolog.projections.store import First, RowChanges, Tally
 
-__all__ = ["project", "project_batch"]
+__all__ = ["FIRST_ATTEMPT", "project", "project_batch"]
+
+# the run row's column for each column of an attempt 1 (its claimed_at is the run's
+# started_at, the run's first claim, set by the same event)
+FIRST_ATTEMPT = {"fence": "first_fence", "worker_id": "first_worker_id",
+                 "lease_until": "first_lease_until", "outcome": "first_outcome",
+                 "error_class": "first_error_class", "error": "first_error",
+                 "finished_at": "first_finished_at"}
 
 _EFFECT_STATE_AFTER_RESOLUTION = {"delivered": "SUCCEEDED", "abandon": "ABANDONED",
                                   "retry": "INTENDED"}
@@ -56,7 +67,10 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
         c.set("runs", (run_id,), updated_at=at, **cols)
 
     def attempt(run_id: str, number: int, **cols: Any) -> None:
-        c.set("attempts", (run_id, number), **cols)
+        if number == 1:
+            run(run_id, **{FIRST_ATTEMPT[k]: v for k, v in cols.items() if k != "claimed_at"})
+        else:
+            c.set("attempts", (run_id, number), **cols)
 
     def effect(effect_id: str, **cols: Any) -> None:
         c.set("effects", (effect_id,), updated_at=at, **cols)

@@ -148,6 +148,8 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             skipped_count=INT, cancellation_requested=BOOL, cancel_reason=TEXT,
             dead_reason=TEXT, dead_message=TEXT, last_error_class=TEXT, last_error=TEXT,
             reconciliation=JSONB, reconciliation_resolution=JSONB, updated_at=TS,
+            first_fence=BIGINT, first_worker_id=TEXT, first_lease_until=TS, first_outcome=TEXT,
+            first_error_class=TEXT, first_error=TEXT, first_finished_at=TS,
         ),
         "attempts": _spec(
             "attempts",
@@ -669,21 +671,33 @@ def _plain(value: Any) -> Any:
 async def _keep_open_attempts(conn: asyncpg.Connection, changes: RowChanges) -> None:
     """Keep ``open_attempts`` (migration 0011) for the attempts the batch wrote: an attempt
     with no outcome is there with its lease end, any other is not (so that the publish, which
-    sets the outcome, changes no indexed column of ``attempts``)."""
-    keys = [key for key, row in changes.attempts.items()
-            if "outcome" in row or "lease_until" in row]
-    if not keys:
+    sets the outcome, changes no indexed column of ``attempts``). An attempt 1 is columns of
+    its run row (migration 0012), a later one a row of ``attempts``."""
+    later = [key for key, row in changes.attempts.items()
+             if "outcome" in row or "lease_until" in row]
+    first = [key[0] for key, row in changes.runs.items()
+             if "first_outcome" in row or "first_lease_until" in row]
+    if not (later or first):
         return
-    run_ids, numbers = [k[0] for k in keys], [k[1] for k in keys]
+    run_ids = [k[0] for k in later] + first
+    numbers = [k[1] for k in later] + [1] * len(first)
     await conn.execute(
         "DELETE FROM open_attempts o USING unnest($1::text[], $2::integer[]) AS u(r, a) "
         "WHERE o.run_id = u.r AND o.attempt = u.a", run_ids, numbers)
-    await conn.execute(
-        "INSERT INTO open_attempts (run_id, attempt, lease_until) "
-        "SELECT t.run_id, t.attempt, t.lease_until FROM attempts AS t "
-        "JOIN unnest($1::text[], $2::integer[]) AS u(r, a) "
-        "ON t.run_id = u.r AND t.attempt = u.a "
-        "WHERE t.outcome IS NULL AND t.lease_until IS NOT NULL", run_ids, numbers)
+    if later:
+        await conn.execute(
+            "INSERT INTO open_attempts (run_id, attempt, lease_until) "
+            "SELECT t.run_id, t.attempt, t.lease_until FROM attempts AS t "
+            "JOIN unnest($1::text[], $2::integer[]) AS u(r, a) "
+            "ON t.run_id = u.r AND t.attempt = u.a "
+            "WHERE t.outcome IS NULL AND t.lease_until IS NOT NULL",
+            [k[0] for k in later], [k[1] for k in later])
+    if first:
+        await conn.execute(
+            "INSERT INTO open_attempts (run_id, attempt, lease_until) "
+            "SELECT t.run_id, 1, t.first_lease_until FROM runs AS t "
+            "WHERE t.run_id = ANY($1::text[]) "
+            "AND t.first_outcome IS NULL AND t.first_lease_until IS NOT NULL", first)
 
 
 async def _count(conn: asyncpg.Connection, changes: RowChanges,

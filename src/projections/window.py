@@ -25,8 +25,9 @@ value precedes; the texts and documents of events (a pause or completion reason,
 errors, dead and cancel reasons, its reconciliation, its skip, an effect's evidence, a
 sequence number, its first start) stay NULL. Every stand-in is written as ``First``, so a
 value the retained events set is never replaced by it, and a retained event later in the
-log replaces it as it replaces any value. ``attempts`` are not rebuilt from a state: it
-knows the current attempt's worker, fence and lease, not when it was claimed.
+log replaces it as it replaces any value. Attempts are not rebuilt from a state (neither the
+rows of ``attempts`` nor a run's attempt-1 columns, ``first_*``): it knows the current
+attempt's worker, fence and lease, not when it was claimed.
 
 A run the state holds as finished whose finish was pruned finished before the log's start,
 so past every tenant's window: the live projector pruned it. ``drop_unknown_finishes``
@@ -59,7 +60,9 @@ STAND_INS: Mapping[str, frozenset[str]] = MappingProxyType({
                        "request_key", "retry_at", "skipped_reason", "skipped_through",
                        "skipped_count", "cancel_reason", "dead_reason", "dead_message",
                        "last_error_class", "last_error", "reconciliation",
-                       "reconciliation_resolution"}),
+                       "reconciliation_resolution", "first_fence", "first_worker_id",
+                       "first_lease_until", "first_outcome", "first_error_class",
+                       "first_error", "first_finished_at"}),
     "attempts": frozenset(),
     "effects": frozenset({"created_at", "updated_at", "evidence"}),
     "ready_runs": frozenset({"ready_at"}),

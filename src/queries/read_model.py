@@ -177,8 +177,18 @@ class ReadModel:
             "WHERE run_id = $1 AND tenant = $2", run_id, tenant)
 
     async def attempts(self, run_id: str) -> list[asyncpg.Record]:
+        """The run's attempts in order: its attempt 1 from the columns of its run row, the
+        later ones from ``attempts`` (migration 0012; an attempt 1 written before it is a row
+        of ``attempts`` too, its run row's columns empty)."""
         return await self.pool.fetch(
-            "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt", run_id)
+            "SELECT 1 AS attempt, first_fence AS fence, first_worker_id AS worker_id, "
+            "started_at AS claimed_at, first_lease_until AS lease_until, "
+            "first_outcome AS outcome, first_error_class AS error_class, "
+            "first_error AS error, first_finished_at AS finished_at "
+            "FROM runs WHERE run_id = $1 AND first_fence IS NOT NULL "
+            "UNION ALL "
+            "SELECT attempt, fence, worker_id, claimed_at, lease_until, outcome, error_class, "
+            "error, finished_at FROM attempts WHERE run_id = $1 ORDER BY attempt", run_id)
 
     async def effects(self, run_id: str) -> list[asyncpg.Record]:
         return await self.pool.fetch(

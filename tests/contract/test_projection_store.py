@@ -348,6 +348,36 @@ async def test_open_attempts_follow_the_attempts_and_the_publish_touches_no_inde
             assert r["attname"] not in written and r["predicate"] is None, r
 
 
+async def test_open_attempts_follow_a_first_attempt_in_its_run_row(
+    store: PostgresProjectionStore,
+) -> None:
+    """An attempt 1 is columns of its run's row (migration 0012): it is in open_attempts
+    from its claim until its outcome as a row of attempts is, and its publish changes no
+    indexed column of runs either."""
+    run_id = _uid()
+    lease = T0 + timedelta(minutes=1)
+    await store.apply(_new_run(RowChanges(), run_id, state="LEASED", attempt=1).set(
+        "runs", (run_id,), first_fence=1, first_worker_id="w", first_lease_until=lease,
+        first_outcome=None), {})
+    opened = "SELECT attempt, lease_until FROM open_attempts WHERE run_id = $1"
+    assert [tuple(r) for r in await store.pool.fetch(opened, run_id)] == [(1, lease)]
+    later = lease + timedelta(minutes=1)
+    await store.apply(RowChanges().set("runs", (run_id,), first_lease_until=later), {})
+    assert [tuple(r) for r in await store.pool.fetch(opened, run_id)] == [(1, later)]
+    publish = RowChanges().set(
+        "runs", (run_id,), state="SUCCEEDED", first_outcome="succeeded",
+        first_finished_at=later, finished_at=later, updated_at=later)
+    await store.apply(publish, {})
+    assert await store.pool.fetch(opened, run_id) == []
+    indexed = {r[0] for r in await store.pool.fetch(
+        "SELECT a.attname FROM pg_partition_tree('runs'::regclass) t "
+        "JOIN pg_index i ON i.indrelid = t.relid "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)")}
+    assert indexed and not indexed & set(publish.runs[(run_id,)])
+    assert await store.pool.fetchval("SELECT count(*) FROM attempts WHERE run_id = $1",
+                                     run_id) == 0
+
+
 async def test_none_clears_and_first_only_fills(store: PostgresProjectionStore) -> None:
     run_id = _uid()
     await store.apply(_new_run(RowChanges(), run_id, started_at=First(T0),
@@ -572,9 +602,12 @@ async def test_any_batching_of_the_log_gives_the_same_tables(database_url: str) 
     assert b["dead_reason"] is None and b["last_error"] == "boom"
     assert b["finished_at"] == T0 + timedelta(seconds=210)
     assert (c["state"], c["skipped_reason"], c["skipped_count"]) == ("SKIPPED", "paused", 5)
+    # attempt 1 in its run's row, the later ones rows of attempts (migration 0012)
     attempts = {(r["run_id"], r["attempt"]): r["outcome"] for r in tables["attempts"]}
-    assert attempts == {("r_a", 1): "succeeded", ("r_b", 1): "failed",
-                        ("r_b", 2): "lease_expired", ("r_b", 3): "succeeded"}
+    assert attempts == {("r_b", 2): "lease_expired", ("r_b", 3): "succeeded"}
+    assert (a["first_outcome"], b["first_outcome"], c["first_outcome"]) == (
+        "succeeded", "failed", None)
+    assert b["first_error"] == "boom" and b["first_finished_at"] is not None
     (effect,) = tables["effects"]
     assert (effect["state"], effect["kind"], effect["evidence"]) == (
         "SUCCEEDED", "webhook", '{"err": "reset"}')

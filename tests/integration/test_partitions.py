@@ -37,7 +37,7 @@ from chronolog.domain import messages as m
 from chronolog.projections import backup
 from chronolog.projections.migrate import load_migrations, migrate
 from chronolog.projections.partitions import day_partitions, make_days
-from chronolog.projections.project import project_batch
+from chronolog.projections.project import FIRST_ATTEMPT, project_batch
 from chronolog.projections.projector import Projector
 from chronolog.projections.rebuild import swap_in
 from chronolog.projections.retention import RetentionPolicy, prune
@@ -99,6 +99,8 @@ async def _children(store: PostgresProjectionStore, parent: str) -> set[str]:
 # the columns migration 0010 drops from runs and from attempts
 RUNS_DROPPED = frozenset({"lateness_ms", "materialized_at"})
 ATTEMPTS_DROPPED = frozenset({"tenant", "schedule_id", "updated_at"})
+# the columns of a run's attempt 1 that migration 0012 adds to runs
+FIRST_COLUMNS = frozenset(FIRST_ATTEMPT.values())
 _RUN_COLS = ("run_id, tenant, schedule_id, scheduled_at, revision, trigger, state, attempt, "
              "started_at, due_at, finished_at, params, updated_at")
 
@@ -142,12 +144,21 @@ async def test_migration_0009_converts_a_populated_read_model_without_losing_a_r
         assert await migrate(conn) == [g.version for g in load_migrations() if g.version >= 9]
 
         # every value of the columns kept (0010 drops some nothing reads)
-        assert [dict(r) for r in await conn.fetch("SELECT * FROM runs ORDER BY run_id")] \
+        migrated = await conn.fetch("SELECT * FROM runs ORDER BY run_id")
+        assert [{k: v for k, v in dict(r).items() if k not in FIRST_COLUMNS}
+                for r in migrated] \
             == [{k: v for k, v in dict(r).items() if k not in RUNS_DROPPED} for r in runs]
+        # 0012: an attempt 1 still open moved into its run's row; the others stay rows
+        moved = {a["run_id"]: a for a in attempts if a["attempt"] == 1 and a["outcome"] is None}
+        assert moved
+        for r in migrated:
+            a = moved.get(r["run_id"])
+            assert (r["first_fence"], r["first_worker_id"], r["first_lease_until"]) == (
+                (a["fence"], a["worker_id"], a["lease_until"]) if a else (None, None, None))
         after = await conn.fetch("SELECT * FROM attempts ORDER BY run_id, attempt")
         assert [{k: v for k, v in dict(r).items() if k != "scheduled_at"} for r in after] \
             == [{k: v for k, v in dict(r).items() if k not in ATTEMPTS_DROPPED}
-                for r in attempts]
+                for r in attempts if not (r["attempt"] == 1 and r["run_id"] in moved)]
         scheduled = {r["run_id"]: r["scheduled_at"] for r in runs}
         for a in after:
             assert a["scheduled_at"] == scheduled.get(a["run_id"], days[1])
@@ -215,7 +226,7 @@ async def test_a_run_id_is_one_row_and_its_attempts_are_in_its_day(
     at = midnight(D0) + 5 * HOUR
     n = await _apply(store, [schedule("t", "s", midnight(D0)),
                              *run_history("t", "s", "r1", "leased", at, at + HOUR)])
-    assert await _homes(store, "attempts") == {("r1", 1): "attempts_p20260301"}
+    assert await _homes(store, "attempts") == {("r1", 2): "attempts_p20260301"}
     skipped = run_history("t", "s", "r1", "skipped", at + DAY, at + DAY + HOUR)
     await _apply(store, skipped, n)
     rows = await store.pool.fetch("SELECT scheduled_at, state FROM runs WHERE run_id = 'r1'")
@@ -350,8 +361,8 @@ async def test_a_closed_days_stragglers_move_to_the_default_partition_and_the_da
     assert "runs_p20260301" not in await _tables(store)
     assert await _homes(store, "runs") == {("live",): "runs_default",
                                            ("kept",): "runs_default"}
-    assert await _homes(store, "attempts") == {("live", 1): "attempts_default",
-                                               ("kept", 1): "attempts_default"}
+    assert await _homes(store, "attempts") == {("live", 2): "attempts_default",
+                                               ("kept", 2): "attempts_default"}
     for row in await store.pool.fetch("SELECT * FROM runs"):
         assert dict(row) == dict(before[row["run_id"]])  # moved as they were
     assert {r[0] for r in await store.pool.fetch("SELECT run_id FROM effects")} == {"kept"}

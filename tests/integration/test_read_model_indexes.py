@@ -26,7 +26,7 @@ import pytest
 
 from chronolog.projections.migrate import load_migrations, migrate
 from chronolog.projections.partitions import make_days
-from chronolog.projections.project import project_batch
+from chronolog.projections.project import FIRST_ATTEMPT, project_batch
 from chronolog.queries import workers as wk
 from chronolog.queries.read_model import ReadModel, RunQuery, run_document
 from support.histories import run_history, schedule
@@ -68,7 +68,8 @@ async def _schema_before_0010(dsn: str) -> asyncpg.Pool:
 def _history() -> list[Any]:
     """Two schedules of tenant t (and one of tenant u), runs in every state over two days:
     the first day in a day partition, the second in the default one; two runs of t share
-    an instant (the cursor's run ID tie-break)."""
+    an instant (the cursor's run ID tie-break); the claimed runs of the first day were
+    retried, those of the second were not."""
     envs: list[Any] = [schedule("t", "a", T0), schedule("t", "b", T0), schedule("u", "a", T0)]
     outcomes = ("succeeded", "ready", "dead", "leased", "cancelled", "skipped", "succeeded")
     n = 0
@@ -77,30 +78,37 @@ def _history() -> list[Any]:
             start = T0 + timedelta(days=day, minutes=10 * i)
             for sid in ("a", "b"):
                 n += 1
-                envs += run_history("t", sid, f"r{n:03d}", outcome, start, start + MINUTE)
+                envs += run_history("t", sid, f"r{n:03d}", outcome, start, start + MINUTE,
+                                    retried=day == 0)
             n += 1
-            envs += run_history("u", "a", f"r{n:03d}", outcome, start, start + MINUTE)
+            envs += run_history("u", "a", f"r{n:03d}", outcome, start, start + MINUTE,
+                                retried=day == 0)
     return sorted(envs, key=lambda e: e.at)
 
 
-async def _project_as_before(dsn: str, pool: asyncpg.Pool, envs: list[Any]) -> None:
+async def _project_as_before(dsn: str, pool: asyncpg.Pool, envs: list[Any]) -> dict[str, Any]:
     """The rows the projector of before 0010 wrote for ``envs``, in ``pool``'s schema: the
     projection of today in a schema of its own, copied with the columns it no longer writes
     as that projector filled them (a run's materialized_at: its first write; an attempt's
-    tenant and schedule ID: its run's; its updated_at: its last event's time)."""
+    tenant and schedule ID: its run's; its updated_at: its last event's time; an attempt 1:
+    a row of attempts). Returns what the queries answer on the projection of today."""
     store = await schema_store(dsn)
     try:
         await store.apply(project_batch(envs), {(TOPIC, 0): (0, len(envs))},
                           last_event_at={(TOPIC, 0): envs[-1].at})
         new = await store.pool.fetchval("SELECT current_schema()")
+        answers = await _answers(ReadModel(store.pool, TOPIC))
     finally:
         await store.close()
 
     async def columns(table: str) -> str:
+        """The columns of ``table`` both schemas have."""
         return ", ".join(r[0] for r in await pool.fetch(
             "SELECT column_name FROM information_schema.columns WHERE table_schema = $1 "
-            "AND table_name = $2 AND is_generated = 'NEVER' ORDER BY ordinal_position",
-            new, table))
+            "AND table_name = $2 AND is_generated = 'NEVER' AND column_name IN ("
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = $2) "
+            "ORDER BY ordinal_position", new, table))
 
     for table in ("schedules", "effects", "projection_offsets", "ready_runs", "run_counters"):
         await pool.execute(f'INSERT INTO {table} SELECT * FROM "{new}".{table}')
@@ -113,6 +121,15 @@ async def _project_as_before(dsn: str, pool: asyncpg.Pool, envs: list[Any]) -> N
         f"SELECT {', '.join('a.' + c for c in cols.split(', '))}, r.tenant, r.schedule_id, "
         f"COALESCE(a.finished_at, a.claimed_at) "
         f'FROM "{new}".attempts AS a JOIN "{new}".runs AS r ON r.run_id = a.run_id')
+    # an attempt 1 was a row of attempts too (today: columns of its run's row, 0012)
+    await pool.execute(
+        "INSERT INTO attempts (run_id, attempt, scheduled_at, fence, worker_id, claimed_at, "
+        "lease_until, outcome, error_class, error, finished_at, tenant, schedule_id, "
+        "updated_at) SELECT run_id, 1, scheduled_at, first_fence, first_worker_id, started_at, "
+        "first_lease_until, first_outcome, first_error_class, first_error, first_finished_at, "
+        "tenant, schedule_id, COALESCE(first_finished_at, started_at) "
+        f'FROM "{new}".runs WHERE first_fence IS NOT NULL')
+    return answers
 
 
 async def _answers(rm: ReadModel) -> dict[str, Any]:
@@ -150,32 +167,38 @@ async def _answers(rm: ReadModel) -> dict[str, Any]:
     return out
 
 
-async def test_migrations_0010_0011_keep_every_row_and_the_queries_answer_the_same(
+async def test_migrations_0010_to_0012_keep_every_row_and_the_queries_answer_the_same(
     module_dsn: str,
 ) -> None:
     pool = await _schema_before_0010(module_dsn)
     try:
         await make_days(pool, [D0])  # the second day is left to the default partition
-        await _project_as_before(module_dsn, pool, _history())
+        # the queries of today cannot read the read model of before 0012: what they answer
+        # after the migrations is compared with their answers on a fresh projection
+        before = await _project_as_before(module_dsn, pool, _history())
         rm = ReadModel(pool, TOPIC)
         runs = [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")]
         attempts = [dict(r) for r in await pool.fetch(
             "SELECT * FROM attempts ORDER BY run_id, attempt")]
-        before = await _answers(rm)
         assert len(before["history a None"]) == 14 and before["waiting"]  # a real read model
 
         async with pool.acquire() as conn:
-            assert await migrate(conn) == [10, 11]
+            assert await migrate(conn) == [10, 11, 12]
 
         # every value of the columns kept; the dropped ones nothing read
-        assert [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")] == [
+        first = frozenset(FIRST_ATTEMPT.values())
+        migrated = [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")]
+        assert [{k: v for k, v in r.items() if k not in first} for r in migrated] == [
             {k: v for k, v in r.items() if k not in ("lateness_ms", "materialized_at")}
             for r in runs]
+        # 0012: the attempts 1 still open are columns of their runs' rows now
+        moved = {a["run_id"] for a in attempts if a["attempt"] == 1 and a["outcome"] is None}
+        assert moved and {r["run_id"] for r in migrated if r["first_fence"]} == moved
         assert [dict(r) for r in await pool.fetch(
             "SELECT * FROM attempts ORDER BY run_id, attempt")] == [
             {k: v for k, v in r.items() if k not in ("tenant", "schedule_id", "updated_at")}
-            for r in attempts]
-        assert await _answers(rm) == before
+            for r in attempts if not (r["attempt"] == 1 and r["run_id"] in moved)]
+        assert await _answers(rm) == before  # the run documents' attempts included
         assert {d["latenessMs"] for d in before["documents"] if d} > {None}  # computed alike
         indexes = {r[0] for r in await pool.fetch(
             "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
@@ -186,8 +209,8 @@ async def test_migrations_0010_0011_keep_every_row_and_the_queries_answer_the_sa
             "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
             "AND tablename = 'attempts'")} == {"attempts_pkey"}
         # the open attempts (the leased runs') converted into open_attempts, with their leases
-        open_attempts = {tuple(r) for r in await pool.fetch(
-            "SELECT run_id, attempt, lease_until FROM attempts WHERE outcome IS NULL")}
+        open_attempts = {(a["run_id"], a["attempt"], a["lease_until"]) for a in attempts
+                         if a["outcome"] is None}
         # the leased, dead and cancelled runs of each schedule on both days: no event ended
         # their attempt (as attempts_open held them)
         assert len(open_attempts) == 18

@@ -5,7 +5,10 @@ tests: a run's finish time is what its window is measured from).
 start, finish)`` is the events of one run from its materialization at ``start`` to
 ``outcome`` at ``finish``: ``succeeded`` (claimed, result published, an effect delivered),
 ``dead``, ``cancelled``, ``skipped`` (finished), or ``ready`` / ``leased`` (live: never
-finished). ``tick(tenant, sid, at)`` is an event that only moves the log's time on.
+finished). A claimed run's attempt 1 failed and was retried (unless ``retried=False``): its
+attempt 2 is the one that ends it, so both homes of an attempt are written — the run's row
+(attempt 1) and a row of ``attempts`` (attempt 2, in its run's day). ``tick(tenant, sid,
+at)`` is an event that only moves the log's time on.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def tick(tenant: str, sid: str, at: datetime) -> m.EventEnvelope:
 
 
 def run_history(tenant: str, sid: str, run_id: str, outcome: str, start: datetime,
-                finish: datetime, uri: str | None = None) -> list[m.EventEnvelope]:
+                finish: datetime, uri: str | None = None,
+                retried: bool = True) -> list[m.EventEnvelope]:
     """The events of one run (module docstring); ``uri``: a succeeded run's result object."""
     out: list[Any] = []
 
@@ -55,15 +59,23 @@ def run_history(tenant: str, sid: str, run_id: str, outcome: str, start: datetim
         state="READY", sequence=1, advances_schedule=False))
     if outcome == "ready":
         return out
-    claimed = start + (finish - start) / 2
-    add(claimed, m.AttemptClaimed(run_id=run_id, attempt=1, fence=1, worker_id="w",
+    first, failed, claimed = (start + (finish - start) * k for k in (0.25, 0.375, 0.5))
+    n = 2 if retried else 1  # the last attempt
+    if retried:
+        add(first, m.AttemptClaimed(run_id=run_id, attempt=1, fence=1, worker_id="w",
+                                    claimed_at=first, lease_until=first + timedelta(hours=1)))
+        add(failed, m.AttemptFailed(run_id=run_id, attempt=1, fence=1, worker_id="w",
+                                    error_class="transient", message="once"))
+        add(failed, m.RetryScheduled(run_id=run_id, attempt=2, retry_at=failed))
+        add(failed, m.OccurrenceReady(run_id=run_id, attempt=2))
+    add(claimed, m.AttemptClaimed(run_id=run_id, attempt=n, fence=n, worker_id="w",
                                   claimed_at=claimed, lease_until=claimed + timedelta(hours=1)))
     if outcome == "leased":
         return out
     if outcome == "succeeded":
-        add(finish, m.ResultPublished(run_id=run_id, attempt=1, fence=1, worker_id="w",
+        add(finish, m.ResultPublished(run_id=run_id, attempt=n, fence=n, worker_id="w",
                                       checksum="sha256:0", size=1,
-                                      uri=uri or f"results:{run_id}/a1-f1-0000000000000000",
+                                      uri=uri or f"results:{run_id}/a{n}-f{n}-0000000000000000",
                                       finished_at=finish))
         add(finish, m.EffectIntended(effect_id=f"fx-{run_id}", run_id=run_id, kind="webhook",
                                      checksum="sha256:0"))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chronolog.domain import messages as m
-from chronolog.projections.project import project, project_batch
+from chronolog.projections.project import FIRST_ATTEMPT, project, project_batch
 from chronolog.projections.store import TABLES, First, RowChanges, Tally
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
@@ -243,27 +243,39 @@ def test_claim_sets_the_first_start_and_opens_an_attempt() -> None:
     row = run_row(c)
     assert row["state"] == "LEASED" and row["attempt"] == 1
     assert row["started_at"] == First(T0 + timedelta(seconds=5))
-    att = c.attempts[(RUN, 1)]
+    assert not c.attempts  # attempt 1: columns of the run's row
+    assert (row["first_fence"], row["first_worker_id"], row["first_outcome"]) == (4, "w1", None)
+    assert row["first_lease_until"] == T0 + timedelta(seconds=35)
+
+
+def test_a_first_attempt_is_columns_of_its_run_and_a_later_one_a_row_of_attempts() -> None:
+    claim = SAMPLES["AttemptClaimed"]
+    second = project(env(claim.model_copy(update={"attempt": 2, "fence": 5})))
+    att = second.attempts[(RUN, 2)]
     assert TABLES["attempts"].required <= set(att)
-    assert (att["fence"], att["worker_id"], att["outcome"]) == (4, "w1", None)
-    assert att["lease_until"] == T0 + timedelta(seconds=35)
+    assert (att["fence"], att["worker_id"], att["claimed_at"]) == (5, "w1", claim.claimed_at)
+    row = run_row(second)
+    assert row["attempt"] == 2 and not {c for c in row if c.startswith("first_")}
+    # every column of an attempt has its run-row twin for attempt 1, but the claim time
+    assert set(FIRST_ATTEMPT) == TABLES["attempts"].columns - {
+        "run_id", "attempt", "claimed_at", "scheduled_at"}
+    assert set(FIRST_ATTEMPT.values()) <= TABLES["runs"].columns
 
 
 def test_lease_extended_and_expired_touch_only_the_attempt() -> None:
     ext = project(env(SAMPLES["LeaseExtended"]))
-    assert not ext.runs
-    assert set(ext.attempts[(RUN, 1)]) == {"lease_until"}
+    assert set(run_row(ext)) == {"first_lease_until", "updated_at"}
     exp = project(env(SAMPLES["LeaseExpired"], at=T0 + timedelta(seconds=70)))
-    assert not exp.runs  # the following OccurrenceReady / RetryScheduled moves the run
-    att = exp.attempts[(RUN, 1)]
-    assert att["outcome"] == "lease_expired" and att["finished_at"] == T0 + timedelta(seconds=70)
+    row = run_row(exp)  # the following OccurrenceReady / RetryScheduled moves the run
+    assert "state" not in row
+    assert row["first_outcome"] == "lease_expired"
+    assert row["first_finished_at"] == T0 + timedelta(seconds=70)
 
 
 def test_attempt_failed_records_the_error_not_the_state() -> None:
     c = project(env(SAMPLES["AttemptFailed"]))
-    assert c.attempts[(RUN, 1)]["outcome"] == "failed"
-    assert c.attempts[(RUN, 1)]["error"] == "timeout"
     row = run_row(c)
+    assert row["first_outcome"] == "failed" and row["first_error"] == "timeout"
     assert "state" not in row and row["last_error_class"] == "transient"
 
 
@@ -296,7 +308,7 @@ def test_result_published_sets_the_canonical_result() -> None:
     assert row["result_inline"] == {"rows": 3} and row["result_attempt"] == 1
     assert row["finished_at"] == T0 + timedelta(seconds=20)
     assert "scheduled_at" not in row  # a partial change: the rest of the row stays
-    assert c.attempts[(RUN, 1)]["outcome"] == "succeeded"
+    assert row["first_outcome"] == "succeeded"
 
 
 def test_completion_rejected_changes_no_row() -> None:
@@ -360,13 +372,13 @@ def test_a_run_lifecycle_folds_into_one_row_per_table() -> None:
              "ResultPublished", "EffectIntended", "EffectSucceeded"]
     batch = project_batch(env(SAMPLES[n], at=T0 + timedelta(seconds=i), n=i)
                           for i, n in enumerate(names))
-    assert batch.row_count() == 4  # schedule, run, attempt, effect
+    assert batch.row_count() == 3  # schedule, run (with its attempt 1), effect
     row = run_row(batch)
     assert row["state"] == "SUCCEEDED" and row["job_type"] == "report"
     assert row["started_at"] == First(T0 + timedelta(seconds=5))
     assert row["updated_at"] == T0 + timedelta(seconds=4)
-    att = batch.attempts[(RUN, 1)]
-    assert att["outcome"] == "succeeded" and att["lease_until"] == T0 + timedelta(seconds=65)
+    assert row["first_outcome"] == "succeeded"
+    assert row["first_lease_until"] == T0 + timedelta(seconds=65)
     assert batch.effects[(f"send-{RUN}",)]["state"] == "SUCCEEDED"
     assert sched_row(batch)["last_event_at"] == T0 + timedelta(seconds=6)
     assert sched_row(batch)["fence"] == 4
