@@ -162,6 +162,24 @@ def test_a_step_runs_on_across_the_wrap() -> None:
     assert parse_cron("0 0 * * 6-1").dows == frozenset({6, 0, 1})
 
 
+def test_a_stepped_wrap_past_midnight_keeps_stepping_after_it() -> None:
+    # 23-1 is 23, 0, 1; every second of those is 23 and 1 (croniter would give 23 alone)
+    assert parse_cron("0 23-1/2 * * *").hours == frozenset({23, 1})
+    assert [d[11:] for d in fires("0 23-1/2 * * *", "2026-01-01T12:00:00Z", 3)] == [
+        "Thu 23:00", "Fri 01:00", "Fri 23:00"]
+
+
+def test_weekday_7_to_0_is_sunday_alone() -> None:
+    assert parse_cron("0 9 * * 7-0").dows == frozenset({0})
+    assert [d[11:14] for d in fires("0 9 * * 7-0", "2026-01-01T12:00:00Z", 2)] == ["Sun", "Sun"]
+
+
+def test_weekday_0_to_7_is_every_day() -> None:
+    assert parse_cron("0 9 * * 0-7").dows == frozenset(range(7))
+    assert [d[11:14] for d in fires("0 9 * * 0-7", "2026-01-01T12:00:00Z", 7)] == [
+        "Fri", "Sat", "Sun", "Mon", "Tue", "Wed", "Thu"]
+
+
 # ---------------------------------------------------------------- with daylight saving
 
 
