@@ -68,10 +68,12 @@ __all__ = [
     "CronSpec",
     "CronTrigger",
     "DelayTrigger",
+    "DstMark",
     "EveryTrigger",
     "RecurrenceError",
     "Trigger",
     "compile_trigger",
+    "dst_marks",
     "is_wildcard_cron",
     "jitter_offset",
     "parse_cron",
@@ -1038,6 +1040,66 @@ def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
         if current is not None:
             out.append(current)
     return out
+
+
+# --------------------------------------------------------------------------- DST marks
+
+DST_MARKS = ("shifted", "repeated", "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class DstMark:
+    """An instant of a preview and what daylight saving time did to it: ``mark`` is None,
+    ``shifted`` (its wall time does not exist that day: moved forward), ``repeated`` (its
+    wall time happens twice that day) or ``skipped`` (a wall time that does not exist, or
+    the repetition the DST policy leaves out: listed, never run); ``note`` says why."""
+
+    at: datetime
+    mark: str | None = None
+    note: str | None = None
+
+
+def _wall_ambiguous(t: datetime, zone: ZoneInfo) -> bool:
+    """Whether ``t``'s local wall time happens twice in ``zone`` (a clock set back)."""
+    wall = t.astimezone(zone).replace(tzinfo=None)
+    return (wall.replace(tzinfo=zone, fold=0).utcoffset()
+            != wall.replace(tzinfo=zone, fold=1).utcoffset())
+
+
+def dst_marks(trigger: Trigger | None, instants: list[datetime]) -> list[DstMark]:
+    """The consecutive ``instants`` of ``trigger`` (in order) with their DST marks, and the
+    instants the transition left out between the first and the last (``skipped``), in time
+    order, a skipped one after a kept one at the same instant. Only a cron rule has marks.
+
+    The rule is compiled again with the other policies (``nonexistent`` shift or skip,
+    ``ambiguous`` both) over the same span: what differs is what the policy decided.
+    """
+    marks = [DstMark(t) for t in instants]
+    if not instants or not isinstance(trigger, CronTrigger):
+        return marks
+    first, last = instants[0], instants[-1]
+
+    def span(ambiguous: str, nonexistent: str) -> set[datetime]:
+        other = replace(trigger, dst_ambiguous=ambiguous, dst_nonexistent=nonexistent)
+        got = upcoming(other, first - _ONE_US, 4 * len(instants))
+        return {t for t in got if first <= t <= last}
+
+    ambiguous, zone = trigger.dst_ambiguous, trigger.zone
+    no_shift = span("both", "skip")
+    for index, t in enumerate(instants):
+        if _wall_ambiguous(t, zone):
+            marks[index] = DstMark(t, "repeated", "this wall time happens twice (clocks go "
+                                                  f"back): policy ambiguous={ambiguous}")
+        elif t not in no_shift:
+            marks[index] = DstMark(t, "shifted", "the wall time does not exist that day "
+                                                 "(clocks go forward): shifted forward")
+    for t in sorted(span("both", "shift_forward") - set(instants)):
+        note = (f"the repetition of this wall time is left out: policy ambiguous={ambiguous}"
+                if _wall_ambiguous(t, zone) else "the wall time does not exist that day "
+                "(clocks go forward): policy nonexistent=skip")
+        marks.append(DstMark(t, "skipped", note))
+    marks.sort(key=lambda m: (m.at, m.mark == "skipped"))
+    return marks
 
 
 # --------------------------------------------------------------------------- jitter
