@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support.docs import sh_argvs, text_block
+
 ROOT = Path(__file__).resolve().parents[2]
 CHRONOLOG = next(
     (p for p in (ROOT / ".venv" / "bin" / "chronolog", Path(sys.executable).with_name("chronolog"))
@@ -241,3 +243,15 @@ def test_a_bad_dst_choice_exits_2_with_one_line_naming_the_flag() -> None:
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == ("chronolog preview: argument --dst-ambiguous: invalid choice: "
                              "'sometimes' (choose from 'first', 'second', 'both')\n")
+
+
+def test_the_tours_preview_commands_run_and_the_second_prints_what_the_tour_shows() -> None:
+    section = "### Daylight saving, stated"
+    commands = sh_argvs(ROOT / "docs" / "tour.md", section)
+    assert len(commands) == 3 and all(cmd[:2] == ["chronolog", "preview"] for cmd in commands)
+    spring, autumn, both = (preview(*cmd[2:]) for cmd in commands)
+    assert (spring.returncode, autumn.returncode, both.returncode) == (0, 0, 0)
+    assert f"shifted: {SHIFTED}" in spring.stdout.splitlines()
+    assert autumn.stdout == text_block(ROOT / "docs" / "tour.md", section)
+    assert [line.split()[-1] for line in both.stdout.splitlines()[1:3]] == ["repeated"] * 2
+    assert "skipped" not in both.stdout

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from croniter import croniter
+
 from chronolog.domain.recurrence import compile_trigger, parse_cron, upcoming
 
 
@@ -213,3 +215,9 @@ def test_a_wildcard_job_on_the_last_sunday_of_october_in_london_runs_both_passes
     assert got == ["2026-10-25 Sun 01:00+0100", "2026-10-25 Sun 01:30+0100",
                    "2026-10-25 Sun 01:00+0000", "2026-10-25 Sun 01:30+0000",
                    "2027-10-31 Sun 01:00+0100"]
+
+
+def test_croniter_reads_23_1_step_2_and_7_0_otherwise_as_the_tour_says() -> None:
+    # docs/tour.md names the two places where chronolog parts from croniter
+    assert croniter.expand("0 23-1/2 * * *")[0][1] == [23]
+    assert croniter.expand("0 0 * * 7-0")[0][4] == ["*"]
