@@ -1044,8 +1044,6 @@ def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
 
 # --------------------------------------------------------------------------- DST marks
 
-DST_MARKS = ("shifted", "repeated", "skipped")
-
 
 @dataclass(frozen=True, slots=True)
 class DstMark:
