@@ -50,7 +50,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "preview",
         help="show the next instants a cron / interval / one-shot rule fires at",
-        description="Show the next N instants strictly after --from (default now).",
+        description="Show the next N instants strictly after --from (default now), marking "
+                    "those daylight saving time shifted or repeated, and listing those it "
+                    "left out as skipped.",
     )
     kind = parser.add_mutually_exclusive_group(required=True)
     kind.add_argument("--cron", metavar="EXPR",
