@@ -179,11 +179,11 @@ _US = timedelta(microseconds=1)
 
 
 def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Trigger:
-    """The schedule's trigger, compiled exactly as the decider compiles it."""
+    """The schedule's trigger, compiled exactly as the decider folds it (a recorded rule)."""
     return compile_trigger(cron=spec.cron, every=spec.every, at=spec.at, delay=spec.delay,
                            timezone=spec.timezone, anchor=anchor, start=spec.start,
                            end=spec.end, dst_ambiguous=spec.dst.ambiguous,
-                           dst_nonexistent=spec.dst.nonexistent)
+                           dst_nonexistent=spec.dst.nonexistent, recorded=True)
 
 
 _NOT_HELD = (" (or that finished and was forgotten: the decider answers a command for a run it "

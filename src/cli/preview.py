@@ -1,13 +1,22 @@
 """``chronolog preview``: show the next instants a recurrence rule fires at.
 
     chronolog preview (--cron EXPR | --every DUR [--anchor ISO] | --at ISO)
-                      [--tz ZONE] [--from ISO] [-n N] [--json]
+                      [--tz ZONE] [--from ISO] [-n N]
+                      [--dst-ambiguous first|second|both]
+                      [--dst-nonexistent shift_forward|skip] [--json]
 
 Prints the next N (default 5) instants strictly after ``--from`` (default: now) as a table
 with UTC and local columns, or with ``--json`` exactly
-``{"instants": [{"utc": "...Z", "local": "...+hh:mm"}, ...]}`` (seconds precision).
-``--every`` without ``--anchor`` is anchored at ``--from``. Naive ISO times are wall times
-in ``--tz``. Bad input exits with status 2 and one line naming the field and value.
+``{"instants": [{"utc": "...Z", "local": "...+hh:mm", "dst": ..., "note": ...}, ...],
+"skipped": [...]}`` (seconds precision). A cron instant that daylight saving time moved
+is marked as on the dashboard (``chronolog.domain.recurrence.dst_marks``): ``shifted`` (its
+wall time does not exist that day), ``repeated`` (its wall time happens twice); an instant
+the transition left out between the first and the last is listed as ``skipped`` (in the
+table with ``-`` for its number, in JSON under ``skipped``: it never runs). The table then
+ends with a legend line per mark shown; ``dst`` and ``note`` are null on an unmarked
+instant. ``--every`` without ``--anchor`` is anchored at ``--from``. Naive ISO times are
+wall times in ``--tz``. Bad input exits with status 2 and one line naming the field and
+value.
 This is the only recurrence module allowed to read the clock (for the default ``--from``).
 """
 
@@ -19,9 +28,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chronolog.domain.recurrence import (
+    DST_AMBIGUOUS_CHOICES,
+    DST_NONEXISTENT_CHOICES,
+    DstMark,
     RecurrenceError,
     Trigger,
     compile_trigger,
+    dst_marks,
     parse_instant,
     resolve_zone,
     upcoming,
@@ -37,7 +50,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "preview",
         help="show the next instants a cron / interval / one-shot rule fires at",
-        description="Show the next N instants strictly after --from (default now).",
+        description="Show the next N instants strictly after --from (default now), marking "
+                    "those daylight saving time shifted or repeated, and listing those it "
+                    "left out as skipped.",
     )
     kind = parser.add_mutually_exclusive_group(required=True)
     kind.add_argument("--cron", metavar="EXPR",
@@ -50,6 +65,11 @@ def register(subparsers: Any) -> None:
                         help="start after this instant (default now)")
     parser.add_argument("-n", "--count", dest="n", type=_count, default=DEFAULT_COUNT,
                         metavar="N", help="how many (default 5; the API's `count`)")
+    parser.add_argument("--dst-ambiguous", default="first", choices=DST_AMBIGUOUS_CHOICES,
+                        help="a fixed-time cron wall time that happens twice: which pass")
+    parser.add_argument("--dst-nonexistent", default="shift_forward",
+                        choices=DST_NONEXISTENT_CHOICES,
+                        help="a fixed-time cron wall time that does not exist: shift or skip")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 
@@ -92,32 +112,44 @@ def _build_trigger(args: argparse.Namespace, start: datetime) -> Trigger:
     if args.every is not None:
         anchor = parse_instant(args.anchor, args.tz, field="anchor") if args.anchor else start
         return compile_trigger(every=args.every, anchor=anchor, timezone=args.tz)
-    return compile_trigger(cron=args.cron, at=args.at, timezone=args.tz)
+    return compile_trigger(cron=args.cron, at=args.at, timezone=args.tz,
+                           dst_ambiguous=args.dst_ambiguous,
+                           dst_nonexistent=args.dst_nonexistent)
 
 
-def _rows(instants: list[datetime], zone_name: str) -> list[dict[str, str]]:
-    """``{"utc": ..Z, "local": ..+hh:mm}`` per instant, seconds precision."""
+def _rows(marks: list[DstMark], zone_name: str) -> list[dict[str, str | None]]:
+    """``{"utc": ..Z, "local": ..+hh:mm, "dst": mark, "note": why}`` per instant, seconds
+    precision."""
     zone = resolve_zone(zone_name)
     return [
         {
-            "utc": instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "local": instant.astimezone(zone).isoformat(timespec="seconds"),
+            "utc": mark.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "local": mark.at.astimezone(zone).isoformat(timespec="seconds"),
+            "dst": mark.mark,
+            "note": mark.note,
         }
-        for instant in instants
+        for mark in marks
     ]
 
 
-def _table(rows: list[dict[str, str]], zone_name: str) -> str:
-    """A plain aligned table with a header."""
+def _table(rows: list[dict[str, str | None]], zone_name: str) -> str:
+    """A plain aligned table with a header, a DST column when an instant is marked, and a
+    legend line per mark shown (``mark: note``, the dashboard's words)."""
     if not rows:
         return "no upcoming instants"
-    headers = ("#", "UTC", f"local ({zone_name})")
-    body = [(str(i), row["utc"], row["local"]) for i, row in enumerate(rows, 1)]
-    widths = [max(len(line[c]) for line in [headers, *body]) for c in range(3)]
+    marked = any(row["dst"] for row in rows)
+    headers = ("#", "UTC", f"local ({zone_name})", "DST")[: 4 if marked else 3]
+    body, number = [], 0
+    for row in rows:
+        number += row["dst"] != "skipped"
+        body.append(("-" if row["dst"] == "skipped" else str(number), str(row["utc"]),
+                     str(row["local"]), row["dst"] or "")[: len(headers)])
+    widths = [max(len(line[c]) for line in [headers, *body]) for c in range(len(headers))]
     lines = ["  ".join(cell.ljust(width)
                        for cell, width in zip(line, widths, strict=True)).rstrip()
              for line in [headers, *body]]
-    return "\n".join(lines)
+    legend = dict.fromkeys(f"{row['dst']}: {row['note']}" for row in rows if row["dst"])
+    return "\n".join([*lines, *([""] if legend else []), *legend])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,9 +161,10 @@ def run(args: argparse.Namespace) -> int:
         trigger = _build_trigger(args, start)
     except RecurrenceError as err:
         raise _usage_error(str(err)) from None
-    rows = _rows(upcoming(trigger, start, args.n), args.tz)
+    rows = _rows(dst_marks(trigger, upcoming(trigger, start, args.n)), args.tz)
     if args.json:
-        print(json.dumps({"instants": rows}))
+        print(json.dumps({"instants": [row for row in rows if row["dst"] != "skipped"],
+                          "skipped": [row for row in rows if row["dst"] == "skipped"]}))
     else:
         print(_table(rows, args.tz))
     return 0

@@ -204,7 +204,8 @@ def _decide(
 
 
 def _compile(spec: m.ScheduleSpec, anchor: datetime) -> Any:
-    return trigger_of(spec, anchor)
+    """The trigger of a new or revised spec: refused (RecurrenceError) if it never fires."""
+    return trigger_of(spec, anchor, recorded=False)
 
 
 def _due(schedule_id: str, instant: datetime | None, pol: Policy) -> datetime | None:
@@ -1379,7 +1380,7 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
             state.status = "ACTIVE"
             state.revision = event.revision
             state.policy = pol
-            state.trigger = _compile(event.spec, event.anchor)
+            state.trigger = trigger_of(event.spec, event.anchor)
             state.request_key = event.request_key
             state.created_hash = pol.spec_hash
             state.created_at = event.created_at
@@ -1392,7 +1393,7 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
             state.revision = event.revision
             state.policy = policy_for(event.spec)
             state.anchor = event.anchor
-            state.trigger = _compile(event.spec, event.anchor)
+            state.trigger = trigger_of(event.spec, event.anchor)
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
         case m.SchedulePaused():

@@ -318,8 +318,10 @@ class QuotaWait(NamedTuple):
 _DERIVED: Any = object()  # ScheduleState._trigger: compile policy.spec at anchor when used
 
 
-def trigger_of(spec: ScheduleSpec, anchor: datetime) -> Any:
-    """The compiled (cached, immutable) trigger of ``spec`` at ``anchor``."""
+def trigger_of(spec: ScheduleSpec, anchor: datetime, *, recorded: bool = True) -> Any:
+    """The compiled (cached, immutable) trigger of ``spec`` at ``anchor``. A ``recorded``
+    spec (one the log holds) compiles even if its cron can never fire: an earlier version
+    accepted some such rules, and the log must always fold."""
     return compile_trigger(
         cron=spec.cron,
         every=spec.every,
@@ -331,6 +333,7 @@ def trigger_of(spec: ScheduleSpec, anchor: datetime) -> Any:
         end=spec.end,
         dst_ambiguous=spec.dst.ambiguous,
         dst_nonexistent=spec.dst.nonexistent,
+        recorded=recorded,
     )
 
 

@@ -24,7 +24,10 @@ Kinds (exactly one per trigger, see :func:`compile_trigger`):
     Sunday. The specials ``L``, ``L-n``, ``nW``, ``LW`` (day-of-month) and ``nL``, ``n#k``
     (day-of-week) restrict their field like any list item (see :func:`_rule_day`). A
     reversed range wraps (``22-2`` hours = 22, 23, 0, 1, 2; ``FRI-MON`` = Fri, Sat, Sun,
-    Mon), as in croniter. ``H`` is not supported. Numbers are ASCII digits only.
+    Mon) and its step runs on across the wrap (``23-1/2`` hours = 23, 1, where croniter
+    gives 23 alone); day-of-week ``7-0`` is Sunday alone, ``0-7`` every day. A rule no
+    calendar day can match is refused (:func:`_can_fire`). ``H`` is not supported. Numbers
+    are ASCII digits only.
 
 * ``every`` — instants ``anchor + k * interval`` (k any integer) in real elapsed time; the
   zone is for display only. ``anchor`` is required (callers pass the schedule's creation
@@ -48,7 +51,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -65,10 +68,12 @@ __all__ = [
     "CronSpec",
     "CronTrigger",
     "DelayTrigger",
+    "DstMark",
     "EveryTrigger",
     "RecurrenceError",
     "Trigger",
     "compile_trigger",
+    "dst_marks",
     "is_wildcard_cron",
     "jitter_offset",
     "parse_cron",
@@ -81,7 +86,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
 _ONE_DAY = timedelta(days=1)
 _UNIX_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
-_SEARCH_YEARS = 100  # a satisfiable cron matches within 28 years; beyond this: exhausted
+_SEARCH_YEARS = 100  # a rule that fires matches within 40 years (see _can_fire); beyond: none
 
 # The recurrence engine's version: raised whenever a change of this module can move an
 # instant of some rule (``chronolog rules snapshot`` / ``diff`` record and compare it).
@@ -363,10 +368,16 @@ def _field_item(item: str, spec: _FieldDef) -> set[int]:
     """Expand one comma-separated item: ``*``, ``a``, ``a-b``, each optionally ``/step``."""
     base, slash, step_text = item.partition("/")
     step = _field_step(step_text, spec) if slash else 1
+    if not base:
+        raise _FieldError(
+            f"{spec.name} '{_shown(item)}' needs a value before the step, as in */5 or 10/5")
     if base == "*" or (base == "?" and spec.allows_question):
         low, high = spec.low, spec.star_high if spec.star_high is not None else spec.high
     elif "-" in base:
         first, _, last = base.partition("-")
+        if not first or not last:
+            raise _FieldError(
+                f"{spec.name} '{_shown(item)}' needs a value on each side of '-', as in 1-5")
         low, high = _field_value(first, spec), _field_value(last, spec)
         if low > high:
             return set(_wrapped_range(low, high, step, spec))
@@ -395,6 +406,8 @@ def _dom_rule(item: str) -> _DayRule | None:
             )
         return ("L", offset, 0)
     if upper.endswith("W") and "/" not in item and "-" not in item:
+        if len(item) == 1:
+            raise _FieldError("day-of-month 'W' needs a day number before it, as in 15W")
         return ("W", _field_value(item[:-1], _DOM), 0)
     return None
 
@@ -403,6 +416,9 @@ def _dow_rule(item: str) -> _DayRule | None:
     """``nL`` or ``n#k`` as a day rule; None for an ordinary item."""
     if "#" in item:
         weekday, _, nth = item.partition("#")
+        if not weekday:
+            raise _FieldError(f"day-of-week '{_shown(item)}' needs a weekday before the #, "
+                              "as in 5#3 (the third Friday)")
         k = _ascii_number(nth)
         if k is None or not 1 <= k <= 5:
             raise _FieldError(
@@ -449,8 +465,20 @@ _DAYS_IN_MONTH_MAX = {
 }
 
 
-def _rule_day(rule: _DayRule, year: int, month: int) -> int | None:
-    """The day of ``year-month`` a day rule names, or None when that month has none.
+# A month's shape: the weekday of its 1st (Monday = 0) and its number of days. Which of its
+# days a rule matches depends on the month and its shape alone.
+_Shape = tuple[int, int]
+
+
+@functools.lru_cache(maxsize=16384)
+def _month_shape(year: int, month: int) -> _Shape:
+    """The shape of ``year-month``."""
+    return calendar.monthrange(year, month)
+
+
+def _rule_day(rule: _DayRule, first_weekday: int, last: int) -> int | None:
+    """The day a day rule names in a month whose 1st is ``first_weekday`` (Monday = 0) and
+    whose last day is ``last``, or None when that month has none.
 
     ``L-n``: n days before the last day. ``nW``: the weekday (Mon-Fri) nearest day n, never
     leaving the month (the 1st on a Saturday gives Monday the 3rd, a last day on a Sunday
@@ -458,7 +486,6 @@ def _rule_day(rule: _DayRule, year: int, month: int) -> int | None:
     last weekday n. ``n#k``: the k-th weekday n (none in a month with fewer than k).
     """
     kind, a, b = rule
-    first_weekday, last = calendar.monthrange(year, month)  # Monday = 0
     if kind == "L":
         return last - a if last - a >= 1 else None
     if kind in ("W", "LW"):
@@ -479,9 +506,9 @@ def _rule_day(rule: _DayRule, year: int, month: int) -> int | None:
 
 
 @functools.lru_cache(maxsize=16384)
-def _rule_days(rules: tuple[_DayRule, ...], year: int, month: int) -> frozenset[int]:
-    """The days of ``year-month`` that any of ``rules`` names."""
-    found = (_rule_day(rule, year, month) for rule in rules)
+def _rule_days(rules: tuple[_DayRule, ...], first_weekday: int, last: int) -> frozenset[int]:
+    """The days of a month of shape ``(first_weekday, last)`` that any of ``rules`` names."""
+    found = (_rule_day(rule, first_weekday, last) for rule in rules)
     return frozenset(day for day in found if day is not None)
 
 
@@ -506,14 +533,21 @@ class CronSpec:
     dom_rules: tuple[_DayRule, ...] = ()
     dow_rules: tuple[_DayRule, ...] = ()
 
+    fires: bool = True  # some calendar day matches (see _can_fire)
+
     def matches_day(self, day: date) -> bool:
         """Does ``day`` match month and the Vixie DOM/DOW rule?"""
-        if day.month not in self.months:
+        return self.matches(day.month, day.day, _month_shape(day.year, day.month))
+
+    def matches(self, month: int, day: int, shape: _Shape) -> bool:
+        """Does day ``day`` of ``month``, in a year where that month has ``shape``, match
+        month and the Vixie DOM/DOW rule? (The one home of the day rule.)"""
+        if month not in self.months:
             return False
-        dom_ok = day.day in self.doms or (
-            bool(self.dom_rules) and day.day in _rule_days(self.dom_rules, day.year, day.month))
-        dow_ok = (day.weekday() + 1) % 7 in self.dows or (
-            bool(self.dow_rules) and day.day in _rule_days(self.dow_rules, day.year, day.month))
+        dom_ok = day in self.doms or (
+            bool(self.dom_rules) and day in _rule_days(self.dom_rules, *shape))
+        dow_ok = (shape[0] + day) % 7 in self.dows or (
+            bool(self.dow_rules) and day in _rule_days(self.dow_rules, *shape))
         if self.dom_star or self.dow_star:
             return dom_ok and dow_ok
         return dom_ok or dow_ok
@@ -523,23 +557,47 @@ class CronSpec:
         return hour in self.hours and minute in self.minutes
 
 
-def _rule_can_occur(rule: _DayRule, month: int) -> bool:
-    """Can a day-of-month rule name a day of ``month`` in some year?"""
-    kind, a, _ = rule
-    longest = _DAYS_IN_MONTH_MAX[month]
-    return kind == "LW" or (kind == "L" and a < longest) or (kind == "W" and a <= longest)
+def _month_shapes(month: int) -> Iterator[_Shape]:
+    """Every shape ``month`` has in some Gregorian year: its 1st on each of the 7 weekdays,
+    with its one length (February: 28 days, and 29)."""
+    lengths = (28, 29) if month == 2 else (_DAYS_IN_MONTH_MAX[month],)
+    for length in lengths:
+        for first_weekday in range(7):
+            yield first_weekday, length
 
 
-def _check_satisfiable(expr: str, spec: CronSpec) -> None:
-    """Reject expressions no calendar day can ever match (e.g. ``0 0 30 2 *``)."""
-    if not (spec.dom_star or spec.dow_star):
-        return  # OR rule: every month has every weekday
-    for month in spec.months:
-        if any(day <= _DAYS_IN_MONTH_MAX[month] for day in spec.doms):
-            return
-        if any(_rule_can_occur(rule, month) for rule in spec.dom_rules):
-            return
-    raise RecurrenceError("cron", expr, "day-of-month never occurs in the selected month(s)")
+def _can_fire(spec: CronSpec) -> bool:
+    """Does some day of the Gregorian calendar match ``spec``? Exact, and no calendar search.
+
+    Whether a day matches depends on its month, its day number and the month's *shape* (the
+    weekday of its 1st and its length) alone: the weekday of every day, and the day each
+    special names (``L``, ``L-n``, ``nW``, ``LW``, ``nL``, ``n#k``), follow from the shape,
+    and the day-of-month x day-of-week combination (AND or OR) is applied by the same
+    :meth:`CronSpec.matches` the search uses. So a rule fires on some day iff it matches
+    some day of some shape that occurs. Every shape of :func:`_month_shapes` occurs: the
+    Gregorian calendar repeats every 400 years (146,097 days, exactly 20,871 weeks), and
+    within a cycle a month of a given length comes back with its 1st on the same weekday
+    within 12 years at most; a leap February within 28 years, or 40 across a century year
+    that is not a leap year (Feb 1 is a Sunday in leap 2088, and next in 2128). The longest
+    wait between two matching days of a rule that fires is therefore 40 years, under the
+    search's bound ``_SEARCH_YEARS``. Cost: at most 12 months x 14 shapes x 31 days.
+    """
+    return any(spec.matches(month, day, shape)
+               for month in sorted(spec.months)
+               for shape in _month_shapes(month)
+               for day in range(1, shape[1] + 1))
+
+
+def _check_fires(expr: str, spec: CronSpec) -> None:
+    """Refuse an expression no calendar day can ever match (``0 0 30 2 *``,
+    ``0 0 */31 * 1#5``), naming the field(s) at fault."""
+    if spec.fires:
+        return
+    any_weekday = replace(spec, dows=frozenset(range(7)), dow_rules=(), dow_star=True)
+    if not _can_fire(any_weekday):
+        raise RecurrenceError("cron", expr, "day-of-month never occurs in the selected month(s)")
+    raise RecurrenceError("cron", expr, "day-of-month and day-of-week never fall on the same "
+                                        "day in the selected month(s)")
 
 
 def _validate_with_croniter(expr: str, parts: list[str]) -> None:
@@ -559,7 +617,17 @@ def _validate_with_croniter(expr: str, parts: list[str]) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def parse_cron(expr: str) -> CronSpec:
-    """Parse and validate a cron expression; raise ``RecurrenceError(field="cron")``."""
+    """Parse and validate a cron expression; raise ``RecurrenceError(field="cron")``, also
+    for an expression that can never fire."""
+    spec = _parse_recorded_cron(expr)
+    _check_fires(expr, spec)
+    return spec
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_recorded_cron(expr: str) -> CronSpec:
+    """Parse an expression like :func:`parse_cron`, but accept one that can never fire (its
+    ``fires`` is False): a rule the log already holds may predate that refusal."""
     if not isinstance(expr, str):
         raise RecurrenceError("cron", expr, "expected text")
     fields_text = _expand_macro(expr)
@@ -590,8 +658,7 @@ def parse_cron(expr: str) -> CronSpec:
         dom_rules=dom_rules,
         dow_rules=dow_rules,
     )
-    _check_satisfiable(expr, spec)
-    return spec
+    return replace(spec, fires=_can_fire(spec))
 
 
 def is_wildcard_cron(expr: str) -> bool:
@@ -640,7 +707,7 @@ def _transition_day(
 ) -> tuple[int, ...]:
     """Sorted, de-duplicated firing instants (POSIX seconds) of a day with a DST transition."""
     instants: set[int] = set()
-    for seconds in parse_cron(expr).seconds_of_day:
+    for seconds in _parse_recorded_cron(expr).seconds_of_day:
         wall = datetime(day.year, day.month, day.day, seconds // 3600, seconds % 3600 // 60)
         instants.update(_wall_instants(zone, wall, ambiguous, nonexistent))
     return tuple(sorted(instants))
@@ -706,6 +773,8 @@ class CronTrigger:
 
     def _search(self, ts: float) -> int | None:
         """First firing instant strictly after ``ts`` (POSIX seconds), unbounded by end."""
+        if not self.spec.fires:
+            return None
         today = datetime.fromtimestamp(ts, self.zone).date()
         yesterday = today - _ONE_DAY  # a transition day may fire past its own local end
         if self.spec.matches_day(yesterday) and _steady_offset(self.zone, yesterday) is None:
@@ -895,6 +964,7 @@ def _compile(
     end: datetime | None,
     dst_ambiguous: str,
     dst_nonexistent: str,
+    recorded: bool,
 ) -> Trigger:
     """Build a trigger (cached; see :func:`compile_trigger`)."""
     _check_choice("dst.ambiguous", dst_ambiguous, DST_AMBIGUOUS_CHOICES)
@@ -909,9 +979,8 @@ def _compile(
         )
     if kind == "cron":
         assert cron is not None
-        return CronTrigger(
-            parse_cron(cron), zone, dst_ambiguous, dst_nonexistent, start_utc, end_utc
-        )
+        spec = _parse_recorded_cron(cron) if recorded else parse_cron(cron)
+        return CronTrigger(spec, zone, dst_ambiguous, dst_nonexistent, start_utc, end_utc)
     if kind == "every":
         assert every is not None
         interval = _positive_duration("every", every)
@@ -943,14 +1012,17 @@ def compile_trigger(
     end: datetime | None = None,
     dst_ambiguous: str = "first",
     dst_nonexistent: str = "shift_forward",
+    recorded: bool = False,
 ) -> Trigger:
     """Compile exactly one of cron / every / at / delay into an immutable, cached Trigger.
 
-    Raises ``RecurrenceError`` (one line naming field and value) for any invalid input.
+    Raises ``RecurrenceError`` (one line naming field and value) for any invalid input,
+    including a cron rule that can never fire, unless ``recorded``: a rule the log already
+    holds (an earlier version accepted some that never fire) compiles to a trigger with no
+    instant.
     """
-    return _compile(
-        cron, every, at, delay, timezone, anchor, start, end, dst_ambiguous, dst_nonexistent
-    )
+    return _compile(cron, every, at, delay, timezone, anchor, start, end, dst_ambiguous,
+                    dst_nonexistent, recorded)
 
 
 def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
@@ -968,6 +1040,64 @@ def upcoming(trigger: Trigger, after: datetime, count: int) -> list[datetime]:
         if current is not None:
             out.append(current)
     return out
+
+
+# --------------------------------------------------------------------------- DST marks
+
+
+@dataclass(frozen=True, slots=True)
+class DstMark:
+    """An instant of a preview and what daylight saving time did to it: ``mark`` is None,
+    ``shifted`` (its wall time does not exist that day: moved forward), ``repeated`` (its
+    wall time happens twice that day) or ``skipped`` (a wall time that does not exist, or
+    the repetition the DST policy leaves out: listed, never run); ``note`` says why."""
+
+    at: datetime
+    mark: str | None = None
+    note: str | None = None
+
+
+def _wall_ambiguous(t: datetime, zone: ZoneInfo) -> bool:
+    """Whether ``t``'s local wall time happens twice in ``zone`` (a clock set back)."""
+    wall = t.astimezone(zone).replace(tzinfo=None)
+    return (wall.replace(tzinfo=zone, fold=0).utcoffset()
+            != wall.replace(tzinfo=zone, fold=1).utcoffset())
+
+
+def dst_marks(trigger: Trigger | None, instants: list[datetime]) -> list[DstMark]:
+    """The consecutive ``instants`` of ``trigger`` (in order) with their DST marks, and the
+    instants the transition left out between the first and the last (``skipped``), in time
+    order, a skipped one after a kept one at the same instant. Only a cron rule has marks.
+
+    The rule is compiled again with the other policies (``nonexistent`` shift or skip,
+    ``ambiguous`` both) over the same span: what differs is what the policy decided.
+    """
+    marks = [DstMark(t) for t in instants]
+    if not instants or not isinstance(trigger, CronTrigger):
+        return marks
+    first, last = instants[0], instants[-1]
+
+    def span(ambiguous: str, nonexistent: str) -> set[datetime]:
+        other = replace(trigger, dst_ambiguous=ambiguous, dst_nonexistent=nonexistent)
+        got = upcoming(other, first - _ONE_US, 4 * len(instants))
+        return {t for t in got if first <= t <= last}
+
+    ambiguous, zone = trigger.dst_ambiguous, trigger.zone
+    no_shift = span("both", "skip")
+    for index, t in enumerate(instants):
+        if _wall_ambiguous(t, zone):
+            marks[index] = DstMark(t, "repeated", "this wall time happens twice (clocks go "
+                                                  f"back): policy ambiguous={ambiguous}")
+        elif t not in no_shift:
+            marks[index] = DstMark(t, "shifted", "the wall time does not exist that day "
+                                                 "(clocks go forward): shifted forward")
+    for t in sorted(span("both", "shift_forward") - set(instants)):
+        note = (f"the repetition of this wall time is left out: policy ambiguous={ambiguous}"
+                if _wall_ambiguous(t, zone) else "the wall time does not exist that day "
+                "(clocks go forward): policy nonexistent=skip")
+        marks.append(DstMark(t, "skipped", note))
+    marks.sort(key=lambda m: (m.at, m.mark == "skipped"))
+    return marks
 
 
 # --------------------------------------------------------------------------- jitter

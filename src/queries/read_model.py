@@ -54,6 +54,7 @@ from chronolog.domain.ids import partition_key
 from chronolog.domain.recurrence import (
     RecurrenceError,
     compile_trigger,
+    dst_marks,
     jitter_offset,
     parse_instant,
     resolve_zone,
@@ -327,7 +328,7 @@ def _recurrence(row: asyncpg.Record, spec: m.ScheduleSpec, first: datetime) -> A
     return compile_trigger(
         cron=spec.cron, every=spec.every, timezone=spec.timezone,
         anchor=row["anchor"] or spec.anchor or first, start=spec.start, end=spec.end,
-        dst_ambiguous=spec.dst.ambiguous, dst_nonexistent=spec.dst.nonexistent,
+        dst_ambiguous=spec.dst.ambiguous, dst_nonexistent=spec.dst.nonexistent, recorded=True,
     )
 
 
@@ -953,63 +954,23 @@ async def occurrences(rm: ReadModel, tenant: str, schedule_id: str, limit: int =
             for r in reversed(rows)]
 
 
-def _wall_ambiguous(t: datetime, zone: Any) -> bool:
-    """Whether ``t``'s local wall time happens twice in ``zone`` (a clock set back)."""
-    wall = t.astimezone(zone).replace(tzinfo=None)
-    return (wall.replace(tzinfo=zone, fold=0).utcoffset()
-            != wall.replace(tzinfo=zone, fold=1).utcoffset())
-
-
 def instants_with_dst(row: asyncpg.Record, count: int = 10) -> list[dict[str, Any]]:
     """An ACTIVE schedule's next ``count`` instants (``preview``) and where daylight saving
-    time changed them, each ``{scheduledAt, dueAt, local, offset, dst, note}``: ``dst`` is
-    None, ``shifted`` (its wall time does not exist that day: moved forward),
-    ``repeated`` (its wall time happens twice that day) or ``skipped`` (a wall time that
-    does not exist, or the repetition the ``dst`` policy leaves out: listed, never run).
-
-    A cron rule is compiled again with the other policies (``nonexistent`` shift or skip,
-    ``ambiguous`` both) over the same span: what differs is what the policy decided."""
+    time changed them, each ``{scheduledAt, dueAt, local, dst, note}``: ``dst`` and
+    ``note`` as :func:`chronolog.domain.recurrence.dst_marks` classifies them (a ``skipped``
+    one has no ``dueAt``: it never runs)."""
     items = preview(row, count)
-    out = [{"scheduledAt": iso(p.scheduled_at), "dueAt": iso(p.due_at), "local": p.local,
-            "dst": None, "note": None} for p in items]
     if not items:
-        return out
+        return []
     spec = _stored_spec(row)
-    if spec.cron is None:
-        return out
     zone = resolve_zone(spec.timezone)
-    first, last = items[0].scheduled_at, items[-1].scheduled_at
-
-    def span(ambiguous: str, nonexistent: str) -> set[datetime]:
-        trig = compile_trigger(cron=spec.cron, timezone=spec.timezone, start=spec.start,
-                               end=spec.end, dst_ambiguous=ambiguous,
-                               dst_nonexistent=nonexistent)
-        got = {first} | set(upcoming(trig, first, 4 * count))
-        return {t for t in got if first <= t <= last}
-
-    kept = {p.scheduled_at for p in items}
-    unskipped = span("both", "shift_forward")
-    no_shift = span("both", "skip")
-    for item, p in zip(out, items, strict=True):
-        t = p.scheduled_at
-        if _wall_ambiguous(t, zone):
-            item["dst"], item["note"] = "repeated", (
-                "this wall time happens twice (clocks go back): policy "
-                f"ambiguous={spec.dst.ambiguous}")
-        elif t not in no_shift:
-            item["dst"], item["note"] = "shifted", (
-                "the wall time does not exist that day (clocks go forward): shifted forward")
-    for t in sorted(unskipped - kept):
-        local = t.astimezone(zone)
-        note = ("the repetition of this wall time is left out: policy "
-                f"ambiguous={spec.dst.ambiguous}") if _wall_ambiguous(t, zone) else (
-            "the wall time does not exist that day (clocks go forward): policy "
-            "nonexistent=skip")
-        out.append({"scheduledAt": iso(t), "dueAt": None,
-                    "local": local.isoformat(timespec="seconds"), "dst": "skipped",
-                    "note": note})
-    out.sort(key=lambda i: (i["scheduledAt"], i["dst"] == "skipped"))
-    return out
+    due = {p.scheduled_at: p.due_at for p in items}
+    marks = dst_marks(_recurrence(row, spec, items[0].scheduled_at),
+                      [p.scheduled_at for p in items])
+    return [{"scheduledAt": iso(mark.at),
+             "dueAt": None if mark.mark == "skipped" else iso(due[mark.at]),
+             "local": mark.at.astimezone(zone).isoformat(timespec="seconds"),
+             "dst": mark.mark, "note": mark.note} for mark in marks]
 
 
 async def schedule_history(log: Any, topics: Any, tenant: str, schedule_id: str, *,

@@ -45,6 +45,14 @@ def test_a_wall_time_that_does_not_exist_is_marked_shifted_or_listed_as_skipped(
     assert skipped[2]["dueAt"] is None and "nonexistent=skip" in skipped[2]["note"]
 
 
+def test_a_next_instant_that_is_itself_shifted_is_marked_shifted() -> None:
+    # the schedule's next run is the shifted 03:00 EDT of 2026-03-08 itself
+    first = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
+    items = instants_with_dst(row(first, cron="30 2 * * *", timezone=NY), 2)
+    assert marks(items) == [("2026-03-08T03:00:00-04:00", "shifted"),
+                            ("2026-03-09T02:30:00-04:00", None)]
+
+
 @pytest.mark.parametrize("policy", ["first", "second", "both"])
 def test_a_wall_time_that_happens_twice_is_marked_repeated(policy: str) -> None:
     # 2026-11-01: New York's clocks go from 02:00 back to 01:00: 01:30 happens twice

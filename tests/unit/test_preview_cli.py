@@ -9,12 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from support.docs import sh_argvs, text_block
+
 ROOT = Path(__file__).resolve().parents[2]
 CHRONOLOG = next(
     (p for p in (ROOT / ".venv" / "bin" / "chronolog", Path(sys.executable).with_name("chronolog"))
      if p.exists()),
     ROOT / ".venv" / "bin" / "chronolog",
 )
+
+
+# the dashboard's words for the marks (chronolog.domain.recurrence.dst_marks)
+SHIFTED = "the wall time does not exist that day (clocks go forward): shifted forward"
+REPEATED = "this wall time happens twice (clocks go back): policy ambiguous="
+LEFT_OUT = "the repetition of this wall time is left out: policy ambiguous="
+GAP_SKIPPED = "the wall time does not exist that day (clocks go forward): policy nonexistent=skip"
 
 
 def preview(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,10 +37,14 @@ def test_json_output_has_exact_shape_for_new_york_gap() -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
         "instants": [
-            {"utc": "2026-03-07T07:30:00Z", "local": "2026-03-07T02:30:00-05:00"},
-            {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00"},
-            {"utc": "2026-03-09T06:30:00Z", "local": "2026-03-09T02:30:00-04:00"},
-        ]
+            {"utc": "2026-03-07T07:30:00Z", "local": "2026-03-07T02:30:00-05:00",
+             "dst": None, "note": None},
+            {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00",
+             "dst": "shifted", "note": SHIFTED},
+            {"utc": "2026-03-09T06:30:00Z", "local": "2026-03-09T02:30:00-04:00",
+             "dst": None, "note": None},
+        ],
+        "skipped": [],
     }
 
 
@@ -39,7 +52,7 @@ def test_default_count_is_five_and_default_from_is_now() -> None:
     result = preview("--cron", "*/5 * * * *", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["instants"]
-    assert len(rows) == 5 and all(set(row) == {"utc", "local"} for row in rows)
+    assert len(rows) == 5 and all(set(row) == {"utc", "local", "dst", "note"} for row in rows)
     assert rows == sorted(rows, key=lambda row: row["utc"])
 
 
@@ -47,7 +60,9 @@ def test_naive_from_is_wall_time_in_tz() -> None:
     result = preview("--cron", "0 * * * *", "--tz", "Europe/London", "--from", "2026-07-01T09:30",
                      "-n", "1", "--json")
     assert json.loads(result.stdout) == {
-        "instants": [{"utc": "2026-07-01T09:00:00Z", "local": "2026-07-01T10:00:00+01:00"}]}
+        "instants": [{"utc": "2026-07-01T09:00:00Z", "local": "2026-07-01T10:00:00+01:00",
+                      "dst": None, "note": None}],
+        "skipped": []}
 
 
 def test_every_without_anchor_is_anchored_at_from() -> None:
@@ -65,7 +80,8 @@ def test_every_with_anchor_aligns_to_it() -> None:
 
 def test_at_in_the_past_prints_no_instants() -> None:
     result = preview("--at", "2020-01-01T00:00:00Z", "--from", "2026-01-01T00:00:00Z", "--json")
-    assert result.returncode == 0 and json.loads(result.stdout) == {"instants": []}
+    assert result.returncode == 0 and json.loads(result.stdout) == {"instants": [],
+                                                                     "skipped": []}
 
 
 def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
@@ -154,3 +170,88 @@ def test_count_is_the_long_name_of_n_as_in_the_api() -> None:
     assert with_count.returncode == 0, with_count.stderr
     assert with_count.stdout == with_n.stdout
     assert len(json.loads(with_count.stdout)["instants"]) == 3
+
+
+# ---------------------------------------------------------------- daylight saving marks
+# Berlin in 2026: the last Sunday of March (the 29th) skips 02:00-03:00 local; the last
+# Sunday of October (the 25th) has 02:00-03:00 twice (CEST, +02:00, then CET, +01:00).
+
+
+def berlin(from_: str, n: str, *flags: str) -> list[str]:
+    result = preview("--cron", "0 2 * * *", "--tz", "Europe/Berlin", "--from", from_, "-n", n,
+                     *flags)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_the_spring_forward_instant_is_marked_shifted_with_a_legend_line() -> None:
+    lines = berlin("2026-03-27T12:00:00Z", "3")
+    assert lines[0].split() == ["#", "UTC", "local", "(Europe/Berlin)", "DST"]
+    assert [line.split() for line in lines[1:4]] == [
+        ["1", "2026-03-28T01:00:00Z", "2026-03-28T02:00:00+01:00"],
+        ["2", "2026-03-29T01:00:00Z", "2026-03-29T03:00:00+02:00", "shifted"],
+        ["3", "2026-03-30T00:00:00Z", "2026-03-30T02:00:00+02:00"]]
+    assert lines[4:] == ["", f"shifted: {SHIFTED}"]
+
+
+def test_the_fall_back_instant_is_marked_repeated_and_its_second_pass_listed_skipped() -> None:
+    lines = berlin("2026-10-24T12:00:00Z", "3")
+    assert [line.split() for line in lines[1:5]] == [
+        ["1", "2026-10-25T00:00:00Z", "2026-10-25T02:00:00+02:00", "repeated"],
+        ["-", "2026-10-25T01:00:00Z", "2026-10-25T02:00:00+01:00", "skipped"],
+        ["2", "2026-10-26T01:00:00Z", "2026-10-26T02:00:00+01:00"],
+        ["3", "2026-10-27T01:00:00Z", "2026-10-27T02:00:00+01:00"]]
+    assert lines[5:] == ["", f"repeated: {REPEATED}first", f"skipped: {LEFT_OUT}first"]
+
+
+def test_json_carries_each_mark_and_lists_the_left_out_instants_apart() -> None:
+    got = json.loads("\n".join(berlin("2026-10-24T12:00:00Z", "2", "--json")))
+    assert got == {
+        "instants": [
+            {"utc": "2026-10-25T00:00:00Z", "local": "2026-10-25T02:00:00+02:00",
+             "dst": "repeated", "note": REPEATED + "first"},
+            {"utc": "2026-10-26T01:00:00Z", "local": "2026-10-26T02:00:00+01:00",
+             "dst": None, "note": None}],
+        "skipped": [
+            {"utc": "2026-10-25T01:00:00Z", "local": "2026-10-25T02:00:00+01:00",
+             "dst": "skipped", "note": LEFT_OUT + "first"}],
+    }
+
+
+def test_the_dst_flags_choose_what_the_transitions_do_as_on_a_schedule() -> None:
+    both = json.loads("\n".join(berlin("2026-10-24T12:00:00Z", "3", "--json",
+                                       "--dst-ambiguous", "both")))
+    assert [(i["utc"], i["dst"]) for i in both["instants"]] == [
+        ("2026-10-25T00:00:00Z", "repeated"), ("2026-10-25T01:00:00Z", "repeated"),
+        ("2026-10-26T01:00:00Z", None)] and both["skipped"] == []
+    skip = json.loads("\n".join(berlin("2026-03-27T12:00:00Z", "2", "--json",
+                                       "--dst-nonexistent", "skip")))
+    assert [i["utc"] for i in skip["instants"]] == ["2026-03-28T01:00:00Z",
+                                                    "2026-03-30T00:00:00Z"]
+    assert skip["skipped"] == [{"utc": "2026-03-29T01:00:00Z",
+                                "local": "2026-03-29T03:00:00+02:00", "dst": "skipped",
+                                "note": GAP_SKIPPED}]
+
+
+def test_a_preview_away_from_transitions_has_no_dst_column_nor_legend() -> None:
+    lines = berlin("2026-06-01T00:00:00Z", "2")
+    assert "DST" not in lines[0] and len(lines) == 3
+
+
+def test_a_bad_dst_choice_exits_2_with_one_line_naming_the_flag() -> None:
+    result = preview("--cron", "0 2 * * *", "--dst-ambiguous", "sometimes")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("chronolog preview: argument --dst-ambiguous: invalid choice: "
+                             "'sometimes' (choose from 'first', 'second', 'both')\n")
+
+
+def test_the_tours_preview_commands_run_and_the_second_prints_what_the_tour_shows() -> None:
+    section = "### Daylight saving, stated"
+    commands = sh_argvs(ROOT / "docs" / "tour.md", section)
+    assert len(commands) == 3 and all(cmd[:2] == ["chronolog", "preview"] for cmd in commands)
+    spring, autumn, both = (preview(*cmd[2:]) for cmd in commands)
+    assert (spring.returncode, autumn.returncode, both.returncode) == (0, 0, 0)
+    assert f"shifted: {SHIFTED}" in spring.stdout.splitlines()
+    assert autumn.stdout == text_block(ROOT / "docs" / "tour.md", section)
+    assert [line.split()[-1] for line in both.stdout.splitlines()[1:3]] == ["repeated"] * 2
+    assert "skipped" not in both.stdout

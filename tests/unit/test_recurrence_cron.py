@@ -218,6 +218,25 @@ def test_field_sets_agree_with_croniter_expand(expr: str) -> None:
          "invalid cron '0 0 L * 5#²': day-of-week '5#²': n#k needs k from 1 to 5 (ASCII digits)"),
         ("0 0 L-٣ * *",
          "invalid cron '0 0 L-٣ * *': day-of-month 'L-٣': L-n needs n from 0 to 30 (ASCII digits)"),
+        ("0 0 W * *",
+         "invalid cron '0 0 W * *': day-of-month 'W' needs a day number before it, as in 15W"),
+        ("0 0 * * #3",
+         "invalid cron '0 0 * * #3': day-of-week '#3' needs a weekday before the #, "
+         "as in 5#3 (the third Friday)"),
+        ("0 -5 * * *",
+         "invalid cron '0 -5 * * *': hour '-5' needs a value on each side of '-', as in 1-5"),
+        ("0 0 1- * *",
+         "invalid cron '0 0 1- * *': day-of-month '1-' needs a value on each side of '-', "
+         "as in 1-5"),
+        ("/5 * * * *",
+         "invalid cron '/5 * * * *': minute '/5' needs a value before the step, "
+         "as in */5 or 10/5"),
+        ("0 0 */31 * 1#5",
+         "invalid cron '0 0 */31 * 1#5': day-of-month and day-of-week never fall on the "
+         "same day in the selected month(s)"),
+        ("* 2 */3 APR 4#5",
+         "invalid cron '* 2 */3 APR 4#5': day-of-month and day-of-week never fall on the "
+         "same day in the selected month(s)"),
         ("@reboot",
          "invalid cron '@reboot': unknown macro @reboot (use @yearly, "
          "@annually, @monthly, @weekly, @daily, @midnight, @hourly)"),

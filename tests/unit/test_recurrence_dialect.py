@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from croniter import croniter
+
 from chronolog.domain.recurrence import compile_trigger, parse_cron, upcoming
 
 
@@ -162,6 +164,24 @@ def test_a_step_runs_on_across_the_wrap() -> None:
     assert parse_cron("0 0 * * 6-1").dows == frozenset({6, 0, 1})
 
 
+def test_a_stepped_wrap_past_midnight_keeps_stepping_after_it() -> None:
+    # 23-1 is 23, 0, 1; every second of those is 23 and 1 (croniter would give 23 alone)
+    assert parse_cron("0 23-1/2 * * *").hours == frozenset({23, 1})
+    assert [d[11:] for d in fires("0 23-1/2 * * *", "2026-01-01T12:00:00Z", 3)] == [
+        "Thu 23:00", "Fri 01:00", "Fri 23:00"]
+
+
+def test_weekday_7_to_0_is_sunday_alone() -> None:
+    assert parse_cron("0 9 * * 7-0").dows == frozenset({0})
+    assert [d[11:14] for d in fires("0 9 * * 7-0", "2026-01-01T12:00:00Z", 2)] == ["Sun", "Sun"]
+
+
+def test_weekday_0_to_7_is_every_day() -> None:
+    assert parse_cron("0 9 * * 0-7").dows == frozenset(range(7))
+    assert [d[11:14] for d in fires("0 9 * * 0-7", "2026-01-01T12:00:00Z", 7)] == [
+        "Fri", "Sat", "Sun", "Mon", "Tue", "Wed", "Thu"]
+
+
 # ---------------------------------------------------------------- with daylight saving
 
 
@@ -195,3 +215,9 @@ def test_a_wildcard_job_on_the_last_sunday_of_october_in_london_runs_both_passes
     assert got == ["2026-10-25 Sun 01:00+0100", "2026-10-25 Sun 01:30+0100",
                    "2026-10-25 Sun 01:00+0000", "2026-10-25 Sun 01:30+0000",
                    "2027-10-31 Sun 01:00+0100"]
+
+
+def test_croniter_reads_23_1_step_2_and_7_0_otherwise_as_the_tour_says() -> None:
+    # docs/tour.md names the two places where chronolog parts from croniter
+    assert croniter.expand("0 23-1/2 * * *")[0][1] == [23]
+    assert croniter.expand("0 0 * * 7-0")[0][4] == ["*"]

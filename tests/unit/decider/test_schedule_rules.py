@@ -239,3 +239,25 @@ def test_revising_a_one_shot_to_a_past_instant_is_invalid(gwt: GivenWhenThen) ->
     d = s.when(m.ReviseSchedule(spec=gwt.spec(at=(gwt.T0 - gwt.sec(3600)).isoformat()),
                                 expected_revision=1), gwt.T0)
     assert (d.status, d.field, d.events) == ("invalid", "at", [])
+
+
+def test_create_of_a_cron_rule_that_can_never_fire_is_invalid(gwt: GivenWhenThen) -> None:
+    m = gwt.m
+    d = gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(cron="0 0 */31 * 1#5")), gwt.T0)
+    assert (d.status, d.events, d.field) == ("invalid", [], "cron")
+    assert "never fall on the same day" in d.reason
+
+
+def test_a_recorded_cron_rule_that_can_never_fire_folds_and_materializes_nothing(
+    gwt: GivenWhenThen,
+) -> None:
+    # an earlier version accepted such a rule: its ScheduleCreated must still fold
+    m = gwt.m
+    created = gwt.one(gwt.when(gwt.given(), m.CreateSchedule(spec=gwt.spec(cron="0 0 1 * *")),
+                               gwt.T0), m.ScheduleCreated)
+    never = created.model_copy(update={"spec": gwt.spec(cron="0 0 */31 * 1#5"),
+                                       "next_run_at": None, "next_due_at": None})
+    s = gwt.story().given_events(never)
+    assert s.state.status == "ACTIVE"
+    events = s.when(m.Tick(), gwt.T0 + gwt.sec(86400 * 400)).events
+    assert [type(e) for e in events] == [m.ScheduleCompleted]  # no run: it is exhausted
