@@ -257,6 +257,7 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     assert statuses[200] + statuses[201] >= 20, statuses
     for listed in ("GET /v1/schedules", "GET /v1/runs", "GET /v1/dlq"):  # with their items
         assert answered[listed] > 0, answered
+    assert answered["PATCH /v1/schedules/{schedule_id}"] > 0, answered  # a merge applied
     assert failures == [], "\n\n".join(failures[:10])
     assert codes == [0, 0], [(tmp_path / f).read_text()[-2000:]
                              for f in ("api.log", "processor.log")]

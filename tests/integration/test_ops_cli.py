@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -30,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.docs import sh_block, sh_commands
 from support.net import free_port
 from support.polling import SPAWN_POLL, wait_until
 
@@ -483,27 +485,38 @@ async def test_the_storage_budget_through_the_cli_and_the_api(tmp_path: Path, ds
     assert set(codes.values()) == {0}, services.failed(codes)
 
 
+async def _node_on_sqlite(tmp_path: Path, dsn: str) -> tuple[Services, Cli, Cli, str]:
+    """A processor, a projector and an API on an embedded log, answering; the CLI through
+    the API and straight on the log (one tenant, ``acme``), and the API's URL."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\ntokens = ["acme-token"]\n')
+    log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
+                "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
+    url = f"http://127.0.0.1:{free_port()}"
+    env = _env(CHRONOLOG_TENANTS=str(tenants))
+    services = Services(tmp_path, env)
+    services.start("processor", ["processor", *log_args])
+    services.start("projector", ["projector", *log_args, "--database-url", dsn])
+    services.start("api", ["api", *log_args, "--database-url", dsn, "--port",
+                           url.rsplit(":", 1)[1]])
+    direct = Cli([*log_args, "--database-url", dsn], env, services)
+    api = Cli(["--url", url, "--token", "acme-token"], env, services)
+    try:
+        await wait_until(lambda: _answered(api("schedule", "list", "--json")), 60,
+                         interval=SPAWN_POLL, what="the API answers")
+    except BaseException:
+        services.stop_all()
+        raise
+    return services, api, direct, url
+
+
 async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
     tmp_path: Path, dsn: str,
 ) -> None:
     """``schedule revise`` merges its flags into the current definition, through the API
     (``PATCH``) and straight on the log alike; ``schedule create`` takes every field."""
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text('[tenants.acme]\ntokens = ["acme-token"]\n')
-    log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
-                "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
-    port = free_port()
-    env = _env(CHRONOLOG_TENANTS=str(tenants))
-    services = Services(tmp_path, env)
-    services.start("processor", ["processor", *log_args])
-    services.start("projector", ["projector", *log_args, "--database-url", dsn])
-    services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
+    services, api, direct, _url = await _node_on_sqlite(tmp_path, dsn)
     try:
-        direct = Cli([*log_args, "--database-url", dsn], env, services)
-        api = Cli(["--url", f"http://127.0.0.1:{port}", "--token", "acme-token"], env, services)
-        await wait_until(lambda: _answered(api("schedule", "list", "--json")), 60,
-                         interval=SPAWN_POLL, what="the API answers")
-
         # every field of the API's body has its create flag, and reaches the definition
         made = await api.ok(
             "schedule", "create", "full", "--every", "1h", "--anchor", "2030-01-01T00:30:00Z",
@@ -578,6 +591,43 @@ async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
             "error: conflict: expected revision 2, current is 3",
             "error: invalid: end must be after start",
             "error: not_found: no schedule 'nope'"]
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, services.failed(codes)
+
+
+async def test_the_tours_revise_commands_do_what_it_says(tmp_path: Path, dsn: str) -> None:
+    """docs/tour.md, "Revising a schedule": its commands, run as shown, then its PATCH."""
+    tour = ROOT / "docs" / "tour.md"
+    section = "**Revising a schedule.**"
+    services, api, _direct, url = await _node_on_sqlite(tmp_path, dsn)
+    try:
+        commands = sh_commands(tour, section, prefix=".venv/bin/chronolog ")
+        assert len(commands) == 5
+        for words in commands:
+            r = await api(*words[1:])
+            assert r.rc == 0, (words, r.err)
+        d = (await api.ok("schedule", "show", "digest"))["definition"]
+        assert d["cron"] == "0 9 * * 1-5" and "every" not in d
+        assert d["timezone"] == "Europe/Paris" and d["priority"] == 5
+        assert d["job"] == {"type": "echo", "params": {"to": "ops", "n": 3}}
+        assert d["end"] == "2031-01-01T00:00:00Z"
+
+        curl = sh_block(tour, section, after=1)
+        assert "-X PATCH $API/v1/schedules/digest" in curl
+        found = [re.search(pattern, curl) for pattern in
+                 (r"If-Match: (\d+)'", r"Content-Type: ([^']+)'", r"-d '([^']+)'")]
+        assert all(found), curl
+        revision, media_type, body = (f.group(1) for f in found if f)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            r = await http.patch("/v1/schedules/digest", content=body, headers={
+                "Authorization": "Bearer acme-token", "If-Match": revision,
+                "Content-Type": media_type})
+            assert r.status_code == 200 and r.json()["revision"] == 5, r.text
+            d = (await http.get("/v1/schedules/digest", headers={
+                "Authorization": "Bearer acme-token"})).json()["definition"]
+        assert "end" not in d and d["job"]["params"] == {"to": "ops"}
+        assert d["cron"] == "0 9 * * 1-5" and d["priority"] == 5
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, services.failed(codes)

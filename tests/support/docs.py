@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 
-def sh_commands(doc: Path, section: str, prefix: str = "chronolog ") -> list[list[str]]:
-    """The lines starting with ``prefix`` of the first ``sh`` block after ``section`` in
-    ``doc``, each split into words, its comment dropped."""
+def sh_block(doc: Path, section: str, after: int = 0) -> str:
+    """The text of the first ``sh`` block after ``section`` in ``doc`` (``after``: skip
+    that many blocks first)."""
     text = doc.read_text()
-    block = re.search(r"```sh\n(.*?)```", text[text.index(section):], re.S)
-    assert block is not None, f"no sh block after {section!r} in {doc}"
-    return [line.split("#")[0].split() for line in block.group(1).splitlines()
-            if line.startswith(prefix)]
+    blocks = re.findall(r"```sh\n(.*?)```", text[text.index(section):], re.S)
+    assert len(blocks) > after, f"no sh block {after} after {section!r} in {doc}"
+    return str(blocks[after])
+
+
+def sh_commands(doc: Path, section: str, prefix: str = "chronolog ",
+                after: int = 0) -> list[list[str]]:
+    """The lines starting with ``prefix`` of the first ``sh`` block after ``section`` in
+    ``doc`` (``after``: skip that many blocks first), each split into words as the shell
+    does (quotes removed, its comment dropped)."""
+    return [shlex.split(line, comments=True) for line in sh_block(doc, section, after)
+            .splitlines() if line.startswith(prefix)]
