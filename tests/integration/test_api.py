@@ -459,6 +459,33 @@ async def test_patch_refuses_what_a_put_refuses(stack: ApiStack) -> None:
                  "unsupported_media_type")
 
 
+async def test_patch_of_a_revision_the_read_model_lacks_waits_for_it(stack: ApiStack) -> None:
+    """The base of a patch is the definition at its If-Match revision, never an older one
+    the read model still holds: the patch waits for the projection, then merges."""
+    assert stack.http is not None and stack.store is not None
+    s = sid("behind")
+    assert (await create(stack, {"scheduleId": s, "every": "1h", "job": {
+        "type": "a", "params": {"v": 1}}})).status_code == 201
+    quick = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.2)
+    await stack.pause_projector()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=quick),
+                                     base_url="http://t") as http:
+            r = await http.put(f"/v1/schedules/{s}", headers={**ACME, "If-Match": "1"}, json={
+                "every": "2h", "job": {"type": "a", "params": {"v": 2}}})
+        assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "false", r.text
+        patching = asyncio.create_task(_patch(stack, s, {"job": {"params": {"w": 3}}}, "2"))
+        stored = await stack.store.offsets()
+        assert not patching.done() and stored == await stack.store.offsets()
+    finally:
+        stack.resume_projector()
+    done = await asyncio.wait_for(patching, 10)
+    assert done.status_code == 200 and done.json()["revision"] == 3, done.text
+    d = (await stack.http.get(f"/v1/schedules/{s}", headers=consistent(done))).json()
+    assert d["definition"]["every"] == 7200.0
+    assert d["definition"]["job"]["params"] == {"v": 2, "w": 3}
+
+
 async def test_patch_and_a_concurrent_revise_one_wins(stack: ApiStack) -> None:
     """Two revisions from the same revision: the processor's check refuses the second,
     whichever of PUT and PATCH it is."""
