@@ -187,7 +187,7 @@ def _documented(app: FastAPI) -> dict[str, Any]:
             codes = {400, 500}
             if path.startswith("/v1/"):
                 codes |= {401, 503}
-            if method in ("post", "put", "delete"):
+            if method in ("post", "put", "patch", "delete"):
                 codes |= {409, 413, 415, 429}
             if "{" in path:
                 codes.add(404)

@@ -284,11 +284,11 @@ class ApiContext:
             if pos.topic == self.topics.events:
                 required[pos.partition] = max(required.get(pos.partition, 0), pos.offset + 1)
         if not required and self.log is not None:
-            required = await self._tail_of_partition(tenant.name, schedule_id)
+            required = await self.tail_of_partition(tenant.name, schedule_id)
         visible = await self.reached(required, self.visible_timeout)
         return reply, Written(encode_token(required), visible)
 
-    async def _tail_of_partition(self, tenant_name: str, schedule_id: str) -> dict[int, int]:
+    async def tail_of_partition(self, tenant_name: str, schedule_id: str) -> dict[int, int]:
         """For a reply without events: just past the last record of its partition of events.
 
         (Not the end offset itself: on Kafka the end may be a transaction marker, which the

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from chronolog.lifecycle import unavailable
 from chronolog.log.port import LogError
 from chronolog.logging import Throttle
-from chronolog.queries.documents import InvalidDefinition, camel_path, field_of
+from chronolog.queries.documents import InvalidDefinition, body_error, camel_path, field_of
 from chronolog.queries.read_model import InvalidQuery
 
 __all__ = ["STATUS_WORDS", "ApiError", "ErrorBody", "error_responses", "install_handlers"]
@@ -108,16 +108,13 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
         return ApiError(400, "the body is not valid JSON", None).response()
     if err.get("type") == "missing" and loc == ("body",):
         return ApiError(400, "a JSON body is required", None).response()
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-    field = field_of(loc)
-    if err.get("type") == "extra_forbidden":
-        msg = f"unknown field '{field}'"
-    elif err.get("type") == "missing" and field:
-        return ApiError(400, f"{field} is required", field).response()
-    elif loc[:1] == ("path",):
+    if loc[:1] == ("path",):
+        field = field_of(loc)
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         shown = str(err.get("input", ""))[:60].encode("unicode_escape").decode()
         return ApiError(400, f"invalid {field} '{shown}': {msg}", field).response()
-    return ApiError(400, f"{field}: {msg}" if field else msg, field).response()
+    message, field = body_error(err)
+    return ApiError(400, message, field).response()
 
 
 async def _model(_: Request, exc: Exception) -> JSONResponse:

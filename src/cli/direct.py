@@ -11,6 +11,11 @@ PostgreSQL of ``--data-dir`` (``DIR/pg`` or ``DIR/postgres`` as ``chronolog dev`
 ``chronolog projector`` makes it); a cluster that is not running is started for the command,
 with a note on stderr, and stopped again on exit.
 
+A revise by flags (``patch_schedule``) merges them into the definition the read model holds
+at the ``--if-match`` revision — waiting, bounded by ``--timeout``, while the read model is
+behind it — validates the result as the API validates a PUT body, and sends the whole spec
+with the same expected revision, so the processor still refuses a concurrent revise.
+
 What only the API answers: schedule filters other than the state and paging cursors of
 ``schedule list``, and runs across schedules — ``UsageError`` naming ``--url``.
 """
@@ -22,6 +27,7 @@ import getpass
 import heapq
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -29,6 +35,7 @@ from types import TracebackType
 from typing import Any
 
 import asyncpg
+from pydantic import ValidationError
 
 from chronolog.cli.errors import Failure, UsageError
 from chronolog.cli.flags import checked_database_url
@@ -38,7 +45,14 @@ from chronolog.domain import messages as m
 from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.log.port import LogError
-from chronolog.queries.documents import camel_path, jsonable
+from chronolog.queries.documents import (
+    InvalidDefinition,
+    body_error,
+    camel_path,
+    jsonable,
+    patched_definition,
+    to_spec,
+)
 from chronolog.queries.read_model import (
     ReadModel,
     decode_run_cursor,
@@ -54,6 +68,8 @@ from chronolog.queries.workers import ever_served
 from chronolog.settings import LogConfig, data_dir, open_log
 
 __all__ = ["DirectTransport", "api_only"]
+
+_BEHIND_POLL = 0.1  # seconds between reads of a read model behind a revise's revision
 
 
 def api_only(what: str) -> UsageError:
@@ -105,6 +121,18 @@ class DirectTransport:
         out = await self._send(schedule_id,
                                m.ReviseSchedule(spec=spec, expected_revision=revision))
         return {"revision": out["revision"], "nextRunAt": _iso(out.get("next_run_at"))}
+
+    async def patch_schedule(self, schedule_id: str, patch: dict[str, Any],
+                             revision: int) -> dict[str, Any]:
+        row = await self._schedule_at(schedule_id, revision)
+        try:
+            spec = to_spec(patched_definition(row["spec"], patch))
+        except ValidationError as exc:  # the API's 400 for the same merged body
+            message, field = body_error(exc.errors()[0])
+            raise Failure("invalid", message, field) from None
+        except InvalidDefinition as exc:
+            raise Failure("invalid", exc.message, exc.field) from None
+        return await self.revise_schedule(schedule_id, {}, spec, revision)
 
     async def change_state(self, schedule_id: str, action: str,
                            reason: str) -> dict[str, Any]:
@@ -334,6 +362,24 @@ class DirectTransport:
                 raise Failure("unavailable", f"the database: {exc}") from None
             finally:
                 await pool.close()
+
+    async def _schedule_at(self, schedule_id: str, revision: int) -> Any:
+        """The schedule's row at ``revision``, the base of a patch: a read model behind it
+        is read again until it has it (bounded by ``--timeout``: it lags the log); a newer
+        revision is the processor's conflict."""
+        deadline = time.monotonic() + self.args.timeout
+        async with self._read_model() as rm:
+            while True:
+                row = await rm.schedule(self.tenant, schedule_id)
+                if row is None:
+                    raise Failure("not_found", f"no schedule '{schedule_id}'", "scheduleId")
+                if row["revision"] >= revision or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(_BEHIND_POLL)
+        if row["revision"] != revision:
+            raise Failure("conflict", f"expected revision {revision}, current is "
+                          f"{row['revision']}", "If-Match", {"revision": row["revision"]})
+        return row
 
     async def _schedule_of_run(self, run_id: str) -> str:
         async with self._read_model() as rm:

@@ -79,6 +79,13 @@ class HttpTransport:
         return await self._call("PUT", f"/v1/schedules/{_id(schedule_id)}", write=True,
                                 json=body, headers={"If-Match": str(revision)})
 
+    async def patch_schedule(self, schedule_id: str, patch: dict[str, Any],
+                             revision: int) -> dict[str, Any]:
+        return await self._call("PATCH", f"/v1/schedules/{_id(schedule_id)}", write=True,
+                                json=patch, headers={
+                                    "If-Match": str(revision),
+                                    "Content-Type": "application/merge-patch+json"})
+
     async def change_state(self, schedule_id: str, action: str,
                            reason: str) -> dict[str, Any]:
         if action == "delete":

@@ -1,14 +1,21 @@
 """The user CLI: schedules, runs and their history, through a node's HTTP API — or, for
 operators, straight on the log.
 
-    chronolog schedule create ID (--cron EXPR [--tz ZONE] | --every DUR [--anchor ISO] | --at ISO)
-                              --job TYPE [--params JSON] [--misfire skip|latest|all]
+    chronolog schedule create ID (--cron EXPR [--tz ZONE] | --every DUR [--anchor ISO] | --at ISO
+                                  | --delay DUR) [--start ISO] [--end ISO] [--max-count N]
+                              --job TYPE [--params JSON] [--job-timeout DUR]
+                              [--misfire skip|latest|all] [--misfire-grace DUR]
+                              [--misfire-max-catchup N] [--misfire-max-age DUR]
                               [--overlap allow|skip|buffer_one|buffer_all|cancel_previous]
-                              [--max-attempts N] [--lease DUR] [--start-deadline DUR]
+                              [--max-attempts N] [--retry-initial-backoff DUR]
+                              [--retry-max-backoff DUR] [--retry-multiplier X]
+                              [--retry-max-age DUR] [--lease DUR] [--start-deadline DUR]
                               [--jitter DUR] [--dst-ambiguous first|second|both]
-                              [--dst-nonexistent shift_forward|skip] [--idempotency-key K]
+                              [--dst-nonexistent shift_forward|skip] [--resource-class C]
+                              [--priority N] [--effects JSON] [--idempotency-key K]
                               [--spec FILE.json]
-    chronolog schedule revise ID --if-match REV (the same definition flags, or --spec)
+    chronolog schedule revise ID --if-match REV [the same definition flags]
+    chronolog schedule revise ID --if-match REV --spec FILE.json [flags]
     chronolog schedule pause|resume|delete ID
     chronolog schedule list [--state S[,S]] [--job-type T] [--resource-class C] [--prefix P]
                             [--limit N] [--after CURSOR]
@@ -42,6 +49,14 @@ Where a command goes (``chronolog.cli.transport``; a flag wins over its variable
   prefix or cursor (exit status 2, ``error: ... need(s) the API (--url)``); its ``schedule
   list`` is one query: every state unless ``--state`` (the API: all but DELETED), up to
   ``--limit`` 10,000, no ``nextCursor``.
+
+``schedule revise`` changes only what its flags give: they become a JSON merge patch of the
+definition (``definition_patch``; a rule flag nulls the other rules, as they exclude each
+other), sent as ``PATCH /v1/schedules/{id}`` — or, with ``--log``, applied to the definition
+the read model holds at the ``--if-match`` revision (waiting for it, bounded by
+``--timeout``) and sent as the whole revised spec, with the same revision check. ``--spec``
+is a whole definition instead, a replacement (``PUT``). A naive time on revise needs
+``--tz``: the schedule's zone is not known before the merge.
 
 Both ways answer the HTTP API's bodies (camelCase), so ``--json`` prints the same document:
 create ``{scheduleId, revision, nextRunAt[, warnings]}``; revise ``{revision, nextRunAt}``;
@@ -105,6 +120,7 @@ from chronolog.cli.transport import (
 from chronolog.domain import messages as m
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
+from chronolog.domain.merge_patch import merge_patch
 from chronolog.domain.recurrence import (
     RecurrenceError,
     compile_trigger,
@@ -135,12 +151,12 @@ from chronolog.queries.read_model import (
 from chronolog.settings import ConfigError, parse_log_url
 from chronolog.tenants import load_tenants
 
-__all__ = ["build_definition", "register"]
+__all__ = ["build_definition", "definition_patch", "register", "revise_patch"]
 
 DEFAULT_TIMEOUT = 15.0
 DIRECT_LIST_LIMIT = 10_000  # schedule list with --log: one query, no cursor
-_DURATION_FLAGS = (("lease", "lease"), ("start_deadline", "startDeadline"), ("jitter", "jitter"))
-_TRIGGER_KEYS = ("cron", "every", "at", "delay", "anchor")
+_RULES = ("cron", "every", "at", "delay")
+_TRIGGER_KEYS = (*_RULES, "anchor")
 _RESOURCE_CLASS = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -168,11 +184,17 @@ def register(sub: Any) -> None:
     _common(p, write=True)
     p.set_defaults(func=_command(_create))
 
-    p = ssub.add_parser("revise", help="replace a schedule's definition (like PUT)")
+    p = ssub.add_parser(
+        "revise", help="change a schedule's definition: only the fields whose flags are given",
+        description="Change only what is passed: each flag given replaces that field of the "
+        "current definition and everything else stays (a JSON merge patch, PATCH "
+        "/v1/schedules/ID). --cron, --every, --at and --delay exclude each other: one of them "
+        "replaces the rule whole. --params is merged into the current params (a key set to "
+        "null is removed). --spec FILE instead REPLACES the whole definition (PUT).")
     p.add_argument("schedule_id", metavar="ID")
     p.add_argument("--if-match", required=True, type=int, metavar="REV",
                    help="the revision being revised (a stale one is a conflict)")
-    _definition_flags(p)
+    _definition_flags(p, revise=True)
     _common(p, write=True)
     p.set_defaults(func=_command(_revise))
 
@@ -286,28 +308,63 @@ def _common(p: argparse.ArgumentParser, *, write: bool = False) -> None:
     add_database_flag(p)  # with --log: every command accepts it (one set of flags)
 
 
-def _definition_flags(p: argparse.ArgumentParser) -> None:
+def _definition_flags(p: argparse.ArgumentParser, *, revise: bool = False) -> None:
     rule = p.add_mutually_exclusive_group()
     rule.add_argument("--cron", default=None, metavar="EXPR", help="5-field cron or @daily")
     rule.add_argument("--every", default=None, metavar="DUR", help="interval: 90s, 15m, PT1H")
     rule.add_argument("--at", default=None, metavar="ISO", help="one-shot instant")
+    rule.add_argument("--delay", default=None, metavar="DUR",
+                      help="fixed delay after each run finishes")
     p.add_argument("--tz", default=None, metavar="ZONE",
-                   help="IANA zone of --cron and of naive --at/--anchor (default UTC)")
+                   help="IANA zone of --cron and of naive --at/--anchor/--start/--end (default "
+                        + ("UTC; on revise a naive time needs --tz)" if revise else "UTC)"))
     p.add_argument("--anchor", default=None, metavar="ISO", help="alignment of --every")
+    p.add_argument("--start", default=None, metavar="ISO", help="no instant before this one")
+    p.add_argument("--end", default=None, metavar="ISO", help="no instant at or after this one")
+    p.add_argument("--max-count", default=None, type=int, metavar="N",
+                   help="at most N scheduled runs")
     p.add_argument("--job", default=None, metavar="TYPE", help="job type")
-    p.add_argument("--params", default=None, metavar="JSON", help="job params (a JSON object)")
+    p.add_argument("--params", default=None, metavar="JSON",
+                   help="job params (a JSON object)" + (
+                       ", merged into the current ones (a key set to null is removed)"
+                       if revise else ""))
+    p.add_argument("--job-timeout", default=None, metavar="DUR", help="a run's time limit")
     p.add_argument("--misfire", default=None, choices=("skip", "latest", "all"))
+    p.add_argument("--misfire-grace", default=None, metavar="DUR",
+                   help="a late instant within this is on time")
+    p.add_argument("--misfire-max-catchup", default=None, type=int, metavar="N",
+                   help="with --misfire all: at most N instants of a backlog run")
+    p.add_argument("--misfire-max-age", default=None, metavar="DUR",
+                   help="an instant older than this never runs late")
     p.add_argument("--overlap", default=None,
                    choices=("allow", "skip", "buffer_one", "buffer_all", "cancel_previous"))
-    p.add_argument("--max-attempts", default=None, type=int, metavar="N")
+    p.add_argument("--max-attempts", default=None, type=int, metavar="N",
+                   help="attempts of a run, the first included")
+    p.add_argument("--retry-initial-backoff", default=None, metavar="DUR",
+                   help="wait before the first retry")
+    p.add_argument("--retry-max-backoff", default=None, metavar="DUR",
+                   help="longest wait between retries")
+    p.add_argument("--retry-multiplier", default=None, type=float, metavar="X",
+                   help="backoff growth per retry (1..10)")
+    p.add_argument("--retry-max-age", default=None, metavar="DUR",
+                   help="no retry this long after the instant")
     p.add_argument("--lease", default=None, metavar="DUR", help="lease of an attempt")
     p.add_argument("--start-deadline", default=None, metavar="DUR",
                    help="a run not started this long after its instant is skipped")
     p.add_argument("--jitter", default=None, metavar="DUR", help="deterministic start jitter")
     p.add_argument("--dst-ambiguous", default=None, choices=("first", "second", "both"))
     p.add_argument("--dst-nonexistent", default=None, choices=("shift_forward", "skip"))
+    p.add_argument("--resource-class", default=None, metavar="C",
+                   help="the workers that run it (default 'default')")
+    p.add_argument("--priority", default=None, type=int, metavar="N",
+                   help="-100..100, higher first (default 0)")
+    p.add_argument("--effects", default=None, metavar="JSON",
+                   help="the effects, a JSON array of {kind, destination, ...}" + (
+                       " (replaces the current list; [] removes them)" if revise else ""))
     p.add_argument("--spec", default=None, metavar="FILE.json",
-                   help="the API body as a file (flags given as well override its fields)")
+                   help=("the whole definition as a file, the API's PUT body: it REPLACES the "
+                         "current one (flags given as well override its fields)") if revise
+                   else "the API body as a file (flags given as well override its fields)")
 
 
 # =======================================================================================
@@ -414,8 +471,41 @@ def _short(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+# (attribute, flag, path in the definition, kind): the definition flags other than the rule
+# (--cron/--every/--at/--delay, --anchor, --tz) and the job (--job, --params)
+_FIELD_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("start", "--start", ("start",), "instant"),
+    ("end", "--end", ("end",), "instant"),
+    ("max_count", "--max-count", ("maxCount",), "value"),
+    ("job_timeout", "--job-timeout", ("job", "timeout"), "duration"),
+    ("misfire", "--misfire", ("misfire", "policy"), "value"),
+    ("misfire_grace", "--misfire-grace", ("misfire", "grace"), "duration"),
+    ("misfire_max_catchup", "--misfire-max-catchup", ("misfire", "maxCatchup"), "value"),
+    ("misfire_max_age", "--misfire-max-age", ("misfire", "maxAge"), "duration"),
+    ("overlap", "--overlap", ("overlap",), "value"),
+    ("max_attempts", "--max-attempts", ("retry", "maxAttempts"), "value"),
+    ("retry_initial_backoff", "--retry-initial-backoff", ("retry", "initialBackoff"),
+     "duration"),
+    ("retry_max_backoff", "--retry-max-backoff", ("retry", "maxBackoff"), "duration"),
+    ("retry_multiplier", "--retry-multiplier", ("retry", "multiplier"), "value"),
+    ("retry_max_age", "--retry-max-age", ("retry", "maxAge"), "duration"),
+    ("lease", "--lease", ("lease",), "duration"),
+    ("start_deadline", "--start-deadline", ("startDeadline",), "duration"),
+    ("jitter", "--jitter", ("jitter",), "duration"),
+    ("dst_ambiguous", "--dst-ambiguous", ("dst", "ambiguous"), "value"),
+    ("dst_nonexistent", "--dst-nonexistent", ("dst", "nonexistent"), "value"),
+    ("resource_class", "--resource-class", ("resourceClass",), "value"),
+    ("priority", "--priority", ("priority",), "value"),
+    ("effects", "--effects", ("effects",), "array"),
+)
+# a definition every single field flag is checked in (as a merge patch of it)
+_PROBE: dict[str, Any] = {"every": 3600, "job": {"type": "probe"}}
+
+
 def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
-    """The API body (camelCase, without ``scheduleId``) and its ``ScheduleSpec``.
+    """The whole definition, the API body (camelCase, without ``scheduleId``), and its
+    ``ScheduleSpec``: ``--spec`` (or nothing) with the flags' fields over it. For ``schedule
+    create`` and ``schedule revise --spec``.
 
     Raises ``UsageError`` with one line naming the field and value; the trigger is checked
     exactly as ``chronolog preview`` checks it (same messages)."""
@@ -430,77 +520,152 @@ def build_definition(args: Any, schedule_id: str) -> tuple[dict[str, Any], Any]:
         if sid is not None and sid != schedule_id:
             raise _usage(f"invalid scheduleId '{sid}': the spec names another schedule than "
                          f"'{schedule_id}'")
-
-    given = [n for n in ("cron", "every", "at") if getattr(args, n) is not None]
-    if given:
-        for key in _TRIGGER_KEYS:
-            body.pop(key, None)
-    elif not args.spec:
-        raise _usage("invalid schedule: one of --cron, --every, --at (or --spec) is required")
+        if isinstance(body.get("misfire"), str):  # its policy alone: other flags add to it
+            body["misfire"] = {"policy": body["misfire"]}
+    if not any(getattr(args, n) is not None for n in _RULES) and not args.spec:
+        raise _usage("invalid schedule: one of --cron, --every, --at, --delay (or --spec) is "
+                     "required")
     if args.anchor is not None and args.every is None and "every" not in body:
         raise _usage(f"invalid anchor '{args.anchor}': --anchor only applies to --every")
-
     tz = args.tz if args.tz is not None else body.get("timezone") or "UTC"
+    patch = definition_patch(args, tz)
+    params = patch.get("job", {}).pop("params", None)
+    body = merge_patch(body, patch)
+    if params is not None:  # the flag's object whole (nulls in it are values)
+        body["job"] = {**body.get("job", {}), "params": params}
+    if "job" not in body or "type" not in body["job"]:
+        raise _usage("invalid job: --job TYPE is required")
+    return body, _spec_of(body)
+
+
+def definition_patch(args: Any, tz: str | None) -> dict[str, Any]:
+    """The definition fields the flags give, as a JSON merge patch (camelCase): what
+    ``schedule revise`` sends (``PATCH``). A rule flag nulls the other rules and ``anchor``
+    (they exclude each other); naive instants are wall times in ``tz`` (None: refused).
+
+    Each flag is checked alone (``UsageError`` naming its field and flag); whether the
+    merged definition holds together is the merge's to say."""
+    patch: dict[str, Any] = {}
+    rules = [n for n in _RULES if getattr(args, n) is not None]
+    if rules:
+        patch.update(dict.fromkeys(_TRIGGER_KEYS))
+        if args.anchor is not None and args.every is None:
+            raise _usage(f"invalid anchor '{args.anchor}': --anchor only applies to --every")
+    zone = tz or "UTC"
     try:
-        resolve_zone(tz)
+        resolve_zone(zone)
         if args.every is not None:
             now = datetime.now(UTC).replace(microsecond=0)
-            anchor = parse_instant(args.anchor, tz, field="anchor") if args.anchor else None
-            compile_trigger(every=args.every, anchor=anchor or now, timezone=tz)
-            body["every"] = args.every
-            if anchor is not None:
-                body["anchor"] = _iso(anchor)
-        elif args.anchor is not None:
-            body["anchor"] = _iso(parse_instant(args.anchor, tz, field="anchor"))
+            anchor = _instant_flag(args.anchor, "anchor", tz) if args.anchor else None
+            compile_trigger(every=args.every, anchor=anchor or now, timezone=zone)
+            patch["every"] = args.every
+        if args.anchor is not None:
+            patch["anchor"] = _iso(_instant_flag(args.anchor, "anchor", tz))
         if args.cron is not None:
-            compile_trigger(cron=args.cron, timezone=tz,
+            compile_trigger(cron=args.cron, timezone=zone,
                             dst_ambiguous=args.dst_ambiguous or "first",
                             dst_nonexistent=args.dst_nonexistent or "shift_forward")
-            body["cron"] = args.cron
+            patch["cron"] = args.cron
         if args.at is not None:
-            body["at"] = _iso(parse_instant(args.at, tz, field="at"))
+            patch["at"] = _iso(_instant_flag(args.at, "at", tz))
+        if args.delay is not None:
+            compile_trigger(delay=args.delay, timezone=zone)
+            patch["delay"] = args.delay
     except RecurrenceError as exc:
         raise _usage(str(exc)) from None
     if args.tz is not None:
-        body["timezone"] = args.tz
-
+        patch["timezone"] = args.tz
     if args.job is not None:
-        job = dict(body.get("job") or {})
-        job["type"] = args.job
-        body["job"] = job
+        patch["job"] = {"type": args.job}
     if args.params is not None:
-        job = dict(body.get("job") or {})
-        job["params"] = _json_object(args.params, "params")
-        body["job"] = job
-    if "job" not in body:
-        raise _usage("invalid job: --job TYPE is required")
-    if args.misfire is not None:
-        mis = body.get("misfire")
-        body["misfire"] = ({**mis, "policy": args.misfire} if isinstance(mis, dict)
-                           else args.misfire)
-    if args.overlap is not None:
-        body["overlap"] = args.overlap
-    if args.max_attempts is not None:
-        if args.max_attempts < 1:
-            raise _usage(f"invalid retry.maxAttempts '{args.max_attempts}': must be >= 1")
-        body["retry"] = {**(body.get("retry") or {}), "maxAttempts": args.max_attempts}
-    for attr, key in _DURATION_FLAGS:
-        value = getattr(args, attr)
-        if value is None:
+        patch.setdefault("job", {})["params"] = _json_object(args.params, "params")
+    for attr, flag, path, kind in _FIELD_FLAGS:
+        raw = getattr(args, attr)
+        if raw is None:
             continue
+        value = _field_value(raw, flag, path, kind, tz)
+        fragment: dict[str, Any] = {path[-1]: value}
+        for part in reversed(path[:-1]):
+            fragment = {part: fragment}
+        _check_field(fragment, flag, path, raw)
+        patch = merge_patch(patch, fragment)
+    return patch
+
+
+def _invalid(path: tuple[str, ...], flag: str, raw: Any, reason: str) -> Exception:
+    """``invalid retry.maxAttempts '0' (--max-attempts): <reason>`` (no flag when it says
+    the same as the field: ``invalid lease '-1s': ...``)."""
+    field = ".".join(path)
+    named = "" if flag == f"--{field}" else f" ({flag})"
+    return _usage(f"invalid {field} '{_short(str(raw))}'{named}: {reason}")
+
+
+def _field_value(raw: Any, flag: str, path: tuple[str, ...], kind: str, tz: str | None) -> Any:
+    """A field flag's value as the definition holds it."""
+    if kind == "duration":
         try:
-            parse_duration(value)
+            parse_duration(raw)
         except InvalidDuration as exc:
-            raise _usage(f"invalid {key} '{value}': {exc.reason}") from None
-        body[key] = value
-    if args.dst_ambiguous is not None or args.dst_nonexistent is not None:
-        dst = dict(body.get("dst") or {})
-        if args.dst_ambiguous is not None:
-            dst["ambiguous"] = args.dst_ambiguous
-        if args.dst_nonexistent is not None:
-            dst["nonexistent"] = args.dst_nonexistent
-        body["dst"] = dst
-    return body, _spec_of(body)
+            raise _invalid(path, flag, raw, exc.reason) from None
+        return raw
+    if kind == "instant":
+        try:
+            return _iso(_instant_flag(raw, path[-1], tz))
+        except RecurrenceError as exc:
+            raise _usage(str(exc)) from None
+    if kind == "array":
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise _invalid(path, flag, raw, f"not JSON ({exc.msg})") from None
+        if not isinstance(value, list):
+            raise _invalid(path, flag, raw, "must be a JSON array")
+        return value
+    return raw
+
+
+def _check_field(fragment: dict[str, Any], flag: str, path: tuple[str, ...], raw: Any) -> None:
+    """One field flag's value, validated in a definition of its own (the API's rules)."""
+    try:
+        to_spec(ScheduleDefinition.model_validate(merge_patch(_PROBE, fragment)))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        where = field_of(tuple(err.get("loc", ())))
+        if where and where != ".".join(path):  # inside the value (an effect's member)
+            msg = f"{where}: {msg}"
+        raise _invalid(path, flag, raw, msg) from None
+    except InvalidDefinition as exc:
+        raise _invalid(path, flag, raw, exc.message) from None
+
+
+def _instant_flag(value: str, field: str, tz: str | None) -> datetime:
+    """An instant flag as UTC; a naive one is a wall time in ``tz`` (None: refused, as on
+    revise, where the schedule's zone is not known here)."""
+    if tz is None:
+        parsed = parse_instant(value, "UTC", field=field)  # its own errors first
+        if _naive(value):
+            raise _usage(f"invalid {field} '{value}': a time without an offset needs --tz "
+                         f"on revise (or write it with Z or +HH:MM)")
+        return parsed
+    return parse_instant(value, tz, field=field)
+
+
+def _naive(value: str) -> bool:
+    try:
+        return datetime.fromisoformat(value.strip()).tzinfo is None
+    except ValueError:
+        return False
+
+
+def revise_patch(args: Any) -> dict[str, Any]:
+    """What ``schedule revise`` without ``--spec`` changes: the merge patch of its flags
+    (``UsageError`` when none is given)."""
+    patch = definition_patch(args, args.tz)
+    if not patch:
+        raise _usage("invalid revise: nothing to change: pass the flags of the fields to "
+                     "change (or --spec FILE for the whole definition)")
+    return patch
 
 
 def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
@@ -581,11 +746,17 @@ def _create(ctx: Ctx) -> Work:
 def _revise(ctx: Ctx) -> Work:
     if ctx.args.if_match < 1:
         raise _usage(f"invalid If-Match '{ctx.args.if_match}': expected a revision >= 1")
-    sid = ctx.args.schedule_id
-    body, spec = build_definition(ctx.args, sid)
+    sid, revision = ctx.args.schedule_id, ctx.args.if_match
+    if ctx.args.spec:  # the whole definition
+        body, spec = build_definition(ctx.args, sid)
+    else:  # only the fields given
+        patch = revise_patch(ctx.args)
 
     async def work(t: Transport) -> int:
-        result = await t.revise_schedule(sid, body, spec, ctx.args.if_match)
+        if ctx.args.spec:
+            result = await t.revise_schedule(sid, body, spec, revision)
+        else:
+            result = await t.patch_schedule(sid, patch, revision)
         if ctx.args.json:
             _print_json(result)
         else:

@@ -143,6 +143,11 @@ class Transport(Protocol):
     async def revise_schedule(self, schedule_id: str, body: dict[str, Any], spec: Any,
                               revision: int) -> dict[str, Any]: ...
 
+    async def patch_schedule(self, schedule_id: str, patch: dict[str, Any],
+                             revision: int) -> dict[str, Any]:
+        """Revise with a JSON merge patch of the definition at ``revision``."""
+        ...
+
     async def change_state(self, schedule_id: str, action: str,
                            reason: str) -> dict[str, Any]: ...
 

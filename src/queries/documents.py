@@ -5,11 +5,14 @@ GET), a schedule and lists of them, runs, workers, dead letters.
 The definition models take their limits from the domain spec (``chronolog.domain.messages``)
 through ``spec_field``, so a bound is written once. ``to_spec`` turns a definition into the
 domain ``ScheduleSpec`` (``InvalidDefinition`` names the offending field) and
-``definition_of`` turns a stored spec back into a definition.
+``definition_of`` turns a stored spec back into a definition; ``patched_definition`` applies a
+JSON merge patch (``chronolog.domain.merge_patch``) to a stored spec's definition, as
+``PATCH /v1/schedules/{id}`` and ``chronolog schedule revise`` do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -20,15 +23,49 @@ from pydantic.alias_generators import to_camel
 from chronolog.domain import messages as m
 from chronolog.domain.limits import MAX_RETRY_ATTEMPTS
 from chronolog.domain.membership import LIVE_S
+from chronolog.domain.merge_patch import merge_patch
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger
 
 __all__ = [
-    "AttemptOut", "CamelModel", "DeadLetterItem", "DeadLetterPage", "DeadLetterWatermark", "DstIn",
-    "EffectIn", "EffectOut", "InvalidDefinition", "JobIn", "MisfireIn", "PreviewItem", "ResultOut",
-    "ResumeItem", "ResumePlan", "RetryIn", "RunItem", "RunListItem", "RunListPage", "RunOut",
-    "RunPage", "ScheduleDefinition", "ScheduleOut", "SchedulePage", "ScheduleSummary",
-    "WatermarkOut", "WorkerClassOut", "WorkerOut", "WorkerPage", "camel_path", "definition_of",
-    "field_of", "jsonable", "spec_field", "spec_limits", "to_spec",
+    "AttemptOut",
+    "CamelModel",
+    "DeadLetterItem",
+    "DeadLetterPage",
+    "DeadLetterWatermark",
+    "DstIn",
+    "EffectIn",
+    "EffectOut",
+    "InvalidDefinition",
+    "JobIn",
+    "MisfireIn",
+    "PreviewItem",
+    "ResultOut",
+    "ResumeItem",
+    "ResumePlan",
+    "RetryIn",
+    "RunItem",
+    "RunListItem",
+    "RunListPage",
+    "RunOut",
+    "RunPage",
+    "ScheduleDefinition",
+    "ScheduleOut",
+    "SchedulePage",
+    "ScheduleSummary",
+    "WatermarkOut",
+    "WorkerClassOut",
+    "WorkerOut",
+    "WorkerPage",
+    "body_error",
+    "camel_path",
+    "definition_document",
+    "definition_of",
+    "field_of",
+    "jsonable",
+    "patched_definition",
+    "spec_field",
+    "spec_limits",
+    "to_spec",
 ]
 
 _CONSTRAINTS = ("min_length", "max_length", "ge", "gt", "le", "lt", "multiple_of", "pattern")
@@ -72,6 +109,18 @@ def field_of(loc: tuple[Any, ...]) -> str | None:
     parts = [p for p in parts if not p.startswith(("function-", "literal[", "str", "float",
                                                    "MisfireIn", "json-or-python"))]
     return camel_path(".".join(parts)) if parts else None
+
+
+def body_error(err: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The message and camelCase field of a pydantic error in a request body, as the API's
+    400 says them: ``x is required``, ``x: unknown field 'x'``, ``x: <why>``."""
+    field = field_of(tuple(err.get("loc", ())))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        msg = f"unknown field '{field}'"
+    elif err.get("type") == "missing" and field:
+        return f"{field} is required", field
+    return (f"{field}: {msg}" if field else msg), field
 
 
 def jsonable(model: BaseModel) -> Any:
@@ -219,6 +268,20 @@ def definition_of(spec_json: Any) -> ScheduleDefinition:
     data = spec.model_dump()
     data["effects"] = list(data["effects"])
     return ScheduleDefinition.model_validate(data)
+
+
+def definition_document(spec_json: Any) -> dict[str, Any]:
+    """A stored spec's definition as a GET shows it (camelCase JSON, no null member)."""
+    doc: dict[str, Any] = definition_of(spec_json).model_dump(mode="json", by_alias=True,
+                                                              exclude_none=True)
+    return doc
+
+
+def patched_definition(spec_json: Any, patch: dict[str, Any]) -> ScheduleDefinition:
+    """The definition of a stored spec with the merge patch ``patch`` applied, validated as
+    the body of a PUT (``ValidationError`` locates the field in the definition; ``to_spec``
+    then checks what the domain checks)."""
+    return ScheduleDefinition.model_validate(merge_patch(definition_document(spec_json), patch))
 
 
 # =======================================================================================

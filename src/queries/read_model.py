@@ -83,6 +83,7 @@ from chronolog.queries.documents import (
     WorkerClassOut,
     WorkerOut,
     WorkerPage,
+    definition_document,
     definition_of,
     iso,
     jsonable,
@@ -433,8 +434,7 @@ def schedule_summary(row: asyncpg.Record) -> dict[str, Any]:
             "revision": row["revision"], "nextRunAt": iso(row["next_run_at"]),
             "nextDueAt": iso(row["next_due_at"]), "createdAt": iso(row["created_at"]),
             "updatedAt": iso(row["updated_at"]),
-            "definition": definition_of(row["spec"]).model_dump(mode="json", by_alias=True,
-                                                                exclude_none=True)}
+            "definition": definition_document(row["spec"])}
 
 
 # =======================================================================================

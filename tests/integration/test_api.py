@@ -11,6 +11,7 @@ through ``X-Chronolog-Consistency``.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -385,6 +386,120 @@ async def test_put_needs_if_match_and_the_current_revision(stack: ApiStack) -> N
     r = await stack.http.put(f"/v1/schedules/{s}", json={"every": "1h"}, headers={
         **ACME, "If-Match": "2"})
     assert_error(r, 400, "invalid", "job")
+
+
+async def _patch(stack: ApiStack, s: str, patch: Any, revision: str | None,
+                 headers: dict[str, str] = ACME,
+                 content_type: str = "application/merge-patch+json") -> httpx.Response:
+    assert stack.http is not None
+    extra = {"If-Match": revision} if revision is not None else {}
+    return await stack.http.patch(f"/v1/schedules/{s}", content=json.dumps(patch),
+                                  headers={**headers, **extra, "Content-Type": content_type})
+
+
+async def test_patch_changes_only_the_fields_it_names(stack: ApiStack) -> None:
+    assert stack.http is not None
+    s = sid("patch")
+    r = await create(stack, {"scheduleId": s, "cron": "0 9 * * 1-5", "timezone": "Europe/Paris",
+                             "end": "2031-01-01T00:00:00Z", "priority": 5,
+                             "job": {"type": "report", "params": {"region": "eu", "n": 1}}})
+    assert r.status_code == 201, r.text
+    r = await _patch(stack, s, {"cron": None, "every": "30s"}, "1")
+    assert r.status_code == 200, r.text
+    assert r.json()["revision"] == 2 and r.headers["etag"] == '"2"'
+    d = (await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))).json()["definition"]
+    assert d["every"] == 30.0 and "cron" not in d and d["timezone"] == "Europe/Paris"
+    assert d["job"] == {"type": "report", "params": {"region": "eu", "n": 1}}
+    assert d["end"] == "2031-01-01T00:00:00Z" and d["priority"] == 5
+    # params merge member by member; null removes an optional member; plain JSON is accepted
+    r = await _patch(stack, s, {"job": {"params": {"n": 2, "region": None}}, "end": None},
+                     '"2"', content_type="application/json")
+    assert r.status_code == 200, r.text
+    d = (await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))).json()["definition"]
+    assert d["job"] == {"type": "report", "params": {"n": 2}} and "end" not in d
+    assert d["every"] == 30.0 and d["priority"] == 5
+    # an empty patch is a revision that changes nothing
+    r = await _patch(stack, s, {}, "3")
+    assert r.status_code == 200 and r.json()["revision"] == 4, r.text
+    same = (await stack.http.get(f"/v1/schedules/{s}", headers=consistent(r))).json()
+    assert same["definition"] == d and same["revision"] == 4
+
+
+async def test_patch_refuses_what_a_put_refuses(stack: ApiStack) -> None:
+    s = sid("patch")
+    r = await create(stack, {"scheduleId": s, "every": "1h", "job": {"type": "a"}})
+    assert r.status_code == 201, r.text
+    # the merged definition is validated as a PUT body: 400 naming the field, nothing sent
+    assert_error(await _patch(stack, s, {"maxCount": 0}, "1"), 400, "invalid", "maxCount")
+    assert_error(await _patch(stack, s, {"job": {"type": None}}, "1"), 400, "invalid",
+                 "job.type")
+    assert_error(await _patch(stack, s, {"colour": "red"}, "1"), 400, "invalid", "colour")
+    body = assert_error(await _patch(stack, s, {"cron": "0 9 * * *"}, "1"), 400, "invalid")
+    assert "exactly one of cron, every, at, delay" in body["message"]
+    assert_error(await _patch(stack, s, ["every"], "1"), 400, "invalid")
+    assert_error(await _patch(stack, s, {"every": "2h"}, None), 428, "precondition_required",
+                 "If-Match")
+    assert_error(await _patch(stack, s, {"every": "2h"}, "x"), 400, "invalid", "If-Match")
+    # nothing was written by the refusals: revision 1 is still current
+    r = await _patch(stack, s, {"every": "2h"}, "1")
+    assert r.status_code == 200 and r.json()["revision"] == 2, r.text
+    # a stale If-Match: the PUT's 409 with the current revision
+    stale = await _patch(stack, s, {"every": "3h"}, "1")
+    assert assert_error(stale, 409, "conflict", "If-Match")["revision"] == 2
+    # a revision never written: the same 409, once the read model has caught up
+    ahead = await _patch(stack, s, {"every": "3h"}, "7")
+    assert assert_error(ahead, 409, "conflict", "If-Match")["revision"] == 2
+    # no such schedule, or another tenant's: 404
+    assert_error(await _patch(stack, sid(), {"every": "3h"}, "1"), 404, "not_found",
+                 "scheduleId")
+    assert_error(await _patch(stack, s, {"every": "3h"}, "2", headers=GLOBEX), 404,
+                 "not_found", "scheduleId")
+    # not JSON by its content type: 415
+    assert_error(await _patch(stack, s, {"every": "3h"}, "2", content_type="text/plain"), 415,
+                 "unsupported_media_type")
+
+
+async def test_patch_of_a_revision_the_read_model_lacks_waits_for_it(stack: ApiStack) -> None:
+    """The base of a patch is the definition at its If-Match revision, never an older one
+    the read model still holds: the patch waits for the projection, then merges."""
+    assert stack.http is not None and stack.store is not None
+    s = sid("behind")
+    assert (await create(stack, {"scheduleId": s, "every": "1h", "job": {
+        "type": "a", "params": {"v": 1}}})).status_code == 201
+    quick = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.2)
+    await stack.pause_projector()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=quick),
+                                     base_url="http://t") as http:
+            r = await http.put(f"/v1/schedules/{s}", headers={**ACME, "If-Match": "1"}, json={
+                "every": "2h", "job": {"type": "a", "params": {"v": 2}}})
+        assert r.status_code == 200 and r.headers[VISIBLE_HEADER] == "false", r.text
+        patching = asyncio.create_task(_patch(stack, s, {"job": {"params": {"w": 3}}}, "2"))
+        stored = await stack.store.offsets()
+        assert not patching.done() and stored == await stack.store.offsets()
+    finally:
+        stack.resume_projector()
+    done = await asyncio.wait_for(patching, 10)
+    assert done.status_code == 200 and done.json()["revision"] == 3, done.text
+    d = (await stack.http.get(f"/v1/schedules/{s}", headers=consistent(done))).json()
+    assert d["definition"]["every"] == 7200.0
+    assert d["definition"]["job"]["params"] == {"v": 2, "w": 3}
+
+
+async def test_patch_and_a_concurrent_revise_one_wins(stack: ApiStack) -> None:
+    """Two revisions from the same revision: the processor's check refuses the second,
+    whichever of PUT and PATCH it is."""
+    assert stack.http is not None
+    s = sid("race")
+    assert (await create(stack, {"scheduleId": s, "every": "1h",
+                                 "job": {"type": "a"}})).status_code == 201
+    put = stack.http.put(f"/v1/schedules/{s}", json={"every": "2h", "job": {"type": "a"}},
+                         headers={**ACME, "If-Match": "1"})
+    patch = _patch(stack, s, {"job": {"params": {"k": 1}}}, "1")
+    answers = await asyncio.gather(put, patch)
+    assert sorted(a.status_code for a in answers) == [200, 409], [a.text for a in answers]
+    loser = next(a for a in answers if a.status_code == 409)
+    assert loser.json()["field"] == "If-Match" and loser.json()["revision"] == 2
 
 
 async def test_pause_resume_delete_with_colons_in_the_path(stack: ApiStack) -> None:

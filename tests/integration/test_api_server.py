@@ -128,14 +128,16 @@ rate_limit = 100000
 # examples per operation and pass: ~15 operations x 2-3 passes x 12 = ~450 requests
 EXAMPLES = 12
 DEFINITION = {"every": "1h", "job": {"type": "report", "params": {"n": 1}}}
+PATCH = {"job": {"params": {"n": 2}}}
 
 
 def _schemathesis_run(base: str, seeded: dict[str, str]
                       ) -> tuple[Counter[int], list[str], Counter[str]]:
     """Every operation of the served OpenAPI document (a fixed seed: derandomized), in
     passes: positive data, negative data, and positive data aimed at what exists (the
-    ``seeded`` schedules and run, a valid definition as the body of a create or revise).
-    Each answer is checked: no 5xx; status, content type, headers and body as documented.
+    ``seeded`` schedules and run, a valid definition as the body of a create or revise, a
+    merge patch of the seeded schedule's first revision). Each answer is checked: no 5xx;
+    status, content type, headers and body as documented.
     Returns the statuses answered, the failures and the 2xx answers per operation."""
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
@@ -169,6 +171,9 @@ def _schemathesis_run(base: str, seeded: dict[str, str]
             aimed["body"] = {"scheduleId": "made-by-schemathesis", **DEFINITION}
         if operation.method.upper() == "PUT":
             aimed["body"] = DEFINITION
+        if operation.method.upper() == "PATCH":  # the seeded schedule's first revision
+            aimed.update(body=PATCH, media_type="application/merge-patch+json",
+                         headers={"If-Match": "1"})
         passes = [(positive, {}), (negative, {})] + ([(positive, aimed)] if aimed else [])
         for mode, fixed in passes:
             # run() reads this iteration's loop variables (noqa: B023): it is called at once
@@ -252,6 +257,7 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     assert statuses[200] + statuses[201] >= 20, statuses
     for listed in ("GET /v1/schedules", "GET /v1/runs", "GET /v1/dlq"):  # with their items
         assert answered[listed] > 0, answered
+    assert answered["PATCH /v1/schedules/{schedule_id}"] > 0, answered  # a merge applied
     assert failures == [], "\n\n".join(failures[:10])
     assert codes == [0, 0], [(tmp_path / f).read_text()[-2000:]
                              for f in ("api.log", "processor.log")]

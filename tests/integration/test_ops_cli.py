@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -30,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.docs import sh_block, sh_commands
 from support.net import free_port
 from support.polling import SPAWN_POLL, wait_until
 
@@ -478,6 +480,154 @@ async def test_the_storage_budget_through_the_cli_and_the_api(tmp_path: Path, ds
         assert r.status_code == 429 and r.json()["field"] == "storage_budget", r.text
         assert r.json()["message"].endswith(f"retry in {r.headers['retry-after']}s")
         assert 3500 < int(r.headers["retry-after"]) <= 3601
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, services.failed(codes)
+
+
+async def _node_on_sqlite(tmp_path: Path, dsn: str) -> tuple[Services, Cli, Cli, str]:
+    """A processor, a projector and an API on an embedded log, answering; the CLI through
+    the API and straight on the log (one tenant, ``acme``), and the API's URL."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\ntokens = ["acme-token"]\n')
+    log_args = ["--log", f"sqlite://{tmp_path / 'log.db'}", "--partitions", PARTITIONS,
+                "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
+    url = f"http://127.0.0.1:{free_port()}"
+    env = _env(CHRONOLOG_TENANTS=str(tenants))
+    services = Services(tmp_path, env)
+    services.start("processor", ["processor", *log_args])
+    services.start("projector", ["projector", *log_args, "--database-url", dsn])
+    services.start("api", ["api", *log_args, "--database-url", dsn, "--port",
+                           url.rsplit(":", 1)[1]])
+    direct = Cli([*log_args, "--database-url", dsn], env, services)
+    api = Cli(["--url", url, "--token", "acme-token"], env, services)
+    try:
+        await wait_until(lambda: _answered(api("schedule", "list", "--json")), 60,
+                         interval=SPAWN_POLL, what="the API answers")
+    except BaseException:
+        services.stop_all()
+        raise
+    return services, api, direct, url
+
+
+async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
+    tmp_path: Path, dsn: str,
+) -> None:
+    """``schedule revise`` merges its flags into the current definition, through the API
+    (``PATCH``) and straight on the log alike; ``schedule create`` takes every field."""
+    services, api, direct, _url = await _node_on_sqlite(tmp_path, dsn)
+    try:
+        # every field of the API's body has its create flag, and reaches the definition
+        made = await api.ok(
+            "schedule", "create", "full", "--every", "1h", "--anchor", "2030-01-01T00:30:00Z",
+            "--start", "2030-01-01T00:00:00Z", "--end", "2031-01-01T00:00:00Z",
+            "--max-count", "5", "--job", "echo", "--params", '{"a": 1}', "--job-timeout", "5m",
+            "--misfire", "all", "--misfire-grace", "2m", "--misfire-max-catchup", "7",
+            "--misfire-max-age", "1d", "--overlap", "allow", "--max-attempts", "4",
+            "--retry-initial-backoff", "2s", "--retry-max-backoff", "1m",
+            "--retry-multiplier", "3", "--retry-max-age", "2h", "--lease", "45s",
+            "--start-deadline", "10m", "--jitter", "5s", "--resource-class", "gpu",
+            "--priority", "-7", "--effects", "[]")
+        assert made["revision"] == 1
+        full = (await api.ok("schedule", "show", "full"))["definition"]
+        assert full == {
+            "every": 3600.0, "anchor": "2030-01-01T00:30:00Z", "timezone": "UTC",
+            "start": "2030-01-01T00:00:00Z", "end": "2031-01-01T00:00:00Z", "maxCount": 5,
+            "job": {"type": "echo", "params": {"a": 1}, "timeout": 300.0},
+            "misfire": {"policy": "all", "grace": 120.0, "maxCatchup": 7, "maxAge": 86400.0},
+            "overlap": "allow",
+            "retry": {"maxAttempts": 4, "initialBackoff": 2.0, "maxBackoff": 60.0,
+                      "multiplier": 3.0, "maxAge": 7200.0},
+            "lease": 45.0, "startDeadline": 600.0, "jitter": 5.0,
+            "dst": {"ambiguous": "first", "nonexistent": "shift_forward"}, "effects": [],
+            "resourceClass": "gpu", "priority": -7}
+
+        lines: dict[str, list[str]] = {"api": [], "direct": []}
+        for name, cli in (("api", api), ("direct", direct)):
+            sid = f"keep-{name}"
+            await cli.ok("schedule", "create", sid, "--cron", "0 9 * * *", "--tz",
+                         "Europe/Paris", "--job", "echo", "--params", '{"a": 1, "b": 2}',
+                         "--max-attempts", "4")
+            # --every alone: the job and its params stay; the other rule goes
+            assert (await cli.ok("schedule", "revise", sid, "--if-match", "1", "--every",
+                                 "30s"))["revision"] == 2
+            d = (await cli.poll("revision 2", "schedule", "show", sid,
+                                until=lambda doc: doc["revision"] == 2))["definition"]
+            assert d["every"] == 30.0 and "cron" not in d and d["timezone"] == "Europe/Paris"
+            assert d["job"] == {"type": "echo", "params": {"a": 1, "b": 2}}
+            assert d["retry"]["maxAttempts"] == 4
+            # --params alone: merged into the params (null removes a key), nothing else
+            await cli.ok("schedule", "revise", sid, "--if-match", "2", "--params",
+                         '{"b": null, "c": 3}', "--priority", "9")
+            d = (await cli.poll("revision 3", "schedule", "show", sid,
+                                until=lambda doc: doc["revision"] == 3))["definition"]
+            assert d["job"] == {"type": "echo", "params": {"a": 1, "c": 3}}
+            assert d["every"] == 30.0 and d["priority"] == 9 and d["retry"]["maxAttempts"] == 4
+            # a stale revision, and a merged definition that does not hold: exit 1, one line
+            stale = await cli("schedule", "revise", sid, "--if-match", "2", "--every", "1m",
+                              "--json")
+            assert stale.rc == 1 and json.loads(stale.out)["revision"] == 3
+            bad = await cli("schedule", "revise", sid, "--if-match", "3", "--cron",
+                            "0 9 * * *", "--anchor", "2030-01-01T00:00:00Z")
+            assert bad.rc == 2
+            inverted = await cli("schedule", "revise", sid, "--if-match", "3", "--start",
+                               "2032-01-01T00:00:00Z", "--end", "2031-01-01T00:00:00Z",
+                               "--json")
+            assert inverted.rc == 1 and json.loads(inverted.out)["error"] == "invalid"
+            missing = await cli("schedule", "revise", "nope", "--if-match", "1", "--every",
+                                "1m")
+            assert missing.rc == 1
+            lines[name] = [_one_line(stale), _one_line(inverted), _one_line(missing)]
+            # --spec: the whole definition, replaced
+            spec = tmp_path / f"{sid}.json"
+            spec.write_text(json.dumps({"every": "2h", "job": {"type": "echo"}}))
+            await cli.ok("schedule", "revise", sid, "--if-match", "3", "--spec", str(spec))
+            d = (await cli.poll("revision 4", "schedule", "show", sid,
+                                until=lambda doc: doc["revision"] == 4))["definition"]
+            assert d["job"] == {"type": "echo", "params": {}} and d["retry"]["maxAttempts"] == 3
+        # both ways say the same
+        assert lines["api"] == lines["direct"], lines
+        assert lines["api"] == [
+            "error: conflict: expected revision 2, current is 3",
+            "error: invalid: end must be after start",
+            "error: not_found: no schedule 'nope'"]
+    finally:
+        codes = services.stop_all()
+    assert set(codes.values()) == {0}, services.failed(codes)
+
+
+async def test_the_tours_revise_commands_do_what_it_says(tmp_path: Path, dsn: str) -> None:
+    """docs/tour.md, "Revising a schedule": its commands, run as shown, then its PATCH."""
+    tour = ROOT / "docs" / "tour.md"
+    section = "**Revising a schedule.**"
+    services, api, _direct, url = await _node_on_sqlite(tmp_path, dsn)
+    try:
+        commands = sh_commands(tour, section, prefix=".venv/bin/chronolog ")
+        assert len(commands) == 5
+        for words in commands:
+            r = await api(*words[1:])
+            assert r.rc == 0, (words, r.err)
+        d = (await api.ok("schedule", "show", "digest"))["definition"]
+        assert d["cron"] == "0 9 * * 1-5" and "every" not in d
+        assert d["timezone"] == "Europe/Paris" and d["priority"] == 5
+        assert d["job"] == {"type": "echo", "params": {"to": "ops", "n": 3}}
+        assert d["end"] == "2031-01-01T00:00:00Z"
+
+        curl = sh_block(tour, section, after=1)
+        assert "-X PATCH $API/v1/schedules/digest" in curl
+        found = [re.search(pattern, curl) for pattern in
+                 (r"If-Match: (\d+)'", r"Content-Type: ([^']+)'", r"-d '([^']+)'")]
+        assert all(found), curl
+        revision, media_type, body = (f.group(1) for f in found if f)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            r = await http.patch("/v1/schedules/digest", content=body, headers={
+                "Authorization": "Bearer acme-token", "If-Match": revision,
+                "Content-Type": media_type})
+            assert r.status_code == 200 and r.json()["revision"] == 5, r.text
+            d = (await http.get("/v1/schedules/digest", headers={
+                "Authorization": "Bearer acme-token"})).json()["definition"]
+        assert "end" not in d and d["job"]["params"] == {"to": "ops"}
+        assert d["cron"] == "0 9 * * 1-5" and d["priority"] == 5
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, services.failed(codes)

@@ -27,6 +27,10 @@ def test_the_contract_paths_and_error_body_are_documented() -> None:
     create = paths["/v1/schedules"]["post"]
     assert {"201", "400", "401", "403", "409", "429", "503"} <= set(create["responses"])
     assert "428" in paths["/v1/schedules/{schedule_id}"]["put"]["responses"]
+    patch = paths["/v1/schedules/{schedule_id}"]["patch"]
+    assert {"200", "400", "404", "409", "415", "428"} <= set(patch["responses"])
+    assert {"application/merge-patch+json", "application/json"} == set(
+        patch["requestBody"]["content"])
     assert "202" in paths["/v1/runs/{run_id}:cancel"]["post"]["responses"]
     body = doc["components"]["schemas"]["ScheduleIn"]["properties"]
     assert {"scheduleId", "cron", "timezone", "every", "anchor", "at", "job", "misfire", "overlap",
@@ -45,8 +49,8 @@ def test_the_lists_and_the_visibility_of_writes_are_documented() -> None:
         assert {p["name"] for p in op["parameters"] if p["in"] == "query"} == params, path
         assert {"200", "400", "401", "500", "503"} <= set(op["responses"]), path
     writes = [(path, op) for path, item in paths.items() for method, op in item.items()
-              if method in ("post", "put", "delete") and path != "/v1/preview"]
-    assert len(writes) == 9
+              if method in ("post", "put", "patch", "delete") and path != "/v1/preview"]
+    assert len(writes) == 10
     for path, op in writes:
         ok = [r for code, r in op["responses"].items() if code.startswith("2")]
         assert ok and all({"X-Chronolog-Visible", "X-Chronolog-Consistency"}

@@ -28,7 +28,8 @@ def test_flags_become_the_api_body_and_the_spec() -> None:
                              "--start-deadline", "10m", "--jitter", "30s",
                              "--dst-ambiguous", "both")
     assert body == {"cron": "30 9 * * 1-5", "timezone": "Europe/Paris",
-                    "job": {"type": "report", "params": {"full": True}}, "misfire": "all",
+                    "job": {"type": "report", "params": {"full": True}},
+                    "misfire": {"policy": "all"},
                     "overlap": "buffer_one", "retry": {"maxAttempts": 5}, "lease": "2m",
                     "startDeadline": "10m", "jitter": "30s", "dst": {"ambiguous": "both"}}
     assert spec.lease == 120 and spec.start_deadline == 600 and spec.retry.max_attempts == 5
@@ -65,9 +66,11 @@ def test_a_spec_file_with_flags_overriding_it(tmp_path: Path) -> None:
     (["--every", "1s", "--jitter=-5s"], None, "invalid jitter '-5s': must not be negative"),
     (["--every", "1s", "--params", "{"], None, "invalid params '{': not JSON"),
     (["--every", "1s", "--max-attempts", "0"], None,
-     "invalid retry.maxAttempts '0': must be >= 1"),
+     "invalid retry.maxAttempts '0' (--max-attempts): Input should be greater than or equal "
+     "to 1"),
     (["--every", "1s", "--job", ""], None, "invalid job.type '': "),
-    ([], None, "invalid schedule: one of --cron, --every, --at (or --spec) is required"),
+    ([], None, "invalid schedule: one of --cron, --every, --at, --delay (or --spec) is "
+     "required"),
 ])
 def test_bad_input_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], argv: list[str], preview: list[str] | None,
@@ -210,9 +213,152 @@ def test_more_attempts_than_the_ceiling_is_exit_2_naming_the_field(
     rc = main(["schedule", "create", "s1", "--every", "1h", "--job", "echo",
                "--max-attempts", "1000", "--log", "sqlite:///nonexistent/x.db"])
     assert rc == 2
-    assert capsys.readouterr().err.startswith("invalid retry.maxAttempts '1000': ")
+    assert capsys.readouterr().err.startswith("invalid retry.maxAttempts '1000' (--max-attempts): ")
     f = tmp_path / "s1.json"
     f.write_text(json.dumps({"every": "1h", "job": {"type": "echo"},
                              "retry": {"maxAttempts": 101}}))
     assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
     assert "retry.maxAttempts" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ every field a flag
+
+
+def test_every_field_of_the_api_body_has_a_create_flag() -> None:
+    body, spec = _definition(
+        "--delay", "10m", "--start", "2030-01-01T09:00:00", "--end", "2031-01-01T00:00:00Z",
+        "--tz", "Europe/Paris", "--max-count", "12", "--job", "report", "--job-timeout", "5m",
+        "--misfire", "all", "--misfire-grace", "2m", "--misfire-max-catchup", "7",
+        "--misfire-max-age", "1d", "--max-attempts", "4", "--retry-initial-backoff", "2s",
+        "--retry-max-backoff", "1m", "--retry-multiplier", "3", "--retry-max-age", "2h",
+        "--resource-class", "gpu", "--priority", "-7",
+        "--effects", '[{"kind": "webhook", "destination": "hook"}]')
+    assert body == {
+        "delay": "10m", "timezone": "Europe/Paris", "start": "2030-01-01T08:00:00Z",
+        "end": "2031-01-01T00:00:00Z", "maxCount": 12,
+        "job": {"type": "report", "timeout": "5m"},
+        "misfire": {"policy": "all", "grace": "2m", "maxCatchup": 7, "maxAge": "1d"},
+        "retry": {"maxAttempts": 4, "initialBackoff": "2s", "maxBackoff": "1m",
+                  "multiplier": 3.0, "maxAge": "2h"},
+        "resourceClass": "gpu", "priority": -7,
+        "effects": [{"kind": "webhook", "destination": "hook"}]}
+    assert (spec.delay, spec.max_count, spec.job.timeout) == (600, 12, 300)
+    assert (spec.misfire.grace, spec.misfire.max_catchup, spec.retry.multiplier) == (120, 7, 3)
+    assert (spec.resource_class, spec.priority, spec.effects[0].destination) == ("gpu", -7,
+                                                                                 "hook")
+
+
+def test_the_create_flags_cover_every_field_of_the_api_body() -> None:
+    """A field added to the API's definition without a flag fails here."""
+    from chronolog.cli.schedules import _FIELD_FLAGS
+    from chronolog.queries.documents import DstIn, JobIn, MisfireIn, RetryIn, ScheduleDefinition
+
+    nested = {"job": JobIn, "misfire": MisfireIn, "retry": RetryIn, "dst": DstIn}
+    fields = set()
+    for name, info in ScheduleDefinition.model_fields.items():
+        alias = info.alias or name
+        sub = nested.get(alias)
+        fields |= ({f"{alias}.{i.alias or n}" for n, i in sub.model_fields.items()} if sub
+                   else {alias})
+    flagged = {".".join(path) for _attr, _flag, path, _kind in _FIELD_FLAGS}
+    # the rule flags (--cron --every --at --delay --anchor --tz) and --job, --params
+    by_hand = {"cron", "every", "at", "delay", "anchor", "timezone", "job.type", "job.params"}
+    assert fields == flagged | by_hand
+    parser = build_parser()
+    for argv in (["schedule", "create", "s1"], ["schedule", "revise", "s1", "--if-match", "1"]):
+        args = parser.parse_args(argv)
+        assert all(hasattr(args, attr) for attr, *_ in _FIELD_FLAGS)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--max-count", "0"], "invalid maxCount '0' (--max-count): Input should be greater than "
+     "or equal to 1"),
+    (["--priority", "101"], "invalid priority '101': Input should be less than or equal to 100"),
+    (["--resource-class", "a b"], "invalid resourceClass 'a b' (--resource-class): String "
+     "should match pattern"),
+    (["--resource-class", "pool-x"], "invalid resourceClass 'pool-x' (--resource-class): a "
+     "resource class may not start with 'pool-'"),
+    (["--start", "soon"], "invalid start 'soon': not an ISO-8601 date-time"),
+    (["--end", "2030-13-01"], "invalid end '2030-13-01': not an ISO-8601 date-time"),
+    (["--job-timeout", "forever"], "invalid job.timeout 'forever' (--job-timeout): "),
+    (["--misfire-grace=-1s"], "invalid misfire.grace '-1s' (--misfire-grace): must not be "
+     "negative"),
+    (["--misfire-max-catchup", "0"], "invalid misfire.maxCatchup '0' (--misfire-max-catchup): "),
+    (["--retry-multiplier", "11"], "invalid retry.multiplier '11.0' (--retry-multiplier): "
+     "Input should be less than or equal to 10"),
+    (["--retry-max-backoff", "x"], "invalid retry.maxBackoff 'x' (--retry-max-backoff): "),
+    (["--effects", "{}"], "invalid effects '{}': must be a JSON array"),
+    (["--effects", "[{"], "invalid effects '[{': not JSON"),
+    (["--effects", '[{"kind": "fax", "destination": "d"}]'],
+     "invalid effects '[{\"kind\": \"fax\", \"destination\": \"d\"}]': effects.kind: Input "
+     "should be 'webhook', 'email', 'postgres' or 'kafka'"),
+    (["--delay", "0s"], "invalid delay '0s': "),
+])
+def test_each_new_flag_refuses_a_bad_value_naming_its_field_and_flag(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
+) -> None:
+    rc = main(["schedule", "create", "s1", *(["--every", "1h"] if "--delay" not in argv else []),
+               "--job", "echo", *argv, "--log", "sqlite:///nonexistent/x.db"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(line), err
+    # revise refuses the same value with the same line
+    rc = main(["schedule", "revise", "s1", "--if-match", "1", *argv,
+               "--log", "sqlite:///nonexistent/x.db"])
+    err_revise = capsys.readouterr().err
+    assert rc == 2 and err_revise == err.replace("schedule create", "schedule revise")
+
+
+def _patch(*argv: str) -> dict:
+    from chronolog.cli.schedules import revise_patch
+
+    return revise_patch(build_parser().parse_args(["schedule", "revise", "s1", "--if-match",
+                                                    "3", *argv]))
+
+
+def test_revise_sends_only_the_fields_of_the_flags_given() -> None:
+    assert _patch("--every", "30s") == {"every": "30s", "cron": None, "at": None,
+                                        "delay": None, "anchor": None}
+    assert _patch("--params", '{"n": 2, "gone": null}') == {"job": {"params": {"n": 2,
+                                                                              "gone": None}}}
+    assert _patch("--max-attempts", "5", "--retry-max-age", "1h") == {
+        "retry": {"maxAttempts": 5, "maxAge": "1h"}}
+    assert _patch("--misfire", "skip", "--priority", "3") == {"misfire": {"policy": "skip"},
+                                                              "priority": 3}
+    assert _patch("--job", "other") == {"job": {"type": "other"}}
+    assert _patch("--effects", "[]") == {"effects": []}
+    assert _patch("--end", "2031-01-01T00:00:00+01:00") == {"end": "2030-12-31T23:00:00Z"}
+    assert _patch("--at", "2031-01-01T09:00:00", "--tz", "Asia/Tokyo") == {
+        "at": "2031-01-01T00:00:00Z", "timezone": "Asia/Tokyo", "cron": None, "every": None,
+        "delay": None, "anchor": None}
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    ([], "invalid revise: nothing to change: pass the flags of the fields to change (or --spec "
+     "FILE for the whole definition)"),
+    (["--end", "2031-01-01T00:00:00"], "invalid end '2031-01-01T00:00:00': a time without an "
+     "offset needs --tz on revise"),
+    (["--cron", "0 9 * * *", "--anchor", "2031-01-01T00:00:00Z"],
+     "invalid anchor '2031-01-01T00:00:00Z': --anchor only applies to --every"),
+    (["--params", "[1]"], "invalid params '[1]': must be a JSON object"),
+    (["--cron", "0 25 * * *"], "invalid cron '0 25 * * *': "),
+])
+def test_revise_refuses_bad_flags_before_anything_is_sent(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
+) -> None:
+    rc = main(["schedule", "revise", "s1", "--if-match", "1", *argv,
+               "--log", "sqlite:///nonexistent/x.db"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(line), err
+
+
+def test_revise_help_says_it_changes_only_what_is_passed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["schedule", "revise", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Change only what is passed" in text
+    assert "--spec FILE instead REPLACES the whole definition" in text
+    assert "it REPLACES the current one" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support.docs import sh_argvs, text_block
+from support.docs import sh_commands, text_block
 
 ROOT = Path(__file__).resolve().parents[2]
 CHRONOLOG = next(
@@ -247,7 +247,7 @@ def test_a_bad_dst_choice_exits_2_with_one_line_naming_the_flag() -> None:
 
 def test_the_tours_preview_commands_run_and_the_second_prints_what_the_tour_shows() -> None:
     section = "### Daylight saving, stated"
-    commands = sh_argvs(ROOT / "docs" / "tour.md", section)
+    commands = sh_commands(ROOT / "docs" / "tour.md", section)
     assert len(commands) == 3 and all(cmd[:2] == ["chronolog", "preview"] for cmd in commands)
     spring, autumn, both = (preview(*cmd[2:]) for cmd in commands)
     assert (spring.returncode, autumn.returncode, both.returncode) == (0, 0, 0)

@@ -1,4 +1,5 @@
-"""``/v1/schedules``: create, list, read, revise, pause, resume, delete.
+"""``/v1/schedules``: create, list, read, revise (whole or by a merge patch), pause, resume,
+delete.
 
 ``GET /v1/schedules`` lists the tenant's schedules by ID (code-point order), ``limit`` (1-500,
 default 100) at a time with ``nextCursor``; ``state`` (a comma-separated list, any case;
@@ -31,6 +32,13 @@ The job-type check (403) is done here (early answer) and by the processor (the
 authority). Creating a schedule whose job type no worker of its class has ever announced is
 201 with ``warnings``; an app given ``known_job_types`` (the dev node) answers 400 naming the
 job types it knows instead.
+
+``PUT /v1/schedules/{id}`` replaces the whole definition; ``PATCH`` changes only what its
+body names: a JSON merge patch (RFC 7396, ``application/merge-patch+json`` or
+``application/json``) applied to the definition the read model holds at the ``If-Match``
+revision, then validated and sent exactly as the same body of a PUT, with the same
+``If-Match``, so the processor's revision check still refuses a concurrent revise (409). A
+read model still older than that revision is read again once it has caught up with the log.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
@@ -38,8 +46,10 @@ job types it knows instead.
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query
+from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from chronolog.api.auth import TenantDep
 from chronolog.api.context import ConsistentDep, Context, with_warnings, written
@@ -60,6 +70,7 @@ from chronolog.queries.documents import (
     ScheduleDefinition,
     ScheduleOut,
     SchedulePage,
+    patched_definition,
     spec_limits,
     to_spec,
 )
@@ -138,15 +149,8 @@ async def get_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
     return JSONResponse(content, headers={"ETag": f'"{row["revision"]}"'})
 
 
-@router.put("/v1/schedules/{schedule_id}", response_model=RevisedOut,
-            responses={**error_responses(400, 403, 404, 409, 428),
-                       200: {"headers": WRITE_HEADERS}},
-            summary="Revise a schedule (If-Match: revision)")
-async def revise_schedule(
-    schedule_id: ScheduleIdPath, body: ScheduleDefinition, tenant: TenantDep, ctx: Context,
-    if_match: Annotated[str | None, Header(alias="If-Match",
-                                           description="the revision being revised")] = None,
-) -> JSONResponse:
+def _revision(if_match: str | None) -> int:
+    """The revision an ``If-Match`` names (428 without one, 400 for anything else)."""
     if if_match is None:
         raise ApiError(428, "If-Match with the current revision is required", "If-Match")
     text = if_match.strip().removeprefix("W/").strip('"')
@@ -154,13 +158,92 @@ async def revise_schedule(
     if not (text.isascii() and text.isdigit()) or len(text) > 19 or \
             not 1 <= int(text) <= lim.MAX_INT:
         raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
+    return int(text)
+
+
+IfMatch = Annotated[str | None, Header(alias="If-Match",
+                                       description="the revision being revised")]
+
+
+async def _revise(ctx: Context, tenant: Tenant, schedule_id: str, body: ScheduleDefinition,
+                  revision: int) -> JSONResponse:
     spec = to_spec(body)
     ctx.check_job(tenant, spec)
     reply, mark = await ctx.send(tenant, schedule_id,
-                                  m.ReviseSchedule(spec=spec, expected_revision=int(text)))
+                                  m.ReviseSchedule(spec=spec, expected_revision=revision))
     return written(RevisedOut(revision=reply.body["revision"],
                               next_run_at=reply.body.get("next_run_at")), 200, mark,
                    {"ETag": f'"{reply.body["revision"]}"'})
+
+
+@router.put("/v1/schedules/{schedule_id}", response_model=RevisedOut,
+            responses={**error_responses(400, 403, 404, 409, 428),
+                       200: {"headers": WRITE_HEADERS}},
+            summary="Revise a schedule: replace its whole definition (If-Match: revision)")
+async def revise_schedule(
+    schedule_id: ScheduleIdPath, body: ScheduleDefinition, tenant: TenantDep, ctx: Context,
+    if_match: IfMatch = None,
+) -> JSONResponse:
+    return await _revise(ctx, tenant, schedule_id, body, _revision(if_match))
+
+
+_PATCH_EXAMPLE = {"every": "30s", "job": {"params": {"region": "eu"}}, "end": None}
+_PATCH_BODY = {"type": "object", "additionalProperties": True,
+               "description": "a JSON merge patch (RFC 7396) of the definition: members "
+               "given replace the current ones (objects merge, member by member), null "
+               "removes an optional member, arrays replace whole",
+               "examples": [_PATCH_EXAMPLE]}
+
+
+@router.patch(
+    "/v1/schedules/{schedule_id}", response_model=RevisedOut,
+    responses={**error_responses(400, 403, 404, 409, 428), 200: {"headers": WRITE_HEADERS}},
+    summary="Revise some fields of a schedule: a JSON merge patch (If-Match: revision)",
+    dependencies=[ConsistentDep],
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/merge-patch+json": {"schema": _PATCH_BODY},
+        "application/json": {"schema": _PATCH_BODY}}}})
+async def patch_schedule(
+    schedule_id: ScheduleIdPath, request: Request, tenant: TenantDep, ctx: Context,
+    if_match: IfMatch = None,
+) -> JSONResponse:
+    revision = _revision(if_match)
+    if not await request.body():
+        raise ApiError(400, "a JSON body is required: the merge patch", None)
+    try:
+        patch = await request.json()
+    except ValueError:
+        raise ApiError(400, "the body is not valid JSON", None) from None
+    if not isinstance(patch, dict):
+        raise ApiError(400, "a merge patch of a definition is a JSON object", None)
+    row = await _at_revision(ctx, tenant, schedule_id, revision)
+    try:
+        body = patched_definition(row["spec"], patch)
+    except ValidationError as exc:  # answered exactly as the same body of a PUT
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
+                                      for e in exc.errors()]) from None
+    return await _revise(ctx, tenant, schedule_id, body, revision)
+
+
+async def _at_revision(ctx: Context, tenant: Tenant, schedule_id: str,
+                       revision: int) -> Any:
+    """The schedule's row in the read model at ``revision``, the base of a patch. A newer
+    one: 409, as the processor answers a stale revision. An older one: the read model lags,
+    so it is read again once it has caught up with the schedule's partition of the log as
+    it is now (503 if that takes longer than the consistency bound); still older, no such
+    revision was ever written: 409."""
+    row = await ctx.schedule_row(tenant, schedule_id)
+    if row["revision"] < revision and ctx.log is not None:
+        required = await ctx.tail_of_partition(tenant.name, schedule_id)
+        if not await ctx.reached(required, ctx.consistency_timeout):
+            raise ApiError(503, f"the read model has not reached revision {revision} of "
+                           f"'{schedule_id}' within {ctx.consistency_timeout:g}s; retry "
+                           f"shortly", None, headers={"Retry-After": "1"})
+        row = await ctx.schedule_row(tenant, schedule_id)
+    if row["revision"] != revision:
+        raise ApiError(409, f"expected revision {revision}, current is {row['revision']}",
+                       "If-Match", revision=row["revision"])
+    return row
 
 
 async def _lifecycle(ctx: Context, tenant: Tenant, schedule_id: str,
