@@ -67,7 +67,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 __all__ = ["DATABASE", "PASSWORD_FILE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres",
-           "EmbeddedPostgresError"]
+           "EmbeddedPostgresError", "pid_alive"]
 
 SYSTEM_USER = "embedded_postgres"
 """The OS user the server runs as when this process is root."""
@@ -131,7 +131,7 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -517,7 +517,7 @@ class EmbeddedPostgres:
             pid = int(lines[0])
         except (OSError, ValueError, IndexError):
             return None
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return None
         try:  # guard against PID reuse: the process must be a postgres on this directory
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -544,7 +544,7 @@ class EmbeddedPostgres:
                     os.kill(pid, sig)
             deadline = time.monotonic() + (timeout if sig is None else 10)
             while time.monotonic() < deadline:
-                if not _pid_alive(pid):
+                if not pid_alive(pid):
                     return
                 time.sleep(0.02)
         raise EmbeddedPostgresError(f"PostgreSQL postmaster {pid} did not exit{self._log_tail()}")

@@ -41,7 +41,6 @@ def register(sub: Any) -> None:
 
 
 def _run(args: Any) -> int:
-    from chronolog.logging import configure_logging
     from chronolog.settings import (
         ConfigError,
         data_dir,
@@ -73,7 +72,28 @@ def _run(args: Any) -> int:
         server_limits()  # so is a bad server or session bound (CHRONOLOG_HEADER_TIMEOUT...)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    from chronolog.devnode.lock import DataDirInUse, acquire_node_lock
+    from chronolog.devnode.nodefile import api_url
+
+    # before anything else touches the directory: a node already on it is left alone
+    try:
+        lock = acquire_node_lock(ddir, api_url(args.host, args.port))
+    except DataDirInUse as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return _run_locked(args, ddir, partitions, tenants, tenants_path, retention, archive,
+                           prune_every, audit_every, lock.fd)
+    finally:
+        lock.release()
+
+
+def _run_locked(args: Any, ddir: Path, partitions: int, tenants: Any, tenants_path: str | None,
+                retention: float | None, archive: str | None, prune_every: float,
+                audit_every: float | None, lock_fd: int) -> int:
+    """The node, once this process holds the data directory (``chronolog.devnode.lock``)."""
     from chronolog.log.datadir import private_dir
+    from chronolog.logging import configure_logging
+    from chronolog.settings import ConfigError
 
     private_dir(ddir)  # 0700; a wider one is tightened with a warning
     log_path = None
@@ -93,7 +113,7 @@ def _run(args: Any) -> int:
                                    tenants_path=tenants_path, builtin=not args.no_builtin,
                                    log_path=log_path, retention=retention,
                                    archive=archive, prune_every=prune_every,
-                                   audit_every=audit_every))
+                                   audit_every=audit_every, lock_fd=lock_fd))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

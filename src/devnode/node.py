@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,11 @@ from typing import Any
 import structlog
 
 log = structlog.get_logger("chronolog.devnode.node")
+
+API_GRACE_S = 2.0
+"""After Ctrl-C, requests still open get this long before the API cancels them."""
+WATCHDOG_EXIT_S = 10.0
+"""A clean stop waits at most this long for the watchdog (``chronolog.devnode.watchdog``)."""
 
 DEMO_SCHEDULES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("demo-echo", {"every": "5s", "job": {"type": "echo", "params": {"hello": "chronolog"}},
@@ -57,10 +63,14 @@ async def run_dev(
     database_url: str | None = None, demo: bool = True, tenants_path: str | None = None,
     builtin: bool = True, log_path: Path | None = None, retention: float | None = None,
     archive: str | None = None, prune_every: float = 30.0, audit_every: float | None = None,
+    lock_fd: int | None = None,
 ) -> int:
-    """Start every part, serve until SIGTERM/SIGINT, stop every part in order."""
+    """Start every part, serve until SIGTERM/SIGINT, stop every part in order. ``lock_fd``:
+    the open ``node.lock`` the caller holds (``chronolog.devnode.lock``), handed down to the
+    embedded PostgreSQL's watchdog."""
     from chronolog.destinations import check_destinations
     from chronolog.devnode.nodefile import NodeInfo, api_url, remove_node_file, write_node_file
+    from chronolog.devnode.watchdog import start_watchdog
     from chronolog.embedded_postgres import EmbeddedPostgres
     from chronolog.log.datadir import private_dir, private_umask
     from chronolog.log.port import Topics
@@ -76,10 +86,16 @@ async def run_dev(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    pg = None
+    pg = watchdog = None
     if database_url is None:
         pg = EmbeddedPostgres(ddir / "postgres")
-        database_url = await asyncio.to_thread(pg.start)
+        # first the watchdog, so that the server is stopped however this process ends
+        watchdog = start_watchdog(pg.data_dir, lock_fd)
+        try:
+            database_url = await asyncio.to_thread(pg.start)
+        except BaseException:
+            await _end_watchdog(watchdog)
+            raise
     lg = SqliteEventLog(ddir / "log.db", Topics(partitions=partitions))
     store = None
     try:
@@ -106,6 +122,7 @@ async def run_dev(
                        audit_every=audit_every)
         return 0
     finally:
+        began = time.monotonic()
         with contextlib.suppress(OSError):
             remove_node_file(ddir, os.getpid())
         if store is not None:
@@ -113,8 +130,13 @@ async def run_dev(
                 await store.close()
         with contextlib.suppress(Exception):
             await lg.close()
+        log.info("node_closed", store_and_log_s=round(time.monotonic() - began, 3))
         if pg is not None:
+            began = time.monotonic()
             await asyncio.to_thread(pg.stop)
+            log.info("embedded_postgres_stopped", after_s=round(time.monotonic() - began, 3))
+        if watchdog is not None:
+            await _end_watchdog(watchdog)
         print("chronolog dev: stopped", file=sys.stderr, flush=True)
 
 
@@ -208,8 +230,11 @@ async def run_node(
                      alongside=not_ready, retention=retention)
 
     def api() -> Any:
+        # an open request (a browser's, a slow client's) is cancelled API_GRACE_S after
+        # the stop rather than holding the whole node up to the part's bound
         config = server_config(app, node.host, node.port, log_level="warning",
-                               lifespan="on", access_log=False)
+                               lifespan="on", access_log=False,
+                               timeout_graceful_shutdown=API_GRACE_S)
         return Server(config)  # our handlers stop the node; uvicorn captures none
 
     def exit_server(server: Any) -> None:
@@ -243,6 +268,16 @@ async def run_node(
         await sup.stop([("api", 10), ("worker", 15), ("effects", 10), ("processor", 15),
                         ("projector", 10)])
         await client.close()
+
+
+async def _end_watchdog(watchdog: Any) -> None:
+    """Let the watchdog go (the server is stopped already) and wait for it, bounded."""
+    with contextlib.suppress(OSError):
+        watchdog.stdin.close()
+    try:
+        await asyncio.to_thread(watchdog.wait, WATCHDOG_EXIT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("watchdog_lingering", pid=watchdog.pid, after_s=WATCHDOG_EXIT_S)
 
 
 async def _is_empty(lg: Any) -> bool:

@@ -148,6 +148,7 @@ class Supervisor:
         if part is None or part.task is None or part.task.done():
             return
         part.stopping.set()
+        began = time.monotonic()
         try:
             result = part.stop(part.current)
             if asyncio.iscoroutine(result):
@@ -158,8 +159,10 @@ class Supervisor:
         if done:
             if not part.task.cancelled():
                 part.task.exception()  # retrieved: a keeper logs its parts' failures itself
+            log.info("part_stopped", part=name, after_s=round(time.monotonic() - began, 3))
             return
         part.task.cancel()  # forced
+        log.warning("part_stop_forced", part=name, after_s=timeout)
         done, _ = await asyncio.wait({part.task}, timeout=CANCEL_WAIT_S)
         if not done:
             log.error("part_abandoned", part=name, after_s=timeout + CANCEL_WAIT_S)
