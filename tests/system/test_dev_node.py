@@ -216,3 +216,127 @@ def test_dev_banner_keeps_the_token_off_redirected_output_and_metrics_are_open(
     assert "token: <token>" in banner and "Bearer <token>" in banner, banner
     assert f"web dashboard: {node.url}/  (log in" in banner, banner
     assert "Bearer dev" not in banner and "token: dev" not in banner, banner
+
+
+# ------------------------------------------------------------------ one node per directory
+
+STOP_BOUND_S = 10  # a chronolog process stops this soon after SIGTERM, whatever its clients do
+
+
+def postmaster_pid(data_dir: Path) -> int:
+    return int((data_dir / "postgres" / "postmaster.pid").read_text().splitlines()[0])
+
+
+def create_schedules(url: str, n: int) -> list[str]:
+    ids = [f"s{i}" for i in range(n)]
+    for sid in ids:
+        r = httpx.post(f"{url}/v1/schedules", headers=AUTH, timeout=10, json={
+            "scheduleId": sid, "cron": "0 9 * * *", "job": {"type": "echo"}})
+        assert r.status_code == 201, r.text
+    return ids
+
+
+def listed(url: str) -> list[str]:
+    body = httpx.get(f"{url}/v1/schedules", headers=AUTH, params={"limit": 100},
+                     timeout=5).json()
+    return sorted(s["scheduleId"] for s in body["items"])
+
+
+@pytest.mark.long(35)
+def test_a_second_node_on_a_data_directory_in_use_is_refused_and_the_first_keeps_serving(
+    data_dir: Path, tmp_path: Path,
+) -> None:
+    from chronolog.embedded_postgres import pid_alive
+
+    node = Node(data_dir, free_port(), tmp_path / "first.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        ids = create_schedules(node.url, 14)
+        wait_for(lambda: listed(node.url) == sorted(ids), 30, "every schedule listed")
+        node_file = (data_dir / "node.json").read_bytes()
+        pg = postmaster_pid(data_dir)
+        other = free_port()
+        second = subprocess.run(
+            [CHRONOLOG, "dev", "--quiet", "--data-dir", str(data_dir), "--port", str(other),
+             "--partitions", "4", "--no-demo"],
+            capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.splitlines() == [
+            f"the data directory {data_dir} is in use by the node with PID {node.proc.pid} at "
+            f"{node.url} (stop it first, or use --data-dir elsewhere)"]
+        assert node.healthy()
+        assert (data_dir / "node.json").read_bytes() == node_file
+        assert not (data_dir / "dev.log").exists()
+        assert postmaster_pid(data_dir) == pg and pid_alive(pg)
+        assert listed(node.url) == sorted(ids)
+        with pytest.raises(httpx.ConnectError):  # it never served
+            httpx.get(f"http://127.0.0.1:{other}/healthz", timeout=2)
+    finally:
+        assert node.stop() == 0, (tmp_path / "first.log").read_text()[-2000:]
+    assert not pid_alive(pg)
+
+
+@pytest.mark.long(40)
+def test_a_node_killed_with_sigkill_leaves_no_postgresql_and_the_next_start_takes_over(
+    data_dir: Path, tmp_path: Path,
+) -> None:
+    from chronolog.embedded_postgres import pid_alive
+
+    port = free_port()
+    node = Node(data_dir, port, tmp_path / "killed.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        ids = create_schedules(node.url, 3)
+        wait_for(lambda: listed(node.url) == ids, 30, "every schedule listed")
+        orphan = postmaster_pid(data_dir)
+    finally:
+        node.proc.kill()  # SIGKILL: no clean stop, its PostgreSQL is left to the watchdog
+        node.proc.wait()
+    # started at once, while the watchdog may still hold the directory
+    later = Node(data_dir, port, tmp_path / "later.log")
+    try:
+        wait_for(later.healthy, 90, "a healthy API on the same directory")
+        assert not pid_alive(orphan), "the killed node's PostgreSQL is still running"
+        fresh = postmaster_pid(data_dir)
+        assert fresh != orphan and pid_alive(fresh)
+        wait_for(lambda: listed(later.url) == ids, 30, "the schedules created before")
+    finally:
+        assert later.stop() == 0, (tmp_path / "later.log").read_text()[-2000:]
+    assert not pid_alive(fresh)
+
+
+def test_without_a_next_start_the_watchdog_stops_the_postgresql_of_a_killed_node(
+    data_dir: Path, tmp_path: Path,
+) -> None:
+    from chronolog.embedded_postgres import pid_alive
+
+    node = Node(data_dir, free_port(), tmp_path / "killed.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        orphan = postmaster_pid(data_dir)
+    finally:
+        node.proc.kill()
+        node.proc.wait()
+    wait_for(lambda: not pid_alive(orphan), 40, "the killed node's PostgreSQL stopped")
+
+
+def test_a_request_left_open_does_not_hold_up_a_stop(data_dir: Path, tmp_path: Path) -> None:
+    import socket
+    import time
+
+    node = Node(data_dir, free_port(), tmp_path / "dev.log")
+    try:
+        wait_for(node.healthy, 60, "a healthy API")
+        with socket.create_connection(("127.0.0.1", node.port), timeout=5) as sock:
+            # a request whose body never comes: the server waits on it
+            sock.sendall(b"POST /v1/schedules HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer dev"
+                         b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            wait_for(node.healthy, 10, "the API serving beside the open request")
+            node.proc.send_signal(signal.SIGINT)
+            began = time.monotonic()
+            status = node.proc.wait(STOP_BOUND_S + 20)
+            took = time.monotonic() - began
+    finally:
+        node.stop()
+    assert status == 0, (tmp_path / "dev.log").read_text()[-2000:]
+    assert took <= STOP_BOUND_S, f"stopped after {took:.1f}s"
