@@ -9,10 +9,16 @@ A part that fails is restarted with bounded exponential backoff (``chronolog.dev
 and the node says so on stderr, in its log and in the live view; the other parts go on.
 Once the API serves, the node records its address and token in ``DATA_DIR/node.json``
 (``chronolog.devnode.nodefile``) for the CLI to find; a clean stop removes it.
-SIGTERM / Ctrl-C stops it in order — API, workers (drain), effects, processor (finishing its
-open transaction), projector — then closes the log and stops the embedded PostgreSQL. A
-restart on the same data directory restores every schedule from the log and applies each
-schedule's misfire policy to the downtime.
+SIGTERM / Ctrl-C stops it in order — API (open requests get ``API_GRACE_S``, then are
+cancelled), workers (drain), effects, processor (finishing its open transaction), projector —
+then closes the log and stops the embedded PostgreSQL. A restart on the same data directory
+restores every schedule from the log and applies each schedule's misfire policy to the
+downtime.
+
+The caller holds the data directory (``chronolog.devnode.lock``: one node per directory)
+before ``run_dev`` touches it, and hands the open lock file down to the embedded
+PostgreSQL's watchdog (``chronolog.devnode.watchdog``), started before the server: a node
+killed with ``-9`` leaves no server running for long.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ while the node is not stopping — the part is restarted after a delay that star
 restart is logged (``part_restarting``; the first failure of a part with a given error type
 and message also with its traceback, ``part_failed``), printed on stderr, counted
 (``restarts``) and kept in ``notices`` for a live view. ``stop(order)`` stops the parts
-one after the other, each bounded, without restarting them.
+one after the other, each bounded, without restarting them, and logs how long each took
+(``part_stopped``; ``part_stop_forced`` when one had to be cancelled).
 """
 
 from __future__ import annotations
