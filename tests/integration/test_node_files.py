@@ -123,7 +123,7 @@ async def test_a_dev_node_keeps_other_local_users_out_of_its_files_and_database(
         assert dir_mode_ok(ddir)
         cluster = ddir / "postgres"
         private = [ddir / "log.db", ddir / "log.db-wal", ddir / "log.db-shm",
-                   ddir / "node.json", cluster / PASSWORD_FILE]
+                   ddir / "node.json", ddir / "node.lock", cluster / PASSWORD_FILE]
         for path in private:
             assert mode(path) == 0o600, (path, oct(mode(path)))
         assert mode(cluster) == 0o700
