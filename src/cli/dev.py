@@ -80,6 +80,8 @@ def _run(args: Any) -> int:
         lock = acquire_node_lock(ddir, api_url(args.host, args.port))
     except DataDirInUse as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:  # not a directory, not ours to write in
+        raise UsageError(f"invalid --data-dir '{ddir}': {exc.strerror or exc}") from None
     try:
         return _run_locked(args, ddir, partitions, tenants, tenants_path, retention, archive,
                            prune_every, audit_every, lock.fd)

@@ -128,3 +128,17 @@ def test_any_lock_file_content_reads_as_a_holder_or_none(content: bytes) -> None
         fh.flush()
         holder = read_holder(fh.fileno())
     assert holder is None or (holder.pid > 0 and isinstance(holder.url, str))
+
+
+def test_a_data_dir_that_cannot_be_a_directory_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from chronolog.cli.main import main
+
+    taken = tmp_path / "a-file"
+    taken.write_text("not a directory\n")
+    status = main(["dev", "--quiet", "--data-dir", str(taken), "--port", "9"])
+    assert status == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"invalid --data-dir '{taken}': File exists"]
+    assert taken.read_text() == "not a directory\n"
