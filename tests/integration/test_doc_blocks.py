@@ -18,7 +18,8 @@ Conventions, read from the docs themselves:
   the background, in a process group of their own, and the rest of the block runs once
   they are ready: a node when its ``node.json`` names it and ``/healthz`` answers (a node
   line where this directory's node serves already is that node: the doc's terminals share
-  it), a worker when a new live worker shows in ``GET /v1/workers``. They are stopped with
+  it), a worker when a new live worker shows in ``GET /v1/workers`` (the node's own
+  worker is live before any block runs). They are stopped with
   SIGTERM, by process group, at the end of their block, and must exit 0. A background
   command ends the bash script of the lines before it: shell variables do not outlive it;
 * a ``python`` block whose first line is ``# NAME.py`` is a file the doc asks the reader to
@@ -77,7 +78,7 @@ class Reader:
         self.logs = work.parent / "logs"
         self.logs.mkdir(exist_ok=True)
         self.count = 0
-        self.node: subprocess.Popen[bytes] | None = None
+        self.assigned: dict[str, set[str]] = {}  # doc -> the shell variables it sets
 
     # --- the node and the workers
 
@@ -120,6 +121,7 @@ class Reader:
         assert block.not_run is None, block
         if block.kind == "python":
             return self._python(block)
+        self._check_variables(block)
         out: list[str] = []
         script: list[str] = []
         started: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -142,6 +144,20 @@ class Reader:
                 code = _stop(proc)
                 assert code == 0, f"{block!r}: {what!r} exited {code} on SIGTERM"
         return "".join(out)
+
+    def _check_variables(self, block: Block) -> None:
+        """Each variable a block uses is one its doc sets before (``NAME=``, ``for NAME
+        in``): the runner's environment (``API``) stands in only for a value the doc lets
+        a reader override, never for one it forgets to set."""
+        assigned = self.assigned.setdefault(block.doc, set())
+        for command in _commands(block.text):
+            code = re.sub(r"'[^']*'", "''", command)  # no expansion inside single quotes
+            code = re.sub(r"\s#[^\n]*", "", code)
+            used = set(re.findall(r"\$\{?([A-Za-z_]\w*)", code)) - assigned - {"PATH", "HOME"}
+            assigned |= set(re.findall(r"(?:^|[\s;(])([A-Za-z_]\w*)=", code))
+            assigned |= set(re.findall(r"\bfor (\w+) in\b", code))
+            used -= assigned  # ${API:-...} in its own assignment
+            assert not used, f"{block!r} uses ${sorted(used)[0]}, which its doc never sets"
 
     def _bash(self, block: Block, script: list[str]) -> str:
         if not script:
@@ -240,6 +256,8 @@ def reader(module_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     (two,) = [b for b in doc_blocks(ROOT, "README.md") if b.heading == "Two commands"]
     (line,) = [ln for ln in two.text.splitlines() if ln.startswith("make run")]
     node = r.background(["bash", "-c", line], line)
+    # its own worker live first, so that a worker a block starts is the one seen coming
+    wait_until_sync(r.live_workers, TIMEOUT, what="the node's own worker live", interval=0.2)
     yield r
     code = _stop(node)
     assert not (work / ".chronolog" / "node.json").exists(), (
