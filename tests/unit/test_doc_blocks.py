@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from support.docs import all_doc_blocks
+from support.docs import Block, all_doc_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,15 +65,44 @@ def _test_exists(node_id: str) -> bool:
                and name.startswith("test_") for n in tree.body)
 
 
+def unclaimed(blocks: list[Block], runner_docs: tuple[str, ...] = RUNNER_DOCS,
+              named: dict[tuple[str, str, int], str] = NAMED) -> str:
+    """What no test runs and no declaration explains: one line per block (doc, line, first
+    command), empty when every block is claimed."""
+    left = [b for b in blocks if b.doc not in runner_docs and b.key not in named
+            and b.not_run is None]
+    return "".join(f"{b!r}\n" for b in left)
+
+
 def test_every_runnable_block_of_the_docs_is_run_or_says_why_not() -> None:
     blocks = all_doc_blocks(ROOT)
     assert len(blocks) >= 25  # README.md and docs/*.md are read
-    unclaimed = [b for b in blocks if b.doc not in RUNNER_DOCS and b.key not in NAMED
-                 and b.not_run is None]
-    assert unclaimed == [], (
+    assert unclaimed(blocks) == "", (
         "blocks no test runs: run them (tests/integration/test_doc_blocks.py), name the test "
         "that does in NAMED here, or say why not before the block (<!-- not run: REASON -->):"
-        "\n" + "\n".join(map(repr, unclaimed)))
+        "\n" + unclaimed(blocks))
+
+
+def test_a_new_block_nothing_claims_is_named_with_its_line_and_first_command(
+        tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# x\n\n```sh\nmake run\n```\n")
+    (tmp_path / "docs" / "ops.md").write_text(
+        "# Ops\n\n## Backups\n\n<!-- not run: the paths of a real deployment -->\n\n"
+        "```sh\nchronolog backup /backups/x\n```\n\n```text\noutput\n```\n\n"
+        "<!-- not run: `make test`: the whole suite -->\n```sh\nmake test\nmake lint\n```\n\n"
+        "### Restore\n\n```python\n# a comment\nimport os\n```\n")
+    blocks = all_doc_blocks(tmp_path)
+    assert [(b.doc, b.heading, b.index, b.line, b.kind) for b in blocks] == [
+        ("README.md", "x", 0, 3, "sh"), ("docs/ops.md", "Backups", 0, 7, "sh"),
+        ("docs/ops.md", "Backups", 1, 16, "sh"), ("docs/ops.md", "Restore", 0, 23, "python")]
+    assert blocks[1].not_run == "the paths of a real deployment"
+    assert (blocks[2].not_run, blocks[2].exempt_prefix) == (None, "make test")
+    assert unclaimed(blocks, ("README.md",), {}) == (
+        "docs/ops.md:16 ('Backups' #1): make test\n"
+        "docs/ops.md:23 ('Restore' #0): import os\n")
+    assert unclaimed(blocks, ("README.md",), {("docs/ops.md", "Backups", 1): "t",
+                                              ("docs/ops.md", "Restore", 0): "t"}) == ""
 
 
 def test_each_named_test_exists_and_its_block_too() -> None:
