@@ -26,6 +26,8 @@ Conventions, read from the docs themselves:
   write: it is written there (and run, to show it imports); a ``python`` block that says
   ``until SIGTERM`` is a process that runs until stopped: a worker, started and stopped as
   above; any other ``python`` block runs with the venv's Python and must exit 0;
+* benchmark commands (README.md "Performance", docs/performance.md) run with their sizes
+  made small, every other flag as shown;
 * a block declared ``<!-- not run: REASON -->`` is not run; with ``<!-- not run:
   `CMD`: REASON -->`` only its lines starting with CMD are not.
 """
@@ -275,14 +277,34 @@ def test_the_readmes_blocks_run(reader: Reader) -> None:
     # "Performance" is the full-size benchmark: tests/unit/test_bench_docs.py checks it,
     # and it runs small here
     reader.run(blocks[0])
-    words = shlex.split(blocks[1].text, comments=True)
+    # Celery (--compare) needs a broker of its own
+    reader.run(_small(blocks[1], "bench/burst.py", {"--n": "200", "--runs": "1",
+                                                    "--compare": None}))
+
+
+def _small(block: Block, script: str, sizes: dict[str, str | None], nth: int = 0) -> Block:
+    """The ``nth`` line of ``block`` running ``script`` on the SQLite log, with the sizes
+    made small (``None``: the flag left out); every other flag as the doc gives it."""
+    lines = [ln for ln in block.text.splitlines()
+             if f" {script} " in ln and "--log kafka" not in ln]
+    words = shlex.split(lines[nth], comments=True)
+    assert words[:2] == [".venv/bin/python", script], words
     flags = dict(zip(words[2::2], words[3::2], strict=True))
-    assert words[:2] == [".venv/bin/python", "bench/burst.py"] and flags["--log"] == "sqlite"
-    flags.update({"--n": "200", "--runs": "1"})
-    flags.pop("--compare")  # Celery needs a broker of its own
-    small = Block("README.md", "Performance", 0, blocks[1].line, "sh",
-                  shlex.join(words[:2] + [w for kv in flags.items() for w in kv]) + "\n", None)
-    reader.run(small)
+    assert flags.get("--log", "sqlite") == "sqlite" and set(sizes) <= set(flags), (flags, sizes)
+    flags.update(sizes)
+    text = shlex.join(words[:2] + [w for k, v in flags.items() if v is not None for w in (k, v)])
+    return Block(block.doc, block.heading, block.index, block.line, "sh", text + "\n", None)
+
+
+def test_the_performance_guides_audit_and_failover_commands_run_small(reader: Reader) -> None:
+    """docs/performance.md's SQLite commands of bench/audit.py and bench/failover.py, their
+    sizes made small (the full sizes take hours; tests/unit/test_bench_docs.py checks every
+    flag of every benchmark command against its script)."""
+    blocks = {b.heading: b for b in all_doc_blocks(ROOT) if b.doc == "docs/performance.md"}
+    reader.run(_small(blocks["The audit"], "bench/audit.py",
+                      {"--schedules": "10", "--events": "1000", "--runs": "1"}))
+    reader.run(_small(blocks["The burst"], "bench/failover.py",
+                      {"--schedules": "100", "--events": "1000", "--runs": "1"}))
 
 
 def test_the_tours_blocks_run_in_order(reader: Reader) -> None:

@@ -4,8 +4,9 @@ those scripts have (README.md "Performance", docs/performance.md, docs/deploymen
 The full-size runs take minutes to hours and load the machine: their figures come from
 running them by hand. Each command line is taken apart as the shell would — environment
 assignments, ``scripts/with_services.py FLAGS -- CMD``, ``make chaos ARGS="..."`` — and each
-script's options are checked against its own ``--help``. The README's burst command also
-runs small (tests/integration/test_doc_blocks.py).
+script's options are checked against its own ``--help``. The README's burst command and the
+SQLite commands of bench/audit.py and bench/failover.py also run, their sizes made small
+(tests/integration/test_doc_blocks.py).
 """
 
 from __future__ import annotations
