@@ -38,10 +38,17 @@ def add_api_flags(p: argparse.ArgumentParser) -> None:
 
 
 def log_from_args(args: Any) -> Any:
+    """The log the flags name, not started. A ``sqlite:///path`` whose directory does not
+    exist is a mistyped path, refused (exit status 2), not a new empty log in new
+    directories; only a data directory's own log (``--data-dir``) is created with it."""
     try:
         cfg = parse_log_url(args.log, args.data_dir, args.partitions, args.topic_prefix)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    url = args.log or os.environ.get("CHRONOLOG_LOG")
+    if cfg.kind == "sqlite" and url and not Path(cfg.target).parent.is_dir():
+        raise UsageError(f"invalid --log '{url}': no directory {Path(cfg.target).parent} "
+                         "(a SQLite log is a file in an existing directory)")
     return open_log(cfg)
 
 

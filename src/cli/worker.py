@@ -125,6 +125,7 @@ def _run_worker(args: Any) -> int:
     if bad:
         raise UsageError(f"--classes: a resource class may not start with 'pool-': '{bad[0]}'")
     credential = pool_credential(args.pool, args.credential_file)
+    _warn_if_no_log(args)
     log_ = log_from_args(args)
     worker = Worker(log_, worker_id=args.worker_id, resource_classes=classes,
                     pool=args.pool, credential=credential,
@@ -140,6 +141,22 @@ def _run_worker(args: Any) -> int:
         raise UsageError("no jobs registered: pass --builtin-jobs or --jobs MODULE_OR_FILE")
 
     return asyncio.run(_serve_worker(log_, worker, ready_file(args.ready_file)))
+
+
+def _warn_if_no_log(args: Any) -> None:
+    """A SQLite log file that is not there yet: no error (its node may start after this
+    worker), but said on stderr, so a mistyped path is not a silent new, empty log."""
+    from chronolog.settings import ConfigError, parse_log_url
+
+    try:
+        cfg = parse_log_url(args.log, args.data_dir, args.partitions, args.topic_prefix)
+    except ConfigError:
+        return  # log_from_args says what is wrong
+    if cfg.kind == "sqlite" and Path(cfg.target).parent.is_dir() and \
+            not Path(cfg.target).exists():
+        print(f"warning: no log at {cfg.target} yet: this worker starts a new, empty log "
+              "there and waits for runs; is it the log its node or processor writes?",
+              file=sys.stderr, flush=True)
 
 
 CREDENTIAL_ENV = "CHRONOLOG_WORKER_CREDENTIAL"

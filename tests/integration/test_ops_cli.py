@@ -614,7 +614,7 @@ async def test_the_tours_revise_commands_do_what_it_says(tmp_path: Path, dsn: st
         assert d["end"] == "2031-01-01T00:00:00Z"
 
         curl = sh_block(tour, section, after=1)
-        assert "-X PATCH $API/v1/schedules/digest" in curl
+        assert '-X PATCH "$API/v1/schedules/digest"' in curl
         found = [re.search(pattern, curl) for pattern in
                  (r"If-Match: (\d+)'", r"Content-Type: ([^']+)'", r"-d '([^']+)'")]
         assert all(found), curl

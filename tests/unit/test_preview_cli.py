@@ -247,8 +247,9 @@ def test_a_bad_dst_choice_exits_2_with_one_line_naming_the_flag() -> None:
 
 def test_the_tours_preview_commands_run_and_the_second_prints_what_the_tour_shows() -> None:
     section = "### Daylight saving, stated"
-    commands = sh_commands(ROOT / "docs" / "tour.md", section)
-    assert len(commands) == 3 and all(cmd[:2] == ["chronolog", "preview"] for cmd in commands)
+    commands = sh_commands(ROOT / "docs" / "tour.md", section, prefix=".venv/bin/chronolog ")
+    assert len(commands) == 3 and all(cmd[:2] == [".venv/bin/chronolog", "preview"]
+                                      for cmd in commands)
     spring, autumn, both = (preview(*cmd[2:]) for cmd in commands)
     assert (spring.returncode, autumn.returncode, both.returncode) == (0, 0, 0)
     assert f"shifted: {SHIFTED}" in spring.stdout.splitlines()
