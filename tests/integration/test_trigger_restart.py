@@ -28,6 +28,7 @@ from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     Services,
     _env,
     dsn,
+    start_stack,
 )
 
 pytestmark = pytest.mark.postgres
@@ -68,11 +69,7 @@ async def test_a_repeated_trigger_answers_succeeded_after_a_restart_forgot_the_r
     url = f"http://127.0.0.1:{port}"
     env = _env()
     services = Services(tmp_path, env)
-    services.start("processor", ["processor", *log_args])
-    services.start("projector", ["projector", *log_args, "--database-url", dsn])
-    services.start("worker", ["worker", *log_args, "--builtin-jobs",
-                              "--results", str(tmp_path / "results")])
-    services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
+    start_stack(services, log_args, dsn, tmp_path, api_port=port)
     try:
         direct = Cli([*log_args, "--database-url", dsn], env, services)
         over_http = Cli(["--url", url, "--token", "dev"], env, services)
