@@ -93,7 +93,9 @@ class RevisedOut(CamelModel):
 
 class RunCreated(CamelModel):
     run_id: str
-    state: str
+    state: str | None = Field(description=(
+        "the run's state; null only for a run that finished before this deployment "
+        "recorded how (GET /v1/runs/{runId} tells)"))
 
 
 class RunWritten(CamelModel):

@@ -97,7 +97,8 @@ def state_changed(action: str, result: dict[str, Any]) -> None:
 
 
 def triggered(schedule_id: str, result: dict[str, Any]) -> None:
-    print(f"triggered run {result['runId']} of {schedule_id}: {result['state']}")
+    state = result["state"] or f"finished (chronolog run {result['runId']} tells how)"
+    print(f"triggered run {result['runId']} of {schedule_id}: {state}")
 
 
 def run_written(command: str, run_id: str, result: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan
 from chronolog.commands.state import (
     DEAD_KEPT,
     MANUAL_KEYS_KEPT,
+    Manual,
     Policy,
     QuotaWait,
     Run,
@@ -921,12 +922,10 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: s
     digest = params_digest(p.params)
     known = (state.manual or {}).get(p.request_key)
     if known is not None:
-        run_id, old_digest = known
-        if old_digest != digest:
+        if known.digest != digest:
             return _reject("conflict", "request key reused with other params", "Idempotency-Key",
-                           run_id=run_id)
-        run = state.run(run_id)
-        return Decision(body={"run_id": run_id, "state": run.state if run else "SKIPPED"})
+                           run_id=known.run_id)
+        return Decision(body=_manual_answer(state, known))
     pol = state.policy
     assert pol is not None
     job = pol.job
@@ -937,9 +936,36 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: s
     d = _draft(state)
     _admit(d, run_id, now, job, "manual", p.request_key, None, now, advances=False,
            request_digest=digest)
-    run = d.state.run(run_id)
-    return Decision(events=d.events, body={"run_id": run_id,
-                                           "state": run.state if run else "SKIPPED"})
+    return Decision(events=d.events,
+                    body=_manual_answer(d.state, (d.state.manual or {})[p.request_key]))
+
+
+def _manual_answer(state: ScheduleState, known: Manual) -> dict[str, Any]:
+    """A manual trigger's answer: its run and the run's state — held, or recorded when the
+    run left the state (None: finished before a version-1 snapshot, which did not record
+    how; the run's read-model document tells)."""
+    run = state.run(known.run_id)
+    return {"run_id": known.run_id, "state": run.state if run is not None else known.final}
+
+
+_ENDINGS: dict[type, str] = {m.ResultPublished: "SUCCEEDED", m.OccurrenceCancelled: "CANCELLED",
+                             m.OccurrenceDeadLettered: "DEAD", m.OccurrenceSkipped: "SKIPPED"}
+
+
+def _state_after(d: ScheduleDraft, run_id: str) -> str:
+    """The run's state after the draft's events: held, or the one the event that ended it
+    gave (a run can leave the state in the event that ends it: the DEAD ones kept are
+    bounded)."""
+    live = d.state.run(run_id)
+    if live is not None:
+        return live.state
+    for e in reversed(d.events):
+        if getattr(e, "run_id", None) == run_id:
+            if isinstance(e, m.ReconciliationResolved) and e.decision == "delivered":
+                return "SUCCEEDED"
+            if type(e) in _ENDINGS:
+                return _ENDINGS[type(e)]
+    raise AssertionError(f"run {run_id} left the state without an ending event")
 
 
 def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime,
@@ -1022,9 +1048,8 @@ def _resolve(
         assert run.effects is not None
         _st, attempt, intent = run.effects[target]
         d.emit(intent.model_copy(update={"attempt": attempt + 1}))
-    live = d.state.run(run.run_id)
     return Decision(events=d.events, body={"run_id": run.run_id,
-                                           "state": live.state if live else "UNKNOWN"})
+                                           "state": _state_after(d, run.run_id)})
 
 
 # ---------------------------------------------------------------------------------------
@@ -1230,9 +1255,8 @@ def _fail(state: ScheduleState, p: m.FailRun, now: datetime,
     _after_run_left_guard(d, now)
     live = d.state.run(run.run_id)
     if live is None:  # retired at once (a bounded number of terminal runs is kept)
-        ended = "CANCELLED" if any(isinstance(e, m.OccurrenceCancelled) and e.run_id == run.run_id
-                                   for e in d.events) else "DEAD"
-        return Decision(events=d.events, body={"run_id": run.run_id, "state": ended,
+        return Decision(events=d.events, body={"run_id": run.run_id,
+                                               "state": _state_after(d, run.run_id),
                                                "attempt": run.attempt, "retry_at": None})
     return Decision(events=d.events, body={"run_id": run.run_id, "state": live.state,
                                            "attempt": live.attempt,
@@ -1497,9 +1521,10 @@ def _evolve_materialized(state: ScheduleState, e: m.OccurrenceMaterialized) -> N
         _remember_manual(state, e.request_key, e.request_digest or "", e.run_id)
 
 
-def _remember_manual(state: ScheduleState, key: str, digest: str, run_id: str) -> None:
+def _remember_manual(state: ScheduleState, key: str, digest: str, run_id: str,
+                     final: str | None = None) -> None:
     manual = state.own_manual()
-    manual[key] = (run_id, digest)
+    manual[key] = Manual(run_id, digest, final)
     if len(manual) > MANUAL_KEYS_KEPT:
         del manual[next(iter(manual))]
 
@@ -1511,8 +1536,8 @@ def _evolve_skipped(state: ScheduleState, e: m.OccurrenceSkipped) -> None:
         _unpend(state, e.run_id)
         _retire(state, run)
         return
-    if e.request_key is not None:
-        _remember_manual(state, e.request_key, e.request_digest or "", e.run_id)
+    if e.request_key is not None:  # skipped before it was held: final at once
+        _remember_manual(state, e.request_key, e.request_digest or "", e.run_id, "SKIPPED")
     if e.advances_schedule:
         state.last_scheduled_at = e.through or e.scheduled_at
         state.next_run_at = e.next_run_at
@@ -1558,7 +1583,8 @@ def _set_effect(state: ScheduleState, run_id: str, effect_id: str, value: str) -
 def _retire(state: ScheduleState, run: Run) -> None:
     """Bound the finished runs kept: the newest one (``state.done``), and the DEAD ones.
 
-    Finished runs with open effects stay in ``runs`` until their effects are settled.
+    Finished runs with open effects stay in ``runs`` until their effects are settled. A
+    manual run that leaves the state leaves its final state with its request key.
     """
     runs = state.runs
     if runs is None:
@@ -1566,15 +1592,33 @@ def _retire(state: ScheduleState, run: Run) -> None:
     finished = [r for r in runs.values() if r.terminal and r.state != "DEAD"
                 and not _has_open_effects(r)]
     if finished:
+        # keep the run that just finished: the same decision may go on with it (its effects)
+        keep = run if any(r is run for r in finished) else finished[-1]
         for r in finished:
             del runs[r.run_id]
-        # keep the run that just finished: the same decision may go on with it (its effects)
-        state.done = run if any(r is run for r in finished) else finished[-1]
+            if r is not keep:
+                _forget(state, r)
+        if state.done is not None:
+            _forget(state, state.done)
+        state.done = keep
     dead = [r for r in runs.values() if r.state == "DEAD"]
     while len(dead) > DEAD_KEPT:
-        del runs[dead.pop(0).run_id]
+        gone = dead.pop(0)
+        del runs[gone.run_id]
+        _forget(state, gone)
     if not runs:
         state.runs = None
+
+
+def _forget(state: ScheduleState, run: Run) -> None:
+    """``run`` leaves the state: if a remembered manual trigger made it, its entry keeps the
+    run's final state (a repeated trigger answers it, ``_manual_answer``)."""
+    if run.trigger != "manual" or not state.manual:
+        return
+    key = next((k for k, v in state.manual.items() if v.run_id == run.run_id), None)
+    if key is not None:
+        manual = state.own_manual()
+        manual[key] = manual[key]._replace(final=run.state)
 
 
 def _has_open_effects(run: Run) -> bool:

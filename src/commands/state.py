@@ -306,6 +306,17 @@ class Run:
         ) + (("job", self.job.model_dump()),)
 
 
+class Manual(NamedTuple):
+    """A remembered manual trigger (``ScheduleState.manual``, keyed by its request key)."""
+
+    run_id: str
+    digest: str  # of the trigger's params: the same key with other params is a conflict
+    # the run's state when it left the schedule's state (its final one), or None while the
+    # run is held (``ScheduleState.run`` answers), or when unknown: a state restored from a
+    # snapshot of version 1, which did not record it, for a run already forgotten then
+    final: str | None = None
+
+
 class QuotaWait(NamedTuple):
     """A create that passed its checks and waits for the tenant quota's answer."""
 
@@ -390,7 +401,10 @@ class ScheduleState:
         # entry): it answers a duplicate hint or a repeated completion with its saved result
         self.done: Run | None = None
         self.pending: list[str] | None = None
-        self.manual: dict[str, tuple[str, str]] | None = None
+        # request key -> (run ID, params digest, final state): the last MANUAL_KEYS_KEPT
+        # manual triggers. The final state is set when the run leaves ``runs`` and ``done``
+        # (``Manual``): a repeated trigger answers it once the run itself is forgotten
+        self.manual: dict[str, Manual] | None = None
         # None: this state owns all its runs (a live state). A set: a copy-on-write draft
         # (see ``draft``) that owns only the runs named in it; the others are shared.
         self.owned: set[str] | None = None
@@ -494,7 +508,7 @@ class ScheduleState:
             owned.add(run_id)
         return run
 
-    def own_manual(self) -> dict[str, tuple[str, str]]:
+    def own_manual(self) -> dict[str, Manual]:
         """The manual-key map, safe to change in place (copied first in a draft)."""
         owned = self.owned
         if self.manual is None:

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from chronolog.commands.state import (
+    Manual,
     Policy,
     QuotaState,
     QuotaWait,
@@ -61,7 +62,7 @@ __all__ = [
     "upcast_state",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 _fromiso = datetime.fromisoformat
@@ -101,6 +102,27 @@ def upcast_state(kind: str, body: list[Any], version: int) -> list[Any]:
             raise StateDecodeError(f"no upcaster for {kind} states of version {version}")
         body = fn(body)
         version += 1
+    return body
+
+
+# Version 2: a manual key's entry gains the final state of its run, recorded when the run
+# leaves the state. Version 1 did not record it: an entry whose run is still held needs none
+# (the run answers, and records it when it leaves); one whose run was already forgotten
+# cannot know it — its final state is None, answered as unknown (``decider._manual_answer``),
+# never guessed. ``_MANUAL`` is the index of the manual keys in a schedule body.
+_MANUAL = 18
+
+
+@register_state_upcaster("schedule", 1)
+def _manual_final_state(body: list[Any]) -> list[Any]:
+    manual = body[_MANUAL]
+    if manual is not None:
+        body[_MANUAL] = [[*entry, None] for entry in manual]
+    return body
+
+
+@register_state_upcaster("quota", 1)
+def _quota_unchanged(body: list[Any]) -> list[Any]:
     return body
 
 
@@ -239,7 +261,7 @@ def encode_schedule(s: ScheduleState) -> bytes:
         None if s.runs is None else [_encode_run(r, job) for r in s.runs.values()],
         None if s.done is None else _encode_run(s.done, job),
         s.pending,
-        None if s.manual is None else [[k, v[0], v[1]] for k, v in s.manual.items()],
+        None if s.manual is None else [[k, *v] for k, v in s.manual.items()],
         quota_out,
     ], option=_OPTS)
 
@@ -282,7 +304,8 @@ def _decode_schedule(a: list[Any], shapes: Mapping[str, Policy]) -> ScheduleStat
     s.runs = None if runs is None else {r[0]: _decode_run(r, job) for r in runs}
     s.done = None if done is None else _decode_run(done, job)
     s.pending = pending
-    s.manual = None if manual is None else {k: (run_id, digest) for k, run_id, digest in manual}
+    s.manual = None if manual is None else {k: Manual(run_id, digest, final)
+                                            for k, run_id, digest, final in manual}
     s.owned = None
     if isinstance(quota, list):
         cid, request_key, spec, reply_to = quota

@@ -108,6 +108,10 @@ _HEADER = struct.Struct(">2sBHQ")
 _CRC = struct.Struct(">I")
 _PREFIX = _HEADER.size + _CRC.size
 _QUOTA_SUFFIX = "/" + QUOTA_ID
+# the state versions whose marker, spec shape, routing view and gone records this code reads:
+# their layouts are the same since version 1 (version 2 changed the schedule states alone,
+# which are upcast, ``upcast_state``)
+FRAME_VERSIONS = frozenset(range(1, STATE_VERSION + 1))
 
 
 class SnapshotRejected(Exception):
@@ -197,7 +201,7 @@ def decode_snapshot_steps(records: Iterable[Record],
     kind, version, fold_from, body = unframe(MARKER_KEY, raw_marker)
     if kind != KIND_MARKER:
         raise SnapshotRejected("the marker record is not a marker")
-    if version != STATE_VERSION:
+    if version not in FRAME_VERSIONS:
         raise SnapshotRejected(f"the marker is of state version {version}, "
                                f"this code reads {STATE_VERSION}")
     try:
@@ -219,7 +223,7 @@ def decode_snapshot_steps(records: Iterable[Record],
             raise SnapshotRejected(f"record {key!r} covers events up to {through}, past the "
                                    f"end of events ({events_end})")
         if kind == KIND_SPEC:
-            if version != STATE_VERSION:
+            if version not in FRAME_VERSIONS:
                 raise SnapshotRejected(f"spec {key!r} is of state version {version}")
             try:
                 shape_hash, shape = decode_shape(body)
@@ -227,7 +231,7 @@ def decode_snapshot_steps(records: Iterable[Record],
                 raise SnapshotRejected(f"spec {key!r}: {exc}") from exc
             shapes[shape_hash] = shape
         elif kind in (KIND_SCHEDULE, KIND_QUOTA, KIND_ROUTING, KIND_GONE):
-            if version != STATE_VERSION and kind in (KIND_ROUTING, KIND_GONE):
+            if version not in FRAME_VERSIONS and kind in (KIND_ROUTING, KIND_GONE):
                 raise SnapshotRejected(f"record {key!r} is of state version {version}")
             bodies.append((key.decode(), kind, version, through, body))
         else:

@@ -88,7 +88,7 @@ def state_rows(states: Iterable[ScheduleState], before: datetime) -> RowChanges:
               created_at=st.created_at, updated_at=stand_in, last_event_at=stand_in,
               **({"deleted_at": stand_in} if st.status == "DELETED" else {}),
               **({"completed_at": stand_in} if st.status == "COMPLETED" else {}))
-        keys = {run_id: key for key, (run_id, _) in (st.manual or {}).items()}
+        keys = {v.run_id: key for key, v in (st.manual or {}).items()}
         for run in _runs(st):
             _run_row(c, st, run, keys.get(run.run_id), stand_in)
     return c

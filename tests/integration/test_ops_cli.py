@@ -100,6 +100,19 @@ class Services:
         return codes
 
 
+def start_stack(services: Services, log_args: list[str], dsn: str,
+                tmp_path: Path, api_port: int | None = None) -> None:
+    """A processor, a projector and a worker with the built-in jobs (and an API on
+    ``api_port``) on the log of ``log_args``."""
+    services.start("processor", ["processor", *log_args])
+    services.start("projector", ["projector", *log_args, "--database-url", dsn])
+    services.start("worker", ["worker", *log_args, "--builtin-jobs",
+                              "--results", str(tmp_path / "results")])
+    if api_port is not None:
+        services.start("api", ["api", *log_args, "--database-url", dsn, "--port",
+                               str(api_port)])
+
+
 @dataclass
 class Result:
     rc: int
@@ -295,10 +308,7 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
                 "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."]
     env = _env()
     services = Services(tmp_path, env)
-    services.start("processor", ["processor", *log_args])
-    services.start("projector", ["projector", *log_args, "--database-url", dsn])
-    services.start("worker", ["worker", *log_args, "--builtin-jobs",
-                              "--results", str(tmp_path / "results")])
+    start_stack(services, log_args, dsn, tmp_path)
     try:
         cli = Cli([*log_args, "--database-url", dsn], env, services)
         await wait_until(lambda: (tmp_path / "log.db").exists(), 30, what="the log file")
@@ -322,11 +332,7 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
     url = f"http://127.0.0.1:{port}"
     env = _env(CHRONOLOG_TENANTS=str(tenants))
     services = Services(tmp_path, env)
-    services.start("processor", ["processor", *log_args])
-    services.start("projector", ["projector", *log_args, "--database-url", dsn])
-    services.start("worker", ["worker", *log_args, "--builtin-jobs",
-                              "--results", str(tmp_path / "results")])
-    services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
+    start_stack(services, log_args, dsn, tmp_path, api_port=port)
     try:
         api = Cli(["--url", url, "--token", "acme-token"], env, services)
         direct = Cli([*log_args, "--database-url", dsn], env, services)

@@ -3,7 +3,8 @@ partitions' states to the ``state`` topic; a new owner restores from it plus the
 ``events`` and holds exactly what a fold of ``events`` from offset 0 gives — also after
 the snapshot was damaged, is of another state version, was attempted by a fenced zombie,
 or its writer was killed with kill -9 in the middle of writing it; and the audit of the log
-still passes."""
+still passes. A manual trigger repeated after such a takeover answers its run's final
+state, the run long gone from the state (docs/design.md §3)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,35 @@ async def test_a_takeover_starts_from_the_snapshot_and_holds_the_fold_from_zero(
     assert states_off == expected
     assert not any(t.from_snapshot for t in takeovers_off.values())
     assert sum(t.tail_events for t in takeovers_off.values()) == total
+
+
+async def test_a_repeated_trigger_after_a_takeover_from_the_snapshot_answers_its_final_state(
+    event_log: Any,
+) -> None:
+    spec = {"at": "2999-01-01T00:00:00Z", "job": {"type": "noop", "params": {}},
+            "overlap": "allow"}
+    async with Running(event_log, "p1") as r:
+        await r.client.create_schedule("open", "m1", spec)
+
+        async def succeeded(key: str) -> str:
+            run_id: str = (await r.client.trigger("open", "m1", key))["run_id"]
+            fence = (await r.client.claim("open", "m1", run_id, 1, "w1"))["fence"]
+            await r.client.complete("open", "m1", run_id, 1, fence, "w1", "sha256:aa", 1)
+            return run_id
+
+        paid = await succeeded("pay-run")
+        await succeeded("later-run")  # the newest finished run: "pay-run" left the state
+        [home] = [p for p, ps in r.proc.partitions.items() if "open/m1" in ps.states]
+        snap = r.proc.partitions[home].snap
+        assert snap is not None
+        want = snap.stats.rounds + 1  # a round since, and every change written
+        await wait_until(lambda: snap.stats.rounds >= want and not snap.dirty
+                         and snap.round is None, 60, what="the states in a snapshot")
+    async with Running(event_log, "p2") as again:
+        [takeover] = [t for t in again.proc.takeovers if t.partition == home]
+        assert takeover.from_snapshot
+        answer = await again.client.trigger("open", "m1", "pay-run")
+    assert answer == {"run_id": paid, "state": "SUCCEEDED"}
 
 
 async def _event_counts(lg: Any) -> list[int]:

@@ -1,4 +1,5 @@
-"""A completion or failure whose run is retired at once (bounded terminal runs) still answers.
+"""A completion, failure or resolution whose run is retired at once (bounded terminal runs)
+still answers, with the state the event that ended the run gave.
 
 The decider keeps only a few terminal runs per schedule, oldest-materialized first out. When
 the run being completed is the oldest of more than that many terminal runs, folding its own
@@ -12,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from chronolog.commands.decider import decide, evolve
-from chronolog.commands.state import RECENT_TERMINAL_KEPT, initial_state
+from chronolog.commands.state import DEAD_KEPT, RECENT_TERMINAL_KEPT, initial_state
 from chronolog.domain import messages as m
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -60,3 +61,18 @@ def test_failing_a_cancel_requested_run_that_is_the_oldest_of_many_terminal_runs
     dec = _do(st, m.FailRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
                             error_class="transient", message="cancelled"), 400)
     assert dec.status == "ok" and dec.body["state"] == "CANCELLED"
+
+
+def test_abandoning_a_reconciliation_whose_run_is_retired_at_once_answers_dead() -> None:
+    st, runs = _claimed_runs(DEAD_KEPT + 1)
+    (run_id, fence), *others = runs
+    _do(st, m.FailRun(run_id=run_id, attempt=1, fence=fence, worker_id="w",
+                      error_class="ambiguous", message="unknown"), 300)
+    for i, (other, other_fence) in enumerate(others):  # as many DEAD runs as are kept
+        _do(st, m.FailRun(run_id=other, attempt=1, fence=other_fence, worker_id="w",
+                          error_class="permanent", message="no"), 301 + i)
+    dec = _do(st, m.ResolveReconciliation(run_id=run_id, decision="abandon"), 400)
+    assert st.run(run_id) is None  # the oldest of the DEAD ones: retired by its own end
+    assert dec.status == "ok" and dec.body == {"run_id": run_id, "state": "DEAD"}
+    again = _do(st, m.TriggerRun(request_key="k0"), 401)
+    assert again.body == {"run_id": run_id, "state": "DEAD"}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from chronolog.cli import render
 from chronolog.cli.main import build_parser, main
 from chronolog.cli.schedules import build_definition
 
@@ -362,3 +363,12 @@ def test_revise_help_says_it_changes_only_what_is_passed(
     assert "Change only what is passed" in text
     assert "--spec FILE instead REPLACES the whole definition" in text
     assert "it REPLACES the current one" in text
+
+
+def test_a_trigger_whose_runs_final_state_is_not_held_says_where_to_look(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    render.triggered("nightly", {"runId": "m_1", "state": None})
+    render.triggered("nightly", {"runId": "m_2", "state": "SUCCEEDED"})
+    assert capsys.readouterr().out.splitlines() == [
+        "triggered run m_1 of nightly: finished (chronolog run m_1 tells how)",
+        "triggered run m_2 of nightly: SUCCEEDED"]

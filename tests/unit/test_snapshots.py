@@ -31,7 +31,7 @@ from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
 from chronolog.log.port import Record
 from chronolog.processors import snapshots as sn
-from support.decider import Story
+from support.decider import T0, Story
 from support.states import partition_fields
 from unit.decider.test_invariants import SIDS, TENANT, DeciderMachine
 
@@ -290,12 +290,16 @@ TestRestoreWithKeysLeavingAndComingBack = MovingPartitionMachine.TestCase
 # --------------------------------------------------------------------------- rejections
 
 
-def written_partition(states: int = 3) -> tuple[list[Record], list[tuple[int, m.EventEnvelope]]]:
-    """A partition with a few schedules, a complete snapshot round and events after it."""
+def written_partition(states: int = 3, manual: bool = False,
+                      ) -> tuple[list[Record], list[tuple[int, m.EventEnvelope]]]:
+    """A partition with a few schedules (``manual``: each with a manual run), a complete
+    snapshot round and events after it."""
     machine = PartitionMachine()
     machine.writer.chunk = 1
     for i in range(states):
         s = Story(schedule_id=f"s{i}").create()
+        if manual:
+            s.given(m.TriggerRun(request_key=f"key-{i}"), T0)
         machine.states[f"s{i}"] = s.state
         machine._record(key_of(f"s{i}"), f"s{i}", s.history)
     while True:
@@ -356,15 +360,35 @@ def test_a_state_of_another_version_is_ignored_unless_upcast() -> None:
     stale = reframed(victim, version=sc.STATE_VERSION + 1)
     with pytest.raises(sn.SnapshotRejected, match="version"):
         sn.decode_snapshot([*records, stale], end_of(events))
-    older = reframed(victim, version=sc.STATE_VERSION - 1)
+    older = reframed(victim, version=0)
     with pytest.raises(sn.SnapshotRejected, match="no upcaster"):
         sn.decode_snapshot([*records, older], end_of(events))
-    sc.register_state_upcaster("schedule", sc.STATE_VERSION - 1)(lambda body: body)
+    sc.register_state_upcaster("schedule", 0)(lambda body: body)
     try:
         loaded = sn.decode_snapshot([*records, older], end_of(events))
         assert loaded is not None and key_of("s1") in loaded.states
     finally:
-        sc._UPCASTERS.pop(("schedule", sc.STATE_VERSION - 1), None)
+        sc._UPCASTERS.pop(("schedule", 0), None)
+
+
+def test_a_snapshot_written_by_version_1_is_restored_through_its_upcast() -> None:
+    records, events = written_partition(manual=True)
+
+    def version_1(r: Record) -> Record:
+        kind, _v, _t, body = sn.unframe(r.key or b"", r.value)
+        if kind == sn.KIND_SCHEDULE:  # its manual keys without their runs' final states
+            a = orjson.loads(body)
+            a[18] = [entry[:3] for entry in a[18]]
+            body = orjson.dumps(a)
+        return reframed(r, version=1, body=body)
+
+    old = [version_1(r) for r in records]
+    assert {sn.unframe(r.key or b"", r.value)[1] for r in old} == {1}
+    loaded = sn.decode_snapshot(old, end_of(events))
+    current = sn.decode_snapshot(records, end_of(events))
+    assert loaded is not None and current is not None
+    assert partition_fields(loaded.states, loaded.quotas) == partition_fields(current.states,
+                                                                              current.quotas)
 
 
 def test_a_marker_of_another_version_is_ignored() -> None:

@@ -179,9 +179,8 @@ def test_a_draft_is_not_encoded() -> None:
 def test_an_older_version_is_refused_unless_an_upcaster_is_registered() -> None:
     st = Story().create().state
     body = orjson.loads(sc.encode_schedule(st))
-    old = sc.STATE_VERSION - 1 if sc.STATE_VERSION > 1 else 0
     with pytest.raises(sc.StateDecodeError, match="no upcaster"):
-        sc.upcast_state("schedule", body, old)
+        sc.upcast_state("schedule", body, 0)
     with pytest.raises(sc.StateDecodeError, match="newer"):
         sc.upcast_state("schedule", body, sc.STATE_VERSION + 1)
     seen: list[int] = []
@@ -190,14 +189,15 @@ def test_an_older_version_is_refused_unless_an_upcaster_is_registered() -> None:
         seen.append(v)
         return b
 
+    registered = dict(sc._UPCASTERS)
     try:
-        for v in range(old, sc.STATE_VERSION):
+        for v in range(sc.STATE_VERSION):
             sc.register_state_upcaster("schedule", v)(lambda b, v=v: step(b, v))
-        assert sc.upcast_state("schedule", body, old) == body
-        assert seen == list(range(old, sc.STATE_VERSION))
+        assert sc.upcast_state("schedule", body, 0) == body
+        assert seen == list(range(sc.STATE_VERSION))
     finally:
-        for v in range(old, sc.STATE_VERSION):
-            sc._UPCASTERS.pop(("schedule", v), None)
+        sc._UPCASTERS.clear()
+        sc._UPCASTERS.update(registered)
 
 
 # The slots each state version encodes. A change to ScheduleState, Run or QuotaState must
@@ -218,6 +218,9 @@ LAYOUTS = {
         "QuotaState": ("slots", "tenant"),
     },
 }
+# version 2: the same slots; a manual key's entry (``state.Manual``) gained its run's final
+# state
+LAYOUTS[2] = LAYOUTS[1]
 
 
 def test_the_state_layout_is_the_one_of_its_version() -> None:
@@ -228,3 +231,34 @@ def test_the_state_layout_is_the_one_of_its_version() -> None:
     }
     expected = {k: tuple(sorted(v)) for k, v in LAYOUTS[sc.STATE_VERSION].items()}
     assert now == expected, "the states changed: bump STATE_VERSION (state_codec.py)"
+
+
+def test_a_version_1_state_is_upcast_and_a_forgotten_manual_runs_state_is_unknown() -> None:
+    s = Story().create()
+
+    def run(key: str, n: int, finish: bool = True) -> str:
+        run_id: str = s.given(m.TriggerRun(request_key=key), T0 + timedelta(seconds=n)
+                              ).body["run_id"]
+        if finish:
+            c = s.claim(run_id, T0 + timedelta(seconds=n))
+            s.given(complete(c), T0 + timedelta(seconds=n))
+        return run_id
+
+    paid, later, held = run("pay-run", 1), run("later-run", 2), run("held-run", 3, False)
+    body = orjson.loads(sc.encode_schedule(s.state))
+    body[18] = [entry[:3] for entry in body[18]]  # version 1: no final states
+    upcast = sc.decode_schedule(sc.upcast_state("schedule", body, 1), shapes_of(s.state))
+    assert [v.final for v in (upcast.manual or {}).values()] == [None, None, None]
+
+    def answer(key: str) -> Any:
+        return decide(upcast, envelope(m.TriggerRun(request_key=key)), T0).body
+
+    # forgotten before version 2 recorded it: unknown, never guessed; held ones answer
+    assert answer("pay-run") == {"run_id": paid, "state": None}
+    assert answer("later-run") == {"run_id": later, "state": "SUCCEEDED"}
+    assert answer("held-run") == {"run_id": held, "state": "READY"}
+    s.state = upcast
+    c = s.claim(held, T0 + timedelta(seconds=4))
+    s.given(complete(c), T0 + timedelta(seconds=4))  # "later-run" leaves: recorded now
+    assert (s.state.manual or {})["later-run"].final == "SUCCEEDED"
+    assert answer("later-run") == {"run_id": later, "state": "SUCCEEDED"}

@@ -113,6 +113,10 @@ class DeciderMachine(RuleBasedStateMachine):
         # per schedule and revision: the instants materialized / skipped for the catch-up bounds
         self.ran: dict[tuple[str, int], list[datetime]] = {}
         self.bounded_skip: set[tuple[str, int]] = set()
+        # a fold of the events seen: each run's state the last time the state held it (a
+        # manual trigger skipped before it was held: SKIPPED), and each manual key's params
+        self.last_seen: dict[tuple[str, str], str] = {}
+        self.manual_params: dict[tuple[str, str], dict[str, int] | None] = {}
 
     # -- driving ------------------------------------------------------------------------
 
@@ -132,6 +136,13 @@ class DeciderMachine(RuleBasedStateMachine):
             self._check_event(sid, state, event)
             evolve(state, event)
             self.history[sid].append(event)
+            run_id = getattr(event, "run_id", None)
+            if run_id is not None:  # every change of a run is an event naming it
+                run = state.run(run_id)
+                if run is not None:
+                    self.last_seen[(sid, run_id)] = run.state
+                elif isinstance(event, m.OccurrenceSkipped):
+                    self.last_seen[(sid, run_id)] = "SKIPPED"  # skipped before it was held
         return decision
 
     def _pick(self, sid: str, data: st.DataObject, *wanted: str) -> str:
@@ -341,6 +352,8 @@ class DeciderMachine(RuleBasedStateMachine):
         d = self._do(sid, m.TriggerRun(request_key=key, params=params))
         if d.ok and not d.events and key in self.manual_keys[sid]:
             assert d.body["run_id"].startswith("m_")
+        if d.ok and d.events:
+            self.manual_params[(sid, key)] = params
 
     @rule(i=st.integers(0, 2), data=st.data())
     def redrive(self, i: int, data: st.DataObject) -> None:
@@ -381,6 +394,22 @@ class DeciderMachine(RuleBasedStateMachine):
     def fold_from_scratch_equals_live_state(self) -> None:
         for sid, state in self.states.items():
             assert fold(TENANT, sid, self.history[sid]).snapshot() == state.snapshot()
+
+    @invariant()
+    def a_repeated_trigger_answers_its_runs_last_state_held_or_not(self) -> None:
+        for sid, state in self.states.items():
+            if not state.exists:
+                continue  # refused before the key is looked at
+            for key, entry in (state.manual or {}).items():
+                env = m.CommandEnvelope(command_id="again", type="TriggerRun", tenant=TENANT,
+                                        principal="op", schedule_id=sid, issued_at=self.now,
+                                        payload=m.TriggerRun(
+                                            request_key=key,
+                                            params=self.manual_params[(sid, key)]))
+                again = decide(state, env, self.now)
+                assert (again.status, again.events) == ("ok", [])
+                assert again.body == {"run_id": entry.run_id,
+                                      "state": self.last_seen[(sid, entry.run_id)]}
 
     @invariant()
     def guarded_overlap_never_has_two_active_runs(self) -> None:
