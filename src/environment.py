@@ -17,6 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 
+def package_version() -> str:
+    """The installed distribution's version (``unknown`` when it is not installed): what
+    ``chronolog --version`` prints and the OpenAPI document's ``info.version``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("chronolog")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def utc_now() -> datetime:
     """The wall clock in UTC (the processor's authority time)."""
     return datetime.now(UTC)
