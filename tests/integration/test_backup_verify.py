@@ -257,7 +257,7 @@ def test_backup_verify_says_ok_in_one_line_or_names_the_first_problem(
     assert _one_line(cli("backup", "verify", str(bad))) == \
         f"error: backup: '{bad}': readmodel/runs.copy does not match its SHA-256 (altered)"
     not_a_backup = _one_line(cli("backup", "verify", str(tmp_path / "nothing")))
-    assert not_a_backup == f"invalid backup '{tmp_path / 'nothing'}': no such directory"
+    assert not_a_backup == f"error: backup: '{tmp_path / 'nothing'}': no such directory"
 
 
 class _Holding:

@@ -341,7 +341,7 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
         assert forbidden.rc == 1
         assert _one_line(forbidden) == "error: forbidden: job type 'report' not allowed"
         unknown = await direct("schedule", "list", "--tenant", "globex")
-        assert unknown.rc == 2 and "invalid tenant 'globex'" in _one_line(unknown)
+        assert unknown.rc == 2 and "error: --tenant: 'globex'" in _one_line(unknown)
         no_tenant = await api("schedule", "show", "x", "--tenant", "acme")
         assert no_tenant.rc == 2 and _one_line(no_tenant).startswith(
             "error: --tenant applies to direct access to the log (--log)")
@@ -589,7 +589,7 @@ async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
         assert lines["api"] == lines["direct"], lines
         assert lines["api"] == [
             "error: conflict: expected revision 2, current is 3",
-            "error: invalid: end must be after start",
+            "error: --end: end must be after start",
             "error: not_found: no schedule 'nope'"]
     finally:
         codes = services.stop_all()
