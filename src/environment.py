@@ -14,7 +14,17 @@ import uuid
 import zoneinfo
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+
+def package_version() -> str:
+    """The installed distribution's version (``unknown`` when it is not installed): what
+    ``chronolog --version`` prints and the OpenAPI document's ``info.version``."""
+    try:
+        return version("chronolog")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def utc_now() -> datetime:

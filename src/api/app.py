@@ -64,6 +64,7 @@ from chronolog.api.server import ServerLimits, server_limits
 from chronolog.api.sessions import SessionStore
 from chronolog.client import Client
 from chronolog.domain import limits as lim
+from chronolog.environment import package_version
 from chronolog.projections.store import PostgresProjectionStore
 from chronolog.tenants import DEFAULT_RETENTION_S, Tenants
 
@@ -79,7 +80,7 @@ __all__ = [
     "openapi_json",
 ]
 
-API_VERSION = "1.0.0"
+API_VERSION = package_version()  # the package's: one version for the API and the CLI
 
 
 async def known_query(request: Request) -> None:

@@ -3,6 +3,8 @@
 ``/docs`` is Swagger UI and ``/redoc`` is ReDoc, both reading the app's ``/openapi.json``.
 Their JavaScript, CSS and icon come from the ``fastapi-offline`` package's static files,
 mounted under ``/docs/static/`` — never from a CDN: every URL the pages load is on the node.
+ReDoc's bundle draws its maker's logo from a CDN: it is served at ``/docs/redoc.standalone.js``
+with that image's address replaced by an empty ``data:`` one (ReDoc then leaves the logo out).
 None of these routes is in the OpenAPI document.
 
 Both pages are sent with ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff`` and a
@@ -17,18 +19,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from functools import cache
+from importlib.resources import files
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.staticfiles import StaticFiles
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, Response
 
-__all__ = ["DOCS_URL", "REDOC_URL", "STATIC_URL", "install_docs"]
+__all__ = ["DOCS_URL", "REDOC_JS_URL", "REDOC_URL", "STATIC_URL", "install_docs", "redoc_js"]
 
 DOCS_URL = "/docs"
 REDOC_URL = "/redoc"
 STATIC_URL = "/docs/static"
+REDOC_JS_URL = "/docs/redoc.standalone.js"
+# the one address ReDoc's bundle would load from outside the node (its maker's logo)
+_REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
 # the package shipping Swagger UI's and ReDoc's built files, and the folder they are in
 _ASSETS = ("fastapi_offline", "static")
 
@@ -54,6 +61,13 @@ def _guarded(page: HTMLResponse) -> HTMLResponse:
     return page
 
 
+@cache
+def redoc_js() -> bytes:
+    """ReDoc's bundle, its CDN logo replaced by an empty image (never fetched)."""
+    bundle = (files(_ASSETS[0]) / _ASSETS[1] / "redoc.standalone.js").read_bytes()
+    return bundle.replace(_REDOC_CDN_LOGO, b"data:,")
+
+
 def install_docs(app: FastAPI) -> None:
     """Add ``/docs``, ``/redoc`` and their assets to ``app`` (created with ``docs_url=None,
     redoc_url=None``)."""
@@ -77,8 +91,13 @@ def install_docs(app: FastAPI) -> None:
         openapi, static = urls(request)
         return _guarded(get_redoc_html(
             openapi_url=openapi, title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{static}/redoc.standalone.js",
+            redoc_js_url=f"{request.scope.get('root_path', '')}{REDOC_JS_URL}",
             redoc_favicon_url=f"{static}/favicon.png", with_google_fonts=False))
 
+    async def redoc_bundle() -> Response:
+        return Response(redoc_js(), media_type="text/javascript; charset=utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
     app.add_api_route(DOCS_URL, swagger_ui, methods=["GET"], include_in_schema=False)
+    app.add_api_route(REDOC_JS_URL, redoc_bundle, methods=["GET"], include_in_schema=False)
     app.add_api_route(REDOC_URL, redoc, methods=["GET"], include_in_schema=False)

@@ -27,7 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from chronolog.lifecycle import unavailable
 from chronolog.log.port import LogError
 from chronolog.logging import Throttle
-from chronolog.queries.documents import InvalidDefinition, body_error, camel_path, field_of
+from chronolog.queries.documents import (
+    InvalidDefinition,
+    body_error,
+    camel_path,
+    field_of,
+    plain_message,
+)
 from chronolog.queries.read_model import InvalidQuery
 
 __all__ = ["STATUS_WORDS", "ApiError", "ErrorBody", "error_responses", "install_handlers"]
@@ -110,7 +116,7 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
         return ApiError(400, "a JSON body is required", None).response()
     if loc[:1] == ("path",):
         field = field_of(loc)
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        msg = plain_message(err)
         shown = str(err.get("input", ""))[:60].encode("unicode_escape").decode()
         return ApiError(400, f"invalid {field} '{shown}': {msg}", field).response()
     message, field = body_error(err)
@@ -123,7 +129,7 @@ async def _model(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ValidationError)
     err = exc.errors()[0]
     loc = tuple(p for p in err.get("loc", ()) if p not in ("payload", "spec"))
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    msg = plain_message(err)
     field = field_of(loc)
     if field is None and ": " in msg:  # a whole-command rule names its path first
         path, msg = msg.split(": ", 1)

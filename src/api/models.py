@@ -9,14 +9,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
-from chronolog.queries.documents import CamelModel, ScheduleDefinition
+from chronolog.queries.documents import DEFINITION_EXAMPLE, CamelModel, ScheduleDefinition
 
 __all__ = [
     "MAX_SCHEDULE_ID",
+    "SCHEDULE_EXAMPLE",
     "CancelIn",
     "InstantOut",
     "PauseIn",
@@ -39,8 +40,14 @@ MAX_SCHEDULE_ID = 200  # characters of a schedule ID (its pattern bounds nothing
 # requests
 
 
+# the body the API documentation shows (``DEFINITION_EXAMPLE`` with its ID)
+SCHEDULE_EXAMPLE = {"scheduleId": "nightly-report", **DEFINITION_EXAMPLE}
+
+
 class ScheduleIn(ScheduleDefinition):
     """``POST /v1/schedules``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [SCHEDULE_EXAMPLE]})
 
     schedule_id: str = Field(min_length=1, max_length=MAX_SCHEDULE_ID,
                              pattern=lim.SCHEDULE_ID_PATTERN)

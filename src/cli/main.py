@@ -15,11 +15,11 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
 import argcomplete
 
-from chronolog.cli.errors import UsageError
+from chronolog.cli.errors import UsageError, error_line, set_flags
+from chronolog.environment import package_version
 from chronolog.log.port import LogUnsafe
 
 # The module that adds each sub-command (each module defines register(subparsers)), in the
@@ -63,14 +63,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def package_version() -> str:
-    """The installed distribution's version (``unknown`` when it is not installed)."""
-    try:
-        return version("chronolog")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     """The command line with the sub-commands of ``modules`` (all by default)."""
     parser = _Parser(prog="chronolog", description="Event-sourced job scheduler.")
@@ -91,6 +83,24 @@ def modules_for(argv: Sequence[str]) -> Sequence[str]:
     return COMMAND_MODULES
 
 
+def _flags_of(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The options of the (sub)command ``argv`` runs: its parser's and its parents'."""
+    flags: set[str] = set()
+    rest = list(argv)
+    current: argparse.ArgumentParser | None = parser
+    while current is not None:
+        chosen = None
+        for action in current._actions:
+            flags.update(s for s in action.option_strings if s.startswith("--"))
+            if isinstance(action, argparse._SubParsersAction):
+                name = next((a for a in rest if a in action.choices), None)
+                if name is not None:
+                    rest = rest[rest.index(name) + 1:]
+                    chosen = action.choices[name]
+        current = chosen
+    return flags
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from chronolog.log.datadir import private_umask
 
@@ -99,13 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(modules_for(argv))
     argcomplete.autocomplete(parser)  # only when the shell asks for completions (then exits)
     args = parser.parse_args(argv)
+    set_flags(_flags_of(parser, argv))
     try:
         rc = args.func(args)
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return 2
     except LogUnsafe as exc:  # a log that cannot keep the guarantees: refused, as bad config
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(str(exc)), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -177,6 +177,14 @@ def runs(doc: dict[str, Any], schedule_id: str | None, states: str | None) -> No
     _more(con, doc)
 
 
+def _job(job_type: str | None, params: Any) -> str | None:
+    """A run's job: its type and parameters (``-`` for none); None (the line is left out)
+    for a run that never started and so has neither, as a skipped one."""
+    if job_type is None and params is None:
+        return None
+    return f"{job_type or '-'} {'-' if params is None else json.dumps(params)}"
+
+
 def run(doc: dict[str, Any]) -> None:
     con = _console()
     pairs: list[tuple[str, Any]] = [
@@ -184,11 +192,12 @@ def run(doc: dict[str, Any]) -> None:
                                             f"{doc['revision']})"),
         ("trigger", doc["trigger"] + (f" key {doc['requestKey']}" if doc.get("requestKey")
                                       else "")),
-        ("state", doc["state"]), ("job", f"{doc['jobType']} {json.dumps(doc['params'])}"),
+        ("state", doc["state"]), ("job", _job(doc.get("jobType"), doc.get("params"))),
         ("scheduledAt", doc["scheduledAt"]), ("dueAt", doc["dueAt"]),
         ("startedAt", doc["startedAt"]), ("finishedAt", doc["finishedAt"]),
         ("lateness", None if doc.get("latenessMs") is None else f"{doc['latenessMs']} ms"),
     ]
+    pairs = [(k, v) for k, v in pairs if k != "job" or v is not None]
     for key in ("waiting", "skippedReason", "cancelReason", "deadReason", "deadMessage",
                 "lastError"):
         if doc.get(key):

@@ -119,7 +119,7 @@ from chronolog.cli.transport import (
 )
 from chronolog.domain import messages as m
 from chronolog.domain.durations import InvalidDuration, parse_duration
-from chronolog.domain.limits import RUN_ID_PATTERN, SCHEDULE_ID_PATTERN
+from chronolog.domain.limits import id_problem
 from chronolog.domain.merge_patch import merge_patch
 from chronolog.domain.recurrence import (
     RecurrenceError,
@@ -132,6 +132,7 @@ from chronolog.queries.documents import (
     InvalidDefinition,
     ScheduleDefinition,
     field_of,
+    plain_message,
     to_spec,
 )
 from chronolog.queries.read_model import (
@@ -414,14 +415,12 @@ async def _on_transport(ctx: Ctx, target: Target, work: Work) -> int:
 
 
 def _check_ids(args: Any) -> None:
-    """A schedule or run ID argument matches the ID pattern (exactly as the API's routes)."""
-    for attr, name, pattern, longest in (("schedule_id", "scheduleId", SCHEDULE_ID_PATTERN, 200),
-                                          ("run_id", "runId", RUN_ID_PATTERN, 64)):
+    """A schedule or run ID argument is one (exactly as the API's routes check it)."""
+    for attr, kind in (("schedule_id", "schedule ID"), ("run_id", "run ID")):
         value = getattr(args, attr, None)
-        if value is not None and (len(value) > longest or not re.fullmatch(pattern, value)):
-            shown = _short(value.encode("unicode_escape").decode())
-            raise _usage(f"invalid {name} '{shown}': at most {longest} of A-Z a-z 0-9 "
-                         + ("_ . : @ -, not only dots" if attr == "schedule_id" else "_ -"))
+        problem = None if value is None else id_problem(kind, value)
+        if problem is not None:
+            raise _usage(problem)
 
 
 def _context(args: Any) -> Ctx:
@@ -630,7 +629,7 @@ def _check_field(fragment: dict[str, Any], flag: str, path: tuple[str, ...], raw
         to_spec(ScheduleDefinition.model_validate(merge_patch(_PROBE, fragment)))
     except ValidationError as exc:
         err = exc.errors()[0]
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        msg = plain_message(err)
         where = field_of(tuple(err.get("loc", ())))
         if where and where != ".".join(path):  # inside the value (an effect's member)
             msg = f"{where}: {msg}"
@@ -675,7 +674,7 @@ def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         name = field_of(tuple(err.get("loc", ()))) or "spec"
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        msg = plain_message(err)
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
         value = err.get("input")
@@ -773,7 +772,7 @@ def _lifecycle(ctx: Ctx) -> Work:
         try:
             m.PauseSchedule(reason=reason)  # its limits, before sending
         except ValidationError as exc:
-            msg = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
+            msg = plain_message(exc.errors()[0])
             raise _usage(f"invalid reason: {msg}") from None
 
     async def work(t: Transport) -> int:
@@ -795,7 +794,7 @@ def _trigger(ctx: Ctx) -> Work:
     try:
         m.TriggerRun(request_key=key, params=params)  # the limits on params, before sending
     except ValidationError as exc:
-        msg = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
+        msg = plain_message(exc.errors()[0])
         raise _usage(f"invalid params: {msg}") from None
     sid = ctx.args.schedule_id
 
@@ -818,10 +817,9 @@ def _trigger(ctx: Ctx) -> Work:
 def _run_command(ctx: Ctx) -> Work:
     name, run_id = ctx.args.run_command, ctx.args.run_id
     schedule = ctx.args.schedule
-    if schedule is not None and (len(schedule) > 200
-                                 or not re.fullmatch(SCHEDULE_ID_PATTERN, schedule)):
-        raise _usage(f"invalid schedule '{_short(schedule.encode('unicode_escape').decode())}': "
-                     f"not a schedule ID")
+    problem = None if schedule is None else id_problem("schedule ID", schedule)
+    if problem is not None:
+        raise _usage(f"--schedule: {problem}")
     reason = getattr(ctx.args, "reason", "")
     if len(reason) > 1000:
         raise _usage(f"invalid reason '{_short(reason)}': at most 1000 characters")

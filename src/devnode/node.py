@@ -377,7 +377,7 @@ async def _live_view(node: DevNode, stop: asyncio.Event) -> None:
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while not stop.is_set():
             try:
-                live.update(await view.frame(console.width), refresh=True)
+                live.update(await view.frame(console.width, console.height), refresh=True)
             except Exception as exc:  # noqa: BLE001 - the view must never stop the node
                 view.report(exc, "drawing")
                 with contextlib.suppress(Exception):

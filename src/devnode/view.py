@@ -8,10 +8,15 @@ Three parts, so that what is drawn is a pure function of what was seen:
   supervisor's restarts and the read model's runs waiting for a worker — into plain frozen
   data. It is the only part that touches the node, the clock or the database; a part it
   cannot read (the database is away) becomes a line in ``Snapshot.problems``.
-* ``render(snapshot) -> Frame`` builds the renderables from the snapshot alone: no clock, no
-  I/O (tests render recorded snapshots with ``Console(record=True, width=...)``). Every
-  section is built on its own: one that raises is replaced by a red panel with the exception
-  line, the others are still drawn, and the errors are returned with the frame.
+* ``render(snapshot, width, height) -> Frame`` builds the renderables from the snapshot
+  alone: no clock, no I/O (tests render recorded snapshots with ``Console(record=True,
+  width=...)``). ``plan`` decides what the screen has room for (``Fit``): every line fits the
+  width (the extra columns of wide screens are left out of narrow ones, long names are cut),
+  and on a short screen each table shows fewer rows, saying how many it holds; the status
+  line and the API's address are always the last two lines. Schedules are named
+  ``tenant/id`` only when the frame shows more than one tenant. Every section is built on
+  its own: one that raises is replaced by a red panel with the exception line, the others
+  are still drawn, and the errors are returned with the frame.
 * ``LiveView`` runs the two for the node's refresh loop: a failure — gathering, rendering or
   drawing — is shown on screen (``error_panel``) and logged once per distinct error
   (``live_view_failed``, with its traceback, in the node's log file), and the view keeps
@@ -20,7 +25,9 @@ Three parts, so that what is drawn is a pure function of what was seen:
 
 Long schedule IDs, job types, worker IDs and reasons are cut with an ellipsis (``clip``), and
 every column is a single line that rich shortens with an ellipsis too, so a long name never
-breaks the layout.
+breaks the layout. ``commands`` counts the commands the processor decided (from the API, the
+CLI and workers); the offers idle workers renew every second are counted apart
+(``worker offers``).
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
+from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -44,6 +52,7 @@ from chronolog.domain import messages as m
 from chronolog.domain.durations import format_duration
 
 __all__ = [
+    "Fit",
     "Frame",
     "LiveView",
     "Outcome",
@@ -56,6 +65,7 @@ __all__ = [
     "clip",
     "error_panel",
     "gather",
+    "plan",
     "render",
 ]
 
@@ -72,6 +82,10 @@ SCHEDULE_W = 36
 JOB_W = 20
 RUN_W = 24
 WORKER_W = 24
+WIDE = 180  # a wide screen: longer names before they are cut
+SCHEDULE_WIDE_W = 64
+JOB_WIDE_W = 40
+WORKER_WIDE_W = 40
 REASON_W = 120
 ERROR_LINE_W = 300
 
@@ -170,8 +184,12 @@ class Recent:
             self._set(env, p.run_id, "LEASED", attempt=p.attempt, fence=p.fence,
                       reason="lease expired")
         elif isinstance(p, m.OccurrenceDeadLettered):
+            # a permanent error's message is the failed attempt's, already in ``error``
+            entry = self.runs.get(p.run_id)
+            said = bool(p.message) and entry is not None and entry.error is not None and (
+                entry.error.endswith(p.message))
             self._set(env, p.run_id, "DEAD",
-                      reason=f"{p.reason}: {p.message}" if p.message else p.reason)
+                      reason=f"{p.reason}: {p.message}" if p.message and not said else p.reason)
         elif isinstance(p, m.OccurrenceSkipped):
             self._set(env, p.run_id, "SKIPPED", reason=p.reason, count=p.count,
                       through=p.through)
@@ -292,7 +310,8 @@ class Snapshot:
     lateness_p50_ms: float | None = None
     lateness_p99_ms: float | None = None
     events_per_s: float = 0.0
-    commands: int = 0
+    commands: int = 0  # commands decided (from the API, the CLI and workers)
+    offers: int = 0  # workers' offers to take work (renewed every second by each idle worker)
     transactions: int = 0
     problems: tuple[str, ...] = ()  # what could not be gathered, one line each
 
@@ -340,6 +359,12 @@ async def gather(node: Any) -> Snapshot:
         problems.append(f"recent results: {recent.failed} events could not be recorded "
                         f"(last: {recent.last_failure})")
     lat = sorted(recent.lateness_ms) if recent is not None else []
+    # a run that never started (skipped, cancelled early) has its schedule's job type
+    jobs = {(st.tenant, st.schedule_id): st.policy.job.type for st in states
+            if st.policy is not None}
+    outcomes = tuple(o if o.job_type is not None else replace(
+        o, job_type=jobs.get((o.tenant, o.schedule_id)))
+        for o in (recent.outcomes(RECENT_ROWS) if recent is not None else ()))
     return Snapshot(
         now=now,
         api=f"http://{node.host}:{node.port}",
@@ -347,13 +372,14 @@ async def gather(node: Any) -> Snapshot:
         upcoming=tuple(upcoming),
         running=tuple(running),
         running_total=len(leased),
-        recent=tuple(recent.outcomes(RECENT_ROWS)) if recent is not None else (),
+        recent=outcomes,
         waiting=tuple(waiting),
         restarts=tuple(_restarts(node, now)),
         lateness_p50_ms=lat[len(lat) // 2] if lat else None,
         lateness_p99_ms=lat[max(0, int(len(lat) * 0.99) - 1)] if lat else None,
         events_per_s=recent.rate() if recent is not None else 0.0,
         commands=proc.stats.commands if proc is not None else 0,
+        offers=proc.stats.offers if proc is not None else 0,
         transactions=proc.stats.transactions if proc is not None else 0,
         problems=tuple(problems),
     )
@@ -398,31 +424,61 @@ def _when(t: datetime, now: datetime) -> str:
     return t.astimezone(UTC).strftime(fmt)
 
 
-def _schedule(tenant: str, schedule_id: str) -> str:
-    name = schedule_id if tenant == "default" else f"{tenant}/{schedule_id}"
-    return clip(name, SCHEDULE_W)
+@dataclass(frozen=True)
+class Fit:
+    """What one frame has room for: its ``width``, the rows each table may show (by section
+    name), and whether schedules are named with their tenant (``tenant/id``: only when the
+    frame shows schedules of more than one tenant)."""
+
+    width: int
+    rows: dict[str, int] = field(default_factory=dict)
+    tenants: bool = False
+    alerts: int = 6  # alert lines shown (the rest are counted on one more line)
+    rules: bool = True  # a rule under each table's header
+
+    def limit(self, narrow: int, wide: int) -> int:
+        """The longest text of a column before it is cut: ``wide`` on a wide screen."""
+        return wide if self.width >= WIDE else narrow
+
+    def schedule(self, tenant: str, schedule_id: str) -> str:
+        name = f"{tenant}/{schedule_id}" if self.tenants else schedule_id
+        return clip(name, self.limit(SCHEDULE_W, SCHEDULE_WIDE_W))
+
+
+def _tenants_shown(s: Snapshot) -> set[str]:
+    return ({u.tenant for u in s.upcoming} | {r.tenant for r in s.running}
+            | {o.tenant for o in s.recent} | {w.tenant for w in s.waiting})
 
 
 @dataclass(frozen=True)
 class Col:
     """A column of a table: ``shrink_to`` how narrow it may be cut (None: never, as for
-    times, states and numbers); ``fill``: it takes the width left over."""
+    times, states and numbers); ``screen``: the narrowest screen it is shown on (an extra
+    column of wide screens; 0: always)."""
 
     name: str
     shrink_to: int | None = None
-    fill: bool = False
     weight: float = 1.0  # how readily it gives up width (a reason column: less so)
+    screen: int = 0
 
 
-def _table(title: str, cols: list[Col], rows: list[list[Text]], width: int) -> Table:
-    """A table exactly ``width`` wide (when it fits at all): the columns that may shrink are
-    cut (widest first) until the rest fits, the filling column takes what is left, and every
-    cell stays on one line, cut with an ellipsis."""
-    natural = [max([len(c.name), *(row[i].cell_len for row in rows)])
-               for i, c in enumerate(cols)]
-    widths = list(natural)
-    budget = width - (3 * len(cols) + 1)  # a border and two spaces of padding per column
-    excess = sum(widths) - budget
+def _table_width(widths: list[int], rules: bool) -> int:
+    """The width rich draws a table of these columns in (``_table``'s: one space of padding
+    between a column and the next, a line too where the header has a rule, no outer edge)."""
+    return sum(widths) + (3 if rules else 2) * (len(widths) - 1)
+
+
+def _table(title: str, cols: list[Col], rows: list[list[Text]], fit: Fit) -> Table:
+    """A table at most ``width`` wide, its columns sized to their content: the extra columns
+    of wider screens are left out, then the columns that may shrink are cut (widest first)
+    until the rest fits; every cell stays on one line, cut with an ellipsis."""
+    width = fit.width
+    keep = [i for i, c in enumerate(cols) if width >= c.screen]
+    cols = [cols[i] for i in keep]
+    rows = [[row[i] for i in keep] for row in rows]
+    widths = [max([len(c.name), *(row[i].cell_len for row in rows)])
+              for i, c in enumerate(cols)]
+    excess = _table_width(widths, fit.rules) - width
     while excess > 0:
         room = [((w - c.shrink_to) * c.weight, i)
                 for i, (c, w) in enumerate(zip(cols, widths, strict=True))
@@ -432,10 +488,10 @@ def _table(title: str, cols: list[Col], rows: list[list[Text]], width: int) -> T
         _, i = max(room)
         widths[i] -= 1
         excess -= 1
-    fill = next((i for i, c in enumerate(cols) if c.fill), None)
-    if excess < 0 and fill is not None:
-        widths[fill] -= excess
-    table = Table(title=title, title_justify="left")
+    # a rule under the header when the screen is tall enough for it
+    table = Table(title=title, title_justify="left", title_style="bold",
+                  box=box.SIMPLE_HEAD if fit.rules else None, show_edge=False,
+                  pad_edge=False, header_style="bold underline")
     for c, w in zip(cols, widths, strict=True):
         table.add_column(c.name, width=max(1, w), no_wrap=True, overflow="ellipsis")
     for row in rows:
@@ -443,31 +499,49 @@ def _table(title: str, cols: list[Col], rows: list[list[Text]], width: int) -> T
     return table
 
 
+def _titled(title: str, shown: int, total: int) -> str:
+    return title if shown >= total else f"{title} ({shown} of {total})"
+
+
+def _line(text: str, style: str = "") -> Text:
+    """One line of the frame, cut with an ellipsis when the screen is narrower."""
+    return Text(text.replace("\r", " ").replace("\n", " "), style=style, no_wrap=True,
+                overflow="ellipsis")
+
+
 def _cells(*values: str | Text) -> list[Text]:
     """Cells as Text: an ID or a message is never read as rich markup."""
     return [v if isinstance(v, Text) else Text(v) for v in values]
 
 
-def _upcoming(s: Snapshot, width: int) -> RenderableType:
+def _upcoming(s: Snapshot, fit: Fit) -> RenderableType:
+    if not s.upcoming:
+        return _line("upcoming: nothing due", "bold")
+    shown = sorted(s.upcoming, key=_upcoming_key)[:fit.rows.get("upcoming", UPCOMING_ROWS)]
     rows = []
-    for u in sorted(s.upcoming, key=_upcoming_key):
+    for u in shown:
         wait = max(0.0, round((u.due - s.now).total_seconds()))
-        rows.append(_cells(_schedule(u.tenant, u.schedule_id), clip(u.job_type, JOB_W),
+        rows.append(_cells(fit.schedule(u.tenant, u.schedule_id),
+                           clip(u.job_type, fit.limit(JOB_W, JOB_WIDE_W)),
                            _when(u.due, s.now), format_duration(wait), u.status))
-    return _table("upcoming", [Col("schedule", 8, fill=True), Col("job", 4),
-                               Col("next (UTC)"), Col("in"), Col("state")], rows, width)
+    title = _titled("upcoming", len(shown), len(s.upcoming))
+    return _table(title, [Col("schedule", 12), Col("job", 12), Col("next (UTC)"), Col("in"),
+                          Col("state", screen=100)], rows, fit)
 
 
-def _running(s: Snapshot, width: int) -> RenderableType:
-    title = "running attempts"
-    if s.running_total > len(s.running):
-        title += f" ({len(s.running)} of {s.running_total})"
-    rows = [_cells(clip(r.run_id, RUN_W), _schedule(r.tenant, r.schedule_id),
-                   clip(r.job_type, JOB_W), str(r.attempt), str(r.fence),
-                   clip(r.worker_id, WORKER_W), _hm(r.lease_until)) for r in s.running]
-    return _table(title, [Col("run", 8, weight=0.5), Col("schedule", 8, fill=True), Col("job", 4),
-                          Col("attempt"), Col("fence"), Col("worker", 6),
-                          Col("lease until")], rows, width)
+def _running(s: Snapshot, fit: Fit) -> RenderableType:
+    total = max(s.running_total, len(s.running))
+    if not total:
+        return _line("running attempts: none", "bold")
+    shown = s.running[:fit.rows.get("running attempts", RUNNING_ROWS)]
+    rows = [_cells(clip(r.run_id, RUN_W), fit.schedule(r.tenant, r.schedule_id),
+                   clip(r.job_type, fit.limit(JOB_W, JOB_WIDE_W)), str(r.attempt),
+                   str(r.fence), clip(r.worker_id, fit.limit(WORKER_W, WORKER_WIDE_W)),
+                   _hm(r.lease_until)) for r in shown]
+    return _table(_titled("running attempts", len(shown), total), [
+        Col("run", 8, weight=0.5, screen=120), Col("schedule", 12), Col("job", 12),
+        Col("attempt"), Col("fence", screen=120), Col("worker", 6, screen=100),
+        Col("lease until")], rows, fit)
 
 
 def _why(o: Outcome) -> str:
@@ -483,46 +557,116 @@ def _why(o: Outcome) -> str:
     return clip(" · ".join(parts), REASON_W) if parts else ""
 
 
-def _recent(s: Snapshot, width: int) -> RenderableType:
+def _recent(s: Snapshot, fit: Fit) -> RenderableType:
+    if not s.recent:
+        return _line("recent results: none yet", "bold")
+    n = fit.rows.get("recent results", RECENT_ROWS)
+    shown = s.recent[-n:] if n > 0 else ()  # the newest
     rows = []
-    for o in s.recent:
+    for o in shown:
         tries = "-" if o.attempt is None else (
             f"{o.attempt}/{o.fence}" if o.fence is not None else str(o.attempt))
-        rows.append(_cells(_hm(o.at), _schedule(o.tenant, o.schedule_id),
-                           clip(o.job_type, JOB_W), clip(o.run_id, RUN_W),
+        rows.append(_cells(_hm(o.at), fit.schedule(o.tenant, o.schedule_id),
+                           clip(o.job_type, fit.limit(JOB_W, JOB_WIDE_W)),
+                           clip(o.run_id, RUN_W),
                            Text(o.state, style=STATE_STYLE.get(o.state, "")), tries, _why(o)))
-    return _table("recent results", [
-        Col("at"), Col("schedule", 8), Col("job", 4), Col("run", 6, weight=0.5), Col("state"),
-        Col("att/fence", 5), Col("reason / last error", 10, fill=True, weight=0.3)], rows, width)
+    return _table(_titled("recent results", len(shown), len(s.recent)), [
+        Col("at"), Col("schedule", 12), Col("job", 12), Col("run", 6, weight=0.5, screen=100),
+        Col("state"), Col("att/fence", screen=120),
+        Col("reason / last error", 10, weight=0.3)], rows, fit)
 
 
-def _waiting(s: Snapshot, width: int) -> RenderableType | None:
+def _waiting(s: Snapshot, fit: Fit) -> RenderableType | None:
     if not s.waiting:
         return None
-    rows = [_cells(clip(w.run_id, RUN_W), clip(f"{w.tenant}/{w.schedule_id}", SCHEDULE_W),
-                   clip(w.reason, REASON_W)) for w in s.waiting]
-    return _table("waiting for a worker", [Col("run", 8, weight=0.5), Col("schedule", 8),
-                                           Col("waiting", 10, fill=True, weight=0.3)], rows, width)
+    shown = s.waiting[:fit.rows.get("waiting for a worker", WAITING_ROWS)]
+    rows = [_cells(clip(w.run_id, RUN_W), fit.schedule(w.tenant, w.schedule_id),
+                   clip(w.reason, REASON_W)) for w in shown]
+    return _table(_titled("waiting for a worker", len(shown), len(s.waiting)), [
+        Col("run", 8, weight=0.5, screen=100), Col("schedule", 12),
+        Col("waiting", 10, weight=0.3)], rows, fit)
 
 
-def _alerts(s: Snapshot, width: int) -> RenderableType | None:
-    lines = [Text(clip(f"{r.part} failed ({r.error}) and was restarted {r.restarts}x, last at "
-                       f"{r.at:%H:%M:%S} UTC", ERROR_LINE_W), style="bold red")
-             for r in s.restarts]
-    lines += [Text(clip(p, ERROR_LINE_W), style="red") for p in s.problems]
+def _alert_lines(s: Snapshot) -> list[Text]:
+    lines = [_line(f"{r.part} failed ({r.error}) and was restarted {r.restarts}x, last at "
+                   f"{r.at:%H:%M:%S} UTC", "bold red") for r in s.restarts]
+    return lines + [_line(p, "red") for p in s.problems]
+
+
+def _alerts(s: Snapshot, fit: Fit) -> RenderableType | None:
+    lines = _alert_lines(s)
+    if len(lines) > fit.alerts:
+        more = len(lines) - fit.alerts + 1
+        lines = [*lines[:fit.alerts - 1], _line(f"… and {more} more (see the node's log)",
+                                                "red")]
     return Group(*lines) if lines else None
 
 
-def _footer(s: Snapshot, width: int) -> RenderableType:
+def _status(s: Snapshot) -> tuple[list[str], list[str]]:
+    """The status line's items and the address line's, the essential first (a narrow screen
+    leaves out the last ones)."""
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.0f} ms"
 
-    return Text(f"start lateness p50 {ms(s.lateness_p50_ms)}  p99 {ms(s.lateness_p99_ms)}   "
-                f"events/s {s.events_per_s:.1f}   commands {s.commands}  transactions "
-                f"{s.transactions}  schedules {s.schedules}\nAPI {s.api}")
+    return ([f"start lateness p50 {ms(s.lateness_p50_ms)}  p99 {ms(s.lateness_p99_ms)}",
+             f"events/s {s.events_per_s:.1f}", f"commands {s.commands}",
+             f"transactions {s.transactions}"],
+            [f"API {s.api}", f"schedules {s.schedules}", f"worker offers {s.offers}"])
 
 
-Section = Callable[[Snapshot, int], RenderableType | None]
+def _packed(items: list[str], width: int) -> str:
+    """The items that fit ``width`` in order, three spaces apart (the first one always: cut
+    if it must be)."""
+    line = items[0]
+    for item in items[1:]:
+        if len(line) + 3 + len(item) > width:
+            break
+        line = f"{line}   {item}"
+    return line
+
+
+def _footer(s: Snapshot, fit: Fit) -> RenderableType:
+    """The status line and the API's address line: what fits of ``_status``."""
+    status, address = _status(s)
+    return Group(_line(_packed(status, fit.width)), _line(_packed(address, fit.width)))
+
+
+FOOTER_LINES = 2
+TALL = 40  # a screen this tall has room for a rule under each table's header
+
+
+def plan(s: Snapshot, width: int, height: int | None) -> Fit:
+    """How much of each section a ``width`` x ``height`` screen shows: every non-empty table
+    gets rows in turn (the recent results two for one) until the screen is full; with no
+    ``height`` every row is shown."""
+    tenants = len(_tenants_shown(s)) > 1
+    wants = {"recent results": len(s.recent), "upcoming": len(s.upcoming),
+             "running attempts": len(s.running), "waiting for a worker": len(s.waiting)}
+    if height is None:
+        return Fit(width, wants, tenants, alerts=max(1, len(_alert_lines(s))))
+    alerts = min(len(_alert_lines(s)), 3 if height < 30 else 6)
+    rules = height >= TALL
+    # a table: its title, header (and rule); an empty section: one line (waiting: none)
+    used = FOOTER_LINES + alerts + sum(
+        ((3 if rules else 2) if n else (0 if name == "waiting for a worker" else 1))
+        for name, n in wants.items())
+    budget = height - used
+    rows = dict.fromkeys(wants, 0)
+    share = {"recent results": 2, "upcoming": 1, "running attempts": 1,
+             "waiting for a worker": 1}
+    progress = True
+    while budget > 0 and progress:
+        progress = False
+        for name in wants:
+            for _ in range(share[name]):
+                if budget > 0 and rows[name] < wants[name]:
+                    rows[name] += 1
+                    budget -= 1
+                    progress = True
+    return Fit(width, rows, tenants, alerts=max(1, alerts), rules=rules)
+
+
+Section = Callable[[Snapshot, Fit], RenderableType | None]
 SECTIONS: tuple[tuple[str, Section], ...] = (
     ("alerts", _alerts),
     ("upcoming", _upcoming),
@@ -533,15 +677,17 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
 )
 
 
-def render(snapshot: Snapshot, width: int = 120,
+def render(snapshot: Snapshot, width: int = 120, height: int | None = None,
            sections: Iterable[tuple[str, Section]] = SECTIONS) -> Frame:
-    """The frame of a snapshot for a screen ``width`` columns wide (pure). A section that
-    raises is shown as ``error_panel``."""
+    """The frame of a snapshot for a screen ``width`` columns wide and ``height`` lines tall
+    (None: as tall as it needs) (pure). Every line fits the width; the tables show fewer
+    rows on a short screen. A section that raises is shown as ``error_panel``."""
     parts: list[RenderableType] = []
     errors: list[tuple[str, BaseException]] = []
+    fit = plan(snapshot, width, height)
     for name, build in sections:
         try:
-            part = build(snapshot, width)
+            part = build(snapshot, fit)
         except Exception as exc:  # noqa: BLE001 - shown on screen, never raised
             errors.append((name, exc))
             part = error_panel(exc, name)
@@ -565,8 +711,8 @@ class LiveView:
         self._gather = gather_
         self.logged: dict[str, int] = {}  # error -> times seen
 
-    async def frame(self, width: int = 120) -> RenderableType:
-        """The next frame for a screen ``width`` wide: the view, or the panel of what
+    async def frame(self, width: int = 120, height: int | None = None) -> RenderableType:
+        """The next frame for a screen ``width`` x ``height``: the view, or the panel of what
         failed."""
         try:
             snapshot = await self._gather(self.node)
@@ -574,7 +720,7 @@ class LiveView:
             self.report(exc, "gathering")
             return error_panel(exc, "gathering")
         try:
-            frame = render(snapshot, width)
+            frame = render(snapshot, width, height)
         except Exception as exc:  # noqa: BLE001 - render builds each section safely already
             self.report(exc, "rendering")
             return error_panel(exc, "rendering")

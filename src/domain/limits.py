@@ -26,11 +26,17 @@ __all__ = [
     "MAX_INT",
     "MAX_PARAMS_BYTES",
     "MAX_RETRY_ATTEMPTS",
+    "MAX_RUN_ID",
+    "MAX_SCHEDULE_ID",
     "MIN_INTERVAL_SECONDS",
     "MIN_RETRY_BACKOFF_SECONDS",
+    "NAME_PATTERN",
+    "PATTERN_WORDS",
+    "RESOURCE_CLASS_PATTERN",
     "RUN_ID_PATTERN",
     "SCHEDULE_ID_PATTERN",
     "check_instant",
+    "id_problem",
     "json_depth",
     "plainly_clean_json",
     "text_violation",
@@ -69,6 +75,32 @@ DEFAULT_EXECUTION_TIMEOUT_SECONDS = 3600.0
 # a schedule ID: these characters, at least one of them not a dot (so never "." or "..")
 SCHEDULE_ID_PATTERN = r"^[A-Za-z0-9_.:@-]*[A-Za-z0-9_:@-][A-Za-z0-9_.:@-]*$"
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_SCHEDULE_ID = 200
+MAX_RUN_ID = 64
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"  # a tenant's or a destination's name
+RESOURCE_CLASS_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+# the rule of each pattern in words, as an error message says it
+PATTERN_WORDS = {
+    SCHEDULE_ID_PATTERN: "letters, digits and _ . : @ - only, not only dots",
+    RUN_ID_PATTERN: "letters, digits and _ - only, 1-64 characters",
+    NAME_PATTERN: "letters, digits and _ . - only",
+    RESOURCE_CLASS_PATTERN: "letters, digits and _ - only, 1-64 characters",
+}
+
+
+def id_problem(kind: str, value: str) -> str | None:
+    """What is wrong with ``value`` as a ``kind`` ("schedule ID", "run ID") in words, or
+    None when it is one: ``schedule ID 'a b': letters, digits and _ . : @ - only, not only
+    dots, 1-200 characters``."""
+    if kind == "run ID":
+        pattern, longest, rule = RUN_ID_PATTERN, MAX_RUN_ID, PATTERN_WORDS[RUN_ID_PATTERN]
+    else:
+        pattern, longest = SCHEDULE_ID_PATTERN, MAX_SCHEDULE_ID
+        rule = f"{PATTERN_WORDS[SCHEDULE_ID_PATTERN]}, 1-{longest} characters"
+    if len(value) <= longest and re.fullmatch(pattern, value):
+        return None
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    return f"{kind} '{shown.encode('unicode_escape').decode()}': {rule}"
 
 
 def check_instant(value: datetime) -> datetime:

@@ -216,7 +216,7 @@ class EffectSpec(_Model):
 
     kind: Literal["webhook", "email", "postgres", "kafka"]
     name: str = Field(default="", max_length=100, pattern=r"^[A-Za-z0-9_.-]*$")
-    destination: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    destination: str = Field(min_length=1, max_length=100, pattern=lim.NAME_PATTERN)
     headers: dict[EffectHeaderName, EffectHeaderValue] = Field(
         default_factory=dict, max_length=MAX_EFFECT_HEADERS)
     subject: str | None = Field(default=None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
@@ -294,7 +294,7 @@ class ScheduleSpec(_Model):
     jitter: Seconds = 0.0
     dst: DstSpec = Field(default_factory=DstSpec)
     effects: tuple[EffectSpec, ...] = ()
-    resource_class: str = Field(default="default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    resource_class: str = Field(default="default", pattern=lim.RESOURCE_CLASS_PATTERN)
     priority: int = Field(default=0, ge=-100, le=100)
 
     @field_validator("resource_class")
@@ -549,7 +549,7 @@ class CommandEnvelope(_Model):
 
     command_id: str = Field(min_length=1, max_length=200)
     type: str
-    tenant: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    tenant: str = Field(min_length=1, max_length=100, pattern=lim.NAME_PATTERN)
     principal: str = ""
     schedule_id: str = Field(min_length=1, max_length=200, pattern=lim.SCHEDULE_ID_PATTERN)
     issued_at: UtcDatetime

@@ -153,7 +153,8 @@ class ProcessorConfig:
 
 @dataclass
 class ProcessorStats:
-    commands: int = 0
+    commands: int = 0  # commands decided (a worker's offer is not one: ``offers``)
+    offers: int = 0  # workers' offers to take work (each idle worker renews its every second)
     events: int = 0
     ticks: int = 0
     transactions: int = 0

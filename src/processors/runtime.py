@@ -69,6 +69,7 @@ import structlog
 from chronolog.backoff import Backoff
 from chronolog.commands.registry import PartitionAggregates
 from chronolog.domain import messages as m
+from chronolog.domain.offers import is_offer
 from chronolog.environment import gc_tune as _gc_tune
 from chronolog.environment import gc_tuned, utc_now
 from chronolog.environment import gc_untune as _gc_untune
@@ -643,7 +644,9 @@ class Processor:
                 self._rebuild.append(ps.partition)
             return
         self.stats.transactions += 1
-        self.stats.commands += len(w.batch)
+        offers = sum(1 for rec in w.batch if rec.headers and is_offer(rec.headers))
+        self.stats.offers += offers
+        self.stats.commands += len(w.batch) - offers
         self.stats.events += len(out.events)
         if out.chunk is not None and ps.snap is not None:
             ps.snap.committed(out.chunk)

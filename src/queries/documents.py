@@ -21,12 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from chronolog.domain import messages as m
-from chronolog.domain.limits import MAX_RETRY_ATTEMPTS
+from chronolog.domain.limits import MAX_RETRY_ATTEMPTS, PATTERN_WORDS
 from chronolog.domain.membership import LIVE_S
 from chronolog.domain.merge_patch import merge_patch
 from chronolog.domain.recurrence import RecurrenceError, compile_trigger
 
 __all__ = [
+    "DEFINITION_EXAMPLE",
     "AttemptOut",
     "CamelModel",
     "DeadLetterItem",
@@ -63,6 +64,7 @@ __all__ = [
     "field_of",
     "jsonable",
     "patched_definition",
+    "plain_message",
     "spec_field",
     "spec_limits",
     "to_spec",
@@ -111,11 +113,62 @@ def field_of(loc: tuple[Any, ...]) -> str | None:
     return camel_path(".".join(parts)) if parts else None
 
 
+def _listed(values: Any) -> str:
+    return str(values).replace("'", "")
+
+
+# pydantic's error types as a user reads them (``plain_message``); {name}: the error's context
+_PLAIN = {
+    "dict_type": "must be a JSON object", "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object", "mapping_type": "must be a JSON object",
+    "list_type": "must be a JSON array", "tuple_type": "must be a JSON array",
+    "set_type": "must be a JSON array", "string_type": "must be a string",
+    "int_type": "must be an integer", "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number", "float_type": "must be a number",
+    "float_parsing": "must be a number", "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false", "missing": "is required",
+    "extra_forbidden": "unknown field", "json_invalid": "not valid JSON",
+    "none_required": "must be null",
+    "greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+    "string_too_short": "must be at least {min_length} characters",
+    "string_too_long": "must be at most {max_length} characters",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items",
+    "literal_error": "must be one of {expected}", "enum": "must be one of {expected}",
+    "union_tag_invalid": "must be one of {expected_tags}",
+    "datetime_type": "must be an ISO-8601 date-time such as 2026-03-08T09:00:00Z",
+    "datetime_parsing": "must be an ISO-8601 date-time such as 2026-03-08T09:00:00Z",
+    "datetime_from_date_parsing": "must be an ISO-8601 date-time such as "
+                                  "2026-03-08T09:00:00Z",
+    "timezone_aware": "must have a UTC offset (Z or +HH:MM)",
+}
+
+
+def plain_message(err: Mapping[str, Any]) -> str:
+    """A pydantic error's message in plain words (``must be a JSON object``, ``must be at
+    least 1``, an ID pattern's rule), not pydantic's own (``Input should be a valid
+    dictionary``); a rule of chronolog's (a value error) as it says it."""
+    kind = str(err.get("type", ""))
+    ctx = dict(err.get("ctx") or {})
+    if kind == "string_too_short" and ctx.get("min_length") == 1:
+        return "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return PATTERN_WORDS.get(str(ctx.get("pattern")), "has characters that are not allowed")
+    template = _PLAIN.get(kind)
+    if template is not None:
+        try:
+            return template.format(**{k: _listed(v) for k, v in ctx.items()})
+        except (KeyError, IndexError):
+            pass
+    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
+
+
 def body_error(err: Mapping[str, Any]) -> tuple[str, str | None]:
     """The message and camelCase field of a pydantic error in a request body, as the API's
     400 says them: ``x is required``, ``x: unknown field 'x'``, ``x: <why>``."""
     field = field_of(tuple(err.get("loc", ())))
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    msg = plain_message(err)
     if err.get("type") == "extra_forbidden":
         msg = f"unknown field '{field}'"
     elif err.get("type") == "missing" and field:
@@ -185,8 +238,17 @@ class EffectIn(CamelModel):
         default=None, description="stop retrying after this long (capped by the destination)")
 
 
+# the definition the API documentation shows (ReDoc samples a body from it): valid as it is,
+# with one rule (``every``), not every member of the schema at once
+DEFINITION_EXAMPLE: dict[str, Any] = {
+    "every": "15m", "job": {"type": "echo", "params": {"region": "eu"}},
+    "retry": {"maxAttempts": 3}, "overlap": "skip"}
+
+
 class ScheduleDefinition(CamelModel):
     """A schedule's definition: exactly one of cron / every / at / delay, the job, policies."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [DEFINITION_EXAMPLE]})
 
     cron: str | None = Field(default=None, description="5-field cron (with L, L-n, nW, LW, nL, "
                              "n#k and wrapping ranges such as FRI-MON; see docs/tour.md) or an "
@@ -243,7 +305,7 @@ def to_spec(defn: ScheduleDefinition) -> m.ScheduleSpec:
         spec = m.ScheduleSpec.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        msg = plain_message(err)
         field = field_of(tuple(err.get("loc", ())))
         if field is None:  # a whole-spec rule: its message starts with the field it is about
             first = msg.split(" ", 1)[0]

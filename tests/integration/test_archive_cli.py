@@ -98,12 +98,12 @@ def test_bad_input_is_one_line_on_stderr_and_exits_2(tmp_path: Path) -> None:
     absent = tmp_path / "absent"
     proc = _chronolog("archive", "verify", str(absent))
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.splitlines() == [f"invalid archive '{absent}': "
+    assert proc.stderr.splitlines() == [f"error: archive: '{absent}': "
                                         "no such directory"]
     proc = _chronolog("archive", "verify", str(tmp_path))
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.splitlines() == [
-        f"invalid archive '{tmp_path}': not an archive (no valid ARCHIVE file)"]
+        f"error: archive: '{tmp_path}': not an archive (no valid ARCHIVE file)"]
 
 
 def test_the_commands_of_the_deployment_guide_run(tmp_path: Path) -> None:

@@ -142,10 +142,10 @@ def test_an_undecodable_record_is_reported(tmp_path: Path, clean: list[m.EventEn
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--log", "postgres://x"], "invalid CHRONOLOG_LOG 'postgres://x'"),
+    (["--log", "postgres://x"], "error: CHRONOLOG_LOG: 'postgres://x'"),
     (["--log", "sqlite://"], "no file path"),
     (["--log", "kafka://nohost"], "is not host:port"),
-    (["--partitions", "0"], "invalid partitions '0'"),
+    (["--partitions", "0"], "error: --partitions: '0'"),
 ])
 def test_a_bad_log_value_exits_2_with_one_line(args: list[str], fragment: str) -> None:
     proc = _chronolog("audit", *args)
@@ -384,4 +384,4 @@ def test_an_archive_that_is_not_one_exits_2(tmp_path: Path, clean: list[m.EventE
     _write_log(db, clean)
     proc = _chronolog("audit", "--log", f"sqlite:///{db}", "--archive", str(tmp_path / "none"))
     assert proc.returncode == 2
-    assert proc.stderr.startswith("invalid archive '") and len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith("error: --archive: '") and len(proc.stderr.splitlines()) == 1

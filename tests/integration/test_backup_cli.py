@@ -136,7 +136,7 @@ def test_backup_and_restore_round_trip_every_part(deployment: dict[str, object])
     assert not (root / "other" / "log.db").exists()
     log_full = cli("restore", str(backup), "--log", f"sqlite://{new_log}",
                     "--database-url", str(deployment["dst"]))
-    assert log_full.returncode == 2 and f"invalid log '{new_log}': not empty" in log_full.stderr
+    assert log_full.returncode == 2 and f"error: --log: '{new_log}': not empty" in log_full.stderr
 
 
 def test_bad_input_exits_2_with_one_line(deployment: dict[str, object], tmp_path: Path) -> None:

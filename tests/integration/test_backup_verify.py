@@ -183,7 +183,7 @@ def test_a_damaged_backup_is_refused_in_one_line_and_nothing_is_written(
     fn(bad)
     half = (good["backup"] / "log.db").stat().st_size // 2
     line = _one_line(_restore(bad, target))
-    assert line.startswith(f"invalid backup '{bad}': ") and expected.format(half=half) in line
+    assert line.startswith(f"error: backup: '{bad}': ") and expected.format(half=half) in line
     _assert_nothing_written(target)
     _assert_restores(good, target)
 
@@ -255,9 +255,9 @@ def test_backup_verify_says_ok_in_one_line_or_names_the_first_problem(
     _flip("readmodel/runs.copy")(bad)
     _delete(OBJECT)(bad)  # listed after readmodel/: the first problem is the altered copy
     assert _one_line(cli("backup", "verify", str(bad))) == \
-        f"invalid backup '{bad}': readmodel/runs.copy does not match its SHA-256 (altered)"
+        f"error: backup: '{bad}': readmodel/runs.copy does not match its SHA-256 (altered)"
     not_a_backup = _one_line(cli("backup", "verify", str(tmp_path / "nothing")))
-    assert not_a_backup == f"invalid backup '{tmp_path / 'nothing'}': no such directory"
+    assert not_a_backup == f"error: backup: '{tmp_path / 'nothing'}': no such directory"
 
 
 class _Holding:

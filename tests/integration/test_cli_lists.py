@@ -138,7 +138,7 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
             other = await cli("schedule", "list", "--limit", "2", "--state", "PAUSED",
                               "--after", page["nextCursor"])
             assert other.rc == 2 and other.out == ""  # checked before sending, as the API does
-            assert other.err.strip() == "invalid after: the cursor belongs to another query"
+            assert other.err.strip() == "error: --after: the cursor belongs to another query"
             text = await cli("schedule", "list", "--limit", "2")
             assert text.rc == 0 and f"more: --after {page['nextCursor']}" in text.out
             assert all(i["scheduleId"] in text.out for i in page["items"])
@@ -176,7 +176,7 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
             assert [i["runId"] for i in paged] == [i["runId"] for i in runs["items"]]
             other = await cli("runs", "--limit", "2", "--job-type", "echo", "--after",
                               first["nextCursor"])
-            assert other.rc == 2 and other.err.strip() == ("invalid after: the cursor belongs "
+            assert other.rc == 2 and other.err.strip() == ("error: --after: the cursor belongs "
                                                           "to another query")
             text = await cli("runs")
             assert text.rc == 0 and "schedule" in text.out and "job" in text.out

@@ -192,6 +192,8 @@ async def test_a_person_works_through_the_dashboard_in_a_real_browser(
             await page.get_by_role("link", name="Attention").click()
             row = page.locator(f"#live-attention tr[data-run='{dead_run}']")
             await expect(row).to_be_visible()
+            # with why it is DEAD: the reason and the last error, said once
+            await expect(row).to_contain_text("permanent_error · permanent")
             await walk.shot("attention")
             await row.get_by_role("link", name=dead_run).click()
             await expect(page.locator("#live-run h1 .badge")).to_have_text("DEAD")

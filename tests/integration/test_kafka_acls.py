@@ -320,5 +320,5 @@ def test_only_a_principal_allowed_to_alter_acls_can_apply_them(broker: SaslKafka
     no_log = subprocess.run([*args, "--log", "sqlite:///tmp/x.db"], env=_env(), cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert no_log.returncode == 2
-    assert no_log.stderr.strip() == ("invalid --log 'sqlite:///tmp/x.db': --apply needs "
+    assert no_log.stderr.strip() == ("error: --log: 'sqlite:///tmp/x.db': --apply needs "
                                      "kafka://HOST:PORT")

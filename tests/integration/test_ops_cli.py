@@ -175,11 +175,11 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
     ``http``: the CLI goes through the HTTP API (else straight to the log)."""
     # bad input: exit 2 and one line naming the field and value, nothing sent
     for args, line in (
-        (["--cron", "61 * * * *"], "invalid cron '61 * * * *': "),
-        (["--every", "soon"], "invalid every 'soon': "),
-        (["--cron", "0 9 * * *", "--tz", "Mars/Olympus"], "invalid timezone 'Mars/Olympus': "),
-        (["--every", "1s", "--lease", "long"], "invalid lease 'long': "),
-        (["--every", "1s", "--params", "[1]"], "invalid params '[1]': "),
+        (["--cron", "61 * * * *"], "error: --cron: '61 * * * *': "),
+        (["--every", "soon"], "error: --every: 'soon': "),
+        (["--cron", "0 9 * * *", "--tz", "Mars/Olympus"], "error: --tz: 'Mars/Olympus': "),
+        (["--every", "1s", "--lease", "long"], "error: --lease: 'long': "),
+        (["--every", "1s", "--params", "[1]"], "error: --params: '[1]': "),
     ):
         r = await cli("schedule", "create", "bad", *args, "--job", job)
         assert r.rc == 2, (args, r)
@@ -347,10 +347,10 @@ async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_s
         assert forbidden.rc == 1
         assert _one_line(forbidden) == "error: forbidden: job type 'report' not allowed"
         unknown = await direct("schedule", "list", "--tenant", "globex")
-        assert unknown.rc == 2 and "invalid tenant 'globex'" in _one_line(unknown)
+        assert unknown.rc == 2 and "error: --tenant: 'globex'" in _one_line(unknown)
         no_tenant = await api("schedule", "show", "x", "--tenant", "acme")
         assert no_tenant.rc == 2 and _one_line(no_tenant).startswith(
-            "invalid tenant: --tenant applies to direct access to the log (--log)")
+            "error: --tenant applies to direct access to the log (--log)")
 
         ids = await _lifecycle(api, http=True)
 
@@ -595,7 +595,7 @@ async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
         assert lines["api"] == lines["direct"], lines
         assert lines["api"] == [
             "error: conflict: expected revision 2, current is 3",
-            "error: invalid: end must be after start",
+            "error: --end: end must be after start",
             "error: not_found: no schedule 'nope'"]
     finally:
         codes = services.stop_all()

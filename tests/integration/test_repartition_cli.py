@@ -282,7 +282,7 @@ async def test_a_change_no_processor_finishes_exits_1_and_the_same_command_resum
         other = repartition(cfg, "--to", "36")
         out, err = await asyncio.to_thread(other.communicate, timeout=120)
         assert other.returncode == 2
-        assert err.strip() == (f"invalid to '36': a change to {NEW} partitions (version 2) "
+        assert err.strip() == (f"error: --to: '36': a change to {NEW} partitions (version 2) "
                                f"is under way; finish it first with --to {NEW}")
         assert await read_routing(lg) == begun
 
@@ -312,8 +312,8 @@ async def test_a_change_no_processor_finishes_exits_1_and_the_same_command_resum
         out, err = await asyncio.to_thread(same.communicate, timeout=120)
         assert same.returncode == 0
         assert out.strip() == f"the deployment has {NEW} partitions (version 2): nothing to do"
-        for bad, why in ((str(OLD), f"invalid to '{OLD}': the partition count can only grow"),
-                         ("0", "invalid to '0': the partition count must be 1..1024"),
+        for bad, why in ((str(OLD), f"error: --to: '{OLD}': the partition count can only grow"),
+                         ("0", "error: --to: '0': the partition count must be 1..1024"),
                          ("x", "argument --to: invalid int value: 'x'")):
             proc_bad = repartition(cfg, "--to", bad)
             out, err = await asyncio.to_thread(proc_bad.communicate, timeout=120)

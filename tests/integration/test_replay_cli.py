@@ -243,14 +243,14 @@ def test_to_offset_and_until_rebuild_a_prefix_of_every_partition(
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--database-url", "mysql://x"], "invalid database-url 'mysql://x'"),
+    (["--database-url", "mysql://x"], "error: --database-url: 'mysql://x'"),
     (["--database-url", "postgresql://a@a..b/db"], "host 'a..b' is not a host name"),
-    (["--database-url", "postgresql://u:p@[bad/x"], "invalid database-url 'postgresql://u:p@["),
+    (["--database-url", "postgresql://u:p@[bad/x"], "error: --database-url: 'postgresql://u:p@["),
     (["--database-url", "postgresql://u@127.0.0.1:1/db"], "cannot connect to database-url"),
-    (["--schema", "Bad-Name"], "invalid schema 'Bad-Name'"),
-    (["--until", "yesterday"], "invalid until 'yesterday'"),
-    (["--to-offset", "-1"], "invalid to-offset '-1'"),
-    (["--archive", "/nonexistent-archive"], "invalid archive '/nonexistent-archive'"),
+    (["--schema", "Bad-Name"], "error: --schema: 'Bad-Name'"),
+    (["--until", "yesterday"], "error: --until: 'yesterday'"),
+    (["--to-offset", "-1"], "error: --to-offset: '-1'"),
+    (["--archive", "/nonexistent-archive"], "error: --archive: '/nonexistent-archive'"),
 ])
 def test_bad_input_exits_2_with_one_line(
     database_url: str, log_file: tuple[Path, list[m.EventEnvelope]], args: list[str],

@@ -32,15 +32,15 @@ def test_a_bad_retention_flag_is_one_line_and_exit_2(command: str, tmp_path: Pat
     done = _run([command, "--retention", "forever"], tmp_path)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("invalid --retention 'forever': "), lines
+    assert len(lines) == 1 and lines[0].startswith("error: --retention: 'forever': "), lines
     done = _run([command], tmp_path, CHRONOLOG_RETENTION="0")
     assert (done.returncode, done.stderr.strip()) == (
-        2, "invalid CHRONOLOG_RETENTION '0': must be positive")
+        2, "error: CHRONOLOG_RETENTION: '0': must be positive")
 
 
 def test_a_result_retention_past_the_flags_retention_stops_the_command(tmp_path: Path) -> None:
     tenants = _file(tmp_path, '[tenants.a]\ntokens = ["t"]\nresult_retention = "2h"\n')
     done = _run(["projector", "--tenants", str(tenants), "--retention", "1h"], tmp_path)
     assert (done.returncode, done.stderr.strip()) == (
-        2, "invalid tenants.a.result_retention '7200s': must not exceed the tenant's "
+        2, "error: tenants.a.result_retention: '7200s': must not exceed the tenant's "
            "retention (3600s)")

@@ -190,7 +190,7 @@ def test_a_bad_snapshot_exits_2_with_one_line_naming_the_problem(
     r = _cli("rules", "diff", str(path))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"invalid snapshot '{path}'"), r.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: snapshot: '{path}'"), r.stderr
     assert problem in lines[0]
     assert r.stdout == ""
 
@@ -199,7 +199,7 @@ def test_snapshot_bad_flags_exit_2(read_model: str, tmp_path: Path) -> None:
     r = _cli("rules", "snapshot", "--database-url", read_model, "--days", "0")
     assert r.returncode == 2 and "invalid days '0'" in r.stderr
     r = _cli("rules", "snapshot", "--database-url", read_model, "--from", "soon")
-    assert r.returncode == 2 and "invalid from 'soon'" in r.stderr
+    assert r.returncode == 2 and "error: --from: 'soon'" in r.stderr
     r = _cli("rules", "snapshot", "--database-url", read_model, "--out",
              str(tmp_path / "no" / "such" / "dir.json"))
-    assert r.returncode == 2 and "invalid out" in r.stderr
+    assert r.returncode == 2 and "error: --out: " in r.stderr

@@ -3,6 +3,7 @@ work offline. The app runs in-process (ASGI); the pages' assets are fetched from
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
@@ -67,6 +68,20 @@ async def test_docs_pages_load_only_assets_served_by_the_node(path: str, script:
     if path == "/docs":
         assert any(url.endswith(".css") for url in fetched)
         assert "/openapi.json" in html
+
+
+# an image's or a script's address in a bundle (``src:"https://..."``); a link's is not fetched
+_FETCHED_FROM = re.compile(rb"""\bsrc\s*[:=]\s*["'](https?://[^"']+)""")
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+async def test_the_docs_scripts_fetch_nothing_from_outside_the_node(path: str) -> None:
+    _, fetched = await _page_and_assets(path)
+    for url, r in fetched.items():
+        if url.endswith(".js"):
+            outside = _FETCHED_FROM.findall(r.content)
+            assert outside == [], (url, outside[:5])  # no image, script or style from elsewhere
+            assert b"cdn." not in r.content, url
 
 
 async def test_a_missing_asset_is_404_and_the_docs_are_not_in_the_openapi_document() -> None:

@@ -55,3 +55,24 @@ def test_the_lists_and_the_visibility_of_writes_are_documented() -> None:
         ok = [r for code, r in op["responses"].items() if code.startswith("2")]
         assert ok and all({"X-Chronolog-Visible", "X-Chronolog-Consistency"}
                           <= set(r.get("headers", {})) for r in ok), path
+
+
+def test_the_api_version_is_the_packages() -> None:
+    from importlib.metadata import version
+
+    from chronolog.environment import package_version
+
+    assert openapi_document()["info"]["version"] == version("chronolog") == package_version()
+
+
+def test_the_documented_schedule_bodies_are_valid_with_one_rule() -> None:
+    from chronolog.api.models import ScheduleIn
+    from chronolog.queries.documents import ScheduleDefinition, to_spec
+
+    schemas = openapi_document()["components"]["schemas"]
+    for name, model in (("ScheduleIn", ScheduleIn), ("ScheduleDefinition", ScheduleDefinition)):
+        examples = schemas[name]["examples"]
+        assert examples, name
+        for body in examples:
+            assert [k for k in ("cron", "every", "at", "delay") if k in body] == ["every"]
+            to_spec(model.model_validate(body))  # what the API accepts

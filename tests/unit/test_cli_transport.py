@@ -204,26 +204,26 @@ def test_the_log_from_the_environment_is_direct_access(
 
 @pytest.mark.parametrize(("argv", "line"), [
     (["runs", "s1", "--url", "http://127.0.0.1:9", "--log", "sqlite:///x.db"],
-     "invalid url: --url (a node's HTTP API) and --log (direct access to the log) exclude "
+     "error: --url (a node's HTTP API) and --log (direct access to the log) exclude "
      "each other"),
     (["runs", "s1", "--log", "sqlite:///x.db", "--token", "t"],
-     "invalid token: --token applies to the HTTP API (--url); --log accesses the log directly"),
+     "error: --token applies to the HTTP API (--url); --log accesses the log directly"),
     (["runs", "s1", "--url", "http://127.0.0.1:9", "--database-url", "postgresql://x/y"],
-     "invalid database-url: --database-url applies to direct access to the log (--log); over "
+     "error: --database-url applies to direct access to the log (--log); over "
      "the HTTP API the node reads its own read model"),
     (["run", "r1", "--url", "http://127.0.0.1:9", "--tenant", "acme"],
-     "invalid tenant: --tenant applies to direct access to the log (--log); over the HTTP API "
+     "error: --tenant applies to direct access to the log (--log); over the HTTP API "
      "the token names the tenant"),
     (["workers", "list", "--partitions", "4"],
-     "invalid partitions: --partitions applies to direct access to the log (--log); over the "
+     "error: --partitions applies to direct access to the log (--log); over the "
      "HTTP API the node knows its log"),
     (["run", "r1", "--url", "localhost:8080"],
-     "invalid url 'localhost:8080': expected http://host:port (or https://)"),
+     "error: --url: 'localhost:8080': expected http://host:port (or https://)"),
     (["run", "r1", "--url", "http://127.0.0.1:99999"],
-     "invalid url 'http://127.0.0.1:99999': expected http://host:port (or https://)"),
+     "error: --url: 'http://127.0.0.1:99999': expected http://host:port (or https://)"),
     (["run", "r1", "--url", "http://127.0.0.1:9", "--token", "a b"],
-     "invalid token: a token is printable ASCII without spaces"),
-    (["run", "r1", "--url", "http://127.0.0.1:9", "--token", ""], "invalid token: empty"),
+     "error: --token: a token is printable ASCII without spaces"),
+    (["run", "r1", "--url", "http://127.0.0.1:9", "--token", ""], "error: --token: empty"),
     (["runs", "--log", "sqlite:///nonexistent/x.db"],
      "error: runs across schedules need the API (--url)"),
     (["runs", "s1", "--job-type", "echo", "--log", "sqlite:///nonexistent/x.db"],
@@ -244,7 +244,7 @@ def test_the_url_variable_is_checked(capsys: pytest.CaptureFixture[str],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHRONOLOG_URL", "127.0.0.1:8080")
     rc, _, err = _run(capsys, "workers", "list")
-    assert rc == 2 and _one_line(err) == ("invalid CHRONOLOG_URL '127.0.0.1:8080': expected "
+    assert rc == 2 and _one_line(err) == ("error: CHRONOLOG_URL: '127.0.0.1:8080': expected "
                                           "http://host:port (or https://)")
 
 

@@ -32,5 +32,5 @@ def test_a_malformed_url_is_a_usage_error_naming_the_flag(url: str, reason: str)
     with pytest.raises(UsageError) as refused:
         checked_database_url(url)
     said = str(refused.value)
-    assert said.startswith(f"invalid database-url '{url}'") and reason in said
+    assert said.startswith(f"error: --database-url: '{url}'") and reason in said
     assert "\n" not in said

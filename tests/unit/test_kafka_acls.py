@@ -119,7 +119,7 @@ def test_the_command_refuses_bad_input_with_exit_2() -> None:
     done = subprocess.run([CHRONOLOG, "kafka-acls", "--role", "worker", "--principal",
                            "User:w", "--pool", "a.b"], capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == "invalid pool 'a.b': letters, digits, '_' and '-' only"
+    assert done.stderr.strip() == "error: --pool: 'a.b': letters, digits, '_' and '-' only"
 
 
 def test_the_acl_tables_in_docs_are_the_commands_output() -> None:

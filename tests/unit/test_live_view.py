@@ -11,6 +11,7 @@ refresh loop's ``LiveView`` logs each distinct error once.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,8 +24,11 @@ from chronolog.devnode.view import (
     LiveView,
     Outcome,
     Recent,
+    Restart,
+    Running,
     Snapshot,
     Upcoming,
+    Waiting,
     error_panel,
     gather,
     render,
@@ -216,7 +220,7 @@ async def test_a_failing_frame_is_shown_and_logged_once_per_distinct_error() -> 
 async def test_gather_reads_a_node_and_the_render_is_clean() -> None:
     class Proc:
         class stats:  # shaped like ProcessorStats
-            commands, transactions = 7, 3
+            commands, transactions, offers = 7, 3, 40
 
         def __init__(self, states: list[ScheduleState]) -> None:
             self.partitions = {0: type("P", (), {"states": {s.schedule_id: s for s in states}})}
@@ -272,3 +276,147 @@ def test_every_state_the_live_view_shows_is_one_the_runs_filter_accepts() -> Non
     for state in shown:
         assert state in RUN_STATES
         assert parse_run_states(state.lower()) == [state]  # what `runs --state` and the API use
+
+
+# ---------------------------------------------------------------------------------------
+# fitting the screen: 80x24, 120x40, 200x50
+
+
+def busy(tenants: tuple[str, ...] = ("default",)) -> Snapshot:
+    """A node with more to show than 80x24 holds: eight schedules due, twelve attempts
+    running (eight known), ten recent results, three runs waiting, a restart and a problem."""
+    def tenant(i: int) -> str:
+        return tenants[i % len(tenants)]
+
+    upcoming = tuple(Upcoming(tenant(i), f"report-{i}", "reports.daily",
+                              NOW + timedelta(minutes=i + 1), "ACTIVE") for i in range(6))
+    running = tuple(Running(f"r_run{i:02d}", tenant(i), f"sync-{i}", "sync.accounts", 1,
+                            10 + i, f"worker-{i}", NOW + timedelta(seconds=30 + i))
+                    for i in range(8))
+    recent = list(recorded().outcomes(10))
+    recent = [o if o.job_type else replace(o, job_type="reports.weekly") for o in recent]
+    recent += [Outcome(NOW - timedelta(seconds=30 - i), tenant(i), f"ping-{i}", f"r_ping{i}",
+                       "SUCCEEDED", "http.ping", 1, 2) for i in range(4)]
+    waiting = tuple(Waiting(tenant(i), f"gpu-{i}", f"r_wait{i}", "no worker for class gpu")
+                    for i in range(3))
+    return Snapshot(now=NOW, api="http://127.0.0.1:8080", schedules=40, upcoming=upcoming,
+                    running=running, running_total=12, recent=tuple(recent), waiting=waiting,
+                    restarts=(Restart("projector", "ConnectionError: database away", 2,
+                                      NOW - timedelta(seconds=20)),),
+                    lateness_p50_ms=12.0, lateness_p99_ms=40.0, events_per_s=3.5,
+                    commands=1234, offers=98765, transactions=456,
+                    problems=("runs waiting for a worker: OSError: connection refused",))
+
+
+def screen(width: int, height: int, snap: Snapshot | None = None) -> list[str]:
+    frame = render(busy() if snap is None else snap, width, height)
+    assert frame.errors == ()
+    return [line.rstrip() for line in text_of(frame.renderable, width).splitlines()]
+
+
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (120, 40), (200, 50)])
+def test_the_live_view_fits_the_screen_with_every_section(width: int, height: int) -> None:
+    lines = screen(width, height)
+    text = "\n".join(lines)
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    assert len(lines) <= height
+    for title in ("upcoming", "running attempts", "waiting for a worker", "recent results"):
+        assert any(line.startswith(title) for line in lines), title
+    header = {title: lines[next(i for i, line in enumerate(lines) if line.startswith(title))
+                           + 1] for title in ("upcoming", "running attempts", "recent results")}
+    for column in ("schedule", "job", "next (UTC)", "in"):
+        assert column in header["upcoming"]
+    for column in ("schedule", "job", "attempt", "lease until"):
+        assert column in header["running attempts"]
+    for column in ("at", "schedule", "job", "state", "reason / last error"):
+        assert column in header["recent results"]
+    assert "projector failed (ConnectionError: database away)" in text
+    assert "OSError: connection refused" in text
+    # the status line and the API's address, at the bottom
+    assert lines[-2].startswith("start lateness p50 12 ms  p99 40 ms   events/s 3.5")
+    assert "commands 1234" in lines[-2]
+    assert lines[-1].startswith("API http://127.0.0.1:8080   schedules 40")
+
+
+def test_a_short_screen_shows_fewer_rows_and_says_how_many() -> None:
+    lines = screen(80, 24)
+    assert any(line.startswith("recent results (") and "of 10)" in line for line in lines)
+    assert any(line.startswith("running attempts (") and "of 12)" in line for line in lines)
+    # the newest results are the ones kept
+    assert any("ping-3" in line for line in lines)
+    tall = screen(200, 50)
+    assert "running attempts (8 of 12)" in tall  # all eight known of the twelve
+    assert "recent results" in tall and "upcoming" in tall
+
+
+def test_a_wide_screen_shows_extra_columns_sized_to_their_content() -> None:
+    narrow, wide = screen(80, 24), screen(200, 50)
+
+    def header(lines: list[str], title: str) -> str:
+        return lines[next(i for i, line in enumerate(lines) if line.startswith(title)) + 1]
+
+    for title, extras in (("running attempts", ("run", "fence", "worker")),
+                          ("recent results", ("run", "att/fence")), ("upcoming", ("state",))):
+        for extra in extras:
+            assert extra not in header(narrow, title).split(), (title, extra)
+            assert extra in header(wide, title).split(), (title, extra)
+    assert "transactions 456" not in "\n".join(narrow) and "transactions 456" in wide[-2]
+    # the schedule column is as wide as its longest name, not the leftover of the screen
+    upcoming_header = wide[wide.index("upcoming") + 1]
+    assert upcoming_header.index("job") - upcoming_header.index("schedule") <= len(
+        "report-5") + 3
+
+
+def test_schedules_are_named_with_their_tenant_only_when_several_are_shown() -> None:
+    one = "\n".join(screen(200, 50))
+    assert "default/" not in one and "report-1" in one and "gpu-1" in one
+    two = "\n".join(screen(200, 50, busy(("default", "acme"))))
+    for name in ("default/report-0", "acme/report-1", "acme/sync-1", "default/gpu-0",
+                 "acme/gpu-1", "acme/ping-1"):
+        assert name in two, name  # the same naming in every table
+
+
+def test_a_dead_run_says_its_error_once() -> None:
+    recent = Recent()
+    t = NOW - timedelta(seconds=5)
+    recent(0, [
+        _env("geo", _materialized("r_geo", "geo.lookup", t), t),
+        _env("geo", m.AttemptFailed(run_id="r_geo", attempt=1, fence=2, worker_id="w",
+                                    error_class="permanent", message="no region eu-x"), t),
+        _env("geo", m.OccurrenceDeadLettered(run_id="r_geo", reason="permanent_error",
+                                             message="no region eu-x"), t),
+        _env("poll", _materialized("r_poll", "http.ping", t), t),
+        _env("poll", m.AttemptFailed(run_id="r_poll", attempt=3, fence=5, worker_id="w",
+                                     error_class="transient", message="timeout"), t),
+        _env("poll", m.OccurrenceDeadLettered(run_id="r_poll", reason="max_attempts",
+                                              message="3 attempts used"), t)])
+    snap = Snapshot(now=NOW, api="http://x", recent=tuple(recent.outcomes(10)))
+    for width in (80, 200):
+        text = text_of(render(snap, width, 24).renderable, width)
+        geo = lines_with(text, "geo")
+        assert len(geo) == 1 and "DEAD" in geo[0]
+        assert text.count("no region") == 1
+    wide = text_of(render(snap, 200).renderable, 200)
+    assert "permanent_error · permanent: no region eu-x" in wide
+    assert "max_attempts: 3 attempts used · transient: timeout" in wide
+
+
+async def test_a_skipped_run_shows_its_schedules_job() -> None:
+    from chronolog.commands.state import policy_for
+
+    class Proc:
+        class stats:
+            commands, transactions, offers = 0, 0, 0
+
+        def __init__(self, states: list[ScheduleState]) -> None:
+            self.partitions = {0: type("P", (), {"states": {s.schedule_id: s for s in states}})}
+
+    st = ScheduleState("default", "paused-one")
+    st.status = "PAUSED"
+    st.policy = policy_for(m.ScheduleSpec(every=60, job=m.JobSpec(type="billing.close")))
+    snap = await gather(_Node({"processor": Proc([st]), "recent": recorded()}))
+    skipped = [o for o in snap.recent if o.state == "SKIPPED"]
+    assert [o.job_type for o in skipped] == ["billing.close", "billing.close"]
+    for width in (80, 200):
+        rows = lines_with(text_of(render(snap, width, 24).renderable, width), "SKIPPED")
+        assert len(rows) == 2 and all("billing.close" in row for row in rows)

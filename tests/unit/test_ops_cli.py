@@ -64,13 +64,12 @@ def test_a_spec_file_with_flags_overriding_it(tmp_path: Path) -> None:
      ["--cron", "0 9 * * *", "--tz", "Europe/Atlantis"], None),
     (["--at", "tomorrow"], ["--at", "tomorrow"], None),
     (["--every", "1s", "--anchor", "x"], ["--every", "1s", "--anchor", "x"], None),
-    (["--every", "1s", "--jitter=-5s"], None, "invalid jitter '-5s': must not be negative"),
-    (["--every", "1s", "--params", "{"], None, "invalid params '{': not JSON"),
+    (["--every", "1s", "--jitter=-5s"], None, "error: --jitter: '-5s': must not be negative"),
+    (["--every", "1s", "--params", "{"], None, "error: --params: '{': not JSON"),
     (["--every", "1s", "--max-attempts", "0"], None,
-     "invalid retry.maxAttempts '0' (--max-attempts): Input should be greater than or equal "
-     "to 1"),
-    (["--every", "1s", "--job", ""], None, "invalid job.type '': "),
-    ([], None, "invalid schedule: one of --cron, --every, --at, --delay (or --spec) is "
+     "error: --max-attempts: '0': must be at least 1"),
+    (["--every", "1s", "--job", ""], None, "error: --job: '': "),
+    ([], None, "error: schedule: one of --cron, --every, --at, --delay (or --spec) is "
      "required"),
 ])
 def test_bad_input_is_one_line_and_exit_2(
@@ -92,10 +91,11 @@ def test_spec_naming_another_schedule(tmp_path: Path, capsys: pytest.CaptureFixt
     f = tmp_path / "x.json"
     f.write_text(json.dumps({"scheduleId": "other", "every": "1m", "job": {"type": "echo"}}))
     assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
-    assert capsys.readouterr().err.startswith("invalid scheduleId 'other': ")
+    assert capsys.readouterr().err.startswith(
+        "error: schedule ID: 'other': the spec names another schedule")
     f.write_text(json.dumps({"every": "1m", "job": {"type": "echo"}, "colour": "red"}))
     assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
-    assert capsys.readouterr().err.strip() == "invalid colour 'red': unknown field"
+    assert capsys.readouterr().err.strip() == "error: colour: 'red': unknown field"
 
 
 def test_revise_needs_if_match(capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,22 +106,24 @@ def test_revise_needs_if_match(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv,line", [
-    (["schedule", "create", "..", "--every", "1h", "--job", "echo"], "invalid scheduleId '..': "),
-    (["schedule", "pause", "a\r\nb"], "invalid scheduleId 'a\\r\\nb': "),
-    (["cancel", "r_\x7f"], "invalid runId 'r_\\x7f': "),
+    (["schedule", "create", "..", "--every", "1h", "--job", "echo"],
+     "error: schedule ID '..': letters, digits and _ . : @ - only, not only dots, "
+     "1-200 characters"),
+    (["schedule", "pause", "a\r\nb"], "error: schedule ID 'a\\r\\nb': "),
+    (["cancel", "r_\x7f"], "error: run ID 'r_\\x7f': letters, digits and _ - only"),
     (["schedule", "create", "s1", "--every", "1h", "--job", "echo", "--params",
-      '{"a": {"b": "\\u0000"}}'], "invalid job.params: a.b: text must not contain NUL"),
-    (["trigger", "s1", "--params", '{"k\\u0000": 1}'], "invalid params: "),
+      '{"a": {"b": "\\u0000"}}'], "error: --params: a.b: text must not contain NUL"),
+    (["trigger", "s1", "--params", '{"k\\u0000": 1}'], "error: --params: "),
     (["schedule", "create", "s1", "--every", "99999999999w", "--job", "echo"],
-     "invalid every '99999999999w': must be at most"),
+     "error: --every: '99999999999w': must be at most"),
     (["schedule", "create", "s1", "--at", "9999-12-31T23:59:59Z", "--job", "echo"],
-     "invalid at '9999-12-31T23:59:59Z': must be between"),
+     "error: --at: '9999-12-31T23:59:59Z': must be between"),
     (["schedule", "create", "s1", "--cron", "0 ¹ * * *", "--job", "echo"],
-     "invalid cron '0 ¹ * * *': hour '¹' is not a number (ASCII digits)"),
+     "error: --cron: '0 ¹ * * *': hour '¹' is not a number (ASCII digits)"),
     (["schedule", "create", "s1", "--cron", "0 9 * * 5#6", "--job", "echo"],
-     "invalid cron '0 9 * * 5#6': day-of-week '5#6': n#k needs k from 1 to 5"),
+     "error: --cron: '0 9 * * 5#6': day-of-week '5#6': n#k needs k from 1 to 5"),
     (["schedule", "create", "s1", "--every", "١h", "--job", "echo"],
-     "invalid every '١h': not ASCII"),
+     "error: --every: '١h': not ASCII"),
 ])
 def test_limits_are_usage_errors_before_anything_is_sent(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
@@ -141,36 +143,38 @@ def test_the_cron_specials_pass_through_schedule_create() -> None:
 
 @pytest.mark.parametrize("argv,line", [
     (["schedule", "list", "--state", "RUNNING"],
-     "invalid state 'RUNNING': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
+     "error: --state: 'RUNNING': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
      "DELETED"),
     (["schedule", "list", "--state", ","],
-     "invalid state ',': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
+     "error: --state: ',': expected a comma-separated list of ACTIVE, PAUSED, COMPLETED, "
      "DELETED"),
-    (["schedule", "list", "--limit", "0"], "invalid limit '0': must be 1..500"),
-    (["schedule", "list", "--limit", "501"], "invalid limit '501': must be 1..500"),
-    (["schedule", "list", "--prefix", "a\x00"], "invalid prefix 'a\\x00': 1 to 200 characters"),
-    (["schedule", "list", "--prefix", ""], "invalid prefix '': 1 to 200 characters"),
-    (["schedule", "list", "--resource-class", "gpu.x"], "invalid resourceClass 'gpu.x': "),
-    (["schedule", "list", "--job-type", ""], "invalid jobType '': 1 to 200 characters"),
-    (["schedule", "list", "--after", "a b"], "invalid after 'a b': not a cursor of this API"),
+    (["schedule", "list", "--limit", "0"], "error: --limit: '0': must be 1..500"),
+    (["schedule", "list", "--limit", "501"], "error: --limit: '501': must be 1..500"),
+    (["schedule", "list", "--prefix", "a\x00"], "error: --prefix: 'a\\x00': 1 to 200 characters"),
+    (["schedule", "list", "--prefix", ""], "error: --prefix: '': 1 to 200 characters"),
+    (["schedule", "list", "--resource-class", "gpu.x"], "error: --resource-class: 'gpu.x': "),
+    (["schedule", "list", "--job-type", ""], "error: --job-type: '': 1 to 200 characters"),
+    (["schedule", "list", "--after", "a b"], "error: --after: 'a b': not a cursor of this API"),
     (["schedule", "list", "--after", "bm90LWEtY3Vyc29y"],
-     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+     "error: --after: 'bm90LWEtY3Vyc29y': not a cursor of this API"),
     (["runs", "--after", "bm90LWEtY3Vyc29y"],
-     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+     "error: --after: 'bm90LWEtY3Vyc29y': not a cursor of this API"),
     (["runs", "s1", "--job-type", "echo", "--after", "bm90LWEtY3Vyc29y"],
-     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
-    (["runs", "--state", "LOST"], "invalid state 'LOST': expected "),
-    (["runs", "--from", "yesterday"], "invalid from 'yesterday': not an ISO-8601 date-time"),
-    (["runs", "--to", "2026-13-01T00:00:00Z"], "invalid to '2026-13-01T00:00:00Z': "),
+     "error: --after: 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "--state", "LOST"], "error: --state: 'LOST': expected "),
+    (["runs", "--from", "yesterday"], "error: --from: 'yesterday': not an ISO-8601 date-time"),
+    (["runs", "--to", "2026-13-01T00:00:00Z"], "error: --to: '2026-13-01T00:00:00Z': "),
     (["runs", "--from", "2026-05-02T00:00:00Z", "--to", "2026-05-01T00:00:00Z"],
-     "invalid from '2026-05-02T00:00:00Z': after to '2026-05-01T00:00:00Z'"),
-    (["runs", "--limit", "0"], "invalid limit '0': must be 1..500"),
+     "error: --from: '2026-05-02T00:00:00Z': after to '2026-05-01T00:00:00Z'"),
+    (["runs", "--limit", "0"], "error: --limit: '0': must be 1..500"),
     (["runs", "s1", "--after", "bm90LWEtY3Vyc29y"],
-     "invalid after 'bm90LWEtY3Vyc29y': not a cursor of this API"),
-    (["runs", "..", "--limit", "5"], "invalid scheduleId '..': "),
-    (["workers", "list", "--limit", "501"], "invalid limit '501': must be 1..500"),
-    (["workers", "list", "--after", "!!"], "invalid after '!!': not a cursor of this API"),
-    (["cancel", "r_1", "--schedule", "a b"], "invalid schedule 'a b': not a schedule ID"),
+     "error: --after: 'bm90LWEtY3Vyc29y': not a cursor of this API"),
+    (["runs", "..", "--limit", "5"], "error: schedule ID '..': letters, digits and "
+     "_ . : @ - only, not only dots, 1-200 characters"),
+    (["workers", "list", "--limit", "501"], "error: --limit: '501': must be 1..500"),
+    (["workers", "list", "--after", "!!"], "error: --after: '!!': not a cursor of this API"),
+    (["cancel", "r_1", "--schedule", "a b"], "error: --schedule: schedule ID 'a b': "
+     "letters, digits"),
 ])
 def test_list_and_query_flags_are_checked_before_sending(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
@@ -187,7 +191,7 @@ def test_the_direct_schedule_list_keeps_its_own_limit(
 ) -> None:
     assert main(["schedule", "list", "--limit", "10001", "--log",
                  "sqlite:///nonexistent/x.db"]) == 2
-    assert capsys.readouterr().err.strip() == "invalid limit '10001': must be 1..10000"
+    assert capsys.readouterr().err.strip() == "error: --limit: '10001': must be 1..10000"
 
 
 
@@ -202,10 +206,10 @@ def test_a_runs_cursor_serves_only_the_filters_it_was_made_with(
     cursor = RunListCursor((at, "r_2"), (at, "r_1")).encode(RunQuery(job_type="echo"))
     rc = main(["runs", "--job-type", "noop", "--after", cursor, "--url", "http://127.0.0.1:9"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err
+    assert rc == 2 and err.strip() == "error: --after: the cursor belongs to another query", err
     rc = main(["runs", "s1", "--after", cursor, "--url", "http://127.0.0.1:9"])  # another list
     err = capsys.readouterr().err
-    assert rc == 2 and err.strip() == "invalid after: the cursor belongs to another query", err
+    assert rc == 2 and err.strip() == "error: --after: the cursor belongs to another query", err
 
 
 def test_more_attempts_than_the_ceiling_is_exit_2_naming_the_field(
@@ -214,12 +218,12 @@ def test_more_attempts_than_the_ceiling_is_exit_2_naming_the_field(
     rc = main(["schedule", "create", "s1", "--every", "1h", "--job", "echo",
                "--max-attempts", "1000", "--log", "sqlite:///nonexistent/x.db"])
     assert rc == 2
-    assert capsys.readouterr().err.startswith("invalid retry.maxAttempts '1000' (--max-attempts): ")
+    assert capsys.readouterr().err.startswith("error: --max-attempts: '1000': ")
     f = tmp_path / "s1.json"
     f.write_text(json.dumps({"every": "1h", "job": {"type": "echo"},
                              "retry": {"maxAttempts": 101}}))
     assert main(["schedule", "create", "s1", "--spec", str(f)]) == 2
-    assert "retry.maxAttempts" in capsys.readouterr().err
+    assert "--max-attempts" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ every field a flag
@@ -272,28 +276,27 @@ def test_the_create_flags_cover_every_field_of_the_api_body() -> None:
 
 
 @pytest.mark.parametrize(("argv", "line"), [
-    (["--max-count", "0"], "invalid maxCount '0' (--max-count): Input should be greater than "
-     "or equal to 1"),
-    (["--priority", "101"], "invalid priority '101': Input should be less than or equal to 100"),
-    (["--resource-class", "a b"], "invalid resourceClass 'a b' (--resource-class): String "
-     "should match pattern"),
-    (["--resource-class", "pool-x"], "invalid resourceClass 'pool-x' (--resource-class): a "
+    (["--max-count", "0"], "error: --max-count: '0': must be at least 1"),
+    (["--priority", "101"], "error: --priority: '101': must be at most 100"),
+    (["--resource-class", "a b"], "error: --resource-class: 'a b': letters, "
+     "digits and _ - only, 1-64 characters"),
+    (["--resource-class", "pool-x"], "error: --resource-class: 'pool-x': a "
      "resource class may not start with 'pool-'"),
-    (["--start", "soon"], "invalid start 'soon': not an ISO-8601 date-time"),
-    (["--end", "2030-13-01"], "invalid end '2030-13-01': not an ISO-8601 date-time"),
-    (["--job-timeout", "forever"], "invalid job.timeout 'forever' (--job-timeout): "),
-    (["--misfire-grace=-1s"], "invalid misfire.grace '-1s' (--misfire-grace): must not be "
+    (["--start", "soon"], "error: --start: 'soon': not an ISO-8601 date-time"),
+    (["--end", "2030-13-01"], "error: --end: '2030-13-01': not an ISO-8601 date-time"),
+    (["--job-timeout", "forever"], "error: --job-timeout: 'forever': "),
+    (["--misfire-grace=-1s"], "error: --misfire-grace: '-1s': must not be "
      "negative"),
-    (["--misfire-max-catchup", "0"], "invalid misfire.maxCatchup '0' (--misfire-max-catchup): "),
-    (["--retry-multiplier", "11"], "invalid retry.multiplier '11.0' (--retry-multiplier): "
-     "Input should be less than or equal to 10"),
-    (["--retry-max-backoff", "x"], "invalid retry.maxBackoff 'x' (--retry-max-backoff): "),
-    (["--effects", "{}"], "invalid effects '{}': must be a JSON array"),
-    (["--effects", "[{"], "invalid effects '[{': not JSON"),
+    (["--misfire-max-catchup", "0"], "error: --misfire-max-catchup: '0': "),
+    (["--retry-multiplier", "11"], "error: --retry-multiplier: '11.0': "
+     "must be at most 10"),
+    (["--retry-max-backoff", "x"], "error: --retry-max-backoff: 'x': "),
+    (["--effects", "{}"], "error: --effects: '{}': must be a JSON array"),
+    (["--effects", "[{"], "error: --effects: '[{': not JSON"),
     (["--effects", '[{"kind": "fax", "destination": "d"}]'],
-     "invalid effects '[{\"kind\": \"fax\", \"destination\": \"d\"}]': effects.kind: Input "
-     "should be 'webhook', 'email', 'postgres' or 'kafka'"),
-    (["--delay", "0s"], "invalid delay '0s': "),
+     "error: --effects: '[{\"kind\": \"fax\", \"destination\": \"d\"}]': effects.kind: must "
+     "be one of webhook, email, postgres or kafka"),
+    (["--delay", "0s"], "error: --delay: '0s': "),
 ])
 def test_each_new_flag_refuses_a_bad_value_naming_its_field_and_flag(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
@@ -335,14 +338,14 @@ def test_revise_sends_only_the_fields_of_the_flags_given() -> None:
 
 
 @pytest.mark.parametrize(("argv", "line"), [
-    ([], "invalid revise: nothing to change: pass the flags of the fields to change (or --spec "
+    ([], "error: revise: nothing to change: pass the flags of the fields to change (or --spec "
      "FILE for the whole definition)"),
-    (["--end", "2031-01-01T00:00:00"], "invalid end '2031-01-01T00:00:00': a time without an "
+    (["--end", "2031-01-01T00:00:00"], "error: --end: '2031-01-01T00:00:00': a time without an "
      "offset needs --tz on revise"),
     (["--cron", "0 9 * * *", "--anchor", "2031-01-01T00:00:00Z"],
-     "invalid anchor '2031-01-01T00:00:00Z': --anchor only applies to --every"),
-    (["--params", "[1]"], "invalid params '[1]': must be a JSON object"),
-    (["--cron", "0 25 * * *"], "invalid cron '0 25 * * *': "),
+     "error: --anchor: '2031-01-01T00:00:00Z': --anchor only applies to --every"),
+    (["--params", "[1]"], "error: --params: '[1]': must be a JSON object"),
+    (["--cron", "0 25 * * *"], "error: --cron: '0 25 * * *': "),
 ])
 def test_revise_refuses_bad_flags_before_anything_is_sent(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str,

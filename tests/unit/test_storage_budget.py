@@ -168,5 +168,5 @@ def test_a_bad_storage_budget_stops_the_processor_with_one_line_exit_2(tmp_path:
     done = subprocess.run([CHRONOLOG, "processor", "--tenants", str(path)], capture_output=True,
                           text=True, timeout=60, env={**clean, "CHRONOLOG_DATA_DIR": str(tmp_path)})
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr.startswith("invalid tenants.acme.storage_budget 'lots': ")
+    assert done.stderr.startswith("error: tenants.acme.storage_budget: 'lots': ")
     assert done.stderr.count("\n") == 1

@@ -39,7 +39,13 @@ from chronolog.api.models import PauseIn, ReconcileIn, ScheduleIn
 from chronolog.api.routes import runs as run_routes
 from chronolog.api.routes import schedules as schedule_routes
 from chronolog.api.routes.params import RunIdPath, ScheduleIdPath
-from chronolog.queries.documents import InvalidDefinition, definition_of, iso, jsonable
+from chronolog.queries.documents import (
+    InvalidDefinition,
+    definition_of,
+    iso,
+    jsonable,
+    plain_message,
+)
 from chronolog.queries.metrics import LATENESS_BUCKETS, MetricsSource
 from chronolog.queries.read_model import (
     SCHEDULE_STATES,
@@ -272,7 +278,7 @@ def _problem(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        msg = plain_message(err)
         return f"{where}: {msg}" if where else msg
     return str(exc)
 
@@ -293,7 +299,7 @@ async def login_page(request: Request, ctx: Context,
                      next: Annotated[str | None, Query(max_length=2000)] = None
                      ) -> Response:
     nonce = session.login_nonce()
-    response = page(request, "login.html", None, login_csrf=nonce,
+    response = page(request, "login.html", None, title="Log in", login_csrf=nonce,
                     next=_safe_next(next, HOME), error=None)
     session.set_cookie(response, request, session.LOGIN_COOKIE, nonce, 3600)
     return response
@@ -582,6 +588,18 @@ for _verb in ("redrive", "reconcile", "cancel"):
 # ------------------------------------------------------------------ attention
 
 
+def dead_why(doc: dict[str, Any]) -> str:
+    """Why a run is DEAD, in one line: its reason and message, and its last error when it
+    says more (a permanent error's message is the error's own: said once)."""
+    reason, message = doc.get("deadReason") or "", doc.get("deadMessage") or ""
+    kind, text = doc.get("lastErrorClass"), doc.get("lastError")
+    error = f"{kind}: {text}" if kind and text else kind or text or ""
+    if message and error.endswith(message):  # a permanent error's message is the error's
+        message = ""
+    head = f"{reason}: {message}" if reason and message else reason or message
+    return " · ".join(part for part in (head, error) if part)
+
+
 @router.get(PREFIX + "/attention")
 async def attention(request: Request, ctx: Context) -> Response:
     tenant = _tenant(request, ctx)
@@ -596,7 +614,10 @@ async def attention(request: Request, ctx: Context) -> Response:
                                   limit=100, partitions=n)
         return list(jsonable(got)["items"])
 
-    dead = await runs_in("DEAD")
+    dead = []
+    for item in await runs_in("DEAD"):
+        doc = await run_document(rm, tenant.name, item["runId"])
+        dead.append({**item, "why": dead_why(doc) if doc is not None else ""})
     reconciling = []
     for item in await runs_in("RECONCILING"):
         doc = await run_document(rm, tenant.name, item["runId"])

@@ -71,6 +71,19 @@ async def test_a_due_run_is_assigned_to_an_offering_worker_with_its_claim(event_
             assert body["job_type"] == "echo" and body["params"] == {"x": 1}
 
 
+async def test_workers_offers_are_counted_apart_from_commands(event_log: Any) -> None:
+    async with Running(event_log) as r:
+        await r.client.create_schedule("acme", "s1", SPEC)
+        commands = r.proc.stats.commands
+        assert commands >= 1 and r.proc.stats.offers == 0
+        for _ in range(3):  # an idle worker renews its offers every second
+            await offer(event_log, "w1", 4)
+        partitions = event_log.topics.partitions
+        await wait_until(lambda: r.proc.stats.offers == 3 * partitions, 20,
+                         what="the offers decided")
+        assert r.proc.stats.commands == commands
+
+
 async def test_a_run_no_offering_worker_can_handle_waits_ready_and_burns_no_attempt(
     event_log: Any
 ) -> None:
