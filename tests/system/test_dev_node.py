@@ -262,8 +262,8 @@ def test_a_second_node_on_a_data_directory_in_use_is_refused_and_the_first_keeps
             capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert second.returncode == 2, second.stderr
         assert second.stderr.splitlines() == [
-            f"the data directory {data_dir} is in use by the node with PID {node.proc.pid} at "
-            f"{node.url} (stop it first, or use --data-dir elsewhere)"]
+            f"error: the data directory {data_dir} is in use by the node with PID "
+            f"{node.proc.pid} at {node.url} (stop it first, or use --data-dir elsewhere)"]
         assert node.healthy()
         assert (data_dir / "node.json").read_bytes() == node_file
         assert not (data_dir / "dev.log").exists()

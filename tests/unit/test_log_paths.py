@@ -29,7 +29,7 @@ def test_a_log_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path,
     r = subprocess.run([CHRONOLOG, *command, "--log", url], env=_env(), cwd=tmp_path,
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (2, (
-        f"invalid --log '{url}': no directory {tmp_path / 'nonexistent' / 'dir'} "
+        f"error: --log: '{url}': no directory {tmp_path / 'nonexistent' / 'dir'} "
         "(a SQLite log is a file in an existing directory)\n")), r.stderr
     assert list(tmp_path.iterdir()) == []  # nothing made
 

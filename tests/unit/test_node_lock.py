@@ -140,5 +140,5 @@ def test_a_data_dir_that_cannot_be_a_directory_is_a_usage_error_naming_it(
     status = main(["dev", "--quiet", "--data-dir", str(taken), "--port", "9"])
     assert status == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"invalid --data-dir '{taken}': File exists"]
+        f"error: --data-dir: '{taken}': File exists"]
     assert taken.read_text() == "not a directory\n"
