@@ -269,9 +269,9 @@ def test_a_bad_visible_timeout_is_a_usage_error(tmp_path: Path) -> None:
                         "--visible-timeout", "soon"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT, env=env)
     assert r.returncode == 2, r.stderr
-    assert "visible-timeout 'soon'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "--visible-timeout: 'soon'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([CHRONOLOG, "dev", "--data-dir", str(tmp_path / "dev"), "--port",
                         str(free_port()), "--quiet"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT, env={**env, "CHRONOLOG_VISIBLE_TIMEOUT": "-1"})
     assert r.returncode == 2, r.stderr
-    assert "visible-timeout '-1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "visible-timeout: '-1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -53,7 +53,8 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
             return text if WAITING in text else None
 
         text = await wait_until(waiting, 30, what="the live view's waiting run")
-        assert "waiting for a worker" in text and "steady/greeter" in text
+        # one tenant on screen: its schedules are named without it
+        assert "greeter" in text.split("waiting for a worker", 1)[1]
 
         async with serving(event_log, tmp_path, "w-greet", greet_jobs.register) as greet:
             async def served() -> Any:
