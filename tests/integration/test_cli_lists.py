@@ -27,6 +27,7 @@ from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     Services,
     _env,
     dsn,
+    start_stack,
 )
 
 pytestmark = pytest.mark.postgres
@@ -55,11 +56,7 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     services = Services(tmp_path, _env())
-    services.start("processor", ["processor", *log_args])
-    services.start("projector", ["projector", *log_args, "--database-url", dsn])
-    services.start("worker", ["worker", *log_args, "--builtin-jobs",
-                              "--results", str(tmp_path / "results")])
-    services.start("api", ["api", *log_args, "--database-url", dsn, "--port", str(port)])
+    start_stack(services, log_args, dsn, tmp_path, api_port=port)
     start = datetime.now(UTC) - timedelta(seconds=1)
     try:
         cli = Cli(["--url", url, "--token", "dev"], _env(), services)
