@@ -1193,13 +1193,10 @@ class KafkaEventLog:
         try:
             # InitProducerId: bumps the epoch of txn_id, fencing older producers (and aborting
             # or completing their open transaction).
-            await _bounded(producer.start(), self._bound_s, f"InitProducerId for {txn_id}")
-        except BaseException as exc:
-            await stop_client(producer, 10)
-            if isinstance(exc, KafkaError):  # no broker to bootstrap from, ...
-                raise LogUnavailable(f"kafka: InitProducerId for {txn_id} failed: {exc!r}"
-                                     ) from exc
-            raise
+            await start_client(producer, self._bound_s, f"InitProducerId for {txn_id}")
+        except KafkaError as exc:  # no broker to bootstrap from, ...
+            raise LogUnavailable(f"kafka: InitProducerId for {txn_id} failed: {exc!r}"
+                                 ) from exc
         owner = KafkaPartitionOwner(self, partition, owner_id, producer)
         self._owners.add(owner)
         return owner
