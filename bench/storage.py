@@ -68,7 +68,7 @@ import orjson
 
 from chronolog.client import Client
 from chronolog.domain import codec
-from chronolog.log.kafka import PRUNED_SEGMENT_MS
+from chronolog.log.kafka_config import PRUNED_SEGMENT_MS
 from chronolog.log.port import Topics
 from chronolog.settings import LogConfig, interval_from_env, open_log
 

@@ -47,7 +47,8 @@ from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import partition_key
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch
-from chronolog.log.kafka import NO_AUTH, stop_client
+from chronolog.log.kafka import stop_client
+from chronolog.log.kafka_config import NO_AUTH
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import EventLog, KafkaCluster, LogError, OutRecord
 from chronolog.wakeup import wait_within

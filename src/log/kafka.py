@@ -89,7 +89,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -121,6 +120,7 @@ from chronolog.log.durability import (
     TopicFacts,
     durability_problems,
 )
+from chronolog.log.kafka_config import NO_AUTH, PRUNED_SEGMENT_MS, KafkaAuth
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
     Fenced,
@@ -381,38 +381,6 @@ class _Reader:
         self.lso = -1  # the last stable offset of ``tp`` last seen (it only grows)
 
 
-# TLS (SSL, SASL_SSL) would need an SSL context, which nothing builds yet
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT")
-# the producers' batch compression (CHRONOLOG_KAFKA_COMPRESSION); lz4 and zstd come from
-# cramjam, aiokafka's codec library
-COMPRESSIONS = ("none", "gzip", "lz4", "zstd")
-# the segment roll of the topics chronolog prunes (CHRONOLOG_KAFKA_SEGMENT)
-PRUNED_SEGMENT_MS = 3_600_000
-SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
-
-
-@dataclass(frozen=True)
-class KafkaAuth:
-    """How a process authenticates to the brokers: ``PLAINTEXT`` (none, the default) or SASL
-    with a mechanism, a user name and a password (``chronolog.settings`` reads them from
-    the environment). The password is left out of the repr."""
-
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """The aiokafka keyword arguments of every producer, consumer and admin client."""
-        if not self.security_protocol.startswith("SASL"):
-            return {"security_protocol": self.security_protocol}
-        return {"security_protocol": self.security_protocol,
-                "sasl_mechanism": self.sasl_mechanism,
-                "sasl_plain_username": self.username,
-                "sasl_plain_password": self.password}
-
-
-NO_AUTH = KafkaAuth()
 
 
 class KafkaEventLog:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from chronolog.log.kafka import KafkaAuth
+from chronolog.log.kafka_config import KafkaAuth
 from support.net import free_port
 
 from .conftest import ROOT

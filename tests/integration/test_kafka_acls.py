@@ -30,8 +30,9 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from chronolog.log.kafka import KafkaAuth, KafkaEventLog
+from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.kafka_acls import acls_for, apply_acls
+from chronolog.log.kafka_config import KafkaAuth
 from chronolog.log.port import LogError, OutRecord, Topics
 from support.net import free_port
 from support.polling import SPAWN_POLL, wait_until

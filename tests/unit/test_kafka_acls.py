@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from chronolog.log.kafka import NO_AUTH, KafkaAuth
 from chronolog.log.kafka_acls import ROLES, AclError, acls_for
+from chronolog.log.kafka_config import NO_AUTH, KafkaAuth
 from chronolog.log.port import Topics
 from chronolog.settings import ConfigError, kafka_auth_from_env, open_log, parse_log_url
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.codec import has_lz4, has_zstd
 
-from chronolog.log.kafka import COMPRESSIONS
+from chronolog.log.kafka_config import COMPRESSIONS
 from chronolog.settings import ConfigError, parse_log_url
 
 

@@ -325,6 +325,8 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("lifecycle.py", "asyncpg"): "processes on the embedded log never load asyncpg",
     ("log/kafka_acls.py", "aiokafka.protocol.admin"): "printing the ACLs needs no broker",
     ("embedded_postgres.py", "pwd"): "the server's system user is looked up only when run as root",
+    ("settings.py", "chronolog.log.sqlite"): "a process imports the adapter of its own log",
+    ("settings.py", "chronolog.log.kafka"): "a process imports the adapter of its own log",
 }
 # what `chronolog --help` must not load
 HEAVY_MODULES = ("aiokafka", "asyncpg", "fastapi", "uvicorn", "httpx", "sqlite3")
@@ -394,6 +396,17 @@ def test_the_command_line_starts_without_heavy_drivers() -> None:
         capture_output=True, text=True, check=True).stdout.split()
     heavy = sorted(name for name in loaded if name.split(".")[0] in HEAVY_MODULES)
     assert heavy == []
+
+
+@pytest.mark.parametrize("module", ["chronolog.processors.runtime", "chronolog.cli.processor",
+                                    "chronolog.cli.worker", "chronolog.cli.projector",
+                                    "chronolog.cli.schedules", "chronolog.api.app"])
+def test_a_process_on_the_embedded_log_does_not_load_the_kafka_client(module: str) -> None:
+    """Only ``open_log`` of a Kafka log imports aiokafka (docs/architecture.md §5.3)."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, {module}; print(*sorted(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert [name for name in loaded if name.split(".")[0] == "aiokafka"] == []
 
 
 def test_each_command_is_found_in_the_module_that_registers_it() -> None:
