@@ -150,7 +150,7 @@ def checked_database_url(url: str) -> str:
     naming the flag (a bad port, an unclosed ``[`` of an IPv6 host, a host name no resolver
     accepts), before anything connects — a driver would fail with a traceback instead."""
     if not url.startswith(("postgresql://", "postgres://")):
-        raise _usage(f"invalid database-url '{url}': expected postgresql://...")
+        raise _usage(f"invalid database-url '{url}' (--database-url): expected postgresql://...")
     try:
         netloc = urlsplit(url).netloc  # an unclosed "[" is a ValueError
         for host_port in netloc.rpartition("@")[2].split(","):  # host1:port1,host2:port2
@@ -166,7 +166,7 @@ def checked_database_url(url: str) -> str:
                 raise ValueError(f"host {host!r} is not a host name (a label is empty or "
                                  "longer than 63 characters)") from None
     except ValueError as exc:
-        raise _usage(f"invalid database-url '{url}': {exc}") from None
+        raise _usage(f"invalid database-url '{url}' (--database-url): {exc}") from None
     return url
 
 
