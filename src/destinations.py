@@ -21,6 +21,7 @@ DSN once more, host names resolved, just before it connects.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -41,7 +42,9 @@ _SERVERS = r"^[A-Za-z0-9.:\[\]_-]+(,[A-Za-z0-9.:\[\]_-]+)*$"  # host:port[,host:
 
 
 class _Destination(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # built on first use: a process that reads no destinations table pays nothing for them
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              defer_build=True)
 
     give_up_after: m.Seconds = Field(default=DEFAULT_GIVE_UP, gt=0, le=m.MAX_EFFECT_GIVE_UP)
     breaker_failures: int = Field(default=5, ge=1, le=10_000)
@@ -125,7 +128,13 @@ Destination = Annotated[
     WebhookDestination | PostgresDestination | KafkaDestination | EmailDestination,
     Field(discriminator="kind"),
 ]
-_DESTINATION: TypeAdapter[Any] = TypeAdapter(Destination)
+
+
+@functools.cache
+def _destination_adapter() -> TypeAdapter[Any]:
+    return TypeAdapter(Destination)
+
+
 AnyDestination = (WebhookDestination | PostgresDestination | KafkaDestination
                   | EmailDestination)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
@@ -143,7 +152,7 @@ def parse_destinations(tenant: str, raw: Any) -> dict[str, AnyDestination]:
         if not _NAME.match(name):
             raise ConfigError(f"invalid {where}.{name}: a name is 1-100 of A-Z a-z 0-9 _ . -")
         try:
-            out[name] = _DESTINATION.validate_python(cfg)
+            out[name] = _destination_adapter().validate_python(cfg)
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err.get("loc", ()) if p not in

@@ -187,7 +187,8 @@ def iso(t: datetime | None) -> str | None:
 
 
 class CamelModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              defer_build=True)
 
 
 # =======================================================================================

@@ -40,9 +40,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
-import asyncpg
 import orjson
 
 from chronolog.commands.backlog import plan_due
@@ -88,6 +87,9 @@ from chronolog.queries.documents import (
     iso,
     jsonable,
 )
+
+if TYPE_CHECKING:  # only annotations: the CLI uses the queries' parsing without asyncpg
+    import asyncpg
 
 __all__ = [
     "HISTORY_SCAN", "LIST_PAGE", "MAX_PAGE", "OUTCOME_STATES", "PREVIEW_COUNT", "RUN_STATES",

@@ -403,10 +403,21 @@ def test_the_command_line_starts_without_heavy_drivers() -> None:
                                     "chronolog.cli.schedules", "chronolog.api.app"])
 def test_a_process_on_the_embedded_log_does_not_load_the_kafka_client(module: str) -> None:
     """Only ``open_log`` of a Kafka log imports aiokafka (docs/architecture.md §5.3)."""
-    loaded = subprocess.run(
+    assert [name for name in _loaded_by(module) if name.split(".")[0] == "aiokafka"] == []
+
+
+def test_the_clis_schedule_commands_load_no_postgres_driver() -> None:
+    """Through the API (the usual way) the CLI needs no asyncpg; direct access imports it
+    in its command bodies."""
+    assert [name for name in _loaded_by("chronolog.cli.schedules")
+            if name.split(".")[0] == "asyncpg"] == []
+
+
+def _loaded_by(module: str) -> list[str]:
+    """The modules a fresh interpreter has loaded after importing ``module``."""
+    return subprocess.run(
         [sys.executable, "-c", f"import sys, {module}; print(*sorted(sys.modules))"],
         capture_output=True, text=True, check=True).stdout.split()
-    assert [name for name in loaded if name.split(".")[0] == "aiokafka"] == []
 
 
 def test_each_command_is_found_in_the_module_that_registers_it() -> None:
