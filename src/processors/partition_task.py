@@ -175,7 +175,8 @@ class PartitionTask:
         for it (``_tick_resumed``): a command read after the take-over, such as a worker's
         claim of a run left READY before the gap, is decided after that Tick."""
         self.resuming = {key for key, wake in self.armed.items()
-                         if wake <= now and key in self.states}
+                         if wake <= now and key in self.states
+                         and key not in self.ctx.unapplied_keys}
 
     def snapshot_due(self, idle: bool) -> bool:
         """Whether the next batch of this partition should carry a snapshot chunk (``idle``:

@@ -402,6 +402,50 @@ async def test_one_instant_missed_in_a_restart_is_decided_before_a_claim_read_af
     assert [c.payload.run_id for c in claimed] == [stale["gap-skip"].run_id]
 
 
+async def test_a_run_left_ready_waits_for_its_schedules_resumed_tick_before_a_worker_gets_it(
+    event_log: Any,
+) -> None:
+    """40 ``every 60s`` schedules of one partition each have a run left READY when the
+    processor stops, and one instant each falls in the gap; a worker offers capacity before
+    the processor is back. Its ticks go 16 a batch (``ticks_per_step``), so some schedules
+    still wait for their resumed Tick when the worker is seated: their READY runs are not
+    assigned before it, and every one of them is coalesced, none claimed."""
+    from datetime import timedelta
+
+    from chronolog.environment import utc_now
+
+    n = event_log.topics.partitions
+    sids = [sid for sid in (f"gap-{i}" for i in range(400))
+            if partition_for(partition_key("acme", sid).encode(), n) == 0][:40]
+    async with Running(event_log, "p1") as r:
+        for sid in sids:
+            await r.client.create_schedule("acme", sid, {"every": "60s", "job": {"type": "echo"}})
+    stale = {e.payload.run_id: e.payload.scheduled_at
+             for e in await of_type(event_log, "OccurrenceMaterialized")}
+    assert len(stale) == 40
+    await offer(event_log, "w1", 100)
+    first = max(stale.values())  # each schedule's 60 s instant is due, none's 120 s one
+    resumed_at = utc_now()
+    later = Processor(event_log, "p2", config=ProcessorConfig(ticks_per_step=1),
+                      clock=lambda: first + timedelta(seconds=61) + (utc_now() - resumed_at))
+    task = asyncio.create_task(later.run())
+    try:
+        async def decided() -> tuple[set[str], set[str]] | None:
+            """Each stale run coalesced or claimed, and the worker took an on-time run."""
+            got = {e.payload.run_id for e in await of_type(event_log, "OccurrenceSkipped")
+                   if e.payload.reason == "coalesced"}
+            claimed = {e.payload.run_id for e in await of_type(event_log, "AttemptClaimed")}
+            done = len((got | claimed) & set(stale)) == 40 and claimed - set(stale)
+            return (got, claimed) if done else None
+
+        coalesced, claimed = await wait_until(decided, 30, what="the stale runs decided")
+    finally:
+        later.stop()
+        await asyncio.wait_for(task, 30)
+    assert claimed & set(stale) == set()
+    assert coalesced == set(stale)
+
+
 async def test_a_partition_fenced_away_but_still_assigned_is_acquired_again(
     event_log: Any
 ) -> None:
