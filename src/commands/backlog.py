@@ -16,6 +16,12 @@ The rules (docs/tour.md, "Downtime, stated"):
   ``paused``); ``all``: every instant younger than ``max_age`` runs, in order, at most
   ``max_catchup`` of them (the newest win; the rest ``misfire_max_age`` /
   ``misfire_max_catchup``), and they run one after another (see ``Backlog.catch_up``).
+* **an occurrence from before a gap that never started** (READY or PENDING, never claimed):
+  under ``latest`` and an overlap policy other than ``allow`` it is coalesced into the
+  newest instant that runs, so it cannot hold the overlap guard against it — after a
+  backlog, and after one instant due at the first decision of a processor that took the
+  partition over (``Tick.resumed``); ``skip`` and ``all`` keep it in place
+  (``Backlog.coalesces_unstarted``).
 """
 
 from __future__ import annotations
@@ -90,12 +96,19 @@ class Backlog:
     def catch_up(self, pol: MisfirePolicy) -> bool:
         return pol.misfire == "all" and self.backlog
 
-    def coalesces_unstarted(self, pol: MisfirePolicy) -> bool:
-        """``latest`` with a backlog whose newest instant runs (now or, past the budget, in
-        the next decision), under an overlap policy that guards: an occurrence from before
-        the gap that never started is coalesced into the newest as well, rather than hold
-        the guard against it (under ``allow`` it blocks nothing and is left alone)."""
-        if pol.misfire != "latest" or pol.overlap == "allow" or not self.backlog:
+    def coalesces_unstarted(self, pol: MisfirePolicy, resumed: bool = False) -> bool:
+        """``latest`` after a gap whose newest instant runs (now or, past the budget, in the
+        next decision), under an overlap policy that guards: an occurrence from before the
+        gap that never started is coalesced into the newest as well, rather than hold the
+        guard against it (under ``allow`` it blocks nothing and is left alone).
+
+        A gap is a backlog (more than one instant due), or one instant due at the first
+        decision after the processor took the partition over (``resumed``: ``Tick.resumed``).
+        One instant due at any other decision is no gap: the occurrence before it may only
+        wait for a busy worker pool, and keeps its place."""
+        if pol.misfire != "latest" or pol.overlap == "allow" or not self.items:
+            return False
+        if not (self.backlog or resumed):
             return False
         return self.later > 0 or self.items[-1].runs
 

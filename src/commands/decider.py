@@ -155,7 +155,7 @@ def _decide(
     p = command.payload
     match p:
         case m.Tick():
-            return tick(state, now)
+            return tick(state, now, p.resumed)
         case m.ClaimRun():
             return _claim(state, p, now, tenant)
         case m.Heartbeat():
@@ -530,8 +530,11 @@ def _delete(state: ScheduleState, principal: str) -> ScheduleDecision:
 # time: Tick
 
 
-def tick(state: ScheduleState, now: datetime) -> ScheduleDecision:
-    """Everything due at ``now``: lease expiry, retry release, start deadlines, instants."""
+def tick(state: ScheduleState, now: datetime, resumed: bool = False) -> ScheduleDecision:
+    """Everything due at ``now``: lease expiry, retry release, start deadlines, instants.
+
+    ``resumed``: the processor's first timer of the schedule after it took the partition
+    over (``Tick.resumed``): what is due fell in a gap (``_materialize_due``)."""
     if state.status == "NEW":
         return Decision()
     d = _draft(state)
@@ -539,7 +542,7 @@ def tick(state: ScheduleState, now: datetime) -> ScheduleDecision:
     _release_retries(d, now)
     _expire_start_deadlines(d, now)
     if d.state.status == "ACTIVE":
-        _materialize_due(d, now, late_reason="misfire")
+        _materialize_due(d, now, late_reason="misfire", resumed=resumed)
         # an occurrence materialized late may already be past its start deadline
         _expire_start_deadlines(d, now)
         _complete_if_no_instant_left(d, now)
@@ -656,9 +659,12 @@ def _skip_for_start_deadline(d: ScheduleDraft, run: Run, now: datetime) -> None:
 # materialization and misfire
 
 
-def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str) -> None:
+def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str,
+                     resumed: bool = False) -> None:
     """Materialize or skip every instant due at ``now`` (bounded per decision) as the
-    misfire policy decides (``backlog.plan_due``)."""
+    misfire policy decides (``backlog.plan_due``). ``resumed``: the decision follows a
+    take-over of the partition, so even one instant due is a gap
+    (``Backlog.coalesces_unstarted``)."""
     s = d.state
     pol = s.policy
     if pol is None or s.status != "ACTIVE":
@@ -666,7 +672,7 @@ def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str) -> None:
     plan = plan_due(s.schedule_id, pol, s.trigger, s.next_run_at, now, late_reason)
     if not plan.items:
         return
-    if plan.coalesces_unstarted(pol):
+    if plan.coalesces_unstarted(pol, resumed):
         _coalesce_unstarted(d, now)
     # a catch-up (misfire all) runs its instants one after another, not side by side and
     # not skipped for overlapping each other: they wait behind the running one
@@ -686,9 +692,10 @@ def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str) -> None:
 
 
 def _coalesce_unstarted(d: ScheduleDraft, now: datetime) -> None:
-    """Misfire latest after a gap: a scheduled occurrence from before it that never started
-    (READY or PENDING, never claimed) is coalesced into the newest instant too, instead of
-    holding the overlap guard against it."""
+    """Misfire latest after a gap (a backlog, or an instant due at the first decision after
+    a take-over): a scheduled occurrence from before it that never started (READY or
+    PENDING, never claimed) is coalesced into the newest instant too, instead of holding the
+    overlap guard against it. Manual runs are the caller's: never coalesced."""
     skipped = False
     for run in _current_runs(d):
         if run.trigger == "schedule" and run.state in ("READY", "PENDING") and not run.claimed:

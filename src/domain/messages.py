@@ -510,9 +510,16 @@ class HandoverDone(_Model):
 
 
 class Tick(_Model):
-    """A timer the processor gives itself: act on everything due at ``now``."""
+    """A timer the processor gives itself: act on everything due at ``now``. ``resumed``:
+    the schedule's first, due already when the processor took its partition over."""
 
     type: Literal["Tick"] = "Tick"
+    # taken over: a start, a restart, a failover, a rebalance, a restore from a snapshot.
+    # What is due then became due while no processor decided the schedule — a gap, not a
+    # busy worker pool (``backlog.Backlog.coalesces_unstarted``). Ticks are never written to
+    # the log (one read from ``commands`` is dead-lettered); one without the field decodes
+    # as not resumed.
+    resumed: bool = False
 
 
 # the commands of each aggregate (``chronolog.commands.aggregate``): a schedule's, a tenant

@@ -133,6 +133,9 @@ class PartitionTask:
         self.dispatch = Dispatcher()  # workers' seats and the READY runs waiting for one
         # the partition's routing view, folded from its log (docs/design.md §18)
         self.routing: RoutingView = aggregates.routing.initial(ROUTING_TENANT, ROUTING_ID)
+        # the schedules whose timer was due when the partition was taken over (``resume``)
+        # and that have not had their first Tick since
+        self.resuming: set[str] = set()
 
     def running(self) -> asyncio.Task[None] | None:
         """This partition's commit chain while it runs (None when idle)."""
@@ -164,6 +167,16 @@ class PartitionTask:
         while self.heap and self.armed.get(self.heap[0][1]) != self.heap[0][0]:
             heapq.heappop(self.heap)
         return self.heap[0][0] if self.heap else None
+
+    def resume(self, now: datetime) -> None:
+        """The partition was just taken over (restored, to be installed): every schedule
+        whose timer is due at ``now`` fell in a gap — no processor decided it meanwhile.
+        Its first Tick says so (``Tick.resumed``), and comes before anything else decided
+        for it (``_tick_resumed``): a command read after the take-over, such as a worker's
+        claim of a run left READY before the gap, is decided after that Tick."""
+        self.resuming = {key for key, wake in self.armed.items()
+                         if wake <= now and key in self.states
+                         and key not in self.ctx.unapplied_keys}
 
     def snapshot_due(self, idle: bool) -> bool:
         """Whether the next batch of this partition should carry a snapshot chunk (``idle``:
@@ -203,25 +216,50 @@ class PartitionTask:
             st = self.states.get(key)
             if st is None or key in self.ctx.unapplied_keys:
                 continue  # a timer whose decision could not be applied waits for a command
-            cid = f"tick:{self.partition}:{int(now.timestamp() * 1e6)}:{key}"
-            try:
-                dec = self.aggregates.schedule.decide(st, tick_envelope(st, cid, now), now,
-                                                      OPEN_TENANT)
-                encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
-            except Exception:  # a decider bug must not stop the partition
-                self.ctx.stats.tick_errors += 1
-                log.exception("tick_decide_failed", partition=self.partition, key=key)
-                continue  # not re-armed: the schedule's next command decides again
-            try:
-                self._apply(key, st, dec, encoded, cid, now, out)
-            except Exception as exc:  # the state is suspect: rebuilt (_decide)
-                self.ctx.unapplied_keys.add(key)
-                raise Unapplied(f"timer of {key}: {type(exc).__name__}: {exc}") from exc
-            self.ctx.stats.ticks += 1
+            self._tick(key, st, now, out, resumed=self._first_since_resume(key))
         self._assign_waiting(now, out)
         if out.empty and not consumed:
             return None, consumed
         return out, consumed
+
+    def _first_since_resume(self, key: str) -> bool:
+        """Whether this is the first Tick of ``key`` since the take-over (``resume``)."""
+        if key not in self.resuming:
+            return False
+        self.resuming.discard(key)
+        return True
+
+    def _tick(self, key: str, st: ScheduleState, now: datetime, out: Output,
+              resumed: bool = False) -> None:
+        """Decide and apply a schedule's Tick (``resumed``: its first since the take-over,
+        with a command ID of its own: the key's timer may tick it again in this batch)."""
+        cid = f"tick:{self.partition}:{int(now.timestamp() * 1e6)}:{key}"
+        if resumed:
+            cid += ":resumed"
+        try:
+            dec = self.aggregates.schedule.decide(st, tick_envelope(st, cid, now, resumed), now,
+                                                  OPEN_TENANT)
+            encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
+        except Exception:  # a decider bug must not stop the partition
+            self.ctx.stats.tick_errors += 1
+            log.exception("tick_decide_failed", partition=self.partition, key=key)
+            return  # not re-armed: the schedule's next command decides again
+        try:
+            self._apply(key, st, dec, encoded, cid, now, out)
+        except Exception as exc:  # the state is suspect: rebuilt (_decide)
+            self.ctx.unapplied_keys.add(key)
+            raise Unapplied(f"timer of {key}: {type(exc).__name__}: {exc}") from exc
+        self.ctx.stats.ticks += 1
+
+    def _tick_resumed(self, key: str, now: datetime, out: Output) -> None:
+        """A command of a schedule still waiting for its first Tick since the take-over
+        comes after that Tick, decided here (its timer entry is superseded): a worker that
+        came back before the processor cannot claim a run the Tick coalesces."""
+        st = self.states.get(key)
+        if not self._first_since_resume(key) or st is None or key in self.ctx.unapplied_keys:
+            return
+        self.armed.pop(key, None)
+        self._tick(key, st, now, out, resumed=True)
 
     def _handle(self, rec: Record, now: datetime, out: Output) -> None:
         if rec.headers and is_offer(rec.headers):
@@ -286,6 +324,8 @@ class PartitionTask:
                 qs = self.aggregates.quota.initial(env.tenant, env.schedule_id)
             self._decide_quota(key, qs, env, now, out, rec)
             return
+        if key in self.resuming:
+            self._tick_resumed(key, now, out)
         st = self.states.get(key)
         if st is None:
             st = self.aggregates.schedule.initial(env.tenant, env.schedule_id)
@@ -412,6 +452,7 @@ class PartitionTask:
             encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
             self._apply(key, st, dec, encoded, cid, now, out)
             del self.states[key]
+            self.resuming.discard(key)
             for run_id in runs:  # its workers' credit: they now answer to the new home
                 self.dispatch.settle(run_id, None)
             self.ctx.stats.moved_out += 1
@@ -607,6 +648,11 @@ class PartitionTask:
                     kept.append((tenant, entry))
                     break
                 _, _, key, run_id, attempt = entry
+                if key in self.resuming:
+                    # its schedule's first Tick since the take-over may coalesce the run
+                    # (``resume``): assigned after that Tick, if it is still READY
+                    kept.append((tenant, entry))
+                    continue
                 st = self.states.get(key)
                 run = st.run(run_id) if st is not None else None
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
@@ -725,10 +771,11 @@ class PartitionTask:
 
 
 def tick_envelope(st: ScheduleState | QuotaState, command_id: str,
-                   now: datetime) -> m.CommandEnvelope:
+                   now: datetime, resumed: bool = False) -> m.CommandEnvelope:
     return m.CommandEnvelope.model_construct(
         command_id=command_id, type="Tick", tenant=st.tenant, principal="processor",
-        schedule_id=st.schedule_id, issued_at=now, reply_to=None, payload=m.Tick(),
+        schedule_id=st.schedule_id, issued_at=now, reply_to=None,
+        payload=m.Tick(resumed=resumed),
     )
 
 

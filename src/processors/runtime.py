@@ -466,6 +466,9 @@ class Processor:
                 continue
             self._consumer.seek(self.topics.commands, p, committed or 0)
             self._installed[p] = committed or 0
+            # what is due now fell in the gap before this take-over: the first Tick of each
+            # such schedule says so, ahead of its commands (``PartitionTask.resume``)
+            ps.resume(self.clock())
             self.partitions[p] = ps
             self._failed.pop(p, None)  # taken over: its next commit tells
             self._retake.pop(p, None)

@@ -4,15 +4,22 @@ After a restart, a resume or a processor takeover the misfire policy decides, wh
 grace: ``latest`` runs only the newest and records the older ones as ``coalesced``; ``skip``
 runs only the newest and only within the grace; ``all`` runs each instant in order within
 the catch-up bounds, one after another. The grace keeps its meaning for a single instant.
+
+Under ``latest`` an occurrence from before a gap that never started is coalesced into the
+newest instant: after a backlog, and after one instant due at the first Tick after a
+take-over (``Tick.resumed``); ``skip`` and ``all`` keep it in place.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chronolog.commands.aggregate import Decision
 from chronolog.commands.backlog import plan_due
 from chronolog.commands.decider import decide, fold
 from chronolog.commands.state import initial_state
@@ -227,22 +234,47 @@ def test_a_backlog_runs_what_the_plan_says_and_accounts_for_every_due_instant(
         assert len(ran) == min(max_catchup, len(plan.items))
 
 
+# -- an occurrence from before a gap that never started ------------------------------------
+# A gap is a backlog (several instants due at one decision), or one instant due at the first
+# Tick after the processor took the partition over (``Tick(resumed=True)``); the rules below
+# hold for both.
+
+GAPS = {
+    # a backlog: down 35 s, T0+2 .. T0+34 due, the newest is T0+34
+    "a backlog": (35, False, 34),
+    # one missed instant: down 3 s, T0+2 due at the first Tick after a take-over
+    "one instant after a take-over": (3, True, 2),
+}
+
+
+def _after_gap(gwt: GivenWhenThen, s: Any, gap: str) -> Decision:
+    """When: the gap ends and the schedule's Tick decides what is due."""
+    down, resumed, _ = GAPS[gap]
+    return s.when(gwt.m.Tick(resumed=resumed), gwt.T0 + gwt.sec(down))  # type: ignore[no-any-return]
+
+
+def _newest(gwt: GivenWhenThen, gap: str) -> datetime:
+    return gwt.T0 + gwt.sec(GAPS[gap][2])
+
+
+@pytest.mark.parametrize("gap", GAPS)
 def test_latest_coalesces_an_occurrence_from_before_the_gap_that_never_started(
-    gwt: GivenWhenThen,
+    gwt: GivenWhenThen, gap: str,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, overlap="skip")
     [first] = s.materialize(gwt.T0)  # READY when the node stopped; no worker took it
-    d = _ticked_after_downtime(gwt, s, 35)
+    d = _after_gap(gwt, s, gap)
     stale = [e for e in gwt.all(d, m.OccurrenceSkipped) if e.materialized]
     assert [(e.run_id, e.reason) for e in stale] == [(first.run_id, "coalesced")]
     [ran] = gwt.all(d, m.OccurrenceMaterialized)  # the newest is not blocked by it
-    assert (ran.scheduled_at, ran.state) == (gwt.T0 + gwt.sec(34), "READY")
+    assert (ran.scheduled_at, ran.state) == (_newest(gwt, gap), "READY")
     assert s.replayed().snapshot() == s.state.snapshot()
 
 
+@pytest.mark.parametrize("gap", GAPS)
 def test_latest_leaves_a_started_run_from_before_the_gap_and_a_manual_run_alone(
-    gwt: GivenWhenThen,
+    gwt: GivenWhenThen, gap: str,
 ) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, overlap="buffer_all", lease=600)
@@ -250,15 +282,59 @@ def test_latest_leaves_a_started_run_from_before_the_gap_and_a_manual_run_alone(
     s.claim(first.run_id, gwt.T0)
     manual = gwt.one(s.given(m.TriggerRun(request_key="by-hand"), gwt.T0 + gwt.sec(1)),
                      m.OccurrenceMaterialized)
-    d = _ticked_after_downtime(gwt, s, 35)
+    d = _after_gap(gwt, s, gap)
     assert [e for e in gwt.all(d, m.OccurrenceSkipped) if e.materialized] == []
     assert s.run(first.run_id).state == "LEASED" and s.run(manual.run_id).state == "PENDING"
+    newest = gwt.all(d, m.OccurrenceMaterialized)[-1]  # it waits behind them
+    assert (newest.scheduled_at, newest.state) == (_newest(gwt, gap), "PENDING")
 
 
-def test_latest_leaves_an_unstarted_run_alone_under_overlap_allow(gwt: GivenWhenThen) -> None:
+@pytest.mark.parametrize("gap", GAPS)
+def test_latest_leaves_an_unstarted_run_alone_under_overlap_allow(
+    gwt: GivenWhenThen, gap: str,
+) -> None:
     m = gwt.m
     s = gwt.story().create(gwt.T0, every=2.0, overlap="allow")
     [first] = s.materialize(gwt.T0)
-    d = _ticked_after_downtime(gwt, s, 35)
+    d = _after_gap(gwt, s, gap)
     assert [e for e in gwt.all(d, m.OccurrenceSkipped) if e.materialized] == []
     assert s.run(first.run_id).state == "READY"
+    newest = gwt.all(d, m.OccurrenceMaterialized)[-1]  # beside it
+    assert (newest.scheduled_at, newest.state) == (_newest(gwt, gap), "READY")
+
+
+@pytest.mark.parametrize("policy", ["skip", "all"])
+def test_skip_and_all_keep_an_unstarted_run_from_before_one_missed_instant_in_place(
+    gwt: GivenWhenThen, policy: str,
+) -> None:
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, every=2.0, overlap="skip", misfire=policy)
+    [first] = s.materialize(gwt.T0)
+    d = _after_gap(gwt, s, "one instant after a take-over")
+    assert s.run(first.run_id).state == "READY"  # it keeps the guard ...
+    assert gwt.all(d, m.OccurrenceMaterialized) == []
+    [skipped] = gwt.all(d, m.OccurrenceSkipped)  # ... against the on-time instant
+    assert (skipped.scheduled_at, skipped.reason) == (gwt.T0 + gwt.sec(2), "overlap")
+
+
+def test_one_late_instant_at_a_tick_that_is_no_resume_leaves_an_unstarted_run_in_place(
+    gwt: GivenWhenThen,
+) -> None:
+    """No take-over: the run may wait for a busy worker pool, not across a gap."""
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, every=2.0, overlap="skip")
+    [first] = s.materialize(gwt.T0)
+    d = s.when(m.Tick(), gwt.T0 + gwt.sec(3))
+    assert s.run(first.run_id).state == "READY"
+    [skipped] = gwt.all(d, m.OccurrenceSkipped)
+    assert (skipped.scheduled_at, skipped.reason) == (gwt.T0 + gwt.sec(2), "overlap")
+
+
+def test_a_resumed_tick_with_no_instant_due_coalesces_nothing(gwt: GivenWhenThen) -> None:
+    """A take-over that finds a lease expiring but no instant due: the run before it has no
+    newer instant to be coalesced into."""
+    m = gwt.m
+    s = gwt.story().create(gwt.T0, every=60.0, overlap="skip")
+    [first] = s.materialize(gwt.T0)
+    d = s.when(m.Tick(resumed=True), gwt.T0 + gwt.sec(30))
+    assert d.events == [] and s.run(first.run_id).state == "READY"

@@ -14,7 +14,9 @@ into the live state event by event, as a processor does, and checked:
   recurrence's next instant: no instant is dropped, none repeated; with misfire ``all``
   nothing is skipped except for the catch-up bounds (age, count) or overlap/deadline;
 * a schedule completes only with no instant left, and nothing happens to its instants or
-  definition after it completed; only misfire ``latest`` coalesces;
+  definition after it completed; only misfire ``latest`` coalesces, and an occurrence it
+  coalesces after a gap (a backlog, or a Tick after a take-over: ``Tick.resumed``) is a
+  scheduled one that never started, under an overlap policy other than ``allow``;
 * fences strictly increase per schedule;
 * at most one ResultPublished per run, only from the current fence inside the lease
   (judged against the state before the command);
@@ -200,6 +202,12 @@ class DeciderMachine(RuleBasedStateMachine):
                                       m.ScheduleCompleted)), f"{type(e).__name__} after COMPLETED"
         if isinstance(e, m.OccurrenceSkipped) and e.reason == "coalesced":
             assert s.policy is not None and s.policy.misfire == "latest", "coalesced, not latest"
+            if e.materialized:  # an occurrence from before a gap: one that never started
+                run = s.run(e.run_id)
+                assert s.policy.overlap != "allow", "coalesced under overlap allow"
+                assert run is not None and run.trigger == "schedule", "coalesced a manual run"
+                assert run.state in ("READY", "PENDING") and not run.claimed, (
+                    f"coalesced a started run ({run.state})")
 
     def _manual_key(self, sid: str, key: str | None) -> None:
         assert key is not None and key not in self.manual_keys[sid], "manual key reused"
@@ -241,11 +249,14 @@ class DeciderMachine(RuleBasedStateMachine):
             d = self._do(sid, m.CreateSchedule(spec=spec, request_key=f"k-{sid}"))
             assert d.ok, d.reason
 
-    @rule(seconds=st.sampled_from([0, 1, 5, 10, 21, 31, 61, 95, 400, 1800]))
-    def tick(self, seconds: int) -> None:
+    @rule(seconds=st.sampled_from([0, 1, 5, 10, 21, 31, 61, 95, 400, 1800]),
+          resumed=st.booleans())
+    def tick(self, seconds: int, resumed: bool) -> None:
+        """The clock advances; ``resumed``: the first Tick after a take-over of the
+        partition (the processor gives it to every schedule then due)."""
         self.now += timedelta(seconds=seconds)
         for sid in SIDS:
-            d = self._do(sid, m.Tick())
+            d = self._do(sid, m.Tick(resumed=resumed))
             accounted = sum(getattr(e, "count", 1) for e in d.events
                             if isinstance(e, (m.OccurrenceMaterialized, m.OccurrenceSkipped)))
             wake = next_wakeup(self.states[sid])

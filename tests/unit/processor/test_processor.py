@@ -335,6 +335,117 @@ async def test_downtime_is_caught_up_by_each_misfire_policy_after_a_restart(
     assert {p.state for p in ran} == {"PENDING"}  # queued behind the run left behind
 
 
+async def test_one_instant_missed_in_a_restart_is_decided_before_a_claim_read_after_it(
+    event_log: Any,
+) -> None:
+    """An ``every 10s`` schedule's first run is READY, never claimed, when the processor
+    stops; it comes back 11 s later (the restarted one's clock runs ahead), after a worker
+    that came back first asked to claim that run. Exactly one instant (the 10 s one) fell in
+    the gap. Each schedule's first Tick after the take-over (``Tick(resumed=True)``) is
+    decided before that claim: under ``latest`` the stale run is coalesced, the claim finds
+    it skipped and the on-time instant runs; under ``skip`` the stale run keeps its place
+    (the claim takes it) and the on-time instant meets the overlap guard."""
+    from datetime import timedelta
+
+    from chronolog.environment import utc_now
+
+    spec = {"every": "10s", "job": {"type": "echo"}}  # overlap skip (the default)
+    async with Running(event_log, "p1") as r:
+        for policy in ("latest", "skip"):
+            await r.client.create_schedule("acme", f"gap-{policy}", {**spec, "misfire": policy})
+    stale = {e.schedule_id: e.payload for e in await of_type(event_log, "OccurrenceMaterialized")}
+    assert sorted(stale) == ["gap-latest", "gap-skip"]
+    first = max(p.scheduled_at for p in stale.values())
+    assert min(p.scheduled_at for p in stale.values()) > first - timedelta(seconds=1)
+    worker = Client(event_log, reply_timeout=30)
+    await worker.start()
+    try:
+        claims = [worker.envelope("acme", sid, m.ClaimRun(run_id=p.run_id, attempt=1,
+                                                         worker_id="w1"))
+                  for sid, p in sorted(stale.items())]
+        futs = await worker.submit(claims)  # on the log before the processor is back
+        resumed_at = utc_now()
+        later = Processor(event_log, "p2", clock=lambda: (
+            first + timedelta(seconds=11) + (utc_now() - resumed_at)))
+        task = asyncio.create_task(later.run())
+        try:
+            latest_reply, skip_reply = await worker.collect(claims, futs, 30)
+        finally:
+            later.stop()
+            await asyncio.wait_for(task, 30)
+    finally:
+        await worker.close()
+    assert latest_reply is not None and skip_reply is not None
+    after = [e for e in await events(event_log) if e.causation_id
+             and e.causation_id.startswith("tick:") and e.causation_id.endswith(":resumed")]
+    by_sid: dict[str, list[Any]] = {}
+    for e in after:
+        by_sid.setdefault(e.schedule_id, []).append(e.payload)
+    def on_time(sid: str) -> datetime:  # each schedule's instants count from its creation
+        return stale[sid].scheduled_at + timedelta(seconds=10)
+
+    # latest: the run left behind is coalesced into the on-time instant, which runs
+    skipped, ran = by_sid["gap-latest"]
+    assert (skipped.type, skipped.run_id, skipped.reason, skipped.materialized) == (
+        "OccurrenceSkipped", stale["gap-latest"].run_id, "coalesced", True)
+    assert (ran.type, ran.scheduled_at, ran.state) == (
+        "OccurrenceMaterialized", on_time("gap-latest"), "READY")
+    # the claim came after: the run was skipped
+    assert (latest_reply.status, latest_reply.body.get("state")) == ("conflict", "SKIPPED"), (
+        latest_reply)
+    # skip: the run left behind keeps its place and the guard; the worker's claim takes it
+    [overlap] = by_sid["gap-skip"]
+    assert (overlap.type, overlap.scheduled_at, overlap.reason) == (
+        "OccurrenceSkipped", on_time("gap-skip"), "overlap")
+    assert skip_reply.status == "ok"
+    claimed = await of_type(event_log, "AttemptClaimed")
+    assert [c.payload.run_id for c in claimed] == [stale["gap-skip"].run_id]
+
+
+async def test_a_run_left_ready_waits_for_its_schedules_resumed_tick_before_a_worker_gets_it(
+    event_log: Any,
+) -> None:
+    """40 ``every 60s`` schedules of one partition each have a run left READY when the
+    processor stops, and one instant each falls in the gap; a worker offers capacity before
+    the processor is back. Its ticks go 16 a batch (``ticks_per_step``), so some schedules
+    still wait for their resumed Tick when the worker is seated: their READY runs are not
+    assigned before it, and every one of them is coalesced, none claimed."""
+    from datetime import timedelta
+
+    from chronolog.environment import utc_now
+
+    n = event_log.topics.partitions
+    sids = [sid for sid in (f"gap-{i}" for i in range(400))
+            if partition_for(partition_key("acme", sid).encode(), n) == 0][:40]
+    async with Running(event_log, "p1") as r:
+        for sid in sids:
+            await r.client.create_schedule("acme", sid, {"every": "60s", "job": {"type": "echo"}})
+    stale = {e.payload.run_id: e.payload.scheduled_at
+             for e in await of_type(event_log, "OccurrenceMaterialized")}
+    assert len(stale) == 40
+    await offer(event_log, "w1", 100)
+    first = max(stale.values())  # each schedule's 60 s instant is due, none's 120 s one
+    resumed_at = utc_now()
+    later = Processor(event_log, "p2", config=ProcessorConfig(ticks_per_step=1),
+                      clock=lambda: first + timedelta(seconds=61) + (utc_now() - resumed_at))
+    task = asyncio.create_task(later.run())
+    try:
+        async def decided() -> tuple[set[str], set[str]] | None:
+            """Each stale run coalesced or claimed, and the worker took an on-time run."""
+            got = {e.payload.run_id for e in await of_type(event_log, "OccurrenceSkipped")
+                   if e.payload.reason == "coalesced"}
+            claimed = {e.payload.run_id for e in await of_type(event_log, "AttemptClaimed")}
+            done = len((got | claimed) & set(stale)) == 40 and claimed - set(stale)
+            return (got, claimed) if done else None
+
+        coalesced, claimed = await wait_until(decided, 30, what="the stale runs decided")
+    finally:
+        later.stop()
+        await asyncio.wait_for(task, 30)
+    assert claimed & set(stale) == set()
+    assert coalesced == set(stale)
+
+
 async def test_a_partition_fenced_away_but_still_assigned_is_acquired_again(
     event_log: Any
 ) -> None:
