@@ -127,7 +127,6 @@ from chronolog.domain.recurrence import (
     parse_instant,
     resolve_zone,
 )
-from chronolog.logging import configure_logging
 from chronolog.queries.documents import (
     InvalidDefinition,
     ScheduleDefinition,
@@ -379,7 +378,6 @@ def _command(prepare: Callable[[Ctx], Work]) -> Callable[[Any], int]:
     """Wrap ``prepare`` (synchronous validation returning the work to do on a transport)."""
 
     def run(args: Any) -> int:
-        configure_logging()
         if not os.environ.get("CHRONOLOG_LOG_LEVEL"):
             # a failure is reported as one line; aiokafka's own connection errors would
             # duplicate it, and httpx logs every request (CHRONOLOG_LOG_LEVEL=DEBUG shows them)
@@ -389,6 +387,11 @@ def _command(prepare: Callable[[Ctx], Work]) -> Callable[[Any], int]:
         ctx = _context(args)
         work = prepare(ctx)  # UsageError here: exit 2 before anything is sent
         target = select_target(args)  # and here: no node to talk to
+        if target.direct:  # the log's client logs through structlog (JSON lines); through
+            # the API only httpx could, and the import of structlog is a fifth of a CLI call
+            from chronolog.logging import configure_logging
+
+            configure_logging()
         try:
             return asyncio.run(_on_transport(ctx, target, work))
         except Failure as exc:

@@ -406,11 +406,11 @@ def test_a_process_on_the_embedded_log_does_not_load_the_kafka_client(module: st
     assert [name for name in _loaded_by(module) if name.split(".")[0] == "aiokafka"] == []
 
 
-def test_the_clis_schedule_commands_load_no_postgres_driver() -> None:
-    """Through the API (the usual way) the CLI needs no asyncpg; direct access imports it
-    in its command bodies."""
+def test_the_clis_schedule_commands_load_no_postgres_driver_and_no_structlog() -> None:
+    """Through the API (the usual way) the CLI needs neither asyncpg nor structlog (the log's
+    client logs through it); direct access imports them in its command bodies."""
     assert [name for name in _loaded_by("chronolog.cli.schedules")
-            if name.split(".")[0] == "asyncpg"] == []
+            if name.split(".")[0] in ("asyncpg", "structlog")] == []
 
 
 def _loaded_by(module: str) -> list[str]:
