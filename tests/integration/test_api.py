@@ -181,10 +181,13 @@ async def test_a_cron_with_specials_is_created_and_previewed(stack: ApiStack) ->
         "cron": "30 2 ? 3 SUN#2", "timezone": "America/New_York", "count": 2,
         "from": "2026-01-01T00:00:00Z"}, headers=ACME)
     assert r.status_code == 200, r.text
+    shifted = "the wall time does not exist that day (clocks go forward): shifted forward"
     assert r.json() == {"instants": [  # the second Sunday of March is the day of the gap
-        {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00"},
-        {"utc": "2027-03-14T07:00:00Z", "local": "2027-03-14T03:00:00-04:00"},
-    ]}
+        {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00",
+         "dst": "shifted", "note": shifted},
+        {"utc": "2027-03-14T07:00:00Z", "local": "2027-03-14T03:00:00-04:00",
+         "dst": "shifted", "note": shifted},
+    ], "skipped": []}
 
 
 async def test_numbers_in_other_scripts_are_400_naming_the_field(stack: ApiStack) -> None:
@@ -895,10 +898,14 @@ async def test_preview_endpoint(stack: ApiStack) -> None:
         "from": "2026-03-28T00:00:00Z"}, headers=ACME)
     assert r.status_code == 200, r.text
     assert r.json() == {"instants": [
-        {"utc": "2026-03-28T01:30:00Z", "local": "2026-03-28T02:30:00+01:00"},
-        {"utc": "2026-03-29T01:00:00Z", "local": "2026-03-29T03:00:00+02:00"},  # DST gap
-        {"utc": "2026-03-30T00:30:00Z", "local": "2026-03-30T02:30:00+02:00"},
-    ]}
+        {"utc": "2026-03-28T01:30:00Z", "local": "2026-03-28T02:30:00+01:00", "dst": None,
+         "note": None},
+        {"utc": "2026-03-29T01:00:00Z", "local": "2026-03-29T03:00:00+02:00",  # DST gap
+         "dst": "shifted", "note": "the wall time does not exist that day (clocks go "
+         "forward): shifted forward"},
+        {"utc": "2026-03-30T00:30:00Z", "local": "2026-03-30T02:30:00+02:00", "dst": None,
+         "note": None},
+    ], "skipped": []}
     r = await stack.http.get("/v1/preview", params={"every": "90m", "from": "2026-01-01T00:00:00Z",
                                                     "count": 2}, headers=ACME)
     assert [i["utc"] for i in r.json()["instants"]] == ["2026-01-01T01:30:00Z",
