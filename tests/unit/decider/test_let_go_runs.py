@@ -83,15 +83,9 @@ def test_a_manual_run_let_go_names_its_final_state(gwt: GivenWhenThen) -> None:
 
 def test_a_dead_run_past_those_kept_is_a_conflict_naming_dead(gwt: GivenWhenThen) -> None:
     s = gwt.story().create(gwt.T0)
-
-    def dead(key: str, n: int) -> str:
-        run_id = _trigger(gwt, s, key, n)
-        s.fail(s.claim(run_id, gwt.T0 + gwt.sec(n)), gwt.T0 + gwt.sec(n), "permanent")
-        return run_id
-
-    first = dead("pay-run", 1)
+    first = s.dead("pay-run", gwt.T0 + gwt.sec(1))
     for i in range(DEAD_KEPT):  # the DEAD runs kept for a redrive are bounded: it leaves
-        dead(f"other-{i}", 2)
+        s.dead(f"other-{i}", gwt.T0 + gwt.sec(2))
     assert s.state.run(first) is None
     d = s.when(gwt.m.RedriveRun(run_id=first), gwt.T0 + gwt.sec(3))
     assert (d.status, d.events, d.body) == ("conflict", [], {"state": "DEAD"})
