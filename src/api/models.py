@@ -119,7 +119,18 @@ class RunWritten(CamelModel):
 class InstantOut(CamelModel):
     utc: str
     local: str
+    dst: Literal["shifted", "repeated", "skipped"] | None = Field(
+        None, description="what daylight saving time did to a fixed-time cron instant, in "
+        "the words of the dashboard and `chronolog preview`: `shifted` (its wall time does "
+        "not exist that day: moved to the end of the gap), `repeated` (its wall time "
+        "happens twice that day), `skipped` (left out by the DST policy: never runs); null "
+        "when unmarked")
+    note: str | None = Field(None, description="why the instant is marked (null when not)")
 
 
 class PreviewOut(CamelModel):
-    instants: list[InstantOut]
+    instants: list[InstantOut] = Field(description="the next `count` instants the rule "
+                                       "fires at")
+    skipped: list[InstantOut] = Field(description="the instants daylight saving time left "
+                                      "out between the first and the last of `instants` "
+                                      "(each marked `skipped`: they never run)")

@@ -44,9 +44,11 @@ def _run(args: Any) -> int:
     from chronolog.settings import (
         ConfigError,
         data_dir,
+        effect_response_cap,
         interval_from_env,
         max_body_bytes,
         partitions_from_env,
+        visible_timeout,
     )
 
     try:
@@ -64,7 +66,18 @@ def _run(args: Any) -> int:
         audit_every = interval_from_env("CHRONOLOG_AUDIT_EVERY", AUDIT_EVERY_S)
         _check_destinations(tenants, partitions, args.database_url
                             or os.environ.get("CHRONOLOG_DATABASE_URL"))
-        max_body_bytes()  # a bad CHRONOLOG_MAX_BODY_BYTES is a usage error, before starting
+        effect_response_cap()  # a bad CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES (webhook effects)
+        # what the node's API reads again: refused here, before the lock, named as the
+        # variable (the api command's flags for them are not the dev node's)
+        for check, flag, variable in ((max_body_bytes, "max-body-bytes",
+                                       "CHRONOLOG_MAX_BODY_BYTES"),
+                                      (visible_timeout, "visible-timeout",
+                                       "CHRONOLOG_VISIBLE_TIMEOUT")):
+            try:
+                check()
+            except ConfigError as exc:
+                raise ConfigError(str(exc).replace(f"invalid {flag} ", f"invalid {variable} ",
+                                                   1)) from None
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     from chronolog.api.server import server_limits
@@ -72,9 +85,13 @@ def _run(args: Any) -> int:
         server_limits()  # so is a bad server or session bound (CHRONOLOG_HEADER_TIMEOUT...)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from chronolog.devnode.lock import DataDirInUse, acquire_node_lock
+    from chronolog.devnode.lock import LOCK_FILE, DataDirInUse, acquire_node_lock
     from chronolog.devnode.nodefile import api_url
 
+    # a port in use refuses a start in a new directory before the lock would create it
+    # (on a directory another node holds, the lock's refusal names that node instead)
+    if not (ddir / LOCK_FILE).exists() and (ddir.is_dir() or not ddir.exists()):
+        _check_port(args.host, args.port)
     # before anything else touches the directory: a node already on it is left alone
     try:
         lock = acquire_node_lock(ddir, api_url(args.host, args.port))
@@ -104,8 +121,7 @@ def _run_locked(args: Any, ddir: Path, partitions: int, tenants: Any, tenants_pa
     else:  # the live view owns the terminal: logs go to a file (the banner says where)
         log_path = ddir / "dev.log"
         _log_to_file(log_path)
-    if not _port_free(args.host, args.port):
-        raise UsageError(f"invalid --port '{args.port}': {args.host}:{args.port} is in use")
+    _check_port(args.host, args.port)
     try:
         return asyncio.run(run_dev(ddir, args.host, args.port, tenants, partitions,
                                    quiet=args.quiet or not sys.stdout.isatty(),
@@ -140,6 +156,11 @@ def _log_to_file(path: Path) -> None:
 
     stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     configure_logging(json=True, stream=stream, library_level="WARNING")
+
+
+def _check_port(host: str, port: int) -> None:
+    if not _port_free(host, port):
+        raise UsageError(f"invalid --port '{port}': {host}:{port} is in use")
 
 
 def _port_free(host: str, port: int) -> bool:

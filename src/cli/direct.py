@@ -149,14 +149,14 @@ class DirectTransport:
 
     async def cancel(self, run_id: str, schedule_id: str | None,
                      reason: str) -> dict[str, Any]:
-        sid = schedule_id or await self._schedule_of_run(run_id)
-        out = await self._send(sid, m.CancelRun(run_id=run_id, reason=reason))
+        sid, at = await self._run_place(run_id, schedule_id)
+        out = await self._send(sid, m.CancelRun(run_id=run_id, reason=reason, scheduled_at=at))
         return {"runId": run_id, "state": out.get("state", ""), "outcome": out.get("outcome"),
                 "attempt": None}
 
     async def redrive(self, run_id: str, schedule_id: str | None) -> dict[str, Any]:
-        sid = schedule_id or await self._schedule_of_run(run_id)
-        out = await self._send(sid, m.RedriveRun(run_id=run_id))
+        sid, at = await self._run_place(run_id, schedule_id)
+        out = await self._send(sid, m.RedriveRun(run_id=run_id, scheduled_at=at))
         return {"runId": run_id, "state": out.get("state", "READY"), "outcome": None,
                 "attempt": out.get("attempt")}
 
@@ -381,13 +381,19 @@ class DirectTransport:
                           f"{row['revision']}", "If-Match", {"revision": row["revision"]})
         return row
 
-    async def _schedule_of_run(self, run_id: str) -> str:
+    async def _run_place(self, run_id: str, schedule_id: str | None
+                         ) -> tuple[str, datetime | None]:
+        """The run's schedule (``--schedule``, else the read model's) and, when read from
+        the read model, its instant (the decider tells a finished run it no longer holds
+        from an unknown run ID by it)."""
+        if schedule_id is not None:
+            return schedule_id, None
         async with self._read_model() as rm:
             row = await rm.run(self.tenant, run_id)
         if row is None:
             raise Failure("not_found", f"no run '{run_id}' (in the read model; pass --schedule "
                           f"if it is not projected yet)", "runId")
-        return str(row["schedule_id"])
+        return str(row["schedule_id"]), row["scheduled_at"]
 
 
 def _user() -> str:

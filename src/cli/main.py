@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import argcomplete
 
-from chronolog.cli.errors import UsageError, error_line, set_flags
+from chronolog.cli.errors import UsageError, argparse_line, error_line, set_flags
 from chronolog.environment import package_version
 from chronolog.log.port import LogUnsafe
 
@@ -59,7 +59,8 @@ COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"{self.prog}: {message}", file=sys.stderr)
+        # one line naming the argument, as every other usage error (not argparse's usage)
+        print(argparse_line(message), file=sys.stderr)
         raise SystemExit(2)
 
 

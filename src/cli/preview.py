@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from chronolog.domain.recurrence import (
     DST_AMBIGUOUS_CHOICES,
     DST_NONEXISTENT_CHOICES,
-    DstMark,
     RecurrenceError,
     Trigger,
     compile_trigger,
     dst_marks,
+    marked_rows,
     parse_instant,
     resolve_zone,
     upcoming,
@@ -117,21 +117,6 @@ def _build_trigger(args: argparse.Namespace, start: datetime) -> Trigger:
                            dst_nonexistent=args.dst_nonexistent)
 
 
-def _rows(marks: list[DstMark], zone_name: str) -> list[dict[str, str | None]]:
-    """``{"utc": ..Z, "local": ..+hh:mm, "dst": mark, "note": why}`` per instant, seconds
-    precision."""
-    zone = resolve_zone(zone_name)
-    return [
-        {
-            "utc": mark.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "local": mark.at.astimezone(zone).isoformat(timespec="seconds"),
-            "dst": mark.mark,
-            "note": mark.note,
-        }
-        for mark in marks
-    ]
-
-
 def _table(rows: list[dict[str, str | None]], zone_name: str) -> str:
     """A plain aligned table with a header, a DST column when an instant is marked, and a
     legend line per mark shown (``mark: note``, the dashboard's words)."""
@@ -161,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         trigger = _build_trigger(args, start)
     except RecurrenceError as err:
         raise _usage_error(str(err)) from None
-    rows = _rows(dst_marks(trigger, upcoming(trigger, start, args.n)), args.tz)
+    rows = marked_rows(dst_marks(trigger, upcoming(trigger, start, args.n)),
+                       resolve_zone(args.tz))
     if args.json:
         print(json.dumps({"instants": [row for row in rows if row["dst"] != "skipped"],
                           "skipped": [row for row in rows if row["dst"] == "skipped"]}))

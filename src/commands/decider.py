@@ -975,11 +975,47 @@ def _state_after(d: ScheduleDraft, run_id: str) -> str:
     raise AssertionError(f"run {run_id} left the state without an ending event")
 
 
+def _let_go(state: ScheduleState, run_id: str,
+            scheduled_at: datetime | None) -> tuple[bool, str | None]:
+    """Whether ``run_id`` names a run of this schedule the state no longer holds (a run
+    leaves the state only once finished: only the newest finished run and ``DEAD_KEPT``
+    DEAD ones stay), and its final state when that is known. A remembered manual trigger
+    keeps its run's final state; a scheduled run is recognized by the instant the caller
+    read for it (``scheduled_at``): its run ID is a hash of that instant, and an instant
+    not after the last materialized one was materialized."""
+    for entry in (state.manual or {}).values():
+        if entry.run_id == run_id:
+            return True, entry.final
+    if (scheduled_at is not None and state.last_scheduled_at is not None
+            and scheduled_at <= state.last_scheduled_at
+            and run_id_for(state.tenant, state.schedule_id, scheduled_at) == run_id):
+        return True, None
+    return False, None
+
+
+def _no_run(state: ScheduleState, run_id: str, scheduled_at: datetime | None,
+            verb: str) -> ScheduleDecision:
+    """The refusal of a cancel or redrive (``verb``) of a run the state does not hold: a
+    conflict for a finished run it let go (naming its final state when known), not_found
+    for a run ID it never had."""
+    gone, final = _let_go(state, run_id, scheduled_at)
+    if not gone:
+        return _reject("not_found", "no such run")
+    if final is None:
+        return _reject("conflict", f"run has finished and is no longer held by the "
+                       f"processor: it can no longer be {verb}")
+    if verb == "redriven" and final != "DEAD":
+        return _reject("conflict", f"only a DEAD run can be redriven; run is {final}",
+                       state=final)
+    return _reject("conflict", f"run is {final} and no longer held by the processor: it "
+                   f"can no longer be {verb}", state=final)
+
+
 def _cancel(state: ScheduleState, p: m.CancelRun, now: datetime,
             principal: str) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
-        return _reject("not_found", "no such run")
+        return _no_run(state, p.run_id, p.scheduled_at, "cancelled")
     if run.terminal or run.state == "RECONCILING":
         return _reject("conflict", f"too late: run is {run.state}", state=run.state)
     if run.state == "LEASED":
@@ -1000,7 +1036,7 @@ def _redrive(state: ScheduleState, p: m.RedriveRun, now: datetime,
              principal: str) -> ScheduleDecision:
     run = state.run(p.run_id)
     if run is None:
-        return _reject("not_found", "no such run")
+        return _no_run(state, p.run_id, p.scheduled_at, "redriven")
     if run.state != "DEAD":
         return _reject("conflict", f"only a DEAD run can be redriven; run is {run.state}",
                        state=run.state)

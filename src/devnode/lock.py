@@ -2,7 +2,8 @@
 
 A node shares nothing with another node on the same directory safely: the SQLite log, the
 embedded PostgreSQL, ``node.json`` and the results are one node's. So the first thing
-``chronolog dev`` does with its directory — before it tightens its mode, opens its log file,
+``chronolog dev`` does with its directory, once its whole configuration is checked (a start
+refused for it leaves no lock file behind) — before it tightens its mode, opens its log file,
 writes ``node.json`` or looks at the embedded PostgreSQL — is take an exclusive
 ``fcntl.flock`` on ``DATA_DIR/node.lock`` (``acquire_node_lock``), held for the node's life.
 The holder then writes ``{"pid", "url"}`` into the file so that a node refused can name it.

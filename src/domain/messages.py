@@ -365,11 +365,15 @@ class CancelRun(_Model):
     type: Literal["CancelRun"] = "CancelRun"
     run_id: str
     reason: str = ""
+    # the run's instant as the sender read it (the read model): lets the decider tell a
+    # finished run it no longer holds from a run ID it never had
+    scheduled_at: datetime | None = None
 
 
 class RedriveRun(_Model):
     type: Literal["RedriveRun"] = "RedriveRun"
     run_id: str
+    scheduled_at: datetime | None = None  # as CancelRun's
 
 
 class ResolveReconciliation(_Model):

@@ -76,6 +76,7 @@ __all__ = [
     "dst_marks",
     "is_wildcard_cron",
     "jitter_offset",
+    "marked_rows",
     "parse_cron",
     "parse_instant",
     "resolve_zone",
@@ -1098,6 +1099,20 @@ def dst_marks(trigger: Trigger | None, instants: list[datetime]) -> list[DstMark
         marks.append(DstMark(t, "skipped", note))
     marks.sort(key=lambda m: (m.at, m.mark == "skipped"))
     return marks
+
+
+def marked_rows(marks: list[DstMark], zone: ZoneInfo) -> list[dict[str, str | None]]:
+    """``{"utc": ..Z, "local": ..+hh:mm, "dst": mark, "note": why}`` per marked instant,
+    seconds precision: the rows of ``chronolog preview --json`` and ``GET /v1/preview``."""
+    return [
+        {
+            "utc": mark.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "local": mark.at.astimezone(zone).isoformat(timespec="seconds"),
+            "dst": mark.mark,
+            "note": mark.note,
+        }
+        for mark in marks
+    ]
 
 
 # --------------------------------------------------------------------------- jitter

@@ -181,10 +181,13 @@ async def test_a_cron_with_specials_is_created_and_previewed(stack: ApiStack) ->
         "cron": "30 2 ? 3 SUN#2", "timezone": "America/New_York", "count": 2,
         "from": "2026-01-01T00:00:00Z"}, headers=ACME)
     assert r.status_code == 200, r.text
+    shifted = "the wall time does not exist that day (clocks go forward): shifted forward"
     assert r.json() == {"instants": [  # the second Sunday of March is the day of the gap
-        {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00"},
-        {"utc": "2027-03-14T07:00:00Z", "local": "2027-03-14T03:00:00-04:00"},
-    ]}
+        {"utc": "2026-03-08T07:00:00Z", "local": "2026-03-08T03:00:00-04:00",
+         "dst": "shifted", "note": shifted},
+        {"utc": "2027-03-14T07:00:00Z", "local": "2027-03-14T03:00:00-04:00",
+         "dst": "shifted", "note": shifted},
+    ], "skipped": []}
 
 
 async def test_numbers_in_other_scripts_are_400_naming_the_field(stack: ApiStack) -> None:
@@ -621,6 +624,56 @@ async def test_cancel_redrive_reconcile(stack: ApiStack) -> None:
     assert_error(await stack.http.post("/v1/runs/r_nope:cancel", headers=ACME), 404, "not_found")
 
 
+async def test_cancel_or_redrive_of_a_finished_run_the_processor_let_go_is_409(
+        stack: ApiStack) -> None:
+    """Only the newest finished run stays in the processor's state: a cancel or redrive of an
+    older one is a conflict saying it finished (naming its final state when the state
+    remembers it: a manual run's request key keeps it), not 404, which stays for a run ID
+    that never existed."""
+    assert stack.http is not None
+    s = await _schedule(stack)
+    first = (await _trigger(stack, s, "first")).json()["runId"]
+    r = await stack.http.post(f"/v1/runs/{first}:cancel", headers=ACME)
+    assert r.status_code == 200, r.text
+    second = (await _trigger(stack, s, "second")).json()["runId"]
+    r = await stack.http.post(f"/v1/runs/{second}:cancel", headers=ACME)
+    assert r.status_code == 200, r.text  # the newest finished run: the first one is let go
+    body = assert_error(await stack.http.post(f"/v1/runs/{first}:cancel", headers=consistent(r)),
+                        409, "conflict")
+    assert body["state"] == "CANCELLED", body
+    assert body["message"] == ("run is CANCELLED and no longer held by the processor: it can "
+                               "no longer be cancelled")
+    body = assert_error(await stack.http.post(f"/v1/runs/{first}:redrive", headers=ACME),
+                        409, "conflict")
+    assert body["message"] == "only a DEAD run can be redriven; run is CANCELLED"
+
+    # scheduled runs: the API sends the run's instant, by which the processor knows its ID
+    ticking = sid()
+    r = await create(stack, {"scheduleId": ticking, "every": "1s", "overlap": "allow",
+                             "job": {"type": "report"}})
+    assert r.status_code == 201, r.text
+
+    async def two_runs() -> list[str] | None:
+        g = await stack.http.get(f"/v1/schedules/{ticking}/runs", headers=ACME)
+        items = g.json()["items"] if g.status_code == 200 else []
+        ready = sorted(items, key=lambda i: i["scheduledAt"])
+        return [i["runId"] for i in ready[:2]] if len(ready) >= 2 else None
+
+    older, newer = await wait_until(two_runs, 30, what="two scheduled runs in the read model")
+    for run_id in (older, newer):
+        r = await stack.http.post(f"/v1/runs/{run_id}:cancel", headers=ACME)
+        assert r.status_code == 200, r.text
+    for action, verb in (("cancel", "cancelled"), ("redrive", "redriven")):
+        body = assert_error(await stack.http.post(f"/v1/runs/{older}:{action}",
+                                                  headers=consistent(r)), 409, "conflict")
+        assert body["message"] == ("run has finished and is no longer held by the processor: "
+                                   f"it can no longer be {verb}"), body
+    assert_error(await stack.http.post("/v1/runs/r_nope:redrive", headers=ACME), 404,
+                 "not_found")
+    r = await stack.http.post(f"/v1/schedules/{ticking}:pause", headers=ACME)
+    assert r.status_code == 200, r.text
+
+
 async def test_result_is_shown_with_checksum_size_and_inline(stack: ApiStack) -> None:
     assert stack.http is not None
     s = await _schedule(stack)
@@ -895,10 +948,14 @@ async def test_preview_endpoint(stack: ApiStack) -> None:
         "from": "2026-03-28T00:00:00Z"}, headers=ACME)
     assert r.status_code == 200, r.text
     assert r.json() == {"instants": [
-        {"utc": "2026-03-28T01:30:00Z", "local": "2026-03-28T02:30:00+01:00"},
-        {"utc": "2026-03-29T01:00:00Z", "local": "2026-03-29T03:00:00+02:00"},  # DST gap
-        {"utc": "2026-03-30T00:30:00Z", "local": "2026-03-30T02:30:00+02:00"},
-    ]}
+        {"utc": "2026-03-28T01:30:00Z", "local": "2026-03-28T02:30:00+01:00", "dst": None,
+         "note": None},
+        {"utc": "2026-03-29T01:00:00Z", "local": "2026-03-29T03:00:00+02:00",  # DST gap
+         "dst": "shifted", "note": "the wall time does not exist that day (clocks go "
+         "forward): shifted forward"},
+        {"utc": "2026-03-30T00:30:00Z", "local": "2026-03-30T02:30:00+02:00", "dst": None,
+         "note": None},
+    ], "skipped": []}
     r = await stack.http.get("/v1/preview", params={"every": "90m", "from": "2026-01-01T00:00:00Z",
                                                     "count": 2}, headers=ACME)
     assert [i["utc"] for i in r.json()["instants"]] == ["2026-01-01T01:30:00Z",

@@ -104,6 +104,7 @@ async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> No
             assert g.json()["preview"][0]["local"].endswith("T03:00:00+01:00") or \
                 g.json()["preview"][0]["local"].endswith("T03:00:00+02:00")
             assert (await http.get("/v1/schedules/nightly")).status_code == 401
+            await _preview_marks_berlin_transitions(http, auth)
             metrics = await http.get("/metrics")
             assert "chronolog_projection_lag_events" in metrics.text
             # `chronolog api` serves the web dashboard on the same port
@@ -115,6 +116,41 @@ async def test_the_three_services_over_real_http(tmp_path: Path, dsn: str) -> No
         codes = [_stop(p) for p in reversed(started)]
     assert codes == [0, 0, 0], [(tmp_path / f).read_text()[-2000:]
                                 for f in ("api.log", "projector.log", "processor.log")]
+
+
+# the marks' notes, as the dashboard and `chronolog preview` word them
+SHIFTED = "the wall time does not exist that day (clocks go forward): shifted forward"
+REPEATED = "this wall time happens twice (clocks go back): policy ambiguous=first"
+LEFT_OUT = "the repetition of this wall time is left out: policy ambiguous=first"
+
+
+async def _preview_marks_berlin_transitions(http: httpx.AsyncClient,
+                                            auth: dict[str, str]) -> None:
+    """``GET /v1/preview`` of a fixed-time cron across Berlin's spring-forward (02:30 does
+    not exist on 2026-03-29) and fall-back (02:30 happens twice on 2026-10-25): each
+    instant carries its ``dst`` mark and ``note``, the left-out repetition is ``skipped``."""
+    def row(utc: str, local: str, dst: str | None = None,
+            note: str | None = None) -> dict[str, str | None]:
+        return {"utc": utc, "local": local, "dst": dst, "note": note}
+
+    async def preview(after: str) -> Any:
+        r = await http.get("/v1/preview", headers=auth, params={
+            "cron": "30 2 * * *", "timezone": "Europe/Berlin", "from": after, "count": 3})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert await preview("2026-03-28T00:00:00Z") == {"instants": [
+        row("2026-03-28T01:30:00Z", "2026-03-28T02:30:00+01:00"),
+        row("2026-03-29T01:00:00Z", "2026-03-29T03:00:00+02:00", "shifted", SHIFTED),
+        row("2026-03-30T00:30:00Z", "2026-03-30T02:30:00+02:00"),
+    ], "skipped": []}
+    assert await preview("2026-10-24T00:00:00Z") == {"instants": [
+        row("2026-10-24T00:30:00Z", "2026-10-24T02:30:00+02:00"),
+        row("2026-10-25T00:30:00Z", "2026-10-25T02:30:00+02:00", "repeated", REPEATED),
+        row("2026-10-26T01:30:00Z", "2026-10-26T02:30:00+01:00"),
+    ], "skipped": [
+        row("2026-10-25T01:30:00Z", "2026-10-25T02:30:00+01:00", "skipped", LEFT_OUT),
+    ]}
 
 
 TENANTS_TOML = """

@@ -595,7 +595,7 @@ async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
         assert lines["api"] == lines["direct"], lines
         assert lines["api"] == [
             "error: conflict: expected revision 2, current is 3",
-            "error: --end: end must be after start",
+            "error: --end: must be after --start",
             "error: not_found: no schedule 'nope'"]
     finally:
         codes = services.stop_all()

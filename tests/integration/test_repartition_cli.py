@@ -314,7 +314,7 @@ async def test_a_change_no_processor_finishes_exits_1_and_the_same_command_resum
         assert out.strip() == f"the deployment has {NEW} partitions (version 2): nothing to do"
         for bad, why in ((str(OLD), f"error: --to: '{OLD}': the partition count can only grow"),
                          ("0", "error: --to: '0': the partition count must be 1..1024"),
-                         ("x", "argument --to: invalid int value: 'x'")):
+                         ("x", "error: --to: 'x': expected a whole number")):
             proc_bad = repartition(cfg, "--to", bad)
             out, err = await asyncio.to_thread(proc_bad.communicate, timeout=120)
             assert proc_bad.returncode == 2, (bad, out, err)

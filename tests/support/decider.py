@@ -143,6 +143,14 @@ class Story:
                                     fence=claimed.fence, worker_id=claimed.worker_id,
                                     error_class=error_class, message="boom"), now)
 
+    def dead(self, key: str, now: datetime) -> str:
+        """A manual run triggered with request key ``key``, claimed and failed for good: its
+        run ID (the run is DEAD)."""
+        env = envelope(m.TriggerRun(request_key=key), self.schedule_id, command_id=f"c-{key}")
+        run_id: str = self.given(env, now).body["run_id"]
+        self.fail(self.claim(run_id, now), now, "permanent")
+        return run_id
+
     def run(self, run_id: str) -> Any:
         r = self.state.run(run_id)
         assert r is not None, f"no run {run_id}"

@@ -7,6 +7,7 @@ The line builders (``chronolog.cli.errors``), the words of the ID rules
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -117,3 +118,89 @@ def test_bad_input_is_one_line_naming_the_flag_and_exit_2(
     assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
     assert err.startswith(line), err
     assert err.count("error:") == 1
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    # a mutually exclusive group
+    (["schedule", "create", "s1", "--every", "30s", "--at", "2030-01-01T00:00:00Z"],
+     "error: --at: not allowed with --every"),
+    (["preview", "--every", "1m", "--cron", "* * * * *"],
+     "error: --cron: not allowed with --every"),
+    # a required group, a required argument, a required sub-command
+    (["preview"], "error: --cron | --every | --at: one of them is required"),
+    (["schedule", "create", "--every", "1m"], "error: ID: required"),
+    (["schedule"], "error: ACTION: required"),
+    # an invalid choice, of an option and of a sub-command
+    (["preview", "--cron", "0 2 * * *", "--dst-ambiguous", "sometimes"],
+     "error: --dst-ambiguous: 'sometimes': choose from first, second, both"),
+    (["schedule", "frobnicate"], "error: ACTION: 'frobnicate': choose from "),
+    # an unrecognized argument, with and without a value
+    (["preview", "--cron", "* * * * *", "--colour", "red"],
+     "error: --colour: unrecognized argument (then: red)"),
+    (["preview", "--cron", "* * * * *", "--colour=red"], "error: --colour: unrecognized argument"),
+    # a value argparse's type refused, named by the long flag
+    (["preview", "--cron", "* * * * *", "-n", "x"],
+     "error: --count: 'x': expected a whole number (ASCII digits)"),
+    (["repartition", "--to", "x"], "error: --to: 'x': expected a whole number"),
+])
+def test_argparse_errors_are_one_line_naming_the_flag_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str,
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "", err
+    assert len(err.splitlines()) == 1 and err.startswith(line), err
+
+
+def _leaf_commands() -> list[list[str]]:
+    """Every (sub-)command path of ``chronolog``: ``["schedule", "create"]``, ``["preview"]``."""
+    paths: list[list[str]] = []
+
+    def walk(parser: Any, path: list[str]) -> None:
+        subs = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not subs:
+            paths.append(path)
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, [*path, name])
+
+    from chronolog.cli.main import build_parser
+
+    walk(build_parser(), [])
+    return paths
+
+
+@pytest.mark.parametrize("path", _leaf_commands(), ids=" ".join)
+def test_every_command_refuses_an_unknown_flag_in_one_line(
+    capsys: pytest.CaptureFixture[str], path: list[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*path, "--no-such-flag"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "", err
+    assert len(err.splitlines()) == 1, err
+    # the unknown flag, or first what the command misses (a required argument or group)
+    assert re.fullmatch(r"error: (--no-such-flag: unrecognized argument|[\w-]+: required"
+                        r"( \(as .+\))?|--[\w-]+( \| --[\w-]+)+: one of them is required)\n",
+                        err), err
+
+
+@pytest.mark.parametrize(("message", "where", "line"), [
+    # the field is named once, by its flag; a field it refers to is named by its flag too
+    ("end must be after start", "end", "error: --end: must be after --start"),
+    ("invalid lease '0': lease must be positive, got 0.0", None,
+     "error: --lease: '0': must be positive, got 0.0"),
+    ("--schedule: schedule ID 'a b': letters", None, "error: --schedule: 'a b': letters"),
+    ("invalid from 'x': after to 'y'", None, "error: --from: 'x': after --to 'y'"),
+    ("anchor only applies to every", "anchor", "error: --anchor: only applies to --every"),
+    # a word that is no flag of the command stays a word
+    ("the cursor belongs to another query", "--after",
+     "error: --after: the cursor belongs to another query"),
+])
+def test_a_field_is_named_once_and_by_its_flag(message: str, where: str | None,
+                                                line: str) -> None:
+    flags = {"--end", "--start", "--lease", "--schedule", "--from", "--to", "--anchor",
+             "--every", "--after"}
+    named = None if where is None else where_of(where, flags)
+    assert error_line(message, named, flags) == line

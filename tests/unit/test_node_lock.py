@@ -142,3 +142,50 @@ def test_a_data_dir_that_cannot_be_a_directory_is_a_usage_error_naming_it(
     assert capsys.readouterr().err.splitlines() == [
         f"error: --data-dir: '{taken}': File exists"]
     assert taken.read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize(("argv", "env", "line"), [
+    ([], {"CHRONOLOG_VISIBLE_TIMEOUT": "soon"},
+     "error: CHRONOLOG_VISIBLE_TIMEOUT: 'soon': not a number of seconds"),
+    ([], {"CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES": "0"},
+     "error: CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES: '0': must be 1..1073741824"),
+    ([], {"CHRONOLOG_HEADER_TIMEOUT": "soon"},
+     "error: CHRONOLOG_HEADER_TIMEOUT: expected a number, got 'soon'"),
+    ([], {"CHRONOLOG_MAX_BODY_BYTES": "lots"}, "error: CHRONOLOG_MAX_BODY_BYTES: "),
+    ([], {"CHRONOLOG_PRUNE_EVERY": "0s"}, "error: CHRONOLOG_PRUNE_EVERY: '0s': "),
+    (["--partitions", "0"], {}, "error: --partitions: '0': must be 1..1024"),
+    (["--retention", "forever"], {}, "error: --retention: 'forever': "),
+])
+def test_a_start_refused_for_its_configuration_leaves_no_data_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    argv: list[str], env: dict[str, str], line: str,
+) -> None:
+    from chronolog.cli.main import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fresh = tmp_path / "node"
+    status = main(["dev", "--quiet", "--data-dir", str(fresh), "--port", "1", *argv])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.splitlines()) == 1 and err.startswith(line), err
+    assert not fresh.exists()  # no node.lock, no directory: nothing to clean up
+
+
+def test_a_start_refused_for_a_port_in_use_leaves_no_data_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+
+    from chronolog.cli.main import main
+
+    fresh = tmp_path / "node"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = main(["dev", "--quiet", "--data-dir", str(fresh), "--host", "127.0.0.1",
+                       "--port", str(port)])
+    assert status == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --port: '{port}': 127.0.0.1:{port} is in use"]
+    assert not fresh.exists()

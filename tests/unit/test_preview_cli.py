@@ -126,8 +126,7 @@ def test_human_output_is_a_table_with_utc_and_local_columns() -> None:
          "error: --at: '2026-01-0١T00:00:00Z': not ASCII: write "
          "an ISO-8601 date-time such as 2026-03-08T09:00:00Z"),
         (["--cron", "* * * * *", "-n", "٣"],
-         "chronolog preview: argument -n/--count: invalid n '٣': expected a whole number "
-         "(ASCII digits)"),
+         "error: --count: '٣': expected a whole number (ASCII digits)"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line_naming_field_and_value(args: list[str],
@@ -241,8 +240,8 @@ def test_a_preview_away_from_transitions_has_no_dst_column_nor_legend() -> None:
 def test_a_bad_dst_choice_exits_2_with_one_line_naming_the_flag() -> None:
     result = preview("--cron", "0 2 * * *", "--dst-ambiguous", "sometimes")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == ("chronolog preview: argument --dst-ambiguous: invalid choice: "
-                             "'sometimes' (choose from 'first', 'second', 'both')\n")
+    assert result.stderr == ("error: --dst-ambiguous: 'sometimes': choose from first, second, "
+                             "both\n")
 
 
 def test_the_tours_preview_commands_run_and_the_second_prints_what_the_tour_shows() -> None:

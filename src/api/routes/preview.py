@@ -1,4 +1,6 @@
-"""``GET /v1/preview``: the next instants of a rule (cron, every or at), without a schedule."""
+"""``GET /v1/preview``: the next instants of a rule (cron, every or at), without a schedule,
+each marked as ``chronolog preview`` and the dashboard mark it (``dst``, ``note``: what
+daylight saving time did to it), with the instants a transition left out under ``skipped``."""
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
@@ -14,6 +16,8 @@ from chronolog.api.models import InstantOut, PreviewOut
 from chronolog.domain.recurrence import (
     RecurrenceError,
     compile_trigger,
+    dst_marks,
+    marked_rows,
     parse_instant,
     resolve_zone,
     upcoming,
@@ -48,7 +52,8 @@ async def preview(
             trigger = compile_trigger(cron=cron, at=at, timezone=timezone_)
     except RecurrenceError as exc:
         raise ApiError(400, str(exc), camel_path(exc.field)) from None
-    rows = [InstantOut(utc=t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       local=t.astimezone(zone).isoformat(timespec="seconds"))
-            for t in upcoming(trigger, start, count)]
-    return JSONResponse(jsonable(PreviewOut(instants=rows)))
+    rows = [InstantOut.model_validate(row)
+            for row in marked_rows(dst_marks(trigger, upcoming(trigger, start, count)), zone)]
+    return JSONResponse(jsonable(PreviewOut(
+        instants=[row for row in rows if row.dst != "skipped"],
+        skipped=[row for row in rows if row.dst == "skipped"])))

@@ -180,7 +180,7 @@ async def cancel_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context,
                      body: Annotated[CancelIn | None, Body()] = None) -> JSONResponse:
     r = await ctx.run_row(tenant, run_id)
     reply, mark = await ctx.send(tenant, r["schedule_id"], m.CancelRun(
-        run_id=run_id, reason=body.reason if body else ""))
+        run_id=run_id, reason=body.reason if body else "", scheduled_at=r["scheduled_at"]))
     outcome = reply.body.get("outcome")
     return written(RunWritten(run_id=run_id, state=reply.body.get("state", ""),
                               outcome=outcome), 202 if outcome == "requested" else 200, mark)
@@ -191,7 +191,8 @@ async def cancel_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context,
              **_RUN_WRITE)
 async def redrive_run(run_id: RunIdPath, tenant: TenantDep, ctx: Context) -> JSONResponse:
     r = await ctx.run_row(tenant, run_id)
-    reply, mark = await ctx.send(tenant, r["schedule_id"], m.RedriveRun(run_id=run_id))
+    reply, mark = await ctx.send(tenant, r["schedule_id"], m.RedriveRun(
+        run_id=run_id, scheduled_at=r["scheduled_at"]))
     return written(RunWritten(run_id=run_id, state=reply.body.get("state", "READY"),
                               attempt=reply.body.get("attempt")), 200, mark)
 

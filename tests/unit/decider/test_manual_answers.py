@@ -79,15 +79,9 @@ def test_a_repeated_trigger_of_a_run_skipped_past_its_start_deadline_answers_ski
 def test_a_repeated_trigger_answers_dead_after_its_run_left_the_dead_ones_kept(
         gwt: GivenWhenThen) -> None:
     s = gwt.story().create(gwt.T0)
-
-    def dead(key: str, n: int) -> str:
-        run_id: str = _trigger(gwt, s, key, n).body["run_id"]
-        s.fail(s.claim(run_id, gwt.T0 + gwt.sec(n)), gwt.T0 + gwt.sec(n), "permanent")
-        return run_id
-
-    first = dead("pay-run", 1)
+    first = s.dead("pay-run", gwt.T0 + gwt.sec(1))
     for i in range(DEAD_KEPT):  # the DEAD runs kept for a redrive are bounded: it leaves
-        dead(f"other-{i}", 2)
+        s.dead(f"other-{i}", gwt.T0 + gwt.sec(2))
     assert s.state.run(first) is None
     again = _trigger(gwt, s, "pay-run", 3)
     assert (again.events, again.body) == ([], {"run_id": first, "state": "DEAD"})
