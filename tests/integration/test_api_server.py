@@ -264,6 +264,7 @@ async def _seed(http: httpx.AsyncClient, cfg: LogConfig) -> dict[str, str]:
     return {"schedule": "seeded", "doomed": "seeded-doomed", "run": run}
 
 
+@pytest.mark.long(30)
 async def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(
     tmp_path: Path, dsn: str,
 ) -> None:

@@ -99,7 +99,7 @@ def _node_file(data_dir: Path, node: DevNode) -> Any:
     return wait_until(written, 60, interval=0.1, what="node.json of the dev node")
 
 
-@pytest.mark.long(90)
+@pytest.mark.long(50)
 async def test_the_cli_finds_a_dev_node_through_its_data_directory(
     tmp_path: Path, dsn: str, nodes: list[DevNode],  # noqa: F811
 ) -> None:

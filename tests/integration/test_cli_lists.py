@@ -47,7 +47,7 @@ async def _pages(cli: Cli, *args: str) -> list[dict[str, Any]]:
         after = ["--after", doc["nextCursor"]]
 
 
-@pytest.mark.long(70)
+@pytest.mark.long(75)
 async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
     tmp_path: Path, dsn: str,  # noqa: F811
 ) -> None:

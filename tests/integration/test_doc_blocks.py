@@ -307,6 +307,7 @@ def test_the_performance_guides_audit_and_failover_commands_run_small(reader: Re
                       {"--schedules": "100", "--events": "1000", "--runs": "1"}))
 
 
+@pytest.mark.long(30)
 def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     blocks = _blocks("docs/tour.md")
     assert len(blocks) == 5

@@ -110,7 +110,7 @@ def _apply_with_cli(broker: SaslKafka, topics: Topics, role: str, user: str) -> 
     return done.stdout
 
 
-@pytest.mark.long(60)
+@pytest.mark.long(40)
 async def test_each_role_under_its_own_principal_completes_a_scheduled_run(
     broker: SaslKafka, deployment: Topics, dsn: str, tmp_path: Path,
 ) -> None:

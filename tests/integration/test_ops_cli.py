@@ -318,7 +318,7 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
     assert set(codes.values()) == {0}, services.failed(codes)
 
 
-@pytest.mark.long(120)
+@pytest.mark.long(110)
 @pytest.mark.kafka
 async def test_lifecycle_through_the_api_on_kafka_and_direct_access_prints_the_same(
     tmp_path: Path, dsn: str, kafka_bootstrap: str,
@@ -446,6 +446,7 @@ async def test_the_tenant_quota_through_the_cli(tmp_path: Path, dsn: str) -> Non
     assert set(codes.values()) == {0}, services.failed(codes)
 
 
+@pytest.mark.long(45)
 async def test_the_storage_budget_through_the_cli_and_the_api(tmp_path: Path, dsn: str) -> None:
     """Past the tenant's storage budget a write is one line on stderr, exit 1, straight to the
     log and through the API alike (``--json``: the API's body, ``field`` the tenants-file
@@ -516,6 +517,7 @@ async def _node_on_sqlite(tmp_path: Path, dsn: str) -> tuple[Services, Cli, Cli,
     return services, api, direct, url
 
 
+@pytest.mark.long(35)
 async def test_revise_changes_only_the_flags_given_through_the_api_and_the_log(
     tmp_path: Path, dsn: str,
 ) -> None:

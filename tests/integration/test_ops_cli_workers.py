@@ -119,6 +119,7 @@ async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_on_the_embed
                                PARTITIONS, "--topic-prefix", f"t{uuid.uuid4().hex[:8]}."])
 
 
+@pytest.mark.long(30)
 @pytest.mark.kafka
 async def test_the_cli_warns_says_why_a_run_waits_and_lists_workers_through_the_api_on_kafka(
     tmp_path: Path, dsn: str, kafka_bootstrap: str  # noqa: F811

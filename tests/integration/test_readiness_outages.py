@@ -138,7 +138,7 @@ async def kafka_node(broker: OwnBroker, dsn: str, tmp_path: Path,
         await node.close()
 
 
-@pytest.mark.long(80)
+@pytest.mark.long(50)
 @pytest.mark.kafka
 @pytest.mark.postgres
 async def test_every_process_is_not_ready_while_the_broker_is_away_and_resumes_by_itself(
@@ -281,6 +281,7 @@ async def _read_model_away(node: SqliteNode) -> dict[str, Any]:
     return {"healthz": down.json(), "read": (read.status_code, read.json())}
 
 
+@pytest.mark.long(35)
 @pytest.mark.postgres
 async def test_the_api_and_projector_say_the_read_model_is_away_and_resume_by_themselves(
     own_postgres: EmbeddedPostgres, node_without_database: SqliteNode
@@ -329,6 +330,7 @@ async def test_sigterm_stops_the_api_within_its_bound_while_the_read_model_is_aw
     assert status in (0, 1), api.tail()
 
 
+@pytest.mark.long(45)
 @pytest.mark.postgres
 async def test_the_api_and_projector_started_while_the_read_model_is_away_wait_for_it(
     own_postgres: EmbeddedPostgres, tmp_path: Path

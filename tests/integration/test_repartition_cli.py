@@ -140,7 +140,7 @@ def in_order(events: list[tuple[int, int, m.EventEnvelope]], key: str
     return out
 
 
-@pytest.mark.long(50)
+@pytest.mark.long(25)
 async def test_a_change_to_24_partitions_under_load_survives_a_kill_9_and_loses_nothing(
     cfg: LogConfig, tmp_path: Path,
 ) -> None:

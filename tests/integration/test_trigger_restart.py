@@ -59,7 +59,6 @@ async def _succeeded(http: httpx.AsyncClient, services: Services, run_id: str) -
     await wait_until(done, 60, interval=SPAWN_POLL, what=f"run {run_id} SUCCEEDED")
 
 
-@pytest.mark.long(120)
 async def test_a_repeated_trigger_answers_succeeded_after_a_restart_forgot_the_run(
     tmp_path: Path, dsn: str,  # noqa: F811
 ) -> None:

@@ -48,7 +48,7 @@ def assert_clean(rows: list[dict], summary: str) -> None:
         assert (acknowledged["lost"], acknowledged["doubled"]) == (0, 0), said
 
 
-@pytest.mark.long(85)
+@pytest.mark.long(80)
 def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     rows, summary, code = short_chaos(tmp_path, "--log", "sqlite")
     assert [r["scenario"] for r in rows] == ["postgres-restart", "kill-processes",
@@ -57,7 +57,7 @@ def test_the_short_chaos_run_is_clean_in_every_row(tmp_path: Path) -> None:
     assert code == 0, summary
 
 
-@pytest.mark.long(240)
+@pytest.mark.long(220)
 def test_the_short_chaos_run_on_a_three_broker_cluster_is_clean_in_every_row(
     tmp_path: Path,
 ) -> None:

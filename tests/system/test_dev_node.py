@@ -242,7 +242,7 @@ def listed(url: str) -> list[str]:
     return sorted(s["scheduleId"] for s in body["items"])
 
 
-@pytest.mark.long(35)
+@pytest.mark.long(30)
 def test_a_second_node_on_a_data_directory_in_use_is_refused_and_the_first_keeps_serving(
     data_dir: Path, tmp_path: Path,
 ) -> None:
@@ -276,7 +276,6 @@ def test_a_second_node_on_a_data_directory_in_use_is_refused_and_the_first_keeps
     assert not pid_alive(pg)
 
 
-@pytest.mark.long(40)
 def test_a_node_killed_with_sigkill_leaves_no_postgresql_and_the_next_start_takes_over(
     data_dir: Path, tmp_path: Path,
 ) -> None:
