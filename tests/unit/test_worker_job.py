@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +33,32 @@ async def test_cancel_wakes_a_sleeping_handler_with_the_first_reason() -> None:
         ctx.check_cancelled()
     with pytest.raises(Cancelled):
         ctx.sleep_sync(30)
+
+
+async def test_cancel_wakes_a_handler_thread_sleeping_in_sleep_sync() -> None:
+    ctx = _ctx()
+    started = threading.Event()
+
+    def handler() -> None:
+        started.set()
+        ctx.sleep_sync(30)
+
+    thread = asyncio.ensure_future(asyncio.to_thread(handler))
+    assert await asyncio.to_thread(started.wait, 5)
+    ctx.cancel("cancel requested")
+    with pytest.raises(Cancelled, match="cancel requested"):
+        await asyncio.wait_for(thread, 5)
+
+
+async def test_on_cancel_runs_its_callback_once_at_the_cancel_or_at_once_after_it() -> None:
+    ctx = _ctx()
+    seen: list[str] = []
+    ctx.on_cancel(lambda: seen.append("before"))
+    assert seen == []
+    ctx.cancel("timeout")
+    ctx.cancel("again")
+    ctx.on_cancel(lambda: seen.append("after"))
+    assert seen == ["before", "after"]
 
 
 def _imported(module: ModuleType) -> set[str]:
