@@ -123,7 +123,9 @@ from chronolog.log.port import (
     Topics,
     refuse_deletion,
 )
-from chronolog.log.record_codec import CODEC_ZSTD_DICT_1, pack, unpack
+from chronolog.log.record_codec import CODEC_ZSTD_DICT_1, pack, pack_many, unpack_many
+from chronolog.log.write_turns import SUFFIX as WRITE_TURNS_SUFFIX
+from chronolog.log.write_turns import WriteTurns
 
 __all__ = ["ProcessLock", "SqliteEventLog", "SqliteGroupConsumer", "SqlitePartitionOwner"]
 
@@ -285,6 +287,7 @@ class _LogConnection(sqlite3.Connection):
 
     wait_s: float = 10.0
     rung: int = 0  # doorbell bits of what the current write transaction wrote
+    turns: WriteTurns | None = None  # a writer connection's turns at the write lock
 
 
 def _rings(conn: sqlite3.Connection, mask: int) -> None:
@@ -298,8 +301,13 @@ def _begin(conn: sqlite3.Connection) -> None:
 
     SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between tries, so under
     contention a lock freed after one fsync is taken tens of milliseconds later; here the
-    writer connection has no busy timeout and retries every 0.1-1 ms up to ``wait_s``.
+    writer connection has no busy timeout and retries every 0.1-0.5 ms up to ``wait_s``.
+    Writers take turns (``chronolog.log.write_turns``): one that is not waiting first lets
+    in those that are, and one that has to wait says so while it tries again.
     """
+    turns: WriteTurns | None = getattr(conn, "turns", None)
+    if turns is not None:
+        turns.let_others_in()
     try:
         conn.execute("BEGIN IMMEDIATE")
         return
@@ -308,15 +316,16 @@ def _begin(conn: sqlite3.Connection) -> None:
             raise
     deadline = time.monotonic() + getattr(conn, "wait_s", 10.0)
     pause = 0.0001
-    while True:
-        time.sleep(pause)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc) or time.monotonic() > deadline:
-                raise
-        pause = min(pause * 2, 0.001)
+    with turns.waiting() if turns is not None else contextlib.nullcontext():
+        while True:
+            time.sleep(pause)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+            pause = min(pause * 2, 0.0005)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -354,6 +363,7 @@ class _Conn:
         if self._writer:
             # the writer waits for the write lock in _begin, in steps far shorter than SQLite's
             conn.execute("PRAGMA busy_timeout = 0")
+            conn.turns = WriteTurns(self._path)
         self._conn = conn
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -388,6 +398,8 @@ class _Conn:
     async def close(self) -> None:
         def _close(_: Any) -> None:
             if self._conn is not None:
+                if self._conn.turns is not None:
+                    self._conn.turns.close()
                 self._conn.close()
                 self._conn = None
 
@@ -500,72 +512,129 @@ _INSERT_CHUNK = 64
 _INSERT_SQL = [_insert_sql(n) for n in range(_INSERT_CHUNK + 1)]
 
 
+class _Writes:
+    """What one write transaction adds to the log, placed in memory first and written at
+    the end (``flush``) in a few statements.
+
+    Every statement releases the GIL, and the writer thread runs beside a busy event loop (a
+    processor deciding a burst): a thread that has released the GIL waits up to the switch
+    interval (5 ms) to take it back. A processor's commit of many owners' batches made about
+    ten statements per batch (a savepoint, the fence check, the offsets read, the inserts of
+    the records and of ``then()``'s, the consumed offsets) and held the write lock for half a
+    second while other processes' appends waited (docs/run-path.md). Now the owners' epochs
+    are read in one statement, each topic's ends in one, and everything is written at once;
+    a batch that fails while it is placed (``then`` raising) is undone in memory (``mark`` /
+    ``undo``), before anything was written."""
+
+    def __init__(self, conn: sqlite3.Connection, cache: dict[str, int]) -> None:
+        self.conn = conn
+        self.cache = cache
+        self.ts = _now_ms()
+        self.ends: dict[TP, int] = {}  # next offset of every partition of the topics read
+        self.ends_read: set[str] = set()
+        self.placed: dict[TP, int] = {}  # next offsets after what is placed
+        self.values: list[Any] = []  # rows of ``records``, 7 values each
+        self.compacted: list[tuple[Any, ...]] = []  # rows of compacted topics (by key)
+        self.group_offsets: list[tuple[str, str, int, int]] = []
+        self.wake: set[str] = set()  # what the doorbell rings for: topics or WAKE_HEADER names
+        # headers as stored: (plain, compressed), once per transaction
+        self.headers_seen: dict[tuple[tuple[str, bytes], ...], tuple[bytes, bytes]] = {}
+
+    def _next_offset(self, tp: TP) -> int:
+        off = self.placed.get(tp)
+        if off is not None:
+            return off
+        topic = tp[0]
+        if topic not in self.ends_read:
+            self.ends.update(((topic, int(p)), int(o)) for p, o in self.conn.execute(
+                "SELECT partition, next_offset FROM log_ends WHERE topic = ?", (topic,)))
+            self.ends_read.add(topic)
+        return self.ends.get(tp, 0)
+
+    def place(self, records: Sequence[OutRecord]) -> list[Position]:
+        """Give ``records`` their positions (nothing is written before ``flush``)."""
+        conn, cache, ts = self.conn, self.cache, self.ts
+        compacted_topics = getattr(cache, "compacted", ())
+        positions: list[Position] = []
+        for rec in records:
+            topic = rec.topic
+            n = cache.get(topic)
+            if n is None:
+                n = _topic_partitions(conn, cache, topic)
+            if rec.partition is not None:
+                p = rec.partition
+                if p >= n:
+                    n = _grown_count(conn, cache, topic, p)
+                if not 0 <= p < n:
+                    raise LogError(f"partition {p} out of range for {topic!r} ({n} partitions)")
+            elif rec.key is not None:
+                p = partition_for(rec.key, n)
+            else:
+                p = random.randrange(n)
+            tp = (topic, p)
+            off = self._next_offset(tp)
+            headers = rec.headers
+            is_compacted = topic in compacted_topics
+            blob: bytes | None = None
+            if headers:
+                seen = self.headers_seen.get(headers)
+                if seen is None:
+                    raw = _encode_headers(headers) or b""
+                    seen = self.headers_seen[headers] = (raw, pack(raw))
+                blob = seen[0] if is_compacted else seen[1]
+                self.wake.add(_wake_name(topic, headers))
+            else:
+                self.wake.add(topic)
+            if is_compacted:
+                if rec.key is None:
+                    raise LogError(f"a record for the compacted topic {topic!r} needs a key")
+                self.compacted.append((topic, p, rec.key, off, rec.value, blob, ts))
+            else:
+                self.values += (topic, p, off, rec.key, rec.value, blob, ts)
+            positions.append(Position(topic, p, off))
+            self.placed[tp] = off + 1
+        return positions
+
+    def mark(self) -> tuple[int, int, int, dict[TP, int], set[str]]:
+        return (len(self.values), len(self.compacted), len(self.group_offsets),
+                dict(self.placed), set(self.wake))
+
+    def undo(self, mark: tuple[int, int, int, dict[TP, int], set[str]]) -> None:
+        """Forget what was placed since ``mark``."""
+        values, compacted, group_offsets, placed, wake = mark
+        del self.values[values:]
+        del self.compacted[compacted:]
+        del self.group_offsets[group_offsets:]
+        self.placed, self.wake = placed, wake
+
+    def flush(self) -> None:
+        """Write what is placed: every value compressed in one call (``pack_many``), the
+        records in multi-row inserts, the ends and group offsets, the doorbell's bits."""
+        conn, values = self.conn, self.values
+        values[4::7] = pack_many(values[4::7])
+        width = 7 * _INSERT_CHUNK
+        for i in range(0, len(values), width):
+            chunk = values[i:i + width]
+            conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
+        if self.compacted:
+            conn.executemany(_UPSERT_COMPACTED, self.compacted)
+        if self.placed:
+            conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in self.placed.items()])
+        if self.group_offsets:
+            conn.executemany(_UPSERT_OFFSET, self.group_offsets)
+        for name in self.wake:
+            _rings(conn, topic_bit(name))
+
+
 def _append_in_tx(
     conn: sqlite3.Connection, cache: dict[str, int], records: Sequence[OutRecord]
 ) -> list[Position]:
     """Insert ``records`` inside the caller's write transaction; return their positions."""
     if not records:
         return []
-    ts = _now_ms()
-    next_offsets: dict[TP, int] = {}
-    values: list[Any] = []
-    positions: list[Position] = []
-    # headers as stored: (plain, compressed), once per transaction
-    headers_seen: dict[tuple[tuple[str, bytes], ...], tuple[bytes, bytes]] = {}
-    wake: set[str] = set()  # what the doorbell rings for: topics, or their WAKE_HEADER names
-    compacted_topics = getattr(cache, "compacted", ())
-    compacted: list[tuple[Any, ...]] = []  # rows of compacted topics (upserted by key)
-    for rec in records:
-        topic = rec.topic
-        n = cache.get(topic)
-        if n is None:
-            n = _topic_partitions(conn, cache, topic)
-        if rec.partition is not None:
-            p = rec.partition
-            if p >= n:
-                n = _grown_count(conn, cache, topic, p)
-            if not 0 <= p < n:
-                raise LogError(f"partition {p} out of range for {topic!r} ({n} partitions)")
-        elif rec.key is not None:
-            p = partition_for(rec.key, n)
-        else:
-            p = random.randrange(n)
-        tp = (topic, p)
-        off = next_offsets.get(tp)
-        if off is None:
-            row = conn.execute(
-                "SELECT next_offset FROM log_ends WHERE topic = ? AND partition = ?", tp
-            ).fetchone()
-            off = int(row[0]) if row else 0
-        headers = rec.headers
-        is_compacted = topic in compacted_topics
-        blob: bytes | None = None
-        if headers:
-            seen = headers_seen.get(headers)
-            if seen is None:
-                raw = _encode_headers(headers) or b""
-                seen = headers_seen[headers] = (raw, pack(raw))
-            blob = seen[0] if is_compacted else seen[1]
-            wake.add(_wake_name(topic, headers))
-        else:
-            wake.add(topic)
-        if is_compacted:
-            if rec.key is None:
-                raise LogError(f"a record for the compacted topic {topic!r} needs a key")
-            compacted.append((topic, p, rec.key, off, rec.value, blob, ts))
-        else:
-            values += (topic, p, off, rec.key, pack(rec.value), blob, ts)
-        positions.append(Position(topic, p, off))
-        next_offsets[tp] = off + 1
-    width = 7 * _INSERT_CHUNK
-    for i in range(0, len(values), width):
-        chunk = values[i:i + width]
-        conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
-    if compacted:
-        conn.executemany(_UPSERT_COMPACTED, compacted)
-    conn.executemany(_UPSERT_END, [(t, p, o) for (t, p), o in next_offsets.items()])
-    for name in wake:
-        _rings(conn, topic_bit(name))
+    writes = _Writes(conn, cache)
+    positions = writes.place(records)
+    writes.flush()
     return positions
 
 
@@ -594,46 +663,27 @@ def _owner_commit(
     consumed: list[tuple[str, str, int, int]],
     then: ThenCallback | None = None,
 ) -> list[Position]:
-    _begin(conn)
-    fenced = _fenced(conn, name, epoch)
-    if fenced is not None:
-        conn.execute("ROLLBACK")
-        raise fenced
-    try:
-        positions = _owner_part(conn, cache, records, consumed, then)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return positions
+    [result] = _owners_commit(conn, cache, [(name, epoch, records, consumed, then)])
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
-def _fenced(conn: sqlite3.Connection, name: str, epoch: int) -> Fenced | None:
-    """``Fenced`` unless ``name`` is still at ``epoch`` (checked under the write lock)."""
-    row = conn.execute("SELECT epoch, owner_id FROM owners WHERE name = ?", (name,)).fetchone()
+def _fenced(name: str, epoch: int, row: tuple[Any, ...] | None) -> Fenced | None:
+    """``Fenced`` unless ``name``'s row in ``owners`` (read under the write lock) is still at
+    ``epoch``."""
     if row is not None and int(row[0]) == epoch:
         return None
     current = "none" if row is None else f"epoch {row[0]} held by {row[1]!r}"
     return Fenced(f"{name} epoch {epoch} was fenced ({current})")
 
 
-def _owner_part(
-    conn: sqlite3.Connection,
-    cache: dict[str, int],
-    records: Sequence[OutRecord],
-    consumed: list[tuple[str, str, int, int]],
-    then: ThenCallback | None,
-) -> list[Position]:
-    """One owner's records, ``then``'s records and consumed offsets, inside the caller's
-    write transaction."""
-    positions = _append_in_tx(conn, cache, records)
-    if then is not None:
-        late = then(positions)
-        if late:
-            positions = positions + _append_in_tx(conn, cache, late)
-    if consumed:
-        conn.executemany(_UPSERT_OFFSET, consumed)
-    return positions
+def _owner_rows(conn: sqlite3.Connection, names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """The ``owners`` rows (epoch, owner_id) of ``names``, in one statement."""
+    wanted = sorted(set(names))
+    marks = ", ".join("?" * len(wanted))
+    return {str(n): (e, o) for n, e, o in conn.execute(
+        f"SELECT name, epoch, owner_id FROM owners WHERE name IN ({marks})", wanted)}
 
 
 def _owners_commit(
@@ -644,40 +694,46 @@ def _owners_commit(
 ) -> list[list[Position] | Exception]:
     """Several owners' commits in ONE write transaction (one WAL sync), each all-or-nothing.
 
-    Each owner's epoch is checked under the write lock, as in ``_owner_commit``; a fenced
-    owner's part is left out (result: ``Fenced``), and an exception raised while building
-    one owner's part (``then``) rolls back that part only (a savepoint) and is its result.
-    An owner's later parts after a failed one fail too (``MultiCommit``). A SQLite error
-    aborts the whole transaction (raised: no part is visible).
+    Each owner's epoch is checked under the write lock; a fenced owner's part is left out
+    (result: ``Fenced``), and an exception raised while placing one owner's part (``then``)
+    undoes that part only (``_Writes.undo``) and is its result. An owner's later parts after
+    a failed one fail too (``MultiCommit``). A SQLite error aborts the whole transaction
+    (raised: no part is visible).
     """
     results: list[list[Position] | Exception] = []
     failed: dict[str, Exception] = {}  # owner name -> why its earlier part failed
     _begin(conn)
     try:
+        owners = _owner_rows(conn, (item[0] for item in items))
+        writes = _Writes(conn, cache)
         for name, epoch, records, consumed, then in items:
             earlier = failed.get(name)
             if earlier is not None:  # decided on the state the failed part left behind
                 results.append(earlier if isinstance(earlier, Fenced) else LogError(
                     f"{name}: an earlier batch of this owner failed in this commit: {earlier!r}"))
                 continue
-            fenced = _fenced(conn, name, epoch)
+            fenced = _fenced(name, epoch, owners.get(name))
             if fenced is not None:
                 failed[name] = fenced
                 results.append(fenced)
                 continue
-            conn.execute("SAVEPOINT owner_part")
+            mark = writes.mark()
             try:
-                positions = _owner_part(conn, cache, records, consumed, then)
+                positions = writes.place(records)
+                if then is not None:
+                    late = then(positions)
+                    if late:
+                        positions = positions + writes.place(late)
+                writes.group_offsets += consumed
             except sqlite3.Error:
                 raise
             except Exception as exc:  # noqa: BLE001 - this owner's part only
-                conn.execute("ROLLBACK TO owner_part")
-                conn.execute("RELEASE owner_part")
+                writes.undo(mark)
                 failed[name] = exc
                 results.append(exc)
                 continue
-            conn.execute("RELEASE owner_part")
             results.append(positions)
+        writes.flush()
         conn.execute("COMMIT")
     except BaseException:
         _rollback(conn)
@@ -730,17 +786,25 @@ def _data_version(conn: sqlite3.Connection) -> int:
 
 
 def _rows_to_records(topic: str, partition: int, rows: Iterable[tuple[Any, ...]]) -> list[Record]:
+    rows = list(rows)
+    # values and headers expanded in one call (record_codec.unpack_many: one GIL release)
+    stored: list[tuple[int | None, bytes]] = [(codec, bytes(value))
+                                              for _, _, value, _, _, codec in rows]
+    stored += [(codec, bytes(headers)) for _, _, _, headers, _, codec in rows
+               if headers is not None]
+    expanded = iter(unpack_many(stored))
+    values = [next(expanded) for _ in rows]
     return [
         Record(
             topic=topic,
             partition=partition,
             offset=int(off),
             key=None if key is None else bytes(key),
-            value=unpack(codec, bytes(value)),
-            headers=_decode_headers(None if headers is None else unpack(codec, bytes(headers))),
+            value=value,
+            headers=_decode_headers(None if headers is None else next(expanded)),
             timestamp_ms=int(ts),
         )
-        for off, key, value, headers, ts, codec in rows
+        for (off, key, _, headers, ts, _), value in zip(rows, values, strict=True)
     ]
 
 
@@ -1261,7 +1325,7 @@ class SqliteEventLog:
         """The log's directory 0700 and its files 0600 (SQLite gives ``-wal``/``-shm`` the
         mode of the database file): created so, tightened with a warning if found wider."""
         private_dir(self.path.parent)
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", WRITE_TURNS_SUFFIX):
             tighten(Path(f"{self.path}{suffix}"))
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
 

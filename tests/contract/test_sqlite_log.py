@@ -407,6 +407,9 @@ async def test_commit_many_leaves_out_a_fenced_owner_and_an_owner_whose_then_fai
                           {(t.commands, 0): 3}, "g")
         assert await _values(log, t.events, 0) == [b"new"]
         assert await _values(log, t.events, 1) == [b"retry"]
+        # the failed batch took no offset: the next records of its partitions start at 0
+        assert [r.offset for r in await log.read(t.events, 1, 0, 10)] == [0]
+        assert [r.offset for r in await log.read(t.events, 2, 0, 10)] == [0]
     finally:
         await other.close()
 

@@ -37,10 +37,11 @@ def test_a_log_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path,
 def test_a_worker_on_a_log_not_there_yet_says_so(tmp_path: Path) -> None:
     log = tmp_path / "typo.db"
     err = tmp_path / "worker.err"
+    ready = tmp_path / "ready.json"
     with err.open("wb") as out:
         proc = subprocess.Popen([CHRONOLOG, "worker", "--builtin-jobs", "--log",
-                                 f"sqlite://{log}"], env=_env(), cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=out)
+                                 f"sqlite://{log}", "--ready-file", str(ready)], env=_env(),
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=out)
     try:
         first = wait_until_sync(lambda: err.read_text().split("\n", 1)[0]
                                 if "\n" in err.read_text() else None, 30,
@@ -48,6 +49,9 @@ def test_a_worker_on_a_log_not_there_yet_says_so(tmp_path: Path) -> None:
         assert first == (f"warning: no log at {log} yet: this worker starts a new, empty log "
                          "there and waits for runs; is it the log its node or processor "
                          "writes?"), err.read_text()
+        # stopped once it serves (a SIGTERM before its handlers exist is the default action)
+        wait_until_sync(lambda: ready.exists() and '"ready": true' in ready.read_text(), 30,
+                        what="the worker ready")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, err.read_text()[-2000:]
