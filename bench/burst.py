@@ -6,8 +6,15 @@ after the enqueue with a margin; the handler is a no-op that records its start
 processes with ``--concurrency`` slots each, started as a deployment would start them.
 
     .venv/bin/python bench/burst.py [--log sqlite|kafka] [--n 10000] [--runs 3]
-        [--workers 2] [--concurrency 8] [--partitions 12] [--window 1000] [--awaited 200]
+        [--workers 2] [--concurrency 8] [--partitions 12] [--window 200] [--awaited 200]
         [--compare celery] [--other N] [--sustained RATE --seconds S] [--profile DIR]
+        [--warmup N] [--chunk K]
+
+The schedules are created one command each (``--chunk 1``, the default; ``--chunk K`` puts
+K creates in one append), ``--window`` of them in flight, and the workers keep results in a
+filesystem store (``--results`` under the run directory), as a deployment's would. On Kafka,
+``--warmup N`` first runs an unreported burst of N: the first burst on a fresh broker is
+slower.
 
 Per run it prints: first/last start after T, p50/p99/max lateness, runs/s over the burst,
 lost/duplicated/early, the enqueue rate (pipelined, ``--window`` in flight) and the reply
@@ -420,7 +427,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--prefetch", type=int, default=None,
                     help="worker --prefetch (default: the worker's own default)")
-    ap.add_argument("--window", type=int, default=1000, help="pipelined creates in flight")
+    ap.add_argument("--window", type=int, default=200, help="pipelined creates in flight")
     ap.add_argument("--chunk", type=int, default=1,
                     help="pipelined creates per append (Client.create_schedules); "
                          "1: one create_schedule call each")
@@ -438,6 +445,8 @@ def main() -> None:
     ap.add_argument("--other", type=int, default=0, metavar="N",
                     help="fairness: N every-1s schedules of another tenant run through the "
                          "burst (their start lateness is reported)")
+    ap.add_argument("--warmup", type=int, default=0, metavar="N",
+                    help="first run a burst of N, not reported (a fresh broker is slower)")
     ap.add_argument("--keep", action="store_true", help="keep the run directories")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="sample each chronolog process with py-spy during the burst "
@@ -451,6 +460,13 @@ def main() -> None:
           f"{args.partitions} partitions, cpus={os.cpu_count()}", flush=True)
     print(header(), flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
+    if args.warmup:  # a first burst on a fresh broker is slower: run one, report none of it
+        run_dir = base / "warmup"
+        run_dir.mkdir(parents=True)
+        warm = asyncio.run(chronolog_run(argparse.Namespace(**{**vars(args), "n": args.warmup}),
+                                         run_dir))
+        print(row(f"(warm-up, n={args.warmup})", warm), flush=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
     for i in range(args.runs):
         systems = [f"chronolog-{args.log}"] + (["celery"] if args.compare else [])
         for system in systems:
