@@ -19,7 +19,8 @@ slower.
 Per run it prints: first/last start after T, p50/p99/max lateness, runs/s over the burst,
 lost/duplicated/early, the enqueue rate (pipelined, ``--window`` in flight) and the reply
 latency of creates sent one at a time (``--awaited`` of them), CPU seconds of the processor,
-the workers and the broker during the burst, and whether ``chronolog audit`` passed. Then the
+the workers and the broker during the burst (and their sum per run: the CPU per run), and
+whether ``chronolog audit`` passed. Then the
 medians. ``--compare celery`` interleaves a Celery 5 + Redis run (``bench/peers/``) after
 each chronolog run and prints both side by side; its environment (a venv under
 ``bench/.peers/`` and Debian's ``redis-server``) is set up on first use.
@@ -391,8 +392,12 @@ def row(name: str, r: dict[str, Any]) -> str:
     checks = (f"lost {r.get('lost')} dup {r.get('duplicated')} early {r.get('early')}"
               + (f" audit {'ok' if r.get('audit_ok') else 'FAILED'}" if "audit_ok" in r else ""))
     other = r.get("other")
+    # CPU per run: every chronolog process and the broker (not the benchmark's own client)
+    per_run = (sum(v for k, v in cpu.items() if k != "client") / r["n"] * 1000
+               if cpu and r.get("n") else None)
     return (f"{name:18} " + " ".join(f"{c:>9}" for c in cells)
-            + "  cpu " + ",".join(f"{k}={v:.1f}" for k, v in cpu.items()) + "  " + checks
+            + "  cpu " + ",".join(f"{k}={v:.1f}" for k, v in cpu.items())
+            + ("" if per_run is None else f" ({per_run:.2f} ms/run)") + "  " + checks
             + ("" if not other else
                f"  other tenant: p50 {other['p50']:.3f} p99 {other['p99']:.3f} max "
                f"{other['max']:.3f} s lost {other['lost']} dup {other['duplicated']}"))
@@ -404,6 +409,7 @@ def header() -> str:
 
 def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: B.median([r.get(k) for r in results]) for k, _, _ in COLUMNS}
+    out["n"] = results[0].get("n")
     out["cpu_burst"] = {k: B.median([r["cpu_burst"].get(k) for r in results])
                         for k in results[0].get("cpu_burst", {})}
     for k in ("lost", "duplicated", "early"):
