@@ -498,6 +498,7 @@ def _load_topics(conn: sqlite3.Connection, cache: _TopicCache) -> None:
                   conn.execute("SELECT topic, partitions FROM topics").fetchall()})
 
 
+@functools.cache
 def _insert_sql(rows: int) -> str:
     return _INSERT_RECORDS + ", ".join([f"(?, ?, ?, ?, ?, ?, ?, {CODEC_ZSTD_DICT_1})"] * rows)
 
@@ -506,10 +507,18 @@ _INSERT_RECORDS = ("INSERT INTO records (topic, partition, offset, key, value, h
                    "VALUES ")
 # Rows per multi-row INSERT: one sqlite3_step (one release of the GIL) per chunk instead of
 # one per row — the writer thread then no longer convoys behind the event loop's thread for
-# the GIL on every record. 64 rows x 7 values stay far below SQLITE_MAX_VARIABLE_NUMBER.
+# the GIL on every record (``_Writes``). 1,024 rows: 4,000 records beside a busy event loop
+# went in 200 ms instead of 551 with 64 (docs/run-path.md); 7,168 values, within SQLite's
+# default bound of 32,766 (a build with a lower one gets chunks that fit: ``_insert_chunk``);
+# a rest under a chunk goes in powers of two.
 # Every row is stored compressed (chronolog.log.record_codec: value and headers).
-_INSERT_CHUNK = 64
-_INSERT_SQL = [_insert_sql(n) for n in range(_INSERT_CHUNK + 1)]
+_INSERT_CHUNK = 1024
+
+
+def _insert_chunk(conn: sqlite3.Connection) -> int:
+    """Rows per multi-row INSERT on ``conn``: ``_INSERT_CHUNK``, or fewer when the SQLite
+    build bounds a statement's parameters lower."""
+    return max(1, min(_INSERT_CHUNK, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 7))
 
 
 class _Writes:
@@ -612,10 +621,13 @@ class _Writes:
         records in multi-row inserts, the ends and group offsets, the doorbell's bits."""
         conn, values = self.conn, self.values
         values[4::7] = pack_many(values[4::7])
-        width = 7 * _INSERT_CHUNK
-        for i in range(0, len(values), width):
-            chunk = values[i:i + width]
-            conn.execute(_INSERT_SQL[len(chunk) // 7], chunk)
+        at, left, cap = 0, len(values) // 7, _insert_chunk(conn)
+        while left:
+            # full chunks, then the rest in powers of two: a few distinct statements, each
+            # prepared once (_insert_sql is cached, and so is sqlite3's statement)
+            rows = cap if left >= cap else 1 << (left.bit_length() - 1)
+            conn.execute(_insert_sql(rows), values[at:at + 7 * rows])
+            at, left = at + 7 * rows, left - rows
         if self.compacted:
             conn.executemany(_UPSERT_COMPACTED, self.compacted)
         if self.placed:

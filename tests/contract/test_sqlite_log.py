@@ -611,3 +611,18 @@ async def test_reading_a_partition_count_again_never_hides_the_topic_from_a_grou
     assert counts == [PARTITIONS] * 2000
     assert consumer.assignment() == everything
     await consumer.close()
+
+
+async def test_one_append_of_thousands_of_records_keeps_their_order_and_offsets(
+    log: SqliteEventLog,
+) -> None:
+    """Rows go in multi-row inserts of up to 1,024, the rest in powers of two: every size
+    from a full chunk down to one row, in order, with contiguous offsets."""
+    t = log.topics
+    n = 1024 + 1023  # a full chunk, then 512 + 256 + ... + 1
+    positions = await log.append([OutRecord(t.events, None, b"r%d" % i, partition=3)
+                                  for i in range(n)])
+    assert [p.offset for p in positions] == list(range(n))
+    records = await log.read(t.events, 3, 0, max_records=10_000)
+    assert [r.value for r in records] == [b"r%d" % i for i in range(n)]
+    assert [r.offset for r in records] == list(range(n))
