@@ -60,9 +60,12 @@ def pack_many(datas: Sequence[bytes]) -> list[bytes]:
     waits up to the interpreter's switch interval (5 ms) to take it back: one release per
     record made a transaction of 500 records take 1.6 s instead of 7 ms, while it held the
     database's write lock (docs/run-path.md). One call, one release."""
-    if len(datas) < 2 or not all(datas):  # an empty input has no frame to batch
+    c = _compressor()
+    # an empty input has no frame to batch; the batch calls are the C backend's (the one
+    # CPython's wheels use)
+    if len(datas) < 2 or not all(datas) or not hasattr(c, "multi_compress_to_buffer"):
         return [pack(d) for d in datas]
-    packed = _compressor().multi_compress_to_buffer(list(datas))
+    packed = c.multi_compress_to_buffer(list(datas))
     return [packed[i].tobytes() for i in range(len(datas))]
 
 
@@ -71,11 +74,12 @@ def unpack_many(rows: Sequence[tuple[int | None, bytes]]) -> list[bytes]:
     call into zstd (one release of the GIL: ``pack_many``)."""
     packed = [i for i, (codec, stored) in enumerate(rows)
               if codec == CODEC_ZSTD_DICT_1 and stored]
-    if len(packed) < 2:
+    d = _decompressor()
+    if len(packed) < 2 or not hasattr(d, "multi_decompress_to_buffer"):
         return [unpack(codec, stored) for codec, stored in rows]
     out = [b"" if codec == CODEC_ZSTD_DICT_1 and stored else unpack(codec, stored)
            for codec, stored in rows]
-    expanded = _decompressor().multi_decompress_to_buffer([rows[i][1] for i in packed])
+    expanded = d.multi_decompress_to_buffer([rows[i][1] for i in packed])
     for n, i in enumerate(packed):
         out[i] = expanded[n].tobytes()
     return out
