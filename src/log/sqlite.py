@@ -74,7 +74,10 @@ Async
     wakes as soon as any process writes; ``poll_idle_s`` bounds the wait in case a ring is
     lost. Without a doorbell (no abstract sockets) they poll with a short, backing-off
     interval. The writer waits for the database write lock in its own short steps
-    (``_begin``), not in SQLite's busy handler, whose sleeps grow to 100 ms.
+    (``_begin``), not in SQLite's busy handler, whose sleeps grow to 100 ms, and writers take
+    turns at it (``chronolog.log.write_turns``). A transaction is placed in memory and
+    written in a few statements (``_Writes``): each statement gives up the GIL, and taking
+    it back beside a busy event loop costs up to the switch interval.
 
 A full disk
     A write that finds no room (SQLITE_FULL) is rolled back whole and raises ``LogFull``
