@@ -41,8 +41,11 @@ async def _trigger(http: httpx.AsyncClient, services: Services, key: str) -> dic
     its partitions yet: the same key is safe to send again)."""
     async def answered() -> Any:
         services.check_alive()
-        r = await http.post("/v1/schedules/nightly/runs", headers={**AUTH,
-                                                                  "Idempotency-Key": key})
+        try:
+            r = await http.post("/v1/schedules/nightly/runs", headers={**AUTH,
+                                                                      "Idempotency-Key": key})
+        except httpx.ConnectError:  # the API (alive: checked above) does not listen yet
+            return None
         return r.json() if r.status_code == 201 else None
 
     doc: dict[str, Any] = await wait_until(answered, 90, interval=SPAWN_POLL,
