@@ -43,6 +43,7 @@ from chronolog.commands.state import (
     intern_policy,
     interned_policy,
 )
+from chronolog.domain.codec import dumps_kept
 from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleSpec
 
 __all__ = [
@@ -253,7 +254,8 @@ def encode_schedule(s: ScheduleState) -> bytes:
                           quota.spec.model_dump(mode="json"), quota.reply_to]
     else:
         quota_out = quota
-    return orjson.dumps([
+    # kept bytes (a snapshot chunk, a cold state in ``ScheduleStore``): ``dumps_kept``
+    return dumps_kept([
         s.tenant, s.schedule_id, s.status, s.revision,
         None if pol is None else [pol.spec_hash, _parts(pol)[0], pol.job.params],
         s.request_key, s.created_hash, s.created_at, s.anchor, s.paused_at, s.next_run_at,

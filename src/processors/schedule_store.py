@@ -35,8 +35,9 @@ from chronolog.commands.state_codec import (
     encode_schedule,
     shape_of,
 )
+from chronolog.domain.codec import kept
 
-__all__ = ["ScheduleStore", "compact", "is_idle", "wake_minute"]
+__all__ = ["ScheduleStore", "is_idle", "wake_minute"]
 
 Wakeup = Callable[[ScheduleState], datetime | None]
 
@@ -44,12 +45,6 @@ Wakeup = Callable[[ScheduleState], datetime | None]
 def wake_minute(wake: datetime) -> int:
     """The bucket of a wake-up: its minute since the epoch (rounded down)."""
     return int(wake.timestamp()) // 60
-
-
-def compact(data: bytes) -> bytes:
-    """``data`` in a bytes object of its own size: the bytes ``orjson.dumps`` returns keep
-    the whole buffer it wrote into (about 4 KB each, measured), ten times a state."""
-    return bytes(memoryview(data))
 
 
 def is_idle(st: ScheduleState, wake: datetime | None, now: datetime,
@@ -151,7 +146,7 @@ class ScheduleStore:
         """Hold an encoded state as cold as it is (a restore does not decode it); ``wake``:
         its wake-up, stored beside it. Its shape must be known (``add_shape``)."""
         self._hot.pop(key, None)
-        self._cold[key] = compact(data)
+        self._cold[key] = kept(data)  # as the caller got them: maybe orjson's 4 KB buffer
         if wake is not None:
             self._bucket(key, wake)
 
@@ -195,7 +190,7 @@ class ScheduleStore:
             h, body = shape_of(pol)
             if h not in self._shapes:
                 self._shapes[h] = decode_shape(body)[1]
-        return compact(encode_schedule(st))
+        return encode_schedule(st)  # of its own size: ``encode_schedule`` uses ``dumps_kept``
 
     def _bucket(self, key: str, wake: datetime) -> None:
         minute = wake_minute(wake)
