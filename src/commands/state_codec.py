@@ -268,7 +268,8 @@ def encode_schedule(s: ScheduleState) -> bytes:
     ], option=_OPTS)
 
 
-def decode_schedule(data: bytes | list[Any], shapes: Mapping[str, Policy]) -> ScheduleState:
+def decode_schedule(data: bytes | memoryview | list[Any],
+                    shapes: Mapping[str, Policy]) -> ScheduleState:
     """The state ``encode_schedule`` encoded (``data``: its bytes, or its body already
     parsed and upcast); ``shapes``: shape hash -> its policy (``decode_shape``)."""
     try:

@@ -50,6 +50,7 @@ from rich.text import Text
 
 from chronolog.domain import messages as m
 from chronolog.domain.durations import format_duration
+from chronolog.domain.ids import partition_key
 
 __all__ = [
     "Fit",
@@ -331,10 +332,16 @@ async def gather(node: Any) -> Snapshot:
     proc = node.parts.get("processor")
     recent: Recent | None = node.parts.get("recent")
     states: list[Any] = []
+    held = 0  # every schedule the processor holds, hot or cold
     if proc is None:
         problems.append("the processor is not running")
     else:
-        states = [st for ps in list(proc.partitions.values()) for st in ps.states.values()]
+        # the hot states, and the soonest cold ones of each partition (the cold ones are
+        # quiet: no run of theirs is open; and their instants are beyond the hot ones')
+        for ps in list(proc.partitions.values()):
+            held += len(ps.states)
+            states.extend(st for _, st in ps.states.hot_items())
+            states.extend(ps.states.soonest_cold(UPCOMING_ROWS))
     upcoming = heapq.nsmallest(UPCOMING_ROWS, (
         Upcoming(st.tenant, st.schedule_id, st.policy.job.type if st.policy else None,
                  st.next_due_at, st.status)
@@ -360,15 +367,13 @@ async def gather(node: Any) -> Snapshot:
                         f"(last: {recent.last_failure})")
     lat = sorted(recent.lateness_ms) if recent is not None else []
     # a run that never started (skipped, cancelled early) has its schedule's job type
-    jobs = {(st.tenant, st.schedule_id): st.policy.job.type for st in states
-            if st.policy is not None}
     outcomes = tuple(o if o.job_type is not None else replace(
-        o, job_type=jobs.get((o.tenant, o.schedule_id)))
+        o, job_type=_job_type(proc, o.tenant, o.schedule_id))
         for o in (recent.outcomes(RECENT_ROWS) if recent is not None else ()))
     return Snapshot(
         now=now,
         api=f"http://{node.host}:{node.port}",
-        schedules=len(states),
+        schedules=held,
         upcoming=tuple(upcoming),
         running=tuple(running),
         running_total=len(leased),
@@ -383,6 +388,18 @@ async def gather(node: Any) -> Snapshot:
         transactions=proc.stats.transactions if proc is not None else 0,
         problems=tuple(problems),
     )
+
+
+def _job_type(proc: Any, tenant: str, schedule_id: str) -> str | None:
+    """The job type of a schedule the processor holds (a cold one is read, not kept)."""
+    if proc is None:
+        return None
+    key = partition_key(tenant, schedule_id)
+    for ps in list(proc.partitions.values()):
+        st = ps.states.peek(key)
+        if st is not None and st.policy is not None:
+            return str(st.policy.job.type)
+    return None
 
 
 def _restarts(node: Any, now: datetime) -> list[Restart]:

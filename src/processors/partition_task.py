@@ -23,15 +23,13 @@ budgets) is its ``TaskContext``. A schedule's decision passes the tenant's stora
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import orjson
 import structlog
 
 from chronolog.commands.aggregate import OPEN_TENANT, PROCESSOR, Aggregate, Decision, TenantContext
@@ -57,9 +55,17 @@ from chronolog.log.port import OutRecord, PartitionOwner, Record
 from chronolog.processors.attempt_budget import AttemptBudget
 from chronolog.processors.config import ProcessorConfig, ProcessorStats, TenantPolicies
 from chronolog.processors.dispatch import Dispatcher, running_by_tenant
+from chronolog.processors.internal import (
+    INTERNAL_COMMANDS,
+    assign_envelope,
+    sniff_command_id,
+    tick_envelope,
+)
 from chronolog.processors.output import Output
+from chronolog.processors.schedule_store import ScheduleStore
 from chronolog.processors.snapshots import Chunk, SnapshotWriter
 from chronolog.processors.storage_budget import StorageGate
+from chronolog.processors.timers import Timers
 from chronolog.settings import RULES_HEADER, RulesVersion
 
 log = structlog.get_logger("chronolog.processor")
@@ -70,8 +76,6 @@ E = TypeVar("E")
 # the events after which a run may be READY (it waits for a worker's seat)
 ReadyEvent = m.OccurrenceMaterialized | m.OccurrenceReady | m.OccurrenceRedriven
 READY_EVENTS = (m.OccurrenceMaterialized, m.OccurrenceReady, m.OccurrenceRedriven)
-# command IDs of the processor's own commands, answered by no reply of their own
-INTERNAL_COMMANDS = ("tick:", "assign:", "quota:", "move:", "routing:")
 ROUTING_KEY = routing_key()
 
 
@@ -114,9 +118,10 @@ class PartitionTask:
         self.aggregates = aggregates
         self.owner = owner
         self.ctx = ctx
-        self.states: dict[str, ScheduleState] = {}
-        self.heap: list[tuple[datetime, str]] = []
-        self.armed: dict[str, datetime] = {}
+        # the schedules' states, the quiet ones beyond the horizon held cold (``tend``)
+        self.states = self.new_states()
+        self._next_cool = datetime.min.replace(tzinfo=UTC)
+        self.timers = Timers()  # the schedules' and the quotas' next wake instants
         # command_id -> (wall time, the reply's encoded bytes) of committed replies
         self.replies: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         # command_id -> the output of a transaction still in flight that replies to it
@@ -137,6 +142,32 @@ class PartitionTask:
         # and that have not had their first Tick since
         self.resuming: set[str] = set()
 
+    def new_states(self) -> ScheduleStore:
+        """An empty store of this partition's schedules (a restore fills it)."""
+        horizon = self.ctx.config.hot_horizon_s
+        return ScheduleStore(None if horizon is None else timedelta(seconds=horizon),
+                             self.aggregates.schedule.wakeup)
+
+    def tend(self, now: datetime, warm: int | None = None) -> None:
+        """Keep the hot set: the cold states whose wake-up comes within the horizon are
+        warmed and their timers armed (at most ``warm``, by default ``warm_per_step``);
+        every ``cool_every_s`` the quiet states changed since that are idle go cold and
+        their timers are disarmed (``cool_per_step`` at a time)."""
+        cfg = self.ctx.config
+        states = self.states
+        for key, st in states.warm(now, cfg.warm_per_step if warm is None else warm):
+            self.arm(key, st)
+            self.ctx.stats.warmed += 1
+        if states.cooling and now >= self._next_cool:
+            cooled = states.cool(now, cfg.cool_per_step)
+            for key in cooled:
+                self.timers.disarm(key)
+            self.timers.compact()  # the cooled keys' entries: not kept until their instants
+            self.ctx.stats.cooled += len(cooled)
+            # a slice left over goes at the next decide
+            self._next_cool = now + timedelta(seconds=cfg.cool_every_s) \
+                if not states.cooling else now
+
     def running(self) -> asyncio.Task[None] | None:
         """This partition's commit chain while it runs (None when idle)."""
         return self.chain if self.chain is not None and not self.chain.done() else None
@@ -145,28 +176,18 @@ class PartitionTask:
         self.arm_at(key, self.aggregates.schedule.wakeup(state))
 
     def arm_at(self, key: str, wake: datetime | None) -> None:
-        if wake is None:
-            self.armed.pop(key, None)
-            return
-        if self.armed.get(key) == wake:
-            return
-        self.armed[key] = wake
-        heapq.heappush(self.heap, (wake, key))
-
-    def due_keys(self, now: datetime, limit: int) -> list[str]:
-        out: list[str] = []
-        while self.heap and self.heap[0][0] <= now and len(out) < limit:
-            wake, key = heapq.heappop(self.heap)
-            if self.armed.get(key) != wake:
-                continue  # superseded entry
-            del self.armed[key]
-            out.append(key)
-        return out
+        self.timers.arm(key, wake)
 
     def next_wake(self) -> datetime | None:
-        while self.heap and self.armed.get(self.heap[0][1]) != self.heap[0][0]:
-            heapq.heappop(self.heap)
-        return self.heap[0][0] if self.heap else None
+        """The earliest of: a timer, the warming of the next cold states, the next cooling
+        of states changed since the last (``tend``)."""
+        wake = self.timers.next()
+        warm = self.states.next_warm()
+        if warm is not None and (wake is None or warm < wake):
+            wake = warm
+        if self.states.cooling and (wake is None or self._next_cool < wake):
+            wake = self._next_cool
+        return wake
 
     def resume(self, now: datetime) -> None:
         """The partition was just taken over (restored, to be installed): every schedule
@@ -174,8 +195,7 @@ class PartitionTask:
         Its first Tick says so (``Tick.resumed``), and comes before anything else decided
         for it (``_tick_resumed``): a command read after the take-over, such as a worker's
         claim of a run left READY before the gap, is decided after that Tick."""
-        self.resuming = {key for key, wake in self.armed.items()
-                         if wake <= now and key in self.states
+        self.resuming = {key for key in self.timers.due_at(now) if key in self.states
                          and key not in self.ctx.unapplied_keys}
 
     def snapshot_due(self, idle: bool) -> bool:
@@ -198,6 +218,7 @@ class PartitionTask:
                 chunk = snap.take(self.states, self.quotas, time.monotonic(), idle, self.routing)
             except Exception:
                 log.exception("snapshot_encode_failed", partition=self.partition)
+        self.tend(now)
         out = Output(self.ctx.topics, self.partition, (
             ("processor", self.ctx.member_id.encode()), ("epoch", str(self.owner.epoch).encode()),
             (RULES_HEADER, self.ctx.rules.label.encode())), snap, chunk)
@@ -207,7 +228,7 @@ class PartitionTask:
         if batch:
             consumed[(self.ctx.topics.commands, self.partition)] = batch[-1].offset + 1
         budget = max(16, self.ctx.config.ticks_per_step // max(1, len(self.ctx.tasks)))
-        for key in self.due_keys(now, budget):
+        for key in self.timers.due(now, budget):
             qs = self.quotas.get(key)
             if qs is not None:
                 self._decide_quota(key, qs, tick_envelope(qs, f"tick:{self.partition}:"
@@ -258,7 +279,7 @@ class PartitionTask:
         st = self.states.get(key)
         if not self._first_since_resume(key) or st is None or key in self.ctx.unapplied_keys:
             return
-        self.armed.pop(key, None)
+        self.timers.disarm(key)
         self._tick(key, st, now, out, resumed=True)
 
     def _handle(self, rec: Record, now: datetime, out: Output) -> None:
@@ -768,31 +789,3 @@ class PartitionTask:
         if command_id:
             out.reply_bytes(command_id, codec.encode_reply(
                 m.Reply(command_id=command_id, status="invalid", reason=reason)))
-
-
-def tick_envelope(st: ScheduleState | QuotaState, command_id: str,
-                   now: datetime, resumed: bool = False) -> m.CommandEnvelope:
-    return m.CommandEnvelope.model_construct(
-        command_id=command_id, type="Tick", tenant=st.tenant, principal="processor",
-        schedule_id=st.schedule_id, issued_at=now, reply_to=None,
-        payload=m.Tick(resumed=resumed),
-    )
-
-
-def assign_envelope(st: ScheduleState, command_id: str, now: datetime, run_id: str,
-                     attempt: int, worker_id: str) -> m.CommandEnvelope:
-    return m.CommandEnvelope.model_construct(
-        command_id=command_id, type="ClaimRun", tenant=st.tenant, principal="processor",
-        schedule_id=st.schedule_id, issued_at=now, reply_to=None,
-        payload=m.ClaimRun.model_construct(type="ClaimRun", run_id=run_id, attempt=attempt,
-                                           worker_id=worker_id),
-    )
-
-
-def sniff_command_id(value: bytes) -> str | None:
-    try:
-        raw = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    cid = raw.get("command_id") if isinstance(raw, dict) else None
-    return cid if isinstance(cid, str) and cid else None

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import structlog
 
 from chronolog.archive.source import ArchivedHistory
 from chronolog.domain import codec
-from chronolog.environment import gc_paused
+from chronolog.environment import gc_paused, utc_now
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, LogError, LogUnavailable, LogUnsafe, Record
 from chronolog.log.reading import Readable, read_partition
@@ -48,6 +50,7 @@ class Takeover:
     rejected: str | None = None  # why a snapshot there was ignored
     snapshot_records: int = 0  # records read from the state topic
     states: int = 0
+    cold: int = 0  # of them, held cold (their sealed bytes: ``ScheduleStore``)
     tail_events: int = 0  # events folded (the tail after the snapshot, or all of them)
     events_offset: int = 0
 
@@ -57,8 +60,10 @@ class Restorer:
     """Restores the partitions one processor takes over."""
 
     def __init__(self, log_: EventLog, topics: Any, config: ProcessorConfig,
-                 stats: ProcessorStats, dead_letters: DeadLetters, member_id: str) -> None:
+                 stats: ProcessorStats, dead_letters: DeadLetters, member_id: str,
+                 clock: Callable[[], datetime] = utc_now) -> None:
         self.log = log_
+        self.clock = clock
         self.topics = topics
         self.config = config
         self.stats = stats
@@ -88,12 +93,12 @@ class Restorer:
         if snapshots:
             events_end = await self.log.end_offset(self.topics.events, p)
             try:
-                loaded = await self._load_snapshot(p, events_end, takeover)
+                loaded = await self._load_snapshot(ps, events_end, takeover)
                 if loaded is not None:
                     folded = await self._fold(ps, loaded, takeover)
             except SnapshotRejected as exc:
                 self._rejected(p, str(exc), takeover)
-                ps.states, ps.quotas = {}, {}
+                ps.states, ps.quotas = ps.new_states(), {}
                 loaded = None
         if loaded is None:
             folded = await self._fold(ps, None, takeover, await self._whole_history(p))
@@ -105,7 +110,15 @@ class Restorer:
         ps.events_offset = log_end
         takeover.states = len(ps.states)
         takeover.events_offset = log_end
-        for i, (key, st) in enumerate(list(ps.states.items())):
+        # the cold states whose wake-up is near (or passed, in the gap before the take-over:
+        # ``resume`` finds them armed) are warmed now; the hot ones are armed and seated
+        now = self.clock()
+        warmed = ps.states.warm(now, 5000)
+        while warmed:
+            await asyncio.sleep(0)  # in slices: the group's heartbeats go on
+            warmed = ps.states.warm(now, 5000)
+        takeover.cold = ps.states.cold
+        for i, (key, st) in enumerate(ps.states.hot_items()):
             if i % 5000 == 4999:
                 await asyncio.sleep(0)  # the group's heartbeats go on (100k states: ~1 s)
             ps.arm(key, st)
@@ -154,15 +167,16 @@ class Restorer:
             self._snapshots = usable
         return self._snapshots
 
-    async def _load_snapshot(self, p: int, events_end: int,
+    async def _load_snapshot(self, ps: PartitionTask, events_end: int,
                              takeover: Takeover) -> Loaded | None:
-        """Partition p of ``state``, read whole and decoded (None: no snapshot there)."""
+        """Partition p of ``state``, read whole and decoded into ``ps``'s (empty) store,
+        its quiet schedules cold (None: no snapshot there)."""
         records: list[Record] = []
-        async for recs in read_partition(self.log, self.topics.state, p, 0,
+        async for recs in read_partition(self.log, self.topics.state, ps.partition, 0,
                                          batch=self.config.state_read_batch):
             records.extend(recs)
         takeover.snapshot_records = len(records)
-        return await decode_snapshot_async(records, events_end)
+        return await decode_snapshot_async(records, events_end, ps.states)
 
     def _rejected(self, p: int, reason: str, takeover: Takeover) -> None:
         self.stats.snapshots_rejected += 1
@@ -196,7 +210,7 @@ class Restorer:
         snapshot), or from offset 0. Returns the keys whose states are not on ``state`` as
         they are, the offset after the last event, and that event's (offset, ID). Raises
         ``SnapshotRejected`` when the snapshot does not fit the log (before folding any)."""
-        folder = Folder(ps.aggregates, loaded, ps.routing)
+        folder = Folder(ps.aggregates, loaded, ps.routing, into=ps.new_states())
         ps.states, ps.quotas = folder.states, folder.quotas
         offset = folder.start
         unswept = 0

@@ -132,7 +132,7 @@ class Processor:
         self._tasks = TaskContext(self.topics, self.config, self.tenants, self.stats,
                                   member_id, self.rules, self.dead_letters, self.partitions)
         self._restorer = Restorer(log_, self.topics, self.config, self.stats,
-                                  self.dead_letters, member_id)
+                                  self.dead_letters, member_id, lambda: self.clock())
         # partition -> why its last commit or take-over failed (until one succeeds)
         self._failed: dict[int, str] = {}
         # partition -> (failed take-overs in a row, monotonic time of the next try)
@@ -475,6 +475,7 @@ class Processor:
             takeover.restored_at = time.monotonic()
             self.takeovers.append(takeover)
             log.info("partition_assigned", partition=p, schedules=len(ps.states),
+                     cold=takeover.cold,
                      events_offset=ps.events_offset, commands_offset=committed or 0,
                      from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
                      restore_s=round(takeover.restored_at - takeover.assigned_at, 3))

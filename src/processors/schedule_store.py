@@ -3,21 +3,26 @@
 Most schedules of a partition are idle most of the time: their next instant is hours or
 days away, they have no open run, no pending work and wait for no quota slot. Held as live
 ``ScheduleState`` objects they cost about 1.8 KB each; held as the bytes the snapshot codec
-(``chronolog.commands.state_codec``) gives them, about 300. This store holds both:
+(``chronolog.commands.state_codec``) gives them, about 400. This store holds both:
 
 * *hot* states as objects — every state that may change soon, and every state just read;
-* *cold* states as their encoded bytes, with the minute of their wake-up in a bucket, so that
-  a periodic ``warm(now)`` brings back, ahead of their instant, exactly the schedules whose
+* *cold* states as their *sealed* bytes (``seal``: a flag, the wake-up, then the encoded
+  state — the body of a snapshot's schedule record, so a snapshot writes them as they are
+  and a restore holds them without decoding), with the minute of their wake-up in a bucket,
+  so that ``warm(now)`` brings back, ahead of their instant, exactly the schedules whose
   wake-up comes within the horizon: it pops whole buckets, it never scans the cold keys.
 
 ``get`` hydrates a cold state (a command for that key sees exactly the state it would have
-seen: the codec's round trip is exact). ``cool(now)`` turns the idle hot states cold.
+seen: the codec's round trip is exact) and marks the key *touched*; ``put`` marks it too.
+``cool(now)`` looks at the touched keys alone and turns the idle ones cold: a state can only
+become idle by being changed (read through ``get`` first) or put, so nothing else needs
+looking at, and a partition of a million states pays for what changed, not for its size.
 
 A bucket entry is not removed when its key is hydrated or cooled again later: a stale entry
 only warms a state early, which is harmless (a warm state is merely hot). So a cold state is
-never late as long as ``warm`` runs at least once per horizon less a minute — the caller's
-sweep runs far more often. Nothing here arms timers: ``cool`` and ``warm`` say which keys
-left or joined the hot set, and the caller disarms or arms them.
+never late as long as ``warm`` runs before ``next_warm()`` passes — the partition task's
+timers include it. Nothing here arms timers: ``cool`` and ``warm`` say which keys left or
+joined the hot set, and the caller disarms or arms them.
 
 Pure: no I/O; the clock is the caller's ``now``.
 """
@@ -25,8 +30,11 @@ Pure: no I/O; the clock is the caller's ``now``.
 from __future__ import annotations
 
 import heapq
+import struct
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+
+import orjson
 
 from chronolog.commands.state import Policy, QuotaWait, ScheduleState
 from chronolog.commands.state_codec import (
@@ -37,9 +45,18 @@ from chronolog.commands.state_codec import (
 )
 from chronolog.domain.codec import kept
 
-__all__ = ["ScheduleStore", "is_idle", "wake_minute"]
+__all__ = ["SEAL_SIZE", "ScheduleStore", "is_idle", "is_quiet", "seal", "unseal",
+           "wake_minute"]
 
 Wakeup = Callable[[ScheduleState], datetime | None]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_SEAL = struct.Struct(">Bq")  # quiet flag, wake-up in microseconds since the epoch
+SEAL_SIZE = _SEAL.size
+_NO_WAKE = -(1 << 63)  # the state has no wake-up (paused, finished)
+_QUIET = 1
+_REF = 4  # where an encoded schedule holds its spec: [spec hash, shape hash, params]
 
 
 def wake_minute(wake: datetime) -> int:
@@ -47,18 +64,38 @@ def wake_minute(wake: datetime) -> int:
     return int(wake.timestamp()) // 60
 
 
+def is_quiet(st: ScheduleState) -> bool:
+    """Whether nothing of a state can change unless a command arrives or its wake-up comes:
+    no open run, no pending work, no quota wait, not a draft (``owned``)."""
+    return not (st.owned is not None or st.runs or st.pending
+                or isinstance(st.quota, QuotaWait))
+
+
 def is_idle(st: ScheduleState, wake: datetime | None, now: datetime,
             horizon: timedelta) -> bool:
-    """Whether a state may be held cold: nothing of it can change before ``now + horizon``
-    unless a command arrives — no open run, no pending work, no quota wait, not a draft,
-    and no wake-up within the horizon (``None``: it has none, e.g. paused)."""
-    if st.owned is not None or st.runs or st.pending or isinstance(st.quota, QuotaWait):
-        return False
-    return wake is None or wake > now + horizon
+    """Whether a state may be held cold: quiet (``is_quiet``) and no wake-up within the
+    horizon (``None``: it has none, e.g. paused)."""
+    return is_quiet(st) and (wake is None or wake > now + horizon)
+
+
+def seal(st: ScheduleState, wake: datetime | None) -> bytes:
+    """A state's sealed bytes: whether it is quiet, its wake-up, its encoded state
+    (``encode_schedule``). A snapshot stores them; ``unseal`` reads the first two back."""
+    us = _NO_WAKE if wake is None else (wake - _EPOCH) // _US
+    return _SEAL.pack(_QUIET if is_quiet(st) else 0, us) + encode_schedule(st)
+
+
+def unseal(data: bytes) -> tuple[bool, int | None]:
+    """(quiet, wake-up in microseconds since the epoch or None) of sealed bytes; a
+    ``ValueError`` when they are too short."""
+    if len(data) < SEAL_SIZE:
+        raise ValueError(f"{len(data)} bytes: not a sealed state")
+    flag, us = _SEAL.unpack_from(data)
+    return bool(flag & _QUIET), (None if us == _NO_WAKE else us)
 
 
 class ScheduleStore:
-    """key -> ``ScheduleState`` of a partition; idle states held as their encoded bytes."""
+    """key -> ``ScheduleState`` of a partition; idle states held as their sealed bytes."""
 
     def __init__(self, horizon: timedelta | None, wakeup: Wakeup) -> None:
         # None: nothing is ever held cold (every state stays an object)
@@ -66,6 +103,8 @@ class ScheduleStore:
         self._wakeup = wakeup
         self._hot: dict[str, ScheduleState] = {}
         self._cold: dict[str, bytes] = {}
+        # keys read or put since the last ``cool`` (only those may have become idle)
+        self._touched: set[str] = set()
         # minute -> keys whose wake-up fell in it when cooled (entries may be stale)
         self._buckets: dict[int, list[str]] = {}
         self._minutes: list[int] = []  # heap of the buckets' minutes
@@ -81,19 +120,20 @@ class ScheduleStore:
         return len(self._hot) + len(self._cold)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._hot
-        yield from self._cold
+        yield from list(self._hot)
+        yield from list(self._cold)
 
-    def get(self, key: str) -> ScheduleState | None:
-        """The live state of ``key`` (a cold one is hydrated and stays hot)."""
+    def get(self, key: str, default: ScheduleState | None = None) -> ScheduleState | None:
+        """The live state of ``key`` (a cold one is hydrated and stays hot), else
+        ``default``."""
         st = self._hot.get(key)
-        if st is not None:
-            return st
-        data = self._cold.pop(key, None)
-        if data is None:
-            return None
-        st = decode_schedule(data, self._shapes)
-        self._hot[key] = st
+        if st is None:
+            data = self._cold.pop(key, None)
+            if data is None:
+                return default
+            st = self._hot[key] = self._decode(data)
+        if self.horizon is not None:
+            self._touched.add(key)
         return st
 
     def __getitem__(self, key: str) -> ScheduleState:
@@ -106,12 +146,41 @@ class ScheduleStore:
         """Hold ``st`` as the hot state of ``key``."""
         self._cold.pop(key, None)
         self._hot[key] = st
+        if self.horizon is not None:
+            self._touched.add(key)
 
-    def pop(self, key: str) -> ScheduleState | None:
-        """Remove ``key``: its state (hydrated when it was cold), or None."""
+    __setitem__ = put
+
+    def pop(self, key: str, default: ScheduleState | None = None) -> ScheduleState | None:
+        """Remove ``key``: its state (hydrated when it was cold), else ``default``."""
         st = self.get(key)
         self._hot.pop(key, None)
-        return st
+        self._touched.discard(key)
+        return default if st is None else st
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self.pop(key)
+
+    def peek(self, key: str) -> ScheduleState | None:
+        """The state of ``key`` for reading only: a cold one is decoded, not kept (changes
+        to it are lost — ``get`` is for deciding)."""
+        st = self._hot.get(key)
+        if st is not None:
+            return st
+        data = self._cold.get(key)
+        return None if data is None else self._decode(data)
+
+    def items(self) -> Iterator[tuple[str, ScheduleState]]:
+        """(key, state) of every state, for reading: the cold ones decoded, not kept."""
+        yield from list(self._hot.items())
+        for key, data in list(self._cold.items()):
+            yield key, self._decode(data)
+
+    def values(self) -> Iterator[ScheduleState]:
+        for _, st in self.items():
+            yield st
 
     # ---------------------------------------------------------------- hot and cold
 
@@ -130,8 +199,7 @@ class ScheduleStore:
         return iter(list(self._hot.items()))
 
     def cold_items(self) -> Iterator[tuple[str, bytes]]:
-        """(key, encoded state) of the cold states: a snapshot writes these bytes as they
-        are."""
+        """(key, sealed bytes) of the cold states."""
         return iter(list(self._cold.items()))
 
     def shapes(self) -> dict[str, Policy]:
@@ -142,58 +210,117 @@ class ScheduleStore:
         """A validated shape (``decode_shape``) the cold states added by ``put_cold`` name."""
         self._shapes.setdefault(h, shape)
 
-    def put_cold(self, key: str, data: bytes, wake: datetime | None) -> None:
-        """Hold an encoded state as cold as it is (a restore does not decode it); ``wake``:
-        its wake-up, stored beside it. Its shape must be known (``add_shape``)."""
-        self._hot.pop(key, None)
-        self._cold[key] = kept(data)  # as the caller got them: maybe orjson's 4 KB buffer
-        if wake is not None:
-            self._bucket(key, wake)
+    def sealed(self, key: str) -> tuple[bytes, Policy | None] | None:
+        """A snapshot's record of ``key`` without hydrating it: its sealed bytes and the
+        policy whose shape they name (``shape_of``; a cold state's is its stored shape);
+        None when absent."""
+        data = self._cold.get(key)
+        if data is not None:
+            ref = orjson.loads(memoryview(data)[SEAL_SIZE:])[_REF]
+            return data, None if ref is None else self._shapes.get(ref[1])
+        st = self._hot.get(key)
+        return None if st is None else (seal(st, self._wakeup(st)), st.policy)
 
-    def cool(self, now: datetime) -> list[str]:
-        """Turn every idle hot state cold (``is_idle``); the keys cooled, whose timers the
-        caller disarms. Nothing when the horizon is None."""
+    def put_cold(self, key: str, data: bytes) -> None:
+        """Hold a state's sealed bytes as they are (a restore does not decode them); its
+        shape must be known (``add_shape``) and it must be quiet (``unseal``)."""
+        _, us = unseal(data)
+        self._hot.pop(key, None)
+        self._touched.discard(key)
+        self._cold[key] = kept(data)  # as the caller got them: maybe a larger buffer's
+        if us is not None:
+            self._bucket(key, us // 60_000_000)
+
+    @property
+    def cooling(self) -> bool:
+        """Whether ``cool`` has keys to look at."""
+        return self.horizon is not None and bool(self._touched)
+
+    def cool(self, now: datetime, limit: int | None = None) -> list[str]:
+        """Turn the idle touched states cold (``is_idle``), at most ``limit`` of them looked
+        at (the rest at the next call); the keys cooled, whose timers the caller disarms.
+        Nothing when the horizon is None."""
         horizon = self.horizon
         if horizon is None:
+            self._touched.clear()
             return []
         cooled: list[str] = []
-        for key, st in list(self._hot.items()):
+        touched = self._touched
+        n = len(touched) if limit is None else min(limit, len(touched))
+        for _ in range(n):
+            key = touched.pop()
+            st = self._hot.get(key)
+            if st is None:
+                continue
             wake = self._wakeup(st)
             if not is_idle(st, wake, now, horizon):
                 continue
-            self._cold[key] = self._encode(st)
+            self._note_shape(st)
+            self._cold[key] = seal(st, wake)
             del self._hot[key]
             if wake is not None:
-                self._bucket(key, wake)
+                self._bucket(key, wake_minute(wake))
             cooled.append(key)
         return cooled
 
-    def warm(self, now: datetime) -> list[tuple[str, ScheduleState]]:
-        """Hydrate the cold states whose wake-up comes within the horizon of ``now`` (every
-        one of the buckets up to it); (key, state) of each, whose timer the caller arms."""
+    def next_warm(self) -> datetime | None:
+        """When the earliest bucket's states should be warmed (its minute less the
+        horizon); None when nothing is bucketed."""
+        if not self._minutes or self.horizon is None:
+            return None
+        return datetime.fromtimestamp(self._minutes[0] * 60, UTC) - self.horizon
+
+    def warm(self, now: datetime, limit: int | None = None) -> list[tuple[str, ScheduleState]]:
+        """Hydrate the cold states whose wake-up comes within the horizon of ``now`` (the
+        buckets up to it, earliest first; at most ``limit`` states, the rest at the next
+        call); (key, state) of each, whose timer the caller arms."""
         until = wake_minute(now + (self.horizon or timedelta(0)))
         out: list[tuple[str, ScheduleState]] = []
         minutes = self._minutes
         while minutes and minutes[0] <= until:
-            for key in self._buckets.pop(heapq.heappop(minutes)):
+            if limit is not None and len(out) >= limit:
+                break
+            minute = heapq.heappop(minutes)
+            keys = self._buckets.pop(minute)
+            for i, key in enumerate(keys):
+                if limit is not None and len(out) >= limit:
+                    self._buckets[minute] = keys[i:]  # the rest at the next call
+                    heapq.heappush(minutes, minute)
+                    break
                 if key in self._cold:
                     st = self.get(key)
                     assert st is not None
                     out.append((key, st))
         return out
 
+    def soonest_cold(self, n: int) -> list[ScheduleState]:
+        """Up to ``n`` cold states of the earliest buckets, decoded for reading (what comes
+        next among the cold ones; a reader's list of upcoming instants)."""
+        out: list[ScheduleState] = []
+        seen: set[str] = set()
+        for minute in sorted(self._minutes):
+            for key in self._buckets.get(minute, ()):
+                data = self._cold.get(key)
+                if data is not None and key not in seen:
+                    seen.add(key)
+                    out.append(self._decode(data))
+            if len(out) >= n:
+                break
+        return out
+
     # ---------------------------------------------------------------- parts
 
-    def _encode(self, st: ScheduleState) -> bytes:
+    def _decode(self, data: bytes) -> ScheduleState:
+        return decode_schedule(memoryview(data)[SEAL_SIZE:], self._shapes)
+
+    def _note_shape(self, st: ScheduleState) -> None:
         pol = st.policy
         if pol is not None:
             h, body = shape_of(pol)
             if h not in self._shapes:
                 self._shapes[h] = decode_shape(body)[1]
-        return encode_schedule(st)  # of its own size: ``encode_schedule`` uses ``dumps_kept``
 
-    def _bucket(self, key: str, wake: datetime) -> None:
-        minute = wake_minute(wake)
+    def _bucket(self, key: str, minute: int) -> None:
         keys = self._buckets.get(minute)
         if keys is None:
             keys = self._buckets[minute] = []

@@ -48,8 +48,16 @@ never restored; events of the key after its ``through`` (it may move back) are f
 usual. The partition's routing view (``chronolog.commands.routing``) is a record of its own
 (kind R, key ``routing_key()``), so a takeover from a snapshot routes as its owner did.
 
-Record layout: ``b"cs"``, kind (1 byte: S schedule, Q quota, R routing view, G gone, P spec,
-M marker), state version (u16), through (u64), CRC-32 (u32), then the body (orjson).
+A schedule's record (kind W) holds its *sealed* bytes (``schedule_store.seal``): whether
+it is quiet, its wake-up, then its encoded state — the very bytes the processor's store
+holds a cold schedule as (``chronolog.processors.schedule_store``). A restore into such a
+store keeps a quiet record's bytes as they are, bucketed by its wake-up, without decoding
+them: a partition of a million idle schedules is restored by reading it. Records of kind S
+(the encoded state alone, written before W) are still read, decoded.
+
+Record layout: ``b"cs"``, kind (1 byte: W sealed schedule, S schedule, Q quota, R routing
+view, G gone, P spec, M marker), state version (u16), through (u64), CRC-32 (u32), then the
+body (orjson; a W body is 9 bytes of seal, then orjson).
 """
 
 from __future__ import annotations
@@ -64,9 +72,10 @@ from typing import Any
 
 import orjson
 
+from chronolog.commands.decider import next_wakeup
 from chronolog.commands.registry import PartitionAggregates
 from chronolog.commands.routing import RoutingView, decode_view, encode_view
-from chronolog.commands.state import Policy, QuotaState, ScheduleState
+from chronolog.commands.state import Policy, QuotaState
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
@@ -74,13 +83,13 @@ from chronolog.commands.state_codec import (
     decode_schedule,
     decode_shape,
     encode_quota,
-    encode_schedule,
     shape_of,
     upcast_state,
 )
 from chronolog.domain.ids import QUOTA_ID, routing_key
 from chronolog.domain.messages import EventEnvelope, KeyMovedOut
 from chronolog.log.port import OutRecord, Record
+from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore, unseal
 
 __all__ = [
     "MARKER_KEY",
@@ -98,9 +107,10 @@ __all__ = [
 
 MAGIC = b"cs"
 KIND_SCHEDULE, KIND_QUOTA, KIND_SPEC, KIND_MARKER = b"S"[0], b"Q"[0], b"P"[0], b"M"[0]
-KIND_ROUTING, KIND_GONE = b"R"[0], b"G"[0]
+KIND_ROUTING, KIND_GONE, KIND_SEALED = b"R"[0], b"G"[0], b"W"[0]
 _KIND_NAMES = {KIND_SCHEDULE: "schedule", KIND_QUOTA: "quota", KIND_SPEC: "spec",
-               KIND_MARKER: "marker", KIND_ROUTING: "routing", KIND_GONE: "gone"}
+               KIND_MARKER: "marker", KIND_ROUTING: "routing", KIND_GONE: "gone",
+               KIND_SEALED: "schedule"}
 ROUTING_KEY = routing_key().encode()
 MARKER_KEY = b"@snapshot"  # no partition key: those are always tenant/schedule_id
 SPEC_KEY_PREFIX = b"@spec/"
@@ -147,7 +157,7 @@ def unframe(key: bytes, value: bytes) -> tuple[int, int, int, bytes]:
 class Loaded:
     """A decoded snapshot of one partition."""
 
-    states: dict[str, ScheduleState]
+    states: ScheduleStore  # the quiet schedules cold, when the store has a horizon
     quotas: dict[str, QuotaState]
     through: dict[str, int]  # key -> the offset of events its record covers up to
     fold_from: int  # fold the tail of events from here
@@ -161,11 +171,14 @@ class Loaded:
 DECODE_SLICE = 5000  # records decoded between two yields of ``decode_snapshot_steps``
 
 
-def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None:
+def decode_snapshot(records: Iterable[Record], events_end: int,
+                    into: ScheduleStore | None = None) -> Loaded | None:
     """The snapshot in ``records`` (a partition of ``state`` read from 0, in order), or
     None when there is none (no marker). ``events_end``: the end offset of the partition
-    of ``events``. Raises ``SnapshotRejected`` for a copy that must not be used."""
-    steps = decode_snapshot_steps(records, events_end)
+    of ``events``; ``into``: the (empty) store to restore the schedules into — its quiet
+    ones are held cold when it has a horizon; by default one without (every state decoded).
+    Raises ``SnapshotRejected`` for a copy that must not be used."""
+    steps = decode_snapshot_steps(records, events_end, into)
     while True:
         try:
             next(steps)
@@ -173,11 +186,12 @@ def decode_snapshot(records: Iterable[Record], events_end: int) -> Loaded | None
             return done.value  # type: ignore[no-any-return]
 
 
-async def decode_snapshot_async(records: Iterable[Record], events_end: int) -> Loaded | None:
+async def decode_snapshot_async(records: Iterable[Record], events_end: int,
+                                into: ScheduleStore | None = None) -> Loaded | None:
     """``decode_snapshot``, giving the event loop a turn every ``DECODE_SLICE`` records (a
     partition of 100,000 states is seconds of decoding: the other partitions, a group
     heartbeat, the dev node's API go on meanwhile)."""
-    steps = decode_snapshot_steps(records, events_end)
+    steps = decode_snapshot_steps(records, events_end, into)
     while True:
         try:
             next(steps)
@@ -186,8 +200,9 @@ async def decode_snapshot_async(records: Iterable[Record], events_end: int) -> L
         await asyncio.sleep(0)
 
 
-def decode_snapshot_steps(records: Iterable[Record],
-                          events_end: int) -> Generator[None, None, Loaded | None]:
+def decode_snapshot_steps(records: Iterable[Record], events_end: int,
+                          into: ScheduleStore | None = None,
+                          ) -> Generator[None, None, Loaded | None]:
     """``decode_snapshot`` in steps: yields every ``DECODE_SLICE`` records decoded."""
     latest: dict[bytes, bytes] = {}
     n = 0
@@ -230,13 +245,16 @@ def decode_snapshot_steps(records: Iterable[Record],
             except StateDecodeError as exc:
                 raise SnapshotRejected(f"spec {key!r}: {exc}") from exc
             shapes[shape_hash] = shape
-        elif kind in (KIND_SCHEDULE, KIND_QUOTA, KIND_ROUTING, KIND_GONE):
+        elif kind in (KIND_SCHEDULE, KIND_SEALED, KIND_QUOTA, KIND_ROUTING, KIND_GONE):
             if version not in FRAME_VERSIONS and kind in (KIND_ROUTING, KIND_GONE):
                 raise SnapshotRejected(f"record {key!r} is of state version {version}")
             bodies.append((key.decode(), kind, version, through, body))
         else:
             raise SnapshotRejected(f"record {key!r}: a second marker")
-    states: dict[str, ScheduleState] = {}
+    states = ScheduleStore(None, next_wakeup) if into is None else into
+    cold = states.horizon is not None
+    for h, shape in shapes.items():
+        states.add_shape(h, shape)
     quotas: dict[str, QuotaState] = {}
     through_of: dict[str, int] = {}
     routing: RoutingView | None = None
@@ -252,15 +270,24 @@ def decode_snapshot_steps(records: Iterable[Record],
             except ValueError as exc:
                 raise SnapshotRejected(f"record {skey!r}: {exc}") from exc
             continue
+        if kind == KIND_SEALED:
+            try:
+                quiet, _ = unseal(body)
+            except ValueError as exc:
+                raise SnapshotRejected(f"record {skey!r}: {exc}") from exc
+            if cold and quiet and version == STATE_VERSION:
+                states.put_cold(skey, body)  # held as it is: decoded when first read
+                continue
+            body = body[SEAL_SIZE:]
         try:
             data: Any = body
             if version != STATE_VERSION:  # upcast (or refused: StateDecodeError)
                 data = upcast_state(_KIND_NAMES[kind], orjson.loads(body), version)
-            if kind == KIND_SCHEDULE:
+            if kind in (KIND_SCHEDULE, KIND_SEALED):
                 st = decode_schedule(data, shapes)
                 if f"{st.tenant}/{st.schedule_id}" != skey:
                     raise StateDecodeError(f"the state of {st.tenant}/{st.schedule_id}")
-                states[skey] = st
+                states.put(skey, st)
             else:
                 if not skey.endswith(_QUOTA_SUFFIX):
                     raise StateDecodeError("a quota state under a schedule's key")
@@ -279,11 +306,15 @@ class Folder:
     stores replaces it)."""
 
     def __init__(self, aggregates: PartitionAggregates, loaded: Loaded | None = None,
-                 routing: RoutingView | None = None) -> None:
+                 routing: RoutingView | None = None, into: ScheduleStore | None = None,
+                 ) -> None:
         self.aggregates = aggregates
         self.loaded = loaded
         self.routing = routing if loaded is None or loaded.routing is None else loaded.routing
-        self.states: dict[str, ScheduleState] = {} if loaded is None else loaded.states
+        # the schedules: the snapshot's, else ``into`` (empty), else a store without horizon
+        self.states: ScheduleStore = (
+            loaded.states if loaded is not None
+            else into if into is not None else ScheduleStore(None, aggregates.schedule.wakeup))
         self.quotas: dict[str, QuotaState] = {} if loaded is None else loaded.quotas
         self.through: dict[str, int] = {} if loaded is None else loaded.through
         self.fold_from = 0 if loaded is None else loaded.fold_from
@@ -448,7 +479,7 @@ class SnapshotWriter:
             return False  # nothing changed since the last marker
         return overdue or (idle and mono - self._last_start >= self.interval_s)
 
-    def take(self, states: dict[str, ScheduleState], quotas: dict[str, QuotaState],
+    def take(self, states: ScheduleStore, quotas: dict[str, QuotaState],
              mono: float, idle: bool = True, routing: RoutingView | None = None,
              ) -> Chunk | None:
         """The next chunk, encoded now (before the batch that carries it is decided): the
@@ -471,16 +502,16 @@ class SnapshotWriter:
         del pending[-self.chunk:]
         try:
             for key in take:
-                st = states.get(key)
-                if st is not None:
-                    pol = st.policy
+                sealed = states.sealed(key)  # a cold state's bytes as they are
+                if sealed is not None:
+                    data, pol = sealed
                     if pol is not None:
                         shape_hash, shape = shape_of(pol)
                         if shape_hash not in self.specs:
                             entries.append((SPEC_KEY_PREFIX + shape_hash.encode(), KIND_SPEC,
                                             shape))
                             self.specs.add(shape_hash)
-                    entries.append((key.encode(), KIND_SCHEDULE, encode_schedule(st)))
+                    entries.append((key.encode(), KIND_SEALED, data))
                     continue
                 qs = quotas.get(key)
                 if qs is not None:

@@ -19,6 +19,7 @@ import pytest
 import structlog
 from rich.console import Console
 
+from chronolog.commands.decider import next_wakeup
 from chronolog.commands.state import ScheduleState
 from chronolog.devnode.view import (
     LiveView,
@@ -34,6 +35,7 @@ from chronolog.devnode.view import (
     render,
 )
 from chronolog.domain import messages as m
+from chronolog.processors.schedule_store import ScheduleStore
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 LONG_ID = "nightly-" + "warehouse-reconciliation-" * 7 + "eu"  # 185 characters
@@ -222,15 +224,18 @@ async def test_gather_reads_a_node_and_the_render_is_clean() -> None:
         class stats:  # shaped like ProcessorStats
             commands, transactions, offers = 7, 3, 40
 
-        def __init__(self, states: list[ScheduleState]) -> None:
-            self.partitions = {0: type("P", (), {"states": {s.schedule_id: s for s in states}})}
+        def __init__(self, states: ScheduleStore) -> None:
+            self.partitions = {0: type("P", (), {"states": states})}
 
     due = datetime.now(UTC) + timedelta(minutes=1)
-    states = []
+    states = ScheduleStore(timedelta(0), next_wakeup)
     for sid in ("z", "y", "x"):  # the same next instant: sorting must not compare states
         st = ScheduleState("default", sid)
-        st.status, st.next_due_at = "ACTIVE", due
-        states.append(st)
+        st.status, st.next_due_at, st.next_run_at = "ACTIVE", due, due
+        states.put(f"default/{sid}", st)
+    # held as the processor holds them: idle ones cold, one read again (hot)
+    assert states.cool(datetime.now(UTC)) and states.get("default/y") is not None
+    assert states.cold == 2 and states.hot == 1
     snap = await gather(_Node({"processor": Proc(states), "recent": recorded()}))
     assert [u.schedule_id for u in snap.upcoming] == ["x", "y", "z"]
     assert snap.commands == 7 and snap.schedules == 3 and len(snap.recent) == 6
@@ -408,13 +413,16 @@ async def test_a_skipped_run_shows_its_schedules_job() -> None:
         class stats:
             commands, transactions, offers = 0, 0, 0
 
-        def __init__(self, states: list[ScheduleState]) -> None:
-            self.partitions = {0: type("P", (), {"states": {s.schedule_id: s for s in states}})}
+        def __init__(self, states: ScheduleStore) -> None:
+            self.partitions = {0: type("P", (), {"states": states})}
 
     st = ScheduleState("default", "paused-one")
-    st.status = "PAUSED"
+    st.status, st.anchor = "PAUSED", NOW
     st.policy = policy_for(m.ScheduleSpec(every=60, job=m.JobSpec(type="billing.close")))
-    snap = await gather(_Node({"processor": Proc([st]), "recent": recorded()}))
+    states = ScheduleStore(timedelta(0), next_wakeup)
+    states.put("default/paused-one", st)
+    assert states.cool(NOW) == ["default/paused-one"]  # paused: held cold, in no bucket
+    snap = await gather(_Node({"processor": Proc(states), "recent": recorded()}))
     skipped = [o for o in snap.recent if o.state == "SKIPPED"]
     assert [o.job_type for o in skipped] == ["billing.close", "billing.close"]
     for width in (80, 200):

@@ -13,6 +13,7 @@ on with the restored states and a writer of its own, so rounds across owners are
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -23,7 +24,7 @@ from hypothesis.stateful import initialize, rule
 
 from chronolog.commands import state_codec as sc
 from chronolog.commands.aggregate import PROCESSOR, Decision
-from chronolog.commands.decider import decide, evolve, fold, held, move_out
+from chronolog.commands.decider import decide, evolve, fold, held, move_out, next_wakeup
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
 from chronolog.commands.registry import PartitionAggregates
 from chronolog.commands.routing import table_of
@@ -31,6 +32,7 @@ from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
 from chronolog.log.port import Record
 from chronolog.processors import snapshots as sn
+from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore
 from support.decider import T0, Story
 from support.states import partition_fields
 from unit.decider.test_invariants import SIDS, TENANT, DeciderMachine
@@ -91,6 +93,15 @@ class PartitionMachine(DeciderMachine):
     def _by_key(self) -> dict[str, ScheduleState]:
         return {key_of(sid): s for sid, s in self.states.items()}
 
+    def _store(self) -> ScheduleStore:
+        """The owner's states as its processor holds them: the quiet ones whose wake-up is
+        after now cold."""
+        store = ScheduleStore(timedelta(0), next_wakeup)
+        for key, s in self._by_key().items():
+            store.put(key, s)
+        store.cool(self.now)
+        return store
+
     # -- the simulated log ---------------------------------------------------------------
 
     @initialize(chunk=st.integers(1, 3), interval=st.sampled_from([0.0, 1.0, 3.0]),
@@ -116,7 +127,7 @@ class PartitionMachine(DeciderMachine):
         while len(self.pending) > self.lag:
             self._commit(*self.pending.pop(0))
         self.mono += seconds
-        self.chunk = self.writer.take(self._by_key(), {QUOTA_KEY: self.quota}, self.mono,
+        self.chunk = self.writer.take(self._store(), {QUOTA_KEY: self.quota}, self.mono,
                                       idle)
 
     def _commit(self, tx: list[tuple[str, str, Any]], chunk: sn.Chunk | None,
@@ -161,9 +172,10 @@ class PartitionMachine(DeciderMachine):
             evolve_quota(self.quota, e)
         self._record(QUOTA_KEY, "@quota", dec.events)
 
-    @rule(compacted=st.booleans(), go_on=st.booleans())
-    def take_over(self, compacted: bool, go_on: bool) -> None:
-        """A new owner restores from the state topic plus the tail of events."""
+    @rule(compacted=st.booleans(), go_on=st.booleans(), cold=st.booleans())
+    def take_over(self, compacted: bool, go_on: bool, cold: bool) -> None:
+        """A new owner restores from the state topic plus the tail of events (``cold``:
+        into a store that keeps the quiet states cold, as a processor's does)."""
         self.pending.append((self.tx, self.chunk, 0))  # what the old owner decided commits;
         self.tx, self.chunk = [], None  # its next chunk is lost with it
         while self.pending:
@@ -172,7 +184,8 @@ class PartitionMachine(DeciderMachine):
         if compacted:  # what Kafka's cleaner may leave: the latest record of each key
             latest = {r.key: r for r in records}
             records = sorted(latest.values(), key=lambda r: r.offset)
-        loaded = sn.decode_snapshot(records, self.next_offset)
+        into = ScheduleStore(timedelta(0) if cold else None, next_wakeup)
+        loaded = sn.decode_snapshot(records, self.next_offset, into)
         if loaded is not None:  # each record is the fold of exactly the events it covers
             for key, through in loaded.through.items():
                 covered = [e.payload for o, e in self.events if e.key == key and o < through]
@@ -186,7 +199,7 @@ class PartitionMachine(DeciderMachine):
                 else:
                     assert (fold(TENANT, key.split("/", 1)[1], covered).snapshot()
                             == loaded.states[key].snapshot())
-        folder = sn.Folder(AGGREGATES, loaded)
+        folder = sn.Folder(AGGREGATES, loaded, into=into)
         for offset, env in self.events:
             if offset >= folder.start:
                 folder.feed(offset, env)
@@ -310,9 +323,9 @@ def written_partition(states: int = 3, manual: bool = False,
 
 
 def reframed(rec: Record, version: int | None = None, through: int | None = None,
-             body: bytes | None = None) -> Record:
-    kind, v, t, b = sn.unframe(rec.key or b"", rec.value)
-    value = sn.frame(rec.key or b"", kind, v if version is None else version,
+             body: bytes | None = None, kind: int | None = None) -> Record:
+    k, v, t, b = sn.unframe(rec.key or b"", rec.value)
+    value = sn.frame(rec.key or b"", k if kind is None else kind, v if version is None else version,
                      t if through is None else through, b if body is None else body)
     return Record(rec.topic, rec.partition, rec.offset + 1000, rec.key, value)
 
@@ -376,10 +389,10 @@ def test_a_snapshot_written_by_version_1_is_restored_through_its_upcast() -> Non
 
     def version_1(r: Record) -> Record:
         kind, _v, _t, body = sn.unframe(r.key or b"", r.value)
-        if kind == sn.KIND_SCHEDULE:  # its manual keys without their runs' final states
-            a = orjson.loads(body)
+        if kind == sn.KIND_SEALED:  # version 1 wrote the state alone (kind S), its manual
+            a = orjson.loads(body[SEAL_SIZE:])  # keys without their runs' final states
             a[18] = [entry[:3] for entry in a[18]]
-            body = orjson.dumps(a)
+            return reframed(r, version=1, body=orjson.dumps(a), kind=sn.KIND_SCHEDULE)
         return reframed(r, version=1, body=body)
 
     old = [version_1(r) for r in records]

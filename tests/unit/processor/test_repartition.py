@@ -74,8 +74,8 @@ async def test_keys_move_to_their_new_home_exactly_once_and_keep_their_state(
         assert {k: v[1] for k, v in after.items()} == {k: v[1] for k, v in before.items()}
         assert r.proc.stats.moved_out == r.proc.stats.moved_in == len(moving)
         for k in moving:  # armed where it is now, not where it was
-            assert k in r.proc.partitions[home(k, NEW)].armed
-            assert k not in r.proc.partitions[home(k, OLD)].armed
+            assert k in r.proc.partitions[home(k, NEW)].timers
+            assert k not in r.proc.partitions[home(k, OLD)].timers
 
         # the runs go on at the new home: the fence continues, request keys dedupe
         for s in SCHEDULES:

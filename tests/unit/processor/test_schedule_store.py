@@ -16,7 +16,7 @@ from chronolog.commands.decider import decide, evolve, next_wakeup
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.commands.state_codec import encode_schedule
 from chronolog.domain import messages as m
-from chronolog.processors.schedule_store import ScheduleStore
+from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore, seal, unseal
 from support.decider import T0, TENANT, envelope, spec
 from support.states import every_field
 
@@ -45,12 +45,13 @@ def store(horizon: timedelta | None = HOUR) -> ScheduleStore:
 def test_an_idle_state_goes_cold_and_is_hydrated_equal_to_the_original() -> None:
     # given a daily schedule, whose next instant is a day away
     s = created("daily", every=86400.0)
-    before, data = every_field(s), encode_schedule(s)
+    before, data = every_field(s), seal(s, next_wakeup(s))
     st = store()
     st.put("acme/daily", s)
     # when it cools
     assert st.cool(T0) == ["acme/daily"]
-    # then it is held as its bytes, and reading it gives a state equal to the original
+    # then it is held as its sealed bytes (quiet, its wake-up, its encoded state), and
+    # reading it gives a state equal to the original
     assert st.is_cold("acme/daily") and st.hot == 0 and len(st) == 1
     assert list(st.cold_items()) == [("acme/daily", data)]
     back = st.get("acme/daily")
@@ -117,7 +118,7 @@ def test_pop_and_put_cover_both_forms() -> None:
 
 
 def test_a_restored_cold_state_is_hydrated_without_being_decoded_before() -> None:
-    # given the bytes and the wake-up a snapshot stores for a state
+    # given the sealed bytes a snapshot stores for a state
     s = created("daily", every=86400.0)
     first = store()
     first.put("acme/daily", s)
@@ -127,7 +128,7 @@ def test_a_restored_cold_state_is_hydrated_without_being_decoded_before() -> Non
     for h, shape in first.shapes().items():
         restored.add_shape(h, shape)
     # when a new store holds them cold, then it reads the same state back
-    restored.put_cold(key, data, next_wakeup(s))
+    restored.put_cold(key, data)
     assert restored.cold == 1
     got = restored.get(key)
     assert got is not None and every_field(got) == every_field(s)
@@ -164,9 +165,9 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
         st.put(f"acme/{t.schedule_id}", t)
     st.cool(T0 - timedelta(minutes=1))
     shapes = st.shapes()
-    bodies = [orjson.loads(dict(st.cold_items())[f"acme/{t.schedule_id}"])
-              for t in templates]
-    wakes = [next_wakeup(t) for t in templates]
+    sealed = [dict(st.cold_items())[f"acme/{t.schedule_id}"] for t in templates]
+    heads = [data[:SEAL_SIZE] for data in sealed]
+    bodies = [orjson.loads(data[SEAL_SIZE:]) for data in sealed]
     cold = ScheduleStore(HOUR, next_wakeup)
     for h, shape in shapes.items():
         cold.add_shape(h, shape)
@@ -179,7 +180,7 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
             spec_h, shape_h, _ = body[_REF]
             body[_ID] = f"s{i:06d}"
             body[_REF] = [f"{spec_h[:-6]}{i:06d}", shape_h, {"customer": f"c-{i:06d}"}]
-            cold.put_cold(f"acme/s{i:06d}", orjson.dumps(body), wakes[i % 2])
+            cold.put_cold(f"acme/s{i:06d}", heads[i % 2] + orjson.dumps(body))
         used = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
@@ -189,3 +190,60 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
     got = cold.get("acme/s000007")
     assert got is not None and got.schedule_id == "s000007"
     assert got.policy is not None and got.policy.job.params == {"customer": "c-000007"}
+
+
+def test_sealed_bytes_say_whether_the_state_is_quiet_and_when_it_wakes() -> None:
+    s = created("daily", every=86400.0)
+    wake = next_wakeup(s)
+    assert wake is not None
+    quiet, us = unseal(seal(s, wake))
+    assert quiet and us == int(wake.timestamp()) * 1_000_000 + wake.microsecond
+    assert unseal(seal(s, None)) == (True, None)
+    assert seal(s, wake)[SEAL_SIZE:] == encode_schedule(s)
+
+
+def test_cool_looks_only_at_the_states_read_or_put_since_the_last_cool() -> None:
+    # given a daily schedule that cooled, then was read through ``get`` (a command for it)
+    st = store()
+    st.put("acme/daily", created("daily", every=86400.0))
+    assert st.cool(T0) == ["acme/daily"]
+    assert not st.cooling
+    st.get("acme/daily")
+    assert st.cooling
+    # when the store cools again, then it goes cold again; a ``peek`` does not hydrate it
+    assert st.cool(T0) == ["acme/daily"]
+    assert st.peek("acme/daily") is not None and st.is_cold("acme/daily")
+    assert not st.cooling
+
+
+def test_cool_and_warm_take_at_most_their_limit_and_leave_the_rest_for_the_next_call() -> None:
+    st = store()
+    for i in range(5):
+        st.put(f"acme/s{i}", created(f"s{i}", every=7200.0))
+    first = st.cool(T0, limit=2)
+    assert len(first) == 2 and st.cooling
+    rest = st.cool(T0, limit=10)
+    assert len(rest) == 3 and st.cold == 5 and not st.cooling
+    wake = next_wakeup(created("x", every=7200.0))
+    assert wake is not None
+    nw = st.next_warm()
+    assert nw is not None and nw <= wake - HOUR
+    got = st.warm(wake - HOUR, limit=3)
+    assert len(got) == 3 and st.cold == 2
+    assert len(st.warm(wake - HOUR, limit=3)) == 2 and st.cold == 0
+    assert st.next_warm() is None
+
+
+def test_reading_every_state_decodes_the_cold_ones_without_hydrating_them() -> None:
+    st = store()
+    st.put("acme/a", created("a", every=86400.0))
+    st.put("acme/b", created("b", every=60.0))
+    st.cool(T0)
+    assert sorted(s.schedule_id for s in st.values()) == ["a", "b"]
+    assert st.is_cold("acme/a") and st.hot == 1
+    assert [s.schedule_id for s in st.soonest_cold(5)] == ["a"]
+    sealed = st.sealed("acme/a")
+    hot = created("a", every=86400.0)
+    assert sealed is not None and sealed[1] is not None and st.is_cold("acme/a")
+    assert sealed[1].spec_hash.startswith("shape:")  # the stored shape of its spec
+    assert sealed == (seal(hot, next_wakeup(hot)), sealed[1])
