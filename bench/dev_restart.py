@@ -93,8 +93,9 @@ import httpx
 import orjson
 import psutil
 
+from chronolog.domain import codec
 from chronolog.log.port import OutRecord, Topics
-from chronolog.processors.snapshots import KIND_SCHEDULE, MAGIC, MARKER_KEY
+from chronolog.processors.snapshots import KIND_SCHEDULE, KIND_SEALED, MAGIC, MARKER_KEY
 
 
 def _failover() -> ModuleType:
@@ -323,7 +324,7 @@ class StateScan:
             for r in recs:
                 if r.key == MARKER_KEY:
                     self.marker[p] = True
-                elif r.value[:2] == MAGIC and r.value[2] == KIND_SCHEDULE and r.key:
+                elif r.value[:2] == MAGIC and r.value[2] in (KIND_SCHEDULE, KIND_SEALED) and r.key:
                     keys.add(r.key)
             if recs:
                 self.offsets[p] = recs[-1].offset + 1
@@ -523,9 +524,9 @@ async def restart(built: Built, args: argparse.Namespace, i: int) -> Run:
             while True:
                 recs = await lg.read(lg.topics.events, pp, offset, 1000, 200)
                 for rec in recs:
-                    ev = orjson.loads(rec.value)
-                    if (ev.get("key") == canary_key and ev.get("type") == "OccurrenceMaterialized"
-                            and str(ev.get("causation_id") or "").startswith("tick:")):
+                    ev = codec.decode_event(rec.value)  # compact records, not JSON
+                    if (ev.key == canary_key and ev.type == "OccurrenceMaterialized"
+                            and (ev.causation_id or "").startswith("tick:")):
                         run.fire = elapsed()
                         return
                 if recs:

@@ -72,13 +72,18 @@ def pack_many(datas: Sequence[bytes]) -> list[bytes]:
 def unpack_many(rows: Sequence[tuple[int | None, bytes]]) -> list[bytes]:
     """``unpack`` of each ``(codec, stored)``, those of codec ``CODEC_ZSTD_DICT_1`` in one
     call into zstd (one release of the GIL: ``pack_many``)."""
+    # frames of empty content are expanded one by one: zstd's batch call corrupts memory
+    # when every frame it is given is empty (seen: "malloc(): unsorted double linked list
+    # corrupted"), and a frame of nothing costs nothing to expand alone
     packed = [i for i, (codec, stored) in enumerate(rows)
-              if codec == CODEC_ZSTD_DICT_1 and stored]
+              if codec == CODEC_ZSTD_DICT_1 and stored
+              and zstandard.frame_content_size(stored) != 0]
     d = _decompressor()
     if len(packed) < 2 or not hasattr(d, "multi_decompress_to_buffer"):
         return [unpack(codec, stored) for codec, stored in rows]
-    out = [b"" if codec == CODEC_ZSTD_DICT_1 and stored else unpack(codec, stored)
-           for codec, stored in rows]
+    batched = set(packed)
+    out = [b"" if i in batched else unpack(codec, stored)
+           for i, (codec, stored) in enumerate(rows)]
     expanded = d.multi_decompress_to_buffer([rows[i][1] for i in packed])
     for n, i in enumerate(packed):
         out[i] = expanded[n].tobytes()

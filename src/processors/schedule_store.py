@@ -7,8 +7,9 @@ days away, they have no open run, no pending work and wait for no quota slot. He
 
 * *hot* states as objects — every state that may change soon, and every state just read;
 * *cold* states as their *sealed* bytes (``seal``: a flag, the wake-up, then the encoded
-  state — the body of a snapshot's schedule record, so a snapshot writes them as they are
-  and a restore holds them without decoding), with the minute of their wake-up in a bucket,
+  state compressed with the embedded log's record dictionary, about half its size — the
+  body of a snapshot's schedule record, so a snapshot writes them as they are and a restore
+  holds them without decoding), with the minute of their wake-up in a bucket,
   so that ``warm(now)`` brings back, ahead of their instant, exactly the schedules whose
   wake-up comes within the horizon: it pops whole buckets, it never scans the cold keys.
 
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import orjson
+import zstandard
 
 from chronolog.commands.state import Policy, QuotaWait, ScheduleState
 from chronolog.commands.state_codec import (
@@ -44,9 +46,10 @@ from chronolog.commands.state_codec import (
     shape_of,
 )
 from chronolog.domain.codec import kept
+from chronolog.log.record_codec import CODEC_ZSTD_DICT_1, pack_many, unpack, unpack_many
 
-__all__ = ["SEAL_SIZE", "ScheduleStore", "is_idle", "is_quiet", "seal", "unseal",
-           "wake_minute"]
+__all__ = ["SEAL_SIZE", "ScheduleStore", "is_idle", "is_quiet", "seal", "seal_many", "unseal",
+           "unsealed", "wake_minute"]
 
 Wakeup = Callable[[ScheduleState], datetime | None]
 
@@ -56,6 +59,7 @@ _SEAL = struct.Struct(">Bq")  # quiet flag, wake-up in microseconds since the ep
 SEAL_SIZE = _SEAL.size
 _NO_WAKE = -(1 << 63)  # the state has no wake-up (paused, finished)
 _QUIET = 1
+_PACKED = 2  # the encoded state is compressed (``record_codec``, dictionary 1)
 _REF = 4  # where an encoded schedule holds its spec: [spec hash, shape hash, params]
 
 
@@ -80,9 +84,18 @@ def is_idle(st: ScheduleState, wake: datetime | None, now: datetime,
 
 def seal(st: ScheduleState, wake: datetime | None) -> bytes:
     """A state's sealed bytes: whether it is quiet, its wake-up, its encoded state
-    (``encode_schedule``). A snapshot stores them; ``unseal`` reads the first two back."""
-    us = _NO_WAKE if wake is None else (wake - _EPOCH) // _US
-    return _SEAL.pack(_QUIET if is_quiet(st) else 0, us) + encode_schedule(st)
+    (``encode_schedule``) compressed. A snapshot stores them; ``unseal`` reads the first two
+    back, ``unsealed`` the encoded state."""
+    return seal_many([(st, wake)])[0]
+
+
+def seal_many(items: list[tuple[ScheduleState, datetime | None]]) -> list[bytes]:
+    """``seal`` of each, compressed in one call into zstd (``pack_many``: one release of
+    the GIL, not one per state — a busy event loop's thread waits for it each time)."""
+    packed = pack_many([encode_schedule(st) for st, _ in items])
+    return [_SEAL.pack((_QUIET if is_quiet(st) else 0) | _PACKED,
+                       _NO_WAKE if wake is None else (wake - _EPOCH) // _US) + body
+            for (st, wake), body in zip(items, packed, strict=True)]
 
 
 def unseal(data: bytes) -> tuple[bool, int | None]:
@@ -92,6 +105,22 @@ def unseal(data: bytes) -> tuple[bool, int | None]:
         raise ValueError(f"{len(data)} bytes: not a sealed state")
     flag, us = _SEAL.unpack_from(data)
     return bool(flag & _QUIET), (None if us == _NO_WAKE else us)
+
+
+def unsealed(data: bytes) -> bytes:
+    """The encoded state sealed bytes hold (``decode_schedule`` reads it)."""
+    body = data[SEAL_SIZE:]
+    if not data[0] & _PACKED:
+        return body
+    try:
+        return unpack(CODEC_ZSTD_DICT_1, body)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"sealed bytes that do not expand: {exc}") from exc
+
+
+def _unsealed_many(datas: list[bytes]) -> list[bytes]:
+    return unpack_many([(CODEC_ZSTD_DICT_1 if d[0] & _PACKED else None, d[SEAL_SIZE:])
+                        for d in datas])
 
 
 class ScheduleStore:
@@ -210,26 +239,39 @@ class ScheduleStore:
         """A validated shape (``decode_shape``) the cold states added by ``put_cold`` name."""
         self._shapes.setdefault(h, shape)
 
-    def sealed(self, key: str) -> tuple[bytes, Policy | None] | None:
-        """A snapshot's record of ``key`` without hydrating it: its sealed bytes and the
-        policy whose shape they name (``shape_of``; a cold state's is its stored shape);
-        None when absent."""
-        data = self._cold.get(key)
-        if data is not None:
-            ref = orjson.loads(memoryview(data)[SEAL_SIZE:])[_REF]
-            return data, None if ref is None else self._shapes.get(ref[1])
-        st = self._hot.get(key)
-        return None if st is None else (seal(st, self._wakeup(st)), st.policy)
+    def sealed(self, keys: list[str]) -> dict[str, tuple[bytes, Policy | None]]:
+        """A snapshot's records of ``keys`` without hydrating them: key -> its sealed bytes
+        and the policy whose shape they name (``shape_of``; a cold state's is its stored
+        shape), for each key held. The hot ones are sealed in one call (``seal_many``)."""
+        out: dict[str, tuple[bytes, Policy | None]] = {}
+        hot: list[tuple[str, ScheduleState]] = []
+        for key in keys:
+            data = self._cold.get(key)
+            if data is not None:
+                ref = orjson.loads(unsealed(data))[_REF]
+                out[key] = (data, None if ref is None else self._shapes.get(ref[1]))
+            elif (st := self._hot.get(key)) is not None:
+                hot.append((key, st))
+        sealed = seal_many([(st, self._wakeup(st)) for _, st in hot])
+        for (key, st), data in zip(hot, sealed, strict=True):
+            out[key] = (data, st.policy)
+        return out
 
-    def put_cold(self, key: str, data: bytes) -> None:
-        """Hold a state's sealed bytes as they are (a restore does not decode them); its
-        shape must be known (``add_shape``) and it must be quiet (``unseal``)."""
-        _, us = unseal(data)
+    def put_cold(self, key: str, data: bytes, copy: bool = True) -> bool:
+        """Hold a quiet state's sealed bytes as they are (a restore does not decode them):
+        True; False, holding nothing, when they say the state is not quiet (decode it and
+        ``put`` it). Its shape must be known (``add_shape``). ``copy``: keep a copy of
+        ``data`` of its own size (``data`` may be a view into a larger buffer); False when
+        the caller made ``data`` for this alone."""
+        quiet, us = unseal(data)
+        if not quiet:
+            return False
         self._hot.pop(key, None)
         self._touched.discard(key)
-        self._cold[key] = kept(data)  # as the caller got them: maybe a larger buffer's
+        self._cold[key] = kept(data) if copy else data
         if us is not None:
             self._bucket(key, us // 60_000_000)
+        return True
 
     @property
     def cooling(self) -> bool:
@@ -244,7 +286,7 @@ class ScheduleStore:
         if horizon is None:
             self._touched.clear()
             return []
-        cooled: list[str] = []
+        idle: list[tuple[str, ScheduleState, datetime | None]] = []
         touched = self._touched
         n = len(touched) if limit is None else min(limit, len(touched))
         for _ in range(n):
@@ -253,15 +295,16 @@ class ScheduleStore:
             if st is None:
                 continue
             wake = self._wakeup(st)
-            if not is_idle(st, wake, now, horizon):
-                continue
+            if is_idle(st, wake, now, horizon):
+                idle.append((key, st, wake))
+        sealed = seal_many([(st, wake) for _, st, wake in idle])
+        for (key, st, wake), data in zip(idle, sealed, strict=True):
             self._note_shape(st)
-            self._cold[key] = seal(st, wake)
+            self._cold[key] = data
             del self._hot[key]
             if wake is not None:
                 self._bucket(key, wake_minute(wake))
-            cooled.append(key)
-        return cooled
+        return [key for key, _, _ in idle]
 
     def next_warm(self) -> datetime | None:
         """When the earliest bucket's states should be warmed (its minute less the
@@ -275,22 +318,28 @@ class ScheduleStore:
         buckets up to it, earliest first; at most ``limit`` states, the rest at the next
         call); (key, state) of each, whose timer the caller arms."""
         until = wake_minute(now + (self.horizon or timedelta(0)))
-        out: list[tuple[str, ScheduleState]] = []
+        keys: list[str] = []
         minutes = self._minutes
         while minutes and minutes[0] <= until:
-            if limit is not None and len(out) >= limit:
+            if limit is not None and len(keys) >= limit:
                 break
             minute = heapq.heappop(minutes)
-            keys = self._buckets.pop(minute)
-            for i, key in enumerate(keys):
-                if limit is not None and len(out) >= limit:
-                    self._buckets[minute] = keys[i:]  # the rest at the next call
+            bucket = self._buckets.pop(minute)
+            for i, key in enumerate(bucket):
+                if limit is not None and len(keys) >= limit:
+                    self._buckets[minute] = bucket[i:]  # the rest at the next call
                     heapq.heappush(minutes, minute)
                     break
                 if key in self._cold:
-                    st = self.get(key)
-                    assert st is not None
-                    out.append((key, st))
+                    keys.append(key)
+        keys = list(dict.fromkeys(keys))  # a key bucketed twice in one minute: once
+        # expanded in one call into zstd (one release of the GIL)
+        bodies = _unsealed_many([self._cold.pop(key) for key in keys])
+        out: list[tuple[str, ScheduleState]] = []
+        for key, body in zip(keys, bodies, strict=True):
+            st = self._hot[key] = decode_schedule(body, self._shapes)
+            self._touched.add(key)
+            out.append((key, st))
         return out
 
     def soonest_cold(self, n: int) -> list[ScheduleState]:
@@ -311,7 +360,7 @@ class ScheduleStore:
     # ---------------------------------------------------------------- parts
 
     def _decode(self, data: bytes) -> ScheduleState:
-        return decode_schedule(memoryview(data)[SEAL_SIZE:], self._shapes)
+        return decode_schedule(unsealed(data), self._shapes)
 
     def _note_shape(self, st: ScheduleState) -> None:
         pol = st.policy

@@ -49,7 +49,7 @@ usual. The partition's routing view (``chronolog.commands.routing``) is a record
 (kind R, key ``routing_key()``), so a takeover from a snapshot routes as its owner did.
 
 A schedule's record (kind W) holds its *sealed* bytes (``schedule_store.seal``): whether
-it is quiet, its wake-up, then its encoded state — the very bytes the processor's store
+it is quiet, its wake-up, then its encoded state, compressed — the very bytes the processor's store
 holds a cold schedule as (``chronolog.processors.schedule_store``). A restore into such a
 store keeps a quiet record's bytes as they are, bucketed by its wake-up, without decoding
 them: a partition of a million idle schedules is restored by reading it. Records of kind S
@@ -57,7 +57,8 @@ them: a partition of a million idle schedules is restored by reading it. Records
 
 Record layout: ``b"cs"``, kind (1 byte: W sealed schedule, S schedule, Q quota, R routing
 view, G gone, P spec, M marker), state version (u16), through (u64), CRC-32 (u32), then the
-body (orjson; a W body is 9 bytes of seal, then orjson).
+body (orjson; a W body is 9 bytes of seal, then orjson compressed with zstd and the
+embedded log's record dictionary, ``chronolog.log.record_codec``).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from chronolog.commands.state_codec import (
 from chronolog.domain.ids import QUOTA_ID, routing_key
 from chronolog.domain.messages import EventEnvelope, KeyMovedOut
 from chronolog.log.port import OutRecord, Record
-from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore, unseal
+from chronolog.processors.schedule_store import ScheduleStore, unsealed
 
 __all__ = [
     "MARKER_KEY",
@@ -272,13 +273,14 @@ def decode_snapshot_steps(records: Iterable[Record], events_end: int,
             continue
         if kind == KIND_SEALED:
             try:
-                quiet, _ = unseal(body)
-            except ValueError as exc:
+                # a quiet state is held as it is (a slice of the record's bytes is a copy of
+                # its own, not a view): decoded when first read
+                if cold and version == STATE_VERSION and states.put_cold(
+                        skey, body, not isinstance(body, bytes)):
+                    continue
+                body = unsealed(body)
+            except ValueError as exc:  # too short, or not zstd's
                 raise SnapshotRejected(f"record {skey!r}: {exc}") from exc
-            if cold and quiet and version == STATE_VERSION:
-                states.put_cold(skey, body)  # held as it is: decoded when first read
-                continue
-            body = body[SEAL_SIZE:]
         try:
             data: Any = body
             if version != STATE_VERSION:  # upcast (or refused: StateDecodeError)
@@ -501,10 +503,10 @@ class SnapshotWriter:
         take = pending[-self.chunk:]
         del pending[-self.chunk:]
         try:
+            sealed = states.sealed(take)  # a cold state's bytes as they are
             for key in take:
-                sealed = states.sealed(key)  # a cold state's bytes as they are
-                if sealed is not None:
-                    data, pol = sealed
+                if key in sealed:
+                    data, pol = sealed[key]
                     if pol is not None:
                         shape_hash, shape = shape_of(pol)
                         if shape_hash not in self.specs:

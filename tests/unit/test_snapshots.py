@@ -32,7 +32,7 @@ from chronolog.commands.state import ScheduleState
 from chronolog.domain import messages as m
 from chronolog.log.port import Record
 from chronolog.processors import snapshots as sn
-from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore
+from chronolog.processors.schedule_store import ScheduleStore, unsealed
 from support.decider import T0, Story
 from support.states import partition_fields
 from unit.decider.test_invariants import SIDS, TENANT, DeciderMachine
@@ -390,7 +390,7 @@ def test_a_snapshot_written_by_version_1_is_restored_through_its_upcast() -> Non
     def version_1(r: Record) -> Record:
         kind, _v, _t, body = sn.unframe(r.key or b"", r.value)
         if kind == sn.KIND_SEALED:  # version 1 wrote the state alone (kind S), its manual
-            a = orjson.loads(body[SEAL_SIZE:])  # keys without their runs' final states
+            a = orjson.loads(unsealed(body))  # keys without their runs' final states
             a[18] = [entry[:3] for entry in a[18]]
             return reframed(r, version=1, body=orjson.dumps(a), kind=sn.KIND_SCHEDULE)
         return reframed(r, version=1, body=body)

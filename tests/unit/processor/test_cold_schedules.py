@@ -148,7 +148,7 @@ async def script(horizon: float | None) -> list[tuple[str, str, dict[str, Any]]]
         await c.create_schedule("acme", "paused", {"every": "20m", "start": hour,
                                                    "job": {"type": "echo"}})
         ps = r.proc.partitions[0]
-        for step in range(40):  # 7 minutes a step: about four and a half hours
+        for step in range(26):  # 7 minutes a step: about three hours
             clock.now = t0 + timedelta(minutes=7 * (step + 1))
             await wait_until(lambda: (w := ps.next_wake()) is None or w > clock.now, 10,
                              what="the due timers decided, the due cold states warmed")

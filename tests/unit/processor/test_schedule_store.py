@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given as for_all
 from hypothesis import settings
 from hypothesis import strategies as hs
@@ -16,7 +17,8 @@ from chronolog.commands.decider import decide, evolve, next_wakeup
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.commands.state_codec import encode_schedule
 from chronolog.domain import messages as m
-from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore, seal, unseal
+from chronolog.log.record_codec import pack
+from chronolog.processors.schedule_store import SEAL_SIZE, ScheduleStore, seal, unseal, unsealed
 from support.decider import T0, TENANT, envelope, spec
 from support.states import every_field
 
@@ -167,7 +169,7 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
     shapes = st.shapes()
     sealed = [dict(st.cold_items())[f"acme/{t.schedule_id}"] for t in templates]
     heads = [data[:SEAL_SIZE] for data in sealed]
-    bodies = [orjson.loads(data[SEAL_SIZE:]) for data in sealed]
+    bodies = [orjson.loads(unsealed(data)) for data in sealed]
     cold = ScheduleStore(HOUR, next_wakeup)
     for h, shape in shapes.items():
         cold.add_shape(h, shape)
@@ -180,7 +182,7 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
             spec_h, shape_h, _ = body[_REF]
             body[_ID] = f"s{i:06d}"
             body[_REF] = [f"{spec_h[:-6]}{i:06d}", shape_h, {"customer": f"c-{i:06d}"}]
-            cold.put_cold(f"acme/s{i:06d}", heads[i % 2] + orjson.dumps(body))
+            cold.put_cold(f"acme/s{i:06d}", heads[i % 2] + pack(orjson.dumps(body)))
         used = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
@@ -199,7 +201,8 @@ def test_sealed_bytes_say_whether_the_state_is_quiet_and_when_it_wakes() -> None
     quiet, us = unseal(seal(s, wake))
     assert quiet and us == int(wake.timestamp()) * 1_000_000 + wake.microsecond
     assert unseal(seal(s, None)) == (True, None)
-    assert seal(s, wake)[SEAL_SIZE:] == encode_schedule(s)
+    assert unsealed(seal(s, wake)) == encode_schedule(s)
+    assert len(seal(s, wake)) < SEAL_SIZE + len(encode_schedule(s))  # compressed
 
 
 def test_cool_looks_only_at_the_states_read_or_put_since_the_last_cool() -> None:
@@ -242,8 +245,17 @@ def test_reading_every_state_decodes_the_cold_ones_without_hydrating_them() -> N
     assert sorted(s.schedule_id for s in st.values()) == ["a", "b"]
     assert st.is_cold("acme/a") and st.hot == 1
     assert [s.schedule_id for s in st.soonest_cold(5)] == ["a"]
-    sealed = st.sealed("acme/a")
-    hot = created("a", every=86400.0)
-    assert sealed is not None and sealed[1] is not None and st.is_cold("acme/a")
-    assert sealed[1].spec_hash.startswith("shape:")  # the stored shape of its spec
-    assert sealed == (seal(hot, next_wakeup(hot)), sealed[1])
+    sealed = st.sealed(["acme/a", "acme/b", "acme/none"])
+    assert sorted(sealed) == ["acme/a", "acme/b"] and st.is_cold("acme/a")
+    a, b = created("a", every=86400.0), created("b", every=60.0)
+    shape = sealed["acme/a"][1]
+    assert shape is not None and shape.spec_hash.startswith("shape:")  # its stored shape
+    assert sealed["acme/a"][0] == seal(a, next_wakeup(a))
+    assert sealed["acme/b"][0] == seal(b, next_wakeup(b)) and st.hot == 1
+
+
+def test_sealed_bytes_that_do_not_expand_are_a_value_error() -> None:
+    s = created("daily", every=86400.0)
+    data = seal(s, next_wakeup(s))
+    with pytest.raises(ValueError, match="do not expand"):
+        unsealed(data[:SEAL_SIZE] + b"\x00" * 20)
