@@ -31,6 +31,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -450,3 +451,4 @@ DeciderMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestDeciderInvariants = DeciderMachine.TestCase
+TestDeciderInvariants.pytestmark = [pytest.mark.long(10)]  # type: ignore[attr-defined]

@@ -157,10 +157,12 @@ def test_cool_then_warm_round_trips_every_state(plans: list[tuple[float, int]],
         assert got is not None and every_field(got) == fields
 
 
+@pytest.mark.long(6)
 def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
-    # given 100,000 idle hourly and daily schedules with distinct job params, one template
-    # each encoded, so building them is not decide's cost
-    n = 100_000
+    # given 25,000 idle hourly and daily schedules with distinct job params, one template
+    # each encoded, so building them is not decide's cost (the cost per schedule is the
+    # same at 100,000: the keys' table is a fixed share of each entry)
+    n = 25_000
     templates = [created("h", every=3600.0), created("d", every=86400.0)]
     st = store()
     for t in templates:
