@@ -151,6 +151,10 @@ class ProcessorConfig:
     # instants a horizon ahead is warmed in slices, not in one turn of the event loop)
     cool_per_step: int = 5000
     warm_per_step: int = 2000
+    # a take-over's fold (from offset 0, or a snapshot's tail) cools the idle states it
+    # touched once more than this many are hot: a partition restored from its whole history
+    # holds about this many objects at most, not every schedule it ever folded
+    restore_hot_max: int = 50_000
     # the recurrence engine and tz database named in the ``rules`` header of every event
     # this processor writes (None: the installed ones, ``installed_rules()``)
     rules: RulesVersion | None = None

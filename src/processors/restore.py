@@ -51,6 +51,8 @@ class Takeover:
     snapshot_records: int = 0  # records read from the state topic
     states: int = 0
     cold: int = 0  # of them, held cold (their sealed bytes: ``ScheduleStore``)
+    cooled: int = 0  # states cooled during the fold (``ProcessorConfig.restore_hot_max``)
+    hot_peak: int = 0  # the most states hot at once during the fold (after each read)
     tail_events: int = 0  # events folded (the tail after the snapshot, or all of them)
     events_offset: int = 0
 
@@ -231,6 +233,7 @@ class Restorer:
                     await self.dead_letters.put(rec, exc)
             offset = recs[-1].offset + 1
             unswept += len(recs)
+            self._bound_hot(ps, takeover)
             if unswept >= RESTORE_SWEEP_EVENTS and not gc.isenabled():
                 # collection is paused for the restore (``gc_paused``), but a long fold's
                 # reads leave cyclic garbage (the Kafka client's fetches): 1.7 million events
@@ -246,6 +249,16 @@ class Restorer:
             ps.routing = folder.routing
         takeover.tail_events = folder.folded
         return dirty, max(offset, folder.fold_from), last_event
+
+    def _bound_hot(self, ps: PartitionTask, takeover: Takeover) -> None:
+        """Cool the idle states the fold touched once more than ``restore_hot_max`` are hot
+        (a state folded again later is hydrated again by ``get``)."""
+        states = ps.states
+        takeover.hot_peak = max(takeover.hot_peak, states.hot)
+        if states.hot > self.config.restore_hot_max and states.cooling:
+            cooled = len(states.cool(self.clock()))
+            takeover.cooled += cooled
+            self.stats.cooled += cooled
 
     async def _restore_replies(self, ps: PartitionTask) -> None:
         topic = self.topics.replies

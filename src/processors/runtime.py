@@ -475,7 +475,7 @@ class Processor:
             takeover.restored_at = time.monotonic()
             self.takeovers.append(takeover)
             log.info("partition_assigned", partition=p, schedules=len(ps.states),
-                     cold=takeover.cold,
+                     cold=takeover.cold, hot_peak=takeover.hot_peak,
                      events_offset=ps.events_offset, commands_offset=committed or 0,
                      from_snapshot=takeover.from_snapshot, tail_events=takeover.tail_events,
                      restore_s=round(takeover.restored_at - takeover.assigned_at, 3))

@@ -1,7 +1,8 @@
 """Schedules held cold by the processor (``ProcessorConfig.hot_horizon_s``): a quiet
 schedule whose wake-up is beyond the horizon is held as its sealed bytes with no timer
 armed, warmed ahead of its instant, and starts on time; a take-over from a snapshot keeps
-such schedules cold without decoding them, and they start on time after it too."""
+such schedules cold without decoding them, and they start on time after it too; a take-over
+that folds the whole history holds no more than its bound of states hot."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from chronolog.processors.config import ProcessorConfig
 from chronolog.processors.partition_task import PartitionTask
 from support.polling import wait_until
 from support.processors import Running, events
+from support.states import every_field
 
 
 def hourly() -> dict[str, Any]:
@@ -111,6 +113,37 @@ async def test_a_take_over_from_a_snapshot_keeps_idle_schedules_cold_and_they_st
 
         runs = await wait_until(every_one, 10, what="every occurrence")
         assert runs == {sid: [instants[sid]] for sid in sids}
+
+
+async def test_a_take_over_folding_the_whole_history_keeps_at_most_the_bound_hot(
+    event_log: Any,
+) -> None:
+    clock = Clock()
+    sids = {f"s{i:02d}" for i in range(40)}
+    # given 40 idle hourly schedules, each revised once, and no snapshot to restore from
+    async with Running(event_log, "p1", config(snapshots=False), clock=clock) as r:
+        for sid in sorted(sids):
+            await r.client.create_schedule("acme", sid, hourly())
+        for sid in sorted(sids):
+            await r.client.revise_schedule("acme", sid, {**hourly(), "job": {"type": "noop"}},
+                                            expected_revision=1)
+        first = {sid: every_field(holder(r, partition_key("acme", sid)).states.peek(
+            partition_key("acme", sid))) for sid in sids}
+    # when a new owner folds each partition from offset 0, reading 4 events at a time, with
+    # at most 3 states hot
+    cfg = config(snapshots=False, restore_chunk=4, restore_hot_max=3)
+    async with Running(event_log, "p2", cfg, clock=clock) as r2:
+        takeovers = r2.proc.takeovers
+        assert r2.proc.stats.restored_from_zero == event_log.topics.partitions
+        # then no read left more than the bound plus that read's states hot
+        assert max(t.hot_peak for t in takeovers) <= 3 + 4
+        assert sum(t.cooled for t in takeovers) > 0
+        # and every schedule was restored as the first owner held it, cold
+        assert sum(t.cold for t in takeovers) == len(sids)
+        again = {sid: holder(r2, partition_key("acme", sid)).states.peek(
+            partition_key("acme", sid)) for sid in sids}
+        assert {sid: every_field(st) for sid, st in again.items()} == first
+        assert {st.policy.job.type for st in again.values()} == {"noop"}  # type: ignore[union-attr]
 
 
 class Frozen:
