@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support.ordering import long_first
+from support.ordering import order_for_workers
 
 
 def _docker_reachable() -> bool:
@@ -128,16 +128,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In the parallel phase, the tests marked ``long(seconds)`` start first, one worker each
-    (``support.ordering``); every worker computes the same order."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if getattr(config.option, "dist", "no") != "worksteal" or workers < 2:
-        return
-    items[:] = long_first(items, workers, _expected_seconds)
-
-
-def _expected_seconds(item: pytest.Item) -> float | None:
-    mark = item.get_closest_marker("long")
-    return float(mark.args[0]) if mark is not None else None
+    (``support.ordering``)."""
+    order_for_workers(items)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,8 +10,9 @@ the fewest seconds so far (longest processing time first); the others keep their
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -47,3 +48,20 @@ def long_first(items: Sequence[T], workers: int, seconds: Callable[[T], float | 
         order += [i for _, i in zip(range(size - len(head)), rest, strict=False)]
     order += list(rest)
     return [items[i] for i in order]
+
+
+def order_for_workers(items: list[Any]) -> None:
+    """Reorder a worker's collection (``pytest_collection_modifyitems``) so that the tests
+    marked ``long(seconds)`` start first, one worker each; every worker computes the same
+    order, and only the workers' order counts (the controller hands out indices into it).
+    A worker's own ``config.option.dist`` is always "no", so its worker count is what
+    tells: nothing changes outside a parallel run."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if "PYTEST_XDIST_WORKER" not in os.environ or workers < 2:
+        return
+    items[:] = long_first(items, workers, _expected_seconds)
+
+
+def _expected_seconds(item: Any) -> float | None:
+    mark = item.get_closest_marker("long")
+    return float(mark.args[0]) if mark is not None else None
