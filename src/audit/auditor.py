@@ -135,10 +135,12 @@ from typing import Any, assert_never
 
 from chronolog.audit.folds import (
     CHECKS,
+    DEFAULT_HOT_MAX,
     AuditReport,
     AuditState,
     EffectFold,
     EventRef,
+    FoldStore,
     Home,
     QuotaFold,
     RevisionFold,
@@ -198,9 +200,11 @@ class Auditor:
     """Feed events in log order (per partition); ``finish`` checks what needs the whole log."""
 
     def __init__(self, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT,
-                 state: AuditState | None = None) -> None:
+                 state: AuditState | None = None, hot_max: int = DEFAULT_HOT_MAX) -> None:
+        """``hot_max``: the schedules' folds held as objects, the most recently used (the
+        others sealed: ``FoldStore``)."""
         self.misfire_walk_limit = misfire_walk_limit
-        state = state if state is not None else AuditState()
+        state = state if state is not None else AuditState(schedules=FoldStore(hot_max))
         self.report = state.report
         self._schedules = state.schedules
         self._effects = state.effects
@@ -219,7 +223,7 @@ class Auditor:
         there are dropped. Everything else is kept as it is (what the checks no longer need
         was forgotten while folding, by the same rules in one pass), so an audit resumed
         from here reports exactly what one pass over the same events reports."""
-        for s in self._schedules.values():
+        for s in self._schedules.folds(misfire_only=True):
             for rev in s.revisions.values():
                 if rev.check_misfire:
                     self._check_misfire_all(s, rev, settle=True)
@@ -231,24 +235,22 @@ class Auditor:
         finished and DEAD), claimed occurrence spans, manual request keys, effects, misfire
         ``all`` records not yet judged. Bounded by the live schedules and runs, not by the
         length of the history (docs/design.md §10, "What the audit forgets")."""
-        folds = self._schedules.values()
-        return {
-            "schedules": len(self._schedules),
-            "runs": sum(len(s.runs) for s in folds),
-            "finished": sum(len(s.finished) for s in folds),
-            "dead": sum(len(s.dead) for s in folds),
-            "spans": sum(len(s.spans) for s in folds),
-            "manual": sum(len(s.manual) for s in folds),
-            "effects": len(self._effects),
-            "misfire": sum(len(r.instants) + len(r.ranges) for s in folds
-                           for r in s.revisions.values()),
-        }
+        held = dict.fromkeys(("runs", "finished", "dead", "spans", "manual", "misfire"), 0)
+        for s in self._schedules.folds():
+            held["runs"] += len(s.runs)
+            held["finished"] += len(s.finished)
+            held["dead"] += len(s.dead)
+            held["spans"] += len(s.spans)
+            held["manual"] += len(s.manual)
+            held["misfire"] += sum(len(r.instants) + len(r.ranges) for r in s.revisions.values())
+        return {"schedules": len(self._schedules), **held, "effects": len(self._effects)}
 
     @classmethod
-    def resume(cls, doc: Any, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> Auditor:
+    def resume(cls, doc: Any, misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT,
+               hot_max: int = DEFAULT_HOT_MAX) -> Auditor:
         """An auditor in the state of a ``checkpoint`` document (``CheckpointError`` when it
         is not one), to be fed the events after it."""
-        return cls(misfire_walk_limit, decode_state(doc))
+        return cls(misfire_walk_limit, decode_state(doc, hot_max))
 
     # -- input ----------------------------------------------------------------------
 
@@ -288,7 +290,8 @@ class Auditor:
         key = (env.tenant, env.schedule_id)
         s = self._schedules.get(key)
         if s is None:
-            s = self._schedules[key] = ScheduleFold(env.tenant, env.schedule_id)
+            s = ScheduleFold(env.tenant, env.schedule_id)
+            self._schedules.put(key, s)
         ref = EventRef(partition, offset, env.event_id, env.payload.type)
         self._fold(s, env, ref)
 
@@ -923,7 +926,7 @@ class Auditor:
                                   found.results, found.effects, list(found.violations),
                                   list(found.notes))
         try:
-            for s in self._schedules.values():
+            for s in self._schedules.folds(misfire_only=True):
                 for rev in s.revisions.values():
                     if rev.check_misfire:
                         self._check_misfire_all(s, rev)
@@ -1020,11 +1023,12 @@ class Auditor:
 
 
 def audit(events: Iterable[m.EventEnvelope | tuple[int, int, m.EventEnvelope]],
-          misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT) -> AuditReport:
+          misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT,
+          hot_max: int = DEFAULT_HOT_MAX) -> AuditReport:
     """Audit a sequence of envelopes (bare ones are numbered partition 0, offsets 0, 1, ...),
     each partition's in log order; across partitions they are fed in move-barrier order
     (``chronolog.domain.barrier.in_barrier_order``), whatever order they come in."""
-    auditor = Auditor(misfire_walk_limit=misfire_walk_limit)
+    auditor = Auditor(misfire_walk_limit=misfire_walk_limit, hot_max=hot_max)
     partitions: dict[int, list[tuple[int, m.EventEnvelope]]] = {}
     for n, item in enumerate(events):
         partition, offset, env = (0, n, item) if isinstance(item, m.EventEnvelope) else item

@@ -11,6 +11,16 @@ module docstring. ``encode_state`` writes all of it as one JSON-able document
 document and reads on gives the report an audit of the whole log gives (docs/design.md §10,
 "Checkpoints"). Pure: no I/O.
 
+How the folds are held (``FoldStore``): a schedule's fold takes about 13 KB as objects for
+an hourly schedule a day old, so a log of a million schedules would need 13 GB. In log order
+a schedule's events come in clusters (a run's materialization, claim and result within
+seconds, then nothing for an hour), so only the folds of the last stretch of the log need to
+be objects: the store keeps the ``hot_max`` most recently used ones so and seals the others
+— the fold's checkpoint encoding (``encode_schedule``, exact both ways) as JSON compressed
+with zstd. A sealed fold is decoded when its schedule's next event comes. Holding a fold
+sealed changes nothing the audit finds: a resumed audit already relies on the same
+encoding.
+
 Encoding: an event reference is ``[partition, offset, event_id, type]``; instants are ISO 8601
 strings; a spec is its JSON form (validated again as a stored spec on reading); sets are
 sorted lists, so one state always encodes to the same document.
@@ -18,11 +28,17 @@ sorted lists, so one state always encodes to the same document.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
+import zstandard
+
 from chronolog.domain import messages as m
+from chronolog.domain.codec import kept
 
 CHECKPOINT_VERSION = 2  # 2: bounded state (finished runs, span watermark, effects by run)
 
@@ -224,6 +240,10 @@ class ScheduleFold:
         self.last_instant: datetime | None = None  # the latest scheduled instant recorded
         self.revised_at: datetime | None = None  # authority time of the current revision
 
+    def checks_misfire(self) -> bool:
+        """Whether a revision still has misfire ``all`` records to judge."""
+        return any(r.check_misfire for r in self.revisions.values())
+
     def overlap_policy(self, revision: int | None = None) -> str | None:
         rev = self.current if revision is None else self.revisions.get(revision, self.current)
         return None if rev is None else rev.spec.overlap
@@ -271,12 +291,103 @@ class Home:
 # the checkpoint document
 
 
+# ---------------------------------------------------------------------------------------
+# how the folds are held
+
+Key = tuple[str, str]  # (tenant, schedule ID)
+
+DEFAULT_HOT_MAX = 50_000  # folds held as objects (about 650 MB at 13 KB each)
+
+
+class FoldStore:
+    """A mapping of (tenant, schedule ID) to its fold: ``hot_max`` as objects (the most
+    recently used), the rest sealed. ``get`` and ``put`` make a fold the most recent;
+    ``folds`` visits every one (or those with misfire ``all`` records to judge) in the order
+    their schedules were first seen, writing back what the visitor changed."""
+
+    def __init__(self, hot_max: int = DEFAULT_HOT_MAX) -> None:
+        if hot_max < 1:
+            raise ValueError(f"hot_max must be at least 1, not {hot_max}")
+        self.hot_max = hot_max
+        # every fold, as an object or sealed, in the order its schedule was first seen
+        self._folds: dict[Key, ScheduleFold | bytes] = {}
+        self._recent: OrderedDict[Key, None] = OrderedDict()  # the hot ones, least recent first
+        self._cold_misfire: set[Key] = set()  # sealed folds with misfire records to judge
+        self._compress = zstandard.ZstdCompressor(level=3)
+        self._decompress = zstandard.ZstdDecompressor()
+
+    def __len__(self) -> int:
+        return len(self._folds)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._folds
+
+    @property
+    def hot(self) -> int:
+        return len(self._recent)
+
+    @property
+    def cold(self) -> int:
+        return len(self._folds) - len(self._recent)
+
+    def get(self, key: Key) -> ScheduleFold | None:
+        """The fold of ``key`` (decoded if sealed), now the most recently used; None when
+        the store has none."""
+        held = self._folds.get(key)
+        if held is None:
+            return None
+        if isinstance(held, ScheduleFold):
+            self._recent.move_to_end(key)
+            return held
+        s = self._unseal(held)
+        self.put(key, s)
+        return s
+
+    def put(self, key: Key, s: ScheduleFold) -> None:
+        """Hold ``s`` as the fold of ``key``, the most recently used; the least recently used
+        beyond ``hot_max`` are sealed."""
+        self._cold_misfire.discard(key)
+        self._folds[key] = s
+        self._recent[key] = None
+        self._recent.move_to_end(key)
+        while len(self._recent) > self.hot_max:
+            old, _ = self._recent.popitem(last=False)
+            fold = self._folds[old]
+            assert isinstance(fold, ScheduleFold)
+            self._seal(old, fold)
+
+    def folds(self, misfire_only: bool = False) -> Iterator[ScheduleFold]:
+        """Every fold (``misfire_only``: those with misfire ``all`` records to judge) in the
+        order its schedule was first seen; a sealed one is decoded for the visit and sealed
+        again after it, with whatever the visitor changed, without becoming hot."""
+        for key in list(self._folds):
+            held = self._folds[key]
+            if isinstance(held, ScheduleFold):
+                if not misfire_only or held.checks_misfire():
+                    yield held
+            elif not misfire_only or key in self._cold_misfire:
+                s = self._unseal(held)
+                yield s
+                self._seal(key, s)
+
+    def _seal(self, key: Key, s: ScheduleFold) -> None:
+        # a copy of its own size: the compressor's output keeps its worst-case buffer
+        self._folds[key] = kept(self._compress.compress(orjson.dumps(encode_schedule(s))))
+        if s.checks_misfire():
+            self._cold_misfire.add(key)
+        else:
+            self._cold_misfire.discard(key)
+
+    def _unseal(self, data: bytes) -> ScheduleFold:
+        return decode_schedule(orjson.loads(self._decompress.decompress(data)))
+
+
 @dataclass
 class AuditState:
     """Everything the auditor holds between two events."""
 
     report: AuditReport = field(default_factory=AuditReport)
-    schedules: dict[tuple[str, str], ScheduleFold] = field(default_factory=dict)
+    schedules: FoldStore = field(default_factory=FoldStore)
     effects: dict[str, EffectFold] = field(default_factory=dict)
     holders: dict[tuple[str, str], SlotHolder] = field(default_factory=dict)
     quotas: dict[str, QuotaFold] = field(default_factory=dict)
@@ -335,7 +446,7 @@ def _decode_revision(a: list[Any]) -> RevisionFold:
         _unt(a[7]), _unref(a[8]))
 
 
-def _encode_schedule(s: ScheduleFold) -> dict[str, Any]:
+def encode_schedule(s: ScheduleFold) -> dict[str, Any]:
     return {
         "tenant": s.tenant, "id": s.schedule_id,
         "revisions": [_encode_revision(r) for r in s.revisions.values()],
@@ -352,7 +463,7 @@ def _encode_schedule(s: ScheduleFold) -> dict[str, Any]:
     }
 
 
-def _decode_schedule(d: dict[str, Any]) -> ScheduleFold:
+def decode_schedule(d: dict[str, Any]) -> ScheduleFold:
     s = ScheduleFold(d["tenant"], d["id"])
     for a in d["revisions"]:
         rev = _decode_revision(a)
@@ -393,7 +504,7 @@ def encode_state(state: AuditState) -> dict[str, Any]:
     return {
         "version": CHECKPOINT_VERSION,
         "report": _encode_report(state.report),
-        "schedules": [_encode_schedule(s) for s in state.schedules.values()],
+        "schedules": [encode_schedule(s) for s in state.schedules.folds()],
         "effects": [[k, list(e.owner), _ref(e.intent_ref), e.retry_allowed,
                      _ref(e.success_ref), e.run_id, e.open]
                     for k, e in state.effects.items()],
@@ -407,18 +518,18 @@ def encode_state(state: AuditState) -> dict[str, Any]:
     }
 
 
-def decode_state(doc: Any) -> AuditState:
-    """The state a checkpoint document holds; ``CheckpointError`` when it is not one this
-    code wrote."""
+def decode_state(doc: Any, hot_max: int = DEFAULT_HOT_MAX) -> AuditState:
+    """The state a checkpoint document holds (its folds in a ``FoldStore(hot_max)``);
+    ``CheckpointError`` when it is not one this code wrote."""
     if not isinstance(doc, dict) or doc.get("version") != CHECKPOINT_VERSION:
         version = doc.get("version") if isinstance(doc, dict) else None
         raise CheckpointError(f"audit checkpoint version {version!r} (this chronolog reads "
                               f"{CHECKPOINT_VERSION})")
     try:
-        state = AuditState(report=_decode_report(doc["report"]))
+        state = AuditState(report=_decode_report(doc["report"]), schedules=FoldStore(hot_max))
         for d in doc["schedules"]:
-            s = _decode_schedule(d)
-            state.schedules[(s.tenant, s.schedule_id)] = s
+            s = decode_schedule(d)
+            state.schedules.put((s.tenant, s.schedule_id), s)
         for k, owner, intent, retry, success, run_id, open_ in doc["effects"]:
             state.effects[k] = EffectFold((owner[0], owner[1]), _must(intent), retry,
                                           _unref(success), run_id, open_)
