@@ -10,7 +10,8 @@ subprocesses of the real command:
   and events/s;
 * ``next``: ``--next`` more events appended, then ``chronolog audit`` (from the
   checkpoint): seconds — what an audit of what is new costs after M events;
-* the checkpoint's size (the compressed document on the topic ``audit``).
+* the checkpoint's size (the compressed document on the topic ``audit``);
+* the peak resident memory of each audit (``os.wait4``'s ``ru_maxrss``).
 
     .venv/bin/python bench/audit.py [--schedules 1000] [--events 100000,300000]
         [--next 6668] [--runs 3]
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +40,7 @@ from failover import _events, make_log, schedule_ids
 
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 CHUNK = 20_000
+MIB = 1024 * 1024
 
 
 async def build(n: int, events: int, more: int) -> tuple[Path, list[bytes], str]:
@@ -67,15 +71,22 @@ async def append(path: Path, prefix: str, values: list[bytes]) -> None:
     await lg.close()
 
 
-def audit(path: Path, prefix: str, *extra: str) -> tuple[float, str]:
+def audit(path: Path, prefix: str, *extra: str) -> tuple[float, str, int]:
+    """Seconds, the report's last line and the peak resident memory (bytes) of one
+    ``chronolog audit``."""
     started = time.monotonic()
-    done = subprocess.run([CHRONOLOG, "audit", "--log", f"sqlite://{path}", *extra],
-                          capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "CHRONOLOG_TOPIC_PREFIX": prefix})
-    took = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"audit failed ({done.returncode}): {done.stdout}{done.stderr}")
-    return took, done.stdout.strip().splitlines()[-1]
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([CHRONOLOG, "audit", "--log", f"sqlite://{path}", *extra],
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env={"PATH": "/usr/bin:/bin", "CHRONOLOG_TOPIC_PREFIX": prefix})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        took = time.monotonic() - started
+        out.seek(0)
+        text = out.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"audit failed ({proc.returncode}): {text}")
+    return took, text.strip().splitlines()[-1], usage.ru_maxrss * 1024
 
 
 def checkpoint_bytes(path: Path, prefix: str) -> int:
@@ -92,13 +103,13 @@ def checkpoint_bytes(path: Path, prefix: str) -> int:
 
 async def one(n: int, events: int, more: int) -> dict[str, Any]:
     path, rest, prefix = await build(n, events, more)
-    full_s, full_line = audit(path, prefix, "--full")
+    full_s, full_line, full_rss = audit(path, prefix, "--full")
     size = checkpoint_bytes(path, prefix)
     await append(path, prefix, rest)
-    next_s, next_line = audit(path, prefix)
+    next_s, next_line, next_rss = audit(path, prefix)
     return {"events": events, "full_s": full_s, "full_events_per_s": events / full_s,
             "next_events": len(rest), "next_s": next_s, "checkpoint_bytes": size,
-            "full": full_line, "next": next_line}
+            "full": full_line, "next": next_line, "full_rss": full_rss, "next_rss": next_rss}
 
 
 async def main() -> None:
@@ -113,10 +124,13 @@ async def main() -> None:
         results = [await one(args.schedules, events, args.next) for _ in range(args.runs)]
         for r in results:
             print(f"  M={events}: full {r['full_s']:.2f} s ({r['full_events_per_s']:,.0f} "
-                  f"events/s), next {r['next_events']} events {r['next_s']:.2f} s, "
+                  f"events/s, peak {r['full_rss'] / MIB:.0f} MiB), next {r['next_events']} "
+                  f"events {r['next_s']:.2f} s (peak {r['next_rss'] / MIB:.0f} MiB), "
                   f"checkpoint {r['checkpoint_bytes']:,} B")
         print(f"M={events} median: full {statistics.median(r['full_s'] for r in results):.2f} s, "
-              f"next {statistics.median(r['next_s'] for r in results):.2f} s; "
+              f"peak {statistics.median(r['full_rss'] for r in results) / MIB:.0f} MiB; "
+              f"next {statistics.median(r['next_s'] for r in results):.2f} s, "
+              f"peak {statistics.median(r['next_rss'] for r in results) / MIB:.0f} MiB; "
               f"{results[0]['next']}")
 
 

@@ -129,7 +129,7 @@ move, so every other check holds across it too.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
@@ -148,8 +148,10 @@ from chronolog.audit.folds import (
     ScheduleFold,
     SlotHolder,
     Violation,
+    decode_document,
     decode_state,
     encode_state,
+    encode_state_lines,
 )
 from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT
@@ -223,12 +225,25 @@ class Auditor:
         there are dropped. Everything else is kept as it is (what the checks no longer need
         was forgotten while folding, by the same rules in one pass), so an audit resumed
         from here reports exactly what one pass over the same events reports."""
+        self._settle_misfire()
+        return encode_state(self._state())
+
+    def checkpoint_lines(self) -> Iterator[bytes]:
+        """What ``checkpoint`` holds, as the lines of a JSON-lines document (a schedule's
+        fold a line: ``chronolog.audit.folds.encode_state_lines``), given out a line at a
+        time; ``resume_document`` reads it back."""
+        self._settle_misfire()
+        return encode_state_lines(self._state())
+
+    def _settle_misfire(self) -> None:
         for s in self._schedules.folds(misfire_only=True):
             for rev in s.revisions.values():
                 if rev.check_misfire:
                     self._check_misfire_all(s, rev, settle=True)
-        return encode_state(AuditState(self.report, self._schedules, self._effects,
-                                       self._holders, self._quotas, self._homes))
+
+    def _state(self) -> AuditState:
+        return AuditState(self.report, self._schedules, self._effects, self._holders,
+                          self._quotas, self._homes)
 
     def held(self) -> dict[str, int]:
         """How much the auditor holds (what a checkpoint carries): schedules, runs (of which
@@ -251,6 +266,15 @@ class Auditor:
         """An auditor in the state of a ``checkpoint`` document (``CheckpointError`` when it
         is not one), to be fed the events after it."""
         return cls(misfire_walk_limit, decode_state(doc, hot_max))
+
+    @classmethod
+    def resume_document(cls, data: bytes,
+                        misfire_walk_limit: int = DEFAULT_MISFIRE_WALK_LIMIT,
+                        hot_max: int = DEFAULT_HOT_MAX) -> Auditor:
+        """An auditor in the state of a checkpoint document given as bytes: the lines of
+        ``checkpoint_lines``, or a ``checkpoint`` document written as JSON
+        (``CheckpointError`` when it is neither)."""
+        return cls(misfire_walk_limit, decode_document(data, hot_max))
 
     # -- input ----------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ tenant its quota aggregate (``QuotaFold``, ``SlotHolder``) and per key its parti
 (``Home``), and the report found so far (``AuditReport``). All of it is bounded by the live
 schedules and runs: what the auditor forgets, and why its checks stay sound, is told in its
 module docstring. ``encode_state`` writes all of it as one JSON-able document
-(``CHECKPOINT_VERSION``), ``decode_state`` reads it back; an audit that resumes from the
-document and reads on gives the report an audit of the whole log gives (docs/design.md §10,
+(``CHECKPOINT_VERSION``), ``decode_state`` reads it back; ``encode_state_lines`` writes the
+same as JSON lines, a schedule's fold a line (``LINES_VERSION``: what ``chronolog audit``
+saves), and ``decode_document`` reads either. An audit that resumes from the document and
+reads on gives the report an audit of the whole log gives (docs/design.md §10,
 "Checkpoints"). Pure: no I/O.
 
 How the folds are held (``FoldStore``): a schedule's fold takes about 13 KB as objects for
@@ -41,6 +43,7 @@ from chronolog.domain import messages as m
 from chronolog.domain.codec import kept
 
 CHECKPOINT_VERSION = 2  # 2: bounded state (finished runs, span watermark, effects by run)
+LINES_VERSION = 3  # the version-2 document as JSON lines, a schedule's fold a line
 
 # the checks, in report order (each is described in chronolog.audit.auditor)
 CHECKS: tuple[str, ...] = (
@@ -370,6 +373,15 @@ class FoldStore:
                 yield s
                 self._seal(key, s)
 
+    def lines(self) -> Iterator[bytes]:
+        """Each fold's checkpoint encoding (``encode_schedule``) as a JSON line, in the order
+        ``folds`` visits them; a sealed fold's is its bytes decompressed, not decoded."""
+        for held in list(self._folds.values()):
+            if isinstance(held, ScheduleFold):
+                yield orjson.dumps(encode_schedule(held)) + b"\n"
+            else:
+                yield self._decompress.decompress(held) + b"\n"
+
     def _seal(self, key: Key, s: ScheduleFold) -> None:
         # a copy of its own size: the compressor's output keeps its worst-case buffer
         self._folds[key] = kept(self._compress.compress(orjson.dumps(encode_schedule(s))))
@@ -500,11 +512,23 @@ def _decode_report(d: dict[str, Any]) -> AuditReport:
 
 
 def encode_state(state: AuditState) -> dict[str, Any]:
-    """The checkpoint document of ``state`` (JSON-able)."""
+    """The checkpoint document of ``state`` (JSON-able; version 2)."""
+    return {"version": CHECKPOINT_VERSION, **_encode_rest(state),
+            "schedules": [encode_schedule(s) for s in state.schedules.folds()]}
+
+
+def encode_state_lines(state: AuditState) -> Iterator[bytes]:
+    """The checkpoint document of ``state`` as JSON lines (``LINES_VERSION``): a first line
+    with everything but the schedules, then one line per schedule's fold — given out a line
+    at a time, so a state of a million schedules is never one document in memory."""
+    yield orjson.dumps({"version": LINES_VERSION, **_encode_rest(state)}) + b"\n"
+    yield from state.schedules.lines()
+
+
+def _encode_rest(state: AuditState) -> dict[str, Any]:
+    """Everything of ``state`` but its schedules' folds."""
     return {
-        "version": CHECKPOINT_VERSION,
         "report": _encode_report(state.report),
-        "schedules": [encode_schedule(s) for s in state.schedules.folds()],
         "effects": [[k, list(e.owner), _ref(e.intent_ref), e.retry_allowed,
                      _ref(e.success_ref), e.run_id, e.open]
                     for k, e in state.effects.items()],
@@ -526,23 +550,60 @@ def decode_state(doc: Any, hot_max: int = DEFAULT_HOT_MAX) -> AuditState:
         raise CheckpointError(f"audit checkpoint version {version!r} (this chronolog reads "
                               f"{CHECKPOINT_VERSION})")
     try:
-        state = AuditState(report=_decode_report(doc["report"]), schedules=FoldStore(hot_max))
+        state = _decode_rest(doc, hot_max)
         for d in doc["schedules"]:
             s = decode_schedule(d)
             state.schedules.put((s.tenant, s.schedule_id), s)
-        for k, owner, intent, retry, success, run_id, open_ in doc["effects"]:
-            state.effects[k] = EffectFold((owner[0], owner[1]), _must(intent), retry,
-                                          _unref(success), run_id, open_)
-        for t, sid, held, slot, live, ref in doc["holders"]:
-            state.holders[(t, sid)] = SlotHolder(held, slot, live, _unref(ref))
-        for t, slots, max_schedules, reserved in doc["quotas"]:
-            state.quotas[t] = QuotaFold(
-                {sid: [cid, _must(ref), confirmed] for sid, cid, ref, confirmed in slots},
-                max_schedules, set(reserved))
-        for t, sid, partition, moving in doc["homes"]:
-            state.homes[(t, sid)] = Home(partition, None if moving is None else
-                                         (moving[0], moving[1], _must(moving[2])))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise CheckpointError(f"audit checkpoint damaged: {type(exc).__name__}: {exc}") \
             from None
+    return state
+
+
+def decode_document(data: bytes, hot_max: int = DEFAULT_HOT_MAX) -> AuditState:
+    """The state a checkpoint document holds, given as its bytes: JSON lines
+    (``encode_state_lines``), read a line at a time, or a version-2 document (one JSON
+    value); ``CheckpointError`` when it is neither."""
+    end = data.find(b"\n")
+    try:
+        head = orjson.loads(data if end < 0 else data[:end])
+    except orjson.JSONDecodeError as exc:
+        raise CheckpointError(f"audit checkpoint damaged: {exc}") from None
+    if isinstance(head, dict) and head.get("version") == CHECKPOINT_VERSION:
+        return decode_state(head, hot_max)
+    if not isinstance(head, dict) or head.get("version") != LINES_VERSION:
+        version = head.get("version") if isinstance(head, dict) else None
+        raise CheckpointError(f"audit checkpoint version {version!r} (this chronolog reads "
+                              f"{CHECKPOINT_VERSION} and {LINES_VERSION})")
+    view = memoryview(data)
+    try:
+        state = _decode_rest(head, hot_max)
+        at = end + 1
+        while 0 < at < len(data):
+            end = data.find(b"\n", at)
+            end = len(data) if end < 0 else end
+            s = decode_schedule(orjson.loads(view[at:end]))
+            state.schedules.put((s.tenant, s.schedule_id), s)
+            at = end + 1
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"audit checkpoint damaged: {type(exc).__name__}: {exc}") \
+            from None
+    return state
+
+
+def _decode_rest(doc: dict[str, Any], hot_max: int) -> AuditState:
+    """A state with everything of ``doc`` but its schedules (an empty ``FoldStore``)."""
+    state = AuditState(report=_decode_report(doc["report"]), schedules=FoldStore(hot_max))
+    for k, owner, intent, retry, success, run_id, open_ in doc["effects"]:
+        state.effects[k] = EffectFold((owner[0], owner[1]), _must(intent), retry,
+                                      _unref(success), run_id, open_)
+    for t, sid, held, slot, live, ref in doc["holders"]:
+        state.holders[(t, sid)] = SlotHolder(held, slot, live, _unref(ref))
+    for t, slots, max_schedules, reserved in doc["quotas"]:
+        state.quotas[t] = QuotaFold(
+            {sid: [cid, _must(ref), confirmed] for sid, cid, ref, confirmed in slots},
+            max_schedules, set(reserved))
+    for t, sid, partition, moving in doc["homes"]:
+        state.homes[(t, sid)] = Home(partition, None if moving is None else
+                                     (moving[0], moving[1], _must(moving[2])))
     return state

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from chronolog.archive import ArchiveError
 from chronolog.archive.source import ArchivedHistory
 from chronolog.audit.auditor import Auditor, AuditReport
@@ -154,7 +152,7 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
         notes.append(f"went on from the checkpoint of {checkpoint.taken_at} "
                      f"({checkpoint.events} events): {read} events read since")
     if save:
-        document = orjson.dumps(auditor.checkpoint())
+        document = auditor.checkpoint_lines()  # streamed into the compressor
         try:
             await save_checkpoint(log, AuditCheckpoint(
                 positions, last_events, dict(order.handovers), report.events,
@@ -225,8 +223,10 @@ async def _usable_checkpoint(log: EventLog, source: Readable, ends: dict[int, in
                          "one restored): audited from the beginning")
             return None, None
     try:
-        return checkpoint, Auditor.resume(orjson.loads(checkpoint.document))
-    except (CheckpointError, orjson.JSONDecodeError) as exc:
+        document = checkpoint.document
+        assert isinstance(document, bytes)  # as loaded
+        return checkpoint, Auditor.resume_document(document)
+    except CheckpointError as exc:
         notes.append(f"the checkpoint of {checkpoint.taken_at} is unusable ({exc}): audited "
                      "from the beginning")
         return None, None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,9 @@ class AuditCheckpoint:
     handovers: dict[int, int] = field(default_factory=dict)  # barrier state
     events: int = 0  # events audited in total
     taken_at: str = ""  # ISO 8601, for the operator
-    document: bytes = b""  # the auditor's state (JSON)
+    # the auditor's state: bytes (a loaded checkpoint's), or, to save, its pieces in order,
+    # streamed into the compressor (a state of a million schedules is never one string)
+    document: bytes | Iterable[bytes] = b""
 
 
 async def _latest(log: EventLog) -> dict[bytes, bytes]:
@@ -133,6 +136,16 @@ async def checkpoint_needs(log: EventLog) -> dict[int, int] | None:
     return needs
 
 
+def _compressed(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` compressed as one zlib stream, as the compressor gives it out."""
+    compressor = zlib.compressobj(6)
+    for piece in pieces:
+        out = compressor.compress(piece)
+        if out:
+            yield out
+    yield compressor.flush()
+
+
 async def save_checkpoint(log: EventLog, checkpoint: AuditCheckpoint) -> None:
     """Write ``checkpoint`` as the latest: its chunks into the slot the current head does not
     name, then the head (module docstring)."""
@@ -144,10 +157,21 @@ async def save_checkpoint(log: EventLog, checkpoint: AuditCheckpoint) -> None:
     except CheckpointUnreadable:
         current = None
     slot = "b" if current is not None and current.get("slot") == "a" else "a"
-    data = zlib.compress(checkpoint.document, 6)
-    chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    pieces = ([checkpoint.document] if isinstance(checkpoint.document, bytes)
+              else checkpoint.document)
+    digest = hashlib.sha256()
+    chunks: list[bytes] = []
+    pending = bytearray()
+    for piece in _compressed(pieces):
+        digest.update(piece)
+        pending += piece
+        while len(pending) >= CHUNK_BYTES:
+            chunks.append(bytes(pending[:CHUNK_BYTES]))
+            del pending[:CHUNK_BYTES]
+    if pending or not chunks:
+        chunks.append(bytes(pending))
     head = {"format": FORMAT, "slot": slot, "chunks": len(chunks),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "sha256": digest.hexdigest(),
             "positions": {str(p): o for p, o in sorted(checkpoint.positions.items())},
             "last_events": {str(p): e for p, e in sorted(checkpoint.last_events.items())},
             "handovers": {str(p): v for p, v in sorted(checkpoint.handovers.items())},

@@ -5,6 +5,7 @@ reported and never half-used."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 
@@ -45,6 +46,19 @@ async def test_a_checkpoint_larger_than_a_chunk_reads_back_whole(event_log: Even
     third = _checkpoint(3, CHUNK_BYTES + 1)  # back into the first slot, over its chunks
     await save_checkpoint(event_log, third)
     assert await load_checkpoint(event_log) == third
+
+
+async def test_a_document_given_in_pieces_reads_back_as_their_bytes_in_order(
+    event_log: EventLog,
+) -> None:
+    # given a document of three chunks and more, handed to the save as 997-byte pieces
+    whole = _checkpoint(1, 2 * CHUNK_BYTES + 5000)
+    assert isinstance(whole.document, bytes)
+    data = whole.document
+    pieces = (data[i:i + 997] for i in range(0, len(data), 997))
+    # when it is saved, then it reads back as the one document
+    await save_checkpoint(event_log, replace(whole, document=pieces))
+    assert await load_checkpoint(event_log) == whole
 
 
 async def test_a_save_cut_short_before_its_head_leaves_the_previous_checkpoint(

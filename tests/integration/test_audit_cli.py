@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from chronolog.audit.folds import CHECKPOINT_VERSION
+from chronolog.audit.folds import CHECKPOINT_VERSION, LINES_VERSION
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.log.audit_checkpoints import load_checkpoint, save_checkpoint
@@ -269,11 +269,13 @@ def test_a_checkpoint_of_an_older_version_is_not_used_and_replaced(
         try:
             saved = await load_checkpoint(log)
             assert saved is not None
-            doc = json.loads(saved.document)
-            assert doc["version"] == CHECKPOINT_VERSION
+            assert isinstance(saved.document, bytes)
+            first, _, rest = saved.document.partition(b"\n")  # JSON lines: the head first
+            doc = json.loads(first)
+            assert doc["version"] == LINES_VERSION
             doc["version"] = CHECKPOINT_VERSION - 1
             await save_checkpoint(log, dataclasses.replace(
-                saved, document=json.dumps(doc).encode()))
+                saved, document=json.dumps(doc).encode() + b"\n" + rest))
         finally:
             await log.close()
 
@@ -281,7 +283,8 @@ def test_a_checkpoint_of_an_older_version_is_not_used_and_replaced(
     old = _chronolog("audit", "--log", f"sqlite:///{db}")
     assert old.returncode == 0, old.stdout + old.stderr
     assert (f"is unusable (audit checkpoint version {CHECKPOINT_VERSION - 1} (this chronolog "
-            f"reads {CHECKPOINT_VERSION})): audited from the beginning") in old.stdout
+            f"reads {CHECKPOINT_VERSION} and {LINES_VERSION})): audited from the beginning"
+            ) in old.stdout
     assert f"audit ok: {len(clean)} events" in old.stdout
     # it saved a checkpoint of its own version: the next audit goes on from it
     assert "0 events read since" in _chronolog("audit", "--log", f"sqlite:///{db}").stdout

@@ -919,16 +919,16 @@ def test_a_run_materialized_twice_is_a_duplicate_occurrence() -> None:
 def _resumed(events: list[tuple[int, int, m.EventEnvelope]], cuts: set[int],
              hot_max: int = DEFAULT_HOT_MAX) -> AuditReport:
     """The audit of ``events`` (in move-barrier order, as ``audit`` feeds them) with a
-    checkpoint taken, written as JSON, read back and resumed from before each index of
-    ``cuts``; ``hot_max`` folds held as objects."""
+    checkpoint taken, written as JSON lines, read back and resumed from before each index
+    of ``cuts``; ``hot_max`` folds held as objects."""
     partitions: dict[int, list[tuple[int, m.EventEnvelope]]] = {}
     for p, off, env in events:
         partitions.setdefault(p, []).append((off, env))
     auditor = Auditor(hot_max=hot_max)
     for n, (p, off, env) in enumerate(in_barrier_order(partitions, lambda *_: None)):
         if n in cuts:
-            auditor = Auditor.resume(orjson.loads(orjson.dumps(auditor.checkpoint())),
-                                     hot_max=hot_max)
+            auditor = Auditor.resume_document(b"".join(auditor.checkpoint_lines()),
+                                              hot_max=hot_max)
         auditor.feed(env, p, off)
     return auditor.finish()
 
@@ -1095,6 +1095,46 @@ def test_a_sealed_fold_takes_at_most_a_fifth_of_its_objects() -> None:
     hot, cold = held(1000), held(1)
     assert cold <= hot / 5, (hot, cold)
 
+
+
+def test_a_checkpoint_of_the_earlier_single_document_form_is_resumed_the_same() -> None:
+    # given an audit stopped half-way through the real scenarios' log
+    events = REAL_LOGS[0]
+    half = len(events) // 2
+    first = Auditor()
+    partitions: dict[int, list[tuple[int, m.EventEnvelope]]] = {}
+    for p, off, env in events:
+        partitions.setdefault(p, []).append((off, env))
+    ordered = list(in_barrier_order(partitions, lambda *_: None))
+    for p, off, env in ordered[:half]:
+        first.feed(env, p, off)
+    # when its state is written as one JSON document (version 2) and as JSON lines
+    single = orjson.dumps(first.checkpoint())
+    lines = b"".join(first.checkpoint_lines())
+    assert single.count(b"\n") == 0 and lines.count(b"\n") == 1 + len(
+        {(e.tenant, e.schedule_id) for _, _, e in ordered[:half]})
+    # then an audit resumed from either reports, once fed the rest, what one pass reports
+    whole = audit(events).to_dict()
+    for data in (single, lines):
+        resumed = Auditor.resume_document(data, hot_max=1)
+        for p, off, env in ordered[half:]:
+            resumed.feed(env, p, off)
+        assert resumed.finish().to_dict() == whole
+
+
+@pytest.mark.parametrize("data, said", [
+    (b'{"version": 9}\n', "version 9"),
+    (b"[1, 2]", "version None"),
+    (b"{not json", "damaged"),
+    (b'{"version": 3, "report": {"counts": [0, 0, 0, 0, 0], "violations": [], "notes": []},'
+     b' "effects": [], "holders": [], "quotas": [], "homes": []}\n{"tenant": "acme"}\n',
+     "damaged: KeyError"),
+])
+def test_a_checkpoint_document_that_is_none_this_code_wrote_is_refused(
+    data: bytes, said: str,
+) -> None:
+    with pytest.raises(CheckpointError, match=said):
+        Auditor.resume_document(data)
 
 
 def test_a_second_result_after_a_checkpoint_is_still_a_second_result() -> None:
