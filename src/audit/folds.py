@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import zstandard
@@ -69,9 +69,9 @@ class CheckpointError(ValueError):
     """A checkpoint document this code cannot read (another version, damaged)."""
 
 
-@dataclass(frozen=True, slots=True)
-class EventRef:
-    """Where an event sits in the log and what it is."""
+class EventRef(NamedTuple):
+    """Where an event sits in the log and what it is. (A named tuple: the auditor holds
+    tens of them per schedule, and a sealed fold makes them again each time it is read.)"""
 
     partition: int
     offset: int
@@ -407,15 +407,16 @@ class AuditState:
 
 
 def _ref(r: EventRef | None) -> list[Any] | None:
-    return None if r is None else [r.partition, r.offset, r.event_id, r.type]
+    return None if r is None else list(r)  # [partition, offset, event_id, type]
 
 
 def _unref(a: list[Any] | None) -> EventRef | None:
-    return None if a is None else EventRef(int(a[0]), int(a[1]), str(a[2]), str(a[3]))
+    return None if a is None else _must(a)
 
 
 def _must(a: list[Any]) -> EventRef:
-    return EventRef(int(a[0]), int(a[1]), str(a[2]), str(a[3]))
+    # the four fields as written (a document of another shape fails on its length)
+    return EventRef._make(a)
 
 
 def _t(t: datetime | None) -> str | None:
