@@ -236,7 +236,7 @@ class Auditor:
         return encode_state_lines(self._state())
 
     def _settle_misfire(self) -> None:
-        for s in self._schedules.folds(misfire_only=True):
+        for s in self._schedules.folds(misfire_only=True, write_back=True):
             for rev in s.revisions.values():
                 if rev.check_misfire:
                     self._check_misfire_all(s, rev, settle=True)

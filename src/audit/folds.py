@@ -291,10 +291,6 @@ class Home:
 
 
 # ---------------------------------------------------------------------------------------
-# the checkpoint document
-
-
-# ---------------------------------------------------------------------------------------
 # how the folds are held
 
 Key = tuple[str, str]  # (tenant, schedule ID)
@@ -306,7 +302,7 @@ class FoldStore:
     """A mapping of (tenant, schedule ID) to its fold: ``hot_max`` as objects (the most
     recently used), the rest sealed. ``get`` and ``put`` make a fold the most recent;
     ``folds`` visits every one (or those with misfire ``all`` records to judge) in the order
-    their schedules were first seen, writing back what the visitor changed."""
+    their schedules were first seen, writing back what the visitor changed if asked."""
 
     def __init__(self, hot_max: int = DEFAULT_HOT_MAX) -> None:
         if hot_max < 1:
@@ -359,10 +355,12 @@ class FoldStore:
             assert isinstance(fold, ScheduleFold)
             self._seal(old, fold)
 
-    def folds(self, misfire_only: bool = False) -> Iterator[ScheduleFold]:
+    def folds(self, misfire_only: bool = False,
+              write_back: bool = False) -> Iterator[ScheduleFold]:
         """Every fold (``misfire_only``: those with misfire ``all`` records to judge) in the
-        order its schedule was first seen; a sealed one is decoded for the visit and sealed
-        again after it, with whatever the visitor changed, without becoming hot."""
+        order its schedule was first seen; a sealed one is decoded for the visit, without
+        becoming hot, and (``write_back``: for a visitor that changes folds) sealed again
+        after it with what the visitor changed."""
         for key in list(self._folds):
             held = self._folds[key]
             if isinstance(held, ScheduleFold):
@@ -371,7 +369,8 @@ class FoldStore:
             elif not misfire_only or key in self._cold_misfire:
                 s = self._unseal(held)
                 yield s
-                self._seal(key, s)
+                if write_back:
+                    self._seal(key, s)
 
     def lines(self) -> Iterator[bytes]:
         """Each fold's checkpoint encoding (``encode_schedule``) as a JSON line, in the order
@@ -392,6 +391,10 @@ class FoldStore:
 
     def _unseal(self, data: bytes) -> ScheduleFold:
         return decode_schedule(orjson.loads(self._decompress.decompress(data)))
+
+
+# ---------------------------------------------------------------------------------------
+# the checkpoint document
 
 
 @dataclass

@@ -1062,8 +1062,11 @@ def test_the_fold_store_holds_the_most_recent_folds_hot_and_writes_back_visits()
     a = store.get((TENANT, "a"))
     assert a is not None and a.schedule_id == "a" and (store.hot, store.cold) == (2, 1)
     assert store.get((TENANT, "nobody")) is None and (TENANT, "b") in store
-    # and a change made while visiting a sealed fold is kept
+    # and a change made while visiting a sealed fold is kept when written back, and only then
     for s in store.folds():
+        s.scheduled_runs = 99
+    assert [s.scheduled_runs for s in store.folds()] == [99, 0, 99]  # b sealed: not kept
+    for s in store.folds(write_back=True):
         s.scheduled_runs = len(s.schedule_id) * 7
     assert [store.get((TENANT, sid)).scheduled_runs for sid in "abc"] == [7, 7, 7]  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="hot_max"):
