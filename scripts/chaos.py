@@ -637,7 +637,9 @@ class Prober:
         self.http, self.api, self.schedule_id = http, api, schedule_id
         self.acknowledged: dict[str, str] = {}  # Idempotency-Key -> run ID
         self.refused: dict[str, int] = {}  # status (or error class) -> count
-        self.said: dict[str, str] = {}  # status -> the first refusal's message
+        # status -> each different refusal message, with how often it came (a command sent
+        # just before a fault is answered "no reply", those after it "cannot accept writes")
+        self.said: dict[str, dict[str, int]] = {}
         self._stop = asyncio.Event()
 
     async def create(self, window: Window) -> None:
@@ -672,7 +674,9 @@ class Prober:
                     status = str(r.status_code)
                     self.refused[status] = self.refused.get(status, 0) + 1
                     with contextlib.suppress(ValueError, AttributeError):
-                        self.said.setdefault(status, str(r.json().get("message")))
+                        said = self.said.setdefault(status, {})
+                        message = str(r.json().get("message"))
+                        said[message] = said.get(message, 0) + 1
             except httpx.HTTPError as exc:
                 name = type(exc).__name__
                 self.refused[name] = self.refused.get(name, 0) + 1
