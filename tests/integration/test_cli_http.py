@@ -2,10 +2,11 @@
 
 * ``chronolog dev`` records where it serves in ``DATA_DIR/node.json`` (0600, the URL, its
   token and PID) once its API answers, and the CLI run in the directory above it — no
-  ``--data-dir``, no ``--url``, no token — finds it and goes through a schedule's whole
-  life; a clean stop removes the file and the CLI then says, in one line and exit status 2,
-  how to point it at a node. A node killed with SIGKILL leaves a stale file the CLI ignores;
-  a restarted node replaces it.
+  ``--data-dir``, no ``--url``, no token — finds it: a schedule created, its runs listed
+  and shown as the API's bodies (a schedule's whole life through the CLI over HTTP is
+  test_ops_cli.py's, against ``chronolog api`` on Kafka); a clean stop removes the file
+  and the CLI then says, in one line and exit status 2, how to point it at a node. A node
+  killed with SIGKILL leaves a stale file the CLI ignores; a restarted node replaces it.
 * Against ``chronolog api`` with no processor: a write that gets no reply is 503
   ``unavailable`` (exit 1, the API's body with ``--json``), the CLI's own bound gives up
   first when it is shorter, a missing or wrong token is one line saying so, a missing
@@ -27,7 +28,7 @@ import httpx
 import pytest
 
 from support.net import free_port
-from support.polling import wait_until
+from support.polling import SPAWN_POLL, wait_until
 
 from .conftest import CHRONOLOG, ROOT
 from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
@@ -35,7 +36,6 @@ from .test_ops_cli import (  # noqa: F401 - dsn: a fixture
     Cli,
     Services,
     _env,
-    _lifecycle,
     _one_line,
     dsn,
 )
@@ -99,7 +99,7 @@ def _node_file(data_dir: Path, node: DevNode) -> Any:
     return wait_until(written, 60, interval=0.1, what="node.json of the dev node")
 
 
-@pytest.mark.long(50)
+@pytest.mark.long(20)
 async def test_the_cli_finds_a_dev_node_through_its_data_directory(
     tmp_path: Path, dsn: str, nodes: list[DevNode],  # noqa: F811
 ) -> None:
@@ -115,12 +115,22 @@ async def test_the_cli_finds_a_dev_node_through_its_data_directory(
     # in the directory that holds ./.chronolog: no flag, no variable, no token
     services = Services(tmp_path, _env())
     cli = Cli([], _env(), services, cwd=tmp_path)
-    ids = await _lifecycle(cli, http=True)
-    assert ids
+
+    async def created() -> Any:
+        r = await cli("schedule", "create", "nightly", "--every", "1s", "--job", "echo",
+                      "--params", '{"n": 1}', "--idempotency-key", "c-1", "--json")
+        return json.loads(r.out) if r.rc == 0 else None
+
+    made = await wait_until(created, 60, interval=SPAWN_POLL, what="create answered")
+    assert made["scheduleId"] == "nightly" and made["revision"] == 1 and made["nextRunAt"]
+    page = await cli.poll("a succeeded run", "runs", "nightly", "--state", "SUCCEEDED",
+                          until=lambda d: len(d["items"]) >= 1)
+    ids = [i["runId"] for i in page["items"]]
     async with httpx.AsyncClient(base_url=doc["url"], timeout=30) as http:
         body = (await http.get(f"/v1/runs/{ids[0]}",
                                headers={"Authorization": "Bearer dev"})).json()
     assert await cli.ok("run", ids[0]) == body  # --json is the API's body
+    assert body["result"]["inline"] == {"n": 1}
     workers = await cli.ok("workers", "list")
     assert [w["workerId"] for w in workers["items"]] == [f"dev-worker-{node.proc.pid}"]
     # a token given wins over the node's own, the variable too
