@@ -67,7 +67,11 @@ TOKEN = "dev"  # the dev node's token without a tenants file (README.md, "Two co
 EXIT = re.compile(r"#.*\bexit (\d+)\b")
 BACKGROUND = re.compile(
     r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:make run\b|\S*chronolog (?:dev|worker)\b)")
-TIMEOUT = 120
+TIMEOUT = 120  # one block's bound: a hang fails the test, not the suite's timeout
+# and a further bound for each command of a shell block: each starts a chronolog process
+# (most of a second of CPU alone, several seconds with the whole suite on two cores; the
+# tour's block of 19 commands took over 120 s in one CI run)
+PER_COMMAND_S = 15
 
 
 class Reader:
@@ -166,7 +170,7 @@ class Reader:
             return ""
         r = subprocess.run(["bash", "-euo", "pipefail", "-xc", "\n".join(script)],
                            cwd=self.work, env=self.env, capture_output=True, text=True,
-                           timeout=TIMEOUT)
+                           timeout=TIMEOUT + PER_COMMAND_S * len(script))
         assert r.returncode == 0, (
             f"{block!r} failed (exit {r.returncode}):\n{r.stderr[-4000:]}\n{r.stdout[-2000:]}")
         return r.stdout
