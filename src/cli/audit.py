@@ -152,11 +152,10 @@ async def audit_log(log: EventLog, auditor: Auditor | None = None, *, full: bool
         notes.append(f"went on from the checkpoint of {checkpoint.taken_at} "
                      f"({checkpoint.events} events): {read} events read since")
     if save:
-        document = auditor.checkpoint_lines()  # streamed into the compressor
         try:
             await save_checkpoint(log, AuditCheckpoint(
                 positions, last_events, dict(order.handovers), report.events,
-                utc_now().isoformat().replace("+00:00", "Z"), document))
+                utc_now().isoformat().replace("+00:00", "Z")), auditor.checkpoint_lines())
             run.saved = True
         except LogError as exc:
             notes.append(f"checkpoint not saved ({exc}): the next audit reads these events "
@@ -223,9 +222,7 @@ async def _usable_checkpoint(log: EventLog, source: Readable, ends: dict[int, in
                          "one restored): audited from the beginning")
             return None, None
     try:
-        document = checkpoint.document
-        assert isinstance(document, bytes)  # as loaded
-        return checkpoint, Auditor.resume_document(document)
+        return checkpoint, Auditor.resume_document(checkpoint.document)
     except CheckpointError as exc:
         notes.append(f"the checkpoint of {checkpoint.taken_at} is unusable ({exc}): audited "
                      "from the beginning")

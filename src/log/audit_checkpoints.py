@@ -52,9 +52,7 @@ class AuditCheckpoint:
     handovers: dict[int, int] = field(default_factory=dict)  # barrier state
     events: int = 0  # events audited in total
     taken_at: str = ""  # ISO 8601, for the operator
-    # the auditor's state: bytes (a loaded checkpoint's), or, to save, its pieces in order,
-    # streamed into the compressor (a state of a million schedules is never one string)
-    document: bytes | Iterable[bytes] = b""
+    document: bytes = b""  # the auditor's state (``save_checkpoint`` also takes it in pieces)
 
 
 async def _latest(log: EventLog) -> dict[bytes, bytes]:
@@ -146,9 +144,12 @@ def _compressed(pieces: Iterable[bytes]) -> Iterator[bytes]:
     yield compressor.flush()
 
 
-async def save_checkpoint(log: EventLog, checkpoint: AuditCheckpoint) -> None:
+async def save_checkpoint(log: EventLog, checkpoint: AuditCheckpoint,
+                          pieces: Iterable[bytes] | None = None) -> None:
     """Write ``checkpoint`` as the latest: its chunks into the slot the current head does not
-    name, then the head (module docstring)."""
+    name, then the head (module docstring). ``pieces``: its document given in order, in place
+    of ``checkpoint.document``, streamed into the compressor (a state of a million schedules
+    is never one string)."""
     topic = log.topics.audit
     await log.ensure_topic(topic, 1)
     latest = await _latest(log)
@@ -157,8 +158,8 @@ async def save_checkpoint(log: EventLog, checkpoint: AuditCheckpoint) -> None:
     except CheckpointUnreadable:
         current = None
     slot = "b" if current is not None and current.get("slot") == "a" else "a"
-    pieces = ([checkpoint.document] if isinstance(checkpoint.document, bytes)
-              else checkpoint.document)
+    if pieces is None:
+        pieces = (checkpoint.document,)
     digest = hashlib.sha256()
     chunks: list[bytes] = []
     pending = bytearray()
