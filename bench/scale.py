@@ -154,7 +154,7 @@ async def build(args: argparse.Namespace, path: Path) -> Plan:
                 buffers[p] = []
             if jid and jid % 1_000_000 == 0:
                 print(f"  built {jid:,} in {time.time() - started:.0f} s", flush=True)
-        for p, buf in buffers.items():
+        for buf in buffers.values():
             if buf:
                 await lg.append(buf)
     finally:
@@ -308,7 +308,7 @@ async def snapshot_round(run: Path, args: argparse.Namespace, timeout: float) ->
     t0 = time.monotonic()
     lg = SqliteEventLog(str(run / "log.db"), Topics(prefix=PREFIX, partitions=args.partitions))
     await lg.start()
-    offsets = {p: 0 for p in range(args.partitions)}
+    offsets = dict.fromkeys(range(args.partitions), 0)
     marked: set[int] = set()
     try:
         while len(marked) < args.partitions:
@@ -431,7 +431,7 @@ async def main_async(args: argparse.Namespace) -> int:
         cpu0 = cpu()
         await asyncio.sleep(max(0.0, plan.instant + args.after - time.time()))
         cpu1 = cpu()
-        wave = {jid: plan.instant for jid in range(plan.wave)}
+        wave = dict.fromkeys(range(plan.wave), plan.instant)
         expected = len(wave) + len(plan.background)
         deadline = time.time() + args.drain
         got = lateness(run)
@@ -452,7 +452,8 @@ async def main_async(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         audit = subprocess.run([CHRONOLOG, "audit", "--log", f"sqlite://{run / 'log.db'}",
                                 "--partitions", str(args.partitions)],
-                               env=dict(os.environ, CHRONOLOG_TOPIC_PREFIX=PREFIX), capture_output=True, text=True, check=False)
+                               env=dict(os.environ, CHRONOLOG_TOPIC_PREFIX=PREFIX),
+                               capture_output=True, text=True, check=False)
         print(f"audit: {'clean' if audit.returncode == 0 else 'FAILED'} "
               f"({time.monotonic() - t0:.0f} s)")
         if audit.returncode != 0:
