@@ -29,6 +29,7 @@ class Policy:
     """The decider's view of a ScheduleSpec; interned, so identical specs share one."""
 
     __slots__ = (
+        "_fields",
         "_shape_spec",
         "_spec",
         "effects",
@@ -57,9 +58,11 @@ class Policy:
     def __init__(self, spec: ScheduleSpec, spec_hash: str) -> None:
         self._spec: ScheduleSpec | None = spec
         self._shape_spec: ScheduleSpec | None = None
-        # (hash, body) of the spec without its job's params, as the state codec stores it
+        self._fields: dict[str, Any] | None = None  # a ``with_job`` policy's own fields
+        # (hash, body, own fields) of the spec without its job's params and the fields
+        # each schedule may set for itself, as the state codec stores it
         # (chronolog.commands.state_codec); filled on first use
-        self.shape: tuple[str, bytes] | None = None
+        self.shape: tuple[str, bytes, dict[str, Any] | None] | None = None
         self.spec_hash = spec_hash
         self.job: JobSpec = spec.job
         self.misfire = spec.misfire.policy
@@ -96,17 +99,23 @@ class Policy:
         if spec is None:
             shape = self._shape_spec
             assert shape is not None
-            spec = self._spec = shape.model_copy(update={"job": self.job})
+            spec = self._spec = shape.model_copy(update={"job": self.job,
+                                                         **(self._fields or {})})
         return spec
 
-    def with_job(self, job: JobSpec, spec_hash: str) -> Policy:
-        """This policy with another job (its spec: this one's with that job, hashed
-        ``spec_hash``); the spec itself is only built when asked for. For a snapshot's
-        states, whose specs differ from a shared *shape* in their job's params alone."""
+    def with_job(self, job: JobSpec, spec_hash: str,
+                 fields: dict[str, Any] | None = None,
+                 shape: tuple[str, bytes, dict[str, Any] | None] | None = None) -> Policy:
+        """This policy with another job and, given ``fields``, other values of fields none
+        of the attributes here derive from (a schedule's ``anchor``, ``start``, ``end``);
+        its spec: this one's with those, hashed ``spec_hash``, only built when asked for.
+        For a snapshot's states, whose specs differ from a shared *shape* in those alone;
+        ``shape``: the codec's parts of the result (default: this policy's)."""
         p = Policy.__new__(Policy)
         p._spec = None
         p._shape_spec = self.spec
-        p.shape = self.shape
+        p._fields = fields
+        p.shape = shape if shape is not None else self.shape
         p.spec_hash = spec_hash
         p.job = job
         p.misfire = self.misfire

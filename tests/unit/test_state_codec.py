@@ -147,6 +147,38 @@ def test_schedules_that_differ_in_their_params_share_one_shape() -> None:
     assert c.policy is not None and sc.shape_of(c.policy)[0] != sc.shape_of(a.policy)[0]
 
 
+def test_schedules_that_differ_in_their_own_anchor_start_and_end_share_one_shape() -> None:
+    # given schedules whose specs differ only in the instants each set for itself
+    states = [Story(schedule_id=f"s{i}").create(
+        anchor=T0 + timedelta(minutes=i), start=T0 + timedelta(hours=i),
+        end=T0 + timedelta(days=30 + i)).state for i in range(3)]
+    plain = Story(schedule_id="plain").create().state
+    pols = [s.policy for s in states]
+    assert all(p is not None for p in pols) and plain.policy is not None
+    # then they share one shape, the one of a spec without them
+    assert len({sc.shape_of(p) for p in pols if p is not None}) == 1
+    assert sc.shape_of(pols[0])[0] == sc.shape_of(plain.policy)[0]  # type: ignore[arg-type]
+    # and each decodes, in a fresh process, to its own exact spec
+    for s in states:
+        decoded = round_trip(s, fresh=True)
+        assert decoded.policy is not None and s.policy is not None
+        assert decoded.policy.spec == s.policy.spec
+        assert decoded.policy.spec_hash == st.spec_hash(decoded.policy.spec)
+
+
+def test_a_state_whose_own_fields_are_not_instants_or_not_its_own_is_refused() -> None:
+    state = Story().create(start=T0 + timedelta(hours=1)).state
+    assert state.policy is not None
+    body = orjson.loads(sc.encode_schedule(state))
+    shapes = shapes_of(state)
+    for own, why in (({"start": "soon"}, "no instants"), ({"lease": 3}, "own fields"),
+                     ({}, "own fields"), ("x", "own fields")):
+        st._POLICIES.clear()
+        body[4] = [*body[4][:3], own]
+        with pytest.raises(sc.StateDecodeError, match=why):
+            sc.decode_schedule(body, shapes)
+
+
 def test_a_shape_whose_stored_hash_is_not_its_own_is_refused() -> None:
     state = Story().create().state
     assert state.policy is not None

@@ -4,7 +4,7 @@ whose idle ones are held as their snapshot bytes, hydrated exactly as they were.
 from __future__ import annotations
 
 import tracemalloc
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -159,9 +159,10 @@ def test_cool_then_warm_round_trips_every_state(plans: list[tuple[float, int]],
 
 @pytest.mark.long(6)
 def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
-    # given 25,000 idle hourly and daily schedules with distinct job params, one template
-    # each encoded, so building them is not decide's cost (the cost per schedule is the
-    # same at 100,000: the keys' table is a fixed share of each entry)
+    # given 25,000 idle hourly and daily schedules with distinct job params and each its
+    # own start, one template each encoded, so building them is not decide's cost (the
+    # cost per schedule is the same at 100,000: the keys' table is a fixed share of each
+    # entry)
     n = 25_000
     templates = [created("h", every=3600.0), created("d", every=86400.0)]
     st = store()
@@ -181,9 +182,11 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
         base = tracemalloc.get_traced_memory()[0]
         for i in range(n):
             body = list(bodies[i % 2])
-            spec_h, shape_h, _ = body[_REF]
+            spec_h, shape_h, _, own = body[_REF]
             body[_ID] = f"s{i:06d}"
-            body[_REF] = [f"{spec_h[:-6]}{i:06d}", shape_h, {"customer": f"c-{i:06d}"}]
+            start = datetime.fromisoformat(own["start"]) + timedelta(seconds=i)
+            body[_REF] = [f"{spec_h[:-6]}{i:06d}", shape_h, {"customer": f"c-{i:06d}"},
+                          {"start": start.isoformat().replace("+00:00", "Z")}]
             cold.put_cold(f"acme/s{i:06d}", heads[i % 2] + pack(orjson.dumps(body)))
         used = tracemalloc.get_traced_memory()[0] - base
     finally:
@@ -194,6 +197,9 @@ def test_an_idle_schedule_costs_at_most_500_bytes_cold() -> None:
     got = cold.get("acme/s000007")
     assert got is not None and got.schedule_id == "s000007"
     assert got.policy is not None and got.policy.job.params == {"customer": "c-000007"}
+    daily = templates[1].policy
+    assert daily is not None and daily.spec.start is not None
+    assert got.policy.spec.start == daily.spec.start + timedelta(seconds=7)
 
 
 def test_sealed_bytes_say_whether_the_state_is_quiet_and_when_it_wakes() -> None:
