@@ -233,7 +233,7 @@ class Restorer:
                     await self.dead_letters.put(rec, exc)
             offset = recs[-1].offset + 1
             unswept += len(recs)
-            self._bound_hot(ps, takeover)
+            await self._bound_hot(ps, takeover)
             if unswept >= RESTORE_SWEEP_EVENTS and not gc.isenabled():
                 # collection is paused for the restore (``gc_paused``), but a long fold's
                 # reads leave cyclic garbage (the Kafka client's fetches): 1.7 million events
@@ -250,15 +250,22 @@ class Restorer:
         takeover.tail_events = folder.folded
         return dirty, max(offset, folder.fold_from), last_event
 
-    def _bound_hot(self, ps: PartitionTask, takeover: Takeover) -> None:
+    async def _bound_hot(self, ps: PartitionTask, takeover: Takeover) -> None:
         """Cool the idle states the fold touched once more than ``restore_hot_max`` are hot
-        (a state folded again later is hydrated again by ``get``)."""
+        (a state folded again later is hydrated again by ``get``), ``cool_per_step`` at a
+        time with a turn of the event loop between: cooling 50,000 states at once held the
+        loop for seconds on a loaded machine — longer than a SQLite group's session, so the
+        processor fell out of its group in the middle of its take-overs, and a group of
+        processors starting on 10 million schedules handed partitions round and round."""
         states = ps.states
         takeover.hot_peak = max(takeover.hot_peak, states.hot)
-        if states.hot > self.config.restore_hot_max and states.cooling:
-            cooled = len(states.cool(self.clock()))
+        if states.hot <= self.config.restore_hot_max:
+            return
+        while states.cooling:
+            cooled = len(states.cool(self.clock(), self.config.cool_per_step))
             takeover.cooled += cooled
             self.stats.cooled += cooled
+            await asyncio.sleep(0)
 
     async def _restore_replies(self, ps: PartitionTask) -> None:
         topic = self.topics.replies
