@@ -46,8 +46,10 @@ partition whose fetched records are still buffered is left out of the next reque
 consumer drained a partition, new records there are fetched only after the request in flight
 (built without that partition) returns — after up to ``fetch.max.wait.ms`` when the other
 partitions are quiet. Group consumers therefore use a short wait (``fetch_max_wait_ms``,
-default 10 ms instead of aiokafka's 100; measured in docs/run-path.md). The cost is up to 100
-empty fetches per second per idle consumer.
+default 10 ms instead of aiokafka's 100; measured in docs/run-path.md) while records flow, and
+aiokafka's 500 ms once they fetched nothing for a second (``chronolog.log.kafka_fetch_wait``):
+an idle consumer's request names every partition, so the broker answers it as soon as records
+arrive, and the short wait would only buy up to 100 empty fetches per second per consumer.
 
 Within ``commit`` the consumed offsets (AddOffsetsToTxn + TxnOffsetCommit) are queued right
 after the records, so they travel while ``then()`` waits for the records' acks.
@@ -121,6 +123,7 @@ from chronolog.log.durability import (
     durability_problems,
 )
 from chronolog.log.kafka_config import NO_AUTH, PRUNED_SEGMENT_MS, KafkaAuth
+from chronolog.log.kafka_fetch_wait import fetch_wait_ms, wait_long_when_idle
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
     Fenced,
@@ -849,6 +852,7 @@ class KafkaEventLog:
                     **self.auth.client_kwargs(),
                 )
                 await start_client(consumer, self._bound_s, "reader connect")
+                wait_long_when_idle(consumer)
                 reader = _Reader(consumer)
                 self._readers.append(reader)
         if reader is None:
@@ -1495,8 +1499,14 @@ class KafkaGroupConsumer:
         if self._started:
             return
         await start_client(self._consumer, self._log._bound_s, "group consumer connect")
+        wait_long_when_idle(self._consumer)
         self._consumer.subscribe(self.topics, listener=_Listener(self))
         self._started = True
+
+    def fetch_wait_ms(self) -> int | None:
+        """The fetch wait its next request asks of the broker (``chronolog.log.kafka_fetch_wait``:
+        long while idle, short while records flow); None before it started."""
+        return fetch_wait_ms(self._consumer)
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}

@@ -1041,18 +1041,27 @@ class SqliteGroupConsumer:
     def _upsert_member(
         conn: sqlite3.Connection, group: str, member_id: str, topics: str, until: float
     ) -> dict[str, int]:
-        """Renew the membership; returns the partition counts of the member's topics."""
+        """Renew the membership; returns the partition counts of the member's topics.
+
+        Only a change of membership rings the doorbell (this member joining or changing its
+        topics, lapsed members removed): a renewal alone changes no assignment, and ringing
+        on each one woke every reader of the file twice a second per member. A member back
+        from a lapse (its row expired but not yet removed) is a change too."""
         _begin(conn)
+        now = time.time()
+        had = conn.execute("SELECT topics, heartbeat_until FROM members WHERE grp = ? AND "
+                           "member_id = ?", (group, member_id)).fetchone()
         conn.execute(
             "INSERT INTO members (grp, member_id, topics, heartbeat_until) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (grp, member_id) DO UPDATE SET topics = excluded.topics, "
             "heartbeat_until = excluded.heartbeat_until",
             (group, member_id, topics, until),
         )
-        conn.execute(
-            "DELETE FROM members WHERE grp = ? AND heartbeat_until < ?", (group, time.time())
-        )
-        _rings(conn, ALL)  # membership: every consumer of the group may rebalance
+        gone = conn.execute(
+            "DELETE FROM members WHERE grp = ? AND heartbeat_until < ?", (group, now)
+        ).rowcount
+        if had is None or had[0] != topics or had[1] <= now or gone:
+            _rings(conn, ALL)  # membership: every consumer of the group may rebalance
         names = json.loads(topics)
         counts = conn.execute(
             f"SELECT topic, partitions FROM topics WHERE topic IN ({','.join('?' * len(names))})",
@@ -1288,7 +1297,7 @@ class SqliteEventLog:
         heartbeat_interval_s: float = 0.5,
         poll_min_s: float = 0.002,
         poll_max_s: float = 0.02,
-        poll_idle_s: float = 0.1,
+        poll_idle_s: float = 0.5,
     ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"bad synchronous mode {synchronous!r}")

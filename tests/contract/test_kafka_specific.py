@@ -20,6 +20,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
 from chronolog.log.kafka import KafkaEventLog
+from chronolog.log.kafka_fetch_wait import IDLE_WAIT_MS
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import (
     Fenced,
@@ -409,3 +410,22 @@ async def test_records_written_with_each_compression_read_back_the_same(
             (s.key, s.value, s.headers) for s in sent]
     finally:
         await log.close()
+
+
+async def test_an_idle_group_consumer_long_polls_and_one_fetching_records_polls_short(
+    klog: KafkaEventLog,
+) -> None:
+    t = klog.topics
+    gc = klog.group_consumer("idle", [t.commands], "m1")
+    await gc.start()
+    try:
+        assert gc.fetch_wait_ms() == IDLE_WAIT_MS  # nothing fetched yet
+        await klog.append([OutRecord(t.commands, key=b"k", value=b"v", partition=1)])
+        got = await wait_until(lambda: gc.getmany(timeout_ms=1000), 30, what="the record")
+        assert [r.value for r in got] == [b"v"]
+        # the response that brought the record turned the wait short, and no record for
+        # IDLE_AFTER_S turns it long again
+        assert gc.fetch_wait_ms() == klog.fetch_max_wait_ms < IDLE_WAIT_MS
+        await wait_until(lambda: gc.fetch_wait_ms() == IDLE_WAIT_MS, 30, what="idle again")
+    finally:
+        await gc.close()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.port import WAKE_HEADER, OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
+from support.polling import wait_until
 
 
 def _two_topics_on_different_bits(prefix: str) -> tuple[str, str]:
@@ -101,3 +103,42 @@ async def test_a_record_with_a_wake_header_rings_its_name_instead_of_its_topic(
                                                    headers=((WAKE_HEADER, client.encode()),)),
                            (client, topics.replies))
     assert rung == (True, False)
+
+
+def _heartbeat_until(path: Path, member_id: str) -> float:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        row = conn.execute("SELECT heartbeat_until FROM members WHERE member_id = ?",
+                           (member_id,)).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+async def test_a_group_membership_renewed_rings_nobody_and_a_member_joining_rings_everybody(
+    tmp_path: Path
+) -> None:
+    topics = Topics(prefix="t.", partitions=2)
+    path = tmp_path / "log.db"
+    async with _bell_and_writer(tmp_path, topics) as (bell, _writer):
+        log = SqliteEventLog(path, topics, heartbeat_interval_s=0.05)
+        await log.start()
+        first = log.group_consumer("g", [topics.commands], "m1")
+        second = log.group_consumer("g", [topics.commands], "m2")
+        try:
+            before = bell.mark(ALL)
+            await first.start()
+            await bell.wait(before, 30, ALL)
+            assert bell.mark(ALL) != before  # joining rings
+            # renewals: heartbeat_until moves on, several times, without a ring
+            quiet = bell.mark(ALL)
+            renewed = _heartbeat_until(path, "m1")
+            for _ in range(3):
+                renewed = await wait_until(
+                    lambda r=renewed: (u := _heartbeat_until(path, "m1")) > r and u, 30,
+                    what="a renewal")
+            assert bell.mark(ALL) == quiet
+            await second.start()
+            await bell.wait(quiet, 30, ALL)
+            assert bell.mark(ALL) != quiet  # the second member joining rings
+        finally:
+            await second.close()
+            await first.close()
+            await log.close()
