@@ -35,6 +35,7 @@ Conventions, read from the docs themselves:
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import os
 import re
@@ -53,7 +54,7 @@ from support.net import free_port
 from support.polling import wait_until_sync
 
 from .conftest import ROOT
-from .pgdb import module_database
+from .pgdb import create_database, drop_database, module_database
 from .test_wire_contract import _wait_for_topic
 from .test_wire_contract import processor as processor  # a fixture
 
@@ -363,3 +364,30 @@ async def test_the_kafka_producer_example_creates_a_schedule(processor: str,
     assert r.returncode == 0, r.stderr[-3000:]
     reply = ast.literal_eval(r.stdout.strip())  # the example prints the reply as a dict
     assert reply["status"] == "ok" and reply["command_id"].startswith("cmd-"), reply
+
+
+def test_the_idle_benchmark_runs_small(database_url: str) -> None:
+    """docs/performance.md, "An idle deployment": its SQLite command without the services
+    wrapper (the suite's are up), on a database of its own, its sizes made small; it reports
+    every process's share of a core."""
+    (block,) = [b for b in all_doc_blocks(ROOT)
+                if b.key == ("docs/performance.md", "An idle deployment", 0)]
+    (line,) = [ln for ln in block.text.splitlines() if "--log sqlite" in ln]
+    words = shlex.split(line)
+    command = words[words.index("--") + 1:]
+    assert command[:2] == [".venv/bin/python", "bench/idle.py"], command
+    flags = dict(zip(command[2::2], command[3::2], strict=True))
+    flags.update({"--warm": "3", "--seconds": "2", "--runs": "1"})
+    dsn = asyncio.run(create_database(database_url, "test_idle"))
+    try:
+        r = subprocess.run([str(VENV_BIN / "python"), "bench/idle.py",
+                            *[w for kv in flags.items() for w in kv], "--database-url", dsn],
+                           cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    finally:
+        asyncio.run(drop_database(database_url, dsn))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    header, *rows = [ln.split() for ln in r.stdout.splitlines()[1:]]
+    assert header == ["processor", "projector", "worker", "api", "total"], r.stdout
+    shares = [float(v.rstrip("%")) for v in rows[-1][:5]]
+    assert rows[-1][-1] == "median" and all(0 < s < 100 for s in shares[:4]), r.stdout
+    assert abs(sum(shares[:4]) - shares[4]) < 0.5, r.stdout

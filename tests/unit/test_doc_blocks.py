@@ -36,6 +36,7 @@ NAMED: dict[tuple[str, str, int], str] = {
     ("docs/performance.md", "Storage per run", 0): _BENCH,
     ("docs/performance.md", "Storage per run", 1): _BENCH,
     ("docs/performance.md", "The audit", 0): _BENCH,
+    ("docs/performance.md", "An idle deployment", 0): _BENCH,
     ("docs/performance.md", "The other benchmarks", 0): _BENCH,
     ("docs/deployment.md", "Chaos", 0): _BENCH,
     ("docs/deployment.md", "Operations", 3):
