@@ -65,9 +65,10 @@ Consumer groups
     ``on_revoked`` — like aiokafka's ``stop()``.
 
 Async
-    Each log has two connections, each driven by its own single-thread executor: a writer
-    (all transactions) and a reader (all queries), so polling readers never queue behind a
-    writer that waits for the database lock. ``read(timeout_ms=...)`` and ``getmany`` check
+    Each log has three connections, each driven by its own single-thread executor: a writer
+    (all transactions but one kind), a reader (all queries), so polling readers never queue
+    behind a writer that waits for the database lock, and a writer of group heartbeats, so a
+    renewal never queues behind long commits. ``read(timeout_ms=...)`` and ``getmany`` check
     ``PRAGMA data_version`` (a counter that moves when another connection commits) and only
     re-run their queries when it moved. Between checks they wait on the log's doorbell
     (``chronolog.log.doorbell``), which every writer rings after each commit, so a reader
@@ -1020,7 +1021,7 @@ class SqliteGroupConsumer:
         lapsed = (self._started
                   and loop.time() - self._last_heartbeat > self._log.session_timeout_s)
         until = time.time() + self._log.session_timeout_s
-        counts = await self._log._w.run(
+        counts = await self._log._hb.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
         )
         cache = self._log._partitions
@@ -1314,6 +1315,13 @@ class SqliteEventLog:
         self._w = _Conn(str(self.path), "sqlite-log-w", busy_timeout_ms, self.synchronous,
                         writer=True, after_write=self._bell.ring)
         self._r = _Conn(str(self.path), "sqlite-log-r", busy_timeout_ms, self.synchronous)
+        # Group heartbeats on a writer of their own (opened by the first): queued behind the
+        # commits on ``_w`` — a processor's snapshot chunks of millions of schedules, seconds
+        # each — a member's renewals came later than its session and the others took its
+        # partitions mid-take-over. ``synchronous=NORMAL``: a renewal lost to a power cut
+        # is only a renewal; no fsync each (the next FULL commit makes it durable anyway).
+        self._hb = _Conn(str(self.path), "sqlite-log-hb", busy_timeout_ms, "NORMAL",
+                         writer=True, after_write=self._bell.ring)
         self._partitions = _TopicCache()  # topic -> partition count; compacted topics
         self._consumers: set[SqliteGroupConsumer] = set()
         self._started = False
@@ -1364,6 +1372,7 @@ class SqliteEventLog:
             await consumer.close()
         self._closed = True
         await self._w.close()
+        await self._hb.close()
         await self._r.close()
         self._bell.close()
 

@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -626,3 +627,33 @@ async def test_one_append_of_thousands_of_records_keeps_their_order_and_offsets(
     records = await log.read(t.events, 3, 0, max_records=10_000)
     assert [r.value for r in records] == [b"r%d" % i for i in range(n)]
     assert [r.offset for r in records] == list(range(n))
+
+
+async def test_a_group_member_stays_in_while_its_logs_writer_is_held_longer_than_a_session(
+    log: SqliteEventLog, db: Path, topics: Topics
+) -> None:
+    """Heartbeats have a writer of their own: a commit that holds the log's writer for
+    longer than the group session (a processor's snapshot chunk of millions of schedules)
+    does not delay the member's renewals, and nobody takes its partitions meanwhile."""
+    member = log.group_consumer("g", [topics.commands], "m1")
+    await member.start()
+    try:
+        held = 3 * log.session_timeout_s
+        until_before = _heartbeat_until(db, "m1")
+        hold = asyncio.create_task(log._w.run(lambda _conn: time.sleep(held)))
+        renewals: list[float] = []
+        while not hold.done():
+            renewals.append(_heartbeat_until(db, "m1"))
+            assert member.joined() and len(member.assignment()) == PARTITIONS
+            await asyncio.wait({hold}, timeout=log.heartbeat_interval_s)
+        await hold
+        assert renewals[-1] - until_before >= held - log.session_timeout_s, renewals
+    finally:
+        await member.close()
+
+
+def _heartbeat_until(db: Path, member_id: str) -> float:
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("SELECT heartbeat_until FROM members WHERE member_id = ?",
+                           (member_id,)).fetchone()
+    return float(row[0]) if row else 0.0
