@@ -11,7 +11,10 @@ One *pass*:
 
 1. read up to ``batch_max`` events across the partitions (each partition from its next
    offset, ``batch_max / P`` records at most, the reads run concurrently; when the previous
-   pass found nothing the reads wait up to ``idle_ms`` for new records instead of spinning);
+   pass found nothing the reads wait up to ``idle_ms`` for new records instead of spinning,
+   and the pass takes the first partition's records to come while the other reads go on
+   waiting: an idle projector keeps one read per partition waiting, not a pass every
+   ``idle_ms``);
 2. decode each record (``codec.decode_event``) and fold the batch with the pure
    ``project_batch`` (both while the previous batch is being written) — partition order is
    kept; across partitions order does not matter because every row (schedule, run, attempt,
@@ -127,7 +130,7 @@ __all__ = ["Commit", "Projector", "ProjectorStats", "Watermark", "decode_and_pro
 log = structlog.get_logger("chronolog.projector")
 
 DEFAULT_BATCH = 5000
-DEFAULT_IDLE_MS = 100
+DEFAULT_IDLE_MS = 1000
 DEFAULT_DISCOVER_S = 2.0  # how often the projector looks for partitions added to events
 DEFAULT_PRUNE_EVERY_S = 10.0  # how often finished runs past their retention are pruned
 PROGRESS_EVERY_S = 5.0  # between two publications of the stored offsets on the log
@@ -536,25 +539,37 @@ class Projector:
         # handovers applied, or in the batches queued ahead of the next one (which are
         # applied first, or dropped with it on a conflict)
         known = dict(self._handed)
+        waiting: dict[int, asyncio.Task[list[Record]]] = {}  # reads that wait for records
         idle = False
-        while True:
-            batch = await self._read(position, self.idle_ms if idle else 0, known)
-            if not batch.ends:
-                idle = True
-                # a read of records the log's client fetched already need not suspend: the
-                # loop must not hold the event loop (stop, the writer) while nothing moves
-                await asyncio.sleep(0)
-                continue
-            idle = False
-            position.update(batch.ends)
-            for p, v in batch.handed.items():
-                known[p] = max(known.get(p, 0), v)
-            await queue.put(batch)
+        try:
+            while True:
+                batch = await self._read(position, self.idle_ms if idle else 0, known,
+                                         waiting)
+                if not batch.ends:
+                    idle = True
+                    # a read of records the log's client fetched already need not suspend:
+                    # the loop must not hold the event loop (stop, the writer) meanwhile
+                    await asyncio.sleep(0)
+                    continue
+                idle = False
+                position.update(batch.ends)
+                for p, v in batch.handed.items():
+                    known[p] = max(known.get(p, 0), v)
+                await queue.put(batch)
+        finally:
+            for task in waiting.values():
+                await _cancel(task)
 
     async def step(self, wait_ms: int = 0) -> int:
         """One pass without read-ahead (tests, tools): the number of events applied."""
         await self.start()
-        batch = await self._read(dict(self._offsets), wait_ms, dict(self._handed))
+        waiting: dict[int, asyncio.Task[list[Record]]] = {}
+        try:
+            batch = await self._read(dict(self._offsets), wait_ms, dict(self._handed), waiting,
+                                     first=False)
+        finally:
+            for task in waiting.values():
+                await _cancel(task)
         if not batch.ends:
             return 0
         try:
@@ -624,22 +639,42 @@ class Projector:
             "AND topic = $2 AND partition = ANY($3::integer[])", self.store.projection,
             self.topic, self._owned)
 
-    async def _read(self, start: dict[int, int], wait_ms: int, known: dict[int, int]
+    async def _read(self, start: dict[int, int], wait_ms: int, known: dict[int, int],
+                    waiting: dict[int, asyncio.Task[list[Record]]], *, first: bool = True
                     ) -> _Batch:
         """Read, decode and project one batch, each partition from ``start``, cut at the move
         barrier: ``known`` are the handovers applied before this batch (updated from the
-        database when a partition waits for one it does not know of)."""
+        database when a partition waits for one it does not know of).
+
+        ``waiting``: the reads still in flight, by partition, kept from one call to the next
+        (the caller cancels them when it stops). With ``wait_ms`` a read waits up to that
+        long for records, and this returns as soon as any partition has some: the others go
+        on waiting — a read per partition, not a pass per ``wait_ms``, and a partition's
+        records are not held back until every other partition's wait has run out (not
+        ``first``: it waits for every read). Without ``wait_ms``, the reads it starts return
+        at once and are all taken (with any waiting read that has finished)."""
         await self._discover()
         reading = await self._unheld(start, known)
+        for p in [p for p in waiting if p not in reading]:
+            await _cancel(waiting.pop(p))  # held at the move barrier since, or no longer owned
         n = max(1, len(self._owned))
         per_partition = max(1, self.batch_max // n)
         if not reading and wait_ms:
             await asyncio.sleep(wait_ms / 1000)  # every partition waits for another's handover
-        reads = await asyncio.gather(*(
-            self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms)
-            for p in reading
-        ))
-        read = {p: records for p, records in zip(reading, reads, strict=True) if records}
+        started = [p for p in reading if p not in waiting]
+        for p in started:
+            waiting[p] = asyncio.create_task(
+                self.log.read(self.topic, p, start.get(p, 0), per_partition, wait_ms),
+                name=f"projector-read-{p}")
+        if waiting:
+            if wait_ms:
+                await asyncio.wait(waiting.values(), return_when=asyncio.FIRST_COMPLETED
+                                   if first else asyncio.ALL_COMPLETED)
+            elif started:
+                await asyncio.wait([waiting[p] for p in started])
+        done = [p for p in reading if p in waiting and waiting[p].done()]
+        reads = [waiting.pop(p).result() for p in done]  # a failed read ends the reader
+        read = {p: records for p, records in zip(done, reads, strict=True) if records}
         kept, envelopes, dead = decode_records(read)
         held = cut_batch(read, kept, envelopes, dead, known)
         if held:

@@ -104,6 +104,26 @@ async def test_restart_resumes_from_the_stored_offsets(
     assert a == b
 
 
+async def test_an_idle_projector_projects_a_partitions_events_while_the_other_reads_wait(
+    event_log: Any, module_dsn: str, stores: list[PostgresProjectionStore]
+) -> None:
+    """Reads that wait up to a minute for records: a schedule's events are projected as they
+    come, not once every other partition's read has run out (a pass per ``idle_ms``), and a
+    stop does not wait for those reads either."""
+    store = await open_store(module_dsn, stores)
+    pr = Projector(event_log, store, batch_max=40, idle_ms=60_000)
+    task = asyncio.create_task(pr.run())
+    try:
+        async with Running(event_log) as r:
+            await r.client.create_schedule("acme", "one", SPEC)
+            await wait_until(lambda: pr.stats.events >= 1, 30, what="the create projected")
+            assert await store.pool.fetchval(
+                "SELECT count(*) FROM schedules WHERE schedule_id = 'one'") == 1
+    finally:
+        pr.stop()
+        await asyncio.wait_for(task, 30)
+
+
 async def _more(lg: Any, n: int) -> bool:
     return await _event_count(lg) >= n
 
