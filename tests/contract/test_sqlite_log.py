@@ -8,6 +8,7 @@ condition read from the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import random
@@ -72,7 +73,9 @@ class Child:
 
     def kill9(self) -> None:
         if self.proc.returncode is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            # it may have exited already, not yet reaped by the event loop: nothing to kill
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
 
 
 Spawn = Callable[..., Awaitable[Child]]

@@ -93,7 +93,11 @@ async def test_schedule_list_and_runs_across_schedules_print_the_apis_lists(
                            ("ping-2", "SUCCEEDED"), ("rep-1", "SUCCEEDED"),
                            ("rep-2", "SUCCEEDED")], timeout=60)
 
-        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as http:
+        # a connection per request: between two of them a CLI call can take longer than
+        # the server keeps an idle connection (5 s), and a request sent on one it is closing
+        # fails ("Server disconnected without sending a response")
+        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30,
+                                     limits=httpx.Limits(max_keepalive_connections=0)) as http:
             async def same(path: str, params: dict[str, str], *argv: str) -> Any:
                 """The CLI prints the API's body for the same query (nothing moves now)."""
                 doc = await cli.ok(*argv)
