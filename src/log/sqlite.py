@@ -64,6 +64,14 @@ Consumer groups
     with Kafka. ``close()`` leaves the group (deletes the row) without calling
     ``on_revoked`` — like aiokafka's ``stop()``.
 
+    The heartbeats run on the event loop, which a processor can hold for seconds (a snapshot
+    chunk of a partition of a million schedules encoded, states installed after a restore).
+    Like Kafka's background heartbeat thread, a *keep-alive* thread per member renews a live
+    membership whose loop has not for two heartbeat intervals — it only moves
+    ``heartbeat_until`` of a row that has not expired, it never rejoins — as long as the
+    member polled (``getmany``) within ``max_poll_interval_s`` (Kafka's
+    ``max.poll.interval.ms``): a process whose loop is stuck for good leaves the group.
+
 Async
     Each log has three connections, each driven by its own single-thread executor: a writer
     (all transactions but one kind), a reader (all queries), so polling readers never queue
@@ -103,6 +111,7 @@ import os
 import random
 import sqlite3
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -374,6 +383,10 @@ class _Conn:
         """Run ``fn(conn, *args)`` on this connection's thread, mapping SQLite errors."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``run`` for a caller on another thread than the event loop's (blocks it)."""
+        return self._executor.submit(functools.partial(self._call, fn, *args)).result()
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._conn is None:
@@ -993,6 +1006,12 @@ class SqliteGroupConsumer:
         self._positions: dict[TP, int] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._last_heartbeat = 0.0  # loop time of the last successful heartbeat
+        # the keep-alive thread's last renewal and the last getmany (time.monotonic, the
+        # clock of the event loop's time())
+        self._renewed_at = 0.0
+        self._polled_at = 0.0
+        self._keepalive: threading.Thread | None = None
+        self._keepalive_stop = threading.Event()
         self._last_version: int | None = None
         self._dirty = True  # positions or assignment changed since the last query
         self._expired = False  # our membership lapsed: revoke everything, then rejoin
@@ -1013,13 +1032,17 @@ class SqliteGroupConsumer:
         self._heartbeat_task = asyncio.create_task(
             self._heartbeat_loop(), name=f"sqlite-heartbeat-{self.group}-{self.member_id}"
         )
+        self._polled_at = time.monotonic()
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, name=f"sqlite-keepalive-{self.member_id}", daemon=True)
+        self._keepalive.start()
         members = await self._log._r.run(self._live_members)
         await self._rebalance(members)
 
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
         lapsed = (self._started
-                  and loop.time() - self._last_heartbeat > self._log.session_timeout_s)
+                  and loop.time() - self._alive_at() > self._log.session_timeout_s)
         until = time.time() + self._log.session_timeout_s
         counts = await self._log._hb.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
@@ -1069,6 +1092,38 @@ class SqliteGroupConsumer:
             names).fetchall()
         conn.execute("COMMIT")
         return {str(t): int(n) for t, n in counts}
+
+    def _alive_at(self) -> float:
+        """When the membership was last renewed, by the event loop or the keep-alive."""
+        return max(self._last_heartbeat, self._renewed_at)
+
+    def _keep_alive(self) -> None:
+        """The keep-alive thread: renew a live membership whose event loop has not (module
+        docstring, "Groups"), while the member polled within ``max_poll_interval_s``."""
+        log_ = self._log
+        while not self._keepalive_stop.wait(log_.heartbeat_interval_s):
+            now = time.monotonic()
+            if (self._closed or now - self._polled_at > log_.max_poll_interval_s
+                    or now - self._alive_at() < 2 * log_.heartbeat_interval_s):
+                continue  # stopped polling, or the loop's own heartbeats keep up
+            try:
+                renewed = log_._hb.call(self._extend, self.group, self.member_id,
+                                        time.time() + log_.session_timeout_s)
+            except Exception:  # noqa: BLE001 - the loop's heartbeats log their failures
+                continue
+            if renewed:
+                self._renewed_at = now
+
+    @staticmethod
+    def _extend(conn: sqlite3.Connection, group: str, member_id: str, until: float) -> bool:
+        """Move a live membership's expiry to ``until``; never revive a lapsed one (that is
+        the event loop's heartbeat, which rejoins). No ring: the membership is the same."""
+        _begin(conn)
+        cur = conn.execute("UPDATE members SET heartbeat_until = ? WHERE grp = ? AND "
+                           "member_id = ? AND heartbeat_until > ?",
+                           (until, group, member_id, time.time()))
+        conn.execute("COMMIT")
+        return cur.rowcount == 1
 
     async def _heartbeat_loop(self) -> None:
         interval = self._log.heartbeat_interval_s
@@ -1162,7 +1217,7 @@ class SqliteGroupConsumer:
     def joined(self) -> bool:
         if not self._started or self._closed or self._expired:
             return False
-        age = asyncio.get_running_loop().time() - self._last_heartbeat
+        age = asyncio.get_running_loop().time() - self._alive_at()
         return age <= self._log.session_timeout_s
 
     def _poll(
@@ -1192,6 +1247,7 @@ class SqliteGroupConsumer:
         if self._closed:
             raise LogError("group consumer closed")
         loop = asyncio.get_running_loop()
+        self._polled_at = time.monotonic()
         deadline = loop.time() + max(timeout_ms, 0) / 1000
         delay = self._log.poll_min_s
         while True:
@@ -1256,6 +1312,9 @@ class SqliteGroupConsumer:
         if self._closed:
             return
         self._closed = True
+        self._keepalive_stop.set()
+        if self._keepalive is not None:
+            await asyncio.to_thread(self._keepalive.join, 10)
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             try:
@@ -1296,6 +1355,7 @@ class SqliteEventLog:
         busy_timeout_ms: int = 10_000,
         session_timeout_s: float = 4.0,
         heartbeat_interval_s: float = 0.5,
+        max_poll_interval_s: float = 120.0,
         poll_min_s: float = 0.002,
         poll_max_s: float = 0.02,
         poll_idle_s: float = 0.5,
@@ -1307,6 +1367,7 @@ class SqliteEventLog:
         self.synchronous = synchronous.upper()
         self.session_timeout_s = session_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_poll_interval_s = max_poll_interval_s
         self.poll_min_s = poll_min_s
         self.poll_max_s = poll_max_s
         self.poll_idle_s = poll_idle_s

@@ -660,3 +660,50 @@ def _heartbeat_until(db: Path, member_id: str) -> float:
         row = conn.execute("SELECT heartbeat_until FROM members WHERE member_id = ?",
                            (member_id,)).fetchone()
     return float(row[0]) if row else 0.0
+
+
+async def test_a_group_member_whose_event_loop_is_held_stays_in_through_its_keep_alive(
+    log: SqliteEventLog, db: Path, topics: Topics
+) -> None:
+    """The event loop held for three sessions (a processor encoding a snapshot chunk): the
+    keep-alive thread renews the membership meanwhile, so the member is still in with all
+    its partitions and nothing was revoked."""
+    revoked: list[set[tuple[str, int]]] = []
+
+    async def on_revoked(parts: set[tuple[str, int]]) -> None:
+        revoked.append(parts)
+
+    member = log.group_consumer("g", [topics.commands], "m1", on_revoked=on_revoked)
+    await member.start()
+    try:
+        await member.getmany(timeout_ms=0)
+        before = _heartbeat_until(db, "m1")
+        time.sleep(3 * log.session_timeout_s)  # noqa: ASYNC251 - the fault: the loop held
+        after = _heartbeat_until(db, "m1")
+        assert after - before >= log.session_timeout_s, (before, after)
+        assert member.joined()
+        await member.getmany(timeout_ms=0)
+        assert revoked == [] and len(member.assignment()) == PARTITIONS
+    finally:
+        await member.close()
+
+
+async def test_a_member_that_stopped_polling_is_not_kept_alive(
+    db: Path, topics: Topics
+) -> None:
+    """The keep-alive renews only while the member polls (``max_poll_interval_s``): a
+    process whose loop is stuck for good leaves its group like a dead one."""
+    log = SqliteEventLog(db, topics, session_timeout_s=1.0, heartbeat_interval_s=0.2,
+                         max_poll_interval_s=0.5)
+    await log.start()
+    await log.ensure_topics()
+    member = log.group_consumer("g", [topics.commands], "m1")
+    await member.start()
+    try:
+        await member.getmany(timeout_ms=0)
+        time.sleep(3 * log.session_timeout_s)  # noqa: ASYNC251 - the loop held for good
+        assert _heartbeat_until(db, "m1") < time.time()  # expired: out of the group
+        assert not member.joined()
+    finally:
+        await member.close()
+        await log.close()
