@@ -90,8 +90,10 @@ async def _record_with_key(servers: str, topic: str, partition: int, key: bytes,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
+        # the topic's metadata first, within its own bound: on a loaded machine it took
+        # longer than a short ``timeout`` (the wait for records), which then never began
+        await _partitions_of(consumer, topic, time.monotonic() + 30)
         deadline = time.monotonic() + timeout
-        await _partitions_of(consumer, topic, deadline)
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
@@ -112,8 +114,10 @@ async def _events_of(servers: str, topic: str, partition: int, schedule_key: byt
     await consumer.start()
     found: list[dict[str, Any]] = []
     try:
+        # the topic's metadata first, within its own bound: on a loaded machine it took
+        # longer than a short ``timeout`` (the wait for records), which then never began
+        await _partitions_of(consumer, topic, time.monotonic() + 30)
         deadline = time.monotonic() + timeout
-        await _partitions_of(consumer, topic, deadline)
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
