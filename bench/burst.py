@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -91,19 +90,6 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
-
-
-def broker_pids(servers: str) -> list[int]:
-    """The PIDs listening on the bootstrap servers' ports (every broker of a cluster)."""
-    pids = []
-    for server in servers.split(","):
-        port = server.rsplit(":", 1)[1]
-        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True,
-                             text=True, check=False).stdout
-        found = re.search(r"pid=(\d+)", out)
-        if found and int(found.group(1)) not in pids:
-            pids.append(int(found.group(1)))
-    return pids
 
 
 async def live_members(cfg: LogConfig, group: str) -> int:
@@ -216,7 +202,7 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
                               if args.prefetch is not None else []),
                             "--results", str(run_dir / "results")],
                            run_dir / f"worker{i}.log", env))
-    kpids = broker_pids(cfg.target) if cfg.kind == "kafka" else []
+    kpids = B.broker_pids(cfg.target) if cfg.kind == "kafka" else []
     client = Client(lg, reply_timeout=120)
     await client.start()
     res: dict[str, Any] = {"system": f"chronolog-{args.log}"}

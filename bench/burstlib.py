@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import statistics
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -92,6 +94,19 @@ def cpu_seconds(pids: list[int]) -> float:
                 continue
             total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def broker_pids(servers: str) -> list[int]:
+    """The PIDs listening on the bootstrap servers' ports (every broker of a cluster)."""
+    pids = []
+    for server in servers.split(","):
+        port = server.rsplit(":", 1)[1]
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True,
+                             text=True, check=False).stdout
+        found = re.search(r"pid=(\d+)", out)
+        if found and int(found.group(1)) not in pids:
+            pids.append(int(found.group(1)))
+    return pids
 
 
 def wait_until(instant: float) -> None:

@@ -27,25 +27,10 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
+import burstlib as B
 
-HERE = Path(__file__).resolve().parent
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 ROLES = ("processor", "projector", "worker", "api")
-
-
-def cpu_s(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def broker_pid(servers: str) -> int | None:
-    """The PID listening on the first bootstrap server's port (a co-located broker)."""
-    port = int(servers.split(",")[0].rsplit(":", 1)[1])
-    for conn in psutil.net_connections("tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            return int(conn.pid)
-    return None
 
 
 def main() -> None:
@@ -79,8 +64,9 @@ def main() -> None:
                     [CHRONOLOG, role, *common, *extra[role]],
                     stdout=subprocess.DEVNULL, stderr=open(run / f"{role}.log", "wb"))
             pids = {role: p.pid for role, p in procs.items()}
-            if args.log == "kafka" and (broker := broker_pid(servers)) is not None:
-                pids["broker"] = broker
+            if args.log == "kafka":
+                pids.update(("broker" if i == 0 else f"broker{i + 1}", pid)
+                            for i, pid in enumerate(B.broker_pids(servers)))
             print(f"idle: log={args.log} {args.partitions} partitions, warm {args.warm:.0f} s, "
                   f"{args.runs} x {args.seconds:.0f} s; share of one core per process")
             print(" ".join(f"{k:>10}" for k in [*pids, "total"]))
@@ -90,10 +76,12 @@ def main() -> None:
                 for role, p in procs.items():
                     if p.poll() is not None:
                         sys.exit(f"{role} exited with {p.returncode}: see {run}/{role}.log")
-                before, t0 = {k: cpu_s(pid) for k, pid in pids.items()}, time.monotonic()
+                before = {k: B.cpu_seconds([pid]) for k, pid in pids.items()}
+                t0 = time.monotonic()
                 time.sleep(args.seconds)
                 elapsed = time.monotonic() - t0
-                share = {k: (cpu_s(pid) - before[k]) / elapsed for k, pid in pids.items()}
+                share = {k: (B.cpu_seconds([pid]) - before[k]) / elapsed
+                         for k, pid in pids.items()}
                 share["total"] = sum(share.values())
                 shares.append(share)
                 print(" ".join(f"{v:>9.1%}" for v in share.values()), flush=True)

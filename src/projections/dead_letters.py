@@ -32,7 +32,7 @@ from chronolog.domain import codec
 from chronolog.domain import limits as lim
 from chronolog.log.dead_letters import DeadLetters, named_by
 from chronolog.log.port import EventLog, Record
-from chronolog.projections.folding import fold_until_stopped
+from chronolog.projections.folding import IDLE_MS, fold_until_stopped
 from chronolog.projections.store import refused_for_its_data
 
 __all__ = ["CONSUMER", "DeadLetterFold", "LetterRow", "letter_row"]
@@ -52,12 +52,6 @@ _INSERT = (
     f"INSERT INTO dead_letters ({', '.join(_COLUMNS)}) "
     f"SELECT * FROM unnest({', '.join(f'${i}::{t}[]' for i, t in enumerate(_TYPES, 1))}) "
     "ON CONFLICT (consumer, source_topic, source_partition, source_offset) DO NOTHING")
-
-
-# While nothing comes, every partition of ``dlq`` is read again each IDLE_MS (a query of the
-# stored offsets and one read per partition; on Kafka each read asks the end offset too): 1 s
-# keeps an idle projector's share of a core low, and a view of this topic at most ~1 s late.
-IDLE_MS = 1000
 
 
 class BadLetter(ValueError):

@@ -557,8 +557,7 @@ class Projector:
                     known[p] = max(known.get(p, 0), v)
                 await queue.put(batch)
         finally:
-            for task in waiting.values():
-                await _cancel(task)
+            await _cancel_all(waiting.values())
 
     async def step(self, wait_ms: int = 0) -> int:
         """One pass without read-ahead (tests, tools): the number of events applied."""
@@ -568,8 +567,7 @@ class Projector:
             batch = await self._read(dict(self._offsets), wait_ms, dict(self._handed), waiting,
                                      first=False)
         finally:
-            for task in waiting.values():
-                await _cancel(task)
+            await _cancel_all(waiting.values())
         if not batch.ends:
             return 0
         try:
@@ -807,6 +805,12 @@ def _rules_of(rec: Record) -> RulesVersion | None:
 def _chain(groups: Iterable[list[m.EventEnvelope]]) -> Iterable[m.EventEnvelope]:
     for g in groups:
         yield from g
+
+
+async def _cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """``_cancel`` each of ``tasks`` (the reads left waiting when a reader stops)."""
+    for task in list(tasks):
+        await _cancel(task)
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

@@ -23,19 +23,13 @@ import structlog
 from chronolog.domain.membership import Announcement, BadAnnouncement
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog
-from chronolog.projections.folding import fold_until_stopped
+from chronolog.projections.folding import IDLE_MS, fold_until_stopped
 
 __all__ = ["WorkerDirectory"]
 
 log = structlog.get_logger("chronolog.workers_directory")
 
 BATCH = 500
-
-
-# While nothing comes, every partition of ``workers`` is read again each IDLE_MS (a query of the
-# stored offsets and one read per partition; on Kafka each read asks the end offset too): 1 s
-# keeps an idle projector's share of a core low, and a view of this topic at most ~1 s late.
-IDLE_MS = 1000
 
 
 class WorkerDirectory:

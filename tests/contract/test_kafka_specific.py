@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
 
+from chronolog.log import kafka_fetch_wait
 from chronolog.log.kafka import KafkaEventLog
 from chronolog.log.kafka_fetch_wait import IDLE_WAIT_MS
 from chronolog.log.partitioner import partition_for
@@ -413,9 +414,12 @@ async def test_records_written_with_each_compression_read_back_the_same(
 
 
 async def test_an_idle_group_consumer_long_polls_and_one_fetching_records_polls_short(
-    klog: KafkaEventLog,
+    klog: KafkaEventLog, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     t = klog.topics
+    # "idle" after a minute without records, so that a loaded machine cannot make the
+    # consumer idle again between the record's fetch and the check that follows it
+    monkeypatch.setattr(kafka_fetch_wait, "IDLE_AFTER_S", 60.0)
     gc = klog.group_consumer("idle", [t.commands], "m1")
     await gc.start()
     try:
@@ -426,6 +430,7 @@ async def test_an_idle_group_consumer_long_polls_and_one_fetching_records_polls_
         # the response that brought the record turned the wait short, and no record for
         # IDLE_AFTER_S turns it long again
         assert gc.fetch_wait_ms() == klog.fetch_max_wait_ms < IDLE_WAIT_MS
+        monkeypatch.setattr(kafka_fetch_wait, "IDLE_AFTER_S", 0.5)
         await wait_until(lambda: gc.fetch_wait_ms() == IDLE_WAIT_MS, 30, what="idle again")
     finally:
         await gc.close()

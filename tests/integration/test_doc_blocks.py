@@ -377,7 +377,8 @@ def test_the_idle_benchmark_runs_small(database_url: str) -> None:
     command = words[words.index("--") + 1:]
     assert command[:2] == [".venv/bin/python", "bench/idle.py"], command
     flags = dict(zip(command[2::2], command[3::2], strict=True))
-    flags.update({"--warm": "3", "--seconds": "2", "--runs": "1"})
+    # 5 s: long enough for each process's idle share (about 1 %) to be seen in CPU ticks
+    flags.update({"--warm": "3", "--seconds": "5", "--runs": "1"})
     dsn = asyncio.run(create_database(database_url, "test_idle"))
     try:
         r = subprocess.run([str(VENV_BIN / "python"), "bench/idle.py",
