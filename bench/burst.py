@@ -58,6 +58,7 @@ from chronolog.client import Client, NotFound
 from chronolog.domain import messages as m
 from chronolog.log.port import Topics
 from chronolog.log.reading import read_partition
+from chronolog.log.sqlite import group_path
 from chronolog.settings import LogConfig, open_log
 from chronolog.workers.runtime import worker_group
 
@@ -94,7 +95,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 async def live_members(cfg: LogConfig, group: str) -> int:
     if cfg.kind == "sqlite":
-        with sqlite3.connect(f"file:{cfg.target}?mode=ro", uri=True) as db:
+        with sqlite3.connect(f"file:{group_path(cfg.target)}?mode=ro", uri=True) as db:
             return db.execute("SELECT count(*) FROM members WHERE grp = ? AND heartbeat_until > ?",
                               (group, time.time())).fetchone()[0]
     from aiokafka.admin import AIOKafkaAdminClient

@@ -1,7 +1,8 @@
 """The data directory's files are its owner's alone.
 
-A data directory holds every tenant's data: the log (``log.db``, its ``-wal``/``-shm``, and
-``-writers``, where its writers take turns), staged results, the node file with a token, the
+A data directory holds every tenant's data: the log (``log.db``, its ``-wal``/``-shm``,
+``-writers``, where its writers take turns, and ``-group``, its consumer groups' membership),
+staged results, the node file with a token, the
 embedded PostgreSQL with its password.
 Another local user must read none of it, so chronolog creates them private from the first
 byte: the process umask is 077 (``private_umask``, set where a node or the command line

@@ -17,9 +17,10 @@ Schema (``PRAGMA user_version`` = 2)
     ts)`` WITHOUT ROWID, primary key (topic, partition, offset); ``log_ends(topic, partition,
     next_offset)`` — the next offset of every partition, updated in the appending
     transaction; ``group_offsets(grp, topic, partition, next_offset)``; ``owners(name, epoch,
-    owner_id, acquired_ms)`` — one row per ``<prefix>processor-p<n>``; ``members(grp,
-    member_id, topics, heartbeat_until)`` — consumer group membership. Version 2 added the
-    compacted topics (below); a version-1 file gets their tables when it is opened.
+    owner_id, acquired_ms)`` — one row per ``<prefix>processor-p<n>``. Version 2 added the
+    compacted topics (below); a version-1 file gets their tables when it is opened. Group
+    membership is in a file of its own beside the log (``<log>-group``, below); a
+    ``members`` table left in a log file by an older version is not used.
 
 Compacted topics
     A topic listed in ``compacted_topics`` (the ``state`` topic: ``Topics.compacted``) keeps
@@ -51,9 +52,10 @@ Ownership and fencing
     not needed for safety — the epoch check is what guarantees it.
 
 Consumer groups
-    Members upsert ``members(grp, member_id, topics, heartbeat_until)`` every
-    ``heartbeat_interval_s``; a member whose ``heartbeat_until`` (now + ``session_timeout_s``)
-    has passed is not live and its row is deleted by the next heartbeat of any member.
+    Members upsert ``members(grp, member_id, topics, heartbeat_until)`` in the *group file*
+    ``<log>-group`` (WAL, like the log) every ``heartbeat_interval_s``; a member whose
+    ``heartbeat_until`` (now + ``session_timeout_s``) has passed is not live and its row is
+    deleted by the next heartbeat of any member.
     Assignment is deterministic: for every topic, Kafka's *range* assignment of its
     partitions over the sorted ids of the live members subscribed to it (so partition p of
     co-partitioned topics goes to the same member). Every member recomputes it in
@@ -72,11 +74,22 @@ Consumer groups
     member polled (``getmany``) within ``max_poll_interval_s`` (Kafka's
     ``max.poll.interval.ms``): a process whose loop is stuck for good leaves the group.
 
+    Why a file of its own: a renewal is a write, and every write to one SQLite file waits
+    for that file's one write lock. In the log's file a renewal competed with every commit
+    of every process. A process whose event loop keeps the GIL busy (a processor folding a
+    partition of 800,000 schedules) takes each turn at the lock late, and while the other
+    processors committed back to back (their first snapshot rounds at 10,000,000
+    schedules) its renewals missed the lock for longer than the session: the group took its
+    partitions mid-take-over, again and again. In the group file a renewal waits only for
+    other renewals. A member's reader sees both files (the group file attached as ``grp``)
+    and recomputes the assignment when either changed (``data_version`` of both).
+
 Async
     Each log has three connections, each driven by its own single-thread executor: a writer
-    (all transactions but one kind), a reader (all queries), so polling readers never queue
-    behind a writer that waits for the database lock, and a writer of group heartbeats, so a
-    renewal never queues behind long commits. ``read(timeout_ms=...)`` and ``getmany`` check
+    (all transactions of the log), a reader (all queries; the group file attached), so
+    polling readers never queue behind a writer that waits for the database lock, and a
+    writer of the group file (heartbeats, joining, leaving), so a renewal never queues
+    behind the log's commits. ``read(timeout_ms=...)`` and ``getmany`` check
     ``PRAGMA data_version`` (a counter that moves when another connection commits) and only
     re-run their queries when it moved. Between checks they wait on the log's doorbell
     (``chronolog.log.doorbell``), which every writer rings after each commit, so a reader
@@ -186,13 +199,6 @@ CREATE TABLE IF NOT EXISTS owners (
     owner_id    TEXT NOT NULL,
     acquired_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS members (
-    grp             TEXT NOT NULL,
-    member_id       TEXT NOT NULL,
-    topics          TEXT NOT NULL,
-    heartbeat_until REAL NOT NULL,
-    PRIMARY KEY (grp, member_id)
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS compacted_topics (
     topic       TEXT PRIMARY KEY
 ) WITHOUT ROWID;
@@ -208,6 +214,24 @@ CREATE TABLE IF NOT EXISTS compacted (
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS compacted_by_key ON compacted (topic, partition, key);
 """
+
+# the group file's one table (module docstring, "Consumer groups")
+_GROUP_SCHEMA = """
+CREATE TABLE IF NOT EXISTS members (
+    grp             TEXT NOT NULL,
+    member_id       TEXT NOT NULL,
+    topics          TEXT NOT NULL,
+    heartbeat_until REAL NOT NULL,
+    PRIMARY KEY (grp, member_id)
+) WITHOUT ROWID
+"""
+GROUP_SUFFIX = "-group"  # beside the log file: its consumer groups' membership
+
+
+def group_path(path: str | Path) -> Path:
+    """The file holding the membership of the consumer groups of the log at ``path``."""
+    return Path(f"{path}{GROUP_SUFFIX}")
+
 
 _UPSERT_OFFSET = (
     "INSERT INTO group_offsets (grp, topic, partition, next_offset) VALUES (?, ?, ?, ?) "
@@ -236,7 +260,7 @@ _UPSERT_COMPACTED = (
 class _TopicCache(dict[str, int]):
     """topic -> partition count, and which topics are compacted. A count only grows
     (``add_partitions``); one cached by a process is refreshed when it meets a larger
-    partition number, and by its group consumers' heartbeats."""
+    partition number, and by its group consumers' polls."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -353,8 +377,10 @@ class _Conn:
     """One sqlite3 connection confined to one dedicated thread."""
 
     def __init__(self, path: str, name: str, busy_timeout_ms: int, synchronous: str,
-                 writer: bool = False, after_write: Callable[[int], None] | None = None) -> None:
+                 writer: bool = False, after_write: Callable[[int], None] | None = None,
+                 attach_group: str | None = None) -> None:
         self._path = path
+        self._attach_group = attach_group  # attached read-side as ``grp`` (its members)
         self._writer = writer
         self._after_write = after_write
         self._busy_timeout_ms = busy_timeout_ms
@@ -373,6 +399,8 @@ class _Conn:
         # opening may meet another process creating the file or switching it to WAL: wait
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        if self._attach_group is not None:
+            conn.execute("ATTACH DATABASE ? AS grp", (self._attach_group,))
         if self._writer:
             # the writer waits for the write lock in _begin, in steps far shorter than SQLite's
             conn.execute("PRAGMA busy_timeout = 0")
@@ -429,9 +457,8 @@ class _Conn:
 # blocking operations (run on a connection's thread)
 
 
-def _setup(conn: sqlite3.Connection) -> None:
-    # a no-op once the file exists (its page size is fixed by then; see "Page size")
-    conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch the connection's file to WAL (persistent: a no-op once it is)."""
     # switching a new file to WAL may meet another opener doing the same; SQLite answers
     # that with SQLITE_BUSY at once (its busy handler is not called for a journal-mode
     # change), so the wait is here
@@ -446,6 +473,20 @@ def _setup(conn: sqlite3.Connection) -> None:
             time.sleep(0.005 + random.random() * 0.01)
     if str(mode).lower() != "wal":
         raise LogError(f"could not switch the sqlite log to WAL (journal_mode={mode})")
+
+
+def _setup_group(conn: sqlite3.Connection) -> None:
+    """The group file (its own connection): WAL and the members table."""
+    _wal(conn)
+    _begin(conn)
+    conn.execute(_GROUP_SCHEMA)
+    conn.execute("COMMIT")
+
+
+def _setup(conn: sqlite3.Connection) -> None:
+    # a no-op once the file exists (its page size is fixed by then; see "Page size")
+    conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    _wal(conn)
     _begin(conn)
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -1012,7 +1053,7 @@ class SqliteGroupConsumer:
         self._polled_at = 0.0
         self._keepalive: threading.Thread | None = None
         self._keepalive_stop = threading.Event()
-        self._last_version: int | None = None
+        self._last_version: tuple[int, int] | None = None
         self._dirty = True  # positions or assignment changed since the last query
         self._expired = False  # our membership lapsed: revoke everything, then rejoin
         self._rotation = 0
@@ -1044,14 +1085,9 @@ class SqliteGroupConsumer:
         lapsed = (self._started
                   and loop.time() - self._alive_at() > self._log.session_timeout_s)
         until = time.time() + self._log.session_timeout_s
-        counts = await self._log._hb.run(
+        await self._log._hb.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
         )
-        cache = self._log._partitions
-        grown = {t: n for t, n in counts.items() if n > cache.get(t, 0)}
-        if grown:  # partitions were added: the next poll recomputes the assignment
-            cache.update(grown)
-            self._dirty = True
         self._last_heartbeat = asyncio.get_running_loop().time()
         if lapsed:
             # We were out of the group (paused, starved, heartbeats failing on a full
@@ -1064,8 +1100,8 @@ class SqliteGroupConsumer:
     @staticmethod
     def _upsert_member(
         conn: sqlite3.Connection, group: str, member_id: str, topics: str, until: float
-    ) -> dict[str, int]:
-        """Renew the membership; returns the partition counts of the member's topics.
+    ) -> None:
+        """Renew the membership (on the group file's connection).
 
         Only a change of membership rings the doorbell (this member joining or changing its
         topics, lapsed members removed): a renewal alone changes no assignment, and ringing
@@ -1086,12 +1122,7 @@ class SqliteGroupConsumer:
         ).rowcount
         if had is None or had[0] != topics or had[1] <= now or gone:
             _rings(conn, ALL)  # membership: every consumer of the group may rebalance
-        names = json.loads(topics)
-        counts = conn.execute(
-            f"SELECT topic, partitions FROM topics WHERE topic IN ({','.join('?' * len(names))})",
-            names).fetchall()
         conn.execute("COMMIT")
-        return {str(t): int(n) for t, n in counts}
 
     def _alive_at(self) -> float:
         """When the membership was last renewed, by the event loop or the keep-alive."""
@@ -1151,7 +1182,7 @@ class SqliteGroupConsumer:
 
     def _live_members(self, conn: sqlite3.Connection) -> list[tuple[str, list[str]]]:
         rows = conn.execute(
-            "SELECT member_id, topics FROM members WHERE grp = ? AND heartbeat_until > ?",
+            "SELECT member_id, topics FROM grp.members WHERE grp = ? AND heartbeat_until > ?",
             (self.group, time.time()),
         ).fetchall()
         return [(str(m), list(json.loads(t))) for m, t in rows]
@@ -1225,13 +1256,21 @@ class SqliteGroupConsumer:
         conn: sqlite3.Connection,
         positions: list[tuple[TP, int]],
         limit: int,
-        last_version: int | None,
+        last_version: tuple[int, int] | None,
         force: bool,
-    ) -> tuple[int, list[tuple[str, list[str]]] | None, list[Record] | None]:
-        version = _data_version(conn)
+    ) -> tuple[tuple[int, int], list[tuple[str, list[str]]] | None, list[Record] | None]:
+        # the log's and the group file's: a record, a topic grown, or a member come or gone
+        version = (_data_version(conn),
+                   int(conn.execute("PRAGMA grp.data_version").fetchone()[0]))
         if version == last_version and not force:
             return version, None, None
         members = self._live_members(conn)
+        names = self.topics
+        counts = conn.execute(
+            f"SELECT topic, partitions FROM topics WHERE topic IN ({','.join('?' * len(names))})",
+            names).fetchall()
+        cache = self._log._partitions
+        cache.update({str(t): int(n) for t, n in counts if int(n) > cache.get(str(t), 0)})
         out: list[Record] = []
         for (topic, p), offset in positions:
             if len(out) >= limit:
@@ -1335,7 +1374,7 @@ class SqliteGroupConsumer:
                 conn.execute("COMMIT")
 
             try:
-                await self._log._w.run(_leave)
+                await self._log._hb.run(_leave)
             except LogError:
                 log.warning("could not leave group %s cleanly", self.group, exc_info=True)
         self._assigned.clear()
@@ -1375,13 +1414,13 @@ class SqliteEventLog:
         self._bell = Doorbell(self.path)
         self._w = _Conn(str(self.path), "sqlite-log-w", busy_timeout_ms, self.synchronous,
                         writer=True, after_write=self._bell.ring)
-        self._r = _Conn(str(self.path), "sqlite-log-r", busy_timeout_ms, self.synchronous)
-        # Group heartbeats on a writer of their own (opened by the first): queued behind the
-        # commits on ``_w`` — a processor's snapshot chunks of millions of schedules, seconds
-        # each — a member's renewals came later than its session and the others took its
-        # partitions mid-take-over. ``synchronous=NORMAL``: a renewal lost to a power cut
-        # is only a renewal; no fsync each (the next FULL commit makes it durable anyway).
-        self._hb = _Conn(str(self.path), "sqlite-log-hb", busy_timeout_ms, "NORMAL",
+        self.group_path = group_path(self.path)
+        self._r = _Conn(str(self.path), "sqlite-log-r", busy_timeout_ms, self.synchronous,
+                        attach_group=str(self.group_path))
+        # Group heartbeats on a connection of their own, to a file of their own (module
+        # docstring, "Consumer groups"). ``synchronous=NORMAL``: a renewal lost to a power
+        # cut is only a renewal; no fsync each.
+        self._hb = _Conn(str(self.group_path), "sqlite-log-hb", busy_timeout_ms, "NORMAL",
                          writer=True, after_write=self._bell.ring)
         self._partitions = _TopicCache()  # topic -> partition count; compacted topics
         self._consumers: set[SqliteGroupConsumer] = set()
@@ -1410,6 +1449,7 @@ class SqliteEventLog:
                 return
             self._private_files()
             await self._w.run(_setup)
+            await self._hb.run(_setup_group)  # before the reader attaches it
             await self._r.run(_load_topics, self._partitions)
             self._bell.open()
             self._started = True
@@ -1418,9 +1458,10 @@ class SqliteEventLog:
         """The log's directory 0700 and its files 0600 (SQLite gives ``-wal``/``-shm`` the
         mode of the database file): created so, tightened with a warning if found wider."""
         private_dir(self.path.parent)
-        for suffix in ("", "-wal", "-shm", WRITE_TURNS_SUFFIX):
-            tighten(Path(f"{self.path}{suffix}"))
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+        for db in (self.path, self.group_path):
+            for suffix in ("", "-wal", "-shm", WRITE_TURNS_SUFFIX):
+                tighten(Path(f"{db}{suffix}"))
+            os.close(os.open(db, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
 
     async def _ready(self) -> None:
         if not self._started:

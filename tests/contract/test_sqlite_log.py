@@ -26,7 +26,7 @@ import pytest
 
 from chronolog.log.port import OutRecord, Record, Topics
 from chronolog.log.record_codec import unpack
-from chronolog.log.sqlite import SCHEMA_VERSION, ProcessLock, SqliteEventLog
+from chronolog.log.sqlite import SCHEMA_VERSION, ProcessLock, SqliteEventLog, group_path
 from support.polling import wait_until
 
 PARTITIONS = 4
@@ -656,10 +656,60 @@ async def test_a_group_member_stays_in_while_its_logs_writer_is_held_longer_than
 
 
 def _heartbeat_until(db: Path, member_id: str) -> float:
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
         row = conn.execute("SELECT heartbeat_until FROM members WHERE member_id = ?",
                            (member_id,)).fetchone()
     return float(row[0]) if row else 0.0
+
+
+_HOLD_THE_WRITE_LOCK = textwrap.dedent("""
+    import sqlite3, sys, time
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+async def test_a_group_member_stays_in_while_another_process_holds_the_logs_write_lock(
+    log: SqliteEventLog, db: Path, topics: Topics
+) -> None:
+    """Membership is in a file of its own: another process holding the log file's write
+    lock for three sessions (other processors committing back to back, each taking the
+    lock before this one's turn) does not hold the member's renewals back: it stays in the
+    group with all its partitions."""
+    revoked: list[set[tuple[str, int]]] = []
+
+    async def on_revoked(parts: set[tuple[str, int]]) -> None:
+        revoked.append(parts)
+
+    member = log.group_consumer("g", [topics.commands], "m1", on_revoked=on_revoked)
+    await member.start()
+    held = 3 * log.session_timeout_s
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLD_THE_WRITE_LOCK, str(db), str(held),
+        stdout=asyncio.subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        assert await asyncio.wait_for(holder.stdout.readline(), 30) == b"held\n"
+        with (pytest.raises(sqlite3.OperationalError, match="locked"),
+              contextlib.closing(sqlite3.connect(db, timeout=0)) as probe):
+            probe.execute("BEGIN IMMEDIATE")  # the lock is really held
+        before = _heartbeat_until(db, "m1")
+        renewals: list[float] = []
+        while holder.returncode is None:
+            await member.getmany(timeout_ms=int(log.heartbeat_interval_s * 1000))
+            renewals.append(_heartbeat_until(db, "m1"))
+            assert member.joined() and len(member.assignment()) == PARTITIONS
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(holder.wait(), 0.01)
+        assert renewals[-1] - before >= held - log.session_timeout_s, renewals
+        assert revoked == []
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+        await holder.wait()
+        await member.close()
 
 
 async def test_a_group_member_whose_event_loop_is_held_stays_in_through_its_keep_alive(

@@ -125,7 +125,7 @@ async def test_a_dev_node_keeps_other_local_users_out_of_its_files_and_database(
         assert f"warning: {ddir} had mode 0755" in warning, warning
         assert dir_mode_ok(ddir)
         cluster = ddir / "postgres"
-        private = [ddir / "log.db", ddir / "log.db-wal", ddir / "log.db-shm",
+        private = [ddir / "log.db", ddir / "log.db-wal", ddir / "log.db-shm", ddir / "log.db-group",
                    ddir / "node.json", ddir / "node.lock", cluster / PASSWORD_FILE]
         for path in private:
             assert mode(path) == 0o600, (path, oct(mode(path)))
@@ -199,7 +199,7 @@ async def test_a_new_log_and_staged_results_are_private_from_the_first_byte(
     finally:
         os.umask(old)
     assert mode(shared / "new") == 0o700
-    for suffix in ("", "-wal", "-shm"):
+    for suffix in ("", "-wal", "-shm", "-group", "-group-wal", "-group-shm"):
         path = shared / "new" / f"log.db{suffix}"
         if path.exists():
             assert mode(path) == 0o600, path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.port import WAKE_HEADER, OutRecord, Topics
-from chronolog.log.sqlite import SqliteEventLog
+from chronolog.log.sqlite import SqliteEventLog, group_path
 from support.polling import wait_until
 
 
@@ -106,7 +106,7 @@ async def test_a_record_with_a_wake_header_rings_its_name_instead_of_its_topic(
 
 
 def _heartbeat_until(path: Path, member_id: str) -> float:
-    with contextlib.closing(sqlite3.connect(path)) as conn:
+    with contextlib.closing(sqlite3.connect(group_path(path))) as conn:
         row = conn.execute("SELECT heartbeat_until FROM members WHERE member_id = ?",
                            (member_id,)).fetchone()
     return float(row[0]) if row else 0.0
