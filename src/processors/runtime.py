@@ -94,6 +94,12 @@ TAKEOVER_BACKOFF = Backoff(first=0.5, cap=5.0)
 # heartbeats wait for it: under half the session timeout); the rest go on in the background
 TAKEOVER_INLINE_S = 4.0
 RESTORE_SLOTS = 2  # partitions restored at the same time
+# A partition revoked while it is restored keeps its restore this long, in case the group
+# gives it back (members joining one after another move partitions back and forth), then the
+# restore stops and frees its slot: processors started together each took every partition
+# for a moment, and at 10,000,000 schedules the first joiner then folded two partitions it
+# no longer owned for 400 s before it began on its own
+ABANDONED_RESTORE_S = 10.0
 
 
 class Processor:
@@ -145,6 +151,8 @@ class Processor:
         self._restored: list[tuple[int, Any]] = []
         self._closing: set[asyncio.Task[None]] = set()  # owners of discarded take-overs
         self._abandoned: set[int] = set()  # revoked while being restored: not installed
+        self._stopped: set[int] = set()  # abandoned restores cancelled (``_stop_abandoned``)
+        self.abandoned_restore_s = ABANDONED_RESTORE_S
         self._restore_slots = asyncio.Semaphore(RESTORE_SLOTS)
         # partitions installed since this step's poll began -> the offset they were sought to
         self._installed: dict[int, int] = {}
@@ -439,9 +447,22 @@ class Processor:
             outcome: Any
             try:
                 outcome = await self._take_over(p, assigned_at)
+            except asyncio.CancelledError:
+                if p not in self._stopped:
+                    raise  # the processor stops
+                self._stopped.discard(p)
+                outcome = None  # abandoned: its owner was closed by ``_take_over``
             except Exception as exc:  # noqa: BLE001 - handled at the install
                 outcome = exc
             self._restored.append((p, outcome))
+
+    def _stop_abandoned(self, p: int) -> None:
+        """``abandoned_restore_s`` after partition p was revoked mid-restore: if it was not
+        given back, stop its restore (the slot goes to a partition this processor owns)."""
+        task = self._restoring.get(p)
+        if p in self._abandoned and task is not None and not task.done():
+            self._stopped.add(p)
+            task.cancel()
 
     def _install_restored(self) -> None:
         """Install the partitions restored since the last call (seek to the committed
@@ -453,6 +474,10 @@ class Processor:
             abandoned = p in self._abandoned
             self._abandoned.discard(p)
             if outcome is None:
+                # revoked before its turn or its restore stopped; given back meanwhile, it
+                # is taken over again by the next step
+                if not abandoned and (self.topics.commands, p) in self._consumer.assignment():
+                    self._rebuild.append(p)
                 continue
             if isinstance(outcome, BaseException):
                 try:
@@ -539,6 +564,8 @@ class Processor:
                 self._failed.pop(p, None)
                 if p in self._restoring:
                     self._abandoned.add(p)
+                    asyncio.get_running_loop().call_later(
+                        self.abandoned_restore_s, self._stop_abandoned, p)
             ps = self.partitions.get(p)
             if topic == self.topics.commands and ps is not None:
                 chain = ps.running()

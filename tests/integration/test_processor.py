@@ -191,12 +191,58 @@ class _HeldRestore(Processor):
         self.held_partition = partition
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
+        self.stopped = asyncio.Event()  # the held restore was cancelled
 
     async def _restore(self, ps: Any, takeover: Any = None) -> None:
         if ps.partition == self.held_partition:
             self.holding.set()
-            await self.release.wait()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.stopped.set()
+                raise
         await super()._restore(ps, takeover)
+
+
+async def test_a_partition_revoked_mid_restore_stops_its_restore_and_is_taken_over_when_back(
+    event_log: Any,
+) -> None:
+    """Processors started together each take every partition for a moment: a restore of a
+    partition the group then gives to another member stops (after ``abandoned_restore_s``,
+    in case it comes back) and frees its slot instead of folding a history nobody will
+    use. Given back later, the partition is taken over again from the start and served."""
+    lg = event_log
+    n = lg.topics.partitions
+    held = n - 1  # range assignment over [p1, p2]: the last partition goes to p2
+    p1 = _HeldRestore(lg, "p1", held)
+    p1.abandoned_restore_s = 1.0
+    first = asyncio.create_task(p1.run())
+    p2 = Processor(lg, "p2")
+    second: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(p1.holding.wait(), 60)
+        second = asyncio.create_task(p2.run())
+        await wait_until(lambda: held in p2.partitions, 60, what="p2 serving the partition")
+        await asyncio.wait_for(p1.stopped.wait(), 30)
+        await wait_until(lambda: f"restoring partitions [{held}]" not in p1.readiness()[1],
+                         30, what="p1 no longer restoring it")
+        assert held not in p1.partitions
+        assert held not in [t.partition for t in p1.takeovers]
+        # p2 leaves: the partition comes back to p1, which restores it afresh
+        p1.release.set()
+        p2.stop()
+        await asyncio.wait_for(second, 60)
+        await wait_until(lambda: set(p1.partitions) == set(range(n)), 60,
+                         what="p1 serving every partition again")
+        assert [t.partition for t in p1.takeovers].count(held) == 1
+        assert p1.readiness()[0], p1.readiness()
+    finally:
+        p1.release.set()
+        p1.stop()
+        p2.stop()
+        await asyncio.wait_for(first, 60)
+        if second is not None:
+            await asyncio.wait_for(second, 60)
 
 
 def _group_session_timeout_s(lg: Any) -> float:
