@@ -268,6 +268,15 @@ async def start_processors(run: Path, args: argparse.Namespace, label: str,
                            timeout: float) -> tuple[list[Proc], Start]:
     t0 = time.monotonic()
     procs = [spawn(run, "processor", f"processor{i}", args) for i in range(args.processors)]
+    try:
+        return await _restored(procs, t0, args, label, timeout)
+    except BaseException:
+        stop(procs)  # not restored in time (or interrupted): none is left running
+        raise
+
+
+async def _restored(procs: list[Proc], t0: float, args: argparse.Namespace, label: str,
+                    timeout: float) -> tuple[list[Proc], Start]:
     res = Start(label)
     held: list[dict[int, dict[str, Any]]] = [{} for _ in procs]  # per process
     assigned: dict[int, dict[str, Any]] = {}
