@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from chronolog.log import sqlite as sqlite_log
 from chronolog.log.port import OutRecord, Record, Topics
 from chronolog.log.record_codec import unpack
 from chronolog.log.sqlite import SCHEMA_VERSION, ProcessLock, SqliteEventLog, group_path
@@ -757,3 +759,56 @@ async def test_a_member_that_stopped_polling_is_not_kept_alive(
     finally:
         await member.close()
         await log.close()
+
+
+async def test_the_write_ahead_log_is_truncated_past_its_limit_while_readers_never_stop(
+    db: Path, topics: Topics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers that overlap without a gap (the pollers and restores of several processes)
+    keep SQLite's own checkpoints from ever starting the write-ahead log over: at 10,000,000
+    schedules it grew to 71 GB and filled the disk. Past ``wal_limit_bytes`` a writer folds
+    it into the database and truncates it: with two readers of which one is always reading,
+    the WAL stays within a few times its limit while ten times the limit is written (a
+    truncation may have to wait for the readers, and try again), and every record is
+    there."""
+    monkeypatch.setattr(sqlite_log, "WAL_CHECK_S", 0.0)  # look after every commit
+    limit = 2 * 2**20
+    log = SqliteEventLog(db, topics, wal_limit_bytes=limit)
+    await log.start()
+    await log.ensure_topics()
+    stop = threading.Event()
+    read_txns = [0, 0]
+
+    def read_without_a_gap(i: int) -> None:
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+            time.sleep(0.01 * i)  # the two readers' transactions overlap
+            while not stop.is_set():
+                conn.execute("BEGIN")
+                conn.execute("SELECT count(*) FROM log_ends").fetchone()
+                time.sleep(0.02)
+                conn.execute("COMMIT")
+                read_txns[i] += 1
+
+    readers = [threading.Thread(target=read_without_a_gap, args=(i,)) for i in range(2)]
+    for t in readers:
+        t.start()
+    wal = Path(f"{db}-wal")
+    sizes: list[int] = []
+    n = 0
+    try:
+        for _ in range(100):  # 100 commits of 50 incompressible 4 KB records: 20 MB
+            await log.append([OutRecord(topics.events, None, os.urandom(4096), partition=0)
+                              for _ in range(50)])
+            n += 50
+            sizes.append(wal.stat().st_size if wal.exists() else 0)
+    finally:
+        stop.set()
+        for t in readers:
+            await asyncio.to_thread(t.join, 10)
+        await log.close()
+    assert min(read_txns) > 10, read_txns  # the readers were reading throughout
+    # without the truncation it grows with every commit: 105 MB here for the 20 MB written
+    assert max(sizes) < 10 * limit, [s // 2**20 for s in sizes]
+    async with SqliteEventLog(db, topics) as again:
+        records = await again.read(topics.events, 0, 0, max_records=n + 1)
+    assert len(records) == n
