@@ -81,7 +81,7 @@ from chronolog.environment import utc_now
 from chronolog.files import fsync_directory, write_atomically
 from chronolog.log.port import LogError, OutRecord
 from chronolog.log.reading import read_partition
-from chronolog.log.sqlite import backup_file, record_counts, restore_file
+from chronolog.log.sqlite import backup_file, forget_members, record_counts, restore_file
 from chronolog.projections.backup import (
     BackupMismatch,
     drop_stages,
@@ -279,6 +279,7 @@ def _commit_log(staged: Path, target: Path) -> int:
             conn.close()
     for leftover in ("-wal", "-shm"):
         Path(f"{target}{leftover}").unlink(missing_ok=True)
+    forget_members(target)  # the old deployment's processes are no members of the new log
     os.replace(staged, target)
     fsync_directory(target.parent)
     _journal(target).unlink()

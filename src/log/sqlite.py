@@ -1811,20 +1811,29 @@ def backup_file(source: str | Path, target: str | Path) -> dict[str, int]:
 
 def restore_file(backup: str | Path, target: str | Path) -> None:
     """Write the backed-up log file into ``target`` (a new file: ``chronolog restore`` stages
-    it next to the live log and renames it over that at the end) and drop the old
-    deployment's group members: no process of it is a member of the restored log."""
+    it next to the live log and renames it over that at the end). The old deployment's
+    group members are not in it (``forget_members`` removes them beside the live log); a
+    backup taken by an older version has them in a table of its own, dropped here."""
     src = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
     try:
         dst = sqlite3.connect(str(target))
         try:
             src.backup(dst)
             dst.execute("PRAGMA journal_mode=WAL")
-            dst.execute("DELETE FROM members")
+            dst.execute("DROP TABLE IF EXISTS members")
             dst.commit()
         finally:
             dst.close()
     finally:
         src.close()
+
+
+def forget_members(log_path: str | Path) -> None:
+    """Remove the group file of the log at ``log_path`` (with its WAL, shared memory and
+    turns file): no process is a member of a log restored over it. Only while no process
+    has the log open."""
+    for suffix in ("", "-wal", "-shm", WRITE_TURNS_SUFFIX):
+        Path(f"{group_path(log_path)}{suffix}").unlink(missing_ok=True)
 
 
 def checked_counts(path: str | Path) -> dict[str, int]:

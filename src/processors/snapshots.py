@@ -493,7 +493,11 @@ class SnapshotWriter:
         first = rnd is None
         if rnd is None:
             self._rounds += 1
-            rnd = self.round = _Round(self._rounds, list(self.dirty), mono)
+            # in key order (taken from the end: ascending): a chunk's keys are neighbours in
+            # the state topic's key index, so its transaction rewrites a few pages of it, not
+            # one page per state (a first round of 833,000 states in hash order wrote about
+            # 4 MB of SQLite write-ahead log per chunk of 256)
+            rnd = self.round = _Round(self._rounds, sorted(self.dirty, reverse=True), mono)
             self.dirty = set()
             self.events_since = 0
             self._last_start = mono

@@ -343,6 +343,13 @@ def test_a_complete_round_is_a_snapshot_of_every_state() -> None:
     assert loaded.last_event == (events[-1][0], events[-1][1].event_id)
 
 
+def test_a_round_writes_its_states_in_key_order() -> None:
+    records, _ = written_partition(states=30)
+    keys = [r.key for r in records
+            if sn.unframe(r.key or b"", r.value)[0] in (sn.KIND_SEALED, sn.KIND_SCHEDULE)]
+    assert len(keys) == 30 and keys == sorted(keys)
+
+
 def test_no_marker_is_no_snapshot() -> None:
     records, events = written_partition()
     assert sn.decode_snapshot([r for r in records if r.key != sn.MARKER_KEY],
