@@ -21,10 +21,11 @@ deployment runs, and a top-of-the-hour wave measured on top of them.
    ready (``--ready-file``), and each processor's resident memory (``rss``) and peak
    (``hwm``). Per schedule: the processors' resident memory summed, divided by the schedules.
 4. **The wave.** At T the wave and the background's first runs fall due. Until T +
-   ``--after`` the bench samples the processors' and workers' CPU; then it waits (at most
-   ``--drain`` s) for every run due in [T, T + after] to have started once, and reports for
-   the wave and for the background: runs started, lost, duplicated, early, start lateness
-   (p50, p99, max) and the share started within 10 s of its instant.
+   ``--after`` the bench samples the processors' and workers' CPU (and, with ``--profile
+   DIR``, their stacks with py-spy); then it waits (at most ``--drain`` s) for every run due
+   in [T, T + after] to have started once, and reports for the wave and for the background:
+   runs started, lost, duplicated, early, start lateness (p50, p99, max) and the share
+   started within 10 s of its instant.
 5. ``chronolog audit`` on the log: none lost, doubled or early.
 
     .venv/bin/python bench/scale.py --schedules 1000000 --quiet 600
@@ -382,6 +383,30 @@ def fmt(s: dict[str, Any]) -> str:
             f"{s['p99']:.2f} s, max {s['max']:.2f} s; within 10 s: {s['within_10s']:.2%}")
 
 
+def profile(args: argparse.Namespace, procs: list[Proc]) -> list[subprocess.Popen[bytes]]:
+    """``--profile DIR``: py-spy samples every processor and worker through [T, T + after];
+    collapsed stacks in DIR/wave-<process>.txt (``BENCH_PROFILE_GIL=1``: only the threads
+    holding the GIL)."""
+    if not args.profile:
+        return []
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
+    return [subprocess.Popen([spy, "record", "--pid", str(p.popen.pid), "--format", "raw",
+                              "--rate", "100", *gil, "--nonblocking",
+                              "--output", str(out / f"wave-{p.log_path.stem}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for p in procs]
+
+
+def stop_profile(spies: list[subprocess.Popen[bytes]]) -> None:
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+    for spy in spies:
+        spy.wait(60)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -438,8 +463,10 @@ async def main_async(args: argparse.Namespace) -> int:
                     B.cpu_seconds([w.popen.pid for w in workers]))
 
         cpu0 = cpu()
+        spies = profile(args, procs + workers)
         await asyncio.sleep(max(0.0, plan.instant + args.after - time.time()))
         cpu1 = cpu()
+        stop_profile(spies)
         wave = dict.fromkeys(range(plan.wave), plan.instant)
         expected = len(wave) + len(plan.background)
         deadline = time.time() + args.drain
@@ -499,6 +526,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dir", default=None, help="where the run directory goes")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--profile", metavar="DIR", default=None,
+                    help="sample each processor and worker with py-spy through [T, T + after] "
+                         "(collapsed stacks in DIR; needs py-spy)")
     args = ap.parse_args()
     if not 0 <= args.wave <= args.schedules:
         ap.error("--wave must be between 0 and --schedules")

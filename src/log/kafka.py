@@ -1183,6 +1183,7 @@ class KafkaEventLog:
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
         wake_on: Sequence[str] = (),  # the broker wakes its consumers: not needed
+        settle_s: float = 0.0,  # the broker's group.initial.rebalance.delay.ms decides
     ) -> KafkaGroupConsumer:
         self._require()
         return KafkaGroupConsumer(self, group, list(topics), member_id, on_assigned, on_revoked)

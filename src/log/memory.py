@@ -547,6 +547,7 @@ class MemoryEventLog:
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
         wake_on: Sequence[str] = (),  # every write wakes every reader here: nothing to add
+        settle_s: float = 0.0,  # members join in one process, in the order they start
     ) -> MemoryGroupConsumer:
         consumer = MemoryGroupConsumer(self, group, topics, member_id, on_assigned, on_revoked)
         self.consumers.add(consumer)

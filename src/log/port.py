@@ -445,12 +445,16 @@ class EventLog(Protocol):
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
         wake_on: Sequence[str] = (),
+        settle_s: float = 0.0,
     ) -> GroupConsumer:
         """Join ``group`` over ``topics`` (start it with ``await gc.start()``).
 
         ``wake_on``: the ``WAKE_HEADER`` values of records this member waits for besides
         records of its topics without that header (a hint for logs that wake their readers
-        themselves; a log whose readers are woken by the broker ignores it)."""
+        themselves; a log whose readers are woken by the broker ignores it).
+        ``settle_s``: a group that forms (every member joined a moment ago) gets its first
+        assignment once no member has joined for this long, not at each join (a log whose
+        broker assigns ignores it: Kafka's ``group.initial.rebalance.delay.ms``)."""
         ...
 
 

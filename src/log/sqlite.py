@@ -66,6 +66,17 @@ Consumer groups
     with Kafka. ``close()`` leaves the group (deletes the row) without calling
     ``on_revoked`` — like aiokafka's ``stop()``.
 
+    A group that forms waits before its first assignment, as a Kafka broker does for
+    ``group.initial.rebalance.delay.ms``: a member's row records when it joined
+    (``joined_at``, again after a lapse), and a member whose consumer has a ``settle_s``
+    takes nothing until ``settle_s`` has passed without a join since the first live member
+    joined (at most ``GROUP_FORMING_MAX_S`` after it). Members that join later join a
+    formed group. Processors started together then each restore their own share once;
+    without it the first to join took every partition and began restoring them, the others
+    fenced it a moment later, and its restores were wasted — a restart of three processors
+    on 1,000,000 schedules spent 12 s where its restores needed 5 (docs/performance.md).
+    A member joining a formed group is assigned its share at once.
+
     The heartbeats run on the event loop, which a processor can hold for seconds (a snapshot
     chunk of a partition of a million schedules encoded, states installed after a restore).
     Like Kafka's background heartbeat thread, a *keep-alive* thread per member renews a live
@@ -132,6 +143,7 @@ import fcntl
 import functools
 import json
 import logging
+import math
 import operator
 import os
 import random
@@ -172,6 +184,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TP = tuple[str, int]
+Member = tuple[str, list[str], float]  # a live member: its id, its topics, when it joined
 
 SCHEMA_VERSION = 3
 PAGE_SIZE = 16384
@@ -241,9 +254,14 @@ CREATE TABLE IF NOT EXISTS members (
     member_id       TEXT NOT NULL,
     topics          TEXT NOT NULL,
     heartbeat_until REAL NOT NULL,
+    joined_at       REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (grp, member_id)
 ) WITHOUT ROWID
 """
+# a group whose members all joined this recently is forming (``SqliteGroupConsumer``, module
+# docstring "Consumer groups"): its first assignment waits, at most this long after the first
+# member joined, for the others
+GROUP_FORMING_MAX_S = 10.0
 GROUP_SUFFIX = "-group"  # beside the log file: its consumer groups' membership
 
 
@@ -503,6 +521,9 @@ def _setup_group(conn: sqlite3.Connection) -> None:
     _wal(conn)
     _begin(conn)
     conn.execute(_GROUP_SCHEMA)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(members)")}
+    if "joined_at" not in columns:  # a group file of the version before: members of old
+        conn.execute("ALTER TABLE members ADD COLUMN joined_at REAL NOT NULL DEFAULT 0")
     conn.execute("COMMIT")
 
 
@@ -1065,8 +1086,12 @@ class SqliteGroupConsumer:
         on_assigned: RebalanceCallback | None,
         on_revoked: RebalanceCallback | None,
         wake_on: Sequence[str] = (),
+        settle_s: float = 0.0,
     ) -> None:
         self._log = log
+        self.settle_s = settle_s
+        # while the group forms: when its first assignment is due (time.time()), else None
+        self._forming_until: float | None = None
         self.group = group
         self.topics = sorted(set(topics))
         self._interest = functools.reduce(operator.or_, map(topic_bit, [*self.topics, *wake_on]),
@@ -1142,11 +1167,14 @@ class SqliteGroupConsumer:
         now = time.time()
         had = conn.execute("SELECT topics, heartbeat_until FROM members WHERE grp = ? AND "
                            "member_id = ?", (group, member_id)).fetchone()
+        # joined now, or back from a lapse: a new member (``_forming``); else as it was
         conn.execute(
-            "INSERT INTO members (grp, member_id, topics, heartbeat_until) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (grp, member_id) DO UPDATE SET topics = excluded.topics, "
-            "heartbeat_until = excluded.heartbeat_until",
-            (group, member_id, topics, until),
+            "INSERT INTO members (grp, member_id, topics, heartbeat_until, joined_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (grp, member_id) DO UPDATE SET "
+            "topics = excluded.topics, heartbeat_until = excluded.heartbeat_until, "
+            "joined_at = CASE WHEN members.heartbeat_until <= ? THEN excluded.joined_at "
+            "ELSE members.joined_at END",
+            (group, member_id, topics, until, now, now),
         )
         gone = conn.execute(
             "DELETE FROM members WHERE grp = ? AND heartbeat_until < ?", (group, now)
@@ -1211,16 +1239,36 @@ class SqliteGroupConsumer:
                 continue
             failed_at, held = None, 0
 
-    def _live_members(self, conn: sqlite3.Connection) -> list[tuple[str, list[str]]]:
+    def _live_members(self, conn: sqlite3.Connection) -> list[Member]:
         rows = conn.execute(
-            "SELECT member_id, topics FROM grp.members WHERE grp = ? AND heartbeat_until > ?",
-            (self.group, time.time()),
+            "SELECT member_id, topics, joined_at FROM grp.members WHERE grp = ? AND "
+            "heartbeat_until > ?", (self.group, time.time()),
         ).fetchall()
-        return [(str(m), list(json.loads(t))) for m, t in rows]
+        return [(str(m), list(json.loads(t)), float(j)) for m, t, j in rows]
 
-    def _compute_assignment(self, members: list[tuple[str, list[str]]]) -> set[TP]:
+    def _forming(self, members: list[Member], now: float) -> float | None:
+        """When a forming group's first assignment is due, or None: the group has formed.
+
+        The live members' join times, in order, tell: the group formed at the first pause of
+        ``settle_s`` without a join after the first member joined (or ``GROUP_FORMING_MAX_S``
+        after it, if members keep joining). A member that joined after such a pause joins a
+        formed group and takes its share at once; until the pause, every member takes
+        nothing. Without the wait the first process to join takes every partition, starts
+        restoring them, and hands most of them to the next ones a moment later — each of
+        those restored twice, the first owner fenced mid-restore."""
+        if self.settle_s <= 0 or not members:
+            return None
+        joined = sorted(j for _, _, j in members)
+        formed = joined[0] + GROUP_FORMING_MAX_S
+        for before, after in zip(joined, [*joined[1:], math.inf], strict=True):
+            if after - before >= self.settle_s:
+                formed = min(formed, before + self.settle_s)
+                break
+        return formed if now < formed else None
+
+    def _compute_assignment(self, members: list[Member]) -> set[TP]:
         subs: dict[str, list[str]] = {}
-        for member_id, topics in members:
+        for member_id, topics, _ in members:
             for topic in topics:
                 subs.setdefault(topic, []).append(member_id)
         mine: set[TP] = set()
@@ -1230,7 +1278,8 @@ class SqliteGroupConsumer:
             mine.update((topic, p) for p in range_assign(ids, n)[self.member_id])
         return mine
 
-    async def _rebalance(self, members: list[tuple[str, list[str]]]) -> None:
+    async def _rebalance(self, members: list[Member]) -> None:
+        self._forming_until = self._forming(members, time.time())
         if self._expired:
             self._expired = False
             expelled = set(self._assigned)
@@ -1239,7 +1288,8 @@ class SqliteGroupConsumer:
                 self._positions.clear()
                 if self._on_revoked is not None:
                     await self._on_revoked(expelled)
-        new = self._compute_assignment(members)
+        # nothing is assigned before the group formed (``_forming``)
+        new = self._compute_assignment(members) if self._forming_until is None else set()
         if new == self._assigned:
             return
         lost = self._assigned - new
@@ -1289,7 +1339,7 @@ class SqliteGroupConsumer:
         limit: int,
         last_version: tuple[int, int] | None,
         force: bool,
-    ) -> tuple[tuple[int, int], list[tuple[str, list[str]]] | None, list[Record] | None]:
+    ) -> tuple[tuple[int, int], list[Member] | None, list[Record] | None]:
         # the log's and the group file's: a record, a topic grown, or a member come or gone
         version = (_data_version(conn),
                    int(conn.execute("PRAGMA grp.data_version").fetchone()[0]))
@@ -1331,6 +1381,8 @@ class SqliteGroupConsumer:
                 k = self._rotation % len(positions)
                 positions = positions[k:] + positions[:k]
                 self._rotation += 1
+            if self._forming_until is not None and time.time() >= self._forming_until:
+                self._dirty = True  # the group has formed: its first assignment
             force, self._dirty = self._dirty, False
             rung = self._log._bell.mark(self._interest)
             version, members, records = await self._log._r.run(
@@ -1360,6 +1412,8 @@ class SqliteGroupConsumer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
+            if self._forming_until is not None:  # look again once the group has formed
+                remaining = min(remaining, max(self._forming_until - time.time(), 0.001))
             delay = await self._log._wait_for_writes(rung, delay, remaining, self._interest)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
@@ -1782,9 +1836,10 @@ class SqliteEventLog:
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
         wake_on: Sequence[str] = (),
+        settle_s: float = 0.0,
     ) -> SqliteGroupConsumer:
         consumer = SqliteGroupConsumer(self, group, topics, member_id, on_assigned, on_revoked,
-                                       wake_on)
+                                       wake_on, settle_s)
         self._consumers.add(consumer)
         return consumer
 

@@ -88,6 +88,11 @@ class OpenTenants:
         return None
 
 
+# ``chronolog processor``'s ``group_settle_s``: the processes of a deployment started
+# together join within about a second of each other (Kafka's broker default waits 3 s)
+GROUP_SETTLE_S = 1.0
+
+
 @dataclass
 class ProcessorConfig:
     batch_max: int = 500
@@ -125,6 +130,12 @@ class ProcessorConfig:
     # this long (the fencer's view of the group changed meanwhile and it let the partition
     # go), is acquired again instead of staying without an owner
     fenced_retry_s: float = 5.0
+    # a group of processors that forms (all of them started together) is assigned its
+    # partitions once no member has joined for this long, so that the first to join does not
+    # take over every partition and hand most of them back a moment later (the SQLite log's
+    # groups: ``chronolog.log.sqlite``, "Consumer groups"; on Kafka the broker's
+    # group.initial.rebalance.delay.ms does the same). 0: at once.
+    group_settle_s: float = 0.0
     # at stop: the longest wait for the transactions in flight and the take-overs being
     # restored; what is still running then is abandoned (its transaction is aborted by the
     # partition's next owner, which fences this producer; chronolog.lifecycle)

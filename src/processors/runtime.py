@@ -193,6 +193,7 @@ class Processor:
             self.member_id,
             on_assigned=self._on_assigned,
             on_revoked=self._on_revoked,
+            settle_s=self.config.group_settle_s,
         )
         tuned = False
         try:
@@ -419,6 +420,10 @@ class Processor:
         long history). A partition still restoring then is installed by ``step`` once
         restored; its records are not decided before that (the seek at the install reads
         them again from the committed offset)."""
+        if self._stopping.is_set():
+            # leaving: the group hands out the partitions of the processors that left before
+            # us; restoring them would only hold up our stop (the next owner restores them)
+            return
         assigned_at = time.monotonic()
         ours = {p for topic, p in tps if topic == self.topics.commands}
         self._abandoned -= ours  # revoked while restoring, and given back: installed after all

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from chronolog.lifecycle import serve_log
-from chronolog.processors.config import ProcessorConfig
+from chronolog.processors.config import GROUP_SETTLE_S, ProcessorConfig
 from chronolog.processors.runtime import Processor
 from chronolog.readiness import Readiness, log_reachable, probing
 from chronolog.tenants import DEFAULT_RETENTION_S, load_tenants
@@ -28,7 +28,7 @@ async def run_processor(log_: Any, member: str, batch: int = 500,
         tenants = load_tenants(path)
     proc = Processor(log_, member, tenants=tenants, config=ProcessorConfig(
         batch_max=batch, retention_s=retention_s, archive=archive,
-        prune_every_s=prune_every_s))
+        prune_every_s=prune_every_s, group_settle_s=GROUP_SETTLE_S))
 
     async def probe() -> tuple[bool, str]:
         ready, reason = proc.readiness()

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -759,6 +760,121 @@ async def test_a_member_that_stopped_polling_is_not_kept_alive(
     finally:
         await member.close()
         await log.close()
+
+
+class _Member:
+    """A group member of its own log (as a process would be), with what it was assigned and
+    what was revoked from it."""
+
+    def __init__(self, db: Path, topics: Topics, member_id: str, settle_s: float) -> None:
+        self.log = SqliteEventLog(db, topics)
+        self.topics = topics
+        self.member_id = member_id
+        self.settle_s = settle_s
+        self.gained: list[set[tuple[str, int]]] = []
+        self.revoked: list[set[tuple[str, int]]] = []
+        self.consumer: Any = None
+
+    async def join(self) -> None:
+        async def on_assigned(tps: set[tuple[str, int]]) -> None:
+            self.gained.append(set(tps))
+
+        async def on_revoked(tps: set[tuple[str, int]]) -> None:
+            self.revoked.append(set(tps))
+
+        await self.log.start()
+        await self.log.ensure_topics()
+        self.consumer = self.log.group_consumer(
+            "g", [self.topics.commands], self.member_id, on_assigned, on_revoked,
+            settle_s=self.settle_s)
+        await self.consumer.start()
+
+    async def close(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.close()
+        await self.log.close()
+
+
+async def _shares(members: list[_Member]) -> list[set[int]]:
+    for m in members:
+        await m.consumer.getmany(timeout_ms=0)
+    return [{p for _, p in m.consumer.assignment()} for m in members]
+
+
+async def test_processes_joining_a_forming_group_each_take_their_share_once(
+    db: Path, topics: Topics
+) -> None:
+    """Three members join one after another, each within ``settle_s`` of the one before
+    (processes started together): none takes anything until the joins pause, then each
+    takes its own share once — nothing is assigned twice, nothing revoked. Without the wait
+    the first member took every partition and lost most of them a moment later."""
+    members = [_Member(db, topics, f"m{i}", settle_s=2.5) for i in range(3)]
+    try:
+        for m in members:
+            await m.join()
+
+        async def formed() -> bool:
+            return sum(map(len, await _shares(members))) == PARTITIONS
+
+        await wait_until(formed, DEADLINE_S, interval=0.05, what="the group to form")
+        shares = await _shares(members)
+        assert sorted(map(len, shares)) == [1, 1, 2]  # the range assignment of 4 over 3
+        assert set().union(*shares) == set(range(PARTITIONS))
+        for m, share in zip(members, shares, strict=True):
+            assert m.revoked == [], (m.member_id, m.revoked)
+            assert m.gained == [{(topics.commands, p) for p in share}], (m.member_id, m.gained)
+    finally:
+        for m in members:
+            await m.close()
+
+
+async def test_a_member_joining_a_formed_group_takes_its_share_at_once(
+    db: Path, topics: Topics
+) -> None:
+    """Once a group has formed, a member that joins is assigned its share as it starts, and
+    the others give up exactly that share (no second wait: the group does not form again)."""
+    first, second = _Member(db, topics, "m0", 0.3), _Member(db, topics, "m1", 0.3)
+    try:
+        await first.join()
+
+        async def first_has_all() -> bool:
+            return len((await _shares([first]))[0]) == PARTITIONS
+
+        await wait_until(first_has_all, DEADLINE_S, interval=0.02,
+                         what="the first member to have every partition")
+        await second.join()
+        mine = {p for _, p in second.consumer.assignment()}
+        assert mine and len(mine) == PARTITIONS // 2
+        await first.consumer.getmany(timeout_ms=0)
+        assert first.revoked == [{(topics.commands, p) for p in mine}]
+        assert {p for _, p in first.consumer.assignment()} == set(range(PARTITIONS)) - mine
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_a_group_file_of_the_version_before_gets_join_times_and_counts_as_formed(
+    db: Path, topics: Topics
+) -> None:
+    """A group file written before members recorded when they joined gets the column when
+    opened; its members count as joined long ago, so the group has formed and a member that
+    joins takes its share at once."""
+    with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
+        conn.execute("CREATE TABLE members (grp TEXT NOT NULL, member_id TEXT NOT NULL, "
+                     "topics TEXT NOT NULL, heartbeat_until REAL NOT NULL, "
+                     "PRIMARY KEY (grp, member_id)) WITHOUT ROWID")
+        conn.execute("INSERT INTO members VALUES ('g', 'old', ?, ?)",
+                     (f'["{topics.commands}"]', time.time() + 60))
+        conn.commit()
+    member = _Member(db, topics, "new", settle_s=30.0)
+    try:
+        await member.join()
+        assert len(member.consumer.assignment()) == PARTITIONS // 2
+        with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
+            assert conn.execute("SELECT joined_at FROM members WHERE member_id = 'old'"
+                                ).fetchone() == (0,)
+    finally:
+        await member.close()
 
 
 async def test_the_write_ahead_log_is_truncated_past_its_limit_while_readers_never_stop(

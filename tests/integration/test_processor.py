@@ -245,6 +245,20 @@ async def test_a_partition_revoked_mid_restore_stops_its_restore_and_is_taken_ov
             await asyncio.wait_for(second, 60)
 
 
+async def test_a_processor_asked_to_stop_takes_over_no_partition_the_group_then_gives_it(
+    event_log: Any,
+) -> None:
+    """The processors of a deployment stopped together leave one after another, and the
+    group hands the partitions of each that left to those still there: one already stopping
+    must not restore them (that only held its own stop up past its bound, and the next owner
+    restores them anyway). Here the group gives every partition to a processor that was asked
+    to stop before it joined."""
+    proc = Processor(event_log, "p1")
+    proc.stop()
+    await asyncio.wait_for(proc.run(), 60)
+    assert list(proc.takeovers) == [] and proc.partitions == {}
+
+
 def _group_session_timeout_s(lg: Any) -> float:
     from chronolog.log.kafka import GROUP_SESSION_TIMEOUT_S
     return float(getattr(lg, "session_timeout_s", GROUP_SESSION_TIMEOUT_S))
