@@ -129,27 +129,14 @@ async def delete_topics(cfg: LogConfig) -> None:
 # --------------------------------------------------------------------------- one run
 
 def profile(args: Any, procs: list[subprocess.Popen[bytes]], run_dir: Path,
-            phase: str) -> list[Any]:
+            phase: str) -> list[subprocess.Popen[bytes]]:
     """``--profile DIR``: py-spy samples every chronolog process and this one (the client)
     through one phase (``enqueue`` or ``burst``); collapsed stacks in DIR/<phase>-<process>.txt."""
     if not args.profile:
         return []
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    out = Path(args.profile)
-    out.mkdir(parents=True, exist_ok=True)
     pids = {"client": os.getpid(), "processor": procs[0].pid}
     pids.update({f"worker{i}": p.pid for i, p in enumerate(procs[1:])})
-    gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
-    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200",
-                              *gil, "--output", str(out / f"{phase}-{name}.txt"), "--nonblocking"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, pid in pids.items()]
-
-
-def stop_profile(spies: list[Any]) -> None:
-    for spy in spies:
-        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
-        spy.wait(60)
+    return B.spy_on(pids, args.profile, phase)
 
 
 async def wait_processor(client: Client, deadline: float) -> None:
@@ -278,7 +265,7 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
     await asyncio.gather(*(create(i) for i in range(awaited, args.n, args.chunk)))
     t2 = time.time()
     cpu1 = cpu()
-    stop_profile(spies)
+    B.stop_spies(spies)
     latencies.sort()
     res.update(
         enqueue_rate=(args.n - awaited) / (t2 - t1) if args.n > awaited else None,
@@ -291,7 +278,7 @@ async def burst(args: Any, run_dir: Path, client: Client, lg: Any, cpu: Any,
     spies = profile(args, procs, run_dir, "burst")
     await asyncio.to_thread(B.wait_records, str(run_dir), args.n, instant + args.timeout)
     cpu3 = cpu()
-    stop_profile(spies)
+    B.stop_spies(spies)
     res.update(B.analyse(str(run_dir), args.n, instant))
     res["cpu_burst"] = {k: cpu3[k] - cpu2[k] for k in cpu2}
     # completion: every run's result is published (chronolog's own record of it)

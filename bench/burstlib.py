@@ -12,10 +12,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -167,3 +171,26 @@ def analyse_lateness(run_dir: str, schedules: int, seconds: int) -> dict[str, An
             "duplicated": total - len(late), "early": sum(1 for v in values if v < 0),
             "first_start": None, "last_start": None, "runs_per_s": len(values) / seconds,
             "p50": pct(values, 50), "p99": pct(values, 99), "max": values[-1] if values else None}
+
+
+def spy_on(pids: Mapping[str, int], out: str | Path, prefix: str,
+           rate: int = 200) -> list[subprocess.Popen[bytes]]:
+    """py-spy sampling each process of ``pids`` (name -> pid) until ``stop_spies``:
+    collapsed stacks in ``out``/<prefix>-<name>.txt (``BENCH_PROFILE_GIL=1``: only the
+    threads holding the GIL, which is where Python spends CPU)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
+    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw",
+                              "--rate", str(rate), *gil, "--nonblocking",
+                              "--output", str(Path(out) / f"{prefix}-{name}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in pids.items()]
+
+
+def stop_spies(spies: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the samplers of ``spy_on``: py-spy writes its profile on SIGINT."""
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)
+    for spy in spies:
+        spy.wait(60)

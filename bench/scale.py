@@ -385,26 +385,11 @@ def fmt(s: dict[str, Any]) -> str:
 
 def profile(args: argparse.Namespace, procs: list[Proc]) -> list[subprocess.Popen[bytes]]:
     """``--profile DIR``: py-spy samples every processor and worker through [T, T + after];
-    collapsed stacks in DIR/wave-<process>.txt (``BENCH_PROFILE_GIL=1``: only the threads
-    holding the GIL)."""
+    collapsed stacks in DIR/wave-<process>.txt (``burstlib.spy_on``)."""
     if not args.profile:
         return []
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    out = Path(args.profile)
-    out.mkdir(parents=True, exist_ok=True)
-    gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
-    return [subprocess.Popen([spy, "record", "--pid", str(p.popen.pid), "--format", "raw",
-                              "--rate", "100", *gil, "--nonblocking",
-                              "--output", str(out / f"wave-{p.log_path.stem}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for p in procs]
-
-
-def stop_profile(spies: list[subprocess.Popen[bytes]]) -> None:
-    for spy in spies:
-        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
-    for spy in spies:
-        spy.wait(60)
+    return B.spy_on({p.log_path.stem: p.popen.pid for p in procs}, args.profile, "wave",
+                    rate=100)
 
 
 # --------------------------------------------------------------------------- main
@@ -466,7 +451,7 @@ async def main_async(args: argparse.Namespace) -> int:
         spies = profile(args, procs + workers)
         await asyncio.sleep(max(0.0, plan.instant + args.after - time.time()))
         cpu1 = cpu()
-        stop_profile(spies)
+        B.stop_spies(spies)
         wave = dict.fromkeys(range(plan.wave), plan.instant)
         expected = len(wave) + len(plan.background)
         deadline = time.time() + args.drain

@@ -70,12 +70,12 @@ Consumer groups
     ``group.initial.rebalance.delay.ms``: a member's row records when it joined
     (``joined_at``, again after a lapse), and a member whose consumer has a ``settle_s``
     takes nothing until ``settle_s`` has passed without a join since the first live member
-    joined (at most ``GROUP_FORMING_MAX_S`` after it). Members that join later join a
-    formed group. Processors started together then each restore their own share once;
-    without it the first to join took every partition and began restoring them, the others
-    fenced it a moment later, and its restores were wasted — a restart of three processors
-    on 1,000,000 schedules spent 12 s where its restores needed 5 (docs/performance.md).
-    A member joining a formed group is assigned its share at once.
+    joined (at most ``GROUP_FORMING_MAX_S`` after it); a member joining a formed group is
+    assigned its share at once. Processors started together then each restore their own
+    share once; without it the first to join took every partition and began restoring
+    them, the others fenced it a moment later, and its restores were wasted — a restart of
+    three processors on 1,000,000 schedules spent 12 s where its restores needed 5
+    (docs/performance.md).
 
     The heartbeats run on the event loop, which a processor can hold for seconds (a snapshot
     chunk of a partition of a million schedules encoded, states installed after a restore).
@@ -1253,9 +1253,7 @@ class SqliteGroupConsumer:
         ``settle_s`` without a join after the first member joined (or ``GROUP_FORMING_MAX_S``
         after it, if members keep joining). A member that joined after such a pause joins a
         formed group and takes its share at once; until the pause, every member takes
-        nothing. Without the wait the first process to join takes every partition, starts
-        restoring them, and hands most of them to the next ones a moment later — each of
-        those restored twice, the first owner fenced mid-restore."""
+        nothing (module docstring, "Consumer groups")."""
         if self.settle_s <= 0 or not members:
             return None
         joined = sorted(j for _, _, j in members)
