@@ -24,6 +24,9 @@ storage_budget = "256MiB"   # bytes of params and results written in any hour (s
 [tenants.acme.job_timeouts]           # per job type, instead of execution_timeout
 report = "1h"
 
+[tenants.acme.job_concurrency]        # per job type, for schedules that declare none
+report = { key = "report-{customer}", limit = 2 }   # at most 2 LEASED per customer
+
 [pools.acme-workers]
 credentials = ["pool-s3cret"]   # a worker of the pool proves it holds one (rotation: several)
 
@@ -67,6 +70,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from chronolog.destinations import AnyDestination, parse_destinations
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import (
@@ -77,6 +82,7 @@ from chronolog.domain.limits import (
     MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
 )
+from chronolog.domain.messages import ConcurrencySpec
 from chronolog.settings import ConfigError
 
 # a tenant of a tenants file without ``rate_limit``: commands per second, and the burst
@@ -122,6 +128,8 @@ class Tenant:
     retention: float | None = None  # finished runs' rows, seconds (None: the deployment's)
     result_retention: float | None = None  # result objects, seconds (None: the default)
     storage_budget: int | None = None  # bytes of params and results an hour (None: no budget)
+    # per job type, the concurrency rule of runs whose schedule declares none
+    job_concurrency: dict[str, ConcurrencySpec] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -187,6 +195,11 @@ class Tenants:
     def attempts_per_minute(self, tenant: str) -> int | None:
         t = self.tenants.get(tenant)
         return t.max_attempts_per_minute if t is not None else None
+
+    def job_concurrency(self, tenant: str) -> dict[str, ConcurrencySpec]:
+        """The tenant's concurrency rule per job type (empty: none)."""
+        t = self.tenants.get(tenant)
+        return t.job_concurrency if t is not None else {}
 
     def max_running(self, tenant: str) -> int | None:
         t = self.tenants.get(tenant)
@@ -286,6 +299,7 @@ def load_tenants(path: str | Path) -> Tenants:
         rows, results = _retention(name, cfg)
         out[name] = replace(out[name], pools=_tenant_pools(p, name, cfg.get("pools", []), pools),
                             retention=rows, result_retention=results,
+                            job_concurrency=_job_concurrency(name, cfg.get("job_concurrency", {})),
                             storage_budget=_storage_budget(
                                 name, cfg.get("storage_budget", DEFAULT_STORAGE_BUDGET)))
     return Tenants(out, _operator_tokens(raw.get("operators", {})), pools)
@@ -402,6 +416,23 @@ def _timeouts(name: str, cfg: dict[str, Any]) -> tuple[float, dict[str, float]]:
     if not isinstance(table, dict):
         raise ConfigError(f"invalid tenants.{name}.job_timeouts: a table of job type = duration")
     return default, {job: seconds(f"job_timeouts.{job}", v) for job, v in table.items()}
+
+
+def _job_concurrency(name: str, table: Any) -> dict[str, ConcurrencySpec]:
+    """The ``[tenants.<name>.job_concurrency]`` table: job type -> { key, limit }."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"invalid tenants.{name}.job_concurrency: a table of job type = "
+                          "{ key = ..., limit = ... }")
+    out: dict[str, ConcurrencySpec] = {}
+    for job, rule in table.items():
+        try:
+            out[job] = ConcurrencySpec.model_validate(rule)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise ConfigError(f"invalid tenants.{name}.job_concurrency.{job}"
+                              f"{'.' + where if where else ''}: {err['msg']}") from None
+    return out
 
 
 def _positive_int(name: str, key: str, value: Any) -> int | None:

@@ -89,6 +89,13 @@ type):
     its schedule stops being live. Nothing confirms or releases a slot not held under that
     create; at the end the quota's taken slots are exactly the live schedules holding one.
     Reservations still open at the end (creates in flight) are listed in the notes.
+``concurrency_limit``
+    A concurrency key's aggregate (schedule ID ``@limit:…``; its events are in one partition,
+    so in one order) never holds more permits than the limit written in each grant, and
+    releases only a permit it holds; a run with a concurrency key is claimed only while its
+    schedule recorded the permit granted (``RunPermitted`` after its ``RunAwaitsPermit``,
+    and no ``RunPermitReturned`` since). With the decider giving a permit back in the
+    decision that ends the attempt, this bounds the runs of one key LEASED at once.
 ``single_home``
     A key (a schedule, a tenant's quota aggregate) has its events on one partition at a
     time: its first partition, until its ``KeyMovedOut``; then, from its ``KeyMovedIn``, the
@@ -157,7 +164,7 @@ from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import Barrier, in_barrier_order
-from chronolog.domain.ids import QUOTA_ID, ROUTING_ID
+from chronolog.domain.ids import LIMIT_PREFIX, QUOTA_ID, ROUTING_ID
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
 
 __all__ = [
@@ -212,6 +219,7 @@ class Auditor:
         self._effects = state.effects
         self._holders = state.holders
         self._quotas = state.quotas
+        self._permits = state.permits
         # (tenant, schedule ID) -> where the key is: its partition, and its KeyMovedOut's
         # (to_partition, version, ref) while it is moving
         self._homes = state.homes
@@ -243,7 +251,7 @@ class Auditor:
 
     def _state(self) -> AuditState:
         return AuditState(self.report, self._schedules, self._effects, self._holders,
-                          self._quotas, self._homes)
+                          self._quotas, self._homes, self._permits)
 
     def held(self) -> dict[str, int]:
         """How much the auditor holds (what a checkpoint carries): schedules, runs (of which
@@ -310,6 +318,9 @@ class Auditor:
             return  # the key's state continues across the move
         if env.schedule_id == QUOTA_ID:
             self._fold_quota(env, EventRef(partition, offset, env.event_id, env.payload.type))
+            return
+        if env.schedule_id.startswith(LIMIT_PREFIX):
+            self._fold_permit(env, EventRef(partition, offset, env.event_id, env.payload.type))
             return
         key = (env.tenant, env.schedule_id)
         s = self._schedules.get(key)
@@ -598,6 +609,9 @@ class Auditor:
                                   f"AttemptClaimed carries fence {p.fence}; {detail}",
                                   s.fence_ref, ref, run_id=p.run_id)
                 self._check_overlap_claim(s, run, ref)
+                if run.permit == "asked":
+                    self._violate(s, "concurrency_limit", "a run claimed while it waits for "
+                                  "a permit of its concurrency key", ref, run_id=p.run_id)
                 run.claimed_fence = p.fence
                 run.lease_until = p.lease_until
                 run.lease_ref = ref
@@ -646,9 +660,17 @@ class Auditor:
                 self._effect_settled(s, p.effect_id)
             case m.EffectUncertain():
                 pass
+            case m.RunAwaitsPermit():
+                self._run(s, p.run_id).permit = "asked"
+            case m.RunPermitted():
+                self._run(s, p.run_id).permit = "granted"
+            case m.RunPermitReturned():
+                if (held_run := s.runs.get(p.run_id)) is not None:
+                    held_run.permit = None
             case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
-                  | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
-                pass  # the tenant quota: _track_slot, _fold_quota
+                  | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()
+                  | m.PermitGranted() | m.PermitQueued() | m.PermitReleased()):
+                pass  # the tenant quota and permits: _track_slot, _fold_quota, _fold_permit
             case (m.KeyMovedOut() | m.KeyMovedIn() | m.RoutingVersionAdded() | m.HandedOver()
                   | m.HandoverReceived()):
                 pass  # a key moving between partitions (docs/design.md §18)
@@ -737,6 +759,32 @@ class Auditor:
         events = tuple(sorted({r for r in refs if r is not None},
                               key=lambda r: (r.partition, r.offset)))
         self.report.violations.append(Violation(check, message, events, tenant, schedule_id))
+
+    def _fold_permit(self, env: m.EventEnvelope, ref: EventRef) -> None:
+        """One event of a concurrency key's aggregate, in its (one partition's) order."""
+        p = env.payload
+        key = (env.tenant, env.schedule_id)
+        if not isinstance(p, (m.PermitGranted, m.PermitQueued, m.PermitReleased)):
+            self._quota_violation("concurrency_limit", env.tenant, env.schedule_id,
+                                  f"{p.type} on a concurrency key's aggregate", ref)
+            return
+        held = self._permits.setdefault(key, {})
+        if isinstance(p, m.PermitGranted):
+            if p.run_id in held:
+                self._quota_violation("concurrency_limit", env.tenant, env.schedule_id,
+                                      f"a second permit of key '{p.key}' granted to run "
+                                      f"{p.run_id}", held[p.run_id], ref)
+            held[p.run_id] = ref
+            if len(held) > p.limit:
+                self._quota_violation("concurrency_limit", env.tenant, env.schedule_id,
+                                      f"{len(held)} permits of key '{p.key}' held, limit "
+                                      f"{p.limit}", ref)
+        elif isinstance(p, m.PermitReleased) and p.held and held.pop(p.run_id, None) is None:
+            self._quota_violation("concurrency_limit", env.tenant, env.schedule_id,
+                                  f"a permit of key '{p.key}' released that run "
+                                  f"{p.run_id} does not hold", ref)
+        if not held:
+            del self._permits[key]
 
     def _fold_quota(self, env: m.EventEnvelope, ref: EventRef) -> None:
         """One event of a tenant's quota aggregate, in its (one partition's) order."""

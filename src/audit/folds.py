@@ -58,6 +58,7 @@ CHECKS: tuple[str, ...] = (
     "completed_final",
     "quota_exact",
     "quota_balance",
+    "concurrency_limit",
     "single_home",
     "move_matched",
     "decodable",
@@ -150,6 +151,7 @@ class RunFold:
         "lease_ref",
         "lease_until",
         "materialized_ref",
+        "permit",
         "result_ref",
         "revision",
         "run_fence",
@@ -170,6 +172,8 @@ class RunFold:
         self.materialized_ref = ref
         self.cause: str | None = None  # the command whose decision materialized it
         self.effects: list[str] = []  # the effect IDs intended for it (held in the auditor)
+        # its concurrency permit: None (none asked), "asked" (RunAwaitsPermit), "granted"
+        self.permit: str | None = None
 
 
 @dataclass
@@ -407,6 +411,8 @@ class AuditState:
     holders: dict[tuple[str, str], SlotHolder] = field(default_factory=dict)
     quotas: dict[str, QuotaFold] = field(default_factory=dict)
     homes: dict[tuple[str, str], Home] = field(default_factory=dict)
+    # per concurrency key's aggregate (tenant, schedule ID): run ID -> its PermitGranted
+    permits: dict[tuple[str, str], dict[str, EventRef]] = field(default_factory=dict)
 
 
 def _ref(r: EventRef | None) -> list[Any] | None:
@@ -433,7 +439,8 @@ def _unt(s: str | None) -> datetime | None:
 def _encode_run(r: RunFold) -> list[Any]:
     return [r.run_id, r.revision, r.state, r.claimed_fence, r.run_fence, _t(r.lease_until),
             _ref(r.lease_ref), _ref(r.claim_ref), _ref(r.result_ref),
-            _ref(r.materialized_ref), r.cause, list(r.effects)]
+            _ref(r.materialized_ref), r.cause, list(r.effects)] + (
+                [] if r.permit is None else [r.permit])
 
 
 def _decode_run(a: list[Any]) -> RunFold:
@@ -441,6 +448,7 @@ def _decode_run(a: list[Any]) -> RunFold:
     run.claimed_fence, run.run_fence, run.lease_until = a[3], a[4], _unt(a[5])
     run.lease_ref, run.claim_ref, run.result_ref = _unref(a[6]), _unref(a[7]), _unref(a[8])
     run.cause, run.effects = a[10], list(a[11])
+    run.permit = a[12] if len(a) > 12 else None
     return run
 
 
@@ -543,6 +551,8 @@ def _encode_rest(state: AuditState) -> dict[str, Any]:
         "homes": [[t, sid, h.partition,
                    None if h.moving is None else [h.moving[0], h.moving[1], _ref(h.moving[2])]]
                   for (t, sid), h in state.homes.items()],
+        "permits": [[t, sid, [[r, _ref(ref)] for r, ref in held.items()]]
+                    for (t, sid), held in state.permits.items() if held],
     }
 
 
@@ -607,6 +617,8 @@ def _decode_rest(doc: dict[str, Any], hot_max: int) -> AuditState:
         state.quotas[t] = QuotaFold(
             {sid: [cid, _must(ref), confirmed] for sid, cid, ref, confirmed in slots},
             max_schedules, set(reserved))
+    for t, sid, held in doc.get("permits", ()):
+        state.permits[(t, sid)] = {r: _must(ref) for r, ref in held}
     for t, sid, partition, moving in doc["homes"]:
         state.homes[(t, sid)] = Home(partition, None if moving is None else
                                      (moving[0], moving[1], _must(moving[2])))

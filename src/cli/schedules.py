@@ -12,8 +12,8 @@ operators, straight on the log.
                               [--retry-max-age DUR] [--lease DUR] [--start-deadline DUR]
                               [--jitter DUR] [--dst-ambiguous first|second|both]
                               [--dst-nonexistent shift_forward|skip] [--resource-class C]
-                              [--priority N] [--effects JSON] [--idempotency-key K]
-                              [--spec FILE.json]
+                              [--priority N] [--concurrency-key KEY --concurrency-limit N]
+                              [--effects JSON] [--idempotency-key K] [--spec FILE.json]
     chronolog schedule revise ID --if-match REV [the same definition flags]
     chronolog schedule revise ID --if-match REV --spec FILE.json [flags]
     chronolog schedule pause|resume|delete ID
@@ -358,6 +358,12 @@ def _definition_flags(p: argparse.ArgumentParser, *, revise: bool = False) -> No
                    help="the workers that run it (default 'default')")
     p.add_argument("--priority", default=None, type=int, metavar="N",
                    help="-100..100, higher first (default 0)")
+    p.add_argument("--concurrency-key", default=None, metavar="KEY",
+                   help="at most --concurrency-limit runs with this key LEASED at once, "
+                   "across every worker: a constant, or a template over the job's params "
+                   "(customer-{customer_id})")
+    p.add_argument("--concurrency-limit", default=None, type=int, metavar="N",
+                   help="how many runs with the key may be LEASED at once (1..100000)")
     p.add_argument("--effects", default=None, metavar="JSON",
                    help="the effects, a JSON array of {kind, destination, ...}" + (
                        " (replaces the current list; [] removes them)" if revise else ""))
@@ -498,6 +504,8 @@ _FIELD_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("dst_nonexistent", "--dst-nonexistent", ("dst", "nonexistent"), "value"),
     ("resource_class", "--resource-class", ("resourceClass",), "value"),
     ("priority", "--priority", ("priority",), "value"),
+    ("concurrency_key", "--concurrency-key", ("concurrency", "key"), "value"),
+    ("concurrency_limit", "--concurrency-limit", ("concurrency", "limit"), "value"),
     ("effects", "--effects", ("effects",), "array"),
 )
 # a definition every single field flag is checked in (as a merge patch of it)
@@ -628,6 +636,13 @@ def _field_value(raw: Any, flag: str, path: tuple[str, ...], kind: str, tz: str 
 
 def _check_field(fragment: dict[str, Any], flag: str, path: tuple[str, ...], raw: Any) -> None:
     """One field flag's value, validated in a definition of its own (the API's rules)."""
+    if path[0] == "concurrency":  # one half of a pair: the other half at a valid value, and
+        # the key's template with every param it names (the whole definition checks both)
+        half = fragment["concurrency"]
+        names = m.KEY_PLACEHOLDER.findall(half["key"]) if isinstance(half.get("key"),
+                                                                      str) else []
+        fragment = {"concurrency": {"key": "probe", "limit": 1, **half},
+                    "job": {"params": dict.fromkeys(names, "")}}
     try:
         to_spec(ScheduleDefinition.model_validate(merge_patch(_PROBE, fragment)))
     except ValidationError as exc:

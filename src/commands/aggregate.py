@@ -84,6 +84,8 @@ class TenantContext:
     # the longest an attempt may run (seconds), and per job type (overrides it)
     execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT_SECONDS
     job_timeouts: Mapping[str, float] | None = None
+    # the concurrency rule of each job type, for runs whose schedule declares none
+    job_concurrency: Mapping[str, m.ConcurrencySpec] | None = None
     # extra wait of a retry scheduled now: the tenant's retries per minute are spent
     retry_delay: float = 0.0
     # a CompleteRun whose result is over the tenant's storage budget (its bytes do not fit

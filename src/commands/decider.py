@@ -24,6 +24,7 @@ from typing import Any, TypeGuard, assert_never, get_args
 
 import orjson
 
+from chronolog.commands import permits
 from chronolog.commands.aggregate import (
     OPEN_TENANT,
     PROCESSOR,
@@ -57,6 +58,7 @@ from chronolog.domain.ids import (
     QUOTA_ID,
     ROUTING_ID,
     effect_id_for,
+    limit_id,
     manual_run_id,
     move_command_id,
     partition_key,
@@ -127,6 +129,12 @@ def decide(
     dec = _decide(state, command, now, tenant)
     if dec.events and state.exists and isinstance(state.quota, str):
         _release_when_not_live(state, dec)
+    if dec.events and permits.applies(state, dec.events, tenant):
+        after = state.draft()
+        for ev in dec.events:
+            evolve(after, ev)
+        permits.after_decision(state, after, command.command_id, tenant, dec.events.append,
+                               dec.sends.append)
     return dec
 
 
@@ -188,6 +196,11 @@ def _decide(
             if command.principal != PROCESSOR:
                 return _reject("forbidden", "only the processor answers a quota reservation")
             return _quota_answered(state, p, now, tenant)
+        case m.GrantPermit():
+            return permits.grant_received(state, p, command.principal)
+        case m.AcquirePermit() | m.ReleasePermit():
+            return _reject("invalid", f"{p.type} is a command of a concurrency key's permits "
+                           f"(schedule ID '{limit_id(p.key)}')", "type")
         case m.ReserveQuotaSlot() | m.ConfirmQuotaSlot() | m.ReleaseQuotaSlot():
             return _reject("invalid", f"{p.type} is a command of the tenant's quota "
                            f"(schedule ID '{QUOTA_ID}')", "type")
@@ -1106,6 +1119,11 @@ def _claim(state: ScheduleState, p: m.ClaimRun, now: datetime,
         return _reject("not_found", "no such run")
     if run.state != "READY":
         return _reject("conflict", f"run is {run.state}", state=run.state, run_id=run.run_id)
+    if permits.waits_for_permit(run):
+        assert run.concurrency is not None
+        return _reject("conflict", f"run waits for a permit of concurrency key "
+                       f"'{run.concurrency[0]}' (limit {run.concurrency[1]})",
+                       state=run.state, run_id=run.run_id)
     if not run.claimed and run.start_deadline_at is not None and run.start_deadline_at < now:
         # the Tick has not run yet, but the deadline has passed: skip it now, never start it
         d = _draft(state)
@@ -1521,6 +1539,8 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
                                     event.reply_to)
         case m.ScheduleCreationRefused():
             state.quota = None
+        case m.RunAwaitsPermit() | m.RunPermitted() | m.RunPermitReturned():
+            _evolve_permit(state, event)
         case m.KeyMovedOut():
             state.become(initial_state(state.tenant, state.schedule_id))
         case m.KeyMovedIn():
@@ -1532,6 +1552,17 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
 
 def _run(state: ScheduleState, run_id: str) -> Run:
     return state.own(run_id)
+
+
+def _evolve_permit(state: ScheduleState,
+                   event: m.RunAwaitsPermit | m.RunPermitted | m.RunPermitReturned) -> None:
+    """A run's permit event; the kept finished run stays where it is, a retired one is gone."""
+    if state.runs is not None and event.run_id in state.runs:
+        permits.evolve_run(state.own(event.run_id), event)
+    elif state.done is not None and state.done.run_id == event.run_id:
+        done = state.done.clone()
+        permits.evolve_run(done, event)
+        state.done = done
 
 
 def _unpend(state: ScheduleState, run_id: str) -> None:

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import TypeGuard, assert_never, get_args
 
 from chronolog.commands.aggregate import PROCESSOR, Aggregate, Decision, Draft, Send, TenantContext
+from chronolog.commands.permits import decide_permit, evolve_permit
 from chronolog.commands.state import QuotaState
 from chronolog.commands.state_codec import (
     STATE_VERSION,
@@ -33,7 +34,13 @@ from chronolog.commands.state_codec import (
     moved_quota,
 )
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, move_command_id, quota_key, saga_command_id
+from chronolog.domain.ids import (
+    QUOTA_ID,
+    limit_id,
+    move_command_id,
+    partition_key,
+    saga_command_id,
+)
 
 __all__ = ["QUOTA", "RESERVATION_TTL", "QuotaState", "decide_quota", "evolve_quota",
            "move_out_quota", "quota_wakeup"]
@@ -50,6 +57,12 @@ def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
         return _expire(state, now)
     if isinstance(p, m.AdoptKey):
         return _adopt(state, command, p)
+    if isinstance(p, (m.AcquirePermit, m.ReleasePermit)):
+        return _permit(state, command, p)
+    if state.schedule_id != QUOTA_ID:
+        return Decision(status="invalid", field="scheduleId",
+                        reason=f"schedule ID '{state.schedule_id}' is a concurrency key's "
+                        f"permits, not a schedule")
     if not isinstance(p, (m.ReserveQuotaSlot, m.ConfirmQuotaSlot, m.ReleaseQuotaSlot)):
         return Decision(status="invalid", field="scheduleId",
                         reason=f"schedule ID '{QUOTA_ID}' is the tenant's quota, not a schedule")
@@ -104,6 +117,20 @@ def _reserve(d: QuotaDraft, p: m.ReserveQuotaSlot, held: tuple[str, datetime | N
     _answer(d, p.schedule_id, p.create_command_id, False, None, reason)
 
 
+def _permit(state: QuotaState, command: m.CommandEnvelope,
+            p: m.AcquirePermit | m.ReleasePermit) -> QuotaDecision:
+    """A request for (or the release of) a permit of the concurrency key this aggregate is."""
+    if command.principal != PROCESSOR:
+        return Decision(status="forbidden",
+                        reason="only the processor asks for or gives back a permit")
+    if state.schedule_id != limit_id(p.key):
+        return Decision(status="invalid", field="key",
+                        reason=f"the permits of key {p.key!r} are not decided here")
+    d = _draft(state)
+    decide_permit(d, p)
+    return Decision(events=d.events, sends=d.sends)
+
+
 def move_out_quota(state: QuotaState, to_partition: int, version: int,
                    from_partition: int) -> QuotaDecision:
     """The handover rule for a tenant's quota aggregate (as ``decider.move_out`` for a
@@ -114,7 +141,8 @@ def move_out_quota(state: QuotaState, to_partition: int, version: int,
     d = _draft(state)
     d.emit(m.KeyMovedOut(to_partition=to_partition, version=version))
     return Decision(events=d.events, sends=[
-        Send(QUOTA_ID, move_command_id("in", version, quota_key(state.tenant)), adopt,
+        Send(state.schedule_id, move_command_id(
+            "in", version, partition_key(state.tenant, state.schedule_id)), adopt,
              partition=to_partition)])
 
 
@@ -126,7 +154,7 @@ def _adopt(state: QuotaState, command: m.CommandEnvelope, p: m.AdoptKey) -> Quot
     if p.kind != "quota":
         return Decision(status="invalid", field="kind",
                         reason=f"a {p.kind} state is adopted by its own aggregate")
-    if state.slots:
+    if not state.empty:
         return Decision(status="conflict", field="scheduleId",
                         reason="the tenant's quota is held here already")
     try:
@@ -134,7 +162,7 @@ def _adopt(state: QuotaState, command: m.CommandEnvelope, p: m.AdoptKey) -> Quot
     except StateDecodeError as exc:
         return Decision(status="invalid", field="state",
                         reason=f"the adopted quota does not decode: {exc}")
-    if moved.tenant != state.tenant:
+    if moved.tenant != state.tenant or moved.schedule_id != state.schedule_id:
         return Decision(status="invalid", field="state",
                         reason=f"the adopted quota is of tenant {moved.tenant}")
     d = _draft(state)
@@ -161,8 +189,11 @@ QuotaDraft = Draft[QuotaState, m.QuotaEvent]
 
 def _draft(state: QuotaState) -> QuotaDraft:
     """A copy of the state that folds each event as it is emitted."""
-    copy = QuotaState(state.tenant)
+    copy = QuotaState(state.tenant, state.schedule_id)
     copy.slots = dict(state.slots)
+    copy.key = state.key
+    copy.holders = dict(state.holders)
+    copy.waiting = list(state.waiting)
     return Draft(copy, evolve_quota)
 
 
@@ -182,10 +213,14 @@ def evolve_quota(state: QuotaState, event: m.QuotaEvent) -> QuotaState:
             state.slots[event.schedule_id] = (event.create_command_id, None)
         case m.QuotaSlotReleased():
             state.slots.pop(event.schedule_id, None)
+        case m.PermitGranted() | m.PermitQueued() | m.PermitReleased():
+            evolve_permit(state, event)
         case m.KeyMovedOut():
-            state.slots = {}
+            state.slots, state.holders, state.waiting = {}, {}, []
         case m.KeyMovedIn():
-            state.slots = decode_moved_quota(event.state, event.state_version).slots
+            moved = decode_moved_quota(event.state, event.state_version)
+            state.slots, state.key = moved.slots, moved.key
+            state.holders, state.waiting = moved.holders, moved.waiting
         case m.QuotaSlotRefused():
             pass  # recorded for the audit, no slot changes
         case _:
@@ -211,7 +246,7 @@ class QuotaAggregate:
     kind = "quota"
 
     def initial(self, tenant: str, schedule_id: str) -> QuotaState:
-        return QuotaState(tenant)
+        return QuotaState(tenant, schedule_id)
 
     def decide(self, state: QuotaState, command: m.CommandEnvelope, now: datetime,
                tenant: TenantContext) -> QuotaDecision:

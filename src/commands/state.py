@@ -32,6 +32,7 @@ class Policy:
         "_fields",
         "_shape_spec",
         "_spec",
+        "concurrency",
         "effects",
         "grace",
         "initial_backoff",
@@ -81,6 +82,7 @@ class Policy:
         self.effects = spec.effects
         self.resource_class = spec.resource_class
         self.priority = spec.priority
+        self.concurrency = spec.concurrency
         self.max_count = spec.max_count
         self.kind = (
             "cron"
@@ -132,6 +134,7 @@ class Policy:
         p.start_deadline = self.start_deadline
         p.jitter = self.jitter
         p.effects = self.effects
+        p.concurrency = self.concurrency
         p.resource_class = self.resource_class
         p.priority = self.priority
         p.max_count = self.max_count
@@ -207,11 +210,14 @@ class Run:
         "cancel_requested",
         "checksum",
         "claimed",
+        "concurrency",
         "due_at",
         "effects",
         "fence",
         "job",
         "lease_until",
+        "permit",
+        "permitted",
         "priority",
         "reconcile",
         "resource_class",
@@ -256,6 +262,11 @@ class Run:
         self.retry_at: datetime | None = None
         self.start_deadline_at = start_deadline_at
         self.claimed = False
+        # a concurrency key's (rendered key, limit), once the run first asked for a permit;
+        # the ask it waits on or holds (None: none); whether the key's aggregate granted it
+        self.concurrency: tuple[str, int] | None = None
+        self.permit: str | None = None
+        self.permitted = False
         self.cancel_requested = False
         self.checksum: str | None = None
         self.result_fence = 0
@@ -283,6 +294,9 @@ class Run:
         r.retry_at = self.retry_at
         r.start_deadline_at = self.start_deadline_at
         r.claimed = self.claimed
+        r.concurrency = self.concurrency
+        r.permit = self.permit
+        r.permitted = self.permitted
         r.cancel_requested = self.cancel_requested
         r.checksum = self.checksum
         r.result_fence = self.result_fence
@@ -564,21 +578,31 @@ class ScheduleState:
 
 
 class QuotaState:
-    """The fold of a tenant's quota events (``chronolog.commands.quota``): schedule ID ->
-    (create command ID, end of the reservation, or None once the slot is taken)."""
+    """The fold of the events of a tenant's quota aggregate (``chronolog.commands.quota``):
+    schedule ID -> (create command ID, end of the reservation, or None once the slot is
+    taken); or, for a concurrency key's aggregate (``chronolog.commands.permits``, schedule ID
+    ``limit_id(key)``), the permits held (run ID -> (schedule ID, ask)) and the requests
+    waiting, in order (run ID, schedule ID, ask, limit)."""
 
-    __slots__ = ("slots", "tenant")
-    schedule_id = QUOTA_ID
+    __slots__ = ("holders", "key", "schedule_id", "slots", "tenant", "waiting")
 
-    def __init__(self, tenant: str) -> None:
+    def __init__(self, tenant: str, schedule_id: str = QUOTA_ID) -> None:
         self.tenant = tenant
+        self.schedule_id = schedule_id
         self.slots: dict[str, tuple[str, datetime | None]] = {}
+        self.key: str | None = None  # a concurrency key's rendered text, once known
+        self.holders: dict[str, tuple[str, str]] = {}
+        self.waiting: list[tuple[str, str, str, int]] = []
 
     def taken(self) -> int:
         return sum(1 for _, until in self.slots.values() if until is None)
 
     def reserved(self) -> int:
         return sum(1 for _, until in self.slots.values() if until is not None)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.slots or self.holders or self.waiting)
 
 
 def initial_state(tenant: str, schedule_id: str) -> ScheduleState:

@@ -44,6 +44,7 @@ from chronolog.commands.state import (
     interned_policy,
 )
 from chronolog.domain.codec import dumps_kept
+from chronolog.domain.ids import QUOTA_ID
 from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleSpec
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
     "upcast_state",
 ]
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 _fromiso = datetime.fromisoformat
@@ -124,6 +125,16 @@ def _manual_final_state(body: list[Any]) -> list[Any]:
 
 @register_state_upcaster("quota", 1)
 def _quota_unchanged(body: list[Any]) -> list[Any]:
+    return body
+
+
+# Version 3: a run may carry its concurrency key, the request for a permit it waits on or
+# holds and whether it was granted (three elements after its priority), and a concurrency
+# key's permits are a quota-kind state (four elements after its slots); both only when
+# there is something to hold, so a body of version 2 is a body of version 3 as it is.
+@register_state_upcaster("schedule", 2)
+@register_state_upcaster("quota", 2)
+def _permits_absent(body: list[Any]) -> list[Any]:
     return body
 
 
@@ -240,7 +251,7 @@ def _encode_run(r: Run, job: JobSpec | None) -> list[Any]:
         None if effects is None else [[k, v[0], v[1], v[2].model_dump(mode="json")]
                                       for k, v in effects.items()],
         r.resource_class, r.priority,
-    ]
+    ] + ([] if r.concurrency is None else [list(r.concurrency), r.permit, r.permitted])
 
 
 def _decode_run(a: list[Any], job: JobSpec | None) -> Run:
@@ -248,7 +259,12 @@ def _decode_run(a: list[Any], job: JobSpec | None) -> Run:
     (r.run_id, scheduled_at, due_at, r.revision, rjob, r.trigger, r.state, r.attempt,
      r.attempt_base, age_base, r.fence, r.worker_id, lease_until, retry_at, start_deadline_at,
      r.claimed, r.cancel_requested, r.checksum, r.result_fence, result, r.reconcile, effects,
-     r.resource_class, r.priority) = a
+     r.resource_class, r.priority) = a[:24]
+    if len(a) > 24:  # a run with a concurrency key (``chronolog.commands.permits``)
+        (key, limit), r.permit, r.permitted = a[24:]
+        r.concurrency = (key, int(limit))
+    else:
+        r.concurrency, r.permit, r.permitted = None, None, False
     r.scheduled_at = _fromiso(scheduled_at)
     r.due_at = _fromiso(due_at)
     r.age_base = _t(age_base)
@@ -362,17 +378,25 @@ def _decode_schedule(a: list[Any], shapes: Mapping[str, Policy]) -> ScheduleStat
 
 
 def encode_quota(q: QuotaState) -> bytes:
-    """A tenant's quota aggregate as bytes of version ``STATE_VERSION``."""
-    return orjson.dumps([q.tenant, [[sid, cid, until] for sid, (cid, until) in q.slots.items()]],
-                        option=_OPTS)
+    """A tenant's quota aggregate (or a concurrency key's) as bytes of ``STATE_VERSION``:
+    [tenant, slots], and for a concurrency key its schedule ID, key, holders and waiting."""
+    body: list[Any] = [q.tenant, [[sid, cid, until] for sid, (cid, until) in q.slots.items()]]
+    if q.schedule_id != QUOTA_ID:
+        body += [q.schedule_id, q.key, [[r, sid, ask] for r, (sid, ask) in q.holders.items()],
+                 [list(w) for w in q.waiting]]
+    return orjson.dumps(body, option=_OPTS)
 
 
 def decode_quota(data: bytes | list[Any]) -> QuotaState:
     try:
         a = orjson.loads(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
-        tenant, slots = a
+        tenant, slots = a[:2]
         q = QuotaState(tenant)
         q.slots = {sid: (cid, _t(until)) for sid, cid, until in slots}
+        if len(a) > 2:
+            q.schedule_id, q.key, holders, waiting = a[2:]
+            q.holders = {r: (sid, ask) for r, sid, ask in holders}
+            q.waiting = [(r, sid, ask, int(limit)) for r, sid, ask, limit in waiting]
         return q
     except (ValueError, TypeError) as exc:
         raise StateDecodeError(f"not a stored quota state: {type(exc).__name__}: {exc}") \

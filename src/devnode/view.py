@@ -5,9 +5,10 @@ Three parts, so that what is drawn is a pure function of what was seen:
 * ``gather(node) -> Snapshot`` reads the node once — the processor's folded state (upcoming
   instants, running attempts with their fences), the events it committed (``Recent``: the
   newest outcome of recent runs with their reasons, start lateness, throughput), the
-  supervisor's restarts and the read model's runs waiting for a worker — into plain frozen
-  data. It is the only part that touches the node, the clock or the database; a part it
-  cannot read (the database is away) becomes a line in ``Snapshot.problems``.
+  supervisor's restarts and the read model's runs waiting to start (for a worker or for a
+  permit of their concurrency key) — into plain frozen data. It is the only part that
+  touches the node, the clock or the database; a part it cannot read (the database is away)
+  becomes a line in ``Snapshot.problems``.
 * ``render(snapshot, width, height) -> Frame`` builds the renderables from the snapshot
   alone: no clock, no I/O (tests render recorded snapshots with ``Console(record=True,
   width=...)``). ``plan`` decides what the screen has room for (``Fit``): every line fits the
@@ -361,7 +362,7 @@ async def gather(node: Any) -> Snapshot:
         try:
             waiting = [Waiting(*row) for row in await waiting_runs(store.pool, WAITING_ROWS)]
         except Exception as exc:  # noqa: BLE001 - the database may be away: say so, go on
-            problems.append(f"runs waiting for a worker: {exception_line(exc)}")
+            problems.append(f"runs waiting to start: {exception_line(exc)}")
     if recent is not None and recent.failed:
         problems.append(f"recent results: {recent.failed} events could not be recorded "
                         f"(last: {recent.last_failure})")
@@ -596,10 +597,10 @@ def _recent(s: Snapshot, fit: Fit) -> RenderableType:
 def _waiting(s: Snapshot, fit: Fit) -> RenderableType | None:
     if not s.waiting:
         return None
-    shown = s.waiting[:fit.rows.get("waiting for a worker", WAITING_ROWS)]
+    shown = s.waiting[:fit.rows.get("waiting to start", WAITING_ROWS)]
     rows = [_cells(clip(w.run_id, RUN_W), fit.schedule(w.tenant, w.schedule_id),
                    clip(w.reason, REASON_W)) for w in shown]
-    return _table(_titled("waiting for a worker", len(shown), len(s.waiting)), [
+    return _table(_titled("waiting to start", len(shown), len(s.waiting)), [
         Col("run", 8, weight=0.5, screen=100), Col("schedule", 12),
         Col("waiting", 10, weight=0.3)], rows, fit)
 
@@ -658,19 +659,19 @@ def plan(s: Snapshot, width: int, height: int | None) -> Fit:
     ``height`` every row is shown."""
     tenants = len(_tenants_shown(s)) > 1
     wants = {"recent results": len(s.recent), "upcoming": len(s.upcoming),
-             "running attempts": len(s.running), "waiting for a worker": len(s.waiting)}
+             "running attempts": len(s.running), "waiting to start": len(s.waiting)}
     if height is None:
         return Fit(width, wants, tenants, alerts=max(1, len(_alert_lines(s))))
     alerts = min(len(_alert_lines(s)), 3 if height < 30 else 6)
     rules = height >= TALL
     # a table: its title, header (and rule); an empty section: one line (waiting: none)
     used = FOOTER_LINES + alerts + sum(
-        ((3 if rules else 2) if n else (0 if name == "waiting for a worker" else 1))
+        ((3 if rules else 2) if n else (0 if name == "waiting to start" else 1))
         for name, n in wants.items())
     budget = height - used
     rows = dict.fromkeys(wants, 0)
     share = {"recent results": 2, "upcoming": 1, "running attempts": 1,
-             "waiting for a worker": 1}
+             "waiting to start": 1}
     progress = True
     while budget > 0 and progress:
         progress = False
@@ -688,7 +689,7 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
     ("alerts", _alerts),
     ("upcoming", _upcoming),
     ("running attempts", _running),
-    ("waiting for a worker", _waiting),
+    ("waiting to start", _waiting),
     ("recent results", _recent),
     ("footer", _footer),
 )

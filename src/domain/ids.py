@@ -20,6 +20,21 @@ def partition_key(tenant: str, schedule_id: str) -> str:
 QUOTA_ID = "@quota"
 
 
+# the schedule IDs of a tenant's concurrency keys: ``limit_id(key)`` (the rendered key's
+# digest: any key, a bounded ID); decided like the quota (``chronolog.commands.permits``)
+LIMIT_PREFIX = "@limit:"
+
+
+def limit_id(key: str) -> str:
+    """The schedule ID of the aggregate that grants the permits of concurrency key ``key``."""
+    return LIMIT_PREFIX + _digest(key)
+
+
+def is_quota_id(schedule_id: str) -> bool:
+    """A tenant's quota or one of its concurrency keys (both the quota aggregate's kind)."""
+    return schedule_id == QUOTA_ID or schedule_id.startswith(LIMIT_PREFIX)
+
+
 def quota_key(tenant: str) -> str:
     """The log key of a tenant's quota aggregate (one partition decides all its slots)."""
     return partition_key(tenant, QUOTA_ID)

@@ -14,6 +14,7 @@ event that carries it, so replay (``evolve``) never recomputes it.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -270,6 +271,39 @@ class EffectSpec(_Model):
 
 OverlapPolicy = Literal["allow", "skip", "buffer_one", "buffer_all", "cancel_previous"]
 
+# a concurrency key's template: text with ``{param}`` placeholders naming the job's params
+KEY_PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]{1,100})\}")
+
+
+class ConcurrencySpec(_Model):
+    """At most ``limit`` runs with the same key are LEASED at once, across every worker and
+    partition of the tenant (``chronolog.commands.permits``). ``key`` is a constant or a
+    template over the job's params: ``"customer-{customer_id}"``."""
+
+    key: str = Field(min_length=1, max_length=200)
+    limit: int = Field(ge=1, le=100_000)
+
+    @field_validator("key")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        rest = KEY_PLACEHOLDER.sub("", v)
+        if "{" in rest or "}" in rest:
+            raise ValueError("a brace outside a {param} placeholder")
+        if not rest.isprintable():
+            raise ValueError("a control character in the key")
+        return v
+
+    def placeholders(self) -> list[str]:
+        """The job params the key names, in order."""
+        return KEY_PLACEHOLDER.findall(self.key)
+
+    def render(self, params: dict[str, Any]) -> str:
+        """The key of a run with ``params`` (a string param as it is, any other as JSON)."""
+        def value(match: re.Match[str]) -> str:
+            v = params.get(match.group(1))
+            return v if isinstance(v, str) else orjson.dumps(v).decode()
+        return KEY_PLACEHOLDER.sub(value, self.key)
+
 
 class ScheduleSpec(_Model):
     """A recurring (or one-shot) rule plus the job it runs and its policies."""
@@ -296,6 +330,7 @@ class ScheduleSpec(_Model):
     effects: tuple[EffectSpec, ...] = ()
     resource_class: str = Field(default="default", pattern=lim.RESOURCE_CLASS_PATTERN)
     priority: int = Field(default=0, ge=-100, le=100)
+    concurrency: ConcurrencySpec | None = None
 
     @field_validator("resource_class")
     @classmethod
@@ -323,6 +358,11 @@ class ScheduleSpec(_Model):
         names = [e.effect_name for e in self.effects]
         if len(set(names)) != len(names):
             raise ValueError("effect names must be unique within a schedule")
+        if self.concurrency is not None:
+            missing = [n for n in self.concurrency.placeholders() if n not in self.job.params]
+            if missing:
+                raise ValueError(f"concurrency.key names {', '.join(missing)}, which "
+                                 f"job.params does not have")
         return self
 
 
@@ -472,6 +512,44 @@ class AnswerQuotaSlot(_Model):
     reason: str = ""
 
 
+# Concurrency permits (``chronolog.commands.permits``): a run with a concurrency key asks the
+# key's aggregate (schedule ID ``limit_id(key)``) for a permit when it becomes READY and gives
+# it back when it stops being READY or LEASED; the grant goes back to the run's schedule.
+# Only the processor (principal ``processor``) may send them.
+
+
+class _PermitRequest(_Model):
+    """One request of run ``run_id`` of ``schedule_id`` for a permit of ``key``, named
+    ``ask`` (a run asks again after each time it gave its permit back)."""
+
+    key: str
+    run_id: str
+    schedule_id: str
+    ask: str
+
+
+class AcquirePermit(_PermitRequest):
+    """Ask for one of ``limit`` permits of the key."""
+
+    type: Literal["AcquirePermit"] = "AcquirePermit"
+    limit: int = Field(ge=1, le=100_000)
+
+
+class ReleasePermit(_PermitRequest):
+    """Give back the permit (or withdraw the request) named ``ask``."""
+
+    type: Literal["ReleasePermit"] = "ReleasePermit"
+
+
+class GrantPermit(_Model):
+    """The key's aggregate granted request ``ask`` of run ``run_id``: it may be leased."""
+
+    type: Literal["GrantPermit"] = "GrantPermit"
+    key: str
+    run_id: str
+    ask: str
+
+
 # Changing the partition count (docs/design.md §18): commands the partition owners send each
 # other through ``commands``, in the transaction of the decision that emits them, to an
 # explicit partition. Only the processor (principal ``processor``) may send them.
@@ -545,10 +623,12 @@ ScheduleCommand = (
     | FailRun
     | RecordEffectOutcome
     | AnswerQuotaSlot
+    | GrantPermit
     | AdoptKey
     | Tick
 )
-QuotaCommand = ReserveQuotaSlot | ConfirmQuotaSlot | ReleaseQuotaSlot | AdoptKey | Tick
+QuotaCommand = (ReserveQuotaSlot | ConfirmQuotaSlot | ReleaseQuotaSlot | AcquirePermit
+                | ReleasePermit | AdoptKey | Tick)
 RoutingCommand = BeginHandover | HandoverDone
 
 Command = Annotated[ScheduleCommand | QuotaCommand | RoutingCommand, Field(discriminator="type")]
@@ -943,6 +1023,56 @@ class QuotaSlotReleased(_Event):
     released_at: UtcDatetime
 
 
+# concurrency permits: on a concurrency key's aggregate, each request granted, queued or
+# ended (``holders``: the permits held after the event, written in, as is the limit) ...
+
+
+class _PermitStep(_Event):
+    key: str
+    run_id: str
+    schedule_id: str
+    ask: str
+    holders: int
+
+
+class PermitGranted(_PermitStep):
+    type: Literal["PermitGranted"] = "PermitGranted"
+    limit: int
+
+
+class PermitQueued(_PermitStep):
+    type: Literal["PermitQueued"] = "PermitQueued"
+    limit: int
+    position: int  # 1: next in line
+
+
+class PermitReleased(_PermitStep):
+    type: Literal["PermitReleased"] = "PermitReleased"
+    held: bool  # False: a queued request withdrawn
+
+
+# ... and on the run's schedule: the run waits for a permit, got it, gave it back
+
+
+class _RunPermitStep(_Event):
+    run_id: str
+    ask: str
+
+
+class RunAwaitsPermit(_RunPermitStep):
+    type: Literal["RunAwaitsPermit"] = "RunAwaitsPermit"
+    key: str  # the rendered key
+    limit: int
+
+
+class RunPermitted(_RunPermitStep):
+    type: Literal["RunPermitted"] = "RunPermitted"
+
+
+class RunPermitReturned(_RunPermitStep):
+    type: Literal["RunPermitReturned"] = "RunPermitReturned"
+
+
 # changing the partition count (docs/design.md §18): a key leaving and entering a partition
 # (on the key), and a partition's routing view (on the partition's routing key, ``ROUTING_ID``)
 
@@ -1026,12 +1156,15 @@ ScheduleEvent = (
     | EffectFailed
     | ScheduleCreationHeld
     | ScheduleCreationRefused
+    | RunAwaitsPermit
+    | RunPermitted
+    | RunPermitReturned
     | KeyMovedOut
     | KeyMovedIn
 )
 QuotaEvent = (
     QuotaSlotReserved | QuotaSlotRefused | QuotaSlotConfirmed | QuotaSlotReleased
-    | KeyMovedOut | KeyMovedIn
+    | PermitGranted | PermitQueued | PermitReleased | KeyMovedOut | KeyMovedIn
 )
 RoutingEvent = RoutingVersionAdded | HandedOver | HandoverReceived
 

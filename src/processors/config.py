@@ -9,12 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from chronolog.commands.aggregate import OPEN_TENANT, TenantContext
 from chronolog.domain.limits import (
     DEFAULT_EXECUTION_TIMEOUT_SECONDS,
     MAX_RETRY_ATTEMPTS,
     MIN_INTERVAL_SECONDS,
     MIN_RETRY_BACKOFF_SECONDS,
 )
+from chronolog.domain.messages import ConcurrencySpec
 from chronolog.domain.routing import RoutingTable
 from chronolog.settings import RulesVersion
 from chronolog.tenants import DEFAULT_RETENTION_S
@@ -45,6 +47,23 @@ class TenantPolicies(Protocol):
     def attempts_per_minute(self, tenant: str) -> int | None: ...
 
     def storage_budget(self, tenant: str) -> int | None: ...
+
+    def job_concurrency(self, tenant: str) -> Mapping[str, ConcurrencySpec]: ...
+
+
+def tick_context(tenants: TenantPolicies, tenant: str) -> TenantContext:
+    """What a Tick needs of the tenant's policy: its concurrency rules per job type (a run
+    the Tick makes READY asks for a permit), else nothing."""
+    rules = tenants.job_concurrency(tenant)
+    return TenantContext(job_concurrency=rules) if rules else OPEN_TENANT
+
+
+def claim_context(tenants: TenantPolicies, tenant: str) -> TenantContext:
+    """What an assignment (a ClaimRun on a worker's behalf) needs of the tenant's policy:
+    its execution timeouts, written into AttemptClaimed and the record."""
+    timeout, job_timeouts = tenants.timeouts(tenant)
+    return TenantContext(execution_timeout=timeout, job_timeouts=job_timeouts,
+                         job_concurrency=tenants.job_concurrency(tenant))
 
 
 class OpenTenants:
@@ -86,6 +105,9 @@ class OpenTenants:
 
     def storage_budget(self, tenant: str) -> int | None:
         return None
+
+    def job_concurrency(self, tenant: str) -> Mapping[str, ConcurrencySpec]:
+        return {}
 
 
 # ``chronolog processor``'s ``group_settle_s``: the processes of a deployment started

@@ -34,12 +34,14 @@ import structlog
 
 from chronolog.commands.aggregate import OPEN_TENANT, PROCESSOR, Aggregate, Decision, TenantContext
 from chronolog.commands.decider import ScheduleDecision
+from chronolog.commands.permits import waits_for_permit
 from chronolog.commands.registry import PartitionAggregates
 from chronolog.commands.routing import RoutingView
 from chronolog.commands.state import QuotaState, ScheduleState
 from chronolog.domain import codec
 from chronolog.domain import messages as m
 from chronolog.domain.ids import (
+    QUOTA_ID,
     ROUTING_ID,
     ROUTING_TENANT,
     event_id_for,
@@ -53,7 +55,13 @@ from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.partitioner import key_hash, misplaced
 from chronolog.log.port import OutRecord, PartitionOwner, Record
 from chronolog.processors.attempt_budget import AttemptBudget
-from chronolog.processors.config import ProcessorConfig, ProcessorStats, TenantPolicies
+from chronolog.processors.config import (
+    ProcessorConfig,
+    ProcessorStats,
+    TenantPolicies,
+    claim_context,
+    tick_context,
+)
 from chronolog.processors.dispatch import Dispatcher, running_by_tenant
 from chronolog.processors.internal import (
     INTERNAL_COMMANDS,
@@ -74,8 +82,9 @@ S = TypeVar("S")
 E = TypeVar("E")
 
 # the events after which a run may be READY (it waits for a worker's seat)
-ReadyEvent = m.OccurrenceMaterialized | m.OccurrenceReady | m.OccurrenceRedriven
-READY_EVENTS = (m.OccurrenceMaterialized, m.OccurrenceReady, m.OccurrenceRedriven)
+# the events after which a run may wait for a worker (RunPermitted: it had waited for a permit)
+ReadyEvent = m.OccurrenceMaterialized | m.OccurrenceReady | m.OccurrenceRedriven | m.RunPermitted
+READY_EVENTS = (*ReadyEvent.__args__,)
 ROUTING_KEY = routing_key()
 
 
@@ -259,7 +268,7 @@ class PartitionTask:
             cid += ":resumed"
         try:
             dec = self.aggregates.schedule.decide(st, tick_envelope(st, cid, now, resumed), now,
-                                                  OPEN_TENANT)
+                                                  tick_context(self.ctx.tenants, st.tenant))
             encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
         except Exception:  # a decider bug must not stop the partition
             self.ctx.stats.tick_errors += 1
@@ -360,6 +369,7 @@ class PartitionTask:
                                min_interval=self.ctx.tenants.min_interval(env.tenant),
                                max_attempts=max_attempts, min_backoff=min_backoff,
                                execution_timeout=timeout, job_timeouts=job_timeouts,
+                               job_concurrency=self.ctx.tenants.job_concurrency(env.tenant),
                                retry_delay=max(budget_wait, self._retry_delay(
                                    env, now, failing=refusal is not None)),
                                result_refusal=refusal)
@@ -535,6 +545,8 @@ class PartitionTask:
             self.quotas[key] = qs
         self._record(self.aggregates.quota, key, qs.tenant, qs.schedule_id, qs, dec, encoded,
                      cid, now, out)
+        if qs.empty and qs.schedule_id != QUOTA_ID:
+            self.quotas.pop(key, None)  # a concurrency key nobody holds or waits for
         if isinstance(env.payload, m.AdoptKey) and not dec.ok:
             log.error("adopt_refused", partition=self.partition, key=key, status=dec.status,
                       reason=dec.reason)
@@ -678,6 +690,8 @@ class PartitionTask:
                 run = st.run(run_id) if st is not None else None
                 if st is None or run is None or run.state != "READY" or run.attempt != attempt:
                     continue  # cancelled, skipped or assigned meanwhile
+                if waits_for_permit(run):
+                    continue  # back in line when its permit is granted (RunPermitted)
                 cap = self.ctx.tenants.max_running(tenant)
                 if cap is not None and running is None:
                     running = running_by_tenant(p.dispatch for p in self.ctx.tasks.values())
@@ -692,7 +706,7 @@ class PartitionTask:
                 try:
                     dec = self.aggregates.schedule.decide(
                         st, assign_envelope(st, cid, now, run_id, attempt, seat.worker_id), now,
-                        self._claim_context(st.tenant))
+                        claim_context(self.ctx.tenants, st.tenant))
                     encoded = self._encode(key, st.tenant, st.schedule_id, dec, cid, now)
                 except Exception:  # a decider bug must not stop the partition
                     log.exception("assign_decide_failed", partition=self.partition, run_id=run_id)
@@ -770,12 +784,6 @@ class PartitionTask:
             for ev in dec.events:
                 if isinstance(ev, m.RetryScheduled):
                     self.ctx.attempt_budget.take(tenant, per_minute, now.timestamp())
-
-    def _claim_context(self, tenant: str) -> TenantContext:
-        """What an assignment (a ClaimRun on a worker's behalf) needs of the tenant's
-        policy: its execution timeouts, written into AttemptClaimed and the record."""
-        timeout, job_timeouts = self.ctx.tenants.timeouts(tenant)
-        return TenantContext(execution_timeout=timeout, job_timeouts=job_timeouts)
 
     def _dead_letter(
         self, rec: Record, reason: str, out: Output,

@@ -81,8 +81,11 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
     p = envelope.payload
     match p:
         case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
-              | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()):
-            return c  # the quota saga changes no row (a held create is not a schedule yet)
+              | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()
+              | m.PermitGranted() | m.PermitQueued() | m.PermitReleased()):
+            # the quota saga changes no row (a held create is not a schedule yet), nor do a
+            # concurrency key's permits (their runs show what they wait for)
+            return c
         case (m.KeyMovedOut() | m.KeyMovedIn() | m.RoutingVersionAdded() | m.HandedOver()
               | m.HandoverReceived()):
             # a key moving between partitions (docs/design.md §18) changes none of its rows:
@@ -173,6 +176,10 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 result_attempt=p.attempt, finished_at=p.finished_at)
             attempt(p.run_id, p.attempt, outcome="succeeded", finished_at=p.finished_at)
             outcome(p.run_id, "succeeded")
+        case m.RunAwaitsPermit():
+            run(p.run_id, permit_wait={"key": p.key, "limit": p.limit})
+        case m.RunPermitted() | m.RunPermitReturned():
+            run(p.run_id, permit_wait=None)
         case m.CompletionRejected():  # no read-model row changes: only its counter
             c.tally(Tally("rejected", tenant, sid, p.run_id, p.reason))
         case m.CancellationRequested():

@@ -150,6 +150,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             reconciliation=JSONB, reconciliation_resolution=JSONB, updated_at=TS,
             first_fence=BIGINT, first_worker_id=TEXT, first_lease_until=TS, first_outcome=TEXT,
             first_error_class=TEXT, first_error=TEXT, first_finished_at=TS,
+            permit_wait=JSONB,
         ),
         "attempts": _spec(
             "attempts",

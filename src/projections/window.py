@@ -62,7 +62,7 @@ STAND_INS: Mapping[str, frozenset[str]] = MappingProxyType({
                        "last_error_class", "last_error", "reconciliation",
                        "reconciliation_resolution", "first_fence", "first_worker_id",
                        "first_lease_until", "first_outcome", "first_error_class",
-                       "first_error", "first_finished_at"}),
+                       "first_error", "first_finished_at", "permit_wait"}),
     "attempts": frozenset(),
     "effects": frozenset({"created_at", "updated_at", "evidence"}),
     "ready_runs": frozenset({"ready_at"}),

@@ -239,6 +239,14 @@ class EffectIn(CamelModel):
         default=None, description="stop retrying after this long (capped by the destination)")
 
 
+class ConcurrencyIn(CamelModel):
+    """At most ``limit`` runs with the same key LEASED at once, across every worker."""
+
+    key: str = Field(min_length=1, max_length=200, description="a constant, or a template "
+                     "over the job's params: customer-{customerId} names params.customerId")
+    limit: int = spec_field(m.ConcurrencySpec, "limit")
+
+
 # the definition the API documentation shows (ReDoc samples a body from it): valid as it is,
 # with one rule (``every``), not every member of the schema at once
 DEFINITION_EXAMPLE: dict[str, Any] = {
@@ -273,6 +281,7 @@ class ScheduleDefinition(CamelModel):
     effects: list[EffectIn] | None = None
     resource_class: str | None = spec_field(m.ScheduleSpec, "resource_class", default=None)
     priority: int | None = spec_field(m.ScheduleSpec, "priority", default=None)
+    concurrency: ConcurrencyIn | None = None
 
 
 class InvalidDefinition(ValueError):
@@ -310,7 +319,8 @@ def to_spec(defn: ScheduleDefinition) -> m.ScheduleSpec:
         field = field_of(tuple(err.get("loc", ())))
         if field is None:  # a whole-spec rule: its message starts with the field it is about
             first = msg.split(" ", 1)[0]
-            field = {"effect": "effects"}.get(first, first if first in _SPEC_FIELDS else None)
+            field = {"effect": "effects", "concurrency.key": "concurrency.key"}.get(
+                first, first if first in _SPEC_FIELDS else None)
         raise InvalidDefinition(msg, field) from None
     try:
         compile_trigger(

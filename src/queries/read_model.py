@@ -209,7 +209,7 @@ class ReadModel:
         last: tuple[datetime, str] | None, states: list[str] | None, limit: int,
     ) -> list[asyncpg.Record]:
         sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
-               "finished_at, job_type, resource_class FROM runs "
+               "finished_at, job_type, resource_class, permit_wait FROM runs "
                "WHERE tenant = $1 AND schedule_id = $2 "
                "AND (scheduled_at, run_id) <= ($3, $4)")
         args: list[Any] = [tenant, schedule_id, bound[0], bound[1]]
@@ -260,7 +260,7 @@ class ReadModel:
         """The tenant's runs matching ``q``, at or below ``bound``, below ``last``, newest
         first."""
         sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
-               "finished_at, job_type, resource_class FROM runs "
+               "finished_at, job_type, resource_class, permit_wait FROM runs "
                "WHERE tenant = $1 AND (scheduled_at, run_id) <= ($2, $3)")
         args: list[Any] = [tenant, bound[0], bound[1]]
         if last is not None:
@@ -528,8 +528,7 @@ async def runs_page(rm: ReadModel, tenant: str, schedule_id: str, *, states: lis
                        scheduled_at=r["scheduled_at"], state=r["state"],
                        attempt=r["attempt"], started_at=r["started_at"],
                        finished_at=r["finished_at"],
-                       waiting=wk.waiting_for(r["state"], r["resource_class"],
-                                              r["job_type"], served)) for r in rows],
+                       waiting=_waiting(r, served)) for r in rows],
         next_cursor=next_cursor, watermark=watermark(offsets, wm_time, partitions),
     )
 
@@ -714,8 +713,7 @@ async def run_list_page(rm: ReadModel, tenant: str, q: RunQuery, *,
                            scheduled_at=r["scheduled_at"], state=r["state"],
                            attempt=r["attempt"], started_at=r["started_at"],
                            finished_at=r["finished_at"], job_type=r["job_type"],
-                           waiting=wk.waiting_for(r["state"], r["resource_class"],
-                                                  r["job_type"], served)) for r in rows],
+                           waiting=_waiting(r, served)) for r in rows],
         next_cursor=cursor, watermark=watermark(offsets, wm_time, partitions),
     )
 
@@ -801,6 +799,17 @@ def result_expired(finished_at: datetime | None, now: datetime | None, window: f
             and finished_at < now - timedelta(seconds=window))
 
 
+def _waiting(r: Any, served: frozenset[tuple[str, str]]) -> str | None:
+    """Why a READY run waits: for a permit of its concurrency key, or for a live worker of
+    its resource class that serves its job type (None: it does not, or is not READY)."""
+    if r["state"] != "READY":
+        return None
+    permit = _json(r["permit_wait"])
+    if permit:
+        return wk.permit_reason(permit)
+    return wk.waiting_for(r["state"], r["resource_class"], r["job_type"], served)
+
+
 async def run_document(rm: ReadModel, tenant: str, run_id: str) -> dict[str, Any] | None:
     """The body of ``GET /v1/runs/{id}``: a run with its attempts, result and effects
     (None: no such run of the tenant)."""
@@ -811,8 +820,7 @@ async def run_document(rm: ReadModel, tenant: str, run_id: str) -> dict[str, Any
     effects = await rm.effects(run_id)
     waiting = None
     if r["state"] == "READY":
-        waiting = wk.waiting_for(r["state"], r["resource_class"], r["job_type"],
-                                 await wk.live_served(rm.pool))
+        waiting = _waiting(r, await wk.live_served(rm.pool))
     result = None
     if r["result_checksum"] is not None:
         result = ResultOut(checksum=r["result_checksum"], size=r["result_size"] or 0,

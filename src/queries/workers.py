@@ -112,19 +112,25 @@ async def waiting_counts(pool: Any) -> list[tuple[str, str, int]]:
 
 
 async def waiting_runs(pool: Any, limit: int = 10) -> list[tuple[str, str, str, str]]:
-    """(tenant, schedule ID, run ID, reason) of the oldest READY runs no live worker serves."""
+    """(tenant, schedule ID, run ID, reason) of the oldest READY runs that wait for a permit
+    of their concurrency key or that no live worker serves."""
     unserved = await waiting_counts(pool)
-    if not unserved:
-        return []
     rows = await pool.fetch(
-        "SELECT r.tenant, r.schedule_id, r.run_id, r.job_type, r.resource_class "
-        "FROM ready_runs AS q JOIN runs AS r ON r.run_id = q.run_id "
-        "WHERE (q.resource_class, q.job_type) IN "
+        "SELECT r.tenant, r.schedule_id, r.run_id, r.job_type, r.resource_class, "
+        "r.permit_wait FROM ready_runs AS q JOIN runs AS r ON r.run_id = q.run_id "
+        "WHERE r.permit_wait IS NOT NULL OR (q.resource_class, q.job_type) IN "
         "(SELECT * FROM unnest($1::text[], $2::text[])) "
         "ORDER BY q.ready_at, q.run_id LIMIT $3",
         [c for c, _, _ in unserved], [j for _, j, _ in unserved], limit)
     return [(r["tenant"], r["schedule_id"], r["run_id"],
-             waiting_reason(r["job_type"], r["resource_class"])) for r in rows]
+             permit_reason(_obj(r["permit_wait"])) if r["permit_wait"] is not None
+             else waiting_reason(r["job_type"], r["resource_class"])) for r in rows]
+
+
+def permit_reason(permit: dict[str, Any]) -> str:
+    """Why a READY run with ``permit_wait`` (its key and limit) waits."""
+    return (f"waiting for a permit of concurrency key '{permit['key']}' "
+            f"(limit {permit['limit']}): that many runs with the key hold one")
 
 
 def _obj(value: Any) -> dict[str, Any]:

@@ -54,7 +54,7 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
 
         text = await wait_until(waiting, 30, what="the live view's waiting run")
         # one tenant on screen: its schedules are named without it
-        assert "greeter" in text.split("waiting for a worker", 1)[1]
+        assert "greeter" in text.split("waiting to start", 1)[1]
 
         async with serving(event_log, tmp_path, "w-greet", greet_jobs.register) as greet:
             async def served() -> Any:
@@ -62,7 +62,7 @@ async def test_the_dev_node_knows_its_job_types_and_its_live_view_says_why_a_run
                 return text if WAITING not in text and greet.stats.completed else None
 
             text = await wait_until(served, 30, what="the run served and the view clear")
-            assert "waiting for a worker" not in text
+            assert "waiting to start" not in text
             # the attached worker's job type is known once its announcement is projected (a
             # refused create writes nothing, so it may be sent again)
             async def accepted() -> Any:

@@ -44,7 +44,7 @@ from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import in_barrier_order
-from chronolog.domain.ids import QUOTA_ID, manual_run_id, run_id_for
+from chronolog.domain.ids import QUOTA_ID, limit_id, manual_run_id, run_id_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
@@ -1349,3 +1349,68 @@ def test_the_audit_holds_no_more_than_the_decider_plus_a_constant_window(
         assert held["spans"] <= SPANS_KEPT
         assert held["effects"] <= held["runs"]  # one effect a run, held with its run
     assert audit(d.log).ok
+
+
+# -- concurrency_limit
+
+LIMIT = limit_id("shared")
+
+
+def _granted(log: Log, minute: int, limit: int = 1, sid: str = "s1") -> Log:
+    run = rid(minute, sid)
+    return log.add(m.PermitGranted(key="shared", run_id=run, schedule_id=sid, ask=f"a{minute}",
+                                   limit=limit, holders=1), sid=LIMIT)
+
+
+def _returned(log: Log, minute: int, sid: str = "s1") -> Log:
+    run = rid(minute, sid)
+    log.add(m.RunPermitReturned(run_id=run, ask=f"a{minute}"), sid=sid)
+    return log.add(m.PermitReleased(key="shared", run_id=run, schedule_id=sid, ask=f"a{minute}",
+                                    held=True, holders=0), sid=LIMIT)
+
+
+def _permitted_run(log: Log, minute: int, fence: int) -> Log:
+    """A run that asks, is granted, runs and gives its permit back."""
+    log.mat(minute).add(m.RunAwaitsPermit(run_id=rid(minute), key="shared", limit=1,
+                                          ask=f"a{minute}"))
+    _granted(log, minute).add(m.RunPermitted(run_id=rid(minute), ask=f"a{minute}"))
+    return _returned(log.claimed_and_done(minute, fence), minute)
+
+
+def test_runs_taking_turns_with_one_permit_are_clean() -> None:
+    log = _permitted_run(_permitted_run(Log().created(), 0, 1), 1, 2)
+    _assert_clean(log.audit())
+
+
+def test_more_permits_granted_than_the_limit_is_reported() -> None:
+    log = _granted(_granted(Log().created(), 0), 1)
+    (v,) = only(log.audit(), "concurrency_limit")
+    assert v.message == "2 permits of key 'shared' held, limit 1" and v.schedule_id == LIMIT
+
+
+def test_a_run_claimed_while_it_waits_for_its_permit_is_reported() -> None:
+    log = Log().created().mat(0).add(m.RunAwaitsPermit(run_id=rid(0), key="shared", limit=1,
+                                                       ask="a0"))
+    (v,) = only(log.claimed_and_done(0, 1).audit(), "concurrency_limit")
+    assert v.run_id == rid(0) and "waits for a permit" in v.message
+
+
+def test_a_permit_released_that_was_never_granted_is_reported() -> None:
+    log = Log().created().add(m.PermitReleased(key="shared", run_id=rid(0), schedule_id="s1",
+                                               ask="a0", held=True, holders=0), sid=LIMIT)
+    (v,) = only(log.audit(), "concurrency_limit")
+    assert "does not hold" in v.message
+
+
+def test_the_permits_held_survive_a_checkpoint() -> None:
+    from chronolog.audit.auditor import Auditor
+    first = _granted(Log().created(), 0)
+    a = Auditor()
+    for i, e in enumerate(first.events):
+        a.feed(e, 0, i)
+    resumed = Auditor.resume(a.checkpoint())
+    later = _granted(Log(), 1)
+    for i, e in enumerate(later.events):
+        resumed.feed(e, 0, 100 + i)
+    (v,) = only(resumed.finish(), "concurrency_limit")
+    assert v.message == "2 permits of key 'shared' held, limit 1"

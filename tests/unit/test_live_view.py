@@ -310,7 +310,7 @@ def busy(tenants: tuple[str, ...] = ("default",)) -> Snapshot:
                                       NOW - timedelta(seconds=20)),),
                     lateness_p50_ms=12.0, lateness_p99_ms=40.0, events_per_s=3.5,
                     commands=1234, offers=98765, transactions=456,
-                    problems=("runs waiting for a worker: OSError: connection refused",))
+                    problems=("runs waiting to start: OSError: connection refused",))
 
 
 def screen(width: int, height: int, snap: Snapshot | None = None) -> list[str]:
@@ -325,7 +325,7 @@ def test_the_live_view_fits_the_screen_with_every_section(width: int, height: in
     text = "\n".join(lines)
     assert all(len(line) <= width for line in lines), max(lines, key=len)
     assert len(lines) <= height
-    for title in ("upcoming", "running attempts", "waiting for a worker", "recent results"):
+    for title in ("upcoming", "running attempts", "waiting to start", "recent results"):
         assert any(line.startswith(title) for line in lines), title
     header = {title: lines[next(i for i, line in enumerate(lines) if line.startswith(title))
                            + 1] for title in ("upcoming", "running attempts", "recent results")}

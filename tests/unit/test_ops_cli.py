@@ -255,9 +255,17 @@ def test_every_field_of_the_api_body_has_a_create_flag() -> None:
 def test_the_create_flags_cover_every_field_of_the_api_body() -> None:
     """A field added to the API's definition without a flag fails here."""
     from chronolog.cli.schedules import _FIELD_FLAGS
-    from chronolog.queries.documents import DstIn, JobIn, MisfireIn, RetryIn, ScheduleDefinition
+    from chronolog.queries.documents import (
+        ConcurrencyIn,
+        DstIn,
+        JobIn,
+        MisfireIn,
+        RetryIn,
+        ScheduleDefinition,
+    )
 
-    nested = {"job": JobIn, "misfire": MisfireIn, "retry": RetryIn, "dst": DstIn}
+    nested = {"job": JobIn, "misfire": MisfireIn, "retry": RetryIn, "dst": DstIn,
+              "concurrency": ConcurrencyIn}
     fields = set()
     for name, info in ScheduleDefinition.model_fields.items():
         alias = info.alias or name

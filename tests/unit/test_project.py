@@ -88,6 +88,9 @@ SAMPLES: dict[str, Any] = {
     "EffectUncertain": m.EffectUncertain(effect_id=f"send-{RUN}", run_id=RUN,
                                          evidence={"error": "reset"}),
     "EffectFailed": m.EffectFailed(effect_id=f"send-{RUN}", run_id=RUN, evidence={"code": 550}),
+    "RunAwaitsPermit": m.RunAwaitsPermit(run_id=RUN, key="customer-7", limit=2, ask="a1"),
+    "RunPermitted": m.RunPermitted(run_id=RUN, ask="a1"),
+    "RunPermitReturned": m.RunPermitReturned(run_id=RUN, ask="a1"),
 }
 # the tenant quota saga's events: no row (a held create is not a schedule yet)
 QUOTA_SAMPLES: dict[str, Any] = {
@@ -107,6 +110,13 @@ QUOTA_SAMPLES: dict[str, Any] = {
     "RoutingVersionAdded": m.RoutingVersionAdded(partitions=(2, 4)),
     "HandedOver": m.HandedOver(version=2),
     "HandoverReceived": m.HandoverReceived(version=2, sender=1),
+    # a concurrency key's permits: no row (their runs show what they wait for)
+    "PermitGranted": m.PermitGranted(key="k", run_id=RUN, schedule_id="s1", ask="a1", limit=2,
+                                     holders=1),
+    "PermitQueued": m.PermitQueued(key="k", run_id=RUN, schedule_id="s1", ask="a1", limit=2,
+                                   holders=2, position=1),
+    "PermitReleased": m.PermitReleased(key="k", run_id=RUN, schedule_id="s1", ask="a1",
+                                       held=True, holders=0),
 }
 
 
@@ -309,6 +319,14 @@ def test_result_published_sets_the_canonical_result() -> None:
     assert row["finished_at"] == T0 + timedelta(seconds=20)
     assert "scheduled_at" not in row  # a partial change: the rest of the row stays
     assert row["first_outcome"] == "succeeded"
+
+
+def test_a_run_waiting_for_a_permit_shows_its_key_until_granted_or_given_back() -> None:
+    waits = run_row(project(env(SAMPLES["RunAwaitsPermit"])))
+    assert waits["permit_wait"] == {"key": "customer-7", "limit": 2}
+    assert "state" not in waits  # it stays READY: only what it waits for changes
+    for name in ("RunPermitted", "RunPermitReturned"):
+        assert run_row(project(env(SAMPLES[name])))["permit_wait"] is None
 
 
 def test_completion_rejected_changes_no_row() -> None:

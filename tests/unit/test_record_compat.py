@@ -18,16 +18,27 @@ from chronolog.domain import codec
 
 FIXTURE = Path(__file__).parent / "fixtures" / "records_v1.jsonl"
 RECORDS = [json.loads(line) for line in FIXTURE.read_text().splitlines() if line]
+# members of a spec added since the fixture was written, with the value an old record
+# decodes to (their default): compared as such, then left out of the comparison below
+SPEC_ADDED_SINCE = {"concurrency": None}
 
 
 def decoded(topic: str, key: str, value: bytes) -> Any:
     if topic == "events":
-        return codec.decode_event(value).model_dump(mode="json")
+        return _without_added(codec.decode_event(value).model_dump(mode="json"))
     if topic == "commands":
-        return codec.decode_command(value).model_dump(mode="json")
+        return _without_added(codec.decode_command(value).model_dump(mode="json"))
     if topic == "replies":
         return codec.decode_reply(value).model_dump(mode="json")
     return codec.decode_assignment(value, key.encode())
+
+
+def _without_added(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc.get("payload", {}).get("spec")
+    if isinstance(spec, dict):
+        for name, default in SPEC_ADDED_SINCE.items():
+            assert spec.pop(name) == default
+    return doc
 
 
 def test_the_fixture_has_every_kind_of_record() -> None:

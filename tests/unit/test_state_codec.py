@@ -253,6 +253,11 @@ LAYOUTS = {
 # version 2: the same slots; a manual key's entry (``state.Manual``) gained its run's final
 # state
 LAYOUTS[2] = LAYOUTS[1]
+# version 3: a run's concurrency key and permit; a concurrency key's permits (QuotaState)
+LAYOUTS[3] = {**LAYOUTS[2],
+              "Run": (*LAYOUTS[2]["Run"], "concurrency", "permit", "permitted"),
+              "QuotaState": (*LAYOUTS[2]["QuotaState"], "holders", "key", "schedule_id",
+                             "waiting")}
 
 
 def test_the_state_layout_is_the_one_of_its_version() -> None:
