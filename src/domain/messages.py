@@ -358,7 +358,13 @@ class ScheduleSpec(_Model):
         names = [e.effect_name for e in self.effects]
         if len(set(names)) != len(names):
             raise ValueError("effect names must be unique within a schedule")
-        if self.concurrency is not None:
+        return self
+
+    @model_validator(mode="after")
+    def _key_names_params(self, info: ValidationInfo) -> ScheduleSpec:
+        """A new definition's key names params its job has (a stored spec is not checked
+        again: a snapshot stores specs without their params)."""
+        if self.concurrency is not None and not (info.context and info.context.get("stored")):
             missing = [n for n in self.concurrency.placeholders() if n not in self.job.params]
             if missing:
                 raise ValueError(f"concurrency.key names {', '.join(missing)}, which "

@@ -129,8 +129,7 @@ async def waiting_runs(pool: Any, limit: int = 10) -> list[tuple[str, str, str, 
 
 def permit_reason(permit: dict[str, Any]) -> str:
     """Why a READY run with ``permit_wait`` (its key and limit) waits."""
-    return (f"waiting for a permit of concurrency key '{permit['key']}' "
-            f"(limit {permit['limit']}): that many runs with the key hold one")
+    return f"waiting for a permit of concurrency key '{permit['key']}' (limit {permit['limit']})"
 
 
 def _obj(value: Any) -> dict[str, Any]:

@@ -321,7 +321,7 @@ def test_the_performance_guides_audit_and_failover_commands_run_small(reader: Re
 @pytest.mark.long(30)
 def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     blocks = _blocks("docs/tour.md")
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     out = [reader.run(b) for b in blocks]
     created, _ = json.JSONDecoder().raw_decode(out[0])  # curl's body, then the CLI's lines
     assert created["scheduleId"] == "report" and created["revision"] == 1, out[0]
@@ -329,7 +329,9 @@ def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     digest = httpx.get(f"{reader.api}/v1/schedules/digest", timeout=10,
                        headers={"Authorization": f"Bearer {TOKEN}"}).json()["definition"]
     assert "end" not in digest and digest["job"]["params"] == {"to": "ops"}, digest
-    assert out[3].startswith("#  UTC"), out[3]
+    assert "waiting for a permit of concurrency key 'customer-acme' (limit 1)" in out[3], out[3]
+    assert re.search(r"triggered run \S+ of sync-invoices: READY", out[3]), out[3]
+    assert out[4].startswith("#  UTC"), out[4]
 
 
 def test_the_jobs_blocks_run_and_the_runs_succeed(reader: Reader) -> None:

@@ -24,6 +24,7 @@ from chronolog.commands.decider import decide, evolve
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
 from chronolog.commands.state import QuotaWait, Run, ScheduleState, initial_state
 from chronolog.domain import messages as m
+from chronolog.domain.ids import limit_id
 from support.decider import T0, Story, complete, envelope, spec
 from support.states import every_field
 from unit.decider.test_invariants import DeciderMachine
@@ -114,6 +115,29 @@ def test_a_quota_aggregate_round_trips_in_order() -> None:
     assert back.tenant == "acme"
     assert list(back.slots.items()) == list(q.slots.items())
     assert back.slots["a"][1] is None and back.slots["b"][1] is not None
+
+
+def test_a_concurrency_keys_permits_and_a_waiting_runs_request_round_trip() -> None:
+    key = limit_id("shared")
+    q = QuotaState("acme", key)
+    for i in range(3):  # limit 2: two held, one in line
+        env = m.CommandEnvelope(
+            command_id=f"r{i}", type="AcquirePermit", tenant="acme", principal="processor",
+            schedule_id=key, issued_at=T0,
+            payload=m.AcquirePermit(key="shared", run_id=f"run{i}", schedule_id=f"s{i}",
+                                    ask=f"a{i}", limit=2))
+        for e in decide_quota(q, env, T0, None).events:
+            evolve_quota(q, e)
+    back = sc.decode_quota(sc.encode_quota(q))
+    assert (back.schedule_id, back.key, back.holders, back.waiting) == (
+        key, "shared", q.holders, q.waiting)
+    assert list(back.holders) == ["run0", "run1"] and back.waiting[0][0] == "run2"
+    s = Story().create(concurrency={"key": "k-{n}", "limit": 1})
+    s.given(m.Tick(), T0 + timedelta(seconds=60))
+    decoded = sc.decode_schedule(sc.encode_schedule(s.state), shapes_of(s.state))
+    assert decoded.snapshot() == s.state.snapshot()
+    (run,) = (decoded.runs or {}).values()
+    assert (run.concurrency, run.permitted) == (("k-1", 1), False) and run.permit is not None
 
 
 def test_the_trigger_of_a_decoded_state_is_compiled_when_first_used() -> None:

@@ -28,7 +28,7 @@ from chronolog.commands.routing import (
 from chronolog.commands.state import ScheduleState, initial_state
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.domain.ids import QUOTA_ID, ROUTING_ID, ROUTING_TENANT
+from chronolog.domain.ids import QUOTA_ID, ROUTING_ID, ROUTING_TENANT, limit_id
 from chronolog.domain.routing import RoutingTable
 from support.decider import GivenWhenThen
 from unit.decider.test_invariants import TENANT, DeciderMachine
@@ -200,6 +200,34 @@ def test_a_tenant_quota_moves_with_its_slots(gwt: GivenWhenThen) -> None:
     for e in dec.events:
         evolve_quota(new, e)
     assert new.slots == slots
+
+
+def test_a_concurrency_keys_permits_move_with_their_holders_and_line(
+        gwt: GivenWhenThen) -> None:
+    """A key's aggregate (the quota's kind) moves as a quota does: the permits held and the
+    requests waiting, in order, arrive whole, and a release there grants the next in line."""
+    key = limit_id("shared")
+    qs = QuotaState(gwt.TENANT, key)
+    for run in ("r1", "r2", "r3"):
+        env = gwt.envelope(m.AcquirePermit(key="shared", run_id=run, schedule_id=f"s-{run}",
+                                           ask=f"a-{run}", limit=1),
+                           schedule_id=key, principal="processor", command_id=f"q-{run}")
+        for e in decide_quota(qs, env, gwt.T0, None).events:
+            evolve_quota(qs, e)
+    out = move_out_quota(qs, 2, 2, 0)
+    assert out.sends[0].schedule_id == key
+    new = QuotaState(gwt.TENANT, key)
+    dec = decide_quota(new, _adopt_envelope(gwt, out), gwt.T0, None)
+    assert dec.ok and gwt.names(dec) == ["KeyMovedIn"]
+    for e in dec.events:
+        evolve_quota(new, e)
+    assert (new.key, new.holders, new.waiting) == ("shared", qs.holders, qs.waiting)
+    release = gwt.envelope(m.ReleasePermit(key="shared", run_id="r1", schedule_id="s-r1",
+                                           ask="a-r1"),
+                           schedule_id=key, principal="processor", command_id="rel")
+    granted = decide_quota(new, release, gwt.T0, None)
+    assert gwt.names(granted) == ["PermitReleased", "PermitGranted"]
+    assert gwt.one(granted, m.PermitGranted).run_id == "r2"
 
 
 def test_an_adopt_for_a_quota_held_here_is_refused_as_data(gwt: GivenWhenThen) -> None:
