@@ -18,6 +18,7 @@ from chronolog.queries.documents import DEFINITION_EXAMPLE, CamelModel, Schedule
 __all__ = [
     "MAX_SCHEDULE_ID",
     "SCHEDULE_EXAMPLE",
+    "BackfillIn",
     "CancelIn",
     "InstantOut",
     "PauseIn",
@@ -103,6 +104,18 @@ class RunCreated(CamelModel):
     state: str | None = Field(description=(
         "the run's state; null only for a run that finished before this deployment "
         "recorded how (GET /v1/runs/{runId} tells)"))
+
+
+class BackfillIn(CamelModel):
+    """A past range of the schedule's rule to run: every instant in [from, to)."""
+
+    start: m.Instant = Field(alias="from", description="the first instant that may run "
+                             "(inclusive), ISO-8601 with an offset or Z")
+    end: m.Instant = Field(alias="to", description="the end of the range (exclusive), not "
+                           "after now")
+    overlap: Literal["buffer_all", "allow"] = Field(
+        default="buffer_all", description="buffer_all: its runs one after another, oldest "
+        "first; allow: side by side (workers and fair dispatch permitting)")
 
 
 class RunWritten(CamelModel):

@@ -164,7 +164,7 @@ from chronolog.commands.decider import LEAVES_LIVE
 from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import Barrier, in_barrier_order
-from chronolog.domain.ids import LIMIT_PREFIX, QUOTA_ID, ROUTING_ID
+from chronolog.domain.ids import BACKFILL_RUN, LIMIT_PREFIX, QUOTA_ID, ROUTING_ID
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
 
 __all__ = [
@@ -547,6 +547,8 @@ class Auditor:
                 reported = len(self.report.violations)
                 if p.request_key is not None or p.trigger == "manual":
                     self._manual_key(s, p.request_key or p.run_id, ref)
+                elif p.trigger == "backfill":  # its own key: the instant, once per backfill
+                    self._manual_key(s, f"backfill@{p.scheduled_at.isoformat()}", ref)
                 else:
                     self._record_instant(s, p.scheduled_at, None, 1, ref, "materialized")
                     self._after_completion(s, ref, "an occurrence was materialized")
@@ -660,6 +662,8 @@ class Auditor:
                 self._effect_settled(s, p.effect_id)
             case m.EffectUncertain():
                 pass
+            case m.BackfillRequested():
+                pass  # its runs are judged as they are materialized
             case m.RunAwaitsPermit():
                 self._run(s, p.run_id).permit = "asked"
             case m.RunPermitted():
@@ -874,7 +878,10 @@ class Auditor:
             del s.manual[next(iter(s.manual))]
 
     def _check_overlap_claim(self, s: ScheduleFold, run: RunFold, ref: EventRef) -> None:
-        others = sorted(r for r in s.leased if r != run.run_id)
+        if run.run_id.startswith(BACKFILL_RUN):
+            return  # a backfill's runs hold no overlap guard (docs/design.md §22)
+        others = sorted(r for r in s.leased if r != run.run_id
+                        and not r.startswith(BACKFILL_RUN))
         if not others:
             return
         now_policy = s.overlap_policy()

@@ -47,6 +47,7 @@ from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.log.port import LogError
 from chronolog.queries.documents import (
     InvalidDefinition,
+    backfill_out,
     body_error,
     camel_path,
     jsonable,
@@ -146,6 +147,12 @@ class DirectTransport:
                       params: dict[str, Any] | None) -> dict[str, Any]:
         out = await self._send(schedule_id, m.TriggerRun(request_key=key, params=params))
         return {"runId": out["run_id"], "state": out["state"]}
+
+    async def backfill(self, schedule_id: str, key: str, start: datetime, end: datetime,
+                       overlap: str) -> dict[str, Any]:
+        out = await self._send(schedule_id, m.BackfillSchedule(
+            request_key=key, start=start, end=end, overlap=overlap))  # type: ignore[arg-type]
+        return dict(jsonable(backfill_out(out)))
 
     async def cancel(self, run_id: str, schedule_id: str | None,
                      reason: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ saying how to point the CLI at a node).
 
 from __future__ import annotations
 
+from datetime import datetime
 from http import HTTPStatus
 from types import TracebackType
 from typing import Any
@@ -98,6 +99,13 @@ class HttpTransport:
         return await self._call("POST", f"/v1/schedules/{_id(schedule_id)}/runs", write=True,
                                 json={"params": params} if params is not None else None,
                                 headers={"Idempotency-Key": key})
+
+    async def backfill(self, schedule_id: str, key: str, start: datetime, end: datetime,
+                       overlap: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/schedules/{_id(schedule_id)}:backfill",
+                                write=True, headers={"Idempotency-Key": key},
+                                json={"from": start.isoformat(), "to": end.isoformat(),
+                                      "overlap": overlap})
 
     async def cancel(self, run_id: str, schedule_id: str | None,
                      reason: str) -> dict[str, Any]:

@@ -101,6 +101,22 @@ def triggered(schedule_id: str, result: dict[str, Any]) -> None:
     print(f"triggered run {result['runId']} of {schedule_id}: {state}")
 
 
+def backfilled(schedule_id: str, result: dict[str, Any]) -> None:
+    """A backfill's answer: what it ran, what it did not and why."""
+    if result["repeated"]:
+        print(f"backfill {result['backfillId']} of {schedule_id} was made before: "
+              f"{result['runs']} run(s) of {result['instants']} instant(s) in "
+              f"[{result['from']}, {result['to']})")
+        return
+    print(f"backfilled {schedule_id}: {result['runs']} run(s) of {result['instants']} "
+          f"instant(s) in [{result['from']}, {result['to']}) ({result['overlap']})")
+    items = result["items"]
+    if items:
+        _console().print(_table(None, ["scheduledAt", "runId", "not run"], [
+            [_t(i["scheduledAt"]), i.get("runId") or "-", i.get("reason") or ""]
+            for i in items]))
+
+
 def run_written(command: str, run_id: str, result: dict[str, Any]) -> None:
     if command == "cancel":
         text = ("cancellation requested (the run is executing)"

@@ -226,6 +226,22 @@ def register(sub: Any) -> None:
     _common(p)
     p.set_defaults(func=_command(_list))
 
+    p = ssub.add_parser("backfill", help="run the schedule's instants of a past range")
+    p.add_argument("schedule_id", metavar="ID")
+    p.add_argument("--from", dest="start", required=True, metavar="ISO",
+                   help="the first instant that may run (inclusive; a time without an offset "
+                        "is UTC)")
+    p.add_argument("--to", dest="end", required=True, metavar="ISO",
+                   help="the end of the range (exclusive), not after now")
+    p.add_argument("--overlap", default="buffer_all", choices=("buffer_all", "allow"),
+                   help="buffer_all: one run after another, oldest first (default); allow: "
+                        "side by side")
+    p.add_argument("--idempotency-key", "--key", default=None, metavar="K",
+                   help="the same key and range give the same backfill (default: one made "
+                        "of the range, so the same command twice backfills once)")
+    _common(p, write=True)
+    p.set_defaults(func=_command(_backfill))
+
     p = ssub.add_parser("show", help="a schedule: definition, state, revision, next 5 instants")
     p.add_argument("schedule_id", metavar="ID")
     _common(p)
@@ -851,6 +867,32 @@ def _run_command(ctx: Ctx) -> Work:
             _print_json(result)
         else:
             render.run_written(name, run_id, result)
+        return 0
+
+    return work
+
+
+def _backfill(ctx: Ctx) -> Work:
+    args = ctx.args
+    try:
+        start = _instant_flag(args.start, "from", "UTC")
+        end = _instant_flag(args.end, "to", "UTC")
+    except RecurrenceError as exc:
+        raise _usage(str(exc)) from None
+    if end <= start:
+        raise _usage(f"invalid to '{args.end}': must be after from '{args.start}'")
+    key = args.idempotency_key or (
+        f"cli-backfill-{_iso(start)}-{_iso(end)}-{args.overlap}")
+    if len(key) > 200:
+        raise _usage(f"invalid Idempotency-Key '{_short(key)}': at most 200 characters")
+    sid = args.schedule_id
+
+    async def work(t: Transport) -> int:
+        result = await t.backfill(sid, key, start, end, args.overlap)
+        if args.json:
+            _print_json(result)
+        else:
+            render.backfilled(sid, result)
         return 0
 
     return work

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -153,6 +154,11 @@ class Transport(Protocol):
 
     async def trigger(self, schedule_id: str, key: str,
                       params: dict[str, Any] | None) -> dict[str, Any]: ...
+
+    async def backfill(self, schedule_id: str, key: str, start: datetime, end: datetime,
+                       overlap: str) -> dict[str, Any]:
+        """The schedule's instants in [start, end) run (``POST :backfill``'s body)."""
+        ...
 
     async def cancel(self, run_id: str, schedule_id: str | None,
                      reason: str) -> dict[str, Any]: ...

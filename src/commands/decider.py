@@ -36,8 +36,10 @@ from chronolog.commands.aggregate import (
 )
 from chronolog.commands.backlog import MAX_INSTANTS_PER_DECISION, due_time, plan_due
 from chronolog.commands.state import (
+    BACKFILL_KEYS_KEPT,
     DEAD_KEPT,
     MANUAL_KEYS_KEPT,
+    Backfills,
     Manual,
     Policy,
     QuotaWait,
@@ -57,6 +59,7 @@ from chronolog.domain import messages as m
 from chronolog.domain.ids import (
     QUOTA_ID,
     ROUTING_ID,
+    backfill_run_id,
     effect_id_for,
     limit_id,
     manual_run_id,
@@ -66,6 +69,7 @@ from chronolog.domain.ids import (
     saga_command_id,
 )
 from chronolog.domain.limits import (
+    MAX_BACKFILL_INSTANTS,
     MIN_RETRY_BACKOFF_SECONDS,
 )
 from chronolog.domain.recurrence import (
@@ -184,6 +188,8 @@ def _decide(
             return _delete(state, command.principal)
         case m.TriggerRun():
             return _trigger(state, p, now, command.command_id)
+        case m.BackfillSchedule():
+            return _backfill(state, p, now, tenant)
         case m.CancelRun():
             return _cancel(state, p, now, command.principal)
         case m.RedriveRun():
@@ -791,19 +797,24 @@ def _admit(
     request_digest: str | None = None,
     skip_nxt: datetime | None = None,
     queue: bool = False,
+    due: datetime | None = None,
+    permit: tuple[str, int] | None = None,
 ) -> None:
     """Create an occurrence under the overlap policy (READY, PENDING, or skipped).
 
     ``nxt`` is the schedule's next instant after this occurrence; ``skip_nxt`` (default
     ``nxt``) the one after it when the overlap policy skips it instead. ``queue``: it waits
-    (PENDING) behind an active run whatever the overlap policy (a catch-up).
+    (PENDING) behind an active run whatever the overlap policy (a catch-up). ``due``: when
+    it is due (a backfill's run: now; default the instant plus the jitter); ``permit``: the
+    concurrency key and limit it asks a permit of (a backfill's, one at a time). A backfill's
+    run is READY whatever runs: it holds no overlap guard (``Run.active``).
     """
     s = d.state
     pol = s.policy
     assert pol is not None
-    due_at = _due(s.schedule_id, instant, pol) or instant
+    due_at = due or _due(s.schedule_id, instant, pol) or instant
     next_due = _due(s.schedule_id, nxt, pol)
-    active = s.active_runs()
+    active = [] if trigger == "backfill" else s.active_runs()
     state = "READY"
     if active:
         policy = "buffer_all" if queue else pol.overlap
@@ -848,11 +859,14 @@ def _admit(
             state=state,  # type: ignore[arg-type]
             start_deadline_at=deadline,
             resource_class=pol.resource_class,
-            priority=pol.priority,
+            # a backfill's runs go after the tenant's other READY runs: on-time runs first
+            priority=BACKFILL_PRIORITY if trigger == "backfill" else pol.priority,
             sequence=s.count + 1 if advances else s.count,
             next_run_at=nxt if advances else None,
             next_due_at=next_due if advances else None,
             advances_schedule=advances,
+            permit_key=None if permit is None else permit[0],
+            permit_limit=None if permit is None else permit[1],
         )
     )
 
@@ -958,6 +972,95 @@ def _trigger(state: ScheduleState, p: m.TriggerRun, now: datetime, command_id: s
            request_digest=digest)
     return Decision(events=d.events,
                     body=_manual_answer(d.state, (d.state.manual or {})[p.request_key]))
+
+
+def _backfill(state: ScheduleState, p: m.BackfillSchedule, now: datetime,
+              tenant: TenantContext) -> ScheduleDecision:
+    """Run the rule's instants in [start, end) that no run has had: each as its own run
+    (``trigger: backfill``, due now), READY at once (``allow``) or one after another
+    (``buffer_all``: a permit of the key ``backfill:<schedule>``, limit 1 — or of the
+    schedule's own concurrency key, whose limit holds for backfills too). Not run, and
+    reported: an instant at or after the schedule's creation (``accounted``: the schedule
+    ran it, skipped it with a reason, or will) and one an earlier backfill ran
+    (``backfilled``). A backfill's runs hold no overlap guard: on-time instants never wait
+    for them, nor are skipped because of them. Idempotent by request key."""
+    if (ended := _refuse_completed(state)) is not None:
+        return ended
+    if not state.exists:
+        return _reject("not_found", "no such schedule")
+    digest = params_digest({"from": m_iso(p.start), "to": m_iso(p.end), "overlap": p.overlap})
+    known = next((r for r in (state.backfills.requests if state.backfills else ())
+                  if r[0] == p.request_key), None)
+    if known is not None:
+        if known[1] != digest:
+            return _reject("conflict", "request key reused with another range or overlap",
+                           "Idempotency-Key")
+        return Decision(body=_backfill_body(p, known[2], known[3], repeated=True))
+    pol = state.policy
+    assert pol is not None and state.created_at is not None
+    if p.end <= p.start:
+        return _reject("invalid", "to must be after from", "to")
+    if p.end > now:
+        return _reject("invalid", f"to {m_iso(p.end)} is in the future: the schedule runs "
+                       "its own instants; backfill a past range", "to")
+    if pol.kind == "delay":
+        return _reject("invalid", "a fixed-delay schedule has no instants to backfill: its "
+                       "next instant follows its last run", "scheduleId")
+    instants = _instants_in(state.trigger, p.start, p.end)
+    if instants is None:
+        return _reject("invalid", f"the range holds more than {MAX_BACKFILL_INSTANTS} "
+                       f"instants of the rule; backfill at most {MAX_BACKFILL_INSTANTS} "
+                       "per request (a shorter range)", "to")
+    ranges = state.backfills.ranges if state.backfills else ()
+    items: list[dict[str, Any]] = []
+    to_run: list[datetime] = []
+    for t in instants:
+        if t >= state.created_at:
+            items.append({"scheduled_at": t, "reason": "accounted"})
+        elif any(a <= t < b for a, b in ranges):
+            items.append({"scheduled_at": t, "reason": "backfilled"})
+        else:
+            to_run.append(t)
+    d = _draft(state)
+    d.emit(m.BackfillRequested(
+        request_key=p.request_key, digest=digest, start=p.start, end=p.end, overlap=p.overlap,
+        instants=len(instants), runs=len(to_run),
+        accounted=sum(1 for i in items if i["reason"] == "accounted"),
+        backfilled=sum(1 for i in items if i["reason"] == "backfilled")))
+    pace = None
+    if p.overlap == "buffer_all":
+        pace = (permits.rule_for(pol.concurrency, pol.job, tenant)
+                or (f"backfill:{state.schedule_id}", 1))
+    for t in to_run:
+        run_id = backfill_run_id(state.tenant, state.schedule_id, t)
+        _admit(d, run_id, t, pol.job, "backfill", None, None, now, advances=False,
+               due=now, permit=pace)
+        items.append({"scheduled_at": t, "run_id": run_id})
+    items.sort(key=lambda i: i["scheduled_at"])
+    body = _backfill_body(p, len(instants), len(to_run), repeated=False)
+    body["items"] = items
+    return Decision(events=d.events, body=body)
+
+
+BACKFILL_PRIORITY = -100  # the lowest a spec may ask for
+
+
+def _instants_in(trigger: Trigger, start: datetime, end: datetime) -> list[datetime] | None:
+    """The trigger's instants in [start, end); None when more than a backfill may run."""
+    out: list[datetime] = []
+    t = trigger.next_after(start - _US)
+    while t is not None and t < end:
+        if len(out) == MAX_BACKFILL_INSTANTS:
+            return None
+        out.append(t)
+        t = trigger.next_after(t)
+    return out
+
+
+def _backfill_body(p: m.BackfillSchedule, instants: int, runs: int,
+                   repeated: bool) -> dict[str, Any]:
+    return {"backfill_id": p.request_key, "from": p.start, "to": p.end, "overlap": p.overlap,
+            "instants": instants, "runs": runs, "repeated": repeated, "items": []}
 
 
 def _manual_answer(state: ScheduleState, known: Manual) -> dict[str, Any]:
@@ -1541,6 +1644,8 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
             state.quota = None
         case m.RunAwaitsPermit() | m.RunPermitted() | m.RunPermitReturned():
             _evolve_permit(state, event)
+        case m.BackfillRequested():
+            _evolve_backfill(state, event)
         case m.KeyMovedOut():
             state.become(initial_state(state.tenant, state.schedule_id))
         case m.KeyMovedIn():
@@ -1552,6 +1657,20 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
 
 def _run(state: ScheduleState, run_id: str) -> Run:
     return state.own(run_id)
+
+
+def _evolve_backfill(state: ScheduleState, e: m.BackfillRequested) -> None:
+    """Remember the request (the last ``BACKFILL_KEYS_KEPT``) and its range, merged."""
+    old = state.backfills or Backfills((), ())
+    requests = (*old.requests, (e.request_key, e.digest, e.instants, e.runs))
+    ranges = sorted((*old.ranges, (e.start, e.end)))
+    merged: list[tuple[datetime, datetime]] = []
+    for a, b in ranges:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    state.backfills = Backfills(requests[-BACKFILL_KEYS_KEPT:], tuple(merged))
 
 
 def _evolve_permit(state: ScheduleState,
@@ -1582,6 +1701,10 @@ def _evolve_materialized(state: ScheduleState, e: m.OccurrenceMaterialized) -> N
     state.runs[e.run_id] = run
     if state.owned is not None:
         state.owned.add(e.run_id)
+    if e.trigger == "backfill":  # due now: its retries' max age counts from there
+        run.age_base = e.due_at
+    if e.permit_key is not None and e.permit_limit is not None:
+        run.concurrency = (e.permit_key, e.permit_limit)
     if e.state == "PENDING":
         if state.pending is None:
             state.pending = []

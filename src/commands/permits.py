@@ -74,8 +74,10 @@ def applies(state: ScheduleState, events: list[m.ScheduleEvent], tenant: TenantC
         return True
     if state.runs and any(r.permit is not None for r in state.runs.values()):
         return True
-    return any(isinstance(ev, (m.ScheduleCreated, m.ScheduleRevised))
-               and ev.spec.concurrency is not None for ev in events)
+    return any((isinstance(ev, (m.ScheduleCreated, m.ScheduleRevised))
+                and ev.spec.concurrency is not None)
+               or (isinstance(ev, m.OccurrenceMaterialized) and ev.permit_key is not None)
+               for ev in events)
 
 
 def after_decision(before: ScheduleState, after: ScheduleState, command_id: str,

@@ -23,6 +23,7 @@ TERMINAL = frozenset({"SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED"})
 RECENT_TERMINAL_KEPT = 1  # finished runs kept per schedule: state.done (besides DEAD ones)
 DEAD_KEPT = 64  # dead-lettered runs kept for redrive per schedule
 MANUAL_KEYS_KEPT = 256  # manual-trigger request keys remembered per schedule
+BACKFILL_KEYS_KEPT = 16  # backfill request keys remembered per schedule (their ranges: all)
 
 
 class Policy:
@@ -310,10 +311,10 @@ class Run:
 
     @property
     def active(self) -> bool:
-        """Holds the overlap guard: executing, or about to, or its outcome unknown."""
-        return self.state in ACTIVE_STATES or (
-            self.state == "RECONCILING" and self.reconcile == "run"
-        )
+        """Holds the overlap guard: executing, or about to, or its outcome unknown. A
+        backfill's run never does: it paces itself (``decider._backfill``)."""
+        return self.trigger != "backfill" and (self.state in ACTIVE_STATES or (
+            self.state == "RECONCILING" and self.reconcile == "run"))
 
     @property
     def terminal(self) -> bool:
@@ -371,12 +372,22 @@ def trigger_of(spec: ScheduleSpec, anchor: datetime, *, recorded: bool = True) -
     )
 
 
+class Backfills(NamedTuple):
+    """A schedule's backfills (``decider._backfill``): its last ``BACKFILL_KEYS_KEPT``
+    requests, oldest first, as (request key, digest of its range and overlap, instants in
+    the range, runs it made), and every range it backfilled, [start, end) merged, in order."""
+
+    requests: tuple[tuple[str, str, int, int], ...]
+    ranges: tuple[tuple[datetime, datetime], ...]
+
+
 class ScheduleState:
     """The fold of one schedule's events."""
 
     __slots__ = (
         "_trigger",
         "anchor",
+        "backfills",
         "count",
         "created_at",
         "created_hash",
@@ -434,6 +445,7 @@ class ScheduleState:
         # the tenant quota: None (not involved), a QuotaWait (a create waiting for a slot)
         # or the command ID of the create the schedule holds its slot under
         self.quota: QuotaWait | str | None = None
+        self.backfills: Backfills | None = None
 
     @property
     def exists(self) -> bool:
@@ -499,6 +511,7 @@ class ScheduleState:
         s.manual = self.manual
         s.owned = set()
         s.quota = self.quota
+        s.backfills = self.backfills  # immutable: replaced whole by evolve
         return s
 
     def become(self, other: ScheduleState) -> None:
@@ -574,6 +587,7 @@ class ScheduleState:
             None if self.done is None else self.done.snapshot(),
             tuple(self.pending or ()),
             tuple(sorted((self.manual or {}).items())),
+            self.backfills,
         )
 
 

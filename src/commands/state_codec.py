@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from chronolog.commands.state import (
+    Backfills,
     Manual,
     Policy,
     QuotaState,
@@ -64,7 +65,7 @@ __all__ = [
     "upcast_state",
 ]
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 _fromiso = datetime.fromisoformat
@@ -125,6 +126,14 @@ def _manual_final_state(body: list[Any]) -> list[Any]:
 
 @register_state_upcaster("quota", 1)
 def _quota_unchanged(body: list[Any]) -> list[Any]:
+    return body
+
+
+# Version 4: a schedule may carry its backfills (one element after its quota field), only
+# when it was backfilled: a body of version 3 is a body of version 4 as it is.
+@register_state_upcaster("schedule", 3)
+@register_state_upcaster("quota", 3)
+def _backfills_absent(body: list[Any]) -> list[Any]:
     return body
 
 
@@ -318,7 +327,9 @@ def encode_schedule(s: ScheduleState) -> bytes:
         s.pending,
         None if s.manual is None else [[k, *v] for k, v in s.manual.items()],
         quota_out,
-    ], option=_OPTS)
+    ] + ([] if s.backfills is None else [[[list(r) for r in s.backfills.requests],
+                                          [list(r) for r in s.backfills.ranges]]]),
+        option=_OPTS)
 
 
 def decode_schedule(data: bytes | memoryview | list[Any],
@@ -339,7 +350,13 @@ def _decode_schedule(a: list[Any], shapes: Mapping[str, Policy]) -> ScheduleStat
     s = ScheduleState.__new__(ScheduleState)
     (s.tenant, s.schedule_id, s.status, s.revision, ref, s.request_key, s.created_hash,
      created_at, anchor, paused_at, next_run_at, next_due_at, last_scheduled_at, s.count,
-     s.fence, runs, done, pending, manual, quota) = a
+     s.fence, runs, done, pending, manual, quota) = a[:20]
+    if len(a) > 20:  # a schedule that was backfilled
+        requests, ranges = a[20]
+        s.backfills = Backfills(tuple((k, d, int(n), int(r)) for k, d, n, r in requests),
+                                tuple((_fromiso(x), _fromiso(y)) for x, y in ranges))
+    else:
+        s.backfills = None
     s.created_at = _t(created_at)
     s.anchor = _t(anchor)
     s.paused_at = _t(paused_at)

@@ -79,6 +79,15 @@ def run_id_for(tenant: str, schedule_id: str, scheduled_at: datetime) -> str:
     return "r_" + _digest(f"{tenant}/{schedule_id}@{iso_utc(scheduled_at)}")
 
 
+BACKFILL_RUN = "b_"  # the prefix of a backfill's run IDs
+
+
+def backfill_run_id(tenant: str, schedule_id: str, instant: datetime) -> str:
+    """The run ID of a backfill's run of ``instant``: one per instant of the schedule, so a
+    backfill never runs an instant twice (``b_`` marks it: no scheduled or manual run's)."""
+    return BACKFILL_RUN + _digest(f"{tenant}/{schedule_id}#backfill@{iso_utc(instant)}")
+
+
 def manual_run_id(tenant: str, schedule_id: str, request_key: str,
                   first_use: str | None = None) -> str:
     """The run ID of a manual trigger: a hash of ``(schedule_id, request_key)`` and

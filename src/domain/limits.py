@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_EXECUTION_TIMEOUT_SECONDS",
     "EARLIEST_INSTANT",
     "LATEST_INSTANT",
+    "MAX_BACKFILL_INSTANTS",
     "MAX_BODY_BYTES",
     "MAX_COUNT",
     "MAX_DEPTH",
@@ -57,6 +58,7 @@ EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_INSTANT = datetime(3000, 1, 1, tzinfo=UTC)  # exclusive
 # maxCount, and any other count a tenant gives
 MAX_COUNT = 1_000_000_000
+MAX_BACKFILL_INSTANTS = 1000  # instants one backfill request may run
 # revisions, attempts, fences, sizes: what a PostgreSQL bigint holds
 MAX_INT = 2**63 - 1
 # the shortest interval of a recurring schedule, unless the tenants file says otherwise

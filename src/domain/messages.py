@@ -407,6 +407,19 @@ class TriggerRun(_Model):
     params: Params | None = None
 
 
+class BackfillSchedule(_Model):
+    """Run every instant of the schedule's rule in [``start``, ``end``) that the schedule
+    has not accounted for itself, each as its own run (``trigger: backfill``); idempotent by
+    ``request_key`` and by instant (``decider._backfill``). ``overlap``: ``buffer_all``, its
+    runs one after another; ``allow``, side by side."""
+
+    type: Literal["BackfillSchedule"] = "BackfillSchedule"
+    request_key: str = Field(min_length=1, max_length=200)
+    start: Instant
+    end: Instant
+    overlap: Literal["buffer_all", "allow"] = "buffer_all"
+
+
 class CancelRun(_Model):
     type: Literal["CancelRun"] = "CancelRun"
     run_id: str
@@ -620,6 +633,7 @@ ScheduleCommand = (
     | ResumeSchedule
     | DeleteSchedule
     | TriggerRun
+    | BackfillSchedule
     | CancelRun
     | RedriveRun
     | ResolveReconciliation
@@ -758,7 +772,7 @@ class OccurrenceMaterialized(_Event):
     due_at: UtcDatetime
     revision: int
     job: JobSpec
-    trigger: Literal["schedule", "manual"] = "schedule"
+    trigger: Literal["schedule", "manual", "backfill"] = "schedule"
     request_key: str | None = None
     request_digest: str | None = None  # digest of a manual trigger's params
     state: Literal["PENDING", "READY"]
@@ -770,6 +784,27 @@ class OccurrenceMaterialized(_Event):
     next_run_at: UtcDatetime | None = None
     next_due_at: UtcDatetime | None = None
     advances_schedule: bool = True
+    # a backfill's run that goes one at a time: the concurrency key and limit it asks a
+    # permit of (``chronolog.commands.permits``)
+    permit_key: str | None = None
+    permit_limit: int | None = None
+
+
+class BackfillRequested(_Event):
+    """A backfill of [``start``, ``end``): its ``instants``, of which ``runs`` became runs
+    (their OccurrenceMaterialized follow), ``accounted`` were the schedule's own and
+    ``backfilled`` ran in an earlier backfill."""
+
+    type: Literal["BackfillRequested"] = "BackfillRequested"
+    request_key: str
+    digest: str
+    start: UtcDatetime
+    end: UtcDatetime
+    overlap: str
+    instants: int
+    runs: int
+    accounted: int
+    backfilled: int
 
 
 class OccurrenceSkipped(_Event):
@@ -1162,6 +1197,7 @@ ScheduleEvent = (
     | EffectFailed
     | ScheduleCreationHeld
     | ScheduleCreationRefused
+    | BackfillRequested
     | RunAwaitsPermit
     | RunPermitted
     | RunPermitReturned

@@ -176,6 +176,8 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 result_attempt=p.attempt, finished_at=p.finished_at)
             attempt(p.run_id, p.attempt, outcome="succeeded", finished_at=p.finished_at)
             outcome(p.run_id, "succeeded")
+        case m.BackfillRequested():
+            pass  # its runs are rows of their own (trigger "backfill")
         case m.RunAwaitsPermit():
             run(p.run_id, permit_wait={"key": p.key, "limit": p.limit})
         case m.RunPermitted() | m.RunPermitReturned():

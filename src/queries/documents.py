@@ -29,6 +29,8 @@ from chronolog.domain.recurrence import RecurrenceError, compile_trigger
 __all__ = [
     "DEFINITION_EXAMPLE",
     "AttemptOut",
+    "BackfillItem",
+    "BackfillOut",
     "CamelModel",
     "DeadLetterItem",
     "DeadLetterPage",
@@ -57,6 +59,7 @@ __all__ = [
     "WorkerClassOut",
     "WorkerOut",
     "WorkerPage",
+    "backfill_out",
     "body_error",
     "camel_path",
     "definition_document",
@@ -495,6 +498,41 @@ class EffectOut(CamelModel):
     evidence: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
+
+
+# =======================================================================================
+# a backfill's answer
+
+
+class BackfillItem(CamelModel):
+    scheduled_at: datetime
+    run_id: str | None = Field(default=None, description="the run made for this instant")
+    reason: Literal["accounted", "backfilled"] | None = Field(
+        default=None, description="why it is not run: accounted (the schedule's own "
+        "instant: it ran, was skipped with a reason, or will), backfilled (an earlier "
+        "backfill ran it)")
+
+
+class BackfillOut(CamelModel):
+    backfill_id: str = Field(description="the request's Idempotency-Key")
+    start: datetime = Field(alias="from")
+    end: datetime = Field(alias="to")
+    overlap: str
+    instants: int = Field(description="instants of the rule in the range")
+    runs: int = Field(description="runs this backfill made")
+    repeated: bool = Field(description="the same key and range again: answered as before, "
+                           "nothing new (items left out)")
+    items: list[BackfillItem]
+
+
+def backfill_out(b: dict[str, Any]) -> BackfillOut:
+    """A backfill's answer (the decider's body) as the API shows it."""
+    return BackfillOut.model_validate({
+        "backfill_id": b["backfill_id"], "from": b["from"], "to": b["to"],
+        "overlap": b["overlap"], "instants": b["instants"], "runs": b["runs"],
+        "repeated": b["repeated"],
+        "items": [{"scheduled_at": i["scheduled_at"], "run_id": i.get("run_id"),
+                   "reason": i.get("reason")} for i in b["items"]]})
 
 
 class RunOut(CamelModel):

@@ -321,7 +321,7 @@ def test_the_performance_guides_audit_and_failover_commands_run_small(reader: Re
 @pytest.mark.long(30)
 def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     blocks = _blocks("docs/tour.md")
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     out = [reader.run(b) for b in blocks]
     created, _ = json.JSONDecoder().raw_decode(out[0])  # curl's body, then the CLI's lines
     assert created["scheduleId"] == "report" and created["revision"] == 1, out[0]
@@ -331,7 +331,12 @@ def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     assert "end" not in digest and digest["job"]["params"] == {"to": "ops"}, digest
     assert "waiting for a permit of concurrency key 'customer-acme' (limit 1)" in out[3], out[3]
     assert re.search(r"triggered run \S+ of sync-invoices: READY", out[3]), out[3]
-    assert out[4].startswith("#  UTC"), out[4]
+    assert "backfilled nightly: 3 run(s) of 3 instant(s)" in out[4], out[4]
+    assert "was made before: 3 run(s) of 3 instant(s)" in out[4], out[4]
+    week = json.loads(out[4][out[4].index("{"):])
+    assert (week["instants"], week["runs"]) == (7, 4), week
+    assert [i.get("reason") for i in week["items"]][:3] == ["backfilled"] * 3, week
+    assert out[5].startswith("#  UTC"), out[5]
 
 
 def test_the_jobs_blocks_run_and_the_runs_succeed(reader: Reader) -> None:

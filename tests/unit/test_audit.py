@@ -44,7 +44,7 @@ from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import in_barrier_order
-from chronolog.domain.ids import QUOTA_ID, limit_id, manual_run_id, run_id_for
+from chronolog.domain.ids import QUOTA_ID, backfill_run_id, limit_id, manual_run_id, run_id_for
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
@@ -1414,3 +1414,29 @@ def test_the_permits_held_survive_a_checkpoint() -> None:
         resumed.feed(e, 0, 100 + i)
     (v,) = only(resumed.finish(), "concurrency_limit")
     assert v.message == "2 permits of key 'shared' held, limit 1"
+
+
+# -- backfill
+
+
+def _backfilled(log: Log, minute: int, sid: str = "s1") -> Log:
+    t = T0 - timedelta(hours=1) + timedelta(minutes=minute)
+    return log.add(m.OccurrenceMaterialized(
+        run_id=backfill_run_id(TENANT, sid, t), scheduled_at=t, due_at=T0, revision=1,
+        job=m.JobSpec(type="report"), trigger="backfill", state="READY", sequence=0,
+        advances_schedule=False), T0)
+
+
+def test_a_backfills_run_beside_a_scheduled_one_under_skip_is_clean() -> None:
+    log = _backfilled(Log().created(overlap="skip"), 0).mat(0)
+    bf = backfill_run_id(TENANT, "s1", T0 - timedelta(hours=1))
+    log.fence(1, 0).claim(0, 1, T0)
+    log.add(m.FenceAdvanced(fence=2, run_id=bf, reason="claim"), T0)
+    log.add(m.AttemptClaimed(run_id=bf, attempt=1, fence=2, worker_id="w2", claimed_at=T0,
+                             lease_until=T0 + sec(30)), T0)
+    _assert_clean(log.audit())
+
+
+def test_an_instant_backfilled_twice_is_a_duplicate_occurrence() -> None:
+    log = _backfilled(_backfilled(Log().created(), 0), 0)
+    only(log.audit(), "occurrence_unique")

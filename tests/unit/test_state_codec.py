@@ -282,6 +282,8 @@ LAYOUTS[3] = {**LAYOUTS[2],
               "Run": (*LAYOUTS[2]["Run"], "concurrency", "permit", "permitted"),
               "QuotaState": (*LAYOUTS[2]["QuotaState"], "holders", "key", "schedule_id",
                              "waiting")}
+# version 4: a schedule's backfills
+LAYOUTS[4] = {**LAYOUTS[3], "ScheduleState": (*LAYOUTS[3]["ScheduleState"], "backfills")}
 
 
 def test_the_state_layout_is_the_one_of_its_version() -> None:

@@ -56,6 +56,7 @@ from chronolog.api.context import ConsistentDep, Context, with_warnings, written
 from chronolog.api.errors import ApiError, error_responses
 from chronolog.api.models import (
     MAX_SCHEDULE_ID,
+    BackfillIn,
     PauseIn,
     RevisedOut,
     ScheduleCreated,
@@ -67,9 +68,11 @@ from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, Schedule
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.queries.documents import (
+    BackfillOut,
     ScheduleDefinition,
     ScheduleOut,
     SchedulePage,
+    backfill_out,
     patched_definition,
     spec_limits,
     to_spec,
@@ -277,3 +280,18 @@ async def resume_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
 async def delete_schedule(schedule_id: ScheduleIdPath, tenant: TenantDep,
                           ctx: Context) -> JSONResponse:
     return await _lifecycle(ctx, tenant, schedule_id, m.DeleteSchedule())
+
+
+@router.post("/v1/schedules/{schedule_id}:backfill", response_model=BackfillOut,
+             responses={**error_responses(400, 404, 409), 200: {"headers": WRITE_HEADERS}},
+             summary="Run the schedule's instants of a past range (Idempotency-Key required)")
+async def backfill_schedule(
+    schedule_id: ScheduleIdPath, body: BackfillIn, tenant: TenantDep, ctx: Context,
+    idempotency_key: Annotated[str, Header(
+        alias="Idempotency-Key", **IDEMPOTENCY_KEY,
+        description="the same key and body give the same backfill")],
+) -> JSONResponse:
+    reply, mark = await ctx.send(tenant, schedule_id, m.BackfillSchedule(
+        request_key=idempotency_key, start=body.start, end=body.end, overlap=body.overlap))
+    return written(backfill_out(reply.body), 200, mark)
+
