@@ -140,6 +140,19 @@ def test_a_concurrency_keys_permits_and_a_waiting_runs_request_round_trip() -> N
     assert (run.concurrency, run.permitted) == (("k-1", 1), False) and run.permit is not None
 
 
+def test_a_backfilled_schedules_requests_and_ranges_round_trip() -> None:
+    s = Story().create(every=3600.0)
+    for key, back in (("bf-1", 3), ("bf-2", 6)):
+        s.given(m.BackfillSchedule(request_key=key, start=T0 - timedelta(hours=back),
+                                   end=T0 - timedelta(hours=back - 2), overlap="allow"),
+                T0 + timedelta(seconds=5))
+    decoded = sc.decode_schedule(sc.encode_schedule(s.state), shapes_of(s.state))
+    assert decoded.backfills == s.state.backfills and decoded.snapshot() == s.state.snapshot()
+    assert s.state.backfills is not None and len(s.state.backfills.ranges) == 2
+    plain = Story().create()
+    assert len(orjson.loads(sc.encode_schedule(plain.state))) == 20  # no backfill: no element
+
+
 def test_the_trigger_of_a_decoded_state_is_compiled_when_first_used() -> None:
     s = Story().create()
     decoded = round_trip(s.state)

@@ -1,0 +1,159 @@
+"""Exclusion calendars: which instants a calendar excludes. Pure: no clock, no I/O.
+
+A calendar is a tenant's named set of exclusions that schedules refer to by name. Each
+entry is read in its own IANA zone (the calendar's ``timezone`` unless the entry names one):
+
+* ``dates`` — whole local days: ``2026-12-25`` excludes every instant whose local date in
+  the zone is that day (a day of 23 or 25 hours on a daylight-saving change is still the
+  whole day);
+* ``ranges`` — whole local days from ``from`` to ``to``, both included;
+* ``windows`` — recurring local-time windows: on the listed ``days`` of the week (default
+  every day), from ``start`` (included) to ``end`` (excluded), ``HH:MM`` wall times;
+  ``24:00`` ends at midnight, and an ``end`` at or before ``start`` runs past midnight into
+  the next day (a window that starts on a listed day ends on the following one). A wall time
+  a daylight-saving change skips or repeats is compared as the wall clock reads it: the
+  instant's local time in the zone, whichever its offset.
+
+``excluded_by(calendar, instant)`` names the first entry that excludes ``instant`` (for the
+skipped occurrence's reason), or None. Sizes are bounded so that one check costs at most a
+few hundred comparisons.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chronolog.domain.recurrence import RecurrenceError, resolve_zone
+
+__all__ = ["CalendarSpec", "DateRange", "Window", "excluded_by"]
+
+MAX_DATES = 1000
+MAX_RANGES = 200
+MAX_WINDOWS = 50
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$|^24:00$")
+
+
+def _zone(name: str | None) -> str | None:
+    if name is not None:
+        try:
+            resolve_zone(name)
+        except RecurrenceError:
+            raise ValueError(f"unknown IANA zone '{name}'") from None
+    return name
+
+
+Zone = Annotated[str | None, AfterValidator(_zone)]
+
+
+def _minutes(text: str) -> int:
+    """``HH:MM`` (or ``24:00``) as minutes after midnight."""
+    if not _HHMM.match(text):
+        raise ValueError(f"'{text}' is not a wall time HH:MM (00:00 to 24:00)")
+    h, m = text.split(":")
+    return int(h) * 60 + int(m)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class DateRange(_Model):
+    """Whole local days, both ends included."""
+
+    start: date = Field(alias="from")
+    end: date = Field(alias="to")
+    timezone: Zone = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DateRange:
+        if self.end < self.start:
+            raise ValueError(f"to {self.end} is before from {self.start}")
+        return self
+
+
+class Window(_Model):
+    """A recurring local-time window: on ``days``, from ``start`` to ``end``."""
+
+    days: tuple[Weekday, ...] = WEEKDAYS
+    start: str
+    end: str
+    timezone: Zone = None
+
+    @field_validator("start", "end")
+    @classmethod
+    def _wall_time(cls, v: str) -> str:
+        _minutes(v)
+        return v
+
+    @field_validator("days")
+    @classmethod
+    def _some_days(cls, v: tuple[Weekday, ...]) -> tuple[Weekday, ...]:
+        if not v:
+            raise ValueError("at least one day of the week")
+        return v
+
+    @model_validator(mode="after")
+    def _a_span(self) -> Window:
+        if self.start == "24:00":
+            raise ValueError("start 24:00 is the next day's 00:00: write 00:00")
+        if _minutes(self.start) == _minutes(self.end):
+            raise ValueError(f"start {self.start} and end {self.end} are the same wall time "
+                             "(a whole day: 00:00 to 24:00)")
+        return self
+
+
+class CalendarSpec(_Model):
+    """A calendar's exclusions (each read in its own zone, default ``timezone``)."""
+
+    timezone: Zone = "UTC"
+    dates: tuple[date, ...] = Field(default=(), max_length=MAX_DATES)
+    ranges: tuple[DateRange, ...] = Field(default=(), max_length=MAX_RANGES)
+    windows: tuple[Window, ...] = Field(default=(), max_length=MAX_WINDOWS)
+
+
+def excluded_by(calendar: CalendarSpec, instant: datetime) -> str | None:
+    """The entry of ``calendar`` that excludes ``instant`` (tz-aware), described for
+    people — ``2026-12-25``, ``2026-12-24..2026-12-26``, ``sat,sun 22:00-06:00
+    Europe/Paris`` — or None when no entry does."""
+    default = calendar.timezone or "UTC"
+    local: dict[str, datetime] = {}
+
+    def at(zone: str) -> datetime:
+        if zone not in local:
+            local[zone] = instant.astimezone(resolve_zone(zone))
+        return local[zone]
+
+    if calendar.dates:
+        day = at(default).date()
+        for d in calendar.dates:
+            if d == day:
+                return d.isoformat()
+    for r in calendar.ranges:
+        day = at(r.timezone or default).date()
+        if r.start <= day <= r.end:
+            return f"{r.start.isoformat()}..{r.end.isoformat()}" + (
+                f" {r.timezone}" if r.timezone else "")
+    for w in calendar.windows:
+        zone = w.timezone or default
+        if _in_window(w, at(zone)):
+            return f"{','.join(w.days)} {w.start}-{w.end} {zone}"
+    return None
+
+
+def _in_window(w: Window, local: datetime) -> bool:
+    """Whether the local wall time ``local`` falls in the recurring window ``w``."""
+    start, end = _minutes(w.start), _minutes(w.end)
+    now = local.hour * 60 + local.minute + (local.second + local.microsecond / 1e6) / 60
+    today = WEEKDAYS[local.weekday()]
+    yesterday = WEEKDAYS[(local.weekday() - 1) % 7]
+    if start < end:  # within one day
+        return today in w.days and start <= now < end
+    # past midnight: the part of a window that began on a listed day, or began yesterday
+    return (today in w.days and now >= start) or (yesterday in w.days and now < end)
+
