@@ -52,9 +52,11 @@ test: $(RUNTIME) $(TESTING)
 		-- $(PYTEST_ARGS)
 
 ## only the pure tests (no services; promtool is installed if missing: scripts/with_services.py)
+## but the exhaustive searches (tens of CPU seconds each), which `make test` runs with the rest
 test-unit: $(RUNTIME) $(TESTING)
 	$(BIN)/python scripts/with_services.py --no-kafka --no-postgres --no-browser -- \
-		$(BIN)/python -m pytest tests/unit -n $(UNIT_JOBS) --dist worksteal $(PYTEST_ARGS)
+		$(BIN)/python -m pytest tests/unit -n $(UNIT_JOBS) --dist worksteal -m "not exhaustive" \
+		$(PYTEST_ARGS)
 
 schemas: $(RUNTIME)
 	$(BIN)/python -m chronolog.schemagen schemas

@@ -343,6 +343,7 @@ def one_special(draw: st.DrawFn) -> Expression:
 # 40 whole months, a brute-force minute each (about 0.1 s an example): the days each special
 # names are checked over twelve years below
 @pytest.mark.long(6)
+@pytest.mark.exhaustive
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     expr=st.one_of(one_special(), expressions(st.sampled_from(

@@ -88,6 +88,7 @@ NEAR_NEVER = st.one_of(
 )
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(months=st.one_of(MONTHS, FEW_MONTHS),
        days=st.one_of(st.tuples(DOM, DOW), NEAR_NEVER, NEAR_NEVER))

@@ -451,4 +451,5 @@ DeciderMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestDeciderInvariants = DeciderMachine.TestCase
-TestDeciderInvariants.pytestmark = [pytest.mark.long(10)]  # type: ignore[attr-defined]
+TestDeciderInvariants.pytestmark = [  # type: ignore[attr-defined]
+    pytest.mark.long(10), pytest.mark.exhaustive]
