@@ -367,8 +367,9 @@ class ScheduleSpec(_Model):
         if self.concurrency is not None and not (info.context and info.context.get("stored")):
             missing = [n for n in self.concurrency.placeholders() if n not in self.job.params]
             if missing:
-                raise ValueError(f"concurrency.key names {', '.join(missing)}, which "
-                                 f"job.params does not have")
+                names = ", ".join(f"{{{n}}}" for n in missing)
+                raise ValueError(f"concurrency.key uses {names}, but job.params has no "
+                                 f"{' and no '.join(missing)}")
         return self
 
 

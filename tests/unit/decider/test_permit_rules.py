@@ -146,7 +146,8 @@ def test_a_manual_runs_key_is_rendered_from_its_own_params(gwt: GivenWhenThen) -
 
 
 def test_a_key_naming_a_param_the_job_lacks_is_refused(gwt: GivenWhenThen) -> None:
-    with pytest.raises(ValidationError, match=r"concurrency\.key names region"):
+    with pytest.raises(ValidationError,
+                       match=r"concurrency\.key uses \{region\}, but job\.params has no region"):
         gwt.spec(concurrency={"key": "r-{region}", "limit": 1})
     with pytest.raises(ValidationError, match=r"brace"):
         gwt.spec(concurrency={"key": "r-{n", "limit": 1})
