@@ -87,7 +87,7 @@ from chronolog.commands.state_codec import (
     shape_of,
     upcast_state,
 )
-from chronolog.domain.ids import LIMIT_PREFIX, QUOTA_ID, routing_key
+from chronolog.domain.ids import is_quota_id, routing_key
 from chronolog.domain.messages import EventEnvelope, KeyMovedOut
 from chronolog.log.port import OutRecord, Record
 from chronolog.processors.schedule_store import ScheduleStore, unsealed
@@ -118,8 +118,6 @@ SPEC_KEY_PREFIX = b"@spec/"
 _HEADER = struct.Struct(">2sBHQ")
 _CRC = struct.Struct(">I")
 _PREFIX = _HEADER.size + _CRC.size
-_QUOTA_SUFFIX = "/" + QUOTA_ID
-_LIMIT_INFIX = "/" + LIMIT_PREFIX  # a concurrency key's permits (a quota-kind state)
 # the state versions whose marker, spec shape, routing view and gone records this code reads:
 # their layouts are the same since version 1 (version 2 changed the schedule states alone,
 # which are upcast, ``upcast_state``)
@@ -292,7 +290,7 @@ def decode_snapshot_steps(records: Iterable[Record], events_end: int,
                     raise StateDecodeError(f"the state of {st.tenant}/{st.schedule_id}")
                 states.put(skey, st)
             else:
-                if not (skey.endswith(_QUOTA_SUFFIX) or _LIMIT_INFIX in skey):
+                if not is_quota_id(skey.partition("/")[2]):
                     raise StateDecodeError("a quota state under a schedule's key")
                 quotas[skey] = decode_quota(data)
         except StateDecodeError as exc:

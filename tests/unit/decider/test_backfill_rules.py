@@ -90,7 +90,7 @@ def test_a_range_too_long_a_future_end_or_a_reversed_range_is_refused(
     assert backwards.status == "invalid" and backwards.field == "to"
 
 
-def test_a_missing_or_completed_schedule_is_refused(gwt: GivenWhenThen) -> None:
+def test_a_backfill_of_a_schedule_that_does_not_exist_is_not_found(gwt: GivenWhenThen) -> None:
     d = gwt.story().when(_backfill(gwt, 2), gwt.T0)
     assert d.status == "not_found"
 
