@@ -29,7 +29,8 @@ import structlog
 
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.domain.ids import partition_key
+from chronolog.domain.calendars import CalendarSpec
+from chronolog.domain.ids import calendar_id, partition_key
 from chronolog.domain.limits import MAX_DOCUMENT_DEPTH, plainly_clean_json
 from chronolog.environment import new_id, utc_now
 from chronolog.log.dead_letters import DeadLetters
@@ -396,6 +397,22 @@ class Client:
         spec = spec if isinstance(spec, m.ScheduleSpec) else m.ScheduleSpec.model_validate(spec)
         return await self.call(tenant, schedule_id,
                                m.CreateSchedule(spec=spec, request_key=request_key))
+
+    async def put_calendar(
+        self, tenant: str, name: str, spec: CalendarSpec | dict[str, Any],
+        expected_revision: int | None = None,
+    ) -> dict[str, Any]:
+        """Create calendar ``name`` (``expected_revision`` None) or revise it at its current
+        revision; the ok body is ``{name, revision, created}``."""
+        spec = spec if isinstance(spec, CalendarSpec) else CalendarSpec.model_validate(spec)
+        return await self.call(tenant, calendar_id(name), m.PutCalendar(
+            name=name, spec=spec, expected_revision=expected_revision))
+
+    async def delete_calendar(self, tenant: str, name: str,
+                              expected_revision: int | None = None) -> dict[str, Any]:
+        """Delete calendar ``name`` (refused while a schedule names it)."""
+        return await self.call(tenant, calendar_id(name), m.DeleteCalendar(
+            name=name, expected_revision=expected_revision))
 
     async def create_schedules(
         self, tenant: str, specs: Sequence[tuple[str, m.ScheduleSpec | dict[str, Any]]],

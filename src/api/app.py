@@ -59,7 +59,7 @@ from chronolog.api.dashboard import FORM_PATHS, install_dashboard
 from chronolog.api.docs import install_docs
 from chronolog.api.errors import STATUS_WORDS, ApiError, install_handlers
 from chronolog.api.limits import RequestGuard
-from chronolog.api.routes import dlq, ops, preview, runs, schedules, workers
+from chronolog.api.routes import calendars, dlq, ops, preview, runs, schedules, workers
 from chronolog.api.server import ServerLimits, server_limits
 from chronolog.api.sessions import SessionStore
 from chronolog.client import Client
@@ -153,7 +153,8 @@ def create_app(
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     install_handlers(app)
     install_docs(app)
-    routers = [module.router for module in (schedules, runs, workers, dlq, preview, ops)]
+    routers = [module.router for module in (schedules, calendars, runs, workers, dlq, preview,
+                                            ops)]
     for router in routers:
         app.include_router(router)
     # the API's own routes (a 405 names the methods the routes of its path answer)

@@ -59,6 +59,7 @@ from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import LogError, Topics
 from chronolog.queries import workers as wk
+from chronolog.queries.calendars import missing_calendars
 from chronolog.queries.documents import camel_path, jsonable
 from chronolog.queries.metrics import MetricsSource
 from chronolog.queries.read_model import ReadModel
@@ -231,6 +232,17 @@ class ApiContext:
         if refused is not None:
             raise ApiError(403 if refused.status == "forbidden" else 400, refused.reason,
                            refused.field)
+
+    async def check_calendars(self, tenant: Tenant, spec: m.ScheduleSpec) -> None:
+        """400 naming ``exclude[i]`` when a calendar the definition names does not exist (the
+        read model's view: a calendar put through this API is visible before its answer)."""
+        if self.pool is None or not spec.exclude:
+            return
+        missing = await missing_calendars(self.pool, tenant.name, spec.exclude)
+        if missing:
+            i = spec.exclude.index(missing[0])
+            raise ApiError(400, f"no calendar '{missing[0]}': put it first (PUT "
+                           f"/v1/calendars/{missing[0]})", f"exclude[{i}]")
 
     async def job_warnings(self, spec: m.ScheduleSpec) -> list[str]:
         """What to warn about (or, on a dev node, refuse) in a new schedule's job type."""

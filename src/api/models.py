@@ -78,6 +78,16 @@ class ReconcileIn(CamelModel):
 # write responses
 
 
+class CalendarWritten(CamelModel):
+    name: str
+    revision: int
+
+
+class CalendarRemoved(CalendarWritten):
+    deleted: bool = Field(default=True, description="the calendar is deleted (at "
+                          "``revision``)")
+
+
 class ScheduleWritten(CamelModel):
     schedule_id: str
     revision: int

@@ -96,6 +96,24 @@ type):
     schedule recorded the permit granted (``RunPermitted`` after its ``RunAwaitsPermit``,
     and no ``RunPermitReturned`` since). With the decider giving a permit back in the
     decision that ends the attempt, this bounds the runs of one key LEASED at once.
+``calendar_exclusion``
+    A schedule runs no instant that a calendar it names excludes, and skips none it does
+    not. The schedule's copies of its calendars are folded as the decider holds them: one
+    per name its ``ScheduleCreated``/``ScheduleRevised`` spec lists under ``exclude`` (a
+    name still listed keeps its copy, a new one waits for its first copy), each replaced by
+    its ``CalendarCopied``; a copy without a spec (the calendar does not exist) excludes
+    every instant. An ``OccurrenceMaterialized`` of a scheduled or backfill run (not a
+    manual one) is reported when one of the copies held then excludes its instant, or when
+    a copy had not come yet (the decider materializes nothing while it waits for one). An
+    ``OccurrenceSkipped`` with reason ``excluded`` is reported unless the calendar and
+    revision it names are a copy the schedule held and that copy excludes the instant (for
+    a collapsed range: each trigger instant in it, at most ``misfire_walk_limit``) — else
+    the skip lost a run. A calendar's aggregate (schedule ID ``@calendar:…``) counts its
+    revisions on (``CalendarRevised``, ``CalendarDeleted``), and every ``CalendarCopied``
+    must carry the spec of that revision of the calendar (none for a deleted calendar, or
+    revision 0: never put): compared as a digest when both are seen, whichever partition
+    is read first; copies of one revision whose calendar event the audited log does not
+    hold must at least agree with each other (judged at the end).
 ``single_home``
     A key (a schedule, a tenant's quota aggregate) has its events on one partition at a
     time: its first partition, until its ``KeyMovedOut``; then, from its ``KeyMovedIn``, the
@@ -120,7 +138,9 @@ bounded by the live schedules and runs, not by the length of the history: a fini
 finished runs of its schedule are held, with its effects; a DEAD run beyond the schedule's
 ``DEAD_KEPT`` (the decider's rule: the earliest materialized goes); a claimed span beyond the
 last ``SPANS_KEPT`` (kept as a watermark); a manual request key beyond the last
-``MANUAL_KEYS_KEPT``; misfire ``all`` records once judged. The decider forgets the same
+``MANUAL_KEYS_KEPT``; misfire ``all`` records once judged; a calendar's revisions beyond
+its last ``CALENDAR_REVISIONS_KEPT`` (a copy of a forgotten revision is not compared) and
+the copies of a revision once compared with it. The decider forgets the same
 things (it keeps fewer finished runs) and answers any later command for a run it no longer
 holds with ``not_found``, writing nothing, so an event of a forgotten run is by itself a
 violation, reported under the checks above. All of it happens while folding, by rules on
@@ -143,8 +163,10 @@ from typing import Any, assert_never
 from chronolog.audit.folds import (
     CHECKS,
     DEFAULT_HOT_MAX,
+    NO_SPEC,
     AuditReport,
     AuditState,
+    CalendarFold,
     EffectFold,
     EventRef,
     FoldStore,
@@ -159,12 +181,22 @@ from chronolog.audit.folds import (
     decode_state,
     encode_state,
     encode_state_lines,
+    spec_digest,
 )
+from chronolog.commands.calendars import copied, copies_for, exclusion
 from chronolog.commands.decider import LEAVES_LIVE
-from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT
+from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT, CalendarCopy
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import Barrier, in_barrier_order
-from chronolog.domain.ids import BACKFILL_RUN, LIMIT_PREFIX, QUOTA_ID, ROUTING_ID
+from chronolog.domain.calendars import excluded_by
+from chronolog.domain.ids import (
+    BACKFILL_RUN,
+    CALENDAR_PREFIX,
+    LIMIT_PREFIX,
+    QUOTA_ID,
+    ROUTING_ID,
+    calendar_id,
+)
 from chronolog.domain.recurrence import RecurrenceError, Trigger, compile_trigger
 
 __all__ = [
@@ -184,6 +216,7 @@ DEFAULT_MISFIRE_WALK_LIMIT = 100_000  # trigger instants walked per schedule rev
 FINISHED_KEPT = 4  # finished runs (SUCCEEDED, CANCELLED, SKIPPED) whose effects are settled
 SPANS_KEPT = 16  # the latest claimed occurrence spans; older ones: a watermark
 MISFIRE_KEPT = 64  # recorded instants and ranges of a revision before they are judged
+CALENDAR_REVISIONS_KEPT = 64  # a calendar's latest revisions its copies are compared with
 FINISHED = frozenset({"SUCCEEDED", "CANCELLED", "SKIPPED"})
 _US = timedelta(microseconds=1)
 
@@ -220,6 +253,8 @@ class Auditor:
         self._holders = state.holders
         self._quotas = state.quotas
         self._permits = state.permits
+        self._calendars = state.calendars
+        self._copies = state.copies
         # (tenant, schedule ID) -> where the key is: its partition, and its KeyMovedOut's
         # (to_partition, version, ref) while it is moving
         self._homes = state.homes
@@ -251,7 +286,8 @@ class Auditor:
 
     def _state(self) -> AuditState:
         return AuditState(self.report, self._schedules, self._effects, self._holders,
-                          self._quotas, self._homes, self._permits)
+                          self._quotas, self._homes, self._permits, self._calendars,
+                          self._copies)
 
     def held(self) -> dict[str, int]:
         """How much the auditor holds (what a checkpoint carries): schedules, runs (of which
@@ -321,6 +357,10 @@ class Auditor:
             return
         if env.schedule_id.startswith(LIMIT_PREFIX):
             self._fold_permit(env, EventRef(partition, offset, env.event_id, env.payload.type))
+            return
+        if env.schedule_id.startswith(CALENDAR_PREFIX):
+            self._fold_calendar(env, EventRef(partition, offset, env.event_id,
+                                              env.payload.type))
             return
         key = (env.tenant, env.schedule_id)
         s = self._schedules.get(key)
@@ -535,6 +575,7 @@ class Auditor:
                                 check_misfire=kind_ok and p.spec.misfire.policy == "all")
                 s.revisions[p.revision] = rev
                 s.current = rev
+                s.calendars = copies_for(s.calendars, p.spec.exclude)
             case m.SchedulePaused() | m.ScheduleResumed():
                 self._after_completion(s, ref, "paused" if p.type == "SchedulePaused"
                                        else "resumed")
@@ -544,6 +585,8 @@ class Auditor:
                 self._completed(s, env, p, ref)
             case m.OccurrenceMaterialized():
                 self.report.runs += 1
+                if p.trigger in ("schedule", "backfill") and s.calendars:
+                    self._materialized_excluded(s, p, ref)
                 reported = len(self.report.violations)
                 if p.request_key is not None or p.trigger == "manual":
                     self._manual_key(s, p.request_key or p.run_id, ref)
@@ -575,6 +618,8 @@ class Auditor:
                 run.cause = env.causation_id
                 self._set_state(s, run, p.state)
             case m.OccurrenceSkipped():
+                if p.reason == "excluded":
+                    self._skipped_excluded(s, p, ref)
                 if p.materialized:
                     self._set_state(s, self._run(s, p.run_id), "SKIPPED")
                 elif p.request_key is not None:
@@ -671,15 +716,172 @@ class Auditor:
             case m.RunPermitReturned():
                 if (held_run := s.runs.get(p.run_id)) is not None:
                     held_run.permit = None
+            case m.CalendarCopied():
+                s.calendars = copied(s.calendars, p)
+                self._copy_against_home(s, p, ref)
             case (m.ScheduleCreationHeld() | m.ScheduleCreationRefused() | m.QuotaSlotReserved()
                   | m.QuotaSlotRefused() | m.QuotaSlotConfirmed() | m.QuotaSlotReleased()
-                  | m.PermitGranted() | m.PermitQueued() | m.PermitReleased()):
-                pass  # the tenant quota and permits: _track_slot, _fold_quota, _fold_permit
+                  | m.PermitGranted() | m.PermitQueued() | m.PermitReleased()
+                  | m.CalendarRevised() | m.CalendarDeleted() | m.CalendarSubscribed()
+                  | m.CalendarUnsubscribed()):
+                pass  # the tenant quota, permits and calendars: _track_slot, _fold_quota,
+                # _fold_permit, _fold_calendar
             case (m.KeyMovedOut() | m.KeyMovedIn() | m.RoutingVersionAdded() | m.HandedOver()
                   | m.HandoverReceived()):
                 pass  # a key moving between partitions (docs/design.md §18)
             case _:
                 assert_never(p)
+
+    # -- calendars --------------------------------------------------------------------
+
+    def _materialized_excluded(self, s: ScheduleFold, p: m.OccurrenceMaterialized,
+                               ref: EventRef) -> None:
+        """A scheduled or backfill run is materialized only for an instant none of the
+        schedule's calendars excludes, and only once every copy has come."""
+        waiting = [c.name for c in s.calendars or () if not c.received]
+        if waiting:
+            self._violate(s, "calendar_exclusion",
+                          f"{p.trigger} occurrence {_iso(p.scheduled_at)} materialized while "
+                          f"the schedule waited for the copy of calendar '{waiting[0]}' (the "
+                          "decider materializes nothing until it has come)", ref,
+                          run_id=p.run_id)
+            return
+        x = exclusion(s.calendars, p.scheduled_at)
+        if x is not None:
+            self._violate(s, "calendar_exclusion",
+                          f"{p.trigger} occurrence {_iso(p.scheduled_at)} materialized, yet "
+                          f"calendar '{x.calendar}' (revision {x.revision}) excludes it: "
+                          f"{x.entry}", ref, run_id=p.run_id)
+
+    def _skipped_excluded(self, s: ScheduleFold, p: m.OccurrenceSkipped,
+                          ref: EventRef) -> None:
+        """A skip ``excluded`` names a calendar and revision the schedule held, whose copy
+        excludes the instant (each instant of a collapsed range): else it lost a run."""
+        name, revision = p.calendar, p.calendar_revision
+        held = next((c for c in s.calendars or () if c.name == name), None)
+        if held is None or not held.received or held.revision != revision:
+            what = ("names no calendar" if name is None else
+                    f"names calendar '{name}' revision {revision}")
+            has = ("does not name it" if held is None else
+                   "waits for its first copy" if not held.received else
+                   f"holds its revision {held.revision}")
+            self._violate(s, "calendar_exclusion",
+                          f"occurrence {_iso(p.scheduled_at)} skipped as excluded: the skip "
+                          f"{what}, and the schedule {has}", ref, run_id=p.run_id)
+            return
+        for t in self._skipped_instants(s, p):
+            if not self._excludes(held, t):
+                self._violate(s, "calendar_exclusion",
+                              f"occurrence {_iso(t)} skipped as excluded by calendar '{name}' "
+                              f"(revision {revision}, {p.excluded_by or 'no entry named'}), "
+                              "which does not exclude it: a run lost", ref, run_id=p.run_id)
+                return
+
+    @staticmethod
+    def _excludes(copy: CalendarCopy, t: datetime) -> bool:
+        return copy.spec is None or excluded_by(copy.spec, t) is not None
+
+    def _skipped_instants(self, s: ScheduleFold, p: m.OccurrenceSkipped) -> Iterator[datetime]:
+        """The instants a skip records: its instant, and for a collapsed range every trigger
+        instant up to its ``through`` (at most ``misfire_walk_limit``; its ends always)."""
+        yield p.scheduled_at
+        if p.through is None or p.through <= p.scheduled_at:
+            return
+        rev = s.revisions.get(p.revision, s.current)
+        if rev is not None:
+            try:
+                trigger = _compile(rev.spec, rev.anchor)
+            except RecurrenceError:
+                trigger = None
+            walked = 0
+            t = None if trigger is None else trigger.next_after(p.scheduled_at)
+            while t is not None and t < p.through:
+                if walked >= self.misfire_walk_limit:
+                    self.report.notes.append(
+                        f"calendar_exclusion: {s.tenant}/{s.schedule_id}: checked {walked} "
+                        f"instants of the skip range {_iso(p.scheduled_at)} .. "
+                        f"{_iso(p.through)} (limit)")
+                    break
+                walked += 1
+                yield t
+                t = trigger.next_after(t) if trigger is not None else None
+        yield p.through
+
+    def _copy_against_home(self, s: ScheduleFold, p: m.CalendarCopied, ref: EventRef) -> None:
+        """A copy carries the spec of that revision of the calendar: compared now when the
+        calendar's event was seen, else when it comes (or, among copies, at the end)."""
+        digest = spec_digest(p.spec)
+        if p.revision == 0:  # the calendar was never put: nothing to copy
+            if digest != NO_SPEC:
+                self._violate(s, "calendar_exclusion",
+                              f"a copy of calendar '{p.name}' at revision 0 (never put) "
+                              "carries a spec", ref)
+            return
+        home = self._calendars.get((s.tenant, p.name))
+        if home is not None:
+            known = home.revisions.get(p.revision)
+            if known is not None:
+                if known[0] != digest:
+                    self._violate(s, "calendar_exclusion",
+                                  self._copy_differs(p.name, p.revision, known[0], 1),
+                                  known[1], ref)
+                return
+            if p.revision <= home.latest:
+                return  # forgotten (or never written: reported when read on the calendar)
+        seen = self._copies.setdefault((s.tenant, p.name, p.revision), {})
+        first = seen.get(digest)
+        if first is None:
+            seen[digest] = [ref, s.schedule_id, 1]
+        else:
+            first[2] += 1
+
+    @staticmethod
+    def _copy_differs(name: str, revision: int, home: str, count: int) -> str:
+        what = "deleted" if home == NO_SPEC else "revised"
+        copies = "a copy" if count == 1 else f"{count} copies"
+        verb = "carries" if count == 1 else "carry"
+        return (f"{copies} of calendar '{name}' at revision {revision} {verb} another spec "
+                f"than the calendar {what} at that revision")
+
+    def _fold_calendar(self, env: m.EventEnvelope, ref: EventRef) -> None:
+        """One event of a calendar's aggregate, in its (one partition's) order."""
+        p = env.payload
+        if not isinstance(p, (m.CalendarRevised, m.CalendarDeleted, m.CalendarSubscribed,
+                              m.CalendarUnsubscribed)) or calendar_id(p.name) != env.schedule_id:
+            self._quota_violation("calendar_exclusion", env.tenant, env.schedule_id,
+                                  f"{p.type} on calendar aggregate {env.schedule_id}", ref)
+            return
+        if isinstance(p, (m.CalendarSubscribed, m.CalendarUnsubscribed)):
+            return  # which schedules it sends its copies to: their copies are judged
+        home = self._calendars.setdefault((env.tenant, p.name), CalendarFold())
+        if p.revision <= home.latest:
+            self._quota_violation("calendar_exclusion", env.tenant, env.schedule_id,
+                                  f"calendar '{p.name}' {p.type} at revision {p.revision}, not "
+                                  f"above its revision {home.latest}",
+                                  home.revisions.get(home.latest, (None, None))[1], ref)
+            return
+        digest = spec_digest(p.spec if isinstance(p, m.CalendarRevised) else None)
+        home.revisions[p.revision] = (digest, ref)
+        while len(home.revisions) > CALENDAR_REVISIONS_KEPT:
+            home.forgotten = min(home.revisions)
+            del home.revisions[home.forgotten]
+        for other, (first, sid, count) in self._copies.pop(
+                (env.tenant, p.name, p.revision), {}).items():
+            if other != digest:
+                self._quota_violation("calendar_exclusion", env.tenant, sid,
+                                      self._copy_differs(p.name, p.revision, digest, count),
+                                      first, ref)
+
+    def _check_copies(self) -> None:
+        """Copies of one revision whose calendar event the audited log does not hold must
+        at least carry one spec (at the end)."""
+        for (tenant, name, revision), seen in self._copies.items():
+            if len(seen) > 1:
+                self._quota_violation(
+                    "calendar_exclusion", tenant, calendar_id(name),
+                    f"the copies of calendar '{name}' at revision {revision} carry "
+                    f"{len(seen)} different specs (the log audited does not hold that "
+                    "revision)", *(first for first, _, _ in seen.values()))
 
     @staticmethod
     def _one_catch_up(s: ScheduleFold, cause: str | None) -> bool:
@@ -1010,6 +1212,7 @@ class Auditor:
                     if rev.check_misfire:
                         self._check_misfire_all(s, rev)
             self._check_quotas()
+            self._check_copies()
             return self.report
         finally:
             self.report = found

@@ -4,9 +4,11 @@ The auditor (``chronolog.audit.auditor``) keeps, per key, what its checks need o
 seen so far: per schedule its revisions, fences, claimed occurrence spans, manual request keys
 and runs (``ScheduleFold``), per effect ID its intent and success (``EffectFold``), per
 tenant its quota aggregate (``QuotaFold``, ``SlotHolder``) and per key its partition
-(``Home``), and the report found so far (``AuditReport``). All of it is bounded by the live
-schedules and runs: what the auditor forgets, and why its checks stay sound, is told in its
-module docstring. ``encode_state`` writes all of it as one JSON-able document
+(``Home``), per calendar its latest revisions (``CalendarFold``) and the copies of a
+revision still waiting for it, and the report found so far (``AuditReport``). All of it is
+bounded by the live schedules and runs (and a calendar's latest revisions): what the
+auditor forgets, and why its checks stay sound, is told in its module docstring.
+``encode_state`` writes all of it as one JSON-able document
 (``CHECKPOINT_VERSION``), ``decode_state`` reads it back; ``encode_state_lines`` writes the
 same as JSON lines, a schedule's fold a line (``LINES_VERSION``: what ``chronolog audit``
 saves), and ``decode_document`` reads either. An audit that resumes from the document and
@@ -30,6 +32,7 @@ sorted lists, so one state always encodes to the same document.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,7 +42,9 @@ from typing import Any, NamedTuple
 import orjson
 import zstandard
 
+from chronolog.commands.state import CalendarCopy
 from chronolog.domain import messages as m
+from chronolog.domain.calendars import CalendarSpec
 from chronolog.domain.codec import kept
 
 CHECKPOINT_VERSION = 2  # 2: bounded state (finished runs, span watermark, effects by run)
@@ -59,6 +64,7 @@ CHECKS: tuple[str, ...] = (
     "quota_exact",
     "quota_balance",
     "concurrency_limit",
+    "calendar_exclusion",
     "single_home",
     "move_matched",
     "decodable",
@@ -195,6 +201,7 @@ class RevisionFold:
 
 class ScheduleFold:
     __slots__ = (
+        "calendars",
         "claimed_ref",
         "claimed_through",
         "completed_ref",
@@ -246,6 +253,9 @@ class ScheduleFold:
         self.scheduled_runs = 0  # runs that advanced the schedule (its maxCount count)
         self.last_instant: datetime | None = None  # the latest scheduled instant recorded
         self.revised_at: datetime | None = None  # authority time of the current revision
+        # the copies of the calendars its spec names, in its order, as the decider holds
+        # them (``chronolog.commands.calendars``); None: it names none
+        self.calendars: tuple[CalendarCopy, ...] | None = None
 
     def checks_misfire(self) -> bool:
         """Whether a revision still has misfire ``all`` records to judge."""
@@ -283,6 +293,33 @@ class EffectFold:
     success_ref: EventRef | None = None
     run_id: str = ""  # the run it was intended for (forgotten with it)
     open: bool = True  # intended or uncertain: its run is kept until it is settled
+
+
+NO_SPEC = "none"  # the digest of no spec: a calendar never put (revision 0) or deleted
+
+
+def spec_digest(spec: CalendarSpec | None) -> str:
+    """A short digest of a calendar's spec (``NO_SPEC`` for none), to compare a schedule's
+    copy with the calendar's revision without holding either spec."""
+    if spec is None:
+        return NO_SPEC
+    data = orjson.dumps(spec.model_dump(mode="json", by_alias=True),
+                        option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+@dataclass
+class CalendarFold:
+    """A calendar's aggregate (schedule ID ``@calendar:<name>``): its latest revisions
+    (``CalendarRevised``, ``CalendarDeleted``) as revision -> (spec digest, event), at most
+    ``CALENDAR_REVISIONS_KEPT`` of them; those up to ``forgotten`` are no longer held."""
+
+    revisions: dict[int, tuple[str, EventRef]] = field(default_factory=dict)
+    forgotten: int = 0
+
+    @property
+    def latest(self) -> int:
+        return max(self.revisions, default=self.forgotten)
 
 
 @dataclass(slots=True)
@@ -413,6 +450,12 @@ class AuditState:
     homes: dict[tuple[str, str], Home] = field(default_factory=dict)
     # per concurrency key's aggregate (tenant, schedule ID): run ID -> its PermitGranted
     permits: dict[tuple[str, str], dict[str, EventRef]] = field(default_factory=dict)
+    # per calendar (tenant, name): its latest revisions
+    calendars: dict[tuple[str, str], CalendarFold] = field(default_factory=dict)
+    # the copies (CalendarCopied) of a calendar's revision not seen yet (its home on a
+    # partition read later), per (tenant, name, revision): spec digest -> [the first such
+    # copy, its schedule ID, how many]
+    copies: dict[tuple[str, str, int], dict[str, list[Any]]] = field(default_factory=dict)
 
 
 def _ref(r: EventRef | None) -> list[Any] | None:
@@ -484,7 +527,9 @@ def encode_schedule(s: ScheduleFold) -> dict[str, Any]:
         "leased": sorted(s.leased), "pending": sorted(s.pending),
         "completed": _ref(s.completed_ref), "scheduled_runs": s.scheduled_runs,
         "last_instant": _t(s.last_instant), "revised_at": _t(s.revised_at),
-    }
+    } | ({} if s.calendars is None else {"calendars": [
+        [c.name, c.revision, None if c.spec is None else c.spec.model_dump(
+            mode="json", by_alias=True), c.received] for c in s.calendars]})
 
 
 def decode_schedule(d: dict[str, Any]) -> ScheduleFold:
@@ -506,6 +551,10 @@ def decode_schedule(d: dict[str, Any]) -> ScheduleFold:
     s.completed_ref = _unref(d["completed"])
     s.scheduled_runs = d["scheduled_runs"]
     s.last_instant, s.revised_at = _unt(d["last_instant"]), _unt(d["revised_at"])
+    copies = d.get("calendars")
+    s.calendars = None if copies is None else tuple(
+        CalendarCopy(name, revision, None if spec is None else CalendarSpec.model_validate(spec),
+                     received) for name, revision, spec, received in copies)
     return s
 
 
@@ -553,6 +602,12 @@ def _encode_rest(state: AuditState) -> dict[str, Any]:
                   for (t, sid), h in state.homes.items()],
         "permits": [[t, sid, [[r, _ref(ref)] for r, ref in held.items()]]
                     for (t, sid), held in state.permits.items() if held],
+        "calendars": [[t, name, c.forgotten,
+                       [[r, digest, _ref(ref)] for r, (digest, ref) in c.revisions.items()]]
+                      for (t, name), c in state.calendars.items()],
+        "copies": [[t, name, r, [[digest, _ref(first[0]), first[1], first[2]]
+                                 for digest, first in seen.items()]]
+                   for (t, name, r), seen in state.copies.items()],
     }
 
 
@@ -619,6 +674,12 @@ def _decode_rest(doc: dict[str, Any], hot_max: int) -> AuditState:
             max_schedules, set(reserved))
     for t, sid, held in doc.get("permits", ()):
         state.permits[(t, sid)] = {r: _must(ref) for r, ref in held}
+    for t, name, forgotten, revisions in doc.get("calendars", ()):
+        state.calendars[(t, name)] = CalendarFold(
+            {r: (digest, _must(ref)) for r, digest, ref in revisions}, forgotten)
+    for t, name, r, seen in doc.get("copies", ()):
+        state.copies[(t, name, r)] = {digest: [_must(ref), sid, n]
+                                      for digest, ref, sid, n in seen}
     for t, sid, partition, moving in doc["homes"]:
         state.homes[(t, sid)] = Home(partition, None if moving is None else
                                      (moving[0], moving[1], _must(moving[2])))

@@ -42,9 +42,17 @@ from chronolog.cli.flags import checked_database_url
 from chronolog.cli.transport import Ctx, RunsQuery, SchedulesQuery, WorkersQuery
 from chronolog.client import Client, CommandError, ReplyTimeout, raise_for
 from chronolog.domain import messages as m
+from chronolog.domain.calendars import CalendarSpec
+from chronolog.domain.ids import calendar_id
 from chronolog.domain.storage_budget import SETTING as STORAGE_SETTING
 from chronolog.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from chronolog.log.port import LogError
+from chronolog.queries.calendars import (
+    CALENDARS_PAGE,
+    calendar_document,
+    calendar_page,
+    missing_calendars,
+)
 from chronolog.queries.documents import (
     InvalidDefinition,
     backfill_out,
@@ -108,6 +116,7 @@ class DirectTransport:
     async def create_schedule(self, schedule_id: str, body: dict[str, Any], spec: Any,
                               key: str | None) -> dict[str, Any]:
         self._check_job(spec)
+        await self._check_calendars(spec)
         out = await self._send(schedule_id, m.CreateSchedule(spec=spec, request_key=key))
         result: dict[str, Any] = {"scheduleId": schedule_id, "revision": out["revision"],
                                   "nextRunAt": _iso(out.get("next_run_at"))}
@@ -119,6 +128,7 @@ class DirectTransport:
     async def revise_schedule(self, schedule_id: str, body: dict[str, Any], spec: Any,
                               revision: int) -> dict[str, Any]:
         self._check_job(spec)
+        await self._check_calendars(spec)
         out = await self._send(schedule_id,
                                m.ReviseSchedule(spec=spec, expected_revision=revision))
         return {"revision": out["revision"], "nextRunAt": _iso(out.get("next_run_at"))}
@@ -167,7 +177,30 @@ class DirectTransport:
         return {"runId": run_id, "state": out.get("state", "READY"), "outcome": None,
                 "attempt": out.get("attempt")}
 
+    async def put_calendar(self, name: str, body: dict[str, Any],
+                           if_match: int | None) -> dict[str, Any]:
+        out = await self._send(calendar_id(name), m.PutCalendar(
+            name=name, spec=CalendarSpec.model_validate(body), expected_revision=if_match))
+        return {"name": name, "revision": out["revision"]}
+
+    async def delete_calendar(self, name: str, if_match: int | None) -> dict[str, Any]:
+        out = await self._send(calendar_id(name), m.DeleteCalendar(
+            name=name, expected_revision=if_match))
+        return {"name": name, "revision": out["revision"], "deleted": True}
+
     # ------------------------------------------------------------------ reads
+
+    async def calendar(self, name: str) -> dict[str, Any]:
+        async with self._read_model() as rm:
+            doc = await calendar_document(rm.pool, self.tenant, name)
+        if doc is None:
+            raise Failure("not_found", f"no calendar '{name}'", "name")
+        return dict(doc.model_dump(mode="json", by_alias=True))
+
+    async def calendars(self, limit: int | None, after: str | None) -> dict[str, Any]:
+        async with self._read_model() as rm:
+            page = await calendar_page(rm.pool, self.tenant, after, limit or CALENDARS_PAGE)
+        return dict(page.model_dump(mode="json", by_alias=True, exclude_none=True))
 
     async def schedule(self, schedule_id: str) -> dict[str, Any]:
         async with self._read_model() as rm:
@@ -227,6 +260,17 @@ class DirectTransport:
         allowed = self.ctx.allowed_jobs
         if allowed is not None and spec.job.type not in allowed:
             raise Failure("forbidden", f"job type '{spec.job.type}' not allowed", "job.type")
+
+    async def _check_calendars(self, spec: Any) -> None:
+        """As the API: a calendar the definition names exists (``exclude[i]`` otherwise)."""
+        if not spec.exclude:
+            return
+        async with self._read_model() as rm:
+            missing = await missing_calendars(rm.pool, self.tenant, spec.exclude)
+        if missing:
+            raise Failure("invalid", f"no calendar '{missing[0]}': put it first (chronolog "
+                          f"calendar put {missing[0]})",
+                          f"exclude[{spec.exclude.index(missing[0])}]")
 
     @asynccontextmanager
     async def _client(self) -> AsyncIterator[Client]:

@@ -116,7 +116,25 @@ class HttpTransport:
     async def redrive(self, run_id: str, schedule_id: str | None) -> dict[str, Any]:
         return await self._call("POST", f"/v1/runs/{_id(run_id)}:redrive", write=True)
 
+    async def put_calendar(self, name: str, body: dict[str, Any],
+                           if_match: int | None) -> dict[str, Any]:
+        return await self._call("PUT", f"/v1/calendars/{_id(name)}", write=True, json=body,
+                                headers=None if if_match is None else {
+                                    "If-Match": f'"{if_match}"'})
+
+    async def delete_calendar(self, name: str, if_match: int | None) -> dict[str, Any]:
+        return await self._call("DELETE", f"/v1/calendars/{_id(name)}", write=True,
+                                headers=None if if_match is None else {
+                                    "If-Match": f'"{if_match}"'})
+
     # ------------------------------------------------------------------ reads
+
+    async def calendar(self, name: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/calendars/{_id(name)}")
+
+    async def calendars(self, limit: int | None, after: str | None) -> dict[str, Any]:
+        params = {k: str(v) for k, v in (("limit", limit), ("after", after)) if v is not None}
+        return await self._call("GET", "/v1/calendars", params=params)
 
     async def schedule(self, schedule_id: str) -> dict[str, Any]:
         return await self._call("GET", f"/v1/schedules/{_id(schedule_id)}")

@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "effects": "chronolog.cli.effects",
     "reconcile": "chronolog.cli.effects",
     "schedule": "chronolog.cli.schedules",
+    "calendar": "chronolog.cli.schedules",
     "trigger": "chronolog.cli.schedules",
     "cancel": "chronolog.cli.schedules",
     "redrive": "chronolog.cli.schedules",

@@ -17,6 +17,9 @@ ends with a legend line per mark shown; ``dst`` and ``note`` are null on an unma
 instant. ``--every`` without ``--anchor`` is anchored at ``--from``. Naive ISO times are
 wall times in ``--tz``. Bad input exits with status 2 and one line naming the field and
 value.
+Offline, it reads no exclusion calendar: an instant a schedule's calendars exclude is listed
+unmarked here (``chronolog schedule show`` marks its next instants, ``GET
+/v1/preview?exclude=`` a rule's, against the calendars the node holds).
 This is the only recurrence module allowed to read the clock (for the default ``--from``).
 """
 

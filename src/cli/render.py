@@ -12,8 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["created", "revised", "run", "run_written", "runs", "schedule", "schedules",
-           "short", "state_changed", "triggered", "workers"]
+__all__ = ["created", "excluded_text", "exclusion_text", "revised", "run", "run_written",
+           "runs", "schedule", "schedules", "short", "state_changed", "state_text",
+           "triggered", "workers"]
 
 
 def short(text: str, n: int = 60) -> str:
@@ -153,8 +154,11 @@ def schedule(doc: dict[str, Any]) -> None:
                                                       else "")]
                           for i in doc["resume"]["instants"]]))
     if doc.get("preview"):
-        con.print(_table("next instants", ["#", "scheduledAt", "dueAt", "local"],
-                         [[i, _t(p["scheduledAt"]), _t(p["dueAt"]), p["local"]]
+        marked = any(p.get("excluded") for p in doc["preview"])
+        con.print(_table("next instants", ["#", "scheduledAt", "dueAt", "local",
+                                           *(["excluded"] if marked else [])],
+                         [[i, _t(p["scheduledAt"]), _t(p["dueAt"]), p["local"],
+                           *([excluded_text(p.get("excluded"))] if marked else [])]
                           for i, p in enumerate(doc["preview"], 1)]))
     else:
         con.print(f"no upcoming instants ({doc['state']})")
@@ -186,7 +190,7 @@ def runs(doc: dict[str, Any], schedule_id: str | None, states: str | None) -> No
                                 "scheduledAt", "state", "attempt", "startedAt", "finishedAt",
                                 *(["waiting"] if waits else [])],
                          [[i["runId"], *([i["scheduleId"], i.get("jobType")] if across else []),
-                           _t(i["scheduledAt"]), i["state"], i["attempt"],
+                           _t(i["scheduledAt"]), state_text(i), i["attempt"],
                            _t(i["startedAt"]), _t(i["finishedAt"]),
                            *([i.get("waiting") or ""] if waits else [])]
                           for i in items]))
@@ -201,6 +205,30 @@ def _job(job_type: str | None, params: Any) -> str | None:
     return f"{job_type or '-'} {'-' if params is None else json.dumps(params)}"
 
 
+def excluded_text(mark: dict[str, Any] | None) -> str:
+    """An upcoming instant's ``excluded`` mark: ``by calendar 'us-holidays': 2026-12-25``
+    ("" for none: it runs)."""
+    if not mark:
+        return ""
+    return f"by calendar '{mark['calendar']}': {mark['entry']}"
+
+
+def exclusion_text(exclusion: dict[str, Any] | None) -> str:
+    """A skipped run's ``exclusion``: ``excluded by calendar 'us-holidays' r3: 2026-12-25``
+    ("" for none)."""
+    if not exclusion:
+        return ""
+    return (f"excluded by calendar '{exclusion['calendar']}' r{exclusion.get('revision', 0)}: "
+            f"{exclusion['entry']}")
+
+
+def state_text(doc: dict[str, Any]) -> str:
+    """A run's state, with the calendar that excluded a skipped one: ``SKIPPED (excluded by
+    calendar 'us-holidays' r3: 2026-12-25)``."""
+    why = exclusion_text(doc.get("exclusion"))
+    return f"{doc['state']} ({why})" if why else str(doc["state"])
+
+
 def run(doc: dict[str, Any]) -> None:
     con = _console()
     pairs: list[tuple[str, Any]] = [
@@ -208,7 +236,7 @@ def run(doc: dict[str, Any]) -> None:
                                             f"{doc['revision']})"),
         ("trigger", doc["trigger"] + (f" key {doc['requestKey']}" if doc.get("requestKey")
                                       else "")),
-        ("state", doc["state"]), ("job", _job(doc.get("jobType"), doc.get("params"))),
+        ("state", state_text(doc)), ("job", _job(doc.get("jobType"), doc.get("params"))),
         ("scheduledAt", doc["scheduledAt"]), ("dueAt", doc["dueAt"]),
         ("startedAt", doc["startedAt"]), ("finishedAt", doc["finishedAt"]),
         ("lateness", None if doc.get("latenessMs") is None else f"{doc['latenessMs']} ms"),
@@ -216,6 +244,8 @@ def run(doc: dict[str, Any]) -> None:
     pairs = [(k, v) for k, v in pairs if k != "job" or v is not None]
     for key in ("waiting", "skippedReason", "cancelReason", "deadReason", "deadMessage",
                 "lastError"):
+        if key == "skippedReason" and doc.get("exclusion"):
+            continue  # said on the state line
         if doc.get(key):
             pairs.append((key, doc[key]))
     if doc.get("cancellationRequested"):
@@ -252,3 +282,36 @@ def workers(doc: dict[str, Any], live: bool | None) -> None:
                            _t(w["startedAt"])]
                           for w in doc["items"] for c in w["classes"]]))
     _more(con, doc)
+
+
+def calendar_written(result: dict[str, Any]) -> None:
+    """A calendar put or deleted."""
+    if result.get("deleted"):
+        print(f"deleted calendar {result['name']} (revision {result['revision']})")
+    else:
+        print(f"calendar {result['name']} at revision {result['revision']}")
+
+
+def calendar(doc: dict[str, Any]) -> None:
+    """A calendar's document: its entries, revision and the schedules that name it."""
+    d = doc["definition"]
+    zone = d.get("timezone") or "UTC"
+    rows: list[list[Any]] = [["date", x, zone] for x in d.get("dates") or ()]
+    rows += [["range", f"{r['from']}..{r['to']}", r.get("timezone") or zone]
+             for r in d.get("ranges") or ()]
+    rows += [["window", f"{','.join(w.get('days') or ())} {w['start']}-{w['end']}",
+              w.get("timezone") or zone] for w in d.get("windows") or ()]
+    con = _console()
+    con.print(_kv([("calendar", doc["name"]), ("revision", doc["revision"]),
+                   ("timezone", zone), ("updated", _t(doc.get("updatedAt"))),
+                   ("used by", ", ".join(doc.get("usedBy") or ()) or "-")]))
+    con.print(_table(None, ["excludes", "entry", "zone"], rows) if rows
+              else "excludes nothing")
+
+
+def calendars(doc: dict[str, Any]) -> None:
+    """A page of the tenant's calendars."""
+    _console().print(_table(None, ["name", "revision", "updated"], [
+        [c["name"], c["revision"], _t(c.get("updatedAt"))] for c in doc["items"]]))
+    if doc.get("nextCursor"):
+        print(f"more: --after {doc['nextCursor']}")

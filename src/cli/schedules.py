@@ -13,13 +13,20 @@ operators, straight on the log.
                               [--jitter DUR] [--dst-ambiguous first|second|both]
                               [--dst-nonexistent shift_forward|skip] [--resource-class C]
                               [--priority N] [--concurrency-key KEY --concurrency-limit N]
-                              [--effects JSON] [--idempotency-key K] [--spec FILE.json]
+                              [--exclude CALENDAR[,CALENDAR]]... [--effects JSON]
+                              [--idempotency-key K] [--spec FILE.json]
     chronolog schedule revise ID --if-match REV [the same definition flags]
     chronolog schedule revise ID --if-match REV --spec FILE.json [flags]
     chronolog schedule pause|resume|delete ID
     chronolog schedule list [--state S[,S]] [--job-type T] [--resource-class C] [--prefix P]
                             [--limit N] [--after CURSOR]
     chronolog schedule show ID
+    chronolog calendar put NAME [--file FILE.json] [--timezone ZONE] [--date DAY]...
+                               [--range FROM..TO]... [--window 'DAYS HH:MM-HH:MM [ZONE]']...
+                               [--if-match REV]
+    chronolog calendar show NAME
+    chronolog calendar list [--limit N] [--after NAME]
+    chronolog calendar delete NAME [--if-match REV]
     chronolog trigger SCHEDULE_ID [--idempotency-key K] [--params JSON]
     chronolog cancel RUN_ID [--reason TEXT]
     chronolog redrive RUN_ID
@@ -118,6 +125,7 @@ from chronolog.cli.transport import (
     wants_direct,
 )
 from chronolog.domain import messages as m
+from chronolog.domain.calendars import CALENDAR_NAME_PATTERN, WEEKDAYS, CalendarSpec
 from chronolog.domain.durations import InvalidDuration, parse_duration
 from chronolog.domain.limits import id_problem
 from chronolog.domain.merge_patch import merge_patch
@@ -246,6 +254,8 @@ def register(sub: Any) -> None:
     p.add_argument("schedule_id", metavar="ID")
     _common(p)
     p.set_defaults(func=_command(_show))
+
+    _register_calendars(sub)
 
     p = sub.add_parser("trigger", help="run a schedule's job now (manual run)")
     p.add_argument("schedule_id", metavar="SCHEDULE_ID")
@@ -380,6 +390,10 @@ def _definition_flags(p: argparse.ArgumentParser, *, revise: bool = False) -> No
                    "(customer-{customer_id})")
     p.add_argument("--concurrency-limit", default=None, type=int, metavar="N",
                    help="how many runs with the key may be LEASED at once (1..100000)")
+    p.add_argument("--exclude", default=None, action="append", metavar="NAME[,NAME]",
+                   help="skip the instants these calendars of the tenant exclude (repeatable; "
+                   "in this order)" + (": replaces the current list, '' removes them"
+                                       if revise else ""))
     p.add_argument("--effects", default=None, metavar="JSON",
                    help="the effects, a JSON array of {kind, destination, ...}" + (
                        " (replaces the current list; [] removes them)" if revise else ""))
@@ -387,6 +401,54 @@ def _definition_flags(p: argparse.ArgumentParser, *, revise: bool = False) -> No
                    help=("the whole definition as a file, the API's PUT body: it REPLACES the "
                          "current one (flags given as well override its fields)") if revise
                    else "the API body as a file (flags given as well override its fields)")
+
+
+def _register_calendars(sub: Any) -> None:
+    """``calendar put|show|list|delete``: the tenant's exclusion calendars."""
+    cal = sub.add_parser("calendar", help="put, show, list, delete the tenant's exclusion "
+                         "calendars")
+    csub = cal.add_subparsers(dest="action", metavar="ACTION")
+    csub.required = True
+    p = csub.add_parser(
+        "put", help="create a calendar, or revise it (--if-match REV)",
+        description="The calendar is --file's JSON (the API's PUT body) with the flags' "
+        "entries added: --date DAY, --range FROM..TO and --window 'DAYS HH:MM-HH:MM [ZONE]' "
+        "may each be given several times. Without --if-match it must not exist yet (or hold "
+        "this very definition); with it, that revision is revised.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--file", default=None, metavar="FILE.json",
+                   help="the calendar as a file: {timezone, dates, ranges, windows}")
+    p.add_argument("--timezone", "--tz", default=None, metavar="ZONE",
+                   help="the IANA zone its entries are read in (default UTC)")
+    p.add_argument("--date", action="append", default=None, metavar="DAY[,DAY]",
+                   help="a whole local day excluded: 2026-12-25")
+    p.add_argument("--range", action="append", default=None, metavar="FROM..TO",
+                   help="whole local days excluded, both included: 2026-12-24..2026-12-26")
+    p.add_argument("--window", action="append", default=None, metavar="'DAYS HH:MM-HH:MM'",
+                   help="a recurring local-time window: 'sat,sun 22:00-06:00', "
+                   "'mon-fri 12:00-13:00 Europe/Paris', '02:00-03:00' (every day)")
+    p.add_argument("--if-match", type=int, default=None, metavar="REV",
+                   help="revise this revision (a stale one is a conflict)")
+    _common(p, write=True)
+    p.set_defaults(func=_command(_calendar_put))
+    p = csub.add_parser("show", help="a calendar: its entries, revision, the schedules "
+                        "naming it")
+    p.add_argument("name", metavar="NAME")
+    _common(p)
+    p.set_defaults(func=_command(_calendar_show))
+    p = csub.add_parser("list", help="the tenant's calendars, by name")
+    p.add_argument("--limit", type=int, default=None, help=f"page size 1..{MAX_PAGE}, "
+                   "default 100")
+    p.add_argument("--after", default=None, metavar="NAME", help="the nextCursor of the "
+                   "previous page")
+    _common(p)
+    p.set_defaults(func=_command(_calendar_list))
+    p = csub.add_parser("delete", help="delete a calendar no schedule names")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--if-match", type=int, default=None, metavar="REV",
+                   help="delete only at this revision")
+    _common(p, write=True)
+    p.set_defaults(func=_command(_calendar_delete))
 
 
 # =======================================================================================
@@ -522,6 +584,7 @@ _FIELD_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("priority", "--priority", ("priority",), "value"),
     ("concurrency_key", "--concurrency-key", ("concurrency", "key"), "value"),
     ("concurrency_limit", "--concurrency-limit", ("concurrency", "limit"), "value"),
+    ("exclude", "--exclude", ("exclude",), "names"),
     ("effects", "--effects", ("effects",), "array"),
 )
 # a definition every single field flag is checked in (as a merge patch of it)
@@ -639,6 +702,8 @@ def _field_value(raw: Any, flag: str, path: tuple[str, ...], kind: str, tz: str 
             return _iso(_instant_flag(raw, path[-1], tz))
         except RecurrenceError as exc:
             raise _usage(str(exc)) from None
+    if kind == "names":  # repeated flags, each one or more comma-separated names
+        return [n.strip() for text in raw for n in text.split(",") if n.strip()]
     if kind == "array":
         try:
             value = json.loads(raw)
@@ -1030,5 +1095,130 @@ def _workers(ctx: Ctx) -> Work:
         else:
             render.workers(doc, args.live)
         return 0
+
+    return work
+
+
+# =======================================================================================
+# calendars
+
+_WINDOW = re.compile(r"^\s*(?:(?P<days>[A-Za-z,-]+)\s+)?(?P<start>\d{1,2}:\d{2})\s*-\s*"
+                     r"(?P<end>\d{1,2}:\d{2})(?:\s+(?P<zone>\S+))?\s*$")
+
+
+def _days(text: str) -> list[str]:
+    """``sat,sun`` or ``mon-fri`` as the days a window lists."""
+    out: list[str] = []
+    for part in text.lower().split(","):
+        if "-" in part:
+            a, _, b = part.partition("-")
+            if a not in WEEKDAYS or b not in WEEKDAYS:
+                raise _usage(f"invalid window days '{text}': days are mon..sun")
+            i, j = WEEKDAYS.index(a), WEEKDAYS.index(b)  # type: ignore[arg-type]
+            out += [WEEKDAYS[(i + k) % 7] for k in range((j - i) % 7 + 1)]
+        elif part in WEEKDAYS:
+            out.append(part)
+        else:
+            raise _usage(f"invalid window days '{text}': days are mon..sun")
+    return list(dict.fromkeys(out))
+
+
+def calendar_body(args: Any) -> dict[str, Any]:
+    """The calendar a ``calendar put`` sends (the API's PUT body): ``--file`` with the
+    flags' entries added, validated (``UsageError`` naming the field)."""
+    body: dict[str, Any] = {}
+    if args.file:
+        try:
+            body = _json_object(Path(args.file).read_text(), "file")
+        except OSError as exc:
+            raise _usage(f"invalid file '{args.file}': {exc.strerror or exc}") from None
+    if args.timezone is not None:
+        body["timezone"] = args.timezone
+    for text in args.date or ():
+        body.setdefault("dates", []).extend(d.strip() for d in text.split(",") if d.strip())
+    for text in args.range or ():
+        start, sep, end = text.partition("..")
+        if not sep:
+            raise _usage(f"invalid range '{text}': FROM..TO, e.g. 2026-12-24..2026-12-26")
+        body.setdefault("ranges", []).append({"from": start.strip(), "to": end.strip()})
+    for text in args.window or ():
+        match = _WINDOW.match(text)
+        if match is None:
+            raise _usage(f"invalid window '{text}': 'DAYS HH:MM-HH:MM [ZONE]', e.g. "
+                         f"'sat,sun 22:00-06:00'")
+        window: dict[str, Any] = {"start": match["start"].zfill(5), "end": match["end"].zfill(5)}
+        if match["days"]:
+            window["days"] = _days(match["days"])
+        if match["zone"]:
+            window["timezone"] = match["zone"]
+        body.setdefault("windows", []).append(window)
+    try:
+        CalendarSpec.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"])
+        where = where.replace(".[", "[")
+        raise _usage(f"invalid {where or 'calendar'}: {err['msg'].removeprefix('Value error, ')}"
+                     ) from None
+    return body
+
+
+def _calendar_name(name: str) -> str:
+    if not re.fullmatch(CALENDAR_NAME_PATTERN, name):
+        raise _usage(f"invalid calendar name '{_short(name)}': letters, digits and _ . - (not "
+                     f"first), 1-100 characters")
+    return name
+
+
+def _printed(args: Any, doc: dict[str, Any], show: Callable[[dict[str, Any]], None]) -> int:
+    """Print an answer: its JSON with ``--json``, else ``show``'s lines; exit status 0."""
+    if args.json:
+        _print_json(doc)
+    else:
+        show(doc)
+    return 0
+
+
+def _calendar_put(ctx: Ctx) -> Work:
+    args = ctx.args
+    name = _calendar_name(args.name)
+    body = calendar_body(args)
+
+    async def work(t: Transport) -> int:
+        return _printed(args, await t.put_calendar(name, body, args.if_match),
+                        render.calendar_written)
+
+    return work
+
+
+def _calendar_show(ctx: Ctx) -> Work:
+    name = _calendar_name(ctx.args.name)
+
+    async def work(t: Transport) -> int:
+        return _printed(ctx.args, await t.calendar(name), render.calendar)
+
+    return work
+
+
+def _calendar_list(ctx: Ctx) -> Work:
+    args = ctx.args
+    if args.limit is not None and not 1 <= args.limit <= MAX_PAGE:
+        raise _usage(f"invalid limit '{args.limit}': 1..{MAX_PAGE}")
+    if args.after is not None:
+        _calendar_name(args.after)
+
+    async def work(t: Transport) -> int:
+        return _printed(args, await t.calendars(args.limit, args.after), render.calendars)
+
+    return work
+
+
+def _calendar_delete(ctx: Ctx) -> Work:
+    args = ctx.args
+    name = _calendar_name(args.name)
+
+    async def work(t: Transport) -> int:
+        return _printed(args, await t.delete_calendar(name, args.if_match),
+                        render.calendar_written)
 
     return work

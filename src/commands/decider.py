@@ -24,7 +24,7 @@ from typing import Any, TypeGuard, assert_never, get_args
 
 import orjson
 
-from chronolog.commands import permits
+from chronolog.commands import calendars, permits
 from chronolog.commands.aggregate import (
     OPEN_TENANT,
     PROCESSOR,
@@ -60,6 +60,7 @@ from chronolog.domain.ids import (
     QUOTA_ID,
     ROUTING_ID,
     backfill_run_id,
+    calendar_id,
     effect_id_for,
     limit_id,
     manual_run_id,
@@ -134,12 +135,21 @@ def decide(
     if dec.events and state.exists and isinstance(state.quota, str):
         _release_when_not_live(state, dec)
     if dec.events and permits.applies(state, dec.events, tenant):
-        after = state.draft()
-        for ev in dec.events:
-            evolve(after, ev)
+        after = _after(state, dec.events)
         permits.after_decision(state, after, command.command_id, tenant, dec.events.append,
                                dec.sends.append)
+    if dec.events and calendars.applies(state, dec.events):
+        calendars.after_decision(state, _after(state, dec.events), command.command_id,
+                                 dec.sends.append)
     return dec
+
+
+def _after(state: ScheduleState, events: list[m.ScheduleEvent]) -> ScheduleState:
+    """A draft of ``state`` with ``events`` folded in."""
+    after = state.draft()
+    for ev in events:
+        evolve(after, ev)
+    return after
 
 
 def _release_when_not_live(state: ScheduleState, dec: ScheduleDecision) -> None:
@@ -204,6 +214,14 @@ def _decide(
             return _quota_answered(state, p, now, tenant)
         case m.GrantPermit():
             return permits.grant_received(state, p, command.principal)
+        case m.CopyCalendar():
+            if command.principal != PROCESSOR:
+                return _reject("forbidden", "only the processor copies a calendar")
+            return _calendar_copied(state, p, now)
+        case (m.PutCalendar() | m.DeleteCalendar() | m.SubscribeCalendar()
+              | m.UnsubscribeCalendar()):
+            return _reject("invalid", f"{p.type} is a command of a calendar (schedule ID "
+                           f"'{calendar_id(p.name)}')", "type")
         case m.AcquirePermit() | m.ReleasePermit():
             return _reject("invalid", f"{p.type} is a command of a concurrency key's permits "
                            f"(schedule ID '{limit_id(p.key)}')", "type")
@@ -460,6 +478,8 @@ def _revise(
                  or _over_retry_ceiling(p.spec, tenant))
     if too_often is not None:
         return too_often
+    if (waits := _waits_for_calendars(state, now)) is not None:
+        return waits
     d = _draft(state)
     # Instants of the old revision already due belong to it: settle them first (exactly as
     # a Tick just before the revision would), so none is silently dropped.
@@ -504,6 +524,8 @@ def _pause(state: ScheduleState, p: m.PauseSchedule, now: datetime) -> ScheduleD
         return _reject("not_found", "no such schedule")
     if state.status == "PAUSED":
         return Decision(body=_schedule_body(state))
+    if (waits := _waits_for_calendars(state, now)) is not None:
+        return waits
     d = _draft(state)
     # what was already due when the pause arrived is not "missed while paused"
     _materialize_due(d, now, late_reason="misfire")
@@ -530,6 +552,32 @@ def _resume(state: ScheduleState, now: datetime) -> ScheduleDecision:
     _materialize_due(d, now, late_reason="paused")
     _complete_if_no_instant_left(d, now)
     return Decision(events=d.events, body=_schedule_body(d.state))
+
+
+def _waits_for_calendars(state: ScheduleState, now: datetime) -> ScheduleDecision | None:
+    """A refusal while an instant is due that the schedule cannot settle yet: a calendar it
+    names has not sent its copy (for the moment a subscription takes)."""
+    if (calendars.awaiting(state) and state.next_due_at is not None
+            and state.next_due_at <= now):
+        waiting = [c.name for c in state.calendars or () if not c.received]
+        return _reject("conflict", f"an instant is due and the schedule waits for the copy of "
+                       f"calendar '{waiting[0]}' to decide it; retry shortly", "exclude")
+    return None
+
+
+def _calendar_copied(state: ScheduleState, p: m.CopyCalendar,
+                     now: datetime) -> ScheduleDecision:
+    """A calendar the schedule names sent a revision: held from now on (an older one than
+    held changes nothing); instants that waited for it are decided now."""
+    if not calendars.copy_newer(state, p):
+        return Decision()
+    d = _draft(state)
+    d.emit(m.CalendarCopied(name=p.name, revision=p.revision, spec=p.spec))
+    if d.state.status == "ACTIVE" and not calendars.awaiting(d.state):
+        _materialize_due(d, now, late_reason="misfire")
+        _expire_start_deadlines(d, now)
+        _complete_if_no_instant_left(d, now)
+    return Decision(events=d.events)
 
 
 def _delete(state: ScheduleState, principal: str) -> ScheduleDecision:
@@ -686,8 +734,8 @@ def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str,
     (``Backlog.coalesces_unstarted``)."""
     s = d.state
     pol = s.policy
-    if pol is None or s.status != "ACTIVE":
-        return
+    if pol is None or s.status != "ACTIVE" or calendars.awaiting(s):
+        return  # a calendar's copy is on its way: its arrival decides what is due
     plan = plan_due(s.schedule_id, pol, s.trigger, s.next_run_at, now, late_reason)
     if not plan.items:
         return
@@ -696,16 +744,19 @@ def _materialize_due(d: ScheduleDraft, now: datetime, late_reason: str,
     # a catch-up (misfire all) runs its instants one after another, not side by side and
     # not skipped for overlapping each other: they wait behind the running one
     queue = plan.catch_up(pol) and pol.overlap != "allow"
-    skipped_run: list[tuple[datetime, str]] = []
+    skipped_run: list[tuple[datetime, str, calendars.Exclusion | None]] = []
     for i, item in enumerate(plan.items):
         nxt = plan.items[i + 1].instant if i + 1 < len(plan.items) else plan.following
-        if item.reason is None:
+        excluded = calendars.exclusion(s.calendars, item.instant)
+        if excluded is not None:  # whatever else the misfire policy says of it
+            skipped_run.append((item.instant, "excluded", excluded))
+        elif item.reason is None:
             _flush_skips(d, skipped_run, item.instant)
             _materialize(d, item.instant, nxt, now, queue)
             if pol.max_count is not None and s.count >= pol.max_count:
                 return  # the last run: later instants are past the schedule's end
         else:
-            skipped_run.append((item.instant, item.reason))
+            skipped_run.append((item.instant, item.reason, None))
     if skipped_run:  # the last due instant was skipped: the schedule goes on after it
         _flush_skips(d, skipped_run, None, final_next=plan.following)
 
@@ -728,29 +779,30 @@ def _coalesce_unstarted(d: ScheduleDraft, now: datetime) -> None:
 
 def _flush_skips(
     d: ScheduleDraft,
-    skipped: list[tuple[datetime, str]],
+    skipped: list[tuple[datetime, str, calendars.Exclusion | None]],
     next_kept: datetime | None,
     final_next: datetime | None = None,
 ) -> None:
-    """Record skipped instants: one event each, or one range event per long same-reason run."""
+    """Record skipped instants: one event each, or one range event per long run of the same
+    reason (and, for ``excluded``, the same calendar entry)."""
     if not skipped:
         return
     s = d.state
     pol = s.policy
     assert pol is not None
-    groups: list[list[tuple[datetime, str]]] = []
+    groups: list[list[tuple[datetime, str, calendars.Exclusion | None]]] = []
     for item in skipped:
-        if groups and groups[-1][0][1] == item[1]:
+        if groups and groups[-1][0][1:] == item[1:]:
             groups[-1].append(item)
         else:
             groups.append([item])
-    flat: list[tuple[datetime, datetime | None, int, str]] = []
+    flat: list[tuple[datetime, datetime | None, int, str, calendars.Exclusion | None]] = []
     for g in groups:
         if len(g) > COLLAPSE_SKIPS_OVER:
-            flat.append((g[0][0], g[-1][0], len(g), g[0][1]))
+            flat.append((g[0][0], g[-1][0], len(g), g[0][1], g[0][2]))
         else:
-            flat.extend((t, None, 1, r) for t, r in g)
-    for i, (first, through, count, reason) in enumerate(flat):
+            flat.extend((t, None, 1, r, x) for t, r, x in g)
+    for i, (first, through, count, reason, excl) in enumerate(flat):
         if i + 1 < len(flat):
             nxt: datetime | None = flat[i + 1][0]
         else:
@@ -765,6 +817,9 @@ def _flush_skips(
                 revision=s.revision,
                 next_run_at=nxt,
                 next_due_at=_due(s.schedule_id, nxt, pol),
+                calendar=None if excl is None else excl.calendar,
+                calendar_revision=None if excl is None else excl.revision,
+                excluded_by=None if excl is None else excl.entry,
             )
         )
     skipped.clear()
@@ -1011,6 +1066,9 @@ def _backfill(state: ScheduleState, p: m.BackfillSchedule, now: datetime,
         return _reject("invalid", f"the range holds more than {MAX_BACKFILL_INSTANTS} "
                        f"instants of the rule; backfill at most {MAX_BACKFILL_INSTANTS} "
                        "per request (a shorter range)", "to")
+    if calendars.awaiting(state):
+        return _reject("conflict", "the schedule waits for the copy of a calendar it names; "
+                       "retry shortly", "exclude")
     ranges = state.backfills.ranges if state.backfills else ()
     items: list[dict[str, Any]] = []
     to_run: list[datetime] = []
@@ -1019,6 +1077,9 @@ def _backfill(state: ScheduleState, p: m.BackfillSchedule, now: datetime,
             items.append({"scheduled_at": t, "reason": "accounted"})
         elif any(a <= t < b for a, b in ranges):
             items.append({"scheduled_at": t, "reason": "backfilled"})
+        elif (x := calendars.exclusion(state.calendars, t)) is not None:
+            items.append({"scheduled_at": t, "reason": "excluded", "calendar": x.calendar,
+                          "calendar_revision": x.revision, "excluded_by": x.entry})
         else:
             to_run.append(t)
     d = _draft(state)
@@ -1026,7 +1087,8 @@ def _backfill(state: ScheduleState, p: m.BackfillSchedule, now: datetime,
         request_key=p.request_key, digest=digest, start=p.start, end=p.end, overlap=p.overlap,
         instants=len(instants), runs=len(to_run),
         accounted=sum(1 for i in items if i["reason"] == "accounted"),
-        backfilled=sum(1 for i in items if i["reason"] == "backfilled")))
+        backfilled=sum(1 for i in items if i["reason"] == "backfilled"),
+        excluded=sum(1 for i in items if i["reason"] == "excluded")))
     pace = None
     if p.overlap == "buffer_all":
         pace = (permits.rule_for(pol.concurrency, pol.job, tenant)
@@ -1575,6 +1637,7 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
             state.anchor = event.anchor
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
+            state.calendars = calendars.copies_for(state.calendars, event.spec.exclude)
             if isinstance(state.quota, QuotaWait):  # created with its reserved slot
                 state.quota = state.quota.command_id
         case m.ScheduleRevised():
@@ -1584,6 +1647,9 @@ def evolve(state: ScheduleState, event: m.ScheduleEvent) -> ScheduleState:
             state.trigger = trigger_of(event.spec, event.anchor)
             state.next_run_at = event.next_run_at
             state.next_due_at = event.next_due_at
+            state.calendars = calendars.copies_for(state.calendars, event.spec.exclude)
+        case m.CalendarCopied():
+            state.calendars = calendars.copied(state.calendars, event)
         case m.SchedulePaused():
             state.status = "PAUSED"
             state.paused_at = event.paused_at
@@ -1835,7 +1901,8 @@ def next_wakeup(state: ScheduleState) -> datetime | None:
     """The earliest instant at which a Tick would change something for this schedule."""
     best: datetime | None = None
     if state.status == "ACTIVE" and state.next_due_at is not None:
-        best = state.next_due_at
+        # (none while a calendar's copy is on its way: its arrival decides what is due)
+        best = None if calendars.awaiting(state) else state.next_due_at
     elif _no_instant_left(state):
         # ended before it could complete (a log written before COMPLETED existed): a Tick
         # now completes it

@@ -25,8 +25,9 @@ from datetime import datetime, timedelta
 from typing import TypeGuard, assert_never, get_args
 
 from chronolog.commands.aggregate import PROCESSOR, Aggregate, Decision, Draft, Send, TenantContext
+from chronolog.commands.calendars import decide_calendar, evolve_calendar
 from chronolog.commands.permits import decide_permit, evolve_permit
-from chronolog.commands.state import QuotaState
+from chronolog.commands.state import CalendarHome, QuotaState
 from chronolog.commands.state_codec import (
     STATE_VERSION,
     StateDecodeError,
@@ -35,6 +36,7 @@ from chronolog.commands.state_codec import (
 )
 from chronolog.domain import messages as m
 from chronolog.domain.ids import (
+    CALENDAR_PREFIX,
     QUOTA_ID,
     limit_id,
     move_command_id,
@@ -59,6 +61,13 @@ def decide_quota(state: QuotaState, command: m.CommandEnvelope, now: datetime,
         return _adopt(state, command, p)
     if isinstance(p, (m.AcquirePermit, m.ReleasePermit)):
         return _permit(state, command, p)
+    if isinstance(p, (m.PutCalendar, m.DeleteCalendar, m.SubscribeCalendar,
+                      m.UnsubscribeCalendar)):
+        return decide_calendar(_draft(state), command, p)
+    if state.schedule_id.startswith(CALENDAR_PREFIX):
+        return Decision(status="invalid", field="scheduleId",
+                        reason=f"schedule ID '{state.schedule_id}' is a calendar, not a "
+                        f"schedule")
     if state.schedule_id != QUOTA_ID:
         return Decision(status="invalid", field="scheduleId",
                         reason=f"schedule ID '{state.schedule_id}' is a concurrency key's "
@@ -194,6 +203,9 @@ def _draft(state: QuotaState) -> QuotaDraft:
     copy.key = state.key
     copy.holders = dict(state.holders)
     copy.waiting = list(state.waiting)
+    c = state.calendar
+    copy.calendar = None if c is None else CalendarHome(c.name, c.revision, c.spec,
+                                                        set(c.subscribers))
     return Draft(copy, evolve_quota)
 
 
@@ -215,12 +227,17 @@ def evolve_quota(state: QuotaState, event: m.QuotaEvent) -> QuotaState:
             state.slots.pop(event.schedule_id, None)
         case m.PermitGranted() | m.PermitQueued() | m.PermitReleased():
             evolve_permit(state, event)
+        case (m.CalendarRevised() | m.CalendarDeleted() | m.CalendarSubscribed()
+              | m.CalendarUnsubscribed()):
+            evolve_calendar(state, event)
         case m.KeyMovedOut():
             state.slots, state.holders, state.waiting = {}, {}, []
+            state.calendar = None
         case m.KeyMovedIn():
             moved = decode_moved_quota(event.state, event.state_version)
             state.slots, state.key = moved.slots, moved.key
             state.holders, state.waiting = moved.holders, moved.waiting
+            state.calendar = moved.calendar
         case m.QuotaSlotRefused():
             pass  # recorded for the audit, no slot changes
         case _:

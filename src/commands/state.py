@@ -9,11 +9,13 @@ few recent terminal ones (enough to answer duplicate hints and repeated completi
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
 
+from chronolog.domain.calendars import CalendarSpec
 from chronolog.domain.ids import QUOTA_ID
 from chronolog.domain.messages import JobSpec, ScheduleSpec
 from chronolog.domain.recurrence import compile_trigger
@@ -35,6 +37,7 @@ class Policy:
         "_spec",
         "concurrency",
         "effects",
+        "exclude",
         "grace",
         "initial_backoff",
         "jitter",
@@ -84,6 +87,7 @@ class Policy:
         self.resource_class = spec.resource_class
         self.priority = spec.priority
         self.concurrency = spec.concurrency
+        self.exclude = spec.exclude
         self.max_count = spec.max_count
         self.kind = (
             "cron"
@@ -136,6 +140,7 @@ class Policy:
         p.jitter = self.jitter
         p.effects = self.effects
         p.concurrency = self.concurrency
+        p.exclude = self.exclude
         p.resource_class = self.resource_class
         p.priority = self.priority
         p.max_count = self.max_count
@@ -372,6 +377,30 @@ def trigger_of(spec: ScheduleSpec, anchor: datetime, *, recorded: bool = True) -
     )
 
 
+class CalendarCopy(NamedTuple):
+    """A schedule's copy of a calendar it names (``chronolog.commands.calendars``):
+    ``revision`` and ``spec`` as the calendar's aggregate last sent them; ``received`` False
+    while none has come yet (the schedule waits for it before it materializes an instant);
+    ``spec`` None once received: the calendar does not exist."""
+
+    name: str
+    revision: int
+    spec: CalendarSpec | None
+    received: bool
+
+
+@dataclass(slots=True)
+class CalendarHome:
+    """A calendar's own aggregate state (kept in ``QuotaState.calendar``): its current
+    revision and spec (None: never put, or deleted — ``revision`` still counts on, so every
+    copy a schedule receives is newer than the one before) and the schedules that name it."""
+
+    name: str
+    revision: int = 0
+    spec: CalendarSpec | None = None
+    subscribers: set[str] = field(default_factory=set)
+
+
 class Backfills(NamedTuple):
     """A schedule's backfills (``decider._backfill``): its last ``BACKFILL_KEYS_KEPT``
     requests, oldest first, as (request key, digest of its range and overlap, instants in
@@ -388,6 +417,7 @@ class ScheduleState:
         "_trigger",
         "anchor",
         "backfills",
+        "calendars",
         "count",
         "created_at",
         "created_hash",
@@ -446,6 +476,8 @@ class ScheduleState:
         # or the command ID of the create the schedule holds its slot under
         self.quota: QuotaWait | str | None = None
         self.backfills: Backfills | None = None
+        # the copies of the calendars the policy names, in its order (None: it names none)
+        self.calendars: tuple[CalendarCopy, ...] | None = None
 
     @property
     def exists(self) -> bool:
@@ -512,6 +544,7 @@ class ScheduleState:
         s.owned = set()
         s.quota = self.quota
         s.backfills = self.backfills  # immutable: replaced whole by evolve
+        s.calendars = self.calendars  # immutable: replaced whole by evolve
         return s
 
     def become(self, other: ScheduleState) -> None:
@@ -588,6 +621,7 @@ class ScheduleState:
             tuple(self.pending or ()),
             tuple(sorted((self.manual or {}).items())),
             self.backfills,
+            self.calendars,
         )
 
 
@@ -598,7 +632,7 @@ class QuotaState:
     ``limit_id(key)``), the permits held (run ID -> (schedule ID, ask)) and the requests
     waiting, in order (run ID, schedule ID, ask, limit)."""
 
-    __slots__ = ("holders", "key", "schedule_id", "slots", "tenant", "waiting")
+    __slots__ = ("calendar", "holders", "key", "schedule_id", "slots", "tenant", "waiting")
 
     def __init__(self, tenant: str, schedule_id: str = QUOTA_ID) -> None:
         self.tenant = tenant
@@ -607,6 +641,9 @@ class QuotaState:
         self.key: str | None = None  # a concurrency key's rendered text, once known
         self.holders: dict[str, tuple[str, str]] = {}
         self.waiting: list[tuple[str, str, str, int]] = []
+        # a calendar's aggregate (schedule ID ``calendar_id(name)``): its revision, spec and
+        # subscribers (``chronolog.commands.calendars``)
+        self.calendar: CalendarHome | None = None
 
     def taken(self) -> int:
         return sum(1 for _, until in self.slots.values() if until is None)
@@ -616,7 +653,9 @@ class QuotaState:
 
     @property
     def empty(self) -> bool:
-        return not (self.slots or self.holders or self.waiting)
+        return not (self.slots or self.holders or self.waiting) and (
+            self.calendar is None or (self.calendar.revision == 0
+                                      and not self.calendar.subscribers))
 
 
 def initial_state(tenant: str, schedule_id: str) -> ScheduleState:

@@ -34,6 +34,8 @@ import orjson
 
 from chronolog.commands.state import (
     Backfills,
+    CalendarCopy,
+    CalendarHome,
     Manual,
     Policy,
     QuotaState,
@@ -44,6 +46,7 @@ from chronolog.commands.state import (
     intern_policy,
     interned_policy,
 )
+from chronolog.domain.calendars import CalendarSpec
 from chronolog.domain.codec import dumps_kept
 from chronolog.domain.ids import QUOTA_ID
 from chronolog.domain.messages import STORED, EffectIntended, JobSpec, ScheduleSpec
@@ -65,7 +68,7 @@ __all__ = [
     "upcast_state",
 ]
 
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 _OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 _fromiso = datetime.fromisoformat
@@ -126,6 +129,16 @@ def _manual_final_state(body: list[Any]) -> list[Any]:
 
 @register_state_upcaster("quota", 1)
 def _quota_unchanged(body: list[Any]) -> list[Any]:
+    return body
+
+
+# Version 5: a schedule may carry the copies of the calendars it names (one element after
+# its backfills, which is then written even when None), and a calendar is a quota-kind
+# state (one element after a concurrency key's); both only when there is one, so a body of
+# version 4 is a body of version 5 as it is.
+@register_state_upcaster("schedule", 4)
+@register_state_upcaster("quota", 4)
+def _calendars_absent(body: list[Any]) -> list[Any]:
     return body
 
 
@@ -327,9 +340,20 @@ def encode_schedule(s: ScheduleState) -> bytes:
         s.pending,
         None if s.manual is None else [[k, *v] for k, v in s.manual.items()],
         quota_out,
-    ] + ([] if s.backfills is None else [[[list(r) for r in s.backfills.requests],
-                                          [list(r) for r in s.backfills.ranges]]]),
-        option=_OPTS)
+    ] + _tail(s), option=_OPTS)
+
+
+def _tail(s: ScheduleState) -> list[Any]:
+    """The optional elements after a schedule's quota field: its backfills, its calendars."""
+    b = s.backfills
+    backfills = None if b is None else [[list(r) for r in b.requests],
+                                        [list(r) for r in b.ranges]]
+    if s.calendars is None:
+        return [] if backfills is None else [backfills]
+    return [backfills, [[c.name, c.revision, c.received,
+                         None if c.spec is None else c.spec.model_dump(mode="json", by_alias=True,
+                                                                      exclude_defaults=True)]
+                        for c in s.calendars]]
 
 
 def decode_schedule(data: bytes | memoryview | list[Any],
@@ -351,12 +375,15 @@ def _decode_schedule(a: list[Any], shapes: Mapping[str, Policy]) -> ScheduleStat
     (s.tenant, s.schedule_id, s.status, s.revision, ref, s.request_key, s.created_hash,
      created_at, anchor, paused_at, next_run_at, next_due_at, last_scheduled_at, s.count,
      s.fence, runs, done, pending, manual, quota) = a[:20]
-    if len(a) > 20:  # a schedule that was backfilled
+    if len(a) > 20 and a[20] is not None:  # a schedule that was backfilled
         requests, ranges = a[20]
         s.backfills = Backfills(tuple((k, d, int(n), int(r)) for k, d, n, r in requests),
                                 tuple((_fromiso(x), _fromiso(y)) for x, y in ranges))
     else:
         s.backfills = None
+    s.calendars = None if len(a) <= 21 else tuple(
+        CalendarCopy(name, int(rev), None if spec is None else _calendar_spec(spec),
+                     bool(received)) for name, rev, received, spec in a[21])
     s.created_at = _t(created_at)
     s.anchor = _t(anchor)
     s.paused_at = _t(paused_at)
@@ -401,7 +428,19 @@ def encode_quota(q: QuotaState) -> bytes:
     if q.schedule_id != QUOTA_ID:
         body += [q.schedule_id, q.key, [[r, sid, ask] for r, (sid, ask) in q.holders.items()],
                  [list(w) for w in q.waiting]]
+    c = q.calendar
+    if c is not None:
+        body.append([c.name, c.revision, None if c.spec is None else c.spec.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True), sorted(c.subscribers)])
     return orjson.dumps(body, option=_OPTS)
+
+
+def _calendar_spec(data: Any) -> CalendarSpec:
+    """A calendar's spec as a state stores it (``StateDecodeError`` for anything else)."""
+    try:
+        return CalendarSpec.model_validate(data)
+    except ValueError as exc:
+        raise StateDecodeError(f"not a stored calendar: {exc}") from exc
 
 
 def decode_quota(data: bytes | list[Any]) -> QuotaState:
@@ -411,9 +450,14 @@ def decode_quota(data: bytes | list[Any]) -> QuotaState:
         q = QuotaState(tenant)
         q.slots = {sid: (cid, _t(until)) for sid, cid, until in slots}
         if len(a) > 2:
-            q.schedule_id, q.key, holders, waiting = a[2:]
+            q.schedule_id, q.key, holders, waiting = a[2:6]
             q.holders = {r: (sid, ask) for r, sid, ask in holders}
             q.waiting = [(r, sid, ask, int(limit)) for r, sid, ask, limit in waiting]
+        if len(a) > 6:
+            name, revision, spec, subscribers = a[6]
+            q.calendar = CalendarHome(name, int(revision),
+                                      None if spec is None else _calendar_spec(spec),
+                                      set(subscribers))
         return q
     except (ValueError, TypeError) as exc:
         raise StateDecodeError(f"not a stored quota state: {type(exc).__name__}: {exc}") \

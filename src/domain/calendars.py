@@ -29,8 +29,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from chronolog.domain.recurrence import RecurrenceError, resolve_zone
 
-__all__ = ["CalendarSpec", "DateRange", "Window", "excluded_by"]
+__all__ = ["CALENDAR_NAME_PATTERN", "MAX_EXCLUDE", "CalendarName", "CalendarSpec",
+           "DateRange", "Window", "excluded_by"]
 
+# a calendar's name: what schedules refer to it by (``ScheduleSpec.exclude``)
+CALENDAR_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+CalendarName = Annotated[str, Field(min_length=1, max_length=100,
+                                    pattern=CALENDAR_NAME_PATTERN)]
+MAX_EXCLUDE = 10  # calendars one schedule may name
 MAX_DATES = 1000
 MAX_RANGES = 200
 MAX_WINDOWS = 50

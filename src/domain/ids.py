@@ -30,9 +30,20 @@ def limit_id(key: str) -> str:
     return LIMIT_PREFIX + _digest(key)
 
 
+# the schedule IDs of a tenant's calendars: ``calendar_id(name)`` (a calendar's name is a
+# bounded, plain name); decided like the quota (``chronolog.commands.calendars``)
+CALENDAR_PREFIX = "@calendar:"
+
+
+def calendar_id(name: str) -> str:
+    """The schedule ID of the aggregate that holds calendar ``name`` of a tenant."""
+    return CALENDAR_PREFIX + name
+
+
 def is_quota_id(schedule_id: str) -> bool:
-    """A tenant's quota or one of its concurrency keys (both the quota aggregate's kind)."""
-    return schedule_id == QUOTA_ID or schedule_id.startswith(LIMIT_PREFIX)
+    """A tenant's quota, one of its concurrency keys or one of its calendars (all three the
+    quota aggregate's kind)."""
+    return (schedule_id == QUOTA_ID or schedule_id.startswith((LIMIT_PREFIX, CALENDAR_PREFIX)))
 
 
 def quota_key(tenant: str) -> str:

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from chronolog.domain import limits as lim
+from chronolog.domain.calendars import MAX_EXCLUDE, CalendarName, CalendarSpec
 from chronolog.domain.durations import parse_duration
 
 # ---------------------------------------------------------------------------------------
@@ -331,6 +332,17 @@ class ScheduleSpec(_Model):
     resource_class: str = Field(default="default", pattern=lim.RESOURCE_CLASS_PATTERN)
     priority: int = Field(default=0, ge=-100, le=100)
     concurrency: ConcurrencySpec | None = None
+    # the tenant's calendars whose exclusions the schedule's instants skip (in this order:
+    # the first that excludes an instant is named in its skip)
+    exclude: tuple[CalendarName, ...] = Field(default=(), max_length=MAX_EXCLUDE)
+
+    @field_validator("exclude")
+    @classmethod
+    def _each_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        seen = [n for i, n in enumerate(v) if n in v[:i]]
+        if seen:
+            raise ValueError(f"calendar '{seen[0]}' is named twice")
+        return v
 
     @field_validator("resource_class")
     @classmethod
@@ -570,6 +582,56 @@ class GrantPermit(_Model):
     ask: str
 
 
+# Calendars (``chronolog.commands.calendars``): a tenant's calendar is an aggregate of its own
+# (schedule ID ``calendar_id(name)``), revised by people and tools; the schedules that name it
+# subscribe (only the processor sends those) and hold a copy of each revision.
+
+
+class PutCalendar(_Model):
+    """Create calendar ``name`` (``expected_revision`` None: it must not exist, unless it
+    holds this very spec already) or revise it (``expected_revision``: its current one)."""
+
+    type: Literal["PutCalendar"] = "PutCalendar"
+    name: CalendarName
+    spec: CalendarSpec
+    expected_revision: int | None = Field(default=None, ge=1, le=lim.MAX_INT)
+
+
+class DeleteCalendar(_Model):
+    """Delete calendar ``name`` (at ``expected_revision`` when given); refused while a
+    schedule names it."""
+
+    type: Literal["DeleteCalendar"] = "DeleteCalendar"
+    name: CalendarName
+    expected_revision: int | None = Field(default=None, ge=1, le=lim.MAX_INT)
+
+
+class SubscribeCalendar(_Model):
+    """Schedule ``schedule_id`` names the calendar: send it each revision, this one first."""
+
+    type: Literal["SubscribeCalendar"] = "SubscribeCalendar"
+    name: CalendarName
+    schedule_id: str
+
+
+class UnsubscribeCalendar(_Model):
+    """Schedule ``schedule_id`` no longer names the calendar (revised, completed, deleted)."""
+
+    type: Literal["UnsubscribeCalendar"] = "UnsubscribeCalendar"
+    name: CalendarName
+    schedule_id: str
+
+
+class CopyCalendar(_Model):
+    """A calendar's revision, sent to a schedule that names it (``spec`` None: the calendar
+    does not exist at this revision — never put, or deleted)."""
+
+    type: Literal["CopyCalendar"] = "CopyCalendar"
+    name: CalendarName
+    revision: int = Field(ge=0, le=lim.MAX_INT)
+    spec: CalendarSpec | None = None
+
+
 # Changing the partition count (docs/design.md §18): commands the partition owners send each
 # other through ``commands``, in the transaction of the decision that emits them, to an
 # explicit partition. Only the processor (principal ``processor``) may send them.
@@ -645,11 +707,13 @@ ScheduleCommand = (
     | RecordEffectOutcome
     | AnswerQuotaSlot
     | GrantPermit
+    | CopyCalendar
     | AdoptKey
     | Tick
 )
 QuotaCommand = (ReserveQuotaSlot | ConfirmQuotaSlot | ReleaseQuotaSlot | AcquirePermit
-                | ReleasePermit | AdoptKey | Tick)
+                | ReleasePermit | PutCalendar | DeleteCalendar | SubscribeCalendar
+                | UnsubscribeCalendar | AdoptKey | Tick)
 RoutingCommand = BeginHandover | HandoverDone
 
 Command = Annotated[ScheduleCommand | QuotaCommand | RoutingCommand, Field(discriminator="type")]
@@ -793,8 +857,8 @@ class OccurrenceMaterialized(_Event):
 
 class BackfillRequested(_Event):
     """A backfill of [``start``, ``end``): its ``instants``, of which ``runs`` became runs
-    (their OccurrenceMaterialized follow), ``accounted`` were the schedule's own and
-    ``backfilled`` ran in an earlier backfill."""
+    (their OccurrenceMaterialized follow), ``accounted`` were the schedule's own,
+    ``backfilled`` ran in an earlier backfill and ``excluded`` a calendar excludes."""
 
     type: Literal["BackfillRequested"] = "BackfillRequested"
     request_key: str
@@ -806,6 +870,7 @@ class BackfillRequested(_Event):
     runs: int
     accounted: int
     backfilled: int
+    excluded: int = 0  # excluded by a calendar the schedule names (not run)
 
 
 class OccurrenceSkipped(_Event):
@@ -825,6 +890,7 @@ class OccurrenceSkipped(_Event):
         "start_deadline",
         "dst_nonexistent",
         "superseded",
+        "excluded",
     ]
     through: UtcDatetime | None = None
     count: int = 1
@@ -834,6 +900,11 @@ class OccurrenceSkipped(_Event):
     request_digest: str | None = None
     next_run_at: UtcDatetime | None = None
     next_due_at: UtcDatetime | None = None
+    # ``excluded``: the calendar that excludes the instant, the revision of it the schedule
+    # held, and its entry that does (``domain.calendars.excluded_by``)
+    calendar: str | None = None
+    calendar_revision: int | None = None
+    excluded_by: str | None = None
     advances_schedule: bool = True
 
 
@@ -1115,6 +1186,46 @@ class RunPermitReturned(_RunPermitStep):
     type: Literal["RunPermitReturned"] = "RunPermitReturned"
 
 
+# calendars: on a calendar's aggregate, each revision, its deletion and each schedule that
+# names it or stops naming it ...
+
+
+class CalendarRevised(_Event):
+    type: Literal["CalendarRevised"] = "CalendarRevised"
+    name: str
+    revision: int
+    spec: CalendarSpec
+
+
+class CalendarDeleted(_Event):
+    type: Literal["CalendarDeleted"] = "CalendarDeleted"
+    name: str
+    revision: int
+
+
+class CalendarSubscribed(_Event):
+    type: Literal["CalendarSubscribed"] = "CalendarSubscribed"
+    name: str
+    schedule_id: str
+
+
+class CalendarUnsubscribed(_Event):
+    type: Literal["CalendarUnsubscribed"] = "CalendarUnsubscribed"
+    name: str
+    schedule_id: str
+
+
+# ... and on a schedule that names it: the revision it holds from now on (``spec`` None: the
+# calendar does not exist)
+
+
+class CalendarCopied(_Event):
+    type: Literal["CalendarCopied"] = "CalendarCopied"
+    name: str
+    revision: int
+    spec: CalendarSpec | None = None
+
+
 # changing the partition count (docs/design.md §18): a key leaving and entering a partition
 # (on the key), and a partition's routing view (on the partition's routing key, ``ROUTING_ID``)
 
@@ -1202,12 +1313,14 @@ ScheduleEvent = (
     | RunAwaitsPermit
     | RunPermitted
     | RunPermitReturned
+    | CalendarCopied
     | KeyMovedOut
     | KeyMovedIn
 )
 QuotaEvent = (
     QuotaSlotReserved | QuotaSlotRefused | QuotaSlotConfirmed | QuotaSlotReleased
-    | PermitGranted | PermitQueued | PermitReleased | KeyMovedOut | KeyMovedIn
+    | PermitGranted | PermitQueued | PermitReleased | CalendarRevised | CalendarDeleted
+    | CalendarSubscribed | CalendarUnsubscribed | KeyMovedOut | KeyMovedIn
 )
 RoutingEvent = RoutingVersionAdded | HandedOver | HandoverReceived
 

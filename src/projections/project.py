@@ -91,6 +91,19 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
             # a key moving between partitions (docs/design.md §18) changes none of its rows:
             # the schedule and its runs are the same on its new home
             return c
+        case m.CalendarRevised():
+            c.set("calendars", (tenant, p.name), revision=p.revision,
+                  spec=p.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+                  created_at=First(at), deleted_at=None, updated_at=at)
+            return c
+        case m.CalendarDeleted():
+            c.set("calendars", (tenant, p.name), revision=p.revision, spec=None,
+                  deleted_at=at, updated_at=at)
+            return c
+        case m.CalendarSubscribed() | m.CalendarUnsubscribed():
+            return c  # which schedules name a calendar is in their definitions
+        case m.CalendarCopied():
+            pass  # the copy a schedule holds shows in its runs (an excluded one's exclusion)
         case m.ScheduleCreated():
             # every definition column, so a re-created (previously deleted) ID starts clean
             sched(revision=p.revision, state="ACTIVE", spec=p.spec.model_dump(mode="json"),
@@ -129,6 +142,9 @@ def project(envelope: m.EventEnvelope, into: RowChanges | None = None) -> RowCha
                 state="SKIPPED", skipped_reason=p.reason, skipped_count=p.count,
                 skipped_through=p.through, finished_at=at,
             )
+            if p.calendar is not None:
+                skipped["exclusion"] = {"calendar": p.calendar, "revision": p.calendar_revision,
+                                        "entry": p.excluded_by}
             if p.materialized:
                 run(p.run_id, **skipped)
             else:  # an instant that never became a run is still recorded, with its reason

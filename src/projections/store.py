@@ -112,7 +112,7 @@ class TableSpec:
         object.__setattr__(self, "columns", frozenset(self.types) - frozenset(self.key))
 
 
-def _spec(name: str, key: tuple[str, ...], required: Iterable[str], *,
+def _spec(name: str, key: tuple[str, ...], required: Iterable[str], /, *,
           partition: str | None = None, derived: Mapping[str, str] | None = None,
           **types: str) -> TableSpec:
     spec = TableSpec(name, key, MappingProxyType(types), frozenset(required), partition,
@@ -150,7 +150,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             reconciliation=JSONB, reconciliation_resolution=JSONB, updated_at=TS,
             first_fence=BIGINT, first_worker_id=TEXT, first_lease_until=TS, first_outcome=TEXT,
             first_error_class=TEXT, first_error=TEXT, first_finished_at=TS,
-            permit_wait=JSONB,
+            permit_wait=JSONB, exclusion=JSONB,
         ),
         "attempts": _spec(
             "attempts",
@@ -163,6 +163,13 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
                                      'WHERE r.run_id = u.run_id LIMIT 1), u.claimed_at)'},
             run_id=TEXT, attempt=INT, fence=BIGINT, worker_id=TEXT, claimed_at=TS,
             lease_until=TS, outcome=TEXT, error_class=TEXT, error=TEXT, finished_at=TS,
+        ),
+        "calendars": _spec(
+            "calendars",
+            ("tenant", "name"),
+            ("revision", "updated_at"),
+            tenant=TEXT, name=TEXT, revision=BIGINT, spec=JSONB, created_at=TS, deleted_at=TS,
+            updated_at=TS,
         ),
         "effects": _spec(
             "effects",
@@ -258,6 +265,7 @@ class RowChanges:
     runs: dict[tuple[Any, ...], Row] = field(default_factory=dict)
     attempts: dict[tuple[Any, ...], Row] = field(default_factory=dict)
     effects: dict[tuple[Any, ...], Row] = field(default_factory=dict)
+    calendars: dict[tuple[Any, ...], Row] = field(default_factory=dict)
     tallies: list[Tally] = field(default_factory=list)  # in log order
 
     def tally(self, t: Tally) -> RowChanges:

@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from chronolog.commands.calendars import MISSING
 from chronolog.domain import messages as m
 from chronolog.domain.limits import MAX_RETRY_ATTEMPTS, PATTERN_WORDS
 from chronolog.domain.membership import LIVE_S
@@ -38,6 +39,8 @@ __all__ = [
     "DstIn",
     "EffectIn",
     "EffectOut",
+    "ExcludedOut",
+    "ExclusionOut",
     "InvalidDefinition",
     "JobIn",
     "MisfireIn",
@@ -189,6 +192,13 @@ def iso(t: datetime | None) -> str | None:
     return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def is_null(value: Any) -> bool:
+    """``Field(default=None, exclude_if=is_null)``: a member a document leaves out when it
+    is null — one about few items (an excluded instant, a run a calendar excluded), so every
+    other item keeps the shape it had."""
+    return value is None
+
+
 class CamelModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
                               defer_build=True)
@@ -285,6 +295,11 @@ class ScheduleDefinition(CamelModel):
     resource_class: str | None = spec_field(m.ScheduleSpec, "resource_class", default=None)
     priority: int | None = spec_field(m.ScheduleSpec, "priority", default=None)
     concurrency: ConcurrencyIn | None = None
+    exclude: list[str] | None = spec_field(
+        m.ScheduleSpec, "exclude", default=None, description="the tenant's calendars, by "
+        "name, whose exclusions this schedule's instants skip (each such instant is recorded "
+        "SKIPPED, reason excluded, naming the first calendar that excludes it); a calendar "
+        "that does not exist excludes every instant")
 
 
 class InvalidDefinition(ValueError):
@@ -343,6 +358,7 @@ def definition_of(spec_json: Any) -> ScheduleDefinition:
     spec = m.ScheduleSpec.model_validate(raw, context=m.STORED)
     data = spec.model_dump()
     data["effects"] = list(data["effects"])
+    data["exclude"] = list(data["exclude"]) or None  # none: left out of the document
     return ScheduleDefinition.model_validate(data)
 
 
@@ -364,10 +380,25 @@ def patched_definition(spec_json: Any, patch: dict[str, Any]) -> ScheduleDefinit
 # a schedule
 
 
+class ExcludedOut(CamelModel):
+    """An upcoming instant a calendar the schedule names excludes (it is recorded SKIPPED,
+    reason ``excluded``, when it comes): the calendar and its entry that excludes it."""
+
+    calendar: str = Field(description="the first calendar of `exclude` that excludes it")
+    entry: str = Field(description="the calendar's entry that excludes it, such as "
+                       "2026-12-25, 2026-12-24..2026-12-26 or sat,sun 22:00-06:00 "
+                       f"Europe/Paris; `{MISSING}` when no calendar of that name exists "
+                       "(it excludes every instant)")
+
+
 class PreviewItem(CamelModel):
     scheduled_at: datetime
     due_at: datetime
     local: str
+    excluded: ExcludedOut | None = Field(
+        default=None, exclude_if=is_null, description="a calendar the schedule names "
+        "excludes this instant (as the calendars read now): it will be recorded SKIPPED, "
+        "reason excluded, not run; absent when none does")
 
 
 class ResumeItem(CamelModel):
@@ -438,6 +469,17 @@ class SchedulePage(CamelModel):
 # runs
 
 
+class ExclusionOut(CamelModel):
+    """Why a run was skipped with reason ``excluded``: the calendar, the revision of it the
+    schedule held, and its entry that excluded the instant."""
+
+    calendar: str
+    revision: int = Field(description="the calendar's revision the schedule decided with "
+                          "(0: the calendar never existed)")
+    entry: str = Field(description="the entry that excluded the instant, such as 2026-12-25; "
+                       f"`{MISSING}` when the calendar did not exist")
+
+
 class RunItem(CamelModel):
     run_id: str
     schedule_id: str
@@ -448,6 +490,9 @@ class RunItem(CamelModel):
     finished_at: datetime | None
     waiting: str | None = Field(default=None, description="why a READY run waits, e.g. no "
                                 "live worker of its resource class serves its job type")
+    exclusion: ExclusionOut | None = Field(
+        default=None, exclude_if=is_null, description="a run SKIPPED with reason excluded: "
+        "the calendar that excluded it (absent otherwise)")
 
 
 class RunPage(CamelModel):
@@ -507,10 +552,13 @@ class EffectOut(CamelModel):
 class BackfillItem(CamelModel):
     scheduled_at: datetime
     run_id: str | None = Field(default=None, description="the run made for this instant")
-    reason: Literal["accounted", "backfilled"] | None = Field(
+    reason: Literal["accounted", "backfilled", "excluded"] | None = Field(
         default=None, description="why it is not run: accounted (the schedule's own "
         "instant: it ran, was skipped with a reason, or will), backfilled (an earlier "
-        "backfill ran it)")
+        "backfill ran it), excluded (a calendar the schedule names excludes it)")
+    calendar: str | None = Field(default=None, description="excluded: the calendar")
+    excluded_by: str | None = Field(default=None, description="excluded: the calendar's "
+                                    "entry that excludes the instant")
 
 
 class BackfillOut(CamelModel):
@@ -532,7 +580,8 @@ def backfill_out(b: dict[str, Any]) -> BackfillOut:
         "overlap": b["overlap"], "instants": b["instants"], "runs": b["runs"],
         "repeated": b["repeated"],
         "items": [{"scheduled_at": i["scheduled_at"], "run_id": i.get("run_id"),
-                   "reason": i.get("reason")} for i in b["items"]]})
+                   "reason": i.get("reason"), "calendar": i.get("calendar"),
+                   "excluded_by": i.get("excluded_by")} for i in b["items"]]})
 
 
 class RunOut(CamelModel):
@@ -570,6 +619,9 @@ class RunOut(CamelModel):
     effects: list[EffectOut]
     waiting: str | None = Field(default=None, description="why a READY run waits, e.g. no "
                                 "live worker of its resource class serves its job type")
+    exclusion: ExclusionOut | None = Field(
+        default=None, exclude_if=is_null, description="a run SKIPPED with reason excluded: "
+        "the calendar that excluded it (absent otherwise)")
 
 
 # =======================================================================================

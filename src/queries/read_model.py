@@ -37,7 +37,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, get_args
@@ -87,6 +87,7 @@ from chronolog.queries.documents import (
     iso,
     jsonable,
 )
+from chronolog.queries.exclusions import Calendars, calendar_specs, exclusion_out, mark_excluded
 
 if TYPE_CHECKING:  # only annotations: the CLI uses the queries' parsing without asyncpg
     import asyncpg
@@ -99,8 +100,8 @@ __all__ = [
     "decode_schedule_cursor", "decode_worker_cursor", "instants_with_dst", "last_results",
     "occurrences", "parse_list_instant", "parse_run_states", "parse_schedule_states", "preview",
     "recent_outcomes", "result_expired", "run_document", "run_list_page", "runs_page",
-    "schedule_document", "schedule_history", "schedule_rows", "schedule_summary",
-    "schedules_page", "watermark",
+    "schedule_calendars", "schedule_document", "schedule_history", "schedule_rows",
+    "schedule_summary", "schedules_page", "watermark",
     "worker_out", "workers_page",
 ]
 
@@ -154,6 +155,16 @@ class ReadModel:
     async def schedule(self, tenant: str, schedule_id: str) -> asyncpg.Record | None:
         return await self.pool.fetchrow(
             "SELECT * FROM schedules WHERE tenant = $1 AND schedule_id = $2", tenant, schedule_id)
+
+    async def calendars(self, tenant: str, names: Sequence[str]) -> Calendars:
+        """The tenant's calendars of these names with their current specs (None: deleted);
+        a name never created is absent."""
+        if not names:
+            return {}
+        rows = await self.pool.fetch(
+            "SELECT name, spec FROM calendars WHERE tenant = $1 AND name = ANY($2::text[])",
+            tenant, list(names))
+        return calendar_specs(rows)
 
     async def schedules(self, tenant: str, state: str | None, limit: int) -> list[asyncpg.Record]:
         """The tenant's schedules by ID, optionally only those in ``state``."""
@@ -209,7 +220,8 @@ class ReadModel:
         last: tuple[datetime, str] | None, states: list[str] | None, limit: int,
     ) -> list[asyncpg.Record]:
         sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
-               "finished_at, job_type, resource_class, permit_wait FROM runs "
+               "finished_at, job_type, resource_class, permit_wait, skipped_reason, exclusion "
+               "FROM runs "
                "WHERE tenant = $1 AND schedule_id = $2 "
                "AND (scheduled_at, run_id) <= ($3, $4)")
         args: list[Any] = [tenant, schedule_id, bound[0], bound[1]]
@@ -260,7 +272,8 @@ class ReadModel:
         """The tenant's runs matching ``q``, at or below ``bound``, below ``last``, newest
         first."""
         sql = ("SELECT run_id, schedule_id, scheduled_at, state, attempt, started_at, "
-               "finished_at, job_type, resource_class, permit_wait FROM runs "
+               "finished_at, job_type, resource_class, permit_wait, skipped_reason, exclusion "
+               "FROM runs "
                "WHERE tenant = $1 AND (scheduled_at, run_id) <= ($2, $3)")
         args: list[Any] = [tenant, bound[0], bound[1]]
         if last is not None:
@@ -363,9 +376,12 @@ def _iso_or_none(t: datetime | None) -> str | None:
     return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem]:
+def preview(row: asyncpg.Record, count: int = PREVIEW_COUNT,
+            calendars: Calendars | None = None) -> list[PreviewItem]:
     """An ACTIVE schedule's next ``count`` instants from its ``nextRunAt``, with the
-    deterministic jitter the processor applies (none for another state)."""
+    deterministic jitter the processor applies (none for another state), each marked
+    ``excluded`` when one of the calendars the schedule names excludes it (``calendars``:
+    the tenant's as :meth:`ReadModel.calendars` reads them; None: not marked)."""
     if row["state"] != "ACTIVE" or row["next_run_at"] is None:
         return []
     spec = _stored_spec(row)
@@ -375,13 +391,28 @@ def preview(row: asyncpg.Record, count: int = PREVIEW_COUNT) -> list[PreviewItem
     if trigger is not None:
         instants += upcoming(trigger, first, count - 1)
     zone = resolve_zone(spec.timezone)
+    instants = instants[:count]
+    marks = mark_excluded(spec.exclude if calendars is not None else (), calendars or {},
+                          instants)
     out = []
-    for t in instants[:count]:
+    for t, excluded in zip(instants, marks, strict=True):
         due = t + timedelta(seconds=jitter_offset(row["schedule_id"], t, spec.jitter)) \
             if spec.jitter > 0 else t
         out.append(PreviewItem(scheduled_at=t, due_at=due,
-                               local=t.astimezone(zone).isoformat(timespec="seconds")))
+                               local=t.astimezone(zone).isoformat(timespec="seconds"),
+                               excluded=excluded))
     return out
+
+
+async def schedule_calendars(rm: ReadModel, *rows: asyncpg.Record) -> Calendars:
+    """The calendars these schedules rows (of one tenant) name (``exclude``), as the read
+    model holds them now, in one query (none when no row with an instant to preview names
+    one)."""
+    names: dict[str, None] = {}
+    for row in rows:
+        if row["state"] == "ACTIVE" and row["next_run_at"] is not None:
+            names.update(dict.fromkeys(_stored_spec(row).exclude))
+    return await rm.calendars(rows[0]["tenant"], list(names)) if names else {}
 
 
 def resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumePlan:
@@ -406,10 +437,13 @@ def resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumeP
                       truncated=len(items) > RESUME_ITEMS_SHOWN, more_due=plan.later)
 
 
-async def schedule_document(rm: ReadModel, row: asyncpg.Record, now: datetime
-                            ) -> dict[str, Any]:
+async def schedule_document(rm: ReadModel, row: asyncpg.Record, now: datetime,
+                            calendars: Calendars | None = None) -> dict[str, Any]:
     """The body of ``GET /v1/schedules/{id}`` for a schedules row; ``now`` is when a resume
-    is supposed to happen."""
+    is supposed to happen. Its ``preview`` marks the instants the schedule's calendars
+    exclude (``calendars``: those :func:`schedule_calendars` reads, read when not given)."""
+    if calendars is None:
+        calendars = await schedule_calendars(rm, row)
     resume = None
     if row["state"] == "PAUSED":
         runs = await rm.runs_so_far(row["tenant"], row["schedule_id"])
@@ -421,7 +455,7 @@ async def schedule_document(rm: ReadModel, row: asyncpg.Record, now: datetime
         paused_at=row["paused_at"], pause_reason=row["pause_reason"],
         deleted_at=row["deleted_at"], completed_at=row["completed_at"],
         completed_reason=row["completed_reason"], definition=definition_of(row["spec"]),
-        preview=preview(row), resume=resume,
+        preview=preview(row, calendars=calendars), resume=resume,
     )
     content = out.model_dump(mode="json", by_alias=True)
     content["definition"] = out.definition.model_dump(mode="json", by_alias=True,
@@ -528,7 +562,9 @@ async def runs_page(rm: ReadModel, tenant: str, schedule_id: str, *, states: lis
                        scheduled_at=r["scheduled_at"], state=r["state"],
                        attempt=r["attempt"], started_at=r["started_at"],
                        finished_at=r["finished_at"],
-                       waiting=_waiting(r, served)) for r in rows],
+                       waiting=_waiting(r, served),
+                       exclusion=exclusion_out(r["state"], r["skipped_reason"],
+                                               r["exclusion"])) for r in rows],
         next_cursor=next_cursor, watermark=watermark(offsets, wm_time, partitions),
     )
 
@@ -713,7 +749,9 @@ async def run_list_page(rm: ReadModel, tenant: str, q: RunQuery, *,
                            scheduled_at=r["scheduled_at"], state=r["state"],
                            attempt=r["attempt"], started_at=r["started_at"],
                            finished_at=r["finished_at"], job_type=r["job_type"],
-                           waiting=_waiting(r, served)) for r in rows],
+                           waiting=_waiting(r, served),
+                           exclusion=exclusion_out(r["state"], r["skipped_reason"],
+                                                   r["exclusion"])) for r in rows],
         next_cursor=cursor, watermark=watermark(offsets, wm_time, partitions),
     )
 
@@ -851,6 +889,7 @@ async def run_document(rm: ReadModel, tenant: str, run_id: str) -> dict[str, Any
                            created_at=e["created_at"], updated_at=e["updated_at"])
                  for e in effects],
         waiting=waiting,
+        exclusion=exclusion_out(r["state"], r["skipped_reason"], r["exclusion"]),
     )
     doc: dict[str, Any] = jsonable(out)
     if result is not None:  # uri | inline: exactly one of them is shown
@@ -952,35 +991,51 @@ async def occurrences(rm: ReadModel, tenant: str, schedule_id: str, limit: int =
                       ) -> list[dict[str, Any]]:
     """A schedule's newest ``limit`` occurrences, oldest first, with why a skipped one was
     skipped: ``{runId, scheduledAt, state, attempt, trigger, finishedAt, skippedReason,
-    skippedThrough, skippedCount}``."""
+    skippedThrough, skippedCount, exclusion}`` (``exclusion``: ``{calendar, revision,
+    entry}`` of one skipped with reason ``excluded``, else None)."""
     rows = await rm.pool.fetch(
         "SELECT run_id, scheduled_at, state, attempt, trigger, finished_at, skipped_reason, "
-        "skipped_through, skipped_count FROM runs WHERE tenant = $1 AND schedule_id = $2 "
-        "ORDER BY scheduled_at DESC, run_id DESC LIMIT $3", tenant, schedule_id, limit)
-    return [{"runId": r["run_id"], "scheduledAt": iso(r["scheduled_at"]), "state": r["state"],
-             "attempt": r["attempt"], "trigger": r["trigger"],
-             "finishedAt": iso(r["finished_at"]), "skippedReason": r["skipped_reason"],
-             "skippedThrough": iso(r["skipped_through"]), "skippedCount": r["skipped_count"]}
-            for r in reversed(rows)]
+        "skipped_through, skipped_count, exclusion FROM runs WHERE tenant = $1 "
+        "AND schedule_id = $2 ORDER BY scheduled_at DESC, run_id DESC LIMIT $3",
+        tenant, schedule_id, limit)
+    out = []
+    for r in reversed(rows):
+        ex = exclusion_out(r["state"], r["skipped_reason"], r["exclusion"])
+        out.append({"runId": r["run_id"], "scheduledAt": iso(r["scheduled_at"]),
+                    "state": r["state"], "attempt": r["attempt"], "trigger": r["trigger"],
+                    "finishedAt": iso(r["finished_at"]), "skippedReason": r["skipped_reason"],
+                    "skippedThrough": iso(r["skipped_through"]),
+                    "skippedCount": r["skipped_count"],
+                    "exclusion": None if ex is None else jsonable(ex)})
+    return out
 
 
-def instants_with_dst(row: asyncpg.Record, count: int = 10) -> list[dict[str, Any]]:
+def instants_with_dst(row: asyncpg.Record, count: int = 10,
+                      calendars: Calendars | None = None) -> list[dict[str, Any]]:
     """An ACTIVE schedule's next ``count`` instants (``preview``) and where daylight saving
-    time changed them, each ``{scheduledAt, dueAt, local, dst, note}``: ``dst`` and
-    ``note`` as :func:`chronolog.domain.recurrence.dst_marks` classifies them (a ``skipped``
-    one has no ``dueAt``: it never runs)."""
-    items = preview(row, count)
+    time changed them, each ``{scheduledAt, dueAt, local, dst, note, excluded}``: ``dst``
+    and ``note`` as :func:`chronolog.domain.recurrence.dst_marks` classifies them (a
+    ``skipped`` one has no ``dueAt``: it never runs); ``excluded`` ``{calendar, entry}``
+    when one of the schedule's ``calendars`` excludes it (None: not excluded, or
+    ``calendars`` not given)."""
+    items = preview(row, count, calendars)
     if not items:
         return []
     spec = _stored_spec(row)
     zone = resolve_zone(spec.timezone)
     due = {p.scheduled_at: p.due_at for p in items}
+    excluded = {p.scheduled_at: p.excluded for p in items}
     marks = dst_marks(_recurrence(row, spec, items[0].scheduled_at),
                       [p.scheduled_at for p in items])
-    return [{"scheduledAt": iso(mark.at),
-             "dueAt": None if mark.mark == "skipped" else iso(due[mark.at]),
-             "local": mark.at.astimezone(zone).isoformat(timespec="seconds"),
-             "dst": mark.mark, "note": mark.note} for mark in marks]
+    out = []
+    for mark in marks:
+        gone = mark.mark == "skipped"  # left out by the DST policy: never an instant
+        ex = None if gone else excluded.get(mark.at)
+        out.append({"scheduledAt": iso(mark.at), "dueAt": None if gone else iso(due[mark.at]),
+                    "local": mark.at.astimezone(zone).isoformat(timespec="seconds"),
+                    "dst": mark.mark, "note": mark.note,
+                    "excluded": None if ex is None else jsonable(ex)})
+    return out
 
 
 async def schedule_history(log: Any, topics: Any, tenant: str, schedule_id: str, *,

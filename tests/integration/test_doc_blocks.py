@@ -321,7 +321,7 @@ def test_the_performance_guides_audit_and_failover_commands_run_small(reader: Re
 @pytest.mark.long(30)
 def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     blocks = _blocks("docs/tour.md")
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     out = [reader.run(b) for b in blocks]
     created, _ = json.JSONDecoder().raw_decode(out[0])  # curl's body, then the CLI's lines
     assert created["scheduleId"] == "report" and created["revision"] == 1, out[0]
@@ -336,7 +336,9 @@ def test_the_tours_blocks_run_in_order(reader: Reader) -> None:
     week = json.loads(out[4][out[4].index("{"):])
     assert (week["instants"], week["runs"]) == (7, 4), week
     assert [i.get("reason") for i in week["items"]][:3] == ["backfilled"] * 3, week
-    assert out[5].startswith("#  UTC"), out[5]
+    assert "excluded" in out[5] and "maintenance" in out[5], out[5]
+    assert '"revision":2' in out[5].replace(" ", ""), out[5]
+    assert out[6].startswith("#  UTC"), out[6]
 
 
 def test_the_jobs_blocks_run_and_the_runs_succeed(reader: Reader) -> None:

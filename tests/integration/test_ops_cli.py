@@ -295,11 +295,53 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
     assert refused.rc == 1 and _one_line(refused).startswith("error: conflict: schedule is "
                                                              "COMPLETED")
 
+    await _calendars(cli, job)
+
     # the history, all pages: stable now that nothing runs
     final = await cli.ok("runs", "nightly", "--limit", "500")
     ids = [i["runId"] for i in final["items"]]
     assert trig["runId"] in ids and first["runId"] in ids and len(ids) == len(set(ids))
     return ids
+
+
+async def _calendars(cli: Cli, job: str) -> None:
+    """A calendar through the CLI: put, named by a schedule whose instants it excludes (the
+    run says by what), shown, listed, not deleted while named, deleted once not."""
+    bad = await cli("calendar", "put", "bad", "--window", "sat 25:00-06:00")
+    assert bad.rc == 2 and "windows[0].start" in _one_line(bad), bad
+    bad = await cli("calendar", "put", "bad", "--range", "2026-12-24")
+    assert bad.rc == 2 and _one_line(bad).startswith("error: --range: '2026-12-24': FROM..TO"), bad
+    today = datetime.now(UTC).date().isoformat()
+    put = await cli.ok("calendar", "put", "ops", "--date", today, "--window",
+                       "mon-fri 12:00-13:00 Europe/Paris")
+    assert (put["name"], put["revision"]) == ("ops", 1)
+    unknown = await cli("schedule", "create", "cal", "--every", "1s", "--job", job,
+                        "--exclude", "ops,nope")
+    assert unknown.rc == 1 and "exclude[1]" in unknown.err and "nope" in unknown.err, unknown
+    made = await cli.ok("schedule", "create", "cal", "--every", "1s", "--job", job,
+                        "--exclude", "ops")
+    assert made["scheduleId"] == "cal"
+    page = await cli.poll("an excluded instant", "runs", "cal", "--state", "SKIPPED",
+                          until=lambda d: bool(d["items"]))
+    run = await cli.ok("run", page["items"][0]["runId"])
+    assert run["exclusion"] == {"calendar": "ops", "revision": 1, "entry": today}
+    shown = await cli.poll("the calendar named", "calendar", "show", "ops",
+                           until=lambda d: d["usedBy"] == ["cal"])
+    assert shown["definition"]["windows"][0]["days"] == ["mon", "tue", "wed", "thu", "fri"]
+    human = await cli("calendar", "show", "ops")
+    assert human.rc == 0 and today in human.out and "cal" in human.out, human
+    assert [c["name"] for c in (await cli.ok("calendar", "list"))["items"]] == ["ops"]
+    named = await cli("calendar", "delete", "ops")
+    assert named.rc == 1 and "'cal'" not in named.err and "cal" in named.err, named
+    await cli.ok("schedule", "delete", "cal")
+
+    async def deleted() -> bool:  # once the schedule's unsubscription reached the calendar
+        cli.services.check_alive()
+        return (await cli("calendar", "delete", "ops", "--if-match", "1")).rc == 0
+
+    await wait_until(deleted, 30, interval=SPAWN_POLL, what="the calendar deleted")
+    gone = await cli("calendar", "show", "ops")
+    assert gone.rc == 1 and _one_line(gone) == "error: not_found: no calendar 'ops'", gone
 
 
 @pytest.mark.long(45)

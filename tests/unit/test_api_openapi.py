@@ -50,7 +50,7 @@ def test_the_lists_and_the_visibility_of_writes_are_documented() -> None:
         assert {"200", "400", "401", "500", "503"} <= set(op["responses"]), path
     writes = [(path, op) for path, item in paths.items() for method, op in item.items()
               if method in ("post", "put", "patch", "delete") and path != "/v1/preview"]
-    assert len(writes) == 11
+    assert len(writes) == 13
     for path, op in writes:
         ok = [r for code, r in op["responses"].items() if code.startswith("2")]
         assert ok and all({"X-Chronolog-Visible", "X-Chronolog-Consistency"}

@@ -39,12 +39,20 @@ from chronolog.audit.folds import (
     ScheduleFold,
     decode_schedule,
 )
-from chronolog.commands.aggregate import Decision
+from chronolog.commands.aggregate import PROCESSOR, Decision
 from chronolog.commands.decider import decide, evolve
 from chronolog.commands.state import DEAD_KEPT, MANUAL_KEYS_KEPT, initial_state
 from chronolog.domain import messages as m
 from chronolog.domain.barrier import in_barrier_order
-from chronolog.domain.ids import QUOTA_ID, backfill_run_id, limit_id, manual_run_id, run_id_for
+from chronolog.domain.calendars import CalendarSpec
+from chronolog.domain.ids import (
+    QUOTA_ID,
+    backfill_run_id,
+    calendar_id,
+    limit_id,
+    manual_run_id,
+    run_id_for,
+)
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 TENANT = "acme"
@@ -73,11 +81,12 @@ class Driver:
         self.log: list[m.EventEnvelope] = []
         self.n = 0
 
-    def do(self, payload: Any, now: datetime, expect_ok: bool = True) -> Decision:
+    def do(self, payload: Any, now: datetime, expect_ok: bool = True,
+           principal: str = "ops") -> Decision:
         self.n += 1
         cid = f"{self.sid}-c{self.n}"
         cmd = m.CommandEnvelope(command_id=cid, type=payload.type, tenant=TENANT,
-                                principal="ops", schedule_id=self.sid, issued_at=now,
+                                principal=principal, schedule_id=self.sid, issued_at=now,
                                 payload=payload)
         dec = decide(self.state, cmd, now)
         assert dec.ok or not expect_ok, f"{payload.type} refused: {dec.status} {dec.reason}"
@@ -1440,3 +1449,245 @@ def test_a_backfills_run_beside_a_scheduled_one_under_skip_is_clean() -> None:
 def test_an_instant_backfilled_twice_is_a_duplicate_occurrence() -> None:
     log = _backfilled(_backfilled(Log().created(), 0), 0)
     only(log.audit(), "occurrence_unique")
+
+
+# -- calendar_exclusion
+
+CAL = calendar_id("holidays")
+# 09:02 and 09:03 (UTC) every day: T0 + 2 and T0 + 3 minutes
+WINDOW = CalendarSpec.model_validate({"windows": [{"start": "09:02", "end": "09:04"}]})
+WINDOW_ENTRY = "mon,tue,wed,thu,fri,sat,sun 09:02-09:04 UTC"
+# 09:05 only (revision 2)
+LATER = CalendarSpec.model_validate({"windows": [{"start": "09:05", "end": "09:06"}]})
+
+
+def _copied(log: Log, revision: int = 1, spec: CalendarSpec | None = WINDOW) -> Log:
+    return log.add(m.CalendarCopied(name="holidays", revision=revision, spec=spec))
+
+
+def _revised(log: Log, revision: int = 1, spec: CalendarSpec = WINDOW) -> Log:
+    return log.add(m.CalendarRevised(name="holidays", revision=revision, spec=spec), sid=CAL)
+
+
+def _excluded(log: Log, minute: int, revision: int = 1, through: int | None = None,
+              count: int = 1, entry: str = WINDOW_ENTRY) -> Log:
+    return log.add(m.OccurrenceSkipped(
+        run_id=rid(minute), scheduled_at=T0 + timedelta(minutes=minute),
+        through=None if through is None else T0 + timedelta(minutes=through), count=count,
+        reason="excluded", calendar="holidays", calendar_revision=revision,
+        excluded_by=entry))
+
+
+def _calendar_scenario() -> tuple[Driver, Log]:
+    """A schedule naming calendar ``holidays``, driven by the real decider through two
+    revisions of the calendar (each run done before the next instant), and the calendar's
+    own events (a hand-built log: the decider of the calendar's aggregate sends the copies
+    the driver is given)."""
+    d = Driver("cal")
+    d.create(T0, exclude=["holidays"])
+    home = Log(CAL)
+    home.add(m.CalendarSubscribed(name="holidays", schedule_id="cal"), sid=CAL)
+    _revised(home, 1, WINDOW)
+
+    def copy(revision: int, spec: CalendarSpec, now: datetime) -> None:
+        d.do(m.CopyCalendar(name="holidays", revision=revision, spec=spec), now,
+             principal=PROCESSOR)
+
+    def run_ready(now: datetime) -> None:
+        for run_id in d.runs_in("READY"):
+            c = d.claim(run_id, now + sec(1))
+            d.complete(c, now + sec(2))
+
+    copy(1, WINDOW, T0)  # the copy decides what waited for it: T0 runs
+    run_ready(T0)
+    for minute in range(1, 7):
+        now = T0 + timedelta(minutes=minute)
+        if minute == 4:
+            _revised(home, 2, LATER)
+            copy(2, LATER, now - sec(30))
+        d.tick(now)
+        run_ready(now)
+    return d, home
+
+
+def test_a_schedule_skipping_what_its_calendar_excludes_is_clean() -> None:
+    d, home = _calendar_scenario()
+    skips = [e.payload for e in d.log if isinstance(e.payload, m.OccurrenceSkipped)]
+    assert [(s.scheduled_at, s.calendar_revision) for s in skips] == [
+        (T0 + timedelta(minutes=2), 1), (T0 + timedelta(minutes=3), 1),
+        (T0 + timedelta(minutes=5), 2)]
+    assert {s.reason for s in skips} == {"excluded"}
+    mats = [e.payload.scheduled_at for e in d.log
+            if isinstance(e.payload, m.OccurrenceMaterialized)]
+    assert mats == [T0 + timedelta(minutes=k) for k in (0, 1, 4, 6)]
+    # the calendar's aggregate on another partition, read before or after the schedule's
+    for sched_p, home_p in ((0, 1), (1, 0)):
+        events = ([(sched_p, n, e) for n, e in enumerate(d.log)]
+                  + [(home_p, n, e) for n, e in enumerate(home.events)])
+        whole = audit(events)
+        _assert_clean(whole)
+        for cuts in ({3}, {len(events) // 2}, set(range(len(events)))):
+            assert _resumed(events, cuts, hot_max=1).to_dict() == whole.to_dict()
+
+
+def test_an_excluded_instant_materialized_is_reported() -> None:
+    log = _copied(Log().created(exclude=["holidays"])).mat(0).claimed_and_done(0, 1).mat(2)
+    (v,) = only(log.audit(), "calendar_exclusion")
+    assert v.message == ("schedule occurrence 2026-03-02T09:02:00Z materialized, yet calendar "
+                         f"'holidays' (revision 1) excludes it: {WINDOW_ENTRY}")
+    assert v.run_id == rid(2) and v.events[0].offset == len(log.events) - 1
+
+
+def test_a_backfill_run_of_an_excluded_instant_is_reported_and_a_manual_one_is_not() -> None:
+    log = _copied(Log().created(exclude=["holidays"]))
+    t = T0 + timedelta(minutes=2)
+    log.add(m.OccurrenceMaterialized(
+        run_id=manual_run_id(TENANT, "s1", "k1"), scheduled_at=t, due_at=t, revision=1,
+        job=m.JobSpec(type="report"), trigger="manual", request_key="k1", state="READY",
+        sequence=0, advances_schedule=False))
+    _assert_clean(log.audit())
+    log.add(m.OccurrenceMaterialized(
+        run_id=backfill_run_id(TENANT, "s1", t - timedelta(days=1)),
+        scheduled_at=t - timedelta(days=1), due_at=T0, revision=1, job=m.JobSpec(type="report"),
+        trigger="backfill", state="READY", sequence=0, advances_schedule=False))
+    (v,) = only(log.audit(), "calendar_exclusion")
+    assert v.message.startswith("backfill occurrence 2026-03-01T09:02:00Z materialized")
+
+
+def test_a_run_materialized_before_the_calendar_s_copy_came_is_reported() -> None:
+    (v,) = only(Log().created(exclude=["holidays"]).mat(0).audit(), "calendar_exclusion")
+    assert "waited for the copy of calendar 'holidays'" in v.message
+
+
+def test_a_calendar_that_does_not_exist_excludes_every_instant() -> None:
+    base = Log().created(exclude=["holidays"])
+    _assert_clean(_excluded(_copied(base, 0, None), 0, revision=0,
+                            entry="the calendar does not exist").audit())
+    (v,) = only(_copied(Log().created(exclude=["holidays"]), 0, None).mat(0).audit(),
+                "calendar_exclusion")
+    assert "excludes it: the calendar does not exist" in v.message
+
+
+def test_a_skip_of_an_instant_the_calendar_does_not_exclude_is_reported() -> None:
+    log = _excluded(_copied(Log().created(exclude=["holidays"])), 1)
+    (v,) = only(log.audit(), "calendar_exclusion")
+    assert v.message == ("occurrence 2026-03-02T09:01:00Z skipped as excluded by calendar "
+                         f"'holidays' (revision 1, {WINDOW_ENTRY}), which does not exclude it:"
+                         " a run lost")
+
+
+def test_a_skip_naming_a_calendar_or_revision_the_schedule_did_not_hold_is_reported() -> None:
+    held = _copied(Log().created(exclude=["holidays"]))
+    (v,) = only(_excluded(held, 2, revision=2).audit(), "calendar_exclusion")
+    assert "names calendar 'holidays' revision 2, and the schedule holds its revision 1" \
+        in v.message
+    (v,) = only(_excluded(Log().created(exclude=["holidays"]), 2).audit(), "calendar_exclusion")
+    assert "waits for its first copy" in v.message
+    (v,) = only(_excluded(Log().created(), 2).audit(), "calendar_exclusion")
+    assert "the schedule does not name it" in v.message
+
+
+def test_a_collapsed_excluded_range_is_checked_instant_by_instant() -> None:
+    two = CalendarSpec.model_validate({"windows": [{"start": "09:02", "end": "09:03"},
+                                                   {"start": "09:04", "end": "09:06"}]})
+    base = _copied(Log().created(exclude=["holidays"]), 1, two)
+    _assert_clean(_excluded(_copied(Log().created(exclude=["holidays"])), 2, through=3,
+                            count=2).audit())
+    # both ends excluded, 09:03 in between not
+    (v,) = only(_excluded(base, 2, through=5, count=4).audit(), "calendar_exclusion")
+    assert v.message.startswith("occurrence 2026-03-02T09:03:00Z skipped as excluded")
+
+
+def test_the_copies_are_judged_by_the_revision_that_held_them() -> None:
+    log = _copied(Log().created(exclude=["holidays"])).mat(0).claimed_and_done(0, 1)
+    _copied(log, 2, LATER).mat(2).claimed_and_done(2, 2)  # revision 2 no longer excludes 09:02
+    _assert_clean(log.audit())
+    # a revision no longer naming the calendar drops its copy
+    log = _copied(Log().created(exclude=["holidays"])).revised(2).mat(2)
+    _assert_clean(log.audit())
+
+
+@pytest.mark.parametrize("home_first", [True, False])
+def test_a_copy_that_differs_from_the_calendar_s_revision_is_reported(home_first: bool) -> None:
+    sched = _copied(Log().created(exclude=["holidays"]), 1, LATER)
+    home = _revised(Log(CAL), 1, WINDOW)
+    first, second = (home, sched) if home_first else (sched, home)
+    events = ([(0, n, e) for n, e in enumerate(first.events)]
+              + [(1, n, e) for n, e in enumerate(second.events)])
+    whole = audit(events)
+    (v,) = only(whole, "calendar_exclusion")
+    assert v.message == ("a copy of calendar 'holidays' at revision 1 carries another spec than "
+                         "the calendar revised at that revision")
+    assert v.schedule_id == "s1" and len(v.events) == 2
+    for cut in range(len(events)):
+        assert _resumed(events, {cut}).to_dict() == whole.to_dict(), cut
+
+
+def test_a_copy_of_a_deleted_calendar_must_carry_no_spec() -> None:
+    home = _revised(Log(CAL), 1, WINDOW).add(m.CalendarDeleted(name="holidays", revision=2),
+                                              sid=CAL)
+    sched = _copied(_copied(Log().created(exclude=["holidays"])), 2, None)
+    _assert_clean(audit(_numbered(home.events) + [(1, n, e) for n, e in
+                                                  enumerate(sched.events)]))
+    forged = _copied(Log().created(exclude=["holidays"]), 2, WINDOW)
+    (v,) = only(audit(_numbered(home.events) + [(1, n, e) for n, e in
+                                                enumerate(forged.events)]),
+                "calendar_exclusion")
+    assert "than the calendar deleted at that revision" in v.message
+
+
+def test_copies_of_a_revision_the_log_does_not_hold_must_agree() -> None:
+    log = _copied(Log().created(exclude=["holidays"]), 3, WINDOW)
+    log.add(m.ScheduleCreated(revision=1, spec=spec(exclude=["holidays"]), created_at=T0,
+                              anchor=T0, next_run_at=T0, next_due_at=T0), sid="s2")
+    _assert_clean(log.audit())
+    log.add(m.CalendarCopied(name="holidays", revision=3, spec=LATER), sid="s2")
+    events = _numbered(log.events)
+    whole = audit(events)
+    (v,) = only(whole, "calendar_exclusion")
+    assert "carry 2 different specs" in v.message and v.schedule_id == CAL
+    for cut in range(len(events)):
+        assert _resumed(events, {cut}).to_dict() == whole.to_dict(), cut
+
+
+def test_a_calendar_s_revisions_count_on() -> None:
+    home = _revised(_revised(Log(CAL), 1), 1, LATER)
+    (v,) = only(home.audit(), "calendar_exclusion")
+    assert "at revision 1, not above its revision 1" in v.message
+    # an event that is not a calendar's, or of another calendar, on its aggregate
+    for payload in (m.PermitQueued(key="k", run_id="r", schedule_id="s1", ask="a", limit=1,
+                                   position=1, holders=1),
+                    m.CalendarRevised(name="other", revision=1, spec=WINDOW)):
+        (v,) = only(Log(CAL).add(payload, sid=CAL).audit(), "calendar_exclusion")
+        assert v.message == f"{payload.type} on calendar aggregate {CAL}"
+
+
+def test_the_calendar_copies_survive_a_checkpoint() -> None:
+    first = _copied(Log().created(exclude=["holidays"]))
+    a = Auditor()
+    for i, e in enumerate(first.events):
+        a.feed(e, 0, i)
+    doc = a.checkpoint()
+    assert Auditor.resume(orjson.loads(orjson.dumps(doc))).checkpoint() == doc
+    (sched,) = doc["schedules"]
+    assert sched["calendars"] == [["holidays", 1, WINDOW.model_dump(mode="json", by_alias=True),
+                                   True]]
+    resumed = Auditor.resume(doc)
+    later = Log().mat(2)
+    for i, e in enumerate(later.events):
+        resumed.feed(e, 0, 100 + i)
+    (v,) = only(resumed.finish(), "calendar_exclusion")
+    assert "excludes it" in v.message
+
+
+def test_a_pending_copy_survives_a_checkpoint() -> None:
+    a = Auditor()
+    for i, e in enumerate(_copied(Log().created(exclude=["holidays"]), 1, LATER).events):
+        a.feed(e, 0, i)
+    doc = a.checkpoint()
+    assert doc["copies"] and Auditor.resume(doc).checkpoint() == doc
+    resumed = Auditor.resume_document(b"".join(Auditor.resume(doc).checkpoint_lines()))
+    for i, e in enumerate(_revised(Log(CAL)).events):
+        resumed.feed(e, 1, i)
+    (v,) = only(resumed.finish(), "calendar_exclusion")
+    assert v.schedule_id == "s1"

@@ -3,6 +3,7 @@ daylight saving time (``read_model.instants_with_dst``) on real zone transitions
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,3 +106,91 @@ def test_a_rule_in_words(definition: dict[str, Any], words: str) -> None:
 def test_durations_in_words() -> None:
     assert [duration_words(s) for s in (0, 5, 60, 3600, 86400 + 61, 1.5)] == [
         "0 s", "5 s", "1 min", "1 h", "1 d 1 min 1 s", "1.5 s"]
+
+
+# ---------------------------------------------------------------------- exclusion calendars
+
+
+def test_an_exclusion_in_words() -> None:
+    from chronolog.api.dashboard.words import exclusion_words
+
+    assert exclusion_words({"calendar": "us-holidays", "entry": "2026-12-25"}) == (
+        "excluded by us-holidays (2026-12-25)")
+    assert exclusion_words({"calendar": "us-holidays", "revision": 3,
+                            "entry": "2026-12-25"}) == "excluded by us-holidays r3 (2026-12-25)"
+    assert exclusion_words(None) == ""
+
+
+def _render(template: str, **values: Any) -> str:
+    from types import SimpleNamespace
+
+    from chronolog.api.dashboard.routes import templates
+
+    request = SimpleNamespace(url=SimpleNamespace(path="/ui/schedules/s"), query_params={})
+    base = {"request": request, "tenant": SimpleNamespace(name="acme"), "csrf": "t",
+            "flash": None, "here": "/ui/schedules/s", "watermark": "", "title": "x"}
+    return templates.env.get_template(template).render(**base, **values)
+
+
+def _schedule_doc(exclude: list[str] | None) -> dict[str, Any]:
+    definition: dict[str, Any] = {"cron": "0 9 * * *", "timezone": NY, "job": {"type": "r"}}
+    if exclude is not None:
+        definition["exclude"] = exclude
+    return {"scheduleId": "s", "state": "ACTIVE", "revision": 2, "definition": definition,
+            "nextRunAt": "2026-12-24T14:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+            "resume": None}
+
+
+def test_the_schedule_page_strikes_and_labels_an_excluded_instant() -> None:
+    from chronolog.domain.calendars import CalendarSpec
+
+    us = CalendarSpec.model_validate({"timezone": NY, "dates": ["2026-12-25"]})
+    r = row(datetime(2026, 12, 24, 14, 0, tzinfo=UTC), cron="0 9 * * *", timezone=NY,
+            exclude=["us-holidays"])
+    instants = instants_with_dst(r, 3, {"us-holidays": us})
+    skipped = {"runId": "r_1", "scheduledAt": "2026-12-25T14:00:00Z", "state": "SKIPPED",
+               "attempt": 0, "trigger": "schedule", "finishedAt": "2026-12-25T14:00:00Z",
+               "skippedReason": "excluded", "skippedThrough": None, "skippedCount": 1,
+               "exclusion": {"calendar": "us-holidays", "revision": 3, "entry": "2026-12-25"}}
+    html = _render("schedule.html", s=_schedule_doc(["us-holidays", "<b>x</b>"]),
+                   words="at 09:00", instants=instants, occurrences=[skipped],
+                   runs={"items": [{**skipped, "scheduleId": "s", "startedAt": None}],
+                         "nextCursor": None},
+                   problem=None, revisions=[], lifecycle=[], history_complete=True,
+                   idempotency="k")
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", html.split('id="h-next"')[1].split("</table>")[0],
+                      re.S)[1:]
+    assert len(rows) == 3
+    assert 'class="excluded"' in rows[1] and "<s>2026-12-25 09:00:00 -05:00</s>" in rows[1]
+    assert "excluded by us-holidays (2026-12-25)" in rows[1]
+    assert "excluded" not in rows[0] and "excluded" not in rows[2]
+    # the facts name the calendars (escaped: the page's text is the API's); the skipped run
+    # names the calendar
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+    assert "by calendar <code>us-holidays</code> r3 (2026-12-25)" in html
+    assert html.count("excluded by us-holidays r3 (2026-12-25)") >= 2  # timeline, runs table
+
+
+def test_a_schedule_naming_no_calendar_has_no_calendars_column() -> None:
+    r = row(datetime(2026, 12, 24, 14, 0, tzinfo=UTC), cron="0 9 * * *", timezone=NY)
+    html = _render("schedule.html", s=_schedule_doc(None), words="at 09:00",
+                   instants=instants_with_dst(r, 2, {}), occurrences=[],
+                   runs={"items": [], "nextCursor": None}, problem=None, revisions=[],
+                   lifecycle=[], history_complete=True, idempotency="k")
+    assert "Calendars</th>" not in html and "excluded" not in html
+
+
+def test_the_run_page_names_the_calendar_that_excluded_it() -> None:
+    run = {"runId": "r_1", "scheduleId": "s", "revision": 2, "trigger": "schedule",
+           "requestKey": None, "state": "SKIPPED", "jobType": None, "resourceClass": None,
+           "scheduledAt": "2026-12-25T14:00:00Z", "dueAt": None, "startedAt": None,
+           "finishedAt": "2026-12-25T14:00:00Z", "latenessMs": None, "retryAt": None,
+           "skippedReason": "excluded", "skippedThrough": None, "skippedCount": 1,
+           "attempts": [], "effects": [], "result": None, "params": None,
+           "exclusion": {"calendar": "us-holidays", "revision": 3, "entry": "2026-12-25"}}
+    html = _render("run.html", r=run, events=[], history_complete=True, heartbeats={})
+    assert ("<dt>Excluded by</dt><dd>calendar <code>us-holidays</code> (revision 3): "
+            "2026-12-25</dd>") in html
+    del run["exclusion"]
+    assert "Excluded by" not in _render("run.html", r=run, events=[], history_complete=True,
+                                        heartbeats={})

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from chronolog.domain import messages as m
+from chronolog.domain.calendars import CalendarSpec
 from chronolog.projections.project import FIRST_ATTEMPT, project, project_batch
 from chronolog.projections.store import TABLES, First, RowChanges, Tally
 
@@ -15,6 +16,7 @@ T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 TENANT, SID = "acme", "nightly"
 SKEY = (TENANT, SID)
 RUN = "r_0123456789abcdef0123"
+HOLIDAYS = CalendarSpec.model_validate({"timezone": "America/New_York", "dates": ["2026-12-25"]})
 SPEC = m.ScheduleSpec(cron="0 9 * * *", timezone="Europe/Berlin",
                       job=m.JobSpec(type="report", params={"region": "eu"}))
 
@@ -94,6 +96,7 @@ SAMPLES: dict[str, Any] = {
     "RunAwaitsPermit": m.RunAwaitsPermit(run_id=RUN, key="customer-7", limit=2, ask="a1"),
     "RunPermitted": m.RunPermitted(run_id=RUN, ask="a1"),
     "RunPermitReturned": m.RunPermitReturned(run_id=RUN, ask="a1"),
+    "CalendarCopied": m.CalendarCopied(name="hol", revision=2, spec=HOLIDAYS),
 }
 # the tenant quota saga's events: no row (a held create is not a schedule yet)
 QUOTA_SAMPLES: dict[str, Any] = {
@@ -120,12 +123,40 @@ QUOTA_SAMPLES: dict[str, Any] = {
                                    holders=2, position=1),
     "PermitReleased": m.PermitReleased(key="k", run_id=RUN, schedule_id="s1", ask="a1",
                                        held=True, holders=0),
+    # the schedules that name a calendar: no row (their definitions name it)
+    "CalendarSubscribed": m.CalendarSubscribed(name="hol", schedule_id="s1"),
+    "CalendarUnsubscribed": m.CalendarUnsubscribed(name="hol", schedule_id="s1"),
+}
+# a calendar's revisions: its row of calendars
+CALENDAR_SAMPLES: dict[str, Any] = {
+    "CalendarRevised": m.CalendarRevised(name="hol", revision=2, spec=HOLIDAYS),
+    "CalendarDeleted": m.CalendarDeleted(name="hol", revision=3),
 }
 
 
 def test_every_event_type_has_a_sample() -> None:
-    assert set(SAMPLES) | set(QUOTA_SAMPLES) == {t.model_fields["type"].default
-                                                 for t in m.EVENT_TYPES}
+    assert set(SAMPLES) | set(QUOTA_SAMPLES) | set(CALENDAR_SAMPLES) == {
+        t.model_fields["type"].default for t in m.EVENT_TYPES}
+
+
+def test_a_calendars_revisions_and_deletion_are_its_row() -> None:
+    key = ("acme", "hol")
+    revised = project(env(CALENDAR_SAMPLES["CalendarRevised"], at=T0)).calendars[key]
+    assert (revised["revision"], revised["spec"], revised["deleted_at"]) == (
+        2, {"dates": ["2026-12-25"], "timezone": "America/New_York"}, None)
+    deleted = project(env(CALENDAR_SAMPLES["CalendarDeleted"], at=T0)).calendars[key]
+    assert (deleted["revision"], deleted["spec"], deleted["deleted_at"]) == (3, None, T0)
+    for name in CALENDAR_SAMPLES:  # no schedule row: a calendar is not a schedule
+        c = project(env(CALENDAR_SAMPLES[name]))
+        assert not c.schedules and not c.runs
+
+
+def test_an_excluded_instant_records_the_calendar_that_excluded_it() -> None:
+    skip = m.OccurrenceSkipped(run_id=RUN, scheduled_at=T0, reason="excluded", calendar="hol",
+                               calendar_revision=2, excluded_by="2026-12-25")
+    row = run_row(project(env(skip)))
+    assert (row["skipped_reason"], row["exclusion"]) == (
+        "excluded", {"calendar": "hol", "revision": 2, "entry": "2026-12-25"})
 
 
 @pytest.mark.parametrize("name", sorted(QUOTA_SAMPLES))

@@ -24,7 +24,8 @@ from chronolog.commands.decider import decide, evolve
 from chronolog.commands.quota import QuotaState, decide_quota, evolve_quota
 from chronolog.commands.state import QuotaWait, Run, ScheduleState, initial_state
 from chronolog.domain import messages as m
-from chronolog.domain.ids import limit_id
+from chronolog.domain.calendars import CalendarSpec
+from chronolog.domain.ids import calendar_id, limit_id
 from support.decider import T0, Story, complete, envelope, spec
 from support.states import every_field
 from unit.decider.test_invariants import DeciderMachine
@@ -138,6 +139,31 @@ def test_a_concurrency_keys_permits_and_a_waiting_runs_request_round_trip() -> N
     assert decoded.snapshot() == s.state.snapshot()
     (run,) = (decoded.runs or {}).values()
     assert (run.concurrency, run.permitted) == (("k-1", 1), False) and run.permit is not None
+
+
+def test_a_schedules_calendar_copies_and_a_calendars_own_state_round_trip() -> None:
+    holidays = CalendarSpec.model_validate({
+        "timezone": "America/New_York", "dates": ["2026-12-25"],
+        "ranges": [{"from": "2026-12-24", "to": "2026-12-26", "timezone": "UTC"}],
+        "windows": [{"days": ["sat", "sun"], "start": "22:00", "end": "06:00"}]})
+    s = Story().create(exclude=["hol", "maint"])
+    s.given(envelope(m.CopyCalendar(name="hol", revision=3, spec=holidays),
+                     principal="processor", command_id="copy-1"), T0)
+    decoded = sc.decode_schedule(sc.encode_schedule(s.state), shapes_of(s.state))
+    assert decoded.calendars == s.state.calendars and decoded.snapshot() == s.state.snapshot()
+    assert [(c.name, c.received) for c in decoded.calendars or ()] == [("hol", True),
+                                                                        ("maint", False)]
+    home = QuotaState("acme", calendar_id("hol"))
+    for i, payload in enumerate((m.PutCalendar(name="hol", spec=holidays),
+                                 m.SubscribeCalendar(name="hol", schedule_id="s1"))):
+        env = m.CommandEnvelope(command_id=f"c{i}", type=payload.type, tenant="acme",
+                                principal="processor", schedule_id=home.schedule_id,
+                                issued_at=T0, payload=payload)
+        for e in decide_quota(home, env, T0, None).events:
+            evolve_quota(home, e)
+    back = sc.decode_quota(sc.encode_quota(home))
+    assert back.calendar == home.calendar and back.schedule_id == home.schedule_id
+    assert back.calendar is not None and back.calendar.subscribers == {"s1"}
 
 
 def test_a_backfilled_schedules_requests_and_ranges_round_trip() -> None:
@@ -297,6 +323,9 @@ LAYOUTS[3] = {**LAYOUTS[2],
                              "waiting")}
 # version 4: a schedule's backfills
 LAYOUTS[4] = {**LAYOUTS[3], "ScheduleState": (*LAYOUTS[3]["ScheduleState"], "backfills")}
+# version 5: the copies of the calendars a schedule names; a calendar's own state
+LAYOUTS[5] = {**LAYOUTS[4], "ScheduleState": (*LAYOUTS[4]["ScheduleState"], "calendars"),
+              "QuotaState": (*LAYOUTS[4]["QuotaState"], "calendar")}
 
 
 def test_the_state_layout_is_the_one_of_its_version() -> None:

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from chronolog.api.context import Context
 from chronolog.api.dashboard import session
-from chronolog.api.dashboard.words import duration_words, rule_words
+from chronolog.api.dashboard.words import duration_words, exclusion_words, rule_words
 from chronolog.api.errors import ApiError
 from chronolog.api.models import PauseIn, ReconcileIn, ScheduleIn
 from chronolog.api.routes import runs as run_routes
@@ -65,6 +65,7 @@ from chronolog.queries.read_model import (
     run_document,
     run_list_page,
     runs_page,
+    schedule_calendars,
     schedule_document,
     schedule_history,
     schedule_rows,
@@ -143,6 +144,7 @@ templates.env.filters["local"] = _local
 templates.env.filters["brief"] = _brief
 templates.env.filters["pretty"] = _json
 templates.env.filters["seconds"] = duration_words
+templates.env.filters["excluded"] = exclusion_words
 templates.env.globals["STATES"] = SCHEDULE_STATES
 # a run state's mark in the timeline (the state is also written out for screen readers and
 # in the tooltip: colour is never the only cue)
@@ -373,13 +375,17 @@ async def schedules_list(
         rows = await schedule_rows(rm, tenant.name, ids)
         counts = await recent_outcomes(rm, tenant.name, ids, datetime.now(UTC) - RECENT)
         last = await last_results(rm, tenant.name, ids)
+        calendars = await schedule_calendars(rm, *rows.values())
         for item in page_doc["items"]:
             sid = item["scheduleId"]
             d = item["definition"]
             row = rows.get(sid)
             items.append({**item, "words": rule_words(d), "cron": d.get("cron"),
                           "zone": d.get("timezone") or "UTC", "jobType": d["job"]["type"],
-                          "next": [p.local for p in preview(row, 3)] if row else [],
+                          "next": [{"local": p.local,
+                                    "excluded": exclusion_words(jsonable(p.excluded))
+                                    if p.excluded is not None else ""}
+                                   for p in preview(row, 3, calendars)] if row else [],
                           "counts": counts.get(sid, {}), "last": last.get(sid)})
     filters = {"state": state or "", "jobType": job_type or "", "prefix": prefix or ""}
     more = None
@@ -404,7 +410,8 @@ async def schedule_page(
     row = await rm.schedule(tenant.name, schedule_id)
     if row is None:
         return not_found(request, tenant, f"no schedule '{schedule_id}'")
-    doc = await schedule_document(rm, row, datetime.now(UTC))
+    calendars = await schedule_calendars(rm, row)
+    doc = await schedule_document(rm, row, datetime.now(UTC), calendars)
     problem = None
     try:
         cursor = decode_run_cursor(after, schedule_id, None) if after else None
@@ -420,7 +427,7 @@ async def schedule_page(
                  for e in lifecycle if e["type"] in ("ScheduleCreated", "ScheduleRevised")]
     return page(request, "schedule.html", tenant, watermark=wm,
                 title=f"Schedule {schedule_id}", s=doc,
-                words=rule_words(doc["definition"]), instants=instants_with_dst(row, 10),
+                words=rule_words(doc["definition"]), instants=instants_with_dst(row, 10, calendars),
                 occurrences=await occurrences(rm, tenant.name, schedule_id),
                 runs=runs, problem=problem, revisions=list(reversed(revisions)),
                 lifecycle=list(reversed(lifecycle)), history_complete=complete,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["duration_words", "rule_words"]
+__all__ = ["duration_words", "exclusion_words", "rule_words"]
 
 _DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
          "Sunday"]
@@ -130,3 +130,16 @@ def rule_words(definition: dict[str, Any]) -> str:
     if definition.get("delay") is not None:
         return f"{duration_words(float(definition['delay']))} after each run ends"
     return "no rule"
+
+
+def exclusion_words(mark: dict[str, Any] | None) -> str:
+    """A calendar's exclusion in words: an upcoming instant's mark ``{calendar, entry}`` ->
+    "excluded by us-holidays (2026-12-25)"; a skipped run's ``{calendar, revision, entry}``
+    -> "excluded by us-holidays r3 (2026-12-25)"; "" for none. Plain text: the page
+    escapes it."""
+    if not mark:
+        return ""
+    revision = mark.get("revision")
+    at = f" r{revision}" if isinstance(revision, int) and revision > 0 else ""
+    entry = mark.get("entry")
+    return f"excluded by {mark.get('calendar')}{at}" + (f" ({entry})" if entry else "")

@@ -7,12 +7,14 @@ from typing import Annotated, Any
 from fastapi import Path
 
 from chronolog.api.cursors import CONSISTENCY_HEADER, VISIBLE_HEADER
+from chronolog.api.errors import ApiError
 from chronolog.api.models import MAX_SCHEDULE_ID
 from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.queries.documents import spec_limits
 
-__all__ = ["IDEMPOTENCY_KEY", "WRITE_HEADERS", "RunIdPath", "ScheduleIdPath"]
+__all__ = ["IDEMPOTENCY_KEY", "WRITE_HEADERS", "RunIdPath", "ScheduleIdPath",
+           "if_match_revision"]
 
 ScheduleIdPath = Annotated[str, Path(max_length=MAX_SCHEDULE_ID, pattern=lim.SCHEDULE_ID_PATTERN,
                                      description="a schedule ID")]
@@ -33,3 +35,13 @@ WRITE_HEADERS: dict[str, Any] = {
 
 # an Idempotency-Key becomes a command's request_key
 IDEMPOTENCY_KEY: dict[str, Any] = spec_limits(m.TriggerRun, "request_key")
+
+
+def if_match_revision(if_match: str) -> int:
+    """The revision an ``If-Match`` names: ``"3"``, ``W/"3"`` or ``3`` (400 otherwise)."""
+    text = if_match.strip().removeprefix("W/").strip('"')
+    # ASCII digits only (isdigit also takes '²'), and a revision fits a bigint
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or \
+            not 1 <= int(text) <= lim.MAX_INT:
+        raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
+    return int(text)

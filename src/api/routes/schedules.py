@@ -64,8 +64,12 @@ from chronolog.api.models import (
     ScheduleStateOut,
     ScheduleWritten,
 )
-from chronolog.api.routes.params import IDEMPOTENCY_KEY, WRITE_HEADERS, ScheduleIdPath
-from chronolog.domain import limits as lim
+from chronolog.api.routes.params import (
+    IDEMPOTENCY_KEY,
+    WRITE_HEADERS,
+    ScheduleIdPath,
+    if_match_revision,
+)
 from chronolog.domain import messages as m
 from chronolog.queries.documents import (
     BackfillOut,
@@ -103,6 +107,7 @@ async def create_schedule(
 ) -> JSONResponse:
     spec = to_spec(body)
     ctx.check_job(tenant, spec)
+    await ctx.check_calendars(tenant, spec)
     warnings = await ctx.job_warnings(spec)
     reply, mark = await ctx.send(tenant, body.schedule_id,
                                   m.CreateSchedule(spec=spec, request_key=idempotency_key))
@@ -156,12 +161,7 @@ def _revision(if_match: str | None) -> int:
     """The revision an ``If-Match`` names (428 without one, 400 for anything else)."""
     if if_match is None:
         raise ApiError(428, "If-Match with the current revision is required", "If-Match")
-    text = if_match.strip().removeprefix("W/").strip('"')
-    # ASCII digits only (isdigit also takes '²'), and a revision fits a bigint
-    if not (text.isascii() and text.isdigit()) or len(text) > 19 or \
-            not 1 <= int(text) <= lim.MAX_INT:
-        raise ApiError(400, f"invalid If-Match '{if_match}': expected a revision", "If-Match")
-    return int(text)
+    return if_match_revision(if_match)
 
 
 IfMatch = Annotated[str | None, Header(alias="If-Match",
@@ -172,6 +172,7 @@ async def _revise(ctx: Context, tenant: Tenant, schedule_id: str, body: Schedule
                   revision: int) -> JSONResponse:
     spec = to_spec(body)
     ctx.check_job(tenant, spec)
+    await ctx.check_calendars(tenant, spec)
     reply, mark = await ctx.send(tenant, schedule_id,
                                   m.ReviseSchedule(spec=spec, expected_revision=revision))
     return written(RevisedOut(revision=reply.body["revision"],
