@@ -410,6 +410,9 @@ class ResumeItem(CamelModel):
     count: int = 1
     action: Literal["run", "skip"]
     reason: str | None = None
+    excluded: ExcludedOut | None = Field(
+        default=None, exclude_if=is_null, description="reason excluded: the calendar (as "
+        "read now) and its entry that exclude the instant; absent otherwise")
 
 
 class ResumePlan(CamelModel):

@@ -87,7 +87,13 @@ from chronolog.queries.documents import (
     iso,
     jsonable,
 )
-from chronolog.queries.exclusions import Calendars, calendar_specs, exclusion_out, mark_excluded
+from chronolog.queries.exclusions import (
+    Calendars,
+    calendar_specs,
+    excluded,
+    exclusion_out,
+    mark_excluded,
+)
 
 if TYPE_CHECKING:  # only annotations: the CLI uses the queries' parsing without asyncpg
     import asyncpg
@@ -395,12 +401,12 @@ def preview(row: asyncpg.Record, count: int = PREVIEW_COUNT,
     marks = mark_excluded(spec.exclude if calendars is not None else (), calendars or {},
                           instants)
     out = []
-    for t, excluded in zip(instants, marks, strict=True):
+    for t, mark in zip(instants, marks, strict=True):
         due = t + timedelta(seconds=jitter_offset(row["schedule_id"], t, spec.jitter)) \
             if spec.jitter > 0 else t
         out.append(PreviewItem(scheduled_at=t, due_at=due,
                                local=t.astimezone(zone).isoformat(timespec="seconds"),
-                               excluded=excluded))
+                               excluded=mark))
     return out
 
 
@@ -410,14 +416,17 @@ async def schedule_calendars(rm: ReadModel, *rows: asyncpg.Record) -> Calendars:
     one)."""
     names: dict[str, None] = {}
     for row in rows:
-        if row["state"] == "ACTIVE" and row["next_run_at"] is not None:
+        if row["state"] in ("ACTIVE", "PAUSED") and row["next_run_at"] is not None:
             names.update(dict.fromkeys(_stored_spec(row).exclude))
     return await rm.calendars(rows[0]["tenant"], list(names)) if names else {}
 
 
-def resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumePlan:
+def resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime,
+                calendars: Calendars | None = None) -> ResumePlan:
     """What a resume at ``now`` would run or skip: the decider's own plan (``plan_due``)
-    for the paused schedule's next instant, its policy and the runs it already had."""
+    for the paused schedule's next instant, its policy and the runs it already had — an
+    instant a calendar the schedule names excludes (``calendars``, as read now) is skipped,
+    reason ``excluded``, whatever the misfire policy would do with it, as the decider does."""
     first: datetime | None = row["next_run_at"]
     if first is None:
         return ResumePlan(as_of=now, instants=[])
@@ -426,13 +435,16 @@ def resume_plan(row: asyncpg.Record, runs_so_far: int, now: datetime) -> ResumeP
     plan = plan_due(row["schedule_id"], pol, _recurrence(row, spec, first), first, now, "paused")
     items: list[ResumeItem] = []
     for p in plan.within_count(runs_so_far, spec.max_count):
+        x = excluded(spec.exclude, calendars or {}, p.instant) if spec.exclude else None
+        runs = p.runs and x is None
+        reason = "excluded" if x is not None else p.reason
         last = items[-1] if items else None
-        if (last is not None and not p.runs and last.action == "skip"
-                and last.reason == p.reason):
+        if (last is not None and not runs and last.action == "skip"
+                and last.reason == reason and last.excluded == x):
             last.through, last.count = p.instant, last.count + 1
             continue
-        items.append(ResumeItem(scheduled_at=p.instant, action="run" if p.runs else "skip",
-                                reason=p.reason))
+        items.append(ResumeItem(scheduled_at=p.instant, action="run" if runs else "skip",
+                                reason=reason, excluded=x))
     return ResumePlan(as_of=now, instants=items[:RESUME_ITEMS_SHOWN],
                       truncated=len(items) > RESUME_ITEMS_SHOWN, more_due=plan.later)
 
@@ -447,7 +459,7 @@ async def schedule_document(rm: ReadModel, row: asyncpg.Record, now: datetime,
     resume = None
     if row["state"] == "PAUSED":
         runs = await rm.runs_so_far(row["tenant"], row["schedule_id"])
-        resume = resume_plan(row, runs, now)
+        resume = resume_plan(row, runs, now, calendars)
     out = ScheduleOut(
         schedule_id=row["schedule_id"], state=row["state"], revision=row["revision"],
         next_run_at=row["next_run_at"], next_due_at=row["next_due_at"],

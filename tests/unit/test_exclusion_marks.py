@@ -32,7 +32,12 @@ from chronolog.queries.exclusions import (
     mark_excluded,
     parse_exclude,
 )
-from chronolog.queries.read_model import instants_with_dst, preview, schedule_calendars
+from chronolog.queries.read_model import (
+    instants_with_dst,
+    preview,
+    resume_plan,
+    schedule_calendars,
+)
 
 NY = "America/New_York"
 US = CalendarSpec.model_validate({"timezone": NY, "dates": ["2026-12-25", "2027-01-01"]})
@@ -174,12 +179,13 @@ async def test_the_calendars_of_schedules_are_read_in_one_query_only_when_named(
 
     a = row(XMAS_9AM_NY, every=3600.0, exclude=["us-holidays", "nope"])
     b = row(XMAS_9AM_NY, every=3600.0, exclude=["nope", "fr"])
-    paused = row(XMAS_9AM_NY, "PAUSED", every=3600.0, exclude=["x"])
+    paused = row(XMAS_9AM_NY, "PAUSED", every=3600.0, exclude=["x"])  # its resume plan
+    deleted = row(XMAS_9AM_NY, "DELETED", every=3600.0, exclude=["y"])
     plain = row(XMAS_9AM_NY, every=3600.0)
-    assert await schedule_calendars(Read(), a, b, paused, plain) == {  # type: ignore[arg-type]
-        "us-holidays": US}
-    assert asked == [("acme", ["us-holidays", "nope", "fr"])]
-    assert await schedule_calendars(Read(), plain, paused) == {}  # type: ignore[arg-type]
+    assert await schedule_calendars(Read(), a, b, paused, deleted,  # type: ignore[arg-type]
+                                    plain) == {"us-holidays": US}
+    assert asked == [("acme", ["us-holidays", "nope", "fr", "x"])]
+    assert await schedule_calendars(Read(), plain, deleted) == {}  # type: ignore[arg-type]
     assert len(asked) == 1
 
 
@@ -267,3 +273,18 @@ async def test_the_preview_endpoint_refuses_a_bad_exclude_naming_it() -> None:
     with pytest.raises(ApiError) as err:
         await _preview(_Read({}), cron="0 9 * * *", exclude="a b")
     assert err.value.field == "exclude" and err.value.status == 400
+
+
+def test_a_paused_schedules_resume_plan_skips_what_its_calendars_exclude() -> None:
+    r = row(XMAS_9AM_NY - timedelta(days=1), state="PAUSED", cron="0 9 * * *", timezone=NY,
+            misfire={"policy": "all", "maxAge": "30d"}, exclude=["us-holidays"])
+    plan = resume_plan(r, 0, XMAS_9AM_NY + timedelta(days=1, hours=1),
+                       {"us-holidays": US})
+    assert [(i.action, i.reason) for i in plan.instants] == [
+        ("run", None), ("skip", "excluded"), ("run", None)]
+    assert jsonable(plan.instants[1])["excluded"] == {"calendar": "us-holidays",
+                                                      "entry": "2026-12-25"}
+    assert "excluded" not in jsonable(plan.instants[0])
+    unread = resume_plan(r, 0, XMAS_9AM_NY + timedelta(days=1, hours=1), {})
+    assert [i.reason for i in unread.instants] == ["excluded"]  # missing: every instant
+    assert unread.instants[0].count == 3
