@@ -126,40 +126,73 @@ class CalendarSpec(_Model):
 def excluded_by(calendar: CalendarSpec, instant: datetime) -> str | None:
     """The entry of ``calendar`` that excludes ``instant`` (tz-aware), described for
     people — ``2026-12-25``, ``2026-12-24..2026-12-26``, ``sat,sun 22:00-06:00
-    Europe/Paris`` — or None when no entry does."""
-    default = calendar.timezone or "UTC"
-    local: dict[str, datetime] = {}
-
-    def at(zone: str) -> datetime:
-        if zone not in local:
-            local[zone] = instant.astimezone(resolve_zone(zone))
-        return local[zone]
-
-    if calendar.dates:
-        day = at(default).date()
-        for d in calendar.dates:
-            if d == day:
-                return d.isoformat()
-    for r in calendar.ranges:
-        day = at(r.timezone or default).date()
-        if r.start <= day <= r.end:
-            return f"{r.start.isoformat()}..{r.end.isoformat()}" + (
-                f" {r.timezone}" if r.timezone else "")
-    for w in calendar.windows:
-        zone = w.timezone or default
-        if _in_window(w, at(zone)):
-            return f"{','.join(w.days)} {w.start}-{w.end} {zone}"
-    return None
+    Europe/Paris`` — or None when no entry does. Dates first, then ranges, then windows,
+    each in the order the calendar lists them."""
+    return _compiled(calendar).excluded_by(instant)
 
 
-def _in_window(w: Window, local: datetime) -> bool:
-    """Whether the local wall time ``local`` falls in the recurring window ``w``."""
-    start, end = _minutes(w.start), _minutes(w.end)
-    now = local.hour * 60 + local.minute + (local.second + local.microsecond / 1e6) / 60
-    today = WEEKDAYS[local.weekday()]
-    yesterday = WEEKDAYS[(local.weekday() - 1) % 7]
-    if start < end:  # within one day
-        return today in w.days and start <= now < end
-    # past midnight: the part of a window that began on a listed day, or began yesterday
-    return (today in w.days and now >= start) or (yesterday in w.days and now < end)
+class _Compiled:
+    """A calendar made fast to check (``_compiled``): each zone's local day (an ordinal),
+    weekday and minute of the day computed once per instant; dates a set of ordinals, ranges
+    ordinal pairs, windows minutes — every entry with its zone's index and its text."""
 
+    __slots__ = ("dates", "ranges", "windows", "zones")
+
+    def __init__(self, c: CalendarSpec) -> None:
+        default = c.timezone or "UTC"
+        names = list(dict.fromkeys([default, *(r.timezone or default for r in c.ranges),
+                                    *(w.timezone or default for w in c.windows)]))
+        self.zones = tuple(resolve_zone(z) for z in names)
+        self.dates = {d.toordinal(): d.isoformat() for d in c.dates}
+        self.ranges = tuple((names.index(r.timezone or default), r.start.toordinal(),
+                             r.end.toordinal(), f"{r.start.isoformat()}..{r.end.isoformat()}"
+                             + (f" {r.timezone}" if r.timezone else "")) for r in c.ranges)
+        self.windows = tuple(
+            (names.index(w.timezone or default), frozenset(WEEKDAYS.index(d) for d in w.days),
+             _minutes(w.start), _minutes(w.end),
+             f"{','.join(w.days)} {w.start}-{w.end} {w.timezone or default}")
+            for w in c.windows)
+
+    def excluded_by(self, instant: datetime) -> str | None:
+        days: list[int] = []
+        minutes: list[float] = []
+        for zone in self.zones:
+            t = instant.astimezone(zone)
+            days.append(t.toordinal())
+            minutes.append(t.hour * 60 + t.minute + (t.second + t.microsecond / 1e6) / 60)
+        if self.dates:
+            hit = self.dates.get(days[0])
+            if hit is not None:
+                return hit
+        for z, start, end, text in self.ranges:
+            if start <= days[z] <= end:
+                return text
+        for z, weekdays, lo, hi, text in self.windows:
+            now, today = minutes[z], (days[z] - 1) % 7  # ordinal 1 is a Monday
+            if lo < hi:  # within one day
+                if today in weekdays and lo <= now < hi:
+                    return text
+            # past midnight: the part of a window that began on a listed day, or began
+            # the day before
+            elif (today in weekdays and now >= lo) or ((today - 1) % 7 in weekdays
+                                                         and now < hi):
+                return text
+        return None
+
+
+_CACHE: dict[int, tuple[CalendarSpec, _Compiled]] = {}
+_CACHE_MAX = 4096
+
+
+def _compiled(calendar: CalendarSpec) -> _Compiled:
+    """A calendar compiled once per spec object (a schedule's copy is the same object every
+    time it is checked; hashing a spec would cost more than checking it). The cache holds
+    the spec itself, so its id names it as long as it is cached; bounded, oldest out."""
+    hit = _CACHE.get(id(calendar))
+    if hit is not None and hit[0] is calendar:
+        return hit[1]
+    compiled = _Compiled(calendar)
+    if len(_CACHE) >= _CACHE_MAX:
+        del _CACHE[next(iter(_CACHE))]
+    _CACHE[id(calendar)] = (calendar, compiled)
+    return compiled
