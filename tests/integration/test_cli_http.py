@@ -133,6 +133,25 @@ async def test_the_cli_finds_a_dev_node_through_its_data_directory(
     assert body["result"]["inline"] == {"n": 1}
     workers = await cli.ok("workers", "list")
     assert [w["workerId"] for w in workers["items"]] == [f"dev-worker-{node.proc.pid}"]
+    # a calendar over HTTP: put, named (an unknown one refused, naming it), shown, kept
+    put = await cli.ok("calendar", "put", "ops", "--date", "2031-01-01",
+                       "--window", "sat,sun 22:00-06:00 Europe/Paris")
+    assert (put["name"], put["revision"]) == ("ops", 1)
+    unknown = await cli("schedule", "create", "cal", "--every", "1h", "--job", "echo",
+                        "--exclude", "ops", "--exclude", "nope", "--json")
+    assert unknown.rc == 1 and json.loads(unknown.out)["field"] == "exclude[1]", unknown
+    await cli.ok("schedule", "create", "cal", "--every", "1h", "--job", "echo",
+                 "--exclude", "ops")
+    shown = await cli.poll("the calendar named", "calendar", "show", "ops",
+                           until=lambda d: d["usedBy"] == ["cal"])
+    async with httpx.AsyncClient(base_url=doc["url"], timeout=30) as http:
+        assert shown == (await http.get("/v1/calendars/ops",
+                                        headers={"Authorization": "Bearer dev"})).json()
+    named = await cli("calendar", "delete", "ops", "--json")
+    assert named.rc == 1 and json.loads(named.out)["error"] == "conflict", named
+    stale = await cli("calendar", "put", "ops", "--date", "2031-01-02", "--if-match", "7")
+    assert stale.rc == 1 and _one_line(stale).endswith(
+        "expected revision 7, current is 1"), stale
     # a token given wins over the node's own, the variable too
     env_wrong = await Cli([], {**_env(), "CHRONOLOG_TOKEN": "not-dev"}, services,
                           cwd=tmp_path)("run", ids[0])

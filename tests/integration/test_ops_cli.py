@@ -169,10 +169,12 @@ def _one_line(r: Result) -> str:
     return lines[0]
 
 
-async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list[str]:
+async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False,
+                     calendars: bool = False) -> list[str]:
     """A schedule's whole life through the CLI; the IDs of its runs at the end.
 
-    ``http``: the CLI goes through the HTTP API (else straight to the log)."""
+    ``http``: the CLI goes through the HTTP API (else straight to the log). ``calendars``:
+    a calendar's too (``_calendars``; over HTTP: test_cli_http.py)."""
     # bad input: exit 2 and one line naming the field and value, nothing sent
     for args, line in (
         (["--cron", "61 * * * *"], "error: --cron: '61 * * * *': "),
@@ -295,7 +297,8 @@ async def _lifecycle(cli: Cli, job: str = "echo", *, http: bool = False) -> list
     assert refused.rc == 1 and _one_line(refused).startswith("error: conflict: schedule is "
                                                              "COMPLETED")
 
-    await _calendars(cli, job)
+    if calendars:
+        await _calendars(cli, job)
 
     # the history, all pages: stable now that nothing runs
     final = await cli.ok("runs", "nightly", "--limit", "500")
@@ -354,7 +357,7 @@ async def test_lifecycle_on_the_embedded_log(tmp_path: Path, dsn: str) -> None:
     try:
         cli = Cli([*log_args, "--database-url", dsn], env, services)
         await wait_until(lambda: (tmp_path / "log.db").exists(), 30, what="the log file")
-        await _lifecycle(cli)
+        await _lifecycle(cli, calendars=True)
     finally:
         codes = services.stop_all()
     assert set(codes.values()) == {0}, services.failed(codes)

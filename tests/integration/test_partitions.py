@@ -100,7 +100,7 @@ async def _children(store: PostgresProjectionStore, parent: str) -> set[str]:
 RUNS_DROPPED = frozenset({"lateness_ms", "materialized_at"})
 ATTEMPTS_DROPPED = frozenset({"tenant", "schedule_id", "updated_at"})
 # the columns of a run's attempt 1 that migration 0012 adds to runs
-FIRST_COLUMNS = frozenset(FIRST_ATTEMPT.values()) | {"permit_wait"}  # and 0013's column
+FIRST_COLUMNS = frozenset(FIRST_ATTEMPT.values()) | {"permit_wait", "exclusion"}  # 0013, 0015
 _RUN_COLS = ("run_id, tenant, schedule_id, scheduled_at, revision, trigger, state, attempt, "
              "started_at, due_at, finished_at, params, updated_at")
 

@@ -183,13 +183,14 @@ async def test_migrations_0010_to_0012_keep_every_row_and_the_queries_answer_the
         assert len(before["history a None"]) == 14 and before["waiting"]  # a real read model
 
         async with pool.acquire() as conn:
-            assert await migrate(conn) == [10, 11, 12, 13, 14]
+            assert await migrate(conn) == [10, 11, 12, 13, 14, 15]
 
         # every value of the columns kept; the dropped ones nothing read (and 0013's
-        # permit_wait, added empty: no run of before it waits for a permit)
-        first = frozenset(FIRST_ATTEMPT.values()) | {"permit_wait"}
-        assert all(r["permit_wait"] is None for r in await pool.fetch(
-            "SELECT permit_wait FROM runs"))
+        # permit_wait and 0015's exclusion, added empty: no run of before them waits for a
+        # permit or was excluded by a calendar)
+        first = frozenset(FIRST_ATTEMPT.values()) | {"permit_wait", "exclusion"}
+        assert all(r["permit_wait"] is None and r["exclusion"] is None for r in await
+                   pool.fetch("SELECT permit_wait, exclusion FROM runs"))
         migrated = [dict(r) for r in await pool.fetch("SELECT * FROM runs ORDER BY run_id")]
         assert [{k: v for k, v in r.items() if k not in first} for r in migrated] == [
             {k: v for k, v in r.items() if k not in ("lateness_ms", "materialized_at")}

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from chronolog.archive.store import ArchiveWriter
 from chronolog.cli.replay import connect_store
 from chronolog.domain import codec
 from chronolog.domain import messages as m
+from chronolog.domain.calendars import CalendarSpec
+from chronolog.domain.ids import calendar_id, partition_key
 from chronolog.log.partitioner import partition_for
 from chronolog.log.port import OutRecord, Topics
 from chronolog.log.sqlite import SqliteEventLog
@@ -50,7 +52,7 @@ TENANT = "acme"
 PARTITIONS = 3
 CHRONOLOG = Path(sys.executable).parent / "chronolog"
 KEYS = {"schedules": "tenant, schedule_id", "runs": "run_id", "attempts": "run_id, attempt",
-        "effects": "effect_id"}
+        "effects": "effect_id", "calendars": "tenant, name"}
 
 
 def _events(schedule_id: str) -> list[m.EventEnvelope]:
@@ -85,9 +87,29 @@ def _events(schedule_id: str) -> list[m.EventEnvelope]:
     return sl.envelopes
 
 
+def _calendar_events() -> list[m.EventEnvelope]:
+    """A calendar put, revised, deleted and put again; another only put."""
+    out = []
+    steps = [("hol", m.CalendarRevised(name="hol", revision=1, spec=CalendarSpec(
+                 dates=(date(2026, 12, 25),)))),
+             ("hol", m.CalendarRevised(name="hol", revision=2, spec=CalendarSpec(
+                 timezone="Europe/Paris", dates=(date(2026, 12, 25), date(2027, 1, 1))))),
+             ("ops", m.CalendarRevised(name="ops", revision=1, spec=CalendarSpec())),
+             ("hol", m.CalendarDeleted(name="hol", revision=3)),
+             ("hol", m.CalendarRevised(name="hol", revision=4, spec=CalendarSpec()))]
+    for i, (name, payload) in enumerate(steps):
+        sid = calendar_id(name)
+        out.append(m.EventEnvelope(event_id=f"cal-{i}.0", type=payload.type,
+                                   key=partition_key(TENANT, sid), tenant=TENANT,
+                                   schedule_id=sid, at=T0 + timedelta(seconds=30 * i + 7),
+                                   causation_id=f"cal-{i}", payload=payload))
+    return out
+
+
 @pytest.fixture(scope="module")
 def log_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[m.EventEnvelope]]:
     envs = [e for sid in ("nightly", "hourly", "reports-eu", "billing") for e in _events(sid)]
+    envs += _calendar_events()
     # as processors write them: in authority-time order (stable: each schedule keeps its order)
     envs.sort(key=lambda e: e.at)
     assert len({partition_for(e.key.encode(), PARTITIONS) for e in envs}) > 1
