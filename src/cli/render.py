@@ -299,7 +299,7 @@ def calendar(doc: dict[str, Any]) -> None:
     rows: list[list[Any]] = [["date", x, zone] for x in d.get("dates") or ()]
     rows += [["range", f"{r['from']}..{r['to']}", r.get("timezone") or zone]
              for r in d.get("ranges") or ()]
-    rows += [["window", f"{','.join(w.get('days') or ())} {w['start']}-{w['end']}",
+    rows += [["window", f"{_days_text(w.get('days'))} {w['start']}-{w['end']}",
               w.get("timezone") or zone] for w in d.get("windows") or ()]
     con = _console()
     con.print(_kv([("calendar", doc["name"]), ("revision", doc["revision"]),
@@ -315,3 +315,8 @@ def calendars(doc: dict[str, Any]) -> None:
         [c["name"], c["revision"], _t(c.get("updatedAt"))] for c in doc["items"]]))
     if doc.get("nextCursor"):
         print(f"more: --after {doc['nextCursor']}")
+
+
+def _days_text(days: list[str] | None) -> str:
+    """A window's days: ``sat,sun``, or ``every day``."""
+    return "every day" if not days or len(set(days)) == 7 else ",".join(days)

@@ -126,8 +126,8 @@ class CalendarSpec(_Model):
 def excluded_by(calendar: CalendarSpec, instant: datetime) -> str | None:
     """The entry of ``calendar`` that excludes ``instant`` (tz-aware), described for
     people — ``2026-12-25``, ``2026-12-24..2026-12-26``, ``sat,sun 22:00-06:00
-    Europe/Paris`` — or None when no entry does. Dates first, then ranges, then windows,
-    each in the order the calendar lists them."""
+    Europe/Paris``, ``02:00-05:00 UTC`` (every day) — or None when no entry does. Dates
+    first, then ranges, then windows, each in the order the calendar lists them."""
     return _compiled(calendar).excluded_by(instant)
 
 
@@ -150,7 +150,8 @@ class _Compiled:
         self.windows = tuple(
             (names.index(w.timezone or default), frozenset(WEEKDAYS.index(d) for d in w.days),
              _minutes(w.start), _minutes(w.end),
-             f"{','.join(w.days)} {w.start}-{w.end} {w.timezone or default}")
+             (f"{','.join(w.days)} " if set(w.days) != set(WEEKDAYS) else "")
+             + f"{w.start}-{w.end} {w.timezone or default}")
             for w in c.windows)
 
     def excluded_by(self, instant: datetime) -> str | None:

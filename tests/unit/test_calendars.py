@@ -68,6 +68,15 @@ def test_a_window_past_midnight_belongs_to_the_day_it_starts() -> None:
     assert excluded_by(c, (friday + timedelta(days=1)).replace(hour=22)) is None
 
 
+def test_an_every_day_window_is_named_without_its_days() -> None:
+    c = CalendarSpec.model_validate({"windows": [{"start": "02:00", "end": "05:00"}]})
+    assert excluded_by(c, datetime(2026, 12, 9, 3, 0, tzinfo=UTC)) == "02:00-05:00 UTC"
+    listed = CalendarSpec.model_validate({"windows": [{"days": list(WEEKDAYS[:6]),
+                                                       "start": "02:00", "end": "05:00"}]})
+    assert excluded_by(listed, datetime(2026, 12, 9, 3, 0, tzinfo=UTC)) == (
+        "mon,tue,wed,thu,fri,sat 02:00-05:00 UTC")
+
+
 def test_a_whole_day_window_ends_at_24_00() -> None:
     c = cal(windows=[{"days": ["sat", "sun"], "start": "00:00", "end": "24:00"}])
     saturday = datetime(2026, 3, 7, tzinfo=UTC)
