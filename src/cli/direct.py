@@ -64,6 +64,7 @@ from chronolog.queries.documents import (
 )
 from chronolog.queries.read_model import (
     ReadModel,
+    ScheduleQuery,
     decode_run_cursor,
     decode_worker_cursor,
     run_document,
@@ -79,6 +80,7 @@ from chronolog.settings import LogConfig, data_dir, open_log
 __all__ = ["DirectTransport", "api_only"]
 
 _BEHIND_POLL = 0.1  # seconds between reads of a read model behind a revise's revision
+_ALL_PAGE = 1000  # schedules all_schedules reads at a time
 
 
 def api_only(what: str) -> UsageError:
@@ -221,6 +223,17 @@ class DirectTransport:
                                           else None, limit)
         return {"items": [schedule_summary(r) for r in rows], "watermark": jsonable(
             watermark(offsets, wm_time, self.cfg.topics.partitions))}
+
+    async def all_schedules(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        after: str | None = None
+        async with self._read_model() as rm:
+            while True:
+                rows = await rm.schedule_list(self.tenant, ScheduleQuery(), after, _ALL_PAGE)
+                items.extend(schedule_summary(r) for r in rows)
+                if len(rows) < _ALL_PAGE:
+                    return items
+                after = rows[-1]["schedule_id"]
 
     async def runs(self, query: RunsQuery) -> dict[str, Any]:
         if not query.of_one_schedule:

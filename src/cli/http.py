@@ -34,6 +34,7 @@ from chronolog.cli.transport import (
 __all__ = ["HttpTransport"]
 
 _CONNECT_TIMEOUT = 5.0
+_ALL_PAGE = 500  # the API's largest page (all_schedules reads page after page)
 
 
 def _id(value: str) -> str:
@@ -141,6 +142,16 @@ class HttpTransport:
 
     async def schedules(self, query: SchedulesQuery) -> dict[str, Any]:
         return await self._call("GET", "/v1/schedules", params=query.params())
+
+    async def all_schedules(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            page = await self.schedules(SchedulesQuery(limit=_ALL_PAGE, after=after))
+            items.extend(page["items"])
+            after = page.get("nextCursor")
+            if not after:
+                return items
 
     async def runs(self, query: RunsQuery) -> dict[str, Any]:
         if query.of_one_schedule:

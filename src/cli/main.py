@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "gc": "chronolog.cli.worker",
     "effects": "chronolog.cli.effects",
     "reconcile": "chronolog.cli.effects",
+    "apply": "chronolog.cli.apply",
     "schedule": "chronolog.cli.schedules",
     "calendar": "chronolog.cli.schedules",
     "trigger": "chronolog.cli.schedules",

@@ -143,7 +143,9 @@ def schedule(doc: dict[str, Any]) -> None:
         ("lease", d.get("lease")), ("startDeadline", d.get("startDeadline")),
         ("jitter", d.get("jitter")), ("nextRunAt", _t(doc["nextRunAt"])),
         ("created / updated", f"{_t(doc['createdAt'])} / {_t(doc['updatedAt'])}"),
-    ] + ([("paused", f"{_t(doc['pausedAt'])} {doc['pauseReason'] or ''}".strip())]
+    ] + ([("labels", " ".join(f"{k}={v}" for k, v in d["labels"].items()))]
+         if d.get("labels") else [])
+      + ([("paused", f"{_t(doc['pausedAt'])} {doc['pauseReason'] or ''}".strip())]
          if doc.get("pausedAt") else [])
       + ([("completed", f"{_t(doc['completedAt'])} ({doc['completedReason']})")]
          if doc.get("completedAt") else [])))

@@ -13,8 +13,8 @@ operators, straight on the log.
                               [--jitter DUR] [--dst-ambiguous first|second|both]
                               [--dst-nonexistent shift_forward|skip] [--resource-class C]
                               [--priority N] [--concurrency-key KEY --concurrency-limit N]
-                              [--exclude CALENDAR[,CALENDAR]]... [--effects JSON]
-                              [--idempotency-key K] [--spec FILE.json]
+                              [--exclude CALENDAR[,CALENDAR]]... [--label KEY=VALUE]...
+                              [--effects JSON] [--idempotency-key K] [--spec FILE.json]
     chronolog schedule revise ID --if-match REV [the same definition flags]
     chronolog schedule revise ID --if-match REV --spec FILE.json [flags]
     chronolog schedule pause|resume|delete ID
@@ -159,7 +159,21 @@ from chronolog.queries.read_model import (
 from chronolog.settings import ConfigError, parse_log_url
 from chronolog.tenants import load_tenants
 
-__all__ = ["build_definition", "definition_patch", "register", "revise_patch"]
+__all__ = [
+    "DefinitionError",
+    "Work",
+    "add_common_flags",
+    "as_command",
+    "build_definition",
+    "calendar_body",
+    "calendar_name",
+    "calendar_spec",
+    "definition_patch",
+    "definition_spec",
+    "print_json",
+    "register",
+    "revise_patch",
+]
 
 DEFAULT_TIMEOUT = 15.0
 DIRECT_LIST_LIMIT = 10_000  # schedule list with --log: one query, no cursor
@@ -189,8 +203,8 @@ def register(sub: Any) -> None:
     _definition_flags(p)
     p.add_argument("--idempotency-key", default=None, metavar="K",
                    help="the same key and definition replays the first answer")
-    _common(p, write=True)
-    p.set_defaults(func=_command(_create))
+    add_common_flags(p, write=True)
+    p.set_defaults(func=as_command(_create))
 
     p = ssub.add_parser(
         "revise", help="change a schedule's definition: only the fields whose flags are given",
@@ -203,8 +217,8 @@ def register(sub: Any) -> None:
     p.add_argument("--if-match", required=True, type=int, metavar="REV",
                    help="the revision being revised (a stale one is a conflict)")
     _definition_flags(p, revise=True)
-    _common(p, write=True)
-    p.set_defaults(func=_command(_revise))
+    add_common_flags(p, write=True)
+    p.set_defaults(func=as_command(_revise))
 
     for action, helptext in (("pause", "pause a schedule"), ("resume", "resume a schedule"),
                              ("delete", "delete a schedule")):
@@ -214,8 +228,8 @@ def register(sub: Any) -> None:
             p.add_argument("--reason", default="",
                            help="recorded with the pause (with --log only: the HTTP API "
                                 "records none)")
-        _common(p, write=True)
-        p.set_defaults(func=_command(_lifecycle), lifecycle=action)
+        add_common_flags(p, write=True)
+        p.set_defaults(func=as_command(_lifecycle), lifecycle=action)
 
     p = ssub.add_parser("list", help="the tenant's schedules, by ID")
     p.add_argument("--state", default=None, metavar="S[,S]",
@@ -231,8 +245,8 @@ def register(sub: Any) -> None:
                         f"1..{DIRECT_LIST_LIMIT}, default 500)")
     p.add_argument("--after", default=None, metavar="CURSOR",
                    help="the nextCursor of the previous page")
-    _common(p)
-    p.set_defaults(func=_command(_list))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_list))
 
     p = ssub.add_parser("backfill", help="run the schedule's instants of a past range")
     p.add_argument("schedule_id", metavar="ID")
@@ -247,13 +261,13 @@ def register(sub: Any) -> None:
     p.add_argument("--idempotency-key", "--key", default=None, metavar="K",
                    help="the same key and range give the same backfill (default: one made "
                         "of the range, so the same command twice backfills once)")
-    _common(p, write=True)
-    p.set_defaults(func=_command(_backfill))
+    add_common_flags(p, write=True)
+    p.set_defaults(func=as_command(_backfill))
 
     p = ssub.add_parser("show", help="a schedule: definition, state, revision, next 5 instants")
     p.add_argument("schedule_id", metavar="ID")
-    _common(p)
-    p.set_defaults(func=_command(_show))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_show))
 
     _register_calendars(sub)
 
@@ -262,8 +276,8 @@ def register(sub: Any) -> None:
     p.add_argument("--idempotency-key", "--key", default=None, metavar="K",
                    help="the same key and params give the same run (default: a new key)")
     p.add_argument("--params", default=None, metavar="JSON", help="params for this run")
-    _common(p, write=True)
-    p.set_defaults(func=_command(_trigger))
+    add_common_flags(p, write=True)
+    p.set_defaults(func=as_command(_trigger))
 
     for name, helptext in (("cancel", "cancel a run (or request its cancellation)"),
                            ("redrive", "run a DEAD run again (same run ID)")):
@@ -274,8 +288,8 @@ def register(sub: Any) -> None:
                             "model; the HTTP API looks it up itself)")
         if name == "cancel":
             p.add_argument("--reason", default="", help="recorded with the cancellation")
-        _common(p, write=True)
-        p.set_defaults(func=_command(_run_command), run_command=name)
+        add_common_flags(p, write=True)
+        p.set_defaults(func=as_command(_run_command), run_command=name)
 
     p = sub.add_parser("runs", help="runs, newest first: a schedule's, or across schedules")
     p.add_argument("schedule_id", metavar="SCHEDULE_ID", nargs="?", default=None,
@@ -292,13 +306,13 @@ def register(sub: Any) -> None:
                         f"else 100)")
     p.add_argument("--after", default=None, metavar="CURSOR",
                    help="the nextCursor of the previous page")
-    _common(p)
-    p.set_defaults(func=_command(_runs))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_runs))
 
     p = sub.add_parser("run", help="a run with its attempts (fences), result and effects")
     p.add_argument("run_id", metavar="RUN_ID")
-    _common(p)
-    p.set_defaults(func=_command(_run))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_run))
 
     workers = sub.add_parser("workers", help="workers: their classes, job types, liveness")
     wsub = workers.add_subparsers(dest="action", metavar="ACTION")
@@ -313,11 +327,13 @@ def register(sub: Any) -> None:
                    help=f"page size 1..{MAX_PAGE} (default 100)")
     p.add_argument("--after", default=None, metavar="CURSOR",
                    help="the nextCursor of the previous page")
-    _common(p)
-    p.set_defaults(func=_command(_workers))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_workers))
 
 
-def _common(p: argparse.ArgumentParser, *, write: bool = False) -> None:
+def add_common_flags(p: argparse.ArgumentParser, *, write: bool = False) -> None:
+    """The flags every user command has: where it goes (``--url``/``--token``, the dev node of
+    ``--data-dir``, or ``--log`` and its flags), ``--json``, and for a write ``--timeout``."""
     add_api_flags(p)
     add_log_flags(p, data_dir_help="the data directory: where a dev node is found (its "
                   "node.json), and with --log the embedded log's and PostgreSQL's (env "
@@ -394,6 +410,9 @@ def _definition_flags(p: argparse.ArgumentParser, *, revise: bool = False) -> No
                    help="skip the instants these calendars of the tenant exclude (repeatable; "
                    "in this order)" + (": replaces the current list, '' removes them"
                                        if revise else ""))
+    p.add_argument("--label", default=None, action="append", metavar="KEY=VALUE",
+                   help="a label, kept for the tools that manage the schedule (repeatable)"
+                   + ("; merged into the current ones, KEY- removes one" if revise else ""))
     p.add_argument("--effects", default=None, metavar="JSON",
                    help="the effects, a JSON array of {kind, destination, ...}" + (
                        " (replaces the current list; [] removes them)" if revise else ""))
@@ -429,26 +448,26 @@ def _register_calendars(sub: Any) -> None:
                    "'mon-fri 12:00-13:00 Europe/Paris', '02:00-03:00' (every day)")
     p.add_argument("--if-match", type=int, default=None, metavar="REV",
                    help="revise this revision (a stale one is a conflict)")
-    _common(p, write=True)
-    p.set_defaults(func=_command(_calendar_put))
+    add_common_flags(p, write=True)
+    p.set_defaults(func=as_command(_calendar_put))
     p = csub.add_parser("show", help="a calendar: its entries, revision, the schedules "
                         "naming it")
     p.add_argument("name", metavar="NAME")
-    _common(p)
-    p.set_defaults(func=_command(_calendar_show))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_calendar_show))
     p = csub.add_parser("list", help="the tenant's calendars, by name")
     p.add_argument("--limit", type=int, default=None, help=f"page size 1..{MAX_PAGE}, "
                    "default 100")
     p.add_argument("--after", default=None, metavar="NAME", help="the nextCursor of the "
                    "previous page")
-    _common(p)
-    p.set_defaults(func=_command(_calendar_list))
+    add_common_flags(p)
+    p.set_defaults(func=as_command(_calendar_list))
     p = csub.add_parser("delete", help="delete a calendar no schedule names")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--if-match", type=int, default=None, metavar="REV",
                    help="delete only at this revision")
-    _common(p, write=True)
-    p.set_defaults(func=_command(_calendar_delete))
+    add_common_flags(p, write=True)
+    p.set_defaults(func=as_command(_calendar_delete))
 
 
 # =======================================================================================
@@ -458,8 +477,10 @@ def _register_calendars(sub: Any) -> None:
 Work = Callable[[Transport], Coroutine[Any, Any, int]]
 
 
-def _command(prepare: Callable[[Ctx], Work]) -> Callable[[Any], int]:
-    """Wrap ``prepare`` (synchronous validation returning the work to do on a transport)."""
+def as_command(prepare: Callable[[Ctx], Work]) -> Callable[[Any], int]:
+    """A command's ``func``: ``prepare`` (synchronous validation returning the work to do on a
+    transport; ``UsageError``: exit status 2, nothing sent), then the work on the transport
+    the flags select (``Failure``: exit status 1, one line)."""
 
     def run(args: Any) -> int:
         if not os.environ.get("CHRONOLOG_LOG_LEVEL"):
@@ -585,6 +606,7 @@ _FIELD_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("concurrency_key", "--concurrency-key", ("concurrency", "key"), "value"),
     ("concurrency_limit", "--concurrency-limit", ("concurrency", "limit"), "value"),
     ("exclude", "--exclude", ("exclude",), "names"),
+    ("label", "--label", ("labels",), "labels"),
     ("effects", "--effects", ("effects",), "array"),
 )
 # a definition every single field flag is checked in (as a merge patch of it)
@@ -678,6 +700,8 @@ def definition_patch(args: Any, tz: str | None) -> dict[str, Any]:
             fragment = {part: fragment}
         _check_field(fragment, flag, path, raw)
         patch = merge_patch(patch, fragment)
+        if kind == "labels":  # its nulls (labels removed) are the patch's, not merged away
+            patch["labels"] = value
     return patch
 
 
@@ -704,6 +728,17 @@ def _field_value(raw: Any, flag: str, path: tuple[str, ...], kind: str, tz: str 
             raise _usage(str(exc)) from None
     if kind == "names":  # repeated flags, each one or more comma-separated names
         return [n.strip() for text in raw for n in text.split(",") if n.strip()]
+    if kind == "labels":  # repeated KEY=VALUE (KEY- removes the label, on revise)
+        labels: dict[str, str | None] = {}
+        for text in raw:
+            key, sep, value = text.partition("=")
+            if sep:
+                labels[key] = value
+            elif text.endswith("-") and len(text) > 1:
+                labels[text[:-1]] = None
+            else:
+                raise _invalid(path, flag, text, "expected KEY=VALUE (or KEY- to remove it)")
+        return labels
     if kind == "array":
         try:
             value = json.loads(raw)
@@ -766,8 +801,27 @@ def revise_patch(args: Any) -> dict[str, Any]:
     return patch
 
 
-def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
-    """The API's own validation of a definition body (``to_spec``), as a usage error."""
+class DefinitionError(ValueError):
+    """A definition (a schedule's or a calendar's) refused locally: ``field`` is the
+    camelCase path it is about (``retry.maxAttempts``, ``windows[0].start``; ``spec`` or
+    ``calendar`` for the whole) and ``reason`` why, led by the value when it is a scalar
+    (``'0': must be at least 1``)."""
+
+    def __init__(self, field: str, reason: str, value: str | None = None) -> None:
+        shown = "" if value is None else f" '{value}'"
+        super().__init__(f"invalid {field}{shown}: {reason}")
+        self.field = field
+        self.reason = reason if value is None else f"'{value}': {reason}"
+
+
+# ``invalid cron '61 * * * *': why``: a trigger's own message (``RecurrenceError``)
+_NAMED_VALUE = re.compile(r"invalid \S+ '(.*?)': (.*)", re.DOTALL)
+
+
+def definition_spec(body: dict[str, Any]) -> m.ScheduleSpec:
+    """The ``ScheduleSpec`` of a definition body (camelCase, without ``scheduleId``),
+    validated exactly as the API validates it (``to_spec``); ``DefinitionError`` naming the
+    field otherwise."""
     try:
         return to_spec(ScheduleDefinition.model_validate(body))
     except ValidationError as exc:
@@ -777,20 +831,29 @@ def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
         value = err.get("input")
-        shown = "" if isinstance(value, (dict, list)) or value is None else f" '{value}'"
-        raise _usage(f"invalid {name}{shown}: {msg}") from None
+        shown = None if isinstance(value, (dict, list)) or value is None else str(value)
+        raise DefinitionError(name, msg, shown) from None
     except InvalidDefinition as exc:
-        if exc.message.startswith("invalid "):
-            raise _usage(exc.message) from None
-        raise _usage(f"invalid {exc.field or 'spec'}: {exc.message}") from None
+        named = _NAMED_VALUE.fullmatch(exc.message)  # a trigger's: its value, then why
+        if named is not None:
+            raise DefinitionError(exc.field or "spec", named[2], named[1]) from None
+        raise DefinitionError(exc.field or "spec", exc.message) from None
 
+
+def _spec_of(body: dict[str, Any]) -> m.ScheduleSpec:
+    """``definition_spec`` with its refusal as a usage error."""
+    try:
+        return definition_spec(body)
+    except DefinitionError as exc:
+        raise _usage(str(exc)) from None
 
 
 # =======================================================================================
 # commands: validate, then the work on a transport
 
 
-def _print_json(data: Any) -> None:
+def print_json(data: Any) -> None:
+    """``data`` as one line of JSON on stdout (``--json``)."""
     print(json.dumps(data))
 
 
@@ -831,7 +894,7 @@ def _create(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         result = await t.create_schedule(sid, body, spec, ctx.args.idempotency_key)
         if ctx.args.json:
-            _print_json(result)
+            print_json(result)
         else:
             render.created(result)
         for w in result.get("warnings") or ():
@@ -856,7 +919,7 @@ def _revise(ctx: Ctx) -> Work:
         else:
             result = await t.patch_schedule(sid, patch, revision)
         if ctx.args.json:
-            _print_json(result)
+            print_json(result)
         else:
             render.revised(sid, result)
         return 0
@@ -877,7 +940,7 @@ def _lifecycle(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         result = await t.change_state(ctx.args.schedule_id, action, reason)
         if ctx.args.json:
-            _print_json(result)
+            print_json(result)
         else:
             render.state_changed(action, result)
         return 0
@@ -905,7 +968,7 @@ def _trigger(ctx: Ctx) -> Work:
                 exc.message += f" (this trigger's key: --idempotency-key {key})"
             raise
         if ctx.args.json:
-            _print_json(result)
+            print_json(result)
         else:
             render.triggered(sid, result)
         return 0
@@ -929,7 +992,7 @@ def _run_command(ctx: Ctx) -> Work:
         else:
             result = await t.redrive(run_id, schedule)
         if ctx.args.json:
-            _print_json(result)
+            print_json(result)
         else:
             render.run_written(name, run_id, result)
         return 0
@@ -955,7 +1018,7 @@ def _backfill(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         result = await t.backfill(sid, key, start, end, args.overlap)
         if args.json:
-            _print_json(result)
+            print_json(result)
         else:
             render.backfilled(sid, result)
         return 0
@@ -967,7 +1030,7 @@ def _show(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         doc = await t.schedule(ctx.args.schedule_id)
         if ctx.args.json:
-            _print_json(doc)
+            print_json(doc)
         else:
             render.schedule(doc)
         return 0
@@ -1012,7 +1075,7 @@ def _list(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         doc = await t.schedules(query)
         if args.json:
-            _print_json(doc)
+            print_json(doc)
         else:
             render.schedules(doc, ",".join(states) if states else None)
         return 0
@@ -1059,7 +1122,7 @@ def _runs(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         doc = await t.runs(query)
         if args.json:
-            _print_json(doc)
+            print_json(doc)
         else:
             render.runs(doc, sid, args.state if states else None)
         return 0
@@ -1071,7 +1134,7 @@ def _run(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         doc = await t.run(ctx.args.run_id)
         if ctx.args.json:
-            _print_json(doc)
+            print_json(doc)
         else:
             render.run(doc)
         return 0
@@ -1091,7 +1154,7 @@ def _workers(ctx: Ctx) -> Work:
     async def work(t: Transport) -> int:
         doc = await t.workers(query)
         if args.json:
-            _print_json(doc)
+            print_json(doc)
         else:
             render.workers(doc, args.live)
         return 0
@@ -1153,17 +1216,27 @@ def calendar_body(args: Any) -> dict[str, Any]:
             window["timezone"] = match["zone"]
         body.setdefault("windows", []).append(window)
     try:
-        CalendarSpec.model_validate(body)
+        calendar_spec(body)
+    except DefinitionError as exc:
+        raise _usage(str(exc)) from None
+    return body
+
+
+def calendar_spec(body: dict[str, Any]) -> CalendarSpec:
+    """The ``CalendarSpec`` of a calendar body (the API's PUT body), validated as the API
+    validates it; ``DefinitionError`` naming the field (``windows[0].start``) otherwise."""
+    try:
+        return CalendarSpec.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"])
         where = where.replace(".[", "[")
-        raise _usage(f"invalid {where or 'calendar'}: {err['msg'].removeprefix('Value error, ')}"
-                     ) from None
-    return body
+        raise DefinitionError(where or "calendar",
+                              str(err["msg"]).removeprefix("Value error, ")) from None
 
 
-def _calendar_name(name: str) -> str:
+def calendar_name(name: str) -> str:
+    """``name`` when it is a calendar's name, else ``UsageError``."""
     if not re.fullmatch(CALENDAR_NAME_PATTERN, name):
         raise _usage(f"invalid calendar name '{_short(name)}': letters, digits and _ . - (not "
                      f"first), 1-100 characters")
@@ -1173,7 +1246,7 @@ def _calendar_name(name: str) -> str:
 def _printed(args: Any, doc: dict[str, Any], show: Callable[[dict[str, Any]], None]) -> int:
     """Print an answer: its JSON with ``--json``, else ``show``'s lines; exit status 0."""
     if args.json:
-        _print_json(doc)
+        print_json(doc)
     else:
         show(doc)
     return 0
@@ -1181,7 +1254,7 @@ def _printed(args: Any, doc: dict[str, Any], show: Callable[[dict[str, Any]], No
 
 def _calendar_put(ctx: Ctx) -> Work:
     args = ctx.args
-    name = _calendar_name(args.name)
+    name = calendar_name(args.name)
     body = calendar_body(args)
 
     async def work(t: Transport) -> int:
@@ -1192,7 +1265,7 @@ def _calendar_put(ctx: Ctx) -> Work:
 
 
 def _calendar_show(ctx: Ctx) -> Work:
-    name = _calendar_name(ctx.args.name)
+    name = calendar_name(ctx.args.name)
 
     async def work(t: Transport) -> int:
         return _printed(ctx.args, await t.calendar(name), render.calendar)
@@ -1205,7 +1278,7 @@ def _calendar_list(ctx: Ctx) -> Work:
     if args.limit is not None and not 1 <= args.limit <= MAX_PAGE:
         raise _usage(f"invalid limit '{args.limit}': 1..{MAX_PAGE}")
     if args.after is not None:
-        _calendar_name(args.after)
+        calendar_name(args.after)
 
     async def work(t: Transport) -> int:
         return _printed(args, await t.calendars(args.limit, args.after), render.calendars)
@@ -1215,7 +1288,7 @@ def _calendar_list(ctx: Ctx) -> Work:
 
 def _calendar_delete(ctx: Ctx) -> Work:
     args = ctx.args
-    name = _calendar_name(args.name)
+    name = calendar_name(args.name)
 
     async def work(t: Transport) -> int:
         return _printed(args, await t.delete_calendar(name, args.if_match),

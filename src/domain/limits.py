@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "DEFAULT_EXECUTION_TIMEOUT_SECONDS",
     "EARLIEST_INSTANT",
+    "LABEL_KEY_PATTERN",
     "LATEST_INSTANT",
     "MAX_BACKFILL_INSTANTS",
     "MAX_BODY_BYTES",
@@ -25,6 +26,8 @@ __all__ = [
     "MAX_DOCUMENT_DEPTH",
     "MAX_DURATION_SECONDS",
     "MAX_INT",
+    "MAX_LABELS",
+    "MAX_LABEL_VALUE",
     "MAX_PARAMS_BYTES",
     "MAX_RETRY_ATTEMPTS",
     "MAX_RUN_ID",
@@ -81,12 +84,19 @@ MAX_SCHEDULE_ID = 200
 MAX_RUN_ID = 64
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"  # a tenant's or a destination's name
 RESOURCE_CLASS_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+# a schedule's labels (``ScheduleSpec.labels``): how many, their keys (lower-case, 1-63
+# characters, a prefix such as ``chronolog.dev/`` allowed) and the length of their values
+MAX_LABELS = 32
+LABEL_KEY_PATTERN = r"^[a-z0-9]([a-z0-9.\-/]{0,61}[a-z0-9])?$"
+MAX_LABEL_VALUE = 200
 # the rule of each pattern in words, as an error message says it
 PATTERN_WORDS = {
     SCHEDULE_ID_PATTERN: "letters, digits and _ . : @ - only, not only dots",
     RUN_ID_PATTERN: "letters, digits and _ - only, 1-64 characters",
     NAME_PATTERN: "letters, digits and _ . - only",
     RESOURCE_CLASS_PATTERN: "letters, digits and _ - only, 1-64 characters",
+    LABEL_KEY_PATTERN: "lower-case letters, digits and . - / only, starting and ending with a "
+                       "letter or digit, 1-63 characters",
 }
 
 

@@ -188,6 +188,10 @@ DENIED_EFFECT_HEADERS = frozenset({
     "content-type", "content-encoding", "expect", "forwarded", "via", "x-real-ip",
     "idempotency-key", "authorization", "cookie", "metadata-flavor", "x-aws-ec2-metadata-token",
 })
+# the headers of a signed webhook delivery (Standard Webhooks): the adapter's own on every
+# try. A new definition may not set them (one stored before this rule decodes as it was; the
+# adapter replaces them when it sends)
+WEBHOOK_SIGNATURE_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature"})
 MAX_EFFECT_HEADERS = 16
 _HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"
 _HEADER_VALUE = r"^[\x20-\x7e]{0,512}$"
@@ -241,8 +245,10 @@ class EffectSpec(_Model):
         return value
 
     @model_validator(mode="after")
-    def _options_fit_the_kind(self) -> EffectSpec:
-        denied = sorted(h for h in self.headers if effect_header_denied(h))
+    def _options_fit_the_kind(self, info: ValidationInfo) -> EffectSpec:
+        stored = bool(info.context and info.context.get("stored"))
+        denied = sorted(h for h in self.headers if effect_header_denied(h) or (
+            not stored and h.lower() in WEBHOOK_SIGNATURE_HEADERS))
         if denied:
             raise ValueError(f"effect header '{denied[0]}' may not be set by a schedule")
         if self.headers and self.kind != "webhook":
@@ -335,6 +341,27 @@ class ScheduleSpec(_Model):
     # the tenant's calendars whose exclusions the schedule's instants skip (in this order:
     # the first that excludes an instant is named in its skip)
     exclude: tuple[CalendarName, ...] = Field(default=(), max_length=MAX_EXCLUDE)
+    # free-form key/value pairs the scheduler never acts on, for the tools that manage the
+    # schedule (``chronolog apply`` records the set it applied the schedule from in
+    # ``chronolog.dev/applied-by``)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > lim.MAX_LABELS:
+            raise ValueError(f"{len(v)} labels, at most {lim.MAX_LABELS}")
+        for key, value in v.items():
+            if not re.fullmatch(lim.LABEL_KEY_PATTERN, key):
+                raise ValueError(f"label key '{key[:80]}': "
+                                 f"{lim.PATTERN_WORDS[lim.LABEL_KEY_PATTERN]}")
+            if len(value) > lim.MAX_LABEL_VALUE:
+                raise ValueError(f"label '{key}': a value of at most {lim.MAX_LABEL_VALUE} "
+                                 f"characters")
+            if not value.isprintable():
+                raise ValueError(f"label '{key}': a value of printable characters only (no "
+                                 f"control characters or line breaks)")
+        return v
 
     @field_validator("exclude")
     @classmethod

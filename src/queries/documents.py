@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from chronolog.commands.calendars import MISSING
+from chronolog.domain import limits as lim
 from chronolog.domain import messages as m
 from chronolog.domain.limits import MAX_RETRY_ATTEMPTS, PATTERN_WORDS
 from chronolog.domain.membership import LIVE_S
@@ -300,6 +301,12 @@ class ScheduleDefinition(CamelModel):
         "name, whose exclusions this schedule's instants skip (each such instant is recorded "
         "SKIPPED, reason excluded, naming the first calendar that excludes it); a calendar "
         "that does not exist excludes every instant")
+    labels: dict[str, str] | None = Field(
+        default=None, description=f"free-form key/value pairs the scheduler never acts on, "
+        f"for the tools that manage the schedule (at most {lim.MAX_LABELS}; keys of lower-case "
+        f"letters, digits and . - /, 1-63 characters; values of at most "
+        f"{lim.MAX_LABEL_VALUE} printable characters). `chronolog apply` records the set it "
+        f"applied the schedule from in `chronolog.dev/applied-by`")
 
 
 class InvalidDefinition(ValueError):
@@ -359,6 +366,7 @@ def definition_of(spec_json: Any) -> ScheduleDefinition:
     data = spec.model_dump()
     data["effects"] = list(data["effects"])
     data["exclude"] = list(data["exclude"]) or None  # none: left out of the document
+    data["labels"] = data["labels"] or None  # likewise
     return ScheduleDefinition.model_validate(data)
 
 

@@ -1,5 +1,6 @@
-"""The ``sh`` and ``python`` blocks of README.md, docs/tour.md and docs/jobs.md, run as a
-reader runs them (docs are code; tests/unit/test_doc_blocks.py checks every block is claimed).
+"""The ``sh`` and ``python`` blocks of README.md, docs/tour.md, docs/jobs.md and docs/apply.md,
+run as a reader runs them (docs are code; tests/unit/test_doc_blocks.py checks every block is
+claimed).
 
 The reader's directory is a temporary copy of the repository's top (links to ``.venv``,
 ``src``, ``Makefile``, ...), so ``./.chronolog`` is this module's own. Its node is the one
@@ -356,6 +357,36 @@ def test_the_jobs_blocks_run_and_the_runs_succeed(reader: Reader) -> None:
 
     for schedule in ("b-noop", "b-echo", "b-sleep", "b-fail"):
         assert wait_until_sync(lambda s=schedule: run_of(s), 60, what=f"{schedule} succeeded")
+
+
+def test_the_apply_guides_blocks_run(reader: Reader) -> None:
+    """docs/apply.md: its example files applied, applied again (nothing to do), one field
+    changed, one file removed and pruned; the YAML the guide shows is its example's."""
+    text = (ROOT / "docs" / "apply.md").read_text()
+    shown = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert shown is not None
+    assert shown.group(1) in (ROOT / "docs" / "examples" / "apply" / "billing.yaml").read_text()
+    (block,) = _blocks("docs/apply.md")
+    out = reader.run(block)
+    assert "plan (set default): 4 to add, 0 to change, 0 to remove, 0 unchanged" in out, out
+    assert "created schedule billing-nightly (revision 1)" in out, out
+    assert "plan (set default): 0 to add, 0 to change, 0 to remove, 4 unchanged" in out, out
+    assert "    retry.maxAttempts: 5 -> 7\n" in out, out
+    assert "revised schedule billing-nightly (revision 2)" in out, out
+    assert "deleted schedule billing-heartbeat" in out, out
+
+    def definition(schedule: str) -> Any:
+        r = httpx.get(f"{reader.api}/v1/schedules/{schedule}", timeout=10,
+                      headers={"Authorization": f"Bearer {TOKEN}"})
+        return r.json() if r.status_code == 200 else None
+
+    nightly = definition("billing-nightly")
+    assert nightly["revision"] == 2, nightly
+    assert nightly["definition"]["labels"] == {"team": "billing",
+                                               "chronolog.dev/applied-by": "default"}
+    assert nightly["definition"]["exclude"] == ["billing-holidays"]
+    assert definition("billing-heartbeat")["state"] == "DELETED"
+    assert definition("billing-reminders")["revision"] == 1
 
 
 @pytest.mark.kafka

@@ -24,7 +24,7 @@ from support.docs import Block, all_doc_blocks
 ROOT = Path(__file__).resolve().parents[2]
 
 #: the docs whose blocks tests/integration/test_doc_blocks.py runs, each in order
-RUNNER_DOCS = ("README.md", "docs/tour.md", "docs/jobs.md")
+RUNNER_DOCS = ("README.md", "docs/tour.md", "docs/jobs.md", "docs/apply.md")
 
 _BENCH = ("tests/unit/test_bench_docs.py::"
           "test_every_documented_benchmark_command_names_options_its_script_has")
@@ -47,6 +47,9 @@ NAMED: dict[tuple[str, str, int], str] = {
         "test_a_replay_of_the_window_equals_the_live_read_model_for_the_window",
     ("docs/deployment.md", "Operations", 5):
         "tests/integration/test_archive_cli.py::test_the_commands_of_the_deployment_guide_run",
+    ("docs/deployment.md", "Signed webhooks", 0):
+        "tests/integration/test_webhook_signatures.py::"
+        "test_the_receiver_example_of_the_deployment_guide_verifies_real_deliveries",
     ("docs/deployment.md", "Commands from any Kafka producer", 0):
         "tests/integration/test_doc_blocks.py::test_the_kafka_producer_example_creates_a_schedule",
     ("docs/security.md", "The node's database and files", 0):

@@ -20,7 +20,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "records_v1.jsonl"
 RECORDS = [json.loads(line) for line in FIXTURE.read_text().splitlines() if line]
 # members of a spec added since the fixture was written, with the value an old record
 # decodes to (their default): compared as such, then left out of the comparison below
-SPEC_ADDED_SINCE = {"concurrency": None, "exclude": []}
+SPEC_ADDED_SINCE = {"concurrency": None, "exclude": [], "labels": {}}
 # members of an event's payload added since, per type, likewise
 PAYLOAD_ADDED_SINCE = {"OccurrenceMaterialized": {"permit_key": None, "permit_limit": None}}
 
