@@ -11,6 +11,11 @@ may be reached, the give-up time, the circuit breaker) are the operator's, per t
 A tenant's own options (``headers``, ``subject``, ``give_up_after``) are merged in at perform
 time by ``adapter_config``; they can never change the target.
 
+A webhook destination may sign its deliveries (Standard Webhooks, see
+``chronolog.effect_adapters.webhook``): ``signing_secrets = ["whsec_<base64>", ...]``, several
+while a secret is rotated. A secret is a ``SecretStr``: its ``repr``, a JSON dump and a
+validation error never show it; only ``signing_key`` reads it, for the adapter.
+
 Two targets are refused even when an operator configures them (``check_destinations``, a
 ``ConfigError`` at start): the node's own read-model database server — any database on it,
 however its address is written (``database_refusal``) — and chronolog's own topics (every
@@ -21,6 +26,7 @@ DSN once more, host names resolved, just before it connects.
 
 from __future__ import annotations
 
+import base64
 import functools
 import ipaddress
 import os
@@ -30,7 +36,16 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from chronolog.domain import messages as m
 from chronolog.log.port import Topics
@@ -60,7 +75,47 @@ def _http_url(value: str) -> str:
     return value
 
 
+# the Standard Webhooks headers the adapter sets on every delivery: nobody configures them
+SIGNATURE_HEADERS = m.WEBHOOK_SIGNATURE_HEADERS
+SECRET_PREFIX = "whsec_"
+SECRET_BYTES = (24, 64)  # the decoded key's length, bounds included
+MAX_SIGNING_SECRETS = 8
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+
+
+def signing_key(secret: str | SecretStr) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret (standard base64, padding optional).
+    ``ValueError`` says what is wrong without repeating the secret."""
+    text = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
+    if not isinstance(text, str):
+        raise ValueError("a signing secret is text: whsec_<base64>")
+    if not text.startswith(SECRET_PREFIX):
+        raise ValueError(f"a signing secret is written {SECRET_PREFIX}<base64>; this one does "
+                         f"not start with '{SECRET_PREFIX}'")
+    encoded = text[len(SECRET_PREFIX):]
+    digits = encoded.rstrip("=")
+    if not _BASE64.fullmatch(encoded) or len(digits) % 4 == 1:
+        raise ValueError(f"a signing secret is not valid base64 after '{SECRET_PREFIX}'")
+    key = base64.b64decode(digits + "=" * (-len(digits) % 4), validate=True)
+    low, high = SECRET_BYTES
+    if not low <= len(key) <= high:
+        raise ValueError(f"a signing secret decodes to {len(key)} bytes; {low} to {high} "
+                         "are required")
+    return key
+
+
+def _signing_secret(secret: SecretStr) -> SecretStr:
+    signing_key(secret)
+    return secret
+
+
+SigningSecret = Annotated[SecretStr, AfterValidator(_signing_secret)]
+
+
 class WebhookDestination(_Destination):
+    # a validation error never repeats its input (it may be a signing secret)
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     kind: Literal["webhook"]
     url: str
     status_url: str | None = None
@@ -74,6 +129,9 @@ class WebhookDestination(_Destination):
     idempotent: bool = True
     status_checks: int = Field(default=5, ge=1, le=100)
     status_interval: m.Seconds = Field(default=1.0, le=60)
+    # Standard Webhooks signing: each delivery is signed with every secret (rotation)
+    signing_secrets: list[SigningSecret] = Field(default_factory=list,
+                                                 max_length=MAX_SIGNING_SECRETS)
 
     @field_validator("url", "status_url")
     @classmethod
@@ -84,9 +142,17 @@ class WebhookDestination(_Destination):
     @classmethod
     def _no_routing_headers(cls, v: dict[str, str]) -> dict[str, str]:
         bad = [h for h in v if h.lower() in ("host", "content-length", "transfer-encoding",
-                                              "connection", "idempotency-key")]
+                                              "connection", "idempotency-key")
+               or h.lower() in SIGNATURE_HEADERS]
         if bad:
             raise ValueError(f"header '{bad[0]}' may not be configured")
+        return v
+
+    @field_validator("signing_secrets")
+    @classmethod
+    def _distinct_secrets(cls, v: list[SecretStr]) -> list[SecretStr]:
+        if len({s.get_secret_value() for s in v}) < len(v):
+            raise ValueError("the same signing secret is listed twice")
         return v
 
 
@@ -353,7 +419,8 @@ def adapter_config(dest: AnyDestination, options: Mapping[str, Any]) -> dict[str
     if isinstance(dest, WebhookDestination):
         tenant_headers = {k: v for k, v in dict(options.get("headers") or {}).items()
                           if isinstance(k, str) and isinstance(v, str)
-                          and not m.effect_header_denied(k)}
+                          and not m.effect_header_denied(k)
+                          and k.lower() not in SIGNATURE_HEADERS}
         # the operator's headers win over a tenant's of the same name
         own = {k.lower() for k in dest.headers}
         cfg["headers"] = {**{k: v for k, v in tenant_headers.items() if k.lower() not in own},

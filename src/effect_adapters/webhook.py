@@ -4,12 +4,23 @@ Request: ``POST <url>`` with JSON ``{effect_id, run_id, attempt, checksum, resul
 header ``Idempotency-Key: <effect_id>`` (the same key on every try, by every runner
 instance, for the life of the effect).
 
+Signatures (Standard Webhooks, https://www.standardwebhooks.com). Every try also carries
+``webhook-id: <effect_id>`` (the idempotency key) and ``webhook-timestamp: <unix seconds>``
+(of THIS try: a retry has a fresh one). With ``signing_secrets`` (``whsec_<base64>``, see
+``chronolog.destinations``) it carries ``webhook-signature: v1,<sig> [v1,<sig> ...]``, one
+per secret in the configured order: ``sig`` is the base64 of the HMAC-SHA256 of
+``<webhook-id>.<webhook-timestamp>.<body>`` keyed with the secret's decoded bytes. The body
+is serialized once; the bytes signed are the bytes sent. Nobody configures these three
+headers (nor ``Idempotency-Key``): the adapter's win over any of the same name. Evidence
+says how many signatures a delivery carried (``signatures``), never a secret.
+
 Config (the operator's webhook destination in the tenants file, see ``chronolog.destinations``;
 a schedule adds only its own ``headers``):
 
 * ``url`` (required); ``headers`` (extra headers; never ``Host``, hop-by-hop or framing
-  headers); ``allow_private`` (default false: loopback, private, link-local and other
-  non-public addresses are refused — see ``netguard``); ``timeout`` (per request, default 10s);
+  headers); ``signing_secrets`` (optional, a list: every try is signed, see above);
+  ``allow_private`` (default false: loopback, private, link-local and other non-public
+  addresses are refused — see ``netguard``); ``timeout`` (per request, default 10s);
 * ``max_attempts`` (tries per ``perform``, default 4), ``backoff`` (first delay, default
   0.5s, doubling, capped at ``max_backoff`` 10s);
 * ``retention`` (default ``24h``): how long the destination remembers an Idempotency-Key;
@@ -53,7 +64,12 @@ by a parser that refuses nesting deeper than 1,024 levels (then the body is simp
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import re
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +77,7 @@ import httpx
 import orjson
 
 from chronolog.backoff import Backoff
+from chronolog.destinations import SIGNATURE_HEADERS, signing_key
 from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch, seconds
 from chronolog.effect_adapters.netguard import BlockedAddress, guarded_client
@@ -71,7 +88,7 @@ DEFAULT_RETENTION = 24 * 3600.0
 # never sent, whoever configured them: routing, framing and hop-by-hop headers
 NEVER_SENT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection",
                                 "keep-alive", "te", "trailer", "upgrade", "idempotency-key",
-                                "accept-encoding"})
+                                "accept-encoding"}) | SIGNATURE_HEADERS
 _TOKEN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -154,10 +171,41 @@ def url_refusal(url: Any) -> str | None:
 
 
 def request_headers(cfg: dict[str, Any], effect_id: str) -> dict[str, str]:
-    """The configured headers minus the ones never sent, plus the idempotency key."""
+    """The configured headers minus the ones never sent, plus the idempotency key and a JSON
+    content type (unless one is configured)."""
     headers = {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()
                if str(k).lower() not in NEVER_SENT_HEADERS}
+    if not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"
     return {**headers, "Idempotency-Key": effect_id}
+
+
+def signing_keys(cfg: dict[str, Any]) -> list[bytes]:
+    """The HMAC keys of the configured ``signing_secrets`` (``SecretStr`` or text), in order;
+    ``ValueError`` (never showing a secret) for one that is not ``whsec_<base64>``."""
+    secrets = cfg.get("signing_secrets") or []
+    if not isinstance(secrets, (list, tuple)):
+        raise ValueError("signing_secrets must be a list")
+    return [signing_key(s) for s in secrets]
+
+
+def signature(keys: Sequence[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The Standard Webhooks ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>`` of
+    ``<msg_id>.<timestamp>.<body>`` for each key, space-separated."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return " ".join("v1," + base64.b64encode(hmac.digest(k, signed, hashlib.sha256)).decode()
+                    for k in keys)
+
+
+def signed_headers(headers: dict[str, str], keys: Sequence[bytes], msg_id: str,
+                   body: bytes, now: float | None = None) -> dict[str, str]:
+    """``headers`` plus ``webhook-id``, ``webhook-timestamp`` (``now``, default the clock,
+    in whole seconds) and, with keys, ``webhook-signature``: one try's headers."""
+    timestamp = int(time.time() if now is None else now)
+    out = {**headers, "webhook-id": msg_id, "webhook-timestamp": str(timestamp)}
+    if keys:
+        out["webhook-signature"] = signature(keys, msg_id, timestamp, body)
+    return out
 
 
 class WebhookEffectAdapter:
@@ -209,14 +257,22 @@ class WebhookEffectAdapter:
         waits = Backoff(first=seconds(cfg.get("backoff"), 0.5),
                         cap=seconds(cfg.get("max_backoff"), 10.0)).delays()
         status_url = cfg.get("status_url")
-        body = {"effect_id": intent.effect_id, "run_id": intent.run_id,
-                "attempt": intent.attempt, "checksum": intent.checksum, "result": payload}
+        try:
+            keys = signing_keys(cfg)
+        except ValueError as exc:  # the message never shows a secret
+            return Outcome.failed(reason=f"config: signing_secrets: {exc}", sent=False)
+        # serialized once: the bytes signed are the bytes sent, on every try
+        body = orjson.dumps({"effect_id": intent.effect_id, "run_id": intent.run_id,
+                             "attempt": intent.attempt, "checksum": intent.checksum,
+                             "result": payload})
         headers = request_headers(cfg, intent.effect_id)
         sw = Stopwatch()
         tries: list[dict[str, Any]] = []
         ambiguous = False
         base: dict[str, Any] = {"idempotency_key": intent.effect_id,
                                 "contract": self.contract_for(cfg)}
+        if keys:
+            base["signatures"] = len(keys)
 
         for n in range(1, max_attempts + 1):
             if n > 1:
@@ -228,8 +284,10 @@ class WebhookEffectAdapter:
                 break  # never repeat an ambiguous try without idempotency
             t = Stopwatch()
             try:
-                resp = await exchange(self._http(cfg), "POST", url, self.max_response_bytes,
-                                      json=body, headers=headers, timeout=timeout)
+                resp = await exchange(
+                    self._http(cfg), "POST", url, self.max_response_bytes, content=body,
+                    headers=signed_headers(headers, keys, intent.effect_id, body),
+                    timeout=timeout)
             except BlockedAddress as exc:
                 return Outcome.failed(**base, reason=f"destination refused: {exc}", tries=tries,
                                       elapsed_ms=sw.ms())
