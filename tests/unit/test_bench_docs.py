@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support.docs import all_doc_blocks
@@ -57,6 +58,10 @@ def _documented_commands() -> list[list[str]]:
 def test_every_documented_benchmark_command_names_options_its_script_has() -> None:
     commands = _documented_commands()
     assert len(commands) >= 25
+    scripts = {script for words in commands for script, _ in _invocations(words)
+               if (ROOT / script).is_file()}
+    with ThreadPoolExecutor(max_workers=4) as pool:  # each --help is a Python start-up
+        list(pool.map(_usage, sorted(scripts)))
     for words in commands:
         for script, args in _invocations(words):
             assert (ROOT / script).is_file(), f"{script} of {shlex.join(words)} does not exist"

@@ -12,6 +12,7 @@ import hashlib
 import random
 import struct
 
+import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.partitioner import murmur2 as ref_murmur2
 from hypothesis import given, settings
@@ -51,6 +52,7 @@ def many_keys() -> list[bytes]:
 MANY_KEYS_MURMUR2_SHA256 = "f14fbc69c96f767eb4ac8e7ddac960edf9bd9b87e3ac5d576699fb890daf33dc"
 
 
+@pytest.mark.exhaustive
 def test_many_keys_including_non_ascii_hash_and_place_as_before() -> None:
     keys = many_keys()
     assert len(keys) > 20_000
@@ -69,6 +71,7 @@ def test_many_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None:
         assert partition_for(key, 12) == default(key, partitions, partitions), key
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=2000, deadline=None)
 @given(st.binary(min_size=0, max_size=64), st.integers(min_value=1, max_value=1000))
 def test_partition_for_matches_default_partitioner(key: bytes, n: int) -> None:

@@ -309,6 +309,7 @@ def _fired(expr: Expression, zone: str, start: datetime, stop: datetime, ambiguo
 # ---------------------------------------------------------------- properties
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(expr=expressions(NEAR_TRANSITION_HOURS), transition=st.sampled_from(TRANSITIONS),
        policy=DST_POLICIES)
@@ -378,6 +379,7 @@ EVERY_WEEKDAY_ITEM = [
 ]
 
 
+@pytest.mark.exhaustive
 def test_every_special_names_the_oracles_days_for_twelve_years() -> None:
     first, last = date(2024, 1, 1), date(2035, 12, 31)
     days = [first + timedelta(days=i) for i in range((last - first).days + 1)]

@@ -12,6 +12,7 @@ import re
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import pytest
 from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -168,6 +169,7 @@ def test_instants_increase_and_each_matches_its_local_wall_time(expr: str, zone_
         previous = instant
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(

@@ -106,6 +106,7 @@ class Model:
 counts = st.integers(min_value=1, max_value=9)
 
 
+@pytest.mark.exhaustive
 @settings(max_examples=300, deadline=None)
 @given(old=counts, new=counts, data=st.data())
 def test_a_partition_count_change_never_doubles_or_loses_a_command_in_any_interleaving(

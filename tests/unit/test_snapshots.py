@@ -240,6 +240,7 @@ PartitionMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRestoreFromSnapshotEqualsFoldFromZero = PartitionMachine.TestCase
+TestRestoreFromSnapshotEqualsFoldFromZero.pytestmark = [pytest.mark.exhaustive]  # type: ignore[attr-defined]
 
 
 class MovingPartitionMachine(PartitionMachine):
@@ -298,6 +299,7 @@ MovingPartitionMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRestoreWithKeysLeavingAndComingBack = MovingPartitionMachine.TestCase
+TestRestoreWithKeysLeavingAndComingBack.pytestmark = [pytest.mark.exhaustive]  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- rejections

@@ -65,6 +65,7 @@ RoundTripMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRoundTripOfRandomStates = RoundTripMachine.TestCase
+TestRoundTripOfRandomStates.pytestmark = [pytest.mark.exhaustive]  # type: ignore[attr-defined]
 
 
 def test_a_state_with_every_optional_part_round_trips() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 
@@ -73,6 +74,8 @@ WindowRowsMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestStateRowsAreTheProjectionsRows = WindowRowsMachine.TestCase
+TestStateRowsAreTheProjectionsRows.pytestmark = [  # type: ignore[attr-defined]
+    pytest.mark.exhaustive]
 
 
 def test_the_effects_of_a_states_runs_are_the_projections_in_every_column_it_carries() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
@@ -402,3 +403,4 @@ MovingMachine.TestCase.settings = settings(
     max_examples=120, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TestMovingASchedule = MovingMachine.TestCase
+TestMovingASchedule.pytestmark = [pytest.mark.exhaustive]  # type: ignore[attr-defined]
