@@ -10,7 +10,7 @@ state as of its record's ``through`` T, the marker's ``fold_from`` F. The partit
 are then built in four steps, each written through the projection's own code
 (``project_batch`` and ``PostgresProjectionStore.apply``, as the live projector writes):
 
-1. ``seed``: the states' ``schedules`` and ``runs`` rows
+1. ``seed``: the states' ``schedules`` and ``runs`` rows (and the calendars' rows)
    (``chronolog.projections.window.state_rows``; the times a state does not carry as
    first-writer-wins stand-ins), and the partition's stored offset moved to just after the
    event the marker names (``Window.resume``; only transaction markers lie between it
@@ -158,7 +158,8 @@ async def seed(store: PostgresProjectionStore, topic: str,
     """Step 1 (module docstring): each window's schedules and runs from its states, its
     offset moved to F."""
     for p, w in sorted(windows.items()):
-        await store.apply(state_rows(w.loaded.states.values(), w.before),
+        await store.apply(state_rows(w.loaded.states.values(), w.before,
+                                     w.loaded.quotas.values()),
                           {(topic, p): (0, w.resume)},
                           last_event_at={(topic, p): w.last_at})
 

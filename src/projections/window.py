@@ -34,7 +34,9 @@ so past every tenant's window: the live projector pruned it. ``drop_unknown_fini
 deletes such rows (a finished run with no ``finished_at``, and its attempts and final
 effects) once the replay folded the retained events.
 
-Quota states imply no row: the quota saga changes none (``project``).
+Quota states imply no row (the quota saga changes none, ``project``), but a calendar's —
+a quota-kind state — implies its ``calendars`` row: its revision and spec (none once
+deleted, ``deleted_at`` a stand-in), its times stand-ins.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any
 
 import asyncpg
 
-from chronolog.commands.state import TERMINAL, Run, ScheduleState
+from chronolog.commands.state import TERMINAL, QuotaState, Run, ScheduleState
 from chronolog.projections.store import First, RowChanges
 
 __all__ = ["STAND_INS", "drop_unknown_finishes", "effect_rows", "state_rows"]
@@ -65,6 +67,7 @@ STAND_INS: Mapping[str, frozenset[str]] = MappingProxyType({
                        "first_error", "first_finished_at", "permit_wait"}),
     "attempts": frozenset(),
     "effects": frozenset({"created_at", "updated_at", "evidence"}),
+    "calendars": frozenset({"created_at", "updated_at", "deleted_at"}),
     "ready_runs": frozenset({"ready_at"}),
     "open_attempts": frozenset(),
 })
@@ -73,11 +76,22 @@ _CREATED = frozenset({"ACTIVE", "PAUSED", "DELETED", "COMPLETED"})
 _FINAL_EFFECTS = ["SUCCEEDED", "FAILED", "ABANDONED"]
 
 
-def state_rows(states: Iterable[ScheduleState], before: datetime) -> RowChanges:
-    """The ``schedules`` and ``runs`` rows the schedule states imply (module docstring);
-    ``before``: the stand-in of the times a state does not carry."""
+def state_rows(states: Iterable[ScheduleState], before: datetime,
+               quotas: Iterable[QuotaState] = ()) -> RowChanges:
+    """The ``schedules`` and ``runs`` rows the schedule states imply, and the ``calendars``
+    rows of the calendars among ``quotas`` (module docstring); ``before``: the stand-in of
+    the times a state does not carry."""
     c = RowChanges()
     stand_in = First(before)
+    for q in quotas:
+        home = q.calendar
+        if home is None or home.revision == 0:
+            continue  # never put: no row
+        spec = None if home.spec is None else home.spec.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True)
+        c.set("calendars", (q.tenant, home.name), revision=home.revision, spec=spec,
+              created_at=stand_in, updated_at=stand_in,
+              **({"deleted_at": stand_in} if spec is None else {}))
     for st in states:
         if st.status not in _CREATED or st.policy is None:
             continue  # not created (a create waiting for its quota slot): no row

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.postgres
 
 KEYS = {"schedules": ("tenant", "schedule_id"), "runs": ("run_id",),
         "attempts": ("run_id", "attempt"), "effects": ("effect_id",), "ready_runs": ("run_id",),
-        "open_attempts": ("run_id", "attempt")}
+        "open_attempts": ("run_id", "attempt"), "calendars": ("tenant", "name")}
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +124,11 @@ async def test_a_replay_of_the_window_equals_the_live_read_model_for_the_window(
     try:
         async with Running(event_log, "p1") as r:
             await some_history(r)
+            # calendars: one put before the cut only (its row from its state), one revised
+            # after it too
+            await r.client.put_calendar("acme", "hol", {"dates": ["2026-12-25"]})
+            await r.client.put_calendar("acme", "ops", {"windows": [{"start": "02:00",
+                                                                      "end": "03:00"}]})
             gone = await _complete(r, "acme", "s5", "early-done")  # finished before the cut
             early = str((await r.client.trigger("open", "s4", "early-live"))["run_id"])
             await r.rounds(2)
@@ -145,6 +150,8 @@ async def test_a_replay_of_the_window_equals_the_live_read_model_for_the_window(
             await r.client.cancel("open", "s4", early, reason="late")
             late = await _complete(r, "acme", "s7", "late-done")
             await r.client.pause("open", "s6", reason="window")
+            await r.client.put_calendar("acme", "ops", {"dates": ["2027-01-01"]},
+                                        expected_revision=1)
             ticks = r.proc.stats.ticks
             await wait_until(lambda: r.proc.stats.ticks > ticks + 12, 30, what="more ticks")
             await r.rounds(2)
@@ -187,6 +194,9 @@ async def test_a_replay_of_the_window_equals_the_live_read_model_for_the_window(
     assert expected["schedules"][("open", "s6")]["pause_reason"] == "window"
     assert got["schedules"][("open", "s6")]["pause_reason"] == "window"
     assert got["runs"][(early,)]["state"] == "CANCELLED"
+    assert {k: (v["revision"], v["spec"]) for k, v in got["calendars"].items()} == {
+        ("acme", "hol"): (1, '{"dates": ["2026-12-25"]}'),
+        ("acme", "ops"): (2, '{"dates": ["2027-01-01"]}')}
     # the commands of the docs: the same rows, and each says how a partition was read
     window_cmd, archive_cmd = _docs_commands()
     cli = f"c_{(await _schema_of(live))[2:]}"

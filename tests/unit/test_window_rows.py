@@ -10,7 +10,7 @@ for every state-made row, equal in each column a state carries."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -18,7 +18,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 
 from chronolog.commands.aggregate import Decision
+from chronolog.commands.quota import decide_quota, evolve_quota
+from chronolog.commands.state import CalendarHome, QuotaState
 from chronolog.domain import messages as m
+from chronolog.domain.calendars import CalendarSpec
+from chronolog.domain.ids import calendar_id
 from chronolog.projections.project import project_batch
 from chronolog.projections.store import First, RowChanges
 from chronolog.projections.window import STAND_INS, effect_rows, state_rows
@@ -91,3 +95,28 @@ def test_the_effects_of_a_states_runs_are_the_projections_in_every_column_it_car
     _agree(made, project_batch(envelopes), "effects")
     [row] = made.effects.values()
     assert (row["kind"], row["state"], row["created_at"]) == ("webhook", "INTENDED", First(BEFORE))
+
+
+def test_a_calendars_state_implies_the_calendars_row_its_events_project() -> None:
+    home = QuotaState(TENANT, calendar_id("hol"))
+    envelopes: list[m.EventEnvelope] = []
+    steps: list[Any] = [m.PutCalendar(name="hol", spec=CalendarSpec(dates=(date(2026, 12, 25),))),
+                        m.PutCalendar(name="hol", spec=CalendarSpec(timezone="Europe/Paris"),
+                                      expected_revision=1)]
+    for i, payload in enumerate(steps):
+        env = m.CommandEnvelope(command_id=f"c{i}", type=payload.type, tenant=TENANT,
+                                principal="ops", schedule_id=home.schedule_id, issued_at=T0,
+                                payload=payload)
+        for event in decide_quota(home, env, T0, None).events:
+            evolve_quota(home, event)
+            envelopes.append(m.EventEnvelope(
+                event_id=f"c{i}.0", type=event.type, key=f"{TENANT}/{home.schedule_id}",
+                tenant=TENANT, schedule_id=home.schedule_id, at=T0 + sec(i), payload=event))
+    made = state_rows([], BEFORE, [home, QuotaState(TENANT, calendar_id("never"))])
+    _agree(made, project_batch(envelopes), "calendars")
+    assert list(made.table("calendars")) == [(TENANT, "hol")]  # one never put: no row
+    assert made.table("calendars")[(TENANT, "hol")]["revision"] == 2
+    deleted = QuotaState(TENANT, home.schedule_id)
+    deleted.calendar = CalendarHome("hol", 3, None)
+    row = state_rows([], BEFORE, [deleted]).table("calendars")[(TENANT, "hol")]
+    assert (row["revision"], row["spec"], _value(row["deleted_at"])) == (3, None, BEFORE)
