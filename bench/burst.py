@@ -79,9 +79,10 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Po
                             stderr=subprocess.STDOUT)
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM by PID, workers first (they drain through the processor), bounded, then kill."""
-    for group in (procs[1:], procs[:1]):
+def stop(procs: list[subprocess.Popen[bytes]], processors: int = 1) -> None:
+    """SIGTERM by PID, workers first (they drain through the processors: the first
+    ``processors`` of ``procs``), bounded, then kill."""
+    for group in (procs[processors:], procs[:processors]):
         for p in group:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -134,8 +135,10 @@ def profile(args: Any, procs: list[subprocess.Popen[bytes]], run_dir: Path,
     through one phase (``enqueue`` or ``burst``); collapsed stacks in DIR/<phase>-<process>.txt."""
     if not args.profile:
         return []
-    pids = {"client": os.getpid(), "processor": procs[0].pid}
-    pids.update({f"worker{i}": p.pid for i, p in enumerate(procs[1:])})
+    pids = {"client": os.getpid()}
+    pids.update({f"processor{i}" if i else "processor": p.pid
+                 for i, p in enumerate(procs[:args.processors])})
+    pids.update({f"worker{i}": p.pid for i, p in enumerate(procs[args.processors:])})
     return B.spy_on(pids, args.profile, phase)
 
 
@@ -182,7 +185,8 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
     lg = open_log(cfg)
     await lg.start()
     await lg.ensure_topics()
-    procs = [spawn(["processor", *flags, "--member-id", "burst-p"], run_dir / "processor.log", env)]
+    procs = [spawn(["processor", *flags, "--member-id", f"burst-p{i}"],
+                   run_dir / f"processor{i}.log", env) for i in range(args.processors)]
     for i in range(args.workers):
         procs.append(spawn(["worker", *flags, "--jobs", "burst_jobs", "--worker-id", f"burst-w{i}",
                             "--concurrency", str(args.concurrency),
@@ -206,8 +210,8 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
         def cpu() -> dict[str, float]:
             own = psutil.Process().cpu_times()  # this process only, not its children
             out = {"client": own.user + own.system,
-                   "processor": B.cpu_seconds([procs[0].pid]),
-                   "workers": B.cpu_seconds([p.pid for p in procs[1:]])}
+                   "processor": B.cpu_seconds([p.pid for p in procs[:args.processors]]),
+                   "workers": B.cpu_seconds([p.pid for p in procs[args.processors:]])}
             if kpids:
                 out["broker"] = B.cpu_seconds(kpids)  # every broker of the cluster
             return out
@@ -215,7 +219,7 @@ async def chronolog_run(args: Any, run_dir: Path) -> dict[str, Any]:
         await (sustained if args.sustained else burst)(args, run_dir, client, lg, cpu, procs, res)
     finally:
         await client.close()
-        stop(procs)
+        stop(procs, args.processors)
     audit = subprocess.run([CHRONOLOG, "audit", "--log", url, "--partitions", str(args.partitions),
                             "--json"], env=dict(env, CHRONOLOG_TOPIC_PREFIX=prefix),
                            capture_output=True, text=True, check=False)
@@ -403,6 +407,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--processors", type=int, default=1,
+                    help="chronolog processor processes sharing the partitions")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--prefetch", type=int, default=None,

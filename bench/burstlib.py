@@ -177,10 +177,12 @@ def spy_on(pids: Mapping[str, int], out: str | Path, prefix: str,
            rate: int = 200) -> list[subprocess.Popen[bytes]]:
     """py-spy sampling each process of ``pids`` (name -> pid) until ``stop_spies``:
     collapsed stacks in ``out``/<prefix>-<name>.txt (``BENCH_PROFILE_GIL=1``: only the
-    threads holding the GIL, which is where Python spends CPU)."""
+    threads holding the GIL, which is where Python spends CPU; ``BENCH_PROFILE_RATE``:
+    samples per second instead of ``rate``)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     Path(out).mkdir(parents=True, exist_ok=True)
     gil = ["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []
+    rate = int(os.environ.get("BENCH_PROFILE_RATE", rate))
     return [subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw",
                               "--rate", str(rate), *gil, "--nonblocking",
                               "--output", str(Path(out) / f"{prefix}-{name}.txt")],

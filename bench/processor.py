@@ -271,9 +271,10 @@ async def drain(lg: Any, n: int, config: ProcessorConfig, recs: list[OutRecord] 
 
 
 async def first_runs(lg: Any) -> dict[str, str]:
-    """schedule_id -> run_id of its first ready run, from the ready hints."""
+    """schedule_id -> run_id of its first materialized run, from the events topic (a run is
+    announced to workers only when one of them has a seat for it, and none runs here)."""
     out: dict[str, str] = {}
-    topic = lg.topics.ready("default")
+    topic = lg.topics.events
     for p in range(await lg.partitions_for(topic)):
         offset, end = 0, await lg.end_offset(topic, p)
         while offset < end:
@@ -281,8 +282,9 @@ async def first_runs(lg: Any) -> dict[str, str]:
             if not recs:
                 break
             for rec in recs:
-                hint = json.loads(rec.value)
-                out.setdefault(hint["schedule_id"], hint["run_id"])
+                if b'"OccurrenceMaterialized"' in rec.value:
+                    env = codec.decode_event(rec.value)
+                    out.setdefault(env.schedule_id, env.payload.run_id)
             offset = recs[-1].offset + 1
     return out
 
@@ -303,9 +305,20 @@ async def reply_statuses(lg: Any) -> dict[str, int]:
 
 
 async def setup_schedules(lg: Any, schedules: int, config: ProcessorConfig) -> dict[str, str]:
+    """Create ``schedules`` schedules and run a processor until each has materialized its
+    first run (the creates are decided before their first Tick is)."""
     await append_all(lg, records_of(lg, create_commands(schedules)))
-    await drain(lg, schedules, config)
-    runs = await first_runs(lg)
+    proc = Processor(lg, f"setup-{uuid.uuid4().hex[:6]}", config=config)
+    task = asyncio.create_task(proc.run())
+    deadline = time.monotonic() + 600
+    runs: dict[str, str] = {}
+    while len(runs) < schedules and time.monotonic() < deadline:
+        if task.done():
+            await task
+        await asyncio.sleep(0.5)
+        runs = await first_runs(lg)
+    proc.stop()
+    await task
     assert len(runs) == schedules, (len(runs), schedules)
     return runs
 
