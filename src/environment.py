@@ -12,6 +12,7 @@ import contextlib
 import gc
 import os
 import threading
+import time
 import zoneinfo
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -31,6 +32,25 @@ def package_version() -> str:
 def utc_now() -> datetime:
     """The wall clock in UTC (the processor's authority time)."""
     return datetime.now(UTC)
+
+
+def uptime() -> float:
+    """Seconds on a clock nobody can set, the same for every process of this machine:
+    ``CLOCK_BOOTTIME`` where there is one (it counts a suspended host's sleep, which the wall
+    clock counts too), else ``time.monotonic``. It starts again at each boot (``boot_id``)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic()
+    return time.clock_gettime(boottime)
+
+
+def boot_id() -> str:
+    """This boot of this machine (Linux: ``/proc/sys/kernel/random/boot_id``): ``uptime``
+    readings compare only within one boot. Elsewhere the process's own ID: no reading is
+    trusted beyond the process that took it."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"process-{os.getpid()}"
 
 
 class _IdPool(threading.local):

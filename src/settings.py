@@ -8,9 +8,9 @@
 ``CHRONOLOG_MAX_BODY_BYTES`` and ``CHRONOLOG_VISIBLE_TIMEOUT`` (the API's);
 ``CHRONOLOG_KAFKA_SECURITY_PROTOCOL``, ``CHRONOLOG_KAFKA_SASL_MECHANISM``,
 ``CHRONOLOG_KAFKA_SASL_USERNAME``, ``CHRONOLOG_KAFKA_SASL_PASSWORD`` or
-``CHRONOLOG_KAFKA_SASL_PASSWORD_FILE`` (Kafka: the principal, ``kafka_auth_from_env``). A bad
-value raises
-``ConfigError`` with one line naming it.
+``CHRONOLOG_KAFKA_SASL_PASSWORD_FILE`` (Kafka: the principal, ``kafka_auth_from_env``);
+``CHRONOLOG_CLOCK_STEP`` and ``CHRONOLOG_CLOCK_STEP_HOLD`` (a processor's,
+``clock_step_from_env``). A bad value raises ``ConfigError`` with one line naming it.
 """
 
 from __future__ import annotations
@@ -200,6 +200,24 @@ def interval_from_env(name: str, default: float) -> float:
     if not seconds > 0:
         raise ConfigError(f"invalid {name} '{raw}': must be more than 0s")
     return seconds
+
+
+def clock_step_from_env(bound_s: float, hold_s: float) -> tuple[float | None, float | None]:
+    """A processor's clock-step guard (``chronolog.processors.clock``): the bound from
+    ``CHRONOLOG_CLOCK_STEP`` (a duration, or ``off``: no guard), else ``bound_s``; the hold
+    from ``CHRONOLOG_CLOCK_STEP_HOLD`` (a duration, or ``never``: a step is held until the
+    clock comes back or the processor restarts), else ``hold_s``."""
+    bound: float | None = bound_s
+    hold: float | None = hold_s
+    if os.environ.get("CHRONOLOG_CLOCK_STEP", "").strip().lower() == "off":
+        bound = None
+    else:
+        bound = interval_from_env("CHRONOLOG_CLOCK_STEP", bound_s)
+    if os.environ.get("CHRONOLOG_CLOCK_STEP_HOLD", "").strip().lower() == "never":
+        hold = None
+    else:
+        hold = interval_from_env("CHRONOLOG_CLOCK_STEP_HOLD", hold_s)
+    return bound, hold
 
 
 def visible_timeout(value: float | str | None = None) -> float:

@@ -36,10 +36,15 @@ Conventions
   the read model shows its events: ``X-Chronolog-Visible: true|false`` says which; reads
   may also wait for a write's ``X-Chronolog-Consistency`` token (``chronolog.api.context``).
   Every list carries a ``watermark``.
+* Tracing (docs/tracing.md): with tracing on, a server span per request
+  (``chronolog.telemetry.tracing.TracingMiddleware``), current while the request's command is
+  sent, so its record carries the request's ``traceparent``; a run document's ``traceId`` is
+  the run's trace.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the dependency aliases
 
+import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -66,7 +71,15 @@ from chronolog.client import Client
 from chronolog.domain import limits as lim
 from chronolog.environment import package_version
 from chronolog.projections.store import PostgresProjectionStore
+from chronolog.telemetry import tracing
+from chronolog.telemetry.tracing import TracingMiddleware
 from chronolog.tenants import DEFAULT_RETENTION_S, Tenants
+
+# Newer FastAPI versions make request spans of their own once a global tracer provider is
+# set (tracing on): turned off, the API's spans are TracingMiddleware's whatever the version
+NATIVE_TRACING_OFF: dict[str, Any] = (
+    {"telemetry": {"tracing": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 __all__ = [
     "API_VERSION",
@@ -137,6 +150,7 @@ def create_app(
         description="Event-sourced job scheduler: schedules, runs and their history.",
         dependencies=[Depends(known_query)],
         docs_url=None, redoc_url=None,  # served from the node's own assets (api/docs.py)
+        **NATIVE_TRACING_OFF,
     )
     app.state.chronolog = ApiContext(
         client=client, pool=pool, tenants=tenants, projector=projector, projection=projection,
@@ -150,6 +164,8 @@ def create_app(
         RequestGuard, max_body_bytes=max_body_bytes, form_paths=FORM_PATHS,
         body_timeout=limits.body_timeout,
         error=lambda status, message, field: ApiError(status, message, field).response())
+    if tracing.enabled:  # outermost: a span per request, current while it is handled
+        app.add_middleware(TracingMiddleware)
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     install_handlers(app)
     install_docs(app)

@@ -111,6 +111,7 @@ class RevisedOut(CamelModel):
 
 class RunCreated(CamelModel):
     run_id: str
+    trace_id: str = Field(description="the run's OpenTelemetry trace ID (docs/tracing.md)")
     state: str | None = Field(description=(
         "the run's state; null only for a run that finished before this deployment "
         "recorded how (GET /v1/runs/{runId} tells)"))

@@ -38,6 +38,7 @@ from chronolog.cli.flags import (
     database,
     log_from_args,
     retention_from_args,
+    start_tracing,
 )
 from chronolog.wakeup import wait_within
 
@@ -74,6 +75,7 @@ def _run(args: Any) -> int:
     from chronolog.tenants import dev_tenants, load_tenants
 
     configure_logging()
+    start_tracing("api")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"invalid port '{args.port}': must be 0..65535")
     path = args.tenants or os.environ.get("CHRONOLOG_TENANTS")

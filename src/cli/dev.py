@@ -15,6 +15,7 @@ from chronolog.cli.flags import (
     add_retention_flag,
     archive_from_args,
     retention_from_args,
+    start_tracing,
 )
 from chronolog.devnode.audits import AUDIT_EVERY_S
 from chronolog.devnode.node import run_dev
@@ -43,6 +44,7 @@ def register(sub: Any) -> None:
 def _run(args: Any) -> int:
     from chronolog.settings import (
         ConfigError,
+        clock_step_from_env,
         data_dir,
         effect_response_cap,
         interval_from_env,
@@ -64,6 +66,7 @@ def _run(args: Any) -> int:
         archive = archive_from_args(args)
         prune_every = interval_from_env("CHRONOLOG_PRUNE_EVERY", 30.0)
         audit_every = interval_from_env("CHRONOLOG_AUDIT_EVERY", AUDIT_EVERY_S)
+        clock_step_from_env(0, 0)  # the processor's (read again by the node): checked here
         _check_destinations(tenants, partitions, args.database_url
                             or os.environ.get("CHRONOLOG_DATABASE_URL"))
         effect_response_cap()  # a bad CHRONOLOG_EFFECT_MAX_RESPONSE_BYTES (webhook effects)
@@ -121,6 +124,7 @@ def _run_locked(args: Any, ddir: Path, partitions: int, tenants: Any, tenants_pa
     else:  # the live view owns the terminal: logs go to a file (the banner says where)
         log_path = ddir / "dev.log"
         _log_to_file(log_path)
+    start_tracing("dev")
     _check_port(args.host, args.port)
     try:
         return asyncio.run(run_dev(ddir, args.host, args.port, tenants, partitions,

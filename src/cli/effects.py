@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args
+from chronolog.cli.flags import add_log_flags, add_ready_flag, log_from_args, start_tracing
 
 
 def register(sub: Any) -> None:
@@ -79,6 +79,7 @@ def _run_effects(args: Any) -> int:
     from chronolog.settings import data_dir
 
     configure_logging()
+    start_tracing("effects")
     log_ = log_from_args(args)
     member = args.member_id or f"{socket.gethostname()}-{os.getpid()}"
     results = args.results or str(data_dir(args.data_dir) / "results")

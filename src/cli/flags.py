@@ -261,3 +261,15 @@ def parse_partitions(text: str | None) -> list[int] | None:
     return sorted(out)
 
 
+
+
+def start_tracing(process: str) -> None:
+    """Tracing on when the standard ``OTEL_*`` environment asks for it (docs/tracing.md),
+    with ``chronolog-<process>`` as the default service name; an exporter or protocol this
+    build does not have is a usage error."""
+    from chronolog.telemetry.tracing import configure_tracing
+
+    try:
+        configure_tracing(f"chronolog-{process}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

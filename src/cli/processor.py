@@ -22,9 +22,11 @@ from chronolog.cli.flags import (
     archive_from_args,
     log_from_args,
     retention_policy_from_args,
+    start_tracing,
 )
+from chronolog.processors.clock import CLOCK_STEP_HOLD_S, CLOCK_STEP_S
 from chronolog.processors.service import run_processor
-from chronolog.settings import ConfigError, interval_from_env
+from chronolog.settings import ConfigError, clock_step_from_env, interval_from_env
 
 
 def register(sub: Any) -> None:
@@ -43,11 +45,13 @@ def _run(args: Any) -> int:
     from chronolog.logging import configure_logging
 
     configure_logging()
+    start_tracing("processor")
     # the deployment's retention, checked with the tenants' own: the log keeps the longest
     args.retention_policy = retention_policy_from_args(args)
     archive = archive_from_args(args)
     try:
         prune_every = interval_from_env("CHRONOLOG_PRUNE_EVERY", 30.0)
+        clock_step = clock_step_from_env(CLOCK_STEP_S, CLOCK_STEP_HOLD_S)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     log_ = log_from_args(args)
@@ -57,6 +61,6 @@ def _run(args: Any) -> int:
     return asyncio.run(run_processor(log_, member, args.batch, args.tenants,
                                      ready_file(args.ready_file),
                                      args.retention_policy.longest(), archive,
-                                     prune_every))
+                                     prune_every, clock_step))
 
 

@@ -234,8 +234,8 @@ def state_text(doc: dict[str, Any]) -> str:
 def run(doc: dict[str, Any]) -> None:
     con = _console()
     pairs: list[tuple[str, Any]] = [
-        ("run", doc["runId"]), ("schedule", f"{doc['scheduleId']} (revision "
-                                            f"{doc['revision']})"),
+        ("run", doc["runId"]), ("traceId", doc.get("traceId")),
+        ("schedule", f"{doc['scheduleId']} (revision {doc['revision']})"),
         ("trigger", doc["trigger"] + (f" key {doc['requestKey']}" if doc.get("requestKey")
                                       else "")),
         ("state", state_text(doc)), ("job", _job(doc.get("jobType"), doc.get("params"))),

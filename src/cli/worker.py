@@ -34,6 +34,7 @@ from chronolog.cli.flags import (
     add_ready_flag,
     add_retention_flag,
     log_from_args,
+    start_tracing,
     tenants_from_args,
 )
 
@@ -114,6 +115,7 @@ def _run_worker(args: Any) -> int:
     from chronolog.workers.runtime import Worker
 
     configure_logging()
+    start_tracing("worker")
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]
     if not classes:
         raise UsageError("--classes: at least one resource class is required")

@@ -182,8 +182,10 @@ async def run_node(
     sup = supervisor or Supervisor()
     recent = Recent()
     from chronolog.devnode.audits import NodeAudits
+    from chronolog.processors.clock import CLOCK_STEP_HOLD_S, CLOCK_STEP_S
     from chronolog.processors.config import ProcessorConfig
     from chronolog.projections.retention import RetentionPolicy
+    from chronolog.settings import clock_step_from_env
     from chronolog.tenants import DEFAULT_RETENTION_S
 
     # the API waits on the projector: one object, run again on failure; it prunes finished
@@ -193,8 +195,11 @@ async def run_node(
     projector = Projector(lg, store, retention=policy)
     # the processor prunes the log behind the audit, which the node runs for itself
     # (chronolog.devnode.audits), and keeps the longest window of any tenant
+    # its clock watched for steps as ``chronolog processor``'s (``chronolog.processors.clock``)
+    step_s, hold_s = clock_step_from_env(CLOCK_STEP_S, CLOCK_STEP_HOLD_S)
     config = ProcessorConfig(retention_s=policy.longest(), archive=archive,
-                             prune_every_s=prune_every)
+                             prune_every_s=prune_every, clock_step_s=step_s,
+                             clock_step_hold_s=hold_s)
     # (``chronolog dev``: its embedded log; a node built on another log is audited by its
     # own timer — ``audit_every`` None: no audits here)
     audits = None if audit_every is None else NodeAudits(node.data_dir, audit_every, archive)

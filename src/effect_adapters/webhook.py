@@ -14,6 +14,10 @@ is serialized once; the bytes signed are the bytes sent. Nobody configures these
 headers (nor ``Idempotency-Key``): the adapter's win over any of the same name. Evidence
 says how many signatures a delivery carried (``signatures``), never a secret.
 
+Tracing (docs/tracing.md). With tracing on, every try also carries the W3C ``traceparent``
+(and ``tracestate``) of the effect runner's span of the effect, in the run's trace; they
+replace configured headers of the same names.
+
 Config (the operator's webhook destination in the tenants file, see ``chronolog.destinations``;
 a schedule adds only its own ``headers``):
 
@@ -82,6 +86,7 @@ from chronolog.domain import messages as m
 from chronolog.effect_adapters.base import Contract, EffectContext, Outcome, Stopwatch, seconds
 from chronolog.effect_adapters.netguard import BlockedAddress, guarded_client
 from chronolog.settings import effect_response_cap
+from chronolog.telemetry import tracing
 
 RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 DEFAULT_RETENTION = 24 * 3600.0
@@ -266,6 +271,9 @@ class WebhookEffectAdapter:
                              "attempt": intent.attempt, "checksum": intent.checksum,
                              "result": payload})
         headers = request_headers(cfg, intent.effect_id)
+        if tracing.enabled:  # the effect runner's span of this effect (docs/tracing.md)
+            context = tracing.http_headers()
+            headers = {k: v for k, v in headers.items() if k.lower() not in context} | context
         sw = Stopwatch()
         tries: list[dict[str, Any]] = []
         ambiguous = False

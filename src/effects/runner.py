@@ -73,6 +73,7 @@ from chronolog.lifecycle import unavailable
 from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Record
 from chronolog.log.reading import read_partition
+from chronolog.telemetry import tracing
 from chronolog.wakeup import wait_within
 
 log = structlog.get_logger("chronolog.effects")
@@ -545,6 +546,20 @@ class EffectRunner:
             command_id=f"effect-outcome:{intent.effect_id}:{intent.attempt}")
 
     async def _perform(self, lane: _Lane, job: _Job) -> None:
+        if not tracing.enabled:
+            await self._perform_effect(lane, job)
+            return
+        env, intent = job.env, job.intent
+        with tracing.effect_span(tenant=env.tenant, schedule_id=env.schedule_id,
+                                 run_id=intent.run_id, effect_id=intent.effect_id,
+                                 kind=intent.kind, destination=intent.destination,
+                                 attempt=intent.attempt) as span:
+            # current while it is delivered and recorded: a webhook's traceparent and the
+            # outcome command's record name it
+            tracing.effect_outcome(span, await self._perform_effect(lane, job))
+
+    async def _perform_effect(self, lane: _Lane, job: _Job) -> str:
+        """Perform an intent and record its outcome; the outcome's status."""
         env, intent, rec, p = job.env, job.intent, job.rec, job.partition
         dest, refused = self._destination(env.tenant, intent)
         ctx = EffectContext(
@@ -565,6 +580,7 @@ class EffectRunner:
         log.info("effect_outcome", effect_id=intent.effect_id, run_id=intent.run_id,
                  kind=intent.kind, destination=intent.destination, outcome=outcome.status,
                  recorded_in_txn=outcome.recorded)
+        return outcome.status
 
     async def _until_settled(
         self, lane: _Lane, dest: dst.AnyDestination, intent: m.EffectIntended, ctx: EffectContext

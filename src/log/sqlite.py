@@ -55,7 +55,11 @@ Consumer groups
     Members upsert ``members(grp, member_id, topics, heartbeat_until)`` in the *group file*
     ``<log>-group`` (WAL, like the log) every ``heartbeat_interval_s``; a member whose
     ``heartbeat_until`` (now + ``session_timeout_s``) has passed is not live and its row is
-    deleted by the next heartbeat of any member.
+    deleted by the next heartbeat of any member. "Now" is the machine's uptime clock
+    (``_group_now``), not the wall clock: a wall clock stepped forward would lapse every
+    member at once, one stepped back would hold a forming group for the size of the step.
+    The file records the boot its times belong to; opened in another boot, its members are
+    deleted (they are gone, and the clock started again).
     Assignment is deterministic: for every topic, Kafka's *range* assignment of its
     partitions over the sorted ids of the live members subscribed to it (so partition p of
     co-partitioned topics goes to the same member). Every member recomputes it in
@@ -156,6 +160,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from chronolog.environment import boot_id, uptime
 from chronolog.log.datadir import PRIVATE_FILE, private_dir, tighten
 from chronolog.log.doorbell import ALL, Doorbell, topic_bit
 from chronolog.log.partitioner import partition_for, range_assign
@@ -247,7 +252,8 @@ CREATE TABLE IF NOT EXISTS compacted (
 CREATE UNIQUE INDEX IF NOT EXISTS compacted_by_key ON compacted (topic, partition, key);
 """
 
-# the group file's one table (module docstring, "Consumer groups")
+# the group file's tables (module docstring, "Consumer groups"): the members, their times
+# on the machine's uptime clock (``_group_now``), and the boot those times belong to
 _GROUP_SCHEMA = """
 CREATE TABLE IF NOT EXISTS members (
     grp             TEXT NOT NULL,
@@ -256,7 +262,11 @@ CREATE TABLE IF NOT EXISTS members (
     heartbeat_until REAL NOT NULL,
     joined_at       REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (grp, member_id)
-) WITHOUT ROWID
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_clock (
+    one     INTEGER PRIMARY KEY CHECK (one = 1),
+    boot_id TEXT NOT NULL
+)
 """
 # a group whose members all joined this recently is forming (``SqliteGroupConsumer``, module
 # docstring "Consumer groups"): its first assignment waits, at most this long after the first
@@ -517,14 +527,31 @@ def _wal(conn: sqlite3.Connection) -> None:
 
 
 def _setup_group(conn: sqlite3.Connection) -> None:
-    """The group file (its own connection): WAL and the members table."""
+    """The group file (its own connection): WAL and its tables. Rows written in another
+    boot of the machine (or by a version that kept wall-clock times) are of members that are
+    gone, on a clock that started again: they are deleted."""
     _wal(conn)
     _begin(conn)
-    conn.execute(_GROUP_SCHEMA)
+    for stmt in _GROUP_SCHEMA.split(";"):
+        conn.execute(stmt)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(members)")}
     if "joined_at" not in columns:  # a group file of the version before: members of old
         conn.execute("ALTER TABLE members ADD COLUMN joined_at REAL NOT NULL DEFAULT 0")
+    boot = boot_id()
+    row = conn.execute("SELECT boot_id FROM group_clock WHERE one = 1").fetchone()
+    if row is None or row[0] != boot:
+        conn.execute("DELETE FROM members")
+        conn.execute("INSERT INTO group_clock (one, boot_id) VALUES (1, ?) ON CONFLICT (one) "
+                     "DO UPDATE SET boot_id = excluded.boot_id", (boot,))
     conn.execute("COMMIT")
+
+
+def _group_now() -> float:
+    """The consumer groups' clock: the machine's uptime, which every process of the machine
+    reads alike and nobody can step — a wall clock stepped forward would lapse every member
+    at once, and one stepped back would hold a forming group for the size of the step (the
+    embedded log is one machine's: its members share that clock)."""
+    return uptime()
 
 
 def _setup(conn: sqlite3.Connection) -> None:
@@ -1090,7 +1117,7 @@ class SqliteGroupConsumer:
     ) -> None:
         self._log = log
         self.settle_s = settle_s
-        # while the group forms: when its first assignment is due (time.time()), else None
+        # while the group forms: when its first assignment is due (_group_now()), else None
         self._forming_until: float | None = None
         self.group = group
         self.topics = sorted(set(topics))
@@ -1140,7 +1167,7 @@ class SqliteGroupConsumer:
         loop = asyncio.get_running_loop()
         lapsed = (self._started
                   and loop.time() - self._alive_at() > self._log.session_timeout_s)
-        until = time.time() + self._log.session_timeout_s
+        until = _group_now() + self._log.session_timeout_s
         await self._log._hb.run(
             self._upsert_member, self.group, self.member_id, json.dumps(self.topics), until
         )
@@ -1164,7 +1191,7 @@ class SqliteGroupConsumer:
         on each one woke every reader of the file twice a second per member. A member back
         from a lapse (its row expired but not yet removed) is a change too."""
         _begin(conn)
-        now = time.time()
+        now = _group_now()
         had = conn.execute("SELECT topics, heartbeat_until FROM members WHERE grp = ? AND "
                            "member_id = ?", (group, member_id)).fetchone()
         # joined now, or back from a lapse: a new member (``_forming``); else as it was
@@ -1198,7 +1225,7 @@ class SqliteGroupConsumer:
                 continue  # stopped polling, or the loop's own heartbeats keep up
             try:
                 renewed = log_._hb.call(self._extend, self.group, self.member_id,
-                                        time.time() + log_.session_timeout_s)
+                                        _group_now() + log_.session_timeout_s)
             except Exception:  # noqa: BLE001 - the loop's heartbeats log their failures
                 continue
             if renewed:
@@ -1211,7 +1238,7 @@ class SqliteGroupConsumer:
         _begin(conn)
         cur = conn.execute("UPDATE members SET heartbeat_until = ? WHERE grp = ? AND "
                            "member_id = ? AND heartbeat_until > ?",
-                           (until, group, member_id, time.time()))
+                           (until, group, member_id, _group_now()))
         conn.execute("COMMIT")
         return cur.rowcount == 1
 
@@ -1242,7 +1269,7 @@ class SqliteGroupConsumer:
     def _live_members(self, conn: sqlite3.Connection) -> list[Member]:
         rows = conn.execute(
             "SELECT member_id, topics, joined_at FROM grp.members WHERE grp = ? AND "
-            "heartbeat_until > ?", (self.group, time.time()),
+            "heartbeat_until > ?", (self.group, _group_now()),
         ).fetchall()
         return [(str(m), list(json.loads(t)), float(j)) for m, t, j in rows]
 
@@ -1277,7 +1304,7 @@ class SqliteGroupConsumer:
         return mine
 
     async def _rebalance(self, members: list[Member]) -> None:
-        self._forming_until = self._forming(members, time.time())
+        self._forming_until = self._forming(members, _group_now())
         if self._expired:
             self._expired = False
             expelled = set(self._assigned)
@@ -1379,7 +1406,7 @@ class SqliteGroupConsumer:
                 k = self._rotation % len(positions)
                 positions = positions[k:] + positions[:k]
                 self._rotation += 1
-            if self._forming_until is not None and time.time() >= self._forming_until:
+            if self._forming_until is not None and _group_now() >= self._forming_until:
                 self._dirty = True  # the group has formed: its first assignment
             force, self._dirty = self._dirty, False
             rung = self._log._bell.mark(self._interest)
@@ -1411,7 +1438,7 @@ class SqliteGroupConsumer:
             if remaining <= 0:
                 return []
             if self._forming_until is not None:  # look again once the group has formed
-                remaining = min(remaining, max(self._forming_until - time.time(), 0.001))
+                remaining = min(remaining, max(self._forming_until - _group_now(), 0.001))
             delay = await self._log._wait_for_writes(rung, delay, remaining, self._interest)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:

@@ -195,6 +195,14 @@ class ProcessorConfig:
     # (docs/design.md §18; None: read at each takeover from the log's routing history,
     # ``chronolog.log.routing_history``); later versions come from the partition's own log
     routing: RoutingTable | None = None
+    # the wall clock watched for steps (chronolog.processors.clock, docs/design.md §24): a
+    # jump of more than this between two readings is held — the processor's time goes on
+    # without it — until the wall clock comes back, or for ``clock_step_hold_s`` (None:
+    # until a restart), then followed. None: no guard, the clock is taken as it reads (the
+    # library's default: a test's clock may jump; ``chronolog processor`` and ``chronolog
+    # dev`` set CLOCK_STEP_S and CLOCK_STEP_HOLD_S, env CHRONOLOG_CLOCK_STEP[_HOLD])
+    clock_step_s: float | None = None
+    clock_step_hold_s: float | None = 300.0
 
 
 @dataclass

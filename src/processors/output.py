@@ -9,8 +9,9 @@ from typing import Any
 
 from chronolog.domain import codec
 from chronolog.domain import messages as m
-from chronolog.log.port import WAKE_HEADER, OutRecord, Position
+from chronolog.log.port import WAKE_HEADER, OutRecord, Position, Record
 from chronolog.processors.snapshots import Chunk, SnapshotWriter
+from chronolog.telemetry import tracing
 
 # reply kinds inside Output.replies
 _NEW, _BYTES, _AGAIN, _FROM = 0, 1, 2, 3
@@ -57,6 +58,9 @@ class Output:
         self.final: dict[str, bytes] = {}
         self.seen: set[str] = set()
         self.reply_to: dict[str, str] = {}  # command_id -> the client its reply wakes
+        # with tracing on: the last traced command's ID and the link to its decision span,
+        # the cause the spans of the runs it materializes link to (``traced``)
+        self.cause: tracing.Cause | None = None
 
     @property
     def empty(self) -> bool:
@@ -70,6 +74,15 @@ class Output:
         self.event_index.append(len(self.records))
         self.records.append(OutRecord(self.events_topic, key.encode(), value, self.partition,
                                       self.writer))
+        if tracing.enabled:  # a run's occurrence and claim spans (docs/tracing.md)
+            tracing.run_event(tenant, schedule_id, causation_id, payload, self.cause)
+
+    def traced(self, rec: Record, env: m.CommandEnvelope, dec: Any) -> None:
+        """With tracing on, the span of a command's decision (``dec``), when its record
+        carries a ``traceparent``: made before its events are, which link to it."""
+        if tracing.enabled:
+            self.cause = tracing.decided(env.type, env.command_id, env.tenant, env.schedule_id,
+                                         dec.status, dec.events, rec.headers, rec.timestamp_ms)
 
     def envelopes(self) -> list[m.EventEnvelope]:
         return [m.EventEnvelope(event_id=event_id, type=payload.type, version=m.CURRENT_VERSION,

@@ -388,6 +388,7 @@ class PartitionTask:
             return
         if dec.events and key not in self.states:
             self.states[key] = st
+        out.traced(rec, env, dec)  # its decision's span, with tracing on (docs/tracing.md)
         try:
             self._apply(key, st, dec, encoded, cid, now, out)
         except Exception as exc:  # the state is suspect: rebuilt (_decide)

@@ -78,6 +78,7 @@ from chronolog.log.dead_letters import DeadLetters
 from chronolog.log.port import EventLog, Fenced, LogError, Record
 from chronolog.log.routing_history import read_routing
 from chronolog.logging import Throttle
+from chronolog.processors.clock import ClockGuard
 from chronolog.processors.config import OpenTenants, ProcessorConfig, ProcessorStats, TenantPolicies
 from chronolog.processors.output import Output
 from chronolog.processors.partition_task import PartitionTask, TaskContext, Unapplied
@@ -118,7 +119,11 @@ class Processor:
         self.member_id = member_id
         self.tenants = tenants or OpenTenants()
         self.config = config or ProcessorConfig()
-        self.clock = clock
+        # the processor's time: ``clock`` with its steps held (chronolog.processors.clock)
+        cfg = self.config
+        self.clock_guard = None if cfg.clock_step_s is None else ClockGuard(
+            clock, bound_s=cfg.clock_step_s, hold_s=cfg.clock_step_hold_s)
+        self.clock = clock if self.clock_guard is None else self.clock_guard
         self.rules = self.config.rules or installed_rules()
         self.takeovers: deque[Takeover] = deque(maxlen=256)  # the latest, newest last
         self.group = self.topics.processor_group

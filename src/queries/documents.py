@@ -493,6 +493,9 @@ class ExclusionOut(CamelModel):
 
 class RunItem(CamelModel):
     run_id: str
+    trace_id: str = Field(description="the run's OpenTelemetry trace ID (32 hex digits), "
+                          "derived from its run ID: with tracing on, every span of the run "
+                          "is in this trace (docs/tracing.md)")
     schedule_id: str
     scheduled_at: datetime
     state: str
@@ -597,6 +600,9 @@ def backfill_out(b: dict[str, Any]) -> BackfillOut:
 
 class RunOut(CamelModel):
     run_id: str
+    trace_id: str = Field(description="the run's OpenTelemetry trace ID (32 hex digits), "
+                          "derived from its run ID: with tracing on, every span of the run "
+                          "is in this trace (docs/tracing.md)")
     schedule_id: str
     revision: int
     trigger: str

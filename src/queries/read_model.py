@@ -94,6 +94,7 @@ from chronolog.queries.exclusions import (
     exclusion_out,
     mark_excluded,
 )
+from chronolog.telemetry.ids import run_trace_id
 
 if TYPE_CHECKING:  # only annotations: the CLI uses the queries' parsing without asyncpg
     import asyncpg
@@ -570,7 +571,8 @@ async def runs_page(rm: ReadModel, tenant: str, schedule_id: str, *, states: lis
     served = await wk.live_served(rm.pool) if any(
         r["state"] == "READY" for r in rows) else frozenset()
     return RunPage(
-        items=[RunItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
+        items=[RunItem(run_id=r["run_id"], trace_id=run_trace_id(r["run_id"]),
+                       schedule_id=r["schedule_id"],
                        scheduled_at=r["scheduled_at"], state=r["state"],
                        attempt=r["attempt"], started_at=r["started_at"],
                        finished_at=r["finished_at"],
@@ -757,7 +759,8 @@ async def run_list_page(rm: ReadModel, tenant: str, q: RunQuery, *,
     served = await wk.live_served(rm.pool) if any(
         r["state"] == "READY" for r in rows) else frozenset()
     return RunListPage(
-        items=[RunListItem(run_id=r["run_id"], schedule_id=r["schedule_id"],
+        items=[RunListItem(run_id=r["run_id"], trace_id=run_trace_id(r["run_id"]),
+                           schedule_id=r["schedule_id"],
                            scheduled_at=r["scheduled_at"], state=r["state"],
                            attempt=r["attempt"], started_at=r["started_at"],
                            finished_at=r["finished_at"], job_type=r["job_type"],
@@ -877,7 +880,8 @@ async def run_document(rm: ReadModel, tenant: str, run_id: str) -> dict[str, Any
                            uri=r["result_uri"], attempt=r["result_attempt"],
                            inline=_json(r["result_inline"]) if r["result_uri"] is None else None)
     out = RunOut(
-        run_id=r["run_id"], schedule_id=r["schedule_id"], revision=r["revision"],
+        run_id=r["run_id"], trace_id=run_trace_id(r["run_id"]), schedule_id=r["schedule_id"],
+        revision=r["revision"],
         trigger=r["trigger"], request_key=r["request_key"], scheduled_at=r["scheduled_at"],
         due_at=r["due_at"], state=r["state"], attempt=r["attempt"], job_type=r["job_type"],
         params=_json(r["params"]), resource_class=r["resource_class"],

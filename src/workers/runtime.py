@@ -88,6 +88,7 @@ from chronolog.log.port import (
 )
 from chronolog.logging import Throttle
 from chronolog.settings import data_dir
+from chronolog.telemetry import tracing
 from chronolog.wakeup import Wakeup, wait_within
 from chronolog.workers.builtin import register_builtin_jobs
 from chronolog.workers.job import Ambiguous, Cancelled, Handler, JobContext, Permanent
@@ -156,6 +157,7 @@ class _Attempt:
     task: asyncio.Task[Any] | None = None  # the attempt's run (handler and outcome)
     beat_every: float = 10.0
     next_beat: float = 0.0
+    trace: tracing.AttemptTrace | None = None  # its span, with tracing on
 
 
 @dataclass(eq=False)
@@ -165,6 +167,7 @@ class _Report:
     att: _Attempt
     env: m.CommandEnvelope
     tries: int = 0
+    headers: tracing.Headers = ()  # its record's: the attempt span's traceparent
 
 
 class _Lane:
@@ -684,6 +687,11 @@ class Worker:
     async def _run(self, att: _Attempt) -> None:
         """The attempt's handler and its outcome; its slot is free as soon as the handler is."""
         lane = att.lane
+        if tracing.enabled:
+            c = att.ctx
+            att.trace = tracing.AttemptTrace(
+                tenant=c.tenant, schedule_id=c.schedule_id, run_id=c.run_id, attempt=c.attempt,
+                fence=c.fence, job_type=c.job_type, worker_id=self.worker_id)
         try:
             job = self._jobs.get(att.ctx.job_type)
             if att.lost:  # the lease was lost while it waited for a slot
@@ -710,13 +718,11 @@ class Worker:
         self.stats.invocations += 1
         if self._info:
             ctx.log.info("handler_started")
-        loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any]
-        if job.is_async:
-            fut = asyncio.ensure_future(job.fn(ctx))
+        if att.trace is not None:  # the handler runs in its span (a child of the attempt's)
+            fut = att.trace.handler(ctx.job_type, lambda: self._call(job, ctx))
         else:
-            cv = contextvars.copy_context()
-            fut = loop.run_in_executor(self._executor, functools.partial(cv.run, job.fn, ctx))
+            fut = self._call(job, ctx)
         await _first_of(fut, ctx, ctx.timeout)
         if not fut.done():
             if not ctx.is_cancelled:  # the per-job timeout
@@ -727,6 +733,14 @@ class Worker:
                                      reason="timeout")
             await self._settle(fut, job)
         await self._finish(att, fut)
+
+    def _call(self, job: _Job, ctx: JobContext) -> asyncio.Future[Any]:
+        """Start the handler: a task, or a thread of the executor (in a copy of this context)."""
+        if job.is_async:
+            return asyncio.ensure_future(job.fn(ctx))
+        cv = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(
+            self._executor, functools.partial(cv.run, job.fn, ctx))
 
     async def _settle(self, fut: asyncio.Future[Any], job: _Job) -> None:
         """Give a cancelled handler ``cancel_grace`` to return; then cancel an async one."""
@@ -798,6 +812,8 @@ class Worker:
     def _forget(self, att: _Attempt) -> None:
         """The attempt needs nothing more: no heartbeats, no outcome to send."""
         key = (att.ctx.run_id, att.ctx.fence)
+        if att.trace is not None:  # no outcome was reported for it
+            att.trace.finish("discarded")
         if self._attempts.pop(key, None) is not None:
             self._finished[key] = None  # a re-read of its assignment is not run again
             if len(self._finished) > FINISHED_KEPT:
@@ -820,8 +836,15 @@ class Worker:
         """Queue an outcome; outcomes go out together, each re-sent with its command ID
         until decided (bounded by ``send_attempts``). The attempt keeps its heartbeats until
         then, so its lease holds while the outcome travels."""
+        headers: tracing.Headers = ()
+        if att.trace is not None:  # the attempt ends with its outcome, which it names
+            error = payload.message if isinstance(payload, m.FailRun) else None
+            headers = att.trace.finish(payload.type, error)
+        elif tracing.enabled:
+            headers = tracing.run_headers(att.ctx.run_id)
         self._outgoing.append(_Report(att, self.client.envelope(att.ctx.tenant,
-                                                                att.ctx.schedule_id, payload)))
+                                                                att.ctx.schedule_id, payload),
+                                      headers=headers))
         if self._reporter is None or self._reporter.done():
             self._reporter = asyncio.create_task(self._send_reports(), name="reports")
 
@@ -833,7 +856,9 @@ class Worker:
             for r in batch:
                 r.tries += 1
             try:
-                futs = await self.client.submit([r.env for r in batch])
+                futs = await self.client.submit(
+                    [r.env for r in batch],
+                    headers=[r.headers for r in batch] if tracing.enabled else None)
             except Exception as exc:  # noqa: BLE001 - the log is unavailable: retry, bounded
                 self._warn("send_failed", commands=len(batch), error=repr(exc)[:300],
                            tries=batch[0].tries)
@@ -913,6 +938,8 @@ class Worker:
             return
         for att, reply in zip(atts, replies, strict=True):
             ctx = att.ctx
+            if att.lost:  # an earlier beat's reply said so (beats held up by a dead link)
+                continue
             if reply is None:
                 ctx.log.warning("heartbeat_reply_lost")
             elif reply.status in ("stale_fence", "not_found"):

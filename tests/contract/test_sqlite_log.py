@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from chronolog.environment import boot_id, uptime
 from chronolog.log import sqlite as sqlite_log
 from chronolog.log.port import OutRecord, Record, Topics
 from chronolog.log.record_codec import unpack
@@ -853,12 +854,12 @@ async def test_a_member_joining_a_formed_group_takes_its_share_at_once(
         await first.close()
 
 
-async def test_a_group_file_of_the_version_before_gets_join_times_and_counts_as_formed(
+async def test_a_group_file_of_the_version_before_loses_its_members_rows_when_opened(
     db: Path, topics: Topics
 ) -> None:
-    """A group file written before members recorded when they joined gets the column when
-    opened; its members count as joined long ago, so the group has formed and a member that
-    joins takes its share at once."""
+    """A group file written before members recorded when they joined, and before its times
+    were on the machine's uptime clock, gets the column when opened, and its rows — wall-clock
+    times, of members of the version before — are deleted: a member that joins is alone."""
     with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
         conn.execute("CREATE TABLE members (grp TEXT NOT NULL, member_id TEXT NOT NULL, "
                      "topics TEXT NOT NULL, heartbeat_until REAL NOT NULL, "
@@ -866,13 +867,39 @@ async def test_a_group_file_of_the_version_before_gets_join_times_and_counts_as_
         conn.execute("INSERT INTO members VALUES ('g', 'old', ?, ?)",
                      (f'["{topics.commands}"]', time.time() + 60))
         conn.commit()
-    member = _Member(db, topics, "new", settle_s=30.0)
+    member = _Member(db, topics, "new", settle_s=0.0)
     try:
         await member.join()
-        assert len(member.consumer.assignment()) == PARTITIONS // 2
+        assert len(member.consumer.assignment()) == PARTITIONS
         with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
-            assert conn.execute("SELECT joined_at FROM members WHERE member_id = 'old'"
-                                ).fetchone() == (0,)
+            assert conn.execute("SELECT member_id FROM members").fetchall() == [("new",)]
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(members)")}
+            assert "joined_at" in columns
+    finally:
+        await member.close()
+
+
+async def test_a_group_file_of_another_boot_loses_its_members_rows_when_opened(
+    db: Path, topics: Topics
+) -> None:
+    """The members' times are on the machine's uptime clock, which starts again at each
+    boot: rows written in another boot (whose processes are gone) are deleted when the file
+    is opened, however far ahead their expiry looks — and rows of this boot are kept."""
+    first = _Member(db, topics, "first", settle_s=0.0)
+    await first.join()
+    await first.close()
+    with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
+        conn.execute("INSERT INTO members VALUES ('g', 'ghost', ?, ?, 0)",
+                     (f'["{topics.commands}"]', uptime() + 3600))
+        conn.execute("UPDATE group_clock SET boot_id = 'a boot before this one'")
+        conn.commit()
+    member = _Member(db, topics, "new", settle_s=0.0)
+    try:
+        await member.join()
+        assert len(member.consumer.assignment()) == PARTITIONS
+        with contextlib.closing(sqlite3.connect(group_path(db))) as conn:
+            assert conn.execute("SELECT member_id FROM members").fetchall() == [("new",)]
+            assert conn.execute("SELECT boot_id FROM group_clock").fetchall() == [(boot_id(),)]
     finally:
         await member.close()
 

@@ -13,6 +13,11 @@ def _blocks(doc: Path, section: str, kind: str) -> list[str]:
     return [str(b) for b in re.findall(rf"```{kind}\n(.*?)```", text[text.index(section):], re.S)]
 
 
+def fenced_blocks(doc: Path, section: str, kind: str) -> list[str]:
+    """The ``kind`` fenced blocks (``toml``, ``python``, ...) after ``section`` in ``doc``."""
+    return _blocks(doc, section, kind)
+
+
 def sh_block(doc: Path, section: str, after: int = 0) -> str:
     """The text of the first ``sh`` block after ``section`` in ``doc`` (``after``: skip
     that many blocks first)."""

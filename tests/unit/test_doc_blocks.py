@@ -52,6 +52,11 @@ NAMED: dict[tuple[str, str, int], str] = {
         "test_the_receiver_example_of_the_deployment_guide_verifies_real_deliveries",
     ("docs/deployment.md", "Commands from any Kafka producer", 0):
         "tests/integration/test_doc_blocks.py::test_the_kafka_producer_example_creates_a_schedule",
+    **{("docs/tracing.md", heading, i):
+       "tests/integration/test_tracing.py::"
+       "test_the_spans_of_one_run_join_into_one_trace_across_processes"
+       for heading, i in (("Your own spans in a handler", 0), ("Worked example", 0),
+                          ("Worked example", 1))},
     ("docs/security.md", "The node's database and files", 0):
         "tests/integration/test_node_files.py::"
         "test_a_dev_node_keeps_other_local_users_out_of_its_files_and_database",

@@ -212,7 +212,7 @@ def test_a_run_skipped_by_a_calendar_shows_the_exclusion_and_no_other_run_does()
     assert exclusion_out("SUCCEEDED", None, None) is None
     assert exclusion_out("SKIPPED", "excluded", None) is None
 
-    base = {"run_id": "r_1", "schedule_id": "s", "scheduled_at": XMAS_9AM_NY,
+    base = {"run_id": "r_1", "trace_id": "1" * 32, "schedule_id": "s", "scheduled_at": XMAS_9AM_NY,
             "state": "SKIPPED", "attempt": 0, "started_at": None,
             "finished_at": XMAS_9AM_NY}
     assert jsonable(RunItem(**base, exclusion=got))["exclusion"] == raw

@@ -327,6 +327,8 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("embedded_postgres.py", "pwd"): "the server's system user is looked up only when run as root",
     ("settings.py", "chronolog.log.sqlite"): "a process imports the adapter of its own log",
     ("settings.py", "chronolog.log.kafka"): "a process imports the adapter of its own log",
+    ("telemetry/tracing.py", "chronolog.telemetry.setup"):
+        "the OpenTelemetry SDK and exporter load only when tracing is on",
 }
 # what `chronolog --help` must not load
 HEAVY_MODULES = ("aiokafka", "asyncpg", "fastapi", "uvicorn", "httpx", "sqlite3")

@@ -56,6 +56,7 @@ from chronolog.queries.read_model import (
     run_list_page,
     runs_page,
 )
+from chronolog.telemetry.ids import run_trace_id
 
 router = APIRouter(tags=["runs"])
 
@@ -73,8 +74,9 @@ async def trigger_run(
     params = body.params if body is not None else None
     reply, mark = await ctx.send(tenant, schedule_id,
                                   m.TriggerRun(request_key=idempotency_key, params=params))
-    return written(RunCreated(run_id=reply.body["run_id"], state=reply.body["state"]),
-                   201, mark)
+    run_id = reply.body["run_id"]
+    return written(RunCreated(run_id=run_id, trace_id=run_trace_id(run_id),
+                              state=reply.body["state"]), 201, mark)
 
 
 @router.get("/v1/schedules/{schedule_id}/runs", response_model=RunPage,
