@@ -95,6 +95,8 @@ from typing import Any
 
 import asyncpg
 import httpx
+from hosts import Hosts
+from hosts import available as hosts_unavailable
 
 from chronolog.domain import codec
 from chronolog.domain import messages as m
@@ -107,10 +109,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 KAFKA_SH = ROOT / "scripts" / "kafka.sh"
 SCENARIOS = ("broker-restart", "postgres-restart", "kill-processes", "combined", "disk-full",
-             "leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down")
+             "leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down",
+             "processor-cut", "worker-cut", "broker-isolated", "receive-only-cut")
 KAFKA_ONLY = ("broker-restart", "combined")
 # on a three-broker cluster only (--brokers 3), where they are the default
 CLUSTER_ONLY = ("leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down")
+# with --hosts 3 only (the cluster's brokers, processors and workers on three hosts), where
+# they are the default
+HOSTS_ONLY = ("processor-cut", "worker-cut", "broker-isolated", "receive-only-cut")
 PORTS = range(39000, 40000)
 PARTITIONS = 4
 AUTH = {"Authorization": "Bearer dev"}
@@ -137,6 +143,10 @@ class Plan:
 
 # broker-stop-long: at least this long, past the group session timeout (10 s)
 STOP_LONG_S = 15.0
+# a network cut lasts at least this long: past the session timeout and a 5 s lease
+CUT_S = 15.0
+# the worker-cut scenario's handlers sleep this long: they end while their worker is cut off
+SLOW_S = 6.0
 
 SHORT = Plan(schedules=20, warmup=3.0, down=5.0, after=3.0, kill_gap=1.0, kill_waits=False,
              settle=90.0, ready=90.0, tmpfs_mb=64)
@@ -260,6 +270,25 @@ class Cluster(Broker):
 
     def start_node(self, node: int) -> None:
         self._run("start", str(node))
+
+
+class HostCluster(Cluster):
+    """Three KRaft nodes like ``Cluster``, node i on host i of ``hosts`` (its namespace, its
+    address, the broker role's group: ``scripts/hosts.py``)."""
+
+    def __init__(self, state: Path, ports: set[int], hosts: Hosts) -> None:
+        self.state = state
+        brokers = [free_port(ports, hosts.machine_address) for _ in self.NODES]
+        controllers = [free_port(ports, hosts.machine_address) for _ in self.NODES]
+        addresses = [hosts.host(n).address for n in self.NODES]
+        self.env = dict(os.environ, KAFKA_STATE_DIR=str(state),
+                        KAFKA_HOSTS=",".join(addresses),
+                        KAFKA_EXEC=",".join(" ".join(hosts.prefix(n, "broker"))
+                                            for n in self.NODES),
+                        KAFKA_PORTS=",".join(map(str, brokers)),
+                        KAFKA_CONTROLLER_PORTS=",".join(map(str, controllers)))
+        self.bootstrap = ",".join(f"{a}:{port}" for a, port in zip(addresses, brokers,
+                                                                   strict=True))
 
 
 async def leader_of(bootstrap: str, topic: str, partition: int) -> int:
@@ -402,6 +431,7 @@ class Deployment:
     api_port: int
     processors: int = 2
     workers: int = 2
+    hosts: Hosts | None = None  # processor-i and worker-i on host i (and as many of each)
     procs: dict[str, Proc] = field(default_factory=dict)
 
     @property
@@ -431,19 +461,27 @@ class Deployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         results = self.workdir / "results"
         flags = self.log_flags
+        hosts = self.hosts
+        if hosts is not None:
+            self.processors = self.workers = len(hosts.hosts)
         for i in range(1, self.processors + 1):
-            self._add(f"processor-{i}", ["processor", *flags, "--member-id", f"processor-{i}"])
+            self._add(f"processor-{i}", ["processor", *flags, "--member-id", f"processor-{i}"],
+                      on=hosts.prefix(i, "processor") if hosts else [])
         for i in range(1, self.workers + 1):
             self._add(f"worker-{i}", ["worker", *flags, "--builtin-jobs", "--concurrency", "8",
-                                      "--results", str(results), "--drain-timeout", "2"])
+                                      "--worker-id", f"worker-{i}", "--results", str(results),
+                                      "--drain-timeout", "2"],
+                      on=hosts.prefix(i, "worker") if hosts else [])
         database = {"CHRONOLOG_DATABASE_URL": self.dsn}
         self._add("projector", ["projector", *flags], database)
         self._add("effects", ["effects", *flags, "--member-id", "effects-1",
                               "--results", str(results)])
         self._add("api", ["api", *flags, "--port", str(self.api_port)], database)
 
-    def _add(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.procs[name] = Proc(name, [CHRONOLOG, *args], self.workdir, env)
+    def _add(self, name: str, args: list[str], env: dict[str, str] | None = None,
+             on: list[str] | None = None) -> None:
+        """``on``: the command prefix that starts it on its host (none: this machine)."""
+        self.procs[name] = Proc(name, [*(on or []), CHRONOLOG, *args], self.workdir, env)
 
     def start(self) -> None:
         for proc in self.procs.values():
@@ -547,6 +585,8 @@ class Fold:
         self.materialized: dict[tuple[str, datetime], list[str]] = {}  # instant -> run IDs
         self.run_instant: dict[str, tuple[str, datetime]] = {}
         self.claimed: dict[str, int] = {}
+        self.claimed_by: dict[str, list[str]] = {}  # run ID -> the workers of its attempts
+        self.partition_of: dict[str, int] = {}  # run ID -> its partition
         self.results: dict[str, int] = {}
         self.skipped: list[str] = []
         self.dead: list[str] = []
@@ -560,10 +600,10 @@ class Fold:
                 if not recs:
                     break
                 for rec in recs:
-                    self._apply(rec.value)
+                    self._apply(rec.value, p)
                 self.offsets[p] = recs[-1].offset + 1
 
-    def _apply(self, value: bytes) -> None:
+    def _apply(self, value: bytes, partition: int) -> None:
         env = codec.decode_event(value)
         if env.tenant != self.tenant or env.schedule_id not in self.ids:
             return
@@ -575,8 +615,10 @@ class Fold:
             key = (sid, ev.scheduled_at)
             self.materialized.setdefault(key, []).append(ev.run_id)
             self.run_instant[ev.run_id] = key
+            self.partition_of[ev.run_id] = partition
         elif isinstance(ev, m.AttemptClaimed):
             self.claimed[ev.run_id] = self.claimed.get(ev.run_id, 0) + 1
+            self.claimed_by.setdefault(ev.run_id, []).append(ev.worker_id)
         elif isinstance(ev, m.ResultPublished):
             self.results[ev.run_id] = self.results.get(ev.run_id, 0) + 1
         elif isinstance(ev, m.OccurrenceSkipped):
@@ -623,6 +665,13 @@ class Fold:
         """A run scheduled at or after ``after`` has its result."""
         return any(self.results.get(r) and t >= after
                    for r, (_, t) in self.run_instant.items())
+
+    def served_everywhere(self, after: datetime) -> bool:
+        """On every partition that has runs, a run scheduled at or after ``after`` has its
+        result: whoever owned each partition before, someone decides it now."""
+        fresh = {self.partition_of[r] for r, (_, t) in self.run_instant.items()
+                 if t >= after and self.results.get(r)}
+        return bool(self.partition_of) and set(self.partition_of.values()) <= fresh
 
 
 class Prober:
@@ -786,11 +835,12 @@ class Row:
 
 class Chaos:
     def __init__(self, plan: Plan, work: Path, log_kind: str = "kafka",
-                 brokers: int = 1) -> None:
+                 brokers: int = 1, hosts: Hosts | None = None) -> None:
         self.plan = plan
         self.work = work
         self.log_kind = log_kind  # where postgres-restart and kill-processes run
         self.brokers = brokers  # 1: one broker; 3: a cluster (Cluster)
+        self.hosts = hosts  # the cluster and the processors and workers on hosts (HostCluster)
         self.ports: set[int] = set()
         self.broker: Broker | None = None
         self.pg: Postgres | None = None
@@ -842,7 +892,10 @@ class Chaos:
         topics = Topics(prefix="chaos.", partitions=PARTITIONS)
         if kind == "kafka":
             if self.broker is None:
-                if self.brokers == 3:
+                if self.hosts is not None:
+                    say("starting a private Kafka cluster of three brokers, one per host")
+                    self.broker = HostCluster(self.work / "kafka", self.ports, self.hosts)
+                elif self.brokers == 3:
                     say("starting a private Kafka cluster of three brokers")
                     self.broker = Cluster(self.work / "kafka", self.ports)
                 else:
@@ -861,7 +914,8 @@ class Chaos:
             await lg.ensure_topics()
         finally:
             await lg.close()
-        dep = Deployment(kind, cfg, dsn, self.work / kind, free_port(self.ports))
+        dep = Deployment(kind, cfg, dsn, self.work / kind, free_port(self.ports),
+                         hosts=self.hosts if kind == "kafka" else None)
         dep.build()
         return dep
 
@@ -884,6 +938,8 @@ class Chaos:
         await self.http.aclose()
         if self.broker is not None:
             await asyncio.to_thread(self.broker.down)
+        if self.hosts is not None:
+            await asyncio.to_thread(self.hosts.close)
         if self.pg is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.pg.stop)
@@ -908,7 +964,8 @@ class Chaos:
         say(f"scenario {scenario}")
         try:
             kind = ("sqlite" if scenario == "disk-full"
-                    else "kafka" if scenario in KAFKA_ONLY + CLUSTER_ONLY else self.log_kind)
+                    else "kafka" if scenario in KAFKA_ONLY + CLUSTER_ONLY + HOSTS_ONLY
+                    else self.log_kind)
             dep = await self.deployment(kind)
             row.details["log"] = kind
             p = self.plan
@@ -918,6 +975,8 @@ class Chaos:
             if scenario in CLUSTER_ONLY:  # a node restarted after the fault, waited for
                 span += 10 + (max(p.down, STOP_LONG_S) - p.down
                               if scenario == "broker-stop-long" else 0)
+            if scenario in HOSTS_ONLY:  # a cut lasts CUT_S at least, then the link heals
+                span += 10 + max(p.down, CUT_S) - p.down
             window = self.window(scenario, span)
             await self.load_and_check(dep, window, row,
                                       lambda: self.faults(scenario, dep, row, window))
@@ -1084,6 +1143,8 @@ class Chaos:
                 row.recover_s = await self.recovered(dep, cleared, lg, window)
             elif scenario in CLUSTER_ONLY:
                 await self.cluster_faults(scenario, dep, row, window, lg)
+            elif scenario in HOSTS_ONLY:
+                await self.host_faults(scenario, dep, row, window, lg)
         finally:
             with contextlib.suppress(Exception):
                 await lg.close()
@@ -1138,6 +1199,133 @@ class Chaos:
             raise RuntimeError(f"not every process ready after the cluster came back: "
                                f"{dep.not_ready()}")
 
+    async def host_faults(self, scenario: str, dep: Deployment, row: Row, window: Window,
+                          lg: Any) -> None:
+        """The faults of a network between hosts (``--hosts 3``): a cut lasts ``CUT_S`` at
+        least (past the group session timeout and a lease), then the link heals; *recover*
+        is from the heal."""
+        hosts = self.hosts
+        if hosts is None:
+            raise RuntimeError(f"{scenario} needs hosts (--hosts 3)")
+        cut = max(self.plan.down, CUT_S)
+        started = time.monotonic()
+        fold = Fold(lg, window.tenant, set(window.ids))
+        if scenario == "processor-cut":
+            row.faults = (f"processor-1's connections to every broker cut both ways for "
+                          f"{cut:g}s (past the session timeout), then healed")
+            lines = dep.procs["processor-1"].lines()
+            since = datetime.now(UTC)
+            hosts.cut(1, "processor")
+
+            async def moved() -> bool:
+                await fold.update()
+                return fold.served_everywhere(since + timedelta(seconds=1))
+
+            served = await poll(moved, cut, interval=0.5)
+            if not served:
+                raise RuntimeError(f"while processor-1 was cut off ({cut:g}s), some partition "
+                                   "had no run decided: its partitions did not move")
+            row.details["every_partition_served_after_s"] = round(
+                (datetime.now(UTC) - since).total_seconds(), 1)
+            await asyncio.sleep(max(0.0, cut - (time.monotonic() - started)))
+            hosts.heal()
+            cleared = datetime.now(UTC)
+            row.recover_s = await self.recovered(dep, cleared, lg, window)
+            fenced = await poll(lambda: said(dep.procs["processor-1"], lines, ("fenced",)),
+                                self.plan.ready, interval=0.5)
+            row.details["processor_1_said"] = fenced
+            if not fenced:
+                raise RuntimeError("processor-1 never said it was fenced after the heal")
+        elif scenario == "worker-cut":
+            await self.worker_cut(dep, row, window, lg, cut)
+        elif scenario == "broker-isolated":
+            node = await leader_of(dep.log.target, dep.log.topics.events, 0)
+            row.faults = (f"broker {node} (leader of events partition 0) cut from the other "
+                          f"two brokers, both ways, for {cut:g}s; clients reach all three")
+            row.details["leader_before"] = node
+            hosts.isolate_broker(node)
+
+            async def new_leader() -> int | None:
+                with contextlib.suppress(Exception):
+                    leader = await leader_of(dep.log.target, dep.log.topics.events, 0)
+                    return leader if leader != node else None
+                return None
+
+            leader = await poll(new_leader, cut, interval=0.5)
+            row.details["leader_during_cut"] = leader
+            if leader is None:
+                raise RuntimeError(f"events partition 0 kept its leader {node} while it was "
+                                   "cut from the other brokers")
+            await asyncio.sleep(max(0.0, cut - (time.monotonic() - started)))
+            hosts.heal()
+            cleared = datetime.now(UTC)
+            row.recover_s = await self.recovered(dep, cleared, lg, window)
+        elif scenario == "receive-only-cut":
+            row.faults = (f"host 1's processor and worker can send but not receive for "
+                          f"{cut:g}s, then healed")
+            hosts.cut(1, "processor", receive_only=True)
+            hosts.cut(1, "worker", receive_only=True)
+            await asyncio.sleep(cut)
+            hosts.heal()
+            cleared = datetime.now(UTC)
+            row.recover_s = await self.recovered(dep, cleared, lg, window)
+        if not await poll(lambda: dep.all_ready(self.http), self.plan.ready):
+            raise RuntimeError(f"not every process ready after the link healed: "
+                               f"{dep.not_ready()}")
+
+    async def worker_cut(self, dep: Deployment, row: Row, window: Window, lg: Any,
+                         cut: float) -> None:
+        """A worker cut off while it runs handlers that outlast the lease (the worker that
+        took the slow runs): each attempt it held is taken over at lease expiry (another
+        worker runs it), and the late word of its own — a heartbeat or the result, sent when
+        the link heals — is answered ``stale_fence``; every run has one result."""
+        hosts = self.hosts
+        assert hosts is not None
+        sid = f"{window.ids[0]}-slow"
+        await create_slow_schedule(self.http, dep.api, sid, window)
+        slow = Fold(lg, window.tenant, {sid})
+        runs = await trigger_runs(self.http, dep.api, sid, sid, 6)
+
+        async def running() -> list[tuple[str, str]] | None:
+            """(run, worker) of the slow runs claimed and not finished, once all are."""
+            await slow.update()
+            claims = [(r, slow.claimed_by[r][-1]) for r in runs
+                      if slow.claimed_by.get(r) and not slow.results.get(r)]
+            return claims if len(claims) == len(runs) else None
+
+        claims = await poll(running, 30, interval=0.2)
+        if not claims:
+            raise RuntimeError(f"the {len(runs)} slow runs were not all running at once")
+        worker = max({w for _, w in claims}, key=lambda w: sum(x == w for _, x in claims))
+        held = [r for r, w in claims if w == worker]
+        number = int(worker.rsplit("-", 1)[1])
+        row.faults = (f"{worker}'s connections cut both ways for {cut:g}s while its "
+                      f"handlers (sleep {SLOW_S:g}s, lease 5s) run, then healed")
+        lines = dep.procs[worker].lines()
+        hosts.cut(number, "worker")
+        await asyncio.sleep(cut)
+        hosts.heal()
+        cleared = datetime.now(UTC)
+        row.recover_s = await self.recovered(dep, cleared, lg, window)
+
+        async def settled() -> bool:
+            await slow.update()
+            return all(slow.results.get(r) for r in runs)
+
+        await poll(settled, self.plan.settle, interval=1.0)
+        refused = await poll(lambda: said(dep.procs[worker], lines, ("stale_fence",))
+                             or None, self.plan.ready, interval=0.5)
+        lost = [r for r in runs if not slow.results.get(r)]
+        doubled = [r for r in runs if slow.results.get(r, 0) > 1]
+        not_taken_over = [r for r in held if len(slow.claimed_by.get(r, [])) < 2]
+        row.details["slow_runs"] = {
+            "runs": len(runs), "worker": worker, "held_at_the_cut": len(held),
+            "lost": len(lost), "doubled": len(doubled), "not_taken_over": not_taken_over[:5],
+            "claims_of_held": {r: slow.claimed_by.get(r) for r in held[:5]},
+            "worker_said": refused}
+        if lost or doubled or not_taken_over or not refused:
+            raise RuntimeError(f"slow runs: {row.details['slow_runs']}")
+
     async def broker_down(self, dep: Deployment, row: Row) -> None:
         assert self.broker is not None
         await asyncio.to_thread(self.broker.kill)
@@ -1159,6 +1347,55 @@ class Chaos:
         row.details.setdefault("healthz_during_fault", []).append(message)
         if message is None:
             raise RuntimeError(f"/healthz did not report '{expected}' during the fault")
+
+
+async def create_slow_schedule(http: httpx.AsyncClient, api: str, schedule_id: str,
+                               window: Window) -> None:
+    """A schedule whose runs sleep ``SLOW_S`` (run by manual triggers: its own instants
+    are a day after the window)."""
+    body = {"scheduleId": schedule_id, "every": "1h",
+            "start": iso(window.end + timedelta(days=1)),
+            "job": {"type": "sleep", "params": {"seconds": SLOW_S}}, "overlap": "allow",
+            "lease": "5s", "retry": {"maxAttempts": 50, "initialBackoff": "1s",
+                                     "maxBackoff": "2s"}}
+    for _ in range(20):
+        with contextlib.suppress(httpx.HTTPError):
+            r = await http.post(f"{api}/v1/schedules", json=body, timeout=30,
+                                headers={**AUTH, "Idempotency-Key": schedule_id})
+            if r.status_code in (200, 201, 409):
+                return
+        await asyncio.sleep(1)
+    raise RuntimeError(f"could not create the schedule {schedule_id}")
+
+
+async def trigger_runs(http: httpx.AsyncClient, api: str, schedule_id: str, stem: str,
+                       count: int) -> list[str]:
+    """``count`` manual runs of ``schedule_id`` (each retried with its key); their run IDs."""
+    out = []
+    for i in range(count):
+        for _ in range(20):
+            with contextlib.suppress(httpx.HTTPError):
+                r = await http.post(f"{api}/v1/schedules/{schedule_id}/runs", timeout=10,
+                                    headers={**AUTH, "Idempotency-Key": f"{stem}-{i}"})
+                if r.status_code in (200, 201):
+                    out.append(str(r.json()["runId"]))
+                    break
+            await asyncio.sleep(1)
+        else:
+            raise RuntimeError(f"could not trigger a run of {schedule_id}")
+    return out
+
+
+def said(proc: Proc, after_line: int, words: tuple[str, ...]) -> list[str]:
+    """The lines of ``proc``'s log after line ``after_line`` that hold one of ``words``
+    (at most five, each cut to 300 characters)."""
+    try:
+        text = proc.log_path.read_text(errors="replace")
+    except OSError:
+        return []
+    hits = [line[:300] for line in text.splitlines()[after_line:]
+            if any(w in line for w in words)]
+    return hits[:5]
 
 
 def fill(path: Path) -> int:
@@ -1219,7 +1456,12 @@ async def main_async(args: argparse.Namespace) -> int:
     plan = SHORT if args.short else Plan()
     if args.schedules:
         plan = Plan(**{**plan.__dict__, "schedules": args.schedules})
-    if args.brokers == 3:
+    if args.hosts:
+        chosen = args.scenario or list(HOSTS_ONLY)
+        if "disk-full" in chosen:
+            print("chaos.py: disk-full runs on the embedded log, not on hosts", file=sys.stderr)
+            return 2
+    elif args.brokers == 3:
         chosen = args.scenario or list(CLUSTER_ONLY)
     else:
         chosen = args.scenario or [s for s in SCENARIOS if s not in CLUSTER_ONLY
@@ -1228,6 +1470,10 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"chaos.py: {', '.join(sorted(set(chosen) & set(CLUSTER_ONLY)))} need a "
                   "three-broker cluster (--brokers 3)", file=sys.stderr)
             return 2
+    if not args.hosts and set(chosen) & set(HOSTS_ONLY):
+        print(f"chaos.py: {', '.join(sorted(set(chosen) & set(HOSTS_ONLY)))} need hosts "
+              "(--hosts 3)", file=sys.stderr)
+        return 2
     if args.log == "sqlite" and set(chosen) & set(KAFKA_ONLY):
         print(f"chaos.py: {', '.join(sorted(set(chosen) & set(KAFKA_ONLY)))} need a broker "
               "(--log kafka)", file=sys.stderr)
@@ -1236,7 +1482,18 @@ async def main_async(args: argparse.Namespace) -> int:
     os.chmod(work, 0o755)  # the embedded PostgreSQL runs as another user when we are root
     say(f"work directory {work}; scenarios {', '.join(chosen)}; "
         f"{plan.schedules} schedules, outages of {plan.down:g}s")
-    chaos = Chaos(plan, work, args.log, args.brokers)
+    hosts = None
+    if args.hosts:
+        why = hosts_unavailable()
+        if why is not None:
+            print(f"chaos.py: --hosts: {why}", file=sys.stderr)
+            return 2
+        hosts = Hosts(args.hosts)
+        say(f"hosts {', '.join(h.address for h in hosts.hosts)} (namespaces "
+            f"{hosts.hosts[0].namespace}...), this machine {hosts.machine_address}")
+        hosts.up()
+    chaos = Chaos(plan, work, "kafka" if hosts else args.log, 3 if hosts else args.brokers,
+                  hosts)
     rows: list[Row] = []
     started = time.monotonic()
     try:
@@ -1268,6 +1525,11 @@ def main() -> int:
     parser.add_argument("--brokers", type=int, choices=(1, 3), default=1,
                         help="Kafka brokers: 1, or a cluster of 3 (replication 3, min ISR 2) "
                              "whose scenarios are then the default: " + ", ".join(CLUSTER_ONLY))
+    parser.add_argument("--hosts", type=int, choices=(3,), default=None,
+                        help="three hosts (network namespaces), each with a broker of the "
+                             "cluster, a processor and a worker; the API, projector, effect "
+                             "runner and PostgreSQL on this machine; their scenarios are then "
+                             "the default: " + ", ".join(HOSTS_ONLY))
     parser.add_argument("--schedules", type=int, default=None,
                         help="schedules per scenario (default 200, --short 20)")
     parser.add_argument("--json", default=None, metavar="PATH",

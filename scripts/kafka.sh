@@ -47,7 +47,10 @@
 # such as 127.0.0.2 for a broker killed and restarted under running clients: on 127.0.0.1 a
 # client retrying its connection can get the broker's port as its own source port and connect
 # to itself, holding the port so that the broker cannot start again), KAFKA_PORT (19092),
-# KAFKA_CONTROLLER_PORT (19093),
+# KAFKA_CONTROLLER_PORT (19093), KAFKA_HOSTS (a cluster: one address per node, comma-separated,
+# instead of KAFKA_HOST for all — e.g. each node in a network namespace of its own),
+# KAFKA_EXEC (a cluster: one command prefix per node, comma-separated, that the node's JVM is
+# started under — e.g. "ip netns exec ns1 setpriv --regid 3911 --clear-groups"),
 # KAFKA_READY_TIMEOUT seconds (120), KAFKA_HEAP (512m), KAFKA_EXTRA_CONFIG (extra server
 # properties, one key=value per line), KAFKA_JVM_OPTS (the JVM's collector and compiler flags;
 # default G1 with a 20 ms pause goal — 5 ms and ZGC measured no better p99; `make test` uses
@@ -77,6 +80,7 @@ LIBS="$KDIR/libs-$VERSION"
 STATE="${KAFKA_STATE_DIR:-$KDIR}"  # this broker's config, data, logs, PID (jars are shared)
 # the node selected by use_node (a single broker: $STATE itself; a cluster: $STATE/node-<id>)
 NSTATE="$STATE"
+NHOST="$HOST"
 NODE_ID=1
 NPORT="$PORT"
 NCPORT="$CPORT"
@@ -93,6 +97,15 @@ major() { printf '%s' "${VERSION%%.*}"; }
 
 nth() {  # nth "a,b,c" 2 -> b
     printf '%s' "$1" | cut -d, -f"$2"
+}
+
+node_host() {  # the address of node $1: its entry in KAFKA_HOSTS, else KAFKA_HOST
+    if [ -n "${KAFKA_HOSTS:-}" ] && [ "$BROKERS" -gt 1 ]; then nth "$KAFKA_HOSTS" "$1"
+    else printf '%s' "$HOST"; fi
+}
+
+node_exec() {  # the command prefix node $1 is started under (KAFKA_EXEC), word-split
+    if [ -n "${KAFKA_EXEC:-}" ] && [ "$BROKERS" -gt 1 ]; then nth "$KAFKA_EXEC" "$1"; fi
 }
 
 node_port() {  # the broker (kind=broker) or controller port of node $2
@@ -138,11 +151,13 @@ record_ports() {
     echo "$c" >"$STATE/controller-ports"
 }
 
-use_node() {  # select node $1: NSTATE, NODE_ID, NPORT, NCPORT, DATA, PIDFILE
+use_node() {  # select node $1: NSTATE, NODE_ID, NHOST, NPORT, NCPORT, DATA, PIDFILE
     local i="$1"
+    NHOST="$HOST"
     if [ "$BROKERS" -eq 1 ]; then
         NSTATE="$STATE"; NODE_ID=1; NPORT="$PORT"; NCPORT="$CPORT"
     else
+        NHOST="$(node_host "$i")"
         [[ "$i" =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$BROKERS" ] \
             || die "no node '$i' (nodes are 1..$BROKERS)"
         NSTATE="$STATE/node-$i"; NODE_ID="$i"
@@ -155,7 +170,7 @@ use_node() {  # select node $1: NSTATE, NODE_ID, NPORT, NCPORT, DATA, PIDFILE
 voters() {
     local i out=""
     for i in $(seq 1 "$BROKERS"); do
-        out="$out${out:+,}$i@$HOST:$(if [ "$BROKERS" -eq 1 ]; then printf '%s' "$CPORT"; else node_port controller "$i"; fi)"
+        out="$out${out:+,}$i@$(node_host "$i"):$(if [ "$BROKERS" -eq 1 ]; then printf '%s' "$CPORT"; else node_port controller "$i"; fi)"
     done
     printf '%s' "$out"
 }
@@ -163,7 +178,7 @@ voters() {
 bootstrap_list() {
     local i out=""
     for i in $(seq 1 "$BROKERS"); do
-        out="$out${out:+,}$HOST:$(if [ "$BROKERS" -eq 1 ]; then printf '%s' "$PORT"; else node_port broker "$i"; fi)"
+        out="$out${out:+,}$(node_host "$i"):$(if [ "$BROKERS" -eq 1 ]; then printf '%s' "$PORT"; else node_port broker "$i"; fi)"
     done
     printf '%s' "$out"
 }
@@ -239,8 +254,8 @@ sasl_on() { [ "${SASL:-0}" = 1 ]; }
 listener_config() {
     if ! sasl_on; then
         cat <<EOF
-listeners=PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
-advertised.listeners=PLAINTEXT://$HOST:$NPORT
+listeners=PLAINTEXT://$NHOST:$NPORT,CONTROLLER://$NHOST:$NCPORT
+advertised.listeners=PLAINTEXT://$NHOST:$NPORT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
@@ -252,8 +267,8 @@ EOF
     mech="$(cat "$STATE/sasl.mechanism")"
     lower="${mech,,}"
     cat <<EOF
-listeners=SASL_PLAINTEXT://$HOST:$NPORT,CONTROLLER://$HOST:$NCPORT
-advertised.listeners=SASL_PLAINTEXT://$HOST:$NPORT
+listeners=SASL_PLAINTEXT://$NHOST:$NPORT,CONTROLLER://$NHOST:$NCPORT
+advertised.listeners=SASL_PLAINTEXT://$NHOST:$NPORT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT
 inter.broker.listener.name=SASL_PLAINTEXT
@@ -386,7 +401,7 @@ EOF
 }
 
 port_busy() {
-    (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null
+    (exec 3<>"/dev/tcp/${NHOST:-$HOST}/$1") 2>/dev/null
 }
 
 broker_answers() {
@@ -427,7 +442,7 @@ wait_ready() {
             rm -f "$PIDFILE"
             return 1
         fi
-        if port_busy "$NPORT" && broker_answers "$HOST:$NPORT" "$want"; then
+        if port_busy "$NPORT" && broker_answers "$NHOST:$NPORT" "$want"; then
             return 0
         fi
         sleep 0.5
@@ -450,7 +465,7 @@ launch_node() {
     local mode="$1" cid="$2"
     mkdir -p "$NSTATE"
     if port_busy "$NPORT" || port_busy "$NCPORT"; then
-        die "port $NPORT or $NCPORT on $HOST is taken by a process this script did not start" \
+        die "port $NPORT or $NCPORT on $NHOST is taken by a process this script did not start" \
             "(set KAFKA_PORT / KAFKA_CONTROLLER_PORT, or KAFKA_PORTS / KAFKA_CONTROLLER_PORTS)"
     fi
     if [ "$mode" = fresh ]; then
@@ -474,7 +489,10 @@ launch_node() {
             -c "$NSTATE/server.properties" --ignore-formatted >"$NSTATE/format.out" 2>&1 \
             || { cat "$NSTATE/format.out" >&2; die "StorageTool format failed (node $NODE_ID)"; }
     fi
-    nohup setsid "${jvm[@]}" kafka.Kafka "$NSTATE/server.properties" \
+    local prefix=()
+    # shellcheck disable=SC2207  # a command prefix, word-split on purpose
+    prefix=($(node_exec "$NODE_ID"))
+    nohup setsid "${prefix[@]}" "${jvm[@]}" kafka.Kafka "$NSTATE/server.properties" \
         >"$NSTATE/broker.out" 2>&1 </dev/null 9>&- &
     LAUNCHED=$!
     echo "$LAUNCHED" >"$PIDFILE"

@@ -77,3 +77,31 @@ def test_the_short_chaos_run_on_a_three_broker_cluster_is_clean_in_every_row(
     # (a command sent just before the kill may be answered "no reply" instead: it was in flight)
     assert any("not enough in-sync replicas" in m for m in refused["said"]["503"]), refused
     assert code == 0, summary
+
+
+@pytest.mark.long(240)
+def test_the_short_chaos_run_across_three_hosts_is_clean_in_every_row(tmp_path: Path) -> None:
+    """Three hosts (network namespaces), each with a broker of the cluster, a processor and
+    a worker: a processor cut from every broker past the session timeout (its partitions
+    move, it is fenced when the link heals), a worker cut off while its handlers outlast
+    their lease (taken over; its late heartbeat or result answered ``stale_fence``), the leader of a
+    partition cut from the other brokers (leadership moves), and a host that can send but
+    not receive."""
+    rows, summary, code = short_chaos(tmp_path, "--hosts", "3")
+    assert [r["scenario"] for r in rows] == ["processor-cut", "worker-cut", "broker-isolated",
+                                             "receive-only-cut"], summary
+    assert_clean(rows, summary)
+    details = {r["scenario"]: r["details"] for r in rows}
+    cut = details["processor-cut"]
+    assert cut["every_partition_served_after_s"] > 0, cut
+    assert any('"partition_fenced"' in line or "fenced" in line
+               for line in cut["processor_1_said"]), cut
+    slow = details["worker-cut"]["slow_runs"]
+    assert slow["held_at_the_cut"] > 0, slow
+    assert (slow["lost"], slow["doubled"], slow["not_taken_over"]) == (0, 0, []), slow
+    assert all(len(claims) >= 2 and claims[0] == slow["worker"] != claims[-1]
+               for claims in slow["claims_of_held"].values()), slow
+    assert any("stale_fence" in line for line in slow["worker_said"]), slow
+    isolated = details["broker-isolated"]
+    assert isolated["leader_during_cut"] not in (None, isolated["leader_before"]), isolated
+    assert code == 0, summary
