@@ -56,6 +56,7 @@ import burstlib as B
 from burst_jobs import JOB_TYPES
 from chronolog.client import Client, NotFound
 from chronolog.domain import messages as m
+from chronolog.environment import uptime
 from chronolog.log.port import Topics
 from chronolog.log.reading import read_partition
 from chronolog.log.sqlite import group_path
@@ -98,7 +99,7 @@ async def live_members(cfg: LogConfig, group: str) -> int:
     if cfg.kind == "sqlite":
         with sqlite3.connect(f"file:{group_path(cfg.target)}?mode=ro", uri=True) as db:
             return db.execute("SELECT count(*) FROM members WHERE grp = ? AND heartbeat_until > ?",
-                              (group, time.time())).fetchone()[0]
+                              (group, uptime())).fetchone()[0]  # the groups' clock
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=cfg.target)
