@@ -110,13 +110,14 @@ CHRONOLOG = str(Path(sys.executable).parent / "chronolog")
 KAFKA_SH = ROOT / "scripts" / "kafka.sh"
 SCENARIOS = ("broker-restart", "postgres-restart", "kill-processes", "combined", "disk-full",
              "leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down",
-             "processor-cut", "worker-cut", "broker-isolated", "receive-only-cut")
+             "processor-cut", "worker-cut", "broker-isolated", "receive-only-cut", "clock-step")
 KAFKA_ONLY = ("broker-restart", "combined")
 # on a three-broker cluster only (--brokers 3), where they are the default
 CLUSTER_ONLY = ("leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down")
 # with --hosts 3 only (the cluster's brokers, processors and workers on three hosts), where
 # they are the default
-HOSTS_ONLY = ("processor-cut", "worker-cut", "broker-isolated", "receive-only-cut")
+HOSTS_ONLY = ("processor-cut", "worker-cut", "broker-isolated", "receive-only-cut",
+              "clock-step")
 PORTS = range(39000, 40000)
 PARTITIONS = 4
 AUTH = {"Authorization": "Bearer dev"}
@@ -145,8 +146,15 @@ class Plan:
 STOP_LONG_S = 15.0
 # a network cut lasts at least this long: past the session timeout and a 5 s lease
 CUT_S = 15.0
+# processor-cut: every partition of the cut processor served by another within this
+MOVE_WITHIN_S = 90.0
 # the worker-cut scenario's handlers sleep this long: they end while their worker is cut off
 SLOW_S = 6.0
+# clock-step: processor-1's wall clock is stepped by this much, forward then back
+CLOCK_STEP = "600"
+# libfaketime (Debian: faketime), which steps processor-1's wall clock (clock-step)
+LIBFAKETIME = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+               "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1")
 
 SHORT = Plan(schedules=20, warmup=3.0, down=5.0, after=3.0, kill_gap=1.0, kill_waits=False,
              settle=90.0, ready=90.0, tmpfs_mb=64)
@@ -466,6 +474,7 @@ class Deployment:
             self.processors = self.workers = len(hosts.hosts)
         for i in range(1, self.processors + 1):
             self._add(f"processor-{i}", ["processor", *flags, "--member-id", f"processor-{i}"],
+                      self.faked_clock() if hosts and i == 1 else None,
                       on=hosts.prefix(i, "processor") if hosts else [])
         for i in range(1, self.workers + 1):
             self._add(f"worker-{i}", ["worker", *flags, "--builtin-jobs", "--concurrency", "8",
@@ -477,6 +486,23 @@ class Deployment:
         self._add("effects", ["effects", *flags, "--member-id", "effects-1",
                               "--results", str(results)])
         self._add("api", ["api", *flags, "--port", str(self.api_port)], database)
+
+    @property
+    def clock_file(self) -> Path:
+        """The offset libfaketime gives processor-1's wall clock on hosts (``+0``: none)."""
+        return self.workdir / "host-1.faketime"
+
+    def faked_clock(self) -> dict[str, str]:
+        """processor-1's environment on hosts: its wall clock read through libfaketime, at
+        the offset in ``clock_file`` (re-read at every reading; its monotonic and boot-time
+        clocks left alone), so clock-step can step it while it runs."""
+        lib = next((p for p in LIBFAKETIME if Path(p).exists()), None)
+        if lib is None:
+            raise RuntimeError("--hosts needs libfaketime to step a processor's clock "
+                               "(Debian: apt-get install faketime)")
+        self.clock_file.write_text("+0\n")
+        return {"LD_PRELOAD": lib, "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
+                "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
     def _add(self, name: str, args: list[str], env: dict[str, str] | None = None,
              on: list[str] | None = None) -> None:
@@ -590,6 +616,9 @@ class Fold:
         self.results: dict[str, int] = {}
         self.skipped: list[str] = []
         self.dead: list[str] = []
+        # instants seen materialized more than a second before they came, by this process's
+        # clock (seen only when the fold is read in time: clock-step reads it all along)
+        self.early: list[str] = []
         self.created: dict[str, datetime] = {}  # schedule -> its processor's now at creation
 
     async def update(self) -> None:
@@ -616,6 +645,9 @@ class Fold:
             self.materialized.setdefault(key, []).append(ev.run_id)
             self.run_instant[ev.run_id] = key
             self.partition_of[ev.run_id] = partition
+            if ev.trigger == "schedule" and ev.scheduled_at > datetime.now(UTC) + timedelta(
+                    seconds=1):
+                self.early.append(f"{sid}@{iso(ev.scheduled_at)}")
         elif isinstance(ev, m.AttemptClaimed):
             self.claimed[ev.run_id] = self.claimed.get(ev.run_id, 0) + 1
             self.claimed_by.setdefault(ev.run_id, []).append(ev.worker_id)
@@ -651,7 +683,8 @@ class Fold:
             "missing_instants": len(missing), "runs_without_result": len(no_result),
             "extra_occurrences": extra_instants, "extra_results": extra_results,
             "outside_window": len(outside), "skipped": self.skipped[:10],
-            "dead": self.dead[:10], "lost": len(missing) + len(no_result),
+            "dead": self.dead[:10], "early": self.early[:10],
+            "lost": len(missing) + len(no_result),
             "doubled": extra_instants + extra_results + len(outside),
             "examples_missing": [f"{s}@{iso(t)}" for s, t in missing[:5]],
             "examples_no_result": no_result[:5],
@@ -977,6 +1010,8 @@ class Chaos:
                               if scenario == "broker-stop-long" else 0)
             if scenario in HOSTS_ONLY:  # a cut lasts CUT_S at least, then the link heals
                 span += 10 + max(p.down, CUT_S) - p.down
+            if scenario == "clock-step":  # two steps, each held for the outage
+                span += p.down
             window = self.window(scenario, span)
             await self.load_and_check(dep, window, row,
                                       lambda: self.faults(scenario, dep, row, window))
@@ -1035,6 +1070,8 @@ class Chaos:
         row.lost = account["lost"] + acknowledged["lost"]
         row.doubled = account["doubled"] + acknowledged["doubled"]
         row.details["account"] = account
+        if account["early"] and not row.error:
+            row.error = f"runs materialized early: {account['early']}"
         row.details["acknowledged"] = acknowledged
         row.details["log_lines"] = {n: pr.lines() - lines_before[n]
                                     for n, pr in dep.procs.items()}
@@ -1212,7 +1249,8 @@ class Chaos:
         fold = Fold(lg, window.tenant, set(window.ids))
         if scenario == "processor-cut":
             row.faults = (f"processor-1's connections to every broker cut both ways for "
-                          f"{cut:g}s (past the session timeout), then healed")
+                          f"{cut:g}s at least (past the session timeout; until its partitions "
+                          "had moved), then healed")
             lines = dep.procs["processor-1"].lines()
             since = datetime.now(UTC)
             hosts.cut(1, "processor")
@@ -1221,14 +1259,17 @@ class Chaos:
                 await fold.update()
                 return fold.served_everywhere(since + timedelta(seconds=1))
 
-            served = await poll(moved, cut, interval=0.5)
+            # the cut lasts until every partition is served again (a loaded machine takes
+            # longer than the session timeout to move them), and ``cut`` at least
+            served = await poll(moved, MOVE_WITHIN_S, interval=0.5)
             if not served:
-                raise RuntimeError(f"while processor-1 was cut off ({cut:g}s), some partition "
-                                   "had no run decided: its partitions did not move")
+                raise RuntimeError(f"in the {MOVE_WITHIN_S:g}s processor-1 was cut off, some "
+                                   "partition had no run decided: its partitions did not move")
             row.details["every_partition_served_after_s"] = round(
                 (datetime.now(UTC) - since).total_seconds(), 1)
             await asyncio.sleep(max(0.0, cut - (time.monotonic() - started)))
             hosts.heal()
+            row.details["cut_s"] = round(time.monotonic() - started, 1)
             cleared = datetime.now(UTC)
             row.recover_s = await self.recovered(dep, cleared, lg, window)
             fenced = await poll(lambda: said(dep.procs["processor-1"], lines, ("fenced",)),
@@ -1260,6 +1301,9 @@ class Chaos:
             hosts.heal()
             cleared = datetime.now(UTC)
             row.recover_s = await self.recovered(dep, cleared, lg, window)
+        elif scenario == "clock-step":
+            await self.clock_step(dep, row, window, lg)
+            return
         elif scenario == "receive-only-cut":
             row.faults = (f"host 1's processor and worker can send but not receive for "
                           f"{cut:g}s, then healed")
@@ -1272,6 +1316,46 @@ class Chaos:
         if not await poll(lambda: dep.all_ready(self.http), self.plan.ready):
             raise RuntimeError(f"not every process ready after the link healed: "
                                f"{dep.not_ready()}")
+
+    async def clock_step(self, dep: Deployment, row: Row, window: Window, lg: Any) -> None:
+        """processor-1's wall clock (host 1) stepped +10 minutes while it owns partitions,
+        set right, then -10 minutes, set right — each step held for the outage. Its guard
+        must notice and hold each one (``clock_step_detected``, then ``clock_step_cleared``):
+        no instant early (the fold is read all along: an instant seen materialized before it
+        came is *early*), none missing or twice, no lease cut short."""
+        proc = dep.procs["processor-1"]
+        lines = proc.lines()
+        fold = Fold(lg, window.tenant, set(window.ids))
+        row.faults = (f"processor-1's clock stepped +{int(CLOCK_STEP) // 60} min for "
+                      f"{self.plan.down:g}s, set right, then -{int(CLOCK_STEP) // 60} min "
+                      f"for {self.plan.down:g}s, set right (libfaketime)")
+        said_lines: list[str] = []
+        unnoticed: list[str] = []
+        for step in (f"+{CLOCK_STEP}", f"-{CLOCK_STEP}"):
+            for offset, event in ((step, "clock_step_detected"), ("+0", "clock_step_cleared")):
+                dep.clock_file.write_text(offset + "\n")
+                seen = len(said(proc, lines, (event,), most=100))
+
+                async def noticed(e: str = event, n: int = seen) -> bool:
+                    await fold.update()  # read along: an early instant is seen in time
+                    return len(said(proc, lines, (e,), most=100)) > n
+
+                if await poll(noticed, 30, interval=0.5):
+                    said_lines += said(proc, lines, (event,), most=100)[seen:seen + 1]
+                else:  # the steps go on: what a missed step did is checked below
+                    unnoticed.append(f"no {event} after the clock was set to {offset} s")
+                if offset != "+0":
+                    end = time.monotonic() + self.plan.down
+                    while time.monotonic() < end:
+                        await fold.update()
+                        await asyncio.sleep(0.5)
+        cleared = datetime.now(UTC)
+        row.details["processor_1_said"] = said_lines
+        row.details["early_while_stepped"] = fold.early[:10]
+        if fold.early or unnoticed:
+            raise RuntimeError(f"instants materialized early: {fold.early[:5]}; processor-1 "
+                               f"said: {unnoticed or 'each step noticed'}")
+        row.recover_s = await self.recovered(dep, cleared, lg, window)
 
     async def worker_cut(self, dep: Deployment, row: Row, window: Window, lg: Any,
                          cut: float) -> None:
@@ -1287,15 +1371,17 @@ class Chaos:
         runs = await trigger_runs(self.http, dep.api, sid, sid, 6)
 
         async def running() -> list[tuple[str, str]] | None:
-            """(run, worker) of the slow runs claimed and not finished, once all are."""
+            """(run, worker) of the slow runs claimed and not finished, once every one of
+            them has been claimed (they run on one worker: their partition's)."""
             await slow.update()
-            claims = [(r, slow.claimed_by[r][-1]) for r in runs
-                      if slow.claimed_by.get(r) and not slow.results.get(r)]
-            return claims if len(claims) == len(runs) else None
+            if not all(slow.claimed_by.get(r) for r in runs):
+                return None
+            return [(r, slow.claimed_by[r][-1]) for r in runs if not slow.results.get(r)]
 
-        claims = await poll(running, 30, interval=0.2)
+        claims = await poll(running, 60, interval=0.2)
         if not claims:
-            raise RuntimeError(f"the {len(runs)} slow runs were not all running at once")
+            raise RuntimeError(f"the {len(runs)} slow runs were not claimed within 60 s, or "
+                               "all had finished by then")
         worker = max({w for _, w in claims}, key=lambda w: sum(x == w for _, x in claims))
         held = [r for r, w in claims if w == worker]
         number = int(worker.rsplit("-", 1)[1])
@@ -1386,16 +1472,16 @@ async def trigger_runs(http: httpx.AsyncClient, api: str, schedule_id: str, stem
     return out
 
 
-def said(proc: Proc, after_line: int, words: tuple[str, ...]) -> list[str]:
+def said(proc: Proc, after_line: int, words: tuple[str, ...], most: int = 5) -> list[str]:
     """The lines of ``proc``'s log after line ``after_line`` that hold one of ``words``
-    (at most five, each cut to 300 characters)."""
+    (at most ``most``, each cut to 300 characters)."""
     try:
         text = proc.log_path.read_text(errors="replace")
     except OSError:
         return []
     hits = [line[:300] for line in text.splitlines()[after_line:]
             if any(w in line for w in words)]
-    return hits[:5]
+    return hits[:most]
 
 
 def fill(path: Path) -> int:
@@ -1464,7 +1550,7 @@ async def main_async(args: argparse.Namespace) -> int:
     elif args.brokers == 3:
         chosen = args.scenario or list(CLUSTER_ONLY)
     else:
-        chosen = args.scenario or [s for s in SCENARIOS if s not in CLUSTER_ONLY
+        chosen = args.scenario or [s for s in SCENARIOS if s not in CLUSTER_ONLY + HOSTS_ONLY
                                    and (args.log == "kafka" or s not in KAFKA_ONLY)]
         if set(chosen) & set(CLUSTER_ONLY):
             print(f"chaos.py: {', '.join(sorted(set(chosen) & set(CLUSTER_ONLY)))} need a "

@@ -76,6 +76,7 @@ from chronolog.queries.read_model import (
 )
 from chronolog.queries.workers import ever_served
 from chronolog.settings import LogConfig, data_dir, open_log
+from chronolog.telemetry.ids import run_trace_id
 
 __all__ = ["DirectTransport", "api_only"]
 
@@ -158,7 +159,8 @@ class DirectTransport:
     async def trigger(self, schedule_id: str, key: str,
                       params: dict[str, Any] | None) -> dict[str, Any]:
         out = await self._send(schedule_id, m.TriggerRun(request_key=key, params=params))
-        return {"runId": out["run_id"], "state": out["state"]}
+        return {"runId": out["run_id"], "state": out["state"],
+                "traceId": run_trace_id(out["run_id"])}  # as the API's 201 says
 
     async def backfill(self, schedule_id: str, key: str, start: datetime, end: datetime,
                        overlap: str) -> dict[str, Any]:

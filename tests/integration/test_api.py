@@ -25,6 +25,7 @@ import pytest_asyncio
 from chronolog.api.app import CONSISTENCY_HEADER, VISIBLE_HEADER, create_app
 from chronolog.log.port import EventLog, Topics
 from chronolog.settings import LogConfig, open_log
+from chronolog.telemetry.ids import run_trace_id
 from support.polling import wait_until
 
 from .api_stack import ACME, GLOBEX, HOOLI, INITECH, TENANTS, ApiStack
@@ -556,8 +557,9 @@ async def test_manual_trigger_and_run_detail(stack: ApiStack) -> None:
     assert_error(r, 400, "invalid", "Idempotency-Key")
     r = await _trigger(stack, s, "k1", {"params": {"x": 1}})
     assert r.status_code == 201, r.text
-    assert set(r.json()) == {"runId", "state"} and r.json()["state"] == "READY"
+    assert set(r.json()) == {"runId", "state", "traceId"} and r.json()["state"] == "READY"
     run_id = r.json()["runId"]
+    assert r.json()["traceId"] == run_trace_id(run_id)
     same = await _trigger(stack, s, "k1", {"params": {"x": 1}})
     assert same.status_code == 201 and same.json()["runId"] == run_id
     other = await _trigger(stack, s, "k1", {"params": {"x": 2}})
@@ -731,7 +733,7 @@ async def test_cursor_paging_never_skips_or_repeats_while_runs_arrive(stack: Api
     page = first.json()
     assert set(page) == {"items", "nextCursor", "watermark"}
     assert set(page["items"][0]) == {"runId", "scheduleId", "scheduledAt", "state", "attempt",
-                                     "startedAt", "finishedAt", "waiting"}
+                                     "startedAt", "finishedAt", "waiting", "traceId"}
     wm = page["watermark"]
     assert set(wm["partitions"]) == {"0", "1", "2", "3"} and wm["time"].endswith("Z")
     seen = list(page["items"])

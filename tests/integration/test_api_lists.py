@@ -51,7 +51,7 @@ OPS = {"Authorization": "Bearer ops-token"}
 SUMMARY_KEYS = {"scheduleId", "state", "revision", "nextRunAt", "nextDueAt", "createdAt",
                 "updatedAt", "definition"}
 RUN_ITEM_KEYS = {"runId", "scheduleId", "scheduledAt", "state", "attempt", "startedAt",
-                 "finishedAt", "waiting", "jobType"}
+                 "finishedAt", "waiting", "jobType", "traceId"}
 LETTER_KEYS = {"consumer", "topic", "partition", "offset", "tenant", "scheduleId", "reason",
                "errorClass", "commandId", "original", "originalSize", "at"}
 NEVER = {"cron": "0 0 1 1 *", "timezone": "UTC"}  # no scheduled run during a test

@@ -262,10 +262,8 @@ async def test_a_real_processor_stepped_by_libfaketime_holds_both_steps(
     """``chronolog processor`` as a process of its own, its wall clock stepped by libfaketime
     (the offset file rewritten while it runs; its monotonic and boot-time clocks left alone):
     +10 minutes, set right, -10 minutes, set right — each step detected, held and cleared
-    (the hold, 1 h, is longer than the test), with the same checks on the log. On Kafka,
-    whose groups the broker keeps: the SQLite log's groups time members out by each
-    process's wall clock, so one process stepped alone there loses its partitions (see
-    docs/design.md §24, "Limits")."""
+    (the hold, 1 h, is longer than the test), with the same checks on the log. On Kafka, as
+    a deployment whose processors have hosts and clocks of their own."""
     cfg = LogConfig("kafka", kafka_bootstrap, Topics(prefix=topic_prefix, partitions=4))
     offset = tmp_path / "faketime"
     offset.write_text("+0\n")

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from chronolog.telemetry.ids import run_trace_id
 from support.net import free_port
 from support.polling import SPAWN_POLL, wait_until
 
@@ -95,12 +96,14 @@ async def test_a_repeated_trigger_answers_succeeded_after_a_restart_forgot_the_r
             services.start("processor-2", ["processor", *log_args])
 
             again = await _trigger(http, services, "pay-run")
-            assert again == {"runId": paid["runId"], "state": "SUCCEEDED"}
+            assert again == {"runId": paid["runId"], "state": "SUCCEEDED",
+                             "traceId": run_trace_id(paid["runId"])}
             doc = (await http.get(f"/v1/runs/{paid['runId']}", headers=AUTH)).json()
             assert doc["state"] == "SUCCEEDED"
         for cli in (direct, over_http):
             answer = await cli.ok("trigger", "nightly", "--idempotency-key", "pay-run")
-            assert answer == {"runId": paid["runId"], "state": "SUCCEEDED"}
+            assert answer == {"runId": paid["runId"], "state": "SUCCEEDED",
+                              "traceId": run_trace_id(paid["runId"])}
         human = await direct("trigger", "nightly", "--idempotency-key", "pay-run")
         assert human.rc == 0
         assert human.out.strip() == f"triggered run {paid['runId']} of nightly: SUCCEEDED"

@@ -79,17 +79,18 @@ def test_the_short_chaos_run_on_a_three_broker_cluster_is_clean_in_every_row(
     assert code == 0, summary
 
 
-@pytest.mark.long(240)
+@pytest.mark.long(270)
 def test_the_short_chaos_run_across_three_hosts_is_clean_in_every_row(tmp_path: Path) -> None:
     """Three hosts (network namespaces), each with a broker of the cluster, a processor and
     a worker: a processor cut from every broker past the session timeout (its partitions
     move, it is fenced when the link heals), a worker cut off while its handlers outlast
     their lease (taken over; its late heartbeat or result answered ``stale_fence``), the leader of a
-    partition cut from the other brokers (leadership moves), and a host that can send but
-    not receive."""
+    partition cut from the other brokers (leadership moves), a host that can send but not
+    receive, and a processor's wall clock stepped +10 and -10 minutes under libfaketime (each
+    step held: nothing early, nothing twice)."""
     rows, summary, code = short_chaos(tmp_path, "--hosts", "3")
     assert [r["scenario"] for r in rows] == ["processor-cut", "worker-cut", "broker-isolated",
-                                             "receive-only-cut"], summary
+                                             "receive-only-cut", "clock-step"], summary
     assert_clean(rows, summary)
     details = {r["scenario"]: r["details"] for r in rows}
     cut = details["processor-cut"]
@@ -104,4 +105,8 @@ def test_the_short_chaos_run_across_three_hosts_is_clean_in_every_row(tmp_path: 
     assert any("stale_fence" in line for line in slow["worker_said"]), slow
     isolated = details["broker-isolated"]
     assert isolated["leader_during_cut"] not in (None, isolated["leader_before"]), isolated
+    stepped = details["clock-step"]
+    events = [json.loads(line)["event"] for line in stepped["processor_1_said"]]
+    assert events == ["clock_step_detected", "clock_step_cleared"] * 2, stepped
+    assert stepped["early_while_stepped"] == [], stepped
     assert code == 0, summary
