@@ -148,8 +148,9 @@ STOP_LONG_S = 15.0
 CUT_S = 15.0
 # processor-cut: every partition of the cut processor served by another within this
 MOVE_WITHIN_S = 90.0
-# the worker-cut scenario's handlers sleep this long: they end while their worker is cut off
-SLOW_S = 6.0
+# the worker-cut scenario's handlers sleep this long: past a lease (5 s), long enough to be
+# caught running on a loaded machine, and ending while their worker is cut off
+SLOW_S = 12.0
 # clock-step: processor-1's wall clock is stepped by this much, forward then back
 CLOCK_STEP = "600"
 # libfaketime (Debian: faketime), which steps processor-1's wall clock (clock-step)
@@ -1380,8 +1381,10 @@ class Chaos:
 
         claims = await poll(running, 60, interval=0.2)
         if not claims:
-            raise RuntimeError(f"the {len(runs)} slow runs were not claimed within 60 s, or "
-                               "all had finished by then")
+            raise RuntimeError(
+                f"of the {len(runs)} slow runs, {sum(bool(slow.claimed_by.get(r)) for r in runs)}"
+                f" were claimed within 60 s and {sum(bool(slow.results.get(r)) for r in runs)}"
+                " had finished: none left to cut off")
         worker = max({w for _, w in claims}, key=lambda w: sum(x == w for _, x in claims))
         held = [r for r, w in claims if w == worker]
         number = int(worker.rsplit("-", 1)[1])
