@@ -158,6 +158,17 @@ async def check_the_log(lg: Any, sids: list[str], leased: set[str]) -> None:
     assert report.ok, report.violations
 
 
+async def schedules_running(client: Any, lg: Any, sids: list[str],
+                            within: float = 30) -> None:
+    """Given: ``sids`` every second (one per partition) and the leased runs' schedule, each
+    schedule with instants decided."""
+    for sid in sids:
+        await client.create_schedule("acme", sid, EVERY)
+    await client.create_schedule("acme", "leased", LEASED)
+    await wait_until(lambda: each_has_after(lg, sids, utc_now() - STEP, 2), within,
+                     what="every schedule running")
+
+
 async def test_a_forward_step_is_held_nothing_runs_early_and_no_lease_expires(
     sqlite_log: Any, tmp_path: Path,
 ) -> None:
@@ -172,11 +183,7 @@ async def test_a_forward_step_is_held_nothing_runs_early_and_no_lease_expires(
     async with Running(sqlite_log, config=config, clock=clock) as r, \
             serving_test_jobs(sqlite_log, store, "w1", concurrency=8):
         guard = guard_of(r)
-        for sid in sids:
-            await r.client.create_schedule("acme", sid, EVERY)
-        await r.client.create_schedule("acme", "leased", LEASED)
-        await wait_until(lambda: each_has_after(sqlite_log, sids, utc_now() - STEP, 2), 30,
-                         what="every schedule running")
+        await schedules_running(r.client, sqlite_log, sids)
         leased = await trigger_leased(r, 3)
 
         clock.shift = STEP
@@ -215,11 +222,7 @@ async def test_a_backward_step_never_moves_time_back_and_nothing_runs_twice(
     async with Running(sqlite_log, config=config, clock=clock) as r, \
             serving_test_jobs(sqlite_log, store, "w1", concurrency=8):
         guard = guard_of(r)
-        for sid in sids:
-            await r.client.create_schedule("acme", sid, EVERY)
-        await r.client.create_schedule("acme", "leased", LEASED)
-        await wait_until(lambda: each_has_after(sqlite_log, sids, utc_now() - STEP, 2), 30,
-                         what="every schedule running")
+        await schedules_running(r.client, sqlite_log, sids)
         leased = await trigger_leased(r, 3)
 
         clock.shift = -STEP
@@ -285,11 +288,7 @@ async def stepped_run(lg: Any, proc: Any, offset: Path, sids: list[str],
 
     async with Client(lg, reply_timeout=60) as client, \
             serving_test_jobs(lg, store, "w1", concurrency=8):
-        for sid in sids:
-            await client.create_schedule("acme", sid, EVERY)
-        await client.create_schedule("acme", "leased", LEASED)
-        await wait_until(lambda: each_has_after(lg, sids, utc_now() - STEP, 2), 60,
-                         what="every schedule running")
+        await schedules_running(client, lg, sids, within=60)  # a process of its own
         leased: set[str] = set()
         for n, (step, event) in enumerate([("+600", "clock_step_detected"),
                                            ("+0", "clock_step_cleared"),
