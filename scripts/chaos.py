@@ -1387,6 +1387,8 @@ class Chaos:
                 " had finished: none left to cut off")
         worker = max({w for _, w in claims}, key=lambda w: sum(x == w for _, x in claims))
         held = [r for r, w in claims if w == worker]
+        # each held run's claims so far: its attempt on the cut worker is the last of them
+        at_cut = {r: len(slow.claimed_by[r]) for r in held}
         number = int(worker.rsplit("-", 1)[1])
         row.faults = (f"{worker}'s connections cut both ways for {cut:g}s while its "
                       f"handlers (sleep {SLOW_S:g}s, lease 5s) run, then healed")
@@ -1407,12 +1409,16 @@ class Chaos:
         lost = [r for r in runs if not slow.results.get(r)]
         doubled = [r for r in runs if slow.results.get(r, 0) > 1]
         # a run whose result the worker sent just before the cut (read later) is not taken
-        # over: it finished; the others must be
-        taken_over = [r for r in held if len(slow.claimed_by.get(r, [])) >= 2]
+        # over: it finished; the others must be — by another worker, after the cut (on a
+        # loaded machine a run may also have changed hands before the cut, or come back to
+        # the healed worker afterwards, so only the claims after the cut are judged)
+        taken_over = [r for r in held
+                      if any(w != worker for w in slow.claimed_by[r][at_cut[r]:])]
         row.details["slow_runs"] = {
             "runs": len(runs), "worker": worker, "held_at_the_cut": len(held),
             "lost": len(lost), "doubled": len(doubled), "taken_over": len(taken_over),
-            "claims_of_taken_over": {r: slow.claimed_by.get(r) for r in taken_over[:5]},
+            "claims_of_taken_over": {r: {"at_cut": at_cut[r], "claims": slow.claimed_by[r]}
+                                     for r in taken_over[:5]},
             "worker_said": refused}
         if lost or doubled or not taken_over or not refused:
             raise RuntimeError(f"slow runs: {row.details['slow_runs']}")

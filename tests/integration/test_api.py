@@ -490,6 +490,31 @@ async def test_patch_of_a_revision_the_read_model_lacks_waits_for_it(stack: ApiS
     assert d["definition"]["job"]["params"] == {"v": 2, "w": 3}
 
 
+async def test_patch_of_a_schedule_the_read_model_lacks_yet_waits_for_it(
+        stack: ApiStack) -> None:
+    """Created a moment ago, not yet in the read model: the patch waits for the projection
+    of the schedule's partition, then merges — not 404."""
+    assert stack.http is not None and stack.store is not None
+    s = sid("fresh")
+    await stack.pause_projector()
+    try:
+        quick = create_app(stack.client, stack.store, TENANTS, visible_timeout=0.2)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=quick),
+                                     base_url="http://t") as http:
+            r = await http.post("/v1/schedules", headers=ACME, json={
+                "scheduleId": s, "every": "1h", "job": {"type": "a", "params": {"v": 1}}})
+        assert r.status_code == 201 and r.headers[VISIBLE_HEADER] == "false", r.text
+        patching = asyncio.create_task(_patch(stack, s, {"job": {"params": {"w": 2}}}, "1"))
+        stored = await stack.store.offsets()
+        assert not patching.done() and stored == await stack.store.offsets()
+    finally:
+        stack.resume_projector()
+    done = await asyncio.wait_for(patching, 10)
+    assert done.status_code == 200 and done.json()["revision"] == 2, done.text
+    d = (await stack.http.get(f"/v1/schedules/{s}", headers=consistent(done))).json()
+    assert d["definition"]["job"]["params"] == {"v": 1, "w": 2}
+
+
 async def test_patch_and_a_concurrent_revise_one_wins(stack: ApiStack) -> None:
     """Two revisions from the same revision: the processor's check refuses the second,
     whichever of PUT and PATCH it is."""

@@ -235,15 +235,18 @@ async def _at_revision(ctx: Context, tenant: Tenant, schedule_id: str,
     one: 409, as the processor answers a stale revision. An older one: the read model lags,
     so it is read again once it has caught up with the schedule's partition of the log as
     it is now (503 if that takes longer than the consistency bound); still older, no such
-    revision was ever written: 409."""
-    row = await ctx.schedule_row(tenant, schedule_id)
-    if row["revision"] < revision and ctx.log is not None:
+    revision was ever written: 409. A schedule the read model does not hold yet (created a
+    moment ago) is waited for the same way: 404 only if the log has it not either."""
+    row = await ctx.read().schedule(tenant.name, schedule_id)
+    if (row is None or row["revision"] < revision) and ctx.log is not None:
         required = await ctx.tail_of_partition(tenant.name, schedule_id)
         if not await ctx.reached(required, ctx.consistency_timeout):
             raise ApiError(503, f"the read model has not reached revision {revision} of "
                            f"'{schedule_id}' within {ctx.consistency_timeout:g}s; retry "
                            f"shortly", None, headers={"Retry-After": "1"})
         row = await ctx.schedule_row(tenant, schedule_id)
+    elif row is None:
+        row = await ctx.schedule_row(tenant, schedule_id)  # 404
     if row["revision"] != revision:
         raise ApiError(409, f"expected revision {revision}, current is {row['revision']}",
                        "If-Match", revision=row["revision"])
