@@ -1150,7 +1150,10 @@ class SqliteGroupConsumer:
             return
         await self._log._ready()
         for topic in self.topics:
-            await self._log.partitions_for(topic)  # fail fast on unknown topics
+            # the count stored now, not one this log object cached before another process
+            # added partitions: a partition assigned only later would be read from its end
+            # then, past what was written to it meanwhile (fails fast on unknown topics)
+            await self._log.partition_count(topic)
         await self._heartbeat()
         self._started = True
         self._heartbeat_task = asyncio.create_task(

@@ -766,6 +766,30 @@ async def test_a_group_member_is_assigned_the_partitions_added_while_it_runs(
     await consumer.close()
 
 
+async def test_a_member_started_after_another_process_grew_the_topic_gets_every_partition_first(
+    event_log: EventLog, open_log: OpenLog,
+) -> None:
+    """A log object that knew the topic before another process added partitions: a member
+    started on it is assigned the partitions as they are now in its first assignment, so
+    one that follows a partition from its end (as a client's reply reader does) passes
+    over nothing written there after it started."""
+    t = event_log.topics
+    member_log = await open_log()
+    assert await member_log.partitions_for(t.replies) == PARTITIONS  # known before the growth
+    await event_log.add_partitions(t.replies, PARTITIONS * 2)
+    first: list[set[tuple[str, int]]] = []
+
+    async def on_assigned(tps: set[tuple[str, int]]) -> None:
+        first.append(set(tps))
+
+    consumer = member_log.group_consumer("late", [t.replies], "member-late",
+                                         on_assigned=on_assigned)
+    await consumer.start()
+    await poll_until([consumer], lambda: bool(first), {}, what="an assignment")
+    assert first[0] == {(t.replies, p) for p in range(PARTITIONS * 2)}
+    await consumer.close()
+
+
 async def test_prefixed_topics_lists_this_logs_topics_with_their_counts_and_no_others(
     event_log: EventLog, open_log: OpenLog,
 ) -> None:
