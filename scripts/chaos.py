@@ -112,7 +112,8 @@ SCENARIOS = ("broker-restart", "postgres-restart", "kill-processes", "combined",
              "leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down",
              "processor-cut", "worker-cut", "broker-isolated", "receive-only-cut", "clock-step")
 KAFKA_ONLY = ("broker-restart", "combined")
-# on a three-broker cluster only (--brokers 3), where they are the default
+# on a three-broker cluster only (--brokers 3, where they are the default, or the cluster of
+# --hosts 3, named with --scenario)
 CLUSTER_ONLY = ("leader-kill", "coordinator-kill", "broker-stop-long", "two-brokers-down")
 # with --hosts 3 only (the cluster's brokers, processors and workers on three hosts), where
 # they are the default
@@ -1626,7 +1627,8 @@ def main() -> int:
                         help="three hosts (network namespaces), each with a broker of the "
                              "cluster, a processor and a worker; the API, projector, effect "
                              "runner and PostgreSQL on this machine; their scenarios are then "
-                             "the default: " + ", ".join(HOSTS_ONLY))
+                             "the default: " + ", ".join(HOSTS_ONLY) + " (the cluster's, "
+                             "named with --scenario, run on the hosts' cluster)")
     parser.add_argument("--schedules", type=int, default=None,
                         help="schedules per scenario (default 200, --short 20)")
     parser.add_argument("--json", default=None, metavar="PATH",
