@@ -16,8 +16,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-import argcomplete
-
 from chronolog.cli.errors import UsageError, argparse_line, error_line, set_flags
 from chronolog.environment import package_version
 from chronolog.log.port import LogUnsafe
@@ -110,7 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     private_umask()  # whatever chronolog creates (log, results, backups, secrets): owner only
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(modules_for(argv))
-    argcomplete.autocomplete(parser)  # only when the shell asks for completions (then exits)
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (then it exits)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     set_flags(_flags_of(parser, argv))
     try:

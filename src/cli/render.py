@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # rich is imported when a table is printed: a --json call never loads it
+    from rich.console import Console
+    from rich.table import Table
 
 __all__ = ["created", "excluded_text", "exclusion_text", "revised", "run", "run_written",
            "runs", "schedule", "schedules", "short", "state_changed", "state_text",
@@ -23,6 +24,8 @@ def short(text: str, n: int = 60) -> str:
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     # a pipe gets wide lines rather than rich's 80-column default
     return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
@@ -35,6 +38,8 @@ def _t(value: str | None) -> str:
 
 
 def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
         table.add_column(c, overflow="fold")
@@ -44,6 +49,8 @@ def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Tabl
 
 
 def _kv(pairs: list[tuple[str, Any]]) -> Table:
+    from rich.table import Table
+
     table = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
