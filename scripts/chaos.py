@@ -1418,8 +1418,9 @@ class Chaos:
         row.details["slow_runs"] = {
             "runs": len(runs), "worker": worker, "held_at_the_cut": len(held),
             "lost": len(lost), "doubled": len(doubled), "taken_over": len(taken_over),
-            "claims_of_taken_over": {r: {"at_cut": at_cut[r], "claims": slow.claimed_by[r]}
-                                     for r in taken_over[:5]},
+            # each held run's workers, claim by claim, and how many claims it had at the cut
+            "claims_of_held": {r: {"at_cut": at_cut[r], "claims": slow.claimed_by[r]}
+                               for r in held},
             "worker_said": refused}
         if lost or doubled or not taken_over or not refused:
             raise RuntimeError(f"slow runs: {row.details['slow_runs']}")

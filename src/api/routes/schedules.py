@@ -244,9 +244,9 @@ async def _at_revision(ctx: Context, tenant: Tenant, schedule_id: str,
             raise ApiError(503, f"the read model has not reached revision {revision} of "
                            f"'{schedule_id}' within {ctx.consistency_timeout:g}s; retry "
                            f"shortly", None, headers={"Retry-After": "1"})
-        row = await ctx.schedule_row(tenant, schedule_id)
-    elif row is None:
-        row = await ctx.schedule_row(tenant, schedule_id)  # 404
+        row = None  # read again, caught up
+    if row is None:
+        row = await ctx.schedule_row(tenant, schedule_id)  # 404 if it is still missing
     if row["revision"] != revision:
         raise ApiError(409, f"expected revision {revision}, current is {row['revision']}",
                        "If-Match", revision=row["revision"])
